@@ -1,0 +1,53 @@
+// Tensor element types, numbered as GGUF/ggml numbers them so the values read from a file can be
+// used directly. Shared by the GGUF reader, the weight formats and (later) the KV codec.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace kvl {
+
+enum class DType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kI8 = 24,
+  kI16 = 25,
+  kI32 = 26,
+  kI64 = 27,
+  kF64 = 28,
+  kBF16 = 30,
+};
+
+struct DTypeTraits {
+  std::string_view name;     // "q8_0"
+  int64_t block_elements;    // elements per block (1 for plain types)
+  int64_t block_bytes;       // bytes per block
+  bool supported;            // whether kvlattice can compute with it
+};
+
+// Traits of a known type, or nullopt for a number no ggml version has used (an unknown type).
+std::optional<DTypeTraits> LookupDType(uint32_t raw_type);
+// Traits of a valid DType value (checked).
+const DTypeTraits& Traits(DType type);
+std::string_view DTypeName(DType type);
+// Parses "f32", "f16", "bf16", "q8_0", "q4_0" (case-insensitive).
+std::optional<DType> ParseDType(std::string_view name);
+
+// Bytes of a row of n elements; n must be a multiple of the block size (checked).
+int64_t RowBytes(DType type, int64_t n);
+
+}  // namespace kvl

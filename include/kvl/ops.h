@@ -1,0 +1,102 @@
+// Numeric kernels: matmul over weights in their stored format, norms, RoPE, softmax, activations,
+// and the dot/axpy primitives attention is built from. This is the only layer with SIMD code: each
+// ISA path lives in its own file compiled with its own flags, and the path is chosen at run time
+// from what the CPU reports (never from how the binary was built).
+//
+// Batch invariance (an invariant the KV hierarchy relies on): every output element of MatMul is
+// computed by the same sequence of floating-point operations whatever the number of tokens, the
+// tiling and the thread count. So a token's projections are bit-identical whether it was computed
+// in a 512-token prefill, alone in decode, or again later in a recompute.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "kvl/dtype.h"
+#include "kvl/thread_pool.h"
+
+namespace kvl::ops {
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+std::string_view IsaName(Isa isa);
+// The best path this CPU can run among those compiled in.
+Isa BestIsa();
+// Every path compiled in that this CPU can run (tests check each against kScalar).
+std::vector<Isa> RunnableIsas();
+// Human-readable CPU feature summary, e.g. "AVX512F AVX512BW AVX512VNNI AVX512BF16 AVX2 FMA F16C".
+std::string CpuFeatureString();
+
+// A weight matrix W[rows][cols] (rows = outputs) in its stored format, usually inside the mmap.
+struct MatrixView {
+  DType type = DType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_bytes = 0;  // RowBytes(type, cols)
+};
+
+struct KernelTable;  // per-ISA function pointers (internal)
+
+// What the kernels need besides their operands: the chosen ISA, the thread pool and scratch for
+// quantized activations. Sized once (Reserve) so the per-token path never allocates.
+// Thread-safety: one OpsContext per step loop; not shared between concurrent callers.
+class OpsContext {
+ public:
+  OpsContext(Isa isa, ThreadPool* pool);
+  ~OpsContext();
+  OpsContext(const OpsContext&) = delete;
+  OpsContext& operator=(const OpsContext&) = delete;
+
+  // Room for activations of up to max_tokens rows of up to max_cols columns.
+  void Reserve(int64_t max_tokens, int64_t max_cols);
+
+  Isa isa() const { return isa_; }
+  ThreadPool* pool() const { return pool_; }
+  const KernelTable& kernels() const { return *kernels_; }
+  uint8_t* scratch() { return scratch_.data(); }
+  size_t scratch_bytes() const { return scratch_.size(); }
+
+ private:
+  Isa isa_;
+  ThreadPool* pool_;
+  const KernelTable* kernels_;
+  std::vector<uint8_t> scratch_;
+};
+
+// y[t][r] = sum_k W[r][k] * x[t][k] for t < n_tokens, r < w.rows.
+// x: [n_tokens][w.cols] contiguous; y: [n_tokens][w.rows] contiguous.
+// F32/F16/BF16 weights multiply f32 activations; Q8_0/Q4_0 weights multiply activations quantized
+// to 8 bits per 32-element block (as llama.cpp does), using VNNI where present.
+// Multithreaded over rows and tokens, never over the reduction dimension.
+void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_tokens, float* y);
+
+// out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i]. out may alias x.
+void RmsNorm(const OpsContext& ctx, const float* x, const float* weight, int64_t n, float eps,
+             float* out);
+
+// Rotates n_heads heads of head_dim each, in place, by the angles whose cos/sin are given for
+// i < head_dim/2. Normal ordering rotates pairs (x[2i], x[2i+1]); neox rotates (x[i], x[i+d/2]).
+void Rope(const OpsContext& ctx, float* x, int64_t n_heads, int64_t head_dim, const float* cos,
+          const float* sin, bool neox);
+
+// In place: x = exp(x - max) / sum over n elements.
+void Softmax(const OpsContext& ctx, float* x, int64_t n);
+
+// gate[i] = silu(gate[i]) * up[i].
+void SwiGlu(const OpsContext& ctx, float* gate, const float* up, int64_t n);
+
+// y[i] += x[i].
+void Add(const OpsContext& ctx, float* y, const float* x, int64_t n);
+
+// sum_i a[i] * b[i].
+float Dot(const OpsContext& ctx, const float* a, const float* b, int64_t n);
+
+// y[i] += alpha * x[i].
+void Axpy(const OpsContext& ctx, float alpha, const float* x, float* y, int64_t n);
+
+// Row of a matrix in any supported type, widened to f32 (token embedding lookup).
+void DequantizeRow(DType type, const void* row, int64_t n, float* out);
+
+}  // namespace kvl::ops

@@ -1,0 +1,61 @@
+// A fixed pool of worker threads for data-parallel loops. The calling thread takes part, so a
+// pool of N threads starts N-1 workers. Passed in to whoever needs it, never a singleton.
+//
+// Thread-safety: ParallelFor may be called from one thread at a time.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace kvl {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Runs fn(task, thread) for every task in [0, num_tasks) and returns when all are done. Tasks
+  // are handed out dynamically; `thread` is in [0, num_threads) (per-thread scratch index).
+  // Allocation-free: fn is passed by reference, not wrapped in std::function.
+  template <typename Fn>
+  void ParallelFor(int64_t num_tasks, Fn&& fn) {
+    Run(num_tasks, &Trampoline<std::remove_reference_t<Fn>>, &fn);
+  }
+
+ private:
+  using TaskFn = void (*)(void* closure, int64_t task, int thread);
+  template <typename Fn>
+  static void Trampoline(void* closure, int64_t task, int thread) {
+    (*static_cast<Fn*>(closure))(task, thread);
+  }
+
+  void Run(int64_t num_tasks, TaskFn fn, void* closure);
+  void WorkerLoop(int thread);
+  void DrainTasks(int thread);
+
+  int num_threads_;
+  std::vector<std::thread> workers_;
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};  // bumped per Run (under mutex_, read lock-free)
+  bool stopping_ = false;    // guarded by mutex_
+
+  // The current loop. Written before generation_ is bumped, read by workers after they see it.
+  TaskFn fn_ = nullptr;
+  void* closure_ = nullptr;
+  int64_t num_tasks_ = 0;
+  std::atomic<int64_t> next_task_{0};
+  std::atomic<int> workers_busy_{0};
+};
+
+}  // namespace kvl

@@ -1,0 +1,72 @@
+#include "kvl/thread_pool.h"
+
+namespace kvl {
+
+// Workers spin briefly before sleeping: decode issues hundreds of small loops per token, and a
+// condition-variable wake per loop would cost more than the loop itself.
+namespace {
+constexpr int kSpinIterations = 20000;
+inline void CpuRelax() { __builtin_ia32_pause(); }
+}  // namespace
+
+ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
+  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { WorkerLoop(t); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  for (std::thread& w : workers_) w.join();
+}
+
+void ThreadPool::DrainTasks(int thread) {
+  for (;;) {
+    const int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
+    if (task >= num_tasks_) break;
+    fn_(closure_, task, thread);
+  }
+}
+
+void ThreadPool::Run(int64_t num_tasks, TaskFn fn, void* closure) {
+  if (num_tasks <= 0) return;
+  if (num_threads_ == 1 || num_tasks == 1) {
+    for (int64_t task = 0; task < num_tasks; ++task) fn(closure, task, 0);
+    return;
+  }
+  fn_ = fn;
+  closure_ = closure;
+  num_tasks_ = num_tasks;
+  next_task_.store(0, std::memory_order_relaxed);
+  workers_busy_.store(num_threads_ - 1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  DrainTasks(0);
+  while (workers_busy_.load(std::memory_order_acquire) != 0) CpuRelax();
+}
+
+void ThreadPool::WorkerLoop(int thread) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin on the generation counter first, then sleep on the condition variable.
+    for (int i = 0; i < kSpinIterations && generation_.load(std::memory_order_acquire) == seen; ++i) {
+      CpuRelax();
+    }
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      seen = generation_.load(std::memory_order_acquire);
+      if (stopping_) return;
+    }
+    DrainTasks(thread);
+    workers_busy_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+}  // namespace kvl
