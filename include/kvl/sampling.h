@@ -1,5 +1,5 @@
-// Turns a row of logits into the next token: repetition penalty, then temperature, top-k, top-p,
-// min-p and a draw from a seeded RNG (llama.cpp's order). Temperature 0 is greedy (argmax).
+// Turns a row of logits into the next token: repetition penalty, then top-k, top-p, min-p,
+// temperature and a draw from a seeded RNG (llama.cpp's order). Temperature 0 is greedy (argmax).
 //
 // Thread-safety: a Sampler belongs to one sequence; it keeps its RNG state and scratch.
 #pragma once
@@ -18,7 +18,7 @@ struct SamplingParams {
   float top_p = 0.95f;        // >= 1: off
   float min_p = 0.05f;        // <= 0: off
   float repeat_penalty = 1.0f;  // 1 = off (llama.cpp's --repeat-penalty)
-  int32_t repeat_last_n = 64;   // how many recent tokens the penalty looks at
+  int32_t repeat_last_n = 64;   // how many recent tokens the penalty looks at; -1 = all, 0 = off
   uint64_t seed = 0xFFFFFFFF;   // llama.cpp's "random" default; any fixed value reproduces a run
 
   // INVALID_ARGUMENT naming the field for values outside their range (negative temperature,
@@ -28,14 +28,19 @@ struct SamplingParams {
 
 class Sampler {
  public:
+  // `params` must pass Validate() (checked). All scratch is allocated here, so Sample never
+  // touches the heap.
   Sampler(const SamplingParams& params, int32_t vocab_size);
 
-  // Picks the next token. `history` is the sequence so far (prompt + generated), for the penalty.
-  // logits is not modified.
+  // Picks the next token. `logits` holds vocab_size values. `history` is the sequence so far
+  // (prompt + generated), for the penalty; ids outside the vocab are ignored. logits is not
+  // modified.
   int32_t Sample(const float* logits, const std::vector<int32_t>& history);
 
   // Index of the largest logit (lowest index on ties).
   static int32_t Argmax(const float* logits, int32_t n);
+
+  const SamplingParams& params() const { return params_; }
 
  private:
   struct Candidate {
@@ -44,10 +49,23 @@ class Sampler {
     float p;
   };
 
+  // Copies logits into candidates_ and applies the repetition penalty.
+  void LoadCandidates(const float* logits, const std::vector<int32_t>& history);
+  // Moves the k best of candidates_[begin, end) to its front in descending logit order (ties:
+  // lower id first), leaving the rest after them in unspecified order.
+  void SortRange(int32_t begin, int32_t end, int32_t k);
+  // Each filter returns the new number of candidates (at least 1); `sorted` says whether
+  // candidates_[0, n) is already in descending order.
+  int32_t ApplyTopP(int32_t n, bool* sorted);
+  int32_t ApplyMinP(int32_t n, bool sorted);
+  // Temperature, softmax and a draw among candidates_[0, n).
+  int32_t Draw(int32_t n);
+
   SamplingParams params_;
   int32_t vocab_size_;
   std::mt19937_64 rng_;
   std::vector<Candidate> candidates_;  // preallocated scratch, vocab_size entries
+  std::vector<uint8_t> penalized_;     // [vocab_size] marks tokens already penalized this call
 };
 
 }  // namespace kvl
