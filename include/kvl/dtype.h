@@ -47,6 +47,16 @@ std::string_view DTypeName(DType type);
 // Parses "f32", "f16", "bf16", "q8_0", "q4_0" (case-insensitive).
 std::optional<DType> ParseDType(std::string_view name);
 
+// A matrix W[rows][cols] (rows = outputs) in its stored format, usually inside the mmap of a
+// model file. Row r starts at data + r * row_bytes.
+struct MatrixView {
+  DType type = DType::kF32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_bytes = 0;  // RowBytes(type, cols)
+};
+
 // Bytes of a row of n elements; n must be a multiple of the block size (checked).
 int64_t RowBytes(DType type, int64_t n);
 

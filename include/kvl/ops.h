@@ -28,14 +28,8 @@ std::vector<Isa> RunnableIsas();
 // Human-readable CPU feature summary, e.g. "AVX512F AVX512BW AVX512VNNI AVX512BF16 AVX2 FMA F16C".
 std::string CpuFeatureString();
 
-// A weight matrix W[rows][cols] (rows = outputs) in its stored format, usually inside the mmap.
-struct MatrixView {
-  DType type = DType::kF32;
-  const void* data = nullptr;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  int64_t row_bytes = 0;  // RowBytes(type, cols)
-};
+// MatrixView (a weight matrix in its stored format) is declared in kvl/dtype.h.
+using ::kvl::MatrixView;
 
 struct KernelTable;  // per-ISA function pointers (internal)
 

@@ -1,0 +1,80 @@
+// The llama transformer forward pass over a batch of tokens that may belong to several sequences.
+// One call = one step: embeddings, then per layer attention and SwiGLU FFN, then logits for the
+// tokens that asked for them. K and V of every token in the batch are written into the KvCache
+// before attention reads it, so a prefill chunk attends to itself causally.
+//
+// Thread-safety: a Forward belongs to one step loop. It preallocates every activation buffer for
+// its largest batch; Run never allocates.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kvl/kv_cache.h"
+#include "kvl/model.h"
+#include "kvl/ops.h"
+
+namespace kvl {
+
+struct ForwardOptions {
+  int64_t max_batch_tokens = 512;  // tokens per Run (a longer prompt is run in chunks)
+  int64_t max_logit_rows = 64;     // tokens per Run that may ask for logits
+  int64_t max_context = 2048;      // longest sequence attention must cover
+};
+
+// The tokens of one step. All vectors have the same length (n_tokens).
+struct TokenBatch {
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> positions;  // position of each token in its sequence
+  std::vector<int32_t> seq_ids;    // KvCache sequence slot of each token
+  std::vector<bool> want_logits;   // logits rows come out in batch order of these
+
+  void Clear();
+  void Add(int32_t token, int64_t position, int32_t seq_id, bool logits);
+  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+class Forward {
+ public:
+  Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions& options);
+
+  // Runs one step. Token ids and positions must be valid (checked: the engine validates user
+  // input before it gets here). Afterwards logits(i) is the i-th row that asked for logits.
+  void Run(const TokenBatch& batch, KvCache& kv);
+
+  const float* logits(int64_t row) const;  // [vocab]
+  int64_t num_logit_rows() const { return num_logit_rows_; }
+  const ForwardOptions& options() const { return options_; }
+
+ private:
+  void Embed(const TokenBatch& batch);
+  void ComputeRopeAngles(const TokenBatch& batch);
+  void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv);
+  void FeedForward(const LayerWeights& w, int64_t n);
+  void Logits(const TokenBatch& batch);
+
+  const Model& model_;
+  const ModelConfig& config_;
+  ops::OpsContext& ops_;
+  ForwardOptions options_;
+
+  // Activations, sized for max_batch_tokens rows.
+  std::vector<float> x_;       // [tokens][dim] residual stream
+  std::vector<float> xn_;      // [tokens][dim] normalized input of the current sublayer
+  std::vector<float> q_;       // [tokens][q_dim]
+  std::vector<float> k_;       // [tokens][kv_dim]
+  std::vector<float> v_;       // [tokens][kv_dim]
+  std::vector<float> attn_;    // [tokens][q_dim] attention output before Wo
+  std::vector<float> proj_;    // [tokens][dim] output of Wo or W_down
+  std::vector<float> gate_;    // [tokens][ffn_dim]
+  std::vector<float> up_;      // [tokens][ffn_dim]
+  std::vector<float> rope_cos_;  // [tokens][head_dim/2]
+  std::vector<float> rope_sin_;  // [tokens][head_dim/2]
+  std::vector<double> inv_freq_; // [head_dim/2]
+  std::vector<float> scores_;  // [threads][max_context] attention scores scratch
+  std::vector<float> logit_in_;  // [max_logit_rows][dim]
+  std::vector<float> logits_;    // [max_logit_rows][vocab]
+  int64_t num_logit_rows_ = 0;
+};
+
+}  // namespace kvl

@@ -1,0 +1,59 @@
+// Where the forward pass keeps K and V. The forward pass sees only this interface; the engine
+// decides what stands behind it (a contiguous buffer per sequence today, the paged memory
+// hierarchy later).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kvl/status.h"
+
+namespace kvl {
+
+class KvCache {
+ public:
+  // A run of consecutive positions [pos, pos + count) of one sequence and layer whose rows are
+  // stored at a fixed stride: K of position pos+i at k + i * stride, [kv_dim] floats each.
+  struct Rows {
+    float* k = nullptr;
+    float* v = nullptr;
+    int64_t count = 0;
+    int64_t stride = 0;  // in floats
+  };
+
+  virtual ~KvCache() = default;
+  virtual int64_t kv_dim() const = 0;
+  virtual int64_t num_layers() const = 0;
+  // Rows starting at `pos` (0 <= pos < capacity of the sequence, checked).
+  virtual Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) = 0;
+};
+
+// One contiguous f32 buffer per sequence slot: [seq][layer][pos][kv_dim] for K and for V.
+// Thread-safety: RowsAt may be called concurrently for disjoint rows.
+class ContiguousKvCache final : public KvCache {
+ public:
+  // num_seqs slots of max_positions tokens each. RESOURCE_EXHAUSTED when it would not fit.
+  static StatusOr<std::unique_ptr<ContiguousKvCache>> Create(int64_t num_layers, int64_t kv_dim,
+                                                             int32_t num_seqs,
+                                                             int64_t max_positions);
+
+  int64_t kv_dim() const override { return kv_dim_; }
+  int64_t num_layers() const override { return num_layers_; }
+  int64_t max_positions() const { return max_positions_; }
+  int32_t num_seqs() const { return num_seqs_; }
+  int64_t bytes() const { return static_cast<int64_t>(2 * k_.size() * sizeof(float)); }
+  Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override;
+
+ private:
+  ContiguousKvCache(int64_t num_layers, int64_t kv_dim, int32_t num_seqs, int64_t max_positions);
+
+  int64_t num_layers_;
+  int64_t kv_dim_;
+  int32_t num_seqs_;
+  int64_t max_positions_;
+  std::vector<float> k_;  // [seq][layer][pos][kv_dim]
+  std::vector<float> v_;  // [seq][layer][pos][kv_dim]
+};
+
+}  // namespace kvl

@@ -1,0 +1,104 @@
+#include "cli/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <thread>
+
+namespace kvl::cli {
+
+std::string FormatParams(int64_t n) {
+  if (n >= 1000000000) return fmt::format("{:.2f} B", n / 1e9);
+  if (n >= 1000000) return fmt::format("{:.2f} M", n / 1e6);
+  return fmt::format("{:.2f} K", n / 1e3);
+}
+
+std::string FormatBytes(int64_t n) {
+  const double b = static_cast<double>(n);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
+  return fmt::format("{:.2f} KiB", b / 1024.0);
+}
+
+namespace {
+
+void AddSamplingFlags(CLI::App* cmd, SamplingParams* s) {
+  cmd->add_option("-s,--seed", s->seed, "RNG seed (same seed, same output)");
+  cmd->add_option("--temp", s->temperature, "temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", s->top_k, "top-k sampling; 0 = off")->capture_default_str();
+  cmd->add_option("--top-p", s->top_p, "top-p (nucleus) sampling; 1 = off")->capture_default_str();
+  cmd->add_option("--min-p", s->min_p, "min-p sampling; 0 = off")->capture_default_str();
+  cmd->add_option("--repeat-penalty", s->repeat_penalty, "repetition penalty; 1 = off")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", s->repeat_last_n, "tokens the penalty looks back over")
+      ->capture_default_str();
+}
+
+}  // namespace
+
+int Main(int argc, char** argv) {
+  CLI::App app{"kvlattice: LLM inference with a managed KV memory hierarchy", "kvl"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvl 0.1.0");
+
+  RunArgs run;
+  CLI::App* run_cmd = app.add_subcommand("run", "generate text from a prompt");
+  run_cmd->add_option("-m,--model", run.engine.model_path, "GGUF model file")->required();
+  run_cmd->add_option("-p,--prompt", run.prompt, "prompt text")->capture_default_str();
+  run_cmd->add_option("-f,--file", run.prompt_file, "read the prompt from a file");
+  run_cmd->add_option("-n,--n-predict", run.num_predict, "tokens to generate; -1 = until EOS")
+      ->capture_default_str();
+  run_cmd->add_option("-t,--threads", run.engine.num_threads, "threads; 0 = every core");
+  run_cmd->add_option("-c,--ctx-size", run.engine.context_length, "context length; 0 = model's");
+  run_cmd->add_option("-b,--batch-size", run.engine.batch_size, "prompt tokens per step")
+      ->capture_default_str();
+  run_cmd->add_option("--isa", run.engine.isa, "kernels: auto | avx512 | avx2 | scalar")
+      ->capture_default_str();
+  run_cmd->add_flag("--no-bos", run.no_bos, "do not prepend BOS to the prompt");
+  AddSamplingFlags(run_cmd, &run.sampling);
+
+  InspectArgs inspect;
+  CLI::App* inspect_cmd = app.add_subcommand("inspect", "describe a GGUF model and its KV costs");
+  inspect_cmd->add_option("model", inspect.model_path, "GGUF model file")->required();
+  inspect_cmd->add_flag("--tensors", inspect.show_tensors, "list every tensor");
+  inspect_cmd->add_flag("--json", inspect.json, "print JSON instead of text");
+
+  SynthArgs synth;
+  CLI::App* synth_cmd =
+      app.add_subcommand("synth", "write a random-weight GGUF in the shape of a real model");
+  synth_cmd->add_option("--shape", synth.shape, "model shape (see --list)");
+  synth_cmd->add_option("--type", synth.type, "weight type: f32 | f16 | bf16 | q8_0 | q4_0")
+      ->capture_default_str();
+  synth_cmd->add_option("-o,--output", synth.output, "output GGUF path");
+  synth_cmd->add_option("--seed", synth.seed, "RNG seed")->capture_default_str();
+  synth_cmd->add_flag("--list", synth.list, "list the known shapes");
+
+  BenchArgs bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "llama-bench style prompt and decode speed");
+  bench_cmd->add_option("-m,--model", bench.model_paths, "GGUF model file(s)")->required();
+  bench_cmd->add_option("-p,--n-prompt", bench.prompt_lengths, "prompt lengths (pp tests)")
+      ->delimiter(',');
+  bench_cmd->add_option("-n,--n-gen", bench.gen_lengths, "generated lengths (tg tests)")
+      ->delimiter(',');
+  bench_cmd->add_option("-r,--repetitions", bench.repetitions, "repetitions per test")
+      ->capture_default_str();
+  bench_cmd->add_option("-t,--threads", bench.threads, "thread counts")->delimiter(',');
+  bench_cmd->add_option("-b,--batch-size", bench.batch_size, "prompt tokens per step")
+      ->capture_default_str();
+  bench_cmd->add_option("-o,--output", bench.output, "md | json")->capture_default_str();
+  bench_cmd->add_option("--isa", bench.isa, "kernels: auto | avx512 | avx2 | scalar")
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (*run_cmd) return RunCommand(run);
+  if (*inspect_cmd) return InspectCommand(inspect);
+  if (*synth_cmd) return SynthCommand(synth);
+  if (*bench_cmd) return BenchCommand(bench);
+  return 1;
+}
+
+}  // namespace kvl::cli

@@ -1,0 +1,58 @@
+// The kvl command line: `kvl run | inspect | synth | bench`. Flags follow llama.cpp where one
+// exists. Each subcommand lives in its own file; this header is what main() needs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvl/engine.h"
+#include "kvl/sampling.h"
+
+namespace kvl::cli {
+
+int Main(int argc, char** argv);
+
+struct RunArgs {
+  EngineOptions engine;
+  std::string prompt = "Once upon a time";
+  std::string prompt_file;
+  int32_t num_predict = 128;  // -n
+  SamplingParams sampling;
+  bool no_bos = false;
+};
+int RunCommand(const RunArgs& args);
+
+struct InspectArgs {
+  std::string model_path;
+  bool show_tensors = false;
+  bool json = false;
+};
+int InspectCommand(const InspectArgs& args);
+
+struct SynthArgs {
+  std::string shape;
+  std::string type = "q8_0";
+  std::string output;
+  uint64_t seed = 1234;
+  bool list = false;
+};
+int SynthCommand(const SynthArgs& args);
+
+struct BenchArgs {
+  std::vector<std::string> model_paths;
+  std::vector<int64_t> prompt_lengths = {512};  // -p
+  std::vector<int64_t> gen_lengths = {128};     // -n
+  int repetitions = 5;                          // -r
+  std::vector<int> threads;                     // -t (empty: every core)
+  int64_t batch_size = 512;                     // -b
+  std::string output = "md";                    // -o md|json
+  std::string isa = "auto";
+};
+int BenchCommand(const BenchArgs& args);
+
+// "1.10 B", "1.09 GiB": the units llama-bench prints.
+std::string FormatParams(int64_t n);
+std::string FormatBytes(int64_t n);
+
+}  // namespace kvl::cli

@@ -1,0 +1,54 @@
+// kvl synth: random-weight GGUF files in real models' shapes, for benchmarks.
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "cli/cli.h"
+#include "kvl/synthetic_model.h"
+
+namespace kvl::cli {
+
+int SynthCommand(const SynthArgs& args) {
+  if (args.list || args.shape.empty()) {
+    fmt::print("{:<16} {:>6} {:>7} {:>6} {:>9} {:>7} {:>7} {:>10}\n", "shape", "dim", "layers",
+               "heads", "kv heads", "ffn", "vocab", "params");
+    for (const ModelShape& s : KnownModelShapes()) {
+      fmt::print("{:<16} {:>6} {:>7} {:>6} {:>9} {:>7} {:>7} {:>10}\n", s.name, s.dim,
+                 s.num_layers, s.num_heads, s.num_kv_heads, s.ffn_dim, s.vocab_size,
+                 FormatParams(SyntheticParameterCount(s)));
+    }
+    if (!args.list) {
+      fmt::print(stderr, "kvl synth: give --shape NAME --type TYPE -o FILE\n");
+      return 1;
+    }
+    return 0;
+  }
+  StatusOr<ModelShape> shape = FindModelShape(args.shape);
+  if (!shape.ok()) {
+    fmt::print(stderr, "kvl: {}\n", shape.status().message());
+    return 1;
+  }
+  std::optional<DType> type = ParseDType(args.type);
+  if (!type || !Traits(*type).supported) {
+    fmt::print(stderr, "kvl: unknown weight type '{}' (use f32, f16, bf16, q8_0 or q4_0)\n",
+               args.type);
+    return 1;
+  }
+  if (args.output.empty()) {
+    fmt::print(stderr, "kvl: give an output file with -o\n");
+    return 1;
+  }
+  SynthOptions options{*shape, *type, args.seed, args.output};
+  const auto start = std::chrono::steady_clock::now();
+  if (Status s = WriteSyntheticModel(options); !s.ok()) {
+    fmt::print(stderr, "kvl: {}\n", s.ToString());
+    return 1;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print(stderr, "kvl: wrote {} ({} {}, {} parameters) in {:.1f} s\n", args.output,
+             shape->name, DTypeName(*type), FormatParams(SyntheticParameterCount(*shape)), seconds);
+  return 0;
+}
+
+}  // namespace kvl::cli

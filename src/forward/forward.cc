@@ -1,0 +1,189 @@
+#include "kvl/forward.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace kvl {
+
+void TokenBatch::Clear() {
+  tokens.clear();
+  positions.clear();
+  seq_ids.clear();
+  want_logits.clear();
+}
+
+void TokenBatch::Add(int32_t token, int64_t position, int32_t seq_id, bool logits) {
+  tokens.push_back(token);
+  positions.push_back(position);
+  seq_ids.push_back(seq_id);
+  want_logits.push_back(logits);
+}
+
+namespace {
+size_t Elems(int64_t a, int64_t b) { return static_cast<size_t>(a * b); }
+}  // namespace
+
+Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions& options)
+    : model_(model), config_(model.config()), ops_(ops), options_(options) {
+  const ModelConfig& c = config_;
+  const int64_t b = options_.max_batch_tokens;
+  x_.resize(Elems(b, c.dim));
+  xn_.resize(Elems(b, c.dim));
+  q_.resize(Elems(b, c.q_dim()));
+  k_.resize(Elems(b, c.kv_dim()));
+  v_.resize(Elems(b, c.kv_dim()));
+  attn_.resize(Elems(b, c.q_dim()));
+  proj_.resize(Elems(b, c.dim));
+  gate_.resize(Elems(b, c.ffn_dim));
+  up_.resize(Elems(b, c.ffn_dim));
+  rope_cos_.resize(Elems(b, c.head_dim / 2));
+  rope_sin_.resize(Elems(b, c.head_dim / 2));
+  scores_.resize(Elems(ops.pool()->num_threads(), options_.max_context));
+  logit_in_.resize(Elems(options_.max_logit_rows, c.dim));
+  logits_.resize(Elems(options_.max_logit_rows, c.vocab_size));
+  // theta_i = base^(-2i/d), in double so positions far out keep their precision.
+  inv_freq_.resize(static_cast<size_t>(c.head_dim / 2));
+  for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+    inv_freq_[static_cast<size_t>(i)] =
+        std::pow(static_cast<double>(c.rope_freq_base), -2.0 * static_cast<double>(i) /
+                                                            static_cast<double>(c.head_dim));
+  }
+  // Quantized activations for the widest matmul input (dim, q_dim or ffn_dim).
+  ops_.Reserve(std::max(b, options_.max_logit_rows),
+               std::max({c.dim, c.q_dim(), c.ffn_dim}));
+}
+
+const float* Forward::logits(int64_t row) const {
+  KVL_CHECK(row >= 0 && row < num_logit_rows_);
+  return logits_.data() + row * config_.vocab_size;
+}
+
+void Forward::Run(const TokenBatch& batch, KvCache& kv) {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.size();
+  KVL_CHECK(n > 0 && n <= options_.max_batch_tokens);
+  KVL_CHECK(kv.kv_dim() == c.kv_dim() && kv.num_layers() == c.num_layers);
+
+  Embed(batch);
+  ComputeRopeAngles(batch);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = model_.layer(l);
+    // Attention sublayer: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
+    for (int64_t t = 0; t < n; ++t) {
+      ops::RmsNorm(ops_, &x_[Elems(t, c.dim)], w.attn_norm, c.dim, c.norm_eps, &xn_[Elems(t, c.dim)]);
+    }
+    ops::MatMul(ops_, w.wq, xn_.data(), n, q_.data());
+    ops::MatMul(ops_, w.wk, xn_.data(), n, k_.data());
+    ops::MatMul(ops_, w.wv, xn_.data(), n, v_.data());
+    Attention(l, batch, kv);
+    ops::MatMul(ops_, w.wo, attn_.data(), n, proj_.data());
+    ops::Add(ops_, x_.data(), proj_.data(), n * c.dim);
+    // Feed-forward sublayer: x += W_down (silu(W_gate xn) * W_up xn).
+    for (int64_t t = 0; t < n; ++t) {
+      ops::RmsNorm(ops_, &x_[Elems(t, c.dim)], w.ffn_norm, c.dim, c.norm_eps, &xn_[Elems(t, c.dim)]);
+    }
+    FeedForward(w, n);
+  }
+  Logits(batch);
+}
+
+void Forward::Embed(const TokenBatch& batch) {
+  const MatrixView& e = model_.token_embedding();
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    const int32_t token = batch.tokens[static_cast<size_t>(t)];
+    KVL_CHECK(token >= 0 && token < config_.vocab_size);
+    const auto* row = static_cast<const uint8_t*>(e.data) + token * e.row_bytes;
+    ops::DequantizeRow(e.type, row, config_.dim, &x_[Elems(t, config_.dim)]);
+  }
+}
+
+void Forward::ComputeRopeAngles(const TokenBatch& batch) {
+  const int64_t half = config_.head_dim / 2;
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    const double pos = static_cast<double>(batch.positions[static_cast<size_t>(t)]);
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = pos * inv_freq_[static_cast<size_t>(i)];
+      rope_cos_[Elems(t, half) + i] = static_cast<float>(std::cos(angle));
+      rope_sin_[Elems(t, half) + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+// Rotates q and k, stores k and v in the cache, then for every (token, head) pair computes
+// softmax(q k^T / sqrt(d)) v over the positions the token can see. Every token's result depends
+// only on its own q and the cached rows, so batching never changes it.
+void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.size();
+  const int64_t half = c.head_dim / 2;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* cos = &rope_cos_[Elems(t, half)];
+    const float* sin = &rope_sin_[Elems(t, half)];
+    ops::Rope(ops_, &q_[Elems(t, c.q_dim())], c.num_heads, c.head_dim, cos, sin, c.rope_neox);
+    ops::Rope(ops_, &k_[Elems(t, c.kv_dim())], c.num_kv_heads, c.head_dim, cos, sin, c.rope_neox);
+    KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,
+                                   batch.positions[static_cast<size_t>(t)]);
+    std::memcpy(rows.k, &k_[Elems(t, c.kv_dim())], sizeof(float) * static_cast<size_t>(c.kv_dim()));
+    std::memcpy(rows.v, &v_[Elems(t, c.kv_dim())], sizeof(float) * static_cast<size_t>(c.kv_dim()));
+  }
+
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ops_.pool()->ParallelFor(n * c.num_heads, [&](int64_t task, int thread) {
+    const int64_t t = task / c.num_heads;
+    const int64_t h = task % c.num_heads;
+    const int64_t kv_offset = (h / group) * c.head_dim;
+    const int32_t seq = batch.seq_ids[static_cast<size_t>(t)];
+    const int64_t num_visible = batch.positions[static_cast<size_t>(t)] + 1;
+    KVL_CHECK(num_visible <= options_.max_context);
+    const float* q = &q_[Elems(t, c.q_dim()) + h * c.head_dim];
+    float* scores = &scores_[Elems(thread, options_.max_context)];
+
+    for (int64_t p = 0; p < num_visible;) {
+      KvCache::Rows rows = kv.RowsAt(seq, layer, p);
+      const int64_t count = std::min(rows.count, num_visible - p);
+      for (int64_t i = 0; i < count; ++i) {
+        scores[p + i] = ops::Dot(ops_, q, rows.k + i * rows.stride + kv_offset, c.head_dim) * scale;
+      }
+      p += count;
+    }
+    ops::Softmax(ops_, scores, num_visible);
+
+    float* out = &attn_[Elems(t, c.q_dim()) + h * c.head_dim];
+    std::memset(out, 0, sizeof(float) * static_cast<size_t>(c.head_dim));
+    for (int64_t p = 0; p < num_visible;) {
+      KvCache::Rows rows = kv.RowsAt(seq, layer, p);
+      const int64_t count = std::min(rows.count, num_visible - p);
+      for (int64_t i = 0; i < count; ++i) {
+        ops::Axpy(ops_, scores[p + i], rows.v + i * rows.stride + kv_offset, out, c.head_dim);
+      }
+      p += count;
+    }
+  });
+}
+
+void Forward::FeedForward(const LayerWeights& w, int64_t n) {
+  const ModelConfig& c = config_;
+  ops::MatMul(ops_, w.w_gate, xn_.data(), n, gate_.data());
+  ops::MatMul(ops_, w.w_up, xn_.data(), n, up_.data());
+  ops::SwiGlu(ops_, gate_.data(), up_.data(), n * c.ffn_dim);
+  ops::MatMul(ops_, w.w_down, gate_.data(), n, proj_.data());
+  ops::Add(ops_, x_.data(), proj_.data(), n * c.dim);
+}
+
+void Forward::Logits(const TokenBatch& batch) {
+  const ModelConfig& c = config_;
+  num_logit_rows_ = 0;
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    if (!batch.want_logits[static_cast<size_t>(t)]) continue;
+    KVL_CHECK(num_logit_rows_ < options_.max_logit_rows);
+    ops::RmsNorm(ops_, &x_[Elems(t, c.dim)], model_.output_norm(), c.dim, c.norm_eps,
+                 &logit_in_[Elems(num_logit_rows_, c.dim)]);
+    ++num_logit_rows_;
+  }
+  if (num_logit_rows_ > 0) {
+    ops::MatMul(ops_, model_.output(), logit_in_.data(), num_logit_rows_, logits_.data());
+  }
+}
+
+}  // namespace kvl
