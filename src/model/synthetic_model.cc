@@ -125,6 +125,8 @@ GgufWriter::TensorFiller Ones() {
 const std::vector<ModelShape>& KnownModelShapes() {
   static const std::vector<ModelShape> shapes = {
       // name, dim, layers, heads, kv heads, ffn, vocab, context, rope base, eps, tied
+      // A few-hundred-KiB model for tests of every weight type through the whole engine.
+      {"tiny-test", 128, 2, 4, 2, 256, 512, 256, 10000.0f, 1e-5f, false},
       {"stories15m", 288, 6, 6, 6, 768, 32000, 256, 10000.0f, 1e-5f, true},
       {"stories110m", 768, 12, 12, 12, 2048, 32000, 1024, 10000.0f, 1e-5f, true},
       {"smollm-135m", 576, 30, 9, 3, 1536, 49152, 2048, 10000.0f, 1e-5f, true},

@@ -1,0 +1,105 @@
+// End-to-end tests of the kvl binary, run the way a user runs it.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout, plus stderr when asked
+};
+
+CommandResult RunKvl(const std::string& args, bool with_stderr = false) {
+  const std::string cmd =
+      std::string(KVL_KVL_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(CliTest, RunGreedyPrintsTheReferenceStory) {
+  CommandResult r = RunKvl("run -m " + testing::Stories260KPath() +
+                           " -p 'Once upon a time' -n 30 --temp 0 -t 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("Once upon a time, there was a little girl named Lily.", 0), 0u)
+      << r.output;
+}
+
+TEST(CliTest, RunReportsTimingsOnStderr) {
+  CommandResult r =
+      RunKvl("run -m " + testing::Stories260KPath() + " -n 8 --temp 0 -t 1", /*with_stderr=*/true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("prompt eval time"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokens per second"), std::string::npos) << r.output;
+}
+
+TEST(CliTest, MissingModelFailsWithAClearMessage) {
+  CommandResult r = RunKvl("run -m /no/such/model.gguf -n 4", /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("/no/such/model.gguf"), std::string::npos) << r.output;
+}
+
+TEST(CliTest, BadSamplingFlagFailsWithAClearMessage) {
+  CommandResult r = RunKvl("run -m " + testing::Stories260KPath() + " --top-p 1.5",
+                           /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("top_p"), std::string::npos) << r.output;
+}
+
+TEST(CliTest, InspectShowsShapeAndKvCosts) {
+  CommandResult r = RunKvl("inspect " + testing::Stories260KPath());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("GQA"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("KV cache per token"), std::string::npos);
+  EXPECT_NE(r.output.find("residual checkpoint"), std::string::npos);
+
+  CommandResult j = RunKvl("inspect --json " + testing::Stories260KPath());
+  ASSERT_EQ(j.exit_code, 0);
+  nlohmann::json parsed = nlohmann::json::parse(j.output);
+  EXPECT_EQ(parsed["kv_bytes_per_token"]["f32"]["per_layer"], 256);
+  EXPECT_EQ(parsed["kv_bytes_per_token"]["f32"]["total"], 1280);
+  EXPECT_EQ(parsed["residual_bytes_per_token"]["f32"]["per_layer"], 256);
+  EXPECT_EQ(parsed["layers"], 5);
+}
+
+TEST(CliTest, SynthThenBenchPrintsLlamaBenchJson) {
+  const std::string path = ::testing::TempDir() + "/cli-tiny-q8.gguf";
+  CommandResult s = RunKvl("synth --shape tiny-test --type q8_0 -o " + path, true);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  CommandResult b = RunKvl("bench -m " + path + " -p 32 -n 8 -r 2 -t 1 -o json");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  nlohmann::json results = nlohmann::json::parse(b.output);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0]["test"], "pp32");
+  EXPECT_EQ(results[1]["test"], "tg8");
+  EXPECT_GT(results[0]["avg_ts"].get<double>(), 0.0);
+  EXPECT_EQ(results[0]["samples_ts"].size(), 2u);
+
+  CommandResult md = RunKvl("bench -m " + path + " -p 16 -n 4 -r 1 -t 1");
+  ASSERT_EQ(md.exit_code, 0);
+  EXPECT_NE(md.output.find("| model"), std::string::npos);
+  EXPECT_NE(md.output.find("pp16"), std::string::npos);
+  EXPECT_NE(md.output.find("tg4"), std::string::npos);
+  std::filesystem::remove(path);
+}
+
+TEST(CliTest, SynthRejectsUnknownShapeAndType) {
+  EXPECT_EQ(RunKvl("synth --shape nope --type q8_0 -o /tmp/x.gguf").exit_code, 1);
+  EXPECT_EQ(RunKvl("synth --shape tiny-test --type q3_k -o /tmp/x.gguf").exit_code, 1);
+}
+
+}  // namespace
+}  // namespace kvl

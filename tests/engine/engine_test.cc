@@ -1,0 +1,120 @@
+#include "kvl/engine.h"
+
+#include <gtest/gtest.h>
+
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+std::unique_ptr<Engine> MakeEngine(const std::string& isa = "auto", int threads = 2) {
+  EngineOptions o;
+  o.model_path = testing::Stories260KPath();
+  o.num_threads = threads;
+  o.context_length = 512;
+  o.isa = isa;
+  StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+GenerateRequest Greedy(int32_t n) {
+  GenerateRequest r;
+  r.prompt_ids = {1};
+  r.max_new_tokens = n;
+  r.sampling.temperature = 0;
+  r.stop_at_eos = false;
+  return r;
+}
+
+TEST(EngineTest, GreedyFromBosReproducesThe64ReferenceIds) {
+  for (ops::Isa isa : ops::RunnableIsas()) {
+    std::unique_ptr<Engine> e = MakeEngine(std::string(ops::IsaName(isa)));
+    ASSERT_NE(e, nullptr);
+    StatusOr<GenerateResult> r = e->Generate(Greedy(64));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->output_ids, testing::Stories260KGreedyReference()) << ops::IsaName(isa);
+    EXPECT_EQ(r->text,
+              "Once upon a time, there was a little girl named Lily. She loved to play outside in "
+              "the park. One day, she saw a big, red ball. She wanted to play with it, but it was "
+              "too high.\nLily");
+  }
+}
+
+TEST(EngineTest, TextPromptIsTokenizedWithBos) {
+  std::unique_ptr<Engine> e = MakeEngine();
+  GenerateRequest r = Greedy(4);
+  r.prompt_ids.clear();
+  r.prompt = "Once upon a time";
+  StatusOr<GenerateResult> out = e->Generate(r);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->prompt_ids, (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  // After "Once upon a time" the reference continues with "," (id 432).
+  EXPECT_EQ(out->output_ids[0], 432);
+}
+
+TEST(EngineTest, SameSeedSameTextDifferentSeedDifferentText) {
+  std::unique_ptr<Engine> e = MakeEngine();
+  GenerateRequest r = Greedy(48);
+  r.sampling.temperature = 1.0f;
+  r.sampling.top_k = 0;
+  r.sampling.top_p = 1.0f;
+  r.sampling.min_p = 0.0f;
+  r.sampling.seed = 7;
+  const std::vector<int32_t> a = e->Generate(r)->output_ids;
+  const std::vector<int32_t> b = e->Generate(r)->output_ids;
+  r.sampling.seed = 8;
+  const std::vector<int32_t> c = e->Generate(r)->output_ids;
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(EngineTest, CallbackCanStopGeneration) {
+  std::unique_ptr<Engine> e = MakeEngine();
+  int calls = 0;
+  StatusOr<GenerateResult> r =
+      e->Generate(Greedy(50), [&](int32_t, std::string_view) { return ++calls < 5; });
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(calls, 5);
+  EXPECT_EQ(r->stop_reason, "callback");
+  EXPECT_EQ(r->output_ids.size(), 5u);
+}
+
+TEST(EngineTest, GenerationStopsAtTheContextLength) {
+  EngineOptions o;
+  o.model_path = testing::Stories260KPath();
+  o.num_threads = 1;
+  o.context_length = 20;
+  std::unique_ptr<Engine> e = std::move(Engine::Create(o).value());
+  StatusOr<GenerateResult> r = e->Generate(Greedy(100));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->stop_reason, "context");
+  EXPECT_EQ(r->output_ids.size(), 19u);
+}
+
+TEST(EngineTest, BadInputGivesClearErrors) {
+  std::unique_ptr<Engine> e = MakeEngine();
+  GenerateRequest r = Greedy(4);
+  r.prompt_ids = {1, 9999};
+  StatusOr<GenerateResult> out = e->Generate(r);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("9999"), std::string::npos) << out.status().message();
+
+  r.prompt_ids = std::vector<int32_t>(600, 5);
+  out = e->Generate(r);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("context"), std::string::npos);
+
+  r = Greedy(4);
+  r.sampling.temperature = -1;
+  EXPECT_FALSE(e->Generate(r).ok());
+
+  EngineOptions o;
+  o.model_path = testing::SharedModelPath("stories260K.bin");  // not a GGUF file
+  StatusOr<std::unique_ptr<Engine>> bad = Engine::Create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("stories260K.bin"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvl

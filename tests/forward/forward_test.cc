@@ -1,0 +1,137 @@
+#include "kvl/forward.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kvl/synthetic_model.h"
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+// A model plus everything needed to run it, on one ISA and thread count.
+struct Harness {
+  Harness(const std::string& path, ops::Isa isa, int threads, int64_t max_batch)
+      : model(std::move(Model::Load(path).value())),
+        pool(threads),
+        ops(isa, &pool),
+        kv(std::move(ContiguousKvCache::Create(model->config().num_layers,
+                                               model->config().kv_dim(), 2, 256)
+                         .value())),
+        forward(*model, ops, ForwardOptions{max_batch, max_batch, 256}) {}
+
+  // Logits of every position of `ids` run in chunks of `chunk` tokens, for sequence `seq`.
+  std::vector<std::vector<float>> AllLogits(const std::vector<int32_t>& ids, int64_t chunk,
+                                            int32_t seq = 0) {
+    std::vector<std::vector<float>> out;
+    const int64_t vocab = model->config().vocab_size;
+    for (size_t begin = 0; begin < ids.size(); begin += static_cast<size_t>(chunk)) {
+      const size_t end = std::min(ids.size(), begin + static_cast<size_t>(chunk));
+      TokenBatch batch;
+      for (size_t i = begin; i < end; ++i) batch.Add(ids[i], static_cast<int64_t>(i), seq, true);
+      forward.Run(batch, *kv);
+      for (int64_t r = 0; r < forward.num_logit_rows(); ++r) {
+        out.emplace_back(forward.logits(r), forward.logits(r) + vocab);
+      }
+    }
+    return out;
+  }
+
+  std::unique_ptr<Model> model;
+  ThreadPool pool;
+  ops::OpsContext ops;
+  std::unique_ptr<ContiguousKvCache> kv;
+  Forward forward;
+};
+
+std::vector<int32_t> TopK(const std::vector<float>& logits, int k) {
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  ids.resize(static_cast<size_t>(k));
+  return ids;
+}
+
+TEST(ForwardTest, Stories260KFirstStepMatchesReference) {
+  for (ops::Isa isa : ops::RunnableIsas()) {
+    Harness h(testing::Stories260KPath(), isa, 2, 16);
+    std::vector<std::vector<float>> logits = h.AllLogits({1}, 1);
+    ASSERT_EQ(logits.size(), 1u);
+    EXPECT_EQ(TopK(logits[0], 5), (std::vector<int32_t>{403, 385, 410, 317, 407}))
+        << ops::IsaName(isa);
+    EXPECT_NEAR(logits[0][403], 17.0235f, 1e-3f) << ops::IsaName(isa);
+  }
+}
+
+std::vector<int32_t> SomeTokens(int64_t n, int64_t vocab) {
+  std::vector<int32_t> ids = {1};
+  for (int64_t i = 1; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % vocab));
+  return ids;
+}
+
+// Batched prefill and token-by-token decode run the same kernels in the same order per token, so
+// the logits agree exactly (the issue asks for 1e-4 relative; we hold ourselves to bit-exact).
+void ExpectPrefillEqualsDecode(const std::string& path) {
+  for (ops::Isa isa : ops::RunnableIsas()) {
+    for (int threads : {1, 2}) {
+      Harness h(path, isa, threads, 64);
+      const std::vector<int32_t> ids = SomeTokens(40, h.model->config().vocab_size);
+      const auto batched = h.AllLogits(ids, 64);
+      const auto chunked = h.AllLogits(ids, 7);
+      const auto decoded = h.AllLogits(ids, 1);
+      ASSERT_EQ(batched.size(), ids.size());
+      ASSERT_EQ(decoded.size(), ids.size());
+      for (size_t t = 0; t < ids.size(); ++t) {
+        for (size_t v = 0; v < batched[t].size(); ++v) {
+          ASSERT_EQ(batched[t][v], decoded[t][v])
+              << path << " " << ops::IsaName(isa) << " threads " << threads << " pos " << t;
+          ASSERT_EQ(chunked[t][v], decoded[t][v]) << path << " pos " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST(ForwardTest, PrefillEqualsDecodeOnStories260K) {
+  ExpectPrefillEqualsDecode(testing::Stories260KPath());
+}
+
+TEST(ForwardTest, PrefillEqualsDecodeOnEveryWeightType) {
+  for (DType type : {DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0}) {
+    const std::string path =
+        ::testing::TempDir() + "/fwd-tiny-" + std::string(DTypeName(type)) + ".gguf";
+    ASSERT_TRUE(WriteSyntheticModel({*FindModelShape("tiny-test"), type, 11, path}).ok());
+    ExpectPrefillEqualsDecode(path);
+  }
+}
+
+// Two sequences in one batch give what each gives alone.
+TEST(ForwardTest, SequencesInOneBatchDoNotInteract) {
+  Harness alone(testing::Stories260KPath(), ops::BestIsa(), 2, 64);
+  const std::vector<int32_t> a = SomeTokens(12, 512);
+  std::vector<int32_t> b = SomeTokens(9, 512);
+  std::reverse(b.begin() + 1, b.end());
+  const auto a_alone = alone.AllLogits(a, 64, 0);
+  const auto b_alone = alone.AllLogits(b, 64, 1);
+
+  Harness mixed(testing::Stories260KPath(), ops::BestIsa(), 2, 64);
+  TokenBatch batch;
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i < a.size()) batch.Add(a[i], static_cast<int64_t>(i), 0, i + 1 == a.size());
+    if (i < b.size()) batch.Add(b[i], static_cast<int64_t>(i), 1, i + 1 == b.size());
+  }
+  mixed.forward.Run(batch, *mixed.kv);
+  ASSERT_EQ(mixed.forward.num_logit_rows(), 2);
+  // b ends first in batch order.
+  const std::vector<float> b_mixed(mixed.forward.logits(0), mixed.forward.logits(0) + 512);
+  const std::vector<float> a_mixed(mixed.forward.logits(1), mixed.forward.logits(1) + 512);
+  EXPECT_EQ(a_mixed, a_alone.back());
+  EXPECT_EQ(b_mixed, b_alone.back());
+}
+
+}  // namespace
+}  // namespace kvl

@@ -1,0 +1,25 @@
+// Where tests find the shared model files and the kvl binary (set by CMake).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvl::testing {
+
+inline std::string SharedModelPath(const std::string& file) {
+  return std::string(KVL_SHARED_MODELS_DIR) + "/" + file;
+}
+inline std::string Stories260KPath() { return SharedModelPath("stories260K.gguf"); }
+
+// The 64 greedy ids from BOS, from ../shared/models/README.md.
+inline const std::vector<int32_t>& Stories260KGreedyReference() {
+  static const std::vector<int32_t> ids = {
+      403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
+      401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
+      328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267,
+      337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13,  438, 310};
+  return ids;
+}
+
+}  // namespace kvl::testing
