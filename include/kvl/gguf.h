@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kvl/dtype.h"
@@ -87,6 +88,9 @@ class GgufFile {
   // Parses bytes the caller owns and keeps alive (tests, the fuzzer).
   static StatusOr<std::unique_ptr<GgufFile>> FromBuffer(const uint8_t* data, size_t size);
 
+  // Limits that keep a hostile file from driving recursion or allocation.
+  static constexpr int kMaxArrayDepth = 8;  // an array of arrays of ... at most this deep
+
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -94,6 +98,8 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   size_t file_size() const { return size_; }
+  // The whole file (mapped, or the caller's buffer); tensor data pointers lie inside it.
+  const uint8_t* data() const { return base_; }
   const std::string& path() const { return path_; }
 
   const std::vector<GgufKeyValue>& metadata() const { return metadata_; }
@@ -114,6 +120,8 @@ class GgufFile {
  private:
   GgufFile() = default;
   Status Parse();
+  Status ParseTensorData(uint64_t data_start);
+  Status CheckTensorOverlap() const;
 
   std::string path_;
   const uint8_t* base_ = nullptr;
@@ -123,6 +131,9 @@ class GgufFile {
   uint64_t alignment_ = 32;
   std::vector<GgufKeyValue> metadata_;
   std::vector<GgufTensorInfo> tensors_;
+  // Views into the buffer, so lookups are O(1) and duplicates are caught while parsing.
+  std::unordered_map<std::string_view, size_t> key_index_;
+  std::unordered_map<std::string_view, size_t> tensor_index_;
 };
 
 // Streams a GGUF v3 file. Tensor data is produced by a callback when Write runs, so multi-GB
@@ -140,17 +151,30 @@ class GgufWriter {
   void AddFloat32Array(std::string key, std::vector<float> values);
   void AddInt32Array(std::string key, std::vector<int32_t> values);
   void SetAlignment(uint32_t alignment);  // also written as general.alignment
+  // Any value type, encoded by the caller: `payload` is exactly the bytes that follow the value
+  // type in the file (for kArray: element type, count, elements). For the types without an Add
+  // method above (uint8, uint64, float64, nested arrays...), mostly in tests and tools.
+  void AddRaw(std::string key, GgufValueType type, std::vector<uint8_t> payload);
 
   // dims in ggml order (innermost first).
   void AddTensor(std::string name, DType type, std::vector<int64_t> dims, TensorFiller fill);
 
+  // INVALID_ARGUMENT for a tensor with a bad name or dims, IO_ERROR when the disk says no. The file
+  // is written to `path`.tmp and renamed, so `path` never holds half a file.
   Status Write(const std::string& path) const;
-  // The same bytes in memory (tests build malformed files by editing these).
+  // The same bytes in memory (tests build malformed files by editing these). Bad tensor names or
+  // dims are a programmer error here (checked).
   std::vector<uint8_t> WriteToBuffer() const;
 
  private:
   struct Entry;
   struct Tensor;
+  // Adding a key that is already there replaces its value: GGUF forbids duplicate keys.
+  void PutEntry(std::string key, std::vector<uint8_t> value);
+  // Bytes of every tensor's data, after checking names and dims (INVALID_ARGUMENT otherwise).
+  StatusOr<std::vector<int64_t>> TensorSizes() const;
+  // Magic, counts, metadata and tensor directory, padded to the alignment.
+  std::vector<uint8_t> BuildHeader(const std::vector<int64_t>& sizes) const;
   std::vector<std::shared_ptr<Entry>> entries_;
   std::vector<std::shared_ptr<Tensor>> tensors_;
   uint32_t alignment_ = 32;
