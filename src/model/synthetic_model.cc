@@ -11,6 +11,11 @@
 namespace kvl {
 namespace {
 
+using quant::BlockQ4_0;
+using quant::BlockQ8_0;
+using quant::Fp32ToBf16;
+using quant::Fp32ToFp16;
+
 // splitmix64: fast, seedable and good enough for weights whose values do not matter.
 class Rng {
  public:
