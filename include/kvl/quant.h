@@ -1,0 +1,49 @@
+// Block formats and scalar conversions shared by the weights, the synthetic-model writer and the
+// KV codec. Layouts are byte-for-byte those of ggml, so GGUF tensor data is used in place.
+//
+// These are reference (scalar) routines: the SIMD kernels in ops/ read the same structs but never
+// call into here on a hot path.
+#pragma once
+
+#include <cstdint>
+
+#include "kvl/dtype.h"
+
+namespace kvl::quant {
+
+inline constexpr int64_t kQK = 32;  // elements per Q8_0 / Q4_0 block
+
+// value[i] = qs[i] * fp16(d).
+struct BlockQ8_0 {
+  uint16_t d;  // fp16 scale
+  int8_t qs[kQK];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+// value[i] = ((qs[i] & 0xF) - 8) * fp16(d) for i < 16, ((qs[i-16] >> 4) - 8) * fp16(d) above.
+struct BlockQ4_0 {
+  uint16_t d;  // fp16 scale
+  uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ4_0) == 18);
+
+// IEEE binary16 <-> binary32 with round-to-nearest-even; inf, nan and subnormals preserved.
+float Fp16ToFp32(uint16_t h);
+uint16_t Fp32ToFp16(float f);
+// bfloat16 <-> binary32 (round-to-nearest-even; nan stays nan).
+inline float Bf16ToFp32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+uint16_t Fp32ToBf16(float f);
+
+// Encodes n floats as a row of `type` (F32, F16, BF16, Q8_0, Q4_0; n a multiple of 32 for the
+// block types, checked). out must hold RowBytes(type, n). Q8_0 and Q4_0 use ggml's reference
+// quantizers, so files we write round-trip through llama.cpp unchanged.
+void QuantizeRow(DType type, const float* x, int64_t n, void* out);
+// Widens a row of `type` back to n floats.
+void DequantizeRow(DType type, const void* row, int64_t n, float* out);
+
+}  // namespace kvl::quant
