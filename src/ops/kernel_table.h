@@ -1,0 +1,57 @@
+// Internal: the per-ISA kernel table that ops.cc dispatches through, and the layout of quantized
+// activations in OpsContext scratch. Each kernels_<isa>.cc fills one table; nothing here needs ISA
+// compile flags.
+#pragma once
+
+#include <cstdint>
+
+#include "kvl/ops.h"
+
+namespace kvl::ops {
+
+inline int64_t AlignUp64(int64_t n) { return (n + 63) & ~int64_t{63}; }
+
+// Activations quantized for Q8_0/Q4_0 weights, one row per token:
+//   [blocks*32] int8 values (signed, q = rint(x / d)), padded to 64 bytes,
+//   [blocks] float scales d = amax / 127 (kept in fp32, unlike llama.cpp's fp16), padded.
+// Quantization is the same function of a row on every ISA, so the quantized bytes never depend on
+// the ISA, the batch or the thread.
+inline int64_t ActScalesOffset(int64_t cols) { return AlignUp64(cols); }
+inline int64_t ActRowStride(int64_t cols) { return AlignUp64(cols) + AlignUp64(cols / 32 * 4); }
+
+// One MatMul call as the tile kernels see it. Exactly one of x / acts is used, by weight type.
+struct MatMulArgs {
+  MatrixView w;
+  const float* x = nullptr;      // [n_tokens][w.cols] f32 (F32/F16/BF16 weights)
+  const uint8_t* acts = nullptr;  // [n_tokens][ActRowStride(w.cols)] (Q8_0/Q4_0 weights)
+  int64_t act_stride = 0;
+  float* y = nullptr;  // [n_tokens][w.rows]
+};
+
+struct KernelTable {
+  // Computes y[t][r] for r in [r0, r1), t in [t0, t1). Every y element gets the same sequence of
+  // float operations whatever the range it is computed in (batch invariance; see ops.h).
+  void (*matmul_tile)(const MatMulArgs& args, int64_t r0, int64_t r1, int64_t t0, int64_t t1);
+  // Quantizes one row of cols floats (cols % 32 == 0) into the activation layout above. Must give
+  // the same bytes on every ISA.
+  void (*quantize_acts)(const float* x, int64_t cols, uint8_t* out);
+  void (*rms_norm)(const float* x, const float* weight, int64_t n, float eps, float* out);
+  void (*rope)(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin,
+               bool neox);
+  void (*softmax)(float* x, int64_t n);
+  void (*swiglu)(float* gate, const float* up, int64_t n);
+  void (*add)(float* y, const float* x, int64_t n);
+  float (*dot)(const float* a, const float* b, int64_t n);
+  void (*axpy)(float alpha, const float* x, float* y, int64_t n);
+};
+
+const KernelTable& ScalarKernels();
+const KernelTable& Avx2Kernels();
+const KernelTable& Avx512Kernels();
+
+// Scalar pieces the SIMD tables reuse where a vector version would not pay (or must match bytes).
+void ScalarQuantizeActs(const float* x, int64_t cols, uint8_t* out);
+void ScalarRope(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin,
+                bool neox);
+
+}  // namespace kvl::ops

@@ -1,0 +1,367 @@
+// AVX2 + FMA + F16C kernels, for x86-64 machines without AVX-512 (and no AVX-VNNI assumed).
+// Same structure as kernels_avx512.cc: one MR x NR micro-kernel template per weight type, one
+// accumulator per output walking the reduction in fixed steps, so results are batch-invariant.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/kernel_table.h"
+
+// g++ contracts a * b + c into an FMA by default in C++ (-ffp-contract=fast), and may do so in one
+// inlined copy of an expression and not another. Every fused operation here is an explicit
+// _fmadd_ intrinsic instead, so results depend only on the code as written (batch invariance,
+// and Rope bit-identical to the scalar path).
+#pragma GCC optimize("fp-contract=off")
+
+namespace kvl::ops {
+namespace {
+
+constexpr int kMaxMR = 4;
+constexpr int kMaxNR = 4;
+
+// A fixed reduction order, shared by every tile shape.
+float ReduceAdd(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+float ReduceMax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Lanes [0, n) all ones, for maskload/maskstore of tails (n < 8).
+__m256i TailMask(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float weights, 8 columns per step.
+
+template <DType T>
+__m256 LoadWeights8(const uint8_t* p) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (T == DType::kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <DType T, int MR, int NR>
+void FloatTile(const MatMulArgs& a, int64_t r, int64_t t) {
+  constexpr int64_t kElem = T == DType::kF32 ? 4 : 2;
+  const int64_t cols = a.w.cols;
+  const int64_t row_bytes = a.w.row_bytes;
+  const uint8_t* w = static_cast<const uint8_t*>(a.w.data) + r * row_bytes;
+  const float* x = a.x + t * cols;
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= cols; k += 8) {
+    __m256 xv[NR];
+    for (int j = 0; j < NR; ++j) xv[j] = _mm256_loadu_ps(x + j * cols + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 wv = LoadWeights8<T>(w + i * row_bytes + k * kElem);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+  if (k < cols) {  // tail through zero-padded copies: the padding adds exact zeros
+    const int64_t n = cols - k;
+    const __m256i m = TailMask(n);
+    __m256 xv[NR];
+    for (int j = 0; j < NR; ++j) xv[j] = _mm256_maskload_ps(x + j * cols + k, m);
+    for (int i = 0; i < MR; ++i) {
+      alignas(32) uint8_t buf[32] = {};
+      std::memcpy(buf, w + i * row_bytes + k * kElem, static_cast<size_t>(n * kElem));
+      const __m256 wv = LoadWeights8<T>(buf);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+  float* y = a.y + t * a.w.rows + r;
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[j * a.w.rows + i] = ReduceAdd(acc[i][j]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantized weights, one 32-element block per ymm. Without VNNI, products go through maddubs
+// (u8 x s8 -> s16 pairs): |w| as the unsigned side and x with w's sign as the signed side, so no
+// pair can saturate (128 * 127 * 2 < 32768). madd against ones sums 4 products per int32 lane;
+// each lane's integer is exact, then it is scaled by dw * dx in float.
+
+template <DType T>
+constexpr int64_t kBlockBytes = T == DType::kQ8_0 ? 34 : 18;
+
+template <DType T>
+__m256i DecodeBlock(const uint8_t* block) {
+  if constexpr (T == DType::kQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+  } else {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
+    const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v),
+                                       _mm256_set1_epi8(0x0F));
+    return _mm256_sub_epi8(n, _mm256_set1_epi8(8));
+  }
+}
+
+float LoadFp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+template <DType T, int MR, int NR>
+void QuantTile(const MatMulArgs& a, int64_t r, int64_t t) {
+  constexpr int64_t kBB = kBlockBytes<T>;
+  const int64_t cols = a.w.cols;
+  const int64_t row_bytes = a.w.row_bytes;
+  const uint8_t* w = static_cast<const uint8_t*>(a.w.data) + r * row_bytes;
+  const uint8_t* acts = a.acts + t * a.act_stride;
+  const int64_t stride = a.act_stride;
+  const int64_t scales_offset = ActScalesOffset(cols);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    __m256i xv[NR];
+    float dx[NR];
+    for (int j = 0; j < NR; ++j) {
+      xv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acts + j * stride + b * 32));
+      dx[j] = reinterpret_cast<const float*>(acts + j * stride + scales_offset)[b];
+    }
+    for (int i = 0; i < MR; ++i) {
+      const uint8_t* block = w + i * row_bytes + b * kBB;
+      const __m256i wv = DecodeBlock<T>(block);
+      const __m256i wabs = _mm256_sign_epi8(wv, wv);
+      const float dw = LoadFp16(block);
+      for (int j = 0; j < NR; ++j) {
+        const __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv[j], wv));
+        const __m256i dot = _mm256_madd_epi16(p16, ones);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * dx[j]), acc[i][j]);
+      }
+    }
+  }
+  float* y = a.y + t * a.w.rows + r;
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[j * a.w.rows + i] = ReduceAdd(acc[i][j]);
+}
+
+template <DType T, int MR, int NR>
+void Tile(const MatMulArgs& a, int64_t r, int64_t t) {
+  if constexpr (T == DType::kQ8_0 || T == DType::kQ4_0) {
+    QuantTile<T, MR, NR>(a, r, t);
+  } else {
+    FloatTile<T, MR, NR>(a, r, t);
+  }
+}
+
+using TileFn = void (*)(const MatMulArgs&, int64_t, int64_t);
+
+template <DType T>
+constexpr TileFn kTiles[kMaxMR][kMaxNR] = {
+    {Tile<T, 1, 1>, Tile<T, 1, 2>, Tile<T, 1, 3>, Tile<T, 1, 4>},
+    {Tile<T, 2, 1>, Tile<T, 2, 2>, Tile<T, 2, 3>, Tile<T, 2, 4>},
+    {Tile<T, 3, 1>, Tile<T, 3, 2>, Tile<T, 3, 3>, Tile<T, 3, 4>},
+    {Tile<T, 4, 1>, Tile<T, 4, 2>, Tile<T, 4, 3>, Tile<T, 4, 4>},
+};
+
+template <DType T>
+void MatMulTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+  for (int64_t r = r0; r < r1; r += kMaxMR) {
+    const int64_t mr = std::min<int64_t>(kMaxMR, r1 - r);
+    for (int64_t t = t0; t < t1; t += kMaxNR) {
+      const int64_t nr = std::min<int64_t>(kMaxNR, t1 - t);
+      kTiles<T>[mr - 1][nr - 1](a, r, t);
+    }
+  }
+}
+
+void MatMulTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+  switch (a.w.type) {
+    case DType::kF32:
+      return MatMulTileT<DType::kF32>(a, r0, r1, t0, t1);
+    case DType::kF16:
+      return MatMulTileT<DType::kF16>(a, r0, r1, t0, t1);
+    case DType::kBF16:
+      return MatMulTileT<DType::kBF16>(a, r0, r1, t0, t1);
+    case DType::kQ8_0:
+      return MatMulTileT<DType::kQ8_0>(a, r0, r1, t0, t1);
+    default:
+      return MatMulTileT<DType::kQ4_0>(a, r0, r1, t0, t1);
+  }
+}
+
+// Same bytes as ScalarQuantizeActs (see kernels_avx512.cc for why).
+void QuantizeActs(const float* x, int64_t cols, uint8_t* out) {
+  auto* scales = reinterpret_cast<float*>(out + ActScalesOffset(cols));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + b * 32 + 8 * i);
+      m = _mm256_max_ps(m, _mm256_and_ps(v[i], abs_mask));
+    }
+    const float d = ReduceMax(m) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    scales[b] = d;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], idv));
+    // packs work within 128-bit lanes; the permute restores element order.
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + b * 32),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vector ops.
+
+// exp(x), Cephes' expf polynomial; 2^n built in the exponent field, so x is clamped to where n
+// stays a normal exponent, and inputs below the float range give exactly 0.
+__m256 Exp(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.02f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    acc1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), acc1);
+  }
+  return ReduceAdd(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+}
+
+void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  const float ss = Dot(x, x, n);
+  const __m256 scale = _mm256_set1_ps(1.0f / std::sqrt(ss / static_cast<float>(n) + eps));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), scale),
+                                            _mm256_loadu_ps(weight + i)));
+  }
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    _mm256_maskstore_ps(out + i, m,
+                        _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, m), scale),
+                                      _mm256_maskload_ps(weight + i, m)));
+  }
+}
+
+void Softmax(float* x, int64_t n) {
+  __m256 vmax = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+  float max = ReduceMax(vmax);
+  for (int64_t j = i; j < n; ++j) max = std::max(max, x[j]);
+  const __m256 maxv = _mm256_set1_ps(max);
+  __m256 sum = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = Exp(_mm256_sub_ps(_mm256_loadu_ps(x + i), maxv));
+    _mm256_storeu_ps(x + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(m),
+                                   Exp(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), maxv)));
+    _mm256_maskstore_ps(x + i, m, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / ReduceAdd(sum));
+  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    _mm256_maskstore_ps(x + i, m, _mm256_mul_ps(_mm256_maskload_ps(x + i, m), inv));
+  }
+}
+
+__m256 SiluTimes(__m256 g, __m256 u) {
+  const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), Exp(_mm256_sub_ps(_mm256_setzero_ps(), g)));
+  return _mm256_mul_ps(_mm256_div_ps(g, den), u);
+}
+
+void SwiGlu(float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(gate + i, SiluTimes(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    _mm256_maskstore_ps(gate + i, m, SiluTimes(_mm256_maskload_ps(gate + i, m), _mm256_maskload_ps(up + i, m)));
+  }
+}
+
+void Add(float* y, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+  }
+  for (; i < n; ++i) y[i] += x[i];
+}
+
+void Axpy(float alpha, const float* x, float* y, int64_t n) {
+  const __m256 av = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __m256i m = TailMask(n - i);
+    _mm256_maskstore_ps(y + i, m, _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m)));
+  }
+}
+
+}  // namespace
+
+const KernelTable& Avx2Kernels() {
+  static const KernelTable table = {
+      .matmul_tile = MatMulTile,
+      .quantize_acts = QuantizeActs,
+      .rms_norm = RmsNorm,
+      .rope = ScalarRope,
+      .softmax = Softmax,
+      .swiglu = SwiGlu,
+      .add = Add,
+      .dot = Dot,
+      .axpy = Axpy,
+  };
+  return table;
+}
+
+}  // namespace kvl::ops

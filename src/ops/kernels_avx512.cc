@@ -1,0 +1,429 @@
+// AVX-512 kernels (F/BW/VL/DQ + VNNI). Compiled with AVX-512 flags; only called after CPUID said so.
+//
+// MatMul is one register-tiled micro-kernel, templated on its tile size (MR weight rows x NR
+// tokens, up to 4 x 4). Each output element owns one vector accumulator that walks the reduction
+// dimension in the same steps (16 floats, or a pair of 32-element blocks) whatever MR and NR are,
+// and is reduced horizontally by the same instruction sequence. Decode is the NR = 1 case of the
+// same template, so a token's outputs are bit-identical in decode, in any prefill tile and on any
+// thread (the batch invariance promised in ops.h).
+#include <immintrin.h>
+
+// GCC 12's cast intrinsics (_mm512_castps128_ps512 and friends) read an intentionally undefined
+// register and trip -Wuninitialized on every use; the upper lanes are never read here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/kernel_table.h"
+
+// g++ contracts a * b + c into an FMA by default in C++ (-ffp-contract=fast), and may do so in one
+// inlined copy of an expression and not another. Every fused operation here is an explicit
+// _fmadd_ intrinsic instead, so results depend only on the code as written (batch invariance,
+// and Rope bit-identical to the scalar path).
+#pragma GCC optimize("fp-contract=off")
+
+namespace kvl::ops {
+namespace {
+
+constexpr int kMaxMR = 4;
+constexpr int kMaxNR = 4;
+
+__mmask16 TailMask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
+
+// ---------------------------------------------------------------------------------------------
+// Float weights: W[r][k] widened to f32 on the fly, 16 columns per step.
+
+template <DType T>
+__m512 LoadWeights16(const uint8_t* row, int64_t k) {
+  if constexpr (T == DType::kF32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
+    if constexpr (T == DType::kF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <DType T>
+__m512 LoadWeightsMasked(const uint8_t* row, int64_t k, __mmask16 m) {
+  if constexpr (T == DType::kF32) {
+    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + k);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, row + 2 * k);
+    if constexpr (T == DType::kF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <DType T, int MR, int NR>
+void FloatTile(const MatMulArgs& a, int64_t r, int64_t t) {
+  const int64_t cols = a.w.cols;
+  const int64_t row_bytes = a.w.row_bytes;
+  const uint8_t* w = static_cast<const uint8_t*>(a.w.data) + r * row_bytes;
+  const float* x = a.x + t * cols;
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= cols; k += 16) {
+    __m512 xv[NR];
+    for (int j = 0; j < NR; ++j) xv[j] = _mm512_loadu_ps(x + j * cols + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 wv = LoadWeights16<T>(w + i * row_bytes, k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+  if (k < cols) {  // masked tail: the zeroed lanes add exact zeros
+    const __mmask16 m = TailMask(cols - k);
+    __m512 xv[NR];
+    for (int j = 0; j < NR; ++j) xv[j] = _mm512_maskz_loadu_ps(m, x + j * cols + k);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 wv = LoadWeightsMasked<T>(w + i * row_bytes, k, m);
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+  float* y = a.y + t * a.w.rows + r;
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[j * a.w.rows + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantized weights against int8 activations, two 32-element blocks per zmm.
+//
+// vpdpbusd multiplies unsigned by signed bytes, so activations go in as u = x + 128 (x ^ 0x80) and
+// each int32 lane starts at -128 * (sum of its 4 weights), computed once per weight block pair and
+// reused for every token of the tile: the lane then holds exactly sum(x * w) over its 4 bytes.
+// Q4_0 nibbles are decoded to signed w - 8 so both formats share this scheme. Lanes 0-7 belong to
+// the first block, 8-15 to the second; each lane is converted to float and accumulated with the
+// combined scale dw * dx of its block.
+
+template <DType T>
+constexpr int64_t kBlockBytes = T == DType::kQ8_0 ? 34 : 18;
+
+template <DType T>
+__m512i DecodePair(const uint8_t* block) {
+  if constexpr (T == DType::kQ8_0) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 36));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  } else {
+    // 128-bit chunks [A A B B]; shifting chunks 1 and 3 by 4 puts element j of each block at
+    // byte j (low nibbles, elements 0-15) and 16 + j (high nibbles, elements 16-31).
+    __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
+    v = _mm512_mask_broadcast_i32x4(
+        v, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 20)));
+    v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    v = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+    return _mm512_sub_epi8(v, _mm512_set1_epi8(8));
+  }
+}
+
+// The last block of a row with an odd block count: the upper half is zero.
+template <DType T>
+__m512i DecodeSingle(const uint8_t* block) {
+  if constexpr (T == DType::kQ8_0) {
+    return _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2)));
+  } else {
+    __m512i v = _mm512_maskz_broadcast_i32x4(
+        0x00FF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
+    v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+    v = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+    return _mm512_maskz_sub_epi8(0xFFFFFFFFu, v, _mm512_set1_epi8(8));
+  }
+}
+
+uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  __builtin_memcpy(&v, p, 2);
+  return v;
+}
+
+// [f0 x 8, f1 x 8] from the first two floats of v.
+__m512 SpreadPair(__m128 v) {
+  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+}
+
+template <DType T, bool kPair, int MR, int NR>
+inline void QuantStep(const uint8_t* w, int64_t row_bytes, const uint8_t* acts, int64_t stride,
+                      int64_t scales_offset, int64_t b, __m512 (&acc)[MR][NR]) {
+  constexpr int64_t kBB = kBlockBytes<T>;
+  const __m512i k80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i xu[NR];
+  __m512 dx[NR];
+  for (int j = 0; j < NR; ++j) {
+    const uint8_t* xr = acts + j * stride + b * 32;
+    const float* dr = reinterpret_cast<const float*>(acts + j * stride + scales_offset) + b;
+    if constexpr (kPair) {
+      xu[j] = _mm512_xor_si512(_mm512_loadu_si512(xr), k80);
+      dx[j] = SpreadPair(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(dr))));
+    } else {
+      xu[j] = _mm512_xor_si512(
+          _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr))), k80);
+      dx[j] = SpreadPair(_mm_load_ss(dr));
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    const uint8_t* block = w + i * row_bytes + b * kBB;
+    const __m512i wv = kPair ? DecodePair<T>(block) : DecodeSingle<T>(block);
+    const __m512i neg_corr =
+        _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, wv));
+    const uint32_t halves =
+        LoadU16(block) | (kPair ? static_cast<uint32_t>(LoadU16(block + kBB)) << 16 : 0u);
+    const __m512 dw = SpreadPair(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(halves))));
+    for (int j = 0; j < NR; ++j) {
+      const __m512i dot = _mm512_dpbusd_epi32(neg_corr, xu[j], wv);
+      acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx[j]), acc[i][j]);
+    }
+  }
+}
+
+template <DType T, int MR, int NR>
+void QuantTile(const MatMulArgs& a, int64_t r, int64_t t) {
+  const int64_t cols = a.w.cols;
+  const int64_t nb = cols / 32;
+  const int64_t row_bytes = a.w.row_bytes;
+  const uint8_t* w = static_cast<const uint8_t*>(a.w.data) + r * row_bytes;
+  const uint8_t* acts = a.acts + t * a.act_stride;
+  const int64_t scales_offset = ActScalesOffset(cols);
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    QuantStep<T, true, MR, NR>(w, row_bytes, acts, a.act_stride, scales_offset, b, acc);
+  }
+  if (b < nb) QuantStep<T, false, MR, NR>(w, row_bytes, acts, a.act_stride, scales_offset, b, acc);
+  float* y = a.y + t * a.w.rows + r;
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[j * a.w.rows + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+template <DType T, int MR, int NR>
+void Tile(const MatMulArgs& a, int64_t r, int64_t t) {
+  if constexpr (T == DType::kQ8_0 || T == DType::kQ4_0) {
+    QuantTile<T, MR, NR>(a, r, t);
+  } else {
+    FloatTile<T, MR, NR>(a, r, t);
+  }
+}
+
+using TileFn = void (*)(const MatMulArgs&, int64_t, int64_t);
+
+template <DType T>
+constexpr TileFn kTiles[kMaxMR][kMaxNR] = {
+    {Tile<T, 1, 1>, Tile<T, 1, 2>, Tile<T, 1, 3>, Tile<T, 1, 4>},
+    {Tile<T, 2, 1>, Tile<T, 2, 2>, Tile<T, 2, 3>, Tile<T, 2, 4>},
+    {Tile<T, 3, 1>, Tile<T, 3, 2>, Tile<T, 3, 3>, Tile<T, 3, 4>},
+    {Tile<T, 4, 1>, Tile<T, 4, 2>, Tile<T, 4, 3>, Tile<T, 4, 4>},
+};
+
+template <DType T>
+void MatMulTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+  for (int64_t r = r0; r < r1; r += kMaxMR) {
+    const int64_t mr = std::min<int64_t>(kMaxMR, r1 - r);
+    for (int64_t t = t0; t < t1; t += kMaxNR) {
+      const int64_t nr = std::min<int64_t>(kMaxNR, t1 - t);
+      kTiles<T>[mr - 1][nr - 1](a, r, t);
+    }
+  }
+}
+
+void MatMulTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+  switch (a.w.type) {
+    case DType::kF32:
+      return MatMulTileT<DType::kF32>(a, r0, r1, t0, t1);
+    case DType::kF16:
+      return MatMulTileT<DType::kF16>(a, r0, r1, t0, t1);
+    case DType::kBF16:
+      return MatMulTileT<DType::kBF16>(a, r0, r1, t0, t1);
+    case DType::kQ8_0:
+      return MatMulTileT<DType::kQ8_0>(a, r0, r1, t0, t1);
+    default:
+      return MatMulTileT<DType::kQ4_0>(a, r0, r1, t0, t1);
+  }
+}
+
+// Same bytes as ScalarQuantizeActs: amax is exact, d and 1/d are single IEEE operations and
+// cvtps2dq rounds half to even like nearbyint in the default rounding mode.
+void QuantizeActs(const float* x, int64_t cols, uint8_t* out) {
+  auto* scales = reinterpret_cast<float*>(out + ActScalesOffset(cols));
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + b * 32);
+    const __m512 v1 = _mm512_loadu_ps(x + b * 32 + 16);
+    const __m512 m = _mm512_max_ps(_mm512_and_ps(v0, abs_mask), _mm512_and_ps(v1, abs_mask));
+    const float amax = _mm512_reduce_max_ps(m);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    scales[b] = d;
+    const __m512 idv = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, idv));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, idv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + b * 32), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + b * 32 + 16), _mm512_cvtsepi32_epi8(q1));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vector ops. Tails use masked loads so every size takes the same code; results depend only on
+// the ISA and n.
+
+// exp(x) as Cephes' expf: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial, scaled by 2^n with
+// vscalefps (which also flushes exp(-inf) and large negative inputs to 0).
+__m512 Exp(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), acc2);
+    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), acc3);
+  }
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+}
+
+void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  const float ss = Dot(x, x, n);
+  const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(ss / static_cast<float>(n) + eps));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), scale),
+                                            _mm512_loadu_ps(weight + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(out + i, m,
+                          _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), scale),
+                                        _mm512_maskz_loadu_ps(m, weight + i)));
+  }
+}
+
+void Softmax(float* x, int64_t n) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(x + i));
+  if (i < n) vmax = _mm512_mask_max_ps(vmax, TailMask(n - i), vmax, _mm512_maskz_loadu_ps(TailMask(n - i), x + i));
+  const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  __m512 sum = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 e = Exp(_mm512_sub_ps(_mm512_loadu_ps(x + i), max));
+    _mm512_storeu_ps(x + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    const __m512 e = Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), max));
+    _mm512_mask_storeu_ps(x + i, m, e);
+    sum = _mm512_mask_add_ps(sum, m, sum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+  }
+}
+
+__m512 SiluTimes(__m512 g, __m512 u) {
+  const __m512 sig_den = _mm512_add_ps(_mm512_set1_ps(1.0f), Exp(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+  return _mm512_mul_ps(_mm512_div_ps(g, sig_den), u);
+}
+
+void SwiGlu(float* gate, const float* up, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(gate + i, SiluTimes(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(gate + i, m,
+                          SiluTimes(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i)));
+  }
+}
+
+void Add(float* y, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_loadu_ps(x + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+void Axpy(float alpha, const float* x, float* y, int64_t n) {
+  const __m512 av = _mm512_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+// Neox pairs are contiguous halves, so they vectorize directly; mul and sub (not FMA) keep the
+// results bit-identical to the scalar path. Interleaved pairs are rare and cheap: scalar.
+void Rope(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin, bool neox) {
+  if (!neox) return ScalarRope(x, n_heads, head_dim, cos, sin, neox);
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v0 = x + h * head_dim;
+    float* v1 = v0 + half;
+    for (int64_t i = 0; i < half; i += 16) {
+      const __mmask16 m = TailMask(std::min<int64_t>(16, half - i));
+      const __m512 a = _mm512_maskz_loadu_ps(m, v0 + i), b = _mm512_maskz_loadu_ps(m, v1 + i);
+      const __m512 c = _mm512_maskz_loadu_ps(m, cos + i), s = _mm512_maskz_loadu_ps(m, sin + i);
+      _mm512_mask_storeu_ps(v0 + i, m, _mm512_sub_ps(_mm512_mul_ps(a, c), _mm512_mul_ps(b, s)));
+      _mm512_mask_storeu_ps(v1 + i, m, _mm512_add_ps(_mm512_mul_ps(a, s), _mm512_mul_ps(b, c)));
+    }
+  }
+}
+
+}  // namespace
+
+const KernelTable& Avx512Kernels() {
+  static const KernelTable table = {
+      .matmul_tile = MatMulTile,
+      .quantize_acts = QuantizeActs,
+      .rms_norm = RmsNorm,
+      .rope = Rope,
+      .softmax = Softmax,
+      .swiglu = SwiGlu,
+      .add = Add,
+      .dot = Dot,
+      .axpy = Axpy,
+  };
+  return table;
+}
+
+}  // namespace kvl::ops

@@ -1,0 +1,196 @@
+// Validation and run-time dispatch for every op: the one place that knows which ISA tables exist.
+#include "kvl/ops.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "kvl/quant.h"
+#include "kvl/status.h"
+#include "ops/kernel_table.h"
+
+namespace kvl::ops {
+namespace {
+
+bool CpuHasAvx2() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+bool CpuHasAvx512() {
+  // The AVX-512 path uses F/BW/VL/DQ for shuffles and byte ops and VNNI for vpdpbusd.
+  return CpuHasAvx2() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+}
+
+const KernelTable& TableFor(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return Avx512Kernels();
+    case Isa::kAvx2:
+      return Avx2Kernels();
+    default:
+      return ScalarKernels();
+  }
+}
+
+bool IsQuantized(DType type) { return type == DType::kQ8_0 || type == DType::kQ4_0; }
+
+// Token tile and row chunk of one MatMul task. Decode splits rows finely so both threads stay busy
+// on small matrices; prefill uses tiles whose weights (64 rows) and activations (64 tokens) both
+// fit in L2 beside each other.
+constexpr int64_t kTokenTile = 64;
+int64_t RowChunk(int64_t n_tokens) { return n_tokens < 16 ? 32 : 64; }
+
+}  // namespace
+
+std::string_view IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    default:
+      return "scalar";
+  }
+}
+
+std::vector<Isa> RunnableIsas() {
+  std::vector<Isa> isas = {Isa::kScalar};
+  if (CpuHasAvx2()) isas.push_back(Isa::kAvx2);
+  if (CpuHasAvx512()) isas.push_back(Isa::kAvx512);
+  return isas;
+}
+
+Isa BestIsa() {
+  Isa best = RunnableIsas().back();
+  // KVL_ISA may only lower the choice (benchmarks, debugging), never pick a path the CPU lacks.
+  if (const char* forced = std::getenv("KVL_ISA")) {
+    const std::string name(forced);
+    Isa want = best;
+    if (name == "scalar") want = Isa::kScalar;
+    if (name == "avx2") want = Isa::kAvx2;
+    if (name == "avx512") want = Isa::kAvx512;
+    if (static_cast<int>(want) < static_cast<int>(best)) best = want;
+  }
+  return best;
+}
+
+std::string CpuFeatureString() {
+  std::string out;
+  auto add = [&](bool has, const char* name) {
+    if (!has) return;
+    if (!out.empty()) out += ' ';
+    out += name;
+  };
+  add(__builtin_cpu_supports("avx512f"), "AVX512F");
+  add(__builtin_cpu_supports("avx512bw"), "AVX512BW");
+  add(__builtin_cpu_supports("avx512vl"), "AVX512VL");
+  add(__builtin_cpu_supports("avx512dq"), "AVX512DQ");
+  add(__builtin_cpu_supports("avx512vnni"), "AVX512VNNI");
+  add(__builtin_cpu_supports("avx512bf16"), "AVX512BF16");
+  add(__builtin_cpu_supports("avx2"), "AVX2");
+  add(__builtin_cpu_supports("fma"), "FMA");
+  add(__builtin_cpu_supports("f16c"), "F16C");
+  return out;
+}
+
+OpsContext::OpsContext(Isa isa, ThreadPool* pool) : isa_(isa), pool_(pool), kernels_(&TableFor(isa)) {
+  const std::vector<Isa> runnable = RunnableIsas();
+  KVL_CHECK_MSG(std::find(runnable.begin(), runnable.end(), isa) != runnable.end(),
+                "OpsContext: this CPU cannot run the requested ISA");
+  KVL_CHECK(pool != nullptr);
+}
+
+OpsContext::~OpsContext() = default;
+
+void OpsContext::Reserve(int64_t max_tokens, int64_t max_cols) {
+  KVL_CHECK(max_tokens >= 0 && max_cols >= 0);
+  // +64 so the quantized rows can start on a cache line whatever vector::data() returns.
+  const size_t bytes = static_cast<size_t>(max_tokens * ActRowStride(max_cols) + 64);
+  if (bytes > scratch_.size()) scratch_.resize(bytes);
+}
+
+void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_tokens, float* y) {
+  KVL_CHECK(w.data != nullptr && x != nullptr && y != nullptr);
+  KVL_CHECK(w.rows > 0 && w.cols > 0 && n_tokens >= 0);
+  KVL_CHECK_MSG(w.type == DType::kF32 || w.type == DType::kF16 || w.type == DType::kBF16 ||
+                    IsQuantized(w.type),
+                "MatMul: unsupported weight type");
+  KVL_CHECK_MSG(w.row_bytes == RowBytes(w.type, w.cols), "MatMul: row_bytes != RowBytes(type, cols)");
+  if (n_tokens == 0) return;
+  const KernelTable& k = ctx.kernels();
+  ThreadPool& pool = *ctx.pool();
+
+  MatMulArgs args;
+  args.w = w;
+  args.y = y;
+  if (IsQuantized(w.type)) {
+    const int64_t stride = ActRowStride(w.cols);
+    KVL_CHECK_MSG(static_cast<size_t>(n_tokens * stride + 64) <= ctx.scratch_bytes(),
+                  "MatMul: OpsContext scratch too small; call Reserve(max_tokens, max_cols)");
+    const uintptr_t base = reinterpret_cast<uintptr_t>(ctx.scratch());
+    uint8_t* acts = ctx.scratch() + (AlignUp64(static_cast<int64_t>(base)) - base);
+    args.acts = acts;
+    args.act_stride = stride;
+    constexpr int64_t kQuantTokens = 16;  // tokens per quantization task
+    pool.ParallelFor((n_tokens + kQuantTokens - 1) / kQuantTokens, [&](int64_t task, int) {
+      const int64_t t1 = std::min(n_tokens, (task + 1) * kQuantTokens);
+      for (int64_t t = task * kQuantTokens; t < t1; ++t) {
+        k.quantize_acts(x + t * w.cols, w.cols, acts + t * stride);
+      }
+    });
+  } else {
+    args.x = x;
+  }
+
+  // Tasks are (row chunk, token tile) pairs, token tile major so a thread's consecutive tasks
+  // reuse the same activations. The reduction dimension is never split.
+  const int64_t row_chunk = RowChunk(n_tokens);
+  const int64_t n_row_chunks = (w.rows + row_chunk - 1) / row_chunk;
+  const int64_t n_token_tiles = (n_tokens + kTokenTile - 1) / kTokenTile;
+  pool.ParallelFor(n_row_chunks * n_token_tiles, [&](int64_t task, int) {
+    const int64_t rc = task % n_row_chunks;
+    const int64_t tt = task / n_row_chunks;
+    k.matmul_tile(args, rc * row_chunk, std::min(w.rows, (rc + 1) * row_chunk), tt * kTokenTile,
+                  std::min(n_tokens, (tt + 1) * kTokenTile));
+  });
+}
+
+void RmsNorm(const OpsContext& ctx, const float* x, const float* weight, int64_t n, float eps,
+             float* out) {
+  KVL_CHECK(n > 0);
+  ctx.kernels().rms_norm(x, weight, n, eps, out);
+}
+
+void Rope(const OpsContext& ctx, float* x, int64_t n_heads, int64_t head_dim, const float* cos,
+          const float* sin, bool neox) {
+  KVL_CHECK(head_dim % 2 == 0);
+  ctx.kernels().rope(x, n_heads, head_dim, cos, sin, neox);
+}
+
+void Softmax(const OpsContext& ctx, float* x, int64_t n) {
+  if (n <= 0) return;
+  ctx.kernels().softmax(x, n);
+}
+
+void SwiGlu(const OpsContext& ctx, float* gate, const float* up, int64_t n) {
+  ctx.kernels().swiglu(gate, up, n);
+}
+
+void Add(const OpsContext& ctx, float* y, const float* x, int64_t n) { ctx.kernels().add(y, x, n); }
+
+float Dot(const OpsContext& ctx, const float* a, const float* b, int64_t n) {
+  return ctx.kernels().dot(a, b, n);
+}
+
+void Axpy(const OpsContext& ctx, float alpha, const float* x, float* y, int64_t n) {
+  ctx.kernels().axpy(alpha, x, y, n);
+}
+
+void DequantizeRow(DType type, const void* row, int64_t n, float* out) {
+  quant::DequantizeRow(type, row, n, out);
+}
+
+}  // namespace kvl::ops
