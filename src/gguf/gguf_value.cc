@@ -1,4 +1,5 @@
 // GgufValue accessors and GgufFile's typed metadata getters.
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -13,6 +14,15 @@ T LoadAt(const uint8_t* p, uint64_t k) {
   T v;
   std::memcpy(&v, p + k * sizeof(T), sizeof(T));  // elements may be unaligned in the file
   return v;
+}
+
+// Float-to-int that is defined for every input: NaN gives 0, out-of-range values saturate. A file
+// can hold any float bits, and a plain cast of NaN or 1e30 to int64 is undefined behaviour.
+int64_t SaturatingInt(double v) {
+  if (std::isnan(v)) return 0;
+  if (v >= 9223372036854775808.0) return std::numeric_limits<int64_t>::max();
+  if (v < -9223372036854775808.0) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(v);
 }
 
 bool IsIntegerType(GgufValueType t) {
@@ -100,8 +110,8 @@ int64_t GgufValue::ArrayInt(uint64_t k) const {
     // Values above INT64_MAX wrap, as a cast would; callers that care use ArrayNumber.
     case GgufValueType::kUint64: return static_cast<int64_t>(LoadAt<uint64_t>(array_data, k));
     case GgufValueType::kInt64: return LoadAt<int64_t>(array_data, k);
-    case GgufValueType::kFloat32: return static_cast<int64_t>(LoadAt<float>(array_data, k));
-    case GgufValueType::kFloat64: return static_cast<int64_t>(LoadAt<double>(array_data, k));
+    case GgufValueType::kFloat32: return SaturatingInt(LoadAt<float>(array_data, k));
+    case GgufValueType::kFloat64: return SaturatingInt(LoadAt<double>(array_data, k));
     default: break;
   }
   KVL_CHECK_MSG(false, "ArrayInt on an array of strings or arrays");

@@ -2,7 +2,9 @@
 // the problem. Malformed files start from GgufWriter output with bytes edited.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <fstream>
 #include <random>
 #include <string>
@@ -335,6 +337,21 @@ TEST(GgufReaderTest, GetIntRejectsUint64AboveInt64Max) {
   EXPECT_STATUS((*file)->GetInt("test.big").status(), StatusCode::kInvalidArgument,
                 "does not fit int64");
   EXPECT_EQ((*file)->Find("test.big")->u, ~uint64_t{0});
+}
+
+TEST(GgufReaderTest, ArrayIntOfOddFloatsIsDefined) {
+  // Found by the fuzzer: casting NaN or 1e30 to int64 is undefined; ArrayInt saturates instead.
+  GgufWriter w;
+  w.AddFloat32Array("t.f", {std::nanf(""), 1e30f, -1e30f, -2.5f});
+  const Bytes b = w.WriteToBuffer();
+  auto file = GgufFile::FromBuffer(b.data(), b.size());
+  ASSERT_TRUE(file.ok());
+  const GgufValue* v = (*file)->Find("t.f");
+  EXPECT_EQ(v->ArrayInt(0), 0);
+  EXPECT_EQ(v->ArrayInt(1), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(v->ArrayInt(2), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(v->ArrayInt(3), -2);
+  EXPECT_TRUE(std::isnan(v->ArrayFloat(0)));
 }
 
 TEST(GgufReaderTest, OpenMissingFileIsNotFound) {
