@@ -49,8 +49,18 @@ class Sampler {
     float p;
   };
 
-  // Copies logits into candidates_ and applies the repetition penalty.
-  void LoadCandidates(const float* logits, const std::vector<int32_t>& history);
+  // Flags the distinct tokens of the penalty window in penalized_ and returns where the window
+  // starts in history; ClearPenalized undoes it.
+  size_t MarkPenalized(const std::vector<int32_t>& history);
+  void ClearPenalized(const std::vector<int32_t>& history, size_t begin);
+  // logits[id] after the repetition penalty (for the tokens MarkPenalized flagged).
+  float PenalizedLogit(const float* logits, int32_t id) const;
+  // Sample() between marking and clearing the penalty flags.
+  int32_t SampleMarked(const float* logits);
+  // Fills candidates_ with every token's penalized logit.
+  void LoadCandidates(const float* logits);
+  // Fills candidates_[0, k) with the k best tokens in descending order, in one pass.
+  void SelectTopK(const float* logits, int32_t k);
   // Moves the k best of candidates_[begin, end) to its front in descending logit order (ties:
   // lower id first), leaving the rest after them in unspecified order.
   void SortRange(int32_t begin, int32_t end, int32_t k);
@@ -65,7 +75,7 @@ class Sampler {
   int32_t vocab_size_;
   std::mt19937_64 rng_;
   std::vector<Candidate> candidates_;  // preallocated scratch, vocab_size entries
-  std::vector<uint8_t> penalized_;     // [vocab_size] marks tokens already penalized this call
+  std::vector<uint8_t> penalized_;     // [vocab_size] 1 for tokens in the penalty window
 };
 
 }  // namespace kvl

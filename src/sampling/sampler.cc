@@ -1,7 +1,7 @@
 // Sampler: llama.cpp's default chain (penalties, top-k, top-p, min-p, temperature, dist).
 //
 // The filters work on one preallocated candidate array. Only the filters that need an order pay
-// for one: top-k selects with nth_element and sorts just the k survivors, and top-p sorts a
+// for one: top-k keeps a k-entry heap in one pass over the logits, and top-p sorts a
 // growing prefix until it holds enough probability mass, so a 128k vocab is not fully sorted
 // per token unless the distribution is nearly flat.
 #include <algorithm>
@@ -77,30 +77,57 @@ int32_t Sampler::Argmax(const float* logits, int32_t n) {
   return best;
 }
 
-void Sampler::LoadCandidates(const float* logits, const std::vector<int32_t>& history) {
-  for (int32_t i = 0; i < vocab_size_; ++i) {
-    candidates_[static_cast<size_t>(i)] = {i, logits[i], 0.0f};
-  }
-  if (params_.repeat_penalty == 1.0f || params_.repeat_last_n == 0 || history.empty()) return;
-
+size_t Sampler::MarkPenalized(const std::vector<int32_t>& history) {
+  if (params_.repeat_penalty == 1.0f || params_.repeat_last_n == 0) return history.size();
   const size_t window = params_.repeat_last_n < 0
                             ? history.size()
                             : std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
   const size_t begin = history.size() - window;
-  const float penalty = params_.repeat_penalty;
-  // Each distinct token is penalized once however often it repeats (llama.cpp's rule); the flags
-  // are cleared again from the same window so the next call starts clean without an O(vocab) fill.
   for (size_t i = begin; i < history.size(); ++i) {
     const int32_t id = history[i];
-    if (id < 0 || id >= vocab_size_ || penalized_[static_cast<size_t>(id)]) continue;
-    penalized_[static_cast<size_t>(id)] = 1;
-    float& logit = candidates_[static_cast<size_t>(id)].logit;
-    logit = logit > 0.0f ? logit / penalty : logit * penalty;
+    if (id >= 0 && id < vocab_size_) penalized_[static_cast<size_t>(id)] = 1;
   }
+  return begin;
+}
+
+void Sampler::ClearPenalized(const std::vector<int32_t>& history, size_t begin) {
+  // Clearing from the same window keeps each call O(window) instead of an O(vocab) fill.
   for (size_t i = begin; i < history.size(); ++i) {
     const int32_t id = history[i];
     if (id >= 0 && id < vocab_size_) penalized_[static_cast<size_t>(id)] = 0;
   }
+}
+
+float Sampler::PenalizedLogit(const float* logits, int32_t id) const {
+  const float logit = logits[id];
+  if (!penalized_[static_cast<size_t>(id)]) return logit;
+  // A flag per token, not a count: each distinct token is penalized once however often it
+  // repeats (llama.cpp's rule).
+  return logit > 0.0f ? logit / params_.repeat_penalty : logit * params_.repeat_penalty;
+}
+
+void Sampler::LoadCandidates(const float* logits) {
+  for (int32_t i = 0; i < vocab_size_; ++i) {
+    candidates_[static_cast<size_t>(i)] = {i, PenalizedLogit(logits, i), 0.0f};
+  }
+}
+
+void Sampler::SelectTopK(const float* logits, int32_t k) {
+  // A heap of the k best so far whose top is the worst of them. Most tokens lose one comparison
+  // against the top, so this is one cheap pass over the vocab, with no copy of it.
+  auto first = candidates_.begin();
+  for (int32_t i = 0; i < k; ++i) {
+    candidates_[static_cast<size_t>(i)] = {i, PenalizedLogit(logits, i), 0.0f};
+  }
+  std::make_heap(first, first + k, ByLogitDesc());
+  for (int32_t i = k; i < vocab_size_; ++i) {
+    const Candidate c = {i, PenalizedLogit(logits, i), 0.0f};
+    if (!ByLogitDesc()(c, candidates_[0])) continue;
+    std::pop_heap(first, first + k, ByLogitDesc());
+    candidates_[static_cast<size_t>(k - 1)] = c;
+    std::push_heap(first, first + k, ByLogitDesc());
+  }
+  std::sort_heap(first, first + k, ByLogitDesc());
 }
 
 void Sampler::SortRange(int32_t begin, int32_t end, int32_t k) {
@@ -197,14 +224,24 @@ int32_t Sampler::Draw(int32_t n) {
 }
 
 int32_t Sampler::Sample(const float* logits, const std::vector<int32_t>& history) {
+  const size_t window_begin = MarkPenalized(history);
+  const int32_t id = SampleMarked(logits);
+  ClearPenalized(history, window_begin);
+  return id;
+}
+
+int32_t Sampler::SampleMarked(const float* logits) {
   const bool penalty_on = params_.repeat_penalty != 1.0f && params_.repeat_last_n != 0;
   if (params_.temperature <= 0.0f && !penalty_on) return Argmax(logits, vocab_size_);
-
-  LoadCandidates(logits, history);
   if (params_.temperature <= 0.0f) {
     int32_t best = 0;
+    float best_logit = PenalizedLogit(logits, 0);
     for (int32_t i = 1; i < vocab_size_; ++i) {
-      if (candidates_[i].logit > candidates_[best].logit) best = i;
+      const float logit = PenalizedLogit(logits, i);
+      if (logit > best_logit) {
+        best = i;
+        best_logit = logit;
+      }
     }
     return best;
   }
@@ -212,9 +249,11 @@ int32_t Sampler::Sample(const float* logits, const std::vector<int32_t>& history
   int32_t n = vocab_size_;
   bool sorted = false;
   if (params_.top_k > 0 && params_.top_k < n) {
-    SortRange(0, n, params_.top_k);
+    SelectTopK(logits, params_.top_k);
     n = params_.top_k;
     sorted = true;
+  } else {
+    LoadCandidates(logits);
   }
   if (params_.top_p < 1.0f) n = ApplyTopP(n, &sorted);
   if (params_.min_p > 0.0f) n = ApplyMinP(n, sorted);

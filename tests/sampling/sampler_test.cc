@@ -270,6 +270,36 @@ TEST(SamplerTest, RepetitionPenaltyLowersProbabilityByTheSpecifiedFactor) {
   EXPECT_NEAR(zeros, kDraws * expected, 4.5 * sigma);
 }
 
+TEST(SamplerTest, PenaltyAppliesBeforeTopK) {
+  // Token 3 is the best until penalized (4 / 4 = 1), which drops it out of the top 2.
+  std::vector<float> logits = {3.0f, 0.0f, 2.9f, 4.0f, -1.0f};
+  SamplingParams p = FiltersOff(1.0f, 8);
+  p.top_k = 2;
+  p.repeat_penalty = 4.0f;
+  Sampler sampler(p, 5);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 500; ++i) seen.insert(sampler.Sample(logits.data(), {3, 3, 1}));
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 2}));
+  // Without history the penalty is gone again (the flags are per call).
+  seen.clear();
+  for (int i = 0; i < 500; ++i) seen.insert(sampler.Sample(logits.data(), {}));
+  EXPECT_EQ(seen, (std::set<int32_t>{3, 0}));
+}
+
+TEST(SamplerTest, TopKMatchesAFullSortOnLargeVocabularies) {
+  // The one-pass heap selection keeps exactly the k best of a large vocab: at a high temperature
+  // the k survivors are drawn near-uniformly, so all of them, and nothing else, show up.
+  std::vector<float> logits = RandomLogits(50000, 5);
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)];
+  });
+  SamplingParams p = FiltersOff(100.0f, 6);
+  p.top_k = 5;
+  EXPECT_EQ(Draws(p, logits, 1000), std::set<int32_t>(order.begin(), order.begin() + 5));
+}
+
 TEST(SamplerTest, NegativeInfinityLogitsAreNeverDrawn) {
   const float inf = std::numeric_limits<float>::infinity();
   std::vector<float> logits = {-inf, 0.0f, -inf, 0.1f};
