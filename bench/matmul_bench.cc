@@ -3,13 +3,14 @@
 //
 // Build: g++ -O3 -std=c++20 -Iinclude bench/matmul_bench.cc build-ops/libkvl_ops.a \
 //          build-ops/libkvl_quant.a build-ops/libkvl_base.a -lfmt -lpthread
-// Usage: matmul_bench [threads=2] [--json]
+// Usage: matmul_bench [threads=2] [--json] [--type=q8_0]... [--cpu-time]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,15 @@ struct Shape {
   const char* name;
 };
 
+// Wall time, or with --cpu-time this thread's CPU time: on a loaded machine that measures the
+// kernel itself (meaningful with 1 thread only; with more, workers' time is not counted).
+bool g_cpu_time = false;
 double Seconds() {
+  if (g_cpu_time) {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
@@ -40,6 +49,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
+    } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
+      g_cpu_time = true;
     } else if (std::strncmp(argv[i], "--type=", 7) == 0) {
       only_types.push_back(argv[i] + 7);
     } else {

@@ -92,12 +92,14 @@ void FloatTile(const MatMulArgs& a, int64_t r, int64_t t) {
 // ---------------------------------------------------------------------------------------------
 // Quantized weights against int8 activations, two 32-element blocks per zmm.
 //
-// vpdpbusd multiplies unsigned by signed bytes, so activations go in as u = x + 128 (x ^ 0x80) and
-// each int32 lane starts at -128 * (sum of its 4 weights), computed once per weight block pair and
-// reused for every token of the tile: the lane then holds exactly sum(x * w) over its 4 bytes.
-// Q4_0 nibbles are decoded to signed w - 8 so both formats share this scheme. Lanes 0-7 belong to
-// the first block, 8-15 to the second; each lane is converted to float and accumulated with the
-// combined scale dw * dx of its block.
+// vpdpbusd multiplies unsigned by signed bytes. Q8_0: activations go in as u = x + 128 (x ^ 0x80)
+// and each int32 lane starts at -128 * (sum of its 4 weights), computed once per weight block pair
+// and reused for every token of the tile. Q4_0: the nibbles n = w + 8 are already unsigned, so
+// they multiply the signed activations directly and each lane starts at -8 * (sum of its 4
+// activations), computed once per token and reused for every row. Either way the lane then holds
+// exactly sum(x * w) over its 4 bytes, so the integer is the same whatever the tile shape.
+// Lanes 0-7 belong to the first block, 8-15 to the second; each lane is converted to float and
+// accumulated with the combined scale dw * dx of its block.
 
 template <DType T>
 constexpr int64_t kBlockBytes = T == DType::kQ8_0 ? 34 : 18;
@@ -115,8 +117,7 @@ __m512i DecodePair(const uint8_t* block) {
     v = _mm512_mask_broadcast_i32x4(
         v, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 20)));
     v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-    v = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
-    return _mm512_sub_epi8(v, _mm512_set1_epi8(8));
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));  // nibbles, unsigned 0..15
   }
 }
 
@@ -129,8 +130,7 @@ __m512i DecodeSingle(const uint8_t* block) {
     __m512i v = _mm512_maskz_broadcast_i32x4(
         0x00FF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2)));
     v = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-    v = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
-    return _mm512_maskz_sub_epi8(0xFFFFFFFFu, v, _mm512_set1_epi8(8));
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
   }
 }
 
@@ -146,35 +146,48 @@ __m512 SpreadPair(__m128 v) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 }
 
+// Decode streams each weight row once from DRAM; a software prefetch a few cache lines ahead per
+// row keeps more misses in flight than the hardware prefetcher does across MR streams.
+constexpr int64_t kPrefetchBytes = 768;
+
 template <DType T, bool kPair, int MR, int NR>
 inline void QuantStep(const uint8_t* w, int64_t row_bytes, const uint8_t* acts, int64_t stride,
                       int64_t scales_offset, int64_t b, __m512 (&acc)[MR][NR]) {
   constexpr int64_t kBB = kBlockBytes<T>;
   const __m512i k80 = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512i xu[NR];
+  constexpr bool kQ8 = T == DType::kQ8_0;
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i xv[NR];        // Q8_0: x ^ 0x80 (unsigned); Q4_0: x (signed)
+  __m512i x_init[NR];    // Q4_0: -8 * sum4(x) per lane
   __m512 dx[NR];
   for (int j = 0; j < NR; ++j) {
     const uint8_t* xr = acts + j * stride + b * 32;
     const float* dr = reinterpret_cast<const float*>(acts + j * stride + scales_offset) + b;
     if constexpr (kPair) {
-      xu[j] = _mm512_xor_si512(_mm512_loadu_si512(xr), k80);
+      xv[j] = _mm512_loadu_si512(xr);
       dx[j] = SpreadPair(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(dr))));
     } else {
-      xu[j] = _mm512_xor_si512(
-          _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr))), k80);
+      xv[j] = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr)));
       dx[j] = SpreadPair(_mm_load_ss(dr));
+    }
+    if constexpr (kQ8) {
+      xv[j] = _mm512_xor_si512(xv[j], k80);
+    } else {
+      x_init[j] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), xv[j]));
     }
   }
   for (int i = 0; i < MR; ++i) {
     const uint8_t* block = w + i * row_bytes + b * kBB;
+    if constexpr (NR == 1) _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes, _MM_HINT_T0);
     const __m512i wv = kPair ? DecodePair<T>(block) : DecodeSingle<T>(block);
-    const __m512i neg_corr =
-        _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), k80, wv));
+    __m512i w_init = zero;  // Q8_0: -128 * sum4(w) per lane
+    if constexpr (kQ8) w_init = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k80, wv));
     const uint32_t halves =
         LoadU16(block) | (kPair ? static_cast<uint32_t>(LoadU16(block + kBB)) << 16 : 0u);
     const __m512 dw = SpreadPair(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(halves))));
     for (int j = 0; j < NR; ++j) {
-      const __m512i dot = _mm512_dpbusd_epi32(neg_corr, xu[j], wv);
+      const __m512i dot = kQ8 ? _mm512_dpbusd_epi32(w_init, xv[j], wv)
+                              : _mm512_dpbusd_epi32(x_init[j], wv, xv[j]);
       acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx[j]), acc[i][j]);
     }
   }
