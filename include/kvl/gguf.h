@@ -44,21 +44,22 @@ std::string_view GgufValueTypeName(GgufValueType type);
 // of arrays are parsed into `elements`.
 struct GgufValue {
   GgufValueType type = GgufValueType::kUint8;
-  uint64_t u = 0;   // every unsigned integer type and bool
-  int64_t i = 0;    // every signed integer type (and unsigned ones that fit)
+  uint64_t u = 0;   // every unsigned integer type and bool (and signed values >= 0)
+  int64_t i = 0;    // every signed integer type (and unsigned values that fit)
   double f = 0.0;   // float32 / float64
   std::string_view str;
 
   // Arrays only.
   GgufValueType array_type = GgufValueType::kUint8;
-  uint64_t array_count = 0;
-  const uint8_t* array_data = nullptr;      // numeric arrays: packed elements
+  uint64_t array_count = 0;                 // for every element type
+  const uint8_t* array_data = nullptr;      // numeric and bool arrays: packed elements
   std::vector<std::string_view> strings;    // string arrays
   std::vector<GgufValue> elements;          // arrays of arrays
 
   bool is_integer() const;
   bool is_float() const;
-  // Element k of a numeric array, converted (k < array_count, checked).
+  // Element k of a numeric or bool array, converted (k < array_count, checked). ArrayInt
+  // truncates float elements, saturating out-of-range ones and giving 0 for NaN.
   double ArrayNumber(uint64_t k) const;
   int64_t ArrayInt(uint64_t k) const;
   float ArrayFloat(uint64_t k) const;
