@@ -16,7 +16,7 @@ struct Entry {
 
 // Block geometry of every ggml type we can name, so that files holding types we cannot compute
 // with still parse and report sizes (kvl inspect), and only loading them for compute fails.
-constexpr std::array<Entry, 20> kTable = {{
+constexpr std::array<Entry, 32> kTable = {{
     {0, {"f32", 1, 4, true}},
     {1, {"f16", 1, 2, true}},
     {2, {"q4_0", 32, 18, true}},
@@ -31,12 +31,24 @@ constexpr std::array<Entry, 20> kTable = {{
     {13, {"q5_k", 256, 176, false}},
     {14, {"q6_k", 256, 210, false}},
     {15, {"q8_k", 256, 292, false}},
+    {16, {"iq2_xxs", 256, 66, false}},
+    {17, {"iq2_xs", 256, 74, false}},
+    {18, {"iq3_xxs", 256, 98, false}},
+    {19, {"iq1_s", 256, 50, false}},
+    {20, {"iq4_nl", 32, 18, false}},
+    {21, {"iq3_s", 256, 110, false}},
+    {22, {"iq2_s", 256, 82, false}},
+    {23, {"iq4_xs", 256, 136, false}},
     {24, {"i8", 1, 1, false}},
     {25, {"i16", 1, 2, false}},
     {26, {"i32", 1, 4, false}},
     {27, {"i64", 1, 8, false}},
     {28, {"f64", 1, 8, false}},
+    {29, {"iq1_m", 256, 56, false}},
     {30, {"bf16", 1, 2, true}},
+    {34, {"tq1_0", 256, 54, false}},
+    {35, {"tq2_0", 256, 66, false}},
+    {39, {"mxfp4", 32, 17, false}},
 }};
 
 }  // namespace
