@@ -90,6 +90,16 @@ float Dot(const OpsContext& ctx, const float* a, const float* b, int64_t n);
 // y[i] += alpha * x[i].
 void Axpy(const OpsContext& ctx, float alpha, const float* x, float* y, int64_t n);
 
+// Attention over a run of cached rows (row i at rows + i * stride):
+//   DotRows:  out[i] = Dot(q, row i) * scale
+//   AxpyRows: y += weights[i] * row i, for i in order.
+// Both give exactly what the equivalent loops of Dot / Axpy give, so splitting a sequence's rows
+// into runs differently (contiguous vs paged storage) never changes a result.
+void DotRows(const OpsContext& ctx, const float* q, const float* rows, int64_t stride,
+             int64_t count, int64_t n, float scale, float* out);
+void AxpyRows(const OpsContext& ctx, const float* weights, const float* rows, int64_t stride,
+              int64_t count, int64_t n, float* y);
+
 // Row of a matrix in any supported type, widened to f32 (token embedding lookup).
 void DequantizeRow(DType type, const void* row, int64_t n, float* out);
 

@@ -142,9 +142,7 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
     for (int64_t p = 0; p < num_visible;) {
       KvCache::Rows rows = kv.RowsAt(seq, layer, p);
       const int64_t count = std::min(rows.count, num_visible - p);
-      for (int64_t i = 0; i < count; ++i) {
-        scores[p + i] = ops::Dot(ops_, q, rows.k + i * rows.stride + kv_offset, c.head_dim) * scale;
-      }
+      ops::DotRows(ops_, q, rows.k + kv_offset, rows.stride, count, c.head_dim, scale, scores + p);
       p += count;
     }
     ops::Softmax(ops_, scores, num_visible);
@@ -154,9 +152,7 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
     for (int64_t p = 0; p < num_visible;) {
       KvCache::Rows rows = kv.RowsAt(seq, layer, p);
       const int64_t count = std::min(rows.count, num_visible - p);
-      for (int64_t i = 0; i < count; ++i) {
-        ops::Axpy(ops_, scores[p + i], rows.v + i * rows.stride + kv_offset, out, c.head_dim);
-      }
+      ops::AxpyRows(ops_, scores + p, rows.v + kv_offset, rows.stride, count, c.head_dim, out);
       p += count;
     }
   });

@@ -43,6 +43,11 @@ struct KernelTable {
   void (*add)(float* y, const float* x, int64_t n);
   float (*dot)(const float* a, const float* b, int64_t n);
   void (*axpy)(float alpha, const float* x, float* y, int64_t n);
+  // y += sum_i weights[i] * rows[i * stride] for i in [0, count), rows taken in order; each y
+  // element sees exactly the operations `count` calls of axpy would apply (so how a run of rows is
+  // split into calls never changes the result). Null: ops.cc loops over axpy.
+  void (*axpy_rows)(const float* weights, const float* rows, int64_t stride, int64_t count,
+                    int64_t n, float* y) = nullptr;
 };
 
 const KernelTable& ScalarKernels();

@@ -404,6 +404,30 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
   }
 }
 
+// Attention's weighted sum of V rows: y stays in registers (64 columns at a time) across all rows
+// instead of being loaded and stored once per row as a loop over Axpy would. The fmadd per element
+// and the row order are Axpy's, so the result is bit-identical to that loop.
+void AxpyRows(const float* weights, const float* rows, int64_t stride, int64_t count, int64_t n,
+              float* y) {
+  for (int64_t c = 0; c < n; c += 64) {
+    __mmask16 m[4];
+    __m512 acc[4];
+    for (int v = 0; v < 4; ++v) {
+      const int64_t left = n - c - 16 * v;
+      m[v] = left <= 0 ? 0 : TailMask(std::min<int64_t>(16, left));
+      acc[v] = _mm512_maskz_loadu_ps(m[v], y + c + 16 * v);
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const __m512 w = _mm512_set1_ps(weights[i]);
+      const float* row = rows + i * stride + c;
+      for (int v = 0; v < 4; ++v) {
+        acc[v] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m[v], row + 16 * v), acc[v]);
+      }
+    }
+    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + c + 16 * v, m[v], acc[v]);
+  }
+}
+
 // Neox pairs are contiguous halves, so they vectorize directly; mul and sub (not FMA) keep the
 // results bit-identical to the scalar path. Interleaved pairs are rare and cheap: scalar.
 void Rope(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin, bool neox) {
@@ -435,6 +459,7 @@ const KernelTable& Avx512Kernels() {
       .add = Add,
       .dot = Dot,
       .axpy = Axpy,
+      .axpy_rows = AxpyRows,
   };
   return table;
 }

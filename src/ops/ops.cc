@@ -189,6 +189,19 @@ void Axpy(const OpsContext& ctx, float alpha, const float* x, float* y, int64_t 
   ctx.kernels().axpy(alpha, x, y, n);
 }
 
+void DotRows(const OpsContext& ctx, const float* q, const float* rows, int64_t stride,
+             int64_t count, int64_t n, float scale, float* out) {
+  const auto dot = ctx.kernels().dot;
+  for (int64_t i = 0; i < count; ++i) out[i] = dot(q, rows + i * stride, n) * scale;
+}
+
+void AxpyRows(const OpsContext& ctx, const float* weights, const float* rows, int64_t stride,
+              int64_t count, int64_t n, float* y) {
+  const KernelTable& k = ctx.kernels();
+  if (k.axpy_rows != nullptr) return k.axpy_rows(weights, rows, stride, count, n, y);
+  for (int64_t i = 0; i < count; ++i) k.axpy(weights[i], rows + i * stride, y, n);
+}
+
 void DequantizeRow(DType type, const void* row, int64_t n, float* out) {
   quant::DequantizeRow(type, row, n, out);
 }
