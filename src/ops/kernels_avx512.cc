@@ -92,12 +92,11 @@ void FloatTile(const MatMulArgs& a, int64_t r, int64_t t) {
 // ---------------------------------------------------------------------------------------------
 // Quantized weights against int8 activations, two 32-element blocks per zmm.
 //
-// vpdpbusd multiplies unsigned by signed bytes. Q8_0: activations go in as u = x + 128 (x ^ 0x80)
-// and each int32 lane starts at -128 * (sum of its 4 weights), computed once per weight block pair
-// and reused for every token of the tile. Q4_0: the nibbles n = w + 8 are already unsigned, so
-// they multiply the signed activations directly and each lane starts at -8 * (sum of its 4
-// activations), computed once per token and reused for every row. Either way the lane then holds
-// exactly sum(x * w) over its 4 bytes, so the integer is the same whatever the tile shape.
+// vpdpbusd multiplies unsigned by signed bytes. The weights are made the unsigned side: Q4_0's
+// nibbles n = w + 8 already are, and Q8_0's w + 128 is one xor with 0x80. The activations stay
+// signed, and each int32 lane starts at -C * (sum of its 4 activations) (C = 8 or 128), computed
+// once per token and reused for every row of the tile. The lane then holds exactly sum(x * w)
+// over its 4 bytes, so the integer is the same whatever the tile shape.
 // Lanes 0-7 belong to the first block, 8-15 to the second; each lane is converted to float and
 // accumulated with the combined scale dw * dx of its block.
 
@@ -148,17 +147,18 @@ __m512 SpreadPair(__m128 v) {
 
 // Decode streams each weight row once from DRAM; a software prefetch a few cache lines ahead per
 // row keeps more misses in flight than the hardware prefetcher does across MR streams.
-constexpr int64_t kPrefetchBytes = 768;
+constexpr int64_t kPrefetchBytes = 2048;
 
 template <DType T, bool kPair, int MR, int NR>
 inline void QuantStep(const uint8_t* w, int64_t row_bytes, const uint8_t* acts, int64_t stride,
                       int64_t scales_offset, int64_t b, __m512 (&acc)[MR][NR]) {
   constexpr int64_t kBB = kBlockBytes<T>;
-  const __m512i k80 = _mm512_set1_epi8(static_cast<char>(0x80));
   constexpr bool kQ8 = T == DType::kQ8_0;
+  const __m512i k80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i offset = kQ8 ? k80 : _mm512_set1_epi8(8);  // what makes the weights unsigned
   const __m512i zero = _mm512_setzero_si512();
-  __m512i xv[NR];        // Q8_0: x ^ 0x80 (unsigned); Q4_0: x (signed)
-  __m512i x_init[NR];    // Q4_0: -8 * sum4(x) per lane
+  __m512i xv[NR];      // signed activations
+  __m512i x_init[NR];  // -C * sum4(x) per lane
   __m512 dx[NR];
   for (int j = 0; j < NR; ++j) {
     const uint8_t* xr = acts + j * stride + b * 32;
@@ -170,24 +170,18 @@ inline void QuantStep(const uint8_t* w, int64_t row_bytes, const uint8_t* acts, 
       xv[j] = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr)));
       dx[j] = SpreadPair(_mm_load_ss(dr));
     }
-    if constexpr (kQ8) {
-      xv[j] = _mm512_xor_si512(xv[j], k80);
-    } else {
-      x_init[j] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(8), xv[j]));
-    }
+    x_init[j] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, xv[j]));
   }
   for (int i = 0; i < MR; ++i) {
     const uint8_t* block = w + i * row_bytes + b * kBB;
     if constexpr (NR == 1) _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes, _MM_HINT_T0);
-    const __m512i wv = kPair ? DecodePair<T>(block) : DecodeSingle<T>(block);
-    __m512i w_init = zero;  // Q8_0: -128 * sum4(w) per lane
-    if constexpr (kQ8) w_init = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, k80, wv));
+    __m512i wv = kPair ? DecodePair<T>(block) : DecodeSingle<T>(block);
+    if constexpr (kQ8) wv = _mm512_xor_si512(wv, k80);
     const uint32_t halves =
         LoadU16(block) | (kPair ? static_cast<uint32_t>(LoadU16(block + kBB)) << 16 : 0u);
     const __m512 dw = SpreadPair(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(halves))));
     for (int j = 0; j < NR; ++j) {
-      const __m512i dot = kQ8 ? _mm512_dpbusd_epi32(w_init, xv[j], wv)
-                              : _mm512_dpbusd_epi32(x_init[j], wv, xv[j]);
+      const __m512i dot = _mm512_dpbusd_epi32(x_init[j], wv, xv[j]);
       acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, dx[j]), acc[i][j]);
     }
   }
