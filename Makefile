@@ -20,9 +20,10 @@ build: deps $(BUILD)/build.ninja
 run: build
 	$(BUILD)/kvl run -m $(KVL_MODEL) -p "Once upon a time" -n 128 --temp 0
 
+# Fuzzing first, so that ctest's summary is the last thing printed.
 test: build
+	$(MAKE) --no-print-directory fuzz
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	$(MAKE) fuzz
 
 # libFuzzer needs clang; skipped with a note where clang++-14 is missing.
 fuzz: deps
