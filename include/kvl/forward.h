@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "kvl/kv_cache.h"
@@ -51,6 +52,8 @@ class Forward {
   void ComputeRopeAngles(const TokenBatch& batch);
   void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv);
   void FeedForward(const LayerWeights& w, int64_t n);
+  void MatMulShared(std::initializer_list<const MatrixView*> ws, int64_t n,
+                    std::initializer_list<float*> ys);
   void Logits(const TokenBatch& batch);
 
   const Model& model_;

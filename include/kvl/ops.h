@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -65,6 +66,14 @@ class OpsContext {
 // to 8 bits per 32-element block (as llama.cpp does), using VNNI where present.
 // Multithreaded over rows and tokens, never over the reduction dimension.
 void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_tokens, float* y);
+
+// Several matrices with the same input (Q/K/V, or gate/up) in one parallel region: the input is
+// quantized once and one loop covers every matrix's rows, saving a thread-pool round trip and a
+// quantization per extra matrix in decode. Each ys[m] gets exactly what MatMul would give.
+// All matrices must have the same cols and be all quantized or all float.
+inline constexpr size_t kMaxGroup = 4;
+void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x, int64_t n_tokens,
+                 std::span<float* const> ys);
 
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i]. out may alias x.
 void RmsNorm(const OpsContext& ctx, const float* x, const float* weight, int64_t n, float eps,

@@ -72,9 +72,7 @@ void Forward::Run(const TokenBatch& batch, KvCache& kv) {
     for (int64_t t = 0; t < n; ++t) {
       ops::RmsNorm(ops_, &x_[Elems(t, c.dim)], w.attn_norm, c.dim, c.norm_eps, &xn_[Elems(t, c.dim)]);
     }
-    ops::MatMul(ops_, w.wq, xn_.data(), n, q_.data());
-    ops::MatMul(ops_, w.wk, xn_.data(), n, k_.data());
-    ops::MatMul(ops_, w.wv, xn_.data(), n, v_.data());
+    MatMulShared({&w.wq, &w.wk, &w.wv}, n, {q_.data(), k_.data(), v_.data()});
     Attention(l, batch, kv);
     ops::MatMul(ops_, w.wo, attn_.data(), n, proj_.data());
     ops::Add(ops_, x_.data(), proj_.data(), n * c.dim);
@@ -158,10 +156,32 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   });
 }
 
+// Projections of the same normalized input xn_: one parallel region when their formats allow it.
+void Forward::MatMulShared(std::initializer_list<const MatrixView*> ws, int64_t n,
+                           std::initializer_list<float*> ys) {
+  MatrixView views[ops::kMaxGroup];
+  float* outs[ops::kMaxGroup];
+  size_t count = 0;
+  bool same_class = true;
+  auto quantized = [](DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; };
+  for (const MatrixView* w : ws) {
+    views[count] = *w;
+    same_class = same_class && quantized(w->type) == quantized(views[0].type);
+    ++count;
+  }
+  count = 0;
+  for (float* y : ys) outs[count++] = y;
+  if (same_class) {
+    ops::MatMulGroup(ops_, std::span<const MatrixView>(views, count), xn_.data(), n,
+                     std::span<float* const>(outs, count));
+  } else {
+    for (size_t m = 0; m < count; ++m) ops::MatMul(ops_, views[m], xn_.data(), n, outs[m]);
+  }
+}
+
 void Forward::FeedForward(const LayerWeights& w, int64_t n) {
   const ModelConfig& c = config_;
-  ops::MatMul(ops_, w.w_gate, xn_.data(), n, gate_.data());
-  ops::MatMul(ops_, w.w_up, xn_.data(), n, up_.data());
+  MatMulShared({&w.w_gate, &w.w_up}, n, {gate_.data(), up_.data()});
   ops::SwiGlu(ops_, gate_.data(), up_.data(), n * c.ffn_dim);
   ops::MatMul(ops_, w.w_down, gate_.data(), n, proj_.data());
   ops::Add(ops_, x_.data(), proj_.data(), n * c.dim);

@@ -119,48 +119,73 @@ void OpsContext::Reserve(int64_t max_tokens, int64_t max_cols) {
 }
 
 void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_tokens, float* y) {
-  KVL_CHECK(w.data != nullptr && x != nullptr && y != nullptr);
-  KVL_CHECK(w.rows > 0 && w.cols > 0 && n_tokens >= 0);
-  KVL_CHECK_MSG(w.type == DType::kF32 || w.type == DType::kF16 || w.type == DType::kBF16 ||
-                    IsQuantized(w.type),
-                "MatMul: unsupported weight type");
-  KVL_CHECK_MSG(w.row_bytes == RowBytes(w.type, w.cols), "MatMul: row_bytes != RowBytes(type, cols)");
+  MatMulGroup(ctx, std::span<const MatrixView>(&w, 1), x, n_tokens, std::span<float* const>(&y, 1));
+}
+
+void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x, int64_t n_tokens,
+                 std::span<float* const> ys) {
+  KVL_CHECK(!ws.empty() && ws.size() == ys.size() && ws.size() <= kMaxGroup);
+  KVL_CHECK(x != nullptr && n_tokens >= 0);
+  const int64_t cols = ws[0].cols;
+  const bool quantized = IsQuantized(ws[0].type);
+  for (size_t m = 0; m < ws.size(); ++m) {
+    const MatrixView& w = ws[m];
+    KVL_CHECK(w.data != nullptr && ys[m] != nullptr);
+    KVL_CHECK(w.rows > 0 && w.cols == cols);
+    KVL_CHECK_MSG(w.type == DType::kF32 || w.type == DType::kF16 || w.type == DType::kBF16 ||
+                      IsQuantized(w.type),
+                  "MatMul: unsupported weight type");
+    KVL_CHECK_MSG(IsQuantized(w.type) == quantized,
+                  "MatMulGroup: quantized and float weights cannot share one group");
+    KVL_CHECK_MSG(w.row_bytes == RowBytes(w.type, w.cols),
+                  "MatMul: row_bytes != RowBytes(type, cols)");
+  }
   if (n_tokens == 0) return;
   const KernelTable& k = ctx.kernels();
   ThreadPool& pool = *ctx.pool();
 
-  MatMulArgs args;
-  args.w = w;
-  args.y = y;
-  if (IsQuantized(w.type)) {
-    const int64_t stride = ActRowStride(w.cols);
+  // The activations are shared by every matrix of the group: quantized once.
+  MatMulArgs args[kMaxGroup];
+  const uint8_t* acts = nullptr;
+  const int64_t stride = ActRowStride(cols);
+  if (quantized) {
     KVL_CHECK_MSG(static_cast<size_t>(n_tokens * stride + 64) <= ctx.scratch_bytes(),
                   "MatMul: OpsContext scratch too small; call Reserve(max_tokens, max_cols)");
     const uintptr_t base = reinterpret_cast<uintptr_t>(ctx.scratch());
-    uint8_t* acts = ctx.scratch() + (AlignUp64(static_cast<int64_t>(base)) - base);
-    args.acts = acts;
-    args.act_stride = stride;
+    uint8_t* out = ctx.scratch() + (AlignUp64(static_cast<int64_t>(base)) - base);
+    acts = out;
     constexpr int64_t kQuantTokens = 16;  // tokens per quantization task
     pool.ParallelFor((n_tokens + kQuantTokens - 1) / kQuantTokens, [&](int64_t task, int) {
       const int64_t t1 = std::min(n_tokens, (task + 1) * kQuantTokens);
       for (int64_t t = task * kQuantTokens; t < t1; ++t) {
-        k.quantize_acts(x + t * w.cols, w.cols, acts + t * stride);
+        k.quantize_acts(x + t * cols, cols, out + t * stride);
       }
     });
-  } else {
-    args.x = x;
   }
 
-  // Tasks are (row chunk, token tile) pairs, token tile major so a thread's consecutive tasks
-  // reuse the same activations. The reduction dimension is never split.
-  const int64_t row_chunk = RowChunk(n_tokens, w.rows, pool.num_threads());
-  const int64_t n_row_chunks = (w.rows + row_chunk - 1) / row_chunk;
+  // Tasks are (matrix, row chunk, token tile) triples, token tile major within a matrix so a
+  // thread's consecutive tasks reuse the same activations. The reduction dimension is never split.
   const int64_t n_token_tiles = (n_tokens + kTokenTile - 1) / kTokenTile;
-  pool.ParallelFor(n_row_chunks * n_token_tiles, [&](int64_t task, int) {
-    const int64_t rc = task % n_row_chunks;
-    const int64_t tt = task / n_row_chunks;
-    k.matmul_tile(args, rc * row_chunk, std::min(w.rows, (rc + 1) * row_chunk), tt * kTokenTile,
-                  std::min(n_tokens, (tt + 1) * kTokenTile));
+  int64_t row_chunk[kMaxGroup], n_row_chunks[kMaxGroup], first_task[kMaxGroup + 1];
+  first_task[0] = 0;
+  for (size_t m = 0; m < ws.size(); ++m) {
+    args[m].w = ws[m];
+    args[m].y = ys[m];
+    args[m].x = quantized ? nullptr : x;
+    args[m].acts = acts;
+    args[m].act_stride = quantized ? stride : 0;
+    row_chunk[m] = RowChunk(n_tokens, ws[m].rows, pool.num_threads());
+    n_row_chunks[m] = (ws[m].rows + row_chunk[m] - 1) / row_chunk[m];
+    first_task[m + 1] = first_task[m] + n_row_chunks[m] * n_token_tiles;
+  }
+  pool.ParallelFor(first_task[ws.size()], [&](int64_t task, int) {
+    size_t m = 0;
+    while (task >= first_task[m + 1]) ++m;
+    const int64_t local = task - first_task[m];
+    const int64_t rc = local % n_row_chunks[m];
+    const int64_t tt = local / n_row_chunks[m];
+    k.matmul_tile(args[m], rc * row_chunk[m], std::min(ws[m].rows, (rc + 1) * row_chunk[m]),
+                  tt * kTokenTile, std::min(n_tokens, (tt + 1) * kTokenTile));
   });
 }
 
