@@ -229,8 +229,13 @@ constexpr TileFn kTiles[kMaxMR][kMaxNR] = {
 
 template <DType T>
 void MatMulTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-  for (int64_t r = r0; r < r1; r += kMaxMR) {
-    const int64_t mr = std::min<int64_t>(kMaxMR, r1 - r);
+  // A single token (decode) streams its weights from DRAM one row at a time: one sequential stream
+  // per thread keeps the hardware prefetchers on track, where four interleaved row streams did not
+  // (TinyLlama-1.1B Q8_0 decode: 16 tok/s with 4-row tiles, 25-28 with 1-row tiles). Each output
+  // still takes the same accumulation steps, so this changes no result.
+  const int64_t max_mr = t1 - t0 == 1 ? 1 : kMaxMR;
+  for (int64_t r = r0; r < r1; r += max_mr) {
+    const int64_t mr = std::min<int64_t>(max_mr, r1 - r);
     for (int64_t t = t0; t < t1; t += kMaxNR) {
       const int64_t nr = std::min<int64_t>(kMaxNR, t1 - t);
       kTiles<T>[mr - 1][nr - 1](a, r, t);
