@@ -43,8 +43,10 @@ struct TestResult {
 
 std::string ModelLabel(const Model& model) {
   const double billions = static_cast<double>(model.num_parameters()) / 1e9;
-  const std::string size = billions >= 1.0 ? fmt::format("{:.1f}B", billions)
-                                           : fmt::format("{:.0f}M", billions * 1000.0);
+  const double millions = billions * 1000.0;
+  const std::string size = billions >= 1.0  ? fmt::format("{:.1f}B", billions)
+                           : millions >= 10 ? fmt::format("{:.0f}M", millions)
+                                            : fmt::format("{:.1f}M", millions);
   std::string type = model.weight_type_name();
   std::transform(type.begin(), type.end(), type.begin(), ::toupper);
   return fmt::format("{} {} {}", model.config().architecture, size, type);
