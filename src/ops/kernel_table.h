@@ -48,6 +48,9 @@ struct KernelTable {
   // split into calls never changes the result). Null: ops.cc loops over axpy.
   void (*axpy_rows)(const float* weights, const float* rows, int64_t stride, int64_t count,
                     int64_t n, float* y) = nullptr;
+  // out[i] = dot(q, rows[i * stride]) * scale, exactly as dot would give. Null: ops.cc loops.
+  void (*dot_rows)(const float* q, const float* rows, int64_t stride, int64_t count, int64_t n,
+                   float scale, float* out) = nullptr;
 };
 
 const KernelTable& ScalarKernels();

@@ -301,7 +301,7 @@ __m512 Exp(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-float Dot(const float* a, const float* b, int64_t n) {
+inline float DotInline(const float* a, const float* b, int64_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
   int64_t i = 0;
@@ -319,6 +319,15 @@ float Dot(const float* a, const float* b, int64_t n) {
     acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc1);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+}
+
+float Dot(const float* a, const float* b, int64_t n) { return DotInline(a, b, n); }
+
+// Attention scores over a run of cached K rows: Dot inlined per row (the same instructions, so the
+// same results), without a call through the kernel table per row.
+void DotRows(const float* q, const float* rows, int64_t stride, int64_t count, int64_t n,
+             float scale, float* out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = DotInline(q, rows + i * stride, n) * scale;
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
@@ -459,6 +468,7 @@ const KernelTable& Avx512Kernels() {
       .dot = Dot,
       .axpy = Axpy,
       .axpy_rows = AxpyRows,
+      .dot_rows = DotRows,
   };
   return table;
 }

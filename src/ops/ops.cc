@@ -222,8 +222,9 @@ void Axpy(const OpsContext& ctx, float alpha, const float* x, float* y, int64_t 
 
 void DotRows(const OpsContext& ctx, const float* q, const float* rows, int64_t stride,
              int64_t count, int64_t n, float scale, float* out) {
-  const auto dot = ctx.kernels().dot;
-  for (int64_t i = 0; i < count; ++i) out[i] = dot(q, rows + i * stride, n) * scale;
+  const KernelTable& k = ctx.kernels();
+  if (k.dot_rows != nullptr) return k.dot_rows(q, rows, stride, count, n, scale, out);
+  for (int64_t i = 0; i < count; ++i) out[i] = k.dot(q, rows + i * stride, n) * scale;
 }
 
 void AxpyRows(const OpsContext& ctx, const float* weights, const float* rows, int64_t stride,
