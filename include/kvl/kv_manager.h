@@ -1,0 +1,183 @@
+// kvlattice's KV memory manager: a pool of fixed-size blocks sized from a byte budget, a block
+// table per sequence, a prefix cache over full blocks, and copy-on-write forks. It only does the
+// bookkeeping and describes work (which blocks to copy); the engine carries the work out and the
+// forward pass reads K/V through PagedKvCache. Nothing here knows about the model or the forward
+// pass, so it is unit-testable with zero model bytes.
+//
+// Memory is planned, then committed (as llama.cpp's memory interface does): Plan() says what a
+// step needs (blocks to allocate, cached blocks to reuse, blocks to copy) without changing
+// anything, and Commit() applies exactly that plan. "Not enough blocks" is a normal plan result
+// (fits == false) that the scheduler answers, never an error or a crash.
+//
+// Blocks (vLLM's block pool):
+//  - A block holds K and V of block_tokens consecutive tokens of one sequence for every layer.
+//  - Full blocks are immutable and identified by a hash chain: hash(parent block's hash, the
+//    block's token ids, model identity). A full block's hash enters the prefix index when its
+//    tokens are committed, and stays findable after its last reference goes (lazy eviction) until
+//    the block is reused for something else.
+//  - Free blocks sit in an intrusive doubly linked list that is the eviction order: blocks that
+//    hold no cached prefix are taken first, then cached ones in least-recently-freed order.
+//  - A block shared by several sequences (prefix hit or Fork) is copied before a sequence writes
+//    into it (copy-on-write); only a partially filled last block can ever be written.
+//
+// Thread-safety: not thread-safe; the engine's step loop owns the KvManager. PagedKvCache::RowsAt
+// may be called from many threads at once while nothing mutates the manager (during a forward).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kvl/kv_cache.h"
+#include "kvl/status.h"
+
+namespace kvl {
+
+using BlockId = int32_t;
+using SeqId = int32_t;
+inline constexpr BlockId kNoBlock = -1;
+
+// What one block holds: K and V, each [num_layers][block_tokens][kv_dim] f32.
+struct KvBlockLayout {
+  int32_t block_tokens = 16;
+  int64_t num_layers = 0;
+  int64_t kv_dim = 0;
+
+  int64_t floats_per_tensor() const { return num_layers * block_tokens * kv_dim; }
+  int64_t block_bytes() const { return 2 * floats_per_tensor() * static_cast<int64_t>(sizeof(float)); }
+};
+
+struct KvManagerOptions {
+  KvBlockLayout layout;
+  int64_t budget_bytes = 512ll << 20;  // the pool holds budget_bytes / block_bytes blocks
+  uint64_t model_identity = 0;         // seeds every hash chain: no match across models
+  bool enable_prefix_cache = true;
+  int32_t max_seqs = 256;              // sequence ids are 0..max_seqs-1
+};
+
+// One sequence's part of a step.
+//  - For a sequence not yet in the manager (admission): `tokens` are its first tokens (a prompt,
+//    or prompt + generated tokens when a preempted sequence comes back). The plan reuses the
+//    longest cached prefix of full blocks (never all of `tokens`: the last token is always
+//    computed, so the step has logits to sample from) and allocates blocks for the rest.
+//  - For a sequence already present: `tokens` are appended after its current tokens.
+struct KvSeqStep {
+  SeqId seq = 0;
+  std::span<const int32_t> tokens;
+};
+
+struct KvBlockCopy {
+  BlockId src = kNoBlock;
+  BlockId dst = kNoBlock;
+};
+
+// Everything Commit will do, decided without mutating anything.
+struct KvPlan {
+  struct SeqPlan {
+    SeqId seq = 0;
+    bool admit = false;               // the sequence enters the manager with this step
+    int64_t first_new_pos = 0;        // position of the first token the forward pass must compute
+    int64_t num_cached_tokens = 0;    // admission: leading tokens found in the prefix cache
+    std::vector<BlockId> reused;      // admission: cached blocks taken (refcount + 1)
+    std::vector<BlockId> allocated;   // fresh blocks appended to the block table, in order
+    BlockId cow_src = kNoBlock;       // the shared last block that is replaced by a copy...
+    BlockId cow_dst = kNoBlock;       // ...into this fresh block (also listed in `copies`)
+  };
+
+  bool fits = false;                  // false: not enough blocks; Commit must not be called
+  int64_t blocks_needed = 0;          // fresh blocks the plan takes from the free list
+  int64_t blocks_free = 0;            // free blocks (cached or not) when planned
+  std::vector<SeqPlan> seqs;          // one per KvSeqStep, same order
+  std::vector<KvBlockCopy> copies;    // the engine copies these (src -> dst) before the forward
+  uint64_t state_version = 0;         // Commit checks the manager has not changed since
+};
+
+struct KvStats {
+  int64_t blocks_total = 0;
+  int64_t blocks_used = 0;     // referenced by at least one sequence
+  int64_t blocks_free = 0;     // total - used (includes cached ones)
+  int64_t blocks_cached = 0;   // free blocks still findable by prefix
+  int64_t kv_bytes_used = 0;   // blocks_used * block_bytes
+  int64_t kv_bytes_total = 0;
+  int64_t prefix_queries = 0;  // admissions that looked up the prefix cache
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t num_seqs = 0;
+};
+
+class KvManager {
+ public:
+  // INVALID_ARGUMENT when the layout is empty; RESOURCE_EXHAUSTED when the budget holds no block.
+  static StatusOr<std::unique_ptr<KvManager>> Create(const KvManagerOptions& options);
+  ~KvManager();
+
+  const KvManagerOptions& options() const;
+  int64_t num_blocks() const;
+
+  // Leading tokens of `tokens` that an admission would find cached (a multiple of block_tokens,
+  // at most tokens.size() - 1). No mutation.
+  int64_t MatchPrefix(std::span<const int32_t> tokens) const;
+
+  KvPlan Plan(std::span<const KvSeqStep> steps) const;
+  // Applies a plan with fits == true made against the current state (both checked).
+  void Commit(const KvPlan& plan);
+
+  // Drops a sequence (finished, cancelled or preempted): its blocks lose a reference; blocks
+  // nobody holds become free, cached full blocks stay findable until reused.
+  void Free(SeqId seq);
+  // Makes `child` share all of `parent`'s blocks (copy-on-write). `child` must be absent.
+  void Fork(SeqId parent, SeqId child);
+
+  bool Contains(SeqId seq) const;
+  int64_t num_tokens(SeqId seq) const;
+  const std::vector<BlockId>& block_table(SeqId seq) const;
+  const std::vector<int32_t>& tokens(SeqId seq) const;
+  // Blocks a sequence of n tokens occupies.
+  int64_t BlocksFor(int64_t num_tokens) const;
+
+  KvStats stats() const;
+  // Cross-checks every internal invariant (refcounts, free list, prefix index, tables); used by
+  // the property tests. Returns a description of the first violation.
+  Status CheckInvariants() const;
+
+ private:
+  KvManager() = default;
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// The pool's K/V storage: [num_blocks][layer][block_tokens][kv_dim] for K and for V, f32.
+class KvBlockStorage {
+ public:
+  static StatusOr<std::unique_ptr<KvBlockStorage>> Create(const KvBlockLayout& layout,
+                                                          int64_t num_blocks);
+  float* keys(BlockId block, int64_t layer);    // [block_tokens][kv_dim]
+  float* values(BlockId block, int64_t layer);  // [block_tokens][kv_dim]
+  void CopyBlock(BlockId src, BlockId dst);
+  const KvBlockLayout& layout() const { return layout_; }
+  int64_t num_blocks() const { return num_blocks_; }
+
+ private:
+  KvBlockStorage(const KvBlockLayout& layout, int64_t num_blocks);
+  KvBlockLayout layout_;
+  int64_t num_blocks_;
+  std::vector<float> k_;
+  std::vector<float> v_;
+};
+
+// The forward pass's view of the paged pool: rows of (seq, layer, pos) found through the block
+// table. A run of rows never crosses a block boundary.
+class PagedKvCache final : public KvCache {
+ public:
+  PagedKvCache(const KvManager& manager, KvBlockStorage& storage);
+  int64_t kv_dim() const override;
+  int64_t num_layers() const override;
+  Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override;
+
+ private:
+  const KvManager& manager_;
+  KvBlockStorage& storage_;
+};
+
+}  // namespace kvl
