@@ -38,6 +38,10 @@ using BlockId = int32_t;
 using SeqId = int32_t;
 inline constexpr BlockId kNoBlock = -1;
 
+// Hash of one full block given its parent's hash (model_identity for the first block) and its
+// block_tokens token ids. Only tests replace the default (to force collisions).
+using KvBlockHashFn = uint64_t (*)(uint64_t parent_hash, std::span<const int32_t> tokens);
+
 // What one block holds: K and V, each [num_layers][block_tokens][kv_dim] f32.
 struct KvBlockLayout {
   int32_t block_tokens = 16;
@@ -54,6 +58,9 @@ struct KvManagerOptions {
   uint64_t model_identity = 0;         // seeds every hash chain: no match across models
   bool enable_prefix_cache = true;
   int32_t max_seqs = 256;              // sequence ids are 0..max_seqs-1
+  // Test-only: replaces the block hash, e.g. with one that always collides, to show that a hit is
+  // verified by content and never trusted from the hash alone. nullptr: the built-in 64-bit hash.
+  KvBlockHashFn block_hash_for_testing = nullptr;
 };
 
 // One sequence's part of a step.
@@ -83,12 +90,19 @@ struct KvPlan {
     std::vector<BlockId> allocated;   // fresh blocks appended to the block table, in order
     BlockId cow_src = kNoBlock;       // the shared last block that is replaced by a copy...
     BlockId cow_dst = kNoBlock;       // ...into this fresh block (also listed in `copies`)
+    int64_t blocks_needed = 0;        // fresh blocks this sequence takes: allocated + the COW copy
+    std::vector<int32_t> tokens;      // the step's tokens (a copy: Commit appends these)
   };
 
   bool fits = false;                  // false: not enough blocks; Commit must not be called
   int64_t blocks_needed = 0;          // fresh blocks the plan takes from the free list
   int64_t blocks_free = 0;            // free blocks (cached or not) when planned
-  std::vector<SeqPlan> seqs;          // one per KvSeqStep, same order
+  // Free cached blocks that prefix hits revive; they leave the free list too, so the plan fits
+  // iff blocks_needed + blocks_reused_free <= blocks_free.
+  int64_t blocks_reused_free = 0;
+  // One per KvSeqStep, same order. When fits is false, `allocated`, `cow_dst` and `copies` are
+  // left empty; everything else (blocks_needed included) is filled in.
+  std::vector<SeqPlan> seqs;
   std::vector<KvBlockCopy> copies;    // the engine copies these (src -> dst) before the forward
   uint64_t state_version = 0;         // Commit checks the manager has not changed since
 };

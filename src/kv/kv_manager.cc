@@ -1,0 +1,400 @@
+// KvManager: plan and commit over the block pool, the prefix index and the block tables.
+#include "kvl/kv_manager.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kv/block_hash.h"
+#include "kv/kv_manager_state.h"
+
+namespace kvl {
+
+using kv_internal::BlockMeta;
+using kv_internal::BlockRef;
+using kv_internal::SeqState;
+
+KvManager::State::State(const KvManagerOptions& opts, int32_t num_blocks)
+    : options(opts),
+      block_tokens(opts.layout.block_tokens),
+      pool(num_blocks),
+      meta(static_cast<size_t>(num_blocks)),
+      block_token_ids(static_cast<size_t>(num_blocks) * opts.layout.block_tokens, 0),
+      seqs(static_cast<size_t>(opts.max_seqs)),
+      block_plan_mark(static_cast<size_t>(num_blocks), 0),
+      seq_plan_mark(static_cast<size_t>(opts.max_seqs), 0) {
+  // At most one entry per block, so the index never rehashes after this.
+  index.reserve(static_cast<size_t>(num_blocks));
+}
+
+uint64_t KvManager::State::Hash(uint64_t parent_hash, std::span<const int32_t> tokens) const {
+  if (options.block_hash_for_testing != nullptr) {
+    return options.block_hash_for_testing(parent_hash, tokens);
+  }
+  return kv_internal::DefaultBlockHash(parent_hash, tokens);
+}
+
+void KvManager::State::MatchBlocks(std::span<const int32_t> tokens,
+                                   std::vector<BlockId>* blocks) const {
+  blocks->clear();
+  if (!options.enable_prefix_cache || tokens.empty()) return;
+  // The last token is always computed, so at most tokens.size() - 1 tokens can be reused.
+  const size_t max_blocks = (tokens.size() - 1) / static_cast<size_t>(block_tokens);
+  uint64_t parent_hash = options.model_identity;
+  BlockRef parent;
+  for (size_t k = 0; k < max_blocks; ++k) {
+    const std::span<const int32_t> block_tokens_k = tokens.subspan(k * block_tokens, block_tokens);
+    const uint64_t hash = Hash(parent_hash, block_tokens_k);
+    const auto it = index.find(hash);
+    if (it == index.end()) break;
+    const BlockId block = it->second;
+    const BlockMeta& m = meta[block];
+    // The hash only names a candidate: the same parent instance and the same token ids make the
+    // block's prefix exactly ours, whatever collisions the hash has.
+    if (m.parent != parent || m.parent_hash != parent_hash ||
+        !std::equal(block_tokens_k.begin(), block_tokens_k.end(), BlockTokens(block).begin())) {
+      break;
+    }
+    blocks->push_back(block);
+    parent = RefOf(block);
+    parent_hash = hash;
+  }
+}
+
+// Mutations of the state that keep the refcounts, the free list, the index and num_cached in
+// step. Only Commit, Free and Fork use them.
+void KvManager::State::RefBlock(BlockId block) {
+  if (pool.refcount(block) > 0) {
+    pool.Ref(block);
+    return;
+  }
+  pool.Acquire(block);  // a cached block revived by a prefix hit
+  if (meta[block].indexed) --num_cached;
+}
+
+void KvManager::State::UnrefBlock(BlockId block) {
+  // Blocks nobody holds go to the front (reused first) unless they hold a cached prefix; those go
+  // to the back, so among cached blocks the least recently freed is evicted first.
+  const bool cached = meta[block].indexed;
+  if (pool.Unref(block, /*keep_longer=*/cached) && cached) ++num_cached;
+}
+
+// Drops an index entry; a free block that loses it no longer deserves its place at the back.
+void KvManager::State::Unindex(BlockId block) {
+  BlockMeta& m = meta[block];
+  KVL_CHECK(m.indexed);
+  const auto it = index.find(m.hash);
+  KVL_CHECK(it != index.end() && it->second == block);
+  index.erase(it);
+  m.indexed = false;
+  if (pool.refcount(block) == 0) {
+    --num_cached;
+    pool.MoveToFront(block);
+  }
+}
+
+// Takes a free block for new contents; a cached prefix it held is evicted now (lazily).
+void KvManager::State::AllocateBlock(BlockId block) {
+  KVL_CHECK(pool.refcount(block) == 0);
+  BlockMeta& m = meta[block];
+  if (m.indexed) Unindex(block);
+  pool.Acquire(block);
+  const uint64_t generation = m.generation + 1;
+  m = BlockMeta{};
+  m.generation = generation;
+}
+
+bool KvManager::State::SameIdentity(BlockId a, BlockId b) const {
+  const BlockMeta& ma = meta[a];
+  const BlockMeta& mb = meta[b];
+  if (!ma.full || !mb.full || ma.hash != mb.hash || ma.parent != mb.parent) return false;
+  const auto ta = BlockTokens(a), tb = BlockTokens(b);
+  return std::equal(ta.begin(), ta.end(), tb.begin());
+}
+
+// The instance that stands for a full block's prefix: the indexed block with the same identity
+// when there is one, so that children registered later chain to what MatchBlocks walks.
+BlockRef KvManager::State::CanonicalRef(BlockId block) const {
+  const BlockMeta& m = meta[block];
+  KVL_CHECK(m.full);
+  if (!m.indexed) {
+    const auto it = index.find(m.hash);
+    if (it != index.end() && SameIdentity(it->second, block)) return RefOf(it->second);
+  }
+  return RefOf(block);
+}
+
+// An index entry whose parent instance was reallocated can never be matched again (the chain
+// through it is gone), so it gives its slot to a block that can.
+bool KvManager::State::IsStale(BlockId block) const {
+  const BlockRef& parent = meta[block].parent;
+  return parent.block != kNoBlock && meta[parent.block].generation != parent.generation;
+}
+
+// Block k of `seq` has just been filled: give it its identity and index it.
+void KvManager::State::RegisterFullBlock(const SeqState& seq, size_t k) {
+  const BlockId block = seq.table[k];
+  BlockMeta& m = meta[block];
+  KVL_CHECK(!m.full && !m.indexed);
+  const size_t bt = static_cast<size_t>(block_tokens);
+  const std::span<const int32_t> tokens = std::span(seq.tokens).subspan(k * bt, bt);
+  m.parent_hash = k == 0 ? options.model_identity : meta[seq.table[k - 1]].hash;
+  m.parent = k == 0 ? BlockRef{} : CanonicalRef(seq.table[k - 1]);
+  m.hash = Hash(m.parent_hash, tokens);
+  std::copy(tokens.begin(), tokens.end(),
+            block_token_ids.begin() + static_cast<ptrdiff_t>(block * bt));
+  m.full = true;
+  if (!options.enable_prefix_cache) return;
+  const auto it = index.find(m.hash);
+  if (it != index.end()) {
+    // Another block already holds this hash (the same prefix computed twice, or a collision):
+    // keep it, and leave this block unindexed; unless the holder is unreachable.
+    if (!IsStale(it->second)) return;
+    Unindex(it->second);
+  }
+  index.emplace(m.hash, block);
+  m.indexed = true;
+}
+
+StatusOr<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options) {
+  const KvBlockLayout& layout = options.layout;
+  if (layout.block_tokens <= 0 || layout.num_layers <= 0 || layout.kv_dim <= 0) {
+    return InvalidArgumentError(fmt::format(
+        "KV block layout must be positive: block_tokens {}, num_layers {}, kv_dim {}",
+        layout.block_tokens, layout.num_layers, layout.kv_dim));
+  }
+  if (options.max_seqs <= 0) {
+    return InvalidArgumentError(fmt::format("max_seqs must be positive, got {}", options.max_seqs));
+  }
+  const int64_t block_bytes = layout.block_bytes();
+  const int64_t num_blocks = options.budget_bytes > 0 ? options.budget_bytes / block_bytes : 0;
+  if (num_blocks == 0) {
+    return ResourceExhaustedError(fmt::format(
+        "a KV budget of {} bytes holds no block of {} bytes ({} tokens x {} layers x {} floats x "
+        "K,V); raise the budget or lower the block size",
+        options.budget_bytes, block_bytes, layout.block_tokens, layout.num_layers, layout.kv_dim));
+  }
+  if (num_blocks > INT32_MAX - 1) {
+    return InvalidArgumentError(fmt::format("{} KV blocks is more than block ids can name", num_blocks));
+  }
+  std::unique_ptr<KvManager> manager(new KvManager());
+  manager->s_ = std::make_unique<State>(options, static_cast<int32_t>(num_blocks));
+  return manager;
+}
+
+KvManager::~KvManager() = default;
+
+const KvManagerOptions& KvManager::options() const { return s_->options; }
+int64_t KvManager::num_blocks() const { return s_->pool.num_blocks(); }
+
+int64_t KvManager::BlocksFor(int64_t num_tokens) const {
+  return (num_tokens + s_->block_tokens - 1) / s_->block_tokens;
+}
+
+int64_t KvManager::MatchPrefix(std::span<const int32_t> tokens) const {
+  std::vector<BlockId> blocks;
+  s_->MatchBlocks(tokens, &blocks);
+  return static_cast<int64_t>(blocks.size()) * s_->block_tokens;
+}
+
+KvPlan KvManager::Plan(std::span<const KvSeqStep> steps) const {
+  const State& s = *s_;
+  KvPlan plan;
+  plan.state_version = s.version;
+  plan.blocks_free = s.pool.num_free();
+  plan.seqs.resize(steps.size());
+  const uint64_t epoch = ++s.plan_epoch;
+
+  // Pass 1: what each sequence needs. Prefix hits are decided before any fresh block is picked,
+  // so a block revived here is never also handed out as a fresh one.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const KvSeqStep& step = steps[i];
+    KvPlan::SeqPlan& sp = plan.seqs[i];
+    KVL_CHECK_MSG(step.seq >= 0 && step.seq < s.options.max_seqs, "sequence id out of range");
+    KVL_CHECK_MSG(!step.tokens.empty(), "a plan step must add tokens");
+    KVL_CHECK_MSG(s.seq_plan_mark[step.seq] != epoch, "a sequence appears twice in one plan");
+    s.seq_plan_mark[step.seq] = epoch;
+    sp.seq = step.seq;
+    sp.tokens.assign(step.tokens.begin(), step.tokens.end());
+    const SeqState& seq = s.seqs[step.seq];
+    if (!seq.present) {
+      sp.admit = true;
+      s.MatchBlocks(step.tokens, &sp.reused);
+      for (BlockId block : sp.reused) {
+        if (s.pool.refcount(block) == 0 && s.block_plan_mark[block] != epoch) {
+          s.block_plan_mark[block] = epoch;
+          ++plan.blocks_reused_free;
+        }
+      }
+      sp.num_cached_tokens = static_cast<int64_t>(sp.reused.size()) * s.block_tokens;
+      sp.first_new_pos = sp.num_cached_tokens;
+      sp.blocks_needed =
+          BlocksFor(static_cast<int64_t>(step.tokens.size())) - static_cast<int64_t>(sp.reused.size());
+      continue;
+    }
+    const int64_t n = static_cast<int64_t>(seq.tokens.size());
+    sp.first_new_pos = n;
+    sp.blocks_needed = BlocksFor(n + static_cast<int64_t>(step.tokens.size())) - BlocksFor(n);
+    if (n % s.block_tokens != 0) {
+      // The new tokens start inside the last block. If others hold it too, this sequence writes
+      // into a private copy. The last of its holders in this plan keeps the original, since the
+      // engine makes every copy before the forward pass writes anything.
+      const BlockId last = seq.table.back();
+      int64_t holders = s.pool.refcount(last);
+      for (size_t j = 0; j < i; ++j) holders -= plan.seqs[j].cow_src == last ? 1 : 0;
+      if (holders > 1) {
+        sp.cow_src = last;
+        ++sp.blocks_needed;
+      }
+    }
+  }
+  for (const KvPlan::SeqPlan& sp : plan.seqs) plan.blocks_needed += sp.blocks_needed;
+  plan.fits = plan.blocks_needed + plan.blocks_reused_free <= plan.blocks_free;
+  if (!plan.fits) {
+    for (KvPlan::SeqPlan& sp : plan.seqs) sp.cow_src = kNoBlock;
+    return plan;
+  }
+
+  // Pass 2: the fresh blocks, in the order Commit's allocation would take them.
+  BlockId cursor = s.pool.free_front();
+  auto next_fresh = [&]() {
+    while (cursor != kNoBlock && s.block_plan_mark[cursor] == epoch) cursor = s.pool.next_free(cursor);
+    KVL_CHECK(cursor != kNoBlock);
+    const BlockId block = cursor;
+    cursor = s.pool.next_free(cursor);
+    return block;
+  };
+  for (KvPlan::SeqPlan& sp : plan.seqs) {
+    int64_t fresh = sp.blocks_needed;
+    if (sp.cow_src != kNoBlock) {
+      sp.cow_dst = next_fresh();
+      plan.copies.push_back({sp.cow_src, sp.cow_dst});
+      --fresh;
+    }
+    sp.allocated.reserve(static_cast<size_t>(fresh));
+    for (int64_t j = 0; j < fresh; ++j) sp.allocated.push_back(next_fresh());
+  }
+  return plan;
+}
+
+void KvManager::Commit(const KvPlan& plan) {
+  State& s = *s_;
+  KVL_CHECK_MSG(plan.fits, "Commit of a plan that does not fit");
+  KVL_CHECK_MSG(plan.state_version == s.version, "Commit of a plan made against an older state");
+  // Copies first: a sequence that keeps a shared block in place (the last of its holders) must
+  // not see the others' references while it appends.
+  for (const KvPlan::SeqPlan& sp : plan.seqs) {
+    if (sp.cow_src == kNoBlock) continue;
+    SeqState& seq = s.seqs[sp.seq];
+    KVL_CHECK(seq.present && seq.table.back() == sp.cow_src);
+    s.AllocateBlock(sp.cow_dst);
+    s.UnrefBlock(sp.cow_src);
+    seq.table.back() = sp.cow_dst;
+  }
+  for (const KvPlan::SeqPlan& sp : plan.seqs) {
+    SeqState& seq = s.seqs[sp.seq];
+    if (sp.admit) {
+      KVL_CHECK(!seq.present);
+      seq.present = true;
+      seq.table.clear();
+      seq.tokens.clear();
+      ++s.num_seqs;
+      for (BlockId block : sp.reused) {
+        s.RefBlock(block);
+        seq.table.push_back(block);
+      }
+      if (s.options.enable_prefix_cache) {
+        ++s.prefix_queries;
+        s.prefix_query_tokens += static_cast<int64_t>(sp.tokens.size());
+        s.prefix_hit_tokens += sp.num_cached_tokens;
+      }
+    } else {
+      KVL_CHECK(seq.present);
+    }
+    const size_t old_tokens = seq.tokens.size();
+    // Only the sequence itself may write into its last block.
+    KVL_CHECK(old_tokens % s.block_tokens == 0 || s.pool.refcount(seq.table.back()) == 1);
+    for (BlockId block : sp.allocated) {
+      s.AllocateBlock(block);
+      seq.table.push_back(block);
+    }
+    if (sp.admit) {
+      // The cached prefix is already in the reused blocks; only the rest is new.
+      seq.tokens.assign(sp.tokens.begin(), sp.tokens.end());
+    } else {
+      seq.tokens.insert(seq.tokens.end(), sp.tokens.begin(), sp.tokens.end());
+    }
+    KVL_CHECK(static_cast<int64_t>(seq.table.size()) ==
+              BlocksFor(static_cast<int64_t>(seq.tokens.size())));
+    const size_t first_unfilled =
+        std::max(old_tokens / s.block_tokens, sp.reused.size());
+    const size_t full_blocks = seq.tokens.size() / s.block_tokens;
+    for (size_t k = first_unfilled; k < full_blocks; ++k) s.RegisterFullBlock(seq, k);
+  }
+  ++s.version;
+}
+
+void KvManager::Free(SeqId seq_id) {
+  State& s = *s_;
+  KVL_CHECK(Contains(seq_id));
+  SeqState& seq = s.seqs[seq_id];
+  // Last to first: the tail lands nearer the front of the free list than the prefix, so a
+  // sequence's tail is evicted before the prefix other requests are likelier to share.
+  for (auto it = seq.table.rbegin(); it != seq.table.rend(); ++it) s.UnrefBlock(*it);
+  seq.present = false;
+  seq.table.clear();
+  seq.tokens.clear();
+  --s.num_seqs;
+  ++s.version;
+}
+
+void KvManager::Fork(SeqId parent, SeqId child) {
+  State& s = *s_;
+  KVL_CHECK(Contains(parent));
+  KVL_CHECK(child >= 0 && child < s.options.max_seqs && !s.seqs[child].present);
+  const SeqState& from = s.seqs[parent];
+  SeqState& to = s.seqs[child];
+  to.present = true;
+  to.table = from.table;
+  to.tokens = from.tokens;
+  for (BlockId block : to.table) s.pool.Ref(block);
+  ++s.num_seqs;
+  ++s.version;
+}
+
+bool KvManager::Contains(SeqId seq) const {
+  return seq >= 0 && seq < s_->options.max_seqs && s_->seqs[seq].present;
+}
+
+int64_t KvManager::num_tokens(SeqId seq) const {
+  KVL_CHECK(Contains(seq));
+  return static_cast<int64_t>(s_->seqs[seq].tokens.size());
+}
+
+const std::vector<BlockId>& KvManager::block_table(SeqId seq) const {
+  KVL_CHECK(Contains(seq));
+  return s_->seqs[seq].table;
+}
+
+const std::vector<int32_t>& KvManager::tokens(SeqId seq) const {
+  KVL_CHECK(Contains(seq));
+  return s_->seqs[seq].tokens;
+}
+
+KvStats KvManager::stats() const {
+  const State& s = *s_;
+  KvStats st;
+  st.blocks_total = s.pool.num_blocks();
+  st.blocks_free = s.pool.num_free();
+  st.blocks_used = st.blocks_total - st.blocks_free;
+  st.blocks_cached = s.num_cached;
+  st.kv_bytes_used = st.blocks_used * s.options.layout.block_bytes();
+  st.kv_bytes_total = st.blocks_total * s.options.layout.block_bytes();
+  st.prefix_queries = s.prefix_queries;
+  st.prefix_query_tokens = s.prefix_query_tokens;
+  st.prefix_hit_tokens = s.prefix_hit_tokens;
+  st.num_seqs = s.num_seqs;
+  return st;
+}
+
+}  // namespace kvl

@@ -1,0 +1,91 @@
+// KvManager's state, shared by kv_manager.cc (operations) and kv_manager_invariants.cc (the
+// from-scratch cross-check). Not part of the public API.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kvl/kv_manager.h"
+
+namespace kvl {
+
+namespace kv_internal {
+
+// Names one block instance: a block id plus how many times it had been allocated. A reference
+// to an instance that has since been reallocated no longer matches the block's generation, so it
+// can never be confused with the block's new contents.
+struct BlockRef {
+  BlockId block = kNoBlock;
+  uint64_t generation = 0;
+  bool operator==(const BlockRef&) const = default;
+};
+
+// What a block holds beyond its K/V rows. Only full blocks have an identity (hash, parent,
+// token ids); a partial block can still be written and so has none.
+struct BlockMeta {
+  uint64_t generation = 0;  // bumped each time the block is allocated
+  bool full = false;        // the identity fields below are set
+  bool indexed = false;     // the prefix index maps `hash` to this block
+  uint64_t hash = 0;
+  uint64_t parent_hash = 0;
+  // The block instance whose token prefix precedes this block (the canonical, indexed one when
+  // there is one); {kNoBlock, 0} for the first block. Matching this, not just parent_hash, makes
+  // a hit exact even when two different prefixes collide.
+  BlockRef parent;
+};
+
+struct SeqState {
+  bool present = false;
+  std::vector<BlockId> table;
+  std::vector<int32_t> tokens;
+};
+
+}  // namespace kv_internal
+
+struct KvManager::State {
+  explicit State(const KvManagerOptions& opts, int32_t num_blocks);
+
+  uint64_t Hash(uint64_t parent_hash, std::span<const int32_t> tokens) const;
+  std::span<const int32_t> BlockTokens(BlockId block) const {
+    return {block_token_ids.data() + static_cast<size_t>(block) * block_tokens,
+            static_cast<size_t>(block_tokens)};
+  }
+  kv_internal::BlockRef RefOf(BlockId block) const { return {block, meta[block].generation}; }
+  // The blocks an admission of `tokens` would reuse (a verified chain through the index).
+  void MatchBlocks(std::span<const int32_t> tokens, std::vector<BlockId>* blocks) const;
+
+  // Mutations that keep refcounts, the free list, the index and num_cached in step (see
+  // kv_manager.cc). Only Commit, Free and Fork use them.
+  void RefBlock(BlockId block);
+  void UnrefBlock(BlockId block);
+  void Unindex(BlockId block);
+  void AllocateBlock(BlockId block);
+  void RegisterFullBlock(const kv_internal::SeqState& seq, size_t k);
+  bool SameIdentity(BlockId a, BlockId b) const;
+  kv_internal::BlockRef CanonicalRef(BlockId block) const;
+  bool IsStale(BlockId block) const;
+
+  KvManagerOptions options;
+  int32_t block_tokens;
+  kv_internal::BlockPool pool;
+  std::vector<kv_internal::BlockMeta> meta;  // [block]
+  std::vector<int32_t> block_token_ids;      // [block][block_tokens], valid when meta.full
+  std::unordered_map<uint64_t, BlockId> index;
+  int64_t num_cached = 0;  // free blocks that are indexed
+  std::vector<kv_internal::SeqState> seqs;  // [max_seqs]
+  int64_t num_seqs = 0;
+  uint64_t version = 1;  // a default KvPlan (version 0) never matches
+  int64_t prefix_queries = 0;
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+
+  // Plan() is const but needs per-call marks; an epoch number makes clearing them free.
+  mutable uint64_t plan_epoch = 0;
+  mutable std::vector<uint64_t> block_plan_mark;  // [block]: == epoch when revived by the plan
+  mutable std::vector<uint64_t> seq_plan_mark;    // [seq]: == epoch when already in the plan
+};
+
+}  // namespace kvl
