@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <new>
 
 #include "kvl/kv_manager.h"
@@ -16,6 +17,10 @@ StatusOr<std::unique_ptr<KvBlockStorage>> KvBlockStorage::Create(const KvBlockLa
         num_blocks, layout.block_tokens, layout.num_layers, layout.kv_dim));
   }
   const double bytes = static_cast<double>(num_blocks) * static_cast<double>(layout.block_bytes());
+  if (num_blocks > INT64_MAX / layout.block_bytes()) {
+    return ResourceExhaustedError(fmt::format("{} KV blocks of {} bytes overflow 64 bits",
+                                              num_blocks, layout.block_bytes()));
+  }
   try {
     return std::unique_ptr<KvBlockStorage>(new KvBlockStorage(layout, num_blocks));
   } catch (const std::bad_alloc&) {

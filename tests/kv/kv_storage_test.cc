@@ -1,0 +1,102 @@
+// KvBlockStorage layout and copies; PagedKvCache row lookup through block tables.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kv_test_util.h"
+#include "kvl/kv_manager.h"
+
+namespace kvl {
+namespace {
+
+using testing_kv::Make;
+using testing_kv::Options;
+using testing_kv::Range;
+using testing_kv::Step;
+
+TEST(KvBlockStorageTest, LayoutIsBlockLayerTokenDim) {
+  const KvBlockLayout layout{4, 3, 5};
+  auto storage = KvBlockStorage::Create(layout, 6);
+  ASSERT_TRUE(storage.ok()) << storage.status().ToString();
+  KvBlockStorage& s = **storage;
+  EXPECT_EQ(s.num_blocks(), 6);
+  const float* base = s.keys(0, 0);
+  for (BlockId b = 0; b < 6; ++b) {
+    for (int64_t l = 0; l < 3; ++l) {
+      EXPECT_EQ(s.keys(b, l) - base, (b * 3 + l) * 4 * 5);
+      EXPECT_EQ(s.values(b, l) - s.values(0, 0), (b * 3 + l) * 4 * 5);
+    }
+  }
+}
+
+TEST(KvBlockStorageTest, CopyBlockCopiesKeysAndValuesOfEveryLayerOnly) {
+  const KvBlockLayout layout{4, 3, 5};
+  auto storage = KvBlockStorage::Create(layout, 4);
+  ASSERT_TRUE(storage.ok());
+  KvBlockStorage& s = **storage;
+  const int64_t per_layer = 4 * 5;
+  for (BlockId b = 0; b < 4; ++b) {
+    for (int64_t l = 0; l < 3; ++l) {
+      for (int64_t i = 0; i < per_layer; ++i) {
+        s.keys(b, l)[i] = static_cast<float>(b * 1000 + l * 100 + i);
+        s.values(b, l)[i] = -static_cast<float>(b * 1000 + l * 100 + i);
+      }
+    }
+  }
+  s.CopyBlock(1, 2);
+  for (int64_t l = 0; l < 3; ++l) {
+    for (int64_t i = 0; i < per_layer; ++i) {
+      EXPECT_EQ(s.keys(2, l)[i], 1000 + l * 100 + i);
+      EXPECT_EQ(s.values(2, l)[i], -(1000 + l * 100 + i));
+      EXPECT_EQ(s.keys(3, l)[i], 3000 + l * 100 + i);  // neighbours untouched
+      EXPECT_EQ(s.keys(1, l)[i], 1000 + l * 100 + i);
+    }
+  }
+}
+
+TEST(KvBlockStorageTest, CreateRejectsEmptyAndImpossibleSizes) {
+  auto empty = KvBlockStorage::Create(KvBlockLayout{4, 3, 5}, 0);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().code(), StatusCode::kInvalidArgument);
+  // 2^40 blocks of 2^20 floats: no machine has that; the message gives the size.
+  auto huge = KvBlockStorage::Create(KvBlockLayout{16, 1 << 10, 64}, int64_t{1} << 40);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.status().message().find("GiB"), std::string::npos) << huge.status().message();
+}
+
+TEST(PagedKvCacheTest, RowsAtFollowsTheBlockTableAcrossBoundaries) {
+  auto m = Make(Options(4, 8));
+  Step(*m, 0, Range(0, 3));  // takes block 0 so that seq 1 does not start at block 0
+  Step(*m, 1, Range(50, 10));
+  auto storage = KvBlockStorage::Create(m->options().layout, m->num_blocks());
+  ASSERT_TRUE(storage.ok());
+  PagedKvCache cache(*m, **storage);
+  EXPECT_EQ(cache.kv_dim(), 4);
+  EXPECT_EQ(cache.num_layers(), 2);
+  const std::vector<BlockId>& table = m->block_table(1);
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    for (int64_t pos = 0; pos < 10; ++pos) {
+      const KvCache::Rows rows = cache.RowsAt(1, layer, pos);
+      const BlockId block = table[pos / 4];
+      EXPECT_EQ(rows.k, (*storage)->keys(block, layer) + (pos % 4) * 4);
+      EXPECT_EQ(rows.v, (*storage)->values(block, layer) + (pos % 4) * 4);
+      EXPECT_EQ(rows.count, 4 - pos % 4);
+      EXPECT_EQ(rows.stride, 4);
+      rows.k[0] = static_cast<float>(pos + 100 * layer);
+    }
+  }
+  // Reading whole runs gives back every position in order.
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    for (int64_t pos = 0; pos < 10;) {
+      const KvCache::Rows rows = cache.RowsAt(1, layer, pos);
+      for (int64_t i = 0; i < rows.count && pos < 10; ++i, ++pos) {
+        EXPECT_EQ(rows.k[i * rows.stride], static_cast<float>(pos + 100 * layer));
+      }
+    }
+  }
+  EXPECT_DEATH(cache.RowsAt(1, 0, 10), "");
+}
+
+}  // namespace
+}  // namespace kvl

@@ -1,0 +1,57 @@
+// Helpers shared by the KV manager tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "kvl/kv_manager.h"
+
+namespace kvl::testing_kv {
+
+inline KvManagerOptions Options(int32_t block_tokens, int64_t num_blocks, bool prefix_cache = true) {
+  KvManagerOptions options;
+  options.layout = KvBlockLayout{block_tokens, /*num_layers=*/2, /*kv_dim=*/4};
+  options.budget_bytes = num_blocks * options.layout.block_bytes();
+  options.model_identity = 0x1234;
+  options.enable_prefix_cache = prefix_cache;
+  options.max_seqs = 16;
+  return options;
+}
+
+inline std::unique_ptr<KvManager> Make(const KvManagerOptions& options) {
+  auto manager = KvManager::Create(options);
+  EXPECT_TRUE(manager.ok()) << manager.status().ToString();
+  return std::move(manager).value();
+}
+
+// n consecutive token ids starting at `first`.
+inline std::vector<int32_t> Range(int32_t first, int32_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+inline std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+inline KvPlan PlanOne(const KvManager& m, SeqId seq, const std::vector<int32_t>& tokens) {
+  const KvSeqStep step{seq, tokens};
+  return m.Plan(std::span(&step, 1));
+}
+
+// Plans and commits one step for one sequence; the plan must fit.
+inline KvPlan Step(KvManager& m, SeqId seq, const std::vector<int32_t>& tokens) {
+  KvPlan plan = PlanOne(m, seq, tokens);
+  EXPECT_TRUE(plan.fits);
+  if (plan.fits) m.Commit(plan);
+  const Status status = m.CheckInvariants();
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return plan;
+}
+
+}  // namespace kvl::testing_kv
