@@ -18,8 +18,8 @@ StatusOr<std::unique_ptr<KvBlockStorage>> KvBlockStorage::Create(const KvBlockLa
   }
   const double bytes = static_cast<double>(num_blocks) * static_cast<double>(layout.block_bytes());
   if (num_blocks > INT64_MAX / layout.block_bytes()) {
-    return ResourceExhaustedError(fmt::format("{} KV blocks of {} bytes overflow 64 bits",
-                                              num_blocks, layout.block_bytes()));
+    return ResourceExhaustedError(fmt::format("{} KV blocks of {} bytes ({:.0f} GiB) overflow 64 bits",
+                                              num_blocks, layout.block_bytes(), bytes / (1ull << 30)));
   }
   try {
     return std::unique_ptr<KvBlockStorage>(new KvBlockStorage(layout, num_blocks));

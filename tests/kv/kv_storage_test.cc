@@ -63,6 +63,11 @@ TEST(KvBlockStorageTest, CreateRejectsEmptyAndImpossibleSizes) {
   ASSERT_FALSE(huge.ok());
   EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(huge.status().message().find("GiB"), std::string::npos) << huge.status().message();
+  // 4 PiB fits in 64 bits but not in any address space: std::bad_alloc becomes a Status.
+  auto too_big = KvBlockStorage::Create(KvBlockLayout{16, 64, 1024}, int64_t{1} << 30);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("GiB"), std::string::npos);
 }
 
 TEST(PagedKvCacheTest, RowsAtFollowsTheBlockTableAcrossBoundaries) {
