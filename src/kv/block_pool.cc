@@ -73,19 +73,23 @@ Status BlockPool::CheckFreeList() const {
     if (seen[b]) return InternalError(fmt::format("block {} is twice in the free list", b));
     seen[b] = 1;
     if (prev_[b] != prev) {
-      return InternalError(fmt::format("block {}: prev link {} but reached from {}", b, prev_[b], prev));
+      return InternalError(
+          fmt::format("block {}: prev link {} but reached from {}", b, prev_[b], prev));
     }
     if (refcount_[b] != 0) {
-      return InternalError(fmt::format("block {} is free and in use (refcount {})", b, refcount_[b]));
+      return InternalError(
+          fmt::format("block {} is free and in use (refcount {})", b, refcount_[b]));
     }
     if (++count > n) return InternalError("free list is longer than the pool");
   }
-  if (tail_ != prev) return InternalError(fmt::format("free list tail {} but ends at {}", tail_, prev));
+  if (tail_ != prev)
+    return InternalError(fmt::format("free list tail {} but ends at {}", tail_, prev));
   if (count != num_free_) {
     return InternalError(fmt::format("free list has {} blocks, counter says {}", count, num_free_));
   }
   for (BlockId b = 0; b < n; ++b) {
-    if (refcount_[b] < 0) return InternalError(fmt::format("block {} refcount {}", b, refcount_[b]));
+    if (refcount_[b] < 0)
+      return InternalError(fmt::format("block {} refcount {}", b, refcount_[b]));
     if (refcount_[b] == 0 && !seen[b]) {
       return InternalError(fmt::format("block {} has refcount 0 but is not in the free list", b));
     }

@@ -18,8 +18,9 @@ StatusOr<std::unique_ptr<KvBlockStorage>> KvBlockStorage::Create(const KvBlockLa
   }
   const double bytes = static_cast<double>(num_blocks) * static_cast<double>(layout.block_bytes());
   if (num_blocks > INT64_MAX / layout.block_bytes()) {
-    return ResourceExhaustedError(fmt::format("{} KV blocks of {} bytes ({:.0f} GiB) overflow 64 bits",
-                                              num_blocks, layout.block_bytes(), bytes / (1ull << 30)));
+    return ResourceExhaustedError(
+        fmt::format("{} KV blocks of {} bytes ({:.0f} GiB) overflow 64 bits", num_blocks,
+                    layout.block_bytes(), bytes / (1ull << 30)));
   }
   try {
     return std::unique_ptr<KvBlockStorage>(new KvBlockStorage(layout, num_blocks));
@@ -58,7 +59,8 @@ PagedKvCache::PagedKvCache(const KvManager& manager, KvBlockStorage& storage)
     : manager_(manager), storage_(storage) {
   const KvBlockLayout& a = manager.options().layout;
   const KvBlockLayout& b = storage.layout();
-  KVL_CHECK(a.block_tokens == b.block_tokens && a.num_layers == b.num_layers && a.kv_dim == b.kv_dim);
+  KVL_CHECK(a.block_tokens == b.block_tokens && a.num_layers == b.num_layers &&
+            a.kv_dim == b.kv_dim);
   KVL_CHECK(storage.num_blocks() >= manager.num_blocks());
 }
 
@@ -74,8 +76,8 @@ KvCache::Rows PagedKvCache::RowsAt(int32_t seq, int64_t layer, int64_t pos) {
   const BlockId block = table[static_cast<size_t>(pos / layout.block_tokens)];
   const int64_t offset = pos % layout.block_tokens;
   return Rows{storage_.keys(block, layer) + offset * layout.kv_dim,
-              storage_.values(block, layer) + offset * layout.kv_dim,
-              layout.block_tokens - offset, layout.kv_dim};
+              storage_.values(block, layer) + offset * layout.kv_dim, layout.block_tokens - offset,
+              layout.kv_dim};
 }
 
 }  // namespace kvl

@@ -159,9 +159,9 @@ void KvManager::State::RegisterFullBlock(const SeqState& seq, size_t k) {
 StatusOr<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options) {
   const KvBlockLayout& layout = options.layout;
   if (layout.block_tokens <= 0 || layout.num_layers <= 0 || layout.kv_dim <= 0) {
-    return InvalidArgumentError(fmt::format(
-        "KV block layout must be positive: block_tokens {}, num_layers {}, kv_dim {}",
-        layout.block_tokens, layout.num_layers, layout.kv_dim));
+    return InvalidArgumentError(
+        fmt::format("KV block layout must be positive: block_tokens {}, num_layers {}, kv_dim {}",
+                    layout.block_tokens, layout.num_layers, layout.kv_dim));
   }
   if (options.max_seqs <= 0) {
     return InvalidArgumentError(fmt::format("max_seqs must be positive, got {}", options.max_seqs));
@@ -175,7 +175,8 @@ StatusOr<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& o
         options.budget_bytes, block_bytes, layout.block_tokens, layout.num_layers, layout.kv_dim));
   }
   if (num_blocks > INT32_MAX - 1) {
-    return InvalidArgumentError(fmt::format("{} KV blocks is more than block ids can name", num_blocks));
+    return InvalidArgumentError(
+        fmt::format("{} KV blocks is more than block ids can name", num_blocks));
   }
   std::unique_ptr<KvManager> manager(new KvManager());
   manager->s_ = std::make_unique<State>(options, static_cast<int32_t>(num_blocks));
@@ -228,8 +229,8 @@ KvPlan KvManager::Plan(std::span<const KvSeqStep> steps) const {
       }
       sp.num_cached_tokens = static_cast<int64_t>(sp.reused.size()) * s.block_tokens;
       sp.first_new_pos = sp.num_cached_tokens;
-      sp.blocks_needed =
-          BlocksFor(static_cast<int64_t>(step.tokens.size())) - static_cast<int64_t>(sp.reused.size());
+      sp.blocks_needed = BlocksFor(static_cast<int64_t>(step.tokens.size())) -
+                         static_cast<int64_t>(sp.reused.size());
       continue;
     }
     const int64_t n = static_cast<int64_t>(seq.tokens.size());
@@ -258,7 +259,8 @@ KvPlan KvManager::Plan(std::span<const KvSeqStep> steps) const {
   // Pass 2: the fresh blocks, in the order Commit's allocation would take them.
   BlockId cursor = s.pool.free_front();
   auto next_fresh = [&]() {
-    while (cursor != kNoBlock && s.block_plan_mark[cursor] == epoch) cursor = s.pool.next_free(cursor);
+    while (cursor != kNoBlock && s.block_plan_mark[cursor] == epoch)
+      cursor = s.pool.next_free(cursor);
     KVL_CHECK(cursor != kNoBlock);
     const BlockId block = cursor;
     cursor = s.pool.next_free(cursor);
@@ -326,8 +328,7 @@ void KvManager::Commit(const KvPlan& plan) {
     }
     KVL_CHECK(static_cast<int64_t>(seq.table.size()) ==
               BlocksFor(static_cast<int64_t>(seq.tokens.size())));
-    const size_t first_unfilled =
-        std::max(old_tokens / s.block_tokens, sp.reused.size());
+    const size_t first_unfilled = std::max(old_tokens / s.block_tokens, sp.reused.size());
     const size_t full_blocks = seq.tokens.size() / s.block_tokens;
     for (size_t k = first_unfilled; k < full_blocks; ++k) s.RegisterFullBlock(seq, k);
   }

@@ -52,22 +52,25 @@ Status KvManager::CheckInvariants() const {
       const std::span<const int32_t> tokens = std::span(seq.tokens).subspan(k * bt, bt);
       const uint64_t hash = s.Hash(chain_hash, tokens);
       if (!m.full || m.hash != hash || m.parent_hash != chain_hash) {
-        return InternalError(fmt::format("seq {}: full block {} (#{}) has a wrong hash", id, block, k));
+        return InternalError(
+            fmt::format("seq {}: full block {} (#{}) has a wrong hash", id, block, k));
       }
       const auto held = s.BlockTokens(block);
       if (!std::equal(tokens.begin(), tokens.end(), held.begin())) {
-        return InternalError(
-            fmt::format("seq {}: block {} (#{}) holds other tokens than the sequence", id, block, k));
+        return InternalError(fmt::format(
+            "seq {}: block {} (#{}) holds other tokens than the sequence", id, block, k));
       }
       // A live parent instance must hold the sequence's previous block.
       const kv_internal::BlockRef& parent = m.parent;
       if (k == 0 ? parent != kv_internal::BlockRef{} : parent.block == kNoBlock) {
-        return InternalError(fmt::format("seq {}: block {} (#{}) has a wrong parent", id, block, k));
+        return InternalError(
+            fmt::format("seq {}: block {} (#{}) has a wrong parent", id, block, k));
       }
       if (k > 0 && s.meta[parent.block].generation == parent.generation) {
         const auto parent_tokens = s.BlockTokens(parent.block);
         if (!s.meta[parent.block].full || s.meta[parent.block].hash != chain_hash ||
-            !std::equal(parent_tokens.begin(), parent_tokens.end(), seq.tokens.begin() + (k - 1) * bt)) {
+            !std::equal(parent_tokens.begin(), parent_tokens.end(),
+                        seq.tokens.begin() + (k - 1) * bt)) {
           return InternalError(
               fmt::format("seq {}: block {} (#{}) chains to a different prefix", id, block, k));
         }
@@ -76,7 +79,8 @@ Status KvManager::CheckInvariants() const {
     }
   }
   if (num_present != s.num_seqs) {
-    return InternalError(fmt::format("{} sequences present, counter says {}", num_present, s.num_seqs));
+    return InternalError(
+        fmt::format("{} sequences present, counter says {}", num_present, s.num_seqs));
   }
   for (BlockId b = 0; b < num_blocks; ++b) {
     if (s.pool.refcount(b) != expected_refs[b]) {
@@ -93,8 +97,10 @@ Status KvManager::CheckInvariants() const {
       return InternalError(fmt::format("index maps {:#x} to bad block {}", hash, block));
     }
     const kv_internal::BlockMeta& m = s.meta[block];
-    if (!m.indexed || !m.full || m.hash != hash || s.Hash(m.parent_hash, s.BlockTokens(block)) != hash) {
-      return InternalError(fmt::format("index maps {:#x} to block {} holding something else", hash, block));
+    if (!m.indexed || !m.full || m.hash != hash ||
+        s.Hash(m.parent_hash, s.BlockTokens(block)) != hash) {
+      return InternalError(
+          fmt::format("index maps {:#x} to block {} holding something else", hash, block));
     }
   }
   for (BlockId b = 0; b < num_blocks; ++b) {
@@ -103,10 +109,12 @@ Status KvManager::CheckInvariants() const {
     if (s.pool.refcount(b) == 0) ++num_cached;
   }
   if (num_indexed != static_cast<int64_t>(s.index.size())) {
-    return InternalError(fmt::format("{} blocks flagged indexed, index has {}", num_indexed, s.index.size()));
+    return InternalError(
+        fmt::format("{} blocks flagged indexed, index has {}", num_indexed, s.index.size()));
   }
   if (num_cached != s.num_cached) {
-    return InternalError(fmt::format("{} cached free blocks, counter says {}", num_cached, s.num_cached));
+    return InternalError(
+        fmt::format("{} cached free blocks, counter says {}", num_cached, s.num_cached));
   }
   if (!s.options.enable_prefix_cache && num_indexed != 0) {
     return InternalError("prefix cache disabled but the index is not empty");
@@ -127,7 +135,8 @@ Status KvManager::CheckInvariants() const {
     return InternalError("used + free != total blocks");
   }
   if (st.kv_bytes_used > s.options.budget_bytes) {
-    return InternalError(fmt::format("{} KV bytes used, budget {}", st.kv_bytes_used, s.options.budget_bytes));
+    return InternalError(
+        fmt::format("{} KV bytes used, budget {}", st.kv_bytes_used, s.options.budget_bytes));
   }
   return Status::Ok();
 }

@@ -74,7 +74,7 @@ struct KvManager::State {
   std::vector<kv_internal::BlockMeta> meta;  // [block]
   std::vector<int32_t> block_token_ids;      // [block][block_tokens], valid when meta.full
   std::unordered_map<uint64_t, BlockId> index;
-  int64_t num_cached = 0;  // free blocks that are indexed
+  int64_t num_cached = 0;                   // free blocks that are indexed
   std::vector<kv_internal::SeqState> seqs;  // [max_seqs]
   int64_t num_seqs = 0;
   uint64_t version = 1;  // a default KvPlan (version 0) never matches

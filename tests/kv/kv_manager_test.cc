@@ -172,7 +172,7 @@ TEST(KvManagerTest, PrefixHitReusesBlocksAndCountsTokens) {
 
 TEST(KvManagerTest, LastTokenIsNeverMatched) {
   auto m = Make(Options(4, 16));
-  Step(*m, 0, Range(0, 9));  // blocks [0..3] and [4..7] are full
+  Step(*m, 0, Range(0, 9));                   // blocks [0..3] and [4..7] are full
   EXPECT_EQ(m->MatchPrefix(Range(0, 8)), 4);  // at most 7 tokens, rounded down to one block
   EXPECT_EQ(m->MatchPrefix(Range(0, 9)), 8);
   EXPECT_EQ(m->MatchPrefix(Range(0, 1)), 0);

@@ -11,7 +11,8 @@
 
 namespace kvl::testing_kv {
 
-inline KvManagerOptions Options(int32_t block_tokens, int64_t num_blocks, bool prefix_cache = true) {
+inline KvManagerOptions Options(int32_t block_tokens, int64_t num_blocks,
+                                bool prefix_cache = true) {
   KvManagerOptions options;
   options.layout = KvBlockLayout{block_tokens, /*num_layers=*/2, /*kv_dim=*/4};
   options.budget_bytes = num_blocks * options.layout.block_bytes();
