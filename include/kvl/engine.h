@@ -1,59 +1,116 @@
-// The engine: a model, its tokenizer, the kernels' context, a KV cache and the forward pass, put
-// together to turn a prompt into generated text. This is the public API the CLI (and later the
-// server) builds on.
+// The engine: serves many requests at once over one model. Requests are submitted from any thread;
+// a step loop (the caller's thread in RunUntilIdle, or a background thread after Start) owns the
+// model, the paged KV manager and the forward pass, and each step runs one batched forward over
+// the decodes of every running sequence plus chunks of prompts (continuous batching with chunked
+// prefill). When the KV budget runs out the scheduler preempts the most recently admitted
+// sequence (its blocks are freed, it is requeued and recomputed later; its full blocks usually
+// come back from the prefix cache).
 //
-// Thread-safety: one Generate at a time per Engine (the continuous-batching scheduler that serves
-// many requests at once is the next step).
+// Thread-safety: Submit, Cancel and Metrics may be called from any thread. Step/RunUntilIdle must
+// not run concurrently with each other or with a background loop. Event callbacks run on the step
+// loop's thread and must not call back into Step.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "kvl/forward.h"
-#include "kvl/kv_cache.h"
+#include "kvl/kv_manager.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/sampling.h"
 #include "kvl/status.h"
-#include "kvl/thread_pool.h"
 #include "kvl/tokenizer.h"
 
 namespace kvl {
 
 struct EngineOptions {
   std::string model_path;
-  int num_threads = 0;          // 0: every core
-  int64_t context_length = 0;   // 0: the model's, capped at 4096
-  int64_t batch_size = 512;     // prompt tokens per forward step (-b)
-  std::string isa = "auto";     // auto | avx512 | avx2 | scalar
+  int num_threads = 0;              // 0: every core
+  int64_t context_length = 0;       // per sequence; 0: the model's, capped at 4096
+  int64_t batch_size = 512;         // tokens per forward step (-b)
+  std::string isa = "auto";         // auto | avx512 | avx2 | scalar
+  int64_t kv_budget_bytes = 0;      // 0: room for max_seqs full contexts, capped at 1 GiB
+  int32_t block_tokens = 16;
+  int32_t max_seqs = 16;            // sequences running at once
+  bool prefix_cache = true;
 };
 
+using RequestId = int64_t;
+
+struct Request {
+  std::string prompt;               // used when prompt_ids is empty
+  std::vector<int32_t> prompt_ids;  // taken as they are (no BOS added)
+  bool add_bos = true;              // for a text prompt
+  int32_t max_new_tokens = 128;     // < 0: until a stop or the context is full
+  SamplingParams sampling;
+  std::vector<std::string> stop_strings;  // generation ends before any of these texts
+  std::vector<int32_t> stop_ids;          // ... or at any of these tokens (not emitted)
+  bool ignore_eos = false;
+};
+
+// One event per generated token; the last event of a request has finished = true (and may carry
+// no token, e.g. at EOS or on an error).
+struct TokenEvent {
+  RequestId request = 0;
+  int32_t token = -1;
+  std::string text;              // printable text released by this token (held back near stops)
+  bool finished = false;
+  std::string finish_reason;     // "eos" | "length" | "stop" | "context" | "cancelled" | "error"
+  Status error;                  // set when finish_reason == "error"
+  double time_to_first_token_ms = 0;  // on the finished event
+  int64_t prompt_tokens = 0;          // on the finished event
+  int64_t cached_prompt_tokens = 0;   // prompt tokens found in the prefix cache (first admission)
+  int64_t generated_tokens = 0;       // on the finished event
+};
+using EventCallback = std::function<void(const TokenEvent&)>;
+
+struct EngineMetrics {
+  KvStats kv;
+  int64_t requests_submitted = 0;
+  int64_t requests_finished = 0;
+  int64_t requests_running = 0;
+  int64_t requests_waiting = 0;
+  int64_t preemptions = 0;
+  int64_t steps = 0;
+  int64_t tokens_prefilled = 0;     // prompt tokens computed (hits excluded, recompute included)
+  int64_t tokens_generated = 0;
+  double mean_batch_tokens = 0;     // tokens per forward step
+  double mean_batch_seqs = 0;       // sequences per forward step
+  int64_t last_batch_tokens = 0;
+  int64_t last_batch_seqs = 0;
+  // Over the last (up to 4096) finished requests / generated tokens, in milliseconds.
+  double ttft_mean_ms = 0, ttft_p50_ms = 0, ttft_p99_ms = 0;
+  double itl_mean_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
+};
+
+// The single-request convenience API (kvl run, tests).
 struct GenerateRequest {
-  std::string prompt;                 // used when prompt_ids is empty
-  std::vector<int32_t> prompt_ids;    // token ids, taken as they are (no BOS added)
-  bool add_bos = true;                // for a text prompt
-  int32_t max_new_tokens = 128;       // < 0: until EOS or the context is full
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;
+  bool add_bos = true;
+  int32_t max_new_tokens = 128;
   SamplingParams sampling;
   bool stop_at_eos = true;
+  std::vector<std::string> stop_strings;
 };
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;
-  double prompt_ms = 0;
+  int64_t cached_prompt_tokens = 0;
+  double prompt_ms = 0;     // submit to first token
   int64_t generated_tokens = 0;
-  double generate_ms = 0;  // from the first generated token to the last
+  double generate_ms = 0;   // first token to last
 };
 
 struct GenerateResult {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> output_ids;
-  std::string text;           // the generated text only
-  std::string stop_reason;    // "eos" | "length" | "context" | "callback"
+  std::string text;
+  std::string stop_reason;
   GenerateStats stats;
 };
 
@@ -65,33 +122,41 @@ class Engine {
   static StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
   ~Engine();
 
+  // Validates and queues a request; errors (bad ids, empty prompt, prompt longer than the
+  // context, bad sampling params) come back here, not as events.
+  StatusOr<RequestId> Submit(Request request, EventCallback on_event);
+  // The request finishes with "cancelled" at the next step (no-op if it already finished).
+  void Cancel(RequestId id);
+
+  // Runs one scheduling step; false when there was nothing to do.
+  bool Step();
+  // Steps until every submitted request has finished.
+  void RunUntilIdle();
+  // A background step loop, for servers. Stop waits for it to exit (pending requests stay queued).
+  void Start();
+  void Stop();
+
+  EngineMetrics Metrics() const;
+
+  // Submits one request and runs the loop until it finishes (no background loop may be running).
   StatusOr<GenerateResult> Generate(const GenerateRequest& request,
                                     const TokenCallback& on_token = {});
 
-  // Runs `ids` through the model as sequence 0 starting at `start_pos`, in chunks of the batch
-  // size, and returns the logits of the last token (valid until the next call). For benchmarks and
-  // tests of the forward pass.
-  StatusOr<const float*> Evaluate(std::span<const int32_t> ids, int64_t start_pos);
-
-  const Model& model() const { return *model_; }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
-  const EngineOptions& options() const { return options_; }
-  int64_t context_length() const { return context_length_; }
-  ops::Isa isa() const { return ops_->isa(); }
-  int num_threads() const { return pool_->num_threads(); }
+  const Model& model() const;
+  const Tokenizer& tokenizer() const;
+  const EngineOptions& options() const;
+  int64_t context_length() const;
+  ops::Isa isa() const;
+  int num_threads() const;
+  const KvManager& kv_manager() const;
 
  private:
-  Engine() = default;
-
-  EngineOptions options_;
-  int64_t context_length_ = 0;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<ops::OpsContext> ops_;
-  std::unique_ptr<Model> model_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<ContiguousKvCache> kv_;
-  std::unique_ptr<Forward> forward_;
-  TokenBatch batch_;
+  Engine();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
+
+// Parses "512MiB", "1GiB", "300M", "4096" (bytes) into bytes.
+StatusOr<int64_t> ParseByteSize(std::string_view text);
 
 }  // namespace kvl

@@ -36,6 +36,18 @@ void AddSamplingFlags(CLI::App* cmd, SamplingParams* s) {
 
 }  // namespace
 
+// llama.cpp's multi-letter single-dash flags, which CLI11 cannot declare, mapped to long names.
+std::vector<std::string> NormalizeArgs(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {  // CLI11 wants them reversed
+    std::string a = argv[i];
+    if (a == "-np") a = "--parallel";
+    else if (a.rfind("-np=", 0) == 0) a = "--parallel=" + a.substr(4);
+    args.push_back(a);
+  }
+  return args;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"kvlattice: LLM inference with a managed KV memory hierarchy", "kvl"};
   app.require_subcommand(1);
@@ -44,8 +56,14 @@ int Main(int argc, char** argv) {
   RunArgs run;
   CLI::App* run_cmd = app.add_subcommand("run", "generate text from a prompt");
   run_cmd->add_option("-m,--model", run.engine.model_path, "GGUF model file")->required();
-  run_cmd->add_option("-p,--prompt", run.prompt, "prompt text")->capture_default_str();
-  run_cmd->add_option("-f,--file", run.prompt_file, "read the prompt from a file");
+  run_cmd->add_option("-p,--prompt", run.prompts, "prompt text (repeat for several prompts)");
+  run_cmd->add_option("-f,--file", run.prompt_file,
+                      "read the prompt from a file (with -np > 1: one prompt per line)");
+  run_cmd->add_option("--parallel", run.parallel, "sequences generated at once")
+      ->capture_default_str();
+  run_cmd->add_option("--kv-budget", run.kv_budget, "KV cache memory, e.g. 512MiB (default: enough for -np full contexts, at most 1 GiB)");
+  run_cmd->add_option("--stop", run.stop, "stop generating before this text (repeatable)");
+  run_cmd->add_flag("!--no-prefix-cache", run.engine.prefix_cache, "do not reuse cached prompt prefixes");
   run_cmd->add_option("-n,--n-predict", run.num_predict, "tokens to generate; -1 = until EOS")
       ->capture_default_str();
   run_cmd->add_option("-t,--threads", run.engine.num_threads, "threads; 0 = every core");
@@ -88,9 +106,16 @@ int Main(int argc, char** argv) {
   bench_cmd->add_option("-o,--output", bench.output, "md | json")->capture_default_str();
   bench_cmd->add_option("--isa", bench.isa, "kernels: auto | avx512 | avx2 | scalar")
       ->capture_default_str();
+  bench_cmd->add_option("--parallel", bench.parallel, "sequences decoding together (tg tests)")
+      ->delimiter(',');
+  bench_cmd->add_option("--prefix", bench.prefix_tokens,
+                        "prefix-cache test: shared prompt tokens (0 = off)");
+  bench_cmd->add_option("--suffix", bench.suffix_tokens, "prefix-cache test: unique suffix tokens")
+      ->capture_default_str();
 
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args = NormalizeArgs(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -15,8 +15,11 @@ int Main(int argc, char** argv);
 
 struct RunArgs {
   EngineOptions engine;
-  std::string prompt = "Once upon a time";
-  std::string prompt_file;
+  std::vector<std::string> prompts = {"Once upon a time"};  // -p, repeatable
+  std::string prompt_file;          // -f: one prompt per line with -np > 1, else the whole file
+  int32_t parallel = 1;             // -np: sequences generated at once
+  std::string kv_budget;            // --kv-budget 512MiB
+  std::vector<std::string> stop;    // --stop
   int32_t num_predict = 128;  // -n
   SamplingParams sampling;
   bool no_bos = false;
@@ -48,6 +51,9 @@ struct BenchArgs {
   int64_t batch_size = 512;                     // -b
   std::string output = "md";                    // -o md|json
   std::string isa = "auto";
+  std::vector<int> parallel = {1};              // -np: sequences decoding together in tg tests
+  int64_t prefix_tokens = 0;                    // --prefix P: shared prompt for the TTFT test
+  int64_t suffix_tokens = 32;                   // --suffix S: unique part after it
 };
 int BenchCommand(const BenchArgs& args);
 

@@ -22,10 +22,12 @@ struct TestResult {
   int threads = 0;
   int64_t n_prompt = 0;
   int64_t n_gen = 0;
+  int parallel = 1;
   std::vector<double> samples_ts;  // tokens per second, one per repetition
 
   std::string test_name() const {
-    return n_prompt > 0 ? fmt::format("pp{}", n_prompt) : fmt::format("tg{}", n_gen);
+    if (n_prompt > 0) return fmt::format("pp{}", n_prompt);
+    return parallel > 1 ? fmt::format("tg{} np{}", n_gen, parallel) : fmt::format("tg{}", n_gen);
   }
   double mean() const {
     double s = 0;
@@ -61,24 +63,105 @@ std::vector<int32_t> RandomTokens(int64_t n, int64_t vocab, uint64_t seed) {
   return ids;
 }
 
-// One timed repetition: seconds for a pp test (one prompt evaluation) or a tg test (n_gen
-// single-token steps), each starting from an empty context.
-StatusOr<double> TimeOnce(Engine& engine, int64_t n_prompt, int64_t n_gen, uint64_t seed) {
-  const int64_t vocab = engine.model().config().vocab_size;
-  const auto start = std::chrono::steady_clock::now();
-  if (n_prompt > 0) {
-    const std::vector<int32_t> ids = RandomTokens(n_prompt, vocab, seed);
-    StatusOr<const float*> logits = engine.Evaluate(ids, 0);
-    if (!logits.ok()) return logits.status();
-  } else {
-    const std::vector<int32_t> ids = RandomTokens(n_gen, vocab, seed);
-    for (int64_t i = 0; i < n_gen; ++i) {
-      StatusOr<const float*> logits =
-          engine.Evaluate(std::span<const int32_t>(&ids[static_cast<size_t>(i)], 1), i);
-      if (!logits.ok()) return logits.status();
+// Runs one batch of requests to completion and returns what the bench needs from it.
+struct RunTimes {
+  double ttft_ms = 0;        // submit to first token, of the slowest request
+  double decode_s = 0;       // from the last first token to the last token
+  int64_t decode_tokens = 0; // tokens generated after each request's first
+  int64_t cached_tokens = 0;
+  Status error;
+};
+
+RunTimes RunRequests(Engine& engine, std::vector<std::vector<int32_t>> prompts, int32_t max_new) {
+  using Clock = std::chrono::steady_clock;
+  RunTimes out;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last_first = start, last_token = start;
+  for (std::vector<int32_t>& ids : prompts) {
+    Request r;
+    r.prompt_ids = std::move(ids);
+    r.max_new_tokens = max_new;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    bool first = true;
+    StatusOr<RequestId> id = engine.Submit(std::move(r), [&, first](const TokenEvent& ev) mutable {
+      const Clock::time_point now = Clock::now();
+      if (ev.token >= 0) {
+        if (first) {
+          last_first = std::max(last_first, now);
+          out.ttft_ms = std::max(out.ttft_ms, std::chrono::duration<double, std::milli>(now - start).count());
+          first = false;
+        } else {
+          ++out.decode_tokens;
+        }
+        last_token = std::max(last_token, now);
+      }
+      if (ev.finished) {
+        out.cached_tokens += ev.cached_prompt_tokens;
+        if (!ev.error.ok()) out.error = ev.error;
+      }
+    });
+    if (!id.ok()) {
+      out.error = id.status();
+      return out;
     }
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  engine.RunUntilIdle();
+  out.decode_s = std::chrono::duration<double>(last_token - last_first).count();
+  return out;
+}
+
+// One timed repetition, in tokens per second: a pp test is one prompt of n_prompt tokens timed to
+// its first token; a tg test is n_gen decode steps of `parallel` sequences (aggregate rate).
+StatusOr<double> TimeOnce(Engine& engine, int64_t n_prompt, int64_t n_gen, int parallel,
+                          uint64_t seed) {
+  const int64_t vocab = engine.model().config().vocab_size;
+  if (n_prompt > 0) {
+    RunTimes t = RunRequests(engine, {RandomTokens(n_prompt, vocab, seed)}, 1);
+    if (!t.error.ok()) return t.error;
+    return static_cast<double>(n_prompt) / (t.ttft_ms / 1000.0);
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < parallel; ++i) prompts.push_back(RandomTokens(1, vocab, seed * 1000 + static_cast<uint64_t>(i)));
+  RunTimes t = RunRequests(engine, std::move(prompts), static_cast<int32_t>(n_gen + 1));
+  if (!t.error.ok()) return t.error;
+  return static_cast<double>(t.decode_tokens) / t.decode_s;
+}
+
+// Time to first token for prefix + suffix prompts: a miss (cold cache), then a hit (another
+// request with the same prefix and a different suffix).
+struct PrefixResult {
+  std::vector<double> miss_ms, hit_ms;
+  int64_t hit_cached_tokens = 0;
+};
+
+StatusOr<PrefixResult> TimePrefix(Engine& engine, int64_t prefix, int64_t suffix, int reps) {
+  const int64_t vocab = engine.model().config().vocab_size;
+  PrefixResult r;
+  for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up
+    const std::vector<int32_t> shared = RandomTokens(prefix, vocab, 5000 + static_cast<uint64_t>(rep + 1));
+    double ttft[2];
+    for (int k = 0; k < 2; ++k) {
+      std::vector<int32_t> ids = shared;
+      const std::vector<int32_t> tail = RandomTokens(suffix, vocab, 9000 + static_cast<uint64_t>(4 * (rep + 1) + k));
+      ids.insert(ids.end(), tail.begin(), tail.end());
+      RunTimes t = RunRequests(engine, {std::move(ids)}, 1);
+      if (!t.error.ok()) return t.error;
+      ttft[k] = t.ttft_ms;
+      if (k == 1 && rep >= 0) r.hit_cached_tokens = t.cached_tokens;
+    }
+    if (rep >= 0) {
+      r.miss_ms.push_back(ttft[0]);
+      r.hit_ms.push_back(ttft[1]);
+    }
+  }
+  return r;
+}
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
 void PrintMarkdownHeader() {
@@ -100,6 +183,7 @@ nlohmann::json ToJson(const TestResult& r) {
           {"model_size", r.model_bytes},    {"model_n_params", r.params},
           {"backend", r.backend},           {"n_threads", r.threads},
           {"n_prompt", r.n_prompt},         {"n_gen", r.n_gen},
+          {"n_parallel", r.parallel},
           {"test", r.test_name()},          {"avg_ts", r.mean()},
           {"stddev_ts", r.stddev()},        {"samples_ts", r.samples_ts}};
 }
@@ -117,13 +201,23 @@ int BenchCommand(const BenchArgs& args) {
   }
   std::vector<int> thread_counts = args.threads;
   if (thread_counts.empty()) thread_counts.push_back(0);
-  int64_t longest = 1;
-  for (int64_t p : args.prompt_lengths) longest = std::max(longest, p);
-  for (int64_t n : args.gen_lengths) longest = std::max(longest, n);
+  int max_parallel = 1;
+  for (int np : args.parallel) {
+    if (np < 1) {
+      fmt::print(stderr, "kvl: -np values must be at least 1\n");
+      return 1;
+    }
+    max_parallel = std::max(max_parallel, np);
+  }
+  int64_t longest = 2;
+  for (int64_t p : args.prompt_lengths) longest = std::max(longest, p + 2);
+  for (int64_t n : args.gen_lengths) longest = std::max(longest, n + 3);
+  if (args.prefix_tokens > 0) longest = std::max(longest, args.prefix_tokens + args.suffix_tokens + 2);
 
   const bool markdown = args.output == "md";
   if (markdown) PrintMarkdownHeader();
   nlohmann::json all = nlohmann::json::array();
+  std::vector<std::string> prefix_lines;
   for (const std::string& path : args.model_paths) {
     for (int threads : thread_counts) {
       EngineOptions options;
@@ -132,20 +226,29 @@ int BenchCommand(const BenchArgs& args) {
       options.context_length = longest;
       options.batch_size = args.batch_size;
       options.isa = args.isa;
+      options.max_seqs = max_parallel;
+      // Random prompts never share prefixes, but the speed tests must not depend on that.
+      options.prefix_cache = false;
       StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(options);
       if (!engine.ok()) {
         fmt::print(stderr, "kvl: {}\n", engine.status().ToString());
         return 1;
       }
       Engine& e = **engine;
-      std::vector<std::pair<int64_t, int64_t>> tests;
+      struct Test {
+        int64_t n_prompt, n_gen;
+        int parallel;
+      };
+      std::vector<Test> tests;
       for (int64_t p : args.prompt_lengths) {
-        if (p > 0) tests.push_back({p, 0});
+        if (p > 0) tests.push_back({p, 0, 1});
       }
       for (int64_t n : args.gen_lengths) {
-        if (n > 0) tests.push_back({0, n});
+        for (int np : args.parallel) {
+          if (n > 0) tests.push_back({0, n, np});
+        }
       }
-      for (auto [n_prompt, n_gen] : tests) {
+      for (const Test& test : tests) {
         TestResult r;
         r.model_path = path;
         r.model_label = ModelLabel(e.model());
@@ -153,21 +256,61 @@ int BenchCommand(const BenchArgs& args) {
         r.params = e.model().num_parameters();
         r.backend = fmt::format("CPU ({})", ops::IsaName(e.isa()));
         r.threads = e.num_threads();
-        r.n_prompt = n_prompt;
-        r.n_gen = n_gen;
+        r.n_prompt = test.n_prompt;
+        r.n_gen = test.n_gen;
+        r.parallel = test.parallel;
         // One untimed warm-up run pages the weights in and settles the clocks.
         for (int rep = -1; rep < args.repetitions; ++rep) {
-          StatusOr<double> seconds = TimeOnce(e, n_prompt, n_gen, 42 + static_cast<uint64_t>(rep + 1));
-          if (!seconds.ok()) {
-            fmt::print(stderr, "kvl: {}\n", seconds.status().ToString());
+          StatusOr<double> ts = TimeOnce(e, test.n_prompt, test.n_gen, test.parallel,
+                                         42 + static_cast<uint64_t>(rep + 1));
+          if (!ts.ok()) {
+            fmt::print(stderr, "kvl: {}\n", ts.status().ToString());
             return 1;
           }
-          if (rep >= 0) r.samples_ts.push_back(static_cast<double>(n_prompt + n_gen) / *seconds);
+          if (rep >= 0) r.samples_ts.push_back(*ts);
         }
         if (markdown) PrintMarkdownRow(r);
         all.push_back(ToJson(r));
       }
+
+      if (args.prefix_tokens > 0) {
+        options.prefix_cache = true;
+        options.max_seqs = 1;
+        StatusOr<std::unique_ptr<Engine>> cached = Engine::Create(options);
+        if (!cached.ok()) {
+          fmt::print(stderr, "kvl: {}\n", cached.status().ToString());
+          return 1;
+        }
+        StatusOr<PrefixResult> pr =
+            TimePrefix(**cached, args.prefix_tokens, args.suffix_tokens, args.repetitions);
+        if (!pr.ok()) {
+          fmt::print(stderr, "kvl: {}\n", pr.status().ToString());
+          return 1;
+        }
+        const double miss = Mean(pr->miss_ms), hit = Mean(pr->hit_ms);
+        prefix_lines.push_back(fmt::format(
+            "| {:<22} | {:>7} | {:>6} | {:>6} | {:>13.2f} | {:>12.2f} | {:>13} | {:>8.1f}x |",
+            ModelLabel(e.model()), e.num_threads(), args.prefix_tokens, args.suffix_tokens, miss,
+            hit, pr->hit_cached_tokens, hit > 0 ? miss / hit : 0.0));
+        all.push_back({{"model_filename", path},
+                       {"test", "prefix_ttft"},
+                       {"n_threads", e.num_threads()},
+                       {"prefix_tokens", args.prefix_tokens},
+                       {"suffix_tokens", args.suffix_tokens},
+                       {"ttft_miss_ms", pr->miss_ms},
+                       {"ttft_hit_ms", pr->hit_ms},
+                       {"hit_cached_tokens", pr->hit_cached_tokens},
+                       {"speedup", hit > 0 ? miss / hit : 0.0}});
+      }
     }
+  }
+  if (markdown && !prefix_lines.empty()) {
+    fmt::print("\n| {:<22} | {:>7} | {:>6} | {:>6} | {:>13} | {:>12} | {:>13} | {:>9} |\n", "model",
+               "threads", "prefix", "suffix", "TTFT miss ms", "TTFT hit ms", "cached tokens",
+               "speedup");
+    fmt::print("| {:-<22} | {:->7} | {:->6} | {:->6} | {:->13} | {:->12} | {:->13} | {:->9} |\n", ":",
+               ":", ":", ":", ":", ":", ":", ":");
+    for (const std::string& line : prefix_lines) fmt::print("{}\n", line);
   }
   if (!markdown) fmt::print("{}\n", all.dump(2));
   return 0;

@@ -1,4 +1,5 @@
-// kvl run: stream generated text to stdout, timings to stderr (as llama.cpp does).
+// kvl run: stream generated text to stdout, timings to stderr (as llama.cpp does). With -np N,
+// N sequences are generated at once by the continuous-batching engine, each printed when done.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -8,41 +9,41 @@
 #include "cli/cli.h"
 
 namespace kvl::cli {
+namespace {
 
-int RunCommand(const RunArgs& args) {
-  GenerateRequest request;
-  request.prompt = args.prompt;
-  if (!args.prompt_file.empty()) {
-    std::ifstream in(args.prompt_file, std::ios::binary);
-    if (!in) {
-      fmt::print(stderr, "kvl: cannot read prompt file '{}'\n", args.prompt_file);
-      return 1;
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    request.prompt = text.str();
+void PrintTiming(const char* what, double ms, int64_t n) {
+  fmt::print(stderr,
+             "kvl: {:>16} = {:10.2f} ms / {:5} tokens ({:8.2f} ms per token, {:8.2f} tokens per "
+             "second)\n",
+             what, ms, n, n > 0 ? ms / n : 0.0, ms > 0 ? 1000.0 * n / ms : 0.0);
+}
+
+StatusOr<std::vector<std::string>> LoadPrompts(const RunArgs& args) {
+  if (args.prompt_file.empty()) return args.prompts;
+  std::ifstream in(args.prompt_file, std::ios::binary);
+  if (!in) return NotFoundError(fmt::format("cannot read prompt file '{}'", args.prompt_file));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (args.parallel <= 1) return std::vector<std::string>{text.str()};
+  std::vector<std::string> prompts;
+  std::string line;
+  while (std::getline(text, line)) {
+    if (!line.empty()) prompts.push_back(line);
   }
+  if (prompts.empty()) return InvalidArgumentError(fmt::format("'{}' holds no prompt", args.prompt_file));
+  return prompts;
+}
+
+// One prompt, streamed token by token.
+int RunOne(Engine& e, const RunArgs& args, const std::string& prompt) {
+  GenerateRequest request;
+  request.prompt = prompt;
   request.add_bos = !args.no_bos;
   request.max_new_tokens = args.num_predict;
   request.sampling = args.sampling;
-  if (Status s = request.sampling.Validate(); !s.ok()) {
-    fmt::print(stderr, "kvl: {}\n", s.message());
-    return 1;
-  }
-
-  StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(args.engine);
-  if (!engine.ok()) {
-    fmt::print(stderr, "kvl: {}\n", engine.status().ToString());
-    return 1;
-  }
-  Engine& e = **engine;
-  const ModelConfig& c = e.model().config();
-  fmt::print(stderr, "kvl: model {} ({}, {}, {} layers, dim {}), {} threads, {} kernels, ctx {}\n",
-             c.name, e.model().weight_type_name(), FormatParams(e.model().num_parameters()),
-             c.num_layers, c.dim, e.num_threads(), ops::IsaName(e.isa()), e.context_length());
-
+  request.stop_strings = args.stop;
   // The prompt is echoed (as llama.cpp does) so the output reads as one text.
-  std::fputs(request.prompt.c_str(), stdout);
+  std::fputs(prompt.c_str(), stdout);
   std::fflush(stdout);
   StatusOr<GenerateResult> result = e.Generate(request, [](int32_t, std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -55,14 +56,110 @@ int RunCommand(const RunArgs& args) {
     return 1;
   }
   const GenerateStats& st = result->stats;
-  auto line = [](const char* what, double ms, int64_t n) {
-    fmt::print(stderr, "kvl: {:>16} = {:10.2f} ms / {:5} tokens ({:8.2f} ms per token, {:8.2f} tokens per second)\n",
-               what, ms, n, n > 0 ? ms / n : 0.0, ms > 0 ? 1000.0 * n / ms : 0.0);
-  };
-  line("prompt eval time", st.prompt_ms, st.prompt_tokens);
-  line("eval time", st.generate_ms, st.generated_tokens);
+  PrintTiming("prompt eval time", st.prompt_ms, st.prompt_tokens - st.cached_prompt_tokens);
+  PrintTiming("eval time", st.generate_ms, st.generated_tokens > 0 ? st.generated_tokens - 1 : 0);
   fmt::print(stderr, "kvl: stop reason: {}\n", result->stop_reason);
   return 0;
+}
+
+// -np sequences at once; each printed whole when it finishes.
+int RunParallel(Engine& e, const RunArgs& args, const std::vector<std::string>& prompts) {
+  struct Output {
+    std::string prompt;
+    std::string text;
+    TokenEvent last;
+  };
+  const int n = args.parallel;
+  std::vector<Output> outputs(static_cast<size_t>(n));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) {
+    Output& out = outputs[static_cast<size_t>(i)];
+    out.prompt = prompts[static_cast<size_t>(i) % prompts.size()];
+    Request r;
+    r.prompt = out.prompt;
+    r.add_bos = !args.no_bos;
+    r.max_new_tokens = args.num_predict;
+    r.sampling = args.sampling;
+    r.sampling.seed = args.sampling.seed + static_cast<uint64_t>(i);  // distinct streams
+    r.stop_strings = args.stop;
+    StatusOr<RequestId> id = e.Submit(std::move(r), [&out, i](const TokenEvent& ev) {
+      out.text += ev.text;
+      if (!ev.finished) return;
+      out.last = ev;
+      fmt::print("--- sequence {} ({} prompt tokens, {} from cache, {} generated, {}) ---\n{}{}\n",
+                 i, ev.prompt_tokens, ev.cached_prompt_tokens, ev.generated_tokens,
+                 ev.finish_reason, out.prompt, out.text);
+      std::fflush(stdout);
+    });
+    if (!id.ok()) {
+      fmt::print(stderr, "kvl: sequence {}: {}\n", i, id.status().ToString());
+      return 1;
+    }
+  }
+  e.RunUntilIdle();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  int failures = 0;
+  for (const Output& out : outputs) {
+    if (out.last.finish_reason == "error") {
+      fmt::print(stderr, "kvl: {}\n", out.last.error.ToString());
+      ++failures;
+    }
+  }
+  const EngineMetrics m = e.Metrics();
+  fmt::print(stderr, "kvl: {} sequences, {} tokens generated in {:.2f} ms ({:.2f} tokens per second in all)\n",
+             n, m.tokens_generated, ms, ms > 0 ? 1000.0 * m.tokens_generated / ms : 0.0);
+  fmt::print(stderr,
+             "kvl: {} steps, {:.1f} tokens and {:.1f} sequences per step; TTFT mean {:.2f} ms, "
+             "inter-token mean {:.2f} ms (p99 {:.2f}); prefix hits {} of {} tokens; {} preemptions; "
+             "KV {} blocks of which {} cached\n",
+             m.steps, m.mean_batch_tokens, m.mean_batch_seqs, m.ttft_mean_ms, m.itl_mean_ms,
+             m.itl_p99_ms, m.kv.prefix_hit_tokens, m.kv.prefix_query_tokens, m.preemptions,
+             m.kv.blocks_total, m.kv.blocks_cached);
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int RunCommand(const RunArgs& args) {
+  if (Status s = args.sampling.Validate(); !s.ok()) {
+    fmt::print(stderr, "kvl: {}\n", s.message());
+    return 1;
+  }
+  if (args.parallel < 1) {
+    fmt::print(stderr, "kvl: -np must be at least 1\n");
+    return 1;
+  }
+  StatusOr<std::vector<std::string>> prompts = LoadPrompts(args);
+  if (!prompts.ok()) {
+    fmt::print(stderr, "kvl: {}\n", prompts.status().message());
+    return 1;
+  }
+  EngineOptions options = args.engine;
+  options.max_seqs = std::max(options.max_seqs, args.parallel);
+  if (!args.kv_budget.empty()) {
+    StatusOr<int64_t> bytes = ParseByteSize(args.kv_budget);
+    if (!bytes.ok()) {
+      fmt::print(stderr, "kvl: --kv-budget: {}\n", bytes.status().message());
+      return 1;
+    }
+    options.kv_budget_bytes = *bytes;
+  }
+  StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(options);
+  if (!engine.ok()) {
+    fmt::print(stderr, "kvl: {}\n", engine.status().ToString());
+    return 1;
+  }
+  Engine& e = **engine;
+  const ModelConfig& c = e.model().config();
+  const KvStats kv = e.kv_manager().stats();
+  fmt::print(stderr,
+             "kvl: model {} ({}, {}, {} layers, dim {}), {} threads, {} kernels, ctx {}, KV {} in "
+             "{} blocks of {} tokens\n",
+             c.name, e.model().weight_type_name(), FormatParams(e.model().num_parameters()),
+             c.num_layers, c.dim, e.num_threads(), ops::IsaName(e.isa()), e.context_length(),
+             FormatBytes(kv.kv_bytes_total), kv.blocks_total, options.block_tokens);
+  if (args.parallel == 1) return RunOne(e, args, prompts->front());
+  return RunParallel(e, args, *prompts);
 }
 
 }  // namespace kvl::cli

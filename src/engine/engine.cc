@@ -1,18 +1,16 @@
-#include "kvl/engine.h"
-
+// Engine lifecycle and public API: creation, request validation and submission, the loops that
+// drive Step, metrics and the one-request Generate convenience.
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
+#include <cctype>
+#include <cmath>
 #include <thread>
+
+#include "engine/engine_impl.h"
 
 namespace kvl {
 namespace {
-
-double MillisecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 StatusOr<ops::Isa> ChooseIsa(const std::string& name) {
   const ops::Isa best = ops::BestIsa();
@@ -24,121 +22,324 @@ StatusOr<ops::Isa> ChooseIsa(const std::string& name) {
       "ISA '{}' is not available on this CPU/build (best here: {})", name, ops::IsaName(best)));
 }
 
+// Seeds the prefix cache's hash chain so blocks never match across different models.
+uint64_t ModelIdentity(const Model& model) {
+  uint64_t h = 0xcbf29ce484222325ull ^ static_cast<uint64_t>(model.file().file_size());
+  auto mix = [&h](uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0x100000001b3ull;
+  };
+  for (const GgufTensorInfo& t : model.file().tensors()) {
+    for (char c : t.name) mix(static_cast<uint8_t>(c));
+    mix(static_cast<uint64_t>(t.type));
+    mix(t.offset);
+    // A few bytes of every tensor: two files of the same shape with different weights differ.
+    if (t.num_bytes >= 8) {
+      uint64_t v;
+      __builtin_memcpy(&v, t.data, 8);
+      mix(v);
+    }
+  }
+  return h;
+}
+
 }  // namespace
 
-Engine::~Engine() = default;
+std::string StopTextFilter::Push(std::string_view piece, bool* stopped) {
+  *stopped = false;
+  pending_.append(piece);
+  size_t hold = 0;
+  for (const std::string& stop : stops_) {
+    if (stop.empty()) continue;
+    const size_t at = pending_.find(stop);
+    if (at != std::string::npos) {
+      *stopped = true;
+      std::string out = pending_.substr(0, at);
+      pending_.clear();
+      return out;
+    }
+    // Hold back the longest tail of pending_ that is a prefix of this stop string.
+    for (size_t len = std::min(stop.size() - 1, pending_.size()); len > hold; --len) {
+      if (pending_.compare(pending_.size() - len, len, stop, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopTextFilter::Flush() {
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+void SampleWindow::Add(double v) {
+  if (values_.size() < kCapacity) {
+    values_.push_back(v);
+  } else {
+    values_[next_] = v;
+    next_ = (next_ + 1) % kCapacity;
+  }
+}
+
+double SampleWindow::Mean() const {
+  if (values_.empty()) return 0;
+  double sum = 0;
+  for (double v : values_) sum += v;
+  return sum / static_cast<double>(values_.size());
+}
+
+double SampleWindow::Percentile(double p) const {
+  if (values_.empty()) return 0;
+  std::vector<double> sorted = values_;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t index = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size()))) - 1;
+  return sorted[std::min(index, sorted.size() - 1)];
+}
+
+StatusOr<int64_t> ParseByteSize(std::string_view text) {
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) {
+    ++digits;
+  }
+  if (digits == 0) return InvalidArgumentError(fmt::format("'{}' is not a size like 512MiB", text));
+  double value = 0;
+  try {
+    value = std::stod(std::string(text.substr(0, digits)));
+  } catch (...) {
+    return InvalidArgumentError(fmt::format("'{}' is not a size like 512MiB", text));
+  }
+  std::string unit(text.substr(digits));
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double scale = 0;
+  if (unit.empty() || unit == "b") scale = 1;
+  else if (unit == "k" || unit == "kib" || unit == "kb") scale = 1024.0;
+  else if (unit == "m" || unit == "mib" || unit == "mb") scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib" || unit == "gb") scale = 1024.0 * 1024 * 1024;
+  if (scale == 0) {
+    return InvalidArgumentError(fmt::format("'{}': unknown size unit '{}' (use KiB, MiB, GiB)", text, unit));
+  }
+  return static_cast<int64_t>(value * scale);
+}
+
+Engine::Engine() : impl_(std::make_unique<Impl>()) {}
+
+Engine::~Engine() { Stop(); }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (options.batch_size < 1) return InvalidArgumentError("batch size (-b) must be at least 1");
   if (options.num_threads < 0) return InvalidArgumentError("threads (-t) must be positive");
   if (options.context_length < 0) return InvalidArgumentError("context (-c) must be positive");
-  std::unique_ptr<Engine> e(new Engine());
-  e->options_ = options;
+  if (options.max_seqs < 1) return InvalidArgumentError("parallel sequences (-np) must be >= 1");
+  if (options.block_tokens < 1) return InvalidArgumentError("block size must be >= 1 token");
+  if (options.kv_budget_bytes < 0) return InvalidArgumentError("--kv-budget must be positive");
+  std::unique_ptr<Engine> engine(new Engine());
+  Impl& e = *engine->impl_;
+  e.options = options;
   KVL_ASSIGN_OR_RETURN(ops::Isa isa, ChooseIsa(options.isa));
-  KVL_ASSIGN_OR_RETURN(e->model_, Model::Load(options.model_path));
-  KVL_ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromGguf(e->model_->file()));
-  const ModelConfig& c = e->model_->config();
-  if (e->tokenizer_->vocab_size() != c.vocab_size) {
+  KVL_ASSIGN_OR_RETURN(e.model, Model::Load(options.model_path));
+  KVL_ASSIGN_OR_RETURN(e.tokenizer, Tokenizer::FromGguf(e.model->file()));
+  const ModelConfig& c = e.model->config();
+  if (e.tokenizer->vocab_size() != c.vocab_size) {
     return DataLossError(fmt::format("{}: the tokenizer has {} tokens but token_embd.weight has {}",
-                                     options.model_path, e->tokenizer_->vocab_size(), c.vocab_size));
+                                     options.model_path, e.tokenizer->vocab_size(), c.vocab_size));
   }
-  e->context_length_ =
-      options.context_length > 0 ? options.context_length : std::min<int64_t>(c.context_length, 4096);
+  e.context_length = options.context_length > 0 ? options.context_length
+                                                : std::min<int64_t>(c.context_length, 4096);
 
   int threads = options.num_threads;
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  e->pool_ = std::make_unique<ThreadPool>(threads);
-  e->ops_ = std::make_unique<ops::OpsContext>(isa, e->pool_.get());
-  KVL_ASSIGN_OR_RETURN(e->kv_, ContiguousKvCache::Create(c.num_layers, c.kv_dim(), 1,
-                                                         e->context_length_));
+  e.pool = std::make_unique<ThreadPool>(threads);
+  e.ops = std::make_unique<ops::OpsContext>(isa, e.pool.get());
+
+  KvManagerOptions kvo;
+  kvo.layout.block_tokens = options.block_tokens;
+  kvo.layout.num_layers = c.num_layers;
+  kvo.layout.kv_dim = c.kv_dim();
+  kvo.budget_bytes = options.kv_budget_bytes;
+  if (kvo.budget_bytes == 0) {
+    const int64_t per_context = kvo.layout.block_bytes() *
+                                ((e.context_length + options.block_tokens - 1) / options.block_tokens);
+    kvo.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, 1ll << 30);
+    kvo.budget_bytes = std::max(kvo.budget_bytes, per_context);
+  }
+  kvo.model_identity = ModelIdentity(*e.model);
+  kvo.enable_prefix_cache = options.prefix_cache;
+  kvo.max_seqs = options.max_seqs;
+  KVL_ASSIGN_OR_RETURN(e.kv, KvManager::Create(kvo));
+  KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
+  e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage);
+  for (SeqId s = options.max_seqs - 1; s >= 0; --s) e.free_slots.push_back(s);
+
   ForwardOptions fo;
-  fo.max_batch_tokens = std::min(options.batch_size, e->context_length_);
-  fo.max_logit_rows = 1;
-  fo.max_context = e->context_length_;
-  e->forward_ = std::make_unique<Forward>(*e->model_, *e->ops_, fo);
-  e->batch_.tokens.reserve(static_cast<size_t>(fo.max_batch_tokens));
-  return e;
+  fo.max_batch_tokens = std::min(options.batch_size, e.context_length);
+  fo.max_logit_rows = options.max_seqs;
+  fo.max_context = e.context_length;
+  e.forward = std::make_unique<Forward>(*e.model, *e.ops, fo);
+  e.batch.tokens.reserve(static_cast<size_t>(fo.max_batch_tokens));
+  e.batch.positions.reserve(static_cast<size_t>(fo.max_batch_tokens));
+  e.batch.seq_ids.reserve(static_cast<size_t>(fo.max_batch_tokens));
+  e.batch.want_logits.reserve(static_cast<size_t>(fo.max_batch_tokens));
+  e.UpdateGauges();
+  return engine;
 }
 
-StatusOr<const float*> Engine::Evaluate(std::span<const int32_t> ids, int64_t start_pos) {
-  const int64_t vocab = model_->config().vocab_size;
-  if (ids.empty()) return InvalidArgumentError("nothing to evaluate: no tokens");
-  if (start_pos < 0 || start_pos + static_cast<int64_t>(ids.size()) > context_length_) {
-    return OutOfRangeError(fmt::format("{} tokens from position {} exceed the context of {} (-c)",
-                                       ids.size(), start_pos, context_length_));
-  }
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab) {
-      return InvalidArgumentError(
-          fmt::format("token id {} at index {} is outside the vocabulary [0, {})", ids[i], i, vocab));
-    }
-  }
-  const int64_t chunk = forward_->options().max_batch_tokens;
-  const int64_t n = static_cast<int64_t>(ids.size());
-  for (int64_t begin = 0; begin < n; begin += chunk) {
-    const int64_t end = std::min(n, begin + chunk);
-    batch_.Clear();
-    for (int64_t i = begin; i < end; ++i) {
-      batch_.Add(ids[static_cast<size_t>(i)], start_pos + i, 0, i == n - 1);
-    }
-    forward_->Run(batch_, *kv_);
-  }
-  return forward_->logits(0);
-}
-
-StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request,
-                                          const TokenCallback& on_token) {
+StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
+  Impl& e = *impl_;
   KVL_RETURN_IF_ERROR(request.sampling.Validate());
-  GenerateResult result;
-  result.prompt_ids = request.prompt_ids.empty()
-                          ? tokenizer_->Encode(request.prompt, request.add_bos)
-                          : request.prompt_ids;
-  if (result.prompt_ids.empty()) {
-    return InvalidArgumentError("the prompt is empty and no BOS was requested");
+  auto seq = std::make_unique<Sequence>();
+  seq->tokens = request.prompt_ids.empty() ? e.tokenizer->Encode(request.prompt, request.add_bos)
+                                           : request.prompt_ids;
+  if (seq->tokens.empty()) return InvalidArgumentError("the prompt is empty and no BOS was requested");
+  const int64_t vocab = e.model->config().vocab_size;
+  for (size_t i = 0; i < seq->tokens.size(); ++i) {
+    if (seq->tokens[i] < 0 || seq->tokens[i] >= vocab) {
+      return InvalidArgumentError(fmt::format("token id {} at index {} is outside the vocabulary [0, {})",
+                                              seq->tokens[i], i, vocab));
+    }
   }
-  const int64_t prompt_len = static_cast<int64_t>(result.prompt_ids.size());
-  if (prompt_len >= context_length_) {
+  if (static_cast<int64_t>(seq->tokens.size()) >= e.context_length) {
     return OutOfRangeError(fmt::format("the prompt has {} tokens but the context holds {} (-c)",
-                                       prompt_len, context_length_));
+                                       seq->tokens.size(), e.context_length));
   }
-
-  auto start = std::chrono::steady_clock::now();
-  KVL_ASSIGN_OR_RETURN(const float* logits, Evaluate(result.prompt_ids, 0));
-  result.stats.prompt_tokens = prompt_len;
-  result.stats.prompt_ms = MillisecondsSince(start);
-
-  Sampler sampler(request.sampling, static_cast<int32_t>(model_->config().vocab_size));
-  std::vector<int32_t> history = result.prompt_ids;
-  history.reserve(static_cast<size_t>(context_length_));
-  int32_t prev = history.back();
-  result.stop_reason = "length";
-  start = std::chrono::steady_clock::now();
-  for (int64_t step = 0; request.max_new_tokens < 0 || step < request.max_new_tokens; ++step) {
-    const int32_t next = sampler.Sample(logits, history);
-    if (request.stop_at_eos && next == tokenizer_->eos()) {
-      result.stop_reason = "eos";
-      break;
-    }
-    history.push_back(next);
-    result.output_ids.push_back(next);
-    const std::string piece = tokenizer_->DecodeToken(prev, next);
-    result.text += piece;
-    prev = next;
-    if (on_token && !on_token(next, piece)) {
-      result.stop_reason = "callback";
-      break;
-    }
-    const int64_t pos = static_cast<int64_t>(history.size()) - 1;
-    if (pos + 1 >= context_length_) {
-      result.stop_reason = "context";
-      break;
-    }
-    if (request.max_new_tokens >= 0 && step + 1 == request.max_new_tokens) break;
-    KVL_ASSIGN_OR_RETURN(logits, Evaluate(std::span<const int32_t>(&next, 1), pos));
+  seq->num_prompt = static_cast<int64_t>(seq->tokens.size());
+  seq->tokens.reserve(static_cast<size_t>(e.context_length));
+  seq->prev_token = seq->tokens.back();
+  seq->sampler = std::make_unique<Sampler>(request.sampling, static_cast<int32_t>(vocab));
+  seq->stop_filter = StopTextFilter(request.stop_strings);
+  seq->request = std::move(request);
+  seq->on_event = std::move(on_event);
+  seq->submitted = Clock::now();
+  RequestId id;
+  {
+    std::lock_guard<std::mutex> lock(e.inbox_mutex);
+    id = e.next_request_id++;
+    seq->id = id;
+    e.inbox.push_back(std::move(seq));
+    ++e.requests_submitted;
   }
+  e.inbox_cv.notify_one();
+  return id;
+}
+
+void Engine::Cancel(RequestId id) {
+  std::lock_guard<std::mutex> lock(impl_->inbox_mutex);
+  impl_->cancel_requests.insert(id);
+}
+
+bool Engine::Step() { return impl_->StepImpl(); }
+
+void Engine::RunUntilIdle() {
+  while (Step()) {
+  }
+}
+
+void Engine::Start() {
+  Impl& e = *impl_;
+  if (e.loop_running.exchange(true)) return;
+  e.loop = std::thread([&e] {
+    while (e.loop_running.load()) {
+      if (e.StepImpl()) continue;
+      std::unique_lock<std::mutex> lock(e.inbox_mutex);
+      e.inbox_cv.wait_for(lock, std::chrono::milliseconds(50), [&e] {
+        return !e.inbox.empty() || !e.cancel_requests.empty() || !e.loop_running.load();
+      });
+    }
+  });
+}
+
+void Engine::Stop() {
+  Impl& e = *impl_;
+  if (!e.loop_running.exchange(false)) return;
+  e.inbox_cv.notify_all();
+  if (e.loop.joinable()) e.loop.join();
+}
+
+EngineMetrics Engine::Metrics() const {
+  const Impl& e = *impl_;
+  EngineMetrics m;
+  {
+    std::lock_guard<std::mutex> lock(e.inbox_mutex);
+    m.requests_submitted = e.requests_submitted;
+  }
+  std::lock_guard<std::mutex> lock(e.metrics_mutex);
+  m.kv = e.kv_stats;
+  m.requests_finished = e.requests_finished;
+  m.requests_running = e.num_running;
+  m.requests_waiting = e.num_waiting;
+  m.preemptions = e.preemptions;
+  m.steps = e.num_steps;
+  m.tokens_prefilled = e.tokens_prefilled;
+  m.tokens_generated = e.tokens_generated;
+  m.mean_batch_tokens = e.num_steps ? static_cast<double>(e.batch_tokens_total) / e.num_steps : 0;
+  m.mean_batch_seqs = e.num_steps ? static_cast<double>(e.batch_seqs_total) / e.num_steps : 0;
+  m.last_batch_tokens = e.last_batch_tokens;
+  m.last_batch_seqs = e.last_batch_seqs;
+  m.ttft_mean_ms = e.ttft_ms.Mean();
+  m.ttft_p50_ms = e.ttft_ms.Percentile(50);
+  m.ttft_p99_ms = e.ttft_ms.Percentile(99);
+  m.itl_mean_ms = e.itl_ms.Mean();
+  m.itl_p50_ms = e.itl_ms.Percentile(50);
+  m.itl_p99_ms = e.itl_ms.Percentile(99);
+  return m;
+}
+
+StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request, const TokenCallback& on_token) {
+  Request r;
+  r.prompt = request.prompt;
+  r.prompt_ids = request.prompt_ids;
+  r.add_bos = request.add_bos;
+  r.max_new_tokens = request.max_new_tokens;
+  r.sampling = request.sampling;
+  r.ignore_eos = !request.stop_at_eos;
+  r.stop_strings = request.stop_strings;
+
+  GenerateResult result;
+  result.prompt_ids = request.prompt_ids.empty() ? impl_->tokenizer->Encode(request.prompt, request.add_bos)
+                                                 : request.prompt_ids;
+  bool stopped_by_callback = false;
+  Status error;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point first = start, last = start;
+  RequestId id = 0;
+  auto on_event = [&](const TokenEvent& ev) {
+    if (ev.token >= 0) {
+      last = Clock::now();
+      if (result.output_ids.empty()) first = last;
+      result.output_ids.push_back(ev.token);
+    }
+    result.text += ev.text;
+    if (ev.token >= 0 && on_token && !stopped_by_callback && !on_token(ev.token, ev.text)) {
+      stopped_by_callback = true;
+      Cancel(id);
+    }
+    if (ev.finished) {
+      result.stop_reason = stopped_by_callback ? "callback" : ev.finish_reason;
+      result.stats.cached_prompt_tokens = ev.cached_prompt_tokens;
+      error = ev.error;
+      if (ev.token < 0 && !ev.text.empty() && on_token && !stopped_by_callback) on_token(-1, ev.text);
+    }
+  };
+  KVL_ASSIGN_OR_RETURN(id, Submit(std::move(r), on_event));
+  RunUntilIdle();
+  if (!error.ok()) return error;
+  result.stats.prompt_tokens = static_cast<int64_t>(result.prompt_ids.size());
+  result.stats.prompt_ms = MillisecondsBetween(start, first);
   result.stats.generated_tokens = static_cast<int64_t>(result.output_ids.size());
-  result.stats.generate_ms = MillisecondsSince(start);
+  result.stats.generate_ms = MillisecondsBetween(first, last);
   return result;
 }
+
+const Model& Engine::model() const { return *impl_->model; }
+const Tokenizer& Engine::tokenizer() const { return *impl_->tokenizer; }
+const EngineOptions& Engine::options() const { return impl_->options; }
+int64_t Engine::context_length() const { return impl_->context_length; }
+ops::Isa Engine::isa() const { return impl_->ops->isa(); }
+int Engine::num_threads() const { return impl_->pool->num_threads(); }
+const KvManager& Engine::kv_manager() const { return *impl_->kv; }
 
 }  // namespace kvl

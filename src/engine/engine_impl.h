@@ -1,0 +1,135 @@
+// Internal state of the Engine, shared by engine.cc (API, lifecycle) and scheduler.cc (the step).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+
+#include "kvl/engine.h"
+#include "kvl/forward.h"
+#include "kvl/thread_pool.h"
+
+namespace kvl {
+
+using Clock = std::chrono::steady_clock;
+
+inline double MillisecondsBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Releases generated text while holding back whatever could still turn into a stop string, so a
+// stop string is never streamed out before it is recognized.
+class StopTextFilter {
+ public:
+  explicit StopTextFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Adds a piece; returns the text that is now safe to emit. Sets *stopped when a stop string
+  // completed (the text before it is emitted, the stop string and anything after it is dropped).
+  std::string Push(std::string_view piece, bool* stopped);
+  // Whatever is held back, at the end of generation.
+  std::string Flush();
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+};
+
+// One request from admission to its last token.
+struct Sequence {
+  RequestId id = 0;
+  SeqId slot = -1;                 // KV manager sequence id while admitted
+  Request request;
+  EventCallback on_event;
+  std::vector<int32_t> tokens;     // prompt, then generated tokens
+  int64_t num_prompt = 0;
+  int64_t num_computed = 0;        // leading tokens whose K/V is in the cache
+  int64_t cached_prompt_tokens = -1;  // prefix hit at first admission (-1: not admitted yet)
+  int32_t num_generated = 0;
+  int32_t prev_token = -1;         // for DecodeToken's leading-space rule
+  std::unique_ptr<Sampler> sampler;
+  StopTextFilter stop_filter{{}};
+  Clock::time_point submitted;
+  Clock::time_point first_token;
+  Clock::time_point last_token;
+  bool finished = false;
+};
+
+// A bounded window of recent samples for percentiles.
+class SampleWindow {
+ public:
+  void Add(double v);
+  double Mean() const;
+  double Percentile(double p) const;
+
+ private:
+  static constexpr size_t kCapacity = 4096;
+  std::vector<double> values_;
+  size_t next_ = 0;
+};
+
+struct Engine::Impl {
+  EngineOptions options;
+  int64_t context_length = 0;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<ops::OpsContext> ops;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<KvManager> kv;
+  std::unique_ptr<KvBlockStorage> storage;
+  std::unique_ptr<PagedKvCache> cache;
+  std::unique_ptr<Forward> forward;
+
+  // Submission side, guarded by inbox_mutex.
+  mutable std::mutex inbox_mutex;
+  std::condition_variable inbox_cv;
+  std::deque<std::unique_ptr<Sequence>> inbox;
+  std::unordered_set<RequestId> cancel_requests;
+  RequestId next_request_id = 1;
+  int64_t requests_submitted = 0;
+
+  // Step-loop side (owned by whoever runs Step).
+  std::deque<std::unique_ptr<Sequence>> waiting;   // not admitted (new or preempted), FIFO
+  std::vector<std::unique_ptr<Sequence>> running;  // admitted, in admission order
+  std::vector<SeqId> free_slots;
+  TokenBatch batch;
+  std::vector<KvSeqStep> steps;
+  std::vector<Sequence*> step_seqs;
+
+  // Background loop.
+  std::thread loop;
+  std::atomic<bool> loop_running{false};
+
+  // Metrics, guarded by metrics_mutex (written by the step loop, read by Metrics()).
+  mutable std::mutex metrics_mutex;
+  int64_t requests_finished = 0;
+  int64_t preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t tokens_prefilled = 0;
+  int64_t tokens_generated = 0;
+  int64_t batch_tokens_total = 0;
+  int64_t batch_seqs_total = 0;
+  int64_t last_batch_tokens = 0;
+  int64_t last_batch_seqs = 0;
+  SampleWindow ttft_ms;
+  SampleWindow itl_ms;
+  KvStats kv_stats;
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+
+  bool StepImpl();
+  // Scheduling pieces (scheduler.cc).
+  void TakeInbox();
+  void ApplyCancellations();
+  bool BuildPlan(KvPlan* plan);
+  void Preempt(size_t running_index);
+  void RunForwardAndSample(const KvPlan& plan);
+  void AppendToken(Sequence& seq, int32_t token);
+  void Finish(Sequence& seq, const std::string& reason, Status error = Status::Ok());
+  void ReleaseFinished();
+  void UpdateGauges();
+};
+
+}  // namespace kvl
