@@ -43,6 +43,12 @@ class Forward {
   // input before it gets here). Afterwards logits(i) is the i-th row that asked for logits.
   void Run(const TokenBatch& batch, KvCache& kv);
 
+  // Rebuilds the K and V of every token of `batch` (sequence, position; token ids and logits flags
+  // are ignored) on every layer from the residual checkpoints the cache holds, and writes them
+  // into the cache. With the batch-invariant kernels the rebuilt rows are bit-identical to the
+  // ones Run computed ("KV direct"): per layer one RmsNorm, the K and V projections and RoPE.
+  void RebuildKvFromResiduals(const TokenBatch& batch, KvCache& kv);
+
   const float* logits(int64_t row) const;  // [vocab]
   int64_t num_logit_rows() const { return num_logit_rows_; }
   const ForwardOptions& options() const { return options_; }
@@ -51,6 +57,7 @@ class Forward {
   void Embed(const TokenBatch& batch);
   void ComputeRopeAngles(const TokenBatch& batch);
   void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv);
+  void RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv);
   void FeedForward(const LayerWeights& w, int64_t n);
   void MatMulShared(std::initializer_list<const MatrixView*> ws, int64_t n,
                     std::initializer_list<float*> ys);

@@ -27,16 +27,24 @@ class KvCache {
   virtual int64_t num_layers() const = 0;
   // Rows starting at `pos` (0 <= pos < capacity of the sequence, checked).
   virtual Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) = 0;
+
+  // The residual-stream checkpoint of (seq, layer, pos): the layer's input, [dim] floats, from
+  // which that token's K and V of the layer can be rebuilt exactly (one RmsNorm, two projections
+  // and RoPE). nullptr when this cache keeps no checkpoints; the forward pass writes them when
+  // the cache offers them.
+  virtual float* ResidualAt(int32_t seq, int64_t layer, int64_t pos) { return nullptr; }
 };
 
 // One contiguous f32 buffer per sequence slot: [seq][layer][pos][kv_dim] for K and for V.
 // Thread-safety: RowsAt may be called concurrently for disjoint rows.
 class ContiguousKvCache final : public KvCache {
  public:
-  // num_seqs slots of max_positions tokens each. RESOURCE_EXHAUSTED when it would not fit.
+  // num_seqs slots of max_positions tokens each; with residual_dim > 0 it also keeps residual
+  // checkpoints of that width. RESOURCE_EXHAUSTED when it would not fit.
   static StatusOr<std::unique_ptr<ContiguousKvCache>> Create(int64_t num_layers, int64_t kv_dim,
                                                              int32_t num_seqs,
-                                                             int64_t max_positions);
+                                                             int64_t max_positions,
+                                                             int64_t residual_dim = 0);
 
   int64_t kv_dim() const override { return kv_dim_; }
   int64_t num_layers() const override { return num_layers_; }
@@ -44,9 +52,15 @@ class ContiguousKvCache final : public KvCache {
   int32_t num_seqs() const { return num_seqs_; }
   int64_t bytes() const { return static_cast<int64_t>(2 * k_.size() * sizeof(float)); }
   Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override;
+  float* ResidualAt(int32_t seq, int64_t layer, int64_t pos) override;
+  // Zeroes every K and V row of a sequence (tests of "no persistent KV": what remains must be
+  // rebuilt from checkpoints before it is read).
+  void ClearKv(int32_t seq);
 
  private:
-  ContiguousKvCache(int64_t num_layers, int64_t kv_dim, int32_t num_seqs, int64_t max_positions);
+  ContiguousKvCache(int64_t num_layers, int64_t kv_dim, int32_t num_seqs, int64_t max_positions,
+                    int64_t residual_dim);
+  size_t RowIndex(int32_t seq, int64_t layer, int64_t pos) const;
 
   int64_t num_layers_;
   int64_t kv_dim_;
@@ -54,6 +68,8 @@ class ContiguousKvCache final : public KvCache {
   int64_t max_positions_;
   std::vector<float> k_;  // [seq][layer][pos][kv_dim]
   std::vector<float> v_;  // [seq][layer][pos][kv_dim]
+  int64_t residual_dim_;
+  std::vector<float> residual_;  // [seq][layer][pos][residual_dim], empty when not kept
 };
 
 }  // namespace kvl

@@ -68,6 +68,13 @@ void Forward::Run(const TokenBatch& batch, KvCache& kv) {
   ComputeRopeAngles(batch);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = model_.layer(l);
+    // The layer's input is the residual checkpoint K and V can be rebuilt from later.
+    for (int64_t t = 0; t < n; ++t) {
+      const size_t i = static_cast<size_t>(t);
+      if (float* checkpoint = kv.ResidualAt(batch.seq_ids[i], l, batch.positions[i])) {
+        std::memcpy(checkpoint, &x_[Elems(t, c.dim)], sizeof(float) * static_cast<size_t>(c.dim));
+      }
+    }
     // Attention sublayer: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
     for (int64_t t = 0; t < n; ++t) {
       ops::RmsNorm(ops_, &x_[Elems(t, c.dim)], w.attn_norm, c.dim, c.norm_eps, &xn_[Elems(t, c.dim)]);
@@ -110,20 +117,47 @@ void Forward::ComputeRopeAngles(const TokenBatch& batch) {
 // Rotates q and k, stores k and v in the cache, then for every (token, head) pair computes
 // softmax(q k^T / sqrt(d)) v over the positions the token can see. Every token's result depends
 // only on its own q and the cached rows, so batching never changes it.
-void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
+// Rotates k_ by each token's position and stores k_ and v_ into the cache.
+void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   const ModelConfig& c = config_;
-  const int64_t n = batch.size();
   const int64_t half = c.head_dim / 2;
-  for (int64_t t = 0; t < n; ++t) {
-    const float* cos = &rope_cos_[Elems(t, half)];
-    const float* sin = &rope_sin_[Elems(t, half)];
-    ops::Rope(ops_, &q_[Elems(t, c.q_dim())], c.num_heads, c.head_dim, cos, sin, c.rope_neox);
-    ops::Rope(ops_, &k_[Elems(t, c.kv_dim())], c.num_kv_heads, c.head_dim, cos, sin, c.rope_neox);
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    ops::Rope(ops_, &k_[Elems(t, c.kv_dim())], c.num_kv_heads, c.head_dim, &rope_cos_[Elems(t, half)],
+              &rope_sin_[Elems(t, half)], c.rope_neox);
     KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,
                                    batch.positions[static_cast<size_t>(t)]);
     std::memcpy(rows.k, &k_[Elems(t, c.kv_dim())], sizeof(float) * static_cast<size_t>(c.kv_dim()));
     std::memcpy(rows.v, &v_[Elems(t, c.kv_dim())], sizeof(float) * static_cast<size_t>(c.kv_dim()));
   }
+}
+
+void Forward::RebuildKvFromResiduals(const TokenBatch& batch, KvCache& kv) {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.size();
+  KVL_CHECK(n > 0 && n <= options_.max_batch_tokens);
+  ComputeRopeAngles(batch);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = model_.layer(l);
+    for (int64_t t = 0; t < n; ++t) {
+      const size_t i = static_cast<size_t>(t);
+      const float* checkpoint = kv.ResidualAt(batch.seq_ids[i], l, batch.positions[i]);
+      KVL_CHECK_MSG(checkpoint != nullptr, "RebuildKvFromResiduals: the cache keeps no checkpoints");
+      ops::RmsNorm(ops_, checkpoint, w.attn_norm, c.dim, c.norm_eps, &xn_[Elems(t, c.dim)]);
+    }
+    MatMulShared({&w.wk, &w.wv}, n, {k_.data(), v_.data()});
+    RopeAndStoreKv(l, batch, kv);
+  }
+}
+
+void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.size();
+  const int64_t half = c.head_dim / 2;
+  for (int64_t t = 0; t < n; ++t) {
+    ops::Rope(ops_, &q_[Elems(t, c.q_dim())], c.num_heads, c.head_dim, &rope_cos_[Elems(t, half)],
+              &rope_sin_[Elems(t, half)], c.rope_neox);
+  }
+  RopeAndStoreKv(layer, batch, kv);
 
   const int64_t group = c.num_heads / c.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
