@@ -89,4 +89,11 @@ struct TierSpec {
 };
 StatusOr<TierSpec> ParseTierSpec(std::string_view text);
 
+// "256MiB" -> 268435456. Units, case-insensitive: B, K/KiB, M/MiB, G/GiB, T/TiB (powers of 1024),
+// KB/MB/GB/TB (powers of 1000); a fraction is allowed ("1.5GiB"); a bare number is bytes.
+StatusOr<int64_t> ParseByteSize(std::string_view text);
+
+// The tier a spec describes; page_bytes is the disk tier's slot payload (ignored for ram).
+StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes);
+
 }  // namespace kvl

@@ -1,0 +1,2 @@
+// Placeholder; the real benchmark follows.
+int main() { return 0; }
