@@ -1,0 +1,82 @@
+// Pieces of calibration shared between its files: timing, progress per stage and the disk test.
+// Internal to src/engine; the public interface is kvl/calibration.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvl/calibration.h"
+#include "kvl/status.h"
+
+namespace kvl::calibration_internal {
+
+// Monotonic wall-clock seconds.
+double NowSeconds();
+// Median and nearest-rank percentile (p in [0, 100]) of a non-empty sample.
+double Median(std::vector<double> values);
+double Percentile(std::vector<double> values, double p);
+
+// Reports one stage's progress as a count of equal steps; Finish() reports exactly 1.0.
+class StageProgress {
+ public:
+  StageProgress(const CalibrationProgress& progress, std::string_view stage, int64_t total_steps);
+  void Step();
+  void Finish();
+
+ private:
+  const CalibrationProgress& progress_;
+  std::string_view stage_;
+  int64_t total_steps_;
+  int64_t done_steps_ = 0;
+};
+
+// Runs fn once as a warm-up, then `repetitions` samples of as many calls as fill
+// min_sample_seconds, and returns the median seconds per call. Steps `progress` once per sample.
+template <typename Fn>
+double MedianSecondsPerCall(int repetitions, double min_sample_seconds, StageProgress& progress,
+                            Fn&& fn) {
+  double t0 = NowSeconds();
+  fn();
+  const double warmup = NowSeconds() - t0;
+  int64_t calls = 1;
+  if (warmup > 0 && warmup < min_sample_seconds) {
+    calls = static_cast<int64_t>(min_sample_seconds / warmup) + 1;
+  } else if (warmup <= 0) {
+    calls = 1000;
+  }
+  std::vector<double> samples;
+  samples.reserve(static_cast<size_t>(repetitions));
+  for (int r = 0; r < repetitions; ++r) {
+    t0 = NowSeconds();
+    for (int64_t c = 0; c < calls; ++c) fn();
+    samples.push_back((NowSeconds() - t0) / static_cast<double>(calls));
+    progress.Step();
+  }
+  return Median(std::move(samples));
+}
+
+struct DiskMeasurement {
+  std::string dir;
+  int64_t bytes = 0;
+  double write_gbps = 0;
+  double read_gbps = 0;
+  bool read_direct = false;
+  bool random_read_direct = false;
+  double random_read_median_us = 0;
+  double random_read_p99_us = 0;
+};
+
+struct DiskTestOptions {
+  std::string dir;  // empty: the system temp dir
+  int64_t bytes = 0;
+  int64_t random_reads = 0;
+  int repetitions = 0;
+};
+
+// Writes, reads back and randomly reads a scratch file in options.dir, then removes it.
+// Steps `progress` (repetitions + 1) times.
+StatusOr<DiskMeasurement> MeasureDisk(const DiskTestOptions& options, StageProgress& progress);
+
+}  // namespace kvl::calibration_internal

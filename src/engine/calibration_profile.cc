@@ -1,0 +1,281 @@
+// The machine profile as JSON: SaveProfile, LoadProfile (which trusts nothing in the file) and
+// the default location. nlohmann-json exceptions stop here.
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "kvl/calibration.h"
+
+namespace kvl {
+namespace {
+
+using Json = nlohmann::ordered_json;  // keeps the fields in the order written, for readers
+
+Json ToJson(const MachineProfile& p) {
+  Json j;
+  j["version"] = p.version;
+  j["timestamp"] = p.timestamp;
+  j["machine"] = {{"cpu_features", p.cpu_features}, {"isa", p.isa}, {"threads", p.threads}};
+  const CalibrationModel& m = p.model;
+  j["model"] = {{"name", m.name},
+                {"dim", m.dim},
+                {"layers", m.layers},
+                {"heads", m.heads},
+                {"kv_heads", m.kv_heads},
+                {"head_dim", m.head_dim},
+                {"ffn_dim", m.ffn_dim},
+                {"weight_type", m.weight_type},
+                {"kv_bytes_per_token_per_layer_f32", m.kv_bytes_per_token_per_layer_f32},
+                {"residual_bytes_per_token_per_layer_f32", m.residual_bytes_per_token_per_layer_f32}};
+  j["matmul"] = Json::array();
+  for (const MatmulRate& r : p.matmul) {
+    j["matmul"].push_back({{"n_tokens", r.n_tokens},
+                           {"kv_proj_gflops", r.kv_proj_gflops},
+                           {"layer_gflops", r.layer_gflops}});
+  }
+  j["recompute"] = {{"page_tokens", p.recompute_page_tokens},
+                    {"from_residual_ms", p.recompute_from_residual_ms},
+                    {"from_tokens_ms", p.recompute_from_tokens_ms}};
+  j["memory"] = {{"bytes", p.memory_bytes},
+                 {"read_gbps", p.memory_read_gbps},
+                 {"copy_gbps", p.memory_copy_gbps}};
+  j["disk"] = {{"dir", p.disk_dir},
+               {"bytes", p.disk_bytes},
+               {"write_gbps", p.disk_write_gbps},
+               {"read_gbps", p.disk_read_gbps},
+               {"read_direct", p.disk_read_direct},
+               {"random_read_direct", p.disk_random_read_direct},
+               {"random_read_median_us", p.disk_random_read_median_us},
+               {"random_read_p99_us", p.disk_random_read_p99_us}};
+  return j;
+}
+
+// Reads typed fields out of one JSON object, naming each by its dotted path in errors
+// ("disk.read_gbps"). Every getter returns DATA_LOSS for a missing or mistyped value.
+class FieldReader {
+ public:
+  FieldReader(const std::string& file, const Json& object, std::string prefix)
+      : file_(file), object_(object), prefix_(std::move(prefix)) {}
+
+  std::string Name(std::string_view key) const {
+    return prefix_.empty() ? std::string(key) : fmt::format("{}.{}", prefix_, key);
+  }
+  Status Error(std::string_view key, std::string_view problem) const {
+    return DataLossError(fmt::format("profile '{}': field '{}' {}", file_, Name(key), problem));
+  }
+
+  StatusOr<const Json*> Field(std::string_view key) const {
+    if (!object_.is_object()) {
+      return DataLossError(fmt::format("profile '{}': '{}' is not an object", file_,
+                                       prefix_.empty() ? "(top level)" : prefix_));
+    }
+    auto it = object_.find(std::string(key));
+    if (it == object_.end()) return Error(key, "is missing");
+    return &*it;
+  }
+  StatusOr<FieldReader> Object(std::string_view key) const {
+    KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
+    if (!v->is_object()) return Error(key, "must be an object");
+    return FieldReader(file_, *v, Name(key));
+  }
+  // An integer >= min.
+  Status Int(std::string_view key, int64_t min, int64_t* out) const {
+    KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
+    if (!v->is_number_integer()) return Error(key, fmt::format("must be an integer, got {}", v->dump()));
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return Error(key, fmt::format("is out of range: {}", v->dump()));
+    }
+    *out = v->get<int64_t>();
+    if (*out < min) return Error(key, fmt::format("must be >= {}, got {}", min, *out));
+    return Status::Ok();
+  }
+  // A measured quantity: a finite number > 0.
+  Status Positive(std::string_view key, double* out) const {
+    KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
+    if (!v->is_number()) return Error(key, fmt::format("must be a number, got {}", v->dump()));
+    *out = v->get<double>();
+    if (!std::isfinite(*out) || *out <= 0) {
+      return Error(key, fmt::format("must be a positive finite number, got {}", v->dump()));
+    }
+    return Status::Ok();
+  }
+  Status String(std::string_view key, bool allow_empty, std::string* out) const {
+    KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
+    if (!v->is_string()) return Error(key, fmt::format("must be a string, got {}", v->dump()));
+    *out = v->get<std::string>();
+    if (!allow_empty && out->empty()) return Error(key, "must not be empty");
+    return Status::Ok();
+  }
+  Status Bool(std::string_view key, bool* out) const {
+    KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
+    if (!v->is_boolean()) return Error(key, fmt::format("must be true or false, got {}", v->dump()));
+    *out = v->get<bool>();
+    return Status::Ok();
+  }
+
+ private:
+  std::string file_;
+  const Json& object_;
+  std::string prefix_;
+};
+
+StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
+  MachineProfile p;
+  const FieldReader top(file, j, "");
+  // The version first: a profile from another version may differ in any other field.
+  KVL_RETURN_IF_ERROR(top.Int("version", 0, &p.version));
+  if (p.version != kProfileVersion) {
+    return InvalidArgumentError(fmt::format(
+        "profile '{}': field 'version' is {}, but this kvl reads version {}; run `kvl calibrate` "
+        "again",
+        file, p.version, kProfileVersion));
+  }
+  KVL_RETURN_IF_ERROR(top.String("timestamp", false, &p.timestamp));
+
+  KVL_ASSIGN_OR_RETURN(FieldReader machine, top.Object("machine"));
+  KVL_RETURN_IF_ERROR(machine.String("cpu_features", true, &p.cpu_features));
+  KVL_RETURN_IF_ERROR(machine.String("isa", false, &p.isa));
+  KVL_RETURN_IF_ERROR(machine.Int("threads", 1, &p.threads));
+
+  KVL_ASSIGN_OR_RETURN(FieldReader model, top.Object("model"));
+  CalibrationModel& m = p.model;
+  KVL_RETURN_IF_ERROR(model.String("name", true, &m.name));
+  KVL_RETURN_IF_ERROR(model.Int("dim", 1, &m.dim));
+  KVL_RETURN_IF_ERROR(model.Int("layers", 1, &m.layers));
+  KVL_RETURN_IF_ERROR(model.Int("heads", 1, &m.heads));
+  KVL_RETURN_IF_ERROR(model.Int("kv_heads", 1, &m.kv_heads));
+  KVL_RETURN_IF_ERROR(model.Int("head_dim", 1, &m.head_dim));
+  KVL_RETURN_IF_ERROR(model.Int("ffn_dim", 1, &m.ffn_dim));
+  KVL_RETURN_IF_ERROR(model.String("weight_type", false, &m.weight_type));
+  KVL_RETURN_IF_ERROR(
+      model.Int("kv_bytes_per_token_per_layer_f32", 1, &m.kv_bytes_per_token_per_layer_f32));
+  KVL_RETURN_IF_ERROR(model.Int("residual_bytes_per_token_per_layer_f32", 1,
+                                &m.residual_bytes_per_token_per_layer_f32));
+
+  KVL_ASSIGN_OR_RETURN(const Json* matmul, top.Field("matmul"));
+  if (!matmul->is_array() || matmul->empty()) {
+    return top.Error("matmul", "must be a non-empty array");
+  }
+  for (size_t i = 0; i < matmul->size(); ++i) {
+    const FieldReader rate_reader(file, (*matmul)[i], fmt::format("matmul[{}]", i));
+    if (!(*matmul)[i].is_object()) return top.Error(fmt::format("matmul[{}]", i), "must be an object");
+    MatmulRate r;
+    KVL_RETURN_IF_ERROR(rate_reader.Int("n_tokens", 1, &r.n_tokens));
+    KVL_RETURN_IF_ERROR(rate_reader.Positive("kv_proj_gflops", &r.kv_proj_gflops));
+    KVL_RETURN_IF_ERROR(rate_reader.Positive("layer_gflops", &r.layer_gflops));
+    p.matmul.push_back(r);
+  }
+
+  KVL_ASSIGN_OR_RETURN(FieldReader recompute, top.Object("recompute"));
+  KVL_RETURN_IF_ERROR(recompute.Int("page_tokens", 1, &p.recompute_page_tokens));
+  KVL_RETURN_IF_ERROR(recompute.Positive("from_residual_ms", &p.recompute_from_residual_ms));
+  KVL_RETURN_IF_ERROR(recompute.Positive("from_tokens_ms", &p.recompute_from_tokens_ms));
+
+  KVL_ASSIGN_OR_RETURN(FieldReader memory, top.Object("memory"));
+  KVL_RETURN_IF_ERROR(memory.Int("bytes", 1, &p.memory_bytes));
+  KVL_RETURN_IF_ERROR(memory.Positive("read_gbps", &p.memory_read_gbps));
+  KVL_RETURN_IF_ERROR(memory.Positive("copy_gbps", &p.memory_copy_gbps));
+
+  KVL_ASSIGN_OR_RETURN(FieldReader disk, top.Object("disk"));
+  KVL_RETURN_IF_ERROR(disk.String("dir", false, &p.disk_dir));
+  KVL_RETURN_IF_ERROR(disk.Int("bytes", 1, &p.disk_bytes));
+  KVL_RETURN_IF_ERROR(disk.Positive("write_gbps", &p.disk_write_gbps));
+  KVL_RETURN_IF_ERROR(disk.Positive("read_gbps", &p.disk_read_gbps));
+  KVL_RETURN_IF_ERROR(disk.Bool("read_direct", &p.disk_read_direct));
+  KVL_RETURN_IF_ERROR(disk.Bool("random_read_direct", &p.disk_random_read_direct));
+  KVL_RETURN_IF_ERROR(disk.Positive("random_read_median_us", &p.disk_random_read_median_us));
+  KVL_RETURN_IF_ERROR(disk.Positive("random_read_p99_us", &p.disk_random_read_p99_us));
+  return p;
+}
+
+std::string SanitizeFileName(std::string_view name) {
+  std::string out;
+  for (char ch : name) {
+    const bool keep = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-';
+    out += keep ? ch : '_';
+  }
+  if (out.empty() || out.find_first_not_of('.') == std::string::npos) out = "model";
+  return out;
+}
+
+}  // namespace
+
+Status SaveProfile(const MachineProfile& profile, const std::string& path) {
+  std::string text;
+  try {
+    text = ToJson(profile).dump(2) + "\n";
+  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not valid UTF-8
+    return InvalidArgumentError(fmt::format("profile '{}': cannot encode: {}", path, e.what()));
+  }
+  const std::filesystem::path target(path);
+  std::error_code ec;
+  if (target.has_parent_path()) {
+    std::filesystem::create_directories(target.parent_path(), ec);
+    if (ec) {
+      return IoError(fmt::format("profile '{}': cannot create directory '{}': {}", path,
+                                 target.parent_path().string(), ec.message()));
+    }
+  }
+  // Written beside the target and renamed over it, so a reader never sees half a profile.
+  const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) {
+      std::filesystem::remove(temp, ec);
+      return IoError(fmt::format("profile '{}': cannot write '{}'", path, temp));
+    }
+  }
+  std::filesystem::rename(temp, target, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(temp, ignored);
+    return IoError(fmt::format("profile '{}': cannot rename into place: {}", path, ec.message()));
+  }
+  return Status::Ok();
+}
+
+StatusOr<MachineProfile> LoadProfile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
+      return NotFoundError(fmt::format("profile '{}' does not exist; run `kvl calibrate`", path));
+    }
+    return IoError(fmt::format("profile '{}': cannot open", path));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  try {
+    const Json j = Json::parse(buffer.str());
+    return FromJson(path, j);
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError(fmt::format("profile '{}': not valid JSON: {}", path, e.what()));
+  }
+}
+
+std::string DefaultProfilePath(std::string_view model_name) {
+  if (const char* env = std::getenv("KVL_PROFILE"); env != nullptr && env[0] != '\0') return env;
+  std::filesystem::path cache;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] != '\0') {
+    cache = xdg;
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
+    cache = std::filesystem::path(home) / ".cache";
+  } else {
+    std::error_code ec;
+    cache = std::filesystem::temp_directory_path(ec);
+  }
+  return (cache / "kvlattice" / fmt::format("profile-{}.json", SanitizeFileName(model_name)))
+      .string();
+}
+
+}  // namespace kvl
