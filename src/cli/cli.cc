@@ -113,6 +113,19 @@ int Main(int argc, char** argv) {
   bench_cmd->add_option("--suffix", bench.suffix_tokens, "prefix-cache test: unique suffix tokens")
       ->capture_default_str();
 
+  CalibrateArgs calibrate;
+  CLI::App* calibrate_cmd = app.add_subcommand(
+      "calibrate", "measure this machine for the KV cost model and write a profile");
+  calibrate_cmd->add_option("-m,--model", calibrate.model_path,
+                            "GGUF model file (its shapes are measured)");
+  calibrate_cmd->add_option("-t,--threads", calibrate.num_threads, "threads; 0 = every core");
+  calibrate_cmd->add_option("--disk", calibrate.disk_dir,
+                            "directory for the disk test (default: temp dir)");
+  calibrate_cmd->add_flag("--quick", calibrate.quick, "smaller and fewer measurements (seconds)");
+  calibrate_cmd->add_option("-o,--output", calibrate.output,
+                            "profile path (default: $KVL_PROFILE or "
+                            "~/.cache/kvlattice/profile-<model>.json)");
+
   try {
     std::vector<std::string> args = NormalizeArgs(argc, argv);
     app.parse(args);
@@ -123,6 +136,7 @@ int Main(int argc, char** argv) {
   if (*inspect_cmd) return InspectCommand(inspect);
   if (*synth_cmd) return SynthCommand(synth);
   if (*bench_cmd) return BenchCommand(bench);
+  if (*calibrate_cmd) return CalibrateCommand(calibrate);
   return 1;
 }
 

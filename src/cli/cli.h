@@ -1,5 +1,5 @@
-// The kvl command line: `kvl run | inspect | synth | bench`. Flags follow llama.cpp where one
-// exists. Each subcommand lives in its own file; this header is what main() needs.
+// The kvl command line: `kvl run | inspect | synth | bench | calibrate`. Flags follow llama.cpp
+// where one exists. Each subcommand lives in its own file; this header is what main() needs.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +56,15 @@ struct BenchArgs {
   int64_t suffix_tokens = 32;                   // --suffix S: unique part after it
 };
 int BenchCommand(const BenchArgs& args);
+
+struct CalibrateArgs {
+  std::string model_path;  // -m: the profile is measured at this model's shapes
+  int num_threads = 0;     // -t: 0 = every core
+  std::string disk_dir;    // --disk: directory for the scratch file (default: temp dir)
+  bool quick = false;      // --quick: a few seconds instead of ~30
+  std::string output;      // -o: profile path (default: DefaultProfilePath(model name))
+};
+int CalibrateCommand(const CalibrateArgs& args);
 
 // "1.10 B", "1.09 GiB": the units llama-bench prints.
 std::string FormatParams(int64_t n);

@@ -318,7 +318,8 @@ StatusOr<MachineProfile> Calibrate(const CalibrateOptions& options,
       !(options.min_sample_seconds >= 0)) {
     return InvalidArgumentError("calibrate: sizes, counts and times must not be negative");
   }
-  const CalibrateOptions o = ResolveDefaults(options);
+  CalibrateOptions o = ResolveDefaults(options);
+  KVL_ASSIGN_OR_RETURN(o.disk_dir, calibration_internal::ResolveDiskDir(o.disk_dir));
   KVL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(o.model_path));
   const ModelConfig& c = model->config();
 

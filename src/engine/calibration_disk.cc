@@ -114,17 +114,22 @@ Status ReadAll(int fd, uint8_t* data, int64_t bytes, int64_t offset, const std::
 
 }  // namespace
 
+StatusOr<std::string> ResolveDiskDir(const std::string& dir) {
+  std::error_code ec;
+  const std::string resolved = dir.empty() ? std::filesystem::temp_directory_path(ec).string() : dir;
+  if (ec) return IoError(fmt::format("calibrate: no temp directory: {}", ec.message()));
+  if (!std::filesystem::exists(resolved, ec)) {
+    return NotFoundError(fmt::format("calibrate: disk directory '{}' does not exist", resolved));
+  }
+  if (!std::filesystem::is_directory(resolved, ec)) {
+    return InvalidArgumentError(fmt::format("calibrate: --disk '{}' is not a directory", resolved));
+  }
+  return resolved;
+}
+
 StatusOr<DiskMeasurement> MeasureDisk(const DiskTestOptions& options, StageProgress& progress) {
   DiskMeasurement m;
-  std::error_code ec;
-  m.dir = options.dir.empty() ? std::filesystem::temp_directory_path(ec).string() : options.dir;
-  if (ec) return IoError(fmt::format("calibrate: no temp directory: {}", ec.message()));
-  if (!std::filesystem::exists(m.dir, ec)) {
-    return NotFoundError(fmt::format("calibrate: disk directory '{}' does not exist", m.dir));
-  }
-  if (!std::filesystem::is_directory(m.dir, ec)) {
-    return InvalidArgumentError(fmt::format("calibrate: --disk '{}' is not a directory", m.dir));
-  }
+  KVL_ASSIGN_OR_RETURN(m.dir, ResolveDiskDir(options.dir));
   const int64_t requests = std::max<int64_t>(1, (options.bytes + kRequestBytes - 1) / kRequestBytes);
   m.bytes = requests * kRequestBytes;
   ScratchFile file(

@@ -75,6 +75,11 @@ struct DiskTestOptions {
   int repetitions = 0;
 };
 
+// The directory the disk test will use (options.dir, or the system temp dir when empty);
+// NOT_FOUND / INVALID_ARGUMENT when it is missing or not a directory. Checked before anything
+// slow runs, so a typo in --disk fails at once.
+StatusOr<std::string> ResolveDiskDir(const std::string& dir);
+
 // Writes, reads back and randomly reads a scratch file in options.dir, then removes it.
 // Steps `progress` (repetitions + 1) times.
 StatusOr<DiskMeasurement> MeasureDisk(const DiskTestOptions& options, StageProgress& progress);

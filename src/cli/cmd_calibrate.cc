@@ -1,0 +1,146 @@
+// kvl calibrate: measures this machine at a model's shapes (kvl/calibration.h), shows each stage
+// live on stderr, prints a table of the results and writes the profile the KV cost model reads.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "cli/cli.h"
+#include "kvl/calibration.h"
+
+namespace kvl::cli {
+namespace {
+
+// One stderr line per stage: on a terminal it is redrawn in place with \r as the stage advances
+// ("  matmul       [ 42%] |"); elsewhere (logs, pipes) only the finished line is written.
+class ProgressDisplay {
+ public:
+  ProgressDisplay() : live_(::isatty(::fileno(stderr)) == 1) {}
+
+  void Update(std::string_view stage, double fraction) {
+    const auto now = std::chrono::steady_clock::now();
+    if (stage != stage_) {
+      stage_ = std::string(stage);
+      stage_start_ = now;
+      spin_ = 0;
+    }
+    if (fraction >= 1.0) {
+      const double seconds = std::chrono::duration<double>(now - stage_start_).count();
+      fmt::print(stderr, "\r  {:<10} [100%] done in {:.1f} s\n", stage_, seconds);
+      std::fflush(stderr);
+      return;
+    }
+    if (!live_) return;
+    static constexpr char kSpinner[] = {'|', '/', '-', '\\'};
+    fmt::print(stderr, "\r  {:<10} [{:3.0f}%] {}", stage_, 100.0 * fraction, kSpinner[spin_++ % 4]);
+    std::fflush(stderr);
+  }
+
+ private:
+  bool live_;
+  std::string stage_;
+  std::chrono::steady_clock::time_point stage_start_;
+  unsigned spin_ = 0;
+};
+
+void PrintTable(const MachineProfile& p, const std::string& profile_path) {
+  const CalibrationModel& m = p.model;
+  fmt::print("machine       {} threads, {} kernels ({})\n", p.threads, p.isa, p.cpu_features);
+  fmt::print("model         {}: dim {}, {} layers, {} heads / {} kv heads x {}, ffn {}, {}\n",
+             m.name, m.dim, m.layers, m.heads, m.kv_heads, m.head_dim, m.ffn_dim, m.weight_type);
+  fmt::print("KV f32        {} per token per layer; residual checkpoint {}\n",
+             FormatBytes(m.kv_bytes_per_token_per_layer_f32),
+             FormatBytes(m.residual_bytes_per_token_per_layer_f32));
+  fmt::print("\n");
+
+  fmt::print("| matmul GFLOP/s       |");
+  for (const MatmulRate& r : p.matmul) fmt::print(" {:>9} |", fmt::format("n={}", r.n_tokens));
+  fmt::print("\n|----------------------|");
+  for (size_t i = 0; i < p.matmul.size(); ++i) fmt::print("-----------|");
+  fmt::print("\n| K+V projections      |");
+  for (const MatmulRate& r : p.matmul) fmt::print(" {:>9.2f} |", r.kv_proj_gflops);
+  fmt::print("\n| full layer           |");
+  for (const MatmulRate& r : p.matmul) fmt::print(" {:>9.2f} |", r.layer_gflops);
+  fmt::print("\n\n");
+
+  // What one page costs each way, so the table answers "recompute or fetch?" at a glance.
+  const double page_kv_bytes = static_cast<double>(p.recompute_page_tokens) *
+                               static_cast<double>(m.layers) *
+                               static_cast<double>(m.kv_bytes_per_token_per_layer_f32);
+  const double page_residual_bytes = static_cast<double>(p.recompute_page_tokens) *
+                                     static_cast<double>(m.layers) *
+                                     static_cast<double>(m.residual_bytes_per_token_per_layer_f32);
+  const char* direct = p.disk_read_direct ? "O_DIRECT" : "buffered, cache dropped";
+  fmt::print("| one {}-token page, all {} layers       |        ms |\n", p.recompute_page_tokens,
+             m.layers);
+  fmt::print("|------------------------------------------|-----------|\n");
+  fmt::print("| recompute K/V from residual checkpoints  | {:>9.3f} |\n",
+             p.recompute_from_residual_ms);
+  fmt::print("| recompute K/V from tokens (forward)      | {:>9.3f} |\n",
+             p.recompute_from_tokens_ms);
+  fmt::print("| copy K/V f32 in RAM ({:>10})         | {:>9.3f} |\n",
+             FormatBytes(static_cast<int64_t>(page_kv_bytes)),
+             page_kv_bytes / (p.memory_copy_gbps * 1e9) * 1e3);
+  fmt::print("| read K/V f32 from disk (seq. + latency)  | {:>9.3f} |\n",
+             page_kv_bytes / (p.disk_read_gbps * 1e9) * 1e3 + p.disk_random_read_median_us / 1e3);
+  fmt::print("| read residual f32 from disk (seq.+lat.)  | {:>9.3f} |\n",
+             page_residual_bytes / (p.disk_read_gbps * 1e9) * 1e3 +
+                 p.disk_random_read_median_us / 1e3);
+  fmt::print("\n");
+
+  fmt::print("| memory ({}, {} threads) |      GB/s |\n", FormatBytes(p.memory_bytes), p.threads);
+  fmt::print("|------------------------------|-----------|\n");
+  fmt::print("| read (sum)                   | {:>9.2f} |\n", p.memory_read_gbps);
+  fmt::print("| copy (memcpy, bytes copied)  | {:>9.2f} |\n", p.memory_copy_gbps);
+  fmt::print("\n");
+
+  fmt::print("disk          {} ({} file, 1 MiB requests)\n", p.disk_dir, FormatBytes(p.disk_bytes));
+  fmt::print("| disk                         |     value |\n");
+  fmt::print("|------------------------------|-----------|\n");
+  fmt::print("| write + fsync, GB/s          | {:>9.3f} |\n", p.disk_write_gbps);
+  fmt::print("| read, GB/s                   | {:>9.3f} |  {}\n", p.disk_read_gbps, direct);
+  fmt::print("| 4 KiB random read median, us | {:>9.1f} |  {}\n", p.disk_random_read_median_us,
+             p.disk_random_read_direct ? "O_DIRECT" : "buffered, cache dropped");
+  fmt::print("| 4 KiB random read p99, us    | {:>9.1f} |\n", p.disk_random_read_p99_us);
+  fmt::print("\n");
+  fmt::print("profile       {} (version {}, {})\n", profile_path, p.version, p.timestamp);
+}
+
+}  // namespace
+
+int CalibrateCommand(const CalibrateArgs& args) {
+  if (args.model_path.empty()) {
+    fmt::print(stderr,
+               "kvl calibrate: a model is required (-m MODEL.gguf): the profile is measured at "
+               "the model's own shapes\n");
+    return 1;
+  }
+  CalibrateOptions options;
+  options.model_path = args.model_path;
+  options.num_threads = args.num_threads;
+  options.disk_dir = args.disk_dir;
+  options.quick = args.quick;
+
+  fmt::print(stderr, "kvl calibrate: {}{}\n", args.model_path, args.quick ? " (quick)" : "");
+  ProgressDisplay display;
+  StatusOr<MachineProfile> profile = Calibrate(
+      options, [&](std::string_view stage, double fraction) { display.Update(stage, fraction); });
+  if (!profile.ok()) {
+    fmt::print(stderr, "\nkvl: {}\n", profile.status().ToString());
+    return 1;
+  }
+  const std::string path =
+      args.output.empty() ? DefaultProfilePath(profile->model.name) : args.output;
+  const Status saved = SaveProfile(*profile, path);
+  fmt::print(stderr, "\n");
+  PrintTable(*profile, path);
+  if (!saved.ok()) {
+    fmt::print(stderr, "kvl: {}\n", saved.ToString());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvl::cli

@@ -1,0 +1,273 @@
+#include "kvl/calibration.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+// A quick calibration sized to run in about a second on stories260K.
+CalibrateOptions TinyOptions() {
+  CalibrateOptions o;
+  o.model_path = testing::Stories260KPath();
+  o.num_threads = 2;
+  o.disk_dir = ::testing::TempDir();
+  o.quick = true;
+  o.memory_bytes = 16 << 20;
+  o.disk_bytes = 4 << 20;
+  o.random_reads = 64;
+  o.repetitions = 3;
+  o.disk_repetitions = 1;
+  o.min_sample_seconds = 0.002;
+  return o;
+}
+
+bool PositiveFinite(double x) { return std::isfinite(x) && x > 0; }
+
+// Runs one calibration for the whole suite (it is the slow part).
+const MachineProfile& TinyProfile() {
+  static const MachineProfile profile = [] {
+    StatusOr<MachineProfile> p = Calibrate(TinyOptions(), nullptr);
+    KVL_CHECK_MSG(p.ok(), p.status().ToString().c_str());
+    return *p;
+  }();
+  return profile;
+}
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::path(::testing::TempDir()) /
+          ("kvl-calibration-test-" + std::to_string(::getpid()) + "-" + name))
+      .string();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
+  const MachineProfile& p = TinyProfile();
+  EXPECT_EQ(p.version, kProfileVersion);
+  EXPECT_FALSE(p.timestamp.empty());
+  EXPECT_FALSE(p.isa.empty());
+  EXPECT_EQ(p.threads, 2);
+  EXPECT_EQ(p.model.dim, 64);
+  EXPECT_EQ(p.model.layers, 5);
+  EXPECT_GT(p.model.heads, 0);
+  EXPECT_GT(p.model.kv_heads, 0);
+  EXPECT_EQ(p.model.kv_bytes_per_token_per_layer_f32,
+            2 * p.model.kv_heads * p.model.head_dim * static_cast<int64_t>(sizeof(float)));
+  EXPECT_EQ(p.model.residual_bytes_per_token_per_layer_f32,
+            p.model.dim * static_cast<int64_t>(sizeof(float)));
+  EXPECT_FALSE(p.model.weight_type.empty());
+
+  ASSERT_EQ(p.matmul.size(), 3u);
+  EXPECT_EQ(p.matmul[0].n_tokens, 1);
+  EXPECT_EQ(p.matmul[1].n_tokens, 16);
+  EXPECT_EQ(p.matmul[2].n_tokens, 128);
+  for (const MatmulRate& r : p.matmul) {
+    EXPECT_TRUE(PositiveFinite(r.kv_proj_gflops)) << r.n_tokens;
+    EXPECT_TRUE(PositiveFinite(r.layer_gflops)) << r.n_tokens;
+  }
+  EXPECT_EQ(p.recompute_page_tokens, kCalibrationPageTokens);
+  EXPECT_TRUE(PositiveFinite(p.recompute_from_residual_ms));
+  EXPECT_TRUE(PositiveFinite(p.recompute_from_tokens_ms));
+  EXPECT_EQ(p.memory_bytes, 16 << 20);
+  EXPECT_TRUE(PositiveFinite(p.memory_read_gbps));
+  EXPECT_TRUE(PositiveFinite(p.memory_copy_gbps));
+  EXPECT_EQ(p.disk_bytes, 4 << 20);
+  EXPECT_TRUE(PositiveFinite(p.disk_write_gbps));
+  EXPECT_TRUE(PositiveFinite(p.disk_read_gbps));
+  EXPECT_TRUE(PositiveFinite(p.disk_random_read_median_us));
+  EXPECT_TRUE(PositiveFinite(p.disk_random_read_p99_us));
+  EXPECT_GE(p.disk_random_read_p99_us, p.disk_random_read_median_us);
+}
+
+TEST(CalibrationTest, DiskScratchFileIsRemoved) {
+  TinyProfile();
+  for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir())) {
+    EXPECT_EQ(entry.path().filename().string().rfind("kvl-calibrate-", 0), std::string::npos)
+        << entry.path();
+  }
+}
+
+TEST(CalibrationTest, ProgressReachesOneForEveryStageInOrder) {
+  CalibrateOptions o = TinyOptions();
+  o.repetitions = 1;
+  std::vector<std::string> stages;
+  std::map<std::string, double> last_fraction;
+  bool fractions_in_range = true;
+  bool monotone = true;
+  StatusOr<MachineProfile> p = Calibrate(o, [&](std::string_view stage, double fraction) {
+    const std::string s(stage);
+    if (stages.empty() || stages.back() != s) stages.push_back(s);
+    fractions_in_range = fractions_in_range && fraction >= 0.0 && fraction <= 1.0;
+    if (last_fraction.count(s) > 0) monotone = monotone && fraction >= last_fraction[s];
+    last_fraction[s] = fraction;
+  });
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(stages, (std::vector<std::string>{"matmul", "recompute", "memory", "disk"}));
+  EXPECT_TRUE(fractions_in_range);
+  EXPECT_TRUE(monotone);
+  for (const auto& [stage, fraction] : last_fraction) EXPECT_EQ(fraction, 1.0) << stage;
+}
+
+TEST(CalibrationTest, MissingModelIsAClearError) {
+  CalibrateOptions o = TinyOptions();
+  o.model_path.clear();
+  StatusOr<MachineProfile> p = Calibrate(o, nullptr);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("model"), std::string::npos) << p.status().ToString();
+
+  o.model_path = TempPath("no-such-model.gguf");
+  p = Calibrate(o, nullptr);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("no-such-model.gguf"), std::string::npos)
+      << p.status().ToString();
+}
+
+TEST(CalibrationTest, MissingDiskDirectoryIsNotFound) {
+  CalibrateOptions o = TinyOptions();
+  o.disk_dir = TempPath("no-such-dir");
+  StatusOr<MachineProfile> p = Calibrate(o, nullptr);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(p.status().message().find("no-such-dir"), std::string::npos);
+}
+
+TEST(CalibrationTest, SaveThenLoadRoundTripsExactly) {
+  const std::string path = TempPath("nested/dir/profile.json");
+  ASSERT_TRUE(SaveProfile(TinyProfile(), path).ok());
+  StatusOr<MachineProfile> loaded = LoadProfile(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, TinyProfile());
+  // Awkward doubles too: the JSON must keep every bit.
+  MachineProfile p = TinyProfile();
+  p.memory_read_gbps = 0.1 + 0.2;
+  p.disk_random_read_p99_us = 1e-300;
+  p.matmul[0].kv_proj_gflops = 123456789.123456789;
+  ASSERT_TRUE(SaveProfile(p, path).ok());
+  loaded = LoadProfile(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, p);
+  std::filesystem::remove_all(TempPath("nested"));
+}
+
+// Saves the tiny profile, lets `edit` change its JSON, and loads the result.
+Status LoadEdited(const std::function<void(nlohmann::json&)>& edit) {
+  const std::string path = TempPath("edited.json");
+  EXPECT_TRUE(SaveProfile(TinyProfile(), path).ok());
+  nlohmann::json j = nlohmann::json::parse(ReadFile(path));
+  edit(j);
+  WriteFile(path, j.dump(2));
+  Status s = LoadProfile(path).status();
+  std::filesystem::remove(path);
+  return s;
+}
+
+void ExpectError(const Status& s, StatusCode code, const std::string& needle) {
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), code) << s.ToString();
+  EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
+}
+
+TEST(CalibrationTest, LoadRejectsMissingFields) {
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["disk"].erase("read_gbps"); }),
+              StatusCode::kDataLoss, "'disk.read_gbps' is missing");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["model"].erase("dim"); }),
+              StatusCode::kDataLoss, "'model.dim' is missing");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j.erase("recompute"); }), StatusCode::kDataLoss,
+              "'recompute' is missing");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["matmul"][1].erase("layer_gflops"); }),
+              StatusCode::kDataLoss, "'matmul[1].layer_gflops' is missing");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j.erase("version"); }), StatusCode::kDataLoss,
+              "'version' is missing");
+}
+
+TEST(CalibrationTest, LoadRejectsNegativeAndMistypedValues) {
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["memory"]["copy_gbps"] = -3.5; }),
+              StatusCode::kDataLoss, "'memory.copy_gbps' must be a positive finite number");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["recompute"]["from_tokens_ms"] = 0; }),
+              StatusCode::kDataLoss, "'recompute.from_tokens_ms'");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["model"]["layers"] = -5; }),
+              StatusCode::kDataLoss, "'model.layers' must be >= 1, got -5");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["machine"]["threads"] = "two"; }),
+              StatusCode::kDataLoss, "'machine.threads' must be an integer");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["disk"]["read_direct"] = 1; }),
+              StatusCode::kDataLoss, "'disk.read_direct' must be true or false");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["disk"]["write_gbps"] = nullptr; }),
+              StatusCode::kDataLoss, "'disk.write_gbps' must be a number");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["matmul"] = nlohmann::json::array(); }),
+              StatusCode::kDataLoss, "'matmul' must be a non-empty array");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["model"] = 7; }), StatusCode::kDataLoss,
+              "'model' must be an object");
+}
+
+TEST(CalibrationTest, LoadRejectsOtherVersions) {
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["version"] = kProfileVersion + 1; }),
+              StatusCode::kInvalidArgument, "'version' is 2");
+}
+
+TEST(CalibrationTest, LoadRejectsCorruptTruncatedAndMissingFiles) {
+  const std::string path = TempPath("corrupt.json");
+  ASSERT_TRUE(SaveProfile(TinyProfile(), path).ok());
+  const std::string text = ReadFile(path);
+
+  WriteFile(path, text.substr(0, text.size() / 2));
+  Status s = LoadProfile(path).status();
+  ExpectError(s, StatusCode::kDataLoss, "not valid JSON");
+  EXPECT_NE(s.message().find(path), std::string::npos);
+
+  WriteFile(path, "\x01\x02 garbage {");
+  ExpectError(LoadProfile(path).status(), StatusCode::kDataLoss, "not valid JSON");
+
+  WriteFile(path, "");
+  ExpectError(LoadProfile(path).status(), StatusCode::kDataLoss, "not valid JSON");
+
+  WriteFile(path, "[1, 2, 3]");
+  ExpectError(LoadProfile(path).status(), StatusCode::kDataLoss, "not an object");
+
+  std::filesystem::remove(path);
+  ExpectError(LoadProfile(path).status(), StatusCode::kNotFound, "does not exist");
+}
+
+TEST(CalibrationTest, DefaultProfilePathFollowsEnvironmentAndSanitizesTheName) {
+  const char* old_profile = std::getenv("KVL_PROFILE");
+  const char* old_xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string saved_profile = old_profile ? old_profile : "";
+  const std::string saved_xdg = old_xdg ? old_xdg : "";
+
+  ::setenv("KVL_PROFILE", "/somewhere/p.json", 1);
+  EXPECT_EQ(DefaultProfilePath("any"), "/somewhere/p.json");
+  ::unsetenv("KVL_PROFILE");
+  ::setenv("XDG_CACHE_HOME", "/cache", 1);
+  EXPECT_EQ(DefaultProfilePath("TinyLlama 1.1B/chat"),
+            "/cache/kvlattice/profile-TinyLlama_1.1B_chat.json");
+  EXPECT_EQ(DefaultProfilePath(".."), "/cache/kvlattice/profile-model.json");
+
+  if (old_profile) ::setenv("KVL_PROFILE", saved_profile.c_str(), 1);
+  if (old_xdg) ::setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1);
+  else ::unsetenv("XDG_CACHE_HOME");
+}
+
+}  // namespace
+}  // namespace kvl
