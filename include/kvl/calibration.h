@@ -34,12 +34,12 @@ struct CalibrateOptions {
   bool quick = false;      // fewer repetitions and smaller buffers: a few seconds in all
 
   // Sizes and repetitions; 0 picks the default for the mode (tests make them small).
-  int64_t memory_bytes = 0;        // memory test buffer: 256 MiB
-  int64_t disk_bytes = 0;          // disk test file: 256 MiB, 64 MiB with quick
-  int64_t random_reads = 0;        // 4 KiB random reads timed: 2000, 500 with quick
-  int repetitions = 0;             // samples per measurement (median taken): 7, 3 with quick
-  int disk_repetitions = 0;        // write+read passes over the disk file: 3, 2 with quick
-  double min_sample_seconds = 0;   // a sample repeats its loop at least this long: 0.05, 0.01
+  int64_t memory_bytes = 0;       // memory test buffer: 256 MiB
+  int64_t disk_bytes = 0;         // disk test file: 256 MiB, 64 MiB with quick
+  int64_t random_reads = 0;       // 4 KiB random reads timed: 2000, 500 with quick
+  int repetitions = 0;            // samples per measurement (median taken): 7, 3 with quick
+  int disk_repetitions = 0;       // write+read passes over the disk file: 3, 2 with quick
+  double min_sample_seconds = 0;  // a sample repeats its loop at least this long: 0.05, 0.01
 };
 
 struct CalibrationModel {
@@ -50,7 +50,7 @@ struct CalibrationModel {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   int64_t ffn_dim = 0;
-  std::string weight_type;  // "q8_0", "f32", ... or "mixed"
+  std::string weight_type;                             // "q8_0", "f32", ... or "mixed"
   int64_t kv_bytes_per_token_per_layer_f32 = 0;        // K and V rows
   int64_t residual_bytes_per_token_per_layer_f32 = 0;  // the layer's input row
 

@@ -73,24 +73,26 @@ void PrintTable(const MachineProfile& p, const std::string& profile_path) {
                                      static_cast<double>(m.layers) *
                                      static_cast<double>(m.residual_bytes_per_token_per_layer_f32);
   const char* direct = p.disk_read_direct ? "O_DIRECT" : "buffered, cache dropped";
-  fmt::print("| one {}-token page, all {} layers       |        ms |\n", p.recompute_page_tokens,
-             m.layers);
+  fmt::print("| {:<40} |        ms |\n",
+             fmt::format("one {}-token page, all {} layers", p.recompute_page_tokens, m.layers));
   fmt::print("|------------------------------------------|-----------|\n");
   fmt::print("| recompute K/V from residual checkpoints  | {:>9.3f} |\n",
              p.recompute_from_residual_ms);
   fmt::print("| recompute K/V from tokens (forward)      | {:>9.3f} |\n",
              p.recompute_from_tokens_ms);
-  fmt::print("| copy K/V f32 in RAM ({:>10})         | {:>9.3f} |\n",
-             FormatBytes(static_cast<int64_t>(page_kv_bytes)),
-             page_kv_bytes / (p.memory_copy_gbps * 1e9) * 1e3);
+  fmt::print(
+      "| {:<40} | {:>9.3f} |\n",
+      fmt::format("copy K/V f32 in RAM ({})", FormatBytes(static_cast<int64_t>(page_kv_bytes))),
+      page_kv_bytes / (p.memory_copy_gbps * 1e9) * 1e3);
   fmt::print("| read K/V f32 from disk (seq. + latency)  | {:>9.3f} |\n",
              page_kv_bytes / (p.disk_read_gbps * 1e9) * 1e3 + p.disk_random_read_median_us / 1e3);
-  fmt::print("| read residual f32 from disk (seq.+lat.)  | {:>9.3f} |\n",
-             page_residual_bytes / (p.disk_read_gbps * 1e9) * 1e3 +
-                 p.disk_random_read_median_us / 1e3);
+  fmt::print(
+      "| read residuals f32 from disk (seq.+lat.) | {:>9.3f} |\n",
+      page_residual_bytes / (p.disk_read_gbps * 1e9) * 1e3 + p.disk_random_read_median_us / 1e3);
   fmt::print("\n");
 
-  fmt::print("| memory ({}, {} threads) |      GB/s |\n", FormatBytes(p.memory_bytes), p.threads);
+  fmt::print("| {:<28} |      GB/s |\n",
+             fmt::format("memory, {} x {} threads", FormatBytes(p.memory_bytes), p.threads));
   fmt::print("|------------------------------|-----------|\n");
   fmt::print("| read (sum)                   | {:>9.2f} |\n", p.memory_read_gbps);
   fmt::print("| copy (memcpy, bytes copied)  | {:>9.2f} |\n", p.memory_copy_gbps);

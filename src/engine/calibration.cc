@@ -2,6 +2,8 @@
 // memory; the disk test is in calibration_disk.cc), and the timing helpers they share.
 #include "kvl/calibration.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,8 +13,6 @@
 #include <memory>
 #include <random>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "engine/calibration_internal.h"
 #include "kvl/forward.h"
@@ -25,8 +25,7 @@ namespace kvl {
 namespace calibration_internal {
 
 double NowSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double Median(std::vector<double> values) {
@@ -35,7 +34,8 @@ double Median(std::vector<double> values) {
   std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
   const double upper = values[mid];
   if (values.size() % 2 == 1) return upper;
-  const double lower = *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
+  const double lower =
+      *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid));
   return 0.5 * (lower + upper);
 }
 
@@ -79,7 +79,8 @@ constexpr int64_t kMatmulTokenCounts[] = {1, kCalibrationPageTokens, 128};
 // Options with every 0 replaced by the default for the mode.
 CalibrateOptions ResolveDefaults(const CalibrateOptions& in) {
   CalibrateOptions o = in;
-  if (o.num_threads <= 0) o.num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (o.num_threads <= 0)
+    o.num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (o.memory_bytes <= 0) o.memory_bytes = 256 * kMiB;
   if (o.disk_bytes <= 0) o.disk_bytes = (o.quick ? 64 : 256) * kMiB;
   if (o.random_reads <= 0) o.random_reads = o.quick ? 500 : 2000;
@@ -138,7 +139,8 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed) {
 
 // 1. GFLOP/s of the K+V projections and of a whole layer's projections, on layer 0's weights.
 std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
-                                      const CalibrateOptions& o, const CalibrationProgress& progress) {
+                                      const CalibrateOptions& o,
+                                      const CalibrationProgress& progress) {
   const ModelConfig& c = model.config();
   const LayerWeights& w = model.layer(0);
   const int64_t max_tokens = kMatmulTokenCounts[std::size(kMatmulTokenCounts) - 1];
@@ -156,10 +158,9 @@ std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
   for (int64_t n : kMatmulTokenCounts) {
     MatmulRate rate;
     rate.n_tokens = n;
-    const double kv_seconds =
-        MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
-          MatMulShared(ctx, {&w.wk, &w.wv}, x.data(), n, {k.data(), v.data()});
-        });
+    const double kv_seconds = MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
+      MatMulShared(ctx, {&w.wk, &w.wv}, x.data(), n, {k.data(), v.data()});
+    });
     rate.kv_proj_gflops = (MatFlops(w.wk, n) + MatFlops(w.wv, n)) / kv_seconds / 1e9;
     const double layer_seconds =
         MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
@@ -274,7 +275,8 @@ std::pair<double, double> MeasureMemory(ThreadPool& pool, const CalibrateOptions
   std::vector<uint64_t> src(words, 0x0123456789abcdefull);
   std::vector<uint64_t> dst(words, 0);
   const int64_t num_tasks = 4 * pool.num_threads();  // a few per thread for balance
-  const size_t chunk = (words + static_cast<size_t>(num_tasks) - 1) / static_cast<size_t>(num_tasks);
+  const size_t chunk =
+      (words + static_cast<size_t>(num_tasks) - 1) / static_cast<size_t>(num_tasks);
   std::vector<uint64_t> partial(static_cast<size_t>(num_tasks));
   volatile uint64_t sink = 0;
 
@@ -311,7 +313,8 @@ StatusOr<MachineProfile> Calibrate(const CalibrateOptions& options,
         "own shapes");
   }
   if (options.num_threads < 0) {
-    return InvalidArgumentError(fmt::format("calibrate: threads must be >= 0, got {}", options.num_threads));
+    return InvalidArgumentError(
+        fmt::format("calibrate: threads must be >= 0, got {}", options.num_threads));
   }
   if (options.memory_bytes < 0 || options.disk_bytes < 0 || options.random_reads < 0 ||
       options.repetitions < 0 || options.disk_repetitions < 0 ||

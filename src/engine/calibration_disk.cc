@@ -3,6 +3,7 @@
 // cache, so the file is fsynced and dropped from the cache (posix_fadvise DONTNEED) before every
 // read pass, and reads use O_DIRECT where the filesystem allows it.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,8 +14,6 @@
 #include <memory>
 #include <random>
 #include <system_error>
-
-#include <fmt/format.h>
 
 #include "engine/calibration_internal.h"
 
@@ -116,7 +115,8 @@ Status ReadAll(int fd, uint8_t* data, int64_t bytes, int64_t offset, const std::
 
 StatusOr<std::string> ResolveDiskDir(const std::string& dir) {
   std::error_code ec;
-  const std::string resolved = dir.empty() ? std::filesystem::temp_directory_path(ec).string() : dir;
+  const std::string resolved =
+      dir.empty() ? std::filesystem::temp_directory_path(ec).string() : dir;
   if (ec) return IoError(fmt::format("calibrate: no temp directory: {}", ec.message()));
   if (!std::filesystem::exists(resolved, ec)) {
     return NotFoundError(fmt::format("calibrate: disk directory '{}' does not exist", resolved));
@@ -130,7 +130,8 @@ StatusOr<std::string> ResolveDiskDir(const std::string& dir) {
 StatusOr<DiskMeasurement> MeasureDisk(const DiskTestOptions& options, StageProgress& progress) {
   DiskMeasurement m;
   KVL_ASSIGN_OR_RETURN(m.dir, ResolveDiskDir(options.dir));
-  const int64_t requests = std::max<int64_t>(1, (options.bytes + kRequestBytes - 1) / kRequestBytes);
+  const int64_t requests =
+      std::max<int64_t>(1, (options.bytes + kRequestBytes - 1) / kRequestBytes);
   m.bytes = requests * kRequestBytes;
   ScratchFile file(
       (std::filesystem::path(m.dir) / fmt::format("kvl-calibrate-{}.tmp", ::getpid())).string());

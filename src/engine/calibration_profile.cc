@@ -1,15 +1,15 @@
 // The machine profile as JSON: SaveProfile, LoadProfile (which trusts nothing in the file) and
 // the default location. nlohmann-json exceptions stop here.
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <system_error>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "kvl/calibration.h"
 
@@ -24,16 +24,17 @@ Json ToJson(const MachineProfile& p) {
   j["timestamp"] = p.timestamp;
   j["machine"] = {{"cpu_features", p.cpu_features}, {"isa", p.isa}, {"threads", p.threads}};
   const CalibrationModel& m = p.model;
-  j["model"] = {{"name", m.name},
-                {"dim", m.dim},
-                {"layers", m.layers},
-                {"heads", m.heads},
-                {"kv_heads", m.kv_heads},
-                {"head_dim", m.head_dim},
-                {"ffn_dim", m.ffn_dim},
-                {"weight_type", m.weight_type},
-                {"kv_bytes_per_token_per_layer_f32", m.kv_bytes_per_token_per_layer_f32},
-                {"residual_bytes_per_token_per_layer_f32", m.residual_bytes_per_token_per_layer_f32}};
+  j["model"] = {
+      {"name", m.name},
+      {"dim", m.dim},
+      {"layers", m.layers},
+      {"heads", m.heads},
+      {"kv_heads", m.kv_heads},
+      {"head_dim", m.head_dim},
+      {"ffn_dim", m.ffn_dim},
+      {"weight_type", m.weight_type},
+      {"kv_bytes_per_token_per_layer_f32", m.kv_bytes_per_token_per_layer_f32},
+      {"residual_bytes_per_token_per_layer_f32", m.residual_bytes_per_token_per_layer_f32}};
   j["matmul"] = Json::array();
   for (const MatmulRate& r : p.matmul) {
     j["matmul"].push_back({{"n_tokens", r.n_tokens},
@@ -88,7 +89,8 @@ class FieldReader {
   // An integer >= min.
   Status Int(std::string_view key, int64_t min, int64_t* out) const {
     KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
-    if (!v->is_number_integer()) return Error(key, fmt::format("must be an integer, got {}", v->dump()));
+    if (!v->is_number_integer())
+      return Error(key, fmt::format("must be an integer, got {}", v->dump()));
     if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
       return Error(key, fmt::format("is out of range: {}", v->dump()));
     }
@@ -115,7 +117,8 @@ class FieldReader {
   }
   Status Bool(std::string_view key, bool* out) const {
     KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
-    if (!v->is_boolean()) return Error(key, fmt::format("must be true or false, got {}", v->dump()));
+    if (!v->is_boolean())
+      return Error(key, fmt::format("must be true or false, got {}", v->dump()));
     *out = v->get<bool>();
     return Status::Ok();
   }
@@ -165,7 +168,8 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   }
   for (size_t i = 0; i < matmul->size(); ++i) {
     const FieldReader rate_reader(file, (*matmul)[i], fmt::format("matmul[{}]", i));
-    if (!(*matmul)[i].is_object()) return top.Error(fmt::format("matmul[{}]", i), "must be an object");
+    if (!(*matmul)[i].is_object())
+      return top.Error(fmt::format("matmul[{}]", i), "must be an object");
     MatmulRate r;
     KVL_RETURN_IF_ERROR(rate_reader.Int("n_tokens", 1, &r.n_tokens));
     KVL_RETURN_IF_ERROR(rate_reader.Positive("kv_proj_gflops", &r.kv_proj_gflops));

@@ -1,6 +1,7 @@
 #include "kvl/calibration.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -10,7 +11,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 
 #include "test_paths.h"
 
@@ -193,8 +193,8 @@ void ExpectError(const Status& s, StatusCode code, const std::string& needle) {
 TEST(CalibrationTest, LoadRejectsMissingFields) {
   ExpectError(LoadEdited([](nlohmann::json& j) { j["disk"].erase("read_gbps"); }),
               StatusCode::kDataLoss, "'disk.read_gbps' is missing");
-  ExpectError(LoadEdited([](nlohmann::json& j) { j["model"].erase("dim"); }),
-              StatusCode::kDataLoss, "'model.dim' is missing");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["model"].erase("dim"); }), StatusCode::kDataLoss,
+              "'model.dim' is missing");
   ExpectError(LoadEdited([](nlohmann::json& j) { j.erase("recompute"); }), StatusCode::kDataLoss,
               "'recompute' is missing");
   ExpectError(LoadEdited([](nlohmann::json& j) { j["matmul"][1].erase("layer_gflops"); }),
@@ -265,8 +265,10 @@ TEST(CalibrationTest, DefaultProfilePathFollowsEnvironmentAndSanitizesTheName) {
   EXPECT_EQ(DefaultProfilePath(".."), "/cache/kvlattice/profile-model.json");
 
   if (old_profile) ::setenv("KVL_PROFILE", saved_profile.c_str(), 1);
-  if (old_xdg) ::setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1);
-  else ::unsetenv("XDG_CACHE_HOME");
+  if (old_xdg)
+    ::setenv("XDG_CACHE_HOME", saved_xdg.c_str(), 1);
+  else
+    ::unsetenv("XDG_CACHE_HOME");
 }
 
 }  // namespace
