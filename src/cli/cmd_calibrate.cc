@@ -91,21 +91,21 @@ void PrintTable(const MachineProfile& p, const std::string& profile_path) {
       page_residual_bytes / (p.disk_read_gbps * 1e9) * 1e3 + p.disk_random_read_median_us / 1e3);
   fmt::print("\n");
 
-  fmt::print("| {:<28} |      GB/s |\n",
-             fmt::format("memory, {} x {} threads", FormatBytes(p.memory_bytes), p.threads));
-  fmt::print("|------------------------------|-----------|\n");
-  fmt::print("| read (sum)                   | {:>9.2f} |\n", p.memory_read_gbps);
-  fmt::print("| copy (memcpy, bytes copied)  | {:>9.2f} |\n", p.memory_copy_gbps);
+  fmt::print("| {:<30} |      GB/s |\n",
+             fmt::format("memory, {}, {} threads", FormatBytes(p.memory_bytes), p.threads));
+  fmt::print("|--------------------------------|-----------|\n");
+  fmt::print("| read (sum)                     | {:>9.2f} |\n", p.memory_read_gbps);
+  fmt::print("| copy (memcpy, bytes copied)    | {:>9.2f} |\n", p.memory_copy_gbps);
   fmt::print("\n");
 
   fmt::print("disk          {} ({} file, 1 MiB requests)\n", p.disk_dir, FormatBytes(p.disk_bytes));
-  fmt::print("| disk                         |     value |\n");
-  fmt::print("|------------------------------|-----------|\n");
-  fmt::print("| write + fsync, GB/s          | {:>9.3f} |\n", p.disk_write_gbps);
-  fmt::print("| read, GB/s                   | {:>9.3f} |  {}\n", p.disk_read_gbps, direct);
-  fmt::print("| 4 KiB random read median, us | {:>9.1f} |  {}\n", p.disk_random_read_median_us,
+  fmt::print("| {:<30} |     value |\n", "disk");
+  fmt::print("|--------------------------------|-----------|\n");
+  fmt::print("| write + fsync, GB/s            | {:>9.3f} |\n", p.disk_write_gbps);
+  fmt::print("| read, GB/s                     | {:>9.3f} |  {}\n", p.disk_read_gbps, direct);
+  fmt::print("| 4 KiB random read median, us   | {:>9.1f} |  {}\n", p.disk_random_read_median_us,
              p.disk_random_read_direct ? "O_DIRECT" : "buffered, cache dropped");
-  fmt::print("| 4 KiB random read p99, us    | {:>9.1f} |\n", p.disk_random_read_p99_us);
+  fmt::print("| 4 KiB random read p99, us      | {:>9.1f} |\n", p.disk_random_read_p99_us);
   fmt::print("\n");
   fmt::print("profile       {} (version {}, {})\n", profile_path, p.version, p.timestamp);
 }

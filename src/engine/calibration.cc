@@ -142,7 +142,6 @@ std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
                                       const CalibrateOptions& o,
                                       const CalibrationProgress& progress) {
   const ModelConfig& c = model.config();
-  const LayerWeights& w = model.layer(0);
   const int64_t max_tokens = kMatmulTokenCounts[std::size(kMatmulTokenCounts) - 1];
   const int64_t max_cols = std::max({c.dim, c.q_dim(), c.ffn_dim});
   auto rows = [](int64_t n, int64_t width) { return static_cast<size_t>(n * width); };
@@ -154,20 +153,32 @@ std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
 
   StageProgress stage(progress, "matmul",
                       2 * static_cast<int64_t>(std::size(kMatmulTokenCounts)) * o.repetitions);
+  // Each call takes the next layer's weights, as a pass over the model does: one layer's weights
+  // used again and again would sit in cache and overstate the rate at small n_tokens, where
+  // streaming the weights from memory is the real cost. (Every llama layer has the same shapes.)
+  int64_t next_layer = 0;
+  auto layer = [&]() -> const LayerWeights& {
+    const LayerWeights& w = model.layer(next_layer);
+    next_layer = (next_layer + 1) % c.num_layers;
+    return w;
+  };
+  const LayerWeights& w = model.layer(0);  // for the FLOP counts
   std::vector<MatmulRate> rates;
   for (int64_t n : kMatmulTokenCounts) {
     MatmulRate rate;
     rate.n_tokens = n;
     const double kv_seconds = MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
-      MatMulShared(ctx, {&w.wk, &w.wv}, x.data(), n, {k.data(), v.data()});
+      const LayerWeights& lw = layer();
+      MatMulShared(ctx, {&lw.wk, &lw.wv}, x.data(), n, {k.data(), v.data()});
     });
     rate.kv_proj_gflops = (MatFlops(w.wk, n) + MatFlops(w.wv, n)) / kv_seconds / 1e9;
     const double layer_seconds =
         MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
-          MatMulShared(ctx, {&w.wq, &w.wk, &w.wv}, x.data(), n, {q.data(), k.data(), v.data()});
-          ops::MatMul(ctx, w.wo, x.data(), n, out.data());
-          MatMulShared(ctx, {&w.w_gate, &w.w_up}, x.data(), n, {gate.data(), up.data()});
-          ops::MatMul(ctx, w.w_down, x.data(), n, out.data());
+          const LayerWeights& lw = layer();
+          MatMulShared(ctx, {&lw.wq, &lw.wk, &lw.wv}, x.data(), n, {q.data(), k.data(), v.data()});
+          ops::MatMul(ctx, lw.wo, x.data(), n, out.data());
+          MatMulShared(ctx, {&lw.w_gate, &lw.w_up}, x.data(), n, {gate.data(), up.data()});
+          ops::MatMul(ctx, lw.w_down, x.data(), n, out.data());
         });
     double layer_flops = 0;
     for (const MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
