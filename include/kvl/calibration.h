@@ -72,6 +72,9 @@ struct MachineProfile {
   std::string cpu_features;  // ops::CpuFeatureString()
   std::string isa;           // the kernel path measured: ops::IsaName(ops::BestIsa())
   int64_t threads = 0;
+  // The 1-minute load average when calibration started: well above 0 means other processes
+  // competed for the cores and the rates below are low (re-run on a quiet machine).
+  double load_average = 0;
 
   CalibrationModel model;
 

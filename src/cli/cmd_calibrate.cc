@@ -47,7 +47,8 @@ class ProgressDisplay {
 
 void PrintTable(const MachineProfile& p, const std::string& profile_path) {
   const CalibrationModel& m = p.model;
-  fmt::print("machine       {} threads, {} kernels ({})\n", p.threads, p.isa, p.cpu_features);
+  fmt::print("machine       {} threads, {} kernels ({}), load average {:.2f}\n", p.threads, p.isa,
+             p.cpu_features, p.load_average);
   fmt::print("model         {}: dim {}, {} layers, {} heads / {} kv heads x {}, ffn {}, {}\n",
              m.name, m.dim, m.layers, m.heads, m.kv_heads, m.head_dim, m.ffn_dim, m.weight_type);
   fmt::print("KV f32        {} per token per layer; residual checkpoint {}\n",
@@ -137,6 +138,12 @@ int CalibrateCommand(const CalibrateArgs& args) {
       args.output.empty() ? DefaultProfilePath(profile->model.name) : args.output;
   const Status saved = SaveProfile(*profile, path);
   fmt::print(stderr, "\n");
+  if (profile->load_average > 0.5) {
+    fmt::print(stderr,
+               "kvl calibrate: warning: load average was {:.2f}: other processes were using the "
+               "cores, so the rates are low; calibrate again on a quiet machine\n\n",
+               profile->load_average);
+  }
   PrintTable(*profile, path);
   if (!saved.ok()) {
     fmt::print(stderr, "kvl: {}\n", saved.ToString());

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <initializer_list>
@@ -344,6 +345,9 @@ StatusOr<MachineProfile> Calibrate(const CalibrateOptions& options,
   const ops::Isa isa = ops::BestIsa();
   p.isa = std::string(ops::IsaName(isa));
   p.threads = o.num_threads;
+  double load[1] = {0};
+  if (::getloadavg(load, 1) == 1 && std::isfinite(load[0]) && load[0] >= 0)
+    p.load_average = load[0];
   p.model.name = c.name;
   p.model.dim = c.dim;
   p.model.layers = c.num_layers;

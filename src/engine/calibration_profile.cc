@@ -22,7 +22,10 @@ Json ToJson(const MachineProfile& p) {
   Json j;
   j["version"] = p.version;
   j["timestamp"] = p.timestamp;
-  j["machine"] = {{"cpu_features", p.cpu_features}, {"isa", p.isa}, {"threads", p.threads}};
+  j["machine"] = {{"cpu_features", p.cpu_features},
+                  {"isa", p.isa},
+                  {"threads", p.threads},
+                  {"load_average", p.load_average}};
   const CalibrationModel& m = p.model;
   j["model"] = {
       {"name", m.name},
@@ -108,6 +111,16 @@ class FieldReader {
     }
     return Status::Ok();
   }
+  // A finite number >= 0.
+  Status NonNegative(std::string_view key, double* out) const {
+    KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
+    if (!v->is_number()) return Error(key, fmt::format("must be a number, got {}", v->dump()));
+    *out = v->get<double>();
+    if (!std::isfinite(*out) || *out < 0) {
+      return Error(key, fmt::format("must be a finite number >= 0, got {}", v->dump()));
+    }
+    return Status::Ok();
+  }
   Status String(std::string_view key, bool allow_empty, std::string* out) const {
     KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
     if (!v->is_string()) return Error(key, fmt::format("must be a string, got {}", v->dump()));
@@ -146,6 +159,7 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   KVL_RETURN_IF_ERROR(machine.String("cpu_features", true, &p.cpu_features));
   KVL_RETURN_IF_ERROR(machine.String("isa", false, &p.isa));
   KVL_RETURN_IF_ERROR(machine.Int("threads", 1, &p.threads));
+  KVL_RETURN_IF_ERROR(machine.NonNegative("load_average", &p.load_average));
 
   KVL_ASSIGN_OR_RETURN(FieldReader model, top.Object("model"));
   CalibrationModel& m = p.model;

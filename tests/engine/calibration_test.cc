@@ -69,6 +69,7 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
   EXPECT_FALSE(p.timestamp.empty());
   EXPECT_FALSE(p.isa.empty());
   EXPECT_EQ(p.threads, 2);
+  EXPECT_TRUE(std::isfinite(p.load_average) && p.load_average >= 0);
   EXPECT_EQ(p.model.dim, 64);
   EXPECT_EQ(p.model.layers, 5);
   EXPECT_GT(p.model.heads, 0);
@@ -210,6 +211,8 @@ TEST(CalibrationTest, LoadRejectsNegativeAndMistypedValues) {
               StatusCode::kDataLoss, "'recompute.from_tokens_ms'");
   ExpectError(LoadEdited([](nlohmann::json& j) { j["model"]["layers"] = -5; }),
               StatusCode::kDataLoss, "'model.layers' must be >= 1, got -5");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["machine"]["load_average"] = -0.5; }),
+              StatusCode::kDataLoss, "'machine.load_average' must be a finite number >= 0");
   ExpectError(LoadEdited([](nlohmann::json& j) { j["machine"]["threads"] = "two"; }),
               StatusCode::kDataLoss, "'machine.threads' must be an integer");
   ExpectError(LoadEdited([](nlohmann::json& j) { j["disk"]["read_direct"] = 1; }),
