@@ -1,0 +1,117 @@
+// The KV action lattice's cost model: for one page (block_tokens tokens x all layers) it prices
+// every action (keep, compress, demote, recompute, evict) and picks the cheapest allowed one.
+//
+//   cost(a) = P(reuse) x time to bring the page back under a      (ms)
+//           + time spent now to carry a out                        (ms)
+//           + memory price x bytes a leaves resident               (ms-equivalent)
+//           + quality penalty of a (lossy actions only)            (ms-equivalent)
+//
+// Every input is measured (kvl calibrate) or observed (the page's access history); nothing here
+// knows about the model beyond byte counts, so the policy is unit-testable with no model bytes.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kvl/status.h"
+
+namespace kvl {
+
+enum class KvAction {
+  kKeep = 0,
+  kCompressInt8,
+  kCompressInt4,
+  kDemoteRam,
+  kDemoteDisk,
+  kRecomputeResidual,
+  kRecomputeTokens,
+  kEvict,
+};
+inline constexpr int kNumKvActions = 8;
+std::string_view KvActionName(KvAction action);
+bool IsLossless(KvAction action);
+
+enum class KvQuality { kLossless, kBalanced, kAggressive };
+StatusOr<KvQuality> ParseKvQuality(std::string_view text);  // lossless | balanced | aggressive
+
+// --kv-policy: auto, or one fixed action for comparisons and tests.
+struct KvPolicyChoice {
+  bool automatic = true;
+  KvAction fixed = KvAction::kKeep;
+};
+StatusOr<KvPolicyChoice> ParseKvPolicy(std::string_view text);
+// auto | keep | compress (int8) | compress-int4 | demote (ram) | demote-disk |
+// recompute-residual | recompute-tokens | evict
+
+enum class Phase { kPrefill, kDecode };
+
+// What the machine can do, from the calibration profile, per page of this model.
+struct PageCostProfile {
+  int64_t kv_bytes = 0;             // the page's K+V at the cache dtype, all layers
+  int64_t residual_bytes = 0;       // its residual checkpoints, all layers (kept in the RAM tier)
+  double recompute_residual_ms = 0; // measured: rebuild K,V of the page from checkpoints
+  double recompute_tokens_ms = 0;   // measured: re-run the page's tokens through the model
+  double compress_ms = 0;           // re-encode the page (int8 or int4)
+  double ram_gbps = 0;              // host RAM tier read/write bandwidth
+  double ram_latency_ms = 0;
+  double disk_read_gbps = 0;
+  double disk_write_gbps = 0;
+  double disk_latency_ms = 0;
+  bool has_disk_tier = false;
+  bool has_ram_tier = true;
+  // Decode leaves arithmetic idle: this fraction of recompute time is hidden under the weight
+  // streaming of a decode step (0: nothing hidden, as in prefill).
+  double decode_idle_fraction = 0.5;
+  // Expected KL divergence the lossy encodings add (measured on the model; defaults from KIVI).
+  double int8_kld = 1e-4;
+  double int4_kld = 5e-3;
+};
+
+// What we know of one page's use.
+struct PageHistory {
+  int64_t first_position = 0;
+  int64_t steps_since_access = 0;   // steps since attention last read it with weight
+  int64_t accesses = 0;             // steps in which it was read
+  double attention_mass = 0;        // accumulated mean attention weight on its tokens
+  bool is_sink = false;             // holds one of the first sink tokens
+  bool in_recent_window = false;    // among the newest pages
+  bool compressed = false;          // already int8/int4
+};
+
+struct KvPolicyOptions {
+  KvQuality quality = KvQuality::kBalanced;
+  Phase phase = Phase::kDecode;
+  double memory_price_ms_per_mib = 0;  // 0: no pressure, keeping is free
+  double quality_price_ms_per_kld = 0; // 0: the quality preset's default
+};
+
+struct KvActionCost {
+  KvAction action = KvAction::kKeep;
+  bool allowed = false;
+  std::string why_not;          // when not allowed
+  double reuse_probability = 0;
+  double bring_back_ms = 0;
+  double now_ms = 0;
+  double resident_bytes = 0;
+  double memory_cost_ms = 0;
+  double quality_cost_ms = 0;
+  double total_ms = 0;
+};
+
+struct KvDecision {
+  KvAction action = KvAction::kKeep;
+  std::array<KvActionCost, kNumKvActions> costs;  // every action, indexed by KvAction
+  std::string Explain() const;  // one line per action with its cost terms (--explain)
+};
+
+// P(the page is read again soon), from recency, frequency and attention mass.
+double ReuseProbability(const PageHistory& page);
+
+KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& profile,
+                          const KvPolicyOptions& options);
+
+}  // namespace kvl

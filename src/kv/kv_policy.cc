@@ -1,0 +1,190 @@
+#include "kvl/kv_policy.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvl {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// Transfer time of `bytes` at `gbps` GB/s, in ms.
+double TransferMs(double bytes, double gbps) {
+  return gbps > 0 ? bytes / (gbps * 1e6) : std::numeric_limits<double>::infinity();
+}
+
+// What a lossy action costs in quality, in ms-equivalent per unit of KL divergence, and what
+// losing a page for good costs per unit of its attention mass.
+struct QualityPrices {
+  double per_kld;
+  double per_evicted_mass;
+};
+
+QualityPrices PricesFor(const KvPolicyOptions& o) {
+  switch (o.quality) {
+    case KvQuality::kAggressive:
+      return {o.quality_price_ms_per_kld > 0 ? o.quality_price_ms_per_kld : 1e3, 200.0};
+    case KvQuality::kBalanced:
+    default:
+      return {o.quality_price_ms_per_kld > 0 ? o.quality_price_ms_per_kld : 1e4, 5000.0};
+  }
+}
+
+}  // namespace
+
+std::string_view KvActionName(KvAction action) {
+  switch (action) {
+    case KvAction::kKeep: return "keep";
+    case KvAction::kCompressInt8: return "compress-int8";
+    case KvAction::kCompressInt4: return "compress-int4";
+    case KvAction::kDemoteRam: return "demote-ram";
+    case KvAction::kDemoteDisk: return "demote-disk";
+    case KvAction::kRecomputeResidual: return "recompute-residual";
+    case KvAction::kRecomputeTokens: return "recompute-tokens";
+    case KvAction::kEvict: return "evict";
+  }
+  return "?";
+}
+
+bool IsLossless(KvAction action) {
+  return action != KvAction::kCompressInt8 && action != KvAction::kCompressInt4 &&
+         action != KvAction::kEvict;
+}
+
+StatusOr<KvQuality> ParseKvQuality(std::string_view text) {
+  if (text == "lossless") return KvQuality::kLossless;
+  if (text == "balanced") return KvQuality::kBalanced;
+  if (text == "aggressive") return KvQuality::kAggressive;
+  return InvalidArgumentError(
+      fmt::format("--kv-quality '{}': use lossless, balanced or aggressive", text));
+}
+
+StatusOr<KvPolicyChoice> ParseKvPolicy(std::string_view text) {
+  struct Name {
+    std::string_view name;
+    KvAction action;
+  };
+  static constexpr Name kNames[] = {
+      {"keep", KvAction::kKeep},
+      {"compress", KvAction::kCompressInt8},
+      {"compress-int8", KvAction::kCompressInt8},
+      {"compress-int4", KvAction::kCompressInt4},
+      {"demote", KvAction::kDemoteRam},
+      {"demote-ram", KvAction::kDemoteRam},
+      {"demote-disk", KvAction::kDemoteDisk},
+      {"recompute-residual", KvAction::kRecomputeResidual},
+      {"recompute-tokens", KvAction::kRecomputeTokens},
+      {"evict", KvAction::kEvict},
+  };
+  if (text == "auto") return KvPolicyChoice{true, KvAction::kKeep};
+  for (const Name& n : kNames) {
+    if (n.name == text) return KvPolicyChoice{false, n.action};
+  }
+  return InvalidArgumentError(fmt::format(
+      "--kv-policy '{}': use auto, keep, compress, compress-int4, demote, demote-disk, "
+      "recompute-residual, recompute-tokens or evict",
+      text));
+}
+
+double ReuseProbability(const PageHistory& page) {
+  if (page.is_sink || page.in_recent_window) return 1.0;
+  // Recency dominates (attention concentrates on recent and heavy-hitter tokens, per H2O);
+  // frequency and accumulated attention mass lift pages that keep being read.
+  const double recency = std::exp(-static_cast<double>(page.steps_since_access) / 32.0);
+  const double frequency = std::min(1.0, static_cast<double>(page.accesses) / 16.0);
+  const double mass = std::min(1.0, page.attention_mass * 8.0);
+  return std::clamp(0.05 + 0.55 * recency + 0.15 * frequency + 0.25 * mass, 0.0, 1.0);
+}
+
+KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
+                          const KvPolicyOptions& o) {
+  KvDecision d;
+  const double reuse = ReuseProbability(page);
+  const QualityPrices prices = PricesFor(o);
+  const bool lossless_only = o.quality == KvQuality::kLossless;
+  // Recompute competes with the step's own arithmetic only where that arithmetic is busy.
+  const double compute_factor = o.phase == Phase::kDecode ? 1.0 - p.decode_idle_fraction : 1.0;
+  const double kv = static_cast<double>(p.kv_bytes);
+
+  for (int i = 0; i < kNumKvActions; ++i) {
+    KvActionCost& c = d.costs[static_cast<size_t>(i)];
+    c.action = static_cast<KvAction>(i);
+    c.allowed = true;
+    c.reuse_probability = reuse;
+    switch (c.action) {
+      case KvAction::kKeep:
+        c.resident_bytes = kv;
+        break;
+      case KvAction::kCompressInt8:
+      case KvAction::kCompressInt4: {
+        const bool int8 = c.action == KvAction::kCompressInt8;
+        // f32 -> 8 or 4 bits, plus one f32 scale per group of 32 values.
+        c.resident_bytes = kv * ((int8 ? 8.0 : 4.0) / 32.0 + 1.0 / 32.0);
+        c.now_ms = page.compressed ? 0.0 : p.compress_ms;
+        c.quality_cost_ms = (int8 ? p.int8_kld : p.int4_kld) * prices.per_kld;
+        break;
+      }
+      case KvAction::kDemoteRam:
+        if (!p.has_ram_tier) c.why_not = "no RAM tier";
+        c.now_ms = TransferMs(kv, p.ram_gbps) + p.ram_latency_ms;
+        c.bring_back_ms = TransferMs(kv, p.ram_gbps) + p.ram_latency_ms;
+        break;
+      case KvAction::kDemoteDisk:
+        if (!p.has_disk_tier) c.why_not = "no disk tier (--kv-tier disk:PATH:SIZE)";
+        c.now_ms = TransferMs(kv, p.disk_write_gbps) + p.disk_latency_ms;
+        c.bring_back_ms = TransferMs(kv, p.disk_read_gbps) + p.disk_latency_ms;
+        break;
+      case KvAction::kRecomputeResidual: {
+        // The checkpoints live in the RAM tier, so bringing the page back moves them in and
+        // rebuilds K,V. For GQA models they are larger than the K+V they stand for, which makes
+        // this lose to plain demotion there; for MHA models it wins (HCache's finding).
+        if (!p.has_ram_tier) c.why_not = "no RAM tier for the checkpoints";
+        const double move = TransferMs(static_cast<double>(p.residual_bytes), p.ram_gbps);
+        c.now_ms = move;
+        c.bring_back_ms = move + p.ram_latency_ms + p.recompute_residual_ms * compute_factor;
+        break;
+      }
+      case KvAction::kRecomputeTokens:
+        c.bring_back_ms = p.recompute_tokens_ms * compute_factor;
+        break;
+      case KvAction::kEvict:
+        if (page.is_sink) c.why_not = "attention sink";
+        if (page.in_recent_window) c.why_not = "recent window";
+        // Gone for good: the loss is the attention the page would have received.
+        c.quality_cost_ms = reuse * (0.01 + page.attention_mass) * prices.per_evicted_mass;
+        break;
+    }
+    if (lossless_only && !IsLossless(c.action)) c.why_not = "lossy (--kv-quality lossless)";
+    if (!c.why_not.empty()) c.allowed = false;
+    c.memory_cost_ms = o.memory_price_ms_per_mib * c.resident_bytes / kMiB;
+    c.total_ms = reuse * c.bring_back_ms + c.now_ms + c.memory_cost_ms + c.quality_cost_ms;
+  }
+
+  // The cheapest allowed action; on a tie the lower enum value (keep before anything, lossless
+  // before lossy).
+  double best = std::numeric_limits<double>::infinity();
+  for (const KvActionCost& c : d.costs) {
+    if (c.allowed && c.total_ms < best) {
+      best = c.total_ms;
+      d.action = c.action;
+    }
+  }
+  return d;
+}
+
+std::string KvDecision::Explain() const {
+  std::string out;
+  for (const KvActionCost& c : costs) {
+    out += fmt::format("{} {:<18} p_reuse={:.2f} back={:.3f}ms now={:.3f}ms resident={:.0f}B "
+                       "mem={:.3f}ms quality={:.3f}ms total={:.3f}ms{}\n",
+                       c.action == action ? "*" : " ", KvActionName(c.action), c.reuse_probability,
+                       c.bring_back_ms, c.now_ms, c.resident_bytes, c.memory_cost_ms,
+                       c.quality_cost_ms, c.total_ms, c.allowed ? "" : "  [not allowed: " + c.why_not + "]");
+  }
+  return out;
+}
+
+}  // namespace kvl
