@@ -32,26 +32,27 @@ class StageProgress {
   int64_t done_steps_ = 0;
 };
 
-// Runs fn once as a warm-up, then `repetitions` samples of as many calls as fill
-// min_sample_seconds, and returns the median seconds per call. Steps `progress` once per sample.
+// Runs fn once as a warm-up, then `repetitions` samples, each calling fn until at least
+// min_sample_seconds have passed, and returns the median seconds per call. Samples are bounded by
+// time rather than by a call count fixed up front: on a busy machine one call's time swings
+// widely, and a count sized from a lucky fast call could run for seconds. Steps `progress` once
+// per sample.
 template <typename Fn>
 double MedianSecondsPerCall(int repetitions, double min_sample_seconds, StageProgress& progress,
                             Fn&& fn) {
-  double t0 = NowSeconds();
   fn();
-  const double warmup = NowSeconds() - t0;
-  int64_t calls = 1;
-  if (warmup > 0 && warmup < min_sample_seconds) {
-    calls = static_cast<int64_t>(min_sample_seconds / warmup) + 1;
-  } else if (warmup <= 0) {
-    calls = 1000;
-  }
   std::vector<double> samples;
   samples.reserve(static_cast<size_t>(repetitions));
   for (int r = 0; r < repetitions; ++r) {
-    t0 = NowSeconds();
-    for (int64_t c = 0; c < calls; ++c) fn();
-    samples.push_back((NowSeconds() - t0) / static_cast<double>(calls));
+    const double t0 = NowSeconds();
+    double elapsed = 0;
+    int64_t calls = 0;
+    do {
+      fn();
+      ++calls;
+      elapsed = NowSeconds() - t0;
+    } while (elapsed < min_sample_seconds);
+    samples.push_back(elapsed / static_cast<double>(calls));
     progress.Step();
   }
   return Median(std::move(samples));
