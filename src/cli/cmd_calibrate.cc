@@ -34,7 +34,9 @@ class ProgressDisplay {
     }
     if (!live_) return;
     static constexpr char kSpinner[] = {'|', '/', '-', '\\'};
-    fmt::print(stderr, "\r  {:<10} [{:3.0f}%] {}", stage_, 100.0 * fraction, kSpinner[spin_++ % 4]);
+    // Floor, so "100%" appears only once the stage is done.
+    fmt::print(stderr, "\r  {:<10} [{:3d}%] {}", stage_, static_cast<int>(100.0 * fraction),
+               kSpinner[spin_++ % 4]);
     std::fflush(stderr);
   }
 
