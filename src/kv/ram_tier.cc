@@ -99,7 +99,7 @@ class RamTier final : public KvTier {
     std::lock_guard<std::mutex> lock(mutex_);
     for (size_t i = 0; i < pages.size(); ++i) {
       results[i] = ReadLocked(pages[i]);
-      if (!results[i].ok() && results[i].code() != StatusCode::kInvalidArgument) {
+      if (!results[i].ok() && results[i].code() != StatusCode::kInvalidArgument && !pages[i].out.empty()) {
         // Never leave half-decoded bytes where the caller might look.
         std::memset(pages[i].out.data(), 0, pages[i].out.size());
       }
@@ -188,7 +188,7 @@ class RamTier final : public KvTier {
             "{} tier: page {} does not decompress: {}", name_, read.key,
             ZSTD_isError(n) ? ZSTD_getErrorName(n) : fmt::format("{} of {} bytes", n, read.out.size())));
       }
-    } else {
+    } else if (!page.data.empty()) {
       std::memcpy(read.out.data(), page.data.data(), page.data.size());
     }
     if (PageChecksum(read.key, read.out) != page.checksum) {
