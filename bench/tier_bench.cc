@@ -52,10 +52,8 @@ struct TierKind {
   bool cold;
 };
 constexpr TierKind kTiers[] = {
-    {"ram", false, false, false, false},
-    {"ram:zstd", false, true, false, false},
-    {"disk", true, false, false, false},
-    {"disk-cold", true, false, false, true},
+    {"ram", false, false, false, false},       {"ram:zstd", false, true, false, false},
+    {"disk", true, false, false, false},       {"disk-cold", true, false, false, true},
     {"disk:direct", true, false, true, false},
 };
 
@@ -109,7 +107,8 @@ struct Row {
   std::string error;
 };
 
-Row Measure(const PageShape& shape, const TierKind& kind, int batch, int64_t total_bytes, const std::string& dir) {
+Row Measure(const PageShape& shape, const TierKind& kind, int batch, int64_t total_bytes,
+            const std::string& dir) {
   Row row;
   row.page = shape.name;
   row.tier = kind.name;
@@ -127,8 +126,10 @@ Row Measure(const PageShape& shape, const TierKind& kind, int batch, int64_t tot
   const std::string path = dir + "/tier_bench_" + std::to_string(::getpid()) + ".pages";
   const int64_t capacity = num_pages * (shape.bytes + 8192) + (1 << 20);
   if (kind.disk) {
-    auto made = kvl::MakeDiskTier(
-        {.path = path, .capacity_bytes = capacity, .page_bytes = shape.bytes, .direct_io = kind.direct});
+    auto made = kvl::MakeDiskTier({.path = path,
+                                   .capacity_bytes = capacity,
+                                   .page_bytes = shape.bytes,
+                                   .direct_io = kind.direct});
     if (!made.ok()) {
       row.error = made.status().ToString();
       return row;
@@ -156,7 +157,8 @@ Row Measure(const PageShape& shape, const TierKind& kind, int batch, int64_t tot
   }
   if (kind.cold) DropCache(path);
 
-  std::vector<std::vector<uint8_t>> outs(static_cast<size_t>(batch), std::vector<uint8_t>(shape.bytes));
+  std::vector<std::vector<uint8_t>> outs(static_cast<size_t>(batch),
+                                         std::vector<uint8_t>(shape.bytes));
   std::vector<PageRead> reads(static_cast<size_t>(batch));
   for (int64_t b = 0; b < num_batches; ++b) {
     for (int i = 0; i < batch; ++i) reads[i] = {static_cast<PageKey>(b * batch + i), outs[i]};
@@ -208,33 +210,41 @@ int main(int argc, char** argv) {
     } else if (std::strncmp(argv[i], "--page=", 7) == 0) {
       only_pages.push_back(argv[i] + 7);
     } else {
-      std::fprintf(stderr, "usage: tier_bench [--json] [--dir=/tmp] [--total-mib=128] [--page=NAME]...\n");
+      std::fprintf(stderr,
+                   "usage: tier_bench [--json] [--dir=/tmp] [--total-mib=128] [--page=NAME]...\n");
       return 2;
     }
   }
 
   std::vector<Row> rows;
   if (!json) {
-    std::printf("| page | page bytes | tier | batch | pages | write GB/s | read GB/s | write ms/batch p50 (p99) "
-                "| read ms/batch p50 (p99) | stored/raw | write ops | read ops |\n");
+    std::printf(
+        "| page | page bytes | tier | batch | pages | write GB/s | read GB/s | write ms/batch p50 "
+        "(p99) "
+        "| read ms/batch p50 (p99) | stored/raw | write ops | read ops |\n");
     std::printf("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   }
   for (const PageShape& shape : kShapes) {
-    if (!only_pages.empty() && std::find(only_pages.begin(), only_pages.end(), shape.name) == only_pages.end()) continue;
+    if (!only_pages.empty() &&
+        std::find(only_pages.begin(), only_pages.end(), shape.name) == only_pages.end())
+      continue;
     for (const TierKind& kind : kTiers) {
       for (int batch : {1, 16}) {
         Row row = Measure(shape, kind, batch, total_mib << 20, dir);
         if (!json) {
           if (!row.error.empty()) {
-            std::printf("| %s | %lld | %s | %d | error: %s |\n", row.page.c_str(), (long long)row.page_bytes,
-                        row.tier.c_str(), row.batch, row.error.c_str());
+            std::printf("| %s | %lld | %s | %d | error: %s |\n", row.page.c_str(),
+                        (long long)row.page_bytes, row.tier.c_str(), row.batch, row.error.c_str());
           } else {
-            std::printf("| %s | %lld | %s | %d | %lld | %.2f | %.2f | %.3f (%.3f) | %.3f (%.3f) | %.3f | %lld | %lld |\n",
-                        row.page.c_str(), (long long)row.page_bytes,
-                        row.tier_name == row.tier ? row.tier.c_str() : (row.tier + " [" + row.tier_name + "]").c_str(),
-                        row.batch, (long long)row.pages, row.write_gbs, row.read_gbs, row.write_ms_p50,
-                        row.write_ms_p99, row.read_ms_p50, row.read_ms_p99, row.stored_ratio,
-                        (long long)row.write_ops, (long long)row.read_ops);
+            std::printf(
+                "| %s | %lld | %s | %d | %lld | %.2f | %.2f | %.3f (%.3f) | %.3f (%.3f) | %.3f | "
+                "%lld | %lld |\n",
+                row.page.c_str(), (long long)row.page_bytes,
+                row.tier_name == row.tier ? row.tier.c_str()
+                                          : (row.tier + " [" + row.tier_name + "]").c_str(),
+                row.batch, (long long)row.pages, row.write_gbs, row.read_gbs, row.write_ms_p50,
+                row.write_ms_p99, row.read_ms_p50, row.read_ms_p99, row.stored_ratio,
+                (long long)row.write_ops, (long long)row.read_ops);
           }
           std::fflush(stdout);
         }
@@ -246,14 +256,16 @@ int main(int argc, char** argv) {
     std::printf("[\n");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      std::printf("  {\"page\": \"%s\", \"page_bytes\": %lld, \"tier\": \"%s\", \"tier_name\": \"%s\", "
-                  "\"batch\": %d, \"pages\": %lld, \"write_gbs\": %.4f, \"read_gbs\": %.4f, "
-                  "\"write_ms_p50\": %.4f, \"write_ms_p99\": %.4f, \"read_ms_p50\": %.4f, \"read_ms_p99\": %.4f, "
-                  "\"stored_ratio\": %.4f, \"write_ops\": %lld, \"read_ops\": %lld, \"error\": \"%s\"}%s\n",
-                  r.page.c_str(), (long long)r.page_bytes, r.tier.c_str(), r.tier_name.c_str(), r.batch,
-                  (long long)r.pages, r.write_gbs, r.read_gbs, r.write_ms_p50, r.write_ms_p99, r.read_ms_p50,
-                  r.read_ms_p99, r.stored_ratio, (long long)r.write_ops, (long long)r.read_ops,
-                  r.error.c_str(), i + 1 < rows.size() ? "," : "");
+      std::printf(
+          "  {\"page\": \"%s\", \"page_bytes\": %lld, \"tier\": \"%s\", \"tier_name\": \"%s\", "
+          "\"batch\": %d, \"pages\": %lld, \"write_gbs\": %.4f, \"read_gbs\": %.4f, "
+          "\"write_ms_p50\": %.4f, \"write_ms_p99\": %.4f, \"read_ms_p50\": %.4f, \"read_ms_p99\": "
+          "%.4f, "
+          "\"stored_ratio\": %.4f, \"write_ops\": %lld, \"read_ops\": %lld, \"error\": \"%s\"}%s\n",
+          r.page.c_str(), (long long)r.page_bytes, r.tier.c_str(), r.tier_name.c_str(), r.batch,
+          (long long)r.pages, r.write_gbs, r.read_gbs, r.write_ms_p50, r.write_ms_p99,
+          r.read_ms_p50, r.read_ms_p99, r.stored_ratio, (long long)r.write_ops,
+          (long long)r.read_ops, r.error.c_str(), i + 1 < rows.size() ? "," : "");
     }
     std::printf("]\n");
   }

@@ -69,6 +69,9 @@ struct RamTierOptions {
   int64_t capacity_bytes = 256ll << 20;
   bool compress = false;  // zstd level 1 (lossless) before storing
 };
+// stats(): bytes_used counts stored bytes (compressed sizes when compress is on); write_ops and
+// read_ops count one copy per page. A page that does not decompress or fails its checksum is
+// DATA_LOSS. name() is "ram" or "ram:zstd".
 std::unique_ptr<KvTier> MakeRamTier(const RamTierOptions& options);
 
 struct DiskTierOptions {
@@ -77,6 +80,12 @@ struct DiskTierOptions {
   int64_t page_bytes = 0;       // every page of this tier has this size (slot size)
   bool direct_io = false;       // O_DIRECT, so reads measure the disk and not the page cache
 };
+// The file holds fixed slots of round_up(64-byte header + page_bytes, 4096) bytes; stats()
+// counts whole slots in bytes_used and capacity_bytes, and pwritev/preadv calls in write_ops and
+// read_ops. name() is "disk", "disk:direct", or "disk:buffered (O_DIRECT refused: ...)" when the
+// filesystem refuses O_DIRECT. INVALID_ARGUMENT for bad options or a page of the wrong size;
+// IO_ERROR (with errno text and the path) when the OS fails a transfer, after which none of that
+// Put's pages is stored. The page file is deleted with the tier.
 StatusOr<std::unique_ptr<KvTier>> MakeDiskTier(const DiskTierOptions& options);
 
 // "ram:SIZE[:zstd]" or "disk:PATH:SIZE[:direct]" as given to --kv-tier.

@@ -13,12 +13,13 @@
 //
 // Thread-safety: one mutex serializes the index, the allocator and all file I/O; checksums of a
 // Put are computed before taking it.
+#include "kv/disk_tier.h"
+
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -31,7 +32,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kv/disk_tier.h"
 #include "kv/page_checksum.h"
 #include "kv/tier_worker.h"
 #include "kvl/kv_tier.h"
@@ -148,7 +148,9 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
   }
 
   int64_t PadBytes() const { return slot_bytes_ - kSlotHeaderBytes - page_bytes_; }
-  int64_t MaxSlotsPerDirectOp() const { return std::max<int64_t>(1, kMaxBounceBytes / slot_bytes_); }
+  int64_t MaxSlotsPerDirectOp() const {
+    return std::max<int64_t>(1, kMaxBounceBytes / slot_bytes_);
+  }
   static constexpr int64_t kMaxSlotsPerBufferedOp = kMaxIovecs / 3;
 
   // Allocator: free slots as extents start -> length, merged on free. A batch gets one extent
@@ -201,8 +203,8 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
 StatusOr<std::unique_ptr<KvTier>> DiskTier::Make(const DiskTierOptions& options) {
   if (options.path.empty()) return InvalidArgumentError("disk tier: the page file path is empty");
   if (options.page_bytes <= 0) {
-    return InvalidArgumentError(
-        fmt::format("disk tier {}: page_bytes must be positive, got {}", options.path, options.page_bytes));
+    return InvalidArgumentError(fmt::format("disk tier {}: page_bytes must be positive, got {}",
+                                            options.path, options.page_bytes));
   }
   const int64_t slot_bytes = DiskSlotBytes(options.page_bytes);
   if (options.capacity_bytes < slot_bytes) {
@@ -225,13 +227,15 @@ StatusOr<std::unique_ptr<KvTier>> DiskTier::Make(const DiskTierOptions& options)
   if (options.direct_io) {
     fd = ::open(options.path.c_str(), flags | O_DIRECT, 0600);
     if (fd < 0 && errno != EINVAL) {
-      return IoError(fmt::format("disk tier: cannot create {}: {}", options.path, std::strerror(errno)));
+      return IoError(
+          fmt::format("disk tier: cannot create {}: {}", options.path, std::strerror(errno)));
     }
     if (fd >= 0) {
       // Some filesystems accept O_DIRECT at open and refuse the first aligned write: probe.
       AlignedBuffer probe = AllocateAligned(kDiskAlignment);
       std::memset(probe.get(), 0, kDiskAlignment);
-      if (::pwrite(fd, probe.get(), kDiskAlignment, 0) == kDiskAlignment && ::ftruncate(fd, 0) == 0) {
+      if (::pwrite(fd, probe.get(), kDiskAlignment, 0) == kDiskAlignment &&
+          ::ftruncate(fd, 0) == 0) {
         direct = true;
       } else {
         fallback_reason = std::strerror(errno);
@@ -245,11 +249,13 @@ StatusOr<std::unique_ptr<KvTier>> DiskTier::Make(const DiskTierOptions& options)
   if (fd < 0) {
     fd = ::open(options.path.c_str(), flags, 0600);
     if (fd < 0) {
-      return IoError(fmt::format("disk tier: cannot create {}: {}", options.path, std::strerror(errno)));
+      return IoError(
+          fmt::format("disk tier: cannot create {}: {}", options.path, std::strerror(errno)));
     }
   }
   std::string name = direct ? "disk:direct" : "disk";
-  if (options.direct_io && !direct) name = fmt::format("disk:buffered (O_DIRECT refused: {})", fallback_reason);
+  if (options.direct_io && !direct)
+    name = fmt::format("disk:buffered (O_DIRECT refused: {})", fallback_reason);
   return std::unique_ptr<KvTier>(new DiskTier(options, fd, direct, std::move(name)));
 }
 
@@ -321,8 +327,8 @@ StatusOr<int64_t> DiskTier::FullPreadv(iovec* iov, int count, int64_t offset) {
     ++stats_.read_ops;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return IoError(fmt::format("disk tier: read of {} at byte {} failed: {}", path_, offset + total,
-                                 std::strerror(errno)));
+      return IoError(fmt::format("disk tier: read of {} at byte {} failed: {}", path_,
+                                 offset + total, std::strerror(errno)));
     }
     if (n == 0) break;  // end of file: the caller finds which slots are incomplete
     total += n;
@@ -334,8 +340,9 @@ StatusOr<int64_t> DiskTier::FullPreadv(iovec* iov, int count, int64_t offset) {
 Status DiskTier::Put(std::span<const PageWrite> pages) {
   for (const PageWrite& page : pages) {
     if (static_cast<int64_t>(page.bytes.size()) != page_bytes_) {
-      return InvalidArgumentError(fmt::format("{} tier {}: page {} has {} bytes, this tier stores {}",
-                                              name_, path_, page.key, page.bytes.size(), page_bytes_));
+      return InvalidArgumentError(
+          fmt::format("{} tier {}: page {} has {} bytes, this tier stores {}", name_, path_,
+                      page.key, page.bytes.size(), page_bytes_));
     }
   }
   // A key given twice in one batch keeps its last page; the rest keep batch order.
@@ -359,8 +366,8 @@ Status DiskTier::Put(std::span<const PageWrite> pages) {
   for (size_t i : unique) replaced += static_cast<int64_t>(index_.count(pages[i].key));
   if (needed > num_free_slots_ + replaced) {
     return ResourceExhaustedError(fmt::format(
-        "{} tier {}: {} pages need {} bytes but only {} are free ({} of {} slots of {} bytes)", name_,
-        path_, needed, needed * slot_bytes_, (num_free_slots_ + replaced) * slot_bytes_,
+        "{} tier {}: {} pages need {} bytes but only {} are free ({} of {} slots of {} bytes)",
+        name_, path_, needed, needed * slot_bytes_, (num_free_slots_ + replaced) * slot_bytes_,
         num_free_slots_ + replaced, num_slots_, slot_bytes_));
   }
   // Fresh slots keep the old pages readable until the new ones are on disk; when space is
@@ -371,7 +378,8 @@ Status DiskTier::Put(std::span<const PageWrite> pages) {
   const std::vector<int64_t> slots = AllocateSlotsLocked(needed);
   std::vector<SlotIo> order(unique.size());
   for (size_t j = 0; j < unique.size(); ++j) order[j] = {slots[j], unique[j]};
-  std::sort(order.begin(), order.end(), [](const SlotIo& a, const SlotIo& b) { return a.slot < b.slot; });
+  std::sort(order.begin(), order.end(),
+            [](const SlotIo& a, const SlotIo& b) { return a.slot < b.slot; });
 
   Status status;
   for (size_t begin = 0; begin < order.size() && status.ok();) {
@@ -409,7 +417,8 @@ Status DiskTier::WriteRun(std::span<const SlotIo> run, std::span<const PageWrite
         iov.push_back({const_cast<uint8_t*>(pages[i].bytes.data()), pages[i].bytes.size()});
         if (pad > 0) iov.push_back({const_cast<uint8_t*>(zeros_.data()), static_cast<size_t>(pad)});
       }
-      KVL_RETURN_IF_ERROR(FullPwritev(iov.data(), static_cast<int>(iov.size()), run[begin].slot * slot_bytes_));
+      KVL_RETURN_IF_ERROR(
+          FullPwritev(iov.data(), static_cast<int>(iov.size()), run[begin].slot * slot_bytes_));
     }
     return Status::Ok();
   }
@@ -442,8 +451,9 @@ std::vector<Status> DiskTier::Get(std::span<const PageRead> reads) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (size_t i = 0; i < reads.size(); ++i) {
     if (static_cast<int64_t>(reads[i].out.size()) != page_bytes_) {
-      results[i] = InvalidArgumentError(fmt::format("{} tier {}: read of page {} asks for {} bytes, pages are {}",
-                                                    name_, path_, reads[i].key, reads[i].out.size(), page_bytes_));
+      results[i] = InvalidArgumentError(
+          fmt::format("{} tier {}: read of page {} asks for {} bytes, pages are {}", name_, path_,
+                      reads[i].key, reads[i].out.size(), page_bytes_));
       continue;
     }
     auto it = index_.find(reads[i].key);
@@ -454,7 +464,8 @@ std::vector<Status> DiskTier::Get(std::span<const PageRead> reads) {
     expected[i] = it->second.checksum;
     order.push_back({it->second.slot, i});
   }
-  std::stable_sort(order.begin(), order.end(), [](const SlotIo& a, const SlotIo& b) { return a.slot < b.slot; });
+  std::stable_sort(order.begin(), order.end(),
+                   [](const SlotIo& a, const SlotIo& b) { return a.slot < b.slot; });
   for (size_t begin = 0; begin < order.size();) {
     size_t end = begin + 1;
     while (end < order.size() && order[end].slot == order[end - 1].slot + 1) ++end;
@@ -486,7 +497,8 @@ void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> re
         iov.push_back({reads[run[j].index].out.data(), reads[run[j].index].out.size()});
         if (pad > 0) iov.push_back({discard_.data(), static_cast<size_t>(pad)});
       }
-      StatusOr<int64_t> got = FullPreadv(iov.data(), static_cast<int>(iov.size()), run[begin].slot * slot_bytes_);
+      StatusOr<int64_t> got =
+          FullPreadv(iov.data(), static_cast<int>(iov.size()), run[begin].slot * slot_bytes_);
       for (size_t j = begin; j < end; ++j) {
         const size_t i = run[j].index;
         if (!got.ok()) {
@@ -494,7 +506,8 @@ void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> re
           continue;
         }
         const int64_t available = *got - static_cast<int64_t>(j - begin) * slot_bytes_;
-        results[i] = Verify(headers[j - begin], reads[i].out, reads[i].key, run[j].slot, expected[i], available);
+        results[i] = Verify(headers[j - begin], reads[i].out, reads[i].key, run[j].slot,
+                            expected[i], available);
       }
     }
     return;
@@ -518,7 +531,8 @@ void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> re
       const uint8_t* slot = bounce_.get() + static_cast<int64_t>(j - begin) * slot_bytes_;
       SlotHeader header;
       std::memcpy(&header, slot, kSlotHeaderBytes);
-      const std::span<const uint8_t> page(slot + kSlotHeaderBytes, static_cast<size_t>(page_bytes_));
+      const std::span<const uint8_t> page(slot + kSlotHeaderBytes,
+                                          static_cast<size_t>(page_bytes_));
       const int64_t available = *got - static_cast<int64_t>(j - begin) * slot_bytes_;
       results[i] = Verify(header, page, reads[i].key, run[j].slot, expected[i], available);
       if (results[i].ok()) std::memcpy(reads[i].out.data(), page.data(), page.size());
@@ -537,7 +551,8 @@ Status DiskTier::Verify(const SlotHeader& header, std::span<const uint8_t> page,
   } else if (header.key != key) {
     problem = fmt::format("the slot header names key {}", header.key);
   } else if (header.page_bytes != static_cast<uint64_t>(page_bytes_)) {
-    problem = fmt::format("the slot header says {} page bytes, expected {}", header.page_bytes, page_bytes_);
+    problem = fmt::format("the slot header says {} page bytes, expected {}", header.page_bytes,
+                          page_bytes_);
   } else if (header.checksum != expected) {
     problem = "the slot holds a different version of the page";
   } else if (PageChecksum(key, page) != expected) {
@@ -546,7 +561,8 @@ Status DiskTier::Verify(const SlotHeader& header, std::span<const uint8_t> page,
     return Status::Ok();
   }
   ++stats_.checksum_failures;
-  return DataLossError(fmt::format("{} tier {}: page {} in slot {}: {}", name_, path_, key, slot, problem));
+  return DataLossError(
+      fmt::format("{} tier {}: page {} in slot {}: {}", name_, path_, key, slot, problem));
 }
 
 }  // namespace

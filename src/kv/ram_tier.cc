@@ -5,9 +5,8 @@
 //
 // Thread-safety: one mutex guards the map and the counters. Compression and decompression run
 // outside it on per-thread zstd contexts, so concurrent Puts compress in parallel.
-#include <zstd.h>
-
 #include <fmt/format.h>
+#include <zstd.h>
 
 #include <cstring>
 #include <memory>
@@ -88,7 +87,8 @@ class RamTier final : public KvTier {
       slot = std::move(encoded[index]);
       bytes_used_ += static_cast<int64_t>(slot.data.size());
     }
-    for (const PageWrite& page : pages) stats_bytes_written_ += static_cast<int64_t>(page.bytes.size());
+    for (const PageWrite& page : pages)
+      stats_bytes_written_ += static_cast<int64_t>(page.bytes.size());
     stats_puts_ += static_cast<int64_t>(pages.size());
     stats_write_ops_ += static_cast<int64_t>(pages.size());  // one copy per page
     return Status::Ok();
@@ -99,7 +99,8 @@ class RamTier final : public KvTier {
     std::lock_guard<std::mutex> lock(mutex_);
     for (size_t i = 0; i < pages.size(); ++i) {
       results[i] = ReadLocked(pages[i]);
-      if (!results[i].ok() && results[i].code() != StatusCode::kInvalidArgument && !pages[i].out.empty()) {
+      if (!results[i].ok() && results[i].code() != StatusCode::kInvalidArgument &&
+          !pages[i].out.empty()) {
         // Never leave half-decoded bytes where the caller might look.
         std::memset(pages[i].out.data(), 0, pages[i].out.size());
       }
@@ -150,8 +151,8 @@ class RamTier final : public KvTier {
     out->checksum = PageChecksum(page.key, page.bytes);
     if (compress_ && !page.bytes.empty()) {
       std::vector<uint8_t> frame(ZSTD_compressBound(page.bytes.size()));
-      const size_t n = ZSTD_compressCCtx(ThreadCCtx(), frame.data(), frame.size(), page.bytes.data(),
-                                         page.bytes.size(), kZstdLevel);
+      const size_t n = ZSTD_compressCCtx(ThreadCCtx(), frame.data(), frame.size(),
+                                         page.bytes.data(), page.bytes.size(), kZstdLevel);
       if (ZSTD_isError(n)) {
         return InternalError(fmt::format("ram tier: zstd could not compress page {}: {}", page.key,
                                          ZSTD_getErrorName(n)));
@@ -172,7 +173,8 @@ class RamTier final : public KvTier {
 
   Status ReadLocked(const PageRead& read) {
     auto it = pages_.find(read.key);
-    if (it == pages_.end()) return NotFoundError(fmt::format("{} tier: no page {}", name_, read.key));
+    if (it == pages_.end())
+      return NotFoundError(fmt::format("{} tier: no page {}", name_, read.key));
     const StoredPage& page = it->second;
     if (static_cast<int64_t>(read.out.size()) != page.page_bytes) {
       return InvalidArgumentError(fmt::format("{} tier: page {} has {} bytes, the read asks for {}",
@@ -184,9 +186,10 @@ class RamTier final : public KvTier {
                                            page.data.data(), page.data.size());
       if (ZSTD_isError(n) || n != read.out.size()) {
         ++stats_checksum_failures_;
-        return DataLossError(fmt::format(
-            "{} tier: page {} does not decompress: {}", name_, read.key,
-            ZSTD_isError(n) ? ZSTD_getErrorName(n) : fmt::format("{} of {} bytes", n, read.out.size())));
+        return DataLossError(
+            fmt::format("{} tier: page {} does not decompress: {}", name_, read.key,
+                        ZSTD_isError(n) ? ZSTD_getErrorName(n)
+                                        : fmt::format("{} of {} bytes", n, read.out.size())));
       }
     } else if (!page.data.empty()) {
       std::memcpy(read.out.data(), page.data.data(), page.data.size());

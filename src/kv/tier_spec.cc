@@ -24,7 +24,8 @@ std::vector<std::string_view> Split(std::string_view text, char sep) {
   size_t start = 0;
   for (;;) {
     const size_t pos = text.find(sep, start);
-    parts.push_back(text.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
+    parts.push_back(
+        text.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
     if (pos == std::string_view::npos) return parts;
     start = pos + 1;
   }
@@ -59,17 +60,28 @@ StatusOr<int64_t> ParseByteSize(std::string_view text) {
     }
   }
   if (!any_digit) {
-    return InvalidArgumentError(fmt::format("size '{}' does not start with a number (e.g. 256MiB)", text));
+    return InvalidArgumentError(
+        fmt::format("size '{}' does not start with a number (e.g. 256MiB)", text));
   }
   const std::string unit = Lower(text.substr(i));
   struct Unit {
     const char* name;
     double multiplier;
   };
-  static constexpr Unit kUnits[] = {
-      {"", 1},          {"b", 1},           {"k", 1024.0},       {"kib", 1024.0},
-      {"m", 1048576.0}, {"mib", 1048576.0}, {"g", 1073741824.0}, {"gib", 1073741824.0},
-      {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12}};
+  static constexpr Unit kUnits[] = {{"", 1},
+                                    {"b", 1},
+                                    {"k", 1024.0},
+                                    {"kib", 1024.0},
+                                    {"m", 1048576.0},
+                                    {"mib", 1048576.0},
+                                    {"g", 1073741824.0},
+                                    {"gib", 1073741824.0},
+                                    {"t", 1099511627776.0},
+                                    {"tib", 1099511627776.0},
+                                    {"kb", 1e3},
+                                    {"mb", 1e6},
+                                    {"gb", 1e9},
+                                    {"tb", 1e12}};
   for (const Unit& u : kUnits) {
     if (unit != u.name) continue;
     const double bytes = (static_cast<double>(whole) + fraction) * u.multiplier;
@@ -77,8 +89,8 @@ StatusOr<int64_t> ParseByteSize(std::string_view text) {
     return static_cast<int64_t>(bytes);
   }
   return InvalidArgumentError(fmt::format(
-      "size '{}' has an unknown unit '{}' (use B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB)", text,
-      text.substr(i)));
+      "size '{}' has an unknown unit '{}' (use B, KiB, MiB, GiB, TiB, K, M, G, T, KB, MB, GB, TB)",
+      text, text.substr(i)));
 }
 
 StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
@@ -89,20 +101,22 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
     if (!size.ok()) {
       return InvalidArgumentError(fmt::format("tier spec '{}': {}", text, size.status().message()));
     }
-    if (*size <= 0) return InvalidArgumentError(fmt::format("tier spec '{}': the size must be positive", text));
+    if (*size <= 0)
+      return InvalidArgumentError(fmt::format("tier spec '{}': the size must be positive", text));
     return *size;
   };
   TierSpec spec;
   if (kind == "ram") {
     if (parts.size() < 2 || parts.size() > 3) {
-      return InvalidArgumentError(fmt::format("tier spec '{}': expected ram:SIZE[:zstd], e.g. ram:256MiB", text));
+      return InvalidArgumentError(
+          fmt::format("tier spec '{}': expected ram:SIZE[:zstd], e.g. ram:256MiB", text));
     }
     spec.kind = "ram";
     KVL_ASSIGN_OR_RETURN(spec.capacity_bytes, size_of(parts[1]));
     if (parts.size() == 3) {
       if (Lower(parts[2]) != "zstd") {
-        return InvalidArgumentError(
-            fmt::format("tier spec '{}': unknown ram option '{}' (the only one is zstd)", text, parts[2]));
+        return InvalidArgumentError(fmt::format(
+            "tier spec '{}': unknown ram option '{}' (the only one is zstd)", text, parts[2]));
       }
       spec.compress = true;
     }
@@ -116,18 +130,20 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
       --last;
     }
     if (last < 3) {
-      return InvalidArgumentError(
-          fmt::format("tier spec '{}': expected disk:PATH:SIZE[:direct], e.g. disk:/tmp/kv.pages:4GiB", text));
+      return InvalidArgumentError(fmt::format(
+          "tier spec '{}': expected disk:PATH:SIZE[:direct], e.g. disk:/tmp/kv.pages:4GiB", text));
     }
     spec.kind = "disk";
     KVL_ASSIGN_OR_RETURN(spec.capacity_bytes, size_of(parts[last - 1]));
     const size_t path_begin = parts[0].size() + 1;
     const size_t path_end = static_cast<size_t>(parts[last - 1].data() - text.data()) - 1;
     spec.path = std::string(text.substr(path_begin, path_end - path_begin));
-    if (spec.path.empty()) return InvalidArgumentError(fmt::format("tier spec '{}': the path is empty", text));
+    if (spec.path.empty())
+      return InvalidArgumentError(fmt::format("tier spec '{}': the path is empty", text));
     return spec;
   }
-  return InvalidArgumentError(fmt::format("tier spec '{}': unknown tier kind '{}' (use ram or disk)", text, parts[0]));
+  return InvalidArgumentError(
+      fmt::format("tier spec '{}': unknown tier kind '{}' (use ram or disk)", text, parts[0]));
 }
 
 StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes) {

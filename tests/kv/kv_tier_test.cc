@@ -1,10 +1,11 @@
 // RAM and disk KV tiers: round trips, capacity, coalescing, corruption (a bad page is DATA_LOSS
 // for that page alone, never wrong bytes), async reads, concurrency, and a random-operation
 // property test against a plain map.
-#include <fcntl.h>
-#include <unistd.h>
+#include "kvl/kv_tier.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,7 +18,6 @@
 #include <vector>
 
 #include "kv/disk_tier.h"
-#include "kvl/kv_tier.h"
 
 namespace kvl {
 namespace {
@@ -30,7 +30,8 @@ std::vector<uint8_t> PageBytes(PageKey key, size_t size, bool compressible = fal
   std::vector<uint8_t> bytes(size);
   std::mt19937_64 rng(key * 0x9E3779B97F4A7C15ull + size);
   for (size_t i = 0; i < size; ++i) {
-    bytes[i] = compressible ? static_cast<uint8_t>((i / 64 + key) % 7) : static_cast<uint8_t>(rng());
+    bytes[i] =
+        compressible ? static_cast<uint8_t>((i / 64 + key) % 7) : static_cast<uint8_t>(rng());
   }
   return bytes;
 }
@@ -62,10 +63,12 @@ std::unique_ptr<KvTier> Disk(const std::string& name, int64_t page_bytes, int64_
 const DiskTierInfo& Info(const KvTier& tier) { return dynamic_cast<const DiskTierInfo&>(tier); }
 
 // Writes `count` pages (keys first..first+count-1) in one batch and reads them back in one batch.
-void RoundTrip(KvTier& tier, PageKey first, int count, const std::vector<size_t>& sizes, bool compressible) {
+void RoundTrip(KvTier& tier, PageKey first, int count, const std::vector<size_t>& sizes,
+               bool compressible) {
   std::vector<std::vector<uint8_t>> pages;
   std::vector<PageWrite> writes;
-  for (int i = 0; i < count; ++i) pages.push_back(PageBytes(first + i, sizes[i % sizes.size()], compressible && i % 2 == 0));
+  for (int i = 0; i < count; ++i)
+    pages.push_back(PageBytes(first + i, sizes[i % sizes.size()], compressible && i % 2 == 0));
   for (int i = 0; i < count; ++i) writes.push_back({first + i, pages[i]});
   ASSERT_TRUE(tier.Put(writes).ok());
   std::vector<std::vector<uint8_t>> outs;
@@ -208,15 +211,18 @@ INSTANTIATE_TEST_SUITE_P(Zstd, RamTierTest, ::testing::Values(true));
 
 class DiskTierTest : public ::testing::TestWithParam<bool> {  // param: direct_io
  protected:
-  std::unique_ptr<KvTier> Make(const std::string& name, int64_t page_bytes, int64_t capacity_bytes) {
-    return Disk(name + (GetParam() ? "_direct" : "_buffered"), page_bytes, capacity_bytes, GetParam());
+  std::unique_ptr<KvTier> Make(const std::string& name, int64_t page_bytes,
+                               int64_t capacity_bytes) {
+    return Disk(name + (GetParam() ? "_direct" : "_buffered"), page_bytes, capacity_bytes,
+                GetParam());
   }
 };
 
 TEST_P(DiskTierTest, RoundTripsManyPagesOfOddSizes) {
   // Page sizes around the slot boundaries: 64-byte header + page fills a 4096 slot exactly at 4032.
   for (int64_t page_bytes : {1, 13, 4031, 4032, 4033, 20480}) {
-    auto tier = Make("odd" + std::to_string(page_bytes), page_bytes, 200 * kv_internal::DiskSlotBytes(page_bytes));
+    auto tier = Make("odd" + std::to_string(page_bytes), page_bytes,
+                     200 * kv_internal::DiskSlotBytes(page_bytes));
     ASSERT_NE(tier, nullptr);
     RoundTrip(*tier, 1000, 150, {static_cast<size_t>(page_bytes)}, false);
     RoundTrip(*tier, 5000, 50, {static_cast<size_t>(page_bytes)}, true);
@@ -259,7 +265,8 @@ TEST_P(DiskTierTest, ExhaustionStoresNothingAndEraseFreesSpace) {
   const PageWrite two[] = {{3, pages[3]}, {4, pages[4]}};
   const Status full = tier->Put(two);
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(full.message().find("need " + std::to_string(2 * slot) + " bytes"), std::string::npos) << full.message();
+  EXPECT_NE(full.message().find("need " + std::to_string(2 * slot) + " bytes"), std::string::npos)
+      << full.message();
   EXPECT_FALSE(tier->Contains(3));
   EXPECT_FALSE(tier->Contains(4));
   EXPECT_EQ(tier->stats().pages, 3);
@@ -322,7 +329,8 @@ TEST_P(DiskTierTest, FreedSlotsAreReusedAsConsecutiveRuns) {
   for (PageKey k = 100; k < 110; ++k) batch.push_back({k, pages[k - 100]});
   ASSERT_TRUE(tier->Put(batch).ok());
   EXPECT_EQ(tier->stats().write_ops - ops_before, 1);
-  for (PageKey k = 100; k < 110; ++k) EXPECT_EQ(*Info(*tier).SlotOf(k), static_cast<int64_t>(k - 90));
+  for (PageKey k = 100; k < 110; ++k)
+    EXPECT_EQ(*Info(*tier).SlotOf(k), static_cast<int64_t>(k - 90));
 }
 
 // Opens the tier's page file separately, as a disk fault would, and changes bytes in place.
@@ -347,7 +355,10 @@ class CorruptionTest : public DiskTierTest {
 
   void SetUp() override {
     path_ = TempPath(std::string("corrupt_") + (GetParam() ? "direct" : "buffered"));
-    auto tier = MakeDiskTier({.path = path_, .capacity_bytes = 1 << 20, .page_bytes = kPageBytes, .direct_io = GetParam()});
+    auto tier = MakeDiskTier({.path = path_,
+                              .capacity_bytes = 1 << 20,
+                              .page_bytes = kPageBytes,
+                              .direct_io = GetParam()});
     ASSERT_TRUE(tier.ok()) << tier.status().ToString();
     tier_ = std::move(tier).value();
     std::vector<PageWrite> writes;
@@ -356,7 +367,9 @@ class CorruptionTest : public DiskTierTest {
     ASSERT_TRUE(tier_->Put(writes).ok());
   }
 
-  int64_t SlotOffset(PageKey key) const { return *Info(*tier_).SlotOf(key) * Info(*tier_).slot_bytes(); }
+  int64_t SlotOffset(PageKey key) const {
+    return *Info(*tier_).SlotOf(key) * Info(*tier_).slot_bytes();
+  }
 
   // Reads every page in one batch; returns the statuses and checks the good pages' bytes.
   std::vector<Status> ReadAll() {
@@ -368,7 +381,8 @@ class CorruptionTest : public DiskTierTest {
       if (results[k].ok()) {
         EXPECT_EQ(outs_[k], pages_[k]) << "page " << k + 100;
       } else {
-        EXPECT_EQ(outs_[k], std::vector<uint8_t>(kPageBytes, 0)) << "a failed page's output is zeroed";
+        EXPECT_EQ(outs_[k], std::vector<uint8_t>(kPageBytes, 0))
+            << "a failed page's output is zeroed";
       }
     }
     return results;
@@ -404,7 +418,8 @@ TEST_P(CorruptionTest, WrongKeyInHeaderIsDataLoss) {
   Poke(path_, SlotOffset(victim) + 8, &other_key, sizeof other_key);  // SlotHeader::key
   const std::vector<Status> results = ReadAll();
   for (int k = 0; k < kPages; ++k) {
-    EXPECT_EQ(results[k].code(), k + 100 == static_cast<int>(victim) ? StatusCode::kDataLoss : StatusCode::kOk);
+    EXPECT_EQ(results[k].code(),
+              k + 100 == static_cast<int>(victim) ? StatusCode::kDataLoss : StatusCode::kOk);
   }
   EXPECT_NE(results[12].message().find("key 113"), std::string::npos) << results[12].message();
 }
@@ -413,8 +428,10 @@ TEST_P(CorruptionTest, SwappedSlotsFailTheSeededChecksum) {
   // A whole slot copied over another (header and all) still names the wrong key.
   std::vector<uint8_t> slot(static_cast<size_t>(Info(*tier_).slot_bytes()));
   const int fd = ::open(path_.c_str(), O_RDWR);
-  ASSERT_EQ(::pread(fd, slot.data(), slot.size(), SlotOffset(101)), static_cast<ssize_t>(slot.size()));
-  ASSERT_EQ(::pwrite(fd, slot.data(), slot.size(), SlotOffset(102)), static_cast<ssize_t>(slot.size()));
+  ASSERT_EQ(::pread(fd, slot.data(), slot.size(), SlotOffset(101)),
+            static_cast<ssize_t>(slot.size()));
+  ASSERT_EQ(::pwrite(fd, slot.data(), slot.size(), SlotOffset(102)),
+            static_cast<ssize_t>(slot.size()));
   ::close(fd);
   const std::vector<Status> results = ReadAll();
   EXPECT_TRUE(results[1].ok());
@@ -430,7 +447,8 @@ TEST_P(CorruptionTest, TruncatedFileFailsCleanly) {
     if (slot_offset + kSlotHeaderBytes + kPageBytes <= cut) {
       EXPECT_TRUE(results[k].ok()) << results[k].ToString();
     } else {
-      EXPECT_TRUE(results[k].code() == StatusCode::kDataLoss || results[k].code() == StatusCode::kIoError)
+      EXPECT_TRUE(results[k].code() == StatusCode::kDataLoss ||
+                  results[k].code() == StatusCode::kIoError)
           << results[k].ToString();
     }
   }
@@ -483,7 +501,8 @@ TEST_P(DiskTierTest, DirectIoWorksOrFallsBackCleanly) {
 
 TEST_P(DiskTierTest, PageFileIsDeletedWithTheTier) {
   const std::string path = TempPath(std::string("deleted_") + (GetParam() ? "direct" : "buffered"));
-  auto tier = MakeDiskTier({.path = path, .capacity_bytes = 1 << 20, .page_bytes = 10, .direct_io = GetParam()});
+  auto tier = MakeDiskTier(
+      {.path = path, .capacity_bytes = 1 << 20, .page_bytes = 10, .direct_io = GetParam()});
   ASSERT_TRUE(tier.ok());
   EXPECT_TRUE(std::filesystem::exists(path));
   tier->reset();
@@ -499,13 +518,16 @@ void ConcurrentPutGet(KvTier& tier, size_t page_bytes) {
       for (int round = 0; round < 25; ++round) {
         std::vector<std::vector<uint8_t>> pages;
         std::vector<PageWrite> writes;
-        for (int i = 0; i < 8; ++i) pages.push_back(PageBytes(t * 1000 + round * 8 + i, page_bytes, i % 2));
-        for (int i = 0; i < 8; ++i) writes.push_back({static_cast<PageKey>(t * 1000 + round * 8 + i), pages[i]});
+        for (int i = 0; i < 8; ++i)
+          pages.push_back(PageBytes(t * 1000 + round * 8 + i, page_bytes, i % 2));
+        for (int i = 0; i < 8; ++i)
+          writes.push_back({static_cast<PageKey>(t * 1000 + round * 8 + i), pages[i]});
         if (!tier.Put(writes).ok()) ++failures;
         std::vector<std::vector<uint8_t>> outs(8, std::vector<uint8_t>(page_bytes));
         std::vector<PageRead> reads;
         for (int i = 0; i < 8; ++i) reads.push_back({writes[i].key, outs[i]});
-        const std::vector<Status> results = round % 2 ? tier.GetAsync(reads).get() : tier.Get(reads);
+        const std::vector<Status> results =
+            round % 2 ? tier.GetAsync(reads).get() : tier.Get(reads);
         for (int i = 0; i < 8; ++i) {
           if (!results[i].ok() || outs[i] != pages[i]) ++failures;
         }
@@ -540,13 +562,16 @@ INSTANTIATE_TEST_SUITE_P(Direct, CorruptionTest, ::testing::Values(true));
 
 TEST(DiskTierOptionsTest, BadOptionsAreInvalidArgument) {
   const std::string dir = ::testing::TempDir();
-  auto no_page = MakeDiskTier({.path = TempPath("opt"), .capacity_bytes = 1 << 20, .page_bytes = 0});
+  auto no_page =
+      MakeDiskTier({.path = TempPath("opt"), .capacity_bytes = 1 << 20, .page_bytes = 0});
   EXPECT_EQ(no_page.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(no_page.status().message().find("page_bytes"), std::string::npos);
   auto small = MakeDiskTier({.path = TempPath("opt"), .capacity_bytes = 4095, .page_bytes = 10});
   EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(small.status().message().find("less than one slot"), std::string::npos) << small.status().message();
-  auto no_dir = MakeDiskTier({.path = dir + "/no_such_dir_kvl/pages", .capacity_bytes = 1 << 20, .page_bytes = 10});
+  EXPECT_NE(small.status().message().find("less than one slot"), std::string::npos)
+      << small.status().message();
+  auto no_dir = MakeDiskTier(
+      {.path = dir + "/no_such_dir_kvl/pages", .capacity_bytes = 1 << 20, .page_bytes = 10});
   EXPECT_EQ(no_dir.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(no_dir.status().message().find("does not exist"), std::string::npos);
   auto no_path = MakeDiskTier({.path = "", .capacity_bytes = 1 << 20, .page_bytes = 10});
@@ -557,11 +582,14 @@ TEST(DiskTierOptionsTest, BadOptionsAreInvalidArgument) {
 
 // Random Put/Get/Erase sequences against a map, with a capacity small enough that batches are
 // often refused: contents, Contains, NOT_FOUND and all-or-nothing exhaustion must all agree.
-void PropertyTest(KvTier& tier, int64_t capacity_units, bool fixed_size, size_t page_bytes, uint32_t seed) {
+void PropertyTest(KvTier& tier, int64_t capacity_units, bool fixed_size, size_t page_bytes,
+                  uint32_t seed) {
   std::mt19937 rng(seed);
   std::map<PageKey, std::vector<uint8_t>> model;
   uint64_t version = 0;
-  auto units = [&](const std::vector<uint8_t>& p) { return fixed_size ? 1 : static_cast<int64_t>(p.size()); };
+  auto units = [&](const std::vector<uint8_t>& p) {
+    return fixed_size ? 1 : static_cast<int64_t>(p.size());
+  };
   for (int step = 0; step < 400; ++step) {
     const int op = static_cast<int>(rng() % 10);
     if (op < 5) {
@@ -592,7 +620,8 @@ void PropertyTest(KvTier& tier, int64_t capacity_units, bool fixed_size, size_t 
       std::vector<PageKey> keys;
       for (int i = 0; i < 1 + static_cast<int>(rng() % 8); ++i) keys.push_back(rng() % 26);
       std::vector<std::vector<uint8_t>> outs;
-      for (PageKey k : keys) outs.emplace_back(model.count(k) ? model[k].size() : (fixed_size ? page_bytes : 5));
+      for (PageKey k : keys)
+        outs.emplace_back(model.count(k) ? model[k].size() : (fixed_size ? page_bytes : 5));
       std::vector<PageRead> reads;
       for (size_t i = 0; i < keys.size(); ++i) reads.push_back({keys[i], outs[i]});
       const std::vector<Status> results = tier.Get(reads);
@@ -605,11 +634,13 @@ void PropertyTest(KvTier& tier, int64_t capacity_units, bool fixed_size, size_t 
         }
       }
     } else {
-      std::vector<PageKey> keys = {static_cast<PageKey>(rng() % 24), static_cast<PageKey>(rng() % 24)};
+      std::vector<PageKey> keys = {static_cast<PageKey>(rng() % 24),
+                                   static_cast<PageKey>(rng() % 24)};
       tier.Erase(keys);
       for (PageKey k : keys) model.erase(k);
     }
-    for (PageKey k = 0; k < 26; ++k) ASSERT_EQ(tier.Contains(k), model.count(k) != 0) << "step " << step;
+    for (PageKey k = 0; k < 26; ++k)
+      ASSERT_EQ(tier.Contains(k), model.count(k) != 0) << "step " << step;
     ASSERT_EQ(tier.stats().pages, static_cast<int64_t>(model.size()));
   }
 }
