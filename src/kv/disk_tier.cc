@@ -220,6 +220,13 @@ StatusOr<std::unique_ptr<KvTier>> DiskTier::Make(const DiskTierOptions& options)
         fmt::format("disk tier {}: directory {} does not exist", options.path, dir.string()));
   }
 
+  // The tier truncates, overwrites and finally deletes its file: never a device or a directory.
+  struct stat existing;
+  if (::stat(options.path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
+    return InvalidArgumentError(
+        fmt::format("disk tier: {} exists and is not a regular file", options.path));
+  }
+
   const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
   bool direct = false;
   std::string fallback_reason;

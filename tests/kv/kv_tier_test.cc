@@ -577,7 +577,12 @@ TEST(DiskTierOptionsTest, BadOptionsAreInvalidArgument) {
   auto no_path = MakeDiskTier({.path = "", .capacity_bytes = 1 << 20, .page_bytes = 10});
   EXPECT_EQ(no_path.status().code(), StatusCode::kInvalidArgument);
   auto is_dir = MakeDiskTier({.path = dir, .capacity_bytes = 1 << 20, .page_bytes = 10});
-  EXPECT_EQ(is_dir.status().code(), StatusCode::kIoError);
+  EXPECT_EQ(is_dir.status().code(), StatusCode::kInvalidArgument);
+  // A device is refused before it is opened, and so never written or deleted.
+  auto device = MakeDiskTier({.path = "/dev/null", .capacity_bytes = 1 << 20, .page_bytes = 10});
+  EXPECT_EQ(device.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(device.status().message().find("not a regular file"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists("/dev/null"));
 }
 
 // Random Put/Get/Erase sequences against a map, with a capacity small enough that batches are
