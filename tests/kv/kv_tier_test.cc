@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -578,11 +579,16 @@ TEST(DiskTierOptionsTest, BadOptionsAreInvalidArgument) {
   EXPECT_EQ(no_path.status().code(), StatusCode::kInvalidArgument);
   auto is_dir = MakeDiskTier({.path = dir, .capacity_bytes = 1 << 20, .page_bytes = 10});
   EXPECT_EQ(is_dir.status().code(), StatusCode::kInvalidArgument);
-  // A device is refused before it is opened, and so never written or deleted.
-  auto device = MakeDiskTier({.path = "/dev/null", .capacity_bytes = 1 << 20, .page_bytes = 10});
+  // Something that is not a regular file is refused before it is opened, and so never written or
+  // deleted. A FIFO of our own stands in for a device: a test must never point at /dev files.
+  const std::string fifo = dir + "/kvl_tier_fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto device = MakeDiskTier({.path = fifo, .capacity_bytes = 1 << 20, .page_bytes = 10});
   EXPECT_EQ(device.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(device.status().message().find("not a regular file"), std::string::npos);
-  EXPECT_TRUE(std::filesystem::exists("/dev/null"));
+  EXPECT_TRUE(std::filesystem::exists(fifo));
+  std::filesystem::remove(fifo);
 }
 
 // Random Put/Get/Erase sequences against a map, with a capacity small enough that batches are
