@@ -11,6 +11,7 @@
 // loop's thread and must not call back into Step.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "kvl/kv_manager.h"
+#include "kvl/kv_policy.h"
+#include "kvl/kv_tier.h"  // ParseByteSize, tier specs
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/sampling.h"
@@ -37,6 +40,15 @@ struct EngineOptions {
   int32_t block_tokens = 16;
   int32_t max_seqs = 16;            // sequences running at once
   bool prefix_cache = true;
+
+  // The KV action lattice. Today the engine applies it to the pages of a preempted sequence:
+  // each full page is demoted to a tier (and promoted back, checksum-verified, at resume) or
+  // dropped to be recomputed from its tokens, whichever the cost model prices lower.
+  std::vector<std::string> kv_tiers;  // --kv-tier: "ram:1GiB[:zstd]", "disk:PATH:SIZE[:direct]"
+  std::string kv_policy = "auto";     // auto | demote | demote-disk | recompute-tokens
+  std::string kv_quality = "lossless";
+  std::string profile_path;           // calibration profile; empty: the default path
+  bool explain = false;               // print every KV decision with its cost terms to stderr
 };
 
 using RequestId = int64_t;
@@ -68,8 +80,20 @@ struct TokenEvent {
 };
 using EventCallback = std::function<void(const TokenEvent&)>;
 
+// What the KV action lattice did: pages and bytes per action, the time the cost model predicted
+// for bringing them back, and the time it really took.
+struct KvActionCounter {
+  int64_t pages = 0;
+  int64_t bytes = 0;
+  int64_t pages_restored = 0;       // brought back (promoted, or recomputed at resume)
+  double predicted_ms = 0;          // bring-back time the cost model expected, summed
+  double measured_ms = 0;           // bring-back time measured, summed (restored pages only)
+};
+
 struct EngineMetrics {
   KvStats kv;
+  std::array<KvActionCounter, kNumKvActions> kv_actions;  // indexed by KvAction
+  int64_t kv_checksum_failures = 0;  // demoted pages that came back corrupt and were recomputed
   int64_t requests_submitted = 0;
   int64_t requests_finished = 0;
   int64_t requests_running = 0;
@@ -156,7 +180,5 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
-// Parses "512MiB", "1GiB", "300M", "4096" (bytes) into bytes.
-StatusOr<int64_t> ParseByteSize(std::string_view text);
 
 }  // namespace kvl

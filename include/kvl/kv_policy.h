@@ -66,6 +66,8 @@ struct PageCostProfile {
   // Decode leaves arithmetic idle: this fraction of recompute time is hidden under the weight
   // streaming of a decode step (0: nothing hidden, as in prefill).
   double decode_idle_fraction = 0.5;
+  // Actions the caller can carry out (bit i = KvAction i); the others are priced but not allowed.
+  uint32_t available_actions = 0xFF;
   // Expected KL divergence the lossy encodings add (measured on the model; defaults from KIVI).
   double int8_kld = 1e-4;
   double int4_kld = 5e-3;

@@ -64,6 +64,18 @@ int Main(int argc, char** argv) {
   run_cmd->add_option("--kv-budget", run.kv_budget, "KV cache memory, e.g. 512MiB (default: enough for -np full contexts, at most 1 GiB)");
   run_cmd->add_option("--stop", run.stop, "stop generating before this text (repeatable)");
   run_cmd->add_flag("!--no-prefix-cache", run.engine.prefix_cache, "do not reuse cached prompt prefixes");
+  run_cmd->add_option("--kv-tier", run.engine.kv_tiers,
+                      "a tier KV pages can be demoted to: ram:SIZE[:zstd] or disk:PATH:SIZE[:direct] "
+                      "(repeatable)");
+  run_cmd->add_option("--kv-policy", run.engine.kv_policy,
+                      "what happens to the pages of a preempted sequence: auto (cost model), "
+                      "demote, demote-disk, recompute-tokens")
+      ->capture_default_str();
+  run_cmd->add_option("--kv-quality", run.engine.kv_quality, "lossless | balanced | aggressive")
+      ->capture_default_str();
+  run_cmd->add_option("--kv-profile", run.engine.profile_path,
+                      "calibration profile (default: the per-model cache path; made if missing)");
+  run_cmd->add_flag("--explain", run.engine.explain, "print every KV decision with its cost terms");
   run_cmd->add_option("-n,--n-predict", run.num_predict, "tokens to generate; -1 = until EOS")
       ->capture_default_str();
   run_cmd->add_option("-t,--threads", run.engine.num_threads, "threads; 0 = every core");

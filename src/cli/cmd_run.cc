@@ -115,6 +115,20 @@ int RunParallel(Engine& e, const RunArgs& args, const std::vector<std::string>& 
              m.steps, m.mean_batch_tokens, m.mean_batch_seqs, m.ttft_mean_ms, m.itl_mean_ms,
              m.itl_p99_ms, m.kv.prefix_hit_tokens, m.kv.prefix_query_tokens, m.preemptions,
              m.kv.blocks_total, m.kv.blocks_cached);
+  for (int a = 0; a < kNumKvActions; ++a) {
+    const KvActionCounter& c = m.kv_actions[static_cast<size_t>(a)];
+    if (c.pages == 0) continue;
+    fmt::print(stderr,
+               "kvl: kv action {:<18} {:6} pages ({}), {:6} brought back: predicted {:.3f} ms, "
+               "measured {:.3f} ms per page\n",
+               KvActionName(static_cast<KvAction>(a)), c.pages, FormatBytes(c.bytes),
+               c.pages_restored, c.pages_restored ? c.predicted_ms / c.pages_restored : 0.0,
+               c.pages_restored ? c.measured_ms / c.pages_restored : 0.0);
+  }
+  if (m.kv_checksum_failures > 0) {
+    fmt::print(stderr, "kvl: {} demoted pages failed their checksum and were recomputed\n",
+               m.kv_checksum_failures);
+  }
   return failures ? 1 : 0;
 }
 

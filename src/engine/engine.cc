@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <thread>
 
 #include "engine/engine_impl.h"
+#include "kvl/calibration.h"
 
 namespace kvl {
 namespace {
@@ -101,29 +103,69 @@ double SampleWindow::Percentile(double p) const {
   return sorted[std::min(index, sorted.size() - 1)];
 }
 
-StatusOr<int64_t> ParseByteSize(std::string_view text) {
-  size_t digits = 0;
-  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) {
-    ++digits;
+// Tiers, policy and the per-page costs the policy prices actions with. The costs come from the
+// calibration profile of this model on this machine; without one, a quick calibration runs now
+// and is saved for the next start.
+Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
+  KVL_ASSIGN_OR_RETURN(policy, ParseKvPolicy(options.kv_policy));
+  KVL_ASSIGN_OR_RETURN(quality, ParseKvQuality(options.kv_quality));
+  if (!policy.automatic && policy.fixed != KvAction::kDemoteRam &&
+      policy.fixed != KvAction::kDemoteDisk && policy.fixed != KvAction::kRecomputeTokens) {
+    return UnimplementedError(fmt::format(
+        "--kv-policy {}: the engine applies demote, demote-disk and recompute-tokens so far",
+        KvActionName(policy.fixed)));
   }
-  if (digits == 0) return InvalidArgumentError(fmt::format("'{}' is not a size like 512MiB", text));
-  double value = 0;
-  try {
-    value = std::stod(std::string(text.substr(0, digits)));
-  } catch (...) {
-    return InvalidArgumentError(fmt::format("'{}' is not a size like 512MiB", text));
+  for (const std::string& text : options.kv_tiers) {
+    KVL_ASSIGN_OR_RETURN(TierSpec spec, ParseTierSpec(text));
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, MakeTier(spec, layout.block_bytes()));
+    (spec.kind == "disk" ? disk_tier : ram_tier) = std::move(tier);
   }
-  std::string unit(text.substr(digits));
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  double scale = 0;
-  if (unit.empty() || unit == "b") scale = 1;
-  else if (unit == "k" || unit == "kib" || unit == "kb") scale = 1024.0;
-  else if (unit == "m" || unit == "mib" || unit == "mb") scale = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib" || unit == "gb") scale = 1024.0 * 1024 * 1024;
-  if (scale == 0) {
-    return InvalidArgumentError(fmt::format("'{}': unknown size unit '{}' (use KiB, MiB, GiB)", text, unit));
+  if (policy.fixed == KvAction::kDemoteRam && !policy.automatic && !ram_tier) {
+    return InvalidArgumentError("--kv-policy demote needs a RAM tier: --kv-tier ram:SIZE");
   }
-  return static_cast<int64_t>(value * scale);
+  if (policy.fixed == KvAction::kDemoteDisk && !policy.automatic && !disk_tier) {
+    return InvalidArgumentError("--kv-policy demote-disk needs --kv-tier disk:PATH:SIZE");
+  }
+  page_staging.resize(static_cast<size_t>(layout.block_bytes()));
+
+  page_costs.kv_bytes = layout.block_bytes();
+  page_costs.residual_bytes =
+      static_cast<int64_t>(layout.block_tokens) * layout.num_layers * model->config().dim * 4;
+  page_costs.has_ram_tier = ram_tier != nullptr;
+  page_costs.has_disk_tier = disk_tier != nullptr;
+  page_costs.available_actions = (1u << static_cast<int>(KvAction::kRecomputeTokens)) |
+                                 (ram_tier ? 1u << static_cast<int>(KvAction::kDemoteRam) : 0u) |
+                                 (disk_tier ? 1u << static_cast<int>(KvAction::kDemoteDisk) : 0u);
+  if (!policy.automatic || (!ram_tier && !disk_tier)) return Status::Ok();
+
+  const std::string path =
+      options.profile_path.empty() ? DefaultProfilePath(model->config().name) : options.profile_path;
+  StatusOr<MachineProfile> profile = LoadProfile(path);
+  if (!profile.ok()) {
+    CalibrateOptions co;
+    co.model_path = options.model_path;
+    co.num_threads = pool->num_threads();
+    co.quick = true;
+    co.memory_bytes = 32ll << 20;
+    co.disk_bytes = 16ll << 20;
+    co.random_reads = 100;
+    if (disk_tier) {
+      const std::string dir = std::filesystem::path(ParseTierSpec(options.kv_tiers.back())->path).parent_path();
+      co.disk_dir = dir;
+    }
+    profile = Calibrate(co, {});
+    if (!profile.ok()) return profile.status();
+    (void)SaveProfile(*profile, path);  // best effort: the next start skips the calibration
+  }
+  const double scale = static_cast<double>(layout.block_tokens) /
+                       static_cast<double>(profile->recompute_page_tokens);
+  page_costs.recompute_residual_ms = profile->recompute_from_residual_ms * scale;
+  page_costs.recompute_tokens_ms = profile->recompute_from_tokens_ms * scale;
+  page_costs.ram_gbps = profile->memory_copy_gbps;
+  page_costs.disk_read_gbps = profile->disk_read_gbps;
+  page_costs.disk_write_gbps = profile->disk_write_gbps;
+  page_costs.disk_latency_ms = profile->disk_random_read_median_us / 1000.0;
+  return Status::Ok();
 }
 
 Engine::Engine() : impl_(std::make_unique<Impl>()) {}
@@ -174,6 +216,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
   e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage);
   for (SeqId s = options.max_seqs - 1; s >= 0; --s) e.free_slots.push_back(s);
+
+  KVL_RETURN_IF_ERROR(e.SetUpKvActions(kvo.layout));
 
   ForwardOptions fo;
   fo.max_batch_tokens = std::min(options.batch_size, e.context_length);
@@ -268,6 +312,8 @@ EngineMetrics Engine::Metrics() const {
   }
   std::lock_guard<std::mutex> lock(e.metrics_mutex);
   m.kv = e.kv_stats;
+  m.kv_actions = e.action_counters;
+  m.kv_checksum_failures = e.checksum_failures;
   m.requests_finished = e.requests_finished;
   m.requests_running = e.num_running;
   m.requests_waiting = e.num_waiting;

@@ -11,6 +11,7 @@
 
 #include "kvl/engine.h"
 #include "kvl/forward.h"
+#include "kvl/kv_tier.h"
 #include "kvl/thread_pool.h"
 
 namespace kvl {
@@ -37,6 +38,15 @@ class StopTextFilter {
   std::string pending_;
 };
 
+// A full page of a preempted sequence saved in a tier, to be promoted back at resume.
+struct DemotedPage {
+  int64_t block_index = 0;  // position in the sequence's block table
+  KvTier* tier = nullptr;
+  PageKey key = 0;
+  KvAction action = KvAction::kDemoteRam;
+  double predicted_ms = 0;
+};
+
 // One request from admission to its last token.
 struct Sequence {
   RequestId id = 0;
@@ -55,6 +65,9 @@ struct Sequence {
   Clock::time_point first_token;
   Clock::time_point last_token;
   bool finished = false;
+  std::vector<DemotedPage> demoted;   // pages saved at the last preemption, in block order
+  int64_t restore_tokens = 0;         // this admission: tokens to promote instead of compute
+  std::vector<double> recompute_predicted_ms;  // pages dropped at preemption, per page
 };
 
 // A bounded window of recent samples for percentiles.
@@ -98,6 +111,16 @@ struct Engine::Impl {
   std::vector<KvSeqStep> steps;
   std::vector<Sequence*> step_seqs;
 
+  // The KV action lattice (applied to preempted sequences' pages).
+  std::unique_ptr<KvTier> ram_tier;
+  std::unique_ptr<KvTier> disk_tier;
+  KvPolicyChoice policy;
+  KvQuality quality = KvQuality::kLossless;
+  PageCostProfile page_costs;
+  std::vector<uint8_t> page_staging;   // one page: K of every layer, then V
+  std::array<KvActionCounter, kNumKvActions> action_counters{};  // guarded by metrics_mutex
+  int64_t checksum_failures = 0;                                 // guarded by metrics_mutex
+
   // Background loop.
   std::thread loop;
   std::atomic<bool> loop_running{false};
@@ -120,11 +143,16 @@ struct Engine::Impl {
   int64_t num_waiting = 0;
 
   bool StepImpl();
+  Status SetUpKvActions(const KvBlockLayout& layout);
   // Scheduling pieces (scheduler.cc).
   void TakeInbox();
   void ApplyCancellations();
   bool BuildPlan(KvPlan* plan);
   void Preempt(size_t running_index);
+  KvAction ChoosePageAction(const Sequence& seq, int64_t block_index, double* predicted_ms);
+  // Promotes the seq's demoted pages into its freshly committed blocks; returns how many of the
+  // restore tokens really came back (a failed or corrupt read ends the run: the rest is computed).
+  int64_t RestorePages(Sequence& seq, int64_t first_block, int64_t num_blocks);
   void RunForwardAndSample(const KvPlan& plan);
   void AppendToken(Sequence& seq, int32_t token);
   void Finish(Sequence& seq, const std::string& reason, Status error = Status::Ok());

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "engine/engine_impl.h"
 
@@ -39,9 +40,63 @@ void Engine::Impl::ApplyCancellations() {
   }
 }
 
+KvAction Engine::Impl::ChoosePageAction(const Sequence& seq, int64_t block_index,
+                                        double* predicted_ms) {
+  KvAction action = policy.fixed;
+  KvPolicyOptions o;
+  o.quality = quality;
+  o.phase = Phase::kDecode;
+  o.memory_price_ms_per_mib = 1e3;  // the page must leave: memory is what preemption is short of
+  PageHistory page;
+  page.first_position = block_index * options.block_tokens;
+  page.accesses = 1;
+  page.is_sink = block_index == 0;
+  // The sequence resumes as soon as blocks free up: every one of its pages will be read again.
+  page.steps_since_access = 0;
+  const KvDecision d = ChooseKvAction(page, page_costs, o);
+  if (policy.automatic) action = d.action;
+  *predicted_ms = d.costs[static_cast<size_t>(action)].bring_back_ms;
+  if (options.explain) {
+    fmt::print(stderr, "kvl: explain: request {} page {} (tokens {}-{}) -> {}\n{}", seq.id,
+               block_index, page.first_position, page.first_position + options.block_tokens - 1,
+               KvActionName(action), d.Explain());
+  }
+  return action;
+}
+
 void Engine::Impl::Preempt(size_t running_index) {
   std::unique_ptr<Sequence> seq = std::move(running[running_index]);
   running.erase(running.begin() + static_cast<std::ptrdiff_t>(running_index));
+  // Each computed full page is demoted or dropped (recomputed from its tokens at resume).
+  seq->demoted.clear();
+  seq->recompute_predicted_ms.clear();
+  const KvBlockLayout& layout = storage->layout();
+  const int64_t full_blocks = seq->num_computed / options.block_tokens;
+  const std::vector<BlockId>& table = kv->block_table(seq->slot);
+  const size_t half = static_cast<size_t>(layout.floats_per_tensor()) * sizeof(float);
+  for (int64_t b = 0; b < full_blocks; ++b) {
+    double predicted = 0;
+    const KvAction action = ChoosePageAction(*seq, b, &predicted);
+    KvTier* tier = action == KvAction::kDemoteRam    ? ram_tier.get()
+                   : action == KvAction::kDemoteDisk ? disk_tier.get()
+                                                     : nullptr;
+    bool demoted = false;
+    if (tier != nullptr) {
+      const BlockId block = table[static_cast<size_t>(b)];
+      std::memcpy(page_staging.data(), storage->keys(block, 0), half);
+      std::memcpy(page_staging.data() + half, storage->values(block, 0), half);
+      const PageKey key = (static_cast<uint64_t>(seq->id) << 24) | static_cast<uint64_t>(b);
+      const PageWrite write{key, page_staging};
+      demoted = tier->Put(std::span<const PageWrite>(&write, 1)).ok();  // full tier: drop instead
+      if (demoted) seq->demoted.push_back({b, tier, key, action, predicted});
+    }
+    const KvAction done = demoted ? action : KvAction::kRecomputeTokens;
+    if (!demoted) seq->recompute_predicted_ms.push_back(predicted);
+    std::lock_guard<std::mutex> lock(metrics_mutex);
+    KvActionCounter& counter = action_counters[static_cast<size_t>(done)];
+    ++counter.pages;
+    counter.bytes += layout.block_bytes();
+  }
   kv->Free(seq->slot);
   free_slots.push_back(seq->slot);
   seq->slot = -1;
@@ -76,9 +131,19 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
       if (running.size() + admissions >= static_cast<size_t>(options.max_seqs)) break;
       const int64_t len = static_cast<int64_t>(seq->tokens.size());
       const int64_t cached = kv->MatchPrefix(seq->tokens);
-      const int64_t n = std::min(len - cached, budget);
+      // Demoted pages right after the cached prefix are promoted instead of computed (never the
+      // page holding the last token: its logits are needed).
+      const int64_t bt = options.block_tokens;
+      int64_t restore = 0;
+      for (const DemotedPage& page : seq->demoted) {
+        if (page.block_index * bt < cached) continue;
+        if (page.block_index * bt != cached + restore || cached + restore + bt > len - 1) break;
+        restore += bt;
+      }
+      seq->restore_tokens = restore;
+      const int64_t n = std::min(len - cached - restore, budget);
       const SeqId slot = free_slots[free_slots.size() - 1 - admissions];
-      steps.push_back({slot, std::span<const int32_t>(seq->tokens).first(static_cast<size_t>(cached + n))});
+      steps.push_back({slot, std::span<const int32_t>(seq->tokens).first(static_cast<size_t>(cached + restore + n))});
       step_seqs.push_back(seq.get());
       budget -= n;
       ++admissions;
@@ -128,17 +193,64 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
   }
 }
 
+int64_t Engine::Impl::RestorePages(Sequence& seq, int64_t first_block, int64_t num_blocks) {
+  const Clock::time_point start = Clock::now();
+  const KvBlockLayout& layout = storage->layout();
+  const size_t half = static_cast<size_t>(layout.floats_per_tensor()) * sizeof(float);
+  const std::vector<BlockId>& table = kv->block_table(seq.slot);
+  int64_t restored = 0;
+  for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
+    auto page = std::find_if(seq.demoted.begin(), seq.demoted.end(),
+                             [b](const DemotedPage& p) { return p.block_index == b; });
+    KVL_CHECK(page != seq.demoted.end());
+    const PageRead read{page->key, page_staging};
+    const Status status = page->tier->Get(std::span<const PageRead>(&read, 1))[0];
+    if (!status.ok()) {
+      // Never wrong bytes: a corrupt or failed read is recomputed from tokens by this step.
+      std::lock_guard<std::mutex> lock(metrics_mutex);
+      ++checksum_failures;
+      break;
+    }
+    const BlockId block = table[static_cast<size_t>(b)];
+    std::memcpy(storage->keys(block, 0), page_staging.data(), half);
+    std::memcpy(storage->values(block, 0), page_staging.data() + half, half);
+    ++restored;
+  }
+  const double ms = MillisecondsBetween(start, Clock::now());
+  {
+    std::lock_guard<std::mutex> lock(metrics_mutex);
+    for (const DemotedPage& page : seq.demoted) {
+      if (page.block_index < first_block || page.block_index >= first_block + restored) continue;
+      KvActionCounter& counter = action_counters[static_cast<size_t>(page.action)];
+      ++counter.pages_restored;
+      counter.predicted_ms += page.predicted_ms;
+      counter.measured_ms += ms / static_cast<double>(std::max<int64_t>(1, restored));
+    }
+  }
+  for (const DemotedPage& page : seq.demoted) page.tier->Erase(std::span<const PageKey>(&page.key, 1));
+  seq.demoted.clear();
+  return restored * options.block_tokens;
+}
+
 void Engine::Impl::RunForwardAndSample(const KvPlan& plan) {
   batch.Clear();
   int64_t prefill_tokens = 0;
+  int64_t recompute_tokens = 0;
+  const Clock::time_point start = Clock::now();
   for (size_t i = 0; i < step_seqs.size(); ++i) {
     Sequence& seq = *step_seqs[i];
     const KvPlan::SeqPlan& sp = plan.seqs[i];
     if (sp.admit) {
       seq.num_computed = sp.num_cached_tokens;
       if (seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = sp.num_cached_tokens;
+      if (seq.restore_tokens > 0) {
+        seq.num_computed += RestorePages(seq, seq.num_computed / options.block_tokens,
+                                         seq.restore_tokens / options.block_tokens);
+        seq.restore_tokens = 0;
+      }
+      seq.demoted.clear();
+      recompute_tokens += static_cast<int64_t>(seq.recompute_predicted_ms.size());
     }
-    KVL_CHECK(sp.first_new_pos == seq.num_computed);
     const int64_t end = sp.admit ? static_cast<int64_t>(steps[i].tokens.size())
                                  : seq.num_computed + static_cast<int64_t>(steps[i].tokens.size());
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
@@ -150,13 +262,50 @@ void Engine::Impl::RunForwardAndSample(const KvPlan& plan) {
     }
     seq.num_computed = end;
   }
-  forward->Run(batch, *cache);
 
-  int64_t row = 0;
-  for (Sequence* seq : step_seqs) {
-    if (seq->num_computed != static_cast<int64_t>(seq->tokens.size())) continue;  // mid-prefill
-    const int32_t token = seq->sampler->Sample(forward->logits(row++), seq->tokens);
-    AppendToken(*seq, token);
+  // A failed promotion can leave more tokens than one forward takes: run them in chunks. Each
+  // sequence samples from the chunk that holds its last token; samplers are independent, so the
+  // order does not matter.
+  const int64_t chunk = forward->options().max_batch_tokens;
+  size_t next_seq = 0;
+  TokenBatch part;
+  for (int64_t begin = 0; begin < batch.size(); begin += chunk) {
+    const int64_t end = std::min(batch.size(), begin + chunk);
+    const TokenBatch* run = &batch;
+    if (begin > 0 || end < batch.size()) {
+      part.Clear();
+      for (int64_t t = begin; t < end; ++t) {
+        const size_t k = static_cast<size_t>(t);
+        part.Add(batch.tokens[k], batch.positions[k], batch.seq_ids[k], batch.want_logits[k]);
+      }
+      run = &part;
+    }
+    forward->Run(*run, *cache);
+    int64_t row = 0;
+    for (int64_t t = begin; t < end; ++t) {
+      if (!batch.want_logits[static_cast<size_t>(t)]) continue;
+      // The sequence whose last token this is: the next one in step order that samples.
+      while (step_seqs[next_seq]->num_computed != static_cast<int64_t>(step_seqs[next_seq]->tokens.size())) {
+        ++next_seq;
+      }
+      Sequence* seq = step_seqs[next_seq++];
+      const int32_t token = seq->sampler->Sample(forward->logits(row++), seq->tokens);
+      AppendToken(*seq, token);
+    }
+  }
+  if (recompute_tokens > 0) {
+    // Pages dropped at preemption were just recomputed from their tokens within this step.
+    const double ms = MillisecondsBetween(start, Clock::now());
+    std::lock_guard<std::mutex> lock(metrics_mutex);
+    KvActionCounter& counter = action_counters[static_cast<size_t>(KvAction::kRecomputeTokens)];
+    for (Sequence* seq : step_seqs) {
+      for (double predicted : seq->recompute_predicted_ms) {
+        ++counter.pages_restored;
+        counter.predicted_ms += predicted;
+        counter.measured_ms += ms / static_cast<double>(recompute_tokens);
+      }
+      seq->recompute_predicted_ms.clear();
+    }
   }
   std::lock_guard<std::mutex> lock(metrics_mutex);
   ++num_steps;

@@ -158,6 +158,7 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         break;
     }
     if (lossless_only && !IsLossless(c.action)) c.why_not = "lossy (--kv-quality lossless)";
+    if (!(p.available_actions & (1u << i))) c.why_not = "not available here";
     if (!c.why_not.empty()) c.allowed = false;
     c.memory_cost_ms = o.memory_price_ms_per_mib * c.resident_bytes / kMiB;
     c.total_ms = reuse * c.bring_back_ms + c.now_ms + c.memory_cost_ms + c.quality_cost_ms;
