@@ -174,7 +174,7 @@ inline void QuantStep(const uint8_t* w, int64_t row_bytes, const uint8_t* acts, 
   }
   for (int i = 0; i < MR; ++i) {
     const uint8_t* block = w + i * row_bytes + b * kBB;
-    if constexpr (NR == 1) _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes, _MM_HINT_T0);
     __m512i wv = kPair ? DecodePair<T>(block) : DecodeSingle<T>(block);
     if constexpr (kQ8) wv = _mm512_xor_si512(wv, k80);
     const uint32_t halves =
