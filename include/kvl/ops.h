@@ -109,6 +109,57 @@ void DotRows(const OpsContext& ctx, const float* q, const float* rows, int64_t s
 void AxpyRows(const OpsContext& ctx, const float* weights, const float* rows, int64_t stride,
               int64_t count, int64_t n, float* y);
 
+// One layer of one compressed KV page ("KIVI" layout, built by kvl/kv_codec.h, which owns the
+// format; the kernels below only read it). rows = the page's block_tokens, kv_dim = n_kv_heads *
+// head_dim; row_bytes = kv_dim (int8) or kv_dim / 2 (int4, two codes per byte: channel 2j in the
+// low nibble, 2j + 1 in the high one).
+//   Keys, quantized per channel over the page's tokens:
+//     int8: K[t][c] = k_scale[c] * (int8)k_q[t][c]
+//     int4: K[t][c] = k_scale[c] * nibble(k_q[t], c) + k_min[c]
+//   Values, quantized per token in groups of v_group channels (g = c / v_group):
+//     int8: V[t][c] = v_scale[t][g] * (int8)v_q[t][c]
+//     int4: V[t][c] = v_scale[t][g] * nibble(v_q[t], c) + v_min[t][g]
+struct QuantKvLayerView {
+  int32_t bits = 8;  // 8 or 4
+  int64_t rows = 0;  // tokens in the page
+  int64_t kv_dim = 0;
+  int64_t row_bytes = 0;           // bytes per token row of k_q and v_q
+  const uint8_t* k_q = nullptr;    // [rows][row_bytes]
+  const float* k_scale = nullptr;  // [kv_dim]
+  const float* k_min = nullptr;    // [kv_dim] (int4 only)
+  const uint8_t* v_q = nullptr;    // [rows][row_bytes]
+  int64_t v_group = 32;            // channels per value group: 32, or kv_dim when kv_dim % 32 != 0
+  int64_t v_groups = 0;            // groups per row: kv_dim / v_group
+  const float* v_scale = nullptr;  // [rows][v_groups]
+  const float* v_min = nullptr;    // [rows][v_groups] (int4 only)
+};
+
+// Attention straight from a compressed page (no decoded copy): the same sums as DotRows /
+// AxpyRows over the decoded rows [first_row, first_row + count) restricted to the head's channels
+// [head_offset, head_offset + head_dim), up to float rounding (the summation order differs, and
+// the ISA paths differ from each other by rounding only). head_dim <= kMaxQuantHeadDim.
+//   DotRowsK*:  out[i] = scale * sum_c q[c] * K[first_row + i][head_offset + c]
+//   AxpyRowsV*: y[c] += sum_i weights[i] * V[first_row + i][head_offset + c]
+// The Int8 / Int4 entry points require page.bits to match; DotRowsK / AxpyRowsV pick by page.bits.
+inline constexpr int64_t kMaxQuantHeadDim = 256;
+void DotRowsKInt8(const OpsContext& ctx, const float* q, const QuantKvLayerView& page,
+                  int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim,
+                  float scale, float* out);
+void DotRowsKInt4(const OpsContext& ctx, const float* q, const QuantKvLayerView& page,
+                  int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim,
+                  float scale, float* out);
+void DotRowsK(const OpsContext& ctx, const float* q, const QuantKvLayerView& page,
+              int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+              float* out);
+void AxpyRowsVInt8(const OpsContext& ctx, const float* weights, const QuantKvLayerView& page,
+                   int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim,
+                   float* y);
+void AxpyRowsVInt4(const OpsContext& ctx, const float* weights, const QuantKvLayerView& page,
+                   int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim,
+                   float* y);
+void AxpyRowsV(const OpsContext& ctx, const float* weights, const QuantKvLayerView& page,
+               int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim, float* y);
+
 // Row of a matrix in any supported type, widened to f32 (token embedding lookup).
 void DequantizeRow(DType type, const void* row, int64_t n, float* out);
 

@@ -51,6 +51,20 @@ struct KernelTable {
   // out[i] = dot(q, rows[i * stride]) * scale, exactly as dot would give. Null: ops.cc loops.
   void (*dot_rows)(const float* q, const float* rows, int64_t stride, int64_t count, int64_t n,
                    float scale, float* out) = nullptr;
+  // Attention over compressed KV pages (ops.h, DotRowsK* / AxpyRowsV*); arguments already
+  // validated by ops.cc. Null: ops.cc uses the scalar table's entry.
+  void (*dot_rows_k_int8)(const float* q, const QuantKvLayerView& page, int64_t first_row,
+                          int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+                          float* out) = nullptr;
+  void (*dot_rows_k_int4)(const float* q, const QuantKvLayerView& page, int64_t first_row,
+                          int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+                          float* out) = nullptr;
+  void (*axpy_rows_v_int8)(const float* weights, const QuantKvLayerView& page, int64_t first_row,
+                           int64_t count, int64_t head_offset, int64_t head_dim,
+                           float* y) = nullptr;
+  void (*axpy_rows_v_int4)(const float* weights, const QuantKvLayerView& page, int64_t first_row,
+                           int64_t count, int64_t head_offset, int64_t head_dim,
+                           float* y) = nullptr;
 };
 
 const KernelTable& ScalarKernels();
@@ -61,5 +75,28 @@ const KernelTable& Avx512Kernels();
 void ScalarQuantizeActs(const float* x, int64_t cols, uint8_t* out);
 void ScalarRope(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin,
                 bool neox);
+
+// Compressed-KV attention kernels (kv_kernels_scalar.cc, kv_kernels_avx512.cc); arguments are
+// validated by ops.cc before any of these runs.
+void ScalarDotRowsKInt8(const float* q, const QuantKvLayerView& page, int64_t first_row,
+                        int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+                        float* out);
+void ScalarDotRowsKInt4(const float* q, const QuantKvLayerView& page, int64_t first_row,
+                        int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+                        float* out);
+void ScalarAxpyRowsVInt8(const float* weights, const QuantKvLayerView& page, int64_t first_row,
+                         int64_t count, int64_t head_offset, int64_t head_dim, float* y);
+void ScalarAxpyRowsVInt4(const float* weights, const QuantKvLayerView& page, int64_t first_row,
+                         int64_t count, int64_t head_offset, int64_t head_dim, float* y);
+void Avx512DotRowsKInt8(const float* q, const QuantKvLayerView& page, int64_t first_row,
+                        int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+                        float* out);
+void Avx512DotRowsKInt4(const float* q, const QuantKvLayerView& page, int64_t first_row,
+                        int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+                        float* out);
+void Avx512AxpyRowsVInt8(const float* weights, const QuantKvLayerView& page, int64_t first_row,
+                         int64_t count, int64_t head_offset, int64_t head_dim, float* y);
+void Avx512AxpyRowsVInt4(const float* weights, const QuantKvLayerView& page, int64_t first_row,
+                         int64_t count, int64_t head_offset, int64_t head_dim, float* y);
 
 }  // namespace kvl::ops

@@ -469,6 +469,10 @@ const KernelTable& Avx512Kernels() {
       .axpy = Axpy,
       .axpy_rows = AxpyRows,
       .dot_rows = DotRows,
+      .dot_rows_k_int8 = Avx512DotRowsKInt8,
+      .dot_rows_k_int4 = Avx512DotRowsKInt4,
+      .axpy_rows_v_int8 = Avx512AxpyRowsVInt8,
+      .axpy_rows_v_int4 = Avx512AxpyRowsVInt4,
   };
   return table;
 }

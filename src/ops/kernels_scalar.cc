@@ -154,6 +154,10 @@ const KernelTable& ScalarKernels() {
       .add = Add,
       .dot = Dot,
       .axpy = Axpy,
+      .dot_rows_k_int8 = ScalarDotRowsKInt8,
+      .dot_rows_k_int4 = ScalarDotRowsKInt4,
+      .axpy_rows_v_int8 = ScalarAxpyRowsVInt8,
+      .axpy_rows_v_int4 = ScalarAxpyRowsVInt4,
   };
   return table;
 }

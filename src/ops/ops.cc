@@ -234,6 +234,91 @@ void AxpyRows(const OpsContext& ctx, const float* weights, const float* rows, in
   for (int64_t i = 0; i < count; ++i) k.axpy(weights[i], rows + i * stride, y, n);
 }
 
+namespace {
+
+// The checks every compressed-KV kernel relies on; `bits` is what the entry point expects.
+void CheckQuantKvArgs(const QuantKvLayerView& page, int bits, int64_t first_row, int64_t count,
+                      int64_t head_offset, int64_t head_dim) {
+  KVL_CHECK_MSG(page.bits == bits, "compressed KV kernel: page.bits does not match the kernel");
+  KVL_CHECK(page.rows > 0 && page.kv_dim > 0);
+  KVL_CHECK(page.row_bytes == (bits == 8 ? page.kv_dim : page.kv_dim / 2));
+  KVL_CHECK(first_row >= 0 && count >= 0 && first_row + count <= page.rows);
+  KVL_CHECK_MSG(head_dim > 0 && head_dim <= kMaxQuantHeadDim,
+                "compressed KV kernel: head_dim must be in 1..kMaxQuantHeadDim");
+  KVL_CHECK(head_offset >= 0 && head_offset + head_dim <= page.kv_dim);
+  KVL_CHECK_MSG(bits == 8 || (head_offset % 2 == 0 && head_dim % 2 == 0),
+                "int4 KV kernel: head_offset and head_dim must be even (two codes per byte)");
+  // A 16-channel vector then spans at most two value groups.
+  KVL_CHECK_MSG(page.v_group > 0 && page.v_groups * page.v_group == page.kv_dim &&
+                    (page.v_group % 32 == 0 || page.v_group == page.kv_dim),
+                "compressed KV kernel: v_group must be a multiple of 32 or the whole row");
+}
+
+// An ISA table may leave a compressed-KV entry null: the scalar one runs instead.
+template <typename Fn>
+Fn OrScalar(Fn fn, Fn scalar) {
+  return fn != nullptr ? fn : scalar;
+}
+
+}  // namespace
+
+void DotRowsKInt8(const OpsContext& ctx, const float* q, const QuantKvLayerView& page,
+                  int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim,
+                  float scale, float* out) {
+  CheckQuantKvArgs(page, 8, first_row, count, head_offset, head_dim);
+  if (count == 0) return;
+  KVL_CHECK(q != nullptr && out != nullptr && page.k_q != nullptr && page.k_scale != nullptr);
+  OrScalar(ctx.kernels().dot_rows_k_int8, ScalarKernels().dot_rows_k_int8)(
+      q, page, first_row, count, head_offset, head_dim, scale, out);
+}
+
+void DotRowsKInt4(const OpsContext& ctx, const float* q, const QuantKvLayerView& page,
+                  int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim,
+                  float scale, float* out) {
+  CheckQuantKvArgs(page, 4, first_row, count, head_offset, head_dim);
+  if (count == 0) return;
+  KVL_CHECK(q != nullptr && out != nullptr && page.k_q != nullptr && page.k_scale != nullptr &&
+            page.k_min != nullptr);
+  OrScalar(ctx.kernels().dot_rows_k_int4, ScalarKernels().dot_rows_k_int4)(
+      q, page, first_row, count, head_offset, head_dim, scale, out);
+}
+
+void DotRowsK(const OpsContext& ctx, const float* q, const QuantKvLayerView& page,
+              int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+              float* out) {
+  if (page.bits == 4)
+    return DotRowsKInt4(ctx, q, page, first_row, count, head_offset, head_dim, scale, out);
+  DotRowsKInt8(ctx, q, page, first_row, count, head_offset, head_dim, scale, out);
+}
+
+void AxpyRowsVInt8(const OpsContext& ctx, const float* weights, const QuantKvLayerView& page,
+                   int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim,
+                   float* y) {
+  CheckQuantKvArgs(page, 8, first_row, count, head_offset, head_dim);
+  if (count == 0) return;
+  KVL_CHECK(weights != nullptr && y != nullptr && page.v_q != nullptr && page.v_scale != nullptr);
+  OrScalar(ctx.kernels().axpy_rows_v_int8, ScalarKernels().axpy_rows_v_int8)(
+      weights, page, first_row, count, head_offset, head_dim, y);
+}
+
+void AxpyRowsVInt4(const OpsContext& ctx, const float* weights, const QuantKvLayerView& page,
+                   int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim,
+                   float* y) {
+  CheckQuantKvArgs(page, 4, first_row, count, head_offset, head_dim);
+  if (count == 0) return;
+  KVL_CHECK(weights != nullptr && y != nullptr && page.v_q != nullptr && page.v_scale != nullptr &&
+            page.v_min != nullptr);
+  OrScalar(ctx.kernels().axpy_rows_v_int4, ScalarKernels().axpy_rows_v_int4)(
+      weights, page, first_row, count, head_offset, head_dim, y);
+}
+
+void AxpyRowsV(const OpsContext& ctx, const float* weights, const QuantKvLayerView& page,
+               int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim, float* y) {
+  if (page.bits == 4)
+    return AxpyRowsVInt4(ctx, weights, page, first_row, count, head_offset, head_dim, y);
+  AxpyRowsVInt8(ctx, weights, page, first_row, count, head_offset, head_dim, y);
+}
+
 void DequantizeRow(DType type, const void* row, int64_t n, float* out) {
   quant::DequantizeRow(type, row, n, out);
 }

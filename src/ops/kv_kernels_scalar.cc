@@ -1,0 +1,92 @@
+// Reference kernels for attention over compressed KV pages (format: kvl/kv_codec.h, view:
+// ops::QuantKvLayerView). The SIMD paths compute the same sums in the same factored form, so
+// they differ from these by float rounding only.
+//
+// The factored form is what makes reading codes directly cheap: the per-channel key scale folds
+// into the query once per call (qs[c] = q[c] * k_scale[c]), so a row costs one multiply-add per
+// code; for int4 the key minimum contributes sum_c q[c] * k_min[c], one constant per call. Values
+// fold the per-(token, group) scale into the attention weight, and for int4 the minimum's share,
+// sum_i w_i * v_min[i][g], is summed per group and added once at the end.
+#include <algorithm>
+
+#include "ops/kernel_table.h"
+
+namespace kvl::ops {
+namespace {
+
+float Code8(const uint8_t* row, int64_t c) {
+  return static_cast<float>(static_cast<int8_t>(row[c]));
+}
+float Code4(const uint8_t* row, int64_t c) {
+  return static_cast<float>((row[c >> 1] >> ((c & 1) * 4)) & 0x0F);
+}
+
+template <int kBits>
+void DotRowsK(const float* q, const QuantKvLayerView& page, int64_t first_row, int64_t count,
+              int64_t head_offset, int64_t head_dim, float scale, float* out) {
+  float qs[kMaxQuantHeadDim];
+  float bias = 0.0f;
+  for (int64_t c = 0; c < head_dim; ++c) {
+    qs[c] = q[c] * page.k_scale[head_offset + c];
+    if (kBits == 4) bias += q[c] * page.k_min[head_offset + c];
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const uint8_t* row = page.k_q + (first_row + i) * page.row_bytes;
+    float acc = 0.0f;
+    for (int64_t c = 0; c < head_dim; ++c) {
+      const float code = kBits == 8 ? Code8(row, head_offset + c) : Code4(row, head_offset + c);
+      acc += qs[c] * code;
+    }
+    out[i] = (acc + bias) * scale;
+  }
+}
+
+template <int kBits>
+void AxpyRowsV(const float* weights, const QuantKvLayerView& page, int64_t first_row, int64_t count,
+               int64_t head_offset, int64_t head_dim, float* y) {
+  // Groups overlapping the head's channels: [g_first, g_last].
+  const int64_t g_first = head_offset / page.v_group;
+  const int64_t g_last = (head_offset + head_dim - 1) / page.v_group;
+  float bias[kMaxQuantHeadDim + 2] = {};  // per overlapped group (int4 only)
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t r = first_row + i;
+    const uint8_t* row = page.v_q + r * page.row_bytes;
+    const float* scales = page.v_scale + r * page.v_groups;
+    for (int64_t c = 0; c < head_dim; ++c) {
+      const int64_t ch = head_offset + c;
+      const float coef = weights[i] * scales[ch / page.v_group];
+      y[c] += coef * (kBits == 8 ? Code8(row, ch) : Code4(row, ch));
+    }
+    if (kBits == 4) {
+      for (int64_t g = g_first; g <= g_last; ++g) {
+        bias[g - g_first] += weights[i] * page.v_min[r * page.v_groups + g];
+      }
+    }
+  }
+  if (kBits == 4) {
+    for (int64_t c = 0; c < head_dim; ++c) y[c] += bias[(head_offset + c) / page.v_group - g_first];
+  }
+}
+
+}  // namespace
+
+void ScalarDotRowsKInt8(const float* q, const QuantKvLayerView& page, int64_t first_row,
+                        int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+                        float* out) {
+  DotRowsK<8>(q, page, first_row, count, head_offset, head_dim, scale, out);
+}
+void ScalarDotRowsKInt4(const float* q, const QuantKvLayerView& page, int64_t first_row,
+                        int64_t count, int64_t head_offset, int64_t head_dim, float scale,
+                        float* out) {
+  DotRowsK<4>(q, page, first_row, count, head_offset, head_dim, scale, out);
+}
+void ScalarAxpyRowsVInt8(const float* weights, const QuantKvLayerView& page, int64_t first_row,
+                         int64_t count, int64_t head_offset, int64_t head_dim, float* y) {
+  AxpyRowsV<8>(weights, page, first_row, count, head_offset, head_dim, y);
+}
+void ScalarAxpyRowsVInt4(const float* weights, const QuantKvLayerView& page, int64_t first_row,
+                         int64_t count, int64_t head_offset, int64_t head_dim, float* y) {
+  AxpyRowsV<4>(weights, page, first_row, count, head_offset, head_dim, y);
+}
+
+}  // namespace kvl::ops
