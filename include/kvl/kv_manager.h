@@ -42,14 +42,20 @@ inline constexpr BlockId kNoBlock = -1;
 // block_tokens token ids. Only tests replace the default (to force collisions).
 using KvBlockHashFn = uint64_t (*)(uint64_t parent_hash, std::span<const int32_t> tokens);
 
-// What one block holds: K and V, each [num_layers][block_tokens][kv_dim] f32.
+// What one block holds: K and V, each [num_layers][block_tokens][kv_dim] f32, and optionally the
+// residual-stream checkpoints of its tokens, [num_layers][block_tokens][residual_dim] f32, from
+// which K and V can be rebuilt exactly.
 struct KvBlockLayout {
   int32_t block_tokens = 16;
   int64_t num_layers = 0;
   int64_t kv_dim = 0;
+  int64_t residual_dim = 0;  // 0: no checkpoints kept
 
   int64_t floats_per_tensor() const { return num_layers * block_tokens * kv_dim; }
-  int64_t block_bytes() const { return 2 * floats_per_tensor() * static_cast<int64_t>(sizeof(float)); }
+  int64_t residual_floats() const { return num_layers * block_tokens * residual_dim; }
+  int64_t kv_bytes() const { return 2 * floats_per_tensor() * static_cast<int64_t>(sizeof(float)); }
+  int64_t residual_bytes() const { return residual_floats() * static_cast<int64_t>(sizeof(float)); }
+  int64_t block_bytes() const { return kv_bytes() + residual_bytes(); }
 };
 
 struct KvManagerOptions {
@@ -168,6 +174,8 @@ class KvBlockStorage {
                                                           int64_t num_blocks);
   float* keys(BlockId block, int64_t layer);    // [block_tokens][kv_dim]
   float* values(BlockId block, int64_t layer);  // [block_tokens][kv_dim]
+  // [block_tokens][residual_dim]; a block's layers are contiguous. nullptr without checkpoints.
+  float* residuals(BlockId block, int64_t layer);
   void CopyBlock(BlockId src, BlockId dst);
   const KvBlockLayout& layout() const { return layout_; }
   int64_t num_blocks() const { return num_blocks_; }
@@ -178,6 +186,7 @@ class KvBlockStorage {
   int64_t num_blocks_;
   std::vector<float> k_;
   std::vector<float> v_;
+  std::vector<float> residual_;
 };
 
 // The forward pass's view of the paged pool: rows of (seq, layer, pos) found through the block
@@ -188,6 +197,7 @@ class PagedKvCache final : public KvCache {
   int64_t kv_dim() const override;
   int64_t num_layers() const override;
   Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override;
+  float* ResidualAt(int32_t seq, int64_t layer, int64_t pos) override;
 
  private:
   const KvManager& manager_;

@@ -110,14 +110,17 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
   KVL_ASSIGN_OR_RETURN(policy, ParseKvPolicy(options.kv_policy));
   KVL_ASSIGN_OR_RETURN(quality, ParseKvQuality(options.kv_quality));
   if (!policy.automatic && policy.fixed != KvAction::kDemoteRam &&
-      policy.fixed != KvAction::kDemoteDisk && policy.fixed != KvAction::kRecomputeTokens) {
+      policy.fixed != KvAction::kDemoteDisk && policy.fixed != KvAction::kRecomputeTokens &&
+      policy.fixed != KvAction::kRecomputeResidual) {
     return UnimplementedError(fmt::format(
-        "--kv-policy {}: the engine applies demote, demote-disk and recompute-tokens so far",
+        "--kv-policy {}: the engine applies demote, demote-disk, recompute-residual and "
+        "recompute-tokens so far",
         KvActionName(policy.fixed)));
   }
   for (const std::string& text : options.kv_tiers) {
     KVL_ASSIGN_OR_RETURN(TierSpec spec, ParseTierSpec(text));
-    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, MakeTier(spec, layout.block_bytes()));
+    const int64_t page_bytes = std::max(layout.kv_bytes(), layout.residual_bytes());
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, MakeTier(spec, page_bytes));
     (spec.kind == "disk" ? disk_tier : ram_tier) = std::move(tier);
   }
   if (policy.fixed == KvAction::kDemoteRam && !policy.automatic && !ram_tier) {
@@ -126,16 +129,23 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
   if (policy.fixed == KvAction::kDemoteDisk && !policy.automatic && !disk_tier) {
     return InvalidArgumentError("--kv-policy demote-disk needs --kv-tier disk:PATH:SIZE");
   }
-  page_staging.resize(static_cast<size_t>(layout.block_bytes()));
+  if (policy.fixed == KvAction::kRecomputeResidual && !policy.automatic && !ram_tier) {
+    return InvalidArgumentError(
+        "--kv-policy recompute-residual keeps the checkpoints in a RAM tier: --kv-tier ram:SIZE");
+  }
+  page_staging.resize(static_cast<size_t>(std::max(layout.kv_bytes(), layout.residual_bytes())));
 
-  page_costs.kv_bytes = layout.block_bytes();
+  page_costs.kv_bytes = layout.kv_bytes();
   page_costs.residual_bytes =
       static_cast<int64_t>(layout.block_tokens) * layout.num_layers * model->config().dim * 4;
   page_costs.has_ram_tier = ram_tier != nullptr;
   page_costs.has_disk_tier = disk_tier != nullptr;
-  page_costs.available_actions = (1u << static_cast<int>(KvAction::kRecomputeTokens)) |
-                                 (ram_tier ? 1u << static_cast<int>(KvAction::kDemoteRam) : 0u) |
-                                 (disk_tier ? 1u << static_cast<int>(KvAction::kDemoteDisk) : 0u);
+  const bool checkpoints = layout.residual_dim > 0 && ram_tier;
+  page_costs.available_actions =
+      (1u << static_cast<int>(KvAction::kRecomputeTokens)) |
+      (ram_tier ? 1u << static_cast<int>(KvAction::kDemoteRam) : 0u) |
+      (disk_tier ? 1u << static_cast<int>(KvAction::kDemoteDisk) : 0u) |
+      (checkpoints ? 1u << static_cast<int>(KvAction::kRecomputeResidual) : 0u);
   if (!policy.automatic || (!ram_tier && !disk_tier)) return Status::Ok();
 
   const std::string path =
@@ -202,6 +212,18 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   kvo.layout.block_tokens = options.block_tokens;
   kvo.layout.num_layers = c.num_layers;
   kvo.layout.kv_dim = c.kv_dim();
+  // Residual checkpoints cost memory in every block (d_model per token per layer), so they are
+  // kept only where recompute-from-residual can be chosen: asked for, or (auto with a RAM tier
+  // to hold them) where they are no larger than the K+V they stand for (MHA; not GQA).
+  {
+    KVL_ASSIGN_OR_RETURN(KvPolicyChoice choice, ParseKvPolicy(options.kv_policy));
+    const bool ram = std::any_of(options.kv_tiers.begin(), options.kv_tiers.end(),
+                                 [](const std::string& t) { return t.rfind("ram:", 0) == 0; });
+    const bool forced = !choice.automatic && choice.fixed == KvAction::kRecomputeResidual;
+    if (forced || (choice.automatic && ram && c.dim <= 2 * c.kv_dim())) {
+      kvo.layout.residual_dim = c.dim;
+    }
+  }
   kvo.budget_bytes = options.kv_budget_bytes;
   if (kvo.budget_bytes == 0) {
     const int64_t per_context = kvo.layout.block_bytes() *

@@ -68,6 +68,8 @@ struct Sequence {
   std::vector<DemotedPage> demoted;   // pages saved at the last preemption, in block order
   int64_t restore_tokens = 0;         // this admission: tokens to promote instead of compute
   std::vector<double> recompute_predicted_ms;  // pages dropped at preemption, per page
+  // Pages promoted from a K/V copy have no valid residual checkpoints (only K/V moved).
+  std::vector<bool> checkpoint_missing;        // by block index
 };
 
 // A bounded window of recent samples for percentiles.

@@ -53,8 +53,13 @@ KvAction Engine::Impl::ChoosePageAction(const Sequence& seq, int64_t block_index
   page.is_sink = block_index == 0;
   // The sequence resumes as soon as blocks free up: every one of its pages will be read again.
   page.steps_since_access = 0;
-  const KvDecision d = ChooseKvAction(page, page_costs, o);
-  if (policy.automatic) action = d.action;
+  PageCostProfile costs = page_costs;
+  const size_t b = static_cast<size_t>(block_index);
+  if (b < seq.checkpoint_missing.size() && seq.checkpoint_missing[b]) {
+    costs.available_actions &= ~(1u << static_cast<int>(KvAction::kRecomputeResidual));
+  }
+  const KvDecision d = ChooseKvAction(page, costs, o);
+  if (policy.automatic || !d.costs[static_cast<size_t>(action)].allowed) action = d.action;
   *predicted_ms = d.costs[static_cast<size_t>(action)].bring_back_ms;
   if (options.explain) {
     fmt::print(stderr, "kvl: explain: request {} page {} (tokens {}-{}) -> {}\n{}", seq.id,
@@ -77,16 +82,24 @@ void Engine::Impl::Preempt(size_t running_index) {
   for (int64_t b = 0; b < full_blocks; ++b) {
     double predicted = 0;
     const KvAction action = ChoosePageAction(*seq, b, &predicted);
-    KvTier* tier = action == KvAction::kDemoteRam    ? ram_tier.get()
-                   : action == KvAction::kDemoteDisk ? disk_tier.get()
-                                                     : nullptr;
+    const bool residual = action == KvAction::kRecomputeResidual;
+    KvTier* tier = action == KvAction::kDemoteRam || residual ? ram_tier.get()
+                   : action == KvAction::kDemoteDisk          ? disk_tier.get()
+                                                              : nullptr;
     bool demoted = false;
     if (tier != nullptr) {
+      // A demoted page is K then V of every layer; a residual page the layers' checkpoints.
       const BlockId block = table[static_cast<size_t>(b)];
-      std::memcpy(page_staging.data(), storage->keys(block, 0), half);
-      std::memcpy(page_staging.data() + half, storage->values(block, 0), half);
+      size_t bytes = 2 * half;
+      if (residual) {
+        bytes = static_cast<size_t>(layout.residual_bytes());
+        std::memcpy(page_staging.data(), storage->residuals(block, 0), bytes);
+      } else {
+        std::memcpy(page_staging.data(), storage->keys(block, 0), half);
+        std::memcpy(page_staging.data() + half, storage->values(block, 0), half);
+      }
       const PageKey key = (static_cast<uint64_t>(seq->id) << 24) | static_cast<uint64_t>(b);
-      const PageWrite write{key, page_staging};
+      const PageWrite write{key, std::span<const uint8_t>(page_staging.data(), bytes)};
       demoted = tier->Put(std::span<const PageWrite>(&write, 1)).ok();  // full tier: drop instead
       if (demoted) seq->demoted.push_back({b, tier, key, action, predicted});
     }
@@ -95,7 +108,7 @@ void Engine::Impl::Preempt(size_t running_index) {
     std::lock_guard<std::mutex> lock(metrics_mutex);
     KvActionCounter& counter = action_counters[static_cast<size_t>(done)];
     ++counter.pages;
-    counter.bytes += layout.block_bytes();
+    counter.bytes += layout.kv_bytes();
   }
   kv->Free(seq->slot);
   free_slots.push_back(seq->slot);
@@ -199,11 +212,14 @@ int64_t Engine::Impl::RestorePages(Sequence& seq, int64_t first_block, int64_t n
   const size_t half = static_cast<size_t>(layout.floats_per_tensor()) * sizeof(float);
   const std::vector<BlockId>& table = kv->block_table(seq.slot);
   int64_t restored = 0;
+  TokenBatch rebuild;  // positions whose K/V come back from residual checkpoints
   for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
     auto page = std::find_if(seq.demoted.begin(), seq.demoted.end(),
                              [b](const DemotedPage& p) { return p.block_index == b; });
     KVL_CHECK(page != seq.demoted.end());
-    const PageRead read{page->key, page_staging};
+    const bool residual = page->action == KvAction::kRecomputeResidual;
+    const size_t bytes = residual ? static_cast<size_t>(layout.residual_bytes()) : 2 * half;
+    const PageRead read{page->key, std::span<uint8_t>(page_staging.data(), bytes)};
     const Status status = page->tier->Get(std::span<const PageRead>(&read, 1))[0];
     if (!status.ok()) {
       // Never wrong bytes: a corrupt or failed read is recomputed from tokens by this step.
@@ -212,9 +228,33 @@ int64_t Engine::Impl::RestorePages(Sequence& seq, int64_t first_block, int64_t n
       break;
     }
     const BlockId block = table[static_cast<size_t>(b)];
-    std::memcpy(storage->keys(block, 0), page_staging.data(), half);
-    std::memcpy(storage->values(block, 0), page_staging.data() + half, half);
+    if (residual) {
+      std::memcpy(storage->residuals(block, 0), page_staging.data(), bytes);
+      for (int64_t p = b * options.block_tokens; p < (b + 1) * options.block_tokens; ++p) {
+        rebuild.Add(seq.tokens[static_cast<size_t>(p)], p, seq.slot, false);
+      }
+    } else {
+      std::memcpy(storage->keys(block, 0), page_staging.data(), half);
+      std::memcpy(storage->values(block, 0), page_staging.data() + half, half);
+      if (layout.residual_dim > 0) {
+        if (seq.checkpoint_missing.size() <= static_cast<size_t>(b)) {
+          seq.checkpoint_missing.resize(static_cast<size_t>(b) + 1, false);
+        }
+        seq.checkpoint_missing[static_cast<size_t>(b)] = true;
+      }
+    }
     ++restored;
+  }
+  // K and V of every layer rebuilt from the checkpoints: one RmsNorm, two projections and RoPE
+  // per layer, bit-identical to what the forward pass stored.
+  const int64_t chunk = forward->options().max_batch_tokens;
+  for (int64_t begin = 0; begin < rebuild.size(); begin += chunk) {
+    TokenBatch part;
+    for (int64_t t = begin; t < std::min(rebuild.size(), begin + chunk); ++t) {
+      const size_t k = static_cast<size_t>(t);
+      part.Add(rebuild.tokens[k], rebuild.positions[k], rebuild.seq_ids[k], false);
+    }
+    forward->RebuildKvFromResiduals(part, *cache);
   }
   const double ms = MillisecondsBetween(start, Clock::now());
   {

@@ -37,7 +37,14 @@ KvBlockStorage::KvBlockStorage(const KvBlockLayout& layout, int64_t num_blocks)
     : layout_(layout),
       num_blocks_(num_blocks),
       k_(static_cast<size_t>(num_blocks * layout.floats_per_tensor())),
-      v_(k_.size()) {}
+      v_(k_.size()),
+      residual_(static_cast<size_t>(num_blocks * layout.residual_floats())) {}
+
+float* KvBlockStorage::residuals(BlockId block, int64_t layer) {
+  if (layout_.residual_dim == 0) return nullptr;
+  return residual_.data() +
+         (block * layout_.num_layers + layer) * layout_.block_tokens * layout_.residual_dim;
+}
 
 float* KvBlockStorage::keys(BlockId block, int64_t layer) {
   return k_.data() + (block * layout_.num_layers + layer) * layout_.block_tokens * layout_.kv_dim;
@@ -53,6 +60,8 @@ void KvBlockStorage::CopyBlock(BlockId src, BlockId dst) {
   const int64_t n = layout_.floats_per_tensor();
   std::copy_n(k_.data() + src * n, n, k_.data() + dst * n);
   std::copy_n(v_.data() + src * n, n, v_.data() + dst * n);
+  const int64_t r = layout_.residual_floats();
+  std::copy_n(residual_.data() + src * r, r, residual_.data() + dst * r);
 }
 
 PagedKvCache::PagedKvCache(const KvManager& manager, KvBlockStorage& storage)
@@ -60,7 +69,7 @@ PagedKvCache::PagedKvCache(const KvManager& manager, KvBlockStorage& storage)
   const KvBlockLayout& a = manager.options().layout;
   const KvBlockLayout& b = storage.layout();
   KVL_CHECK(a.block_tokens == b.block_tokens && a.num_layers == b.num_layers &&
-            a.kv_dim == b.kv_dim);
+            a.kv_dim == b.kv_dim && a.residual_dim == b.residual_dim);
   KVL_CHECK(storage.num_blocks() >= manager.num_blocks());
 }
 
@@ -78,6 +87,18 @@ KvCache::Rows PagedKvCache::RowsAt(int32_t seq, int64_t layer, int64_t pos) {
   return Rows{storage_.keys(block, layer) + offset * layout.kv_dim,
               storage_.values(block, layer) + offset * layout.kv_dim, layout.block_tokens - offset,
               layout.kv_dim};
+}
+
+}  // namespace kvl
+
+namespace kvl {
+
+float* PagedKvCache::ResidualAt(int32_t seq, int64_t layer, int64_t pos) {
+  const KvBlockLayout& layout = storage_.layout();
+  if (layout.residual_dim == 0) return nullptr;
+  KVL_CHECK(pos >= 0 && pos < manager_.num_tokens(seq));
+  const BlockId block = manager_.block_table(seq)[static_cast<size_t>(pos / layout.block_tokens)];
+  return storage_.residuals(block, layer) + (pos % layout.block_tokens) * layout.residual_dim;
 }
 
 }  // namespace kvl

@@ -83,6 +83,7 @@ TEST(KvActionsTest, EveryLosslessPolicyMatchesKeepAllUnderPressure) {
       {"demote", {"ram:64MiB"}, KvAction::kDemoteRam},
       {"demote-disk", {"disk:" + disk + ":64MiB"}, KvAction::kDemoteDisk},
       {"recompute-tokens", {}, KvAction::kRecomputeTokens},
+      {"recompute-residual", {"ram:64MiB"}, KvAction::kRecomputeResidual},
       {"auto", {"ram:64MiB", "disk:" + disk + ":64MiB"}, KvAction::kKeep},
   };
   for (const Case& c : cases) {
