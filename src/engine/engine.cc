@@ -146,7 +146,7 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
       (ram_tier ? 1u << static_cast<int>(KvAction::kDemoteRam) : 0u) |
       (disk_tier ? 1u << static_cast<int>(KvAction::kDemoteDisk) : 0u) |
       (checkpoints ? 1u << static_cast<int>(KvAction::kRecomputeResidual) : 0u);
-  if (!policy.automatic || (!ram_tier && !disk_tier)) return Status::Ok();
+  if (!ram_tier && !disk_tier) return Status::Ok();  // nothing to choose or predict among
 
   const std::string path =
       options.profile_path.empty() ? DefaultProfilePath(model->config().name) : options.profile_path;
