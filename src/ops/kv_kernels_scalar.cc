@@ -44,27 +44,30 @@ void DotRowsK(const float* q, const QuantKvLayerView& page, int64_t first_row, i
 template <int kBits>
 void AxpyRowsV(const float* weights, const QuantKvLayerView& page, int64_t first_row, int64_t count,
                int64_t head_offset, int64_t head_dim, float* y) {
-  // Groups overlapping the head's channels: [g_first, g_last].
-  const int64_t g_first = head_offset / page.v_group;
-  const int64_t g_last = (head_offset + head_dim - 1) / page.v_group;
-  float bias[kMaxQuantHeadDim + 2] = {};  // per overlapped group (int4 only)
+  // The head's channels walked in runs that share a value group (no division per element).
+  // ops.cc checks v_group % 32 == 0 or v_group == kv_dim: at most head_dim / 32 + 2 groups.
+  const int64_t gs = page.v_group, g_first = head_offset / gs;
+  float bias[kMaxQuantHeadDim / 32 + 2] = {};  // per overlapped group (int4 only)
   for (int64_t i = 0; i < count; ++i) {
     const int64_t r = first_row + i;
     const uint8_t* row = page.v_q + r * page.row_bytes;
-    const float* scales = page.v_scale + r * page.v_groups;
-    for (int64_t c = 0; c < head_dim; ++c) {
-      const int64_t ch = head_offset + c;
-      const float coef = weights[i] * scales[ch / page.v_group];
-      y[c] += coef * (kBits == 8 ? Code8(row, ch) : Code4(row, ch));
-    }
-    if (kBits == 4) {
-      for (int64_t g = g_first; g <= g_last; ++g) {
-        bias[g - g_first] += weights[i] * page.v_min[r * page.v_groups + g];
+    for (int64_t c = 0; c < head_dim;) {
+      const int64_t g = (head_offset + c) / gs;
+      const int64_t end = std::min(head_dim, (g + 1) * gs - head_offset);
+      const float coef = weights[i] * page.v_scale[r * page.v_groups + g];
+      for (; c < end; ++c) {
+        const int64_t ch = head_offset + c;
+        y[c] += coef * (kBits == 8 ? Code8(row, ch) : Code4(row, ch));
       }
+      if (kBits == 4) bias[g - g_first] += weights[i] * page.v_min[r * page.v_groups + g];
     }
   }
   if (kBits == 4) {
-    for (int64_t c = 0; c < head_dim; ++c) y[c] += bias[(head_offset + c) / page.v_group - g_first];
+    for (int64_t c = 0; c < head_dim;) {
+      const int64_t g = (head_offset + c) / gs;
+      const int64_t end = std::min(head_dim, (g + 1) * gs - head_offset);
+      for (; c < end; ++c) y[c] += bias[g - g_first];
+    }
   }
 }
 
