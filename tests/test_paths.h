@@ -22,4 +22,12 @@ inline const std::vector<int32_t>& Stories260KGreedyReference() {
   return ids;
 }
 
+// Eight short story openings: the prompt set of the batching and KV-action exactness tests.
+inline const std::vector<std::string>& StoryPrompts() {
+  static const std::vector<std::string> prompts = {
+      "Once upon a time",    "The little dog",       "Lily wanted to",       "One day, a boy named Tom",
+      "The sun was shining", "Sam and his mom went", "There was a big tree", "The cat sat on"};
+  return prompts;
+}
+
 }  // namespace kvl::testing

@@ -13,12 +13,7 @@
 namespace kvl {
 namespace {
 
-const std::vector<std::string>& Prompts() {
-  static const std::vector<std::string> prompts = {
-      "Once upon a time",      "The little dog",   "Lily wanted to",      "One day, a boy named Tom",
-      "The sun was shining",   "Sam and his mom went", "There was a big tree", "The cat sat on"};
-  return prompts;
-}
+const std::vector<std::string>& Prompts() { return testing::StoryPrompts(); }
 
 std::unique_ptr<Engine> MakeEngine(int32_t max_seqs, bool prefix_cache, int64_t budget = 0,
                                    int32_t block_tokens = 16, int64_t batch = 512) {

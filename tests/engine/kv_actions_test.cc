@@ -14,12 +14,7 @@
 namespace kvl {
 namespace {
 
-const std::vector<std::string>& Prompts() {
-  static const std::vector<std::string> prompts = {
-      "Once upon a time", "The little dog", "Lily wanted to", "One day, a boy named Tom",
-      "The sun was shining", "Sam and his mom went", "There was a big tree", "The cat sat on"};
-  return prompts;
-}
+const std::vector<std::string>& Prompts() { return testing::StoryPrompts(); }
 
 // stories260K: 5 layers x 2 x 32 floats = 1280 bytes per token, 20 KiB per 16-token page.
 constexpr int64_t kPageBytes = 16 * 1280;
