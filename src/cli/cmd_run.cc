@@ -42,19 +42,26 @@ int RunOne(Engine& e, const RunArgs& args, const std::string& prompt) {
   request.max_new_tokens = args.num_predict;
   request.sampling = args.sampling;
   request.stop_strings = args.stop;
-  // The prompt is echoed (as llama.cpp does) so the output reads as one text.
-  std::fputs(prompt.c_str(), stdout);
-  std::fflush(stdout);
-  StatusOr<GenerateResult> result = e.Generate(request, [](int32_t, std::string_view piece) {
+  // The prompt is echoed (as llama.cpp does) so the output reads as one text; it is printed with
+  // the first token, so a request that fails validation prints only its error.
+  bool echoed = false;
+  auto echo = [&] {
+    if (echoed) return;
+    echoed = true;
+    std::fputs(prompt.c_str(), stdout);
+  };
+  StatusOr<GenerateResult> result = e.Generate(request, [&](int32_t, std::string_view piece) {
+    echo();
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;
   });
-  std::fputc('\n', stdout);
   if (!result.ok()) {
     fmt::print(stderr, "kvl: {}\n", result.status().ToString());
     return 1;
   }
+  echo();
+  std::fputc('\n', stdout);
   const GenerateStats& st = result->stats;
   PrintTiming("prompt eval time", st.prompt_ms, st.prompt_tokens - st.cached_prompt_tokens);
   PrintTiming("eval time", st.generate_ms, st.generated_tokens > 0 ? st.generated_tokens - 1 : 0);
