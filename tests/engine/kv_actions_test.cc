@@ -27,7 +27,8 @@ EngineOptions Options(int32_t max_seqs, int64_t budget_pages) {
   o.max_seqs = max_seqs;
   o.kv_budget_bytes = budget_pages * kPageBytes;
   o.prefix_cache = false;  // so resumed pages come from the tiers, not the prefix cache
-  o.profile_path = ::testing::TempDir() + "/kvl-test-profile.json";
+  // One profile per test process: ctest runs these tests in parallel.
+  o.profile_path = ::testing::TempDir() + "/kvl-test-profile-" + std::to_string(getpid()) + ".json";
   return o;
 }
 

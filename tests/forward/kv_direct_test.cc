@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <unistd.h>
+
 #include "forward/forward_harness.h"
 #include "kvl/ops.h"
 #include "kvl/synthetic_model.h"
@@ -49,7 +51,8 @@ std::vector<std::string> ModelsUnderTest() {
   std::vector<std::string> paths = {testing::Stories260KPath()};
   for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kF16}) {
     const std::string path =
-        ::testing::TempDir() + "/kvdirect-" + std::string(DTypeName(type)) + ".gguf";
+        ::testing::TempDir() + "/kvdirect-" + std::to_string(getpid()) + "-" +
+        std::string(DTypeName(type)) + ".gguf";  // ctest runs these tests in parallel processes
     EXPECT_TRUE(WriteSyntheticModel({*FindModelShape("tiny-test"), type, 3, path}).ok());
     paths.push_back(path);
   }
