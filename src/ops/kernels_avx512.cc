@@ -227,15 +227,25 @@ constexpr TileFn kTiles[kMaxMR][kMaxNR] = {
     {Tile<T, 4, 1>, Tile<T, 4, 2>, Tile<T, 4, 3>, Tile<T, 4, 4>},
 };
 
+// One weight row against up to 8 tokens: the small-batch decode tile (see MatMulTileT).
+template <DType T>
+constexpr TileFn kWideTiles[8] = {Tile<T, 1, 1>, Tile<T, 1, 2>, Tile<T, 1, 3>, Tile<T, 1, 4>,
+                                  Tile<T, 1, 5>, Tile<T, 1, 6>, Tile<T, 1, 7>, Tile<T, 1, 8>};
+
 template <DType T>
 void MatMulTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-  // A single token (decode) streams its weights from DRAM one row at a time: one sequential stream
-  // per thread keeps the hardware prefetchers on track, where four interleaved row streams did not
-  // (TinyLlama-1.1B Q8_0 decode: 16 tok/s with 4-row tiles, 25-28 with 1-row tiles). Each output
-  // still takes the same accumulation steps, so this changes no result.
-  const int64_t max_mr = t1 - t0 == 1 ? 1 : kMaxMR;
-  for (int64_t r = r0; r < r1; r += max_mr) {
-    const int64_t mr = std::min<int64_t>(max_mr, r1 - r);
+  // Decode streams its weights from DRAM one row at a time: one sequential stream per thread keeps
+  // the hardware prefetchers on track, where four interleaved row streams did not (TinyLlama-1.1B
+  // Q8_0 decode: 16 tok/s with 4-row tiles, 25-28 with 1-row tiles). Each output still takes the
+  // same accumulation steps whatever the tile, so this changes no result.
+  // The same holds for a few tokens (batched decode of a few sequences): one row at a time, each
+  // decoded weight block used for all of them (TinyLlama np4 decode 62 -> 80 tok/s, np8 78 -> 88).
+  if (t1 - t0 <= 8) {
+    for (int64_t r = r0; r < r1; ++r) kWideTiles<T>[t1 - t0 - 1](a, r, t0);
+    return;
+  }
+  for (int64_t r = r0; r < r1; r += kMaxMR) {
+    const int64_t mr = std::min<int64_t>(kMaxMR, r1 - r);
     for (int64_t t = t0; t < t1; t += kMaxNR) {
       const int64_t nr = std::min<int64_t>(kMaxNR, t1 - t);
       kTiles<T>[mr - 1][nr - 1](a, r, t);
