@@ -70,7 +70,7 @@ void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_toke
 // Several matrices with the same input (Q/K/V, or gate/up) in one parallel region: the input is
 // quantized once and one loop covers every matrix's rows, saving a thread-pool round trip and a
 // quantization per extra matrix in decode. Each ys[m] gets exactly what MatMul would give.
-// All matrices must have the same cols and be all quantized or all float.
+// All matrices must have the same cols; their formats may differ.
 inline constexpr size_t kMaxGroup = 4;
 void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x, int64_t n_tokens,
                  std::span<float* const> ys);

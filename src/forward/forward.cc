@@ -190,27 +190,15 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   });
 }
 
-// Projections of the same normalized input xn_: one parallel region when their formats allow it.
+// Projections of the same normalized input xn_ in one parallel region (xn_ quantized once).
 void Forward::MatMulShared(std::initializer_list<const MatrixView*> ws, int64_t n,
                            std::initializer_list<float*> ys) {
+  KVL_CHECK(ws.size() == ys.size() && ws.size() <= ops::kMaxGroup);
   MatrixView views[ops::kMaxGroup];
-  float* outs[ops::kMaxGroup];
   size_t count = 0;
-  bool same_class = true;
-  auto quantized = [](DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; };
-  for (const MatrixView* w : ws) {
-    views[count] = *w;
-    same_class = same_class && quantized(w->type) == quantized(views[0].type);
-    ++count;
-  }
-  count = 0;
-  for (float* y : ys) outs[count++] = y;
-  if (same_class) {
-    ops::MatMulGroup(ops_, std::span<const MatrixView>(views, count), xn_.data(), n,
-                     std::span<float* const>(outs, count));
-  } else {
-    for (size_t m = 0; m < count; ++m) ops::MatMul(ops_, views[m], xn_.data(), n, outs[m]);
-  }
+  for (const MatrixView* w : ws) views[count++] = *w;
+  ops::MatMulGroup(ops_, std::span<const MatrixView>(views, count), xn_.data(), n,
+                   std::span<float* const>(ys.begin(), ys.size()));
 }
 
 void Forward::FeedForward(const LayerWeights& w, int64_t n) {

@@ -127,7 +127,9 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
   KVL_CHECK(!ws.empty() && ws.size() == ys.size() && ws.size() <= kMaxGroup);
   KVL_CHECK(x != nullptr && n_tokens >= 0);
   const int64_t cols = ws[0].cols;
-  const bool quantized = IsQuantized(ws[0].type);
+  // Quantized weights share one quantization of x; float weights read x itself.
+  const bool any_quantized =
+      std::any_of(ws.begin(), ws.end(), [](const MatrixView& w) { return IsQuantized(w.type); });
   for (size_t m = 0; m < ws.size(); ++m) {
     const MatrixView& w = ws[m];
     KVL_CHECK(w.data != nullptr && ys[m] != nullptr);
@@ -135,8 +137,6 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
     KVL_CHECK_MSG(w.type == DType::kF32 || w.type == DType::kF16 || w.type == DType::kBF16 ||
                       IsQuantized(w.type),
                   "MatMul: unsupported weight type");
-    KVL_CHECK_MSG(IsQuantized(w.type) == quantized,
-                  "MatMulGroup: quantized and float weights cannot share one group");
     KVL_CHECK_MSG(w.row_bytes == RowBytes(w.type, w.cols),
                   "MatMul: row_bytes != RowBytes(type, cols)");
   }
@@ -148,7 +148,7 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
   MatMulArgs args[kMaxGroup];
   const uint8_t* acts = nullptr;
   const int64_t stride = ActRowStride(cols);
-  if (quantized) {
+  if (any_quantized) {
     KVL_CHECK_MSG(static_cast<size_t>(n_tokens * stride + 64) <= ctx.scratch_bytes(),
                   "MatMul: OpsContext scratch too small; call Reserve(max_tokens, max_cols)");
     const uintptr_t base = reinterpret_cast<uintptr_t>(ctx.scratch());
@@ -171,6 +171,7 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
   for (size_t m = 0; m < ws.size(); ++m) {
     args[m].w = ws[m];
     args[m].y = ys[m];
+    const bool quantized = IsQuantized(ws[m].type);
     args[m].x = quantized ? nullptr : x;
     args[m].acts = acts;
     args[m].act_stride = quantized ? stride : 0;
