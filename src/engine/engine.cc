@@ -103,12 +103,32 @@ double SampleWindow::Percentile(double p) const {
   return sorted[std::min(index, sorted.size() - 1)];
 }
 
-// Tiers, policy and the per-page costs the policy prices actions with. The costs come from the
+// --kv-policy, --kv-quality and --kv-tier, parsed once before the pool's layout is decided.
+Status Engine::Impl::ParseKvSettings() {
+  KVL_ASSIGN_OR_RETURN(policy, ParseKvPolicy(options.kv_policy));
+  KVL_ASSIGN_OR_RETURN(quality, ParseKvQuality(options.kv_quality));
+  for (const std::string& text : options.kv_tiers) {
+    KVL_ASSIGN_OR_RETURN(TierSpec spec, ParseTierSpec(text));
+    tier_specs.push_back(std::move(spec));
+  }
+  return Status::Ok();
+}
+
+// Residual checkpoints cost memory in every block (d_model per token per layer), so they are kept
+// only where recompute-from-residual can be chosen: asked for, or (auto with a RAM tier to hold
+// them) where they are no larger than the K+V they stand for (MHA; not GQA).
+bool Engine::Impl::KeepsResidualCheckpoints() const {
+  const ModelConfig& c = model->config();
+  const bool ram = std::any_of(tier_specs.begin(), tier_specs.end(),
+                               [](const TierSpec& t) { return t.kind == "ram"; });
+  if (!policy.automatic) return policy.fixed == KvAction::kRecomputeResidual;
+  return ram && c.dim <= 2 * c.kv_dim();
+}
+
+// Tiers and the per-page costs the policy prices actions with. The costs come from the
 // calibration profile of this model on this machine; without one, a quick calibration runs now
 // and is saved for the next start.
 Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
-  KVL_ASSIGN_OR_RETURN(policy, ParseKvPolicy(options.kv_policy));
-  KVL_ASSIGN_OR_RETURN(quality, ParseKvQuality(options.kv_quality));
   if (!policy.automatic && policy.fixed != KvAction::kDemoteRam &&
       policy.fixed != KvAction::kDemoteDisk && policy.fixed != KvAction::kRecomputeTokens &&
       policy.fixed != KvAction::kRecomputeResidual) {
@@ -117,11 +137,12 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
         "recompute-tokens so far",
         KvActionName(policy.fixed)));
   }
-  for (const std::string& text : options.kv_tiers) {
-    KVL_ASSIGN_OR_RETURN(TierSpec spec, ParseTierSpec(text));
+  std::string disk_dir;
+  for (const TierSpec& spec : tier_specs) {
     const int64_t page_bytes = std::max(layout.kv_bytes(), layout.residual_bytes());
     KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, MakeTier(spec, page_bytes));
     (spec.kind == "disk" ? disk_tier : ram_tier) = std::move(tier);
+    if (spec.kind == "disk") disk_dir = std::filesystem::path(spec.path).parent_path().string();
   }
   if (policy.fixed == KvAction::kDemoteRam && !policy.automatic && !ram_tier) {
     return InvalidArgumentError("--kv-policy demote needs a RAM tier: --kv-tier ram:SIZE");
@@ -159,10 +180,7 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
     co.memory_bytes = 32ll << 20;
     co.disk_bytes = 16ll << 20;
     co.random_reads = 100;
-    if (disk_tier) {
-      const std::string dir = std::filesystem::path(ParseTierSpec(options.kv_tiers.back())->path).parent_path();
-      co.disk_dir = dir;
-    }
+    co.disk_dir = disk_dir;  // empty (the temp dir) without a disk tier
     profile = Calibrate(co, {});
     if (!profile.ok()) return profile.status();
     (void)SaveProfile(*profile, path);  // best effort: the next start skips the calibration
@@ -212,18 +230,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   kvo.layout.block_tokens = options.block_tokens;
   kvo.layout.num_layers = c.num_layers;
   kvo.layout.kv_dim = c.kv_dim();
-  // Residual checkpoints cost memory in every block (d_model per token per layer), so they are
-  // kept only where recompute-from-residual can be chosen: asked for, or (auto with a RAM tier
-  // to hold them) where they are no larger than the K+V they stand for (MHA; not GQA).
-  {
-    KVL_ASSIGN_OR_RETURN(KvPolicyChoice choice, ParseKvPolicy(options.kv_policy));
-    const bool ram = std::any_of(options.kv_tiers.begin(), options.kv_tiers.end(),
-                                 [](const std::string& t) { return t.rfind("ram:", 0) == 0; });
-    const bool forced = !choice.automatic && choice.fixed == KvAction::kRecomputeResidual;
-    if (forced || (choice.automatic && ram && c.dim <= 2 * c.kv_dim())) {
-      kvo.layout.residual_dim = c.dim;
-    }
-  }
+  KVL_RETURN_IF_ERROR(e.ParseKvSettings());
+  if (e.KeepsResidualCheckpoints()) kvo.layout.residual_dim = c.dim;
   kvo.budget_bytes = options.kv_budget_bytes;
   if (kvo.budget_bytes == 0) {
     const int64_t per_context = kvo.layout.block_bytes() *
@@ -357,18 +365,18 @@ EngineMetrics Engine::Metrics() const {
 }
 
 StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request, const TokenCallback& on_token) {
+  GenerateResult result;
+  result.prompt_ids = request.prompt_ids.empty()
+                          ? impl_->tokenizer->Encode(request.prompt, request.add_bos)
+                          : request.prompt_ids;
   Request r;
-  r.prompt = request.prompt;
-  r.prompt_ids = request.prompt_ids;
+  r.prompt_ids = result.prompt_ids;  // tokenized once, here
   r.add_bos = request.add_bos;
   r.max_new_tokens = request.max_new_tokens;
   r.sampling = request.sampling;
   r.ignore_eos = !request.stop_at_eos;
   r.stop_strings = request.stop_strings;
 
-  GenerateResult result;
-  result.prompt_ids = request.prompt_ids.empty() ? impl_->tokenizer->Encode(request.prompt, request.add_bos)
-                                                 : request.prompt_ids;
   bool stopped_by_callback = false;
   Status error;
   const Clock::time_point start = Clock::now();

@@ -114,6 +114,7 @@ struct Engine::Impl {
   std::vector<Sequence*> step_seqs;
 
   // The KV action lattice (applied to preempted sequences' pages).
+  std::vector<TierSpec> tier_specs;
   std::unique_ptr<KvTier> ram_tier;
   std::unique_ptr<KvTier> disk_tier;
   KvPolicyChoice policy;
@@ -145,6 +146,8 @@ struct Engine::Impl {
   int64_t num_waiting = 0;
 
   bool StepImpl();
+  Status ParseKvSettings();
+  bool KeepsResidualCheckpoints() const;
   Status SetUpKvActions(const KvBlockLayout& layout);
   // Scheduling pieces (scheduler.cc).
   void TakeInbox();
