@@ -41,14 +41,19 @@ struct EngineOptions {
   int32_t max_seqs = 16;            // sequences running at once
   bool prefix_cache = true;
 
-  // The KV action lattice. Today the engine applies it to the pages of a preempted sequence:
-  // each full page is demoted to a tier (and promoted back, checksum-verified, at resume) or
-  // dropped to be recomputed from its tokens, whichever the cost model prices lower.
+  // The KV action lattice. When the pool is short, the coldest pages of running sequences
+  // (least attention mass; never the sinks or the recent window) are compressed to int8/int4,
+  // demoted to a tier and streamed back layer by layer, or evicted, as the policy chooses; only
+  // then is a sequence preempted, and each of its pages demoted (promoted back, checksum-verified,
+  // at resume), checkpointed as residuals, or dropped to be recomputed from its tokens.
   std::vector<std::string> kv_tiers;  // --kv-tier: "ram:1GiB[:zstd]", "disk:PATH:SIZE[:direct]"
-  std::string kv_policy = "auto";     // auto | demote | demote-disk | recompute-tokens
+  std::string kv_policy = "auto";     // auto | keep | compress | compress-int4 | demote |
+                                      // demote-disk | recompute-residual | recompute-tokens | evict
   std::string kv_quality = "lossless";
   std::string profile_path;           // calibration profile; empty: the default path
   bool explain = false;               // print every KV decision with its cost terms to stderr
+  int64_t kv_sink_tokens = 4;         // first tokens never acted on (attention sinks)
+  int64_t kv_recent_tokens = 64;      // newest tokens kept resident at full precision
 };
 
 using RequestId = int64_t;
@@ -94,6 +99,14 @@ struct EngineMetrics {
   KvStats kv;
   std::array<KvActionCounter, kNumKvActions> kv_actions;  // indexed by KvAction
   int64_t kv_checksum_failures = 0;  // demoted pages that came back corrupt and were recomputed
+  // Pages of running sequences outside the pool, now, and their streaming.
+  int64_t kv_pages_compressed = 0;
+  int64_t kv_pages_streamed = 0;
+  int64_t kv_pages_evicted = 0;
+  int64_t kv_compressed_bytes = 0;   // slab slots in use (inside kv.kv_bytes_used)
+  int64_t kv_stream_staging_bytes = 0;  // per-layer stream buffers (outside the pool)
+  int64_t kv_layers_streamed = 0;    // layer pages read back for attention, total
+  double kv_stream_wait_ms = 0;      // time attention waited for them, total
   int64_t requests_submitted = 0;
   int64_t requests_finished = 0;
   int64_t requests_running = 0;

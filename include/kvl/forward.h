@@ -4,7 +4,8 @@
 // before attention reads it, so a prefill chunk attends to itself causally.
 //
 // Thread-safety: a Forward belongs to one step loop. It preallocates every activation buffer for
-// its largest batch; Run never allocates.
+// its largest batch; Run never allocates (but for attention-mass
+// scratch, sized once at its first use).
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,12 @@ class Forward {
   void ComputeRopeAngles(const TokenBatch& batch);
   void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv);
   void RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv);
+  void ScoreRows(const KvCache::Rows& rows, const float* q, int64_t kv_offset, int64_t count,
+                 float scale, float* scores) const;
+  void MixRows(const KvCache::Rows& rows, const float* weights, int64_t kv_offset, int64_t count,
+               float* out) const;
+  int64_t PlanAttentionMass(const TokenBatch& batch, KvCache& kv);
+  void AccumulateAttentionMass(const TokenBatch& batch, KvCache& kv);
   void FeedForward(const LayerWeights& w, int64_t n);
   void MatMulShared(std::initializer_list<const MatrixView*> ws, int64_t n,
                     std::initializer_list<float*> ys);
@@ -83,6 +90,10 @@ class Forward {
   std::vector<double> inv_freq_; // [head_dim/2]
   std::vector<float> scores_;  // [threads][max_context] attention scores scratch
   std::vector<float> logit_in_;  // [max_logit_rows][dim]
+  // Attention weights of the tokens whose cache tracks attention mass, [row][head][max_context];
+  // sized at the first use.
+  std::vector<float> mass_scratch_;
+  std::vector<int64_t> mass_row_of_token_;  // [tokens]: row in mass_scratch_, or -1
   std::vector<float> logits_;    // [max_logit_rows][vocab]
   int64_t num_logit_rows_ = 0;
 };

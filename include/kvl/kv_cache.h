@@ -7,19 +7,33 @@
 #include <memory>
 #include <vector>
 
+#include "kvl/dtype.h"
+#include "kvl/ops.h"  // ops::QuantKvLayerView
 #include "kvl/status.h"
 
 namespace kvl {
 
 class KvCache {
  public:
-  // A run of consecutive positions [pos, pos + count) of one sequence and layer whose rows are
-  // stored at a fixed stride: K of position pos+i at k + i * stride, [kv_dim] floats each.
+  // A run of consecutive positions [pos, pos + count) of one sequence and layer, in one of three
+  // forms (the action lattice's fates of a page, as attention sees them):
+  //  - kDense: rows at a fixed stride, K of position pos+i at k + i * stride elements, [kv_dim]
+  //    each, of element type `type` (f32, or the f16 / bf16 cache types through k_half / v_half);
+  //  - kCompressed: rows [first_row, first_row + count) of an int8 / int4 page layer, read by the
+  //    fused-dequantization kernels (no decoded copy);
+  //  - kDropped: evicted tokens; attention gives them no weight.
   struct Rows {
-    float* k = nullptr;
+    enum class Kind { kDense, kCompressed, kDropped };
+    Kind kind = Kind::kDense;
+    DType type = DType::kF32;
+    float* k = nullptr;  // kDense, f32
     float* v = nullptr;
     int64_t count = 0;
-    int64_t stride = 0;  // in floats
+    int64_t stride = 0;  // in elements
+    uint16_t* k_half = nullptr;  // kDense, f16 / bf16
+    uint16_t* v_half = nullptr;
+    ops::QuantKvLayerView page;  // kCompressed
+    int64_t first_row = 0;
   };
 
   virtual ~KvCache() = default;
@@ -33,6 +47,16 @@ class KvCache {
   // and RoPE). nullptr when this cache keeps no checkpoints; the forward pass writes them when
   // the cache offers them.
   virtual float* ResidualAt(int32_t seq, int64_t layer, int64_t pos) { return nullptr; }
+
+  // Called by the forward pass before each layer's attention reads rows, so a cache that streams
+  // pages from a slower tier can have that layer's rows in place (and fetch the next layer's
+  // meanwhile). Rows of `layer` are only read after this returns.
+  virtual void BeginLayer(int64_t layer) {}
+
+  // Per-position attention-mass accumulators of a sequence ([positions] floats), or nullptr when
+  // the cache does not track attention. The forward pass adds, for each token that asks for
+  // logits, its attention weights averaged over the layers and heads (a step adds 1 in all).
+  virtual float* AttentionMass(int32_t seq) { return nullptr; }
 };
 
 // One contiguous f32 buffer per sequence slot: [seq][layer][pos][kv_dim] for K and for V.

@@ -118,6 +118,7 @@ struct KvStats {
   int64_t blocks_used = 0;     // referenced by at least one sequence
   int64_t blocks_free = 0;     // total - used (includes cached ones)
   int64_t blocks_cached = 0;   // free blocks still findable by prefix
+  int64_t blocks_raw = 0;      // lent out (compressed-page slabs), included in blocks_used
   int64_t kv_bytes_used = 0;   // blocks_used * block_bytes
   int64_t kv_bytes_total = 0;
   int64_t prefix_queries = 0;  // admissions that looked up the prefix cache
@@ -146,8 +147,26 @@ class KvManager {
   // Drops a sequence (finished, cancelled or preempted): its blocks lose a reference; blocks
   // nobody holds become free, cached full blocks stay findable until reused.
   void Free(SeqId seq);
-  // Makes `child` share all of `parent`'s blocks (copy-on-write). `child` must be absent.
+  // Makes `child` share all of `parent`'s blocks (copy-on-write). `child` must be absent, and
+  // `parent` must not be paged.
   void Fork(SeqId parent, SeqId child);
+
+  // Paging a running sequence (the action lattice on live pages). Block `block_index` of `seq`,
+  // a full block other than the last, leaves the pool while the sequence goes on: its reference
+  // is dropped (a block others share stays theirs; a cached one stays findable) and the table
+  // entry becomes kNoBlock. The engine keeps the page elsewhere (compressed, in a slower tier, or
+  // nowhere when evicted). A sequence with such a hole is "paged": from then on its newly filled
+  // blocks get no prefix identity, because what was computed against a lossy or streamed context
+  // is not what the index promises for those tokens.
+  void Detach(SeqId seq, int64_t block_index);
+  bool IsPaged(SeqId seq) const;
+  // How many sequences hold a block (0: free).
+  int32_t refcount(BlockId block) const;
+
+  // Blocks lent out of the pool for other uses (slabs of compressed pages): taken from the free
+  // list like an allocation, counted as used, invisible to sequences. kNoBlock when none is free.
+  BlockId AcquireRawBlock();
+  void ReleaseRawBlock(BlockId block);
 
   bool Contains(SeqId seq) const;
   int64_t num_tokens(SeqId seq) const;
@@ -167,7 +186,10 @@ class KvManager {
   std::unique_ptr<State> s_;
 };
 
-// The pool's K/V storage: [num_blocks][layer][block_tokens][kv_dim] for K and for V, f32.
+// The pool's storage, one contiguous, 64-byte aligned region per block:
+//   [K: layer][token][kv_dim] f32, [V: layer][token][kv_dim] f32, then the residual checkpoints
+//   [layer][token][residual_dim] f32 when kept.
+// A block lent out raw (KvManager::AcquireRawBlock) is block_bytes of plain memory.
 class KvBlockStorage {
  public:
   static StatusOr<std::unique_ptr<KvBlockStorage>> Create(const KvBlockLayout& layout,
@@ -176,32 +198,51 @@ class KvBlockStorage {
   float* values(BlockId block, int64_t layer);  // [block_tokens][kv_dim]
   // [block_tokens][residual_dim]; a block's layers are contiguous. nullptr without checkpoints.
   float* residuals(BlockId block, int64_t layer);
+  uint8_t* bytes(BlockId block);  // the whole block, block_bytes
   void CopyBlock(BlockId src, BlockId dst);
   const KvBlockLayout& layout() const { return layout_; }
   int64_t num_blocks() const { return num_blocks_; }
 
  private:
   KvBlockStorage(const KvBlockLayout& layout, int64_t num_blocks);
+  struct FreeAligned {
+    void operator()(uint8_t* p) const;
+  };
   KvBlockLayout layout_;
   int64_t num_blocks_;
-  std::vector<float> k_;
-  std::vector<float> v_;
-  std::vector<float> residual_;
+  std::unique_ptr<uint8_t[], FreeAligned> data_;
+};
+
+// Where the pages that left the pool live, for PagedKvCache: the engine's pager implements it.
+class KvDetachedPages {
+ public:
+  virtual ~KvDetachedPages() = default;
+  // Rows of block `block_index` of `seq` from row `offset` on (to the block's end).
+  virtual KvCache::Rows RowsAt(int32_t seq, int64_t block_index, int64_t layer,
+                               int64_t offset) = 0;
+  virtual void BeginLayer(int64_t layer) = 0;
+  virtual float* AttentionMass(int32_t seq) = 0;
 };
 
 // The forward pass's view of the paged pool: rows of (seq, layer, pos) found through the block
-// table. A run of rows never crosses a block boundary.
+// table; a detached block (a hole in the table) is asked of `detached`. A run of rows never
+// crosses a block boundary.
 class PagedKvCache final : public KvCache {
  public:
-  PagedKvCache(const KvManager& manager, KvBlockStorage& storage);
+  PagedKvCache(const KvManager& manager, KvBlockStorage& storage,
+               KvDetachedPages* detached = nullptr);
   int64_t kv_dim() const override;
   int64_t num_layers() const override;
   Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override;
   float* ResidualAt(int32_t seq, int64_t layer, int64_t pos) override;
+  void BeginLayer(int64_t layer) override;
+  float* AttentionMass(int32_t seq) override;
+  void set_detached_pages(KvDetachedPages* detached) { detached_ = detached; }
 
  private:
   const KvManager& manager_;
   KvBlockStorage& storage_;
+  KvDetachedPages* detached_;
 };
 
 }  // namespace kvl

@@ -109,6 +109,22 @@ void DotRows(const OpsContext& ctx, const float* q, const float* rows, int64_t s
 void AxpyRows(const OpsContext& ctx, const float* weights, const float* rows, int64_t stride,
               int64_t count, int64_t n, float* y);
 
+// Attention over cached rows stored as f16 or bf16 (the `-ctk f16|bf16` KV cache types; row i at
+// rows + i * stride, stride in elements): exactly what DotRows / AxpyRows on the same ISA give over
+// the rows widened to f32, so a cache of half rows follows the same summation order as the f32
+// cache. The rows are widened in registers, never copied. type is DType::kF16 or DType::kBF16.
+void DotRowsHalf(const OpsContext& ctx, DType type, const float* q, const uint16_t* rows,
+                 int64_t stride, int64_t count, int64_t n, float scale, float* out);
+void AxpyRowsHalf(const OpsContext& ctx, DType type, const float* weights, const uint16_t* rows,
+                  int64_t stride, int64_t count, int64_t n, float* y);
+// Narrows n floats to f16 or bf16, round to nearest even (NaN stays NaN, made quiet; overflow goes
+// to inf for f16; subnormals are kept, never flushed); the same bits on every ISA, namely
+// quant::Fp32ToFp16 / quant::Fp32ToBf16.
+void NarrowRow(const OpsContext& ctx, DType type, const float* x, int64_t n, uint16_t* out);
+// Widens n f16 / bf16 values to f32 (exact; a signaling f16 NaN may come back quiet on the SIMD
+// paths, as the hardware conversion makes it).
+void WidenRow(const OpsContext& ctx, DType type, const uint16_t* x, int64_t n, float* out);
+
 // One layer of one compressed KV page ("KIVI" layout, built by kvl/kv_codec.h, which owns the
 // format; the kernels below only read it). rows = the page's block_tokens, kv_dim = n_kv_heads *
 // head_dim; row_bytes = kv_dim (int8) or kv_dim / 2 (int4, two codes per byte: channel 2j in the

@@ -129,17 +129,17 @@ bool Engine::Impl::KeepsResidualCheckpoints() const {
 // calibration profile of this model on this machine; without one, a quick calibration runs now
 // and is saved for the next start.
 Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
-  if (!policy.automatic && policy.fixed != KvAction::kDemoteRam &&
-      policy.fixed != KvAction::kDemoteDisk && policy.fixed != KvAction::kRecomputeTokens &&
-      policy.fixed != KvAction::kRecomputeResidual) {
-    return UnimplementedError(fmt::format(
-        "--kv-policy {}: the engine applies demote, demote-disk, recompute-residual and "
-        "recompute-tokens so far",
-        KvActionName(policy.fixed)));
+  sink_tokens = std::max<int64_t>(0, options.kv_sink_tokens);
+  recent_tokens = std::max<int64_t>(0, options.kv_recent_tokens);
+  if (!policy.automatic && IsLossless(policy.fixed) == false && quality == KvQuality::kLossless &&
+      policy.fixed != KvAction::kKeep) {
+    // A fixed lossy policy says what it wants; the quality preset only steers `auto`.
+    quality = KvQuality::kAggressive;
   }
   std::string disk_dir;
   for (const TierSpec& spec : tier_specs) {
-    const int64_t page_bytes = std::max(layout.kv_bytes(), layout.residual_bytes());
+    // Tier pages are one layer of K and V (KvPager), so a step streams exactly one layer.
+    const int64_t page_bytes = pager->layer_page_bytes();
     KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, MakeTier(spec, page_bytes));
     (spec.kind == "disk" ? disk_tier : ram_tier) = std::move(tier);
     if (spec.kind == "disk") disk_dir = std::filesystem::path(spec.path).parent_path().string();
@@ -154,7 +154,6 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
     return InvalidArgumentError(
         "--kv-policy recompute-residual keeps the checkpoints in a RAM tier: --kv-tier ram:SIZE");
   }
-  page_staging.resize(static_cast<size_t>(std::max(layout.kv_bytes(), layout.residual_bytes())));
 
   page_costs.kv_bytes = layout.kv_bytes();
   page_costs.residual_bytes =
@@ -162,12 +161,36 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
   page_costs.has_ram_tier = ram_tier != nullptr;
   page_costs.has_disk_tier = disk_tier != nullptr;
   const bool checkpoints = layout.residual_dim > 0 && ram_tier;
+  const CompressedSlabs& slabs = pager->slabs();
+  const bool int8 = slabs.slots_per_slab(KvCodecType::kInt8) >= layout.num_layers;
+  const bool int4 = slabs.slots_per_slab(KvCodecType::kInt4) >= layout.num_layers;
+  if ((policy.fixed == KvAction::kCompressInt8 && !int8) ||
+      (policy.fixed == KvAction::kCompressInt4 && !int4)) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-policy {}: a compressed page of this model does not fit the slabs of one block",
+        KvActionName(policy.fixed)));
+  }
   page_costs.available_actions =
+      (1u << static_cast<int>(KvAction::kKeep)) | (1u << static_cast<int>(KvAction::kEvict)) |
+      (int8 ? 1u << static_cast<int>(KvAction::kCompressInt8) : 0u) |
+      (int4 ? 1u << static_cast<int>(KvAction::kCompressInt4) : 0u) |
       (1u << static_cast<int>(KvAction::kRecomputeTokens)) |
       (ram_tier ? 1u << static_cast<int>(KvAction::kDemoteRam) : 0u) |
       (disk_tier ? 1u << static_cast<int>(KvAction::kDemoteDisk) : 0u) |
       (checkpoints ? 1u << static_cast<int>(KvAction::kRecomputeResidual) : 0u);
-  if (!ram_tier && !disk_tier) return Status::Ok();  // nothing to choose or predict among
+  // Running sequences' pages can be acted on unless the policy is only about preemption (keep,
+  // recompute) or nothing is allowed (auto, lossless, with no tier to demote to).
+  if (policy.automatic) {
+    pages_running_sequences = ram_tier || disk_tier || quality != KvQuality::kLossless;
+  } else {
+    pages_running_sequences = policy.fixed == KvAction::kCompressInt8 ||
+                              policy.fixed == KvAction::kCompressInt4 ||
+                              policy.fixed == KvAction::kDemoteRam ||
+                              policy.fixed == KvAction::kDemoteDisk ||
+                              policy.fixed == KvAction::kEvict;
+  }
+  pager->set_track_attention(pages_running_sequences);
+  if (!ram_tier && !disk_tier) return Status::Ok();  // no tier: nothing to calibrate for
 
   const std::string path =
       options.profile_path.empty() ? DefaultProfilePath(model->config().name) : options.profile_path;
@@ -244,7 +267,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   kvo.max_seqs = options.max_seqs;
   KVL_ASSIGN_OR_RETURN(e.kv, KvManager::Create(kvo));
   KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
-  e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage);
+  e.pager = std::make_unique<KvPager>(*e.kv, *e.storage, options.max_seqs, e.context_length);
+  e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage, e.pager.get());
   for (SeqId s = options.max_seqs - 1; s >= 0; --s) e.free_slots.push_back(s);
 
   KVL_RETURN_IF_ERROR(e.SetUpKvActions(kvo.layout));
@@ -344,6 +368,13 @@ EngineMetrics Engine::Metrics() const {
   m.kv = e.kv_stats;
   m.kv_actions = e.action_counters;
   m.kv_checksum_failures = e.checksum_failures;
+  m.kv_pages_compressed = e.pager_stats.compressed_pages;
+  m.kv_pages_streamed = e.pager_stats.streamed_pages;
+  m.kv_pages_evicted = e.pager_stats.evicted_pages;
+  m.kv_compressed_bytes = e.pager_stats.compressed_bytes;
+  m.kv_stream_staging_bytes = e.pager_stats.staging_bytes;
+  m.kv_layers_streamed = e.pager_stats.layers_streamed;
+  m.kv_stream_wait_ms = e.pager_stats.stream_wait_ms;
   m.requests_finished = e.requests_finished;
   m.requests_running = e.num_running;
   m.requests_waiting = e.num_waiting;

@@ -9,6 +9,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "engine/kv_pager.h"
 #include "kvl/engine.h"
 #include "kvl/forward.h"
 #include "kvl/kv_tier.h"
@@ -42,7 +43,7 @@ class StopTextFilter {
 struct DemotedPage {
   int64_t block_index = 0;  // position in the sequence's block table
   KvTier* tier = nullptr;
-  PageKey key = 0;
+  uint64_t page_id = 0;  // KvPager's name for the page's layer pages in the tier
   KvAction action = KvAction::kDemoteRam;
   double predicted_ms = 0;
 };
@@ -65,6 +66,7 @@ struct Sequence {
   Clock::time_point first_token;
   Clock::time_point last_token;
   bool finished = false;
+  bool stream_failed = false;         // this step read a streamed page that failed its checksum
   std::vector<DemotedPage> demoted;   // pages saved at the last preemption, in block order
   int64_t restore_tokens = 0;         // this admission: tokens to promote instead of compute
   std::vector<double> recompute_predicted_ms;  // pages dropped at preemption, per page
@@ -94,6 +96,7 @@ struct Engine::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<KvManager> kv;
   std::unique_ptr<KvBlockStorage> storage;
+  std::unique_ptr<KvPager> pager;  // pages of running sequences that left the pool
   std::unique_ptr<PagedKvCache> cache;
   std::unique_ptr<Forward> forward;
 
@@ -112,15 +115,20 @@ struct Engine::Impl {
   TokenBatch batch;
   std::vector<KvSeqStep> steps;
   std::vector<Sequence*> step_seqs;
+  std::vector<SeqId> run_seqs;           // sequences of one forward run
+  std::vector<Sequence*> to_recompute;   // streamed reads failed: recompute from tokens
 
-  // The KV action lattice (applied to preempted sequences' pages).
+  // The KV action lattice: applied to the pages of running sequences under memory pressure
+  // (compress, demote and stream, evict) and to a preempted sequence's pages (demote, recompute).
   std::vector<TierSpec> tier_specs;
   std::unique_ptr<KvTier> ram_tier;
   std::unique_ptr<KvTier> disk_tier;
   KvPolicyChoice policy;
   KvQuality quality = KvQuality::kLossless;
   PageCostProfile page_costs;
-  std::vector<uint8_t> page_staging;   // one page: K of every layer, then V
+  bool pages_running_sequences = false;  // the policy can act on running sequences' pages
+  int64_t sink_tokens = 4;               // never evicted or moved: attention sinks
+  int64_t recent_tokens = 64;            // the newest tokens stay resident at full precision
   std::array<KvActionCounter, kNumKvActions> action_counters{};  // guarded by metrics_mutex
   int64_t checksum_failures = 0;                                 // guarded by metrics_mutex
 
@@ -142,6 +150,7 @@ struct Engine::Impl {
   SampleWindow ttft_ms;
   SampleWindow itl_ms;
   KvStats kv_stats;
+  KvPagerStats pager_stats;
   int64_t num_running = 0;
   int64_t num_waiting = 0;
 
@@ -154,7 +163,13 @@ struct Engine::Impl {
   void ApplyCancellations();
   bool BuildPlan(KvPlan* plan);
   void Preempt(size_t running_index);
-  KvAction ChoosePageAction(const Sequence& seq, int64_t block_index, double* predicted_ms);
+  // The action for one page: of a preempted sequence (running == false), or of a running one
+  // under memory pressure.
+  KvAction ChoosePageAction(const Sequence& seq, int64_t block_index, bool running,
+                            double* predicted_ms);
+  // Frees about `blocks_short` blocks by acting on the coldest pages of running sequences;
+  // false when no page could be acted on.
+  bool RelievePressure(int64_t blocks_short);
   // Promotes the seq's demoted pages into its freshly committed blocks; returns how many of the
   // restore tokens really came back (a failed or corrupt read ends the run: the rest is computed).
   int64_t RestorePages(Sequence& seq, int64_t first_block, int64_t num_blocks);

@@ -40,68 +40,122 @@ void Engine::Impl::ApplyCancellations() {
   }
 }
 
-KvAction Engine::Impl::ChoosePageAction(const Sequence& seq, int64_t block_index,
+KvAction Engine::Impl::ChoosePageAction(const Sequence& seq, int64_t block_index, bool running,
                                         double* predicted_ms) {
   KvAction action = policy.fixed;
   KvPolicyOptions o;
   o.quality = quality;
   o.phase = Phase::kDecode;
-  o.memory_price_ms_per_mib = 1e3;  // the page must leave: memory is what preemption is short of
+  o.memory_price_ms_per_mib = 1e3;  // the page must leave: memory is what we are short of
   PageHistory page;
   page.first_position = block_index * options.block_tokens;
-  page.accesses = 1;
-  page.is_sink = block_index == 0;
-  // The sequence resumes as soon as blocks free up: every one of its pages will be read again.
-  page.steps_since_access = 0;
+  page.is_sink = page.first_position < sink_tokens;
   PageCostProfile costs = page_costs;
-  const size_t b = static_cast<size_t>(block_index);
-  if (b < seq.checkpoint_missing.size() && seq.checkpoint_missing[b]) {
-    costs.available_actions &= ~(1u << static_cast<int>(KvAction::kRecomputeResidual));
+  if (running) {
+    // A running sequence reads every page again at its next step; how much it weighs them is the
+    // attention mass they received.
+    const int64_t age_steps = std::max<int64_t>(1, pager->steps(seq.slot));
+    page.steps_since_access = 0;
+    page.accesses = age_steps;
+    page.attention_mass = pager->PageMass(seq.slot, block_index);
+    costs.available_actions &= ~((1u << static_cast<int>(KvAction::kRecomputeResidual)) |
+                                 (1u << static_cast<int>(KvAction::kRecomputeTokens)));
+  } else {
+    page.accesses = 1;
+    // The sequence resumes as soon as blocks free up: every one of its pages will be read again.
+    page.steps_since_access = 0;
+    costs.available_actions &= ~((1u << static_cast<int>(KvAction::kCompressInt8)) |
+                                 (1u << static_cast<int>(KvAction::kCompressInt4)) |
+                                 (1u << static_cast<int>(KvAction::kEvict)));
+    const size_t b = static_cast<size_t>(block_index);
+    if (b < seq.checkpoint_missing.size() && seq.checkpoint_missing[b]) {
+      costs.available_actions &= ~(1u << static_cast<int>(KvAction::kRecomputeResidual));
+    }
   }
   const KvDecision d = ChooseKvAction(page, costs, o);
   if (policy.automatic || !d.costs[static_cast<size_t>(action)].allowed) action = d.action;
   *predicted_ms = d.costs[static_cast<size_t>(action)].bring_back_ms;
   if (options.explain) {
-    fmt::print(stderr, "kvl: explain: request {} page {} (tokens {}-{}) -> {}\n{}", seq.id,
-               block_index, page.first_position, page.first_position + options.block_tokens - 1,
-               KvActionName(action), d.Explain());
+    fmt::print(stderr, "kvl: explain: request {} {} page {} (tokens {}-{}) -> {}\n{}", seq.id,
+               running ? "running" : "preempted", block_index, page.first_position,
+               page.first_position + options.block_tokens - 1, KvActionName(action), d.Explain());
   }
   return action;
+}
+
+bool Engine::Impl::RelievePressure(int64_t blocks_short) {
+  if (!pages_running_sequences) return false;
+  // Candidates: resident full pages this sequence alone holds, outside the attention sinks and
+  // the recent window, coldest first (least attention mass per step, then oldest).
+  struct Candidate {
+    Sequence* seq;
+    int64_t block_index;
+    double mass;
+  };
+  std::vector<Candidate> candidates;
+  const int64_t bt = options.block_tokens;
+  const int64_t recent_blocks = std::min((recent_tokens + bt - 1) / bt, kv->num_blocks() / 4);
+  const int64_t sink_blocks = (sink_tokens + bt - 1) / bt;
+  for (auto& seq : running) {
+    if (seq->slot < 0 || !kv->Contains(seq->slot)) continue;
+    const std::vector<BlockId>& table = kv->block_table(seq->slot);
+    const int64_t full_blocks = kv->num_tokens(seq->slot) / bt;
+    // The last block (written next) and the recent window stay.
+    const int64_t end = std::min<int64_t>(full_blocks, static_cast<int64_t>(table.size()) - 1) - recent_blocks;
+    for (int64_t b = sink_blocks; b < end; ++b) {
+      const BlockId block = table[static_cast<size_t>(b)];
+      if (block == kNoBlock || kv->refcount(block) != 1) continue;
+      candidates.push_back({seq.get(), b, pager->PageMass(seq->slot, b)});
+    }
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.mass < b.mass; });
+  const int64_t free_before = kv->stats().blocks_free;
+  bool acted = false;
+  for (const Candidate& c : candidates) {
+    if (kv->stats().blocks_free - free_before >= blocks_short) break;
+    double predicted = 0;
+    const KvAction action = ChoosePageAction(*c.seq, c.block_index, /*running=*/true, &predicted);
+    if (action == KvAction::kKeep) continue;
+    KvTier* tier = action == KvAction::kDemoteRam    ? ram_tier.get()
+                   : action == KvAction::kDemoteDisk ? disk_tier.get()
+                                                     : nullptr;
+    if (!pager->DetachPage(c.seq->slot, c.block_index, action, tier)) continue;
+    acted = true;
+    std::lock_guard<std::mutex> lock(metrics_mutex);
+    KvActionCounter& counter = action_counters[static_cast<size_t>(action)];
+    ++counter.pages;
+    counter.bytes += storage->layout().kv_bytes();
+  }
+  return acted;
 }
 
 void Engine::Impl::Preempt(size_t running_index) {
   std::unique_ptr<Sequence> seq = std::move(running[running_index]);
   running.erase(running.begin() + static_cast<std::ptrdiff_t>(running_index));
-  // Each computed full page is demoted or dropped (recomputed from its tokens at resume).
+  // Each computed full page is demoted or dropped (recomputed from its tokens at resume). A paged
+  // sequence (pages already compressed, streamed or evicted while it ran) is recomputed whole:
+  // that gives back exact KV whatever happened to its pages.
   seq->demoted.clear();
   seq->recompute_predicted_ms.clear();
   const KvBlockLayout& layout = storage->layout();
+  const bool paged = kv->IsPaged(seq->slot);
   const int64_t full_blocks = seq->num_computed / options.block_tokens;
   const std::vector<BlockId>& table = kv->block_table(seq->slot);
-  const size_t half = static_cast<size_t>(layout.floats_per_tensor()) * sizeof(float);
   for (int64_t b = 0; b < full_blocks; ++b) {
     double predicted = 0;
-    const KvAction action = ChoosePageAction(*seq, b, &predicted);
+    const KvAction action = paged ? KvAction::kRecomputeTokens
+                                  : ChoosePageAction(*seq, b, /*running=*/false, &predicted);
     const bool residual = action == KvAction::kRecomputeResidual;
     KvTier* tier = action == KvAction::kDemoteRam || residual ? ram_tier.get()
                    : action == KvAction::kDemoteDisk          ? disk_tier.get()
                                                               : nullptr;
     bool demoted = false;
     if (tier != nullptr) {
-      // A demoted page is K then V of every layer; a residual page the layers' checkpoints.
-      const BlockId block = table[static_cast<size_t>(b)];
-      size_t bytes = 2 * half;
-      if (residual) {
-        bytes = static_cast<size_t>(layout.residual_bytes());
-        std::memcpy(page_staging.data(), storage->residuals(block, 0), bytes);
-      } else {
-        std::memcpy(page_staging.data(), storage->keys(block, 0), half);
-        std::memcpy(page_staging.data() + half, storage->values(block, 0), half);
-      }
-      const PageKey key = (static_cast<uint64_t>(seq->id) << 24) | static_cast<uint64_t>(b);
-      const PageWrite write{key, std::span<const uint8_t>(page_staging.data(), bytes)};
-      demoted = tier->Put(std::span<const PageWrite>(&write, 1)).ok();  // full tier: drop instead
-      if (demoted) seq->demoted.push_back({b, tier, key, action, predicted});
+      // K/V layer pages, or for a residual page the layers' checkpoints; a full tier: drop.
+      uint64_t page_id = 0;
+      demoted = pager->DemoteForPreemption(table[static_cast<size_t>(b)], tier, residual, &page_id);
+      if (demoted) seq->demoted.push_back({b, tier, page_id, action, predicted});
     }
     const KvAction done = demoted ? action : KvAction::kRecomputeTokens;
     if (!demoted) seq->recompute_predicted_ms.push_back(predicted);
@@ -110,6 +164,7 @@ void Engine::Impl::Preempt(size_t running_index) {
     ++counter.pages;
     counter.bytes += layout.kv_bytes();
   }
+  pager->DropSequence(seq->slot);
   kv->Free(seq->slot);
   free_slots.push_back(seq->slot);
   seq->slot = -1;
@@ -123,6 +178,8 @@ void Engine::Impl::Preempt(size_t running_index) {
 bool Engine::Impl::BuildPlan(KvPlan* plan) {
   const int64_t max_tokens = forward->options().max_batch_tokens;
   size_t max_admissions = waiting.size();
+  // Prefill chunks shrink when a sequence pages through a pool smaller than one chunk.
+  int64_t prefill_cap = max_tokens;
   for (;;) {
     steps.clear();
     step_seqs.clear();
@@ -131,7 +188,7 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
       for (auto& seq : running) {
         const int64_t remaining = static_cast<int64_t>(seq->tokens.size()) - seq->num_computed;
         if (remaining <= 0 || (remaining == 1) != decode_pass || budget == 0) continue;
-        const int64_t n = std::min(remaining, budget);
+        const int64_t n = std::min({remaining, budget, decode_pass ? remaining : prefill_cap});
         steps.push_back({seq->slot, std::span<const int32_t>(seq->tokens).subspan(
                                         static_cast<size_t>(seq->num_computed), static_cast<size_t>(n))});
         step_seqs.push_back(seq.get());
@@ -154,7 +211,7 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
         restore += bt;
       }
       seq->restore_tokens = restore;
-      const int64_t n = std::min(len - cached - restore, budget);
+      const int64_t n = std::min({len - cached - restore, budget, prefill_cap});
       const SeqId slot = free_slots[free_slots.size() - 1 - admissions];
       steps.push_back({slot, std::span<const int32_t>(seq->tokens).first(static_cast<size_t>(cached + restore + n))});
       step_seqs.push_back(seq.get());
@@ -174,6 +231,18 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
       }
       return true;
     }
+    const int64_t blocks_short = plan->blocks_needed + plan->blocks_reused_free - plan->blocks_free;
+    if (admissions > 0 && !running.empty()) {
+      max_admissions = admissions - 1;  // the newest admission waits for a later step
+      continue;
+    }
+    // Running sequences' coldest pages are compressed, demoted or evicted (the lattice), before
+    // anything is preempted.
+    if (RelievePressure(blocks_short)) continue;
+    if (pages_running_sequences && prefill_cap > options.block_tokens) {
+      prefill_cap = std::max<int64_t>(options.block_tokens, prefill_cap / 2);
+      continue;
+    }
     if (admissions == 1 && running.empty()) {
       // Alone in an empty pool and still too big: it can never run.
       Sequence& seq = *waiting.front();
@@ -186,7 +255,7 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
       continue;
     }
     if (admissions > 0) {
-      max_admissions = admissions - 1;  // the newest admission waits for a later step
+      max_admissions = admissions - 1;
       continue;
     }
     if (running.size() > 1) {
@@ -209,7 +278,6 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
 int64_t Engine::Impl::RestorePages(Sequence& seq, int64_t first_block, int64_t num_blocks) {
   const Clock::time_point start = Clock::now();
   const KvBlockLayout& layout = storage->layout();
-  const size_t half = static_cast<size_t>(layout.floats_per_tensor()) * sizeof(float);
   const std::vector<BlockId>& table = kv->block_table(seq.slot);
   int64_t restored = 0;
   TokenBatch rebuild;  // positions whose K/V come back from residual checkpoints
@@ -218,30 +286,22 @@ int64_t Engine::Impl::RestorePages(Sequence& seq, int64_t first_block, int64_t n
                              [b](const DemotedPage& p) { return p.block_index == b; });
     KVL_CHECK(page != seq.demoted.end());
     const bool residual = page->action == KvAction::kRecomputeResidual;
-    const size_t bytes = residual ? static_cast<size_t>(layout.residual_bytes()) : 2 * half;
-    const PageRead read{page->key, std::span<uint8_t>(page_staging.data(), bytes)};
-    const Status status = page->tier->Get(std::span<const PageRead>(&read, 1))[0];
-    if (!status.ok()) {
+    const BlockId block = table[static_cast<size_t>(b)];
+    if (!pager->PromoteAfterPreemption(block, page->tier, residual, page->page_id).ok()) {
       // Never wrong bytes: a corrupt or failed read is recomputed from tokens by this step.
       std::lock_guard<std::mutex> lock(metrics_mutex);
       ++checksum_failures;
       break;
     }
-    const BlockId block = table[static_cast<size_t>(b)];
     if (residual) {
-      std::memcpy(storage->residuals(block, 0), page_staging.data(), bytes);
       for (int64_t p = b * options.block_tokens; p < (b + 1) * options.block_tokens; ++p) {
         rebuild.Add(seq.tokens[static_cast<size_t>(p)], p, seq.slot, false);
       }
-    } else {
-      std::memcpy(storage->keys(block, 0), page_staging.data(), half);
-      std::memcpy(storage->values(block, 0), page_staging.data() + half, half);
-      if (layout.residual_dim > 0) {
-        if (seq.checkpoint_missing.size() <= static_cast<size_t>(b)) {
-          seq.checkpoint_missing.resize(static_cast<size_t>(b) + 1, false);
-        }
-        seq.checkpoint_missing[static_cast<size_t>(b)] = true;
+    } else if (layout.residual_dim > 0) {
+      if (seq.checkpoint_missing.size() <= static_cast<size_t>(b)) {
+        seq.checkpoint_missing.resize(static_cast<size_t>(b) + 1, false);
       }
+      seq.checkpoint_missing[static_cast<size_t>(b)] = true;
     }
     ++restored;
   }
@@ -267,7 +327,7 @@ int64_t Engine::Impl::RestorePages(Sequence& seq, int64_t first_block, int64_t n
       counter.measured_ms += ms / static_cast<double>(std::max<int64_t>(1, restored));
     }
   }
-  for (const DemotedPage& page : seq.demoted) page.tier->Erase(std::span<const PageKey>(&page.key, 1));
+  for (const DemotedPage& page : seq.demoted) pager->EraseTierPage(page.tier, page.page_id);
   seq.demoted.clear();
   return restored * options.block_tokens;
 }
@@ -281,6 +341,7 @@ void Engine::Impl::RunForwardAndSample(const KvPlan& plan) {
     Sequence& seq = *step_seqs[i];
     const KvPlan::SeqPlan& sp = plan.seqs[i];
     if (sp.admit) {
+      pager->StartSequence(seq.slot);
       seq.num_computed = sp.num_cached_tokens;
       if (seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = sp.num_cached_tokens;
       if (seq.restore_tokens > 0) {
@@ -320,7 +381,20 @@ void Engine::Impl::RunForwardAndSample(const KvPlan& plan) {
       }
       run = &part;
     }
+    run_seqs.clear();
+    for (int32_t id : run->seq_ids) {
+      if (run_seqs.empty() || run_seqs.back() != id) run_seqs.push_back(id);
+    }
+    pager->BeginStep(run_seqs);
     forward->Run(*run, *cache);
+    for (SeqId failed : pager->EndStep()) {
+      for (Sequence* seq : step_seqs) {
+        if (seq->slot == failed && !seq->stream_failed) {
+          seq->stream_failed = true;
+          to_recompute.push_back(seq);
+        }
+      }
+    }
     int64_t row = 0;
     for (int64_t t = begin; t < end; ++t) {
       if (!batch.want_logits[static_cast<size_t>(t)]) continue;
@@ -329,10 +403,30 @@ void Engine::Impl::RunForwardAndSample(const KvPlan& plan) {
         ++next_seq;
       }
       Sequence* seq = step_seqs[next_seq++];
+      if (seq->stream_failed) {
+        // A streamed page did not come back intact: this step's output is thrown away and the
+        // sequence's KV recomputed from its tokens (the engine never samples from wrong bytes).
+        ++row;
+        continue;
+      }
       const int32_t token = seq->sampler->Sample(forward->logits(row++), seq->tokens);
       AppendToken(*seq, token);
     }
   }
+  for (Sequence* seq : to_recompute) {
+    {
+      std::lock_guard<std::mutex> lock(metrics_mutex);
+      ++checksum_failures;
+    }
+    seq->stream_failed = false;
+    for (size_t i = 0; i < running.size(); ++i) {
+      if (running[i].get() == seq) {
+        Preempt(i);  // a paged sequence: recomputed whole from its tokens
+        break;
+      }
+    }
+  }
+  to_recompute.clear();
   if (recompute_tokens > 0) {
     // Pages dropped at preemption were just recomputed from their tokens within this step.
     const double ms = MillisecondsBetween(start, Clock::now());
@@ -406,7 +500,10 @@ void Engine::Impl::Finish(Sequence& seq, const std::string& reason, Status error
   event.cached_prompt_tokens = std::max<int64_t>(0, seq.cached_prompt_tokens);
   event.generated_tokens = seq.num_generated;
   if (seq.slot >= 0) {
-    kv->Free(seq.slot);
+    if (kv->Contains(seq.slot)) {
+      pager->DropSequence(seq.slot);
+      kv->Free(seq.slot);
+    }
     free_slots.push_back(seq.slot);
     seq.slot = -1;
   }
@@ -423,8 +520,10 @@ void Engine::Impl::ReleaseFinished() {
 
 void Engine::Impl::UpdateGauges() {
   const KvStats stats = kv->stats();
+  const KvPagerStats paging = pager->stats();
   std::lock_guard<std::mutex> lock(metrics_mutex);
   kv_stats = stats;
+  pager_stats = paging;
   num_running = static_cast<int64_t>(running.size());
   num_waiting = static_cast<int64_t>(waiting.size());
 }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace kvl {
 
@@ -114,20 +115,26 @@ void Forward::ComputeRopeAngles(const TokenBatch& batch) {
   }
 }
 
-// Rotates q and k, stores k and v in the cache, then for every (token, head) pair computes
-// softmax(q k^T / sqrt(d)) v over the positions the token can see. Every token's result depends
-// only on its own q and the cached rows, so batching never changes it.
-// Rotates k_ by each token's position and stores k_ and v_ into the cache.
+// Rotates k_ by each token's position and stores k_ and v_ into the cache (narrowed to the cache's
+// element type).
 void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   const ModelConfig& c = config_;
   const int64_t half = c.head_dim / 2;
   for (int64_t t = 0; t < batch.size(); ++t) {
     ops::Rope(ops_, &k_[Elems(t, c.kv_dim())], c.num_kv_heads, c.head_dim, &rope_cos_[Elems(t, half)],
               &rope_sin_[Elems(t, half)], c.rope_neox);
-    KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,
-                                   batch.positions[static_cast<size_t>(t)]);
-    std::memcpy(rows.k, &k_[Elems(t, c.kv_dim())], sizeof(float) * static_cast<size_t>(c.kv_dim()));
-    std::memcpy(rows.v, &v_[Elems(t, c.kv_dim())], sizeof(float) * static_cast<size_t>(c.kv_dim()));
+    const KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,
+                                         batch.positions[static_cast<size_t>(t)]);
+    KVL_CHECK_MSG(rows.kind == KvCache::Rows::Kind::kDense, "new K/V rows must be writable");
+    const float* k = &k_[Elems(t, c.kv_dim())];
+    const float* v = &v_[Elems(t, c.kv_dim())];
+    if (rows.type == DType::kF32) {
+      std::memcpy(rows.k, k, sizeof(float) * static_cast<size_t>(c.kv_dim()));
+      std::memcpy(rows.v, v, sizeof(float) * static_cast<size_t>(c.kv_dim()));
+    } else {
+      ops::NarrowRow(ops_, rows.type, k, c.kv_dim(), rows.k_half);
+      ops::NarrowRow(ops_, rows.type, v, c.kv_dim(), rows.v_half);
+    }
   }
 }
 
@@ -149,6 +156,9 @@ void Forward::RebuildKvFromResiduals(const TokenBatch& batch, KvCache& kv) {
   }
 }
 
+// Rotates q and k, stores k and v in the cache, then for every (token, head) pair computes
+// softmax(q k^T / sqrt(d)) v over the positions the token can see. Every token's result depends
+// only on its own q and the cached rows, so batching never changes it.
 void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   const ModelConfig& c = config_;
   const int64_t n = batch.size();
@@ -158,6 +168,8 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
               &rope_sin_[Elems(t, half)], c.rope_neox);
   }
   RopeAndStoreKv(layer, batch, kv);
+  kv.BeginLayer(layer);  // streamed pages of this layer are in place from here on
+  const int64_t num_mass_rows = PlanAttentionMass(batch, kv);
 
   const int64_t group = c.num_heads / c.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -172,22 +184,107 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
     float* scores = &scores_[Elems(thread, options_.max_context)];
 
     for (int64_t p = 0; p < num_visible;) {
-      KvCache::Rows rows = kv.RowsAt(seq, layer, p);
+      const KvCache::Rows rows = kv.RowsAt(seq, layer, p);
       const int64_t count = std::min(rows.count, num_visible - p);
-      ops::DotRows(ops_, q, rows.k + kv_offset, rows.stride, count, c.head_dim, scale, scores + p);
+      ScoreRows(rows, q, kv_offset, count, scale, scores + p);
       p += count;
     }
     ops::Softmax(ops_, scores, num_visible);
+    const int64_t mass_row = mass_row_of_token_[static_cast<size_t>(t)];
+    if (mass_row >= 0) {
+      std::memcpy(&mass_scratch_[Elems(mass_row * c.num_heads + h, options_.max_context)], scores,
+                  sizeof(float) * static_cast<size_t>(num_visible));
+    }
 
     float* out = &attn_[Elems(t, c.q_dim()) + h * c.head_dim];
     std::memset(out, 0, sizeof(float) * static_cast<size_t>(c.head_dim));
     for (int64_t p = 0; p < num_visible;) {
-      KvCache::Rows rows = kv.RowsAt(seq, layer, p);
+      const KvCache::Rows rows = kv.RowsAt(seq, layer, p);
       const int64_t count = std::min(rows.count, num_visible - p);
-      ops::AxpyRows(ops_, scores + p, rows.v + kv_offset, rows.stride, count, c.head_dim, out);
+      MixRows(rows, scores + p, kv_offset, count, out);
       p += count;
     }
   });
+  if (num_mass_rows > 0) AccumulateAttentionMass(batch, kv);
+}
+
+// scores[i] = scale * q . K[i] over the head's channels, whatever form the rows are in.
+void Forward::ScoreRows(const KvCache::Rows& rows, const float* q, int64_t kv_offset,
+                        int64_t count, float scale, float* scores) const {
+  const int64_t d = config_.head_dim;
+  switch (rows.kind) {
+    case KvCache::Rows::Kind::kDense:
+      if (rows.type == DType::kF32) {
+        ops::DotRows(ops_, q, rows.k + kv_offset, rows.stride, count, d, scale, scores);
+      } else {
+        ops::DotRowsHalf(ops_, rows.type, q, rows.k_half + kv_offset, rows.stride, count, d, scale,
+                         scores);
+      }
+      return;
+    case KvCache::Rows::Kind::kCompressed:
+      ops::DotRowsK(ops_, q, rows.page, rows.first_row, count, kv_offset, d, scale, scores);
+      return;
+    case KvCache::Rows::Kind::kDropped:
+      // exp(-inf) = 0: an evicted token takes no weight. The newest token is always present, so
+      // the softmax never sees only -inf.
+      std::fill(scores, scores + count, -std::numeric_limits<float>::infinity());
+      return;
+  }
+}
+
+// out += sum_i weights[i] * V[i] over the head's channels.
+void Forward::MixRows(const KvCache::Rows& rows, const float* weights, int64_t kv_offset,
+                      int64_t count, float* out) const {
+  const int64_t d = config_.head_dim;
+  switch (rows.kind) {
+    case KvCache::Rows::Kind::kDense:
+      if (rows.type == DType::kF32) {
+        ops::AxpyRows(ops_, weights, rows.v + kv_offset, rows.stride, count, d, out);
+      } else {
+        ops::AxpyRowsHalf(ops_, rows.type, weights, rows.v_half + kv_offset, rows.stride, count, d,
+                          out);
+      }
+      return;
+    case KvCache::Rows::Kind::kCompressed:
+      ops::AxpyRowsV(ops_, weights, rows.page, rows.first_row, count, kv_offset, d, out);
+      return;
+    case KvCache::Rows::Kind::kDropped:
+      return;
+  }
+}
+
+// Which tokens' attention weights feed the cache's attention-mass accumulators (those that ask
+// for logits: the newest token of each sequence), each given a row of mass_scratch_.
+int64_t Forward::PlanAttentionMass(const TokenBatch& batch, KvCache& kv) {
+  const int64_t n = batch.size();
+  mass_row_of_token_.assign(static_cast<size_t>(n), -1);
+  int64_t rows = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const size_t i = static_cast<size_t>(t);
+    if (batch.want_logits[i] && kv.AttentionMass(batch.seq_ids[i]) != nullptr) {
+      mass_row_of_token_[i] = rows++;
+    }
+  }
+  const size_t needed = Elems(rows * config_.num_heads, options_.max_context);
+  if (mass_scratch_.size() < needed) mass_scratch_.resize(needed);  // once, at the first use
+  return rows;
+}
+
+// mass[p] += weight of position p averaged over the layers and heads (so a step adds 1 in all).
+// Summed here, serially and in a fixed order, so the accumulators are deterministic.
+void Forward::AccumulateAttentionMass(const TokenBatch& batch, KvCache& kv) {
+  const ModelConfig& c = config_;
+  const float share = 1.0f / static_cast<float>(c.num_layers * c.num_heads);
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    const int64_t row = mass_row_of_token_[static_cast<size_t>(t)];
+    if (row < 0) continue;
+    float* mass = kv.AttentionMass(batch.seq_ids[static_cast<size_t>(t)]);
+    const int64_t num_visible = batch.positions[static_cast<size_t>(t)] + 1;
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      const float* weights = &mass_scratch_[Elems(row * c.num_heads + h, options_.max_context)];
+      for (int64_t p = 0; p < num_visible; ++p) mass[p] += share * weights[p];
+    }
+  }
 }
 
 // Projections of the same normalized input xn_ in one parallel region (xn_ quantized once).

@@ -52,7 +52,12 @@ size_t ContiguousKvCache::RowIndex(int32_t seq, int64_t layer, int64_t pos) cons
 
 KvCache::Rows ContiguousKvCache::RowsAt(int32_t seq, int64_t layer, int64_t pos) {
   const size_t offset = RowIndex(seq, layer, pos) * static_cast<size_t>(kv_dim_);
-  return Rows{k_.data() + offset, v_.data() + offset, max_positions_ - pos, kv_dim_};
+  Rows rows;
+  rows.k = k_.data() + offset;
+  rows.v = v_.data() + offset;
+  rows.count = max_positions_ - pos;
+  rows.stride = kv_dim_;
+  return rows;
 }
 
 float* ContiguousKvCache::ResidualAt(int32_t seq, int64_t layer, int64_t pos) {

@@ -2,12 +2,19 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <new>
 
 #include "kvl/kv_manager.h"
 
 namespace kvl {
+
+namespace {
+int64_t AlignedBlockBytes(const KvBlockLayout& layout) {
+  return (layout.block_bytes() + 63) / 64 * 64;
+}
+}  // namespace
 
 StatusOr<std::unique_ptr<KvBlockStorage>> KvBlockStorage::Create(const KvBlockLayout& layout,
                                                                  int64_t num_blocks) {
@@ -34,38 +41,46 @@ StatusOr<std::unique_ptr<KvBlockStorage>> KvBlockStorage::Create(const KvBlockLa
 }
 
 KvBlockStorage::KvBlockStorage(const KvBlockLayout& layout, int64_t num_blocks)
-    : layout_(layout),
-      num_blocks_(num_blocks),
-      k_(static_cast<size_t>(num_blocks * layout.floats_per_tensor())),
-      v_(k_.size()),
-      residual_(static_cast<size_t>(num_blocks * layout.residual_floats())) {}
+    : layout_(layout), num_blocks_(num_blocks) {
+  // 64-byte aligned blocks: compressed-page slabs (kv_codec) want their layers on cache lines.
+  const size_t block = static_cast<size_t>(AlignedBlockBytes(layout));
+  const size_t total = block * static_cast<size_t>(num_blocks);
+  auto* p = static_cast<uint8_t*>(::operator new[](total, std::align_val_t{64}));
+  std::memset(p, 0, total);  // touch it now: the budget is memory we hold, not a promise
+  data_.reset(p);
+}
 
-float* KvBlockStorage::residuals(BlockId block, int64_t layer) {
-  if (layout_.residual_dim == 0) return nullptr;
-  return residual_.data() +
-         (block * layout_.num_layers + layer) * layout_.block_tokens * layout_.residual_dim;
+void KvBlockStorage::FreeAligned::operator()(uint8_t* p) const {
+  ::operator delete[](p, std::align_val_t{64});
+}
+
+uint8_t* KvBlockStorage::bytes(BlockId block) {
+  KVL_CHECK(block >= 0 && block < num_blocks_);
+  return data_.get() + block * AlignedBlockBytes(layout_);
 }
 
 float* KvBlockStorage::keys(BlockId block, int64_t layer) {
-  return k_.data() + (block * layout_.num_layers + layer) * layout_.block_tokens * layout_.kv_dim;
+  return reinterpret_cast<float*>(bytes(block)) + layer * layout_.block_tokens * layout_.kv_dim;
 }
 
 float* KvBlockStorage::values(BlockId block, int64_t layer) {
-  return v_.data() + (block * layout_.num_layers + layer) * layout_.block_tokens * layout_.kv_dim;
+  return reinterpret_cast<float*>(bytes(block)) +
+         (layout_.num_layers + layer) * layout_.block_tokens * layout_.kv_dim;
+}
+
+float* KvBlockStorage::residuals(BlockId block, int64_t layer) {
+  if (layout_.residual_dim == 0) return nullptr;
+  return reinterpret_cast<float*>(bytes(block)) + 2 * layout_.floats_per_tensor() +
+         layer * layout_.block_tokens * layout_.residual_dim;
 }
 
 void KvBlockStorage::CopyBlock(BlockId src, BlockId dst) {
-  KVL_CHECK(src >= 0 && src < num_blocks_ && dst >= 0 && dst < num_blocks_);
-  // A block's layers are contiguous ([block][layer][token][kv_dim]), so one copy per tensor.
-  const int64_t n = layout_.floats_per_tensor();
-  std::copy_n(k_.data() + src * n, n, k_.data() + dst * n);
-  std::copy_n(v_.data() + src * n, n, v_.data() + dst * n);
-  const int64_t r = layout_.residual_floats();
-  std::copy_n(residual_.data() + src * r, r, residual_.data() + dst * r);
+  std::memcpy(bytes(dst), bytes(src), static_cast<size_t>(layout_.block_bytes()));
 }
 
-PagedKvCache::PagedKvCache(const KvManager& manager, KvBlockStorage& storage)
-    : manager_(manager), storage_(storage) {
+PagedKvCache::PagedKvCache(const KvManager& manager, KvBlockStorage& storage,
+                           KvDetachedPages* detached)
+    : manager_(manager), storage_(storage), detached_(detached) {
   const KvBlockLayout& a = manager.options().layout;
   const KvBlockLayout& b = storage.layout();
   KVL_CHECK(a.block_tokens == b.block_tokens && a.num_layers == b.num_layers &&
@@ -82,11 +97,27 @@ KvCache::Rows PagedKvCache::RowsAt(int32_t seq, int64_t layer, int64_t pos) {
   const KvBlockLayout& layout = storage_.layout();
   KVL_CHECK(layer >= 0 && layer < layout.num_layers);
   KVL_CHECK(pos >= 0 && pos < manager_.num_tokens(seq));
-  const BlockId block = table[static_cast<size_t>(pos / layout.block_tokens)];
+  const int64_t block_index = pos / layout.block_tokens;
+  const BlockId block = table[static_cast<size_t>(block_index)];
   const int64_t offset = pos % layout.block_tokens;
-  return Rows{storage_.keys(block, layer) + offset * layout.kv_dim,
-              storage_.values(block, layer) + offset * layout.kv_dim, layout.block_tokens - offset,
-              layout.kv_dim};
+  if (block == kNoBlock) {
+    KVL_CHECK_MSG(detached_ != nullptr, "a detached KV page without a pager");
+    return detached_->RowsAt(seq, block_index, layer, offset);
+  }
+  Rows rows;
+  rows.k = storage_.keys(block, layer) + offset * layout.kv_dim;
+  rows.v = storage_.values(block, layer) + offset * layout.kv_dim;
+  rows.count = layout.block_tokens - offset;
+  rows.stride = layout.kv_dim;
+  return rows;
+}
+
+void PagedKvCache::BeginLayer(int64_t layer) {
+  if (detached_ != nullptr) detached_->BeginLayer(layer);
+}
+
+float* PagedKvCache::AttentionMass(int32_t seq) {
+  return detached_ != nullptr ? detached_->AttentionMass(seq) : nullptr;
 }
 
 }  // namespace kvl
@@ -98,6 +129,7 @@ float* PagedKvCache::ResidualAt(int32_t seq, int64_t layer, int64_t pos) {
   if (layout.residual_dim == 0) return nullptr;
   KVL_CHECK(pos >= 0 && pos < manager_.num_tokens(seq));
   const BlockId block = manager_.block_table(seq)[static_cast<size_t>(pos / layout.block_tokens)];
+  if (block == kNoBlock) return nullptr;  // the page left the pool, its checkpoints with it
   return storage_.residuals(block, layer) + (pos % layout.block_tokens) * layout.residual_dim;
 }
 

@@ -20,6 +20,7 @@ KvManager::State::State(const KvManagerOptions& opts, int32_t num_blocks)
       pool(num_blocks),
       meta(static_cast<size_t>(num_blocks)),
       block_token_ids(static_cast<size_t>(num_blocks) * opts.layout.block_tokens, 0),
+      raw(static_cast<size_t>(num_blocks), 0),
       seqs(static_cast<size_t>(opts.max_seqs)),
       block_plan_mark(static_cast<size_t>(num_blocks), 0),
       seq_plan_mark(static_cast<size_t>(opts.max_seqs), 0) {
@@ -330,7 +331,9 @@ void KvManager::Commit(const KvPlan& plan) {
               BlocksFor(static_cast<int64_t>(seq.tokens.size())));
     const size_t first_unfilled = std::max(old_tokens / s.block_tokens, sp.reused.size());
     const size_t full_blocks = seq.tokens.size() / s.block_tokens;
-    for (size_t k = first_unfilled; k < full_blocks; ++k) s.RegisterFullBlock(seq, k);
+    if (!seq.paged) {
+      for (size_t k = first_unfilled; k < full_blocks; ++k) s.RegisterFullBlock(seq, k);
+    }
   }
   ++s.version;
 }
@@ -341,8 +344,11 @@ void KvManager::Free(SeqId seq_id) {
   SeqState& seq = s.seqs[seq_id];
   // Last to first: the tail lands nearer the front of the free list than the prefix, so a
   // sequence's tail is evicted before the prefix other requests are likelier to share.
-  for (auto it = seq.table.rbegin(); it != seq.table.rend(); ++it) s.UnrefBlock(*it);
+  for (auto it = seq.table.rbegin(); it != seq.table.rend(); ++it) {
+    if (*it != kNoBlock) s.UnrefBlock(*it);
+  }
   seq.present = false;
+  seq.paged = false;
   seq.table.clear();
   seq.tokens.clear();
   --s.num_seqs;
@@ -354,12 +360,57 @@ void KvManager::Fork(SeqId parent, SeqId child) {
   KVL_CHECK(Contains(parent));
   KVL_CHECK(child >= 0 && child < s.options.max_seqs && !s.seqs[child].present);
   const SeqState& from = s.seqs[parent];
+  KVL_CHECK_MSG(!from.paged, "Fork of a paged sequence");
   SeqState& to = s.seqs[child];
   to.present = true;
   to.table = from.table;
   to.tokens = from.tokens;
   for (BlockId block : to.table) s.pool.Ref(block);
   ++s.num_seqs;
+  ++s.version;
+}
+
+void KvManager::Detach(SeqId seq_id, int64_t block_index) {
+  State& s = *s_;
+  KVL_CHECK(Contains(seq_id));
+  SeqState& seq = s.seqs[seq_id];
+  KVL_CHECK_MSG(block_index >= 0 && block_index + 1 < static_cast<int64_t>(seq.table.size()),
+                "only a full block other than the last can be detached");
+  BlockId& entry = seq.table[static_cast<size_t>(block_index)];
+  KVL_CHECK_MSG(entry != kNoBlock, "block already detached");
+  s.UnrefBlock(entry);
+  entry = kNoBlock;
+  seq.paged = true;
+  ++s.version;
+}
+
+bool KvManager::IsPaged(SeqId seq) const {
+  KVL_CHECK(Contains(seq));
+  return s_->seqs[seq].paged;
+}
+
+int32_t KvManager::refcount(BlockId block) const {
+  KVL_CHECK(block >= 0 && block < s_->pool.num_blocks());
+  return s_->pool.refcount(block);
+}
+
+BlockId KvManager::AcquireRawBlock() {
+  State& s = *s_;
+  const BlockId block = s.pool.free_front();
+  if (block == kNoBlock) return kNoBlock;
+  s.AllocateBlock(block);  // evicts a cached prefix it held
+  s.raw[block] = 1;
+  ++s.num_raw;
+  ++s.version;
+  return block;
+}
+
+void KvManager::ReleaseRawBlock(BlockId block) {
+  State& s = *s_;
+  KVL_CHECK(block >= 0 && block < s.pool.num_blocks() && s.raw[block]);
+  s.raw[block] = 0;
+  --s.num_raw;
+  s.UnrefBlock(block);
   ++s.version;
 }
 
@@ -389,6 +440,7 @@ KvStats KvManager::stats() const {
   st.blocks_free = s.pool.num_free();
   st.blocks_used = st.blocks_total - st.blocks_free;
   st.blocks_cached = s.num_cached;
+  st.blocks_raw = s.num_raw;
   st.kv_bytes_used = st.blocks_used * s.options.layout.block_bytes();
   st.kv_bytes_total = st.blocks_total * s.options.layout.block_bytes();
   st.prefix_queries = s.prefix_queries;

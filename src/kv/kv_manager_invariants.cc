@@ -36,6 +36,14 @@ Status KvManager::CheckInvariants() const {
     uint64_t chain_hash = s.options.model_identity;
     for (size_t k = 0; k < seq.table.size(); ++k) {
       const BlockId block = seq.table[k];
+      if (block == kNoBlock) {
+        // A detached page: only a full block other than the last, only in a paged sequence.
+        if (!seq.paged || k + 1 >= seq.table.size()) {
+          return InternalError(fmt::format("seq {}: block #{} detached wrongly", id, k));
+        }
+        chain_hash = s.Hash(chain_hash, std::span(seq.tokens).subspan(k * bt, bt));
+        continue;
+      }
       if (block < 0 || block >= num_blocks) {
         return InternalError(fmt::format("seq {} block {} has bad id {}", id, k, block));
       }
@@ -51,6 +59,12 @@ Status KvManager::CheckInvariants() const {
       }
       const std::span<const int32_t> tokens = std::span(seq.tokens).subspan(k * bt, bt);
       const uint64_t hash = s.Hash(chain_hash, tokens);
+      if (!m.full && seq.paged) {
+        // Filled after the sequence became paged: deliberately without an identity.
+        if (m.indexed) return InternalError(fmt::format("seq {}: block {} indexed", id, block));
+        chain_hash = hash;
+        continue;
+      }
       if (!m.full || m.hash != hash || m.parent_hash != chain_hash) {
         return InternalError(
             fmt::format("seq {}: full block {} (#{}) has a wrong hash", id, block, k));
@@ -81,6 +95,16 @@ Status KvManager::CheckInvariants() const {
   if (num_present != s.num_seqs) {
     return InternalError(
         fmt::format("{} sequences present, counter says {}", num_present, s.num_seqs));
+  }
+  int64_t num_raw = 0;
+  for (BlockId b = 0; b < num_blocks; ++b) {
+    if (s.raw[b]) {
+      ++expected_refs[b];
+      ++num_raw;
+    }
+  }
+  if (num_raw != s.num_raw) {
+    return InternalError(fmt::format("{} raw blocks, counter says {}", num_raw, s.num_raw));
   }
   for (BlockId b = 0; b < num_blocks; ++b) {
     if (s.pool.refcount(b) != expected_refs[b]) {

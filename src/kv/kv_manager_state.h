@@ -39,6 +39,7 @@ struct BlockMeta {
 
 struct SeqState {
   bool present = false;
+  bool paged = false;  // some full block was detached (KvManager::Detach)
   std::vector<BlockId> table;
   std::vector<int32_t> tokens;
 };
@@ -75,6 +76,8 @@ struct KvManager::State {
   std::vector<int32_t> block_token_ids;      // [block][block_tokens], valid when meta.full
   std::unordered_map<uint64_t, BlockId> index;
   int64_t num_cached = 0;                   // free blocks that are indexed
+  std::vector<uint8_t> raw;                 // [block]: lent out by AcquireRawBlock
+  int64_t num_raw = 0;
   std::vector<kv_internal::SeqState> seqs;  // [max_seqs]
   int64_t num_seqs = 0;
   uint64_t version = 1;  // a default KvPlan (version 0) never matches

@@ -51,6 +51,17 @@ struct KernelTable {
   // out[i] = dot(q, rows[i * stride]) * scale, exactly as dot would give. Null: ops.cc loops.
   void (*dot_rows)(const float* q, const float* rows, int64_t stride, int64_t count, int64_t n,
                    float scale, float* out) = nullptr;
+  // Attention over f16 / bf16 rows (ops.h, DotRowsHalf / AxpyRowsHalf): exactly dot_rows /
+  // axpy_rows (or their loops) over the rows widened to f32. Required in every table, with no
+  // scalar fallback: the exactness promise is per ISA. type is already checked to be F16 or BF16.
+  void (*dot_rows_half)(DType type, const float* q, const uint16_t* rows, int64_t stride,
+                        int64_t count, int64_t n, float scale, float* out) = nullptr;
+  void (*axpy_rows_half)(DType type, const float* weights, const uint16_t* rows, int64_t stride,
+                         int64_t count, int64_t n, float* y) = nullptr;
+  // f32 <-> f16 / bf16 rows (ops.h, NarrowRow / WidenRow). narrow_row must give the bytes of
+  // quant::Fp32ToFp16 / Fp32ToBf16 on every ISA.
+  void (*narrow_row)(DType type, const float* x, int64_t n, uint16_t* out) = nullptr;
+  void (*widen_row)(DType type, const uint16_t* x, int64_t n, float* out) = nullptr;
   // Attention over compressed KV pages (ops.h, DotRowsK* / AxpyRowsV*); arguments already
   // validated by ops.cc. Null: ops.cc uses the scalar table's entry.
   void (*dot_rows_k_int8)(const float* q, const QuantKvLayerView& page, int64_t first_row,

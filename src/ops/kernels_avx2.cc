@@ -249,22 +249,51 @@ __m256 Exp(__m256 x) {
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-float Dot(const float* a, const float* b, int64_t n) {
+// Bytes per element of a row stored as T.
+template <DType T>
+constexpr int64_t kElemBytes = T == DType::kF32 ? 4 : 2;
+
+// The first len (< 8) elements at p, widened to f32, zeros above. f32 uses a masked load; halves
+// go through a zero-padded copy (AVX2 has no 16-bit masked load). Either way the lanes above len
+// are exact zeros, as the f32 kernels' maskloads give.
+template <DType T>
+__m256 LoadPartial8(const uint8_t* p, int64_t len) {
+  if constexpr (T == DType::kF32) {
+    return _mm256_maskload_ps(reinterpret_cast<const float*>(p), TailMask(len));
+  } else {
+    alignas(16) uint8_t buf[16] = {};
+    std::memcpy(buf, p, static_cast<size_t>(len * 2));
+    return LoadWeights8<T>(buf);
+  }
+}
+
+// Dot over b stored as T (f32, or f16 / bf16 widened in registers, which is exact): the one
+// accumulation order of Dot and DotRowsHalf, so f32 and half rows give the same result for the
+// same values.
+template <DType T>
+inline float DotT(const float* a, const uint8_t* b, int64_t n) {
+  constexpr int64_t kE = kElemBytes<T>;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LoadWeights8<T>(b + i * kE), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), LoadWeights8<T>(b + (i + 8) * kE), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), LoadWeights8<T>(b + (i + 16) * kE), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), LoadWeights8<T>(b + (i + 24) * kE), acc3);
   }
-  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  for (; i + 8 <= n; i += 8) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), LoadWeights8<T>(b + i * kE), acc0);
+  }
   if (i < n) {
     const __m256i m = TailMask(n - i);
-    acc1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), acc1);
+    acc1 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), LoadPartial8<T>(b + i * kE, n - i), acc1);
   }
   return ReduceAdd(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  return DotT<DType::kF32>(a, reinterpret_cast<const uint8_t*>(b), n);
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
@@ -347,6 +376,125 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention over f16 / bf16 rows (ops.h, DotRowsHalf / AxpyRowsHalf). This table has no dot_rows /
+// axpy_rows, so DotRows / AxpyRows are loops over Dot / Axpy; these must match those loops over
+// the widened rows.
+
+template <DType T>
+void DotRowsHalfT(const float* q, const uint16_t* rows, int64_t stride, int64_t count, int64_t n,
+                  float scale, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    out[i] = DotT<T>(q, reinterpret_cast<const uint8_t*>(rows + i * stride), n) * scale;
+  }
+}
+
+// y stays in registers across all rows (V vectors of 8 columns from column c; with kTail, the
+// len < 8 columns from c in one partial vector), instead of being loaded and stored once per row
+// as the loop over Axpy does. Each y element still takes Axpy's one fmadd per row, rows in order,
+// so the result is bit-identical to that loop. V is a template argument so the accumulators stay
+// in registers.
+template <DType T, int V, bool kTail>
+void AxpyRowsBlock(const float* weights, const uint16_t* rows, int64_t stride, int64_t count,
+                   int64_t c, int64_t len, float* y) {
+  __m256 acc[V];
+  for (int v = 0; v < V; ++v) {
+    acc[v] = kTail ? _mm256_maskload_ps(y + c, TailMask(len)) : _mm256_loadu_ps(y + c + 8 * v);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const __m256 w = _mm256_set1_ps(weights[i]);
+    const auto* row = reinterpret_cast<const uint8_t*>(rows + i * stride + c);
+    for (int v = 0; v < V; ++v) {
+      const __m256 x = kTail ? LoadPartial8<T>(row, len) : LoadWeights8<T>(row + 16 * v);
+      acc[v] = _mm256_fmadd_ps(w, x, acc[v]);
+    }
+  }
+  for (int v = 0; v < V; ++v) {
+    if (kTail) {
+      _mm256_maskstore_ps(y + c, TailMask(len), acc[v]);
+    } else {
+      _mm256_storeu_ps(y + c + 8 * v, acc[v]);
+    }
+  }
+}
+
+template <DType T>
+void AxpyRowsHalfT(const float* weights, const uint16_t* rows, int64_t stride, int64_t count,
+                   int64_t n, float* y) {
+  int64_t c = 0;
+  for (; c + 32 <= n; c += 32) AxpyRowsBlock<T, 4, false>(weights, rows, stride, count, c, 32, y);
+  for (; c + 8 <= n; c += 8) AxpyRowsBlock<T, 1, false>(weights, rows, stride, count, c, 8, y);
+  if (c < n) AxpyRowsBlock<T, 1, true>(weights, rows, stride, count, c, n - c, y);
+}
+
+void DotRowsHalf(DType type, const float* q, const uint16_t* rows, int64_t stride, int64_t count,
+                 int64_t n, float scale, float* out) {
+  if (type == DType::kF16) return DotRowsHalfT<DType::kF16>(q, rows, stride, count, n, scale, out);
+  DotRowsHalfT<DType::kBF16>(q, rows, stride, count, n, scale, out);
+}
+
+void AxpyRowsHalf(DType type, const float* weights, const uint16_t* rows, int64_t stride,
+                  int64_t count, int64_t n, float* y) {
+  if (type == DType::kF16) return AxpyRowsHalfT<DType::kF16>(weights, rows, stride, count, n, y);
+  AxpyRowsHalfT<DType::kBF16>(weights, rows, stride, count, n, y);
+}
+
+// f32 -> f16 / bf16, 8 lanes, the bits of quant::Fp32ToFp16 / Fp32ToBf16 (see kernels_avx512.cc
+// for why vcvtps2ph and the integer bf16 rounding give exactly those).
+template <DType T>
+__m128i Narrow8(__m256 v) {
+  if constexpr (T == DType::kF16) {
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+  } else {
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_srli_epi32(x, 16);
+    const __m256i odd = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+    const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd);
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, bias), 16);
+    // |x| > inf as signed integers (|x| < 2^31, so the signed compare is the unsigned one).
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7FFFFFFF)),
+                                           _mm256_set1_epi32(0x7F800000));
+    const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+    const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
+    // Every lane is in [0, 0xFFFF], so the unsigned-saturating pack is exact.
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  }
+}
+
+template <DType T>
+void NarrowRowT(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), Narrow8<T>(_mm256_loadu_ps(x + i)));
+  }
+  if (i < n) {
+    alignas(16) uint16_t buf[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(buf),
+                    Narrow8<T>(_mm256_maskload_ps(x + i, TailMask(n - i))));
+    std::memcpy(out + i, buf, static_cast<size_t>(n - i) * 2);
+  }
+}
+
+void NarrowRow(DType type, const float* x, int64_t n, uint16_t* out) {
+  if (type == DType::kF16) return NarrowRowT<DType::kF16>(x, n, out);
+  NarrowRowT<DType::kBF16>(x, n, out);
+}
+
+template <DType T>
+void WidenRowT(const uint16_t* x, int64_t n, float* out) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(x);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, LoadWeights8<T>(bytes + 2 * i));
+  if (i < n) {
+    _mm256_maskstore_ps(out + i, TailMask(n - i), LoadPartial8<T>(bytes + 2 * i, n - i));
+  }
+}
+
+void WidenRow(DType type, const uint16_t* x, int64_t n, float* out) {
+  if (type == DType::kF16) return WidenRowT<DType::kF16>(x, n, out);
+  WidenRowT<DType::kBF16>(x, n, out);
+}
+
 }  // namespace
 
 const KernelTable& Avx2Kernels() {
@@ -360,6 +508,10 @@ const KernelTable& Avx2Kernels() {
       .add = Add,
       .dot = Dot,
       .axpy = Axpy,
+      .dot_rows_half = DotRowsHalf,
+      .axpy_rows_half = AxpyRowsHalf,
+      .narrow_row = NarrowRow,
+      .widen_row = WidenRow,
   };
   return table;
 }

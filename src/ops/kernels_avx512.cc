@@ -311,33 +311,51 @@ __m512 Exp(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-inline float DotInline(const float* a, const float* b, int64_t n) {
+// Dot over b stored as T (f32, or f16 / bf16 widened in registers, which is exact): the one
+// accumulation order of Dot, DotRows and DotRowsHalf, so f32 and half rows give the same result
+// for the same values.
+template <DType T>
+inline float DotInline(const float* a, const uint8_t* b, int64_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 64 <= n; i += 64) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
-    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), acc2);
-    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), acc3);
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), LoadWeights16<T>(b, i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), LoadWeights16<T>(b, i + 16), acc1);
+    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), LoadWeights16<T>(b, i + 32), acc2);
+    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), LoadWeights16<T>(b, i + 48), acc3);
   }
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), LoadWeights16<T>(b, i), acc0);
   }
-  if (i < n) {
+  if (i < n) {  // masked tail: the zeroed lanes add exact zeros
     const __mmask16 m = TailMask(n - i);
-    acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc1);
+    acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), LoadWeightsMasked<T>(b, i, m), acc1);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 }
 
-float Dot(const float* a, const float* b, int64_t n) { return DotInline(a, b, n); }
+// Bytes per element of a row stored as T.
+template <DType T>
+constexpr int64_t kElemBytes = T == DType::kF32 ? 4 : 2;
+
+float Dot(const float* a, const float* b, int64_t n) {
+  return DotInline<DType::kF32>(a, reinterpret_cast<const uint8_t*>(b), n);
+}
 
 // Attention scores over a run of cached K rows: Dot inlined per row (the same instructions, so the
 // same results), without a call through the kernel table per row.
+template <DType T>
+void DotRowsT(const float* q, const uint8_t* rows, int64_t stride, int64_t count, int64_t n,
+              float scale, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    out[i] = DotInline<T>(q, rows + i * stride * kElemBytes<T>, n) * scale;
+  }
+}
+
 void DotRows(const float* q, const float* rows, int64_t stride, int64_t count, int64_t n,
              float scale, float* out) {
-  for (int64_t i = 0; i < count; ++i) out[i] = DotInline(q, rows + i * stride, n) * scale;
+  DotRowsT<DType::kF32>(q, reinterpret_cast<const uint8_t*>(rows), stride, count, n, scale, out);
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
@@ -424,9 +442,11 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
 
 // Attention's weighted sum of V rows: y stays in registers (64 columns at a time) across all rows
 // instead of being loaded and stored once per row as a loop over Axpy would. The fmadd per element
-// and the row order are Axpy's, so the result is bit-identical to that loop.
-void AxpyRows(const float* weights, const float* rows, int64_t stride, int64_t count, int64_t n,
-              float* y) {
+// and the row order are Axpy's, so the result is bit-identical to that loop; rows stored as f16 /
+// bf16 are widened exactly in registers and take the same fmadds.
+template <DType T>
+void AxpyRowsT(const float* weights, const uint8_t* rows, int64_t stride, int64_t count,
+               int64_t n, float* y) {
   for (int64_t c = 0; c < n; c += 64) {
     __mmask16 m[4];
     __m512 acc[4];
@@ -437,13 +457,88 @@ void AxpyRows(const float* weights, const float* rows, int64_t stride, int64_t c
     }
     for (int64_t i = 0; i < count; ++i) {
       const __m512 w = _mm512_set1_ps(weights[i]);
-      const float* row = rows + i * stride + c;
+      const uint8_t* row = rows + i * stride * kElemBytes<T>;
       for (int v = 0; v < 4; ++v) {
-        acc[v] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m[v], row + 16 * v), acc[v]);
+        acc[v] = _mm512_fmadd_ps(w, LoadWeightsMasked<T>(row, c + 16 * v, m[v]), acc[v]);
       }
     }
     for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(y + c + 16 * v, m[v], acc[v]);
   }
+}
+
+void AxpyRows(const float* weights, const float* rows, int64_t stride, int64_t count, int64_t n,
+              float* y) {
+  AxpyRowsT<DType::kF32>(weights, reinterpret_cast<const uint8_t*>(rows), stride, count, n, y);
+}
+
+void DotRowsHalf(DType type, const float* q, const uint16_t* rows, int64_t stride, int64_t count,
+                 int64_t n, float scale, float* out) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(rows);
+  if (type == DType::kF16) return DotRowsT<DType::kF16>(q, bytes, stride, count, n, scale, out);
+  DotRowsT<DType::kBF16>(q, bytes, stride, count, n, scale, out);
+}
+
+void AxpyRowsHalf(DType type, const float* weights, const uint16_t* rows, int64_t stride,
+                  int64_t count, int64_t n, float* y) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(rows);
+  if (type == DType::kF16) return AxpyRowsT<DType::kF16>(weights, bytes, stride, count, n, y);
+  AxpyRowsT<DType::kBF16>(weights, bytes, stride, count, n, y);
+}
+
+// f32 -> f16 / bf16, 16 lanes, the bits of quant::Fp32ToFp16 / Fp32ToBf16.
+// f16: vcvtps2ph with an immediate round-to-nearest-even is the IEEE conversion (subnormal results
+// kept, overflow to inf, NaN made quiet with its top payload bits), whatever MXCSR says about
+// rounding. bf16: integer rounding rather than AVX512-BF16's vcvtneps2bf16, which flushes
+// subnormal inputs to zero (and which CpuHasAvx512 does not require): add 0x7FFF plus the lowest
+// kept bit and truncate; a NaN keeps its top bits with the quiet bit set instead.
+template <DType T>
+__m256i Narrow16(__m512 v) {
+  if constexpr (T == DType::kF16) {
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+  } else {
+    const __m512i x = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_srli_epi32(x, 16);
+    const __m512i odd = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd);
+    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(x, bias), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+    const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+  }
+}
+
+template <DType T>
+void NarrowRowT(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), Narrow16<T>(_mm512_loadu_ps(x + i)));
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm256_mask_storeu_epi16(out + i, m, Narrow16<T>(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+void NarrowRow(DType type, const float* x, int64_t n, uint16_t* out) {
+  if (type == DType::kF16) return NarrowRowT<DType::kF16>(x, n, out);
+  NarrowRowT<DType::kBF16>(x, n, out);
+}
+
+template <DType T>
+void WidenRowT(const uint16_t* x, int64_t n, float* out) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(x);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, LoadWeights16<T>(bytes, i));
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    _mm512_mask_storeu_ps(out + i, m, LoadWeightsMasked<T>(bytes, i, m));
+  }
+}
+
+void WidenRow(DType type, const uint16_t* x, int64_t n, float* out) {
+  if (type == DType::kF16) return WidenRowT<DType::kF16>(x, n, out);
+  WidenRowT<DType::kBF16>(x, n, out);
 }
 
 // Neox pairs are contiguous halves, so they vectorize directly; mul and sub (not FMA) keep the
@@ -479,6 +574,10 @@ const KernelTable& Avx512Kernels() {
       .axpy = Axpy,
       .axpy_rows = AxpyRows,
       .dot_rows = DotRows,
+      .dot_rows_half = DotRowsHalf,
+      .axpy_rows_half = AxpyRowsHalf,
+      .narrow_row = NarrowRow,
+      .widen_row = WidenRow,
       .dot_rows_k_int8 = Avx512DotRowsKInt8,
       .dot_rows_k_int4 = Avx512DotRowsKInt4,
       .axpy_rows_v_int8 = Avx512AxpyRowsVInt8,

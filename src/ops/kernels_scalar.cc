@@ -107,6 +107,58 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention over f16 / bf16 rows: Dot and Axpy above with each row element widened first. The
+// widening is exact, so the float operations (and their order) are those of Dot / Axpy over the
+// widened rows, which is what ops.h promises.
+
+template <DType T>
+float Widen(uint16_t h) {
+  if constexpr (T == DType::kF16) return quant::Fp16ToFp32(h);
+  return quant::Bf16ToFp32(h);
+}
+
+template <DType T>
+void DotRowsHalfT(const float* q, const uint16_t* rows, int64_t stride, int64_t count, int64_t n,
+                  float scale, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t* row = rows + i * stride;
+    float s = 0.0f;
+    for (int64_t k = 0; k < n; ++k) s += q[k] * Widen<T>(row[k]);
+    out[i] = s * scale;
+  }
+}
+
+template <DType T>
+void AxpyRowsHalfT(const float* weights, const uint16_t* rows, int64_t stride, int64_t count,
+                   int64_t n, float* y) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t* row = rows + i * stride;
+    for (int64_t k = 0; k < n; ++k) y[k] += weights[i] * Widen<T>(row[k]);
+  }
+}
+
+void DotRowsHalf(DType type, const float* q, const uint16_t* rows, int64_t stride, int64_t count,
+                 int64_t n, float scale, float* out) {
+  if (type == DType::kF16) return DotRowsHalfT<DType::kF16>(q, rows, stride, count, n, scale, out);
+  DotRowsHalfT<DType::kBF16>(q, rows, stride, count, n, scale, out);
+}
+
+void AxpyRowsHalf(DType type, const float* weights, const uint16_t* rows, int64_t stride,
+                  int64_t count, int64_t n, float* y) {
+  if (type == DType::kF16) return AxpyRowsHalfT<DType::kF16>(weights, rows, stride, count, n, y);
+  AxpyRowsHalfT<DType::kBF16>(weights, rows, stride, count, n, y);
+}
+
+// The quant layer's converters are the reference the SIMD paths must match bit for bit.
+void NarrowRow(DType type, const float* x, int64_t n, uint16_t* out) {
+  quant::QuantizeRow(type, x, n, out);
+}
+
+void WidenRow(DType type, const uint16_t* x, int64_t n, float* out) {
+  quant::DequantizeRow(type, x, n, out);
+}
+
 }  // namespace
 
 void ScalarQuantizeActs(const float* x, int64_t cols, uint8_t* out) {
@@ -154,6 +206,10 @@ const KernelTable& ScalarKernels() {
       .add = Add,
       .dot = Dot,
       .axpy = Axpy,
+      .dot_rows_half = DotRowsHalf,
+      .axpy_rows_half = AxpyRowsHalf,
+      .narrow_row = NarrowRow,
+      .widen_row = WidenRow,
       .dot_rows_k_int8 = ScalarDotRowsKInt8,
       .dot_rows_k_int4 = ScalarDotRowsKInt4,
       .axpy_rows_v_int8 = ScalarAxpyRowsVInt8,

@@ -237,6 +237,50 @@ void AxpyRows(const OpsContext& ctx, const float* weights, const float* rows, in
 
 namespace {
 
+// The checks every f16 / bf16 row kernel relies on. Rows of a run must not overlap (stride >= n),
+// which is how every KV layout stores them.
+void CheckHalfRowsArgs(DType type, int64_t stride, int64_t count, int64_t n, const char* what) {
+  KVL_CHECK_MSG(type == DType::kF16 || type == DType::kBF16, what);
+  KVL_CHECK(count >= 0 && n >= 0);
+  KVL_CHECK(count <= 1 || stride >= n);
+}
+
+}  // namespace
+
+void DotRowsHalf(const OpsContext& ctx, DType type, const float* q, const uint16_t* rows,
+                 int64_t stride, int64_t count, int64_t n, float scale, float* out) {
+  CheckHalfRowsArgs(type, stride, count, n, "DotRowsHalf: type must be f16 or bf16");
+  if (count == 0) return;
+  KVL_CHECK(out != nullptr && (n == 0 || (q != nullptr && rows != nullptr)));
+  ctx.kernels().dot_rows_half(type, q, rows, stride, count, n, scale, out);
+}
+
+void AxpyRowsHalf(const OpsContext& ctx, DType type, const float* weights, const uint16_t* rows,
+                  int64_t stride, int64_t count, int64_t n, float* y) {
+  CheckHalfRowsArgs(type, stride, count, n, "AxpyRowsHalf: type must be f16 or bf16");
+  if (count == 0 || n == 0) return;
+  KVL_CHECK(weights != nullptr && rows != nullptr && y != nullptr);
+  ctx.kernels().axpy_rows_half(type, weights, rows, stride, count, n, y);
+}
+
+void NarrowRow(const OpsContext& ctx, DType type, const float* x, int64_t n, uint16_t* out) {
+  KVL_CHECK_MSG(type == DType::kF16 || type == DType::kBF16, "NarrowRow: type must be f16 or bf16");
+  KVL_CHECK(n >= 0);
+  if (n == 0) return;
+  KVL_CHECK(x != nullptr && out != nullptr);
+  ctx.kernels().narrow_row(type, x, n, out);
+}
+
+void WidenRow(const OpsContext& ctx, DType type, const uint16_t* x, int64_t n, float* out) {
+  KVL_CHECK_MSG(type == DType::kF16 || type == DType::kBF16, "WidenRow: type must be f16 or bf16");
+  KVL_CHECK(n >= 0);
+  if (n == 0) return;
+  KVL_CHECK(x != nullptr && out != nullptr);
+  ctx.kernels().widen_row(type, x, n, out);
+}
+
+namespace {
+
 // The checks every compressed-KV kernel relies on; `bits` is what the entry point expects.
 void CheckQuantKvArgs(const QuantKvLayerView& page, int bits, int64_t first_row, int64_t count,
                       int64_t head_offset, int64_t head_dim) {

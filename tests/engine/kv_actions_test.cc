@@ -152,8 +152,8 @@ TEST(KvActionsTest, BadPolicyAndTierFlagsAreClearErrors) {
   EXPECT_EQ(Engine::Create(o).status().code(), StatusCode::kInvalidArgument);
   o.kv_policy = "shred";
   EXPECT_EQ(Engine::Create(o).status().code(), StatusCode::kInvalidArgument);
-  o.kv_policy = "compress";  // priced by the cost model, not yet applied by the engine
-  EXPECT_EQ(Engine::Create(o).status().code(), StatusCode::kUnimplemented);
+  o.kv_policy = "demote-disk";  // no disk tier
+  EXPECT_EQ(Engine::Create(o).status().code(), StatusCode::kInvalidArgument);
   o.kv_policy = "auto";
   o.kv_tiers = {"tape:1GiB"};
   EXPECT_EQ(Engine::Create(o).status().code(), StatusCode::kInvalidArgument);

@@ -14,17 +14,23 @@ using testing_kv::Options;
 using testing_kv::Range;
 using testing_kv::Step;
 
-TEST(KvBlockStorageTest, LayoutIsBlockLayerTokenDim) {
-  const KvBlockLayout layout{4, 3, 5};
+TEST(KvBlockStorageTest, EachBlockIsOneAlignedRegionOfKeysThenValuesThenResiduals) {
+  const KvBlockLayout layout{4, 3, 5, 7};
   auto storage = KvBlockStorage::Create(layout, 6);
   ASSERT_TRUE(storage.ok()) << storage.status().ToString();
   KvBlockStorage& s = **storage;
   EXPECT_EQ(s.num_blocks(), 6);
-  const float* base = s.keys(0, 0);
+  // (2 x 3 x 4 x 5 + 3 x 4 x 7) floats = 816 bytes, padded to 832 (64-byte aligned blocks).
+  const int64_t stride = 832;
   for (BlockId b = 0; b < 6; ++b) {
+    const uint8_t* block = s.bytes(b);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(block) % 64, 0u);
+    EXPECT_EQ(block - s.bytes(0), b * stride);
     for (int64_t l = 0; l < 3; ++l) {
-      EXPECT_EQ(s.keys(b, l) - base, (b * 3 + l) * 4 * 5);
-      EXPECT_EQ(s.values(b, l) - s.values(0, 0), (b * 3 + l) * 4 * 5);
+      EXPECT_EQ(reinterpret_cast<const uint8_t*>(s.keys(b, l)) - block, l * 4 * 5 * 4);
+      EXPECT_EQ(reinterpret_cast<const uint8_t*>(s.values(b, l)) - block, (3 + l) * 4 * 5 * 4);
+      EXPECT_EQ(reinterpret_cast<const uint8_t*>(s.residuals(b, l)) - block,
+                (6 * 4 * 5 + l * 4 * 7) * 4);
     }
   }
 }
