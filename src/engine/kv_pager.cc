@@ -124,6 +124,21 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier
   return true;
 }
 
+bool KvPager::EvictCompressedPage(SeqId seq, int64_t block_index) {
+  if (!IsCompressed(seq, block_index)) return false;
+  Page& page = seqs_[static_cast<size_t>(seq)].pages[static_cast<size_t>(block_index)];
+  ReleasePage(page);
+  page.fate = Fate::kEvicted;
+  ++stats_.evicted_pages;
+  return true;
+}
+
+bool KvPager::IsCompressed(SeqId seq, int64_t block_index) const {
+  const SeqPages& s = seqs_[static_cast<size_t>(seq)];
+  return static_cast<size_t>(block_index) < s.pages.size() &&
+         s.pages[static_cast<size_t>(block_index)].fate == Fate::kCompressed;
+}
+
 bool KvPager::DemoteForPreemption(BlockId block, KvTier* tier, bool residual, uint64_t* page_id) {
   const int64_t num_layers = layout_.num_layers;
   const size_t residual_bytes =

@@ -57,6 +57,11 @@ class KvPager final : public KvDetachedPages {
   // (a full tier; no block for a slab). The block must be full, not the last, and not shared.
   bool DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier* tier);
 
+  // A compressed page dropped for good: the last resort when the pool is full of compressed
+  // pages. False when the page is not compressed.
+  bool EvictCompressedPage(SeqId seq, int64_t block_index);
+  bool IsCompressed(SeqId seq, int64_t block_index) const;
+
   // Around each forward run: the sequences in the batch (their streamed pages are fetched layer
   // by layer), then after the run, sequences whose streamed reads failed this step (their step's
   // output must be discarded and their KV recomputed).

@@ -85,14 +85,16 @@ KvAction Engine::Impl::ChoosePageAction(const Sequence& seq, int64_t block_index
 
 bool Engine::Impl::RelievePressure(int64_t blocks_short) {
   if (!pages_running_sequences) return false;
-  // Candidates: resident full pages this sequence alone holds, outside the attention sinks and
-  // the recent window, coldest first (least attention mass per step, then oldest).
+  // Candidates: full pages outside the attention sinks and the recent window, coldest first
+  // (least attention mass per step; then oldest). Resident pages this sequence alone holds are
+  // acted on by the policy; compressed pages are the last resort, evicted when nothing resident
+  // is left to act on.
   struct Candidate {
     Sequence* seq;
     int64_t block_index;
     double mass;
   };
-  std::vector<Candidate> candidates;
+  std::vector<Candidate> resident, compressed;
   const int64_t bt = options.block_tokens;
   const int64_t recent_blocks = std::min((recent_tokens + bt - 1) / bt, kv->num_blocks() / 4);
   const int64_t sink_blocks = (sink_tokens + bt - 1) / bt;
@@ -101,19 +103,29 @@ bool Engine::Impl::RelievePressure(int64_t blocks_short) {
     const std::vector<BlockId>& table = kv->block_table(seq->slot);
     const int64_t full_blocks = kv->num_tokens(seq->slot) / bt;
     // The last block (written next) and the recent window stay.
-    const int64_t end = std::min<int64_t>(full_blocks, static_cast<int64_t>(table.size()) - 1) - recent_blocks;
+    const int64_t end =
+        std::min<int64_t>(full_blocks, static_cast<int64_t>(table.size()) - 1) - recent_blocks;
     for (int64_t b = sink_blocks; b < end; ++b) {
       const BlockId block = table[static_cast<size_t>(b)];
-      if (block == kNoBlock || kv->refcount(block) != 1) continue;
-      candidates.push_back({seq.get(), b, pager->PageMass(seq->slot, b)});
+      const Candidate c{seq.get(), b, pager->PageMass(seq->slot, b)};
+      if (block != kNoBlock && kv->refcount(block) == 1) resident.push_back(c);
+      if (block == kNoBlock && pager->IsCompressed(seq->slot, b)) compressed.push_back(c);
     }
   }
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.mass < b.mass; });
+  auto coldest_first = [](const Candidate& a, const Candidate& b) { return a.mass < b.mass; };
+  std::stable_sort(resident.begin(), resident.end(), coldest_first);
+  std::stable_sort(compressed.begin(), compressed.end(), coldest_first);
   const int64_t free_before = kv->stats().blocks_free;
+  auto enough = [&] { return kv->stats().blocks_free - free_before >= blocks_short; };
+  auto count = [&](KvAction action) {
+    std::lock_guard<std::mutex> lock(metrics_mutex);
+    KvActionCounter& counter = action_counters[static_cast<size_t>(action)];
+    ++counter.pages;
+    counter.bytes += storage->layout().kv_bytes();
+  };
   bool acted = false;
-  for (const Candidate& c : candidates) {
-    if (kv->stats().blocks_free - free_before >= blocks_short) break;
+  for (const Candidate& c : resident) {
+    if (enough()) break;
     double predicted = 0;
     const KvAction action = ChoosePageAction(*c.seq, c.block_index, /*running=*/true, &predicted);
     if (action == KvAction::kKeep) continue;
@@ -122,10 +134,18 @@ bool Engine::Impl::RelievePressure(int64_t blocks_short) {
                                                      : nullptr;
     if (!pager->DetachPage(c.seq->slot, c.block_index, action, tier)) continue;
     acted = true;
-    std::lock_guard<std::mutex> lock(metrics_mutex);
-    KvActionCounter& counter = action_counters[static_cast<size_t>(action)];
-    ++counter.pages;
-    counter.bytes += storage->layout().kv_bytes();
+    count(action);
+  }
+  if (acted) return true;
+  for (const Candidate& c : compressed) {
+    if (enough()) break;
+    if (!pager->EvictCompressedPage(c.seq->slot, c.block_index)) continue;
+    if (options.explain) {
+      fmt::print(stderr, "kvl: explain: request {} compressed page {} -> evict (the pool holds "
+                 "only compressed pages)\n", c.seq->id, c.block_index);
+    }
+    acted = true;
+    count(KvAction::kEvict);
   }
   return acted;
 }

@@ -1,0 +1,133 @@
+// Bounded memory: one conversation much longer than the KV budget keeps generating, with the
+// resident KV held at the budget by the action lattice on its own pages (compress, demote and
+// stream back, evict). Lossless actions reproduce keep-all token for token.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "kvl/engine.h"
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+// stories260K: 5 layers x 2 x 32 floats = 1280 bytes per token, 20 KiB per 16-token page.
+constexpr int64_t kPageBytes = 16 * 1280;
+constexpr int32_t kNewTokens = 440;  // with the prompt, about 29 pages
+
+EngineOptions Options(int64_t budget_pages) {
+  EngineOptions o;
+  o.model_path = testing::Stories260KPath();
+  o.num_threads = 2;
+  o.context_length = 512;
+  o.max_seqs = 2;
+  o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.profile_path = ::testing::TempDir() + "/kvl-test-profile-" + std::to_string(getpid()) + ".json";
+  return o;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  EngineMetrics metrics;
+  int64_t peak_kv_bytes = 0;
+};
+
+Outcome RunConversation(const EngineOptions& o) {
+  auto created = Engine::Create(o);
+  EXPECT_TRUE(created.ok()) << created.status().ToString();
+  Outcome out;
+  if (!created.ok()) return out;
+  Engine& e = **created;
+  Request r;
+  r.prompt = testing::StoryPrompts()[0];
+  r.max_new_tokens = kNewTokens;
+  r.sampling.temperature = 0;
+  r.ignore_eos = true;
+  std::string finish;
+  EXPECT_TRUE(e.Submit(r, [&](const TokenEvent& ev) {
+                 EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
+                 if (ev.token >= 0) out.tokens.push_back(ev.token);
+                 if (ev.finished) finish = ev.finish_reason;
+               }).ok());
+  while (e.Step()) {
+    out.peak_kv_bytes = std::max(out.peak_kv_bytes, e.Metrics().kv.kv_bytes_used);
+  }
+  EXPECT_EQ(finish, "length");
+  out.metrics = e.Metrics();
+  return out;
+}
+
+const Outcome& KeepAll() {
+  static const Outcome keep = RunConversation(Options(64));
+  return keep;
+}
+
+int64_t Pages(const EngineMetrics& m, KvAction a) { return m.kv_actions[static_cast<size_t>(a)].pages; }
+
+double Agreement(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t same = 0;
+  while (same < std::min(a.size(), b.size()) && a[same] == b[same]) ++same;
+  return static_cast<double>(same) / static_cast<double>(std::max<size_t>(1, a.size()));
+}
+
+TEST(LongConversationTest, KeepAllNeedsMoreThanTheSmallBudget) {
+  EXPECT_EQ(KeepAll().tokens.size(), static_cast<size_t>(kNewTokens));
+  EXPECT_GT(KeepAll().peak_kv_bytes, 12 * kPageBytes);
+  EXPECT_EQ(KeepAll().metrics.preemptions, 0);
+}
+
+TEST(LongConversationTest, StreamingDemotedPagesIsLosslessWithinTheBudget) {
+  const std::string disk = ::testing::TempDir() + "/kvl-long-" + std::to_string(getpid()) + ".pages";
+  struct Case {
+    std::string policy;
+    std::vector<std::string> tiers;
+    KvAction expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"demote", {"ram:64MiB"}, KvAction::kDemoteRam},
+           {"demote-disk", {"disk:" + disk + ":64MiB"}, KvAction::kDemoteDisk},
+           {"auto", {"ram:64MiB"}, KvAction::kDemoteRam},
+       }) {
+    EngineOptions o = Options(8);
+    o.kv_policy = c.policy;
+    o.kv_tiers = c.tiers;
+    const Outcome out = RunConversation(o);
+    EXPECT_EQ(out.tokens, KeepAll().tokens) << c.policy;
+    EXPECT_LE(out.peak_kv_bytes, o.kv_budget_bytes) << c.policy;
+    EXPECT_GT(Pages(out.metrics, c.expected), 15) << c.policy;
+    EXPECT_GT(out.metrics.kv_layers_streamed, 0) << c.policy;
+    EXPECT_EQ(out.metrics.preemptions, 0) << c.policy;
+    EXPECT_EQ(Pages(out.metrics, KvAction::kEvict) + Pages(out.metrics, KvAction::kCompressInt8) +
+                  Pages(out.metrics, KvAction::kCompressInt4),
+              0)
+        << c.policy;
+  }
+}
+
+TEST(LongConversationTest, LossyActionsKeepGeneratingWithinTheBudget) {
+  struct Case {
+    std::string policy;
+    KvAction expected;
+    double min_agreement;  // leading greedy tokens equal to keep-all
+  };
+  for (const Case& c : std::vector<Case>{
+           {"compress", KvAction::kCompressInt8, 0.5},
+           {"compress-int4", KvAction::kCompressInt4, 0.0},
+           {"evict", KvAction::kEvict, 0.0},
+       }) {
+    EngineOptions o = Options(8);
+    o.kv_policy = c.policy;
+    const Outcome out = RunConversation(o);
+    EXPECT_EQ(out.tokens.size(), static_cast<size_t>(kNewTokens)) << c.policy;
+    EXPECT_LE(out.peak_kv_bytes, o.kv_budget_bytes) << c.policy;
+    EXPECT_GT(Pages(out.metrics, c.expected), 5) << c.policy;
+    EXPECT_EQ(out.metrics.preemptions, 0) << c.policy;
+    const double agreement = Agreement(out.tokens, KeepAll().tokens);
+    EXPECT_GE(agreement, c.min_agreement) << c.policy;
+    std::printf("[ info ] %s: %lld pages, %.3f of the tokens agree with keep-all before the first "
+                "difference\n",
+                c.policy.c_str(), static_cast<long long>(Pages(out.metrics, c.expected)), agreement);
+  }
+}
+
+}  // namespace
+}  // namespace kvl
