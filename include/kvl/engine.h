@@ -40,6 +40,10 @@ struct EngineOptions {
   int32_t block_tokens = 16;
   int32_t max_seqs = 16;            // sequences running at once
   bool prefix_cache = true;
+  // Element type of cached keys / values (-ctk / -ctv): f32 | f16 | bf16. Half types halve the
+  // pool's bytes per token; attention widens them in registers.
+  std::string cache_type_k = "f32";
+  std::string cache_type_v = "f32";
 
   // The KV action lattice. When the pool is short, the coldest pages of running sequences
   // (least attention mass; never the sinks or the recent window) are compressed to int8/int4,
