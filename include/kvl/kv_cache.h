@@ -18,14 +18,16 @@ class KvCache {
   // A run of consecutive positions [pos, pos + count) of one sequence and layer, in one of three
   // forms (the action lattice's fates of a page, as attention sees them):
   //  - kDense: rows at a fixed stride, K of position pos+i at k + i * stride elements, [kv_dim]
-  //    each, of element type `type` (f32, or the f16 / bf16 cache types through k_half / v_half);
+  //    each; K of element type `type`, V of `v_type` (f32 through k / v, or the f16 / bf16 cache
+  //    types through k_half / v_half);
   //  - kCompressed: rows [first_row, first_row + count) of an int8 / int4 page layer, read by the
   //    fused-dequantization kernels (no decoded copy);
   //  - kDropped: evicted tokens; attention gives them no weight.
   struct Rows {
     enum class Kind { kDense, kCompressed, kDropped };
     Kind kind = Kind::kDense;
-    DType type = DType::kF32;
+    DType type = DType::kF32;    // of K
+    DType v_type = DType::kF32;  // of V
     float* k = nullptr;  // kDense, f32
     float* v = nullptr;
     int64_t count = 0;

@@ -27,8 +27,10 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
+#include "kvl/dtype.h"
 #include "kvl/kv_cache.h"
 #include "kvl/status.h"
 
@@ -42,21 +44,31 @@ inline constexpr BlockId kNoBlock = -1;
 // block_tokens token ids. Only tests replace the default (to force collisions).
 using KvBlockHashFn = uint64_t (*)(uint64_t parent_hash, std::span<const int32_t> tokens);
 
-// What one block holds: K and V, each [num_layers][block_tokens][kv_dim] f32, and optionally the
-// residual-stream checkpoints of its tokens, [num_layers][block_tokens][residual_dim] f32, from
-// which K and V can be rebuilt exactly.
+// What one block holds: K and V, each [num_layers][block_tokens][kv_dim] at the cache's element
+// types (f32, f16 or bf16; -ctk / -ctv), and optionally the residual-stream checkpoints of its
+// tokens, [num_layers][block_tokens][residual_dim] f32, from which K and V can be rebuilt exactly.
 struct KvBlockLayout {
   int32_t block_tokens = 16;
   int64_t num_layers = 0;
   int64_t kv_dim = 0;
   int64_t residual_dim = 0;  // 0: no checkpoints kept
+  DType k_type = DType::kF32;
+  DType v_type = DType::kF32;
 
-  int64_t floats_per_tensor() const { return num_layers * block_tokens * kv_dim; }
+  int64_t elems_per_tensor() const { return num_layers * block_tokens * kv_dim; }
+  int64_t k_elem_bytes() const { return k_type == DType::kF32 ? 4 : 2; }
+  int64_t v_elem_bytes() const { return v_type == DType::kF32 ? 4 : 2; }
+  // K (or V) rows of one layer of one block.
+  int64_t layer_k_bytes() const { return block_tokens * kv_dim * k_elem_bytes(); }
+  int64_t layer_v_bytes() const { return block_tokens * kv_dim * v_elem_bytes(); }
   int64_t residual_floats() const { return num_layers * block_tokens * residual_dim; }
-  int64_t kv_bytes() const { return 2 * floats_per_tensor() * static_cast<int64_t>(sizeof(float)); }
+  int64_t kv_bytes() const { return num_layers * (layer_k_bytes() + layer_v_bytes()); }
   int64_t residual_bytes() const { return residual_floats() * static_cast<int64_t>(sizeof(float)); }
   int64_t block_bytes() const { return kv_bytes() + residual_bytes(); }
 };
+
+// The cache element types -ctk / -ctv name: f32, f16 or bf16.
+StatusOr<DType> ParseKvCacheType(std::string_view text);
 
 struct KvManagerOptions {
   KvBlockLayout layout;
@@ -187,15 +199,19 @@ class KvManager {
 };
 
 // The pool's storage, one contiguous, 64-byte aligned region per block:
-//   [K: layer][token][kv_dim] f32, [V: layer][token][kv_dim] f32, then the residual checkpoints
-//   [layer][token][residual_dim] f32 when kept.
+//   [K: layer][token][kv_dim], [V: layer][token][kv_dim] (at k_type / v_type), then the residual
+//   checkpoints [layer][token][residual_dim] f32 when kept.
 // A block lent out raw (KvManager::AcquireRawBlock) is block_bytes of plain memory.
 class KvBlockStorage {
  public:
   static StatusOr<std::unique_ptr<KvBlockStorage>> Create(const KvBlockLayout& layout,
                                                           int64_t num_blocks);
-  float* keys(BlockId block, int64_t layer);    // [block_tokens][kv_dim]
-  float* values(BlockId block, int64_t layer);  // [block_tokens][kv_dim]
+  // [block_tokens][kv_dim] of the layer, as bytes of the cache type; keys() / values() are the
+  // same rows as floats and require the f32 type.
+  uint8_t* key_bytes(BlockId block, int64_t layer);
+  uint8_t* value_bytes(BlockId block, int64_t layer);
+  float* keys(BlockId block, int64_t layer);
+  float* values(BlockId block, int64_t layer);
   // [block_tokens][residual_dim]; a block's layers are contiguous. nullptr without checkpoints.
   float* residuals(BlockId block, int64_t layer);
   uint8_t* bytes(BlockId block);  // the whole block, block_bytes
@@ -212,6 +228,10 @@ class KvBlockStorage {
   int64_t num_blocks_;
   std::unique_ptr<uint8_t[], FreeAligned> data_;
 };
+
+// Rows of one layer of a block from row `offset` on, K at `k` and V at `v` (bytes laid out as the
+// layout's cache types say).
+KvCache::Rows DenseRows(const KvBlockLayout& layout, uint8_t* k, uint8_t* v, int64_t offset);
 
 // Where the pages that left the pool live, for PagedKvCache: the engine's pager implements it.
 class KvDetachedPages {

@@ -253,6 +253,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   kvo.layout.block_tokens = options.block_tokens;
   kvo.layout.num_layers = c.num_layers;
   kvo.layout.kv_dim = c.kv_dim();
+  KVL_ASSIGN_OR_RETURN(kvo.layout.k_type, ParseKvCacheType(options.cache_type_k));
+  KVL_ASSIGN_OR_RETURN(kvo.layout.v_type, ParseKvCacheType(options.cache_type_v));
   KVL_RETURN_IF_ERROR(e.ParseKvSettings());
   if (e.KeepsResidualCheckpoints()) kvo.layout.residual_dim = c.dim;
   kvo.budget_bytes = options.kv_budget_bytes;

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "kvl/quant.h"
+
 namespace kvl {
 
 KvPager::KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs,
@@ -12,13 +14,27 @@ KvPager::KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs,
       storage_(storage),
       layout_(storage.layout()),
       max_context_(max_context),
-      layer_kv_bytes_(layout_.block_tokens * layout_.kv_dim * static_cast<int64_t>(sizeof(float))),
+      layer_bytes_(layout_.layer_k_bytes() + layout_.layer_v_bytes()),
       slabs_(manager, storage),
       seqs_(static_cast<size_t>(max_seqs)) {
-  layer_bytes_ = 2 * layer_kv_bytes_;
   encode_scratch_.resize(static_cast<size_t>(
       CompressedPageBytes(KvCodecType::kInt8, layout_.block_tokens, layout_.num_layers,
                           layout_.kv_dim)));
+}
+
+// One layer's K or V rows as f32 (the codec's input): the rows themselves for an f32 cache, else
+// widened into scratch `which` (0: K, 1: V).
+const float* KvPager::WidenedLayer(const uint8_t* rows, DType type, int which) {
+  if (type == DType::kF32) return reinterpret_cast<const float*>(rows);
+  const int64_t n = layout_.block_tokens * layout_.kv_dim;
+  std::vector<float>& out = widen_scratch_[which];
+  out.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, rows + 2 * i, 2);
+    out[static_cast<size_t>(i)] = type == DType::kF16 ? quant::Fp16ToFp32(h) : quant::Bf16ToFp32(h);
+  }
+  return out.data();
 }
 
 KvPager::~KvPager() {
@@ -88,8 +104,10 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier
       const int64_t slot = slabs_.slot_bytes(page.codec);
       encode_scratch_.resize(static_cast<size_t>(slot * num_layers));
       for (int64_t l = 0; l < num_layers; ++l) {
-        EncodeLayer(page.codec, storage_.keys(block, l), storage_.values(block, l),
-                    layout_.block_tokens, layout_.kv_dim, encode_scratch_.data() + l * slot);
+        const float* k = WidenedLayer(storage_.key_bytes(block, l), layout_.k_type, 0);
+        const float* v = WidenedLayer(storage_.value_bytes(block, l), layout_.v_type, 1);
+        EncodeLayer(page.codec, k, v, layout_.block_tokens, layout_.kv_dim,
+                    encode_scratch_.data() + l * slot);
       }
       manager_.Detach(seq, block_index);
       if (!slabs_.Allocate(page.codec, num_layers, &page.slots)) {
@@ -156,9 +174,9 @@ bool KvPager::DemoteForPreemption(BlockId block, KvTier* tier, bool residual, ui
     bytes.resize(static_cast<size_t>(layer_bytes_ * num_layers));
     for (int64_t l = 0; l < num_layers; ++l) {
       uint8_t* out = bytes.data() + l * layer_bytes_;
-      std::memcpy(out, storage_.keys(block, l), static_cast<size_t>(layer_kv_bytes_));
-      std::memcpy(out + layer_kv_bytes_, storage_.values(block, l),
-                  static_cast<size_t>(layer_kv_bytes_));
+      std::memcpy(out, storage_.key_bytes(block, l), static_cast<size_t>(layout_.layer_k_bytes()));
+      std::memcpy(out + layout_.layer_k_bytes(), storage_.value_bytes(block, l),
+                  static_cast<size_t>(layout_.layer_v_bytes()));
       writes.push_back({KeyOf(id, l), std::span<const uint8_t>(out, static_cast<size_t>(layer_bytes_))});
     }
   }
@@ -190,9 +208,9 @@ Status KvPager::PromoteAfterPreemption(BlockId block, KvTier* tier, bool residua
   if (!residual) {
     for (int64_t l = 0; l < num_layers; ++l) {
       const uint8_t* in = bytes.data() + l * layer_bytes_;
-      std::memcpy(storage_.keys(block, l), in, static_cast<size_t>(layer_kv_bytes_));
-      std::memcpy(storage_.values(block, l), in + layer_kv_bytes_,
-                  static_cast<size_t>(layer_kv_bytes_));
+      std::memcpy(storage_.key_bytes(block, l), in, static_cast<size_t>(layout_.layer_k_bytes()));
+      std::memcpy(storage_.value_bytes(block, l), in + layout_.layer_k_bytes(),
+                  static_cast<size_t>(layout_.layer_v_bytes()));
     }
   }
   return Status::Ok();
@@ -315,10 +333,7 @@ KvCache::Rows KvPager::RowsAt(int32_t seq, int64_t block_index, int64_t layer, i
         return rows;
       }
       uint8_t* data = StageData(layer, page.stage_index);
-      rows.k = reinterpret_cast<float*>(data) + offset * layout_.kv_dim;
-      rows.v = reinterpret_cast<float*>(data + layer_kv_bytes_) + offset * layout_.kv_dim;
-      rows.stride = layout_.kv_dim;
-      return rows;
+      return DenseRows(layout_, data, data + layout_.layer_k_bytes(), offset);
     }
     case Fate::kEvicted:
       rows.kind = KvCache::Rows::Kind::kDropped;

@@ -121,19 +121,19 @@ class KvPager final : public KvDetachedPages {
   void ReleasePage(Page& page);
   void IssueLayerRead(int64_t layer);
   uint8_t* StageData(int64_t layer, int64_t stage_index);
+  const float* WidenedLayer(const uint8_t* rows, DType type, int which);
 
   KvManager& manager_;
   KvBlockStorage& storage_;
   KvBlockLayout layout_;
   int64_t max_context_;
   int64_t layer_bytes_;      // one layer page: K rows then V rows
-  int64_t layer_kv_bytes_;   // K (or V) rows of one layer
   CompressedSlabs slabs_;
   std::vector<SeqPages> seqs_;  // [max_seqs]
   uint64_t next_page_id_ = 1;
   bool track_attention_ = false;
   std::vector<uint8_t> encode_scratch_;
-  std::vector<float> widen_scratch_;
+  std::vector<float> widen_scratch_[2];
 
   // This step's streamed pages and their double-buffered layer staging.
   std::vector<Streamed> streamed_;

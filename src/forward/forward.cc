@@ -130,10 +130,13 @@ void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv
     const float* v = &v_[Elems(t, c.kv_dim())];
     if (rows.type == DType::kF32) {
       std::memcpy(rows.k, k, sizeof(float) * static_cast<size_t>(c.kv_dim()));
-      std::memcpy(rows.v, v, sizeof(float) * static_cast<size_t>(c.kv_dim()));
     } else {
       ops::NarrowRow(ops_, rows.type, k, c.kv_dim(), rows.k_half);
-      ops::NarrowRow(ops_, rows.type, v, c.kv_dim(), rows.v_half);
+    }
+    if (rows.v_type == DType::kF32) {
+      std::memcpy(rows.v, v, sizeof(float) * static_cast<size_t>(c.kv_dim()));
+    } else {
+      ops::NarrowRow(ops_, rows.v_type, v, c.kv_dim(), rows.v_half);
     }
   }
 }
@@ -238,10 +241,10 @@ void Forward::MixRows(const KvCache::Rows& rows, const float* weights, int64_t k
   const int64_t d = config_.head_dim;
   switch (rows.kind) {
     case KvCache::Rows::Kind::kDense:
-      if (rows.type == DType::kF32) {
+      if (rows.v_type == DType::kF32) {
         ops::AxpyRows(ops_, weights, rows.v + kv_offset, rows.stride, count, d, out);
       } else {
-        ops::AxpyRowsHalf(ops_, rows.type, weights, rows.v_half + kv_offset, rows.stride, count, d,
+        ops::AxpyRowsHalf(ops_, rows.v_type, weights, rows.v_half + kv_offset, rows.stride, count, d,
                           out);
       }
       return;

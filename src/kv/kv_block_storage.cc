@@ -59,18 +59,27 @@ uint8_t* KvBlockStorage::bytes(BlockId block) {
   return data_.get() + block * AlignedBlockBytes(layout_);
 }
 
+uint8_t* KvBlockStorage::key_bytes(BlockId block, int64_t layer) {
+  return bytes(block) + layer * layout_.layer_k_bytes();
+}
+
+uint8_t* KvBlockStorage::value_bytes(BlockId block, int64_t layer) {
+  return bytes(block) + layout_.num_layers * layout_.layer_k_bytes() + layer * layout_.layer_v_bytes();
+}
+
 float* KvBlockStorage::keys(BlockId block, int64_t layer) {
-  return reinterpret_cast<float*>(bytes(block)) + layer * layout_.block_tokens * layout_.kv_dim;
+  KVL_CHECK_MSG(layout_.k_type == DType::kF32, "keys() of a half-precision cache");
+  return reinterpret_cast<float*>(key_bytes(block, layer));
 }
 
 float* KvBlockStorage::values(BlockId block, int64_t layer) {
-  return reinterpret_cast<float*>(bytes(block)) +
-         (layout_.num_layers + layer) * layout_.block_tokens * layout_.kv_dim;
+  KVL_CHECK_MSG(layout_.v_type == DType::kF32, "values() of a half-precision cache");
+  return reinterpret_cast<float*>(value_bytes(block, layer));
 }
 
 float* KvBlockStorage::residuals(BlockId block, int64_t layer) {
   if (layout_.residual_dim == 0) return nullptr;
-  return reinterpret_cast<float*>(bytes(block)) + 2 * layout_.floats_per_tensor() +
+  return reinterpret_cast<float*>(bytes(block) + layout_.kv_bytes()) +
          layer * layout_.block_tokens * layout_.residual_dim;
 }
 
@@ -104,12 +113,38 @@ KvCache::Rows PagedKvCache::RowsAt(int32_t seq, int64_t layer, int64_t pos) {
     KVL_CHECK_MSG(detached_ != nullptr, "a detached KV page without a pager");
     return detached_->RowsAt(seq, block_index, layer, offset);
   }
-  Rows rows;
-  rows.k = storage_.keys(block, layer) + offset * layout.kv_dim;
-  rows.v = storage_.values(block, layer) + offset * layout.kv_dim;
+  return DenseRows(layout, storage_.key_bytes(block, layer), storage_.value_bytes(block, layer),
+                   offset);
+}
+
+KvCache::Rows DenseRows(const KvBlockLayout& layout, uint8_t* k, uint8_t* v, int64_t offset) {
+  KvCache::Rows rows;
+  rows.type = layout.k_type;
+  rows.v_type = layout.v_type;
   rows.count = layout.block_tokens - offset;
   rows.stride = layout.kv_dim;
+  const int64_t first = offset * layout.kv_dim;
+  if (layout.k_type == DType::kF32) {
+    rows.k = reinterpret_cast<float*>(k) + first;
+  } else {
+    rows.k_half = reinterpret_cast<uint16_t*>(k) + first;
+  }
+  if (layout.v_type == DType::kF32) {
+    rows.v = reinterpret_cast<float*>(v) + first;
+  } else {
+    rows.v_half = reinterpret_cast<uint16_t*>(v) + first;
+  }
   return rows;
+}
+
+StatusOr<DType> ParseKvCacheType(std::string_view text) {
+  if (text == "f32") return DType::kF32;
+  if (text == "f16") return DType::kF16;
+  if (text == "bf16") return DType::kBF16;
+  return InvalidArgumentError(fmt::format(
+      "KV cache type '{}': use f32, f16 or bf16 (int8 / int4 pages come from --kv-policy "
+      "compress / compress-int4)",
+      text));
 }
 
 void PagedKvCache::BeginLayer(int64_t layer) {

@@ -129,5 +129,36 @@ TEST(LongConversationTest, LossyActionsKeepGeneratingWithinTheBudget) {
   }
 }
 
+// -ctk / -ctv f16 and bf16: pages take half the bytes (twice the blocks in one budget), greedy
+// output stays close to f32, and streaming demoted half pages is as lossless as with f32.
+TEST(LongConversationTest, HalfCacheTypesHalveThePagesAndStreamLosslessly) {
+  for (const std::string type : {"f16", "bf16"}) {
+    EngineOptions keep = Options(64);
+    keep.cache_type_k = keep.cache_type_v = type;
+    const Outcome all = RunConversation(keep);
+    EXPECT_EQ(all.metrics.kv.blocks_total, 128) << type;  // 64 f32 pages' bytes
+    EXPECT_EQ(all.tokens.size(), static_cast<size_t>(kNewTokens)) << type;
+    const double agreement = Agreement(all.tokens, KeepAll().tokens);
+    std::printf("[ info ] -ctk/-ctv %s: %.3f of the tokens agree with f32 before the first "
+                "difference\n", type.c_str(), agreement);
+    EXPECT_GE(agreement, 0.1) << type;
+
+    EngineOptions paged = Options(4);  // 8 half-precision pages
+    paged.cache_type_k = paged.cache_type_v = type;
+    paged.kv_policy = "demote";
+    paged.kv_tiers = {"ram:64MiB"};
+    const Outcome out = RunConversation(paged);
+    EXPECT_EQ(out.tokens, all.tokens) << type;
+    EXPECT_LE(out.peak_kv_bytes, paged.kv_budget_bytes) << type;
+    EXPECT_GT(Pages(out.metrics, KvAction::kDemoteRam), 15) << type;
+  }
+  EngineOptions mixed = Options(64);
+  mixed.cache_type_k = "f16";  // keys f16, values f32 (as llama.cpp's -ctk alone)
+  EXPECT_EQ(RunConversation(mixed).tokens.size(), static_cast<size_t>(kNewTokens));
+  EngineOptions bad = Options(64);
+  bad.cache_type_k = "q8_0";
+  EXPECT_EQ(Engine::Create(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace kvl
