@@ -1,0 +1,234 @@
+// Quality of each KV action through the real paged path (KvManager + KvPager + PagedKvCache +
+// Forward), on stories260K: after every decode step, the action is applied to every page outside
+// the attention sink and the recent window, and the next-token distribution is compared with
+// keep-all's (mean KL divergence and top-1 agreement, teacher-forced on keep-all's greedy tokens).
+// Compressed pages are read by the fused-dequantization kernels, streamed pages come back from
+// the RAM tier layer by layer, evicted pages take no attention.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "engine/kv_pager.h"
+#include "kvl/forward.h"
+#include "kvl/tokenizer.h"
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+constexpr int32_t kBlock = 16;
+constexpr int64_t kTotal = 192;      // tokens per prompt (prompt, then greedy keep-all tokens)
+constexpr int64_t kScoreFrom = 64;   // positions scored: [kScoreFrom, kTotal)
+constexpr int64_t kRecentBlocks = 2;
+
+enum class Treatment { kKeep, kInt8, kInt4, kDemoteRam, kEvictLightest, kEvictOldest };
+
+// One sequence in a paged pool, stepped token by token with a treatment applied between steps.
+class PagedRun {
+ public:
+  PagedRun(const Model& model, ops::OpsContext& ops, DType k_type, DType v_type)
+      : model_(model), forward_(model, ops, ForwardOptions{kTotal, 4, kTotal}) {
+    const ModelConfig& c = model.config();
+    KvManagerOptions o;
+    o.layout = KvBlockLayout{kBlock, c.num_layers, c.kv_dim(), 0, k_type, v_type};
+    o.budget_bytes = 64 * o.layout.block_bytes();
+    o.max_seqs = 1;
+    manager_ = std::move(KvManager::Create(o).value());
+    storage_ = std::move(KvBlockStorage::Create(o.layout, manager_->num_blocks()).value());
+    pager_ = std::make_unique<KvPager>(*manager_, *storage_, 1, kTotal);
+    pager_->set_track_attention(true);
+    cache_ = std::make_unique<PagedKvCache>(*manager_, *storage_, pager_.get());
+    tier_ = MakeRamTier(RamTierOptions{});
+  }
+
+  // Runs tokens[first, first + n) and returns the logits of the last one.
+  std::vector<float> Run(const std::vector<int32_t>& tokens, int64_t first, int64_t n) {
+    const KvSeqStep step{0, std::span(tokens).subspan(static_cast<size_t>(first), static_cast<size_t>(n))};
+    const KvPlan plan = manager_->Plan(std::span(&step, 1));
+    EXPECT_TRUE(plan.fits);
+    manager_->Commit(plan);
+    if (first == 0) pager_->StartSequence(0);
+    TokenBatch batch;
+    for (int64_t p = first; p < first + n; ++p) batch.Add(tokens[static_cast<size_t>(p)], p, 0, p == first + n - 1);
+    const SeqId seq = 0;
+    pager_->BeginStep(std::span(&seq, 1));
+    forward_.Run(batch, *cache_);
+    EXPECT_TRUE(pager_->EndStep().empty());
+    const float* logits = forward_.logits(0);
+    return std::vector<float>(logits, logits + model_.config().vocab_size);
+  }
+
+  void Apply(Treatment t) {
+    const std::vector<BlockId>& table = manager_->block_table(0);
+    const int64_t full = manager_->num_tokens(0) / kBlock;
+    const int64_t end = std::min<int64_t>(full, static_cast<int64_t>(table.size()) - 1) - kRecentBlocks;
+    std::vector<int64_t> eligible;
+    for (int64_t b = 1; b < end; ++b) {
+      if (table[static_cast<size_t>(b)] != kNoBlock) eligible.push_back(b);
+    }
+    switch (t) {
+      case Treatment::kKeep:
+        return;
+      case Treatment::kInt8:
+      case Treatment::kInt4:
+      case Treatment::kDemoteRam: {
+        const KvAction a = t == Treatment::kInt8   ? KvAction::kCompressInt8
+                           : t == Treatment::kInt4 ? KvAction::kCompressInt4
+                                                   : KvAction::kDemoteRam;
+        for (int64_t b : eligible) EXPECT_TRUE(pager_->DetachPage(0, b, a, tier_.get()));
+        return;
+      }
+      case Treatment::kEvictLightest:
+      case Treatment::kEvictOldest: {
+        // Keep the two heaviest pages besides the sinks and the window (H2O's heavy hitters), or
+        // for comparison the two newest.
+        if (t == Treatment::kEvictLightest) {
+          std::stable_sort(eligible.begin(), eligible.end(), [&](int64_t a, int64_t b) {
+            return pager_->PageMass(0, a) < pager_->PageMass(0, b);
+          });
+        }
+        for (size_t i = 0; i + 2 < eligible.size(); ++i) {
+          EXPECT_TRUE(pager_->DetachPage(0, eligible[i], KvAction::kEvict, nullptr));
+        }
+        return;
+      }
+    }
+  }
+
+  // Resident KV bytes (blocks and slabs) as a fraction of what f32 keep-all holds now.
+  double resident_fraction() const {
+    const ModelConfig& c = model_.config();
+    const int64_t f32_block = 2 * c.num_layers * kBlock * c.kv_dim() * 4;
+    const int64_t blocks = (manager_->num_tokens(0) + kBlock - 1) / kBlock;
+    return static_cast<double>(manager_->stats().kv_bytes_used) / static_cast<double>(blocks * f32_block);
+  }
+
+ private:
+  const Model& model_;
+  Forward forward_;
+  std::unique_ptr<KvManager> manager_;
+  std::unique_ptr<KvBlockStorage> storage_;
+  std::unique_ptr<KvPager> pager_;
+  std::unique_ptr<PagedKvCache> cache_;
+  std::unique_ptr<KvTier> tier_;
+};
+
+std::vector<double> Probabilities(const std::vector<float>& logits) {
+  const double max = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp(logits[i] - max);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+struct Quality {
+  double mean_kld = 0;
+  double top1 = 0;
+  bool bit_identical = true;
+  double resident_fraction = 0;  // mean resident KV bytes vs f32 keep-all's, over the steps
+};
+
+class KvActionQualityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = std::move(Model::Load(testing::Stories260KPath()).value()).release();
+    tokenizer_ = std::move(Tokenizer::FromGguf(model_->file()).value()).release();
+    pool_ = new ThreadPool(2);
+    ops_ = new ops::OpsContext(ops::BestIsa(), pool_);
+    // Keep-all: each prompt continued greedily to kTotal tokens; its logits at every position.
+    for (size_t i = 0; i < 6; ++i) {
+      std::vector<int32_t> tokens = tokenizer_->Encode(testing::StoryPrompts()[i], true);
+      PagedRun keep(*model_, *ops_, DType::kF32, DType::kF32);
+      std::vector<std::vector<float>> logits;
+      int64_t done = 0;
+      while (static_cast<int64_t>(tokens.size()) < kTotal) {
+        logits.resize(tokens.size());
+        logits.back() = keep.Run(tokens, done, static_cast<int64_t>(tokens.size()) - done);
+        done = static_cast<int64_t>(tokens.size());
+        const auto& l = logits.back();
+        tokens.push_back(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+      }
+      prompts_.push_back({tokens, logits});
+    }
+  }
+
+  Quality Measure(Treatment t, DType k_type = DType::kF32, DType v_type = DType::kF32) {
+    double kld = 0, agree = 0, resident = 0;
+    int64_t count = 0;
+    bool identical = true;
+    for (const auto& [tokens, keep_logits] : prompts_) {
+      PagedRun run(*model_, *ops_, k_type, v_type);
+      run.Run(tokens, 0, kScoreFrom);
+      for (int64_t pos = kScoreFrom; pos + 1 < kTotal; ++pos) {
+        run.Apply(t);
+        const std::vector<float> got = run.Run(tokens, pos, 1);
+        const std::vector<float>& want = keep_logits[static_cast<size_t>(pos)];
+        identical = identical && std::memcmp(got.data(), want.data(), got.size() * 4) == 0;
+        const std::vector<double> p = Probabilities(want), q = Probabilities(got);
+        for (size_t i = 0; i < p.size(); ++i) {
+          if (p[i] > 0) kld += p[i] * std::log(p[i] / std::max(q[i], 1e-300));
+        }
+        agree += std::max_element(p.begin(), p.end()) - p.begin() ==
+                 std::max_element(q.begin(), q.end()) - q.begin();
+        resident += run.resident_fraction();
+        ++count;
+      }
+    }
+    return {kld / count, agree / count, identical, resident / count};
+  }
+
+  static void Print(const char* name, const Quality& q) {
+    std::printf("  %-26s mean KLD %.3e  top-1 %.3f  resident KV %.2f of f32 keep-all%s\n", name,
+                q.mean_kld, q.top1, q.resident_fraction, q.bit_identical ? "  (bit-identical)" : "");
+  }
+
+  struct Prompt {
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> logits;  // keep-all, by position
+  };
+  static inline Model* model_ = nullptr;
+  static inline Tokenizer* tokenizer_ = nullptr;
+  static inline ThreadPool* pool_ = nullptr;
+  static inline ops::OpsContext* ops_ = nullptr;
+  static inline std::vector<Prompt> prompts_;
+};
+
+TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
+  std::printf("KV actions on stories260K, 6 prompts x %lld decode steps, every page outside the "
+              "sink and the last %lld pages acted on:\n",
+              static_cast<long long>(kTotal - kScoreFrom - 1), static_cast<long long>(kRecentBlocks));
+  const Quality keep = Measure(Treatment::kKeep);
+  const Quality demote = Measure(Treatment::kDemoteRam);
+  const Quality int8 = Measure(Treatment::kInt8);
+  const Quality int4 = Measure(Treatment::kInt4);
+  const Quality f16 = Measure(Treatment::kKeep, DType::kF16, DType::kF16);
+  const Quality bf16 = Measure(Treatment::kKeep, DType::kBF16, DType::kBF16);
+  const Quality heavy = Measure(Treatment::kEvictLightest);
+  const Quality oldest = Measure(Treatment::kEvictOldest);
+  Print("keep (f32)", keep);
+  Print("demote-ram, streamed", demote);
+  Print("compress int8", int8);
+  Print("compress int4", int4);
+  Print("-ctk/-ctv f16", f16);
+  Print("-ctk/-ctv bf16", bf16);
+  Print("evict lightest (H2O)", heavy);
+  Print("evict oldest (same count)", oldest);
+
+  EXPECT_TRUE(keep.bit_identical);
+  EXPECT_TRUE(demote.bit_identical);  // lossless: the same logits, bit for bit
+  EXPECT_LT(demote.resident_fraction, 0.7);
+  EXPECT_LT(int8.mean_kld, 1e-3);
+  EXPECT_GT(int8.top1, 0.95);
+  EXPECT_GT(int4.mean_kld, int8.mean_kld);
+  EXPECT_LT(f16.mean_kld, 1e-3);
+  EXPECT_NEAR(f16.resident_fraction, 0.5, 0.01);
+  EXPECT_LT(bf16.mean_kld, 1e-2);
+  EXPECT_GT(heavy.mean_kld, 0.0);
+  EXPECT_TRUE(std::isfinite(heavy.mean_kld) && std::isfinite(oldest.mean_kld));
+}
+
+}  // namespace
+}  // namespace kvl
