@@ -56,6 +56,10 @@ struct PageCostProfile {
   double recompute_residual_ms = 0; // measured: rebuild K,V of the page from checkpoints
   double recompute_tokens_ms = 0;   // measured: re-run the page's tokens through the model
   double compress_ms = 0;           // re-encode the page (int8 or int4)
+  // Bytes a compressed page really takes (slab slots, scales and padding included); 0: estimated
+  // as 8 or 4 bits per value plus one f32 scale per 32.
+  int64_t int8_page_bytes = 0;
+  int64_t int4_page_bytes = 0;
   double ram_gbps = 0;              // host RAM tier read/write bandwidth
   double ram_latency_ms = 0;
   double disk_read_gbps = 0;

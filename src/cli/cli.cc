@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <string_view>
 #include <thread>
 
 namespace kvl::cli {
@@ -36,13 +37,25 @@ void AddSamplingFlags(CLI::App* cmd, SamplingParams* s) {
 
 }  // namespace
 
-// llama.cpp's multi-letter single-dash flags, which CLI11 cannot declare, mapped to long names.
+// llama.cpp's multi-letter single-dash flags, which CLI11 cannot declare, mapped to long names
+// (both "-ctk f16" and "-ctk=f16").
 std::vector<std::string> NormalizeArgs(int argc, char** argv) {
+  struct Alias {
+    std::string_view short_name, long_name;
+  };
+  static constexpr Alias kAliases[] = {
+      {"-np", "--parallel"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}};
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) {  // CLI11 wants them reversed
     std::string a = argv[i];
-    if (a == "-np") a = "--parallel";
-    else if (a.rfind("-np=", 0) == 0) a = "--parallel=" + a.substr(4);
+    for (const Alias& alias : kAliases) {
+      if (a == alias.short_name) {
+        a = alias.long_name;
+      } else if (a.size() > alias.short_name.size() && a.starts_with(alias.short_name) &&
+                 a[alias.short_name.size()] == '=') {
+        a = std::string(alias.long_name) + a.substr(alias.short_name.size());
+      }
+    }
     args.push_back(a);
   }
   return args;
@@ -68,14 +81,28 @@ int Main(int argc, char** argv) {
                       "a tier KV pages can be demoted to: ram:SIZE[:zstd] or disk:PATH:SIZE[:direct] "
                       "(repeatable)");
   run_cmd->add_option("--kv-policy", run.engine.kv_policy,
-                      "what happens to the pages of a preempted sequence: auto (cost model), "
-                      "demote, demote-disk, recompute-tokens")
+                      "what happens to cold KV pages when the budget is short: auto (cost model), "
+                      "keep, compress, compress-int4, demote, demote-disk, recompute-residual, "
+                      "recompute-tokens, evict")
       ->capture_default_str();
   run_cmd->add_option("--kv-quality", run.engine.kv_quality, "lossless | balanced | aggressive")
       ->capture_default_str();
   run_cmd->add_option("--kv-profile", run.engine.profile_path,
                       "calibration profile (default: the per-model cache path; made if missing)");
   run_cmd->add_flag("--explain", run.engine.explain, "print every KV decision with its cost terms");
+  run_cmd->add_option("--kv-sink", run.engine.kv_sink_tokens,
+                      "first tokens never compressed, demoted or evicted (attention sinks)")
+      ->capture_default_str();
+  run_cmd->add_option("--kv-recent", run.engine.kv_recent_tokens,
+                      "newest tokens always kept resident at full precision")
+      ->capture_default_str();
+  // -ctk / -ctv (see NormalizeArgs), as llama.cpp's --cache-type-k / --cache-type-v.
+  run_cmd->add_option("--cache-type-k", run.engine.cache_type_k,
+                      "KV cache type for keys (-ctk): f32 | f16 | bf16")
+      ->capture_default_str();
+  run_cmd->add_option("--cache-type-v", run.engine.cache_type_v,
+                      "KV cache type for values (-ctv): f32 | f16 | bf16")
+      ->capture_default_str();
   run_cmd->add_option("-n,--n-predict", run.num_predict, "tokens to generate; -1 = until EOS")
       ->capture_default_str();
   run_cmd->add_option("-t,--threads", run.engine.num_threads, "threads; 0 = every core");
@@ -123,6 +150,13 @@ int Main(int argc, char** argv) {
   bench_cmd->add_option("--prefix", bench.prefix_tokens,
                         "prefix-cache test: shared prompt tokens (0 = off)");
   bench_cmd->add_option("--suffix", bench.suffix_tokens, "prefix-cache test: unique suffix tokens")
+      ->capture_default_str();
+  // Lists, as llama-bench takes them: every (k, v) pair is a separate engine and table row.
+  bench_cmd->add_option("--cache-type-k", bench.cache_types_k, "KV cache types for keys (-ctk)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench_cmd->add_option("--cache-type-v", bench.cache_types_v, "KV cache types for values (-ctv)")
+      ->delimiter(',')
       ->capture_default_str();
 
   CalibrateArgs calibrate;

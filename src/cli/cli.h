@@ -54,6 +54,8 @@ struct BenchArgs {
   std::vector<int> parallel = {1};              // -np: sequences decoding together in tg tests
   int64_t prefix_tokens = 0;                    // --prefix P: shared prompt for the TTFT test
   int64_t suffix_tokens = 32;                   // --suffix S: unique part after it
+  std::vector<std::string> cache_types_k = {"f32"};  // -ctk f32,f16: KV element types
+  std::vector<std::string> cache_types_v = {"f32"};  // -ctv
 };
 int BenchCommand(const BenchArgs& args);
 

@@ -20,6 +20,7 @@ struct TestResult {
   int64_t params = 0;
   std::string backend;
   int threads = 0;
+  std::string type_k = "f32", type_v = "f32";  // KV cache element types (-ctk / -ctv)
   int64_t n_prompt = 0;
   int64_t n_gen = 0;
   int parallel = 1;
@@ -164,17 +165,23 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
-void PrintMarkdownHeader() {
-  fmt::print("| {:<22} | {:>10} | {:>10} | {:<14} | {:>7} | {:>13} | {:>20} |\n", "model", "size",
-             "params", "backend", "threads", "test", "t/s");
-  fmt::print("| {:-<22} | {:->10} | {:->10} | {:-<14} | {:->7} | {:->13} | {:->20} |\n", ":", ":",
-             ":", ":", ":", ":", ":");
+// As in llama-bench, the type_k / type_v columns appear only when a non-default type is asked for.
+void PrintMarkdownHeader(bool show_cache_types) {
+  fmt::print("| {:<22} | {:>10} | {:>10} | {:<14} | {:>7} | ", "model", "size", "params",
+             "backend", "threads");
+  if (show_cache_types) fmt::print("{:>6} | {:>6} | ", "type_k", "type_v");
+  fmt::print("{:>13} | {:>20} |\n", "test", "t/s");
+  fmt::print("| {:-<22} | {:->10} | {:->10} | {:-<14} | {:->7} | ", ":", ":", ":", ":", ":");
+  if (show_cache_types) fmt::print("{:->6} | {:->6} | ", ":", ":");
+  fmt::print("{:->13} | {:->20} |\n", ":", ":");
 }
 
-void PrintMarkdownRow(const TestResult& r) {
-  fmt::print("| {:<22} | {:>10} | {:>10} | {:<14} | {:>7} | {:>13} | {:>20} |\n", r.model_label,
-             FormatBytes(r.model_bytes), FormatParams(r.params), r.backend, r.threads,
-             r.test_name(), fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()));
+void PrintMarkdownRow(const TestResult& r, bool show_cache_types) {
+  fmt::print("| {:<22} | {:>10} | {:>10} | {:<14} | {:>7} | ", r.model_label,
+             FormatBytes(r.model_bytes), FormatParams(r.params), r.backend, r.threads);
+  if (show_cache_types) fmt::print("{:>6} | {:>6} | ", r.type_k, r.type_v);
+  fmt::print("{:>13} | {:>20} |\n", r.test_name(),
+             fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()));
   std::fflush(stdout);
 }
 
@@ -182,6 +189,7 @@ nlohmann::json ToJson(const TestResult& r) {
   return {{"model_filename", r.model_path}, {"model_type", r.model_label},
           {"model_size", r.model_bytes},    {"model_n_params", r.params},
           {"backend", r.backend},           {"n_threads", r.threads},
+          {"type_k", r.type_k},             {"type_v", r.type_v},
           {"n_prompt", r.n_prompt},         {"n_gen", r.n_gen},
           {"n_parallel", r.parallel},
           {"test", r.test_name()},          {"avg_ts", r.mean()},
@@ -214,94 +222,113 @@ int BenchCommand(const BenchArgs& args) {
   for (int64_t n : args.gen_lengths) longest = std::max(longest, n + 3);
   if (args.prefix_tokens > 0) longest = std::max(longest, args.prefix_tokens + args.suffix_tokens + 2);
 
-  const bool markdown = args.output == "md";
-  if (markdown) PrintMarkdownHeader();
-  nlohmann::json all = nlohmann::json::array();
-  std::vector<std::string> prefix_lines;
+  // One engine per model x thread count x (-ctk, -ctv) pair, in llama-bench's order.
+  std::vector<EngineOptions> configs;
+  bool show_cache_types = false;
   for (const std::string& path : args.model_paths) {
     for (int threads : thread_counts) {
-      EngineOptions options;
-      options.model_path = path;
-      options.num_threads = threads;
-      options.context_length = longest;
-      options.batch_size = args.batch_size;
-      options.isa = args.isa;
-      options.max_seqs = max_parallel;
-      // Random prompts never share prefixes, but the speed tests must not depend on that.
-      options.prefix_cache = false;
-      StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(options);
-      if (!engine.ok()) {
-        fmt::print(stderr, "kvl: {}\n", engine.status().ToString());
+      for (const std::string& type_k : args.cache_types_k) {
+        for (const std::string& type_v : args.cache_types_v) {
+          EngineOptions options;
+          options.model_path = path;
+          options.num_threads = threads;
+          options.context_length = longest;
+          options.batch_size = args.batch_size;
+          options.isa = args.isa;
+          options.max_seqs = max_parallel;
+          options.cache_type_k = type_k;
+          options.cache_type_v = type_v;
+          // Random prompts never share prefixes, but the speed tests must not depend on that.
+          options.prefix_cache = false;
+          configs.push_back(options);
+          show_cache_types |= type_k != "f32" || type_v != "f32";
+        }
+      }
+    }
+  }
+
+  const bool markdown = args.output == "md";
+  if (markdown) PrintMarkdownHeader(show_cache_types);
+  nlohmann::json all = nlohmann::json::array();
+  std::vector<std::string> prefix_lines;
+  for (EngineOptions& options : configs) {
+    const std::string& path = options.model_path;
+    StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(options);
+    if (!engine.ok()) {
+      fmt::print(stderr, "kvl: {}\n", engine.status().ToString());
+      return 1;
+    }
+    Engine& e = **engine;
+    struct Test {
+      int64_t n_prompt, n_gen;
+      int parallel;
+    };
+    std::vector<Test> tests;
+    for (int64_t p : args.prompt_lengths) {
+      if (p > 0) tests.push_back({p, 0, 1});
+    }
+    for (int64_t n : args.gen_lengths) {
+      for (int np : args.parallel) {
+        if (n > 0) tests.push_back({0, n, np});
+      }
+    }
+    for (const Test& test : tests) {
+      TestResult r;
+      r.model_path = path;
+      r.model_label = ModelLabel(e.model());
+      r.model_bytes = e.model().weight_bytes();
+      r.params = e.model().num_parameters();
+      r.backend = fmt::format("CPU ({})", ops::IsaName(e.isa()));
+      r.threads = e.num_threads();
+      r.type_k = options.cache_type_k;
+      r.type_v = options.cache_type_v;
+      r.n_prompt = test.n_prompt;
+      r.n_gen = test.n_gen;
+      r.parallel = test.parallel;
+      // One untimed warm-up run pages the weights in and settles the clocks.
+      for (int rep = -1; rep < args.repetitions; ++rep) {
+        StatusOr<double> ts = TimeOnce(e, test.n_prompt, test.n_gen, test.parallel,
+                                       42 + static_cast<uint64_t>(rep + 1));
+        if (!ts.ok()) {
+          fmt::print(stderr, "kvl: {}\n", ts.status().ToString());
+          return 1;
+        }
+        if (rep >= 0) r.samples_ts.push_back(*ts);
+      }
+      if (markdown) PrintMarkdownRow(r, show_cache_types);
+      all.push_back(ToJson(r));
+    }
+
+    if (args.prefix_tokens > 0) {
+      options.prefix_cache = true;
+      options.max_seqs = 1;
+      StatusOr<std::unique_ptr<Engine>> cached = Engine::Create(options);
+      if (!cached.ok()) {
+        fmt::print(stderr, "kvl: {}\n", cached.status().ToString());
         return 1;
       }
-      Engine& e = **engine;
-      struct Test {
-        int64_t n_prompt, n_gen;
-        int parallel;
-      };
-      std::vector<Test> tests;
-      for (int64_t p : args.prompt_lengths) {
-        if (p > 0) tests.push_back({p, 0, 1});
+      StatusOr<PrefixResult> pr =
+          TimePrefix(**cached, args.prefix_tokens, args.suffix_tokens, args.repetitions);
+      if (!pr.ok()) {
+        fmt::print(stderr, "kvl: {}\n", pr.status().ToString());
+        return 1;
       }
-      for (int64_t n : args.gen_lengths) {
-        for (int np : args.parallel) {
-          if (n > 0) tests.push_back({0, n, np});
-        }
-      }
-      for (const Test& test : tests) {
-        TestResult r;
-        r.model_path = path;
-        r.model_label = ModelLabel(e.model());
-        r.model_bytes = e.model().weight_bytes();
-        r.params = e.model().num_parameters();
-        r.backend = fmt::format("CPU ({})", ops::IsaName(e.isa()));
-        r.threads = e.num_threads();
-        r.n_prompt = test.n_prompt;
-        r.n_gen = test.n_gen;
-        r.parallel = test.parallel;
-        // One untimed warm-up run pages the weights in and settles the clocks.
-        for (int rep = -1; rep < args.repetitions; ++rep) {
-          StatusOr<double> ts = TimeOnce(e, test.n_prompt, test.n_gen, test.parallel,
-                                         42 + static_cast<uint64_t>(rep + 1));
-          if (!ts.ok()) {
-            fmt::print(stderr, "kvl: {}\n", ts.status().ToString());
-            return 1;
-          }
-          if (rep >= 0) r.samples_ts.push_back(*ts);
-        }
-        if (markdown) PrintMarkdownRow(r);
-        all.push_back(ToJson(r));
-      }
-
-      if (args.prefix_tokens > 0) {
-        options.prefix_cache = true;
-        options.max_seqs = 1;
-        StatusOr<std::unique_ptr<Engine>> cached = Engine::Create(options);
-        if (!cached.ok()) {
-          fmt::print(stderr, "kvl: {}\n", cached.status().ToString());
-          return 1;
-        }
-        StatusOr<PrefixResult> pr =
-            TimePrefix(**cached, args.prefix_tokens, args.suffix_tokens, args.repetitions);
-        if (!pr.ok()) {
-          fmt::print(stderr, "kvl: {}\n", pr.status().ToString());
-          return 1;
-        }
-        const double miss = Mean(pr->miss_ms), hit = Mean(pr->hit_ms);
-        prefix_lines.push_back(fmt::format(
-            "| {:<22} | {:>7} | {:>6} | {:>6} | {:>13.2f} | {:>12.2f} | {:>13} | {:>8.1f}x |",
-            ModelLabel(e.model()), e.num_threads(), args.prefix_tokens, args.suffix_tokens, miss,
-            hit, pr->hit_cached_tokens, hit > 0 ? miss / hit : 0.0));
-        all.push_back({{"model_filename", path},
-                       {"test", "prefix_ttft"},
-                       {"n_threads", e.num_threads()},
-                       {"prefix_tokens", args.prefix_tokens},
-                       {"suffix_tokens", args.suffix_tokens},
-                       {"ttft_miss_ms", pr->miss_ms},
-                       {"ttft_hit_ms", pr->hit_ms},
-                       {"hit_cached_tokens", pr->hit_cached_tokens},
-                       {"speedup", hit > 0 ? miss / hit : 0.0}});
-      }
+      const double miss = Mean(pr->miss_ms), hit = Mean(pr->hit_ms);
+      prefix_lines.push_back(fmt::format(
+          "| {:<22} | {:>7} | {:>6} | {:>6} | {:>13.2f} | {:>12.2f} | {:>13} | {:>8.1f}x |",
+          ModelLabel(e.model()), e.num_threads(), args.prefix_tokens, args.suffix_tokens, miss,
+          hit, pr->hit_cached_tokens, hit > 0 ? miss / hit : 0.0));
+      all.push_back({{"model_filename", path},
+                     {"test", "prefix_ttft"},
+                     {"n_threads", e.num_threads()},
+                     {"type_k", options.cache_type_k},
+                     {"type_v", options.cache_type_v},
+                     {"prefix_tokens", args.prefix_tokens},
+                     {"suffix_tokens", args.suffix_tokens},
+                     {"ttft_miss_ms", pr->miss_ms},
+                     {"ttft_hit_ms", pr->hit_ms},
+                     {"hit_cached_tokens", pr->hit_cached_tokens},
+                     {"speedup", hit > 0 ? miss / hit : 0.0}});
     }
   }
   if (markdown && !prefix_lines.empty()) {

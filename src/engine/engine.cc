@@ -170,6 +170,8 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
         "--kv-policy {}: a compressed page of this model does not fit the slabs of one block",
         KvActionName(policy.fixed)));
   }
+  page_costs.int8_page_bytes = slabs.slot_bytes(KvCodecType::kInt8) * layout.num_layers;
+  page_costs.int4_page_bytes = slabs.slot_bytes(KvCodecType::kInt4) * layout.num_layers;
   page_costs.available_actions =
       (1u << static_cast<int>(KvAction::kKeep)) | (1u << static_cast<int>(KvAction::kEvict)) |
       (int8 ? 1u << static_cast<int>(KvAction::kCompressInt8) : 0u) |

@@ -127,6 +127,7 @@ struct Engine::Impl {
   KvQuality quality = KvQuality::kLossless;
   PageCostProfile page_costs;
   bool pages_running_sequences = false;  // the policy can act on running sequences' pages
+  bool step_has_prefill = false;          // the step being planned computes prompt chunks
   int64_t sink_tokens = 4;               // never evicted or moved: attention sinks
   int64_t recent_tokens = 64;            // the newest tokens stay resident at full precision
   std::array<KvActionCounter, kNumKvActions> action_counters{};  // guarded by metrics_mutex

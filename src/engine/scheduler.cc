@@ -45,7 +45,7 @@ KvAction Engine::Impl::ChoosePageAction(const Sequence& seq, int64_t block_index
   KvAction action = policy.fixed;
   KvPolicyOptions o;
   o.quality = quality;
-  o.phase = Phase::kDecode;
+  o.phase = step_has_prefill ? Phase::kPrefill : Phase::kDecode;
   o.memory_price_ms_per_mib = 1e3;  // the page must leave: memory is what we are short of
   PageHistory page;
   page.first_position = block_index * options.block_tokens;
@@ -239,6 +239,9 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
       ++admissions;
     }
     if (steps.empty()) return false;
+    // Recompute is priced against the step's own arithmetic: busy in prefill, idle in decode.
+    step_has_prefill = false;
+    for (const KvSeqStep& step : steps) step_has_prefill |= step.tokens.size() > 1;
     *plan = kv->Plan(steps);
     if (plan->fits) {
       // Admissions become running sequences, in order, with the slots the plan used.
@@ -288,8 +291,11 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
     Finish(seq, "error",
            ResourceExhaustedError(fmt::format(
                "the KV budget ({} blocks of {} tokens) cannot hold a sequence of {} tokens; raise "
-               "--kv-budget",
-               kv->num_blocks(), options.block_tokens, seq.tokens.size())));
+               "--kv-budget{}",
+               kv->num_blocks(), options.block_tokens, seq.tokens.size(),
+               pages_running_sequences
+                   ? ""
+                   : ", or let its pages move: --kv-tier ram:SIZE, or --kv-quality balanced")));
     ReleaseFinished();
     max_admissions = waiting.size();
   }

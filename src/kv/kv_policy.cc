@@ -121,8 +121,11 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
       case KvAction::kCompressInt8:
       case KvAction::kCompressInt4: {
         const bool int8 = c.action == KvAction::kCompressInt8;
-        // f32 -> 8 or 4 bits, plus one f32 scale per group of 32 values.
-        c.resident_bytes = kv * ((int8 ? 8.0 : 4.0) / 32.0 + 1.0 / 32.0);
+        // f32 -> 8 or 4 bits, plus one f32 scale per group of 32 values, unless the real size
+        // is known.
+        const int64_t real = int8 ? p.int8_page_bytes : p.int4_page_bytes;
+        c.resident_bytes = real > 0 ? static_cast<double>(real)
+                                    : kv * ((int8 ? 8.0 : 4.0) / 32.0 + 1.0 / 32.0);
         c.now_ms = page.compressed ? 0.0 : p.compress_ms;
         c.quality_cost_ms = (int8 ? p.int8_kld : p.int4_kld) * prices.per_kld;
         break;

@@ -96,6 +96,57 @@ TEST(CliTest, SynthThenBenchPrintsLlamaBenchJson) {
   std::filesystem::remove(path);
 }
 
+TEST(CliTest, CacheTypeFlagsTakeLlamaCppSpellings) {
+  // -ctk / -ctv are llama.cpp's multi-letter single-dash flags, with a space or an '='.
+  for (const char* flags : {"-ctk f16 -ctv f16", "-ctk=bf16 -ctv=f16", "--cache-type-k f16"}) {
+    CommandResult r = RunKvl("run -m " + testing::Stories260KPath() +
+                             " -p 'Once upon a time' -n 8 --temp 0 -t 1 " + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("Once upon a time", 0), 0u) << flags << ": " << r.output;
+  }
+  CommandResult bad =
+      RunKvl("run -m " + testing::Stories260KPath() + " -n 4 -ctk q9", /*with_stderr=*/true);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("q9"), std::string::npos) << bad.output;
+}
+
+TEST(CliTest, RunUnderASmallKvBudgetSummarizesTheKvActions) {
+  // 8 blocks of 16 tokens for a 200-token generation: the oldest pages must be evicted.
+  CommandResult r = RunKvl("run -m " + testing::Stories260KPath() +
+                               " -n 200 --temp 0 -t 1 -c 256 --kv-budget 160KiB --kv-policy evict "
+                               "--kv-sink 4 --kv-recent 32",
+                           /*with_stderr=*/true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("kvl: kv evict"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kv pool peak"), std::string::npos) << r.output;
+
+  // With room for everything nothing is acted on, and nothing is printed about it.
+  CommandResult quiet = RunKvl("run -m " + testing::Stories260KPath() + " -n 16 --temp 0 -t 1",
+                               /*with_stderr=*/true);
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.output;
+  EXPECT_EQ(quiet.output.find("kv pool peak"), std::string::npos) << quiet.output;
+}
+
+TEST(CliTest, BenchShowsTheCacheTypes) {
+  const std::string model = testing::Stories260KPath();
+  CommandResult j = RunKvl("bench -m " + model + " -p 16 -n 4 -r 1 -t 1 -ctk f32,f16 -o json");
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  nlohmann::json results = nlohmann::json::parse(j.output);
+  ASSERT_EQ(results.size(), 4u);  // (pp16, tg4) x (f32, f16)
+  EXPECT_EQ(results[0]["type_k"], "f32");
+  EXPECT_EQ(results[2]["type_k"], "f16");
+  EXPECT_EQ(results[2]["type_v"], "f32");
+
+  // As in llama-bench, the columns appear only when a type other than the default is asked for.
+  CommandResult md = RunKvl("bench -m " + model + " -p 16 -n 0 -r 1 -t 1 -ctv=bf16");
+  ASSERT_EQ(md.exit_code, 0) << md.output;
+  EXPECT_NE(md.output.find("type_v"), std::string::npos) << md.output;
+  EXPECT_NE(md.output.find("bf16"), std::string::npos) << md.output;
+  CommandResult plain = RunKvl("bench -m " + model + " -p 16 -n 0 -r 1 -t 1");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(plain.output.find("type_k"), std::string::npos) << plain.output;
+}
+
 TEST(CliTest, SynthRejectsUnknownShapeAndType) {
   EXPECT_EQ(RunKvl("synth --shape nope --type q8_0 -o /tmp/x.gguf").exit_code, 1);
   EXPECT_EQ(RunKvl("synth --shape tiny-test --type q3_k -o /tmp/x.gguf").exit_code, 1);
