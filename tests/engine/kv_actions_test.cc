@@ -1,6 +1,8 @@
-// The KV action lattice as the engine applies it today: the pages of a preempted sequence are
-// demoted to a RAM or disk tier (and promoted back at resume) or dropped and recomputed from their
-// tokens. Every one of these is lossless: the greedy output equals keep-all, bit for bit.
+// The KV action lattice on many sequences under a budget that holds about three of eight: the
+// pages of running sequences are demoted and streamed (demote policies), and preempted sequences'
+// pages are demoted to a RAM or disk tier (promoted back at resume), checkpointed as residuals, or
+// dropped and recomputed from their tokens. Every one of these is lossless: the greedy output
+// equals keep-all, bit for bit.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
