@@ -129,6 +129,52 @@ TEST(LongConversationTest, LossyActionsKeepGeneratingWithinTheBudget) {
   }
 }
 
+// A multi-turn conversation: each turn's prompt is the whole history plus a new user line, longer
+// than the pool after the first turns. Prefill pages through the pool too (its chunks shrink to
+// fit), and with streamed demotion every turn's reply equals keep-all's.
+std::vector<std::vector<int32_t>> Conversation(const EngineOptions& o, int64_t* peak) {
+  auto created = Engine::Create(o);
+  EXPECT_TRUE(created.ok()) << created.status().ToString();
+  if (!created.ok()) return {};
+  Engine& e = **created;
+  const std::vector<std::string> turns = {"Once upon a time", " The little dog", " Lily wanted to",
+                                          " The sun was shining"};
+  std::vector<int32_t> history;
+  std::vector<std::vector<int32_t>> replies;
+  for (const std::string& turn : turns) {
+    const std::vector<int32_t> user = e.tokenizer().Encode(turn, history.empty());
+    history.insert(history.end(), user.begin(), user.end());
+    Request r;
+    r.prompt_ids = history;
+    r.max_new_tokens = 100;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    std::vector<int32_t> reply;
+    EXPECT_TRUE(e.Submit(r, [&](const TokenEvent& ev) {
+                   EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
+                   if (ev.token >= 0) reply.push_back(ev.token);
+                 }).ok());
+    while (e.Step()) *peak = std::max(*peak, e.Metrics().kv.kv_bytes_used);
+    history.insert(history.end(), reply.begin(), reply.end());
+    replies.push_back(reply);
+  }
+  EXPECT_GT(history.size(), 400u);
+  return replies;
+}
+
+TEST(LongConversationTest, MultiTurnHistoryLongerThanThePoolStaysExact) {
+  int64_t keep_peak = 0, paged_peak = 0;
+  const auto keep = Conversation(Options(64), &keep_peak);
+  EngineOptions o = Options(8);
+  o.kv_policy = "demote";
+  o.kv_tiers = {"ram:64MiB"};
+  o.prefix_cache = true;
+  const auto paged = Conversation(o, &paged_peak);
+  EXPECT_EQ(paged, keep);
+  EXPECT_LE(paged_peak, o.kv_budget_bytes);
+  EXPECT_GT(keep_peak, 3 * o.kv_budget_bytes);
+}
+
 // -ctk / -ctv f16 and bf16: pages take half the bytes (twice the blocks in one budget), greedy
 // output stays close to f32, and streaming demoted half pages is as lossless as with f32.
 TEST(LongConversationTest, HalfCacheTypesHalveThePagesAndStreamLosslessly) {
