@@ -295,7 +295,8 @@ bool Engine::Impl::BuildPlan(KvPlan* plan) {
                kv->num_blocks(), options.block_tokens, seq.tokens.size(),
                pages_running_sequences
                    ? ""
-                   : ", or let its pages move: --kv-tier ram:SIZE, or --kv-quality balanced")));
+                   : ", or let its pages move: --kv-policy auto with --kv-tier ram:SIZE "
+                     "(lossless) or with --kv-quality balanced")));
     ReleaseFinished();
     max_admissions = waiting.size();
   }
