@@ -2,6 +2,7 @@
 // resident KV held at the budget by the action lattice on its own pages (compress, demote and
 // stream back, evict). Lossless actions reproduce keep-all token for token.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "kvl/engine.h"
@@ -127,6 +128,50 @@ TEST(LongConversationTest, LossyActionsKeepGeneratingWithinTheBudget) {
                 "difference\n",
                 c.policy.c_str(), static_cast<long long>(Pages(out.metrics, c.expected)), agreement);
   }
+}
+
+// A streamed page whose disk bytes were corrupted fails its checksum while attention streams it:
+// that step's output is thrown away and the sequence recomputed from its tokens, so the text does
+// not change.
+TEST(LongConversationTest, CorruptStreamedPageIsCaughtAndTheOutputUnchanged) {
+  const std::string disk =
+      ::testing::TempDir() + "/kvl-long-corrupt-" + std::to_string(getpid()) + ".pages";
+  EngineOptions o = Options(8);
+  o.kv_policy = "demote-disk";
+  o.kv_tiers = {"disk:" + disk + ":64MiB"};
+  auto created = Engine::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  Engine& e = **created;
+  Request r;
+  r.prompt = testing::StoryPrompts()[0];
+  r.max_new_tokens = kNewTokens;
+  r.sampling.temperature = 0;
+  r.ignore_eos = true;
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE(e.Submit(r, [&](const TokenEvent& ev) {
+                 if (ev.token >= 0) tokens.push_back(ev.token);
+               }).ok());
+  bool corrupted = false;
+  while (e.Step()) {
+    if (!corrupted && e.Metrics().kv_pages_streamed >= 4) {
+      // Flip one byte in every 4 KiB of the page file: every slot written so far is hit.
+      const int fd = open(disk.c_str(), O_RDWR);
+      ASSERT_GE(fd, 0);
+      const off_t size = lseek(fd, 0, SEEK_END);
+      for (off_t off = 1000; off < size; off += 4096) {
+        char byte;
+        ASSERT_EQ(pread(fd, &byte, 1, off), 1);
+        byte = static_cast<char>(byte ^ 0x5A);
+        ASSERT_EQ(pwrite(fd, &byte, 1, off), 1);
+      }
+      close(fd);
+      corrupted = true;
+    }
+  }
+  EXPECT_TRUE(corrupted);
+  EXPECT_GT(e.Metrics().kv_checksum_failures, 0);
+  EXPECT_GT(e.Metrics().preemptions, 0);  // the step was thrown away and the KV recomputed
+  EXPECT_EQ(tokens, KeepAll().tokens);
 }
 
 // A multi-turn conversation: each turn's prompt is the whole history plus a new user line, longer
