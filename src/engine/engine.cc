@@ -192,7 +192,11 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
                               policy.fixed == KvAction::kEvict;
   }
   pager->set_track_attention(pages_running_sequences);
-  if (!ram_tier && !disk_tier) return Status::Ok();  // no tier: nothing to calibrate for
+  // Without a tier only recompute-from-tokens needs a price (to report its prediction); the other
+  // policies have nothing to choose among.
+  const bool needs_profile = ram_tier || disk_tier ||
+                             (!policy.automatic && policy.fixed == KvAction::kRecomputeTokens);
+  if (!needs_profile) return Status::Ok();
 
   const std::string path =
       options.profile_path.empty() ? DefaultProfilePath(model->config().name) : options.profile_path;
