@@ -107,6 +107,9 @@ struct EngineMetrics {
   int64_t kv_pages_compressed = 0;
   int64_t kv_pages_streamed = 0;
   int64_t kv_pages_evicted = 0;
+  int64_t kv_pages_rebuilt = 0;      // held as residual checkpoints, rebuilt at every step
+  int64_t kv_layers_rebuilt = 0;     // page layers rebuilt from checkpoints for attention, total
+  double kv_rebuild_ms = 0;          // time spent rebuilding them, total
   int64_t kv_compressed_bytes = 0;   // slab slots in use (inside kv.kv_bytes_used)
   int64_t kv_stream_staging_bytes = 0;  // per-layer stream buffers (outside the pool)
   int64_t kv_layers_streamed = 0;    // layer pages read back for attention, total

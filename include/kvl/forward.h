@@ -50,6 +50,14 @@ class Forward {
   // ones Run computed ("KV direct"): per layer one RmsNorm, the K and V projections and RoPE.
   void RebuildKvFromResiduals(const TokenBatch& batch, KvCache& kv);
 
+  // K and V of `n` tokens on one layer, rebuilt from their checkpoints (checkpoints: [n][dim] f32,
+  // positions: [n]) exactly as Run computed and stored them, written as [n][kv_dim] rows of
+  // k_type / v_type (f32, f16 or bf16) to k_out / v_out. Made to be called from
+  // KvCache::BeginLayer while Run is inside that layer's attention: it only touches buffers the
+  // layer no longer needs there (xn_, k_, v_, the activation scratch) and RoPE angles of its own.
+  void RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions, int64_t n,
+                      DType k_type, void* k_out, DType v_type, void* v_out);
+
   const float* logits(int64_t row) const;  // [vocab]
   int64_t num_logit_rows() const { return num_logit_rows_; }
   const ForwardOptions& options() const { return options_; }
@@ -57,6 +65,7 @@ class Forward {
  private:
   void Embed(const TokenBatch& batch);
   void ComputeRopeAngles(const TokenBatch& batch);
+  void AnglesFor(int64_t position, float* cos, float* sin) const;
   void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv);
   void RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv);
   void ScoreRows(const KvCache::Rows& rows, const float* q, int64_t kv_offset, int64_t count,
@@ -88,6 +97,8 @@ class Forward {
   std::vector<float> rope_cos_;  // [tokens][head_dim/2]
   std::vector<float> rope_sin_;  // [tokens][head_dim/2]
   std::vector<double> inv_freq_; // [head_dim/2]
+  std::vector<float> rebuild_cos_;  // RebuildLayerKv's own RoPE angles (Run's stay intact)
+  std::vector<float> rebuild_sin_;
   std::vector<float> scores_;  // [threads][max_context] attention scores scratch
   std::vector<float> logit_in_;  // [max_logit_rows][dim]
   // Attention weights of the tokens whose cache tracks attention mass, [row][head][max_context];

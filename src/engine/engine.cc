@@ -185,13 +185,19 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
   if (policy.automatic) {
     pages_running_sequences = ram_tier || disk_tier || quality != KvQuality::kLossless;
   } else {
-    pages_running_sequences = policy.fixed == KvAction::kCompressInt8 ||
+    pages_running_sequences = policy.fixed == KvAction::kRecomputeResidual ||
+                              policy.fixed == KvAction::kCompressInt8 ||
                               policy.fixed == KvAction::kCompressInt4 ||
                               policy.fixed == KvAction::kDemoteRam ||
                               policy.fixed == KvAction::kDemoteDisk ||
                               policy.fixed == KvAction::kEvict;
   }
   pager->set_track_attention(pages_running_sequences);
+  pager->set_rebuilder([this](int64_t layer, const float* checkpoints, const int64_t* positions,
+                              int64_t n, uint8_t* k_out, uint8_t* v_out) {
+    const KvBlockLayout& l = storage->layout();
+    forward->RebuildLayerKv(layer, checkpoints, positions, n, l.k_type, k_out, l.v_type, v_out);
+  });
   // Without a tier only recompute-from-tokens needs a price (to report its prediction); the other
   // policies have nothing to choose among.
   const bool needs_profile = ram_tier || disk_tier ||
@@ -379,6 +385,9 @@ EngineMetrics Engine::Metrics() const {
   m.kv_pages_compressed = e.pager_stats.compressed_pages;
   m.kv_pages_streamed = e.pager_stats.streamed_pages;
   m.kv_pages_evicted = e.pager_stats.evicted_pages;
+  m.kv_pages_rebuilt = e.pager_stats.rebuilt_pages;
+  m.kv_layers_rebuilt = e.pager_stats.layers_rebuilt;
+  m.kv_rebuild_ms = e.pager_stats.rebuild_ms;
   m.kv_compressed_bytes = e.pager_stats.compressed_bytes;
   m.kv_stream_staging_bytes = e.pager_stats.staging_bytes;
   m.kv_layers_streamed = e.pager_stats.layers_streamed;

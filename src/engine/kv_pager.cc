@@ -15,6 +15,8 @@ KvPager::KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs,
       layout_(storage.layout()),
       max_context_(max_context),
       layer_bytes_(layout_.layer_k_bytes() + layout_.layer_v_bytes()),
+      checkpoint_layer_bytes_(layout_.block_tokens * layout_.residual_dim *
+                              static_cast<int64_t>(sizeof(float))),
       slabs_(manager, storage),
       seqs_(static_cast<size_t>(max_seqs)) {
   encode_scratch_.resize(static_cast<size_t>(
@@ -63,6 +65,10 @@ void KvPager::ReleasePage(Page& page) {
     case Fate::kStreamed:
       EraseTierPage(page.tier, page.page_id);
       --stats_.streamed_pages;
+      break;
+    case Fate::kRebuilt:
+      EraseTierPage(page.tier, page.page_id);
+      --stats_.rebuilt_pages;
       break;
     case Fate::kEvicted:
       --stats_.evicted_pages;
@@ -128,6 +134,15 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier
       if (!DemoteForPreemption(block, tier, /*residual=*/false, &page.page_id)) return false;
       manager_.Detach(seq, block_index);
       ++stats_.streamed_pages;
+      break;
+    }
+    case KvAction::kRecomputeResidual: {
+      KVL_CHECK(tier != nullptr && layout_.residual_dim > 0 && rebuild_);
+      page.fate = Fate::kRebuilt;
+      page.tier = tier;
+      if (!DemoteForPreemption(block, tier, /*residual=*/true, &page.page_id)) return false;
+      manager_.Detach(seq, block_index);
+      ++stats_.rebuilt_pages;
       break;
     }
     case KvAction::kEvict:
@@ -224,6 +239,7 @@ void KvPager::EraseTierPage(KvTier* tier, uint64_t page_id) {
 
 void KvPager::BeginStep(std::span<const SeqId> seqs) {
   streamed_.clear();
+  rebuilt_.clear();
   failed_.clear();
   for (SeqId seq : seqs) {
     SeqPages& s = seqs_[static_cast<size_t>(seq)];
@@ -235,54 +251,81 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
     for (size_t b = 0; b < s.pages.size(); ++b) {
       Page& page = s.pages[b];
       page.read_failed = false;
-      if (page.fate != Fate::kStreamed) continue;
-      page.stage_index = static_cast<int64_t>(streamed_.size());
-      streamed_.push_back({seq, static_cast<int64_t>(b)});
+      std::vector<Streamed>* list = page.fate == Fate::kStreamed ? &streamed_
+                                    : page.fate == Fate::kRebuilt ? &rebuilt_
+                                                                  : nullptr;
+      if (list == nullptr) continue;
+      page.stage_index = static_cast<int64_t>(list->size());
+      list->push_back({seq, static_cast<int64_t>(b)});
     }
   }
-  if (streamed_.empty()) return;
+  if (streamed_.empty() && rebuilt_.empty()) return;
   const size_t bytes = streamed_.size() * static_cast<size_t>(layer_bytes_);
-  for (auto& buffer : stage_) {
-    if (buffer.size() < bytes) buffer.resize(bytes);
+  const size_t checkpoint_bytes = rebuilt_.size() * static_cast<size_t>(checkpoint_layer_bytes_);
+  for (int i = 0; i < 2; ++i) {
+    if (stage_[i].size() < bytes) stage_[i].resize(bytes);
+    if (checkpoint_stage_[i].size() < checkpoint_bytes) checkpoint_stage_[i].resize(checkpoint_bytes);
   }
-  stats_.staging_bytes = static_cast<int64_t>(stage_[0].size() + stage_[1].size());
+  const size_t rows = rebuilt_.size() * static_cast<size_t>(layout_.block_tokens);
+  rebuilt_positions_.resize(rows);
+  for (size_t i = 0; i < rebuilt_.size(); ++i) {
+    for (int64_t t = 0; t < layout_.block_tokens; ++t) {
+      rebuilt_positions_[i * static_cast<size_t>(layout_.block_tokens) + static_cast<size_t>(t)] =
+          rebuilt_[i].block_index * layout_.block_tokens + t;
+    }
+  }
+  rebuilt_k_.resize(static_cast<size_t>(layout_.layer_k_bytes()) * rebuilt_.size());
+  rebuilt_v_.resize(static_cast<size_t>(layout_.layer_v_bytes()) * rebuilt_.size());
+  stats_.staging_bytes = static_cast<int64_t>(stage_[0].size() + stage_[1].size() +
+                                              checkpoint_stage_[0].size() +
+                                              checkpoint_stage_[1].size() + rebuilt_k_.size() +
+                                              rebuilt_v_.size());
   pending_layer_[0] = pending_layer_[1] = -1;
   IssueLayerRead(0);
+}
+
+KvPager::Page& KvPager::PageOf(const Streamed& st) {
+  return seqs_[static_cast<size_t>(st.seq)].pages[static_cast<size_t>(st.block_index)];
 }
 
 uint8_t* KvPager::StageData(int64_t layer, int64_t stage_index) {
   return stage_[layer % 2].data() + stage_index * layer_bytes_;
 }
 
-// Starts the reads of one layer of every streamed page into its buffer, one batch per tier.
+// Starts the reads of one layer of every streamed page (K/V) and every rebuilt page
+// (checkpoints) into their buffers, one batch per tier and kind.
 void KvPager::IssueLayerRead(int64_t layer) {
   const int buffer = static_cast<int>(layer % 2);
   KVL_CHECK(pending_[buffer].empty());
   pending_layer_[buffer] = layer;
-  std::vector<KvTier*> tiers;
-  for (const Streamed& st : streamed_) {
-    KvTier* tier = seqs_[static_cast<size_t>(st.seq)].pages[static_cast<size_t>(st.block_index)].tier;
-    if (std::find(tiers.begin(), tiers.end(), tier) == tiers.end()) tiers.push_back(tier);
-  }
-  for (KvTier* tier : tiers) {
-    PendingRead read;
-    std::vector<PageRead> reads;
-    for (size_t i = 0; i < streamed_.size(); ++i) {
-      const Page& page =
-          seqs_[static_cast<size_t>(streamed_[i].seq)].pages[static_cast<size_t>(streamed_[i].block_index)];
-      if (page.tier != tier) continue;
-      reads.push_back({KeyOf(page.page_id, layer),
-                       std::span<uint8_t>(StageData(layer, static_cast<int64_t>(i)),
-                                          static_cast<size_t>(layer_bytes_))});
-      read.stage_indices.push_back(static_cast<int64_t>(i));
+  for (bool checkpoints : {false, true}) {
+    const std::vector<Streamed>& list = checkpoints ? rebuilt_ : streamed_;
+    const int64_t bytes = checkpoints ? checkpoint_layer_bytes_ : layer_bytes_;
+    std::vector<KvTier*> tiers;
+    for (const Streamed& st : list) {
+      KvTier* tier = PageOf(st).tier;
+      if (std::find(tiers.begin(), tiers.end(), tier) == tiers.end()) tiers.push_back(tier);
     }
-    read.result = tier->GetAsync(std::move(reads));
-    pending_[buffer].push_back(std::move(read));
+    for (KvTier* tier : tiers) {
+      PendingRead read;
+      read.checkpoints = checkpoints;
+      std::vector<PageRead> reads;
+      for (size_t i = 0; i < list.size(); ++i) {
+        const Page& page = PageOf(list[i]);
+        if (page.tier != tier) continue;
+        uint8_t* out = checkpoints ? checkpoint_stage_[buffer].data() + static_cast<int64_t>(i) * bytes
+                                   : StageData(layer, static_cast<int64_t>(i));
+        reads.push_back({KeyOf(page.page_id, layer), std::span<uint8_t>(out, static_cast<size_t>(bytes))});
+        read.stage_indices.push_back(static_cast<int64_t>(i));
+      }
+      read.result = tier->GetAsync(std::move(reads));
+      pending_[buffer].push_back(std::move(read));
+    }
   }
 }
 
 void KvPager::BeginLayer(int64_t layer) {
-  if (streamed_.empty()) return;
+  if (streamed_.empty() && rebuilt_.empty()) return;
   const int buffer = static_cast<int>(layer % 2);
   KVL_CHECK_MSG(pending_layer_[buffer] == layer, "layers must be begun in order");
   const auto start = std::chrono::steady_clock::now();
@@ -292,16 +335,27 @@ void KvPager::BeginLayer(int64_t layer) {
       if (statuses[i].ok()) continue;
       // Never wrong bytes: the page reads as dropped this step, and the caller throws the
       // sequence's step away and recomputes its KV (EndStep).
-      const Streamed& st = streamed_[static_cast<size_t>(read.stage_indices[i])];
-      seqs_[static_cast<size_t>(st.seq)].pages[static_cast<size_t>(st.block_index)].read_failed = true;
+      const std::vector<Streamed>& list = read.checkpoints ? rebuilt_ : streamed_;
+      const Streamed& st = list[static_cast<size_t>(read.stage_indices[i])];
+      PageOf(st).read_failed = true;
       if (std::find(failed_.begin(), failed_.end(), st.seq) == failed_.end()) failed_.push_back(st.seq);
       ++stats_.stream_read_failures;
     }
   }
   pending_[buffer].clear();
-  stats_.stream_wait_ms +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const auto read_done = std::chrono::steady_clock::now();
+  stats_.stream_wait_ms += std::chrono::duration<double, std::milli>(read_done - start).count();
   stats_.layers_streamed += static_cast<int64_t>(streamed_.size());
+  if (!rebuilt_.empty()) {
+    // Every rebuilt page's K and V of this layer in one batch (a failed page rebuilds from
+    // whatever its buffer holds, but reads as dropped and its step is discarded).
+    rebuild_(layer, reinterpret_cast<const float*>(checkpoint_stage_[buffer].data()),
+             rebuilt_positions_.data(), static_cast<int64_t>(rebuilt_positions_.size()),
+             rebuilt_k_.data(), rebuilt_v_.data());
+    stats_.layers_rebuilt += static_cast<int64_t>(rebuilt_.size());
+    stats_.rebuild_ms += std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - read_done).count();
+  }
   // The next layer streams in while this one computes.
   if (layer + 1 < layout_.num_layers) IssueLayerRead(layer + 1);
 }
@@ -313,6 +367,7 @@ std::vector<SeqId> KvPager::EndStep() {
     buffer.clear();
   }
   streamed_.clear();
+  rebuilt_.clear();
   return failed_;
 }
 
@@ -334,6 +389,15 @@ KvCache::Rows KvPager::RowsAt(int32_t seq, int64_t block_index, int64_t layer, i
       }
       uint8_t* data = StageData(layer, page.stage_index);
       return DenseRows(layout_, data, data + layout_.layer_k_bytes(), offset);
+    }
+    case Fate::kRebuilt: {
+      if (page.read_failed) {
+        rows.kind = KvCache::Rows::Kind::kDropped;
+        return rows;
+      }
+      const int64_t i = page.stage_index;
+      return DenseRows(layout_, rebuilt_k_.data() + i * layout_.layer_k_bytes(),
+                       rebuilt_v_.data() + i * layout_.layer_v_bytes(), offset);
     }
     case Fate::kEvicted:
       rows.kind = KvCache::Rows::Kind::kDropped;

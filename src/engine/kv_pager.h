@@ -3,7 +3,10 @@
 //   - compressed in place (int8 / int4 slabs inside the pool; attention reads them directly),
 //   - demoted to a slower tier (RAM or disk) and streamed back layer by layer for every step that
 //     reads it, each layer prefetched while the previous one computes, never re-entering the pool,
-//   - evicted (dropped; attention gives its tokens no weight).
+//   - evicted (dropped; attention gives its tokens no weight),
+//   - recomputed from residual checkpoints: the page's checkpoints go to the RAM tier, and every
+//     step that reads the page streams them back layer by layer and rebuilds K and V (one
+//     RmsNorm, two projections and RoPE per layer, bit-identical to what was stored).
 // The pool itself (KvManager) only sees a hole in the block table; the pager knows where each
 // page went and hands attention its rows (KvDetachedPages). It also keeps the attention mass each
 // position received, which the policy reads as a page's heat.
@@ -17,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <span>
 #include <vector>
@@ -32,6 +36,9 @@ namespace kvl {
 struct KvPagerStats {
   int64_t compressed_pages = 0;      // held now
   int64_t streamed_pages = 0;        // held now, in a tier
+  int64_t rebuilt_pages = 0;         // held now as checkpoints in the RAM tier
+  int64_t layers_rebuilt = 0;        // page layers rebuilt from checkpoints for attention, total
+  double rebuild_ms = 0;             // time spent rebuilding them, total
   int64_t evicted_pages = 0;         // held now (as holes)
   int64_t compressed_bytes = 0;      // slab slots in use
   int64_t slab_blocks = 0;
@@ -43,6 +50,12 @@ struct KvPagerStats {
 
 class KvPager final : public KvDetachedPages {
  public:
+  // Rebuilds K and V of n tokens of one layer from their checkpoints ([n][dim] f32) into
+  // [n][kv_dim] rows of the cache types (Forward::RebuildLayerKv).
+  using LayerRebuilder = std::function<void(int64_t layer, const float* checkpoints,
+                                            const int64_t* positions, int64_t n, uint8_t* k_out,
+                                            uint8_t* v_out)>;
+
   KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs, int64_t max_context);
   ~KvPager() override;
 
@@ -53,7 +66,8 @@ class KvPager final : public KvDetachedPages {
   void DropSequence(SeqId seq);
 
   // Takes block `block_index` of `seq` out of the pool under `action` (kCompressInt8/Int4,
-  // kDemoteRam/Disk with `tier`, kEvict). False, with nothing changed, when it cannot be done
+  // kDemoteRam/Disk with `tier`, kRecomputeResidual with the RAM `tier` for the checkpoints,
+  // kEvict). False, with nothing changed, when it cannot be done
   // (a full tier; no block for a slab). The block must be full, not the last, and not shared.
   bool DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier* tier);
 
@@ -88,20 +102,22 @@ class KvPager final : public KvDetachedPages {
   // Attention mass is only gathered when some policy reads it (it costs a pass over the
   // attention weights of each sequence's newest token per layer).
   void set_track_attention(bool on) { track_attention_ = on; }
+  // Needed before any kRecomputeResidual page: what rebuilds a layer's K and V.
+  void set_rebuilder(LayerRebuilder rebuild) { rebuild_ = std::move(rebuild); }
 
   KvPagerStats stats() const;
   const CompressedSlabs& slabs() const { return slabs_; }
   int64_t layer_page_bytes() const { return layer_bytes_; }
 
  private:
-  enum class Fate : uint8_t { kResident, kCompressed, kStreamed, kEvicted };
+  enum class Fate : uint8_t { kResident, kCompressed, kStreamed, kRebuilt, kEvicted };
   struct Page {
     Fate fate = Fate::kResident;
     KvCodecType codec = KvCodecType::kInt8;
     std::vector<SlabSlot> slots;  // kCompressed: one per layer
-    KvTier* tier = nullptr;       // kStreamed
+    KvTier* tier = nullptr;       // kStreamed (K/V layer pages), kRebuilt (checkpoints)
     uint64_t page_id = 0;
-    int64_t stage_index = -1;     // kStreamed: its place in this step's stream buffers
+    int64_t stage_index = -1;     // its place in this step's stream buffers
     bool read_failed = false;     // this step
   };
   struct SeqPages {
@@ -119,6 +135,7 @@ class KvPager final : public KvDetachedPages {
     return (page_id << 8) | static_cast<uint64_t>(layer);
   }
   void ReleasePage(Page& page);
+  Page& PageOf(const Streamed& st);
   void IssueLayerRead(int64_t layer);
   uint8_t* StageData(int64_t layer, int64_t stage_index);
   const float* WidenedLayer(const uint8_t* rows, DType type, int which);
@@ -128,6 +145,7 @@ class KvPager final : public KvDetachedPages {
   KvBlockLayout layout_;
   int64_t max_context_;
   int64_t layer_bytes_;      // one layer page: K rows then V rows
+  int64_t checkpoint_layer_bytes_;  // one layer of a page's residual checkpoints
   CompressedSlabs slabs_;
   std::vector<SeqPages> seqs_;  // [max_seqs]
   uint64_t next_page_id_ = 1;
@@ -135,11 +153,19 @@ class KvPager final : public KvDetachedPages {
   std::vector<uint8_t> encode_scratch_;
   std::vector<float> widen_scratch_[2];
 
-  // This step's streamed pages and their double-buffered layer staging.
+  // This step's streamed pages and their double-buffered layer staging; rebuilt pages, their
+  // double-buffered checkpoints and the K / V rows rebuilt from them for the current layer.
   std::vector<Streamed> streamed_;
   std::vector<uint8_t> stage_[2];
+  std::vector<Streamed> rebuilt_;
+  std::vector<uint8_t> checkpoint_stage_[2];
+  std::vector<int64_t> rebuilt_positions_;
+  std::vector<uint8_t> rebuilt_k_;
+  std::vector<uint8_t> rebuilt_v_;
+  LayerRebuilder rebuild_;
   struct PendingRead {
     std::future<std::vector<Status>> result;
+    bool checkpoints = false;            // rebuilt_ pages' checkpoints, else streamed_ K/V
     std::vector<int64_t> stage_indices;  // one per page read, in order
   };
   std::vector<PendingRead> pending_[2];  // by buffer: one read per tier

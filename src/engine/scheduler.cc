@@ -58,8 +58,9 @@ KvAction Engine::Impl::ChoosePageAction(const Sequence& seq, int64_t block_index
     page.steps_since_access = 0;
     page.accesses = age_steps;
     page.attention_mass = pager->PageMass(seq.slot, block_index);
-    costs.available_actions &= ~((1u << static_cast<int>(KvAction::kRecomputeResidual)) |
-                                 (1u << static_cast<int>(KvAction::kRecomputeTokens)));
+    // A running page is rebuilt from its checkpoints at every step that reads it; from tokens it
+    // cannot be (that would rerun the whole prefix each step).
+    costs.available_actions &= ~(1u << static_cast<int>(KvAction::kRecomputeTokens));
   } else {
     page.accesses = 1;
     // The sequence resumes as soon as blocks free up: every one of its pages will be read again.
@@ -67,10 +68,10 @@ KvAction Engine::Impl::ChoosePageAction(const Sequence& seq, int64_t block_index
     costs.available_actions &= ~((1u << static_cast<int>(KvAction::kCompressInt8)) |
                                  (1u << static_cast<int>(KvAction::kCompressInt4)) |
                                  (1u << static_cast<int>(KvAction::kEvict)));
-    const size_t b = static_cast<size_t>(block_index);
-    if (b < seq.checkpoint_missing.size() && seq.checkpoint_missing[b]) {
-      costs.available_actions &= ~(1u << static_cast<int>(KvAction::kRecomputeResidual));
-    }
+  }
+  const size_t b = static_cast<size_t>(block_index);
+  if (b < seq.checkpoint_missing.size() && seq.checkpoint_missing[b]) {
+    costs.available_actions &= ~(1u << static_cast<int>(KvAction::kRecomputeResidual));
   }
   const KvDecision d = ChooseKvAction(page, costs, o);
   if (policy.automatic || !d.costs[static_cast<size_t>(action)].allowed) action = d.action;
@@ -129,7 +130,8 @@ bool Engine::Impl::RelievePressure(int64_t blocks_short) {
     double predicted = 0;
     const KvAction action = ChoosePageAction(*c.seq, c.block_index, /*running=*/true, &predicted);
     if (action == KvAction::kKeep) continue;
-    KvTier* tier = action == KvAction::kDemoteRam    ? ram_tier.get()
+    KvTier* tier = action == KvAction::kDemoteRam || action == KvAction::kRecomputeResidual
+                       ? ram_tier.get()
                    : action == KvAction::kDemoteDisk ? disk_tier.get()
                                                      : nullptr;
     if (!pager->DetachPage(c.seq->slot, c.block_index, action, tier)) continue;

@@ -103,15 +103,20 @@ void Forward::Embed(const TokenBatch& batch) {
   }
 }
 
+void Forward::AnglesFor(int64_t position, float* cos, float* sin) const {
+  const double pos = static_cast<double>(position);
+  for (int64_t i = 0; i < config_.head_dim / 2; ++i) {
+    const double angle = pos * inv_freq_[static_cast<size_t>(i)];
+    cos[i] = static_cast<float>(std::cos(angle));
+    sin[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
 void Forward::ComputeRopeAngles(const TokenBatch& batch) {
   const int64_t half = config_.head_dim / 2;
   for (int64_t t = 0; t < batch.size(); ++t) {
-    const double pos = static_cast<double>(batch.positions[static_cast<size_t>(t)]);
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = pos * inv_freq_[static_cast<size_t>(i)];
-      rope_cos_[Elems(t, half) + i] = static_cast<float>(std::cos(angle));
-      rope_sin_[Elems(t, half) + i] = static_cast<float>(std::sin(angle));
-    }
+    AnglesFor(batch.positions[static_cast<size_t>(t)], &rope_cos_[Elems(t, half)],
+              &rope_sin_[Elems(t, half)]);
   }
 }
 
@@ -162,6 +167,42 @@ void Forward::RebuildKvFromResiduals(const TokenBatch& batch, KvCache& kv) {
 // Rotates q and k, stores k and v in the cache, then for every (token, head) pair computes
 // softmax(q k^T / sqrt(d)) v over the positions the token can see. Every token's result depends
 // only on its own q and the cached rows, so batching never changes it.
+void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions,
+                             int64_t n, DType k_type, void* k_out, DType v_type, void* v_out) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = model_.layer(layer);
+  const int64_t half = c.head_dim / 2;
+  const int64_t chunk = options_.max_batch_tokens;
+  rebuild_cos_.resize(Elems(chunk, half));
+  rebuild_sin_.resize(Elems(chunk, half));
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t m = std::min(chunk, n - begin);
+    for (int64_t t = 0; t < m; ++t) {
+      ops::RmsNorm(ops_, checkpoints + (begin + t) * c.dim, w.attn_norm, c.dim, c.norm_eps,
+                   &xn_[Elems(t, c.dim)]);
+      AnglesFor(positions[begin + t], &rebuild_cos_[Elems(t, half)], &rebuild_sin_[Elems(t, half)]);
+    }
+    MatMulShared({&w.wk, &w.wv}, m, {k_.data(), v_.data()});
+    for (int64_t t = 0; t < m; ++t) {
+      float* k = &k_[Elems(t, c.kv_dim())];
+      const float* v = &v_[Elems(t, c.kv_dim())];
+      ops::Rope(ops_, k, c.num_kv_heads, c.head_dim, &rebuild_cos_[Elems(t, half)],
+                &rebuild_sin_[Elems(t, half)], c.rope_neox);
+      const int64_t row = (begin + t) * c.kv_dim();
+      if (k_type == DType::kF32) {
+        std::memcpy(static_cast<float*>(k_out) + row, k, sizeof(float) * static_cast<size_t>(c.kv_dim()));
+      } else {
+        ops::NarrowRow(ops_, k_type, k, c.kv_dim(), static_cast<uint16_t*>(k_out) + row);
+      }
+      if (v_type == DType::kF32) {
+        std::memcpy(static_cast<float*>(v_out) + row, v, sizeof(float) * static_cast<size_t>(c.kv_dim()));
+      } else {
+        ops::NarrowRow(ops_, v_type, v, c.kv_dim(), static_cast<uint16_t*>(v_out) + row);
+      }
+    }
+  }
+}
+
 void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   const ModelConfig& c = config_;
   const int64_t n = batch.size();

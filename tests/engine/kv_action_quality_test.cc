@@ -23,22 +23,37 @@ constexpr int64_t kTotal = 192;      // tokens per prompt (prompt, then greedy k
 constexpr int64_t kScoreFrom = 64;   // positions scored: [kScoreFrom, kTotal)
 constexpr int64_t kRecentBlocks = 2;
 
-enum class Treatment { kKeep, kInt8, kInt4, kDemoteRam, kEvictLightest, kEvictOldest };
+enum class Treatment {
+  kKeep,
+  kInt8,
+  kInt4,
+  kDemoteRam,
+  kRecomputeResidual,
+  kEvictLightest,
+  kEvictOldest
+};
 
 // One sequence in a paged pool, stepped token by token with a treatment applied between steps.
 class PagedRun {
  public:
-  PagedRun(const Model& model, ops::OpsContext& ops, DType k_type, DType v_type)
+  PagedRun(const Model& model, ops::OpsContext& ops, DType k_type, DType v_type,
+           bool checkpoints = false)
       : model_(model), forward_(model, ops, ForwardOptions{kTotal, 4, kTotal}) {
     const ModelConfig& c = model.config();
     KvManagerOptions o;
-    o.layout = KvBlockLayout{kBlock, c.num_layers, c.kv_dim(), 0, k_type, v_type};
+    o.layout = KvBlockLayout{kBlock, c.num_layers, c.kv_dim(), checkpoints ? c.dim : 0, k_type,
+                             v_type};
     o.budget_bytes = 64 * o.layout.block_bytes();
     o.max_seqs = 1;
     manager_ = std::move(KvManager::Create(o).value());
     storage_ = std::move(KvBlockStorage::Create(o.layout, manager_->num_blocks()).value());
     pager_ = std::make_unique<KvPager>(*manager_, *storage_, 1, kTotal);
     pager_->set_track_attention(true);
+    pager_->set_rebuilder([this, k_type, v_type](int64_t layer, const float* checkpoints,
+                                                 const int64_t* positions, int64_t n,
+                                                 uint8_t* k_out, uint8_t* v_out) {
+      forward_.RebuildLayerKv(layer, checkpoints, positions, n, k_type, k_out, v_type, v_out);
+    });
     cache_ = std::make_unique<PagedKvCache>(*manager_, *storage_, pager_.get());
     tier_ = MakeRamTier(RamTierOptions{});
   }
@@ -73,10 +88,12 @@ class PagedRun {
         return;
       case Treatment::kInt8:
       case Treatment::kInt4:
-      case Treatment::kDemoteRam: {
-        const KvAction a = t == Treatment::kInt8   ? KvAction::kCompressInt8
-                           : t == Treatment::kInt4 ? KvAction::kCompressInt4
-                                                   : KvAction::kDemoteRam;
+      case Treatment::kDemoteRam:
+      case Treatment::kRecomputeResidual: {
+        const KvAction a = t == Treatment::kInt8        ? KvAction::kCompressInt8
+                           : t == Treatment::kInt4      ? KvAction::kCompressInt4
+                           : t == Treatment::kDemoteRam ? KvAction::kDemoteRam
+                                                        : KvAction::kRecomputeResidual;
         for (int64_t b : eligible) EXPECT_TRUE(pager_->DetachPage(0, b, a, tier_.get()));
         return;
       }
@@ -160,7 +177,7 @@ class KvActionQualityTest : public ::testing::Test {
     int64_t count = 0;
     bool identical = true;
     for (const auto& [tokens, keep_logits] : prompts_) {
-      PagedRun run(*model_, *ops_, k_type, v_type);
+      PagedRun run(*model_, *ops_, k_type, v_type, t == Treatment::kRecomputeResidual);
       run.Run(tokens, 0, kScoreFrom);
       for (int64_t pos = kScoreFrom; pos + 1 < kTotal; ++pos) {
         run.Apply(t);
@@ -202,6 +219,8 @@ TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
               static_cast<long long>(kTotal - kScoreFrom - 1), static_cast<long long>(kRecentBlocks));
   const Quality keep = Measure(Treatment::kKeep);
   const Quality demote = Measure(Treatment::kDemoteRam);
+  const Quality residual = Measure(Treatment::kRecomputeResidual);
+  const Quality residual_f16 = Measure(Treatment::kRecomputeResidual, DType::kF16, DType::kF16);
   const Quality int8 = Measure(Treatment::kInt8);
   const Quality int4 = Measure(Treatment::kInt4);
   const Quality f16 = Measure(Treatment::kKeep, DType::kF16, DType::kF16);
@@ -210,6 +229,8 @@ TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
   const Quality oldest = Measure(Treatment::kEvictOldest);
   Print("keep (f32)", keep);
   Print("demote-ram, streamed", demote);
+  Print("recompute-residual, rebuilt", residual);
+  Print("  the same, f16 cache", residual_f16);
   Print("compress int8", int8);
   Print("compress int4", int4);
   Print("-ctk/-ctv f16", f16);
@@ -220,6 +241,9 @@ TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
   EXPECT_TRUE(keep.bit_identical);
   EXPECT_TRUE(demote.bit_identical);  // lossless: the same logits, bit for bit
   EXPECT_LT(demote.resident_fraction, 0.7);
+  EXPECT_TRUE(residual.bit_identical);  // rebuilt K/V equal the stored ones
+  EXPECT_LT(f16.mean_kld, 1e-3);
+  EXPECT_EQ(residual_f16.mean_kld, f16.mean_kld);  // rebuilt f16 rows equal stored f16 rows
   EXPECT_LT(int8.mean_kld, 1e-3);
   EXPECT_GT(int8.top1, 0.95);
   EXPECT_GT(int4.mean_kld, int8.mean_kld);
