@@ -3,13 +3,14 @@
 // One sequence generates N tokens (greedy, EOS ignored) in a KV pool of only a few pages. For
 // each policy a fresh engine runs the same prompt; the table shows how many tokens came out, the
 // decode speed, the peak pool bytes against the budget, what the KV action lattice did (pages
-// compressed, demoted, evicted; layer pages streamed back and the time attention waited for
-// them), and how far the output agrees with keep-all, the run whose budget holds everything.
-// Lossless policies (demote, demote-disk) should agree on every token; compress and evict trade
-// agreement for memory.
+// compressed, demoted, checkpointed, evicted; layer pages streamed back and the time attention
+// waited for them; page layers rebuilt from checkpoints), and how far the output agrees with
+// keep-all, the run whose budget holds everything. Lossless policies (demote, demote-disk,
+// recompute-residual) should agree on every token; compress and evict trade agreement for memory.
+// recompute-residual keeps checkpoints in every block, so the same bytes hold fewer pages.
 //
 // Usage: long_conversation_bench -m MODEL [-n 400] [--budget-pages 8]
-//          [--policies keep-all,demote,demote-disk,compress,compress-int4,evict]
+//          [--policies keep-all,demote,demote-disk,recompute-residual,compress,compress-int4,evict]
 //          [-t 2] [--disk /tmp] [-o md|json]
 #include <fmt/format.h>
 
@@ -44,7 +45,8 @@ struct BenchArgs {
   int32_t num_tokens = 400;
   int64_t budget_pages = 8;
   std::vector<std::string> policies = {"keep-all", "demote",        "demote-disk",
-                                       "compress", "compress-int4", "evict"};
+                                       "recompute-residual", "compress", "compress-int4",
+                                       "evict"};
   int threads = 2;
   std::string disk_dir = "/tmp";
   std::string output = "md";
@@ -94,7 +96,7 @@ kvl::EngineOptions OptionsFor(const BenchArgs& args, const std::string& policy,
   }
   options.kv_policy = policy;
   options.kv_budget_bytes = budget_bytes;
-  if (policy == "demote") options.kv_tiers = {"ram:1GiB"};
+  if (policy == "demote" || policy == "recompute-residual") options.kv_tiers = {"ram:1GiB"};
   if (policy == "demote-disk") {
     options.kv_tiers = {fmt::format("disk:{}:1GiB", DiskTierPath(args).string())};
   }
@@ -170,24 +172,25 @@ void PrintMarkdown(const std::vector<PolicyRun>& runs, const kvl::ModelConfig& c
       args.budget_pages, MiB(budget_bytes), args.threads);
   // "peak / pool" is in pages (blocks): the peak resident KV against the pool it had.
   fmt::print(
-      "| {:<13} | {:>6} | {:>6} | {:>7} | {:>11} | {:>8} | {:>5} | {:>5} | {:>5} | {:>5} | "
-      "{:>5} | {:>8} | {:>7} | {:>7} | {:>6} | {:>6} |\n",
+      "| {:<18} | {:>6} | {:>6} | {:>7} | {:>11} | {:>8} | {:>5} | {:>5} | {:>5} | {:>5} | "
+      "{:>5} | {:>5} | {:>8} | {:>7} | {:>8} | {:>7} | {:>6} | {:>6} |\n",
       "policy", "tokens", "finish", "tok/s", "peak / pool", "peak MiB", "int8", "int4", "ram",
-      "disk", "evict", "streamed", "wait ms", "preempt", "agree", "time s");
+      "disk", "resid", "evict", "streamed", "wait ms", "rebuilt", "preempt", "agree", "time s");
   fmt::print(
-      "| {:-<13} | {:->6} | {:->6} | {:->7} | {:->11} | {:->8} | {:->5} | {:->5} | {:->5} | "
-      "{:->5} | {:->5} | {:->8} | {:->7} | {:->7} | {:->6} | {:->6} |\n",
-      ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+      "| {:-<18} | {:->6} | {:->6} | {:->7} | {:->11} | {:->8} | {:->5} | {:->5} | {:->5} | "
+      "{:->5} | {:->5} | {:->5} | {:->8} | {:->7} | {:->8} | {:->7} | {:->6} | {:->6} |\n",
+      ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   for (const PolicyRun& r : runs) {
     using kvl::KvAction;
     fmt::print(
-        "| {:<13} | {:>6} | {:>6} | {:>7.1f} | {:>11} | {:>8.3f} | {:>5} | {:>5} | {:>5} | "
-        "{:>5} | {:>5} | {:>8} | {:>7.2f} | {:>7} | {:>6} | {:>6.2f} |\n",
+        "| {:<18} | {:>6} | {:>6} | {:>7.1f} | {:>11} | {:>8.3f} | {:>5} | {:>5} | {:>5} | "
+        "{:>5} | {:>5} | {:>5} | {:>8} | {:>7.2f} | {:>8} | {:>7} | {:>6} | {:>6.2f} |\n",
         r.policy, r.tokens.size(), r.finish_reason, r.decode_tok_s,
         fmt::format("{} / {}", r.peak_kv_blocks, r.budget_blocks), MiB(r.peak_kv_bytes),
         ActionPages(r, KvAction::kCompressInt8), ActionPages(r, KvAction::kCompressInt4),
         ActionPages(r, KvAction::kDemoteRam), ActionPages(r, KvAction::kDemoteDisk),
-        ActionPages(r, KvAction::kEvict), r.metrics.kv_layers_streamed, r.metrics.kv_stream_wait_ms,
+        ActionPages(r, KvAction::kRecomputeResidual), ActionPages(r, KvAction::kEvict),
+        r.metrics.kv_layers_streamed, r.metrics.kv_stream_wait_ms, r.metrics.kv_layers_rebuilt,
         r.metrics.preemptions, r.agree < 0 ? "-" : fmt::format("{:.1f}%", 100 * r.agree),
         r.total_s);
   }
@@ -221,6 +224,8 @@ nlohmann::json ToJson(const PolicyRun& r) {
                       {"stream_staging_bytes", r.metrics.kv_stream_staging_bytes},
                       {"layers_streamed", r.metrics.kv_layers_streamed},
                       {"stream_wait_ms", r.metrics.kv_stream_wait_ms},
+                      {"layers_rebuilt", r.metrics.kv_layers_rebuilt},
+                      {"rebuild_ms", r.metrics.kv_rebuild_ms},
                       {"preemptions", r.metrics.preemptions}};
   if (r.agree >= 0) j["agree"] = r.agree;
   if (!r.error.empty()) j["error"] = r.error;

@@ -63,9 +63,11 @@ void PrintKvSummary(const EngineMetrics& m, const KvPeak& peak) {
                KvActionName(static_cast<KvAction>(a)), c.pages, c.bytes / kMiB, c.pages_restored,
                c.predicted_ms, c.measured_ms);
   }
-  fmt::print(stderr, "kvl: kv pool peak {} of {}; {} layer pages streamed back, {:.2f} ms waited\n",
+  fmt::print(stderr,
+             "kvl: kv pool peak {} of {}; {} layer pages streamed back, {:.2f} ms waited; {} "
+             "rebuilt from checkpoints in {:.2f} ms\n",
              FormatBytes(peak.bytes_used), FormatBytes(m.kv.kv_bytes_total), m.kv_layers_streamed,
-             m.kv_stream_wait_ms);
+             m.kv_stream_wait_ms, m.kv_layers_rebuilt, m.kv_rebuild_ms);
   // Pages are held outside the pool only while their sequence runs, so after a finished run these
   // are zero; they show when a run ended with sequences still holding them.
   if (m.kv_pages_compressed + m.kv_pages_streamed + m.kv_pages_evicted > 0) {
