@@ -116,9 +116,9 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier
                     encode_scratch_.data() + l * slot);
       }
       manager_.Detach(seq, block_index);
-      if (!slabs_.Allocate(page.codec, num_layers, &page.slots)) {
-        KVL_CHECK_MSG(false, "no slab right after a block was freed");  // see the precondition
-      }
+      // The block was this sequence's alone, so it is free now and one slab is always there.
+      const bool allocated = slabs_.Allocate(page.codec, num_layers, &page.slots);
+      KVL_CHECK_MSG(allocated, "no slab right after a block was freed");
       for (int64_t l = 0; l < num_layers; ++l) {
         std::memcpy(slabs_.SlotData(page.codec, page.slots[static_cast<size_t>(l)]),
                     encode_scratch_.data() + l * slot, static_cast<size_t>(slot));
@@ -131,7 +131,7 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier
       KVL_CHECK(tier != nullptr);
       page.fate = Fate::kStreamed;
       page.tier = tier;
-      if (!DemoteForPreemption(block, tier, /*residual=*/false, &page.page_id)) return false;
+      if (!WriteLayerPages(block, tier, /*residual=*/false, &page.page_id)) return false;
       manager_.Detach(seq, block_index);
       ++stats_.streamed_pages;
       break;
@@ -140,7 +140,7 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier
       KVL_CHECK(tier != nullptr && layout_.residual_dim > 0 && rebuild_);
       page.fate = Fate::kRebuilt;
       page.tier = tier;
-      if (!DemoteForPreemption(block, tier, /*residual=*/true, &page.page_id)) return false;
+      if (!WriteLayerPages(block, tier, /*residual=*/true, &page.page_id)) return false;
       manager_.Detach(seq, block_index);
       ++stats_.rebuilt_pages;
       break;
@@ -172,7 +172,7 @@ bool KvPager::IsCompressed(SeqId seq, int64_t block_index) const {
          s.pages[static_cast<size_t>(block_index)].fate == Fate::kCompressed;
 }
 
-bool KvPager::DemoteForPreemption(BlockId block, KvTier* tier, bool residual, uint64_t* page_id) {
+bool KvPager::WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id) {
   const int64_t num_layers = layout_.num_layers;
   const size_t residual_bytes =
       static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) * sizeof(float);
@@ -200,7 +200,7 @@ bool KvPager::DemoteForPreemption(BlockId block, KvTier* tier, bool residual, ui
   return true;
 }
 
-Status KvPager::PromoteAfterPreemption(BlockId block, KvTier* tier, bool residual,
+Status KvPager::ReadLayerPages(BlockId block, KvTier* tier, bool residual,
                                        uint64_t page_id) {
   const int64_t num_layers = layout_.num_layers;
   const size_t residual_bytes =

@@ -13,7 +13,7 @@
 //
 // Tier pages are one layer each (K rows then V rows at the cache's element type), so a step can
 // fetch exactly the layer it is about to read. The same layer-page format serves the pages of
-// preempted sequences (DemoteForPreemption / PromoteAfterPreemption).
+// preempted sequences (WriteLayerPages / ReadLayerPages).
 //
 // Thread-safety: owned by the step loop. RowsAt and AttentionMass are called from the forward's
 // threads between BeginLayer calls, reading only.
@@ -93,10 +93,11 @@ class KvPager final : public KvDetachedPages {
   // Steps the sequence has run (attention rows accumulated).
   int64_t steps(SeqId seq) const;
 
-  // Preemption's way of saving a whole page in a tier: K/V (layer pages) or, when `residual`,
-  // the residual checkpoints (one page per layer). Keys are returned for the promotion.
-  bool DemoteForPreemption(BlockId block, KvTier* tier, bool residual, uint64_t* page_id);
-  Status PromoteAfterPreemption(BlockId block, KvTier* tier, bool residual, uint64_t page_id);
+  // A whole page saved in a tier as one tier page per layer: K/V rows or, when `residual`, the
+  // residual checkpoints. Used for streamed and rebuilt pages and for preempted sequences' pages;
+  // *page_id names the layer pages for ReadLayerPages and EraseTierPage.
+  bool WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id);
+  Status ReadLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t page_id);
   void EraseTierPage(KvTier* tier, uint64_t page_id);
 
   // Attention mass is only gathered when some policy reads it (it costs a pass over the

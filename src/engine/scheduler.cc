@@ -176,7 +176,7 @@ void Engine::Impl::Preempt(size_t running_index) {
     if (tier != nullptr) {
       // K/V layer pages, or for a residual page the layers' checkpoints; a full tier: drop.
       uint64_t page_id = 0;
-      demoted = pager->DemoteForPreemption(table[static_cast<size_t>(b)], tier, residual, &page_id);
+      demoted = pager->WriteLayerPages(table[static_cast<size_t>(b)], tier, residual, &page_id);
       if (demoted) seq->demoted.push_back({b, tier, page_id, action, predicted});
     }
     const KvAction done = demoted ? action : KvAction::kRecomputeTokens;
@@ -316,7 +316,7 @@ int64_t Engine::Impl::RestorePages(Sequence& seq, int64_t first_block, int64_t n
     KVL_CHECK(page != seq.demoted.end());
     const bool residual = page->action == KvAction::kRecomputeResidual;
     const BlockId block = table[static_cast<size_t>(b)];
-    if (!pager->PromoteAfterPreemption(block, page->tier, residual, page->page_id).ok()) {
+    if (!pager->ReadLayerPages(block, page->tier, residual, page->page_id).ok()) {
       // Never wrong bytes: a corrupt or failed read is recomputed from tokens by this step.
       std::lock_guard<std::mutex> lock(metrics_mutex);
       ++checksum_failures;
