@@ -78,7 +78,7 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
   static StatusOr<std::unique_ptr<KvTier>> Make(const DiskTierOptions& options);
 
   ~DiskTier() override {
-    worker_.reset();  // finish GetAsync work while the file is still open
+    worker_.Stop();  // finish GetAsync work while the file is still open
     if (fd_ >= 0) ::close(fd_);
     ::unlink(path_.c_str());
   }
@@ -98,9 +98,7 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
   std::vector<Status> Get(std::span<const PageRead> pages) override;
 
   std::future<std::vector<Status>> GetAsync(std::vector<PageRead> pages) override {
-    std::lock_guard<std::mutex> lock(worker_mutex_);
-    if (!worker_) worker_ = std::make_unique<kv_internal::TierWorker>();
-    return worker_->Submit([this, pages = std::move(pages)] { return Get(pages); });
+    return worker_.Submit([this, pages = std::move(pages)] { return Get(pages); });
   }
 
   void Erase(std::span<const PageKey> keys) override {
@@ -196,8 +194,16 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
   AlignedBuffer bounce_;                          // O_DIRECT staging; guarded by mutex_
   int64_t bounce_bytes_ = 0;
 
-  std::mutex worker_mutex_;
-  std::unique_ptr<kv_internal::TierWorker> worker_;  // guarded by worker_mutex_
+  // The O_DIRECT staging buffer, grown to at least `bytes` (mutex_ held).
+  uint8_t* BounceBuffer(int64_t bytes) {
+    if (bounce_bytes_ < bytes) {
+      bounce_ = AllocateAligned(bytes);
+      bounce_bytes_ = bytes;
+    }
+    return bounce_.get();
+  }
+
+  kv_internal::TierWorker worker_;  // starts its thread at the first GetAsync
 };
 
 StatusOr<std::unique_ptr<KvTier>> DiskTier::Make(const DiskTierOptions& options) {
@@ -433,18 +439,15 @@ Status DiskTier::WriteRun(std::span<const SlotIo> run, std::span<const PageWrite
   for (size_t begin = 0; begin < run.size(); begin += chunk_slots) {
     const size_t end = std::min(run.size(), begin + static_cast<size_t>(chunk_slots));
     const int64_t bytes = static_cast<int64_t>(end - begin) * slot_bytes_;
-    if (bounce_bytes_ < bytes) {
-      bounce_ = AllocateAligned(bytes);
-      bounce_bytes_ = bytes;
-    }
+    uint8_t* bounce = BounceBuffer(bytes);
     for (size_t j = begin; j < end; ++j) {
-      uint8_t* slot = bounce_.get() + static_cast<int64_t>(j - begin) * slot_bytes_;
+      uint8_t* slot = bounce + static_cast<int64_t>(j - begin) * slot_bytes_;
       const size_t i = run[j].index;
       std::memcpy(slot, &headers[i], kSlotHeaderBytes);
       std::memcpy(slot + kSlotHeaderBytes, pages[i].bytes.data(), pages[i].bytes.size());
       std::memset(slot + kSlotHeaderBytes + page_bytes_, 0, static_cast<size_t>(pad));
     }
-    iovec iov{bounce_.get(), static_cast<size_t>(bytes)};
+    iovec iov{bounce, static_cast<size_t>(bytes)};
     KVL_RETURN_IF_ERROR(FullPwritev(&iov, 1, run[begin].slot * slot_bytes_));
   }
   return Status::Ok();
@@ -523,11 +526,8 @@ void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> re
   for (size_t begin = 0; begin < run.size(); begin += chunk_slots) {
     const size_t end = std::min(run.size(), begin + static_cast<size_t>(chunk_slots));
     const int64_t bytes = static_cast<int64_t>(end - begin) * slot_bytes_;
-    if (bounce_bytes_ < bytes) {
-      bounce_ = AllocateAligned(bytes);
-      bounce_bytes_ = bytes;
-    }
-    iovec iov{bounce_.get(), static_cast<size_t>(bytes)};
+    uint8_t* bounce = BounceBuffer(bytes);
+    iovec iov{bounce, static_cast<size_t>(bytes)};
     StatusOr<int64_t> got = FullPreadv(&iov, 1, run[begin].slot * slot_bytes_);
     for (size_t j = begin; j < end; ++j) {
       const size_t i = run[j].index;
@@ -535,7 +535,7 @@ void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> re
         results[i] = got.status();
         continue;
       }
-      const uint8_t* slot = bounce_.get() + static_cast<int64_t>(j - begin) * slot_bytes_;
+      const uint8_t* slot = bounce + static_cast<int64_t>(j - begin) * slot_bytes_;
       SlotHeader header;
       std::memcpy(&header, slot, kSlotHeaderBytes);
       const std::span<const uint8_t> page(slot + kSlotHeaderBytes,

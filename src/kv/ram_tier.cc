@@ -56,7 +56,7 @@ class RamTier final : public KvTier {
         compress_(options.compress),
         name_(options.compress ? "ram:zstd" : "ram") {}
 
-  ~RamTier() override { worker_.reset(); }  // finish GetAsync work before the map goes away
+  ~RamTier() override { worker_.Stop(); }  // finish GetAsync work before the map goes away
 
   std::string_view name() const override { return name_; }
 
@@ -109,9 +109,7 @@ class RamTier final : public KvTier {
   }
 
   std::future<std::vector<Status>> GetAsync(std::vector<PageRead> pages) override {
-    std::lock_guard<std::mutex> lock(worker_mutex_);
-    if (!worker_) worker_ = std::make_unique<kv_internal::TierWorker>();
-    return worker_->Submit([this, pages = std::move(pages)] { return Get(pages); });
+    return worker_.Submit([this, pages = std::move(pages)] { return Get(pages); });
   }
 
   void Erase(std::span<const PageKey> keys) override {
@@ -213,8 +211,7 @@ class RamTier final : public KvTier {
   int64_t stats_puts_ = 0, stats_gets_ = 0, stats_bytes_written_ = 0, stats_bytes_read_ = 0;
   int64_t stats_write_ops_ = 0, stats_read_ops_ = 0, stats_checksum_failures_ = 0;
 
-  std::mutex worker_mutex_;
-  std::unique_ptr<kv_internal::TierWorker> worker_;  // guarded by worker_mutex_
+  kv_internal::TierWorker worker_;  // starts its thread at the first GetAsync
 };
 
 }  // namespace

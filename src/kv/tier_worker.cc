@@ -4,7 +4,9 @@
 
 namespace kvl::kv_internal {
 
-TierWorker::~TierWorker() {
+TierWorker::~TierWorker() { Stop(); }
+
+void TierWorker::Stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;

@@ -2,9 +2,9 @@
 // prefetches reach the device in the order they were asked for (and never race each other for
 // the tier's lock in arbitrary order). The thread starts on the first Submit.
 //
-// Thread-safety: Submit may be called from any thread. The destructor runs every task already
-// submitted (so no future is left broken) and joins the thread; the owner must destroy the worker
-// before anything its tasks touch.
+// Thread-safety: Submit may be called from any thread. Stop (and the destructor) runs every task
+// already submitted (so no future is left broken) and joins the thread; the owner must Stop the
+// worker before anything its tasks touch goes away.
 #pragma once
 
 #include <condition_variable>
@@ -29,6 +29,8 @@ class TierWorker {
   ~TierWorker();
 
   std::future<Result> Submit(std::function<Result()> work);
+  // Runs what was submitted, then joins the thread; Submit must not be called afterwards.
+  void Stop();
 
  private:
   void Loop();
