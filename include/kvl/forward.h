@@ -72,7 +72,8 @@ class Forward {
                  float scale, float* scores) const;
   void MixRows(const KvCache::Rows& rows, const float* weights, int64_t kv_offset, int64_t count,
                float* out) const;
-  int64_t PlanAttentionMass(const TokenBatch& batch, KvCache& kv);
+  void PlanAttentionMass(const TokenBatch& batch, KvCache& kv);
+  void StoreRow(const float* row, DType type, void* out) const;
   void AccumulateAttentionMass(const TokenBatch& batch, KvCache& kv);
   void FeedForward(const LayerWeights& w, int64_t n);
   void MatMulShared(std::initializer_list<const MatrixView*> ws, int64_t n,
@@ -105,6 +106,7 @@ class Forward {
   // sized at the first use.
   std::vector<float> mass_scratch_;
   std::vector<int64_t> mass_row_of_token_;  // [tokens]: row in mass_scratch_, or -1
+  int64_t num_mass_rows_ = 0;               // tokens of this Run that feed attention mass
   std::vector<float> logits_;    // [max_logit_rows][vocab]
   int64_t num_logit_rows_ = 0;
 };

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "kvl/quant.h"
+#include "kvl/ops.h"
 
 namespace kvl {
 
@@ -31,11 +31,7 @@ const float* KvPager::WidenedLayer(const uint8_t* rows, DType type, int which) {
   const int64_t n = layout_.block_tokens * layout_.kv_dim;
   std::vector<float>& out = widen_scratch_[which];
   out.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, rows + 2 * i, 2);
-    out[static_cast<size_t>(i)] = type == DType::kF16 ? quant::Fp16ToFp32(h) : quant::Bf16ToFp32(h);
-  }
+  ops::DequantizeRow(type, rows, n, out.data());
   return out.data();
 }
 
@@ -176,7 +172,7 @@ bool KvPager::WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64
   const int64_t num_layers = layout_.num_layers;
   const size_t residual_bytes =
       static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) * sizeof(float);
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t>& bytes = page_scratch_;
   std::vector<PageWrite> writes;
   const uint64_t id = next_page_id_++;
   if (residual) {
@@ -205,7 +201,7 @@ Status KvPager::ReadLayerPages(BlockId block, KvTier* tier, bool residual,
   const int64_t num_layers = layout_.num_layers;
   const size_t residual_bytes =
       static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) * sizeof(float);
-  std::vector<uint8_t> bytes;
+  std::vector<uint8_t>& bytes = page_scratch_;
   std::vector<PageRead> reads;
   if (residual) {
     for (int64_t l = 0; l < num_layers; ++l) {
@@ -251,7 +247,7 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
     for (size_t b = 0; b < s.pages.size(); ++b) {
       Page& page = s.pages[b];
       page.read_failed = false;
-      std::vector<Streamed>* list = page.fate == Fate::kStreamed ? &streamed_
+      std::vector<StagedPage>* list = page.fate == Fate::kStreamed ? &streamed_
                                     : page.fate == Fate::kRebuilt ? &rebuilt_
                                                                   : nullptr;
       if (list == nullptr) continue;
@@ -284,7 +280,7 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
   IssueLayerRead(0);
 }
 
-KvPager::Page& KvPager::PageOf(const Streamed& st) {
+KvPager::Page& KvPager::PageOf(const StagedPage& st) {
   return seqs_[static_cast<size_t>(st.seq)].pages[static_cast<size_t>(st.block_index)];
 }
 
@@ -299,10 +295,10 @@ void KvPager::IssueLayerRead(int64_t layer) {
   KVL_CHECK(pending_[buffer].empty());
   pending_layer_[buffer] = layer;
   for (bool checkpoints : {false, true}) {
-    const std::vector<Streamed>& list = checkpoints ? rebuilt_ : streamed_;
+    const std::vector<StagedPage>& list = checkpoints ? rebuilt_ : streamed_;
     const int64_t bytes = checkpoints ? checkpoint_layer_bytes_ : layer_bytes_;
     std::vector<KvTier*> tiers;
-    for (const Streamed& st : list) {
+    for (const StagedPage& st : list) {
       KvTier* tier = PageOf(st).tier;
       if (std::find(tiers.begin(), tiers.end(), tier) == tiers.end()) tiers.push_back(tier);
     }
@@ -335,8 +331,8 @@ void KvPager::BeginLayer(int64_t layer) {
       if (statuses[i].ok()) continue;
       // Never wrong bytes: the page reads as dropped this step, and the caller throws the
       // sequence's step away and recomputes its KV (EndStep).
-      const std::vector<Streamed>& list = read.checkpoints ? rebuilt_ : streamed_;
-      const Streamed& st = list[static_cast<size_t>(read.stage_indices[i])];
+      const std::vector<StagedPage>& list = read.checkpoints ? rebuilt_ : streamed_;
+      const StagedPage& st = list[static_cast<size_t>(read.stage_indices[i])];
       PageOf(st).read_failed = true;
       if (std::find(failed_.begin(), failed_.end(), st.seq) == failed_.end()) failed_.push_back(st.seq);
       ++stats_.stream_read_failures;

@@ -127,7 +127,8 @@ class KvPager final : public KvDetachedPages {
     int64_t steps = 0;
     std::vector<int64_t> filled_at_step;  // by block index: steps when the page was first seen
   };
-  struct Streamed {
+  // A page read into this step's stream buffers (streamed K/V, or checkpoints to rebuild from).
+  struct StagedPage {
     SeqId seq;
     int64_t block_index;
   };
@@ -136,7 +137,7 @@ class KvPager final : public KvDetachedPages {
     return (page_id << 8) | static_cast<uint64_t>(layer);
   }
   void ReleasePage(Page& page);
-  Page& PageOf(const Streamed& st);
+  Page& PageOf(const StagedPage& st);
   void IssueLayerRead(int64_t layer);
   uint8_t* StageData(int64_t layer, int64_t stage_index);
   const float* WidenedLayer(const uint8_t* rows, DType type, int which);
@@ -152,13 +153,14 @@ class KvPager final : public KvDetachedPages {
   uint64_t next_page_id_ = 1;
   bool track_attention_ = false;
   std::vector<uint8_t> encode_scratch_;
+  std::vector<uint8_t> page_scratch_;  // a whole page's layer pages, staged for one tier transfer
   std::vector<float> widen_scratch_[2];
 
   // This step's streamed pages and their double-buffered layer staging; rebuilt pages, their
   // double-buffered checkpoints and the K / V rows rebuilt from them for the current layer.
-  std::vector<Streamed> streamed_;
+  std::vector<StagedPage> streamed_;
   std::vector<uint8_t> stage_[2];
-  std::vector<Streamed> rebuilt_;
+  std::vector<StagedPage> rebuilt_;
   std::vector<uint8_t> checkpoint_stage_[2];
   std::vector<int64_t> rebuilt_positions_;
   std::vector<uint8_t> rebuilt_k_;

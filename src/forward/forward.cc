@@ -67,6 +67,7 @@ void Forward::Run(const TokenBatch& batch, KvCache& kv) {
 
   Embed(batch);
   ComputeRopeAngles(batch);
+  PlanAttentionMass(batch, kv);  // the same tokens feed the accumulators on every layer
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = model_.layer(l);
     // The layer's input is the residual checkpoint K and V can be rebuilt from later.
@@ -120,6 +121,17 @@ void Forward::ComputeRopeAngles(const TokenBatch& batch) {
   }
 }
 
+// One K or V row of kv_dim floats into the cache at its element type (f32 copied, f16 / bf16
+// narrowed): the one way rows enter a cache, so rebuilt rows match stored ones bit for bit.
+void Forward::StoreRow(const float* row, DType type, void* out) const {
+  const int64_t n = config_.kv_dim();
+  if (type == DType::kF32) {
+    std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n));
+  } else {
+    ops::NarrowRow(ops_, type, row, n, static_cast<uint16_t*>(out));
+  }
+}
+
 // Rotates k_ by each token's position and stores k_ and v_ into the cache (narrowed to the cache's
 // element type).
 void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv) {
@@ -131,18 +143,10 @@ void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv
     const KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,
                                          batch.positions[static_cast<size_t>(t)]);
     KVL_CHECK_MSG(rows.kind == KvCache::Rows::Kind::kDense, "new K/V rows must be writable");
-    const float* k = &k_[Elems(t, c.kv_dim())];
-    const float* v = &v_[Elems(t, c.kv_dim())];
-    if (rows.type == DType::kF32) {
-      std::memcpy(rows.k, k, sizeof(float) * static_cast<size_t>(c.kv_dim()));
-    } else {
-      ops::NarrowRow(ops_, rows.type, k, c.kv_dim(), rows.k_half);
-    }
-    if (rows.v_type == DType::kF32) {
-      std::memcpy(rows.v, v, sizeof(float) * static_cast<size_t>(c.kv_dim()));
-    } else {
-      ops::NarrowRow(ops_, rows.v_type, v, c.kv_dim(), rows.v_half);
-    }
+    StoreRow(&k_[Elems(t, c.kv_dim())], rows.type,
+             rows.type == DType::kF32 ? static_cast<void*>(rows.k) : rows.k_half);
+    StoreRow(&v_[Elems(t, c.kv_dim())], rows.v_type,
+             rows.v_type == DType::kF32 ? static_cast<void*>(rows.v) : rows.v_half);
   }
 }
 
@@ -189,16 +193,8 @@ void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int6
       ops::Rope(ops_, k, c.num_kv_heads, c.head_dim, &rebuild_cos_[Elems(t, half)],
                 &rebuild_sin_[Elems(t, half)], c.rope_neox);
       const int64_t row = (begin + t) * c.kv_dim();
-      if (k_type == DType::kF32) {
-        std::memcpy(static_cast<float*>(k_out) + row, k, sizeof(float) * static_cast<size_t>(c.kv_dim()));
-      } else {
-        ops::NarrowRow(ops_, k_type, k, c.kv_dim(), static_cast<uint16_t*>(k_out) + row);
-      }
-      if (v_type == DType::kF32) {
-        std::memcpy(static_cast<float*>(v_out) + row, v, sizeof(float) * static_cast<size_t>(c.kv_dim()));
-      } else {
-        ops::NarrowRow(ops_, v_type, v, c.kv_dim(), static_cast<uint16_t*>(v_out) + row);
-      }
+      StoreRow(k, k_type, static_cast<uint8_t*>(k_out) + RowBytes(k_type, row));
+      StoreRow(v, v_type, static_cast<uint8_t*>(v_out) + RowBytes(v_type, row));
     }
   }
 }
@@ -213,7 +209,6 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   }
   RopeAndStoreKv(layer, batch, kv);
   kv.BeginLayer(layer);  // streamed pages of this layer are in place from here on
-  const int64_t num_mass_rows = PlanAttentionMass(batch, kv);
 
   const int64_t group = c.num_heads / c.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -249,7 +244,7 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
       p += count;
     }
   });
-  if (num_mass_rows > 0) AccumulateAttentionMass(batch, kv);
+  if (num_mass_rows_ > 0) AccumulateAttentionMass(batch, kv);
 }
 
 // scores[i] = scale * q . K[i] over the head's channels, whatever form the rows are in.
@@ -299,7 +294,7 @@ void Forward::MixRows(const KvCache::Rows& rows, const float* weights, int64_t k
 
 // Which tokens' attention weights feed the cache's attention-mass accumulators (those that ask
 // for logits: the newest token of each sequence), each given a row of mass_scratch_.
-int64_t Forward::PlanAttentionMass(const TokenBatch& batch, KvCache& kv) {
+void Forward::PlanAttentionMass(const TokenBatch& batch, KvCache& kv) {
   const int64_t n = batch.size();
   mass_row_of_token_.assign(static_cast<size_t>(n), -1);
   int64_t rows = 0;
@@ -311,7 +306,7 @@ int64_t Forward::PlanAttentionMass(const TokenBatch& batch, KvCache& kv) {
   }
   const size_t needed = Elems(rows * config_.num_heads, options_.max_context);
   if (mass_scratch_.size() < needed) mass_scratch_.resize(needed);  // once, at the first use
-  return rows;
+  num_mass_rows_ = rows;
 }
 
 // mass[p] += weight of position p averaged over the layers and heads (so a step adds 1 in all).
