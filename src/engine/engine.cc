@@ -131,8 +131,7 @@ bool Engine::Impl::KeepsResidualCheckpoints() const {
 Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
   sink_tokens = std::max<int64_t>(0, options.kv_sink_tokens);
   recent_tokens = std::max<int64_t>(0, options.kv_recent_tokens);
-  if (!policy.automatic && IsLossless(policy.fixed) == false && quality == KvQuality::kLossless &&
-      policy.fixed != KvAction::kKeep) {
+  if (!policy.automatic && !IsLossless(policy.fixed) && quality == KvQuality::kLossless) {
     // A fixed lossy policy says what it wants; the quality preset only steers `auto`.
     quality = KvQuality::kAggressive;
   }

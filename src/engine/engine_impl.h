@@ -171,6 +171,7 @@ struct Engine::Impl {
   // Frees about `blocks_short` blocks by acting on the coldest pages of running sequences;
   // false when no page could be acted on.
   bool RelievePressure(int64_t blocks_short);
+  void CountPageAction(KvAction action);  // one page of `action`: pages and bytes
   // Promotes the seq's demoted pages into its freshly committed blocks; returns how many of the
   // restore tokens really came back (a failed or corrupt read ends the run: the rest is computed).
   int64_t RestorePages(Sequence& seq, int64_t first_block, int64_t num_blocks);

@@ -84,6 +84,13 @@ KvAction Engine::Impl::ChoosePageAction(const Sequence& seq, int64_t block_index
   return action;
 }
 
+void Engine::Impl::CountPageAction(KvAction action) {
+  std::lock_guard<std::mutex> lock(metrics_mutex);
+  KvActionCounter& counter = action_counters[static_cast<size_t>(action)];
+  ++counter.pages;
+  counter.bytes += storage->layout().kv_bytes();
+}
+
 bool Engine::Impl::RelievePressure(int64_t blocks_short) {
   if (!pages_running_sequences) return false;
   // Candidates: full pages outside the attention sinks and the recent window, coldest first
@@ -118,12 +125,6 @@ bool Engine::Impl::RelievePressure(int64_t blocks_short) {
   std::stable_sort(compressed.begin(), compressed.end(), coldest_first);
   const int64_t free_before = kv->stats().blocks_free;
   auto enough = [&] { return kv->stats().blocks_free - free_before >= blocks_short; };
-  auto count = [&](KvAction action) {
-    std::lock_guard<std::mutex> lock(metrics_mutex);
-    KvActionCounter& counter = action_counters[static_cast<size_t>(action)];
-    ++counter.pages;
-    counter.bytes += storage->layout().kv_bytes();
-  };
   bool acted = false;
   for (const Candidate& c : resident) {
     if (enough()) break;
@@ -136,7 +137,7 @@ bool Engine::Impl::RelievePressure(int64_t blocks_short) {
                                                      : nullptr;
     if (!pager->DetachPage(c.seq->slot, c.block_index, action, tier)) continue;
     acted = true;
-    count(action);
+    CountPageAction(action);
   }
   if (acted) return true;
   for (const Candidate& c : compressed) {
@@ -147,7 +148,7 @@ bool Engine::Impl::RelievePressure(int64_t blocks_short) {
                  "only compressed pages)\n", c.seq->id, c.block_index);
     }
     acted = true;
-    count(KvAction::kEvict);
+    CountPageAction(KvAction::kEvict);
   }
   return acted;
 }
@@ -160,7 +161,6 @@ void Engine::Impl::Preempt(size_t running_index) {
   // that gives back exact KV whatever happened to its pages.
   seq->demoted.clear();
   seq->recompute_predicted_ms.clear();
-  const KvBlockLayout& layout = storage->layout();
   const bool paged = kv->IsPaged(seq->slot);
   const int64_t full_blocks = seq->num_computed / options.block_tokens;
   const std::vector<BlockId>& table = kv->block_table(seq->slot);
@@ -179,12 +179,8 @@ void Engine::Impl::Preempt(size_t running_index) {
       demoted = pager->WriteLayerPages(table[static_cast<size_t>(b)], tier, residual, &page_id);
       if (demoted) seq->demoted.push_back({b, tier, page_id, action, predicted});
     }
-    const KvAction done = demoted ? action : KvAction::kRecomputeTokens;
     if (!demoted) seq->recompute_predicted_ms.push_back(predicted);
-    std::lock_guard<std::mutex> lock(metrics_mutex);
-    KvActionCounter& counter = action_counters[static_cast<size_t>(done)];
-    ++counter.pages;
-    counter.bytes += layout.kv_bytes();
+    CountPageAction(demoted ? action : KvAction::kRecomputeTokens);
   }
   pager->DropSequence(seq->slot);
   kv->Free(seq->slot);
