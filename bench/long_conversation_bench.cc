@@ -60,7 +60,7 @@ struct PolicyRun {
   std::string error;           // the engine's error, when finish_reason is "error"
   double total_s = 0;          // submit to the last event
   double decode_tok_s = 0;     // tokens after the first / time after the first
-  int64_t peak_kv_bytes = 0;   // pool bytes in use, the highest seen between steps
+  int64_t peak_kv_bytes = 0;   // pool bytes in use at the most (the KV manager's peak)
   int64_t peak_kv_blocks = 0;  // the same in blocks (pages)
   int64_t budget_bytes = 0;    // the pool's size
   int64_t budget_blocks = 0;
@@ -103,8 +103,7 @@ kvl::EngineOptions OptionsFor(const BenchArgs& args, const std::string& policy,
   return options;
 }
 
-// Runs the prompt to the end under one policy. The step loop is driven here (not RunUntilIdle) so
-// the pool can be read between steps for the peak.
+// Runs the prompt to the end under one policy.
 kvl::StatusOr<PolicyRun> RunPolicy(const BenchArgs& args, const std::string& policy,
                                    const std::vector<int32_t>& prompt_ids, int64_t budget_bytes) {
   const int64_t context_length =
@@ -136,18 +135,14 @@ kvl::StatusOr<PolicyRun> RunPolicy(const BenchArgs& args, const std::string& pol
     }
   };
   KVL_RETURN_IF_ERROR(engine->Submit(std::move(request), on_event).status());
-  // The KV manager's own counters rather than Metrics(): the same pool numbers, without the
-  // latency percentiles Metrics() sorts, which would show up in the tok/s of a tiny model.
-  while (engine->Step()) {
-    const kvl::KvStats pool = engine->kv_manager().stats();
-    run.peak_kv_bytes = std::max(run.peak_kv_bytes, pool.kv_bytes_used);
-    run.peak_kv_blocks = std::max(run.peak_kv_blocks, pool.blocks_used);
-  }
+  engine->RunUntilIdle();
   run.total_s = std::chrono::duration<double>(finished - start).count();
   const double decode_s = std::chrono::duration<double>(last_token - first_token).count();
   const size_t decoded = run.tokens.empty() ? 0 : run.tokens.size() - 1;
   run.decode_tok_s = decode_s > 0 ? static_cast<double>(decoded) / decode_s : 0;
   run.metrics = engine->Metrics();
+  run.peak_kv_bytes = run.metrics.kv.kv_bytes_peak;
+  run.peak_kv_blocks = run.metrics.kv.blocks_used_peak;
   run.budget_bytes = run.metrics.kv.kv_bytes_total;
   run.budget_blocks = run.metrics.kv.blocks_total;
   return run;

@@ -133,6 +133,8 @@ struct KvStats {
   int64_t blocks_raw = 0;      // lent out (compressed-page slabs), included in blocks_used
   int64_t kv_bytes_used = 0;   // blocks_used * block_bytes
   int64_t kv_bytes_total = 0;
+  int64_t blocks_used_peak = 0;  // the most blocks ever in use at once
+  int64_t kv_bytes_peak = 0;     // blocks_used_peak * block_bytes
   int64_t prefix_queries = 0;  // admissions that looked up the prefix cache
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;

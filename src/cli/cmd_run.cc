@@ -36,20 +36,10 @@ StatusOr<std::vector<std::string>> LoadPrompts(const RunArgs& args) {
   return prompts;
 }
 
-// The highest pool use seen at a token event. Metrics() has no peak, and by the end of the run
-// every sequence has finished and freed its blocks, so the pool is read as tokens come out; the
-// KV manager's counters are O(1) to read and the callbacks run on the step loop's thread.
-struct KvPeak {
-  int64_t bytes_used = 0;
-  void Note(const Engine& e) {
-    bytes_used = std::max(bytes_used, e.kv_manager().stats().kv_bytes_used);
-  }
-};
-
 // What the KV action lattice did over the run, in a few lines, printed only when it acted: per
 // action the pages and bytes it moved and what bringing them back was predicted to cost vs what it
 // cost; then the pool's peak and how much streaming attention waited for.
-void PrintKvSummary(const EngineMetrics& m, const KvPeak& peak) {
+void PrintKvSummary(const EngineMetrics& m) {
   bool acted = false;
   for (const KvActionCounter& c : m.kv_actions) acted |= c.pages > 0;
   if (!acted) return;
@@ -66,7 +56,7 @@ void PrintKvSummary(const EngineMetrics& m, const KvPeak& peak) {
   fmt::print(stderr,
              "kvl: kv pool peak {} of {}; {} layer pages streamed back, {:.2f} ms waited; {} "
              "rebuilt from checkpoints in {:.2f} ms\n",
-             FormatBytes(peak.bytes_used), FormatBytes(m.kv.kv_bytes_total), m.kv_layers_streamed,
+             FormatBytes(m.kv.kv_bytes_peak), FormatBytes(m.kv.kv_bytes_total), m.kv_layers_streamed,
              m.kv_stream_wait_ms, m.kv_layers_rebuilt, m.kv_rebuild_ms);
   // Pages are held outside the pool only while their sequence runs, so after a finished run these
   // are zero; they show when a run ended with sequences still holding them.
@@ -92,7 +82,6 @@ int RunOne(Engine& e, const RunArgs& args, const std::string& prompt) {
   // The prompt is echoed (as llama.cpp does) so the output reads as one text; it is printed with
   // the first token, so a request that fails validation prints only its error.
   bool echoed = false;
-  KvPeak kv_peak;
   auto echo = [&] {
     if (echoed) return;
     echoed = true;
@@ -100,7 +89,6 @@ int RunOne(Engine& e, const RunArgs& args, const std::string& prompt) {
   };
   StatusOr<GenerateResult> result = e.Generate(request, [&](int32_t, std::string_view piece) {
     echo();
-    kv_peak.Note(e);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;
@@ -115,7 +103,7 @@ int RunOne(Engine& e, const RunArgs& args, const std::string& prompt) {
   PrintTiming("prompt eval time", st.prompt_ms, st.prompt_tokens - st.cached_prompt_tokens);
   PrintTiming("eval time", st.generate_ms, st.generated_tokens > 0 ? st.generated_tokens - 1 : 0);
   fmt::print(stderr, "kvl: stop reason: {}\n", result->stop_reason);
-  PrintKvSummary(e.Metrics(), kv_peak);
+  PrintKvSummary(e.Metrics());
   return 0;
 }
 
@@ -128,7 +116,6 @@ int RunParallel(Engine& e, const RunArgs& args, const std::vector<std::string>& 
   };
   const int n = args.parallel;
   std::vector<Output> outputs(static_cast<size_t>(n));
-  KvPeak kv_peak;
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < n; ++i) {
     Output& out = outputs[static_cast<size_t>(i)];
@@ -140,8 +127,7 @@ int RunParallel(Engine& e, const RunArgs& args, const std::vector<std::string>& 
     r.sampling = args.sampling;
     r.sampling.seed = args.sampling.seed + static_cast<uint64_t>(i);  // distinct streams
     r.stop_strings = args.stop;
-    StatusOr<RequestId> id = e.Submit(std::move(r), [&e, &kv_peak, &out, i](const TokenEvent& ev) {
-      kv_peak.Note(e);
+    StatusOr<RequestId> id = e.Submit(std::move(r), [&out, i](const TokenEvent& ev) {
       out.text += ev.text;
       if (!ev.finished) return;
       out.last = ev;
@@ -174,7 +160,7 @@ int RunParallel(Engine& e, const RunArgs& args, const std::vector<std::string>& 
              m.steps, m.mean_batch_tokens, m.mean_batch_seqs, m.ttft_mean_ms, m.itl_mean_ms,
              m.itl_p99_ms, m.kv.prefix_hit_tokens, m.kv.prefix_query_tokens, m.preemptions,
              m.kv.blocks_total, m.kv.blocks_cached);
-  PrintKvSummary(m, kv_peak);
+  PrintKvSummary(m);
   return failures ? 1 : 0;
 }
 

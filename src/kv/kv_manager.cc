@@ -335,6 +335,7 @@ void KvManager::Commit(const KvPlan& plan) {
       for (size_t k = first_unfilled; k < full_blocks; ++k) s.RegisterFullBlock(seq, k);
     }
   }
+  s.NotePeak();
   ++s.version;
 }
 
@@ -401,6 +402,7 @@ BlockId KvManager::AcquireRawBlock() {
   s.AllocateBlock(block);  // evicts a cached prefix it held
   s.raw[block] = 1;
   ++s.num_raw;
+  s.NotePeak();
   ++s.version;
   return block;
 }
@@ -441,6 +443,8 @@ KvStats KvManager::stats() const {
   st.blocks_used = st.blocks_total - st.blocks_free;
   st.blocks_cached = s.num_cached;
   st.blocks_raw = s.num_raw;
+  st.blocks_used_peak = s.peak_used;
+  st.kv_bytes_peak = s.peak_used * s.options.layout.block_bytes();
   st.kv_bytes_used = st.blocks_used * s.options.layout.block_bytes();
   st.kv_bytes_total = st.blocks_total * s.options.layout.block_bytes();
   st.prefix_queries = s.prefix_queries;

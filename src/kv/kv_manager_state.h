@@ -2,6 +2,7 @@
 // from-scratch cross-check). Not part of the public API.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <unordered_map>
@@ -78,6 +79,8 @@ struct KvManager::State {
   int64_t num_cached = 0;                   // free blocks that are indexed
   std::vector<uint8_t> raw;                 // [block]: lent out by AcquireRawBlock
   int64_t num_raw = 0;
+  int64_t peak_used = 0;  // the most blocks in use at once (NotePeak)
+  void NotePeak() { peak_used = std::max<int64_t>(peak_used, pool.num_blocks() - pool.num_free()); }
   std::vector<kv_internal::SeqState> seqs;  // [max_seqs]
   int64_t num_seqs = 0;
   uint64_t version = 1;  // a default KvPlan (version 0) never matches

@@ -42,6 +42,7 @@ TEST(KvPagingTest, DetachFreesTheBlockAndLeavesAHole) {
   m->Free(0);
   ExpectInvariants(*m);
   EXPECT_EQ(m->stats().blocks_free, 8);
+  EXPECT_EQ(m->stats().blocks_used_peak, 4);  // the detached block made room for the 5th
 }
 
 TEST(KvPagingTest, DetachedPrefixStaysFindableButPagedBlocksGetNoIdentity) {
