@@ -5,12 +5,12 @@
 // equals keep-all, bit for bit.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <filesystem>
 
 #include "kvl/engine.h"
+#include "page_file_corruption.h"
 #include "test_paths.h"
 
 namespace kvl {
@@ -130,16 +130,7 @@ TEST(KvActionsTest, CorruptDiskPageIsRecomputedAndOutputUnchanged) {
   int corruptions = 0;
   while (e->Step()) {
     if (corruptions < 3 && Pages(e->Metrics(), KvAction::kDemoteDisk) > 0) {
-      const int fd = open(disk.c_str(), O_RDWR);
-      ASSERT_GE(fd, 0);
-      const off_t size = lseek(fd, 0, SEEK_END);
-      for (off_t off = 2000; off < size; off += 4096) {
-        char byte;
-        ASSERT_EQ(pread(fd, &byte, 1, off), 1);
-        byte = static_cast<char>(byte ^ 0x5A);
-        ASSERT_EQ(pwrite(fd, &byte, 1, off), 1);
-      }
-      close(fd);
+      testing::CorruptEvery4KiB(disk, 2000);
       ++corruptions;
     }
   }

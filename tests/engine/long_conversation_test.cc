@@ -2,10 +2,12 @@
 // resident KV held at the budget by the action lattice on its own pages (compress, demote and
 // stream back, evict). Lossless actions reproduce keep-all token for token.
 #include <gtest/gtest.h>
-#include <fcntl.h>
 #include <unistd.h>
 
+#include <functional>
+
 #include "kvl/engine.h"
+#include "page_file_corruption.h"
 #include "test_paths.h"
 
 namespace kvl {
@@ -32,7 +34,10 @@ struct Outcome {
   int64_t peak_kv_bytes = 0;
 };
 
-Outcome RunConversation(const EngineOptions& o) {
+// Runs the story prompt to kNewTokens under `o`; `after_step` (optional) sees the engine after
+// every step.
+Outcome RunConversation(const EngineOptions& o,
+                        const std::function<void(Engine&)>& after_step = {}) {
   auto created = Engine::Create(o);
   EXPECT_TRUE(created.ok()) << created.status().ToString();
   Outcome out;
@@ -50,10 +55,11 @@ Outcome RunConversation(const EngineOptions& o) {
                  if (ev.finished) finish = ev.finish_reason;
                }).ok());
   while (e.Step()) {
-    out.peak_kv_bytes = std::max(out.peak_kv_bytes, e.Metrics().kv.kv_bytes_used);
+    if (after_step) after_step(e);
   }
   EXPECT_EQ(finish, "length");
   out.metrics = e.Metrics();
+  out.peak_kv_bytes = out.metrics.kv.kv_bytes_peak;
   return out;
 }
 
@@ -144,39 +150,17 @@ TEST(LongConversationTest, CorruptStreamedPageIsCaughtAndTheOutputUnchanged) {
   EngineOptions o = Options(8);
   o.kv_policy = "demote-disk";
   o.kv_tiers = {"disk:" + disk + ":64MiB"};
-  auto created = Engine::Create(o);
-  ASSERT_TRUE(created.ok()) << created.status().ToString();
-  Engine& e = **created;
-  Request r;
-  r.prompt = testing::StoryPrompts()[0];
-  r.max_new_tokens = kNewTokens;
-  r.sampling.temperature = 0;
-  r.ignore_eos = true;
-  std::vector<int32_t> tokens;
-  ASSERT_TRUE(e.Submit(r, [&](const TokenEvent& ev) {
-                 if (ev.token >= 0) tokens.push_back(ev.token);
-               }).ok());
   bool corrupted = false;
-  while (e.Step()) {
+  const Outcome out = RunConversation(o, [&](Engine& e) {
     if (!corrupted && e.Metrics().kv_pages_streamed >= 4) {
-      // Flip one byte in every 4 KiB of the page file: every slot written so far is hit.
-      const int fd = open(disk.c_str(), O_RDWR);
-      ASSERT_GE(fd, 0);
-      const off_t size = lseek(fd, 0, SEEK_END);
-      for (off_t off = 1000; off < size; off += 4096) {
-        char byte;
-        ASSERT_EQ(pread(fd, &byte, 1, off), 1);
-        byte = static_cast<char>(byte ^ 0x5A);
-        ASSERT_EQ(pwrite(fd, &byte, 1, off), 1);
-      }
-      close(fd);
+      testing::CorruptEvery4KiB(disk, 1000);
       corrupted = true;
     }
-  }
+  });
   EXPECT_TRUE(corrupted);
-  EXPECT_GT(e.Metrics().kv_checksum_failures, 0);
-  EXPECT_GT(e.Metrics().preemptions, 0);  // the step was thrown away and the KV recomputed
-  EXPECT_EQ(tokens, KeepAll().tokens);
+  EXPECT_GT(out.metrics.kv_checksum_failures, 0);
+  EXPECT_GT(out.metrics.preemptions, 0);  // the step was thrown away and the KV recomputed
+  EXPECT_EQ(out.tokens, KeepAll().tokens);
 }
 
 // A multi-turn conversation: each turn's prompt is the whole history plus a new user line, longer
@@ -204,10 +188,11 @@ std::vector<std::vector<int32_t>> Conversation(const EngineOptions& o, int64_t* 
                    EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
                    if (ev.token >= 0) reply.push_back(ev.token);
                  }).ok());
-    while (e.Step()) *peak = std::max(*peak, e.Metrics().kv.kv_bytes_used);
+    e.RunUntilIdle();
     history.insert(history.end(), reply.begin(), reply.end());
     replies.push_back(reply);
   }
+  *peak = e.Metrics().kv.kv_bytes_peak;
   EXPECT_GT(history.size(), 400u);
   return replies;
 }
