@@ -12,7 +12,7 @@ if ! command -v "$cxx" >/dev/null 2>&1; then
 fi
 mkdir -p "$out"
 sources=(src/base/*.cc src/gguf/*.cc)
-flags=(-std=c++20 -g -Iinclude -Isrc)
+flags=(-std=c++20 -g -Iinclude/base -Iinclude/gguf -Isrc/gguf)
 
 echo "fuzz: building $out/gguf_fuzzer"
 "$cxx" "${flags[@]}" -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

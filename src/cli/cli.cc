@@ -1,4 +1,4 @@
-#include "cli/cli.h"
+#include "cli.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

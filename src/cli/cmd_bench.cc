@@ -8,7 +8,7 @@
 #include <cmath>
 #include <random>
 
-#include "cli/cli.h"
+#include "cli.h"
 
 namespace kvl::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "cli/cli.h"
+#include "cli.h"
 #include "kvl/calibration.h"
 
 namespace kvl::cli {

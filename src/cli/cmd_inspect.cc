@@ -5,7 +5,7 @@
 
 #include <map>
 
-#include "cli/cli.h"
+#include "cli.h"
 #include "kvl/model.h"
 
 namespace kvl::cli {

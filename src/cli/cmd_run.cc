@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "cli/cli.h"
+#include "cli.h"
 
 namespace kvl::cli {
 namespace {

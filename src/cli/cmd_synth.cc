@@ -3,7 +3,7 @@
 
 #include <chrono>
 
-#include "cli/cli.h"
+#include "cli.h"
 #include "kvl/synthetic_model.h"
 
 namespace kvl::cli {

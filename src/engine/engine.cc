@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "engine/engine_impl.h"
+#include "engine_impl.h"
 #include "kvl/calibration.h"
 
 namespace kvl {

@@ -9,7 +9,7 @@
 #include <thread>
 #include <unordered_set>
 
-#include "engine/kv_pager.h"
+#include "kvl/kv_pager.h"
 #include "kvl/engine.h"
 #include "kvl/forward.h"
 #include "kvl/kv_tier.h"

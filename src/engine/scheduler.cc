@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "engine/engine_impl.h"
+#include "engine_impl.h"
 
 namespace kvl {
 

@@ -12,7 +12,7 @@
 #include <limits>
 #include <string>
 
-#include "gguf/byte_reader.h"
+#include "byte_reader.h"
 #include "kvl/gguf.h"
 
 namespace kvl {

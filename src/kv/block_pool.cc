@@ -1,4 +1,4 @@
-#include "kv/block_pool.h"
+#include "block_pool.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "kv/compressed_slabs.h"
+#include "kvl/compressed_slabs.h"
 
 #include <algorithm>
 

@@ -13,7 +13,7 @@
 //
 // Thread-safety: one mutex serializes the index, the allocator and all file I/O; checksums of a
 // Put are computed before taking it.
-#include "kv/disk_tier.h"
+#include "disk_tier.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -32,8 +32,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kv/page_checksum.h"
-#include "kv/tier_worker.h"
+#include "page_checksum.h"
+#include "tier_worker.h"
 #include "kvl/kv_tier.h"
 
 namespace kvl {

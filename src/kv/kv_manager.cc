@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "kv/block_hash.h"
-#include "kv/kv_manager_state.h"
+#include "block_hash.h"
+#include "kv_manager_state.h"
 
 namespace kvl {
 

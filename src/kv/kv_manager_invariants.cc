@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "kv/kv_manager_state.h"
+#include "kv_manager_state.h"
 #include "kvl/kv_manager.h"
 
 namespace kvl {

@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kv/block_pool.h"
+#include "block_pool.h"
 #include "kvl/kv_manager.h"
 
 namespace kvl {

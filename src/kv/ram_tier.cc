@@ -14,8 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kv/page_checksum.h"
-#include "kv/tier_worker.h"
+#include "page_checksum.h"
+#include "tier_worker.h"
 #include "kvl/kv_tier.h"
 
 namespace kvl {

@@ -1,4 +1,4 @@
-#include "kv/tier_worker.h"
+#include "tier_worker.h"
 
 #include <utility>
 

@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/kernel_table.h"
+#include "kernel_table.h"
 
 // g++ contracts a * b + c into an FMA by default in C++ (-ffp-contract=fast), and may do so in one
 // inlined copy of an expression and not another. Every fused operation here is an explicit

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "kvl/quant.h"
-#include "ops/kernel_table.h"
+#include "kernel_table.h"
 
 namespace kvl::ops {
 namespace {

@@ -10,7 +10,7 @@
 
 #include <algorithm>
 
-#include "ops/kernel_table.h"
+#include "kernel_table.h"
 
 #pragma GCC optimize("fp-contract=off")
 

@@ -9,7 +9,7 @@
 // sum_i w_i * v_min[i][g], is summed per group and added once at the end.
 #include <algorithm>
 
-#include "ops/kernel_table.h"
+#include "kernel_table.h"
 
 namespace kvl::ops {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "kvl/quant.h"
 #include "kvl/status.h"
-#include "ops/kernel_table.h"
+#include "kernel_table.h"
 
 namespace kvl::ops {
 namespace {

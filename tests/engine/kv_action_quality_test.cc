@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "engine/kv_pager.h"
+#include "kvl/kv_pager.h"
 #include "kvl/forward.h"
 #include "kvl/tokenizer.h"
 #include "test_paths.h"

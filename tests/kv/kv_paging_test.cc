@@ -5,7 +5,7 @@
 #include <cstring>
 #include <random>
 
-#include "kv/compressed_slabs.h"
+#include "kvl/compressed_slabs.h"
 #include "kv_test_util.h"
 #include "kvl/kv_manager.h"
 

@@ -15,7 +15,7 @@
 #include <random>
 #include <thread>
 
-#include "engine/calibration_internal.h"
+#include "calibration_internal.h"
 #include "kvl/forward.h"
 #include "kvl/kv_cache.h"
 #include "kvl/model.h"

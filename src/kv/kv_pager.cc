@@ -1,4 +1,4 @@
-#include "engine/kv_pager.h"
+#include "kvl/kv_pager.h"
 
 #include <algorithm>
 #include <chrono>

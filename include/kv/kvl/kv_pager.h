@@ -25,7 +25,7 @@
 #include <span>
 #include <vector>
 
-#include "kv/compressed_slabs.h"
+#include "kvl/compressed_slabs.h"
 #include "kvl/kv_codec.h"
 #include "kvl/kv_manager.h"
 #include "kvl/kv_policy.h"

@@ -15,7 +15,7 @@
 #include <random>
 #include <system_error>
 
-#include "engine/calibration_internal.h"
+#include "calibration_internal.h"
 
 namespace kvl::calibration_internal {
 namespace {
