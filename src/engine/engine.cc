@@ -45,164 +45,86 @@ uint64_t ModelIdentity(const Model& model) {
   return h;
 }
 
-}  // namespace
-
-std::string StopTextFilter::Push(std::string_view piece, bool* stopped) {
-  *stopped = false;
-  pending_.append(piece);
-  size_t hold = 0;
-  for (const std::string& stop : stops_) {
-    if (stop.empty()) continue;
-    const size_t at = pending_.find(stop);
-    if (at != std::string::npos) {
-      *stopped = true;
-      std::string out = pending_.substr(0, at);
-      pending_.clear();
-      return out;
-    }
-    // Hold back the longest tail of pending_ that is a prefix of this stop string.
-    for (size_t len = std::min(stop.size() - 1, pending_.size()); len > hold; --len) {
-      if (pending_.compare(pending_.size() - len, len, stop, 0, len) == 0) {
-        hold = len;
-        break;
-      }
-    }
-  }
-  std::string out = pending_.substr(0, pending_.size() - hold);
-  pending_.erase(0, pending_.size() - hold);
-  return out;
-}
-
-std::string StopTextFilter::Flush() {
-  std::string out;
-  out.swap(pending_);
-  return out;
-}
-
-void SampleWindow::Add(double v) {
-  if (values_.size() < kCapacity) {
-    values_.push_back(v);
-  } else {
-    values_[next_] = v;
-    next_ = (next_ + 1) % kCapacity;
-  }
-}
-
-double SampleWindow::Mean() const {
-  if (values_.empty()) return 0;
-  double sum = 0;
-  for (double v : values_) sum += v;
-  return sum / static_cast<double>(values_.size());
-}
-
-double SampleWindow::Percentile(double p) const {
-  if (values_.empty()) return 0;
-  std::vector<double> sorted = values_;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t index = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size()))) - 1;
-  return sorted[std::min(index, sorted.size() - 1)];
-}
-
 // --kv-policy, --kv-quality and --kv-tier, parsed once before the pool's layout is decided.
-Status Engine::Impl::ParseKvSettings() {
-  KVL_ASSIGN_OR_RETURN(policy, ParseKvPolicy(options.kv_policy));
-  KVL_ASSIGN_OR_RETURN(quality, ParseKvQuality(options.kv_quality));
+struct KvSettings {
+  KvPolicyChoice policy;
+  KvQuality quality = KvQuality::kLossless;
+  std::vector<TierSpec> tiers;
+
+  bool has_tier(std::string_view kind) const {
+    return std::any_of(tiers.begin(), tiers.end(),
+                       [kind](const TierSpec& t) { return t.kind == kind; });
+  }
+};
+
+StatusOr<KvSettings> ParseKvSettings(const EngineOptions& options) {
+  KvSettings s;
+  KVL_ASSIGN_OR_RETURN(s.policy, ParseKvPolicy(options.kv_policy));
+  KVL_ASSIGN_OR_RETURN(s.quality, ParseKvQuality(options.kv_quality));
   for (const std::string& text : options.kv_tiers) {
     KVL_ASSIGN_OR_RETURN(TierSpec spec, ParseTierSpec(text));
-    tier_specs.push_back(std::move(spec));
+    s.tiers.push_back(std::move(spec));
   }
+  return s;
+}
+
+Status LoadModel(Engine::Impl& e) {
+  const EngineOptions& options = e.options;
+  KVL_ASSIGN_OR_RETURN(ops::Isa isa, ChooseIsa(options.isa));
+  KVL_ASSIGN_OR_RETURN(e.model, Model::Load(options.model_path));
+  KVL_ASSIGN_OR_RETURN(e.tokenizer, Tokenizer::FromGguf(e.model->file()));
+  const ModelConfig& c = e.model->config();
+  if (e.tokenizer->vocab_size() != c.vocab_size) {
+    return DataLossError(fmt::format("{}: the tokenizer has {} tokens but token_embd.weight has {}",
+                                     options.model_path, e.tokenizer->vocab_size(), c.vocab_size));
+  }
+  e.context_length = options.context_length > 0 ? options.context_length
+                                                : std::min<int64_t>(c.context_length, 4096);
+  int threads = options.num_threads;
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  e.pool = std::make_unique<ThreadPool>(threads);
+  e.ops = std::make_unique<ops::OpsContext>(isa, e.pool.get());
   return Status::Ok();
 }
 
-// Residual checkpoints cost memory in every block (d_model per token per layer), so they are kept
-// only where recompute-from-residual can be chosen: asked for, or (auto with a RAM tier to hold
-// them) where they are no larger than the K+V they stand for (MHA; not GQA).
-bool Engine::Impl::KeepsResidualCheckpoints() const {
-  const ModelConfig& c = model->config();
-  const bool ram = std::any_of(tier_specs.begin(), tier_specs.end(),
-                               [](const TierSpec& t) { return t.kind == "ram"; });
-  if (!policy.automatic) return policy.fixed == KvAction::kRecomputeResidual;
-  return ram && c.dim <= 2 * c.kv_dim();
+// The paged pool sized from the budget, its storage, the pager and the forward pass's view.
+Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
+  const EngineOptions& options = e.options;
+  const ModelConfig& c = e.model->config();
+  KvManagerOptions kvo;
+  kvo.layout.block_tokens = options.block_tokens;
+  kvo.layout.num_layers = c.num_layers;
+  kvo.layout.kv_dim = c.kv_dim();
+  KVL_ASSIGN_OR_RETURN(kvo.layout.k_type, ParseKvCacheType(options.cache_type_k));
+  KVL_ASSIGN_OR_RETURN(kvo.layout.v_type, ParseKvCacheType(options.cache_type_v));
+  if (KeepsResidualCheckpoints(kv.policy, kv.has_tier("ram"), c.dim, c.kv_dim())) {
+    kvo.layout.residual_dim = c.dim;
+  }
+  kvo.budget_bytes = options.kv_budget_bytes;
+  if (kvo.budget_bytes == 0) {
+    const int64_t per_context = kvo.layout.block_bytes() *
+                                ((e.context_length + options.block_tokens - 1) / options.block_tokens);
+    kvo.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, 1ll << 30);
+    kvo.budget_bytes = std::max(kvo.budget_bytes, per_context);
+  }
+  kvo.model_identity = ModelIdentity(*e.model);
+  kvo.enable_prefix_cache = options.prefix_cache;
+  kvo.max_seqs = options.max_seqs;
+  KVL_ASSIGN_OR_RETURN(e.kv, KvManager::Create(kvo));
+  KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
+  e.pager = std::make_unique<KvPager>(*e.kv, *e.storage, options.max_seqs, e.context_length);
+  e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage, e.pager.get());
+  return Status::Ok();
 }
 
-// Tiers and the per-page costs the policy prices actions with. The costs come from the
-// calibration profile of this model on this machine; without one, a quick calibration runs now
-// and is saved for the next start.
-Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
-  sink_tokens = std::max<int64_t>(0, options.kv_sink_tokens);
-  recent_tokens = std::max<int64_t>(0, options.kv_recent_tokens);
-  if (!policy.automatic && !IsLossless(policy.fixed) && quality == KvQuality::kLossless) {
-    // A fixed lossy policy says what it wants; the quality preset only steers `auto`.
-    quality = KvQuality::kAggressive;
-  }
-  std::string disk_dir;
-  for (const TierSpec& spec : tier_specs) {
-    // Tier pages are one layer of K and V (KvPager), so a step streams exactly one layer.
-    const int64_t page_bytes = pager->layer_page_bytes();
-    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, MakeTier(spec, page_bytes));
-    (spec.kind == "disk" ? disk_tier : ram_tier) = std::move(tier);
-    if (spec.kind == "disk") disk_dir = std::filesystem::path(spec.path).parent_path().string();
-  }
-  if (policy.fixed == KvAction::kDemoteRam && !policy.automatic && !ram_tier) {
-    return InvalidArgumentError("--kv-policy demote needs a RAM tier: --kv-tier ram:SIZE");
-  }
-  if (policy.fixed == KvAction::kDemoteDisk && !policy.automatic && !disk_tier) {
-    return InvalidArgumentError("--kv-policy demote-disk needs --kv-tier disk:PATH:SIZE");
-  }
-  if (policy.fixed == KvAction::kRecomputeResidual && !policy.automatic && !ram_tier) {
-    return InvalidArgumentError(
-        "--kv-policy recompute-residual keeps the checkpoints in a RAM tier: --kv-tier ram:SIZE");
-  }
-
-  page_costs.kv_bytes = layout.kv_bytes();
-  page_costs.residual_bytes =
-      static_cast<int64_t>(layout.block_tokens) * layout.num_layers * model->config().dim * 4;
-  page_costs.has_ram_tier = ram_tier != nullptr;
-  page_costs.has_disk_tier = disk_tier != nullptr;
-  const bool checkpoints = layout.residual_dim > 0 && ram_tier;
-  const CompressedSlabs& slabs = pager->slabs();
-  const bool int8 = slabs.slots_per_slab(KvCodecType::kInt8) >= layout.num_layers;
-  const bool int4 = slabs.slots_per_slab(KvCodecType::kInt4) >= layout.num_layers;
-  if ((policy.fixed == KvAction::kCompressInt8 && !int8) ||
-      (policy.fixed == KvAction::kCompressInt4 && !int4)) {
-    return InvalidArgumentError(fmt::format(
-        "--kv-policy {}: a compressed page of this model does not fit the slabs of one block",
-        KvActionName(policy.fixed)));
-  }
-  page_costs.int8_page_bytes = slabs.slot_bytes(KvCodecType::kInt8) * layout.num_layers;
-  page_costs.int4_page_bytes = slabs.slot_bytes(KvCodecType::kInt4) * layout.num_layers;
-  page_costs.available_actions =
-      (1u << static_cast<int>(KvAction::kKeep)) | (1u << static_cast<int>(KvAction::kEvict)) |
-      (int8 ? 1u << static_cast<int>(KvAction::kCompressInt8) : 0u) |
-      (int4 ? 1u << static_cast<int>(KvAction::kCompressInt4) : 0u) |
-      (1u << static_cast<int>(KvAction::kRecomputeTokens)) |
-      (ram_tier ? 1u << static_cast<int>(KvAction::kDemoteRam) : 0u) |
-      (disk_tier ? 1u << static_cast<int>(KvAction::kDemoteDisk) : 0u) |
-      (checkpoints ? 1u << static_cast<int>(KvAction::kRecomputeResidual) : 0u);
-  // Running sequences' pages can be acted on unless the policy is only about preemption (keep,
-  // recompute) or nothing is allowed (auto, lossless, with no tier to demote to).
-  if (policy.automatic) {
-    pages_running_sequences = ram_tier || disk_tier || quality != KvQuality::kLossless;
-  } else {
-    pages_running_sequences = policy.fixed == KvAction::kRecomputeResidual ||
-                              policy.fixed == KvAction::kCompressInt8 ||
-                              policy.fixed == KvAction::kCompressInt4 ||
-                              policy.fixed == KvAction::kDemoteRam ||
-                              policy.fixed == KvAction::kDemoteDisk ||
-                              policy.fixed == KvAction::kEvict;
-  }
-  pager->set_track_attention(pages_running_sequences);
-  pager->set_rebuilder([this](int64_t layer, const float* checkpoints, const int64_t* positions,
-                              int64_t n, uint8_t* k_out, uint8_t* v_out) {
-    const KvBlockLayout& l = storage->layout();
-    forward->RebuildLayerKv(layer, checkpoints, positions, n, l.k_type, k_out, l.v_type, v_out);
-  });
-  // Without a tier only recompute-from-tokens needs a price (to report its prediction); the other
-  // policies have nothing to choose among.
-  const bool needs_profile = ram_tier || disk_tier ||
-                             (!policy.automatic && policy.fixed == KvAction::kRecomputeTokens);
-  if (!needs_profile) return Status::Ok();
-
+// The per-page prices the measured machine gives: from the calibration profile of this model on
+// this machine; without one, a quick calibration runs now and is saved for the next start.
+Status LoadCostProfile(Engine::Impl& e, const std::string& disk_dir, PageCostProfile* prices) {
+  const EngineOptions& options = e.options;
+  const KvBlockLayout& layout = e.storage->layout();
+  PageCostProfile& page_costs = *prices;
+  const std::unique_ptr<ThreadPool>& pool = e.pool;
+  const std::unique_ptr<Model>& model = e.model;
   const std::string path =
       options.profile_path.empty() ? DefaultProfilePath(model->config().name) : options.profile_path;
   StatusOr<MachineProfile> profile = LoadProfile(path);
@@ -230,6 +152,53 @@ Status Engine::Impl::SetUpKvActions(const KvBlockLayout& layout) {
   return Status::Ok();
 }
 
+// The lattice: tiers, what may be done to a page and at what price, the planner that decides.
+Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
+  std::string disk_dir;
+  for (const TierSpec& spec : kv.tiers) {
+    // Tier pages are one layer of K and V (KvPager), so a step streams exactly one layer.
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, MakeTier(spec, e.pager->layer_page_bytes()));
+    (spec.kind == "disk" ? e.disk_tier : e.ram_tier) = std::move(tier);
+    if (spec.kind == "disk") disk_dir = std::filesystem::path(spec.path).parent_path().string();
+  }
+  e.pager->set_tiers({e.ram_tier.get(), e.disk_tier.get()});
+  e.pager->set_rebuilder(e.forward.get());
+
+  const KvBlockLayout& layout = e.storage->layout();
+  const CompressedSlabs& slabs = e.pager->slabs();
+  KvPagingSetup setup;
+  setup.policy = kv.policy;
+  setup.quality = kv.quality;
+  setup.has_ram_tier = e.ram_tier != nullptr;
+  setup.has_disk_tier = e.disk_tier != nullptr;
+  setup.has_checkpoints = layout.residual_dim > 0;
+  setup.int8_fits = slabs.slots_per_slab(KvCodecType::kInt8) >= layout.num_layers;
+  setup.int4_fits = slabs.slots_per_slab(KvCodecType::kInt4) >= layout.num_layers;
+  setup.block_tokens = layout.block_tokens;
+  setup.sink_tokens = e.options.kv_sink_tokens;
+  setup.recent_tokens = e.options.kv_recent_tokens;
+  setup.explain = e.options.explain;
+  PageCostProfile prices;
+  prices.kv_bytes = layout.kv_bytes();
+  prices.residual_bytes = static_cast<int64_t>(layout.block_tokens) * layout.num_layers *
+                          e.model->config().dim * static_cast<int64_t>(sizeof(float));
+  prices.int8_page_bytes = slabs.slot_bytes(KvCodecType::kInt8) * layout.num_layers;
+  prices.int4_page_bytes = slabs.slot_bytes(KvCodecType::kInt4) * layout.num_layers;
+  // The rules are checked before anything is measured: a policy that cannot run fails at once.
+  KVL_ASSIGN_OR_RETURN(KvPagingRules rules, MakeKvPagingRules(setup, prices));
+  // Without a tier only recompute-from-tokens needs a price (to report its prediction); the other
+  // policies have nothing to choose among.
+  const bool needs_profile =
+      e.ram_tier || e.disk_tier ||
+      (!kv.policy.automatic && kv.policy.fixed == KvAction::kRecomputeTokens);
+  if (needs_profile) KVL_RETURN_IF_ERROR(LoadCostProfile(e, disk_dir, &rules.prices));
+  e.pager->set_track_attention(rules.pages_running_sequences);
+  e.planner = std::make_unique<KvPressurePlanner>(rules, *e.kv, *e.pager);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 
 Engine::~Engine() { Stop(); }
@@ -244,59 +213,62 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::unique_ptr<Engine> engine(new Engine());
   Impl& e = *engine->impl_;
   e.options = options;
-  KVL_ASSIGN_OR_RETURN(ops::Isa isa, ChooseIsa(options.isa));
-  KVL_ASSIGN_OR_RETURN(e.model, Model::Load(options.model_path));
-  KVL_ASSIGN_OR_RETURN(e.tokenizer, Tokenizer::FromGguf(e.model->file()));
-  const ModelConfig& c = e.model->config();
-  if (e.tokenizer->vocab_size() != c.vocab_size) {
-    return DataLossError(fmt::format("{}: the tokenizer has {} tokens but token_embd.weight has {}",
-                                     options.model_path, e.tokenizer->vocab_size(), c.vocab_size));
-  }
-  e.context_length = options.context_length > 0 ? options.context_length
-                                                : std::min<int64_t>(c.context_length, 4096);
-
-  int threads = options.num_threads;
-  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  e.pool = std::make_unique<ThreadPool>(threads);
-  e.ops = std::make_unique<ops::OpsContext>(isa, e.pool.get());
-
-  KvManagerOptions kvo;
-  kvo.layout.block_tokens = options.block_tokens;
-  kvo.layout.num_layers = c.num_layers;
-  kvo.layout.kv_dim = c.kv_dim();
-  KVL_ASSIGN_OR_RETURN(kvo.layout.k_type, ParseKvCacheType(options.cache_type_k));
-  KVL_ASSIGN_OR_RETURN(kvo.layout.v_type, ParseKvCacheType(options.cache_type_v));
-  KVL_RETURN_IF_ERROR(e.ParseKvSettings());
-  if (e.KeepsResidualCheckpoints()) kvo.layout.residual_dim = c.dim;
-  kvo.budget_bytes = options.kv_budget_bytes;
-  if (kvo.budget_bytes == 0) {
-    const int64_t per_context = kvo.layout.block_bytes() *
-                                ((e.context_length + options.block_tokens - 1) / options.block_tokens);
-    kvo.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, 1ll << 30);
-    kvo.budget_bytes = std::max(kvo.budget_bytes, per_context);
-  }
-  kvo.model_identity = ModelIdentity(*e.model);
-  kvo.enable_prefix_cache = options.prefix_cache;
-  kvo.max_seqs = options.max_seqs;
-  KVL_ASSIGN_OR_RETURN(e.kv, KvManager::Create(kvo));
-  KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
-  e.pager = std::make_unique<KvPager>(*e.kv, *e.storage, options.max_seqs, e.context_length);
-  e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage, e.pager.get());
-  for (SeqId s = options.max_seqs - 1; s >= 0; --s) e.free_slots.push_back(s);
-
-  KVL_RETURN_IF_ERROR(e.SetUpKvActions(kvo.layout));
+  KVL_RETURN_IF_ERROR(LoadModel(e));
+  KVL_ASSIGN_OR_RETURN(KvSettings kv, ParseKvSettings(options));
+  KVL_RETURN_IF_ERROR(CreateKvPool(e, kv));
 
   ForwardOptions fo;
   fo.max_batch_tokens = std::min(options.batch_size, e.context_length);
   fo.max_logit_rows = options.max_seqs;
   fo.max_context = e.context_length;
   e.forward = std::make_unique<Forward>(*e.model, *e.ops, fo);
-  e.batch.tokens.reserve(static_cast<size_t>(fo.max_batch_tokens));
-  e.batch.positions.reserve(static_cast<size_t>(fo.max_batch_tokens));
-  e.batch.seq_ids.reserve(static_cast<size_t>(fo.max_batch_tokens));
-  e.batch.want_logits.reserve(static_cast<size_t>(fo.max_batch_tokens));
-  e.UpdateGauges();
+  KVL_RETURN_IF_ERROR(SetUpKvLattice(e, kv));
+
+  SchedulerOptions so;
+  so.max_batch_tokens = fo.max_batch_tokens;
+  so.max_seqs = options.max_seqs;
+  e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
+  StepRunnerParts parts;
+  parts.scheduler = e.scheduler.get();
+  parts.kv = e.kv.get();
+  parts.storage = e.storage.get();
+  parts.pager = e.pager.get();
+  parts.cache = e.cache.get();
+  parts.forward = e.forward.get();
+  parts.tokenizer = e.tokenizer.get();
+  parts.metrics = &e.metrics;
+  parts.context_length = e.context_length;
+  e.runner = std::make_unique<StepRunner>(parts);
+  e.step_plan.steps.reserve(static_cast<size_t>(options.max_seqs));
+  e.step_plan.seqs.reserve(static_cast<size_t>(options.max_seqs));
+  e.metrics.SetGauges(e.kv->stats(), e.pager->stats(), 0, 0);
   return engine;
+}
+
+void Engine::Impl::TakeInbox() {
+  std::lock_guard<std::mutex> lock(inbox_mutex);
+  while (!inbox.empty()) {
+    scheduler->Enqueue(std::move(inbox.front()));
+    inbox.pop_front();
+  }
+  cancels.swap(cancel_requests);
+}
+
+bool Engine::Impl::StepImpl() {
+  TakeInbox();
+  if (!cancels.empty()) {
+    scheduler->Cancel(cancels);
+    cancels.clear();
+  }
+  scheduler->ReleaseFinished();
+  const bool has_work = scheduler->Schedule(&step_plan);
+  if (has_work) {
+    runner->Run(step_plan);
+    scheduler->ReleaseFinished();
+  }
+  metrics.SetGauges(kv->stats(), pager->stats(), scheduler->num_running(),
+                    scheduler->num_waiting());
+  return has_work || !scheduler->idle();
 }
 
 StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
@@ -377,37 +349,7 @@ EngineMetrics Engine::Metrics() const {
     std::lock_guard<std::mutex> lock(e.inbox_mutex);
     m.requests_submitted = e.requests_submitted;
   }
-  std::lock_guard<std::mutex> lock(e.metrics_mutex);
-  m.kv = e.kv_stats;
-  m.kv_actions = e.action_counters;
-  m.kv_checksum_failures = e.checksum_failures;
-  m.kv_pages_compressed = e.pager_stats.compressed_pages;
-  m.kv_pages_streamed = e.pager_stats.streamed_pages;
-  m.kv_pages_evicted = e.pager_stats.evicted_pages;
-  m.kv_pages_rebuilt = e.pager_stats.rebuilt_pages;
-  m.kv_layers_rebuilt = e.pager_stats.layers_rebuilt;
-  m.kv_rebuild_ms = e.pager_stats.rebuild_ms;
-  m.kv_compressed_bytes = e.pager_stats.compressed_bytes;
-  m.kv_stream_staging_bytes = e.pager_stats.staging_bytes;
-  m.kv_layers_streamed = e.pager_stats.layers_streamed;
-  m.kv_stream_wait_ms = e.pager_stats.stream_wait_ms;
-  m.requests_finished = e.requests_finished;
-  m.requests_running = e.num_running;
-  m.requests_waiting = e.num_waiting;
-  m.preemptions = e.preemptions;
-  m.steps = e.num_steps;
-  m.tokens_prefilled = e.tokens_prefilled;
-  m.tokens_generated = e.tokens_generated;
-  m.mean_batch_tokens = e.num_steps ? static_cast<double>(e.batch_tokens_total) / e.num_steps : 0;
-  m.mean_batch_seqs = e.num_steps ? static_cast<double>(e.batch_seqs_total) / e.num_steps : 0;
-  m.last_batch_tokens = e.last_batch_tokens;
-  m.last_batch_seqs = e.last_batch_seqs;
-  m.ttft_mean_ms = e.ttft_ms.Mean();
-  m.ttft_p50_ms = e.ttft_ms.Percentile(50);
-  m.ttft_p99_ms = e.ttft_ms.Percentile(99);
-  m.itl_mean_ms = e.itl_ms.Mean();
-  m.itl_p50_ms = e.itl_ms.Percentile(50);
-  m.itl_p99_ms = e.itl_ms.Percentile(99);
+  e.metrics.Snapshot(&m);
   return m;
 }
 

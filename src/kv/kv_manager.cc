@@ -385,6 +385,8 @@ void KvManager::Detach(SeqId seq_id, int64_t block_index) {
   ++s.version;
 }
 
+uint64_t KvManager::state_version() const { return s_->version; }
+
 bool KvManager::IsPaged(SeqId seq) const {
   KVL_CHECK(Contains(seq));
   return s_->seqs[seq].paged;

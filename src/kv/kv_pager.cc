@@ -18,7 +18,7 @@ KvPager::KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs,
       checkpoint_layer_bytes_(layout_.block_tokens * layout_.residual_dim *
                               static_cast<int64_t>(sizeof(float))),
       slabs_(manager, storage),
-      seqs_(static_cast<size_t>(max_seqs)) {
+      bound_(static_cast<size_t>(max_seqs), nullptr) {
   encode_scratch_.resize(static_cast<size_t>(
       CompressedPageBytes(KvCodecType::kInt8, layout_.block_tokens, layout_.num_layers,
                           layout_.kv_dim)));
@@ -44,128 +44,277 @@ KvPager::~KvPager() {
   }
 }
 
-void KvPager::StartSequence(SeqId seq) {
-  SeqPages& s = seqs_[static_cast<size_t>(seq)];
-  KVL_CHECK(s.pages.empty());
-  s.mass.assign(static_cast<size_t>(max_context_), 0.0f);
-  s.steps = 0;
-  s.filled_at_step.clear();
+KvTier* KvPager::TierFor(KvAction action) const {
+  switch (action) {
+    case KvAction::kDemoteRam:
+    case KvAction::kRecomputeResidual:  // the checkpoints
+      return tiers_.ram;
+    case KvAction::kDemoteDisk:
+      return tiers_.disk;
+    default:
+      return nullptr;
+  }
 }
 
-void KvPager::ReleasePage(Page& page) {
+KvSequencePages& KvPager::Bound(SeqId seq) {
+  KvSequencePages* s = bound_[static_cast<size_t>(seq)];
+  KVL_CHECK_MSG(s != nullptr, "a slot with no sequence bound");
+  return *s;
+}
+
+const KvSequencePages& KvPager::Bound(SeqId seq) const {
+  const KvSequencePages* s = bound_[static_cast<size_t>(seq)];
+  KVL_CHECK_MSG(s != nullptr, "a slot with no sequence bound");
+  return *s;
+}
+
+const KvSequencePages& KvPager::pages(SeqId seq) const { return Bound(seq); }
+
+KvPage& KvPager::PageAt(KvSequencePages& s, int64_t block_index) {
+  if (s.pages.size() <= static_cast<size_t>(block_index)) {
+    s.pages.resize(static_cast<size_t>(block_index) + 1);
+  }
+  return s.pages[static_cast<size_t>(block_index)];
+}
+
+void KvPager::StartSequence(SeqId seq, KvSequencePages* pages) {
+  KVL_CHECK(bound_[static_cast<size_t>(seq)] == nullptr && pages != nullptr);
+  bound_[static_cast<size_t>(seq)] = pages;
+  // Sized once per admission (the mass is per position), so steps never grow it.
+  pages->mass.assign(static_cast<size_t>(max_context_), 0.0f);
+  pages->steps = 0;
+  pages->filled_at_step.clear();
+  pages->filled_at_step.reserve(static_cast<size_t>(manager_.BlocksFor(max_context_)));
+  pages->pages.reserve(static_cast<size_t>(manager_.BlocksFor(max_context_)));
+}
+
+void KvPager::ReleasePage(KvPage& page) {
   switch (page.fate) {
-    case Fate::kCompressed:
+    case KvPageFate::kCompressed:
       slabs_.Free(page.codec, page.slots);
       --stats_.compressed_pages;
       break;
-    case Fate::kStreamed:
+    case KvPageFate::kInTier:
       EraseTierPage(page.tier, page.page_id);
       --stats_.streamed_pages;
       break;
-    case Fate::kRebuilt:
+    case KvPageFate::kCheckpointed:
       EraseTierPage(page.tier, page.page_id);
       --stats_.rebuilt_pages;
       break;
-    case Fate::kEvicted:
+    case KvPageFate::kEvicted:
       --stats_.evicted_pages;
       break;
-    case Fate::kResident:
+    case KvPageFate::kDropped:
+    case KvPageFate::kResident:
       break;
   }
-  page = Page{};
+  const bool checkpoint_missing = page.checkpoint_missing;
+  page.fate = KvPageFate::kResident;
+  page.action = KvAction::kKeep;
+  page.predicted_ms = 0;
+  page.slots.clear();
+  page.tier = nullptr;
+  page.page_id = 0;
+  page.stage_index = -1;
+  page.read_failed = false;
+  page.checkpoint_missing = checkpoint_missing;
 }
 
 void KvPager::DropSequence(SeqId seq) {
-  SeqPages& s = seqs_[static_cast<size_t>(seq)];
-  for (Page& page : s.pages) ReleasePage(page);
+  KvSequencePages& s = Bound(seq);
+  for (KvPage& page : s.pages) ReleasePage(page);
   s.pages.clear();
   s.mass.clear();
   s.filled_at_step.clear();
   s.steps = 0;
+  bound_[static_cast<size_t>(seq)] = nullptr;
 }
 
-bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier* tier) {
+int64_t KvPager::Apply(KvPagePlan& plan) {
+  KVL_CHECK_MSG(plan.state_version == manager_.state_version(),
+                "a page plan made against an older state of the pool");
+  int64_t applied = 0;
+  const int64_t free_before = manager_.stats().blocks_free;
+  for (KvPageAction& a : plan.actions) {
+    if (plan.blocks_to_free > 0 && manager_.stats().blocks_free - free_before >= plan.blocks_to_free) {
+      break;
+    }
+    a.applied = FateOf(a.seq, a.block_index) == KvPageFate::kCompressed
+                    ? a.action == KvAction::kEvict && EvictCompressedPage(a.seq, a.block_index)
+                    : DetachPage(a.seq, a.block_index, a.action);
+    if (!a.applied) continue;
+    KvPage& page = Bound(a.seq).pages[static_cast<size_t>(a.block_index)];
+    page.action = a.action;
+    page.predicted_ms = a.predicted_ms;
+    ++applied;
+  }
+  return applied;
+}
+
+bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action) {
   const std::vector<BlockId>& table = manager_.block_table(seq);
   KVL_CHECK(block_index >= 0 && block_index + 1 < static_cast<int64_t>(table.size()));
   const BlockId block = table[static_cast<size_t>(block_index)];
   KVL_CHECK_MSG(block != kNoBlock && manager_.refcount(block) == 1,
                 "only a resident page this sequence alone holds can be detached");
-  SeqPages& s = seqs_[static_cast<size_t>(seq)];
-  if (s.pages.size() <= static_cast<size_t>(block_index)) {
-    s.pages.resize(static_cast<size_t>(block_index) + 1);
-  }
-  Page page;
+  KvPage& page = PageAt(Bound(seq), block_index);
   const int64_t num_layers = layout_.num_layers;
   switch (action) {
     case KvAction::kCompressInt8:
     case KvAction::kCompressInt4: {
-      page.fate = Fate::kCompressed;
-      page.codec = action == KvAction::kCompressInt8 ? KvCodecType::kInt8 : KvCodecType::kInt4;
-      if (slabs_.slots_per_slab(page.codec) < num_layers) return false;
+      const KvCodecType codec =
+          action == KvAction::kCompressInt8 ? KvCodecType::kInt8 : KvCodecType::kInt4;
+      if (slabs_.slots_per_slab(codec) < num_layers) return false;
       // Encode before the block goes back to the pool (a new slab may be that very block).
-      const int64_t slot = slabs_.slot_bytes(page.codec);
+      const int64_t slot = slabs_.slot_bytes(codec);
       encode_scratch_.resize(static_cast<size_t>(slot * num_layers));
       for (int64_t l = 0; l < num_layers; ++l) {
         const float* k = WidenedLayer(storage_.key_bytes(block, l), layout_.k_type, 0);
         const float* v = WidenedLayer(storage_.value_bytes(block, l), layout_.v_type, 1);
-        EncodeLayer(page.codec, k, v, layout_.block_tokens, layout_.kv_dim,
+        EncodeLayer(codec, k, v, layout_.block_tokens, layout_.kv_dim,
                     encode_scratch_.data() + l * slot);
       }
       manager_.Detach(seq, block_index);
       // The block was this sequence's alone, so it is free now and one slab is always there.
-      const bool allocated = slabs_.Allocate(page.codec, num_layers, &page.slots);
+      const bool allocated = slabs_.Allocate(codec, num_layers, &page.slots);
       KVL_CHECK_MSG(allocated, "no slab right after a block was freed");
       for (int64_t l = 0; l < num_layers; ++l) {
-        std::memcpy(slabs_.SlotData(page.codec, page.slots[static_cast<size_t>(l)]),
+        std::memcpy(slabs_.SlotData(codec, page.slots[static_cast<size_t>(l)]),
                     encode_scratch_.data() + l * slot, static_cast<size_t>(slot));
       }
+      page.fate = KvPageFate::kCompressed;
+      page.codec = codec;
       ++stats_.compressed_pages;
-      break;
+      return true;
     }
     case KvAction::kDemoteRam:
-    case KvAction::kDemoteDisk: {
-      KVL_CHECK(tier != nullptr);
-      page.fate = Fate::kStreamed;
-      page.tier = tier;
-      if (!WriteLayerPages(block, tier, /*residual=*/false, &page.page_id)) return false;
-      manager_.Detach(seq, block_index);
-      ++stats_.streamed_pages;
-      break;
-    }
+    case KvAction::kDemoteDisk:
     case KvAction::kRecomputeResidual: {
-      KVL_CHECK(tier != nullptr && layout_.residual_dim > 0 && rebuild_);
-      page.fate = Fate::kRebuilt;
-      page.tier = tier;
-      if (!WriteLayerPages(block, tier, /*residual=*/true, &page.page_id)) return false;
+      const bool residual = action == KvAction::kRecomputeResidual;
+      KvTier* tier = TierFor(action);
+      KVL_CHECK_MSG(tier != nullptr, "a demotion to a tier this engine does not have");
+      KVL_CHECK(!residual || (layout_.residual_dim > 0 && rebuilder_ != nullptr));
+      uint64_t page_id = 0;
+      if (!WriteLayerPages(block, tier, residual, &page_id)) return false;
       manager_.Detach(seq, block_index);
-      ++stats_.rebuilt_pages;
-      break;
+      page.fate = residual ? KvPageFate::kCheckpointed : KvPageFate::kInTier;
+      page.tier = tier;
+      page.page_id = page_id;
+      ++(residual ? stats_.rebuilt_pages : stats_.streamed_pages);
+      return true;
     }
     case KvAction::kEvict:
-      page.fate = Fate::kEvicted;
       manager_.Detach(seq, block_index);
+      page.fate = KvPageFate::kEvicted;
       ++stats_.evicted_pages;
-      break;
+      return true;
     default:
       KVL_CHECK_MSG(false, "not an action on a running sequence's page");
+      return false;
   }
-  s.pages[static_cast<size_t>(block_index)] = std::move(page);
-  return true;
 }
 
 bool KvPager::EvictCompressedPage(SeqId seq, int64_t block_index) {
-  if (!IsCompressed(seq, block_index)) return false;
-  Page& page = seqs_[static_cast<size_t>(seq)].pages[static_cast<size_t>(block_index)];
+  if (FateOf(seq, block_index) != KvPageFate::kCompressed) return false;
+  KvPage& page = Bound(seq).pages[static_cast<size_t>(block_index)];
   ReleasePage(page);
-  page.fate = Fate::kEvicted;
+  page.fate = KvPageFate::kEvicted;
   ++stats_.evicted_pages;
   return true;
 }
 
-bool KvPager::IsCompressed(SeqId seq, int64_t block_index) const {
-  const SeqPages& s = seqs_[static_cast<size_t>(seq)];
+KvPageFate KvPager::FateOf(SeqId seq, int64_t block_index) const {
+  const KvSequencePages& s = Bound(seq);
+  return static_cast<size_t>(block_index) < s.pages.size()
+             ? s.pages[static_cast<size_t>(block_index)].fate
+             : KvPageFate::kResident;
+}
+
+bool KvPager::CheckpointMissing(SeqId seq, int64_t block_index) const {
+  const KvSequencePages& s = Bound(seq);
   return static_cast<size_t>(block_index) < s.pages.size() &&
-         s.pages[static_cast<size_t>(block_index)].fate == Fate::kCompressed;
+         s.pages[static_cast<size_t>(block_index)].checkpoint_missing;
+}
+
+void KvPager::Preempt(SeqId seq, KvPagePlan& plan) {
+  KVL_CHECK_MSG(plan.state_version == manager_.state_version(),
+                "a preemption plan made against an older state of the pool");
+  KvSequencePages& s = Bound(seq);
+  // Pages held outside the pool while the sequence ran go first (a paged sequence's plan drops
+  // every page: it is recomputed whole).
+  for (KvPage& page : s.pages) ReleasePage(page);
+  const std::vector<BlockId>& table = manager_.block_table(seq);
+  for (KvPageAction& a : plan.actions) {
+    KVL_CHECK(a.seq == seq);
+    KvPage& page = PageAt(s, a.block_index);
+    KvTier* tier = TierFor(a.action);
+    const bool residual = a.action == KvAction::kRecomputeResidual;
+    uint64_t page_id = 0;
+    // A full tier keeps none of the page: it is dropped instead.
+    a.applied = tier != nullptr &&
+                WriteLayerPages(table[static_cast<size_t>(a.block_index)], tier, residual, &page_id);
+    page.fate = !a.applied ? KvPageFate::kDropped
+                : residual ? KvPageFate::kCheckpointed
+                           : KvPageFate::kInTier;
+    page.action = a.applied ? a.action : KvAction::kRecomputeTokens;
+    page.predicted_ms = a.predicted_ms;
+    page.tier = a.applied ? tier : nullptr;
+    page.page_id = page_id;
+  }
+  s.mass.clear();
+  s.filled_at_step.clear();
+  s.steps = 0;
+  bound_[static_cast<size_t>(seq)] = nullptr;
+}
+
+int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks) {
+  KvSequencePages& s = Bound(seq);
+  const std::vector<BlockId>& table = manager_.block_table(seq);
+  int64_t restored = 0;
+  for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
+    KvPage& page = s.pages[static_cast<size_t>(b)];
+    const bool residual = page.fate == KvPageFate::kCheckpointed;
+    KVL_CHECK(residual || page.fate == KvPageFate::kInTier);
+    const BlockId block = table[static_cast<size_t>(b)];
+    // Never wrong bytes: a corrupt or failed read ends the restore; the rest is computed.
+    if (!ReadLayerPages(block, page.tier, residual, page.page_id).ok()) break;
+    if (residual) {
+      RebuildBlockFromCheckpoints(block, b);
+    } else if (layout_.residual_dim > 0) {
+      page.checkpoint_missing = true;  // only K/V came back
+    }
+    ++restored;
+  }
+  return restored;
+}
+
+// K and V of every layer of one block rebuilt from the checkpoints it holds: bit-identical to
+// what the forward pass stored (the kernels are batch-invariant).
+void KvPager::RebuildBlockFromCheckpoints(BlockId block, int64_t block_index) {
+  KVL_CHECK(rebuilder_ != nullptr);
+  block_positions_.resize(static_cast<size_t>(layout_.block_tokens));
+  for (int64_t t = 0; t < layout_.block_tokens; ++t) {
+    block_positions_[static_cast<size_t>(t)] = block_index * layout_.block_tokens + t;
+  }
+  for (int64_t l = 0; l < layout_.num_layers; ++l) {
+    rebuilder_->RebuildLayerKv(l, storage_.residuals(block, l), block_positions_.data(),
+                               layout_.block_tokens, layout_.k_type, storage_.key_bytes(block, l),
+                               layout_.v_type, storage_.value_bytes(block, l));
+  }
+}
+
+void KvPager::SettleRestoredPages(SeqId seq) { ForgetPreemptedPages(Bound(seq)); }
+
+void KvPager::ForgetPreemptedPages(KvSequencePages& pages) {
+  for (KvPage& page : pages.pages) {
+    if (page.fate == KvPageFate::kInTier || page.fate == KvPageFate::kCheckpointed) {
+      EraseTierPage(page.tier, page.page_id);
+    }
+    const bool checkpoint_missing = page.checkpoint_missing;
+    page = KvPage{};
+    page.checkpoint_missing = checkpoint_missing;
+  }
 }
 
 bool KvPager::WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id) {
@@ -173,7 +322,8 @@ bool KvPager::WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64
   const size_t residual_bytes =
       static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) * sizeof(float);
   std::vector<uint8_t>& bytes = page_scratch_;
-  std::vector<PageWrite> writes;
+  std::vector<PageWrite>& writes = write_list_;
+  writes.clear();
   const uint64_t id = next_page_id_++;
   if (residual) {
     for (int64_t l = 0; l < num_layers; ++l) {
@@ -202,7 +352,8 @@ Status KvPager::ReadLayerPages(BlockId block, KvTier* tier, bool residual,
   const size_t residual_bytes =
       static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) * sizeof(float);
   std::vector<uint8_t>& bytes = page_scratch_;
-  std::vector<PageRead> reads;
+  std::vector<PageRead>& reads = read_list_;
+  reads.clear();
   if (residual) {
     for (int64_t l = 0; l < num_layers; ++l) {
       auto* data = reinterpret_cast<uint8_t*>(storage_.residuals(block, l));
@@ -228,9 +379,9 @@ Status KvPager::ReadLayerPages(BlockId block, KvTier* tier, bool residual,
 }
 
 void KvPager::EraseTierPage(KvTier* tier, uint64_t page_id) {
-  std::vector<PageKey> keys;
-  for (int64_t l = 0; l < layout_.num_layers; ++l) keys.push_back(KeyOf(page_id, l));
-  tier->Erase(keys);
+  erase_list_.clear();
+  for (int64_t l = 0; l < layout_.num_layers; ++l) erase_list_.push_back(KeyOf(page_id, l));
+  tier->Erase(erase_list_);
 }
 
 void KvPager::BeginStep(std::span<const SeqId> seqs) {
@@ -238,18 +389,18 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
   rebuilt_.clear();
   failed_.clear();
   for (SeqId seq : seqs) {
-    SeqPages& s = seqs_[static_cast<size_t>(seq)];
+    KvSequencePages& s = Bound(seq);
     ++s.steps;
     const int64_t full_blocks = manager_.num_tokens(seq) / layout_.block_tokens;
     if (static_cast<int64_t>(s.filled_at_step.size()) < full_blocks) {
       s.filled_at_step.resize(static_cast<size_t>(full_blocks), s.steps);
     }
     for (size_t b = 0; b < s.pages.size(); ++b) {
-      Page& page = s.pages[b];
+      KvPage& page = s.pages[b];
       page.read_failed = false;
-      std::vector<StagedPage>* list = page.fate == Fate::kStreamed ? &streamed_
-                                    : page.fate == Fate::kRebuilt ? &rebuilt_
-                                                                  : nullptr;
+      std::vector<StagedPage>* list = page.fate == KvPageFate::kInTier         ? &streamed_
+                                    : page.fate == KvPageFate::kCheckpointed ? &rebuilt_
+                                                                             : nullptr;
       if (list == nullptr) continue;
       page.stage_index = static_cast<int64_t>(list->size());
       list->push_back({seq, static_cast<int64_t>(b)});
@@ -280,8 +431,8 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
   IssueLayerRead(0);
 }
 
-KvPager::Page& KvPager::PageOf(const StagedPage& st) {
-  return seqs_[static_cast<size_t>(st.seq)].pages[static_cast<size_t>(st.block_index)];
+KvPage& KvPager::PageOf(const StagedPage& st) {
+  return Bound(st.seq).pages[static_cast<size_t>(st.block_index)];
 }
 
 uint8_t* KvPager::StageData(int64_t layer, int64_t stage_index) {
@@ -307,7 +458,7 @@ void KvPager::IssueLayerRead(int64_t layer) {
       read.checkpoints = checkpoints;
       std::vector<PageRead> reads;
       for (size_t i = 0; i < list.size(); ++i) {
-        const Page& page = PageOf(list[i]);
+        const KvPage& page = PageOf(list[i]);
         if (page.tier != tier) continue;
         uint8_t* out = checkpoints ? checkpoint_stage_[buffer].data() + static_cast<int64_t>(i) * bytes
                                    : StageData(layer, static_cast<int64_t>(i));
@@ -345,9 +496,10 @@ void KvPager::BeginLayer(int64_t layer) {
   if (!rebuilt_.empty()) {
     // Every rebuilt page's K and V of this layer in one batch (a failed page rebuilds from
     // whatever its buffer holds, but reads as dropped and its step is discarded).
-    rebuild_(layer, reinterpret_cast<const float*>(checkpoint_stage_[buffer].data()),
-             rebuilt_positions_.data(), static_cast<int64_t>(rebuilt_positions_.size()),
-             rebuilt_k_.data(), rebuilt_v_.data());
+    rebuilder_->RebuildLayerKv(
+        layer, reinterpret_cast<const float*>(checkpoint_stage_[buffer].data()),
+        rebuilt_positions_.data(), static_cast<int64_t>(rebuilt_positions_.size()),
+        layout_.k_type, rebuilt_k_.data(), layout_.v_type, rebuilt_v_.data());
     stats_.layers_rebuilt += static_cast<int64_t>(rebuilt_.size());
     stats_.rebuild_ms += std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - read_done).count();
@@ -356,7 +508,7 @@ void KvPager::BeginLayer(int64_t layer) {
   if (layer + 1 < layout_.num_layers) IssueLayerRead(layer + 1);
 }
 
-std::vector<SeqId> KvPager::EndStep() {
+std::span<const SeqId> KvPager::EndStep() {
   // A run that stopped early (it never does today) must not leave reads behind.
   for (auto& buffer : pending_) {
     for (PendingRead& read : buffer) read.result.wait();
@@ -368,17 +520,17 @@ std::vector<SeqId> KvPager::EndStep() {
 }
 
 KvCache::Rows KvPager::RowsAt(int32_t seq, int64_t block_index, int64_t layer, int64_t offset) {
-  const Page& page = seqs_[static_cast<size_t>(seq)].pages[static_cast<size_t>(block_index)];
+  const KvPage& page = Bound(seq).pages[static_cast<size_t>(block_index)];
   KvCache::Rows rows;
   rows.count = layout_.block_tokens - offset;
   switch (page.fate) {
-    case Fate::kCompressed:
+    case KvPageFate::kCompressed:
       rows.kind = KvCache::Rows::Kind::kCompressed;
       rows.page = LayerView(page.codec, slabs_.SlotData(page.codec, page.slots[static_cast<size_t>(layer)]),
                             layout_.block_tokens, layout_.kv_dim);
       rows.first_row = offset;
       return rows;
-    case Fate::kStreamed: {
+    case KvPageFate::kInTier: {
       if (page.read_failed) {
         rows.kind = KvCache::Rows::Kind::kDropped;
         return rows;
@@ -386,7 +538,7 @@ KvCache::Rows KvPager::RowsAt(int32_t seq, int64_t block_index, int64_t layer, i
       uint8_t* data = StageData(layer, page.stage_index);
       return DenseRows(layout_, data, data + layout_.layer_k_bytes(), offset);
     }
-    case Fate::kRebuilt: {
+    case KvPageFate::kCheckpointed: {
       if (page.read_failed) {
         rows.kind = KvCache::Rows::Kind::kDropped;
         return rows;
@@ -395,10 +547,11 @@ KvCache::Rows KvPager::RowsAt(int32_t seq, int64_t block_index, int64_t layer, i
       return DenseRows(layout_, rebuilt_k_.data() + i * layout_.layer_k_bytes(),
                        rebuilt_v_.data() + i * layout_.layer_v_bytes(), offset);
     }
-    case Fate::kEvicted:
+    case KvPageFate::kEvicted:
+    case KvPageFate::kDropped:
       rows.kind = KvCache::Rows::Kind::kDropped;
       return rows;
-    case Fate::kResident:
+    case KvPageFate::kResident:
       break;
   }
   KVL_CHECK_MSG(false, "a hole in the block table that the pager does not know");
@@ -406,12 +559,12 @@ KvCache::Rows KvPager::RowsAt(int32_t seq, int64_t block_index, int64_t layer, i
 }
 
 float* KvPager::AttentionMass(int32_t seq) {
-  std::vector<float>& mass = seqs_[static_cast<size_t>(seq)].mass;
+  std::vector<float>& mass = Bound(seq).mass;
   return track_attention_ && !mass.empty() ? mass.data() : nullptr;
 }
 
 double KvPager::PageMass(SeqId seq, int64_t block_index) const {
-  const SeqPages& s = seqs_[static_cast<size_t>(seq)];
+  const KvSequencePages& s = Bound(seq);
   if (s.mass.empty()) return 0;
   const int64_t first = block_index * layout_.block_tokens;
   double sum = 0;
@@ -422,13 +575,7 @@ double KvPager::PageMass(SeqId seq, int64_t block_index) const {
   return sum / static_cast<double>(std::max<int64_t>(1, since));
 }
 
-bool KvPager::IsDetached(SeqId seq, int64_t block_index) const {
-  const SeqPages& s = seqs_[static_cast<size_t>(seq)];
-  return static_cast<size_t>(block_index) < s.pages.size() &&
-         s.pages[static_cast<size_t>(block_index)].fate != Fate::kResident;
-}
-
-int64_t KvPager::steps(SeqId seq) const { return seqs_[static_cast<size_t>(seq)].steps; }
+int64_t KvPager::steps(SeqId seq) const { return Bound(seq).steps; }
 
 KvPagerStats KvPager::stats() const {
   KvPagerStats st = stats_;

@@ -49,13 +49,10 @@ class PagedRun {
     storage_ = std::move(KvBlockStorage::Create(o.layout, manager_->num_blocks()).value());
     pager_ = std::make_unique<KvPager>(*manager_, *storage_, 1, kTotal);
     pager_->set_track_attention(true);
-    pager_->set_rebuilder([this, k_type, v_type](int64_t layer, const float* checkpoints,
-                                                 const int64_t* positions, int64_t n,
-                                                 uint8_t* k_out, uint8_t* v_out) {
-      forward_.RebuildLayerKv(layer, checkpoints, positions, n, k_type, k_out, v_type, v_out);
-    });
+    pager_->set_rebuilder(&forward_);
     cache_ = std::make_unique<PagedKvCache>(*manager_, *storage_, pager_.get());
     tier_ = MakeRamTier(RamTierOptions{});
+    pager_->set_tiers({tier_.get(), nullptr});
   }
 
   // Runs tokens[first, first + n) and returns the logits of the last one.
@@ -64,7 +61,7 @@ class PagedRun {
     const KvPlan plan = manager_->Plan(std::span(&step, 1));
     EXPECT_TRUE(plan.fits);
     manager_->Commit(plan);
-    if (first == 0) pager_->StartSequence(0);
+    if (first == 0) pager_->StartSequence(0, &pages_);
     TokenBatch batch;
     for (int64_t p = first; p < first + n; ++p) batch.Add(tokens[static_cast<size_t>(p)], p, 0, p == first + n - 1);
     const SeqId seq = 0;
@@ -94,7 +91,7 @@ class PagedRun {
                            : t == Treatment::kInt4      ? KvAction::kCompressInt4
                            : t == Treatment::kDemoteRam ? KvAction::kDemoteRam
                                                         : KvAction::kRecomputeResidual;
-        for (int64_t b : eligible) EXPECT_TRUE(pager_->DetachPage(0, b, a, tier_.get()));
+        for (int64_t b : eligible) EXPECT_TRUE(Detach(b, a));
         return;
       }
       case Treatment::kEvictLightest:
@@ -107,11 +104,20 @@ class PagedRun {
           });
         }
         for (size_t i = 0; i + 2 < eligible.size(); ++i) {
-          EXPECT_TRUE(pager_->DetachPage(0, eligible[i], KvAction::kEvict, nullptr));
+          EXPECT_TRUE(Detach(eligible[i], KvAction::kEvict));
         }
         return;
       }
     }
+  }
+
+  // Takes one page of the sequence out of the pool through a one-action page plan.
+  bool Detach(int64_t block_index, KvAction action) {
+    KvPagePlan plan;
+    plan.actions.push_back({0, block_index, action});
+    plan.state_version = manager_->state_version();
+    pager_->Apply(plan);
+    return plan.actions[0].applied;
   }
 
   // Resident KV bytes (blocks and slabs) as a fraction of what f32 keep-all holds now.
@@ -128,6 +134,7 @@ class PagedRun {
   std::unique_ptr<KvManager> manager_;
   std::unique_ptr<KvBlockStorage> storage_;
   std::unique_ptr<KvPager> pager_;
+  KvSequencePages pages_;
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<KvTier> tier_;
 };

@@ -194,9 +194,11 @@ class Engine {
   int num_threads() const;
   const KvManager& kv_manager() const;
 
+  // The engine's parts; defined and used only inside the engine library.
+  struct Impl;
+
  private:
   Engine();
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

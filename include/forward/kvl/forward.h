@@ -36,7 +36,7 @@ struct TokenBatch {
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 
-class Forward {
+class Forward final : public KvRebuilder {
  public:
   Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions& options);
 
@@ -56,7 +56,7 @@ class Forward {
   // KvCache::BeginLayer while Run is inside that layer's attention: it only touches buffers the
   // layer no longer needs there (xn_, k_, v_, the activation scratch) and RoPE angles of its own.
   void RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions, int64_t n,
-                      DType k_type, void* k_out, DType v_type, void* v_out);
+                      DType k_type, void* k_out, DType v_type, void* v_out) override;
 
   const float* logits(int64_t row) const;  // [vocab]
   int64_t num_logit_rows() const { return num_logit_rows_; }

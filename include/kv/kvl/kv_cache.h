@@ -61,6 +61,19 @@ class KvCache {
   virtual float* AttentionMass(int32_t seq) { return nullptr; }
 };
 
+// What rebuilds a page's K and V from its residual checkpoints (the forward pass does), for
+// caches that keep pages as checkpoints.
+class KvRebuilder {
+ public:
+  virtual ~KvRebuilder() = default;
+  // K and V of n tokens of one layer from their checkpoints ([n][residual_dim] f32; positions
+  // [n]) as [n][kv_dim] rows of k_type / v_type written to k_out / v_out, bit-identical to what
+  // the forward pass stored for those tokens.
+  virtual void RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions,
+                              int64_t n, DType k_type, void* k_out, DType v_type,
+                              void* v_out) = 0;
+};
+
 // One contiguous f32 buffer per sequence slot: [seq][layer][pos][kv_dim] for K and for V.
 // Thread-safety: RowsAt may be called concurrently for disjoint rows.
 class ContiguousKvCache final : public KvCache {

@@ -174,6 +174,8 @@ class KvManager {
   // is not what the index promises for those tokens.
   void Detach(SeqId seq, int64_t block_index);
   bool IsPaged(SeqId seq) const;
+  // Changes with every mutation: plans (KvPlan, KvPagePlan) record it and are refused when stale.
+  uint64_t state_version() const;
   // How many sequences hold a block (0: free).
   int32_t refcount(BlockId block) const;
 

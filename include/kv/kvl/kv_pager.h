@@ -1,26 +1,31 @@
-// The action lattice on running sequences: pages that leave the KV pool while their sequence
-// goes on generating. A full page other than the newest can be
-//   - compressed in place (int8 / int4 slabs inside the pool; attention reads them directly),
-//   - demoted to a slower tier (RAM or disk) and streamed back layer by layer for every step that
-//     reads it, each layer prefetched while the previous one computes, never re-entering the pool,
-//   - evicted (dropped; attention gives its tokens no weight),
-//   - recomputed from residual checkpoints: the page's checkpoints go to the RAM tier, and every
-//     step that reads the page streams them back layer by layer and rebuilds K and V (one
-//     RmsNorm, two projections and RoPE per layer, bit-identical to what was stored).
-// The pool itself (KvManager) only sees a hole in the block table; the pager knows where each
-// page went and hands attention its rows (KvDetachedPages). It also keeps the attention mass each
-// position received, which the policy reads as a page's heat.
+// Where every KV page of a sequence is, and the only code that moves it: the applying half of the
+// action lattice (KvPressurePlanner decides, KvPager applies).
 //
-// Tier pages are one layer each (K rows then V rows at the cache's element type), so a step can
-// fetch exactly the layer it is about to read. The same layer-page format serves the pages of
-// preempted sequences (WriteLayerPages / ReadLayerPages).
+// One page-fate table per sequence (KvSequencePages) covers its whole life. While the sequence
+// runs, a full page other than the newest can leave the pool and still be read by attention:
+//   - compressed in place (int8 / int4 slabs inside the pool; attention reads them directly),
+//   - kept in a tier (RAM or disk) and streamed back layer by layer for every step that reads
+//     it, each layer prefetched while the previous one computes, never re-entering the pool,
+//   - kept as residual checkpoints in the RAM tier, from which every step that reads the page
+//     rebuilds its K and V (one RmsNorm, two projections and RoPE per layer, bit-identical),
+//   - evicted (attention gives its tokens no weight).
+// When the sequence is preempted its pool blocks go; each full page is kept in a tier, kept as
+// checkpoints, or dropped to be recomputed from its tokens, and at resume the kept ones are
+// promoted (or rebuilt) into fresh blocks. The table is owned by the request, so it outlives the
+// preemption; the pager binds it to a pool slot while the sequence is admitted.
+//
+// The KvManager only sees a hole in the block table (Detach); the pager hands attention the rows
+// of pages that left the pool (KvDetachedPages) and keeps the attention mass each position got,
+// which the planner reads as a page's heat.
+//
+// Tier pages are one layer each (K rows then V rows at the cache's element type, or one layer of
+// checkpoints), so a step can fetch exactly the layer it is about to read.
 //
 // Thread-safety: owned by the step loop. RowsAt and AttentionMass are called from the forward's
 // threads between BeginLayer calls, reading only.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <future>
 #include <span>
 #include <vector>
@@ -32,6 +37,64 @@
 #include "kvl/kv_tier.h"
 
 namespace kvl {
+
+// Where one page is.
+enum class KvPageFate : uint8_t {
+  kResident,      // in its pool block
+  kCompressed,    // int8 / int4 slab slots inside the pool (running sequences)
+  kInTier,        // K/V layer pages in a tier: streamed while running, promoted at resume
+  kCheckpointed,  // residual checkpoints in the RAM tier: rebuilt while running and at resume
+  kEvicted,       // gone; attention skips its tokens (running sequences)
+  kDropped,       // gone with a preemption; recomputed from its tokens at resume (lossless)
+};
+
+struct KvPage {
+  KvPageFate fate = KvPageFate::kResident;
+  KvAction action = KvAction::kKeep;  // the action that put the page where it is
+  double predicted_ms = 0;            // the cost model's bring-back time for that action
+  KvCodecType codec = KvCodecType::kInt8;
+  std::vector<SlabSlot> slots;        // kCompressed: one per layer
+  KvTier* tier = nullptr;             // kInTier, kCheckpointed
+  uint64_t page_id = 0;               // names its layer pages in the tier
+  // Promoted from K/V alone: the block's residual checkpoints were not restored, so the page
+  // cannot be kept as checkpoints later. Survives every fate change.
+  bool checkpoint_missing = false;
+  int64_t stage_index = -1;           // its place in this step's stream buffers
+  bool read_failed = false;           // this step's streamed read failed its checksum or I/O
+};
+
+// One sequence's pages by block index, and the attention it gave each position.
+struct KvSequencePages {
+  std::vector<KvPage> pages;
+  std::vector<float> mass;              // [max_context]: attention mass per position
+  int64_t steps = 0;                    // steps run since admission
+  std::vector<int64_t> filled_at_step;  // by block index: the step a full page was first seen
+};
+
+// One decision of the planner for one page.
+struct KvPageAction {
+  SeqId seq = 0;
+  int64_t block_index = 0;
+  KvAction action = KvAction::kKeep;
+  double predicted_ms = 0;  // bring-back time the cost model expects
+  bool applied = false;     // set by KvPager: false when it could not be done (a full tier)
+};
+
+// Page actions planned against one state of the KvManager; applying them is the only way a page
+// changes fate, and a plan made against an older state is refused (as KvManager::Commit does).
+struct KvPagePlan {
+  std::vector<KvPageAction> actions;  // applied in order
+  // Applying stops once this many blocks went back to the pool (0: apply every action). The
+  // planner cannot know exactly what a page frees (a compressed page may open a slab first).
+  int64_t blocks_to_free = 0;
+  uint64_t state_version = 0;         // KvManager::state_version() when planned
+};
+
+// The tiers pages can go to (either may be absent).
+struct KvTiers {
+  KvTier* ram = nullptr;
+  KvTier* disk = nullptr;
+};
 
 struct KvPagerStats {
   int64_t compressed_pages = 0;      // held now
@@ -50,83 +113,75 @@ struct KvPagerStats {
 
 class KvPager final : public KvDetachedPages {
  public:
-  // Rebuilds K and V of n tokens of one layer from their checkpoints ([n][dim] f32) into
-  // [n][kv_dim] rows of the cache types (Forward::RebuildLayerKv).
-  using LayerRebuilder = std::function<void(int64_t layer, const float* checkpoints,
-                                            const int64_t* positions, int64_t n, uint8_t* k_out,
-                                            uint8_t* v_out)>;
-
   KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs, int64_t max_context);
   ~KvPager() override;
 
-  // A sequence enters the pool (admission): its history starts empty.
-  void StartSequence(SeqId seq);
-  // Forgets every detached page of a sequence leaving the pool (finished, cancelled, preempted):
-  // slab slots are freed and tier pages erased.
+  // Where demoted pages and checkpoints go; the rebuilder is needed before any page is kept as
+  // checkpoints. Set once, before the first step.
+  void set_tiers(KvTiers tiers) { tiers_ = tiers; }
+  void set_rebuilder(KvRebuilder* rebuilder) { rebuilder_ = rebuilder; }
+  // Attention mass is only gathered when some policy reads it (it costs a pass over the
+  // attention weights of each sequence's newest token per layer).
+  void set_track_attention(bool on) { track_attention_ = on; }
+  // The tier an action keeps a page in (demote: its tier; recompute-residual: RAM, for the
+  // checkpoints); nullptr for actions that keep nothing in a tier.
+  KvTier* TierFor(KvAction action) const;
+
+  // A sequence enters the pool (admission) with its page table (empty for a new request, the
+  // preempted fates for a resumed one); its attention history starts empty.
+  void StartSequence(SeqId seq, KvSequencePages* pages);
+  // A sequence leaves for good (finished, cancelled): every page it holds outside the pool is
+  // freed (slab slots, tier pages) and the slot unbound.
   void DropSequence(SeqId seq);
 
-  // Takes block `block_index` of `seq` out of the pool under `action` (kCompressInt8/Int4,
-  // kDemoteRam/Disk with `tier`, kRecomputeResidual with the RAM `tier` for the checkpoints,
-  // kEvict). False, with nothing changed, when it cannot be done
-  // (a full tier; no block for a slab). The block must be full, not the last, and not shared.
-  bool DetachPage(SeqId seq, int64_t block_index, KvAction action, KvTier* tier);
+  // Running sequences: applies the plan's actions in order (compress, demote/stream,
+  // recompute-residual, evict on resident pages; evict on compressed ones) until
+  // plan.blocks_to_free blocks are free, and marks each one applied or not (a full tier, no block
+  // for a slab). Returns how many were applied.
+  int64_t Apply(KvPagePlan& plan);
 
-  // A compressed page dropped for good: the last resort when the pool is full of compressed
-  // pages. False when the page is not compressed.
-  bool EvictCompressedPage(SeqId seq, int64_t block_index);
-  bool IsCompressed(SeqId seq, int64_t block_index) const;
+  // Preemption: the plan has one action per full page of `seq` (demote, recompute-residual,
+  // recompute-tokens); the pages are saved before the pool lets the blocks go, a page that cannot
+  // be saved is dropped (applied = false), pages held outside the pool while it ran are freed, and
+  // the slot is unbound. The caller frees the sequence in the KvManager next.
+  void Preempt(SeqId seq, KvPagePlan& plan);
+  // Resume, after the admission's blocks are committed: promotes (or rebuilds from checkpoints)
+  // pages [first_block, first_block + num_blocks) into their fresh blocks, in order, stopping at
+  // the first read that fails (never wrong bytes: the rest is recomputed). Returns the pages
+  // restored.
+  int64_t RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks);
+  // After the resume step: every page still kept from the preemption is erased from its tier and
+  // every page is resident again.
+  void SettleRestoredPages(SeqId seq);
+  // A preempted sequence that finishes while waiting (cancelled): its kept pages are erased.
+  void ForgetPreemptedPages(KvSequencePages& pages);
 
   // Around each forward run: the sequences in the batch (their streamed pages are fetched layer
   // by layer), then after the run, sequences whose streamed reads failed this step (their step's
-  // output must be discarded and their KV recomputed).
+  // output must be discarded and their KV recomputed). The returned span lives until the next
+  // BeginStep.
   void BeginStep(std::span<const SeqId> seqs);
-  std::vector<SeqId> EndStep();
+  std::span<const SeqId> EndStep();
 
   // KvDetachedPages.
   KvCache::Rows RowsAt(int32_t seq, int64_t block_index, int64_t layer, int64_t offset) override;
   void BeginLayer(int64_t layer) override;
   float* AttentionMass(int32_t seq) override;
 
+  // The page table bound to a slot.
+  const KvSequencePages& pages(SeqId seq) const;
+  KvPageFate FateOf(SeqId seq, int64_t block_index) const;
+  bool CheckpointMissing(SeqId seq, int64_t block_index) const;
   // Mass the page's tokens received per step since it was filled (mean over steps), in [0, 1].
   double PageMass(SeqId seq, int64_t block_index) const;
-  bool IsDetached(SeqId seq, int64_t block_index) const;
   // Steps the sequence has run (attention rows accumulated).
   int64_t steps(SeqId seq) const;
-
-  // A whole page saved in a tier as one tier page per layer: K/V rows or, when `residual`, the
-  // residual checkpoints. Used for streamed and rebuilt pages and for preempted sequences' pages;
-  // *page_id names the layer pages for ReadLayerPages and EraseTierPage.
-  bool WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id);
-  Status ReadLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t page_id);
-  void EraseTierPage(KvTier* tier, uint64_t page_id);
-
-  // Attention mass is only gathered when some policy reads it (it costs a pass over the
-  // attention weights of each sequence's newest token per layer).
-  void set_track_attention(bool on) { track_attention_ = on; }
-  // Needed before any kRecomputeResidual page: what rebuilds a layer's K and V.
-  void set_rebuilder(LayerRebuilder rebuild) { rebuild_ = std::move(rebuild); }
 
   KvPagerStats stats() const;
   const CompressedSlabs& slabs() const { return slabs_; }
   int64_t layer_page_bytes() const { return layer_bytes_; }
 
  private:
-  enum class Fate : uint8_t { kResident, kCompressed, kStreamed, kRebuilt, kEvicted };
-  struct Page {
-    Fate fate = Fate::kResident;
-    KvCodecType codec = KvCodecType::kInt8;
-    std::vector<SlabSlot> slots;  // kCompressed: one per layer
-    KvTier* tier = nullptr;       // kStreamed (K/V layer pages), kRebuilt (checkpoints)
-    uint64_t page_id = 0;
-    int64_t stage_index = -1;     // its place in this step's stream buffers
-    bool read_failed = false;     // this step
-  };
-  struct SeqPages {
-    std::vector<Page> pages;   // by block index
-    std::vector<float> mass;   // by position
-    int64_t steps = 0;
-    std::vector<int64_t> filled_at_step;  // by block index: steps when the page was first seen
-  };
   // A page read into this step's stream buffers (streamed K/V, or checkpoints to rebuild from).
   struct StagedPage {
     SeqId seq;
@@ -136,8 +191,20 @@ class KvPager final : public KvDetachedPages {
   static PageKey KeyOf(uint64_t page_id, int64_t layer) {
     return (page_id << 8) | static_cast<uint64_t>(layer);
   }
-  void ReleasePage(Page& page);
-  Page& PageOf(const StagedPage& st);
+  KvSequencePages& Bound(SeqId seq);
+  const KvSequencePages& Bound(SeqId seq) const;
+  KvPage& PageAt(KvSequencePages& s, int64_t block_index);
+  bool DetachPage(SeqId seq, int64_t block_index, KvAction action);
+  bool EvictCompressedPage(SeqId seq, int64_t block_index);
+  // Frees what the page holds outside the pool; the page becomes resident (flags kept).
+  void ReleasePage(KvPage& page);
+  // A whole page saved in a tier as one tier page per layer: K/V rows or, when `residual`, the
+  // residual checkpoints; *page_id names the layer pages for ReadLayerPages and EraseTierPage.
+  bool WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id);
+  Status ReadLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t page_id);
+  void EraseTierPage(KvTier* tier, uint64_t page_id);
+  void RebuildBlockFromCheckpoints(BlockId block, int64_t block_index);
+  KvPage& PageOf(const StagedPage& st);
   void IssueLayerRead(int64_t layer);
   uint8_t* StageData(int64_t layer, int64_t stage_index);
   const float* WidenedLayer(const uint8_t* rows, DType type, int which);
@@ -146,15 +213,21 @@ class KvPager final : public KvDetachedPages {
   KvBlockStorage& storage_;
   KvBlockLayout layout_;
   int64_t max_context_;
-  int64_t layer_bytes_;      // one layer page: K rows then V rows
+  int64_t layer_bytes_;             // one layer page: K rows then V rows
   int64_t checkpoint_layer_bytes_;  // one layer of a page's residual checkpoints
   CompressedSlabs slabs_;
-  std::vector<SeqPages> seqs_;  // [max_seqs]
+  KvTiers tiers_;
+  KvRebuilder* rebuilder_ = nullptr;
+  std::vector<KvSequencePages*> bound_;  // [max_seqs]: the page table of each admitted slot
   uint64_t next_page_id_ = 1;
   bool track_attention_ = false;
   std::vector<uint8_t> encode_scratch_;
   std::vector<uint8_t> page_scratch_;  // a whole page's layer pages, staged for one tier transfer
   std::vector<float> widen_scratch_[2];
+  std::vector<PageWrite> write_list_;  // one tier transfer's layer pages, reused
+  std::vector<PageRead> read_list_;
+  std::vector<PageKey> erase_list_;
+  std::vector<int64_t> block_positions_;  // [block_tokens]: positions of a page being rebuilt
 
   // This step's streamed pages and their double-buffered layer staging; rebuilt pages, their
   // double-buffered checkpoints and the K / V rows rebuilt from them for the current layer.
@@ -165,7 +238,6 @@ class KvPager final : public KvDetachedPages {
   std::vector<int64_t> rebuilt_positions_;
   std::vector<uint8_t> rebuilt_k_;
   std::vector<uint8_t> rebuilt_v_;
-  LayerRebuilder rebuild_;
   struct PendingRead {
     std::future<std::vector<Status>> result;
     bool checkpoints = false;            // rebuilt_ pages' checkpoints, else streamed_ K/V

@@ -1,0 +1,113 @@
+// The deciding half of the KV action lattice: which pages leave the pool, and how, when it is
+// short of blocks. Everything the lattice may do is fixed here once (KvPagingRules: the actions
+// allowed, the tier each goes to, the prices), and KvPressurePlanner turns the pool's state into
+// page actions without changing anything; KvPager applies them.
+//
+//   running sequences short of blocks -> PlanRelief: coldest resident pages first (least
+//       attention mass per step), never the attention sinks, the recent window or the page being
+//       written; each priced by the cost model (kv_policy.h) -> compress / demote / checkpoint /
+//       evict, or keep. When no resident page could go, PlanCompressedEviction evicts compressed
+//       pages, the last resort.
+//   a sequence preempted -> PlanPreemption: each full page demoted, kept as checkpoints, or
+//       dropped to be recomputed from its tokens (a paged sequence is recomputed whole: that
+//       gives back exact KV whatever happened to its pages while it ran).
+//
+// Thread-safety: the planner reads the manager and the pager; use it on the step loop.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "kvl/kv_manager.h"
+#include "kvl/kv_pager.h"
+#include "kvl/kv_policy.h"
+#include "kvl/status.h"
+
+namespace kvl {
+
+// What the lattice is set up with: the engine's options and what this pool and these tiers can
+// do. Validated once by MakeKvPagingRules.
+struct KvPagingSetup {
+  KvPolicyChoice policy;
+  KvQuality quality = KvQuality::kLossless;
+  bool has_ram_tier = false;
+  bool has_disk_tier = false;
+  bool has_checkpoints = false;  // the pool's blocks keep residual checkpoints
+  bool int8_fits = false;        // a compressed page's layers fit the slabs of one block
+  bool int4_fits = false;
+  int64_t block_tokens = 16;
+  int64_t sink_tokens = 4;       // never acted on (attention sinks)
+  int64_t recent_tokens = 64;    // the newest tokens stay resident at full precision
+  bool explain = false;          // print every decision with its cost terms to stderr
+};
+
+struct KvPagingRules {
+  KvPolicyChoice policy;
+  KvQuality quality = KvQuality::kLossless;
+  // The page's prices (bytes, measured times); available_actions says what can be carried out.
+  PageCostProfile prices;
+  int64_t block_tokens = 16;
+  int64_t sink_tokens = 4;
+  int64_t recent_tokens = 64;
+  bool explain = false;
+  // The policy can act on running sequences' pages (compress, stream, checkpoint, evict); else
+  // only preemption moves pages.
+  bool pages_running_sequences = false;
+};
+
+// Checks that the fixed policy can be carried out (its tier exists, its pages fit) and fills the
+// rules; `prices` are the per-page prices (bytes and measured times) without available_actions.
+StatusOr<KvPagingRules> MakeKvPagingRules(const KvPagingSetup& setup,
+                                          const PageCostProfile& prices);
+
+// Residual checkpoints cost memory in every block (d_model per token per layer), so the pool
+// keeps them only where recompute-from-residual can be chosen: asked for, or (auto, with a RAM
+// tier to hold them) where they are no larger than the K+V they stand for (MHA; not GQA).
+bool KeepsResidualCheckpoints(const KvPolicyChoice& policy, bool has_ram_tier, int64_t dim,
+                              int64_t kv_dim);
+
+// One admitted sequence as the planner sees it.
+struct KvPlannedSeq {
+  SeqId slot = 0;
+  int64_t request_id = 0;  // for --explain
+};
+
+class KvPressurePlanner {
+ public:
+  KvPressurePlanner(const KvPagingRules& rules, const KvManager& manager, const KvPager& pager);
+
+  const KvPagingRules& rules() const { return rules_; }
+
+  // Page actions on running sequences expected to free `blocks_short` blocks, coldest first.
+  // Replaces plan->actions (its capacity is reused). Nothing when the policy does not page
+  // running sequences.
+  void PlanRelief(std::span<const KvPlannedSeq> running, int64_t blocks_short, Phase phase,
+                  KvPagePlan* plan);
+  // The last resort: compressed pages evicted, coldest first.
+  void PlanCompressedEviction(std::span<const KvPlannedSeq> running, int64_t blocks_short,
+                              KvPagePlan* plan);
+  // One action for each of the first `num_computed / block_tokens` pages of a sequence about to
+  // be preempted.
+  void PlanPreemption(const KvPlannedSeq& seq, int64_t num_computed, Phase phase,
+                      KvPagePlan* plan) const;
+
+  // The action for one page (the cost model's choice, or the fixed policy where it is allowed)
+  // and its predicted bring-back time.
+  KvPageAction Decide(const KvPlannedSeq& seq, int64_t block_index, bool running,
+                      Phase phase) const;
+
+ private:
+  struct Candidate {
+    KvPlannedSeq seq;
+    int64_t block_index = 0;
+    double mass = 0;
+  };
+  void CollectCandidates(std::span<const KvPlannedSeq> running, KvPageFate fate);
+
+  KvPagingRules rules_;
+  const KvManager& manager_;
+  const KvPager& pager_;
+  std::vector<Candidate> candidates_;  // reused across plans
+};
+
+}  // namespace kvl

@@ -1,0 +1,132 @@
+#include "metrics_recorder.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvl {
+
+void SampleWindow::Add(double v) {
+  if (values_.size() < kCapacity) {
+    values_.push_back(v);
+  } else {
+    values_[next_] = v;
+    next_ = (next_ + 1) % kCapacity;
+  }
+}
+
+double SampleWindow::Mean() const {
+  if (values_.empty()) return 0;
+  double sum = 0;
+  for (double v : values_) sum += v;
+  return sum / static_cast<double>(values_.size());
+}
+
+double SampleWindow::Percentile(double p) const {
+  if (values_.empty()) return 0;
+  std::vector<double> sorted = values_;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t index =
+      static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(sorted.size()))) - 1;
+  return sorted[std::min(index, sorted.size() - 1)];
+}
+
+void MetricsRecorder::CountPageAction(KvAction action, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  KvActionCounter& counter = action_counters_[static_cast<size_t>(action)];
+  ++counter.pages;
+  counter.bytes += bytes;
+}
+
+void MetricsRecorder::CountRestored(KvAction action, double predicted_ms, double measured_ms) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  KvActionCounter& counter = action_counters_[static_cast<size_t>(action)];
+  ++counter.pages_restored;
+  counter.predicted_ms += predicted_ms;
+  counter.measured_ms += measured_ms;
+}
+
+void MetricsRecorder::CountChecksumFailure() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++checksum_failures_;
+}
+
+void MetricsRecorder::CountPreemption() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++preemptions_;
+}
+
+void MetricsRecorder::CountFinished() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++requests_finished_;
+}
+
+void MetricsRecorder::CountTokenLatency(const Sequence& seq, Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (seq.num_generated == 0) {
+    ttft_ms_.Add(MillisecondsBetween(seq.submitted, now));
+  } else {
+    itl_ms_.Add(MillisecondsBetween(seq.last_token, now));
+  }
+}
+
+void MetricsRecorder::CountGenerated() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++tokens_generated_;
+}
+
+void MetricsRecorder::CountStep(int64_t batch_tokens, int64_t batch_seqs, int64_t prefill_tokens) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++num_steps_;
+  tokens_prefilled_ += prefill_tokens;
+  last_batch_tokens_ = batch_tokens;
+  last_batch_seqs_ = batch_seqs;
+  batch_tokens_total_ += batch_tokens;
+  batch_seqs_total_ += batch_seqs;
+}
+
+void MetricsRecorder::SetGauges(const KvStats& kv, const KvPagerStats& pager, int64_t running,
+                                int64_t waiting) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  kv_stats_ = kv;
+  pager_stats_ = pager;
+  num_running_ = running;
+  num_waiting_ = waiting;
+}
+
+void MetricsRecorder::Snapshot(EngineMetrics* m) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  m->kv = kv_stats_;
+  m->kv_actions = action_counters_;
+  m->kv_checksum_failures = checksum_failures_;
+  m->kv_pages_compressed = pager_stats_.compressed_pages;
+  m->kv_pages_streamed = pager_stats_.streamed_pages;
+  m->kv_pages_evicted = pager_stats_.evicted_pages;
+  m->kv_pages_rebuilt = pager_stats_.rebuilt_pages;
+  m->kv_layers_rebuilt = pager_stats_.layers_rebuilt;
+  m->kv_rebuild_ms = pager_stats_.rebuild_ms;
+  m->kv_compressed_bytes = pager_stats_.compressed_bytes;
+  m->kv_stream_staging_bytes = pager_stats_.staging_bytes;
+  m->kv_layers_streamed = pager_stats_.layers_streamed;
+  m->kv_stream_wait_ms = pager_stats_.stream_wait_ms;
+  m->requests_finished = requests_finished_;
+  m->requests_running = num_running_;
+  m->requests_waiting = num_waiting_;
+  m->preemptions = preemptions_;
+  m->steps = num_steps_;
+  m->tokens_prefilled = tokens_prefilled_;
+  m->tokens_generated = tokens_generated_;
+  m->mean_batch_tokens =
+      num_steps_ ? static_cast<double>(batch_tokens_total_) / static_cast<double>(num_steps_) : 0;
+  m->mean_batch_seqs =
+      num_steps_ ? static_cast<double>(batch_seqs_total_) / static_cast<double>(num_steps_) : 0;
+  m->last_batch_tokens = last_batch_tokens_;
+  m->last_batch_seqs = last_batch_seqs_;
+  m->ttft_mean_ms = ttft_ms_.Mean();
+  m->ttft_p50_ms = ttft_ms_.Percentile(50);
+  m->ttft_p99_ms = ttft_ms_.Percentile(99);
+  m->itl_mean_ms = itl_ms_.Mean();
+  m->itl_p50_ms = itl_ms_.Percentile(50);
+  m->itl_p99_ms = itl_ms_.Percentile(99);
+}
+
+}  // namespace kvl

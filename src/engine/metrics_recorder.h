@@ -1,0 +1,71 @@
+// What the engine counts, written by the step loop and read by Metrics() from any thread.
+// Thread-safety: every method takes the recorder's mutex.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "kvl/engine.h"
+#include "kvl/kv_pager.h"
+#include "request.h"
+
+namespace kvl {
+
+// A bounded window of recent samples for percentiles (allocated once, up front).
+class SampleWindow {
+ public:
+  SampleWindow() { values_.reserve(kCapacity); }
+  void Add(double v);
+  double Mean() const;
+  double Percentile(double p) const;
+
+ private:
+  static constexpr size_t kCapacity = 4096;
+  std::vector<double> values_;
+  size_t next_ = 0;
+};
+
+class MetricsRecorder {
+ public:
+  // One page that took `action` (bytes: its K/V).
+  void CountPageAction(KvAction action, int64_t bytes);
+  // Pages brought back after a preemption: what the cost model predicted and what it took.
+  void CountRestored(KvAction action, double predicted_ms, double measured_ms);
+  void CountChecksumFailure();
+  void CountPreemption();
+  void CountFinished();
+  // A token sampled for `seq` at `now`: time to first token or inter-token latency.
+  void CountTokenLatency(const Sequence& seq, Clock::time_point now);
+  // A token appended to its sequence (not an end-of-sequence or stop token).
+  void CountGenerated();
+  void CountStep(int64_t batch_tokens, int64_t batch_seqs, int64_t prefill_tokens);
+  // Gauges, after each step.
+  void SetGauges(const KvStats& kv, const KvPagerStats& pager, int64_t running, int64_t waiting);
+
+  // Everything but requests_submitted (the engine's inbox counts those).
+  void Snapshot(EngineMetrics* m) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::array<KvActionCounter, kNumKvActions> action_counters_{};
+  int64_t checksum_failures_ = 0;
+  int64_t requests_finished_ = 0;
+  int64_t preemptions_ = 0;
+  int64_t num_steps_ = 0;
+  int64_t tokens_prefilled_ = 0;
+  int64_t tokens_generated_ = 0;
+  int64_t batch_tokens_total_ = 0;
+  int64_t batch_seqs_total_ = 0;
+  int64_t last_batch_tokens_ = 0;
+  int64_t last_batch_seqs_ = 0;
+  SampleWindow ttft_ms_;
+  SampleWindow itl_ms_;
+  KvStats kv_stats_;
+  KvPagerStats pager_stats_;
+  int64_t num_running_ = 0;
+  int64_t num_waiting_ = 0;
+};
+
+}  // namespace kvl

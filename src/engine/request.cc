@@ -1,0 +1,55 @@
+#include "request.h"
+
+#include <algorithm>
+
+namespace kvl {
+
+std::string StopTextFilter::Push(std::string_view piece, bool* stopped) {
+  *stopped = false;
+  pending_.append(piece);
+  size_t hold = 0;
+  for (const std::string& stop : stops_) {
+    if (stop.empty()) continue;
+    const size_t at = pending_.find(stop);
+    if (at != std::string::npos) {
+      *stopped = true;
+      std::string out = pending_.substr(0, at);
+      pending_.clear();
+      return out;
+    }
+    // Hold back the longest tail of pending_ that is a prefix of this stop string.
+    for (size_t len = std::min(stop.size() - 1, pending_.size()); len > hold; --len) {
+      if (pending_.compare(pending_.size() - len, len, stop, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopTextFilter::Flush() {
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+TokenEvent Sequence::FinishEvent(const std::string& reason, Status error) {
+  finished = true;
+  TokenEvent event;
+  event.request = id;
+  event.finished = true;
+  event.finish_reason = reason;
+  event.error = std::move(error);
+  if (reason != "stop") event.text = stop_filter.Flush();
+  event.time_to_first_token_ms =
+      num_generated > 0 ? MillisecondsBetween(submitted, first_token) : 0.0;
+  event.prompt_tokens = num_prompt;
+  event.cached_prompt_tokens = std::max<int64_t>(0, cached_prompt_tokens);
+  event.generated_tokens = num_generated;
+  return event;
+}
+
+}  // namespace kvl

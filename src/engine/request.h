@@ -1,0 +1,67 @@
+// A request's state from admission to its last token: its tokens, where its KV pages are, the
+// text it has released, and the events it sends.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvl/engine.h"
+#include "kvl/kv_pager.h"
+#include "kvl/sampling.h"
+
+namespace kvl {
+
+using Clock = std::chrono::steady_clock;
+
+inline double MillisecondsBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Releases generated text while holding back whatever could still turn into a stop string, so a
+// stop string is never streamed out before it is recognized.
+class StopTextFilter {
+ public:
+  explicit StopTextFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Adds a piece; returns the text that is now safe to emit. Sets *stopped when a stop string
+  // completed (the text before it is emitted, the stop string and anything after it is dropped).
+  std::string Push(std::string_view piece, bool* stopped);
+  // Whatever is held back, at the end of generation.
+  std::string Flush();
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+};
+
+// One request from submission to its last token.
+struct Sequence {
+  RequestId id = 0;
+  SeqId slot = -1;                 // KV manager sequence id while admitted
+  Request request;
+  EventCallback on_event;
+  std::vector<int32_t> tokens;     // prompt, then generated tokens (reserved for the context)
+  int64_t num_prompt = 0;
+  int64_t num_computed = 0;        // leading tokens whose K/V is in the cache
+  int64_t cached_prompt_tokens = -1;  // prefix hit at first admission (-1: not admitted yet)
+  int32_t num_generated = 0;
+  int32_t prev_token = -1;         // for DecodeToken's leading-space rule
+  std::unique_ptr<Sampler> sampler;
+  StopTextFilter stop_filter{{}};
+  Clock::time_point submitted;
+  Clock::time_point first_token;
+  Clock::time_point last_token;
+  bool finished = false;
+  bool stream_failed = false;      // this step read a streamed page that failed its checksum
+  // Where each of its KV pages is (pool, slab, tier, checkpoints, dropped); it outlives a
+  // preemption, when the kept pages wait in tiers for the resume.
+  KvSequencePages kv_pages;
+  int64_t restore_tokens = 0;      // this admission: tokens to promote instead of compute
+
+  // The finished event (reason, error, counts, the text still held back); marks it finished.
+  TokenEvent FinishEvent(const std::string& reason, Status error);
+};
+
+}  // namespace kvl

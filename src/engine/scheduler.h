@@ -1,0 +1,97 @@
+// The continuous-batching scheduler: which sequences run this step and how many tokens each,
+// which waiting requests are admitted, and what leaves the pool when it is short. It plans; it
+// never runs the model, tokenizes or samples (StepRunner does), so it is testable on a pool with
+// no model behind it.
+//
+// Order of work in a step's token budget (vLLM-style continuous batching):
+//   1. decodes of running sequences (one token each),
+//   2. the next chunk of running sequences still in prefill (chunked prefill),
+//   3. admissions from the waiting queue, FIFO, their prompts chunked to the budget left.
+// When the plan does not fit the KV pool: the newest admissions wait first; then the running
+// sequences' coldest pages leave the pool as the KV planner decides (compress, stream from a
+// tier, keep as checkpoints, evict); then prefill chunks shrink (a sequence paging through a pool
+// smaller than one chunk); then the most recently admitted running sequence is preempted (its
+// pages demoted, checkpointed or dropped, and it is requeued at the front of the waiting queue).
+//
+// Thread-safety: owned by the step loop.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "kvl/kv_manager.h"
+#include "kvl/kv_pager.h"
+#include "kvl/kv_pressure.h"
+#include "metrics_recorder.h"
+#include "request.h"
+
+namespace kvl {
+
+struct SchedulerOptions {
+  int64_t max_batch_tokens = 512;  // tokens per forward step
+  int32_t max_seqs = 16;           // sequences running at once (KV slots 0..max_seqs-1)
+};
+
+// One step's work: a KV plan that fits, and per sequence the tokens it computes.
+struct StepPlan {
+  KvPlan kv;
+  std::vector<KvSeqStep> steps;  // one per sequence of the step, in step order
+  std::vector<Sequence*> seqs;   // the sequence of each step
+  Phase phase = Phase::kDecode;  // prefill when any sequence computes more than one token
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, KvManager& kv, KvPager& pager,
+            KvPressurePlanner& planner, MetricsRecorder& metrics);
+
+  // A new request joins the back of the waiting queue.
+  void Enqueue(std::unique_ptr<Sequence> seq);
+  // Requests with these ids finish as "cancelled".
+  void Cancel(const std::unordered_set<RequestId>& ids);
+
+  // Plans the next step into *plan (its vectors reused); admissions become running. False when
+  // there is nothing to run. Requests that can never fit the pool finish with an error here.
+  bool Schedule(StepPlan* plan);
+
+  // Preempts a running sequence (its pages saved or dropped, as the KV planner decides); it goes
+  // to the front of the waiting queue.
+  void Preempt(Sequence& seq);
+  // Ends a request: its KV leaves the pool (or the tiers, if it was waiting), its last event is
+  // sent. It leaves the queues at the next ReleaseFinished.
+  void Finish(Sequence& seq, const std::string& reason, Status error = Status::Ok());
+  void ReleaseFinished();
+
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+
+ private:
+  // Fills plan->steps / seqs for the running sequences and up to max_admissions admissions;
+  // returns how many admissions it took.
+  size_t FillSteps(size_t max_admissions, int64_t prefill_cap, StepPlan* plan);
+  bool RelievePressure(int64_t blocks_short, Phase phase);
+  void PreemptAt(size_t running_index);
+  void CountAppliedActions(const KvPagePlan& plan);
+  // Finishes the sequence that can never fit this pool with an error naming the budget.
+  void FinishTooBig(Sequence& seq, bool prompt_only);
+
+  SchedulerOptions options_;
+  KvManager& kv_;
+  KvPager& pager_;
+  KvPressurePlanner& planner_;
+  MetricsRecorder& metrics_;
+  int64_t block_tokens_;
+
+  std::deque<std::unique_ptr<Sequence>> waiting_;   // not admitted (new or preempted), FIFO
+  std::vector<std::unique_ptr<Sequence>> running_;  // admitted, in admission order
+  std::vector<SeqId> free_slots_;
+  Phase phase_ = Phase::kDecode;                    // of the step being planned
+  KvPagePlan page_plan_;                            // reused
+  std::vector<KvPlannedSeq> planned_running_;       // reused
+};
+
+}  // namespace kvl

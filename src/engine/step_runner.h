@@ -1,0 +1,58 @@
+// Carries out one planned step: commits the KV plan, copies shared blocks, brings back the pages
+// of resumed sequences, runs the forward pass over the batch (in chunks when a failed promotion
+// left more tokens than one run takes), samples, and sends each token's event.
+//
+// Thread-safety: owned by the step loop.
+#pragma once
+
+#include <vector>
+
+#include "kvl/forward.h"
+#include "kvl/kv_manager.h"
+#include "kvl/kv_pager.h"
+#include "kvl/tokenizer.h"
+#include "metrics_recorder.h"
+#include "request.h"
+#include "scheduler.h"
+
+namespace kvl {
+
+// What a step runs on (none owned).
+struct StepRunnerParts {
+  Scheduler* scheduler = nullptr;
+  KvManager* kv = nullptr;
+  KvBlockStorage* storage = nullptr;
+  KvPager* pager = nullptr;
+  PagedKvCache* cache = nullptr;
+  Forward* forward = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  MetricsRecorder* metrics = nullptr;
+  int64_t context_length = 0;
+};
+
+class StepRunner {
+ public:
+  explicit StepRunner(const StepRunnerParts& parts);
+
+  void Run(const StepPlan& plan);
+
+ private:
+  // A resumed sequence's kept pages promoted (or rebuilt) into its fresh blocks; returns the
+  // tokens that really came back (a failed or corrupt read ends it: the rest is computed).
+  int64_t RestorePages(Sequence& seq);
+  // Adds the tokens each sequence computes this step to batch_.
+  int64_t FillBatch(const StepPlan& plan);
+  void RunBatch(const StepPlan& plan);
+  void RecomputeFailedStreams();
+  void AppendToken(Sequence& seq, int32_t token);
+
+  StepRunnerParts p_;
+  int64_t block_tokens_;
+  TokenBatch batch_;
+  TokenBatch part_;                      // one chunk of batch_ when it exceeds one run
+  std::vector<SeqId> run_seqs_;          // sequences of one forward run
+  std::vector<Sequence*> to_recompute_;  // streamed reads failed: recompute from tokens
+  std::vector<double> dropped_predicted_ms_;  // this step: pages dropped at a preemption
+};
+
+}  // namespace kvl

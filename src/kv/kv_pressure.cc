@@ -1,0 +1,219 @@
+#include "kvl/kv_pressure.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace kvl {
+namespace {
+
+// A page asked to leave has to: memory is what the pool is short of, so keeping is priced high.
+// (A price from the real pressure is issue work of the cost model; this is the one constant.)
+constexpr double kPressureMemoryPriceMsPerMib = 1e3;
+// The recent window never takes more than this fraction of the pool, so a small pool still has
+// pages to act on.
+constexpr int64_t kMaxRecentFractionOfPool = 4;  // 1/4
+
+constexpr uint32_t Bit(KvAction action) { return 1u << static_cast<int>(action); }
+
+}  // namespace
+
+bool KeepsResidualCheckpoints(const KvPolicyChoice& policy, bool has_ram_tier, int64_t dim,
+                              int64_t kv_dim) {
+  if (!policy.automatic) return policy.fixed == KvAction::kRecomputeResidual;
+  return has_ram_tier && dim <= 2 * kv_dim;
+}
+
+StatusOr<KvPagingRules> MakeKvPagingRules(const KvPagingSetup& setup,
+                                          const PageCostProfile& prices) {
+  KvPagingRules r;
+  r.policy = setup.policy;
+  r.quality = setup.quality;
+  r.block_tokens = setup.block_tokens;
+  r.sink_tokens = std::max<int64_t>(0, setup.sink_tokens);
+  r.recent_tokens = std::max<int64_t>(0, setup.recent_tokens);
+  r.explain = setup.explain;
+  const KvPolicyChoice& policy = setup.policy;
+  if (!policy.automatic && !IsLossless(policy.fixed) && r.quality == KvQuality::kLossless) {
+    // A fixed lossy policy says what it wants; the quality preset only steers `auto`.
+    r.quality = KvQuality::kAggressive;
+  }
+  if (!policy.automatic) {
+    if (policy.fixed == KvAction::kDemoteRam && !setup.has_ram_tier) {
+      return InvalidArgumentError("--kv-policy demote needs a RAM tier: --kv-tier ram:SIZE");
+    }
+    if (policy.fixed == KvAction::kDemoteDisk && !setup.has_disk_tier) {
+      return InvalidArgumentError("--kv-policy demote-disk needs --kv-tier disk:PATH:SIZE");
+    }
+    if (policy.fixed == KvAction::kRecomputeResidual && !setup.has_ram_tier) {
+      return InvalidArgumentError(
+          "--kv-policy recompute-residual keeps the checkpoints in a RAM tier: --kv-tier ram:SIZE");
+    }
+    if ((policy.fixed == KvAction::kCompressInt8 && !setup.int8_fits) ||
+        (policy.fixed == KvAction::kCompressInt4 && !setup.int4_fits)) {
+      return InvalidArgumentError(fmt::format(
+          "--kv-policy {}: a compressed page of this model does not fit the slabs of one block",
+          KvActionName(policy.fixed)));
+    }
+  }
+  r.prices = prices;
+  r.prices.has_ram_tier = setup.has_ram_tier;
+  r.prices.has_disk_tier = setup.has_disk_tier;
+  const bool checkpoints = setup.has_checkpoints && setup.has_ram_tier;
+  r.prices.available_actions =
+      Bit(KvAction::kKeep) | Bit(KvAction::kEvict) | Bit(KvAction::kRecomputeTokens) |
+      (setup.int8_fits ? Bit(KvAction::kCompressInt8) : 0u) |
+      (setup.int4_fits ? Bit(KvAction::kCompressInt4) : 0u) |
+      (setup.has_ram_tier ? Bit(KvAction::kDemoteRam) : 0u) |
+      (setup.has_disk_tier ? Bit(KvAction::kDemoteDisk) : 0u) |
+      (checkpoints ? Bit(KvAction::kRecomputeResidual) : 0u);
+  // Running sequences' pages can be acted on unless the policy is only about preemption (keep,
+  // recompute from tokens) or nothing is allowed (auto, lossless, with no tier to demote to).
+  if (policy.automatic) {
+    r.pages_running_sequences =
+        setup.has_ram_tier || setup.has_disk_tier || r.quality != KvQuality::kLossless;
+  } else {
+    r.pages_running_sequences =
+        policy.fixed != KvAction::kKeep && policy.fixed != KvAction::kRecomputeTokens;
+  }
+  return r;
+}
+
+KvPressurePlanner::KvPressurePlanner(const KvPagingRules& rules, const KvManager& manager,
+                                     const KvPager& pager)
+    : rules_(rules), manager_(manager), pager_(pager) {}
+
+KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_index,
+                                       bool running, Phase phase) const {
+  KvPolicyOptions o;
+  o.quality = rules_.quality;
+  o.phase = phase;
+  o.memory_price_ms_per_mib = kPressureMemoryPriceMsPerMib;
+  PageHistory page;
+  page.first_position = block_index * rules_.block_tokens;
+  page.is_sink = page.first_position < rules_.sink_tokens;
+  PageCostProfile costs = rules_.prices;
+  if (running) {
+    // A running sequence reads every page again at its next step; how much it weighs them is the
+    // attention mass they received.
+    page.steps_since_access = 0;
+    page.accesses = std::max<int64_t>(1, pager_.steps(seq.slot));
+    page.attention_mass = pager_.PageMass(seq.slot, block_index);
+    // A running page is rebuilt from its checkpoints at every step that reads it; from tokens it
+    // cannot be (that would rerun the whole prefix each step).
+    costs.available_actions &= ~Bit(KvAction::kRecomputeTokens);
+  } else {
+    // The sequence resumes as soon as blocks free up: every one of its pages will be read again.
+    page.accesses = 1;
+    page.steps_since_access = 0;
+    costs.available_actions &=
+        ~(Bit(KvAction::kCompressInt8) | Bit(KvAction::kCompressInt4) | Bit(KvAction::kEvict));
+  }
+  if (pager_.CheckpointMissing(seq.slot, block_index)) {
+    costs.available_actions &= ~Bit(KvAction::kRecomputeResidual);
+  }
+  const KvDecision d = ChooseKvAction(page, costs, o);
+  KvAction action = rules_.policy.fixed;
+  if (rules_.policy.automatic || !d.costs[static_cast<size_t>(action)].allowed) action = d.action;
+  if (rules_.explain) {
+    fmt::print(stderr, "kvl: explain: request {} {} page {} (tokens {}-{}) -> {}\n{}",
+               seq.request_id, running ? "running" : "preempted", block_index,
+               page.first_position, page.first_position + rules_.block_tokens - 1,
+               KvActionName(action), d.Explain());
+  }
+  KvPageAction a;
+  a.seq = seq.slot;
+  a.block_index = block_index;
+  a.action = action;
+  a.predicted_ms = d.costs[static_cast<size_t>(action)].bring_back_ms;
+  return a;
+}
+
+// Full pages of the running sequences outside the attention sinks and the recent window whose
+// fate is `fate` (resident pages only where this sequence alone holds the block), coldest first
+// (least attention mass per step; then oldest).
+void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running, KvPageFate fate) {
+  candidates_.clear();
+  const int64_t bt = rules_.block_tokens;
+  const int64_t recent_blocks = std::min((rules_.recent_tokens + bt - 1) / bt,
+                                         manager_.num_blocks() / kMaxRecentFractionOfPool);
+  const int64_t sink_blocks = (rules_.sink_tokens + bt - 1) / bt;
+  for (const KvPlannedSeq& seq : running) {
+    if (!manager_.Contains(seq.slot)) continue;
+    const std::vector<BlockId>& table = manager_.block_table(seq.slot);
+    const int64_t full_blocks = manager_.num_tokens(seq.slot) / bt;
+    // The last block (written next) and the recent window stay.
+    const int64_t end =
+        std::min<int64_t>(full_blocks, static_cast<int64_t>(table.size()) - 1) - recent_blocks;
+    for (int64_t b = sink_blocks; b < end; ++b) {
+      const BlockId block = table[static_cast<size_t>(b)];
+      const bool match = fate == KvPageFate::kResident
+                             ? block != kNoBlock && manager_.refcount(block) == 1
+                             : block == kNoBlock && pager_.FateOf(seq.slot, b) == fate;
+      if (match) candidates_.push_back({seq, b, pager_.PageMass(seq.slot, b)});
+    }
+  }
+  std::stable_sort(candidates_.begin(), candidates_.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.mass < b.mass; });
+}
+
+void KvPressurePlanner::PlanRelief(std::span<const KvPlannedSeq> running, int64_t blocks_short,
+                                   Phase phase, KvPagePlan* plan) {
+  plan->actions.clear();
+  plan->blocks_to_free = blocks_short;
+  plan->state_version = manager_.state_version();
+  if (!rules_.pages_running_sequences) return;
+  CollectCandidates(running, KvPageFate::kResident);
+  // Each page that leaves frees its block (a compressed one may take a slab block first; the
+  // scheduler plans again if the pool is still short).
+  int64_t leaving = 0;
+  for (const Candidate& c : candidates_) {
+    if (leaving >= blocks_short) break;
+    const KvPageAction a = Decide(c.seq, c.block_index, /*running=*/true, phase);
+    if (a.action == KvAction::kKeep) continue;
+    plan->actions.push_back(a);
+    ++leaving;
+  }
+}
+
+void KvPressurePlanner::PlanCompressedEviction(std::span<const KvPlannedSeq> running,
+                                               int64_t blocks_short, KvPagePlan* plan) {
+  plan->actions.clear();
+  plan->blocks_to_free = blocks_short;
+  plan->state_version = manager_.state_version();
+  if (!rules_.pages_running_sequences) return;
+  CollectCandidates(running, KvPageFate::kCompressed);
+  // A compressed page takes a fraction of a block, so freeing blocks_short blocks takes more
+  // pages than that: all of them are planned, coldest first, and applying stops when enough
+  // blocks are free.
+  for (const Candidate& c : candidates_) {
+    KvPageAction a;
+    a.seq = c.seq.slot;
+    a.block_index = c.block_index;
+    a.action = KvAction::kEvict;
+    plan->actions.push_back(a);
+  }
+}
+
+void KvPressurePlanner::PlanPreemption(const KvPlannedSeq& seq, int64_t num_computed, Phase phase,
+                                       KvPagePlan* plan) const {
+  plan->actions.clear();
+  plan->blocks_to_free = 0;
+  plan->state_version = manager_.state_version();
+  const bool paged = manager_.IsPaged(seq.slot);
+  const int64_t full_blocks = num_computed / rules_.block_tokens;
+  for (int64_t b = 0; b < full_blocks; ++b) {
+    KvPageAction a;
+    if (paged) {
+      a.seq = seq.slot;
+      a.block_index = b;
+      a.action = KvAction::kRecomputeTokens;
+    } else {
+      a = Decide(seq, b, /*running=*/false, phase);
+    }
+    plan->actions.push_back(a);
+  }
+}
+
+}  // namespace kvl
