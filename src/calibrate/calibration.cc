@@ -102,6 +102,18 @@ CalibrationModel DescribeModel(const Model& model) {
   return m;
 }
 
+MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::string_view source) {
+  MachineProfile p;
+  p.version = kProfileVersion;
+  p.source = std::string(source);
+  p.timestamp = UtcTimestamp();
+  p.cpu_features = ops::CpuFeatureString();
+  p.isa = std::string(ops::IsaName(ctx.isa()));
+  p.threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
+  p.model = DescribeModel(model);
+  return p;
+}
+
 double KvProjectionFlopsPerToken(const ModelConfig& c) {
   return 2.0 * 2.0 * static_cast<double>(c.kv_dim()) * static_cast<double>(c.dim);
 }
@@ -352,17 +364,10 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   const ModelConfig& c = model.config();
   ThreadPool& pool = *model_ctx.pool();
 
-  MachineProfile p;
-  p.version = kProfileVersion;
-  p.source = std::string(kProfileSourceMeasured);
-  p.timestamp = calibration_internal::UtcTimestamp();
-  p.cpu_features = ops::CpuFeatureString();
-  p.isa = std::string(ops::IsaName(model_ctx.isa()));
-  p.threads = pool.num_threads();
+  MachineProfile p = calibration_internal::NewProfile(model, model_ctx, kProfileSourceMeasured);
   double load[1] = {0};
   if (::getloadavg(load, 1) == 1 && std::isfinite(load[0]) && load[0] >= 0)
     p.load_average = load[0];
-  p.model = calibration_internal::DescribeModel(model);
 
   // A context of its own on the caller's pool: its scratch holds the 128-token batches measured
   // here, and the caller's stays sized for the caller's batches.

@@ -10,6 +10,7 @@
 
 #include "kvl/calibration.h"
 #include "kvl/model.h"
+#include "kvl/ops.h"
 #include "kvl/status.h"
 
 namespace kvl::calibration_internal {
@@ -20,10 +21,11 @@ inline constexpr int64_t kMatmulTokenCounts[] = {1, kCalibrationPageTokens, 128}
 
 // Options with every 0 replaced by the default for the mode.
 CalibrateOptions ResolveDefaults(const CalibrateOptions& in);
-// Now, UTC, ISO 8601.
-std::string UtcTimestamp();
 // The model facts a profile records (and is checked against when loaded for a model).
 CalibrationModel DescribeModel(const Model& model);
+// A profile of `model` stamped now, with this CPU, ctx's ISA and pool size and the given source;
+// its rates are left for the caller.
+MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::string_view source);
 // FLOPs per token (2 per multiply-add) of one layer's K and V projections, and of every
 // projection of one layer (Wq, Wk, Wv, Wo, gate, up, down).
 double KvProjectionFlopsPerToken(const ModelConfig& c);

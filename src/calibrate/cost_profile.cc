@@ -71,14 +71,7 @@ void Say(FILE* out, fmt::format_string<Args...> format, Args&&... args) {
 MachineProfile AnalyticProfile(const Model& model, const ops::OpsContext& ctx) {
   const ModelConfig& c = model.config();
   const double flops_per_second = AssumedFlopsPerSecond(ctx);
-  MachineProfile p;
-  p.version = kProfileVersion;
-  p.source = std::string(kProfileSourceDefault);
-  p.timestamp = calibration_internal::UtcTimestamp();
-  p.cpu_features = ops::CpuFeatureString();
-  p.isa = std::string(ops::IsaName(ctx.isa()));
-  p.threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
-  p.model = calibration_internal::DescribeModel(model);
+  MachineProfile p = calibration_internal::NewProfile(model, ctx, kProfileSourceDefault);
   for (int64_t n : calibration_internal::kMatmulTokenCounts) {
     p.matmul.push_back({n, flops_per_second / 1e9, flops_per_second / 1e9});
   }

@@ -14,14 +14,9 @@
 #include "calibration_test_util.h"
 #include "kvl/cost_profile.h"
 
-namespace kvl {
+// In kvl::testing, beside the shared helpers of calibration_test_util.h.
+namespace kvl::testing {
 namespace {
-
-using testing::ReadFile;
-using testing::Stories260K;
-using testing::TempPath;
-using testing::TinyCalibrateOptions;
-using testing::WriteFile;
 
 bool PositiveFinite(double x) { return std::isfinite(x) && x > 0; }
 
@@ -115,7 +110,7 @@ TEST(CalibrationTest, ProgressReachesOneForEveryStageInOrder) {
 }
 
 TEST(CalibrationTest, MeasuresThePassedModelOnItsPoolAndLeavesItsContextAlone) {
-  testing::LoadedModel& loaded = Stories260K();
+  LoadedModel& loaded = Stories260K();
   const size_t scratch_before = loaded.ctx.scratch_bytes();
   const MachineProfile& p = TinyProfile();
   EXPECT_EQ(p.threads, loaded.pool.num_threads());
@@ -300,4 +295,4 @@ TEST(CalibrationTest, DefaultProfilePathFollowsEnvironmentAndSanitizesTheName) {
 }
 
 }  // namespace
-}  // namespace kvl
+}  // namespace kvl::testing

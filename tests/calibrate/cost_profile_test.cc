@@ -14,14 +14,9 @@
 
 #include "calibration_test_util.h"
 
-namespace kvl {
+// In kvl::testing, beside the shared helpers of calibration_test_util.h.
+namespace kvl::testing {
 namespace {
-
-using testing::ReadFile;
-using testing::Stories260K;
-using testing::TempPath;
-using testing::TinyCalibrateOptions;
-using testing::WriteFile;
 
 // Collects what ObtainProfile says, through a real FILE* as the engine's stderr would be.
 class Messages {
@@ -305,7 +300,7 @@ TEST(PagePricesTest, ScalesRecomputeToTheBlockAndCopiesTheRates) {
 }
 
 TEST(EstimateTest, GrowsWithTheWorkAndIsAtLeastASecond) {
-  const testing::LoadedModel& m = Stories260K();
+  const LoadedModel& m = Stories260K();
   EXPECT_GE(EstimateCalibrationSeconds(*m.model, m.ctx, TinyCalibrateOptions()), 1);
   CalibrateOptions big = TinyCalibrateOptions();
   big.disk_bytes = int64_t{4} << 30;
@@ -314,4 +309,4 @@ TEST(EstimateTest, GrowsWithTheWorkAndIsAtLeastASecond) {
 }
 
 }  // namespace
-}  // namespace kvl
+}  // namespace kvl::testing
