@@ -13,7 +13,6 @@
 #include <initializer_list>
 #include <memory>
 #include <random>
-#include <thread>
 
 #include "calibration_internal.h"
 #include "kvl/forward.h"
@@ -67,21 +66,8 @@ void StageProgress::Finish() {
   if (progress_) progress_(stage_, 1.0);
 }
 
-}  // namespace calibration_internal
-
-namespace {
-
-using calibration_internal::MedianSecondsPerCall;
-using calibration_internal::StageProgress;
-
-constexpr int64_t kMiB = int64_t{1} << 20;
-constexpr int64_t kMatmulTokenCounts[] = {1, kCalibrationPageTokens, 128};
-
-// Options with every 0 replaced by the default for the mode.
 CalibrateOptions ResolveDefaults(const CalibrateOptions& in) {
   CalibrateOptions o = in;
-  if (o.num_threads <= 0)
-    o.num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (o.memory_bytes <= 0) o.memory_bytes = 256 * kMiB;
   if (o.disk_bytes <= 0) o.disk_bytes = (o.quick ? 64 : 256) * kMiB;
   if (o.random_reads <= 0) o.random_reads = o.quick ? 500 : 2000;
@@ -99,6 +85,53 @@ std::string UtcTimestamp() {
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
 }
+
+CalibrationModel DescribeModel(const Model& model) {
+  const ModelConfig& c = model.config();
+  CalibrationModel m;
+  m.name = c.name;
+  m.dim = c.dim;
+  m.layers = c.num_layers;
+  m.heads = c.num_heads;
+  m.kv_heads = c.num_kv_heads;
+  m.head_dim = c.head_dim;
+  m.ffn_dim = c.ffn_dim;
+  m.weight_type = model.weight_type_name();
+  m.kv_bytes_per_token_per_layer_f32 = c.KvBytesPerTokenPerLayer(DType::kF32);
+  m.residual_bytes_per_token_per_layer_f32 = c.ResidualBytesPerTokenPerLayer(DType::kF32);
+  return m;
+}
+
+MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::string_view source) {
+  MachineProfile p;
+  p.version = kProfileVersion;
+  p.source = std::string(source);
+  p.timestamp = UtcTimestamp();
+  p.cpu_features = ops::CpuFeatureString();
+  p.isa = std::string(ops::IsaName(ctx.isa()));
+  p.threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
+  p.model = DescribeModel(model);
+  return p;
+}
+
+double KvProjectionFlopsPerToken(const ModelConfig& c) {
+  return 2.0 * 2.0 * static_cast<double>(c.kv_dim()) * static_cast<double>(c.dim);
+}
+
+double LayerFlopsPerToken(const ModelConfig& c) {
+  const double d = static_cast<double>(c.dim);
+  // Wq, Wo; Wk, Wv; gate, up, down.
+  return 2.0 * (2.0 * d * static_cast<double>(c.q_dim()) + 2.0 * d * static_cast<double>(c.kv_dim()) +
+                3.0 * d * static_cast<double>(c.ffn_dim));
+}
+
+}  // namespace calibration_internal
+
+namespace {
+
+using calibration_internal::kMatmulTokenCounts;
+using calibration_internal::MedianSecondsPerCall;
+using calibration_internal::StageProgress;
 
 bool IsQuantized(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
 
@@ -123,11 +156,6 @@ void MatMulShared(ops::OpsContext& ctx, std::initializer_list<const MatrixView*>
   } else {
     for (size_t m = 0; m < count; ++m) ops::MatMul(ctx, views[m], x, n, outs[m]);
   }
-}
-
-double MatFlops(const MatrixView& w, int64_t n_tokens) {
-  return 2.0 * static_cast<double>(n_tokens) * static_cast<double>(w.rows) *
-         static_cast<double>(w.cols);
 }
 
 std::vector<float> RandomFloats(size_t n, uint32_t seed) {
@@ -163,7 +191,6 @@ std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
     next_layer = (next_layer + 1) % c.num_layers;
     return w;
   };
-  const LayerWeights& w = model.layer(0);  // for the FLOP counts
   std::vector<MatmulRate> rates;
   for (int64_t n : kMatmulTokenCounts) {
     MatmulRate rate;
@@ -172,7 +199,8 @@ std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
       const LayerWeights& lw = layer();
       MatMulShared(ctx, {&lw.wk, &lw.wv}, x.data(), n, {k.data(), v.data()});
     });
-    rate.kv_proj_gflops = (MatFlops(w.wk, n) + MatFlops(w.wv, n)) / kv_seconds / 1e9;
+    const double tokens = static_cast<double>(n);
+    rate.kv_proj_gflops = calibration_internal::KvProjectionFlopsPerToken(c) * tokens / kv_seconds / 1e9;
     const double layer_seconds =
         MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
           const LayerWeights& lw = layer();
@@ -181,11 +209,7 @@ std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
           MatMulShared(ctx, {&lw.w_gate, &lw.w_up}, x.data(), n, {gate.data(), up.data()});
           ops::MatMul(ctx, lw.w_down, x.data(), n, out.data());
         });
-    double layer_flops = 0;
-    for (const MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
-      layer_flops += MatFlops(*m, n);
-    }
-    rate.layer_gflops = layer_flops / layer_seconds / 1e9;
+    rate.layer_gflops = calibration_internal::LayerFlopsPerToken(c) * tokens / layer_seconds / 1e9;
     rates.push_back(rate);
   }
   stage.Finish();
@@ -317,56 +341,43 @@ std::pair<double, double> MeasureMemory(ThreadPool& pool, const CalibrateOptions
 
 }  // namespace
 
-StatusOr<MachineProfile> Calibrate(const CalibrateOptions& options,
+CalibrateOptions QuickCalibrateOptions() {
+  CalibrateOptions o;
+  o.quick = true;
+  o.memory_bytes = 32 * calibration_internal::kMiB;
+  o.disk_bytes = 16 * calibration_internal::kMiB;
+  o.random_reads = 100;
+  return o;
+}
+
+StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ctx,
+                                   const CalibrateOptions& options,
                                    const CalibrationProgress& progress) {
-  if (options.model_path.empty()) {
-    return InvalidArgumentError(
-        "calibrate: a model is required (-m MODEL.gguf): the profile is measured at the model's "
-        "own shapes");
-  }
-  if (options.num_threads < 0) {
-    return InvalidArgumentError(
-        fmt::format("calibrate: threads must be >= 0, got {}", options.num_threads));
-  }
+  KVL_CHECK_MSG(model_ctx.pool() != nullptr, "Calibrate: the ops context needs a thread pool");
   if (options.memory_bytes < 0 || options.disk_bytes < 0 || options.random_reads < 0 ||
       options.repetitions < 0 || options.disk_repetitions < 0 ||
       !(options.min_sample_seconds >= 0)) {
     return InvalidArgumentError("calibrate: sizes, counts and times must not be negative");
   }
-  CalibrateOptions o = ResolveDefaults(options);
+  CalibrateOptions o = calibration_internal::ResolveDefaults(options);
   KVL_ASSIGN_OR_RETURN(o.disk_dir, calibration_internal::ResolveDiskDir(o.disk_dir));
-  KVL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(o.model_path));
-  const ModelConfig& c = model->config();
+  const ModelConfig& c = model.config();
+  ThreadPool& pool = *model_ctx.pool();
 
-  MachineProfile p;
-  p.version = kProfileVersion;
-  p.timestamp = UtcTimestamp();
-  p.cpu_features = ops::CpuFeatureString();
-  const ops::Isa isa = ops::BestIsa();
-  p.isa = std::string(ops::IsaName(isa));
-  p.threads = o.num_threads;
+  MachineProfile p = calibration_internal::NewProfile(model, model_ctx, kProfileSourceMeasured);
   double load[1] = {0};
   if (::getloadavg(load, 1) == 1 && std::isfinite(load[0]) && load[0] >= 0)
     p.load_average = load[0];
-  p.model.name = c.name;
-  p.model.dim = c.dim;
-  p.model.layers = c.num_layers;
-  p.model.heads = c.num_heads;
-  p.model.kv_heads = c.num_kv_heads;
-  p.model.head_dim = c.head_dim;
-  p.model.ffn_dim = c.ffn_dim;
-  p.model.weight_type = model->weight_type_name();
-  p.model.kv_bytes_per_token_per_layer_f32 = c.KvBytesPerTokenPerLayer(DType::kF32);
-  p.model.residual_bytes_per_token_per_layer_f32 = c.ResidualBytesPerTokenPerLayer(DType::kF32);
 
-  ThreadPool pool(o.num_threads);
-  ops::OpsContext ctx(isa, &pool);
+  // A context of its own on the caller's pool: its scratch holds the 128-token batches measured
+  // here, and the caller's stays sized for the caller's batches.
+  ops::OpsContext ctx(model_ctx.isa(), &pool);
   ctx.Reserve(kMatmulTokenCounts[std::size(kMatmulTokenCounts) - 1],
               std::max({c.dim, c.q_dim(), c.ffn_dim}));
 
-  p.matmul = MeasureMatmul(*model, ctx, o, progress);
+  p.matmul = MeasureMatmul(model, ctx, o, progress);
 
-  KVL_ASSIGN_OR_RETURN(auto recompute, MeasureRecompute(*model, pool, ctx, o, progress));
+  KVL_ASSIGN_OR_RETURN(auto recompute, MeasureRecompute(model, pool, ctx, o, progress));
   p.recompute_page_tokens = kCalibrationPageTokens;
   p.recompute_from_residual_ms = recompute.first;
   p.recompute_from_tokens_ms = recompute.second;

@@ -1,5 +1,6 @@
-// Pieces of calibration shared between its files: timing, progress per stage and the disk test.
-// Internal to src/engine; the public interface is kvl/calibration.h.
+// Pieces of calibration shared between its files: timing, progress per stage, the disk test, and
+// the model facts both the measurements and the analytic defaults use. Internal to
+// src/calibrate; the public interface is kvl/calibration.h and kvl/cost_profile.h.
 #pragma once
 
 #include <cstdint>
@@ -8,9 +9,27 @@
 #include <vector>
 
 #include "kvl/calibration.h"
+#include "kvl/model.h"
+#include "kvl/ops.h"
 #include "kvl/status.h"
 
 namespace kvl::calibration_internal {
+
+inline constexpr int64_t kMiB = int64_t{1} << 20;
+// Batch sizes the matmul rates are measured at: decode, a page, a prefill chunk.
+inline constexpr int64_t kMatmulTokenCounts[] = {1, kCalibrationPageTokens, 128};
+
+// Options with every 0 replaced by the default for the mode.
+CalibrateOptions ResolveDefaults(const CalibrateOptions& in);
+// The model facts a profile records (and is checked against when loaded for a model).
+CalibrationModel DescribeModel(const Model& model);
+// A profile of `model` stamped now, with this CPU, ctx's ISA and pool size and the given source;
+// its rates are left for the caller.
+MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::string_view source);
+// FLOPs per token (2 per multiply-add) of one layer's K and V projections, and of every
+// projection of one layer (Wq, Wk, Wv, Wo, gate, up, down).
+double KvProjectionFlopsPerToken(const ModelConfig& c);
+double LayerFlopsPerToken(const ModelConfig& c);
 
 // Monotonic wall-clock seconds.
 double NowSeconds();

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -21,6 +23,7 @@ using Json = nlohmann::ordered_json;  // keeps the fields in the order written, 
 Json ToJson(const MachineProfile& p) {
   Json j;
   j["version"] = p.version;
+  j["source"] = p.source;
   j["timestamp"] = p.timestamp;
   j["machine"] = {{"cpu_features", p.cpu_features},
                   {"isa", p.isa},
@@ -153,6 +156,14 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
         "again",
         file, p.version, kProfileVersion));
   }
+  KVL_RETURN_IF_ERROR(top.String("source", false, &p.source));
+  if (p.source != kProfileSourceMeasured && p.source != kProfileSourceDefault) {
+    return top.Error("source", fmt::format("must be \"{}\" or \"{}\", got \"{}\"",
+                                           kProfileSourceMeasured, kProfileSourceDefault, p.source));
+  }
+  // Analytic defaults measured nothing, so their measurement sizes are 0 and there is no disk dir.
+  const bool measured = p.source == kProfileSourceMeasured;
+  const int64_t min_measured_bytes = measured ? 1 : 0;
   KVL_RETURN_IF_ERROR(top.String("timestamp", false, &p.timestamp));
 
   KVL_ASSIGN_OR_RETURN(FieldReader machine, top.Object("machine"));
@@ -197,13 +208,13 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   KVL_RETURN_IF_ERROR(recompute.Positive("from_tokens_ms", &p.recompute_from_tokens_ms));
 
   KVL_ASSIGN_OR_RETURN(FieldReader memory, top.Object("memory"));
-  KVL_RETURN_IF_ERROR(memory.Int("bytes", 1, &p.memory_bytes));
+  KVL_RETURN_IF_ERROR(memory.Int("bytes", min_measured_bytes, &p.memory_bytes));
   KVL_RETURN_IF_ERROR(memory.Positive("read_gbps", &p.memory_read_gbps));
   KVL_RETURN_IF_ERROR(memory.Positive("copy_gbps", &p.memory_copy_gbps));
 
   KVL_ASSIGN_OR_RETURN(FieldReader disk, top.Object("disk"));
-  KVL_RETURN_IF_ERROR(disk.String("dir", false, &p.disk_dir));
-  KVL_RETURN_IF_ERROR(disk.Int("bytes", 1, &p.disk_bytes));
+  KVL_RETURN_IF_ERROR(disk.String("dir", !measured, &p.disk_dir));
+  KVL_RETURN_IF_ERROR(disk.Int("bytes", min_measured_bytes, &p.disk_bytes));
   KVL_RETURN_IF_ERROR(disk.Positive("write_gbps", &p.disk_write_gbps));
   KVL_RETURN_IF_ERROR(disk.Positive("read_gbps", &p.disk_read_gbps));
   KVL_RETURN_IF_ERROR(disk.Bool("read_direct", &p.disk_read_direct));
@@ -225,6 +236,34 @@ std::string SanitizeFileName(std::string_view name) {
 }
 
 }  // namespace
+
+Status CheckProfileWritable(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return InvalidArgumentError("profile path is empty");
+  std::error_code ec;
+  const fs::path target(path);
+  const fs::file_status status = fs::status(target, ec);
+  if (fs::is_directory(status)) {
+    return InvalidArgumentError(fmt::format("profile '{}' is a directory", path));
+  }
+  // SaveProfile renames over the target: a device or a pipe (say /dev/null) would be replaced.
+  if (fs::exists(status) && !fs::is_regular_file(status)) {
+    return InvalidArgumentError(fmt::format("profile '{}' is not a regular file", path));
+  }
+  // The nearest existing ancestor must be a writable directory (SaveProfile makes the rest).
+  fs::path dir = target.parent_path();
+  while (!dir.empty() && !fs::exists(dir, ec)) dir = dir.parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::is_directory(dir, ec)) {
+    return InvalidArgumentError(
+        fmt::format("profile '{}': '{}' is not a directory", path, dir.string()));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return IoError(fmt::format("profile '{}': cannot write in '{}': {}", path, dir.string(),
+                               std::strerror(errno)));
+  }
+  return Status::Ok();
+}
 
 Status SaveProfile(const MachineProfile& profile, const std::string& path) {
   std::string text;

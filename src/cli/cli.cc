@@ -88,7 +88,11 @@ int Main(int argc, char** argv) {
   run_cmd->add_option("--kv-quality", run.engine.kv_quality, "lossless | balanced | aggressive")
       ->capture_default_str();
   run_cmd->add_option("--kv-profile", run.engine.profile_path,
-                      "calibration profile (default: the per-model cache path; made if missing)");
+                      "calibration profile (default: $KVL_PROFILE or "
+                      "~/.cache/kvlattice/profile-<model>.json; measured and saved if missing)");
+  run_cmd->add_flag("!--no-calibrate", run.engine.calibrate,
+                    "without a profile, price KV actions with analytic defaults instead of "
+                    "measuring this machine (nothing is written)");
   run_cmd->add_flag("--explain", run.engine.explain, "print every KV decision with its cost terms");
   run_cmd->add_option("--kv-sink", run.engine.kv_sink_tokens,
                       "first tokens never compressed, demoted or evicted (attention sinks)")

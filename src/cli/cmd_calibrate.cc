@@ -3,12 +3,18 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "cli.h"
 #include "kvl/calibration.h"
+#include "kvl/model.h"
+#include "kvl/ops.h"
+#include "kvl/thread_pool.h"
 
 namespace kvl::cli {
 namespace {
@@ -122,22 +128,40 @@ int CalibrateCommand(const CalibrateArgs& args) {
                "the model's own shapes\n");
     return 1;
   }
+  if (args.num_threads < 0) {
+    fmt::print(stderr, "kvl calibrate: threads (-t) must be >= 0, got {}\n", args.num_threads);
+    return 1;
+  }
+  StatusOr<std::unique_ptr<Model>> model = Model::Load(args.model_path);
+  if (!model.ok()) {
+    fmt::print(stderr, "kvl: {}\n", model.status().ToString());
+    return 1;
+  }
+  // The output is checked before anything is measured, so a bad -o fails at once.
+  const std::string path =
+      args.output.empty() ? DefaultProfilePath((*model)->config().name) : args.output;
+  if (const Status writable = CheckProfileWritable(path); !writable.ok()) {
+    fmt::print(stderr, "kvl calibrate: {}\n", writable.ToString());
+    return 1;
+  }
+  const int threads = args.num_threads > 0
+                          ? args.num_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(threads);
+  ops::OpsContext ctx(ops::BestIsa(), &pool);
   CalibrateOptions options;
-  options.model_path = args.model_path;
-  options.num_threads = args.num_threads;
   options.disk_dir = args.disk_dir;
   options.quick = args.quick;
 
   fmt::print(stderr, "kvl calibrate: {}{}\n", args.model_path, args.quick ? " (quick)" : "");
   ProgressDisplay display;
-  StatusOr<MachineProfile> profile = Calibrate(
-      options, [&](std::string_view stage, double fraction) { display.Update(stage, fraction); });
+  StatusOr<MachineProfile> profile =
+      Calibrate(**model, ctx, options,
+                [&](std::string_view stage, double fraction) { display.Update(stage, fraction); });
   if (!profile.ok()) {
     fmt::print(stderr, "\nkvl: {}\n", profile.status().ToString());
     return 1;
   }
-  const std::string path =
-      args.output.empty() ? DefaultProfilePath(profile->model.name) : args.output;
   const Status saved = SaveProfile(*profile, path);
   fmt::print(stderr, "\n");
   if (profile->load_average > 0.5) {

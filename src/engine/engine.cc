@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "engine_impl.h"
-#include "kvl/calibration.h"
+#include "kvl/cost_profile.h"
 
 namespace kvl {
 namespace {
@@ -117,38 +117,17 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   return Status::Ok();
 }
 
-// The per-page prices the measured machine gives: from the calibration profile of this model on
-// this machine; without one, a quick calibration runs now and is saved for the next start.
+// The per-page prices of the measured machine (kvl/cost_profile.h): the calibration profile of
+// this model on this machine; without one, a quick calibration on the engine's own model and
+// pool, announced on stderr and saved where it says; with --no-calibrate, analytic defaults.
 Status LoadCostProfile(Engine::Impl& e, const std::string& disk_dir, PageCostProfile* prices) {
-  const EngineOptions& options = e.options;
-  const KvBlockLayout& layout = e.storage->layout();
-  PageCostProfile& page_costs = *prices;
-  const std::unique_ptr<ThreadPool>& pool = e.pool;
-  const std::unique_ptr<Model>& model = e.model;
-  const std::string path =
-      options.profile_path.empty() ? DefaultProfilePath(model->config().name) : options.profile_path;
-  StatusOr<MachineProfile> profile = LoadProfile(path);
-  if (!profile.ok()) {
-    CalibrateOptions co;
-    co.model_path = options.model_path;
-    co.num_threads = pool->num_threads();
-    co.quick = true;
-    co.memory_bytes = 32ll << 20;
-    co.disk_bytes = 16ll << 20;
-    co.random_reads = 100;
-    co.disk_dir = disk_dir;  // empty (the temp dir) without a disk tier
-    profile = Calibrate(co, {});
-    if (!profile.ok()) return profile.status();
-    (void)SaveProfile(*profile, path);  // best effort: the next start skips the calibration
-  }
-  const double scale = static_cast<double>(layout.block_tokens) /
-                       static_cast<double>(profile->recompute_page_tokens);
-  page_costs.recompute_residual_ms = profile->recompute_from_residual_ms * scale;
-  page_costs.recompute_tokens_ms = profile->recompute_from_tokens_ms * scale;
-  page_costs.ram_gbps = profile->memory_copy_gbps;
-  page_costs.disk_read_gbps = profile->disk_read_gbps;
-  page_costs.disk_write_gbps = profile->disk_write_gbps;
-  page_costs.disk_latency_ms = profile->disk_random_read_median_us / 1000.0;
+  ProfileOptions profile_options;
+  profile_options.path = e.options.profile_path;
+  profile_options.calibrate = e.options.calibrate;
+  profile_options.calibration.disk_dir = disk_dir;  // empty (the temp dir) without a disk tier
+  KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
+                       ObtainProfile(*e.model, *e.ops, profile_options));
+  FillPagePrices(profile, e.storage->layout().block_tokens, prices);
   return Status::Ok();
 }
 

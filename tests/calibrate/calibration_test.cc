@@ -1,71 +1,44 @@
 #include "kvl/calibration.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
-#include "test_paths.h"
+#include "calibration_test_util.h"
+#include "kvl/cost_profile.h"
 
-namespace kvl {
+// In kvl::testing, beside the shared helpers of calibration_test_util.h.
+namespace kvl::testing {
 namespace {
 
-// A quick calibration sized to run in about a second on stories260K.
-CalibrateOptions TinyOptions() {
-  CalibrateOptions o;
-  o.model_path = testing::Stories260KPath();
-  o.num_threads = 2;
-  o.disk_dir = ::testing::TempDir();
-  o.quick = true;
-  o.memory_bytes = 16 << 20;
-  o.disk_bytes = 4 << 20;
-  o.random_reads = 64;
-  o.repetitions = 3;
-  o.disk_repetitions = 1;
-  o.min_sample_seconds = 0.002;
-  return o;
-}
-
 bool PositiveFinite(double x) { return std::isfinite(x) && x > 0; }
+
+StatusOr<MachineProfile> CalibrateStories(const CalibrateOptions& options,
+                                          const CalibrationProgress& progress = nullptr) {
+  return Calibrate(*Stories260K().model, Stories260K().ctx, options, progress);
+}
 
 // Runs one calibration for the whole suite (it is the slow part).
 const MachineProfile& TinyProfile() {
   static const MachineProfile profile = [] {
-    StatusOr<MachineProfile> p = Calibrate(TinyOptions(), nullptr);
+    StatusOr<MachineProfile> p = CalibrateStories(TinyCalibrateOptions());
     KVL_CHECK_MSG(p.ok(), p.status().ToString().c_str());
     return *p;
   }();
   return profile;
 }
 
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::path(::testing::TempDir()) /
-          ("kvl-calibration-test-" + std::to_string(::getpid()) + "-" + name))
-      .string();
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
   const MachineProfile& p = TinyProfile();
   EXPECT_EQ(p.version, kProfileVersion);
+  EXPECT_EQ(p.source, kProfileSourceMeasured);
   EXPECT_FALSE(p.timestamp.empty());
   EXPECT_FALSE(p.isa.empty());
   EXPECT_EQ(p.threads, 2);
@@ -107,22 +80,22 @@ TEST(CalibrationTest, DiskScratchFileIsRemoved) {
   const std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / ("kvl-scratch-test-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  CalibrateOptions o = TinyOptions();
+  CalibrateOptions o = TinyCalibrateOptions();
   o.disk_dir = dir.string();
   o.repetitions = 1;
-  ASSERT_TRUE(Calibrate(o, nullptr).ok());
+  ASSERT_TRUE(CalibrateStories(o).ok());
   EXPECT_TRUE(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);
 }
 
 TEST(CalibrationTest, ProgressReachesOneForEveryStageInOrder) {
-  CalibrateOptions o = TinyOptions();
+  CalibrateOptions o = TinyCalibrateOptions();
   o.repetitions = 1;
   std::vector<std::string> stages;
   std::map<std::string, double> last_fraction;
   bool fractions_in_range = true;
   bool monotone = true;
-  StatusOr<MachineProfile> p = Calibrate(o, [&](std::string_view stage, double fraction) {
+  StatusOr<MachineProfile> p = CalibrateStories(o, [&](std::string_view stage, double fraction) {
     const std::string s(stage);
     if (stages.empty() || stages.back() != s) stages.push_back(s);
     fractions_in_range = fractions_in_range && fraction >= 0.0 && fraction <= 1.0;
@@ -136,25 +109,40 @@ TEST(CalibrationTest, ProgressReachesOneForEveryStageInOrder) {
   for (const auto& [stage, fraction] : last_fraction) EXPECT_EQ(fraction, 1.0) << stage;
 }
 
-TEST(CalibrationTest, MissingModelIsAClearError) {
-  CalibrateOptions o = TinyOptions();
-  o.model_path.clear();
-  StatusOr<MachineProfile> p = Calibrate(o, nullptr);
+TEST(CalibrationTest, MeasuresThePassedModelOnItsPoolAndLeavesItsContextAlone) {
+  LoadedModel& loaded = Stories260K();
+  const size_t scratch_before = loaded.ctx.scratch_bytes();
+  const MachineProfile& p = TinyProfile();
+  EXPECT_EQ(p.threads, loaded.pool.num_threads());
+  EXPECT_EQ(p.isa, ops::IsaName(loaded.ctx.isa()));
+  EXPECT_EQ(p.model.name, loaded.model->config().name);
+  EXPECT_EQ(p.model.weight_type, loaded.model->weight_type_name());
+  // Calibration's 128-token batches use a scratch of their own, not the caller's context.
+  EXPECT_EQ(loaded.ctx.scratch_bytes(), scratch_before);
+
+  // Another pool size is what the profile records.
+  ThreadPool one(1);
+  ops::OpsContext scalar_ctx(ops::Isa::kScalar, &one);
+  CalibrateOptions o = TinyCalibrateOptions();
+  o.repetitions = 1;
+  StatusOr<MachineProfile> single = Calibrate(*loaded.model, scalar_ctx, o, nullptr);
+  ASSERT_TRUE(single.ok()) << single.status().ToString();
+  EXPECT_EQ(single->threads, 1);
+  EXPECT_EQ(single->isa, ops::IsaName(ops::Isa::kScalar));
+}
+
+TEST(CalibrationTest, NegativeOptionsAreInvalid) {
+  CalibrateOptions o = TinyCalibrateOptions();
+  o.disk_bytes = -1;
+  StatusOr<MachineProfile> p = CalibrateStories(o);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(p.status().message().find("model"), std::string::npos) << p.status().ToString();
-
-  o.model_path = TempPath("no-such-model.gguf");
-  p = Calibrate(o, nullptr);
-  ASSERT_FALSE(p.ok());
-  EXPECT_NE(p.status().message().find("no-such-model.gguf"), std::string::npos)
-      << p.status().ToString();
 }
 
 TEST(CalibrationTest, MissingDiskDirectoryIsNotFound) {
-  CalibrateOptions o = TinyOptions();
+  CalibrateOptions o = TinyCalibrateOptions();
   o.disk_dir = TempPath("no-such-dir");
-  StatusOr<MachineProfile> p = Calibrate(o, nullptr);
+  StatusOr<MachineProfile> p = CalibrateStories(o);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), StatusCode::kNotFound);
   EXPECT_NE(p.status().message().find("no-such-dir"), std::string::npos);
@@ -232,7 +220,34 @@ TEST(CalibrationTest, LoadRejectsNegativeAndMistypedValues) {
 
 TEST(CalibrationTest, LoadRejectsOtherVersions) {
   ExpectError(LoadEdited([](nlohmann::json& j) { j["version"] = kProfileVersion + 1; }),
-              StatusCode::kInvalidArgument, "'version' is 2");
+              StatusCode::kInvalidArgument, fmt::format("'version' is {}", kProfileVersion + 1));
+  // A version 1 profile (no source) is refused for its version, not for the missing field.
+  ExpectError(LoadEdited([](nlohmann::json& j) {
+                j["version"] = 1;
+                j.erase("source");
+              }),
+              StatusCode::kInvalidArgument, "'version' is 1");
+}
+
+TEST(CalibrationTest, LoadChecksTheSource) {
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["source"] = "guessed"; }),
+              StatusCode::kDataLoss, "'source' must be");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j.erase("source"); }), StatusCode::kDataLoss,
+              "'source' is missing");
+  // Measured profiles must say what they measured with.
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["disk"]["bytes"] = 0; }),
+              StatusCode::kDataLoss, "'disk.bytes' must be >= 1");
+}
+
+TEST(CalibrationTest, AnalyticDefaultsRoundTripAsDefaults) {
+  const MachineProfile defaults = AnalyticProfile(*Stories260K().model, Stories260K().ctx);
+  const std::string path = TempPath("defaults.json");
+  ASSERT_TRUE(SaveProfile(defaults, path).ok());
+  StatusOr<MachineProfile> loaded = LoadProfile(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(*loaded, defaults);
+  EXPECT_EQ(loaded->source, kProfileSourceDefault);
+  std::filesystem::remove(path);
 }
 
 TEST(CalibrationTest, LoadRejectsCorruptTruncatedAndMissingFiles) {
@@ -280,4 +295,4 @@ TEST(CalibrationTest, DefaultProfilePathFollowsEnvironmentAndSanitizesTheName) {
 }
 
 }  // namespace
-}  // namespace kvl
+}  // namespace kvl::testing

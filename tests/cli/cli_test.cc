@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -150,6 +152,59 @@ TEST(CliTest, BenchShowsTheCacheTypes) {
 TEST(CliTest, SynthRejectsUnknownShapeAndType) {
   EXPECT_EQ(RunKvl("synth --shape nope --type q8_0 -o /tmp/x.gguf").exit_code, 1);
   EXPECT_EQ(RunKvl("synth --shape tiny-test --type q3_k -o /tmp/x.gguf").exit_code, 1);
+}
+
+// A path under a file of its own, unique to this test process.
+std::string UnwritableProfilePath(const std::string& name) {
+  const std::string file = ::testing::TempDir() + "/kvl-cli-test-" + std::to_string(getpid()) +
+                           "-" + name;
+  FILE* f = std::fopen(file.c_str(), "w");
+  if (f != nullptr) std::fclose(f);
+  return file + "/profile.json";
+}
+
+TEST(CliTest, CalibrateChecksTheOutputBeforeMeasuring) {
+  CommandResult r = RunKvl("calibrate --quick -t 1 -m " + testing::Stories260KPath() + " -o " +
+                               UnwritableProfilePath("calibrate-output"),
+                           /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("is not a directory"), std::string::npos) << r.output;
+  // No stage ran.
+  EXPECT_EQ(r.output.find("matmul"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("done in"), std::string::npos) << r.output;
+
+  CommandResult dir = RunKvl(
+      "calibrate --quick -t 1 -m " + testing::Stories260KPath() + " -o " + ::testing::TempDir(),
+      /*with_stderr=*/true);
+  EXPECT_EQ(dir.exit_code, 1) << dir.output;
+  EXPECT_NE(dir.output.find("is a directory"), std::string::npos) << dir.output;
+}
+
+TEST(CliTest, RunWithoutCalibrationUsesDefaultsAndWritesNothing) {
+  const std::string path =
+      ::testing::TempDir() + "/kvl-cli-test-" + std::to_string(getpid()) + "-no-calibrate.json";
+  std::filesystem::remove(path);
+  CommandResult r = RunKvl("run -m " + testing::Stories260KPath() +
+                               " -n 8 --temp 0 -t 1 --kv-tier ram:1MiB --no-calibrate --kv-profile " +
+                               path,
+                           /*with_stderr=*/true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("analytic defaults"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("measuring"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(path));
+
+  // With calibration (the default) the same run measures, says so and saves the profile there.
+  CommandResult measured = RunKvl("run -m " + testing::Stories260KPath() +
+                                      " -n 8 --temp 0 -t 1 --kv-tier ram:1MiB --kv-profile " + path,
+                                  /*with_stderr=*/true);
+  ASSERT_EQ(measured.exit_code, 0) << measured.output;
+  EXPECT_NE(measured.output.find("kvl: no cost profile at " + path + ": measuring this machine"),
+            std::string::npos)
+      << measured.output;
+  EXPECT_NE(measured.output.find("kvl: cost profile saved to " + path), std::string::npos)
+      << measured.output;
+  EXPECT_TRUE(std::filesystem::exists(path));
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -7,9 +7,11 @@
 //   - memory read and copy bandwidth;
 //   - disk sequential write/read bandwidth and 4 KiB random read latency.
 // The profile is per machine *and* per model shape: rates depend on the shapes and weight type.
+// Calibrate measures the model the caller has loaded, on the caller's thread pool: the engine
+// passes its own (kvl/cost_profile.h), `kvl calibrate` loads the model and starts a pool first.
 //
-// Thread-safety: Calibrate uses the whole machine (its own thread pool, big buffers, a scratch
-// file); run one at a time. The profile functions are free of shared state.
+// Thread-safety: Calibrate uses the whole pool (and big buffers, a scratch file); run one at a
+// time, and nothing else on that pool meanwhile. The profile functions are free of shared state.
 #pragma once
 
 #include <cstdint>
@@ -22,14 +24,22 @@
 
 namespace kvl {
 
+class Model;
+namespace ops {
+class OpsContext;
+}
+
 // Bumped whenever a field changes meaning or is added; LoadProfile rejects other versions.
-inline constexpr int64_t kProfileVersion = 1;
+// 2: `source` says whether the numbers were measured or are analytic defaults.
+inline constexpr int64_t kProfileVersion = 2;
 // Tokens per page the recompute times are measured for (the paged KV manager's block size).
 inline constexpr int64_t kCalibrationPageTokens = 16;
 
+// MachineProfile::source: how the numbers were obtained.
+inline constexpr std::string_view kProfileSourceMeasured = "measured";
+inline constexpr std::string_view kProfileSourceDefault = "default (no calibration)";
+
 struct CalibrateOptions {
-  std::string model_path;  // GGUF model whose shapes are measured (required)
-  int num_threads = 0;     // 0 = every core
   std::string disk_dir;    // directory for the scratch file; empty = the system temp dir
   bool quick = false;      // fewer repetitions and smaller buffers: a few seconds in all
 
@@ -68,6 +78,10 @@ struct MatmulRate {
 
 struct MachineProfile {
   int64_t version = kProfileVersion;
+  // kProfileSourceMeasured, or kProfileSourceDefault when every rate below is an assumption
+  // computed from the model's shape (AnalyticProfile); then the measurement sizes (memory_bytes,
+  // disk_bytes) are 0 and disk_dir is empty.
+  std::string source = std::string(kProfileSourceMeasured);
   std::string timestamp;     // UTC, ISO 8601: "2025-01-31T12:00:00Z"
   std::string cpu_features;  // ops::CpuFeatureString()
   std::string isa;           // the kernel path measured: ops::IsaName(ops::BestIsa())
@@ -114,16 +128,29 @@ struct MachineProfile {
 // with a call at exactly 1.0. Called on the calibrating thread.
 using CalibrationProgress = std::function<void(std::string_view stage, double fraction)>;
 
-// Runs every measurement. INVALID_ARGUMENT without a model path or for a bad option; the model's
-// own load error; NOT_FOUND / IO_ERROR when the disk directory cannot be used.
-StatusOr<MachineProfile> Calibrate(const CalibrateOptions& options,
+// Runs every measurement on `model` with ctx's ISA and thread pool (threads = the pool's size).
+// ctx's scratch is left as it is: calibration reserves its own for its larger batches.
+// INVALID_ARGUMENT for a bad option; NOT_FOUND / IO_ERROR when the disk directory cannot be used
+// (checked before anything is measured).
+StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& ctx,
+                                   const CalibrateOptions& options,
                                    const CalibrationProgress& progress);
+
+// The sizes the engine calibrates with when it has no profile: a few seconds in all.
+CalibrateOptions QuickCalibrateOptions();
+
+// Whether SaveProfile could write `path`, checked without writing anything, so a command fails
+// before it measures: INVALID_ARGUMENT when the path is empty, is a directory or is not a regular
+// file (SaveProfile renames over it), or a part of its parent is a file; IO_ERROR when the
+// nearest existing parent directory is not writable.
+Status CheckProfileWritable(const std::string& path);
 
 // Writes the profile as JSON (creating parent directories; replaced atomically by rename).
 Status SaveProfile(const MachineProfile& profile, const std::string& path);
 // Reads and validates a profile. NOT_FOUND for a missing file; DATA_LOSS for invalid JSON or a
 // missing, mistyped, negative or non-finite field (the message names the field, e.g.
-// "disk.read_gbps"); INVALID_ARGUMENT for a profile version this build does not read.
+// "disk.read_gbps") or an unknown source; INVALID_ARGUMENT for a profile version this build does
+// not read.
 StatusOr<MachineProfile> LoadProfile(const std::string& path);
 
 // Where a profile for `model_name` lives by default: $KVL_PROFILE when set, else

@@ -55,6 +55,11 @@ struct EngineOptions {
                                       // demote-disk | recompute-residual | recompute-tokens | evict
   std::string kv_quality = "lossless";
   std::string profile_path;           // calibration profile; empty: the default path
+  // When the KV cost model needs a profile and none is usable at a default path (or none exists
+  // at profile_path): true measures this machine now (a few seconds, announced on stderr) and
+  // saves the profile there; false prices actions with analytic defaults from the model's shape
+  // and writes nothing (--no-calibrate). See ObtainProfile in kvl/cost_profile.h.
+  bool calibrate = true;
   bool explain = false;               // print every KV decision with its cost terms to stderr
   int64_t kv_sink_tokens = 4;         // first tokens never acted on (attention sinks)
   int64_t kv_recent_tokens = 64;      // newest tokens kept resident at full precision

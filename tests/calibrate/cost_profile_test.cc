@@ -1,0 +1,312 @@
+// ObtainProfile as a user meets it: what it measures, says and writes for a missing, valid or
+// unusable profile at a user's path or a default one, and with calibration turned off.
+#include "kvl/cost_profile.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "calibration_test_util.h"
+
+// In kvl::testing, beside the shared helpers of calibration_test_util.h.
+namespace kvl::testing {
+namespace {
+
+// Collects what ObtainProfile says, through a real FILE* as the engine's stderr would be.
+class Messages {
+ public:
+  Messages() : file_(std::tmpfile()) { KVL_CHECK(file_ != nullptr); }
+  ~Messages() { std::fclose(file_); }
+  FILE* file() { return file_; }
+  std::string Text() {
+    std::fflush(file_);
+    std::rewind(file_);
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), file_)) > 0) text.append(buf, n);
+    std::fseek(file_, 0, SEEK_END);
+    return text;
+  }
+
+ private:
+  FILE* file_;
+};
+
+// Sets an environment variable (or unsets it, for nullopt) for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old;
+    if (value) {
+      ::setenv(name, value->c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (saved_) {
+      ::setenv(name_, saved_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
+// A fresh empty directory for one test.
+std::string FreshDir(const std::string& name) {
+  const std::string dir = TempPath(name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+ProfileOptions Options(const std::string& path, FILE* messages) {
+  ProfileOptions o;
+  o.path = path;
+  o.calibration = TinyCalibrateOptions();
+  o.calibration.repetitions = 1;
+  o.messages = messages;
+  return o;
+}
+
+StatusOr<MachineProfile> Obtain(const ProfileOptions& options) {
+  return ObtainProfile(*Stories260K().model, Stories260K().ctx, options);
+}
+
+bool Contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
+
+// A valid profile of stories260K, as if measured earlier (fast: no measuring).
+MachineProfile SomeValidProfile() {
+  MachineProfile p = AnalyticProfile(*Stories260K().model, Stories260K().ctx);
+  p.source = std::string(kProfileSourceMeasured);
+  p.memory_bytes = 1;
+  p.disk_bytes = 1;
+  p.disk_dir = "/tmp";
+  return p;
+}
+
+TEST(ObtainProfileTest, MissingProfileIsMeasuredAnnouncedAndSaved) {
+  const std::string path = FreshDir("missing") + "/sub/profile.json";
+  Messages messages;
+  StatusOr<MachineProfile> p = Obtain(Options(path, messages.file()));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->source, kProfileSourceMeasured);
+  const std::string text = messages.Text();
+  EXPECT_TRUE(Contains(text, "kvl: no cost profile at " + path +
+                                 ": measuring this machine (quick calibration, about "))
+      << text;
+  for (const char* stage : {"matmul", "recompute", "memory", "disk"}) {
+    EXPECT_TRUE(Contains(text, std::string(stage) + " ")) << stage << "\n" << text;
+  }
+  EXPECT_TRUE(Contains(text, "kvl: cost profile saved to " + path)) << text;
+  StatusOr<MachineProfile> saved = LoadProfile(path);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(*saved, *p);
+
+  // The next start finds it: one line, nothing measured, the same profile.
+  Messages again;
+  StatusOr<MachineProfile> found = Obtain(Options(path, again.file()));
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(*found, *p);
+  const std::string found_text = again.Text();
+  EXPECT_EQ(found_text.find('\n'), found_text.size() - 1) << found_text;
+  EXPECT_TRUE(Contains(found_text, path)) << found_text;
+  EXPECT_FALSE(Contains(found_text, "measuring")) << found_text;
+}
+
+TEST(ObtainProfileTest, UnusableProfileAtAUsersPathIsAnErrorAndIsNotTouched) {
+  const std::string dir = FreshDir("user-invalid");
+  const std::string path = dir + "/profile.json";
+  ASSERT_TRUE(SaveProfile(SomeValidProfile(), path).ok());
+  const std::string valid_text = ReadFile(path);
+
+  struct Case {
+    std::string name;
+    std::string text;
+    StatusCode code;
+    std::string needle;
+  };
+  nlohmann::json old_version = nlohmann::json::parse(valid_text);
+  old_version["version"] = 1;
+  nlohmann::json other_model = nlohmann::json::parse(valid_text);
+  other_model["model"]["dim"] = 4096;
+  const Case cases[] = {
+      {"garbage", "{ not json", StatusCode::kDataLoss, "not valid JSON"},
+      {"old version", old_version.dump(2), StatusCode::kInvalidArgument, "'version' is 1"},
+      {"other model", other_model.dump(2), StatusCode::kInvalidArgument, "dim 4096"},
+  };
+  for (const Case& c : cases) {
+    WriteFile(path, c.text);
+    for (bool calibrate : {true, false}) {
+      Messages messages;
+      ProfileOptions o = Options(path, messages.file());
+      o.calibrate = calibrate;
+      StatusOr<MachineProfile> p = Obtain(o);
+      ASSERT_FALSE(p.ok()) << c.name;
+      EXPECT_EQ(p.status().code(), c.code) << c.name << ": " << p.status().ToString();
+      EXPECT_TRUE(Contains(p.status().message(), c.needle)) << p.status().ToString();
+      EXPECT_TRUE(Contains(p.status().message(), path)) << p.status().ToString();
+      EXPECT_TRUE(Contains(p.status().message(), "left as it is")) << p.status().ToString();
+      EXPECT_EQ(ReadFile(path), c.text) << c.name;
+      EXPECT_FALSE(Contains(messages.Text(), "measuring")) << messages.Text();
+    }
+  }
+  // Nothing else appeared beside it (no temp file, no replacement).
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()),
+            1);
+}
+
+TEST(ObtainProfileTest, UnusableProfileAtTheDefaultPathIsReplacedAndSaysSo) {
+  const std::string cache = FreshDir("xdg-cache");
+  ScopedEnv no_profile("KVL_PROFILE", std::nullopt);
+  ScopedEnv xdg("XDG_CACHE_HOME", cache);
+  const std::string path = DefaultProfilePath(Stories260K().model->config().name);
+  ASSERT_EQ(path.rfind(cache, 0), 0u) << path;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  WriteFile(path, "{ not json");
+
+  Messages messages;
+  StatusOr<MachineProfile> p = Obtain(Options("", messages.file()));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::string text = messages.Text();
+  EXPECT_TRUE(Contains(text, "unusable cost profile")) << text;
+  EXPECT_TRUE(Contains(text, "not valid JSON")) << text;
+  EXPECT_TRUE(Contains(text, "measuring this machine to replace it")) << text;
+  EXPECT_TRUE(Contains(text, "kvl: cost profile saved to " + path)) << text;
+  StatusOr<MachineProfile> saved = LoadProfile(path);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(*saved, *p);
+}
+
+TEST(ObtainProfileTest, KvlProfileVariableIsADefaultPathToo) {
+  const std::string path = FreshDir("kvl-profile-env") + "/p.json";
+  ScopedEnv env("KVL_PROFILE", path);
+  nlohmann::json old_version = nlohmann::json::parse([] {
+    const std::string tmp = TempPath("env-source.json");
+    KVL_CHECK(SaveProfile(SomeValidProfile(), tmp).ok());
+    return ReadFile(tmp);
+  }());
+  old_version["version"] = 1;
+  WriteFile(path, old_version.dump());
+
+  Messages messages;
+  StatusOr<MachineProfile> p = Obtain(Options("", messages.file()));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(Contains(messages.Text(), "'version' is 1")) << messages.Text();
+  EXPECT_TRUE(Contains(messages.Text(), "saved to " + path)) << messages.Text();
+  EXPECT_TRUE(LoadProfile(path).ok());
+}
+
+TEST(ObtainProfileTest, WithoutCalibrationDefaultsAreMarkedAndNothingIsWritten) {
+  const std::string dir = FreshDir("no-calibrate");
+  const std::string cache = FreshDir("no-calibrate-cache");
+  ScopedEnv no_profile("KVL_PROFILE", std::nullopt);
+  ScopedEnv xdg("XDG_CACHE_HOME", cache);
+  for (const std::string& path : {dir + "/profile.json", std::string()}) {
+    Messages messages;
+    ProfileOptions o = Options(path, messages.file());
+    o.calibrate = false;
+    StatusOr<MachineProfile> p = Obtain(o);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ(p->source, kProfileSourceDefault);
+    MachineProfile expected = AnalyticProfile(*Stories260K().model, Stories260K().ctx);
+    expected.timestamp = p->timestamp;  // the only field that may differ
+    EXPECT_EQ(*p, expected);
+    EXPECT_EQ(p->memory_bytes, 0);
+    EXPECT_EQ(p->disk_bytes, 0);
+    EXPECT_GT(p->recompute_from_tokens_ms, p->recompute_from_residual_ms);
+    EXPECT_GT(p->recompute_from_residual_ms, 0);
+    EXPECT_GT(p->memory_copy_gbps, 0);
+    EXPECT_GT(p->disk_read_gbps, 0);
+    const std::string text = messages.Text();
+    EXPECT_TRUE(Contains(text, "analytic defaults")) << text;
+    EXPECT_FALSE(Contains(text, "measuring")) << text;
+    EXPECT_FALSE(Contains(text, "saved")) << text;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  EXPECT_TRUE(std::filesystem::is_empty(cache));
+}
+
+TEST(ObtainProfileTest, WithoutCalibrationAUsableProfileIsStillUsed) {
+  const std::string path = FreshDir("no-calibrate-valid") + "/profile.json";
+  const MachineProfile valid = SomeValidProfile();
+  ASSERT_TRUE(SaveProfile(valid, path).ok());
+  ProfileOptions o = Options(path, nullptr);
+  o.calibrate = false;
+  StatusOr<MachineProfile> p = Obtain(o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(*p, valid);
+}
+
+TEST(ObtainProfileTest, AUsersPathThatCannotBeWrittenFailsBeforeMeasuring) {
+  const std::string file = FreshDir("not-a-dir") + "/file";
+  WriteFile(file, "x");
+  Messages messages;
+  StatusOr<MachineProfile> p = Obtain(Options(file + "/profile.json", messages.file()));
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(Contains(p.status().message(), "is not a directory")) << p.status().ToString();
+  EXPECT_FALSE(Contains(messages.Text(), "measuring")) << messages.Text();
+}
+
+TEST(CheckProfileWritableTest, RefusesWhatSaveProfileCouldNotOrShouldNotReplace) {
+  const std::string dir = FreshDir("writable");
+  EXPECT_TRUE(CheckProfileWritable(dir + "/a/b/profile.json").ok());
+  EXPECT_TRUE(std::filesystem::is_empty(dir));  // checked, not created
+  EXPECT_EQ(CheckProfileWritable(dir).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckProfileWritable("/dev/null").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckProfileWritable("").code(), StatusCode::kInvalidArgument);
+  WriteFile(dir + "/file", "x");
+  EXPECT_TRUE(CheckProfileWritable(dir + "/file").ok());  // an existing profile is replaced
+  EXPECT_EQ(CheckProfileWritable(dir + "/file/sub/profile.json").code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(PagePricesTest, ScalesRecomputeToTheBlockAndCopiesTheRates) {
+  MachineProfile profile = SomeValidProfile();
+  profile.recompute_page_tokens = 16;
+  profile.recompute_from_residual_ms = 2.0;
+  profile.recompute_from_tokens_ms = 8.0;
+  profile.memory_copy_gbps = 11.0;
+  profile.memory_read_gbps = 99.0;  // not what a page copy achieves
+  profile.disk_read_gbps = 1.5;
+  profile.disk_write_gbps = 0.75;
+  profile.disk_random_read_median_us = 250.0;
+  PageCostProfile prices;
+  prices.kv_bytes = 12345;
+  prices.has_disk_tier = true;
+  FillPagePrices(profile, 32, &prices);
+  EXPECT_DOUBLE_EQ(prices.recompute_residual_ms, 4.0);
+  EXPECT_DOUBLE_EQ(prices.recompute_tokens_ms, 16.0);
+  EXPECT_DOUBLE_EQ(prices.ram_gbps, 11.0);
+  EXPECT_DOUBLE_EQ(prices.disk_read_gbps, 1.5);
+  EXPECT_DOUBLE_EQ(prices.disk_write_gbps, 0.75);
+  EXPECT_DOUBLE_EQ(prices.disk_latency_ms, 0.25);
+  EXPECT_EQ(prices.kv_bytes, 12345);  // the caller's fields stay
+  EXPECT_TRUE(prices.has_disk_tier);
+}
+
+TEST(EstimateTest, GrowsWithTheWorkAndIsAtLeastASecond) {
+  const LoadedModel& m = Stories260K();
+  EXPECT_GE(EstimateCalibrationSeconds(*m.model, m.ctx, TinyCalibrateOptions()), 1);
+  CalibrateOptions big = TinyCalibrateOptions();
+  big.disk_bytes = int64_t{4} << 30;
+  EXPECT_GT(EstimateCalibrationSeconds(*m.model, m.ctx, big),
+            EstimateCalibrationSeconds(*m.model, m.ctx, TinyCalibrateOptions()) + 10);
+}
+
+}  // namespace
+}  // namespace kvl::testing

@@ -1,0 +1,330 @@
+// The scheduler on a model-free pool: no GGUF, no forward pass, no tokenizer, no sampler. A fake
+// step runner commits each plan, marks the planned tokens computed and appends a fixed token to
+// every sequence that finished its step, so what is checked is only the scheduling: the order of
+// work in a step, chunked prefill, admission limits, preemption, the KV lattice under pressure,
+// cancellation and requests that can never fit.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "kvl/kv_tier.h"
+
+namespace kvl {
+namespace {
+
+constexpr int32_t kBlock = 4;
+constexpr int32_t kNextToken = 7;
+
+std::vector<int32_t> Tokens(int32_t first, int32_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+struct PoolSetup {
+  int64_t num_blocks = 32;
+  int64_t max_batch_tokens = 8;
+  int32_t max_seqs = 4;
+  std::string policy = "auto";
+  std::string quality = "lossless";
+  bool ram_tier = false;
+  int64_t recent_tokens = 0;
+  int64_t sink_tokens = 0;
+};
+
+class SchedulerHarness {
+ public:
+  explicit SchedulerHarness(const PoolSetup& s) {
+    KvManagerOptions o;
+    o.layout = KvBlockLayout{kBlock, /*num_layers=*/2, /*kv_dim=*/4};
+    o.budget_bytes = s.num_blocks * o.layout.block_bytes();
+    o.max_seqs = s.max_seqs;
+    kv_ = std::move(KvManager::Create(o).value());
+    storage_ = std::move(KvBlockStorage::Create(o.layout, kv_->num_blocks()).value());
+    pager_ = std::make_unique<KvPager>(*kv_, *storage_, s.max_seqs, /*max_context=*/1024);
+    if (s.ram_tier) ram_ = MakeRamTier(RamTierOptions{});
+    pager_->set_tiers({ram_.get(), nullptr});
+    KvPagingSetup setup;
+    setup.policy = ParseKvPolicy(s.policy).value();
+    setup.quality = ParseKvQuality(s.quality).value();
+    setup.has_ram_tier = ram_ != nullptr;
+    setup.int8_fits = pager_->slabs().slots_per_slab(KvCodecType::kInt8) >= 2;
+    setup.int4_fits = pager_->slabs().slots_per_slab(KvCodecType::kInt4) >= 2;
+    setup.block_tokens = kBlock;
+    setup.sink_tokens = s.sink_tokens;
+    setup.recent_tokens = s.recent_tokens;
+    PageCostProfile prices;
+    prices.kv_bytes = o.layout.kv_bytes();
+    prices.ram_gbps = 10;
+    prices.recompute_tokens_ms = 1;
+    rules_ = MakeKvPagingRules(setup, prices).value();
+    planner_ = std::make_unique<KvPressurePlanner>(rules_, *kv_, *pager_);
+    scheduler_ = std::make_unique<Scheduler>(
+        SchedulerOptions{s.max_batch_tokens, s.max_seqs}, *kv_, *pager_, *planner_, metrics_);
+  }
+
+  // A request for `prompt` that generates `max_new` tokens; its events are kept by id.
+  RequestId Submit(std::vector<int32_t> prompt, int32_t max_new) {
+    auto seq = std::make_unique<Sequence>();
+    seq->id = next_id_++;
+    seq->tokens = std::move(prompt);
+    seq->tokens.reserve(1024);
+    seq->num_prompt = static_cast<int64_t>(seq->tokens.size());
+    seq->request.max_new_tokens = max_new;
+    const RequestId id = seq->id;
+    seq->on_event = [this](const TokenEvent& e) {
+      if (e.finished) finished_[e.request] = e;
+    };
+    scheduler_->Enqueue(std::move(seq));
+    return id;
+  }
+
+  // Plans a step and carries it out the way StepRunner does, minus the model. False when idle.
+  bool Step() {
+    scheduler_->ReleaseFinished();
+    if (!scheduler_->Schedule(&plan_)) return false;
+    last_steps_.clear();
+    for (size_t i = 0; i < plan_.seqs.size(); ++i) {
+      last_steps_.push_back({plan_.seqs[i]->id, static_cast<int64_t>(plan_.steps[i].tokens.size()),
+                             plan_.kv.seqs[i].admit});
+    }
+    kv_->Commit(plan_.kv);
+    for (size_t i = 0; i < plan_.seqs.size(); ++i) {
+      Sequence& seq = *plan_.seqs[i];
+      const KvPlan::SeqPlan& sp = plan_.kv.seqs[i];
+      const int64_t n = static_cast<int64_t>(plan_.steps[i].tokens.size());
+      if (sp.admit) {
+        pager_->StartSequence(seq.slot, &seq.kv_pages);
+        seq.num_computed = sp.num_cached_tokens;
+        if (seq.restore_tokens > 0) {
+          restored_pages_ += pager_->RestorePages(seq.slot, seq.num_computed / kBlock,
+                                                  seq.restore_tokens / kBlock);
+          seq.restore_tokens = 0;
+        }
+        pager_->SettleRestoredPages(seq.slot);
+      }
+      seq.num_computed = sp.admit ? n : seq.num_computed + n;
+      if (seq.num_computed != static_cast<int64_t>(seq.tokens.size())) continue;
+      if (seq.num_generated == seq.request.max_new_tokens) {
+        scheduler_->Finish(seq, "length");
+        continue;
+      }
+      seq.tokens.push_back(kNextToken);
+      ++seq.num_generated;
+    }
+    scheduler_->ReleaseFinished();
+    return true;
+  }
+
+  void RunUntilIdle(int max_steps = 10000) {
+    for (int i = 0; i < max_steps && Step(); ++i) {
+    }
+  }
+
+  struct PlannedStep {
+    RequestId id;
+    int64_t tokens;
+    bool admit;
+    bool operator==(const PlannedStep&) const = default;
+  };
+  const std::vector<PlannedStep>& last_steps() const { return last_steps_; }
+  const std::map<RequestId, TokenEvent>& finished() const { return finished_; }
+  int64_t restored_pages() const { return restored_pages_; }
+  Scheduler& scheduler() { return *scheduler_; }
+  KvManager& kv() { return *kv_; }
+  KvPager& pager() { return *pager_; }
+  EngineMetrics metrics() const {
+    EngineMetrics m;
+    metrics_.Snapshot(&m);
+    return m;
+  }
+
+ private:
+  std::unique_ptr<KvManager> kv_;
+  std::unique_ptr<KvBlockStorage> storage_;
+  std::unique_ptr<KvTier> ram_;
+  std::unique_ptr<KvPager> pager_;
+  KvPagingRules rules_;
+  std::unique_ptr<KvPressurePlanner> planner_;
+  MetricsRecorder metrics_;
+  std::unique_ptr<Scheduler> scheduler_;
+  StepPlan plan_;
+  RequestId next_id_ = 1;
+  int64_t restored_pages_ = 0;
+  std::vector<PlannedStep> last_steps_;
+  std::map<RequestId, TokenEvent> finished_;
+};
+
+using Planned = SchedulerHarness::PlannedStep;
+
+TEST(SchedulerTest, LongPromptIsChunkedToTheBatchBudget) {
+  SchedulerHarness h(PoolSetup{});
+  const RequestId a = h.Submit(Tokens(100, 20), 2);
+  ASSERT_TRUE(h.Step());
+  EXPECT_EQ(h.last_steps(), (std::vector<Planned>{{a, 8, true}}));
+  ASSERT_TRUE(h.Step());
+  EXPECT_EQ(h.last_steps(), (std::vector<Planned>{{a, 8, false}}));
+  ASSERT_TRUE(h.Step());
+  EXPECT_EQ(h.last_steps(), (std::vector<Planned>{{a, 4, false}}));  // the prompt's rest
+  ASSERT_TRUE(h.Step());
+  EXPECT_EQ(h.last_steps(), (std::vector<Planned>{{a, 1, false}}));  // a decode
+  h.RunUntilIdle();
+  ASSERT_EQ(h.finished().count(a), 1u);
+  EXPECT_EQ(h.finished().at(a).finish_reason, "length");
+  EXPECT_EQ(h.finished().at(a).generated_tokens, 2);
+}
+
+TEST(SchedulerTest, DecodesFirstThenPrefillChunksThenAdmissionsInOrder) {
+  SchedulerHarness h(PoolSetup{});
+  const RequestId a = h.Submit(Tokens(0, 3), 10);
+  ASSERT_TRUE(h.Step());  // a's prompt
+  const RequestId b = h.Submit(Tokens(50, 12), 10);
+  ASSERT_TRUE(h.Step());  // a decodes, b's first chunk takes the rest of the budget
+  EXPECT_EQ(h.last_steps(), (std::vector<Planned>{{a, 1, false}, {b, 7, true}}));
+  const RequestId c = h.Submit(Tokens(200, 3), 10);
+  const RequestId d = h.Submit(Tokens(300, 3), 10);
+  ASSERT_TRUE(h.Step());  // decode a, b's remaining 5 prompt tokens, then c; d waits (budget)
+  EXPECT_EQ(h.last_steps(),
+            (std::vector<Planned>{{a, 1, false}, {b, 5, false}, {c, 2, true}}));
+  ASSERT_TRUE(h.Step());
+  // Decodes of a and b first, then c's last prompt token, then d (FIFO).
+  EXPECT_EQ(h.last_steps(),
+            (std::vector<Planned>{{a, 1, false}, {b, 1, false}, {c, 1, false}, {d, 3, true}}));
+  h.RunUntilIdle();
+  EXPECT_EQ(h.finished().size(), 4u);
+}
+
+TEST(SchedulerTest, NoMoreThanMaxSeqsRunAtOnce) {
+  PoolSetup s;
+  s.max_seqs = 2;
+  s.max_batch_tokens = 64;
+  SchedulerHarness h(s);
+  for (int i = 0; i < 5; ++i) h.Submit(Tokens(i * 10, 3), 4);
+  ASSERT_TRUE(h.Step());
+  EXPECT_EQ(h.last_steps().size(), 2u);
+  EXPECT_EQ(h.scheduler().num_running(), 2);
+  EXPECT_EQ(h.scheduler().num_waiting(), 3);
+  h.RunUntilIdle();
+  EXPECT_EQ(h.finished().size(), 5u);
+  EXPECT_EQ(h.kv().stats().num_seqs, 0);
+}
+
+TEST(SchedulerTest, ShortPoolPreemptsTheNewestSequenceWhichResumesAndFinishes) {
+  // 8 blocks of 4 tokens; two sequences of 6 prompt tokens generating 12 each need 5 blocks
+  // apiece: they cannot both finish without one of them leaving the pool.
+  PoolSetup s;
+  s.num_blocks = 8;
+  s.max_batch_tokens = 16;
+  s.policy = "recompute-tokens";
+  SchedulerHarness h(s);
+  const RequestId a = h.Submit(Tokens(0, 6), 12);
+  const RequestId b = h.Submit(Tokens(100, 6), 12);
+  bool b_preempted = false;
+  for (int i = 0; i < 200 && h.Step(); ++i) {
+    if (h.scheduler().num_waiting() == 1 && h.scheduler().num_running() == 1) {
+      b_preempted = true;
+      // The newest admission went back to the waiting queue; the oldest keeps running alone.
+      EXPECT_EQ(h.last_steps().front().id, a);
+    }
+  }
+  EXPECT_TRUE(b_preempted);
+  EXPECT_GE(h.metrics().preemptions, 1);
+  // Its full pages were dropped, to be recomputed from their tokens at resume.
+  EXPECT_GT(h.metrics().kv_actions[static_cast<size_t>(KvAction::kRecomputeTokens)].pages, 0);
+  for (RequestId id : {a, b}) {
+    ASSERT_EQ(h.finished().count(id), 1u);
+    EXPECT_EQ(h.finished().at(id).finish_reason, "length");
+    EXPECT_EQ(h.finished().at(id).generated_tokens, 12);
+  }
+  EXPECT_EQ(h.kv().stats().blocks_used, 0);
+}
+
+TEST(SchedulerTest, PreemptedPagesDemotedToRamComeBackInsteadOfBeingComputed) {
+  PoolSetup s;
+  s.num_blocks = 8;
+  s.max_batch_tokens = 16;
+  s.policy = "demote";
+  s.ram_tier = true;
+  s.sink_tokens = 1024;  // running pages never move: only preemption demotes here
+  SchedulerHarness h(s);
+  h.Submit(Tokens(0, 6), 12);
+  const RequestId b = h.Submit(Tokens(100, 9), 12);
+  h.RunUntilIdle();
+  const EngineMetrics m = h.metrics();
+  EXPECT_GE(m.preemptions, 1);
+  const KvActionCounter& demoted = m.kv_actions[static_cast<size_t>(KvAction::kDemoteRam)];
+  EXPECT_GT(demoted.pages, 0);
+  // At resume the scheduler plans those pages as restored (promoted from the tier), not computed.
+  EXPECT_GT(h.restored_pages(), 0);
+  EXPECT_EQ(h.finished().at(b).generated_tokens, 12);
+  EXPECT_EQ(h.finished().size(), 2u);
+}
+
+TEST(SchedulerTest, RunningSequenceOutgrowingThePoolPagesInsteadOfFailing) {
+  // One sequence of 40 tokens in a pool of 6 blocks (24 tokens): with a RAM tier its cold pages
+  // are streamed from the tier while it runs; no preemption, no error.
+  PoolSetup s;
+  s.num_blocks = 6;
+  s.policy = "demote";
+  s.ram_tier = true;
+  s.recent_tokens = 4;
+  SchedulerHarness h(s);
+  const RequestId a = h.Submit(Tokens(0, 8), 32);
+  h.RunUntilIdle();
+  ASSERT_EQ(h.finished().count(a), 1u);
+  EXPECT_EQ(h.finished().at(a).finish_reason, "length");
+  EXPECT_EQ(h.finished().at(a).generated_tokens, 32);
+  const EngineMetrics m = h.metrics();
+  EXPECT_EQ(m.preemptions, 0);
+  EXPECT_GE(m.kv_actions[static_cast<size_t>(KvAction::kDemoteRam)].pages, 4);
+}
+
+TEST(SchedulerTest, WithoutAnyWayToPageALoneSequenceThatOutgrowsThePoolFailsClearly) {
+  PoolSetup s;
+  s.num_blocks = 4;
+  SchedulerHarness h(s);
+  const RequestId a = h.Submit(Tokens(0, 8), 32);
+  h.RunUntilIdle();
+  ASSERT_EQ(h.finished().count(a), 1u);
+  const TokenEvent& e = h.finished().at(a);
+  EXPECT_EQ(e.finish_reason, "error");
+  EXPECT_EQ(e.error.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(e.error.message().find("--kv-budget"), std::string::npos) << e.error.message();
+  EXPECT_NE(e.error.message().find("--kv-tier"), std::string::npos) << e.error.message();
+}
+
+TEST(SchedulerTest, PromptLargerThanThePoolFailsWithoutBlockingOthers) {
+  PoolSetup s;
+  s.num_blocks = 4;
+  s.max_batch_tokens = 64;
+  SchedulerHarness h(s);
+  const RequestId big = h.Submit(Tokens(0, 30), 2);
+  const RequestId small = h.Submit(Tokens(100, 3), 2);
+  h.RunUntilIdle();
+  EXPECT_EQ(h.finished().at(big).finish_reason, "error");
+  EXPECT_NE(h.finished().at(big).error.message().find("a prompt of 30 tokens"), std::string::npos);
+  EXPECT_EQ(h.finished().at(small).finish_reason, "length");
+}
+
+TEST(SchedulerTest, CancelFinishesRunningAndWaitingRequestsAndFreesTheirKv) {
+  PoolSetup s;
+  s.max_seqs = 1;
+  SchedulerHarness h(s);
+  const RequestId a = h.Submit(Tokens(0, 5), 100);
+  const RequestId b = h.Submit(Tokens(50, 5), 100);
+  ASSERT_TRUE(h.Step());
+  EXPECT_GT(h.kv().stats().blocks_used, 0);
+  h.scheduler().Cancel({a, b});
+  EXPECT_EQ(h.finished().at(a).finish_reason, "cancelled");
+  EXPECT_EQ(h.finished().at(b).finish_reason, "cancelled");
+  EXPECT_FALSE(h.Step());
+  EXPECT_EQ(h.kv().stats().blocks_used, 0);
+  EXPECT_TRUE(h.scheduler().idle());
+}
+
+}  // namespace
+}  // namespace kvl
