@@ -80,61 +80,61 @@ class AllocCounter {
 }  // namespace kvl::testing
 
 // The replaced global allocation functions; see the top of this file.
-#define KVL_ALLOC_COUNTER_HOOKS()                                                               \
-  static ::kvl::testing::alloc_counter_internal::HooksMarker kvl_alloc_counter_hooks_marker;    \
-  void* operator new(std::size_t n) {                                                           \
-    return ::kvl::testing::alloc_counter_internal::Allocate(n);                                 \
-  }                                                                                             \
-  void* operator new[](std::size_t n) {                                                         \
-    return ::kvl::testing::alloc_counter_internal::Allocate(n);                                 \
-  }                                                                                             \
-  void* operator new(std::size_t n, const std::nothrow_t&) noexcept {                           \
-    try {                                                                                       \
-      return ::kvl::testing::alloc_counter_internal::Allocate(n);                               \
-    } catch (...) {                                                                             \
-      return nullptr;                                                                           \
-    }                                                                                           \
-  }                                                                                             \
-  void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {                         \
-    try {                                                                                       \
-      return ::kvl::testing::alloc_counter_internal::Allocate(n);                               \
-    } catch (...) {                                                                             \
-      return nullptr;                                                                           \
-    }                                                                                           \
-  }                                                                                             \
-  void* operator new(std::size_t n, std::align_val_t a) {                                       \
-    return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                       \
-  }                                                                                             \
-  void* operator new[](std::size_t n, std::align_val_t a) {                                     \
-    return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                       \
-  }                                                                                             \
-  void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {       \
-    try {                                                                                       \
-      return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                     \
-    } catch (...) {                                                                             \
-      return nullptr;                                                                           \
-    }                                                                                           \
-  }                                                                                             \
-  void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {     \
-    try {                                                                                       \
-      return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                     \
-    } catch (...) {                                                                             \
-      return nullptr;                                                                           \
-    }                                                                                           \
-  }                                                                                             \
-  void operator delete(void* p) noexcept { std::free(p); }                                      \
-  void operator delete[](void* p) noexcept { std::free(p); }                                    \
-  void operator delete(void* p, std::size_t) noexcept { std::free(p); }                         \
-  void operator delete[](void* p, std::size_t) noexcept { std::free(p); }                       \
-  void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }               \
-  void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }             \
-  void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }                    \
-  void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }                  \
-  void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }       \
-  void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }     \
-  void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {             \
-    std::free(p);                                                                               \
-  }                                                                                             \
-  void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {           \
-    std::free(p);                                                                               \
+#define KVL_ALLOC_COUNTER_HOOKS()                                                            \
+  static ::kvl::testing::alloc_counter_internal::HooksMarker kvl_alloc_counter_hooks_marker; \
+  void* operator new(std::size_t n) {                                                        \
+    return ::kvl::testing::alloc_counter_internal::Allocate(n);                              \
+  }                                                                                          \
+  void* operator new[](std::size_t n) {                                                      \
+    return ::kvl::testing::alloc_counter_internal::Allocate(n);                              \
+  }                                                                                          \
+  void* operator new(std::size_t n, const std::nothrow_t&) noexcept {                        \
+    try {                                                                                    \
+      return ::kvl::testing::alloc_counter_internal::Allocate(n);                            \
+    } catch (...) {                                                                          \
+      return nullptr;                                                                        \
+    }                                                                                        \
+  }                                                                                          \
+  void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {                      \
+    try {                                                                                    \
+      return ::kvl::testing::alloc_counter_internal::Allocate(n);                            \
+    } catch (...) {                                                                          \
+      return nullptr;                                                                        \
+    }                                                                                        \
+  }                                                                                          \
+  void* operator new(std::size_t n, std::align_val_t a) {                                    \
+    return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                    \
+  }                                                                                          \
+  void* operator new[](std::size_t n, std::align_val_t a) {                                  \
+    return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                    \
+  }                                                                                          \
+  void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {    \
+    try {                                                                                    \
+      return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                  \
+    } catch (...) {                                                                          \
+      return nullptr;                                                                        \
+    }                                                                                        \
+  }                                                                                          \
+  void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {  \
+    try {                                                                                    \
+      return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                  \
+    } catch (...) {                                                                          \
+      return nullptr;                                                                        \
+    }                                                                                        \
+  }                                                                                          \
+  void operator delete(void* p) noexcept { std::free(p); }                                   \
+  void operator delete[](void* p) noexcept { std::free(p); }                                 \
+  void operator delete(void* p, std::size_t) noexcept { std::free(p); }                      \
+  void operator delete[](void* p, std::size_t) noexcept { std::free(p); }                    \
+  void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }            \
+  void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }          \
+  void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }                 \
+  void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }               \
+  void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }    \
+  void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }  \
+  void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {          \
+    std::free(p);                                                                            \
+  }                                                                                          \
+  void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {        \
+    std::free(p);                                                                            \
   }

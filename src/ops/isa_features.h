@@ -48,7 +48,9 @@ class CpuFeatureSet {
   constexpr void Add(CpuFeature f) { bits_ |= Bit(f); }
   constexpr void Remove(CpuFeature f) { bits_ &= ~Bit(f); }
   constexpr bool Has(CpuFeature f) const { return (bits_ & Bit(f)) != 0; }
-  constexpr bool Contains(CpuFeatureSet other) const { return (bits_ & other.bits_) == other.bits_; }
+  constexpr bool Contains(CpuFeatureSet other) const {
+    return (bits_ & other.bits_) == other.bits_;
+  }
   constexpr bool operator==(const CpuFeatureSet&) const = default;
 
  private:

@@ -1,12 +1,13 @@
 // The per-ISA feature lists against the real CPU and against made-up ones: dispatch must refuse a
 // table whose features a CPU lacks, and must not refuse one for a feature no kernel uses.
+#include "ops/isa_features.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "kvl/ops.h"
-#include "ops/isa_features.h"
 
 namespace kvl::ops {
 namespace {
