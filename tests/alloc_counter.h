@@ -46,6 +46,22 @@ inline void* AllocateAligned(std::size_t n, std::align_val_t align) {
   return p;
 }
 
+// The nothrow forms: nullptr instead of std::bad_alloc.
+inline void* AllocateNoThrow(std::size_t n) noexcept {
+  try {
+    return Allocate(n);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+inline void* AllocateAlignedNoThrow(std::size_t n, std::align_val_t align) noexcept {
+  try {
+    return AllocateAligned(n, align);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+
 // Set by KVL_ALLOC_COUNTER_HOOKS' static initializer: an AllocCounter without the hooks would
 // count nothing and every zero-allocation test would pass without measuring.
 struct HooksMarker {
@@ -82,45 +98,26 @@ class AllocCounter {
 // The replaced global allocation functions; see the top of this file.
 #define KVL_ALLOC_COUNTER_HOOKS()                                                            \
   static ::kvl::testing::alloc_counter_internal::HooksMarker kvl_alloc_counter_hooks_marker; \
-  void* operator new(std::size_t n) {                                                        \
-    return ::kvl::testing::alloc_counter_internal::Allocate(n);                              \
-  }                                                                                          \
-  void* operator new[](std::size_t n) {                                                      \
-    return ::kvl::testing::alloc_counter_internal::Allocate(n);                              \
-  }                                                                                          \
+  namespace kvl_alloc_counter = ::kvl::testing::alloc_counter_internal;                      \
+  void* operator new(std::size_t n) { return kvl_alloc_counter::Allocate(n); }               \
+  void* operator new[](std::size_t n) { return kvl_alloc_counter::Allocate(n); }             \
   void* operator new(std::size_t n, const std::nothrow_t&) noexcept {                        \
-    try {                                                                                    \
-      return ::kvl::testing::alloc_counter_internal::Allocate(n);                            \
-    } catch (...) {                                                                          \
-      return nullptr;                                                                        \
-    }                                                                                        \
+    return kvl_alloc_counter::AllocateNoThrow(n);                                            \
   }                                                                                          \
   void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {                      \
-    try {                                                                                    \
-      return ::kvl::testing::alloc_counter_internal::Allocate(n);                            \
-    } catch (...) {                                                                          \
-      return nullptr;                                                                        \
-    }                                                                                        \
+    return kvl_alloc_counter::AllocateNoThrow(n);                                            \
   }                                                                                          \
   void* operator new(std::size_t n, std::align_val_t a) {                                    \
-    return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                    \
+    return kvl_alloc_counter::AllocateAligned(n, a);                                         \
   }                                                                                          \
   void* operator new[](std::size_t n, std::align_val_t a) {                                  \
-    return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                    \
+    return kvl_alloc_counter::AllocateAligned(n, a);                                         \
   }                                                                                          \
   void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {    \
-    try {                                                                                    \
-      return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                  \
-    } catch (...) {                                                                          \
-      return nullptr;                                                                        \
-    }                                                                                        \
+    return kvl_alloc_counter::AllocateAlignedNoThrow(n, a);                                  \
   }                                                                                          \
   void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {  \
-    try {                                                                                    \
-      return ::kvl::testing::alloc_counter_internal::AllocateAligned(n, a);                  \
-    } catch (...) {                                                                          \
-      return nullptr;                                                                        \
-    }                                                                                        \
+    return kvl_alloc_counter::AllocateAlignedNoThrow(n, a);                                  \
   }                                                                                          \
   void operator delete(void* p) noexcept { std::free(p); }                                   \
   void operator delete[](void* p) noexcept { std::free(p); }                                 \

@@ -51,6 +51,13 @@ class CpuFeatureSet {
   constexpr bool Contains(CpuFeatureSet other) const {
     return (bits_ & other.bits_) == other.bits_;
   }
+  // The features of this set that `other` lacks.
+  constexpr CpuFeatureSet Without(CpuFeatureSet other) const {
+    CpuFeatureSet s;
+    s.bits_ = bits_ & ~other.bits_;
+    return s;
+  }
+  constexpr bool empty() const { return bits_ == 0; }
   constexpr bool operator==(const CpuFeatureSet&) const = default;
 
  private:
@@ -78,6 +85,9 @@ constexpr CpuFeatureSet RequiredCpuFeatures(Isa isa) {
 
 // Every Isa, in increasing order of preference.
 inline constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512};
+
+// "AVX512F AVX512VNNI": the names of a set, space-separated, in CpuFeature order.
+std::string CpuFeatureNames(CpuFeatureSet features);
 
 // The features this CPU reports (cpuid, through __builtin_cpu_supports).
 CpuFeatureSet DetectCpuFeatures();

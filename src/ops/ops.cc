@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 
 #include "kvl/quant.h"
@@ -52,35 +53,13 @@ std::string_view IsaName(Isa isa) {
 }
 
 std::string_view CpuFeatureName(CpuFeature feature) {
-  switch (feature) {
-    case CpuFeature::kAvx512f:
-      return "AVX512F";
-    case CpuFeature::kAvx512bw:
-      return "AVX512BW";
-    case CpuFeature::kAvx512vl:
-      return "AVX512VL";
-    case CpuFeature::kAvx512dq:
-      return "AVX512DQ";
-    case CpuFeature::kAvx512cd:
-      return "AVX512CD";
-    case CpuFeature::kAvx512vnni:
-      return "AVX512VNNI";
-    case CpuFeature::kAvx512bf16:
-      return "AVX512BF16";
-    case CpuFeature::kAvx512vbmi:
-      return "AVX512VBMI";
-    case CpuFeature::kAvx512ifma:
-      return "AVX512IFMA";
-    case CpuFeature::kAvx2:
-      return "AVX2";
-    case CpuFeature::kFma:
-      return "FMA";
-    case CpuFeature::kF16c:
-      return "F16C";
-    case CpuFeature::kCount:
-      break;
-  }
-  return "?";
+  // In CpuFeature order.
+  static constexpr std::string_view kNames[] = {
+      "AVX512F",    "AVX512BW",   "AVX512VL",   "AVX512DQ", "AVX512CD", "AVX512VNNI",
+      "AVX512BF16", "AVX512VBMI", "AVX512IFMA", "AVX2",     "FMA",      "F16C"};
+  static_assert(std::size(kNames) == static_cast<size_t>(CpuFeature::kCount));
+  const auto i = static_cast<size_t>(feature);
+  return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 CpuFeatureSet DetectCpuFeatures() {
@@ -115,17 +94,10 @@ std::vector<Isa> RunnableIsas(CpuFeatureSet present) {
 std::vector<Isa> RunnableIsas() { return RunnableIsas(DetectCpuFeatures()); }
 
 Status CheckIsaRunnable(Isa isa, CpuFeatureSet present) {
-  const CpuFeatureSet required = RequiredCpuFeatures(isa);
-  std::string missing;
-  for (int i = 0; i < static_cast<int>(CpuFeature::kCount); ++i) {
-    const auto f = static_cast<CpuFeature>(i);
-    if (!required.Has(f) || present.Has(f)) continue;
-    if (!missing.empty()) missing += ' ';
-    missing += CpuFeatureName(f);
-  }
+  const CpuFeatureSet missing = RequiredCpuFeatures(isa).Without(present);
   if (missing.empty()) return Status::Ok();
   return UnimplementedError("ISA " + std::string(IsaName(isa)) +
-                            " needs CPU features this CPU lacks: " + missing);
+                            " needs CPU features this CPU lacks: " + CpuFeatureNames(missing));
 }
 
 Status CheckIsaRunnable(Isa isa) { return CheckIsaRunnable(isa, DetectCpuFeatures()); }
@@ -144,17 +116,18 @@ Isa BestIsa() {
   return best;
 }
 
-std::string CpuFeatureString() {
-  const CpuFeatureSet present = DetectCpuFeatures();
+std::string CpuFeatureNames(CpuFeatureSet features) {
   std::string out;
   for (int i = 0; i < static_cast<int>(CpuFeature::kCount); ++i) {
     const auto f = static_cast<CpuFeature>(i);
-    if (!present.Has(f)) continue;
+    if (!features.Has(f)) continue;
     if (!out.empty()) out += ' ';
     out += CpuFeatureName(f);
   }
   return out;
 }
+
+std::string CpuFeatureString() { return CpuFeatureNames(DetectCpuFeatures()); }
 
 OpsContext::OpsContext(Isa isa, ThreadPool* pool) : isa_(isa), pool_(pool), kernels_(&TableFor(isa)) {
   // Callers pick isa from RunnableIsas() (the engine answers a bad --isa with a Status before
