@@ -42,6 +42,9 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
   scores_.resize(Elems(ops.pool()->num_threads(), options_.max_context));
   logit_in_.resize(Elems(options_.max_logit_rows, c.dim));
   logits_.resize(Elems(options_.max_logit_rows, c.vocab_size));
+  rebuild_cos_.resize(Elems(b, c.head_dim / 2));
+  rebuild_sin_.resize(Elems(b, c.head_dim / 2));
+  mass_row_of_token_.resize(static_cast<size_t>(b));
   // theta_i = base^(-2i/d), in double so positions far out keep their precision.
   inv_freq_.resize(static_cast<size_t>(c.head_dim / 2));
   for (int64_t i = 0; i < c.head_dim / 2; ++i) {
@@ -176,9 +179,7 @@ void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int6
   const ModelConfig& c = config_;
   const LayerWeights& w = model_.layer(layer);
   const int64_t half = c.head_dim / 2;
-  const int64_t chunk = options_.max_batch_tokens;
-  rebuild_cos_.resize(Elems(chunk, half));
-  rebuild_sin_.resize(Elems(chunk, half));
+  const int64_t chunk = options_.max_batch_tokens;  // rebuild_cos_ / rebuild_sin_ hold a chunk
   for (int64_t begin = 0; begin < n; begin += chunk) {
     const int64_t m = std::min(chunk, n - begin);
     for (int64_t t = 0; t < m; ++t) {
@@ -296,16 +297,18 @@ void Forward::MixRows(const KvCache::Rows& rows, const float* weights, int64_t k
 // for logits: the newest token of each sequence), each given a row of mass_scratch_.
 void Forward::PlanAttentionMass(const TokenBatch& batch, KvCache& kv) {
   const int64_t n = batch.size();
-  mass_row_of_token_.assign(static_cast<size_t>(n), -1);
   int64_t rows = 0;
   for (int64_t t = 0; t < n; ++t) {
     const size_t i = static_cast<size_t>(t);
-    if (batch.want_logits[i] && kv.AttentionMass(batch.seq_ids[i]) != nullptr) {
-      mass_row_of_token_[i] = rows++;
-    }
+    const bool feeds_mass = batch.want_logits[i] && kv.AttentionMass(batch.seq_ids[i]) != nullptr;
+    mass_row_of_token_[i] = feeds_mass ? rows++ : -1;
   }
-  const size_t needed = Elems(rows * config_.num_heads, options_.max_context);
-  if (mass_scratch_.size() < needed) mass_scratch_.resize(needed);  // once, at the first use
+  KVL_CHECK(rows <= options_.max_logit_rows);  // Logits checks the same of every logits row
+  // Sized at the first Run that tracks mass (many caches never do), for the most rows any Run can
+  // have (one per logits row), so a later step with more such tokens never reallocates.
+  if (rows > 0 && mass_scratch_.empty()) {
+    mass_scratch_.resize(Elems(options_.max_logit_rows * config_.num_heads, options_.max_context));
+  }
   num_mass_rows_ = rows;
 }
 

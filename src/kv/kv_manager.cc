@@ -20,13 +20,11 @@ KvManager::State::State(const KvManagerOptions& opts, int32_t num_blocks)
       pool(num_blocks),
       meta(static_cast<size_t>(num_blocks)),
       block_token_ids(static_cast<size_t>(num_blocks) * opts.layout.block_tokens, 0),
+      index(num_blocks),
       raw(static_cast<size_t>(num_blocks), 0),
       seqs(static_cast<size_t>(opts.max_seqs)),
       block_plan_mark(static_cast<size_t>(num_blocks), 0),
-      seq_plan_mark(static_cast<size_t>(opts.max_seqs), 0) {
-  // At most one entry per block, so the index never rehashes after this.
-  index.reserve(static_cast<size_t>(num_blocks));
-}
+      seq_plan_mark(static_cast<size_t>(opts.max_seqs), 0) {}
 
 uint64_t KvManager::State::Hash(uint64_t parent_hash, std::span<const int32_t> tokens) const {
   if (options.block_hash_for_testing != nullptr) {
@@ -35,20 +33,20 @@ uint64_t KvManager::State::Hash(uint64_t parent_hash, std::span<const int32_t> t
   return kv_internal::DefaultBlockHash(parent_hash, tokens);
 }
 
-void KvManager::State::MatchBlocks(std::span<const int32_t> tokens,
-                                   std::vector<BlockId>* blocks) const {
-  blocks->clear();
-  if (!options.enable_prefix_cache || tokens.empty()) return;
+size_t KvManager::State::MatchBlocks(std::span<const int32_t> tokens,
+                                     std::vector<BlockId>* blocks) const {
+  if (blocks != nullptr) blocks->clear();
+  if (!options.enable_prefix_cache || tokens.empty()) return 0;
   // The last token is always computed, so at most tokens.size() - 1 tokens can be reused.
   const size_t max_blocks = (tokens.size() - 1) / static_cast<size_t>(block_tokens);
   uint64_t parent_hash = options.model_identity;
   BlockRef parent;
-  for (size_t k = 0; k < max_blocks; ++k) {
+  size_t k = 0;
+  for (; k < max_blocks; ++k) {
     const std::span<const int32_t> block_tokens_k = tokens.subspan(k * block_tokens, block_tokens);
     const uint64_t hash = Hash(parent_hash, block_tokens_k);
-    const auto it = index.find(hash);
-    if (it == index.end()) break;
-    const BlockId block = it->second;
+    const BlockId block = index.Find(hash);
+    if (block == kNoBlock) break;
     const BlockMeta& m = meta[block];
     // The hash only names a candidate: the same parent instance and the same token ids make the
     // block's prefix exactly ours, whatever collisions the hash has.
@@ -56,10 +54,11 @@ void KvManager::State::MatchBlocks(std::span<const int32_t> tokens,
         !std::equal(block_tokens_k.begin(), block_tokens_k.end(), BlockTokens(block).begin())) {
       break;
     }
-    blocks->push_back(block);
+    if (blocks != nullptr) blocks->push_back(block);
     parent = RefOf(block);
     parent_hash = hash;
   }
+  return k;
 }
 
 // Mutations of the state that keep the refcounts, the free list, the index and num_cached in
@@ -84,9 +83,8 @@ void KvManager::State::UnrefBlock(BlockId block) {
 void KvManager::State::Unindex(BlockId block) {
   BlockMeta& m = meta[block];
   KVL_CHECK(m.indexed);
-  const auto it = index.find(m.hash);
-  KVL_CHECK(it != index.end() && it->second == block);
-  index.erase(it);
+  KVL_CHECK(index.Find(m.hash) == block);
+  index.Erase(m.hash);
   m.indexed = false;
   if (pool.refcount(block) == 0) {
     --num_cached;
@@ -119,8 +117,8 @@ BlockRef KvManager::State::CanonicalRef(BlockId block) const {
   const BlockMeta& m = meta[block];
   KVL_CHECK(m.full);
   if (!m.indexed) {
-    const auto it = index.find(m.hash);
-    if (it != index.end() && SameIdentity(it->second, block)) return RefOf(it->second);
+    const BlockId holder = index.Find(m.hash);
+    if (holder != kNoBlock && SameIdentity(holder, block)) return RefOf(holder);
   }
   return RefOf(block);
 }
@@ -146,14 +144,14 @@ void KvManager::State::RegisterFullBlock(const SeqState& seq, size_t k) {
             block_token_ids.begin() + static_cast<ptrdiff_t>(block * bt));
   m.full = true;
   if (!options.enable_prefix_cache) return;
-  const auto it = index.find(m.hash);
-  if (it != index.end()) {
+  const BlockId holder = index.Find(m.hash);
+  if (holder != kNoBlock) {
     // Another block already holds this hash (the same prefix computed twice, or a collision):
     // keep it, and leave this block unindexed; unless the holder is unreachable.
-    if (!IsStale(it->second)) return;
-    Unindex(it->second);
+    if (!IsStale(holder)) return;
+    Unindex(holder);
   }
-  index.emplace(m.hash, block);
+  index.Insert(m.hash, block);
   m.indexed = true;
 }
 
@@ -194,17 +192,35 @@ int64_t KvManager::BlocksFor(int64_t num_tokens) const {
 }
 
 int64_t KvManager::MatchPrefix(std::span<const int32_t> tokens) const {
-  std::vector<BlockId> blocks;
-  s_->MatchBlocks(tokens, &blocks);
-  return static_cast<int64_t>(blocks.size()) * s_->block_tokens;
+  return static_cast<int64_t>(s_->MatchBlocks(tokens, nullptr)) * s_->block_tokens;
 }
 
 KvPlan KvManager::Plan(std::span<const KvSeqStep> steps) const {
-  const State& s = *s_;
   KvPlan plan;
+  Plan(steps, &plan);
+  return plan;
+}
+
+void KvManager::Plan(std::span<const KvSeqStep> steps, KvPlan* out) const {
+  const State& s = *s_;
+  KvPlan& plan = *out;
+  plan.fits = false;
+  plan.blocks_needed = 0;
+  plan.blocks_reused_free = 0;
   plan.state_version = s.version;
   plan.blocks_free = s.pool.num_free();
+  plan.copies.clear();
+  // Every SeqPlan is reset field by field rather than replaced, so its vectors keep their room.
   plan.seqs.resize(steps.size());
+  for (KvPlan::SeqPlan& sp : plan.seqs) {
+    sp.admit = false;
+    sp.num_cached_tokens = 0;
+    sp.reused.clear();
+    sp.allocated.clear();
+    sp.cow_src = kNoBlock;
+    sp.cow_dst = kNoBlock;
+    sp.blocks_needed = 0;
+  }
   const uint64_t epoch = ++s.plan_epoch;
 
   // Pass 1: what each sequence needs. Prefix hits are decided before any fresh block is picked,
@@ -254,7 +270,7 @@ KvPlan KvManager::Plan(std::span<const KvSeqStep> steps) const {
   plan.fits = plan.blocks_needed + plan.blocks_reused_free <= plan.blocks_free;
   if (!plan.fits) {
     for (KvPlan::SeqPlan& sp : plan.seqs) sp.cow_src = kNoBlock;
-    return plan;
+    return;
   }
 
   // Pass 2: the fresh blocks, in the order Commit's allocation would take them.
@@ -277,7 +293,6 @@ KvPlan KvManager::Plan(std::span<const KvSeqStep> steps) const {
     sp.allocated.reserve(static_cast<size_t>(fresh));
     for (int64_t j = 0; j < fresh; ++j) sp.allocated.push_back(next_fresh());
   }
-  return plan;
 }
 
 void KvManager::Commit(const KvPlan& plan) {
@@ -301,6 +316,12 @@ void KvManager::Commit(const KvPlan& plan) {
       seq.present = true;
       seq.table.clear();
       seq.tokens.clear();
+      // Room for the whole context now, so appending decode tokens never reallocates. The slot
+      // keeps it after Free, for the next sequence with this id.
+      const int64_t max_tokens = std::max<int64_t>(s.options.max_seq_tokens,
+                                                   static_cast<int64_t>(sp.tokens.size()));
+      seq.tokens.reserve(static_cast<size_t>(max_tokens));
+      seq.table.reserve(static_cast<size_t>(BlocksFor(max_tokens)));
       ++s.num_seqs;
       for (BlockId block : sp.reused) {
         s.RefBlock(block);

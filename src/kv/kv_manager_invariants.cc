@@ -116,20 +116,28 @@ Status KvManager::CheckInvariants() const {
 
   // Every index entry names a block that holds exactly what it was registered with.
   int64_t num_indexed = 0, num_cached = 0;
-  for (const auto& [hash, block] : s.index) {
+  Status entries;
+  s.index.ForEach([&](uint64_t hash, BlockId block) {
+    if (!entries.ok()) return;
     if (block < 0 || block >= num_blocks) {
-      return InternalError(fmt::format("index maps {:#x} to bad block {}", hash, block));
+      entries = InternalError(fmt::format("index maps {:#x} to bad block {}", hash, block));
+      return;
     }
     const kv_internal::BlockMeta& m = s.meta[block];
     if (!m.indexed || !m.full || m.hash != hash ||
         s.Hash(m.parent_hash, s.BlockTokens(block)) != hash) {
-      return InternalError(
+      entries = InternalError(
           fmt::format("index maps {:#x} to block {} holding something else", hash, block));
     }
-  }
+  });
+  KVL_RETURN_IF_ERROR(entries);
   for (BlockId b = 0; b < num_blocks; ++b) {
     if (!s.meta[b].indexed) continue;
     ++num_indexed;
+    // An entry a lookup cannot reach (a broken probe chain) is as good as missing.
+    if (s.index.Find(s.meta[b].hash) != b) {
+      return InternalError(fmt::format("block {} is indexed but its hash does not find it", b));
+    }
     if (s.pool.refcount(b) == 0) ++num_cached;
   }
   if (num_indexed != static_cast<int64_t>(s.index.size())) {

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
 #include <vector>
 
 #include "block_pool.h"
+#include "prefix_index.h"
 #include "kvl/kv_manager.h"
 
 namespace kvl {
@@ -56,8 +56,9 @@ struct KvManager::State {
             static_cast<size_t>(block_tokens)};
   }
   kv_internal::BlockRef RefOf(BlockId block) const { return {block, meta[block].generation}; }
-  // The blocks an admission of `tokens` would reuse (a verified chain through the index).
-  void MatchBlocks(std::span<const int32_t> tokens, std::vector<BlockId>* blocks) const;
+  // How many leading full blocks of `tokens` an admission would reuse (a verified chain through
+  // the index); the blocks themselves go to *blocks unless it is null.
+  size_t MatchBlocks(std::span<const int32_t> tokens, std::vector<BlockId>* blocks) const;
 
   // Mutations that keep refcounts, the free list, the index and num_cached in step (see
   // kv_manager.cc). Only Commit, Free and Fork use them.
@@ -75,7 +76,7 @@ struct KvManager::State {
   kv_internal::BlockPool pool;
   std::vector<kv_internal::BlockMeta> meta;  // [block]
   std::vector<int32_t> block_token_ids;      // [block][block_tokens], valid when meta.full
-  std::unordered_map<uint64_t, BlockId> index;
+  kv_internal::PrefixIndex index;
   int64_t num_cached = 0;                   // free blocks that are indexed
   std::vector<uint8_t> raw;                 // [block]: lent out by AcquireRawBlock
   int64_t num_raw = 0;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kvl/ops.h"
+#include "isa_features.h"
 
 namespace kvl::ops {
 

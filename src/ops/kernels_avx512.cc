@@ -489,8 +489,8 @@ void AxpyRowsHalf(DType type, const float* weights, const uint16_t* rows, int64_
 // f16: vcvtps2ph with an immediate round-to-nearest-even is the IEEE conversion (subnormal results
 // kept, overflow to inf, NaN made quiet with its top payload bits), whatever MXCSR says about
 // rounding. bf16: integer rounding rather than AVX512-BF16's vcvtneps2bf16, which flushes
-// subnormal inputs to zero (and which CpuHasAvx512 does not require): add 0x7FFF plus the lowest
-// kept bit and truncate; a NaN keeps its top bits with the quiet bit set instead.
+// subnormal inputs to zero (and which RequiredCpuFeatures does not list): add 0x7FFF plus the
+// lowest kept bit and truncate; a NaN keeps its top bits with the quiet bit set instead.
 template <DType T>
 __m256i Narrow16(__m512 v) {
   if constexpr (T == DType::kF16) {

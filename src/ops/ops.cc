@@ -3,26 +3,16 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 
 #include "kvl/quant.h"
 #include "kvl/status.h"
+#include "isa_features.h"
 #include "kernel_table.h"
 
 namespace kvl::ops {
 namespace {
-
-bool CpuHasAvx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-}
-
-bool CpuHasAvx512() {
-  // The AVX-512 path uses F/BW/VL/DQ for shuffles and byte ops and VNNI for vpdpbusd.
-  return CpuHasAvx2() && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
-}
 
 const KernelTable& TableFor(Isa isa) {
   switch (isa) {
@@ -62,12 +52,55 @@ std::string_view IsaName(Isa isa) {
   }
 }
 
-std::vector<Isa> RunnableIsas() {
-  std::vector<Isa> isas = {Isa::kScalar};
-  if (CpuHasAvx2()) isas.push_back(Isa::kAvx2);
-  if (CpuHasAvx512()) isas.push_back(Isa::kAvx512);
+std::string_view CpuFeatureName(CpuFeature feature) {
+  // In CpuFeature order.
+  static constexpr std::string_view kNames[] = {
+      "AVX512F",    "AVX512BW",   "AVX512VL",   "AVX512DQ", "AVX512CD", "AVX512VNNI",
+      "AVX512BF16", "AVX512VBMI", "AVX512IFMA", "AVX2",     "FMA",      "F16C"};
+  static_assert(std::size(kNames) == static_cast<size_t>(CpuFeature::kCount));
+  const auto i = static_cast<size_t>(feature);
+  return i < std::size(kNames) ? kNames[i] : "?";
+}
+
+CpuFeatureSet DetectCpuFeatures() {
+  // __builtin_cpu_supports takes only a string literal, hence one line per feature.
+  CpuFeatureSet s;
+  auto add = [&s](bool has, CpuFeature f) {
+    if (has) s.Add(f);
+  };
+  add(__builtin_cpu_supports("avx512f"), CpuFeature::kAvx512f);
+  add(__builtin_cpu_supports("avx512bw"), CpuFeature::kAvx512bw);
+  add(__builtin_cpu_supports("avx512vl"), CpuFeature::kAvx512vl);
+  add(__builtin_cpu_supports("avx512dq"), CpuFeature::kAvx512dq);
+  add(__builtin_cpu_supports("avx512cd"), CpuFeature::kAvx512cd);
+  add(__builtin_cpu_supports("avx512vnni"), CpuFeature::kAvx512vnni);
+  add(__builtin_cpu_supports("avx512bf16"), CpuFeature::kAvx512bf16);
+  add(__builtin_cpu_supports("avx512vbmi"), CpuFeature::kAvx512vbmi);
+  add(__builtin_cpu_supports("avx512ifma"), CpuFeature::kAvx512ifma);
+  add(__builtin_cpu_supports("avx2"), CpuFeature::kAvx2);
+  add(__builtin_cpu_supports("fma"), CpuFeature::kFma);
+  add(__builtin_cpu_supports("f16c"), CpuFeature::kF16c);
+  return s;
+}
+
+std::vector<Isa> RunnableIsas(CpuFeatureSet present) {
+  std::vector<Isa> isas;
+  for (Isa isa : kAllIsas) {
+    if (present.Contains(RequiredCpuFeatures(isa))) isas.push_back(isa);
+  }
   return isas;
 }
+
+std::vector<Isa> RunnableIsas() { return RunnableIsas(DetectCpuFeatures()); }
+
+Status CheckIsaRunnable(Isa isa, CpuFeatureSet present) {
+  const CpuFeatureSet missing = RequiredCpuFeatures(isa).Without(present);
+  if (missing.empty()) return Status::Ok();
+  return UnimplementedError("ISA " + std::string(IsaName(isa)) +
+                            " needs CPU features this CPU lacks: " + CpuFeatureNames(missing));
+}
+
+Status CheckIsaRunnable(Isa isa) { return CheckIsaRunnable(isa, DetectCpuFeatures()); }
 
 Isa BestIsa() {
   Isa best = RunnableIsas().back();
@@ -83,32 +116,27 @@ Isa BestIsa() {
   return best;
 }
 
-std::string CpuFeatureString() {
+std::string CpuFeatureNames(CpuFeatureSet features) {
   std::string out;
-  auto add = [&](bool has, const char* name) {
-    if (!has) return;
+  for (int i = 0; i < static_cast<int>(CpuFeature::kCount); ++i) {
+    const auto f = static_cast<CpuFeature>(i);
+    if (!features.Has(f)) continue;
     if (!out.empty()) out += ' ';
-    out += name;
-  };
-  add(__builtin_cpu_supports("avx512f"), "AVX512F");
-  add(__builtin_cpu_supports("avx512bw"), "AVX512BW");
-  add(__builtin_cpu_supports("avx512vl"), "AVX512VL");
-  add(__builtin_cpu_supports("avx512dq"), "AVX512DQ");
-  add(__builtin_cpu_supports("avx512vnni"), "AVX512VNNI");
-  add(__builtin_cpu_supports("avx512bf16"), "AVX512BF16");
-  add(__builtin_cpu_supports("avx2"), "AVX2");
-  add(__builtin_cpu_supports("fma"), "FMA");
-  add(__builtin_cpu_supports("f16c"), "F16C");
+    out += CpuFeatureName(f);
+  }
   return out;
 }
 
+std::string CpuFeatureString() { return CpuFeatureNames(DetectCpuFeatures()); }
+
 OpsContext::OpsContext(Isa isa, ThreadPool* pool) : isa_(isa), pool_(pool), kernels_(&TableFor(isa)) {
-  const std::vector<Isa> runnable = RunnableIsas();
-  KVL_CHECK_MSG(std::find(runnable.begin(), runnable.end(), isa) != runnable.end(),
-                "OpsContext: this CPU cannot run the requested ISA");
+  // Callers pick isa from RunnableIsas() (the engine answers a bad --isa with a Status before
+  // this), so a table this CPU cannot run is a programmer error: refuse it here rather than die
+  // later on an illegal instruction.
+  const Status runnable = CheckIsaRunnable(isa);
+  KVL_CHECK_MSG(runnable.ok(), runnable.message().c_str());
   KVL_CHECK(pool != nullptr);
 }
-
 OpsContext::~OpsContext() = default;
 
 void OpsContext::Reserve(int64_t max_tokens, int64_t max_cols) {

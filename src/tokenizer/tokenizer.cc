@@ -242,37 +242,49 @@ std::vector<TokenId> Tokenizer::Encode(std::string_view text, bool add_bos) cons
   return ids;
 }
 
-std::string Tokenizer::DecodeToken(TokenId prev, TokenId id) const {
-  if (id < 0 || id >= vocab_size()) return {};
+void Tokenizer::AppendTokenText(TokenId prev, TokenId id, std::string* out) const {
+  if (id < 0 || id >= vocab_size()) return;
   const std::string& text = tokens_[static_cast<size_t>(id)];
   switch (types_[static_cast<size_t>(id)]) {
     case TokenType::kControl:
-      return {};
+      return;
     case TokenType::kByte:
-      return std::string(1, static_cast<char>(ParseBytePiece(text)));
+      out->push_back(static_cast<char>(ParseBytePiece(text)));
+      return;
     case TokenType::kUnknown:
-      return std::string(kUnknownText);
+      out->append(kUnknownText);
+      return;
     case TokenType::kUserDefined:
-      return text;
+      out->append(text);
+      return;
     case TokenType::kNormal:
     case TokenType::kUnused:
     case TokenType::kUndefined:
       break;
   }
-  std::string out;
-  out.reserve(text.size());
-  for (size_t pos = 0; pos < text.size();) {
-    if (text.compare(pos, kSpaceSymbol.size(), kSpaceSymbol) == 0) {
-      out.push_back(' ');
-      pos += kSpaceSymbol.size();
-    } else {
-      out.push_back(text[pos++]);
+  size_t pos = 0;
+  // Undo the dummy prefix Encode added: the first piece of a text loses its leading space
+  // (written as U+2581 or, in some vocabs, as a plain space).
+  if (add_space_prefix_ && (prev < 0 || prev == bos_)) {
+    if (text.starts_with(kSpaceSymbol)) {
+      pos = kSpaceSymbol.size();
+    } else if (text.starts_with(' ')) {
+      pos = 1;
     }
   }
-  // Undo the dummy prefix Encode added: the first piece of a text loses its leading space.
-  if (add_space_prefix_ && (prev < 0 || prev == bos_) && !out.empty() && out[0] == ' ') {
-    out.erase(0, 1);
+  while (pos < text.size()) {
+    if (text.compare(pos, kSpaceSymbol.size(), kSpaceSymbol) == 0) {
+      out->push_back(' ');
+      pos += kSpaceSymbol.size();
+    } else {
+      out->push_back(text[pos++]);
+    }
   }
+}
+
+std::string Tokenizer::DecodeToken(TokenId prev, TokenId id) const {
+  std::string out;
+  AppendTokenText(prev, id, &out);
   return out;
 }
 
@@ -280,7 +292,7 @@ std::string Tokenizer::Decode(const std::vector<TokenId>& ids) const {
   std::string out;
   TokenId prev = -1;
   for (TokenId id : ids) {
-    out += DecodeToken(prev, id);
+    AppendTokenText(prev, id, &out);
     prev = id;
   }
   return out;

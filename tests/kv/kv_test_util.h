@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "kvl/kv_manager.h"
@@ -38,6 +39,28 @@ inline std::vector<int32_t> Range(int32_t first, int32_t n) {
 inline std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+// Every field of a plan, for comparing plans whole.
+inline auto PlanFields(const KvPlan& p) {
+  return std::tie(p.fits, p.blocks_needed, p.blocks_free, p.blocks_reused_free, p.state_version);
+}
+inline auto SeqPlanFields(const KvPlan::SeqPlan& s) {
+  return std::tie(s.seq, s.admit, s.first_new_pos, s.num_cached_tokens, s.reused, s.allocated,
+                  s.cow_src, s.cow_dst, s.blocks_needed, s.tokens);
+}
+
+inline void ExpectSamePlan(const KvPlan& a, const KvPlan& b) {
+  EXPECT_EQ(PlanFields(a), PlanFields(b));
+  ASSERT_EQ(a.copies.size(), b.copies.size());
+  for (size_t i = 0; i < a.copies.size(); ++i) {
+    EXPECT_EQ(std::tie(a.copies[i].src, a.copies[i].dst),
+              std::tie(b.copies[i].src, b.copies[i].dst));
+  }
+  ASSERT_EQ(a.seqs.size(), b.seqs.size());
+  for (size_t i = 0; i < a.seqs.size(); ++i) {
+    EXPECT_EQ(SeqPlanFields(a.seqs[i]), SeqPlanFields(b.seqs[i])) << "seq plan " << i;
+  }
 }
 
 inline KvPlan PlanOne(const KvManager& m, SeqId seq, const std::vector<int32_t>& tokens) {

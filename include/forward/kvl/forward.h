@@ -4,8 +4,8 @@
 // before attention reads it, so a prefill chunk attends to itself causally.
 //
 // Thread-safety: a Forward belongs to one step loop. It preallocates every activation buffer for
-// its largest batch; Run never allocates (but for attention-mass
-// scratch, sized once at its first use).
+// its largest batch; Run never allocates, but for the attention-mass scratch, sized once for
+// max_logit_rows at the first Run whose cache tracks attention mass.
 #pragma once
 
 #include <cstdint>
@@ -102,8 +102,8 @@ class Forward final : public KvRebuilder {
   std::vector<float> rebuild_sin_;
   std::vector<float> scores_;  // [threads][max_context] attention scores scratch
   std::vector<float> logit_in_;  // [max_logit_rows][dim]
-  // Attention weights of the tokens whose cache tracks attention mass, [row][head][max_context];
-  // sized at the first use.
+  // Attention weights of the tokens whose cache tracks attention mass,
+  // [max_logit_rows][head][max_context]; sized at the first use.
   std::vector<float> mass_scratch_;
   std::vector<int64_t> mass_row_of_token_;  // [tokens]: row in mass_scratch_, or -1
   int64_t num_mass_rows_ = 0;               // tokens of this Run that feed attention mass

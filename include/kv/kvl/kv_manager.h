@@ -76,6 +76,10 @@ struct KvManagerOptions {
   uint64_t model_identity = 0;         // seeds every hash chain: no match across models
   bool enable_prefix_cache = true;
   int32_t max_seqs = 256;              // sequence ids are 0..max_seqs-1
+  // The most tokens one sequence is expected to hold (the engine's max context). An admission
+  // reserves its sequence's block table and token list for that many, so the decode steps that
+  // follow never grow them (no heap allocation in the per-token step). 0: they grow as needed.
+  int64_t max_seq_tokens = 0;
   // Test-only: replaces the block hash, e.g. with one that always collides, to show that a hit is
   // verified by content and never trusted from the hash alone. nullptr: the built-in 64-bit hash.
   KvBlockHashFn block_hash_for_testing = nullptr;
@@ -154,6 +158,11 @@ class KvManager {
   // at most tokens.size() - 1). No mutation.
   int64_t MatchPrefix(std::span<const int32_t> tokens) const;
 
+  // Fills *out with the plan for `steps`, reusing its vectors (those of its SeqPlans too): once a
+  // plan object has seen a step of the same shape, planning it again allocates nothing. What *out
+  // held before is discarded.
+  void Plan(std::span<const KvSeqStep> steps, KvPlan* out) const;
+  // The same into a fresh KvPlan (allocates; fine outside the per-token step).
   KvPlan Plan(std::span<const KvSeqStep> steps) const;
   // Applies a plan with fits == true made against the current state (both checked).
   void Commit(const KvPlan& plan);

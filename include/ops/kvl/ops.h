@@ -11,10 +11,12 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "kvl/dtype.h"
+#include "kvl/status.h"
 #include "kvl/thread_pool.h"
 
 namespace kvl::ops {
@@ -24,8 +26,12 @@ enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 std::string_view IsaName(Isa isa);
 // The best path this CPU can run among those compiled in.
 Isa BestIsa();
-// Every path compiled in that this CPU can run (tests check each against kScalar).
+// Every path compiled in that this CPU can run (tests check each against kScalar): those whose
+// required CPU features (one list per ISA, src/ops/isa_features.h) the CPU all has.
 std::vector<Isa> RunnableIsas();
+// OK when this CPU can run isa; otherwise UNIMPLEMENTED naming the features it lacks. OpsContext
+// refuses (KVL_CHECK) an isa that fails this.
+Status CheckIsaRunnable(Isa isa);
 // Human-readable CPU feature summary, e.g. "AVX512F AVX512BW AVX512VNNI AVX512BF16 AVX2 FMA F16C".
 std::string CpuFeatureString();
 

@@ -63,6 +63,9 @@ class Tokenizer {
   // become raw bytes, so a multi-byte character may arrive split over several calls; control
   // tokens print nothing; out-of-range ids print nothing.
   std::string DecodeToken(TokenId prev, TokenId id) const;
+  // DecodeToken's text appended to *out, for the per-token path: it allocates nothing once *out
+  // has the capacity (reserve it, and clear rather than replace it between tokens).
+  void AppendTokenText(TokenId prev, TokenId id, std::string* out) const;
   // The text of a whole sequence.
   std::string Decode(const std::vector<TokenId>& ids) const;
 
