@@ -110,6 +110,7 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   kvo.model_identity = ModelIdentity(*e.model);
   kvo.enable_prefix_cache = options.prefix_cache;
   kvo.max_seqs = options.max_seqs;
+  kvo.max_seq_tokens = e.context_length;  // tables reserved at admission: steps never grow them
   KVL_ASSIGN_OR_RETURN(e.kv, KvManager::Create(kvo));
   KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
   e.pager = std::make_unique<KvPager>(*e.kv, *e.storage, options.max_seqs, e.context_length);

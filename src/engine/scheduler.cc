@@ -88,7 +88,7 @@ bool Scheduler::Schedule(StepPlan* plan) {
       if (step.tokens.size() > 1) phase_ = Phase::kPrefill;
     }
     plan->phase = phase_;
-    plan->kv = kv_.Plan(plan->steps);
+    kv_.Plan(plan->steps, &plan->kv);  // reuses the plan's vectors: no allocation per step
     if (plan->kv.fits) {
       // Admissions become running sequences, in order, with the slots the plan used.
       for (size_t a = 0; a < admissions; ++a) {

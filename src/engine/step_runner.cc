@@ -161,7 +161,9 @@ void StepRunner::AppendToken(Sequence& seq, int32_t token) {
   TokenEvent event;
   event.request = seq.id;
   event.token = token;
-  event.text = seq.stop_filter.Push(p_.tokenizer->DecodeToken(seq.prev_token, token), &stopped);
+  piece_.clear();
+  p_.tokenizer->AppendTokenText(seq.prev_token, token, &piece_);
+  event.text = seq.stop_filter.Push(piece_, &stopped);
   seq.prev_token = token;
   if (seq.on_event) seq.on_event(event);
   if (stopped) return p_.scheduler->Finish(seq, "stop");

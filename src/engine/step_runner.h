@@ -5,6 +5,7 @@
 // Thread-safety: owned by the step loop.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "kvl/forward.h"
@@ -53,6 +54,7 @@ class StepRunner {
   std::vector<SeqId> run_seqs_;          // sequences of one forward run
   std::vector<Sequence*> to_recompute_;  // streamed reads failed: recompute from tokens
   std::vector<double> dropped_predicted_ms_;  // this step: pages dropped at a preemption
+  std::string piece_;                    // the text of the token being appended, reused
 };
 
 }  // namespace kvl
