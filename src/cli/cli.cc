@@ -100,6 +100,9 @@ int Main(int argc, char** argv) {
   run_cmd->add_option("--kv-recent", run.engine.kv_recent_tokens,
                       "newest tokens always kept resident at full precision")
       ->capture_default_str();
+  run_cmd->add_option("--kv-stream-reserve", run.engine.kv_stream_reserve,
+                      "fraction of --kv-budget that stages pages streamed back from tiers")
+      ->capture_default_str();
   // -ctk / -ctv (see NormalizeArgs), as llama.cpp's --cache-type-k / --cache-type-v.
   run_cmd->add_option("--cache-type-k", run.engine.cache_type_k,
                       "KV cache type for keys (-ctk): f32 | f16 | bf16")

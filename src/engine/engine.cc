@@ -107,6 +107,33 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
     kvo.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, 1ll << 30);
     kvo.budget_bytes = std::max(kvo.budget_bytes, per_context);
   }
+  // The budget covers what the pager holds outside the pool too: its fixed buffers whenever pages
+  // can leave the pool, and the staging of pages streamed from tiers (or rebuilt from
+  // checkpoints) every step, a fraction of the budget, where running pages can go to a tier.
+  const KvStagingCost staging = KvPager::StagingCost(kvo.layout);
+  const bool pages_leave_pool =
+      !kv.tiers.empty() || kv.quality != KvQuality::kLossless ||
+      (!kv.policy.automatic && kv.policy.fixed != KvAction::kKeep);
+  const bool streams = kv.policy.automatic ? !kv.tiers.empty()
+                                           : kv.policy.fixed == KvAction::kDemoteRam ||
+                                                 kv.policy.fixed == KvAction::kDemoteDisk ||
+                                                 kv.policy.fixed == KvAction::kRecomputeResidual;
+  const int64_t fixed_bytes = pages_leave_pool ? staging.fixed : 0;
+  int64_t staged_pages = 0;
+  if (streams) {
+    const double reserve = static_cast<double>(kvo.budget_bytes) * options.kv_stream_reserve;
+    staged_pages = std::max<int64_t>(
+        1, static_cast<int64_t>(reserve - static_cast<double>(fixed_bytes)) / staging.per_page);
+  }
+  const int64_t staging_bytes = fixed_bytes + staged_pages * staging.per_page;
+  if (kvo.budget_bytes - staging_bytes < kvo.layout.block_bytes()) {
+    return ResourceExhaustedError(fmt::format(
+        "--kv-budget {} bytes holds no KV block of {} bytes once {} bytes are set aside for the "
+        "pages that leave the pool ({} staged pages; --kv-stream-reserve {})",
+        kvo.budget_bytes, kvo.layout.block_bytes(), staging_bytes, staged_pages,
+        options.kv_stream_reserve));
+  }
+  kvo.budget_bytes -= staging_bytes;
   kvo.model_identity = ModelIdentity(*e.model);
   kvo.enable_prefix_cache = options.prefix_cache;
   kvo.max_seqs = options.max_seqs;
@@ -114,6 +141,7 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   KVL_ASSIGN_OR_RETURN(e.kv, KvManager::Create(kvo));
   KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
   e.pager = std::make_unique<KvPager>(*e.kv, *e.storage, options.max_seqs, e.context_length);
+  e.pager->ReserveStaging(staged_pages);
   e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage, e.pager.get());
   return Status::Ok();
 }
@@ -190,6 +218,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (options.max_seqs < 1) return InvalidArgumentError("parallel sequences (-np) must be >= 1");
   if (options.block_tokens < 1) return InvalidArgumentError("block size must be >= 1 token");
   if (options.kv_budget_bytes < 0) return InvalidArgumentError("--kv-budget must be positive");
+  if (!(options.kv_stream_reserve > 0 && options.kv_stream_reserve < 1)) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-stream-reserve {}: the fraction of the KV budget for streamed pages must be in (0, 1)",
+        options.kv_stream_reserve));
+  }
   std::unique_ptr<Engine> engine(new Engine());
   Impl& e = *engine->impl_;
   e.options = options;

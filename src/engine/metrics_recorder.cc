@@ -106,6 +106,9 @@ void MetricsRecorder::Snapshot(EngineMetrics* m) const {
   m->kv_rebuild_ms = pager_stats_.rebuild_ms;
   m->kv_compressed_bytes = pager_stats_.compressed_bytes;
   m->kv_stream_staging_bytes = pager_stats_.staging_bytes;
+  m->kv_staging_capacity_pages = pager_stats_.staging_capacity_pages;
+  // Staging is allocated once, before the first step, so the peak is the pool's plus staging.
+  m->kv_resident_bytes_peak = kv_stats_.kv_bytes_peak + pager_stats_.staging_bytes;
   m->kv_layers_streamed = pager_stats_.layers_streamed;
   m->kv_stream_wait_ms = pager_stats_.stream_wait_ms;
   m->requests_finished = requests_finished_;

@@ -19,9 +19,64 @@ KvPager::KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs,
                               static_cast<int64_t>(sizeof(float))),
       slabs_(manager, storage),
       bound_(static_cast<size_t>(max_seqs), nullptr) {
-  encode_scratch_.resize(static_cast<size_t>(
-      CompressedPageBytes(KvCodecType::kInt8, layout_.block_tokens, layout_.num_layers,
-                          layout_.kv_dim)));
+  ReserveStaging(0);
+}
+
+KvStagingCost KvPager::StagingCost(const KvBlockLayout& layout) {
+  const int64_t layer_bytes = layout.layer_k_bytes() + layout.layer_v_bytes();
+  const int64_t checkpoint_layer_bytes =
+      layout.block_tokens * layout.residual_dim * static_cast<int64_t>(sizeof(float));
+  KvStagingCost cost;
+  cost.per_page = 2 * layer_bytes;
+  if (layout.residual_dim > 0) cost.per_page += 2 * checkpoint_layer_bytes + layer_bytes;
+  const int64_t rows = layout.block_tokens * layout.kv_dim;
+  cost.fixed = layout.num_layers * layer_bytes +  // a whole page for one tier transfer
+               CompressedPageBytes(KvCodecType::kInt8, layout.block_tokens, layout.num_layers,
+                                   layout.kv_dim) +
+               (layout.k_type == DType::kF32 && layout.v_type == DType::kF32
+                    ? 0
+                    : 2 * rows * static_cast<int64_t>(sizeof(float)));
+  return cost;
+}
+
+void KvPager::ReserveStaging(int64_t max_staged_pages) {
+  KVL_CHECK(max_staged_pages >= 0);
+  staging_capacity_pages_ = max_staged_pages;
+  const size_t pages = static_cast<size_t>(max_staged_pages);
+  const bool checkpoints = layout_.residual_dim > 0;
+  auto size = [](auto& v, size_t n) {
+    v.resize(n);
+    v.shrink_to_fit();
+  };
+  for (int i = 0; i < 2; ++i) {
+    size(stage_[i], pages * static_cast<size_t>(layer_bytes_));
+    size(checkpoint_stage_[i], checkpoints ? pages * static_cast<size_t>(checkpoint_layer_bytes_) : 0);
+    pending_[i].reserve(4);
+  }
+  size(rebuilt_k_, checkpoints ? pages * static_cast<size_t>(layout_.layer_k_bytes()) : 0);
+  size(rebuilt_v_, checkpoints ? pages * static_cast<size_t>(layout_.layer_v_bytes()) : 0);
+  size(rebuilt_positions_, checkpoints ? pages * static_cast<size_t>(layout_.block_tokens) : 0);
+  streamed_.reserve(pages);
+  rebuilt_.reserve(pages);
+  failed_.reserve(bound_.size());
+  size(page_scratch_, static_cast<size_t>(layout_.num_layers * layer_bytes_));
+  size(encode_scratch_, static_cast<size_t>(CompressedPageBytes(
+                            KvCodecType::kInt8, layout_.block_tokens, layout_.num_layers,
+                            layout_.kv_dim)));
+  const bool half = layout_.k_type != DType::kF32 || layout_.v_type != DType::kF32;
+  for (std::vector<float>& w : widen_scratch_) {
+    size(w, half ? static_cast<size_t>(layout_.block_tokens * layout_.kv_dim) : 0);
+  }
+  write_list_.reserve(static_cast<size_t>(layout_.num_layers));
+  read_list_.reserve(static_cast<size_t>(layout_.num_layers));
+  erase_list_.reserve(static_cast<size_t>(layout_.num_layers));
+  block_positions_.resize(static_cast<size_t>(layout_.block_tokens));
+  stats_.staging_capacity_pages = max_staged_pages;
+  stats_.staging_bytes = static_cast<int64_t>(
+      stage_[0].capacity() + stage_[1].capacity() + checkpoint_stage_[0].capacity() +
+      checkpoint_stage_[1].capacity() + rebuilt_k_.capacity() + rebuilt_v_.capacity() +
+      page_scratch_.capacity() + encode_scratch_.capacity() +
+      sizeof(float) * (widen_scratch_[0].capacity() + widen_scratch_[1].capacity()));
 }
 
 // One layer's K or V rows as f32 (the codec's input): the rows themselves for an f32 cache, else
@@ -407,26 +462,14 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
     }
   }
   if (streamed_.empty() && rebuilt_.empty()) return;
-  const size_t bytes = streamed_.size() * static_cast<size_t>(layer_bytes_);
-  const size_t checkpoint_bytes = rebuilt_.size() * static_cast<size_t>(checkpoint_layer_bytes_);
-  for (int i = 0; i < 2; ++i) {
-    if (stage_[i].size() < bytes) stage_[i].resize(bytes);
-    if (checkpoint_stage_[i].size() < checkpoint_bytes) checkpoint_stage_[i].resize(checkpoint_bytes);
-  }
-  const size_t rows = rebuilt_.size() * static_cast<size_t>(layout_.block_tokens);
-  rebuilt_positions_.resize(rows);
+  KVL_CHECK_MSG(static_cast<int64_t>(streamed_.size() + rebuilt_.size()) <= staging_capacity_pages_,
+                "more pages staged than the reserved staging holds");
   for (size_t i = 0; i < rebuilt_.size(); ++i) {
     for (int64_t t = 0; t < layout_.block_tokens; ++t) {
       rebuilt_positions_[i * static_cast<size_t>(layout_.block_tokens) + static_cast<size_t>(t)] =
           rebuilt_[i].block_index * layout_.block_tokens + t;
     }
   }
-  rebuilt_k_.resize(static_cast<size_t>(layout_.layer_k_bytes()) * rebuilt_.size());
-  rebuilt_v_.resize(static_cast<size_t>(layout_.layer_v_bytes()) * rebuilt_.size());
-  stats_.staging_bytes = static_cast<int64_t>(stage_[0].size() + stage_[1].size() +
-                                              checkpoint_stage_[0].size() +
-                                              checkpoint_stage_[1].size() + rebuilt_k_.size() +
-                                              rebuilt_v_.size());
   pending_layer_[0] = pending_layer_[1] = -1;
   IssueLayerRead(0);
 }
@@ -498,7 +541,7 @@ void KvPager::BeginLayer(int64_t layer) {
     // whatever its buffer holds, but reads as dropped and its step is discarded).
     rebuilder_->RebuildLayerKv(
         layer, reinterpret_cast<const float*>(checkpoint_stage_[buffer].data()),
-        rebuilt_positions_.data(), static_cast<int64_t>(rebuilt_positions_.size()),
+        rebuilt_positions_.data(), static_cast<int64_t>(rebuilt_.size()) * layout_.block_tokens,
         layout_.k_type, rebuilt_k_.data(), layout_.v_type, rebuilt_v_.data());
     stats_.layers_rebuilt += static_cast<int64_t>(rebuilt_.size());
     stats_.rebuild_ms += std::chrono::duration<double, std::milli>(

@@ -85,7 +85,7 @@ KvPressurePlanner::KvPressurePlanner(const KvPagingRules& rules, const KvManager
     : rules_(rules), manager_(manager), pager_(pager) {}
 
 KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_index,
-                                       bool running, Phase phase) const {
+                                       bool running, Phase phase, bool staging_room) const {
   KvPolicyOptions o;
   o.quality = rules_.quality;
   o.phase = phase;
@@ -103,6 +103,11 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
     // A running page is rebuilt from its checkpoints at every step that reads it; from tokens it
     // cannot be (that would rerun the whole prefix each step).
     costs.available_actions &= ~Bit(KvAction::kRecomputeTokens);
+    // Every step stages a streamed or checkpointed page: only as many as the staging holds.
+    if (!staging_room) {
+      costs.available_actions &= ~(Bit(KvAction::kDemoteRam) | Bit(KvAction::kDemoteDisk) |
+                                   Bit(KvAction::kRecomputeResidual));
+    }
   } else {
     // The sequence resumes as soon as blocks free up: every one of its pages will be read again.
     page.accesses = 1;
@@ -168,10 +173,13 @@ void KvPressurePlanner::PlanRelief(std::span<const KvPlannedSeq> running, int64_
   // Each page that leaves frees its block (a compressed one may take a slab block first; the
   // scheduler plans again if the pool is still short).
   int64_t leaving = 0;
+  int64_t staging_left = pager_.staging_capacity_pages() - pager_.staged_pages_held();
   for (const Candidate& c : candidates_) {
     if (leaving >= blocks_short) break;
-    const KvPageAction a = Decide(c.seq, c.block_index, /*running=*/true, phase);
+    const KvPageAction a =
+        Decide(c.seq, c.block_index, /*running=*/true, phase, /*staging_room=*/staging_left > 0);
     if (a.action == KvAction::kKeep) continue;
+    if (pager_.TierFor(a.action) != nullptr) --staging_left;
     plan->actions.push_back(a);
     ++leaving;
   }

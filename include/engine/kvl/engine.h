@@ -63,6 +63,10 @@ struct EngineOptions {
   bool explain = false;               // print every KV decision with its cost terms to stderr
   int64_t kv_sink_tokens = 4;         // first tokens never acted on (attention sinks)
   int64_t kv_recent_tokens = 64;      // newest tokens kept resident at full precision
+  // The fraction of kv_budget_bytes set aside for staging pages of running sequences that live in
+  // a tier (streamed back layer by layer, or rebuilt from checkpoints) at every step: about
+  // 2 / num_layers of a page each. The pool gets the rest. Used only where pages can be streamed.
+  double kv_stream_reserve = 0.25;
 };
 
 using RequestId = int64_t;
@@ -116,7 +120,11 @@ struct EngineMetrics {
   int64_t kv_layers_rebuilt = 0;     // page layers rebuilt from checkpoints for attention, total
   double kv_rebuild_ms = 0;          // time spent rebuilding them, total
   int64_t kv_compressed_bytes = 0;   // slab slots in use (inside kv.kv_bytes_used)
-  int64_t kv_stream_staging_bytes = 0;  // per-layer stream buffers (outside the pool)
+  int64_t kv_stream_staging_bytes = 0;  // buffers outside the pool, reserved from the budget
+  int64_t kv_staging_capacity_pages = 0;  // pages that can be streamed or rebuilt at once
+  // The most resident KV at any time: pool blocks in use (compressed slabs included) plus every
+  // buffer outside the pool. Within kv_budget_bytes.
+  int64_t kv_resident_bytes_peak = 0;
   int64_t kv_layers_streamed = 0;    // layer pages read back for attention, total
   double kv_stream_wait_ms = 0;      // time attention waited for them, total
   int64_t requests_submitted = 0;

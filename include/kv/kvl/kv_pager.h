@@ -96,6 +96,15 @@ struct KvTiers {
   KvTier* disk = nullptr;
 };
 
+// Bytes the pager holds outside the pool, which the KV budget must cover beside it: per page
+// staged for a step (a streamed page's K/V layer, double-buffered; a rebuilt page's checkpoint
+// layer, double-buffered, and the K/V rebuilt from it), and fixed (one whole page staged for a
+// tier transfer, a compressed page being encoded, half rows widened for the codec).
+struct KvStagingCost {
+  int64_t per_page = 0;
+  int64_t fixed = 0;
+};
+
 struct KvPagerStats {
   int64_t compressed_pages = 0;      // held now
   int64_t streamed_pages = 0;        // held now, in a tier
@@ -105,7 +114,8 @@ struct KvPagerStats {
   int64_t evicted_pages = 0;         // held now (as holes)
   int64_t compressed_bytes = 0;      // slab slots in use
   int64_t slab_blocks = 0;
-  int64_t staging_bytes = 0;         // the per-layer stream buffers
+  int64_t staging_bytes = 0;         // every buffer outside the pool (reserved up front)
+  int64_t staging_capacity_pages = 0;  // pages that can be streamed or rebuilt at once
   int64_t layers_streamed = 0;       // layer pages read for attention, total
   double stream_wait_ms = 0;         // time BeginLayer waited for a prefetch, total
   int64_t stream_read_failures = 0;  // layer reads that failed their checksum or I/O
@@ -115,6 +125,15 @@ class KvPager final : public KvDetachedPages {
  public:
   KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs, int64_t max_context);
   ~KvPager() override;
+
+  static KvStagingCost StagingCost(const KvBlockLayout& layout);
+  // Allocates every buffer outside the pool now, for up to `max_staged_pages` pages streamed or
+  // rebuilt at once (0: none; only preemption and compression then). The budget has to hold
+  // them: the engine takes them out of it before it sizes the pool, and nothing grows later.
+  void ReserveStaging(int64_t max_staged_pages);
+  int64_t staging_capacity_pages() const { return staging_capacity_pages_; }
+  // Pages of running sequences held in a tier or as checkpoints: each is staged at every step.
+  int64_t staged_pages_held() const { return stats_.streamed_pages + stats_.rebuilt_pages; }
 
   // Where demoted pages and checkpoints go; the rebuilder is needed before any page is kept as
   // checkpoints. Set once, before the first step.
@@ -220,6 +239,7 @@ class KvPager final : public KvDetachedPages {
   KvRebuilder* rebuilder_ = nullptr;
   std::vector<KvSequencePages*> bound_;  // [max_seqs]: the page table of each admitted slot
   uint64_t next_page_id_ = 1;
+  int64_t staging_capacity_pages_ = 0;
   bool track_attention_ = false;
   std::vector<uint8_t> encode_scratch_;
   std::vector<uint8_t> page_scratch_;  // a whole page's layer pages, staged for one tier transfer

@@ -92,9 +92,10 @@ class KvPressurePlanner {
                       KvPagePlan* plan) const;
 
   // The action for one page (the cost model's choice, or the fixed policy where it is allowed)
-  // and its predicted bring-back time.
-  KvPageAction Decide(const KvPlannedSeq& seq, int64_t block_index, bool running,
-                      Phase phase) const;
+  // and its predicted bring-back time. A running page can go to a tier (streamed, or kept as
+  // checkpoints) only while the reserved staging has room for one more.
+  KvPageAction Decide(const KvPlannedSeq& seq, int64_t block_index, bool running, Phase phase,
+                      bool staging_room = false) const;
 
  private:
   struct Candidate {
