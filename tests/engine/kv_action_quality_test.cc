@@ -7,9 +7,11 @@
 // the sink and the window: the heaviest by attention mass, or for comparison the newest).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "kvl/forward.h"
@@ -251,7 +253,6 @@ TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
   const Quality int4 = Measure(Treatment::kInt4);
   const Quality f16 = Measure(Treatment::kKeep, DType::kF16, DType::kF16);
   const Quality bf16 = Measure(Treatment::kKeep, DType::kBF16, DType::kBF16);
-  const Quality evict = Measure(Treatment::kEvictLightest);
   Print("keep (f32)", keep);
   Print("demote-ram, streamed", demote);
   Print("recompute-residual, rebuilt", residual);
@@ -260,7 +261,6 @@ TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
   Print("compress int4", int4);
   Print("-ctk/-ctv f16", f16);
   Print("-ctk/-ctv bf16", bf16);
-  Print("evict lightest (H2O)", evict);
 
   // Bounds are about 2x the KLD and a few points under the top-1 measured on x86 (scalar, AVX2 and
   // AVX-512 paths; 6 prompts x 127 steps), so a kernel or codec that gets worse fails while the
@@ -284,9 +284,6 @@ TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
   EXPECT_LT(int4.mean_kld, 4e-4);                             // 1.8e-4
   EXPECT_GE(int4.top1, 0.97);                                 // 0.992
   EXPECT_LT(int4.resident_fraction, int8.resident_fraction);  // 0.69
-  EXPECT_LT(evict.mean_kld, 3e-2);                            // 1.45e-2
-  EXPECT_GE(evict.top1, 0.9);                                 // 0.954
-  EXPECT_GT(evict.mean_kld, int4.mean_kld);  // losing pages costs more than coarse pages
 }
 
 TEST_F(KvActionQualityTest, EvictingByAttentionMassBeatsEvictingTheOldest) {
@@ -298,6 +295,8 @@ TEST_F(KvActionQualityTest, EvictingByAttentionMassBeatsEvictingTheOldest) {
     std::printf("    prompt %zu: mean KLD %.3e evicting the lightest, %.3e the oldest\n", i,
                 heavy.prompt_kld[i], oldest.prompt_kld[i]);
   }
+  EXPECT_LT(heavy.mean_kld, 3e-2);  // 1.45e-2 (no ISA path differs)
+  EXPECT_GE(heavy.top1, 0.9);       // 0.954
   // Heavy hitters against the oldest pages, same page count: on most of these prompts the pages
   // with the most attention mass (mean per step since the page filled, which favours pages that
   // just left the recent window) are the newest ones, so both choices evict the same pages and
