@@ -91,7 +91,7 @@ TEST(BatchingTest, TinyBudgetPreemptsAndResumesWithIdenticalOutput) {
     const EngineMetrics m = e->Metrics();
     EXPECT_GT(m.preemptions, 0);
     EXPECT_EQ(m.kv.blocks_total, 8);
-    EXPECT_LE(m.kv.kv_bytes_used, m.kv.kv_bytes_total);
+    EXPECT_EQ(m.kv.blocks_used, 0) << "prefix cache " << prefix;  // all finished: all returned
     EXPECT_EQ(m.requests_finished, 8);
   }
 }

@@ -3,15 +3,19 @@
 // the attention sink and the recent window, and the next-token distribution is compared with
 // keep-all's (mean KL divergence and top-1 agreement, teacher-forced on keep-all's greedy tokens).
 // Compressed pages are read by the fused-dequantization kernels, streamed pages come back from
-// the RAM tier layer by layer, evicted pages take no attention.
+// the RAM tier layer by layer, evicted pages take no attention (eviction spares one page besides
+// the sink and the window: the heaviest by attention mass, or for comparison the newest).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <span>
+#include <vector>
 
-#include "kvl/kv_pager.h"
 #include "kvl/forward.h"
+#include "kvl/kv_pager.h"
 #include "kvl/tokenizer.h"
 #include "test_paths.h"
 
@@ -19,9 +23,12 @@ namespace kvl {
 namespace {
 
 constexpr int32_t kBlock = 16;
-constexpr int64_t kTotal = 192;      // tokens per prompt (prompt, then greedy keep-all tokens)
-constexpr int64_t kScoreFrom = 64;   // positions scored: [kScoreFrom, kTotal)
+constexpr int64_t kTotal = 192;     // tokens per prompt (prompt, then greedy keep-all tokens)
+constexpr int64_t kScoreFrom = 64;  // positions scored: [kScoreFrom, kTotal)
 constexpr int64_t kRecentBlocks = 2;
+// Eviction keeps this many of the eligible pages (besides the sink and the recent window): the
+// heaviest, or for comparison the newest. With one, the two choices differ on more prompts.
+constexpr size_t kEvictKeepPages = 1;
 
 enum class Treatment {
   kKeep,
@@ -41,9 +48,9 @@ class PagedRun {
       : model_(model), forward_(model, ops, ForwardOptions{kTotal, 4, kTotal}) {
     const ModelConfig& c = model.config();
     KvManagerOptions o;
-    o.layout = KvBlockLayout{kBlock, c.num_layers, c.kv_dim(), checkpoints ? c.dim : 0, k_type,
-                             v_type};
-    o.budget_bytes = 64 * o.layout.block_bytes();
+    o.layout =
+        KvBlockLayout{kBlock, c.num_layers, c.kv_dim(), checkpoints ? c.dim : 0, k_type, v_type};
+    o.budget_bytes = 64 * o.layout.block_bytes();  // keep-all of stories260K's whole context
     o.max_seqs = 1;
     manager_ = std::move(KvManager::Create(o).value());
     storage_ = std::move(KvBlockStorage::Create(o.layout, manager_->num_blocks()).value());
@@ -53,17 +60,20 @@ class PagedRun {
     cache_ = std::make_unique<PagedKvCache>(*manager_, *storage_, pager_.get());
     tier_ = MakeRamTier(RamTierOptions{});
     pager_->set_tiers({tier_.get(), nullptr});
+    pager_->ReserveStaging(kTotal / kBlock);  // every page may be streamed at once
   }
 
   // Runs tokens[first, first + n) and returns the logits of the last one.
   std::vector<float> Run(const std::vector<int32_t>& tokens, int64_t first, int64_t n) {
-    const KvSeqStep step{0, std::span(tokens).subspan(static_cast<size_t>(first), static_cast<size_t>(n))};
+    const KvSeqStep step{
+        0, std::span(tokens).subspan(static_cast<size_t>(first), static_cast<size_t>(n))};
     const KvPlan plan = manager_->Plan(std::span(&step, 1));
     EXPECT_TRUE(plan.fits);
     manager_->Commit(plan);
     if (first == 0) pager_->StartSequence(0, &pages_);
     TokenBatch batch;
-    for (int64_t p = first; p < first + n; ++p) batch.Add(tokens[static_cast<size_t>(p)], p, 0, p == first + n - 1);
+    for (int64_t p = first; p < first + n; ++p)
+      batch.Add(tokens[static_cast<size_t>(p)], p, 0, p == first + n - 1);
     const SeqId seq = 0;
     pager_->BeginStep(std::span(&seq, 1));
     forward_.Run(batch, *cache_);
@@ -75,7 +85,8 @@ class PagedRun {
   void Apply(Treatment t) {
     const std::vector<BlockId>& table = manager_->block_table(0);
     const int64_t full = manager_->num_tokens(0) / kBlock;
-    const int64_t end = std::min<int64_t>(full, static_cast<int64_t>(table.size()) - 1) - kRecentBlocks;
+    const int64_t end =
+        std::min<int64_t>(full, static_cast<int64_t>(table.size()) - 1) - kRecentBlocks;
     std::vector<int64_t> eligible;
     for (int64_t b = 1; b < end; ++b) {
       if (table[static_cast<size_t>(b)] != kNoBlock) eligible.push_back(b);
@@ -96,14 +107,14 @@ class PagedRun {
       }
       case Treatment::kEvictLightest:
       case Treatment::kEvictOldest: {
-        // Keep the two heaviest pages besides the sinks and the window (H2O's heavy hitters), or
-        // for comparison the two newest.
+        // Keep the heaviest pages besides the sinks and the window (H2O's heavy hitters), or for
+        // comparison the newest.
         if (t == Treatment::kEvictLightest) {
           std::stable_sort(eligible.begin(), eligible.end(), [&](int64_t a, int64_t b) {
             return pager_->PageMass(0, a) < pager_->PageMass(0, b);
           });
         }
-        for (size_t i = 0; i + 2 < eligible.size(); ++i) {
+        for (size_t i = 0; i + kEvictKeepPages < eligible.size(); ++i) {
           EXPECT_TRUE(Detach(eligible[i], KvAction::kEvict));
         }
         return;
@@ -125,7 +136,8 @@ class PagedRun {
     const ModelConfig& c = model_.config();
     const int64_t f32_block = 2 * c.num_layers * kBlock * c.kv_dim() * 4;
     const int64_t blocks = (manager_->num_tokens(0) + kBlock - 1) / kBlock;
-    return static_cast<double>(manager_->stats().kv_bytes_used) / static_cast<double>(blocks * f32_block);
+    return static_cast<double>(manager_->stats().kv_bytes_used) /
+           static_cast<double>(blocks * f32_block);
   }
 
  private:
@@ -152,7 +164,13 @@ struct Quality {
   double mean_kld = 0;
   double top1 = 0;
   bool bit_identical = true;
-  double resident_fraction = 0;  // mean resident KV bytes vs f32 keep-all's, over the steps
+  double resident_fraction = 0;    // mean resident KV bytes vs f32 keep-all's, over the steps
+  std::vector<double> prompt_kld;  // mean KLD of each prompt
+};
+
+struct Prompt {
+  std::vector<int32_t> tokens;             // the prompt, then keep-all's greedy tokens
+  std::vector<std::vector<float>> logits;  // keep-all, by position
 };
 
 class KvActionQualityTest : public ::testing::Test {
@@ -160,7 +178,9 @@ class KvActionQualityTest : public ::testing::Test {
   static void SetUpTestSuite() {
     model_ = std::move(Model::Load(testing::Stories260KPath()).value()).release();
     tokenizer_ = std::move(Tokenizer::FromGguf(model_->file()).value()).release();
-    pool_ = new ThreadPool(2);
+    // One thread: the pool's workers spin while they wait, and on a busy 2-core machine a
+    // 2-thread pool made this suite 20x slower (18.7 s against 0.9 s) with the same figures.
+    pool_ = new ThreadPool(1);
     ops_ = new ops::OpsContext(ops::BestIsa(), pool_);
     // Keep-all: each prompt continued greedily to kTotal tokens; its logits at every position.
     for (size_t i = 0; i < 6; ++i) {
@@ -179,40 +199,48 @@ class KvActionQualityTest : public ::testing::Test {
     }
   }
 
-  Quality Measure(Treatment t, DType k_type = DType::kF32, DType v_type = DType::kF32) {
+  // The treatment applied before every decode step of every prompt, teacher-forced on keep-all's
+  // tokens, against keep-all's logits.
+  static Quality Measure(Treatment t, DType k_type = DType::kF32, DType v_type = DType::kF32) {
+    Quality q;
     double kld = 0, agree = 0, resident = 0;
     int64_t count = 0;
-    bool identical = true;
     for (const auto& [tokens, keep_logits] : prompts_) {
       PagedRun run(*model_, *ops_, k_type, v_type, t == Treatment::kRecomputeResidual);
       run.Run(tokens, 0, kScoreFrom);
+      double prompt_kld = 0;
+      int64_t prompt_count = 0;
       for (int64_t pos = kScoreFrom; pos + 1 < kTotal; ++pos) {
         run.Apply(t);
         const std::vector<float> got = run.Run(tokens, pos, 1);
         const std::vector<float>& want = keep_logits[static_cast<size_t>(pos)];
-        identical = identical && std::memcmp(got.data(), want.data(), got.size() * 4) == 0;
-        const std::vector<double> p = Probabilities(want), q = Probabilities(got);
+        q.bit_identical =
+            q.bit_identical && std::memcmp(got.data(), want.data(), got.size() * 4) == 0;
+        const std::vector<double> p = Probabilities(want), r = Probabilities(got);
         for (size_t i = 0; i < p.size(); ++i) {
-          if (p[i] > 0) kld += p[i] * std::log(p[i] / std::max(q[i], 1e-300));
+          if (p[i] > 0) prompt_kld += p[i] * std::log(p[i] / std::max(r[i], 1e-300));
         }
         agree += std::max_element(p.begin(), p.end()) - p.begin() ==
-                 std::max_element(q.begin(), q.end()) - q.begin();
+                 std::max_element(r.begin(), r.end()) - r.begin();
         resident += run.resident_fraction();
-        ++count;
+        ++prompt_count;
       }
+      kld += prompt_kld;
+      count += prompt_count;
+      q.prompt_kld.push_back(prompt_kld / static_cast<double>(prompt_count));
     }
-    return {kld / count, agree / count, identical, resident / count};
+    q.mean_kld = kld / static_cast<double>(count);
+    q.top1 = agree / static_cast<double>(count);
+    q.resident_fraction = resident / static_cast<double>(count);
+    return q;
   }
 
   static void Print(const char* name, const Quality& q) {
     std::printf("  %-26s mean KLD %.3e  top-1 %.3f  resident KV %.2f of f32 keep-all%s\n", name,
-                q.mean_kld, q.top1, q.resident_fraction, q.bit_identical ? "  (bit-identical)" : "");
+                q.mean_kld, q.top1, q.resident_fraction,
+                q.bit_identical ? "  (bit-identical)" : "");
   }
 
-  struct Prompt {
-    std::vector<int32_t> tokens;
-    std::vector<std::vector<float>> logits;  // keep-all, by position
-  };
   static inline Model* model_ = nullptr;
   static inline Tokenizer* tokenizer_ = nullptr;
   static inline ThreadPool* pool_ = nullptr;
@@ -221,9 +249,10 @@ class KvActionQualityTest : public ::testing::Test {
 };
 
 TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
-  std::printf("KV actions on stories260K, 6 prompts x %lld decode steps, every page outside the "
-              "sink and the last %lld pages acted on:\n",
-              static_cast<long long>(kTotal - kScoreFrom - 1), static_cast<long long>(kRecentBlocks));
+  std::printf(
+      "KV actions on stories260K, 6 prompts x %lld decode steps, every page outside the "
+      "sink and the last %lld pages acted on:\n",
+      static_cast<long long>(kTotal - kScoreFrom - 1), static_cast<long long>(kRecentBlocks));
   const Quality keep = Measure(Treatment::kKeep);
   const Quality demote = Measure(Treatment::kDemoteRam);
   const Quality residual = Measure(Treatment::kRecomputeResidual);
@@ -232,8 +261,6 @@ TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
   const Quality int4 = Measure(Treatment::kInt4);
   const Quality f16 = Measure(Treatment::kKeep, DType::kF16, DType::kF16);
   const Quality bf16 = Measure(Treatment::kKeep, DType::kBF16, DType::kBF16);
-  const Quality heavy = Measure(Treatment::kEvictLightest);
-  const Quality oldest = Measure(Treatment::kEvictOldest);
   Print("keep (f32)", keep);
   Print("demote-ram, streamed", demote);
   Print("recompute-residual, rebuilt", residual);
@@ -242,23 +269,55 @@ TEST_F(KvActionQualityTest, EachActionAgainstKeepAll) {
   Print("compress int4", int4);
   Print("-ctk/-ctv f16", f16);
   Print("-ctk/-ctv bf16", bf16);
+
+  // Bounds are about 2x the KLD and a few points under the top-1 measured on x86 (scalar, AVX2 and
+  // AVX-512 paths; 6 prompts x 127 steps), so a kernel or codec that gets worse fails while the
+  // ISA paths' rounding differences (a few % of the f16/bf16 KLD, none elsewhere) do not.
+  EXPECT_TRUE(keep.bit_identical);
+  EXPECT_TRUE(demote.bit_identical);               // lossless: the same logits, bit for bit
+  EXPECT_LT(demote.resident_fraction, 0.7);        // 0.52
+  EXPECT_TRUE(residual.bit_identical);             // rebuilt K/V equal the stored ones
+  EXPECT_EQ(residual_f16.mean_kld, f16.mean_kld);  // rebuilt f16 rows equal stored f16 rows
+  EXPECT_LT(f16.mean_kld, 2e-6);                   // 6.6e-7 .. 7.0e-7 by ISA
+  EXPECT_GE(f16.top1, 0.99);                       // 1.000
+  EXPECT_NEAR(f16.resident_fraction, 0.5, 0.01);
+  EXPECT_LT(bf16.mean_kld, 1e-4);  // 4.0e-5
+  EXPECT_GE(bf16.top1, 0.98);      // 0.997 .. 0.999 by ISA
+  // Compression really happened (the logits moved) and stayed close.
+  EXPECT_FALSE(int8.bit_identical);
+  EXPECT_LT(int8.mean_kld, 1.5e-5);        // 6.0e-6
+  EXPECT_GE(int8.top1, 0.99);              // 1.000
+  EXPECT_LT(int8.resident_fraction, 0.8);  // 0.73
+  EXPECT_GT(int4.mean_kld, int8.mean_kld);
+  EXPECT_LT(int4.mean_kld, 4e-4);                             // 1.8e-4
+  EXPECT_GE(int4.top1, 0.97);                                 // 0.992
+  EXPECT_LT(int4.resident_fraction, int8.resident_fraction);  // 0.69
+}
+
+TEST_F(KvActionQualityTest, EvictingByAttentionMassBeatsEvictingTheOldest) {
+  const Quality heavy = Measure(Treatment::kEvictLightest);
+  const Quality oldest = Measure(Treatment::kEvictOldest);
   Print("evict lightest (H2O)", heavy);
   Print("evict oldest (same count)", oldest);
-
-  EXPECT_TRUE(keep.bit_identical);
-  EXPECT_TRUE(demote.bit_identical);  // lossless: the same logits, bit for bit
-  EXPECT_LT(demote.resident_fraction, 0.7);
-  EXPECT_TRUE(residual.bit_identical);  // rebuilt K/V equal the stored ones
-  EXPECT_LT(f16.mean_kld, 1e-3);
-  EXPECT_EQ(residual_f16.mean_kld, f16.mean_kld);  // rebuilt f16 rows equal stored f16 rows
-  EXPECT_LT(int8.mean_kld, 1e-3);
-  EXPECT_GT(int8.top1, 0.95);
-  EXPECT_GT(int4.mean_kld, int8.mean_kld);
-  EXPECT_LT(f16.mean_kld, 1e-3);
-  EXPECT_NEAR(f16.resident_fraction, 0.5, 0.01);
-  EXPECT_LT(bf16.mean_kld, 1e-2);
-  EXPECT_GT(heavy.mean_kld, 0.0);
-  EXPECT_TRUE(std::isfinite(heavy.mean_kld) && std::isfinite(oldest.mean_kld));
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    std::printf("    prompt %zu: mean KLD %.3e evicting the lightest, %.3e the oldest\n", i,
+                heavy.prompt_kld[i], oldest.prompt_kld[i]);
+  }
+  EXPECT_LT(heavy.mean_kld, 3e-2);  // 1.45e-2 (no ISA path differs)
+  EXPECT_GE(heavy.top1, 0.9);       // 0.954
+  // Heavy hitters against the oldest pages, same page count: on most of these prompts the pages
+  // with the most attention mass (mean per step since the page filled, which favours pages that
+  // just left the recent window) are the newest ones, so both choices evict the same pages and
+  // give the same KLD. Where they differ, mass wins: prompt 5 drops from 2.8e-2 to 5.3e-3; the
+  // worst loss is 1% (prompt 3). Measured: mean KLD 1.448e-2 vs 1.830e-2, top-1 0.954 vs 0.951.
+  EXPECT_LT(heavy.mean_kld, 0.9 * oldest.mean_kld);
+  EXPECT_GE(heavy.top1, oldest.top1);
+  size_t clear_wins = 0;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    EXPECT_LE(heavy.prompt_kld[i], 1.05 * oldest.prompt_kld[i]) << "prompt " << i;
+    clear_wins += heavy.prompt_kld[i] < 0.5 * oldest.prompt_kld[i];
+  }
+  EXPECT_GE(clear_wins, 1u);
 }
 
 }  // namespace

@@ -100,8 +100,8 @@ TEST(KvDirectTest, KvRebuiltFromResidualsIsBitIdentical) {
 // decoding gives the keep-all tokens.
 TEST(KvDirectTest, NoPersistentKvMatchesKeepAllForSixtyTokens) {
   for (const std::string& path : ModelsUnderTest()) {
-    Harness keep(path, ops::BestIsa(), 2, 64, true);
-    Harness rebuild(path, ops::BestIsa(), 2, 64, true);
+    Harness keep(path, ops::BestIsa(), 1, 64, true);  // one thread each: see Harness
+    Harness rebuild(path, ops::BestIsa(), 1, 64, true);
     const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
     const std::vector<int32_t> expected = Greedy(keep, prompt, 60, false);
     EXPECT_EQ(Greedy(rebuild, prompt, 60, true), expected) << path;
@@ -111,11 +111,12 @@ TEST(KvDirectTest, NoPersistentKvMatchesKeepAllForSixtyTokens) {
 // Check 3: residual checkpoints computed earlier (here: in another cache) and used later to
 // precompute the KV give the same continuation as keeping the KV.
 TEST(KvDirectTest, ResidualPrecomputedKvReusedLaterMatchesKeepAll) {
-  Harness first(testing::Stories260KPath(), ops::BestIsa(), 2, 64, true);
+  // One thread each: see Harness.
+  Harness first(testing::Stories260KPath(), ops::BestIsa(), 1, 64, true);
   const std::vector<int32_t> prompt = SomeTokens(30, 512);
   const std::vector<int32_t> expected = Greedy(first, prompt, 40, false);
 
-  Harness later(testing::Stories260KPath(), ops::BestIsa(), 2, 64, true);
+  Harness later(testing::Stories260KPath(), ops::BestIsa(), 1, 64, true);
   const ModelConfig& c = later.model->config();
   for (int64_t l = 0; l < c.num_layers; ++l) {
     for (int64_t p = 0; p < 30; ++p) {

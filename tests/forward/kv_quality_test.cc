@@ -33,8 +33,8 @@ struct Quality {
 // the next `steps` positions (teacher-forced with the keep-all greedy tokens).
 Quality Measure(KvCodecType type) {
   constexpr int64_t kPage = 16, kPromptLen = 64, kSteps = 32;
-  Harness keep(testing::Stories260KPath(), ops::BestIsa(), 2, 64);
-  Harness lossy(testing::Stories260KPath(), ops::BestIsa(), 2, 64);
+  Harness keep(testing::Stories260KPath(), ops::BestIsa(), 1, 64);  // one thread each: see Harness
+  Harness lossy(testing::Stories260KPath(), ops::BestIsa(), 1, 64);
   const ModelConfig& c = keep.model->config();
   const int32_t vocab = static_cast<int32_t>(c.vocab_size);
   double kld_sum = 0;
@@ -86,10 +86,13 @@ TEST(KvQualityTest, Int8IsNearlyLosslessInt4IsMeasured) {
   std::printf("kv quality on stories260K (6 prompts x 32 steps, pages 0..2 of 4 re-encoded):\n");
   std::printf("  int8: mean KLD %.3e, top-1 agreement %.3f\n", int8.mean_kld, int8.top1_agreement);
   std::printf("  int4: mean KLD %.3e, top-1 agreement %.3f\n", int4.mean_kld, int4.top1_agreement);
-  EXPECT_LT(int8.mean_kld, 1e-3);
-  EXPECT_GT(int8.top1_agreement, 0.95);
+  // About 2.5x the KLD and a few points under the top-1 measured (the same on the scalar, AVX2
+  // and AVX-512 paths): int8 7.5e-6 and 0.995, int4 1.0e-3 and 0.974.
+  EXPECT_LT(int8.mean_kld, 2e-5);
+  EXPECT_GE(int8.top1_agreement, 0.98);
   EXPECT_GT(int4.mean_kld, int8.mean_kld);  // coarser codes cost more
-  EXPECT_LT(int4.mean_kld, 0.1);
+  EXPECT_LT(int4.mean_kld, 2.5e-3);
+  EXPECT_GE(int4.top1_agreement, 0.93);
 }
 
 }  // namespace
