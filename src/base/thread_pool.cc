@@ -1,5 +1,7 @@
 #include "kvl/thread_pool.h"
 
+#include <thread>
+
 namespace kvl {
 
 // Workers spin briefly before sleeping: decode issues hundreds of small loops per token, and a
@@ -48,7 +50,16 @@ void ThreadPool::Run(int64_t num_tasks, TaskFn fn, void* closure) {
   }
   wake_.notify_all();
   DrainTasks(0);
-  while (workers_busy_.load(std::memory_order_acquire) != 0) CpuRelax();
+  // A worker that was descheduled (more runnable threads than cores: tests in parallel, other
+  // processes) would keep this loop spinning for a whole time slice: after a short spin, yield the
+  // core so it can finish.
+  for (int i = 0; workers_busy_.load(std::memory_order_acquire) != 0; ++i) {
+    if (i < kSpinIterations) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 void ThreadPool::WorkerLoop(int thread) {

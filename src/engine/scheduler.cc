@@ -138,11 +138,17 @@ bool Scheduler::Schedule(StepPlan* plan) {
 
 void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
   const std::string what = prompt_only ? "a prompt" : "a sequence";
-  const std::string hint =
-      prompt_only || planner_.rules().pages_running_sequences
-          ? ""
-          : ", or let its pages move: --kv-policy auto with --kv-tier ram:SIZE (lossless) or "
-            "with --kv-quality balanced";
+  std::string hint;
+  if (!prompt_only && !planner_.rules().pages_running_sequences) {
+    hint = ", or let its pages move: --kv-policy auto with --kv-tier ram:SIZE (lossless) or "
+           "with --kv-quality balanced";
+  } else if (!prompt_only && pager_.staging_capacity_pages() > 0 &&
+             pager_.staged_pages_held() >= pager_.staging_capacity_pages()) {
+    hint = fmt::format(
+        "; its {} pages streamed from tiers fill the staging reserved for them (raise "
+        "--kv-stream-reserve, or let pages be compressed: --kv-quality balanced)",
+        pager_.staged_pages_held());
+  }
   Finish(seq, "error",
          ResourceExhaustedError(fmt::format(
              "the KV budget ({} blocks of {} tokens) cannot hold {} of {} tokens; raise "

@@ -34,6 +34,7 @@ struct PoolSetup {
   bool ram_tier = false;
   int64_t recent_tokens = 0;
   int64_t sink_tokens = 0;
+  int64_t staged_pages = 16;  // pages streamed from the tier at once
 };
 
 class SchedulerHarness {
@@ -48,6 +49,7 @@ class SchedulerHarness {
     pager_ = std::make_unique<KvPager>(*kv_, *storage_, s.max_seqs, /*max_context=*/1024);
     if (s.ram_tier) ram_ = MakeRamTier(RamTierOptions{});
     pager_->set_tiers({ram_.get(), nullptr});
+    pager_->ReserveStaging(s.staged_pages);
     KvPagingSetup setup;
     setup.policy = ParseKvPolicy(s.policy).value();
     setup.quality = ParseKvQuality(s.quality).value();
@@ -281,6 +283,23 @@ TEST(SchedulerTest, RunningSequenceOutgrowingThePoolPagesInsteadOfFailing) {
   const EngineMetrics m = h.metrics();
   EXPECT_EQ(m.preemptions, 0);
   EXPECT_GE(m.kv_actions[static_cast<size_t>(KvAction::kDemoteRam)].pages, 4);
+}
+
+TEST(SchedulerTest, StreamingStopsWhereTheReservedStagingIsFullAndTheErrorSaysSo) {
+  PoolSetup s;
+  s.num_blocks = 6;
+  s.policy = "demote";
+  s.ram_tier = true;
+  s.recent_tokens = 4;
+  s.staged_pages = 2;
+  SchedulerHarness h(s);
+  const RequestId a = h.Submit(Tokens(0, 8), 32);
+  h.RunUntilIdle();
+  ASSERT_EQ(h.finished().count(a), 1u);
+  const TokenEvent& e = h.finished().at(a);
+  EXPECT_EQ(e.finish_reason, "error");
+  EXPECT_EQ(h.metrics().kv_actions[static_cast<size_t>(KvAction::kDemoteRam)].pages, 2);
+  EXPECT_NE(e.error.message().find("--kv-stream-reserve"), std::string::npos) << e.error.message();
 }
 
 TEST(SchedulerTest, WithoutAnyWayToPageALoneSequenceThatOutgrowsThePoolFailsClearly) {
