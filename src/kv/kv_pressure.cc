@@ -163,11 +163,15 @@ void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running,
                    [](const Candidate& a, const Candidate& b) { return a.mass < b.mass; });
 }
 
+void KvPressurePlanner::StartPlan(int64_t blocks_to_free, KvPagePlan* plan) const {
+  plan->actions.clear();
+  plan->blocks_to_free = blocks_to_free;
+  plan->state_version = manager_.state_version();
+}
+
 void KvPressurePlanner::PlanRelief(std::span<const KvPlannedSeq> running, int64_t blocks_short,
                                    Phase phase, KvPagePlan* plan) {
-  plan->actions.clear();
-  plan->blocks_to_free = blocks_short;
-  plan->state_version = manager_.state_version();
+  StartPlan(blocks_short, plan);
   if (!rules_.pages_running_sequences) return;
   CollectCandidates(running, KvPageFate::kResident);
   // Each page that leaves frees its block (a compressed one may take a slab block first; the
@@ -187,9 +191,7 @@ void KvPressurePlanner::PlanRelief(std::span<const KvPlannedSeq> running, int64_
 
 void KvPressurePlanner::PlanCompressedEviction(std::span<const KvPlannedSeq> running,
                                                int64_t blocks_short, KvPagePlan* plan) {
-  plan->actions.clear();
-  plan->blocks_to_free = blocks_short;
-  plan->state_version = manager_.state_version();
+  StartPlan(blocks_short, plan);
   if (!rules_.pages_running_sequences) return;
   CollectCandidates(running, KvPageFate::kCompressed);
   // A compressed page takes a fraction of a block, so freeing blocks_short blocks takes more
@@ -206,9 +208,7 @@ void KvPressurePlanner::PlanCompressedEviction(std::span<const KvPlannedSeq> run
 
 void KvPressurePlanner::PlanPreemption(const KvPlannedSeq& seq, int64_t num_computed, Phase phase,
                                        KvPagePlan* plan) const {
-  plan->actions.clear();
-  plan->blocks_to_free = 0;
-  plan->state_version = manager_.state_version();
+  StartPlan(0, plan);
   const bool paged = manager_.IsPaged(seq.slot);
   const int64_t full_blocks = num_computed / rules_.block_tokens;
   for (int64_t b = 0; b < full_blocks; ++b) {

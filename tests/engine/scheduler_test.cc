@@ -25,6 +25,10 @@ std::vector<int32_t> Tokens(int32_t first, int32_t n) {
   return v;
 }
 
+int64_t Pages(const EngineMetrics& m, KvAction action) {
+  return m.kv_actions[static_cast<size_t>(action)].pages;
+}
+
 struct PoolSetup {
   int64_t num_blocks = 32;
   int64_t max_batch_tokens = 8;
@@ -236,7 +240,7 @@ TEST(SchedulerTest, ShortPoolPreemptsTheNewestSequenceWhichResumesAndFinishes) {
   EXPECT_TRUE(b_preempted);
   EXPECT_GE(h.metrics().preemptions, 1);
   // Its full pages were dropped, to be recomputed from their tokens at resume.
-  EXPECT_GT(h.metrics().kv_actions[static_cast<size_t>(KvAction::kRecomputeTokens)].pages, 0);
+  EXPECT_GT(Pages(h.metrics(), KvAction::kRecomputeTokens), 0);
   for (RequestId id : {a, b}) {
     ASSERT_EQ(h.finished().count(id), 1u);
     EXPECT_EQ(h.finished().at(id).finish_reason, "length");
@@ -282,7 +286,7 @@ TEST(SchedulerTest, RunningSequenceOutgrowingThePoolPagesInsteadOfFailing) {
   EXPECT_EQ(h.finished().at(a).generated_tokens, 32);
   const EngineMetrics m = h.metrics();
   EXPECT_EQ(m.preemptions, 0);
-  EXPECT_GE(m.kv_actions[static_cast<size_t>(KvAction::kDemoteRam)].pages, 4);
+  EXPECT_GE(Pages(m, KvAction::kDemoteRam), 4);
 }
 
 TEST(SchedulerTest, StreamingStopsWhereTheReservedStagingIsFullAndTheErrorSaysSo) {
@@ -298,7 +302,7 @@ TEST(SchedulerTest, StreamingStopsWhereTheReservedStagingIsFullAndTheErrorSaysSo
   ASSERT_EQ(h.finished().count(a), 1u);
   const TokenEvent& e = h.finished().at(a);
   EXPECT_EQ(e.finish_reason, "error");
-  EXPECT_EQ(h.metrics().kv_actions[static_cast<size_t>(KvAction::kDemoteRam)].pages, 2);
+  EXPECT_EQ(Pages(h.metrics(), KvAction::kDemoteRam), 2);
   EXPECT_NE(e.error.message().find("--kv-stream-reserve"), std::string::npos) << e.error.message();
 }
 

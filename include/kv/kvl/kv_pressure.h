@@ -104,6 +104,8 @@ class KvPressurePlanner {
     double mass = 0;
   };
   void CollectCandidates(std::span<const KvPlannedSeq> running, KvPageFate fate);
+  // An empty plan against the pool's current state.
+  void StartPlan(int64_t blocks_to_free, KvPagePlan* plan) const;
 
   KvPagingRules rules_;
   const KvManager& manager_;
