@@ -150,6 +150,10 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
 // this model on this machine; without one, a quick calibration on the engine's own model and
 // pool, announced on stderr and saved where it says; with --no-calibrate, analytic defaults.
 Status LoadCostProfile(Engine::Impl& e, const std::string& disk_dir, PageCostProfile* prices) {
+  if (e.options.cost_profile) {
+    FillPagePrices(*e.options.cost_profile, e.storage->layout().block_tokens, prices);
+    return Status::Ok();
+  }
   ProfileOptions profile_options;
   profile_options.path = e.options.profile_path;
   profile_options.calibrate = e.options.calibrate;

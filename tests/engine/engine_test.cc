@@ -118,3 +118,57 @@ TEST(EngineTest, BadInputGivesClearErrors) {
 
 }  // namespace
 }  // namespace kvl
+
+namespace kvl {
+namespace {
+
+// A cost profile handed to the engine is used as it is: nothing is read, measured or written,
+// and the KV policy prices pages with it (its recompute time shows in the predictions).
+TEST(EngineTest, AGivenCostProfileIsUsedAsItIsWithNothingMeasuredOrWritten) {
+  const std::string path = ::testing::TempDir() + "/kvl-given-profile-" +
+                           std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+                           ".json";
+  std::remove(path.c_str());
+  EngineOptions o;
+  o.model_path = testing::Stories260KPath();
+  o.num_threads = 1;
+  o.context_length = 256;
+  o.kv_tiers = {"ram:8MiB"};
+  o.kv_policy = "recompute-tokens";
+  o.kv_budget_bytes = 4 * 16 * 1280;  // a few pages: the two sequences preempt each other
+  o.max_seqs = 2;
+  o.profile_path = path;
+  MachineProfile profile;
+  profile.recompute_page_tokens = 16;
+  profile.recompute_from_tokens_ms = 123.0;  // per 16-token page: recognisable in predictions
+  profile.recompute_from_residual_ms = 1.0;
+  profile.memory_copy_gbps = 10;
+  profile.disk_read_gbps = profile.disk_write_gbps = 1;
+  o.cost_profile = profile;
+  auto created = Engine::Create(o);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  Engine& e = **created;
+  for (int i = 0; i < 2; ++i) {
+    Request r;
+    r.prompt_ids = {1};
+    r.max_new_tokens = 60;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    ASSERT_TRUE(e.Submit(r, {}).ok());
+  }
+  e.RunUntilIdle();
+  const EngineMetrics m = e.Metrics();
+  const KvActionCounter& recompute = m.kv_actions[static_cast<size_t>(KvAction::kRecomputeTokens)];
+  ASSERT_GT(recompute.pages_restored, 0);
+  // 123 ms per page, halved where the preemption happened in a decode step (the cost model hides
+  // half of a recompute behind decode's weight streaming): the given profile priced every page.
+  const double per_page = recompute.predicted_ms / static_cast<double>(recompute.pages_restored);
+  EXPECT_GE(per_page, 61.5 - 1e-6);
+  EXPECT_LE(per_page, 123.0 + 1e-6);
+  FILE* f = std::fopen(path.c_str(), "r");
+  EXPECT_EQ(f, nullptr) << "the engine wrote a profile it was not asked to";
+  if (f != nullptr) std::fclose(f);
+}
+
+}  // namespace
+}  // namespace kvl

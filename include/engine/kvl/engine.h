@@ -15,10 +15,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kvl/calibration.h"
 #include "kvl/kv_manager.h"
 #include "kvl/kv_policy.h"
 #include "kvl/kv_tier.h"  // ParseByteSize, tier specs
@@ -60,6 +62,9 @@ struct EngineOptions {
   // saves the profile there; false prices actions with analytic defaults from the model's shape
   // and writes nothing (--no-calibrate). See ObtainProfile in kvl/cost_profile.h.
   bool calibrate = true;
+  // A cost profile the caller already has (a server that calibrated once, a test): used as it is,
+  // with no file read and nothing measured. Empty: found, measured or assumed as above.
+  std::optional<MachineProfile> cost_profile;
   bool explain = false;               // print every KV decision with its cost terms to stderr
   int64_t kv_sink_tokens = 4;         // first tokens never acted on (attention sinks)
   int64_t kv_recent_tokens = 64;      // newest tokens kept resident at full precision

@@ -1,0 +1,185 @@
+// The KV pressure planner and the pager that applies its plans, on a model-free pool: which pages
+// are candidates and in what order, what the rules allow, what staging allows, and that a plan
+// made against an older state of the pool is refused.
+#include "kvl/kv_pressure.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "kvl/kv_tier.h"
+
+namespace kvl {
+namespace {
+
+constexpr int32_t kBlock = 4;
+
+class PlannerHarness {
+ public:
+  PlannerHarness(std::string_view policy, bool ram_tier, int64_t staged_pages,
+                 int64_t num_blocks = 16, int64_t sink_tokens = 4, int64_t recent_tokens = 4) {
+    KvManagerOptions o;
+    o.layout = KvBlockLayout{kBlock, /*num_layers=*/2, /*kv_dim=*/4};
+    o.budget_bytes = num_blocks * o.layout.block_bytes();
+    o.max_seqs = 4;
+    kv_ = std::move(KvManager::Create(o).value());
+    storage_ = std::move(KvBlockStorage::Create(o.layout, kv_->num_blocks()).value());
+    pager_ = std::make_unique<KvPager>(*kv_, *storage_, o.max_seqs, /*max_context=*/256);
+    if (ram_tier) ram_ = MakeRamTier(RamTierOptions{});
+    pager_->set_tiers({ram_.get(), nullptr});
+    pager_->set_track_attention(true);
+    pager_->ReserveStaging(staged_pages);
+    KvPagingSetup setup;
+    setup.policy = ParseKvPolicy(policy).value();
+    setup.has_ram_tier = ram_ != nullptr;
+    setup.int8_fits = true;
+    setup.int4_fits = true;
+    setup.block_tokens = kBlock;
+    setup.sink_tokens = sink_tokens;
+    setup.recent_tokens = recent_tokens;
+    PageCostProfile prices;
+    prices.kv_bytes = o.layout.kv_bytes();
+    prices.ram_gbps = 10;
+    rules_ = MakeKvPagingRules(setup, prices).value();
+    planner_ = std::make_unique<KvPressurePlanner>(rules_, *kv_, *pager_);
+  }
+
+  // Admits sequence `seq` with `n` tokens; masses[b] is the attention mass of page b.
+  void Admit(SeqId seq, int32_t n, const std::vector<float>& masses = {}) {
+    std::vector<int32_t> tokens(static_cast<size_t>(n));
+    std::iota(tokens.begin(), tokens.end(), 1000 * seq);
+    const KvSeqStep step{seq, tokens};
+    const KvPlan plan = kv_->Plan(std::span(&step, 1));
+    ASSERT_TRUE(plan.fits);
+    kv_->Commit(plan);
+    pages_[static_cast<size_t>(seq)] = std::make_unique<KvSequencePages>();
+    pager_->StartSequence(seq, pages_[static_cast<size_t>(seq)].get());
+    float* mass = pager_->AttentionMass(seq);
+    for (size_t b = 0; b < masses.size(); ++b) mass[b * kBlock] = masses[b];
+  }
+
+  std::vector<int64_t> PlannedBlocks(const KvPagePlan& plan) const {
+    std::vector<int64_t> blocks;
+    for (const KvPageAction& a : plan.actions) blocks.push_back(a.block_index);
+    return blocks;
+  }
+
+  KvManager& kv() { return *kv_; }
+  KvPager& pager() { return *pager_; }
+  KvPressurePlanner& planner() { return *planner_; }
+
+ private:
+  std::unique_ptr<KvManager> kv_;
+  std::unique_ptr<KvBlockStorage> storage_;
+  std::unique_ptr<KvTier> ram_;
+  std::unique_ptr<KvPager> pager_;
+  KvPagingRules rules_;
+  std::unique_ptr<KvPressurePlanner> planner_;
+  std::unique_ptr<KvSequencePages> pages_[4];
+};
+
+TEST(KvPressurePlannerTest, ReliefTakesTheColdestPagesButNeverSinksRecentOrTheLastPage) {
+  // 7 pages (the last one partial): page 0 holds the sinks, page 5 is the recent window, page 6
+  // is being written. Pages 1-4 are candidates, coldest (least attention mass) first.
+  PlannerHarness h("evict", /*ram_tier=*/false, /*staged_pages=*/0);
+  h.Admit(0, 26, {0.9f, 0.4f, 0.1f, 0.3f, 0.2f, 0.0f, 0.0f});
+  KvPagePlan plan;
+  h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, /*blocks_short=*/3, Phase::kDecode,
+                         &plan);
+  EXPECT_EQ(h.PlannedBlocks(plan), (std::vector<int64_t>{2, 4, 3}));
+  for (const KvPageAction& a : plan.actions) EXPECT_EQ(a.action, KvAction::kEvict);
+  EXPECT_EQ(plan.blocks_to_free, 3);
+
+  // Asking for more than there are candidates plans every candidate and no more.
+  h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, 10, Phase::kDecode, &plan);
+  EXPECT_EQ(h.PlannedBlocks(plan), (std::vector<int64_t>{2, 4, 3, 1}));
+}
+
+TEST(KvPressurePlannerTest, ApplyingFreesBlocksAndMarksEachActionApplied) {
+  PlannerHarness h("evict", false, 0);
+  h.Admit(0, 26, {0.9f, 0.4f, 0.1f, 0.3f, 0.2f});
+  const int64_t free_before = h.kv().stats().blocks_free;
+  KvPagePlan plan;
+  h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, 2, Phase::kDecode, &plan);
+  EXPECT_EQ(h.pager().Apply(plan), 2);
+  EXPECT_TRUE(plan.actions[0].applied && plan.actions[1].applied);
+  EXPECT_EQ(h.kv().stats().blocks_free, free_before + 2);
+  EXPECT_EQ(h.pager().FateOf(0, 2), KvPageFate::kEvicted);
+  EXPECT_EQ(h.pager().FateOf(0, 4), KvPageFate::kEvicted);
+  EXPECT_EQ(h.pager().FateOf(0, 3), KvPageFate::kResident);
+  EXPECT_TRUE(h.kv().CheckInvariants().ok());
+}
+
+TEST(KvPressurePlannerTest, StalePlansAreRefused) {
+  PlannerHarness h("evict", false, 0);
+  h.Admit(0, 26);
+  KvPagePlan plan;
+  h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, 1, Phase::kDecode, &plan);
+  ASSERT_EQ(plan.actions.size(), 1u);
+  h.Admit(1, 5);  // the pool changed after planning
+  EXPECT_DEATH(h.pager().Apply(plan), "older state");
+}
+
+TEST(KvPressurePlannerTest, TierActionsOnlyWhileStagingHasRoom) {
+  // Fixed demote with room for 2 streamed pages: two pages go to the RAM tier, the third is kept
+  // (lossless: nothing else is allowed), so relief plans only 2 although 3 were asked for.
+  PlannerHarness h("demote", /*ram_tier=*/true, /*staged_pages=*/2);
+  h.Admit(0, 26);
+  KvPagePlan plan;
+  h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, 3, Phase::kDecode, &plan);
+  ASSERT_EQ(plan.actions.size(), 2u);
+  EXPECT_EQ(plan.actions[0].action, KvAction::kDemoteRam);
+  EXPECT_EQ(h.pager().Apply(plan), 2);
+  EXPECT_EQ(h.pager().staged_pages_held(), 2);
+  // The staging is full now: nothing more can be streamed.
+  h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, 1, Phase::kDecode, &plan);
+  EXPECT_TRUE(plan.actions.empty());
+}
+
+TEST(KvPressurePlannerTest, PreemptionDemotesAnUnpagedSequenceAndRecomputesAPagedOne) {
+  PlannerHarness h("demote", true, 4);
+  h.Admit(0, 13);  // 3 full pages
+  KvPagePlan plan;
+  h.planner().PlanPreemption({0, 1}, 13, Phase::kDecode, &plan);
+  ASSERT_EQ(plan.actions.size(), 3u);
+  for (const KvPageAction& a : plan.actions) EXPECT_EQ(a.action, KvAction::kDemoteRam);
+
+  h.Admit(1, 26);
+  KvPagePlan relief;
+  h.planner().PlanRelief(std::vector<KvPlannedSeq>{{1, 2}}, 1, Phase::kDecode, &relief);
+  ASSERT_EQ(h.pager().Apply(relief), 1);
+  ASSERT_TRUE(h.kv().IsPaged(1));
+  // A paged sequence's later pages were computed against a streamed context: all recomputed.
+  h.planner().PlanPreemption({1, 2}, 26, Phase::kDecode, &plan);
+  ASSERT_EQ(plan.actions.size(), 6u);
+  for (const KvPageAction& a : plan.actions) EXPECT_EQ(a.action, KvAction::kRecomputeTokens);
+}
+
+TEST(KvPagingRulesTest, FixedPoliciesNeedWhatTheyUseAndLossyOnesOverrideLossless) {
+  PageCostProfile prices;
+  KvPagingSetup setup;
+  setup.policy = ParseKvPolicy("demote").value();
+  EXPECT_EQ(MakeKvPagingRules(setup, prices).status().code(), StatusCode::kInvalidArgument);
+  setup.policy = ParseKvPolicy("demote-disk").value();
+  setup.has_ram_tier = true;
+  EXPECT_EQ(MakeKvPagingRules(setup, prices).status().code(), StatusCode::kInvalidArgument);
+  setup.policy = ParseKvPolicy("compress-int4").value();
+  setup.int4_fits = false;
+  EXPECT_EQ(MakeKvPagingRules(setup, prices).status().code(), StatusCode::kInvalidArgument);
+  setup.int4_fits = true;
+  const KvPagingRules rules = MakeKvPagingRules(setup, prices).value();
+  EXPECT_EQ(rules.quality, KvQuality::kAggressive);
+  EXPECT_TRUE(rules.pages_running_sequences);
+  // auto, lossless, with no tier: nothing may move while sequences run.
+  KvPagingSetup bare;
+  EXPECT_FALSE(MakeKvPagingRules(bare, prices).value().pages_running_sequences);
+  // Residual checkpoints: asked for, or under auto where they are no bigger than K+V.
+  EXPECT_TRUE(KeepsResidualCheckpoints(ParseKvPolicy("auto").value(), true, 64, 32));
+  EXPECT_FALSE(KeepsResidualCheckpoints(ParseKvPolicy("auto").value(), true, 2048, 256));
+  EXPECT_FALSE(KeepsResidualCheckpoints(ParseKvPolicy("auto").value(), false, 64, 32));
+}
+
+}  // namespace
+}  // namespace kvl
