@@ -2,6 +2,8 @@
 // residual stream (the input of each layer), so a KV page can be dropped and rebuilt losslessly.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cstring>
 
@@ -47,21 +49,34 @@ std::vector<int32_t> Greedy(Harness& h, const std::vector<int32_t>& prompt, int 
   return out;
 }
 
-std::vector<std::string> ModelsUnderTest() {
-  std::vector<std::string> paths = {testing::Stories260KPath()};
-  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kF16}) {
-    const std::string path =
-        ::testing::TempDir() + "/kvdirect-" + std::to_string(getpid()) + "-" +
-        std::string(DTypeName(type)) + ".gguf";  // ctest runs these tests in parallel processes
-    EXPECT_TRUE(WriteSyntheticModel({*FindModelShape("tiny-test"), type, 3, path}).ok());
-    paths.push_back(path);
+// stories260K and synthetic models of three weight types, written for the test and removed
+// after it.
+class ModelsUnderTest {
+ public:
+  ModelsUnderTest() {
+    paths_.push_back(testing::Stories260KPath());
+    for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kF16}) {
+      const std::string path =
+          ::testing::TempDir() + "/kvdirect-" + std::to_string(getpid()) + "-" +
+          std::string(DTypeName(type)) + ".gguf";  // ctest runs these tests in parallel processes
+      EXPECT_TRUE(WriteSyntheticModel({*FindModelShape("tiny-test"), type, 3, path}).ok());
+      paths_.push_back(path);
+    }
   }
-  return paths;
-}
+  ~ModelsUnderTest() {
+    for (size_t i = 1; i < paths_.size(); ++i) std::remove(paths_[i].c_str());
+  }
+  std::vector<std::string>::const_iterator begin() const { return paths_.begin(); }
+  std::vector<std::string>::const_iterator end() const { return paths_.end(); }
+
+ private:
+  std::vector<std::string> paths_;
+};
 
 // Check 1: rebuilt K and V equal the stored ones on every layer, difference exactly zero.
 TEST(KvDirectTest, KvRebuiltFromResidualsIsBitIdentical) {
-  for (const std::string& path : ModelsUnderTest()) {
+  const ModelsUnderTest models;
+  for (const std::string& path : models) {
     for (ops::Isa isa : ops::RunnableIsas()) {
       Harness h(path, isa, 2, 64, /*residuals=*/true);
       const ModelConfig& c = h.model->config();
@@ -99,7 +114,8 @@ TEST(KvDirectTest, KvRebuiltFromResidualsIsBitIdentical) {
 // Check 2: with no persistent KV (everything rebuilt from checkpoints before every step), greedy
 // decoding gives the keep-all tokens.
 TEST(KvDirectTest, NoPersistentKvMatchesKeepAllForSixtyTokens) {
-  for (const std::string& path : ModelsUnderTest()) {
+  const ModelsUnderTest models;
+  for (const std::string& path : models) {
     Harness keep(path, ops::BestIsa(), 1, 64, true);  // one thread each: see Harness
     Harness rebuild(path, ops::BestIsa(), 1, 64, true);
     const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
