@@ -92,19 +92,10 @@ void CheckLength(int64_t n) {
 }  // namespace
 
 ScalesMins UnpackScalesMins(const uint8_t packed[12]) {
-  // Four values per 32-bit word: bytes 0-3 hold sc[0..3] and the top bits of sc[4..7], bytes 4-7
-  // m[0..3] and the top bits of m[4..7], bytes 8-11 the low nibbles of sc[4..7] and m[4..7].
-  uint32_t w[3];
-  std::memcpy(w, packed, 12);
-  const uint32_t sc_lo = w[0] & 0x3F3F3F3Fu;
-  const uint32_t m_lo = w[1] & 0x3F3F3F3Fu;
-  const uint32_t sc_hi = (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 6) & 0x03030303u) << 4;
-  const uint32_t m_hi = ((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 6) & 0x03030303u) << 4;
+  uint32_t words[4];
+  UnpackScalesMinsWords(packed, words);
   ScalesMins sm;
-  std::memcpy(sm.sc, &sc_lo, 4);
-  std::memcpy(sm.sc + 4, &sc_hi, 4);
-  std::memcpy(sm.m, &m_lo, 4);
-  std::memcpy(sm.m + 4, &m_hi, 4);
+  std::memcpy(&sm, words, sizeof(sm));
   return sm;
 }
 

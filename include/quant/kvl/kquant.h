@@ -54,6 +54,19 @@ struct ScalesMins {
   uint8_t m[8];
 };
 ScalesMins UnpackScalesMins(const uint8_t packed[12]);
+// The same unpacking as four words of four bytes (sc[0..3], sc[4..7], m[0..3], m[4..7]), for the
+// SIMD kernels. static rather than inline: each ISA file gets its own copy compiled with its own
+// flags, where an inline function's copies would be merged by the linker into one of them.
+static inline void UnpackScalesMinsWords(const uint8_t packed[12], uint32_t out[4]) {
+  // Bytes 0-3 hold sc[0..3] and the top bits of sc[4..7], bytes 4-7 m[0..3] and the top bits of
+  // m[4..7], bytes 8-11 the low nibbles of sc[4..7] (low) and m[4..7] (high).
+  uint32_t w[3];
+  __builtin_memcpy(w, packed, 12);
+  out[0] = w[0] & 0x3F3F3F3Fu;
+  out[1] = (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 6) & 0x03030303u) << 4;
+  out[2] = w[1] & 0x3F3F3F3Fu;
+  out[3] = ((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 6) & 0x03030303u) << 4;
+}
 // The inverse (values must be < 64, checked).
 void PackScalesMins(const ScalesMins& sm, uint8_t packed[12]);
 
