@@ -15,6 +15,8 @@
 // float operations whatever the tile, the number of tokens computed beside it and the thread.
 #pragma once
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -22,6 +24,23 @@
 #include "kernel_table.h"
 
 namespace kvl::ops {
+
+using quant::BlockQ4_K;
+using quant::BlockQ5_K;
+using quant::BlockQ6_K;
+using quant::kQK_K;
+
+// Decode streams each weight row once from DRAM: the SIMD tiles prefetch this far ahead.
+inline constexpr int64_t kKQuantPrefetchBytes = 2048;
+
+// The fp16 at p (any alignment), widened with F16C. For the SIMD files only; static (one copy
+// per file, never merged by the linker across ISA flags) and marked with the one feature it needs
+// so that the scalar file, which never calls it, still compiles.
+__attribute__((target("f16c"))) static inline float LoadHalfF16c(const uint8_t* p) {
+  uint16_t h;
+  __builtin_memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
 
 inline bool IsKQuant(DType type) {
   return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K;
@@ -63,14 +82,14 @@ void Avx512KQuantMatMulTile(const MatMulArgs& args, int64_t r0, int64_t r1, int6
 template <typename Kernels, DType T, int NR>
 void KQuantRows(const MatMulArgs& a, int64_t r0, int64_t r1, const KQuantToken* tokens,
                 float* const* y) {
-  const int64_t n_sb = a.w.cols / quant::kQK_K;
+  const int64_t n_sb = a.w.cols / kQK_K;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(a.w.data) + r * a.w.row_bytes;
     float out[NR];
     if constexpr (T == DType::kQ4_K) {
-      Kernels::template ScaledMinRow<quant::BlockQ4_K, NR>(row, n_sb, tokens, out);
+      Kernels::template ScaledMinRow<BlockQ4_K, NR>(row, n_sb, tokens, out);
     } else if constexpr (T == DType::kQ5_K) {
-      Kernels::template ScaledMinRow<quant::BlockQ5_K, NR>(row, n_sb, tokens, out);
+      Kernels::template ScaledMinRow<BlockQ5_K, NR>(row, n_sb, tokens, out);
     } else {
       Kernels::template Q6Row<NR>(row, n_sb, tokens, out);
     }

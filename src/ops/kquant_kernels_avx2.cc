@@ -16,19 +16,6 @@
 namespace kvl::ops {
 namespace {
 
-using quant::BlockQ4_K;
-using quant::BlockQ5_K;
-using quant::BlockQ6_K;
-using quant::kQK_K;
-
-constexpr int64_t kPrefetchBytes = 2048;
-
-float LoadHalf(const uint8_t* p) {
-  uint16_t h;
-  __builtin_memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 __m256i Load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // int32 lanes of sum(codes * x) over 4 consecutive bytes.
@@ -58,13 +45,13 @@ struct Avx2KQuant {
     for (int j = 0; j < NR; ++j) acc[j] = acc_min[j] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < n_sb; ++sb) {
       const uint8_t* b = row + sb * static_cast<int64_t>(sizeof(Block));
-      _mm_prefetch(reinterpret_cast<const char*>(b) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b) + kKQuantPrefetchBytes, _MM_HINT_T0);
       uint32_t words[4];
       quant::UnpackScalesMinsWords(b + offsetof(Block, scales), words);
       const __m128i sc_m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(words));
-      const __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(LoadHalf(b)),
+      const __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(LoadHalfF16c(b)),
                                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc_m)));
-      const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(LoadHalf(b + 2)),
+      const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(LoadHalfF16c(b + 2)),
                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sc_m, 8))));
       const uint8_t* qs = b + offsetof(Block, qs);
       __m256i w[8];
@@ -106,8 +93,8 @@ struct Avx2KQuant {
     for (int j = 0; j < NR; ++j) acc[j] = acc_offset[j] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < n_sb; ++sb) {
       const uint8_t* b = row + sb * static_cast<int64_t>(sizeof(BlockQ6_K));
-      _mm_prefetch(reinterpret_cast<const char*>(b) + kPrefetchBytes, _MM_HINT_T0);
-      const __m256 d = _mm256_set1_ps(LoadHalf(b + offsetof(BlockQ6_K, d)));
+      _mm_prefetch(reinterpret_cast<const char*>(b) + kKQuantPrefetchBytes, _MM_HINT_T0);
+      const __m256 d = _mm256_set1_ps(LoadHalfF16c(b + offsetof(BlockQ6_K, d)));
       const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + offsetof(BlockQ6_K, scales)));
       const __m256 dsc_lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
       const __m256 dsc_hi =

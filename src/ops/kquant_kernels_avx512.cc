@@ -23,19 +23,6 @@
 namespace kvl::ops {
 namespace {
 
-using quant::BlockQ4_K;
-using quant::BlockQ5_K;
-using quant::BlockQ6_K;
-using quant::kQK_K;
-
-constexpr int64_t kPrefetchBytes = 2048;
-
-float LoadHalf(const uint8_t* p) {
-  uint16_t h;
-  __builtin_memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 // idx(a, b): lanes 0-7 take element a, lanes 8-15 element b.
 __m512i PairIndex(int a, int b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(a)), _mm256_set1_epi32(b), 1);
@@ -68,14 +55,14 @@ struct Avx512KQuant {
     }
     for (int64_t sb = 0; sb < n_sb; ++sb) {
       const uint8_t* b = row + sb * static_cast<int64_t>(sizeof(Block));
-      _mm_prefetch(reinterpret_cast<const char*>(b) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b) + kKQuantPrefetchBytes, _MM_HINT_T0);
       uint32_t words[4];
       quant::UnpackScalesMinsWords(b + offsetof(Block, scales), words);
       const __m512 sc_m = _mm512_cvtepi32_ps(
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words))));
-      const __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(LoadHalf(b)), _mm512_castps512_ps256(sc_m));
+      const __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(LoadHalfF16c(b)), _mm512_castps512_ps256(sc_m));
       const __m256 dm =
-          _mm256_mul_ps(_mm256_set1_ps(LoadHalf(b + 2)), _mm512_extractf32x8_ps(sc_m, 1));
+          _mm256_mul_ps(_mm256_set1_ps(LoadHalfF16c(b + 2)), _mm512_extractf32x8_ps(sc_m, 1));
       const uint8_t* qs = b + offsetof(Block, qs);
       __m512i w[4];
       __m512i qh2;
@@ -121,9 +108,9 @@ struct Avx512KQuant {
     for (int j = 0; j < NR; ++j) acc[j] = acc_offset[j] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < n_sb; ++sb) {
       const uint8_t* b = row + sb * static_cast<int64_t>(sizeof(BlockQ6_K));
-      _mm_prefetch(reinterpret_cast<const char*>(b) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b) + kKQuantPrefetchBytes, _MM_HINT_T0);
       const __m512 dsc = _mm512_mul_ps(
-          _mm512_set1_ps(LoadHalf(b + offsetof(BlockQ6_K, d))),
+          _mm512_set1_ps(LoadHalfF16c(b + offsetof(BlockQ6_K, d))),
           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + offsetof(BlockQ6_K, scales))))));
       __m512i w[4];

@@ -10,10 +10,13 @@
 namespace kvl::ops {
 namespace {
 
-using quant::BlockQ4_K;
-using quant::BlockQ5_K;
-using quant::BlockQ6_K;
-using quant::kQK_K;
+// Super-block sb of a row (copied: rows have no alignment).
+template <typename Block>
+Block LoadBlock(const uint8_t* row, int64_t sb) {
+  Block b;
+  std::memcpy(&b, row + sb * static_cast<int64_t>(sizeof(Block)), sizeof(Block));
+  return b;
+}
 
 // Code of element l (< 32) of sub-block s of a Q4_K / Q5_K block.
 template <typename Block>
@@ -36,8 +39,7 @@ float DotScaledMin(const uint8_t* row, int64_t cols, const int8_t* x, const floa
                    const float* sums) {
   float acc = 0.0f, acc_min = 0.0f;
   for (int64_t sb = 0; sb < cols / kQK_K; ++sb) {
-    Block b;
-    std::memcpy(&b, row + sb * sizeof(Block), sizeof(Block));
+    const Block b = LoadBlock<Block>(row, sb);
     const quant::ScalesMins sm = quant::UnpackScalesMins(b.scales);
     const float d = quant::Fp16ToFp32(b.d);
     const float dmin = quant::Fp16ToFp32(b.dmin);
@@ -55,8 +57,7 @@ float DotQ6(const uint8_t* row, int64_t cols, const int8_t* x, const float* dx,
             const float* sums) {
   float acc = 0.0f, acc_offset = 0.0f;
   for (int64_t sb = 0; sb < cols / kQK_K; ++sb) {
-    BlockQ6_K b;
-    std::memcpy(&b, row + sb * sizeof(BlockQ6_K), sizeof(BlockQ6_K));
+    const BlockQ6_K b = LoadBlock<BlockQ6_K>(row, sb);
     const float d = quant::Fp16ToFp32(b.d);
     for (int g = 0; g < 16; ++g) {
       int32_t sum = 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kvl/quant.h"
 #include "kvl/status.h"
@@ -89,6 +90,24 @@ void CheckLength(int64_t n) {
   KVL_CHECK_MSG(n % kQK_K == 0, "K-quant row length must be a multiple of 256");
 }
 
+// A row of Q4_K (codes 0..15) or Q5_K (0..31, bit 4 of code e in bit e / 32 of qh[e % 32]).
+template <typename Block>
+void QuantizeRowScaledMin(const float* x, int64_t n, Block* out) {
+  constexpr bool kQ5 = std::is_same_v<Block, BlockQ5_K>;
+  CheckLength(n);
+  uint8_t codes[kQK_K];
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    QuantizeScaledMin(x + b * kQK_K, kQ5 ? 31 : 15, &out[b], codes);
+    PackLowNibbles(codes, out[b].qs);
+    if constexpr (kQ5) {
+      std::memset(out[b].qh, 0, sizeof(out[b].qh));
+      for (int e = 0; e < kQK_K; ++e) {
+        out[b].qh[e % 32] = static_cast<uint8_t>(out[b].qh[e % 32] | (codes[e] >> 4) << (e / 32));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ScalesMins UnpackScalesMins(const uint8_t packed[12]) {
@@ -143,27 +162,9 @@ void DequantizeQ6_K(const BlockQ6_K* blocks, int64_t n, float* out) {
   }
 }
 
-void QuantizeQ4_K(const float* x, int64_t n, BlockQ4_K* out) {
-  CheckLength(n);
-  uint8_t codes[kQK_K];
-  for (int64_t b = 0; b < n / kQK_K; ++b) {
-    QuantizeScaledMin(x + b * kQK_K, 15, &out[b], codes);
-    PackLowNibbles(codes, out[b].qs);
-  }
-}
+void QuantizeQ4_K(const float* x, int64_t n, BlockQ4_K* out) { QuantizeRowScaledMin(x, n, out); }
 
-void QuantizeQ5_K(const float* x, int64_t n, BlockQ5_K* out) {
-  CheckLength(n);
-  uint8_t codes[kQK_K];
-  for (int64_t b = 0; b < n / kQK_K; ++b) {
-    QuantizeScaledMin(x + b * kQK_K, 31, &out[b], codes);
-    PackLowNibbles(codes, out[b].qs);
-    std::memset(out[b].qh, 0, sizeof(out[b].qh));
-    for (int e = 0; e < kQK_K; ++e) {
-      out[b].qh[e % 32] = static_cast<uint8_t>(out[b].qh[e % 32] | (codes[e] >> 4) << (e / 32));
-    }
-  }
-}
+void QuantizeQ5_K(const float* x, int64_t n, BlockQ5_K* out) { QuantizeRowScaledMin(x, n, out); }
 
 void QuantizeQ6_K(const float* x, int64_t n, BlockQ6_K* out) {
   CheckLength(n);
