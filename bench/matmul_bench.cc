@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
   }
   const Shape shapes[] = {{2048, 2048, "attn_q/o"}, {256, 2048, "attn_k/v"}, {5632, 2048, "ffn_gate/up"},
                           {2048, 5632, "ffn_down"}, {32000, 2048, "output"}};
-  const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kF16, DType::kF32};
+  const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
+                         DType::kQ6_K, DType::kF16, DType::kF32};
   const int64_t token_counts[] = {1, 512};
 
   ThreadPool pool(threads);

@@ -28,9 +28,11 @@ int SynthCommand(const SynthArgs& args) {
     fmt::print(stderr, "kvl: {}\n", shape.status().message());
     return 1;
   }
-  std::optional<DType> type = ParseDType(args.type);
-  if (!type || !Traits(*type).supported) {
-    fmt::print(stderr, "kvl: unknown weight type '{}' (use f32, f16, bf16, q8_0 or q4_0)\n",
+  SynthOptions options{*shape, DType::kQ8_0, args.seed, args.output};
+  if (!ParseSynthType(args.type, &options)) {
+    fmt::print(stderr,
+               "kvl: unknown weight type '{}' (use f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, "
+               "q4_k_m or q5_k_m)\n",
                args.type);
     return 1;
   }
@@ -38,7 +40,6 @@ int SynthCommand(const SynthArgs& args) {
     fmt::print(stderr, "kvl: give an output file with -o\n");
     return 1;
   }
-  SynthOptions options{*shape, *type, args.seed, args.output};
   const auto start = std::chrono::steady_clock::now();
   if (Status s = WriteSyntheticModel(options); !s.ok()) {
     fmt::print(stderr, "kvl: {}\n", s.ToString());
@@ -47,7 +48,7 @@ int SynthCommand(const SynthArgs& args) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   fmt::print(stderr, "kvl: wrote {} ({} {}, {} parameters) in {:.1f} s\n", args.output,
-             shape->name, DTypeName(*type), FormatParams(SyntheticParameterCount(*shape)), seconds);
+             shape->name, SynthTypeName(options), FormatParams(SyntheticParameterCount(*shape)), seconds);
   return 0;
 }
 

@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <set>
+#include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
 
 namespace kvl {
 namespace {
@@ -123,7 +126,7 @@ Status Model::BindWeights() {
     }
     if (!Traits(t->type).supported) {
       return UnimplementedError(fmt::format("tensor '{}' has type {}, which kvlattice cannot run yet "
-                                            "(supported: f32, f16, bf16, q8_0, q4_0)",
+                                            "(supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)",
                                             name, DTypeName(t->type)));
     }
     *out = MatrixView{t->type, t->data, rows, cols, RowBytes(t->type, cols)};
@@ -187,14 +190,20 @@ Status Model::BindWeights() {
 }
 
 std::string Model::weight_type_name() const {
-  std::set<DType> types;
+  std::map<DType, int> counts;
   for (const LayerWeights& w : layers_) {
     for (const MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
-      types.insert(m->type);
+      ++counts[m->type];
     }
   }
-  if (types.size() == 1) return std::string(DTypeName(*types.begin()));
-  return "mixed";
+  if (counts.size() == 1) return std::string(DTypeName(counts.begin()->first));
+  // A mix (Q4_K_M holds Q4_K and Q6_K matrices): its types, the most used first.
+  std::vector<std::pair<int, DType>> by_count;
+  for (const auto& [type, n] : counts) by_count.emplace_back(-n, type);
+  std::sort(by_count.begin(), by_count.end());
+  std::string names;
+  for (const auto& [n, type] : by_count) names += (names.empty() ? "" : ", ") + std::string(DTypeName(type));
+  return "mixed (" + names + ")";
 }
 
 }  // namespace kvl

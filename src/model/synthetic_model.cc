@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 
 #include "kvl/gguf.h"
+#include "kvl/kquant.h"
 #include "kvl/quant.h"
 
 namespace kvl {
@@ -69,6 +72,47 @@ void AddVocab(GgufWriter& w, int64_t vocab_size) {
   w.AddBool("tokenizer.ggml.add_bos_token", true);
 }
 
+// Random bytes, 8 at a time.
+void RandomBytes(Rng& rng, uint8_t* out, size_t n) {
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t r = rng.Next();
+    std::memcpy(out + i, &r, std::min<size_t>(8, n - i));
+  }
+}
+
+// K-quant super-blocks written directly (quantizing a billion random floats would be slow): random
+// codes with sub-block scales (and mins) in the top half of their range, so every bit of the
+// packed scales varies, and super-block scales that put values within about +-amplitude, centred.
+void RandomKQuantBlocks(DType type, float amplitude, Rng& rng, uint8_t* out, size_t num_bytes) {
+  const size_t block_bytes = static_cast<size_t>(Traits(type).block_bytes);
+  for (size_t off = 0; off + block_bytes <= num_bytes; off += block_bytes) {
+    uint8_t* b = out + off;
+    RandomBytes(rng, b, block_bytes);  // codes (and everything overwritten below)
+    if (type == DType::kQ6_K) {
+      auto* blk = reinterpret_cast<quant::BlockQ6_K*>(b);
+      for (int8_t& sc : blk->scales) {
+        const int mag = 64 + static_cast<int>(rng.Next() % 64);
+        sc = static_cast<int8_t>(rng.Next() % 2 == 0 ? mag : -mag);
+      }
+      blk->d = Fp32ToFp16(amplitude / (127.0f * 32.0f));
+      continue;
+    }
+    // Q4_K / Q5_K: value = d * sc * q - dmin * m with q in 0..qmax; dmin = d * qmax / 2 centres
+    // a sub-block whose min code equals its scale code.
+    const float qmax = type == DType::kQ4_K ? 15.0f : 31.0f;
+    const float d = 2.0f * amplitude / (63.0f * qmax);
+    quant::ScalesMins sm;
+    for (int j = 0; j < 8; ++j) {
+      sm.sc[j] = static_cast<uint8_t>(32 + rng.Next() % 32);
+      sm.m[j] = static_cast<uint8_t>(32 + rng.Next() % 32);
+    }
+    const uint16_t dh = Fp32ToFp16(d), dminh = Fp32ToFp16(d * qmax / 2.0f);
+    std::memcpy(b, &dh, 2);
+    std::memcpy(b + 2, &dminh, 2);
+    quant::PackScalesMins(sm, b + 4);
+  }
+}
+
 // Fills a [rows][cols] matrix of `type` with values uniform in +-sqrt(3/cols), the scale that
 // keeps activations near unit variance through a matmul.
 GgufWriter::TensorFiller RandomMatrix(DType type, int64_t cols, uint64_t seed) {
@@ -96,6 +140,11 @@ GgufWriter::TensorFiller RandomMatrix(DType type, int64_t cols, uint64_t seed) {
         }
         return;
       }
+      case DType::kQ4_K:
+      case DType::kQ5_K:
+      case DType::kQ6_K:
+        RandomKQuantBlocks(type, amplitude, rng, out, num_bytes);
+        return;
       case DType::kF16:
         for (size_t off = 0; off + 2 <= num_bytes; off += 2) {
           const uint16_t h = Fp32ToFp16(amplitude * rng.Symmetric());
@@ -125,13 +174,63 @@ GgufWriter::TensorFiller Ones() {
   };
 }
 
+// llama.cpp's general.file_type (its LLAMA_FTYPE numbering) for what the file mostly holds.
+uint32_t FileType(const SynthOptions& o) {
+  const bool mix = o.more_bits_type.has_value();
+  switch (o.weight_type) {
+    case DType::kF32:
+      return 0;
+    case DType::kF16:
+      return 1;
+    case DType::kQ4_0:
+      return 2;
+    case DType::kQ8_0:
+      return 7;
+    case DType::kQ4_K:
+      return mix ? 15 : 14;  // Q4_K_M : Q4_K_S
+    case DType::kQ5_K:
+      return mix ? 17 : 16;  // Q5_K_M : Q5_K_S
+    case DType::kQ6_K:
+      return 18;
+    default:
+      return 32;  // bf16
+  }
+}
+
 }  // namespace
+
+bool UsesMoreBits(int64_t layer, int64_t num_layers) {
+  return layer < num_layers / 8 || layer >= 7 * num_layers / 8 ||
+         (layer - num_layers / 8) % 3 == 2;
+}
+
+bool ParseSynthType(std::string_view name, SynthOptions* options) {
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::optional<DType> more_bits;
+  if (lower == "q4_k_m" || lower == "q5_k_m") {
+    lower.resize(4);
+    more_bits = DType::kQ6_K;
+  }
+  const std::optional<DType> type = ParseDType(lower);
+  if (!type || !Traits(*type).supported) return false;
+  options->weight_type = *type;
+  options->more_bits_type = more_bits;
+  return true;
+}
+
+std::string SynthTypeName(const SynthOptions& options) {
+  return std::string(DTypeName(options.weight_type)) + (options.more_bits_type ? "_m" : "");
+}
 
 const std::vector<ModelShape>& KnownModelShapes() {
   static const std::vector<ModelShape> shapes = {
       // name, dim, layers, heads, kv heads, ffn, vocab, context, rope base, eps, tied
       // A few-hundred-KiB model for tests of every weight type through the whole engine.
       {"tiny-test", 128, 2, 4, 2, 256, 512, 256, 10000.0f, 1e-5f, false},
+      // The same with rows of 256 values, which K-quant super-blocks need; 8 layers so that a
+      // "_M" mix has layers of both kinds.
+      {"tiny-test-256", 256, 8, 4, 2, 512, 512, 256, 10000.0f, 1e-5f, false},
       {"stories15m", 288, 6, 6, 6, 768, 32000, 256, 10000.0f, 1e-5f, true},
       {"stories110m", 768, 12, 12, 12, 2048, 32000, 1024, 10000.0f, 1e-5f, true},
       {"smollm-135m", 576, 30, 9, 3, 1536, 49152, 2048, 10000.0f, 1e-5f, true},
@@ -161,28 +260,26 @@ int64_t SyntheticParameterCount(const ModelShape& s) {
 
 Status WriteSyntheticModel(const SynthOptions& o) {
   const ModelShape& s = o.shape;
-  const DTypeTraits& traits = Traits(o.weight_type);
-  if (!traits.supported) {
-    return InvalidArgumentError(fmt::format("weight type {} cannot be synthesized", traits.name));
-  }
   const int64_t head_dim = s.dim / s.num_heads;
   const int64_t kv_dim = s.num_kv_heads * head_dim;
-  for (int64_t cols : {s.dim, s.ffn_dim}) {
-    if (cols % traits.block_elements != 0) {
-      return InvalidArgumentError(fmt::format("shape '{}' has rows of {} values, not a multiple of "
-                                              "{}'s block of {}",
-                                              s.name, cols, traits.name, traits.block_elements));
+  for (DType type : {o.weight_type, o.more_bits_type.value_or(o.weight_type)}) {
+    const DTypeTraits& traits = Traits(type);
+    if (!traits.supported) {
+      return InvalidArgumentError(fmt::format("weight type {} cannot be synthesized", traits.name));
+    }
+    for (int64_t cols : {s.dim, s.ffn_dim}) {
+      if (cols % traits.block_elements != 0) {
+        return InvalidArgumentError(fmt::format("shape '{}' has rows of {} values, not a multiple "
+                                                "of {}'s block of {}",
+                                                s.name, cols, traits.name, traits.block_elements));
+      }
     }
   }
 
   GgufWriter w;
   w.AddString("general.architecture", "llama");
   w.AddString("general.name", fmt::format("{} (synthetic, random weights)", s.name));
-  w.AddUint32("general.file_type", o.weight_type == DType::kF32    ? 0
-                                   : o.weight_type == DType::kF16  ? 1
-                                   : o.weight_type == DType::kQ4_0 ? 2
-                                   : o.weight_type == DType::kQ8_0 ? 7
-                                                                   : 32);
+  w.AddUint32("general.file_type", FileType(o));
   w.AddUint32("llama.context_length", static_cast<uint32_t>(s.context_length));
   w.AddUint32("llama.embedding_length", static_cast<uint32_t>(s.dim));
   w.AddUint32("llama.block_count", static_cast<uint32_t>(s.num_layers));
@@ -196,23 +293,25 @@ Status WriteSyntheticModel(const SynthOptions& o) {
   AddVocab(w, s.vocab_size);
 
   uint64_t seed = o.seed;
-  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
-    w.AddTensor(name, o.weight_type, {cols, rows}, RandomMatrix(o.weight_type, cols, seed++));
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, bool more_bits = false) {
+    const DType type = more_bits ? o.more_bits_type.value_or(o.weight_type) : o.weight_type;
+    w.AddTensor(name, type, {cols, rows}, RandomMatrix(type, cols, seed++));
   };
   matrix("token_embd.weight", s.vocab_size, s.dim);
   w.AddTensor("output_norm.weight", DType::kF32, {s.dim}, Ones());
-  if (!s.tied_output) matrix("output.weight", s.vocab_size, s.dim);
+  if (!s.tied_output) matrix("output.weight", s.vocab_size, s.dim, /*more_bits=*/true);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string b = fmt::format("blk.{}.", l);
+    const bool more_bits = UsesMoreBits(l, s.num_layers);
     w.AddTensor(b + "attn_norm.weight", DType::kF32, {s.dim}, Ones());
     matrix(b + "attn_q.weight", s.dim, s.dim);
     matrix(b + "attn_k.weight", kv_dim, s.dim);
-    matrix(b + "attn_v.weight", kv_dim, s.dim);
+    matrix(b + "attn_v.weight", kv_dim, s.dim, more_bits);
     matrix(b + "attn_output.weight", s.dim, s.dim);
     w.AddTensor(b + "ffn_norm.weight", DType::kF32, {s.dim}, Ones());
     matrix(b + "ffn_gate.weight", s.ffn_dim, s.dim);
     matrix(b + "ffn_up.weight", s.ffn_dim, s.dim);
-    matrix(b + "ffn_down.weight", s.dim, s.ffn_dim);
+    matrix(b + "ffn_down.weight", s.dim, s.ffn_dim, more_bits);
   }
   return w.Write(o.output_path);
 }

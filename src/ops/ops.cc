@@ -10,6 +10,7 @@
 #include "kvl/status.h"
 #include "isa_features.h"
 #include "kernel_table.h"
+#include "kquant_kernels.h"
 
 namespace kvl::ops {
 namespace {
@@ -25,7 +26,10 @@ const KernelTable& TableFor(Isa isa) {
   }
 }
 
-bool IsQuantized(DType type) { return type == DType::kQ8_0 || type == DType::kQ4_0; }
+// Weights that multiply int8 activations (KernelTable::quantize_acts), K-quants included.
+bool IsQuantized(DType type) {
+  return type == DType::kQ8_0 || type == DType::kQ4_0 || IsKQuant(type);
+}
 
 // Token tile and row chunk of one MatMul task. Prefill uses tiles whose weights (64 rows) and
 // activations (64 tokens) both fit in L2 beside each other. Decode streams weights from DRAM, where
@@ -167,6 +171,8 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
                   "MatMul: unsupported weight type");
     KVL_CHECK_MSG(w.row_bytes == RowBytes(w.type, w.cols),
                   "MatMul: row_bytes != RowBytes(type, cols)");
+    KVL_CHECK_MSG(!IsKQuant(w.type) || w.cols <= kMaxKQuantCols,
+                  "MatMul: K-quant rows wider than kMaxKQuantCols");
   }
   if (n_tokens == 0) return;
   const KernelTable& k = ctx.kernels();
@@ -207,14 +213,16 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
     n_row_chunks[m] = (ws[m].rows + row_chunk[m] - 1) / row_chunk[m];
     first_task[m + 1] = first_task[m] + n_row_chunks[m] * n_token_tiles;
   }
+  const MatMulTileFn kquant_tile = KQuantMatMulTile(ctx.isa());
   pool.ParallelFor(first_task[ws.size()], [&](int64_t task, int) {
     size_t m = 0;
     while (task >= first_task[m + 1]) ++m;
     const int64_t local = task - first_task[m];
     const int64_t rc = local % n_row_chunks[m];
     const int64_t tt = local / n_row_chunks[m];
-    k.matmul_tile(args[m], rc * row_chunk[m], std::min(ws[m].rows, (rc + 1) * row_chunk[m]),
-                  tt * kTokenTile, std::min(n_tokens, (tt + 1) * kTokenTile));
+    const MatMulTileFn tile = IsKQuant(ws[m].type) ? kquant_tile : k.matmul_tile;
+    tile(args[m], rc * row_chunk[m], std::min(ws[m].rows, (rc + 1) * row_chunk[m]),
+         tt * kTokenTile, std::min(n_tokens, (tt + 1) * kTokenTile));
   });
 }
 

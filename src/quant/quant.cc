@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kvl/kquant.h"
 #include "kvl/status.h"
 
 namespace kvl::quant {
@@ -120,6 +121,15 @@ void QuantizeRow(DType type, const float* x, int64_t n, void* out) {
       KVL_CHECK_MSG(n % kQK == 0, "q4_0 row length must be a multiple of 32");
       QuantizeQ4_0(x, n, static_cast<BlockQ4_0*>(out));
       return;
+    case DType::kQ4_K:
+      QuantizeQ4_K(x, n, static_cast<BlockQ4_K*>(out));
+      return;
+    case DType::kQ5_K:
+      QuantizeQ5_K(x, n, static_cast<BlockQ5_K*>(out));
+      return;
+    case DType::kQ6_K:
+      QuantizeQ6_K(x, n, static_cast<BlockQ6_K*>(out));
+      return;
     default:
       KVL_CHECK_MSG(false, "QuantizeRow: unsupported type");
   }
@@ -161,6 +171,15 @@ void DequantizeRow(DType type, const void* row, int64_t n, float* out) {
       }
       return;
     }
+    case DType::kQ4_K:
+      DequantizeQ4_K(static_cast<const BlockQ4_K*>(row), n, out);
+      return;
+    case DType::kQ5_K:
+      DequantizeQ5_K(static_cast<const BlockQ5_K*>(row), n, out);
+      return;
+    case DType::kQ6_K:
+      DequantizeQ6_K(static_cast<const BlockQ6_K*>(row), n, out);
+      return;
     default:
       KVL_CHECK_MSG(false, "DequantizeRow: unsupported type");
   }

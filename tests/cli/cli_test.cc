@@ -149,6 +149,37 @@ TEST(CliTest, BenchShowsTheCacheTypes) {
   EXPECT_EQ(plain.output.find("type_k"), std::string::npos) << plain.output;
 }
 
+// The K-quant mix llama.cpp users download most: synth writes it, inspect names its types, run
+// generates from it.
+TEST(CliTest, SynthQ4KMThenInspectAndRun) {
+  const std::string path = ::testing::TempDir() + "/cli-tiny-q4_k_m.gguf";
+  CommandResult s = RunKvl("synth --shape tiny-test-256 --type q4_k_m -o " + path, true);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_NE(s.output.find("q4_k_m"), std::string::npos) << s.output;
+  CommandResult j = RunKvl("inspect --json " + path);
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  nlohmann::json parsed = nlohmann::json::parse(j.output);
+  EXPECT_EQ(parsed["weight_type"], "mixed (q4_k, q6_k)");
+  // 8 layers: attn_v and ffn_down of layers 0, 3, 6 and 7 plus output.weight are Q6_K.
+  EXPECT_EQ(parsed["tensor_types"]["q6_k"]["tensors"], 9);
+  EXPECT_EQ(parsed["tensor_types"]["q4_k"]["tensors"], 1 + 8 * 7 - 8);
+  EXPECT_EQ(parsed["tensor_types"]["q6_k"]["bytes"].get<int64_t>() % 210, 0);
+  CommandResult r = RunKvl("run -m " + path + " -p hello -n 8 --temp 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, RunKvl("run -m " + path + " -p hello -n 8 --temp 0").output);
+  for (const char* type : {"q4_k", "q5_k", "q6_k"}) {
+    EXPECT_EQ(RunKvl("synth --shape tiny-test-256 --type " + std::string(type) + " -o " + path).exit_code, 0);
+    CommandResult i = RunKvl("inspect --json " + path);
+    ASSERT_EQ(i.exit_code, 0) << i.output;
+    EXPECT_EQ(nlohmann::json::parse(i.output)["weight_type"], type);
+  }
+  // Rows of 128 values cannot hold a super-block of 256: a clear refusal.
+  CommandResult bad = RunKvl("synth --shape tiny-test --type q4_k -o " + path, true);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("256"), std::string::npos) << bad.output;
+  std::filesystem::remove(path);
+}
+
 TEST(CliTest, SynthRejectsUnknownShapeAndType) {
   EXPECT_EQ(RunKvl("synth --shape nope --type q8_0 -o /tmp/x.gguf").exit_code, 1);
   EXPECT_EQ(RunKvl("synth --shape tiny-test --type q3_k -o /tmp/x.gguf").exit_code, 1);

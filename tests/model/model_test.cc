@@ -167,5 +167,50 @@ TEST(SyntheticModelTest, WritesLoadableFilesOfEveryType) {
   }
 }
 
+// K-quant files as llama.cpp writes them: type ids 12-14, 256-value super-blocks of 144 / 176 /
+// 210 bytes, general.file_type of the mix, and the _M mix's Q6_K tensors where llama.cpp puts them.
+TEST(SyntheticModelTest, WritesKQuantFilesAndMixes) {
+  const std::string path = ::testing::TempDir() + "/tiny-kquant.gguf";
+  struct Case {
+    const char* name;
+    DType base;
+    uint32_t file_type;
+  };
+  for (const Case& c : {Case{"q4_k", DType::kQ4_K, 14}, Case{"q5_k", DType::kQ5_K, 16},
+                        Case{"q6_k", DType::kQ6_K, 18}, Case{"q4_k_m", DType::kQ4_K, 15},
+                        Case{"q5_k_m", DType::kQ5_K, 17}}) {
+    SynthOptions o{*FindModelShape("tiny-test-256"), DType::kF32, 7, path};
+    ASSERT_TRUE(ParseSynthType(c.name, &o)) << c.name;
+    EXPECT_EQ(SynthTypeName(o), c.name);
+    ASSERT_TRUE(WriteSyntheticModel(o).ok()) << c.name;
+    std::unique_ptr<GgufFile> f = std::move(GgufFile::Open(path).value());
+    EXPECT_EQ(f->GetInt("general.file_type").value(), c.file_type) << c.name;
+    const bool mix = std::string(c.name).ends_with("_m");
+    for (const GgufTensorInfo& t : f->tensors()) {
+      if (t.dims.size() != 2) continue;
+      const std::string name(t.name);
+      const int layer = name.starts_with("blk.") ? std::stoi(name.substr(4)) : -1;
+      const bool more_bits = name == "output.weight" ||
+                             ((name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight")) &&
+                              UsesMoreBits(layer, 8));
+      EXPECT_EQ(t.type, mix && more_bits ? DType::kQ6_K : c.base) << c.name << " " << name;
+      EXPECT_EQ(t.num_bytes, t.num_elements / 256 * Traits(t.type).block_bytes) << name;
+    }
+    StatusOr<std::unique_ptr<Model>> m = Model::Load(path);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ((*m)->num_parameters(), SyntheticParameterCount(o.shape));
+  }
+  // llama.cpp's layer rule: first and last eighth, every third between.
+  std::vector<int> picked;
+  for (int l = 0; l < 22; ++l) {
+    if (UsesMoreBits(l, 22)) picked.push_back(l);
+  }
+  EXPECT_EQ(picked, (std::vector<int>{0, 1, 4, 7, 10, 13, 16, 19, 20, 21}));
+  SynthOptions o;
+  EXPECT_FALSE(ParseSynthType("q3_k", &o));
+  EXPECT_FALSE(ParseSynthType("q6_k_m", &o));
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace kvl

@@ -55,9 +55,11 @@ std::vector<float> RunMatMul(Isa isa, int threads, const Weights& w, const std::
   return y;
 }
 
-bool IsQuant(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0; }
+bool IsKQuant(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K; }
+bool IsQuant(DType t) { return t == DType::kQ8_0 || t == DType::kQ4_0 || IsKQuant(t); }
 
-constexpr DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0};
+constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
+                            DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 // Each ISA vs the scalar path (same quantized activations, so only float summation order differs),
 // and the scalar path vs exact math on the dequantized weights (activation quantization error).
@@ -65,7 +67,9 @@ TEST(MatMulTest, EveryIsaMatchesScalarReference) {
   uint32_t seed = 1;
   for (DType type : kTypes) {
     const std::vector<int64_t> cols_list =
-        IsQuant(type) ? std::vector<int64_t>{32, 96, 224, 1056} : std::vector<int64_t>{1, 7, 37, 100, 1000};
+        IsKQuant(type) ? std::vector<int64_t>{256, 768, 2048}
+        : IsQuant(type) ? std::vector<int64_t>{32, 96, 224, 1056}
+                        : std::vector<int64_t>{1, 7, 37, 100, 1000};
     for (int64_t cols : cols_list) {
       for (int64_t rows : {1, 5, 37}) {
         for (int64_t tokens : {1, 3, 17, 64}) {
@@ -110,7 +114,8 @@ TEST(MatMulTest, EveryIsaMatchesScalarReference) {
 TEST(MatMulTest, BatchAndThreadInvariant) {
   uint32_t seed = 100;
   for (DType type : kTypes) {
-    const int64_t cols = IsQuant(type) ? 224 : 100;  // odd block count / vector tail
+    // Odd block count / vector tail; K-quants: several super-blocks.
+    const int64_t cols = IsKQuant(type) ? 768 : IsQuant(type) ? 224 : 100;
     const int64_t rows = 70;                         // spans row chunks and an MR edge
     const Weights w = MakeWeights(type, rows, cols, ++seed);
     const std::vector<float> x = RandomVec(64 * cols, ++seed);
@@ -149,9 +154,39 @@ TEST(MatMulTest, LargerShapeAgreesAcrossIsas) {
     const std::vector<float> ref = RunMatMul(Isa::kScalar, 1, w, x, 33);
     for (Isa isa : RunnableIsas()) {
       const std::vector<float> y = RunMatMul(isa, 2, w, x, 33);
+      // K-quant sums are a difference of two larger ones (scaled codes minus mins or the -32
+      // offset), so their rounding is larger relative to the result.
+      const float tol = IsKQuant(type) ? 1e-3f : 1e-4f;
       for (size_t i = 0; i < y.size(); ++i) {
-        ASSERT_NEAR(y[i], ref[i], 1e-4f * (1.0f + std::fabs(ref[i]))) << IsaName(isa) << " " << i;
+        ASSERT_NEAR(y[i], ref[i], tol * (1.0f + std::fabs(ref[i])))
+            << IsaName(isa) << " " << DTypeName(type) << " " << i;
       }
+    }
+  }
+}
+
+// A group mixing K-quant, Q8_0 and float matrices (as a Q4_K_M layer's Q/K/V can) shares one
+// activation quantization and gives each matrix exactly what MatMul alone gives.
+TEST(MatMulTest, GroupMixingKQuantsMatchesSeparateCalls) {
+  const int64_t cols = 512, tokens = 6;
+  const Weights ws[] = {MakeWeights(DType::kQ4_K, 40, cols, 1), MakeWeights(DType::kQ6_K, 24, cols, 2),
+                        MakeWeights(DType::kQ8_0, 24, cols, 3), MakeWeights(DType::kF16, 8, cols, 4)};
+  const std::vector<float> x = RandomVec(tokens * cols, 5);
+  for (Isa isa : RunnableIsas()) {
+    ThreadPool pool(2);
+    OpsContext ctx(isa, &pool);
+    ctx.Reserve(tokens, cols);
+    MatrixView views[4];
+    std::vector<float> ys[4];
+    float* outs[4];
+    for (int m = 0; m < 4; ++m) {
+      views[m] = ws[m].view();
+      ys[m].assign(tokens * ws[m].rows, NAN);
+      outs[m] = ys[m].data();
+    }
+    MatMulGroup(ctx, views, x.data(), tokens, outs);
+    for (int m = 0; m < 4; ++m) {
+      EXPECT_EQ(ys[m], RunMatMul(isa, 1, ws[m], x, tokens)) << IsaName(isa) << " matrix " << m;
     }
   }
 }

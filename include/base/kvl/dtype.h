@@ -44,7 +44,7 @@ std::optional<DTypeTraits> LookupDType(uint32_t raw_type);
 // Traits of a valid DType value (checked).
 const DTypeTraits& Traits(DType type);
 std::string_view DTypeName(DType type);
-// Parses "f32", "f16", "bf16", "q8_0", "q4_0" (case-insensitive).
+// Parses a type name: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", ... (case-insensitive).
 std::optional<DType> ParseDType(std::string_view name);
 
 // A matrix W[rows][cols] (rows = outputs) in its stored format, usually inside the mmap of a

@@ -70,7 +70,7 @@ class Model {
 
   int64_t num_parameters() const { return num_parameters_; }
   int64_t weight_bytes() const { return weight_bytes_; }
-  // "q8_0" when all matrices share a type, else "mixed".
+  // "q8_0" when all layer matrices share a type, else "mixed (q4_k, q6_k)" (most used first).
   std::string weight_type_name() const;
 
  private:

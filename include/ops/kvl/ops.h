@@ -69,7 +69,8 @@ class OpsContext {
 // y[t][r] = sum_k W[r][k] * x[t][k] for t < n_tokens, r < w.rows.
 // x: [n_tokens][w.cols] contiguous; y: [n_tokens][w.rows] contiguous.
 // F32/F16/BF16 weights multiply f32 activations; Q8_0/Q4_0 weights multiply activations quantized
-// to 8 bits per 32-element block (as llama.cpp does), using VNNI where present.
+// to 8 bits per 32-element block (as llama.cpp does), using VNNI where present; so do the K-quant
+// weights Q4_K, Q5_K and Q6_K (cols a multiple of 256, at most 32768).
 // Multithreaded over rows and tokens, never over the reduction dimension.
 void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_tokens, float* y);
 

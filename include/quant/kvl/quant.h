@@ -39,8 +39,8 @@ inline float Bf16ToFp32(uint16_t h) {
 }
 uint16_t Fp32ToBf16(float f);
 
-// Encodes n floats as a row of `type` (F32, F16, BF16, Q8_0, Q4_0; n a multiple of 32 for the
-// block types, checked). out must hold RowBytes(type, n). Q8_0 and Q4_0 use ggml's reference
+// Encodes n floats as a row of `type` (F32, F16, BF16, Q8_0, Q4_0, and the K-quants Q4_K, Q5_K,
+// Q6_K of kvl/kquant.h; n a multiple of 32, or 256 for the K-quants, checked). out must hold RowBytes(type, n). Q8_0 and Q4_0 use ggml's reference
 // quantizers, so files we write round-trip through llama.cpp unchanged.
 void QuantizeRow(DType type, const float* x, int64_t n, void* out);
 // Widens a row of `type` back to n floats.
