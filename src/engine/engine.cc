@@ -184,12 +184,7 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 Engine::~Engine() { Stop(); }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
-  if (options.batch_size < 1) return InvalidArgumentError("batch size (-b) must be at least 1");
-  if (options.num_threads < 0) return InvalidArgumentError("threads (-t) must be positive");
-  if (options.context_length < 0) return InvalidArgumentError("context (-c) must be positive");
-  if (options.max_seqs < 1) return InvalidArgumentError("parallel sequences (-np) must be >= 1");
-  if (options.block_tokens < 1) return InvalidArgumentError("block size must be >= 1 token");
-  if (options.kv_budget_bytes < 0) return InvalidArgumentError("--kv-budget must be positive");
+  KVL_RETURN_IF_ERROR(ValidateEngineOptions(options));  // src/engine/engine_options.cc
   std::unique_ptr<Engine> engine(new Engine());
   Impl& e = *engine->impl_;
   e.options = options;
