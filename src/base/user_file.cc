@@ -28,7 +28,8 @@ StatusOr<int> OpenUserFile(const std::string& path, std::string_view what) {
   if (fd < 0) {
     const int err = errno;
     const std::string msg = fmt::format("{} '{}': cannot open: {}", what, path, std::strerror(err));
-    return err == ENOENT ? NotFoundError(msg) : IoError(msg);
+    // ENOTDIR: a component of the path is a file, so this file does not exist either.
+    return err == ENOENT || err == ENOTDIR ? NotFoundError(msg) : IoError(msg);
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {

@@ -15,7 +15,7 @@ namespace kvl {
 // Opens `path` read-only (O_CLOEXEC) and returns the descriptor, which the caller closes.
 // open() gets O_NONBLOCK, so a FIFO without a writer returns at once; fstat then refuses
 // anything but a regular file, and the descriptor is switched back to blocking. `what` names
-// the file in messages ("model", "profile", "prompt file"). NOT_FOUND for a missing file,
+// the file in messages ("model", "profile", "prompt file"). NOT_FOUND for a missing file (or a path through a file),
 // INVALID_ARGUMENT for a directory, FIFO, socket or device, IO_ERROR for the rest.
 StatusOr<int> OpenUserFile(const std::string& path, std::string_view what);
 
