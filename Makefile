@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 KVL_MODEL ?= ../shared/models/stories260K.gguf
-FUZZ_SECONDS ?= 30
+FUZZ_SECONDS ?= 40
 
 .PHONY: all deps build run test fuzz bench clean
 

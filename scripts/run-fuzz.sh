@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Fuzzes the GGUF reader with libFuzzer for SECONDS (default 30). Run from the repository root.
+# Fuzzes the GGUF reader and the kvl command line's option parsing with libFuzzer, for SECONDS in
+# all (default 40), split evenly between the two. Run from the repository root.
 # Exits non-zero if the fuzzer finds a crash, a sanitizer report or a leak; exits 0 with a note
 # where clang++-14 is missing, since libFuzzer needs clang.
 set -uo pipefail
-seconds="${1:-30}"
+seconds="${1:-40}"
+per_fuzzer=$(( seconds / 2 > 0 ? seconds / 2 : 1 ))
 out=build-fuzz
 cxx=clang++-14
 if ! command -v "$cxx" >/dev/null 2>&1; then
-  echo "fuzz: $cxx not found, skipping the GGUF fuzzer (install clang-14 and libclang-rt-14-dev)"
+  echo "fuzz: $cxx not found, skipping the fuzzers (install clang-14 and libclang-rt-14-dev)"
   exit 0
 fi
 mkdir -p "$out"
@@ -34,8 +36,8 @@ else
 fi
 
 log="$out/gguf_fuzz.log"
-echo "fuzz: running for ${seconds}s (log in $log)"
-"$out/gguf_fuzzer" "$corpus" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=65536 \
+echo "fuzz: gguf for ${per_fuzzer}s (log in $log)"
+"$out/gguf_fuzzer" "$corpus" -max_total_time="$per_fuzzer" -rss_limit_mb=2048 -max_len=65536 \
   -timeout=10 -artifact_prefix="$out/" -print_final_stats=1 >"$log" 2>&1
 rc=$?
 runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
@@ -45,4 +47,53 @@ if [ $rc -ne 0 ]; then
   echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/ (crash-*, leak-*, timeout-*, oom-*)"
   exit 1
 fi
-echo "fuzz: ${runs:-?} runs in ${secs:-$seconds} s, no crashes"
+echo "fuzz: gguf: ${runs:-?} runs in ${secs:-$per_fuzzer} s, no crashes"
+
+# The command line: ParseCommandLine (parse and validate, nothing run) over argument vectors
+# split at NUL bytes. Only the option parsers are linked from the layers below the CLI; the
+# rest of their files (tiers, KV storage) is never called, so its references stay unresolved
+# and --gc-sections drops what it can.
+echo "fuzz: building $out/cli_options_fuzzer"
+objs="$out/cli_obj"
+mkdir -p "$objs"
+includes=()
+for d in include/*; do includes+=("-I$d"); done
+cli_sources=(src/base/*.cc src/cli/options.cc src/engine/engine_options.cc src/kv/tier_spec.cc
+             src/kv/kv_policy.cc src/kv/kv_block_storage.cc src/sampling/sampler.cc
+             fuzz/cli_options_fuzzer.cc)
+cli_objs=()
+for src in "${cli_sources[@]}"; do
+  obj="$objs/$(echo "$src" | tr / _).o"
+  cli_objs+=("$obj")
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
+    "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
+      -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
+      -Isrc/cli -c "$src" -o "$obj" || { echo "fuzz: build of $src failed"; exit 1; }
+  fi
+done
+"$cxx" -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections \
+  -Wl,--unresolved-symbols=ignore-all "${cli_objs[@]}" -lfmt -o "$out/cli_options_fuzzer" || {
+  echo "fuzz: link of the CLI fuzzer failed"; exit 1; }
+cli_corpus="$out/cli_corpus"
+mkdir -p "$cli_corpus"
+# Seeds: the first byte picks the command (run, bench, synth, calibrate, inspect, none).
+printf '\x00-m\0m.gguf\0-n\0-5\0--kv-sink\09223372036854775800' >"$cli_corpus/run_sink"
+printf '\x00-m\0m.gguf\0--kv-tier\0disk:/tmp/a:1MiB\0--kv-policy\0compress\0--kv-quality\0lossless' \
+  >"$cli_corpus/run_tier"
+printf '\x00-m\0m.gguf\0-s\018446744073709551616\0--kv-budget\00\0-c\02000000000' >"$cli_corpus/run_seed"
+printf '\x01-m\0m.gguf\0-p\0-5,16\0-n\00\0--prefix\032\0--suffix\00\0-ctk\0f16,f32' \
+  >"$cli_corpus/bench"
+printf '\x02--shape\0tiny-test\0--seed\099\0-o\0x.gguf' >"$cli_corpus/synth"
+printf '\x03-m\0m.gguf\0-t\0-1\0--quick' >"$cli_corpus/calibrate"
+log="$out/cli_fuzz.log"
+echo "fuzz: cli options for ${per_fuzzer}s (log in $log)"
+"$out/cli_options_fuzzer" "$cli_corpus" -max_total_time="$per_fuzzer" -rss_limit_mb=2048 \
+  -max_len=1024 -timeout=10 -artifact_prefix="$out/cli-" -print_final_stats=1 >"$log" 2>&1
+rc=$?
+runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+if [ $rc -ne 0 ]; then
+  tail -40 "$log"
+  echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/cli-*"
+  exit 1
+fi
+echo "fuzz: cli options: ${runs:-?} runs in ${per_fuzzer} s, no crashes"

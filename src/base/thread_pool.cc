@@ -1,5 +1,9 @@
 #include "kvl/thread_pool.h"
 
+#include <fmt/format.h>
+
+#include <new>
+#include <system_error>
 #include <thread>
 
 namespace kvl {
@@ -12,10 +16,32 @@ inline void CpuRelax() { __builtin_ia32_pause(); }
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
-  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { WorkerLoop(t); });
+  try {
+    for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { WorkerLoop(t); });
+  } catch (...) {
+    // Without this the joinable threads already started would terminate the process when the
+    // vector is destroyed; stopped and joined, the caller gets the exception (see Create).
+    StopWorkers();
+    throw;
+  }
 }
 
-ThreadPool::~ThreadPool() {
+StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(int num_threads) {
+  try {
+    return std::make_unique<ThreadPool>(num_threads);
+  } catch (const std::system_error& e) {
+    return ResourceExhaustedError(
+        fmt::format("cannot start {} threads: {} (lower -t, or raise the process limit: ulimit -u)",
+                    num_threads, e.what()));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError(
+        fmt::format("out of memory starting a pool of {} threads", num_threads));
+  }
+}
+
+ThreadPool::~ThreadPool() { StopWorkers(); }
+
+void ThreadPool::StopWorkers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;

@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "calibration_internal.h"
+#include "kvl/temp_files.h"
 
 namespace kvl::calibration_internal {
 namespace {
@@ -41,7 +42,8 @@ Status Errno(const std::string& what, const std::string& path) {
 // Closes the descriptor and removes the scratch file whatever way the test ends.
 class ScratchFile {
  public:
-  explicit ScratchFile(std::string path) : path_(std::move(path)) {}
+  // Registered before it exists, so a signal at any point removes it (kvl/temp_files.h).
+  explicit ScratchFile(std::string path) : path_(std::move(path)), guard_(path_) {}
   ~ScratchFile() {
     Close();
     ::unlink(path_.c_str());
@@ -72,6 +74,7 @@ class ScratchFile {
 
  private:
   std::string path_;
+  TempFileGuard guard_;
   int fd_ = -1;
 };
 

@@ -10,13 +10,17 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <system_error>
 
 #include "kvl/calibration.h"
+#include "kvl/temp_files.h"
+#include "kvl/user_file.h"
 
 namespace kvl {
 namespace {
+
+// A profile is a few KiB of JSON; anything this large is not one.
+constexpr int64_t kMaxProfileBytes = 16ll << 20;
 
 using Json = nlohmann::ordered_json;  // keeps the fields in the order written, for readers
 
@@ -283,6 +287,7 @@ Status SaveProfile(const MachineProfile& profile, const std::string& path) {
   }
   // Written beside the target and renamed over it, so a reader never sees half a profile.
   const std::string temp = fmt::format("{}.tmp.{}", path, ::getpid());
+  const TempFileGuard temp_guard(temp);  // removed by a signal too
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
     out << text;
@@ -302,18 +307,16 @@ Status SaveProfile(const MachineProfile& profile, const std::string& path) {
 }
 
 StatusOr<MachineProfile> LoadProfile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) {
+  // Through the one door for user-named files: a FIFO or a directory fails at once.
+  StatusOr<std::string> text = ReadUserFile(path, "profile", kMaxProfileBytes);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) {
       return NotFoundError(fmt::format("profile '{}' does not exist; run `kvl calibrate`", path));
     }
-    return IoError(fmt::format("profile '{}': cannot open", path));
+    return text.status();
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
   try {
-    const Json j = Json::parse(buffer.str());
+    const Json j = Json::parse(*text);
     return FromJson(path, j);
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(fmt::format("profile '{}': not valid JSON: {}", path, e.what()));

@@ -13,14 +13,20 @@ namespace kvl::cli {
 
 int Main(int argc, char** argv);
 
+// Flushes stdout: an error (naming the cause, e.g. EPIPE or ENOSPC) when anything written to it
+// was not delivered. Output that was not delivered makes the command fail.
+Status FlushStdout();
+
+inline constexpr const char* kDefaultPrompt = "Once upon a time";
+
 struct RunArgs {
   EngineOptions engine;
-  std::vector<std::string> prompts = {"Once upon a time"};  // -p, repeatable
+  std::vector<std::string> prompts;  // -p, repeatable; neither -p nor -f: kDefaultPrompt
   std::string prompt_file;          // -f: one prompt per line with -np > 1, else the whole file
   int32_t parallel = 1;             // -np: sequences generated at once
   std::string kv_budget;            // --kv-budget 512MiB
   std::vector<std::string> stop;    // --stop
-  int32_t num_predict = 128;  // -n
+  int32_t num_predict = 128;  // -n: -1 = until EOS or the context is full; 0 = none
   SamplingParams sampling;
   bool no_bos = false;
 };

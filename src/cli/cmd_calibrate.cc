@@ -128,10 +128,6 @@ int CalibrateCommand(const CalibrateArgs& args) {
                "the model's own shapes\n");
     return 1;
   }
-  if (args.num_threads < 0) {
-    fmt::print(stderr, "kvl calibrate: threads (-t) must be >= 0, got {}\n", args.num_threads);
-    return 1;
-  }
   StatusOr<std::unique_ptr<Model>> model = Model::Load(args.model_path);
   if (!model.ok()) {
     fmt::print(stderr, "kvl: {}\n", model.status().ToString());
@@ -147,8 +143,12 @@ int CalibrateCommand(const CalibrateArgs& args) {
   const int threads = args.num_threads > 0
                           ? args.num_threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  ThreadPool pool(threads);
-  ops::OpsContext ctx(ops::BestIsa(), &pool);
+  StatusOr<std::unique_ptr<ThreadPool>> pool = ThreadPool::Create(threads);
+  if (!pool.ok()) {
+    fmt::print(stderr, "kvl calibrate: {}\n", pool.status().ToString());
+    return 1;
+  }
+  ops::OpsContext ctx(ops::BestIsa(), pool->get());
   CalibrateOptions options;
   options.disk_dir = args.disk_dir;
   options.quick = args.quick;

@@ -5,10 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 #include "cli.h"
+#include "kvl/user_file.h"
+#include "options.h"
 
 namespace kvl::cli {
 namespace {
@@ -20,13 +21,19 @@ void PrintTiming(const char* what, double ms, int64_t n) {
              what, ms, n, n > 0 ? ms / n : 0.0, ms > 0 ? 1000.0 * n / ms : 0.0);
 }
 
+// A prompt file is read whole; anything this large is not a prompt.
+constexpr int64_t kMaxPromptFileBytes = 64ll << 20;
+
 StatusOr<std::vector<std::string>> LoadPrompts(const RunArgs& args) {
-  if (args.prompt_file.empty()) return args.prompts;
-  std::ifstream in(args.prompt_file, std::ios::binary);
-  if (!in) return NotFoundError(fmt::format("cannot read prompt file '{}'", args.prompt_file));
-  std::stringstream text;
-  text << in.rdbuf();
-  if (args.parallel <= 1) return std::vector<std::string>{text.str()};
+  if (args.prompt_file.empty()) {
+    if (args.prompts.empty()) return std::vector<std::string>{kDefaultPrompt};
+    return args.prompts;
+  }
+  // The one door for user-named files: a directory or a FIFO is an error, not an empty prompt.
+  KVL_ASSIGN_OR_RETURN(const std::string contents,
+                       ReadUserFile(args.prompt_file, "prompt file", kMaxPromptFileBytes));
+  std::istringstream text(contents);
+  if (args.parallel <= 1) return std::vector<std::string>{contents};
   std::vector<std::string> prompts;
   std::string line;
   while (std::getline(text, line)) {
@@ -87,16 +94,23 @@ int RunOne(Engine& e, const RunArgs& args, const std::string& prompt) {
     echoed = true;
     std::fputs(prompt.c_str(), stdout);
   };
+  // -n 0 evaluates the prompt and prints no token (the engine samples none).
+  int64_t printed = 0;
+  bool delivered = true;
   StatusOr<GenerateResult> result = e.Generate(request, [&](int32_t, std::string_view piece) {
+    if (args.num_predict >= 0 && printed >= args.num_predict) return false;
+    ++printed;
     echo();
     std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-    return true;
+    // Output that cannot be delivered (a closed pipe, a full disk) ends the generation.
+    delivered = FlushStdout().ok();
+    return delivered;
   });
   if (!result.ok()) {
     fmt::print(stderr, "kvl: {}\n", result.status().ToString());
     return 1;
   }
+  if (!delivered) return 1;  // Main reports the write error
   echo();
   std::fputc('\n', stdout);
   const GenerateStats& st = result->stats;
@@ -127,14 +141,15 @@ int RunParallel(Engine& e, const RunArgs& args, const std::vector<std::string>& 
     r.sampling = args.sampling;
     r.sampling.seed = args.sampling.seed + static_cast<uint64_t>(i);  // distinct streams
     r.stop_strings = args.stop;
-    StatusOr<RequestId> id = e.Submit(std::move(r), [&out, i](const TokenEvent& ev) {
-      out.text += ev.text;
+    const bool print_tokens = args.num_predict != 0;  // -n 0: the prompt only
+    StatusOr<RequestId> id = e.Submit(std::move(r), [&out, i, print_tokens](const TokenEvent& ev) {
+      if (print_tokens) out.text += ev.text;
       if (!ev.finished) return;
       out.last = ev;
       fmt::print("--- sequence {} ({} prompt tokens, {} from cache, {} generated, {}) ---\n{}{}\n",
                  i, ev.prompt_tokens, ev.cached_prompt_tokens, ev.generated_tokens,
                  ev.finish_reason, out.prompt, out.text);
-      std::fflush(stdout);
+      (void)FlushStdout();  // a failure is reported when the command ends
     });
     if (!id.ok()) {
       fmt::print(stderr, "kvl: sequence {}: {}\n", i, id.status().ToString());
@@ -167,12 +182,9 @@ int RunParallel(Engine& e, const RunArgs& args, const std::vector<std::string>& 
 }  // namespace
 
 int RunCommand(const RunArgs& args) {
-  if (Status s = args.sampling.Validate(); !s.ok()) {
-    fmt::print(stderr, "kvl: {}\n", s.message());
-    return 1;
-  }
-  if (args.parallel < 1) {
-    fmt::print(stderr, "kvl: -np must be at least 1\n");
+  StatusOr<EngineOptions> options = RunEngineOptions(args);  // validated when parsed; cheap
+  if (!options.ok()) {
+    fmt::print(stderr, "kvl: {}\n", options.status().message());
     return 1;
   }
   StatusOr<std::vector<std::string>> prompts = LoadPrompts(args);
@@ -180,17 +192,7 @@ int RunCommand(const RunArgs& args) {
     fmt::print(stderr, "kvl: {}\n", prompts.status().message());
     return 1;
   }
-  EngineOptions options = args.engine;
-  options.max_seqs = std::max(options.max_seqs, args.parallel);
-  if (!args.kv_budget.empty()) {
-    StatusOr<int64_t> bytes = ParseByteSize(args.kv_budget);
-    if (!bytes.ok()) {
-      fmt::print(stderr, "kvl: --kv-budget: {}\n", bytes.status().message());
-      return 1;
-    }
-    options.kv_budget_bytes = *bytes;
-  }
-  StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(options);
+  StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*options);
   if (!engine.ok()) {
     fmt::print(stderr, "kvl: {}\n", engine.status().ToString());
     return 1;
@@ -203,7 +205,13 @@ int RunCommand(const RunArgs& args) {
              "{} blocks of {} tokens\n",
              c.name, e.model().weight_type_name(), FormatParams(e.model().num_parameters()),
              c.num_layers, c.dim, e.num_threads(), ops::IsaName(e.isa()), e.context_length(),
-             FormatBytes(kv.kv_bytes_total), kv.blocks_total, options.block_tokens);
+             FormatBytes(kv.kv_bytes_total), kv.blocks_total, options->block_tokens);
+  if (c.context_length > 0 && e.context_length() > c.context_length) {
+    fmt::print(stderr,
+               "kvl: warning: context {} (-c) is beyond the {} tokens {} was trained on; output "
+               "past that is unreliable\n",
+               e.context_length(), c.context_length, c.name);
+  }
   if (args.parallel == 1) return RunOne(e, args, prompts->front());
   return RunParallel(e, args, *prompts);
 }

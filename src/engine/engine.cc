@@ -14,6 +14,11 @@
 namespace kvl {
 namespace {
 
+// The default KV budget when none is given: every sequence's context, up to this.
+constexpr int64_t kDefaultKvBudgetBytes = 1ll << 30;
+// Tokens a sequence's vectors are reserved for up front (tables, token ids).
+constexpr int64_t kReservedSequenceTokens = 1 << 16;
+
 StatusOr<ops::Isa> ChooseIsa(const std::string& name) {
   const ops::Isa best = ops::BestIsa();
   if (name == "auto") return best;
@@ -82,7 +87,7 @@ Status LoadModel(Engine::Impl& e) {
                                                 : std::min<int64_t>(c.context_length, 4096);
   int threads = options.num_threads;
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  e.pool = std::make_unique<ThreadPool>(threads);
+  KVL_ASSIGN_OR_RETURN(e.pool, ThreadPool::Create(threads));
   e.ops = std::make_unique<ops::OpsContext>(isa, e.pool.get());
   return Status::Ok();
 }
@@ -104,8 +109,9 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   if (kvo.budget_bytes == 0) {
     const int64_t per_context = kvo.layout.block_bytes() *
                                 ((e.context_length + options.block_tokens - 1) / options.block_tokens);
-    kvo.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, 1ll << 30);
-    kvo.budget_bytes = std::max(kvo.budget_bytes, per_context);
+    // Room for every sequence's whole context, within kDefaultKvBudgetBytes: a longer context
+    // pages (or is refused with the budget named), it never reserves memory for what it may use.
+    kvo.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, kDefaultKvBudgetBytes);
   }
   // The budget covers what the pager holds outside the pool too: its fixed buffers whenever pages
   // can leave the pool, and the staging of pages streamed from tiers (or rebuilt from
@@ -137,7 +143,9 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   kvo.model_identity = ModelIdentity(*e.model);
   kvo.enable_prefix_cache = options.prefix_cache;
   kvo.max_seqs = options.max_seqs;
-  kvo.max_seq_tokens = e.context_length;  // tables reserved at admission: steps never grow them
+  // Tables reserved at admission, so steps never grow them (up to a bound: a longer sequence
+  // grows its tables by doubling, not one reservation for a huge -c).
+  kvo.max_seq_tokens = std::min<int64_t>(e.context_length, kReservedSequenceTokens);
   KVL_ASSIGN_OR_RETURN(e.kv, KvManager::Create(kvo));
   KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
   e.pager = std::make_unique<KvPager>(*e.kv, *e.storage, options.max_seqs, e.context_length);
@@ -216,17 +224,7 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 Engine::~Engine() { Stop(); }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
-  if (options.batch_size < 1) return InvalidArgumentError("batch size (-b) must be at least 1");
-  if (options.num_threads < 0) return InvalidArgumentError("threads (-t) must be positive");
-  if (options.context_length < 0) return InvalidArgumentError("context (-c) must be positive");
-  if (options.max_seqs < 1) return InvalidArgumentError("parallel sequences (-np) must be >= 1");
-  if (options.block_tokens < 1) return InvalidArgumentError("block size must be >= 1 token");
-  if (options.kv_budget_bytes < 0) return InvalidArgumentError("--kv-budget must be positive");
-  if (!(options.kv_stream_reserve > 0 && options.kv_stream_reserve < 1)) {
-    return InvalidArgumentError(fmt::format(
-        "--kv-stream-reserve {}: the fraction of the KV budget for streamed pages must be in (0, 1)",
-        options.kv_stream_reserve));
-  }
+  KVL_RETURN_IF_ERROR(ValidateEngineOptions(options));  // engine_options.cc
   std::unique_ptr<Engine> engine(new Engine());
   Impl& e = *engine->impl_;
   e.options = options;
@@ -307,7 +305,12 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
                                        seq->tokens.size(), e.context_length));
   }
   seq->num_prompt = static_cast<int64_t>(seq->tokens.size());
-  seq->tokens.reserve(static_cast<size_t>(e.context_length));
+  // Room for what this request can reach, so decode steps never grow it (an unlimited request
+  // grows by doubling past kReservedSequenceTokens).
+  const int64_t reach = seq->num_prompt + (request.max_new_tokens >= 0
+                                               ? request.max_new_tokens
+                                               : kReservedSequenceTokens) + 1;
+  seq->tokens.reserve(static_cast<size_t>(std::min(e.context_length, reach)));
   seq->prev_token = seq->tokens.back();
   seq->sampler = std::make_unique<Sampler>(request.sampling, static_cast<int32_t>(vocab));
   seq->stop_filter = StopTextFilter(request.stop_strings);

@@ -149,6 +149,9 @@ void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
         "--kv-stream-reserve, or let pages be compressed: --kv-quality balanced)",
         pager_.staged_pages_held());
   }
+  if (!pager_.last_tier_error().ok()) {
+    hint += "; the last page that could not go to a tier: " + pager_.last_tier_error().message();
+  }
   Finish(seq, "error",
          ResourceExhaustedError(fmt::format(
              "the KV budget ({} blocks of {} tokens) cannot hold {} of {} tokens; raise "

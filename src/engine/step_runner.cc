@@ -112,6 +112,12 @@ void StepRunner::RunBatch(const StepPlan& plan) {
         ++row;
         continue;
       }
+      if (seq->request.max_new_tokens == 0) {
+        // Nothing to generate: the prompt is in the cache (a later request can reuse it).
+        ++row;
+        p_.scheduler->Finish(*seq, "length");
+        continue;
+      }
       AppendToken(*seq, seq->sampler->Sample(p_.forward->logits(row++), seq->tokens));
     }
   }

@@ -6,6 +6,9 @@
 
 namespace kvl {
 
+// Positions of per-position scratch reserved up front (see Forward::context_capacity_).
+constexpr int64_t kInitialContextCapacity = 4096;
+
 void TokenBatch::Clear() {
   tokens.clear();
   positions.clear();
@@ -39,7 +42,8 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
   up_.resize(Elems(b, c.ffn_dim));
   rope_cos_.resize(Elems(b, c.head_dim / 2));
   rope_sin_.resize(Elems(b, c.head_dim / 2));
-  scores_.resize(Elems(ops.pool()->num_threads(), options_.max_context));
+  context_capacity_ = std::min<int64_t>(options_.max_context, kInitialContextCapacity);
+  scores_.resize(Elems(ops.pool()->num_threads(), context_capacity_));
   logit_in_.resize(Elems(options_.max_logit_rows, c.dim));
   logits_.resize(Elems(options_.max_logit_rows, c.vocab_size));
   rebuild_cos_.resize(Elems(b, c.head_dim / 2));
@@ -219,9 +223,9 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
     const int64_t kv_offset = (h / group) * c.head_dim;
     const int32_t seq = batch.seq_ids[static_cast<size_t>(t)];
     const int64_t num_visible = batch.positions[static_cast<size_t>(t)] + 1;
-    KVL_CHECK(num_visible <= options_.max_context);
+    KVL_CHECK(num_visible <= context_capacity_);  // PlanAttentionMass grew the scratch
     const float* q = &q_[Elems(t, c.q_dim()) + h * c.head_dim];
-    float* scores = &scores_[Elems(thread, options_.max_context)];
+    float* scores = &scores_[Elems(thread, context_capacity_)];
 
     for (int64_t p = 0; p < num_visible;) {
       const KvCache::Rows rows = kv.RowsAt(seq, layer, p);
@@ -232,7 +236,7 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
     ops::Softmax(ops_, scores, num_visible);
     const int64_t mass_row = mass_row_of_token_[static_cast<size_t>(t)];
     if (mass_row >= 0) {
-      std::memcpy(&mass_scratch_[Elems(mass_row * c.num_heads + h, options_.max_context)], scores,
+      std::memcpy(&mass_scratch_[Elems(mass_row * c.num_heads + h, context_capacity_)], scores,
                   sizeof(float) * static_cast<size_t>(num_visible));
     }
 
@@ -295,8 +299,22 @@ void Forward::MixRows(const KvCache::Rows& rows, const float* weights, int64_t k
 
 // Which tokens' attention weights feed the cache's attention-mass accumulators (those that ask
 // for logits: the newest token of each sequence), each given a row of mass_scratch_.
+void Forward::GrowContextScratch(int64_t positions) {
+  KVL_CHECK(positions <= options_.max_context);
+  context_capacity_ = std::min(options_.max_context, std::max(positions, 2 * context_capacity_));
+  scores_.resize(Elems(ops_.pool()->num_threads(), context_capacity_));
+  if (!mass_scratch_.empty()) {
+    mass_scratch_.resize(Elems(options_.max_logit_rows * config_.num_heads, context_capacity_));
+  }
+}
+
 void Forward::PlanAttentionMass(const TokenBatch& batch, KvCache& kv) {
   const int64_t n = batch.size();
+  int64_t longest = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    longest = std::max<int64_t>(longest, batch.positions[static_cast<size_t>(t)] + 1);
+  }
+  if (longest > context_capacity_) GrowContextScratch(longest);
   int64_t rows = 0;
   for (int64_t t = 0; t < n; ++t) {
     const size_t i = static_cast<size_t>(t);
@@ -307,7 +325,7 @@ void Forward::PlanAttentionMass(const TokenBatch& batch, KvCache& kv) {
   // Sized at the first Run that tracks mass (many caches never do), for the most rows any Run can
   // have (one per logits row), so a later step with more such tokens never reallocates.
   if (rows > 0 && mass_scratch_.empty()) {
-    mass_scratch_.resize(Elems(options_.max_logit_rows * config_.num_heads, options_.max_context));
+    mass_scratch_.resize(Elems(options_.max_logit_rows * config_.num_heads, context_capacity_));
   }
   num_mass_rows_ = rows;
 }
@@ -323,7 +341,7 @@ void Forward::AccumulateAttentionMass(const TokenBatch& batch, KvCache& kv) {
     float* mass = kv.AttentionMass(batch.seq_ids[static_cast<size_t>(t)]);
     const int64_t num_visible = batch.positions[static_cast<size_t>(t)] + 1;
     for (int64_t h = 0; h < c.num_heads; ++h) {
-      const float* weights = &mass_scratch_[Elems(row * c.num_heads + h, options_.max_context)];
+      const float* weights = &mass_scratch_[Elems(row * c.num_heads + h, context_capacity_)];
       for (int64_t p = 0; p < num_visible; ++p) mass[p] += share * weights[p];
     }
   }

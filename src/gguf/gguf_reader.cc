@@ -14,6 +14,7 @@
 
 #include "byte_reader.h"
 #include "kvl/gguf.h"
+#include "kvl/user_file.h"
 
 namespace kvl {
 namespace {
@@ -248,21 +249,13 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::FromBuffer(const uint8_t* data, si
 }
 
 StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    std::string msg = path + ": cannot open: " + std::strerror(err);
-    return err == ENOENT ? NotFoundError(msg) : IoError(msg);
-  }
+  // Never blocks: a FIFO or a device given as the model is refused before any read.
+  KVL_ASSIGN_OR_RETURN(const int fd, OpenUserFile(path, "model"));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
     return IoError(path + ": cannot stat: " + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgumentError(path + ": not a regular file");
   }
   if (st.st_size == 0) {
     ::close(fd);

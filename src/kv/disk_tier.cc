@@ -35,6 +35,7 @@
 #include "page_checksum.h"
 #include "tier_worker.h"
 #include "kvl/kv_tier.h"
+#include "kvl/temp_files.h"
 
 namespace kvl {
 namespace {
@@ -81,6 +82,7 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
     worker_.Stop();  // finish GetAsync work while the file is still open
     if (fd_ >= 0) ::close(fd_);
     ::unlink(path_.c_str());
+    temp_guard_.Release();
   }
 
   std::string_view name() const override { return name_; }
@@ -131,12 +133,14 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
     size_t index = 0;  // into the batch
   };
 
-  DiskTier(const DiskTierOptions& options, int fd, bool direct, std::string name)
+  DiskTier(const DiskTierOptions& options, int fd, TempFileGuard temp_guard, bool direct,
+           std::string name)
       : path_(options.path),
         page_bytes_(options.page_bytes),
         slot_bytes_(DiskSlotBytes(options.page_bytes)),
         num_slots_(options.capacity_bytes / DiskSlotBytes(options.page_bytes)),
         fd_(fd),
+        temp_guard_(std::move(temp_guard)),
         direct_(direct),
         name_(std::move(name)),
         zeros_(static_cast<size_t>(kDiskAlignment), 0),
@@ -181,6 +185,8 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
   const int64_t slot_bytes_;
   const int64_t num_slots_;
   const int fd_;
+  // The page file is temporary: registered before it is created, so a signal removes it.
+  TempFileGuard temp_guard_;
   const bool direct_;
   const std::string name_;
   const std::vector<uint8_t> zeros_;  // padding source for buffered writes
@@ -233,6 +239,7 @@ StatusOr<std::unique_ptr<KvTier>> DiskTier::Make(const DiskTierOptions& options)
         fmt::format("disk tier: {} exists and is not a regular file", options.path));
   }
 
+  TempFileGuard temp_guard(options.path);
   const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
   bool direct = false;
   std::string fallback_reason;
@@ -269,7 +276,7 @@ StatusOr<std::unique_ptr<KvTier>> DiskTier::Make(const DiskTierOptions& options)
   std::string name = direct ? "disk:direct" : "disk";
   if (options.direct_io && !direct)
     name = fmt::format("disk:buffered (O_DIRECT refused: {})", fallback_reason);
-  return std::unique_ptr<KvTier>(new DiskTier(options, fd, direct, std::move(name)));
+  return std::unique_ptr<KvTier>(new DiskTier(options, fd, std::move(temp_guard), direct, std::move(name)));
 }
 
 std::vector<int64_t> DiskTier::AllocateSlotsLocked(int64_t n) {

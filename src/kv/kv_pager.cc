@@ -1,5 +1,7 @@
 #include "kvl/kv_pager.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -7,6 +9,12 @@
 #include "kvl/ops.h"
 
 namespace kvl {
+namespace {
+
+// Positions a sequence's attention mass is sized for at admission.
+constexpr int64_t kInitialPositions = 4096;
+
+}  // namespace
 
 KvPager::KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs,
                  int64_t max_context)
@@ -135,12 +143,15 @@ KvPage& KvPager::PageAt(KvSequencePages& s, int64_t block_index) {
 void KvPager::StartSequence(SeqId seq, KvSequencePages* pages) {
   KVL_CHECK(bound_[static_cast<size_t>(seq)] == nullptr && pages != nullptr);
   bound_[static_cast<size_t>(seq)] = pages;
-  // Sized once per admission (the mass is per position), so steps never grow it.
-  pages->mass.assign(static_cast<size_t>(max_context_), 0.0f);
+  // Sized at admission for the first kInitialPositions positions (steps within them never grow
+  // it); a longer sequence doubles it at the step that needs more (BeginStep), never the whole
+  // context up front.
+  const int64_t positions = std::min(max_context_, kInitialPositions);
+  pages->mass.assign(static_cast<size_t>(positions), 0.0f);
   pages->steps = 0;
   pages->filled_at_step.clear();
-  pages->filled_at_step.reserve(static_cast<size_t>(manager_.BlocksFor(max_context_)));
-  pages->pages.reserve(static_cast<size_t>(manager_.BlocksFor(max_context_)));
+  pages->filled_at_step.reserve(static_cast<size_t>(manager_.BlocksFor(positions)));
+  pages->pages.reserve(static_cast<size_t>(manager_.BlocksFor(positions)));
 }
 
 void KvPager::ReleasePage(KvPage& page) {
@@ -396,7 +407,13 @@ bool KvPager::WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64
       writes.push_back({KeyOf(id, l), std::span<const uint8_t>(out, static_cast<size_t>(layer_bytes_))});
     }
   }
-  if (!tier->Put(writes).ok()) return false;  // a full tier stores none of them
+  // A full or failing tier stores none of them; the cause is kept for the error the user sees.
+  const Status put = tier->Put(writes);
+  if (!put.ok()) {
+    last_tier_error_ =
+        Status(put.code(), fmt::format("the {} tier: {}", tier->name(), put.message()));
+    return false;
+  }
   *page_id = id;
   return true;
 }
@@ -446,6 +463,13 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
   for (SeqId seq : seqs) {
     KvSequencePages& s = Bound(seq);
     ++s.steps;
+    // Attention mass is written per position by this step's forward pass.
+    const int64_t positions = std::min(max_context_, manager_.num_tokens(seq));
+    if (static_cast<int64_t>(s.mass.size()) < positions) {
+      s.mass.resize(static_cast<size_t>(
+                        std::min(max_context_, std::max(positions, 2 * static_cast<int64_t>(s.mass.size())))),
+                    0.0f);
+    }
     const int64_t full_blocks = manager_.num_tokens(seq) / layout_.block_tokens;
     if (static_cast<int64_t>(s.filled_at_step.size()) < full_blocks) {
       s.filled_at_step.resize(static_cast<size_t>(full_blocks), s.steps);
@@ -611,7 +635,8 @@ double KvPager::PageMass(SeqId seq, int64_t block_index) const {
   if (s.mass.empty()) return 0;
   const int64_t first = block_index * layout_.block_tokens;
   double sum = 0;
-  for (int64_t p = first; p < first + layout_.block_tokens; ++p) sum += s.mass[static_cast<size_t>(p)];
+  const int64_t end = std::min<int64_t>(first + layout_.block_tokens, static_cast<int64_t>(s.mass.size()));
+  for (int64_t p = first; p < end; ++p) sum += s.mass[static_cast<size_t>(p)];
   const int64_t since = static_cast<size_t>(block_index) < s.filled_at_step.size()
                             ? s.steps - s.filled_at_step[static_cast<size_t>(block_index)] + 1
                             : 1;

@@ -55,7 +55,7 @@ bool IsLossless(KvAction action) {
 }
 
 StatusOr<KvQuality> ParseKvQuality(std::string_view text) {
-  if (text == "lossless") return KvQuality::kLossless;
+  if (text == "lossless" || text.empty()) return KvQuality::kLossless;  // empty: unset
   if (text == "balanced") return KvQuality::kBalanced;
   if (text == "aggressive") return KvQuality::kAggressive;
   return InvalidArgumentError(

@@ -36,7 +36,9 @@ StatusOr<KvPagingRules> MakeKvPagingRules(const KvPagingSetup& setup,
   r.explain = setup.explain;
   const KvPolicyChoice& policy = setup.policy;
   if (!policy.automatic && !IsLossless(policy.fixed) && r.quality == KvQuality::kLossless) {
-    // A fixed lossy policy says what it wants; the quality preset only steers `auto`.
+    // A fixed lossy policy says what it wants; the quality preset only steers `auto`. (An
+    // explicit --kv-quality lossless beside a lossy policy is refused before this, by
+    // ValidateEngineOptions; here lossless is only the default.)
     r.quality = KvQuality::kAggressive;
   }
   if (!policy.automatic) {

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 #include <vector>
 
@@ -61,6 +62,18 @@ class RamTier final : public KvTier {
   std::string_view name() const override { return name_; }
 
   Status Put(std::span<const PageWrite> pages) override {
+    try {
+      return PutPages(pages);
+    } catch (const std::bad_alloc&) {
+      // The tier's bytes are process memory: name that, not the budget, as the cause.
+      return ResourceExhaustedError(fmt::format(
+          "{} tier: out of memory storing {} pages: the system refused the allocation (capacity "
+          "{} bytes)",
+          name_, pages.size(), capacity_bytes_));
+    }
+  }
+
+  Status PutPages(std::span<const PageWrite> pages) {
     // Encode outside the lock. A key given twice in one batch keeps its last page.
     std::vector<StoredPage> encoded(pages.size());
     for (size_t i = 0; i < pages.size(); ++i) KVL_RETURN_IF_ERROR(Encode(pages[i], &encoded[i]));

@@ -42,6 +42,9 @@ Status SamplingParams::Validate() const {
     return InvalidArgumentError("temperature must be a finite value >= 0, got " +
                                 std::to_string(temperature));
   }
+  if (top_k < 0) {
+    return InvalidArgumentError("top_k must be >= 0 (0 = off), got " + std::to_string(top_k));
+  }
   if (!(top_p > 0.0f && top_p <= 1.0f)) {
     return InvalidArgumentError("top_p must be in (0, 1], got " + std::to_string(top_p));
   }

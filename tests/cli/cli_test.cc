@@ -2,12 +2,20 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "test_paths.h"
 
@@ -19,9 +27,8 @@ struct CommandResult {
   std::string output;  // stdout, plus stderr when asked
 };
 
-CommandResult RunKvl(const std::string& args, bool with_stderr = false) {
-  const std::string cmd =
-      std::string(KVL_KVL_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+// Runs a shell command line; its stdout is the output.
+CommandResult RunShell(const std::string& cmd) {
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return {-1, ""};
   std::string out;
@@ -30,6 +37,11 @@ CommandResult RunKvl(const std::string& args, bool with_stderr = false) {
   while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+CommandResult RunKvl(const std::string& args, bool with_stderr = false) {
+  return RunShell(std::string(KVL_KVL_BINARY) + " " + args +
+                  (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 TEST(CliTest, RunGreedyPrintsTheReferenceStory) {
@@ -236,6 +248,213 @@ TEST(CliTest, RunWithoutCalibrationUsesDefaultsAndWritesNothing) {
       << measured.output;
   EXPECT_TRUE(std::filesystem::exists(path));
   std::filesystem::remove(path);
+}
+
+// Options out of range, overflowing or contradicting each other are refused by the one
+// validation layer before anything runs: exit 1, a message naming the flag, nothing on stdout.
+TEST(CliTest, OptionsOutOfRangeOrContradictoryAreErrors) {
+  const std::string m = " -m " + testing::Stories260KPath() + " ";
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"run" + m + "--kv-sink 9223372036854775800", "--kv-sink"},
+      {"run" + m + "--kv-recent 9223372036854775800", "--kv-recent"},
+      {"run" + m + "--kv-sink -4", "--kv-sink"},
+      {"run" + m + "--kv-recent -1", "--kv-recent"},
+      {"run" + m + "-n -5", "-n"},
+      {"run" + m + "--top-k -5", "top_k"},
+      {"run" + m + "-s 18446744073709551616", "--seed"},
+      {"run" + m + "-s -1", "--seed"},
+      {"run" + m + "--kv-budget 0", "--kv-budget must be positive"},
+      {"run" + m + "-f " + testing::Stories260KPath() + " -p hi", "not both"},
+      {"run" + m + "--kv-tier disk:/tmp/a.kv:1MiB --kv-tier disk:/tmp/b.kv:1MiB",
+       "already given"},
+      {"run" + m + "--kv-tier ram:1MiB --kv-tier ram:2MiB", "already given"},
+      {"run" + m + "--kv-policy compress --kv-quality lossless", "lossy"},
+      {"run" + m + "-c -1", "context"},
+      {"run" + m + "-c 9223372036854775807", "context"},
+      {"run" + m + "-t -2", "threads"},
+      {"run" + m + "-np 0", "-np"},
+      {"bench" + m + "-p -5 -n -3", "-p"},
+      {"bench" + m + "-p 16 -n -3", "-n"},
+      {"bench" + m + "-p 0 -n 0", "nothing to measure"},
+      {"bench" + m + "-p 16 -n 0 --prefix 32 --suffix 0", "--suffix"},
+      {"bench" + m + "-p 16 --prefix -1", "--prefix"},
+      {"synth --shape tiny-test --seed 99999999999999999999 -o /tmp/x.gguf", "--seed"},
+      {"calibrate -t -1" + m, "-t"},
+  };
+  for (const Case& c : cases) {
+    CommandResult out = RunKvl(c.args);
+    EXPECT_EQ(out.exit_code, 1) << c.args;
+    EXPECT_EQ(out.output, "") << c.args;
+    CommandResult err = RunKvl(c.args, /*with_stderr=*/true);
+    EXPECT_NE(err.output.find(c.message), std::string::npos) << c.args << ": " << err.output;
+  }
+  // The largest seed is a seed; a fixed lossy policy without an explicit quality still runs.
+  EXPECT_EQ(RunKvl("run" + m + "-n 2 -t 1 -s 18446744073709551615").exit_code, 0);
+  EXPECT_EQ(RunKvl("run" + m + "-n 2 -t 1 --kv-policy compress").exit_code, 0);
+}
+
+TEST(CliTest, ZeroTokensMeansZeroTokens) {
+  CommandResult r =
+      RunKvl("run -m " + testing::Stories260KPath() + " -p 'Once upon a time' -n 0 --temp 0 -t 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "Once upon a time\n");
+  CommandResult np = RunKvl("run -m " + testing::Stories260KPath() +
+                            " -p 'Once upon a time' -n 0 --temp 0 -t 1 -np 2");
+  ASSERT_EQ(np.exit_code, 0) << np.output;
+  EXPECT_NE(np.output.find("---\nOnce upon a time\n"), std::string::npos) << np.output;
+  EXPECT_EQ(np.output.find("Lily"), std::string::npos) << np.output;
+}
+
+TEST(CliTest, ContextBeyondTheTrainedOneWarns) {
+  CommandResult r = RunKvl("run -m " + testing::Stories260KPath() + " -n 2 -t 1 -c 4096", true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: context 4096 (-c) is beyond the 2048 tokens"),
+            std::string::npos)
+      << r.output;
+  CommandResult within = RunKvl("run -m " + testing::Stories260KPath() + " -n 2 -t 1 -c 512", true);
+  EXPECT_EQ(within.output.find("warning: context"), std::string::npos) << within.output;
+}
+
+// A unique scratch directory per test process.
+std::string ScratchDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/kvl-cli-" + std::to_string(getpid()) + "-" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// A FIFO (or a directory) named as a model, a profile or a prompt file fails at once with a
+// message: it never blocks in open(). `timeout` turns a hang into exit 124.
+TEST(CliTest, SpecialFilesFailAtOnce) {
+  const std::string dir = ScratchDir("fifo");
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string model = " -m " + testing::Stories260KPath() + " ";
+  const std::vector<std::string> commands = {
+      "run -m " + fifo + " -n 2",
+      "inspect " + fifo,
+      "bench -m " + fifo + " -p 8 -n 0 -r 1",
+      "calibrate --quick -t 1 -m " + fifo,
+      "run" + model + "-n 2 -t 1 --kv-tier ram:1MiB --kv-profile " + fifo,
+      "run" + model + "-n 2 -t 1 -f " + fifo,
+  };
+  for (const std::string& c : commands) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string cmd = "timeout 20 " + std::string(KVL_KVL_BINARY) + " " + c + " 2>&1";
+    FILE* pipe = popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+    const int status = pclose(pipe);
+    ASSERT_TRUE(WIFEXITED(status)) << c;
+    EXPECT_EQ(WEXITSTATUS(status), 1) << c << ": " << out;
+    EXPECT_NE(out.find("FIFO"), std::string::npos) << c << ": " << out;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15)) << c;
+  }
+  CommandResult d = RunKvl("run" + model + "-n 2 -t 1 -f " + dir, /*with_stderr=*/true);
+  EXPECT_EQ(d.exit_code, 1) << d.output;
+  EXPECT_NE(d.output.find("is a directory"), std::string::npos) << d.output;
+  std::filesystem::remove_all(dir);
+}
+
+// Output that was not delivered is an error: a full device and a closed pipe.
+TEST(CliTest, FailedStdoutIsAnError) {
+  const std::string model = testing::Stories260KPath();
+  for (const std::string& c :
+       {"run -m " + model + " -n 8 -t 1", "inspect " + model,
+        "bench -m " + model + " -p 8 -n 2 -r 1 -t 1", std::string("synth --list")}) {
+    CommandResult r = RunShell(std::string(KVL_KVL_BINARY) + " " + c + " 2>&1 >/dev/full");
+    EXPECT_EQ(r.exit_code, 1) << c << ": " << r.output;
+    EXPECT_NE(r.output.find("cannot write to standard output: No space left on device"),
+              std::string::npos)
+        << c << ": " << r.output;
+  }
+  // The reader goes away after one byte: generation stops with EPIPE instead of running on.
+  const std::string dir = ScratchDir("pipe");
+  const std::string cmd = "(" + std::string(KVL_KVL_BINARY) + " run -m " + model +
+                          " -n 1000 -c 2048 -t 1 2>" + dir + "/err; echo $? >" + dir +
+                          "/rc) | head -c 1 >/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::ifstream rc(dir + "/rc"), err(dir + "/err");
+  int code = -1;
+  rc >> code;
+  std::string message((std::istreambuf_iterator<char>(err)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(code, 1) << message;
+  EXPECT_NE(message.find("Broken pipe"), std::string::npos) << message;
+  std::filesystem::remove_all(dir);
+}
+
+// Starts kvl with `args` (default signal dispositions, output discarded) and returns its pid.
+pid_t SpawnKvl(const std::vector<std::string>& args) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) signal(sig, SIG_DFL);
+    freopen("/dev/null", "w", stdout);
+    freopen("/dev/null", "w", stderr);
+    std::vector<char*> argv;
+    std::string binary = KVL_KVL_BINARY;
+    argv.push_back(binary.data());
+    std::vector<std::string> copy = args;
+    for (std::string& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// True once a file whose name starts with `prefix` exists in `dir` (polled for up to 20 s).
+bool WaitForFile(const std::string& dir, const std::string& prefix) {
+  for (int i = 0; i < 20000; ++i) {
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      if (entry.path().filename().string().starts_with(prefix)) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+// SIGINT, SIGTERM and SIGHUP during a run leave no tier page file and no calibration scratch
+// file behind, and the exit status still says which signal ended the process.
+TEST(CliTest, SignalsLeaveNoTemporaryFiles) {
+  const std::string model = testing::Stories260KPath();
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    const std::string dir = ScratchDir("signal-run");
+    const pid_t pid = SpawnKvl({"run", "-m", model, "-np", "8", "-n", "2000", "-c", "2048", "-t",
+                                "1", "--no-calibrate", "--kv-tier", "disk:" + dir + "/tier.kv:64MiB",
+                                "--kv-budget", "256KiB", "--kv-policy", "demote-disk",
+                                "--kv-recent", "16"});
+    ASSERT_GT(pid, 0);
+    ASSERT_TRUE(WaitForFile(dir, "tier.kv")) << sig;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // into the generation
+    kill(pid, sig);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "signal " << sig << ", status " << status;
+    EXPECT_EQ(WTERMSIG(status), sig);
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << "signal " << sig << " left a file in " << dir;
+    std::filesystem::remove_all(dir);
+  }
+  // Calibration's scratch file, kvl-calibrate-PID.tmp, in the --disk directory.
+  const std::string dir = ScratchDir("signal-calibrate");
+  const pid_t pid = SpawnKvl({"calibrate", "--quick", "-t", "1", "-m", model, "-o",
+                              dir + "/out/profile.json", "--disk", dir});
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitForFile(dir, "kvl-calibrate-"));
+  kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << status;
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    EXPECT_FALSE(entry.is_regular_file()) << entry.path();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

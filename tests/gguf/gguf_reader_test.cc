@@ -1,6 +1,8 @@
 // Reader tests: a valid file parses; every kind of malformed file gives a clean Status that names
 // the problem. Malformed files start from GgufWriter output with bytes edited.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -373,6 +375,18 @@ TEST(GgufReaderTest, OpenErrorsNameThePath) {
   std::remove(path.c_str());
   EXPECT_STATUS(GgufFile::Open(::testing::TempDir()).status(), StatusCode::kInvalidArgument,
                 "not a regular file");
+}
+
+// A FIFO with no writer would block a plain open() forever; the reader refuses it at once.
+TEST(GgufReaderTest, OpenRefusesAFifoWithoutBlocking) {
+  const std::string path = ::testing::TempDir() + "/kvl_gguf_fifo_" + std::to_string(getpid());
+  std::remove(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  EXPECT_STATUS(GgufFile::Open(path).status(), StatusCode::kInvalidArgument,
+                "is a FIFO (named pipe), not a regular file");
+  EXPECT_STATUS(GgufFile::Open("/dev/null").status(), StatusCode::kInvalidArgument,
+                "character device");
+  std::remove(path.c_str());
 }
 
 TEST(GgufReaderTest, RealStories260KModel) {

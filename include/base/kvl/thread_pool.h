@@ -7,16 +7,22 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "kvl/status.h"
+
 namespace kvl {
 
 class ThreadPool {
  public:
+  // Throws std::system_error when a thread cannot be started (a low process limit); Create
+  // turns that into a Status, and is what code handling user input calls.
   explicit ThreadPool(int num_threads);
+  static StatusOr<std::unique_ptr<ThreadPool>> Create(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -41,6 +47,7 @@ class ThreadPool {
   void Run(int64_t num_tasks, TaskFn fn, void* closure);
   void WorkerLoop(int thread);
   void DrainTasks(int thread);
+  void StopWorkers();
 
   int num_threads_;
   std::vector<std::thread> workers_;

@@ -55,7 +55,9 @@ struct EngineOptions {
   std::vector<std::string> kv_tiers;  // --kv-tier: "ram:1GiB[:zstd]", "disk:PATH:SIZE[:direct]"
   std::string kv_policy = "auto";     // auto | keep | compress | compress-int4 | demote |
                                       // demote-disk | recompute-residual | recompute-tokens | evict
-  std::string kv_quality = "lossless";
+  // lossless | balanced | aggressive; empty: lossless, unless a fixed lossy --kv-policy asks for
+  // more (an explicit "lossless" with a lossy policy is a contradiction and an error).
+  std::string kv_quality;
   std::string profile_path;           // calibration profile; empty: the default path
   // When the KV cost model needs a profile and none is usable at a default path (or none exists
   // at profile_path): true measures this machine now (a few seconds, announced on stderr) and
@@ -73,6 +75,18 @@ struct EngineOptions {
   // 2 / num_layers of a page each. The pool gets the rest. Used only where pages can be streamed.
   double kv_stream_reserve = 0.25;
 };
+
+// Limits of what EngineOptions may ask for: positions are int32, and a thread or a sequence slot
+// costs memory whether used or not.
+inline constexpr int64_t kMaxContextTokens = (1ll << 31) - 1;
+inline constexpr int kMaxThreads = 1024;
+inline constexpr int32_t kMaxSeqs = 4096;
+inline constexpr int32_t kMaxBlockTokens = 4096;
+
+// Every field in range and consistent with the others (policy vs quality, one tier per kind,
+// known cache types), without loading anything: the one check of engine options, made by
+// Engine::Create and by front ends before they start work. INVALID_ARGUMENT naming the flag.
+Status ValidateEngineOptions(const EngineOptions& options);
 
 using RequestId = int64_t;
 

@@ -72,6 +72,7 @@ class Forward final : public KvRebuilder {
                  float scale, float* scores) const;
   void MixRows(const KvCache::Rows& rows, const float* weights, int64_t kv_offset, int64_t count,
                float* out) const;
+  void GrowContextScratch(int64_t positions);
   void PlanAttentionMass(const TokenBatch& batch, KvCache& kv);
   void StoreRow(const float* row, DType type, void* out) const;
   void AccumulateAttentionMass(const TokenBatch& batch, KvCache& kv);
@@ -100,10 +101,14 @@ class Forward final : public KvRebuilder {
   std::vector<double> inv_freq_; // [head_dim/2]
   std::vector<float> rebuild_cos_;  // RebuildLayerKv's own RoPE angles (Run's stay intact)
   std::vector<float> rebuild_sin_;
-  std::vector<float> scores_;  // [threads][max_context] attention scores scratch
+  // Per-position scratch is sized for context_capacity_ positions, the longest sequence seen so
+  // far (at least min(max_context, 4096)), not for max_context: -c bounds it, the tokens really
+  // attended to size it, so a huge -c reserves nothing up front. Grown by doubling.
+  int64_t context_capacity_ = 0;
+  std::vector<float> scores_;  // [threads][context_capacity_] attention scores scratch
   std::vector<float> logit_in_;  // [max_logit_rows][dim]
   // Attention weights of the tokens whose cache tracks attention mass,
-  // [max_logit_rows][head][max_context]; sized at the first use.
+  // [max_logit_rows][head][context_capacity_]; sized at the first use.
   std::vector<float> mass_scratch_;
   std::vector<int64_t> mass_row_of_token_;  // [tokens]: row in mass_scratch_, or -1
   int64_t num_mass_rows_ = 0;               // tokens of this Run that feed attention mass

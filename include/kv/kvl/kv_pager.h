@@ -197,6 +197,9 @@ class KvPager final : public KvDetachedPages {
   int64_t steps(SeqId seq) const;
 
   KvPagerStats stats() const;
+  // Why the last page that could not be saved to a tier was refused (OK when none was): a full
+  // tier, or the OS's error (no space, permission).
+  const Status& last_tier_error() const { return last_tier_error_; }
   const CompressedSlabs& slabs() const { return slabs_; }
   int64_t layer_page_bytes() const { return layer_bytes_; }
 
@@ -268,6 +271,7 @@ class KvPager final : public KvDetachedPages {
   std::vector<SeqId> failed_;
 
   KvPagerStats stats_;
+  Status last_tier_error_;
 };
 
 }  // namespace kvl

@@ -14,7 +14,7 @@ namespace kvl {
 
 struct SamplingParams {
   float temperature = 0.8f;   // 0 = greedy
-  int32_t top_k = 40;         // <= 0: off
+  int32_t top_k = 40;         // 0: off
   float top_p = 0.95f;        // >= 1: off
   float min_p = 0.05f;        // <= 0: off
   float repeat_penalty = 1.0f;  // 1 = off (llama.cpp's --repeat-penalty)

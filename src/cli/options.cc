@@ -1,0 +1,325 @@
+// The kvl command line, parsed (CLI11) and validated: ParseCommandLine and the per-command
+// checks. Nothing here opens a file, allocates by a user's number or starts work.
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <sstream>
+#include <string_view>
+
+#include "kvl/engine.h"
+
+namespace kvl::cli {
+namespace {
+
+// The seed is taken as text: CLI11 saturates integers past 2^64 silently (ParseSeed does not).
+CLI::Option* AddSamplingFlags(CLI::App* cmd, SamplingParams* s, std::string* seed) {
+  CLI::Option* seed_opt = cmd->add_option("-s,--seed", *seed, "RNG seed (same seed, same output)");
+  cmd->add_option("--temp", s->temperature, "temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", s->top_k, "top-k sampling; 0 = off")->capture_default_str();
+  cmd->add_option("--top-p", s->top_p, "top-p (nucleus) sampling; 1 = off")->capture_default_str();
+  cmd->add_option("--min-p", s->min_p, "min-p sampling; 0 = off")->capture_default_str();
+  cmd->add_option("--repeat-penalty", s->repeat_penalty, "repetition penalty; 1 = off")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", s->repeat_last_n, "tokens the penalty looks back over")
+      ->capture_default_str();
+  return seed_opt;
+}
+
+// llama.cpp's multi-letter single-dash flags, which CLI11 cannot declare, mapped to long names
+// (both "-ctk f16" and "-ctk=f16").
+std::vector<std::string> NormalizeArgs(const std::vector<std::string>& in) {
+  struct Alias {
+    std::string_view short_name, long_name;
+  };
+  static constexpr Alias kAliases[] = {
+      {"-np", "--parallel"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}};
+  std::vector<std::string> args;
+  for (auto it = in.rbegin(); it != in.rend(); ++it) {  // CLI11 wants them reversed
+    std::string a = *it;
+    for (const Alias& alias : kAliases) {
+      if (a == alias.short_name) {
+        a = alias.long_name;
+      } else if (a.size() > alias.short_name.size() && a.starts_with(alias.short_name) &&
+                 a[alias.short_name.size()] == '=') {
+        a = std::string(alias.long_name) + a.substr(alias.short_name.size());
+      }
+    }
+    args.push_back(a);
+  }
+  return args;
+}
+
+
+}  // namespace
+
+StatusOr<uint64_t> ParseSeed(const std::string& text, std::string_view flag) {
+  uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    return InvalidArgumentError(fmt::format(
+        "{} must be an integer in [0, 18446744073709551615], got '{}'", flag, text));
+  }
+  return value;
+}
+
+StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
+  ParsedCommand cmd;
+  CLI::App app{"kvlattice: LLM inference with a managed KV memory hierarchy", "kvl"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "kvl 0.1.0");
+
+  RunArgs& run = cmd.run;
+  CLI::App* run_cmd = app.add_subcommand("run", "generate text from a prompt");
+  run_cmd->add_option("-m,--model", run.engine.model_path, "GGUF model file")->required();
+  run_cmd->add_option("-p,--prompt", run.prompts,
+                      "prompt text (repeat for several prompts; default \"Once upon a time\")");
+  run_cmd->add_option("-f,--file", run.prompt_file,
+                      "read the prompt from a file (with -np > 1: one prompt per line)");
+  run_cmd->add_option("--parallel", run.parallel, "sequences generated at once")
+      ->capture_default_str();
+  run_cmd->add_option("--kv-budget", run.kv_budget, "KV cache memory, e.g. 512MiB (default: enough for -np full contexts, at most 1 GiB)");
+  run_cmd->add_option("--stop", run.stop, "stop generating before this text (repeatable)");
+  run_cmd->add_flag("!--no-prefix-cache", run.engine.prefix_cache, "do not reuse cached prompt prefixes");
+  run_cmd->add_option("--kv-tier", run.engine.kv_tiers,
+                      "a tier KV pages can be demoted to: ram:SIZE[:zstd] or disk:PATH:SIZE[:direct] "
+                      "(repeatable)");
+  run_cmd->add_option("--kv-policy", run.engine.kv_policy,
+                      "what happens to cold KV pages when the budget is short: auto (cost model), "
+                      "keep, compress, compress-int4, demote, demote-disk, recompute-residual, "
+                      "recompute-tokens, evict")
+      ->capture_default_str();
+  run_cmd->add_option("--kv-quality", run.engine.kv_quality, "lossless | balanced | aggressive")
+      ->capture_default_str();
+  run_cmd->add_option("--kv-profile", run.engine.profile_path,
+                      "calibration profile (default: $KVL_PROFILE or "
+                      "~/.cache/kvlattice/profile-<model>.json; measured and saved if missing)");
+  run_cmd->add_flag("!--no-calibrate", run.engine.calibrate,
+                    "without a profile, price KV actions with analytic defaults instead of "
+                    "measuring this machine (nothing is written)");
+  run_cmd->add_flag("--explain", run.engine.explain, "print every KV decision with its cost terms");
+  run_cmd->add_option("--kv-sink", run.engine.kv_sink_tokens,
+                      "first tokens never compressed, demoted or evicted (attention sinks)")
+      ->capture_default_str();
+  run_cmd->add_option("--kv-recent", run.engine.kv_recent_tokens,
+                      "newest tokens always kept resident at full precision")
+      ->capture_default_str();
+  run_cmd->add_option("--kv-stream-reserve", run.engine.kv_stream_reserve,
+                      "fraction of --kv-budget that stages pages streamed back from tiers")
+      ->capture_default_str();
+  // -ctk / -ctv (see NormalizeArgs), as llama.cpp's --cache-type-k / --cache-type-v.
+  run_cmd->add_option("--cache-type-k", run.engine.cache_type_k,
+                      "KV cache type for keys (-ctk): f32 | f16 | bf16")
+      ->capture_default_str();
+  run_cmd->add_option("--cache-type-v", run.engine.cache_type_v,
+                      "KV cache type for values (-ctv): f32 | f16 | bf16")
+      ->capture_default_str();
+  run_cmd->add_option("-n,--n-predict", run.num_predict, "tokens to generate; -1 = until EOS")
+      ->capture_default_str();
+  run_cmd->add_option("-t,--threads", run.engine.num_threads, "threads; 0 = every core");
+  run_cmd->add_option("-c,--ctx-size", run.engine.context_length, "context length; 0 = model's");
+  run_cmd->add_option("-b,--batch-size", run.engine.batch_size, "prompt tokens per step")
+      ->capture_default_str();
+  run_cmd->add_option("--isa", run.engine.isa, "kernels: auto | avx512 | avx2 | scalar")
+      ->capture_default_str();
+  run_cmd->add_flag("--no-bos", run.no_bos, "do not prepend BOS to the prompt");
+  std::string run_seed;
+  CLI::Option* run_seed_opt = AddSamplingFlags(run_cmd, &run.sampling, &run_seed);
+
+  InspectArgs& inspect = cmd.inspect;
+  CLI::App* inspect_cmd = app.add_subcommand("inspect", "describe a GGUF model and its KV costs");
+  inspect_cmd->add_option("model", inspect.model_path, "GGUF model file")->required();
+  inspect_cmd->add_flag("--tensors", inspect.show_tensors, "list every tensor");
+  inspect_cmd->add_flag("--json", inspect.json, "print JSON instead of text");
+
+  SynthArgs& synth = cmd.synth;
+  CLI::App* synth_cmd =
+      app.add_subcommand("synth", "write a random-weight GGUF in the shape of a real model");
+  synth_cmd->add_option("--shape", synth.shape, "model shape (see --list)");
+  synth_cmd->add_option("--type", synth.type, "weight type: f32 | f16 | bf16 | q8_0 | q4_0")
+      ->capture_default_str();
+  synth_cmd->add_option("-o,--output", synth.output, "output GGUF path");
+  std::string synth_seed;
+  CLI::Option* synth_seed_opt =
+      synth_cmd->add_option("--seed", synth_seed, "RNG seed (default 1234)");
+  synth_cmd->add_flag("--list", synth.list, "list the known shapes");
+
+  BenchArgs& bench = cmd.bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "llama-bench style prompt and decode speed");
+  bench_cmd->add_option("-m,--model", bench.model_paths, "GGUF model file(s)")->required();
+  bench_cmd->add_option("-p,--n-prompt", bench.prompt_lengths, "prompt lengths (pp tests)")
+      ->delimiter(',');
+  bench_cmd->add_option("-n,--n-gen", bench.gen_lengths, "generated lengths (tg tests)")
+      ->delimiter(',');
+  bench_cmd->add_option("-r,--repetitions", bench.repetitions, "repetitions per test")
+      ->capture_default_str();
+  bench_cmd->add_option("-t,--threads", bench.threads, "thread counts")->delimiter(',');
+  bench_cmd->add_option("-b,--batch-size", bench.batch_size, "prompt tokens per step")
+      ->capture_default_str();
+  bench_cmd->add_option("-o,--output", bench.output, "md | json")->capture_default_str();
+  bench_cmd->add_option("--isa", bench.isa, "kernels: auto | avx512 | avx2 | scalar")
+      ->capture_default_str();
+  bench_cmd->add_option("--parallel", bench.parallel, "sequences decoding together (tg tests)")
+      ->delimiter(',');
+  bench_cmd->add_option("--prefix", bench.prefix_tokens,
+                        "prefix-cache test: shared prompt tokens (0 = off)");
+  bench_cmd->add_option("--suffix", bench.suffix_tokens, "prefix-cache test: unique suffix tokens")
+      ->capture_default_str();
+  // Lists, as llama-bench takes them: every (k, v) pair is a separate engine and table row.
+  bench_cmd->add_option("--cache-type-k", bench.cache_types_k, "KV cache types for keys (-ctk)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench_cmd->add_option("--cache-type-v", bench.cache_types_v, "KV cache types for values (-ctv)")
+      ->delimiter(',')
+      ->capture_default_str();
+
+  CalibrateArgs& calibrate = cmd.calibrate;
+  CLI::App* calibrate_cmd = app.add_subcommand(
+      "calibrate", "measure this machine for the KV cost model and write a profile");
+  calibrate_cmd->add_option("-m,--model", calibrate.model_path,
+                            "GGUF model file (its shapes are measured)");
+  calibrate_cmd->add_option("-t,--threads", calibrate.num_threads, "threads; 0 = every core");
+  calibrate_cmd->add_option("--disk", calibrate.disk_dir,
+                            "directory for the disk test (default: temp dir)");
+  calibrate_cmd->add_flag("--quick", calibrate.quick, "smaller and fewer measurements (seconds)");
+  calibrate_cmd->add_option("-o,--output", calibrate.output,
+                            "profile path (default: $KVL_PROFILE or "
+                            "~/.cache/kvlattice/profile-<model>.json)");
+
+
+  try {
+    std::vector<std::string> args = NormalizeArgs(argv);
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version end parsing with exit code 0: their text is the command's output.
+    std::ostringstream out, err;
+    const int code = app.exit(e, out, err);
+    if (code == 0) {
+      cmd.kind = ParsedCommand::Kind::kPrint;
+      cmd.text = out.str();
+      return cmd;
+    }
+    std::string message = err.str();
+    while (!message.empty() && message.back() == '\n') message.pop_back();
+    return InvalidArgumentError(message);
+  } catch (const CLI::Error& e) {
+    return InvalidArgumentError(e.what());
+  }
+  if (*run_cmd) {
+    cmd.kind = ParsedCommand::Kind::kRun;
+    if (run_seed_opt->count() > 0) {
+      KVL_ASSIGN_OR_RETURN(run.sampling.seed, ParseSeed(run_seed, "--seed"));
+    }
+    KVL_RETURN_IF_ERROR(ValidateRunArgs(run));
+  } else if (*inspect_cmd) {
+    cmd.kind = ParsedCommand::Kind::kInspect;
+  } else if (*synth_cmd) {
+    cmd.kind = ParsedCommand::Kind::kSynth;
+    if (synth_seed_opt->count() > 0) {
+      KVL_ASSIGN_OR_RETURN(synth.seed, ParseSeed(synth_seed, "--seed"));
+    }
+    KVL_RETURN_IF_ERROR(ValidateSynthArgs(synth));
+  } else if (*bench_cmd) {
+    cmd.kind = ParsedCommand::Kind::kBench;
+    KVL_RETURN_IF_ERROR(ValidateBenchArgs(bench));
+  } else if (*calibrate_cmd) {
+    cmd.kind = ParsedCommand::Kind::kCalibrate;
+    KVL_RETURN_IF_ERROR(ValidateCalibrateArgs(calibrate));
+  } else {
+    return InvalidArgumentError("give a command: run, inspect, synth, bench or calibrate");
+  }
+  return cmd;
+}
+
+namespace {
+
+// Most values a bench or run asks for are token counts; none may exceed what positions hold.
+Status CheckRange(std::string_view flag, int64_t value, int64_t lo, int64_t hi) {
+  if (value >= lo && value <= hi) return Status::Ok();
+  return InvalidArgumentError(fmt::format("{} must be in [{}, {}], got {}", flag, lo, hi, value));
+}
+
+}  // namespace
+
+StatusOr<EngineOptions> RunEngineOptions(const RunArgs& args) {
+  EngineOptions options = args.engine;
+  options.max_seqs = std::max(options.max_seqs, args.parallel);
+  if (!args.kv_budget.empty()) {
+    StatusOr<int64_t> bytes = ParseByteSize(args.kv_budget);
+    if (!bytes.ok()) {
+      return InvalidArgumentError(fmt::format("--kv-budget: {}", bytes.status().message()));
+    }
+    if (*bytes <= 0) {
+      return InvalidArgumentError(fmt::format(
+          "--kv-budget must be positive, got '{}' (leave it out for the default)", args.kv_budget));
+    }
+    options.kv_budget_bytes = *bytes;
+  }
+  KVL_RETURN_IF_ERROR(ValidateEngineOptions(options));
+  return options;
+}
+
+Status ValidateRunArgs(const RunArgs& args) {
+  if (!args.prompt_file.empty() && !args.prompts.empty()) {
+    return InvalidArgumentError("give the prompt with -p or with -f, not both");
+  }
+  KVL_RETURN_IF_ERROR(CheckRange("-np (--parallel)", args.parallel, 1, kMaxSeqs));
+  KVL_RETURN_IF_ERROR(
+      CheckRange("-n (--n-predict; -1 = until EOS)", args.num_predict, -1, kMaxContextTokens));
+  KVL_RETURN_IF_ERROR(args.sampling.Validate());
+  return RunEngineOptions(args).status();
+}
+
+Status ValidateBenchArgs(const BenchArgs& args) {
+  if (args.model_paths.empty()) return InvalidArgumentError("give a model with -m");
+  // Sizes end up as prompt tokens plus a few, so they stay well inside a context.
+  constexpr int64_t kMaxTokens = kMaxContextTokens / 4;
+  bool any_test = false;
+  for (int64_t p : args.prompt_lengths) {
+    KVL_RETURN_IF_ERROR(CheckRange("-p (--n-prompt)", p, 0, kMaxTokens));
+    any_test |= p > 0;
+  }
+  for (int64_t n : args.gen_lengths) {
+    KVL_RETURN_IF_ERROR(CheckRange("-n (--n-gen)", n, 0, kMaxTokens));
+    any_test |= n > 0;
+  }
+  KVL_RETURN_IF_ERROR(CheckRange("-r (--repetitions)", args.repetitions, 1, 100000));
+  for (int t : args.threads) KVL_RETURN_IF_ERROR(CheckRange("-t (--threads)", t, 0, kMaxThreads));
+  KVL_RETURN_IF_ERROR(CheckRange("-b (--batch-size)", args.batch_size, 1, kMaxContextTokens));
+  for (int np : args.parallel) KVL_RETURN_IF_ERROR(CheckRange("-np (--parallel)", np, 1, kMaxSeqs));
+  KVL_RETURN_IF_ERROR(CheckRange("--prefix", args.prefix_tokens, 0, kMaxTokens));
+  if (args.prefix_tokens > 0) {
+    // With no unique suffix the second request is the first again: there is nothing to compare.
+    KVL_RETURN_IF_ERROR(CheckRange("--suffix (with --prefix)", args.suffix_tokens, 1, kMaxTokens));
+    any_test = true;
+  } else {
+    KVL_RETURN_IF_ERROR(CheckRange("--suffix", args.suffix_tokens, 0, kMaxTokens));
+  }
+  if (!any_test) {
+    return InvalidArgumentError("nothing to measure: give -p or -n sizes above 0, or --prefix");
+  }
+  if (args.output != "md" && args.output != "json") {
+    return InvalidArgumentError(fmt::format("-o must be md or json, got '{}'", args.output));
+  }
+  for (const std::string& t : args.cache_types_k) KVL_RETURN_IF_ERROR(ParseKvCacheType(t).status());
+  for (const std::string& t : args.cache_types_v) KVL_RETURN_IF_ERROR(ParseKvCacheType(t).status());
+  return Status::Ok();
+}
+
+Status ValidateCalibrateArgs(const CalibrateArgs& args) {
+  return CheckRange("calibrate -t (--threads; 0 = every core)", args.num_threads, 0, kMaxThreads);
+}
+
+Status ValidateSynthArgs(const SynthArgs& args) {
+  if (!args.list && !args.shape.empty() && args.output.empty()) {
+    return InvalidArgumentError("give an output file with -o");
+  }
+  return Status::Ok();
+}
+
+
+}  // namespace kvl::cli

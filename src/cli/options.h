@@ -1,0 +1,42 @@
+// The command line, parsed and validated, nothing run: the one layer that checks what a user
+// typed. Main runs what it returns; the option fuzzer (fuzz/cli_options_fuzzer.cc) calls it on
+// arbitrary argument vectors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "kvl/status.h"
+
+namespace kvl::cli {
+
+struct ParsedCommand {
+  enum class Kind { kPrint, kRun, kInspect, kSynth, kBench, kCalibrate };
+  Kind kind = Kind::kPrint;
+  std::string text;  // kPrint: help or version text for stdout
+  RunArgs run;
+  InspectArgs inspect;
+  SynthArgs synth;
+  BenchArgs bench;
+  CalibrateArgs calibrate;
+};
+
+// args excludes the program name. INVALID_ARGUMENT with CLI11's message for a syntax error, or
+// the validation's for a value out of range or options that contradict each other.
+StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args);
+
+// Range and consistency checks per command (run also checks its EngineOptions with
+// ValidateEngineOptions, as Engine::Create does).
+Status ValidateRunArgs(const RunArgs& args);
+// The engine's options for a run: -np and --kv-budget folded in, validated.
+StatusOr<EngineOptions> RunEngineOptions(const RunArgs& args);
+Status ValidateBenchArgs(const BenchArgs& args);
+Status ValidateCalibrateArgs(const CalibrateArgs& args);
+Status ValidateSynthArgs(const SynthArgs& args);
+
+// "12345" -> 12345 over the whole uint64 range; anything else (a sign, 2^64 or more, junk) is an
+// error naming `flag`.
+StatusOr<uint64_t> ParseSeed(const std::string& text, std::string_view flag);
+
+}  // namespace kvl::cli

@@ -1,0 +1,73 @@
+// ValidateEngineOptions: ranges and contradictions of EngineOptions, checked before anything is
+// loaded or allocated, so a user's number never reaches arithmetic that it could overflow.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "kvl/engine.h"
+
+namespace kvl {
+
+Status ValidateEngineOptions(const EngineOptions& o) {
+  if (o.batch_size < 1 || o.batch_size > kMaxContextTokens) {
+    return InvalidArgumentError(fmt::format("batch size (-b) must be in [1, {}], got {}",
+                                            kMaxContextTokens, o.batch_size));
+  }
+  if (o.num_threads < 0 || o.num_threads > kMaxThreads) {
+    return InvalidArgumentError(fmt::format("threads (-t) must be in [0, {}] (0 = every core), got {}",
+                                            kMaxThreads, o.num_threads));
+  }
+  if (o.context_length < 0 || o.context_length > kMaxContextTokens) {
+    return InvalidArgumentError(
+        fmt::format("context (-c) must be in [0, {}] tokens (0 = the model's), got {}",
+                    kMaxContextTokens, o.context_length));
+  }
+  if (o.max_seqs < 1 || o.max_seqs > kMaxSeqs) {
+    return InvalidArgumentError(fmt::format("parallel sequences (-np) must be in [1, {}], got {}",
+                                            kMaxSeqs, o.max_seqs));
+  }
+  if (o.block_tokens < 1 || o.block_tokens > kMaxBlockTokens) {
+    return InvalidArgumentError(fmt::format("block size must be in [1, {}] tokens, got {}",
+                                            kMaxBlockTokens, o.block_tokens));
+  }
+  if (o.kv_budget_bytes < 0) {
+    return InvalidArgumentError(
+        fmt::format("--kv-budget must be positive (0 = the default), got {}", o.kv_budget_bytes));
+  }
+  if (o.kv_sink_tokens < 0 || o.kv_sink_tokens > kMaxContextTokens) {
+    return InvalidArgumentError(fmt::format("--kv-sink must be in [0, {}] tokens, got {}",
+                                            kMaxContextTokens, o.kv_sink_tokens));
+  }
+  if (o.kv_recent_tokens < 0 || o.kv_recent_tokens > kMaxContextTokens) {
+    return InvalidArgumentError(fmt::format("--kv-recent must be in [0, {}] tokens, got {}",
+                                            kMaxContextTokens, o.kv_recent_tokens));
+  }
+  if (!(o.kv_stream_reserve > 0 && o.kv_stream_reserve < 1)) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-stream-reserve must be a fraction of the KV budget in (0, 1), got {}",
+        o.kv_stream_reserve));
+  }
+  KVL_RETURN_IF_ERROR(ParseKvCacheType(o.cache_type_k).status());
+  KVL_RETURN_IF_ERROR(ParseKvCacheType(o.cache_type_v).status());
+  KVL_ASSIGN_OR_RETURN(const KvPolicyChoice policy, ParseKvPolicy(o.kv_policy));
+  KVL_ASSIGN_OR_RETURN(const KvQuality quality, ParseKvQuality(o.kv_quality));
+  if (!policy.automatic && !IsLossless(policy.fixed) && !o.kv_quality.empty() &&
+      quality == KvQuality::kLossless) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-policy {} is lossy but --kv-quality lossless asks for no loss: drop one of them",
+        o.kv_policy));
+  }
+  std::vector<std::string> kinds;
+  for (const std::string& text : o.kv_tiers) {
+    KVL_ASSIGN_OR_RETURN(const TierSpec spec, ParseTierSpec(text));
+    if (std::find(kinds.begin(), kinds.end(), spec.kind) != kinds.end()) {
+      return InvalidArgumentError(fmt::format(
+          "--kv-tier {}: a {} tier is already given; there is at most one tier of each kind",
+          text, spec.kind));
+    }
+    kinds.push_back(spec.kind);
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvl
