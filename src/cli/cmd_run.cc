@@ -61,10 +61,14 @@ void PrintKvSummary(const EngineMetrics& m) {
                c.predicted_ms, c.measured_ms);
   }
   fmt::print(stderr,
-             "kvl: kv pool peak {} of {}; {} layer pages streamed back, {:.2f} ms waited; {} "
-             "rebuilt from checkpoints in {:.2f} ms\n",
-             FormatBytes(m.kv.kv_bytes_peak), FormatBytes(m.kv.kv_bytes_total), m.kv_layers_streamed,
-             m.kv_stream_wait_ms, m.kv_layers_rebuilt, m.kv_rebuild_ms);
+             "kvl: kv resident peak {} of {} (pool {} of {}, buffers for pages leaving it {}); {} "
+             "layer pages streamed back, {:.2f} ms waited; {} rebuilt from checkpoints in {:.2f} "
+             "ms\n",
+             FormatBytes(m.kv_resident_bytes_peak),
+             FormatBytes(m.kv.kv_bytes_total + m.kv_stream_staging_bytes),
+             FormatBytes(m.kv.kv_bytes_peak), FormatBytes(m.kv.kv_bytes_total),
+             FormatBytes(m.kv_stream_staging_bytes), m.kv_layers_streamed, m.kv_stream_wait_ms,
+             m.kv_layers_rebuilt, m.kv_rebuild_ms);
   // Pages are held outside the pool only while their sequence runs, so after a finished run these
   // are zero; they show when a run ended with sequences still holding them.
   if (m.kv_pages_compressed + m.kv_pages_streamed + m.kv_pages_evicted > 0) {
@@ -73,8 +77,10 @@ void PrintKvSummary(const EngineMetrics& m) {
                m.kv_pages_evicted);
   }
   if (m.kv_checksum_failures > 0) {
-    fmt::print(stderr, "kvl: {} demoted pages failed their checksum and were recomputed\n",
-               m.kv_checksum_failures);
+    fmt::print(stderr,
+               "kvl: {} reads from a tier failed their checksum or I/O; {} pages were recomputed "
+               "from their tokens instead\n",
+               m.kv_checksum_failures, m.kv_pages_recomputed_after_failure);
   }
 }
 

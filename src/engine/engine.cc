@@ -16,6 +16,9 @@ namespace {
 
 // The default KV budget when none is given: every sequence's context, up to this.
 constexpr int64_t kDefaultKvBudgetBytes = 1ll << 30;
+// `auto` keeps residual checkpoints in the pool's blocks only where the pool still holds this
+// many blocks with them.
+constexpr int64_t kMinBlocksWithCheckpoints = 16;
 // Tokens a sequence's vectors are reserved for up front (tables, token ids).
 constexpr int64_t kReservedSequenceTokens = 1 << 16;
 
@@ -92,6 +95,45 @@ Status LoadModel(Engine::Impl& e) {
   return Status::Ok();
 }
 
+// How the budget splits between the pool and the pager's buffers outside it.
+struct KvPoolSizing {
+  int64_t budget_bytes = 0;   // all of it
+  int64_t staged_pages = 0;   // pages that can be streamed or rebuilt at once
+  int64_t staging_bytes = 0;  // the pager's buffers: out of the budget
+  bool compresses = false;    // pages may be compressed: the codec's scratch is reserved
+};
+
+// The budget covers what the pager holds outside the pool too: its fixed buffers whenever pages
+// can leave the pool, and the staging of pages streamed from tiers (or rebuilt from checkpoints)
+// every step, a fraction of the budget, where running pages can go to a tier.
+KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlockLayout& layout) {
+  const EngineOptions& options = e.options;
+  KvPoolSizing z;
+  z.budget_bytes = options.kv_budget_bytes;
+  if (z.budget_bytes == 0) {
+    const int64_t per_context =
+        layout.block_bytes() * ((e.context_length + options.block_tokens - 1) / options.block_tokens);
+    // Room for every sequence's whole context, within kDefaultKvBudgetBytes: a longer context
+    // pages (or is refused with the budget named), it never reserves memory for what it may use.
+    z.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, kDefaultKvBudgetBytes);
+  }
+  const KvStagingCost staging = KvPager::StagingCost(layout);
+  z.compresses = kv.quality != KvQuality::kLossless ||
+                 (!kv.policy.automatic && !IsLossless(kv.policy.fixed));
+  const bool streams = kv.policy.automatic ? !kv.tiers.empty()
+                                           : kv.policy.fixed == KvAction::kDemoteRam ||
+                                                 kv.policy.fixed == KvAction::kDemoteDisk ||
+                                                 kv.policy.fixed == KvAction::kRecomputeResidual;
+  const int64_t fixed_bytes = z.compresses ? staging.fixed : 0;
+  if (streams) {
+    const double reserve = static_cast<double>(z.budget_bytes) * options.kv_stream_reserve;
+    z.staged_pages = std::max<int64_t>(
+        1, static_cast<int64_t>(reserve - static_cast<double>(fixed_bytes)) / staging.per_page);
+  }
+  z.staging_bytes = fixed_bytes + z.staged_pages * staging.per_page;
+  return z;
+}
+
 // The paged pool sized from the budget, its storage, the pager and the forward pass's view.
 Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   const EngineOptions& options = e.options;
@@ -105,41 +147,22 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   if (KeepsResidualCheckpoints(kv.policy, kv.has_tier("ram"), c.dim, c.kv_dim())) {
     kvo.layout.residual_dim = c.dim;
   }
-  kvo.budget_bytes = options.kv_budget_bytes;
-  if (kvo.budget_bytes == 0) {
-    const int64_t per_context = kvo.layout.block_bytes() *
-                                ((e.context_length + options.block_tokens - 1) / options.block_tokens);
-    // Room for every sequence's whole context, within kDefaultKvBudgetBytes: a longer context
-    // pages (or is refused with the budget named), it never reserves memory for what it may use.
-    kvo.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, kDefaultKvBudgetBytes);
+  KvPoolSizing z = SizeKvPool(e, kv, kvo.layout);
+  if (kv.policy.automatic && kvo.layout.residual_dim > 0 &&
+      (z.budget_bytes - z.staging_bytes) / kvo.layout.block_bytes() < kMinBlocksWithCheckpoints) {
+    // Checkpoints are an option `auto` may take, never a reason for a budget to stop working:
+    // where they would leave the pool too few blocks, the pool keeps K/V only.
+    kvo.layout.residual_dim = 0;
+    z = SizeKvPool(e, kv, kvo.layout);
   }
-  // The budget covers what the pager holds outside the pool too: its fixed buffers whenever pages
-  // can leave the pool, and the staging of pages streamed from tiers (or rebuilt from
-  // checkpoints) every step, a fraction of the budget, where running pages can go to a tier.
-  const KvStagingCost staging = KvPager::StagingCost(kvo.layout);
-  const bool pages_leave_pool =
-      !kv.tiers.empty() || kv.quality != KvQuality::kLossless ||
-      (!kv.policy.automatic && kv.policy.fixed != KvAction::kKeep);
-  const bool streams = kv.policy.automatic ? !kv.tiers.empty()
-                                           : kv.policy.fixed == KvAction::kDemoteRam ||
-                                                 kv.policy.fixed == KvAction::kDemoteDisk ||
-                                                 kv.policy.fixed == KvAction::kRecomputeResidual;
-  const int64_t fixed_bytes = pages_leave_pool ? staging.fixed : 0;
-  int64_t staged_pages = 0;
-  if (streams) {
-    const double reserve = static_cast<double>(kvo.budget_bytes) * options.kv_stream_reserve;
-    staged_pages = std::max<int64_t>(
-        1, static_cast<int64_t>(reserve - static_cast<double>(fixed_bytes)) / staging.per_page);
-  }
-  const int64_t staging_bytes = fixed_bytes + staged_pages * staging.per_page;
-  if (kvo.budget_bytes - staging_bytes < kvo.layout.block_bytes()) {
+  if (z.budget_bytes - z.staging_bytes < kvo.layout.block_bytes()) {
     return ResourceExhaustedError(fmt::format(
         "--kv-budget {} bytes holds no KV block of {} bytes once {} bytes are set aside for the "
         "pages that leave the pool ({} staged pages; --kv-stream-reserve {})",
-        kvo.budget_bytes, kvo.layout.block_bytes(), staging_bytes, staged_pages,
+        z.budget_bytes, kvo.layout.block_bytes(), z.staging_bytes, z.staged_pages,
         options.kv_stream_reserve));
   }
-  kvo.budget_bytes -= staging_bytes;
+  kvo.budget_bytes = z.budget_bytes - z.staging_bytes;
   kvo.model_identity = ModelIdentity(*e.model);
   kvo.enable_prefix_cache = options.prefix_cache;
   kvo.max_seqs = options.max_seqs;
@@ -149,7 +172,7 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   KVL_ASSIGN_OR_RETURN(e.kv, KvManager::Create(kvo));
   KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
   e.pager = std::make_unique<KvPager>(*e.kv, *e.storage, options.max_seqs, e.context_length);
-  e.pager->ReserveStaging(staged_pages);
+  e.pager->ReserveStaging(z.staged_pages, z.compresses);
   e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage, e.pager.get());
   return Status::Ok();
 }

@@ -45,9 +45,10 @@ void MetricsRecorder::CountRestored(KvAction action, double predicted_ms, double
   counter.measured_ms += measured_ms;
 }
 
-void MetricsRecorder::CountChecksumFailure() {
+void MetricsRecorder::CountReadFailure(int64_t pages) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++checksum_failures_;
+  pages_recomputed_after_failure_ += pages;
 }
 
 void MetricsRecorder::CountPreemption() {
@@ -98,6 +99,7 @@ void MetricsRecorder::Snapshot(EngineMetrics* m) const {
   m->kv = kv_stats_;
   m->kv_actions = action_counters_;
   m->kv_checksum_failures = checksum_failures_;
+  m->kv_pages_recomputed_after_failure = pages_recomputed_after_failure_;
   m->kv_pages_compressed = pager_stats_.compressed_pages;
   m->kv_pages_streamed = pager_stats_.streamed_pages;
   m->kv_pages_evicted = pager_stats_.evicted_pages;

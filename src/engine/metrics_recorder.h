@@ -33,7 +33,8 @@ class MetricsRecorder {
   void CountPageAction(KvAction action, int64_t bytes);
   // Pages brought back after a preemption: what the cost model predicted and what it took.
   void CountRestored(KvAction action, double predicted_ms, double measured_ms);
-  void CountChecksumFailure();
+  // A tier read failed its checksum or I/O; `pages` are recomputed from their tokens instead.
+  void CountReadFailure(int64_t pages);
   void CountPreemption();
   void CountFinished();
   // A token sampled for `seq` at `now`: time to first token or inter-token latency.
@@ -51,6 +52,7 @@ class MetricsRecorder {
   mutable std::mutex mutex_;
   std::array<KvActionCounter, kNumKvActions> action_counters_{};
   int64_t checksum_failures_ = 0;
+  int64_t pages_recomputed_after_failure_ = 0;
   int64_t requests_finished_ = 0;
   int64_t preemptions_ = 0;
   int64_t num_steps_ = 0;

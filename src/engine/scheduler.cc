@@ -77,6 +77,7 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, StepPlan
 
 bool Scheduler::Schedule(StepPlan* plan) {
   size_t max_admissions = waiting_.size();
+  planner_.ClearFailedActions();
   // Prefill chunks shrink when a sequence pages through a pool smaller than one chunk.
   int64_t prefill_cap = options_.max_batch_tokens;
   for (;;) {
@@ -137,7 +138,17 @@ bool Scheduler::Schedule(StepPlan* plan) {
 }
 
 void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
-  const std::string what = prompt_only ? "a prompt" : "a sequence";
+  // What the budget holds, and why the pages that could have left the pool did not.
+  std::string holds = fmt::format("{} blocks of {} tokens", kv_.num_blocks(), block_tokens_);
+  const int64_t staging_bytes = pager_.stats().staging_bytes;
+  if (staging_bytes > 0) {
+    holds += fmt::format(" in the pool, and {:.1f} KiB of buffers for pages leaving it",
+                         static_cast<double>(staging_bytes) / 1024.0);
+    if (pager_.staging_capacity_pages() > 0) {
+      holds += fmt::format(" ({} pages streamed from tiers at once)",
+                           pager_.staging_capacity_pages());
+    }
+  }
   std::string hint;
   if (!prompt_only && !planner_.rules().pages_running_sequences) {
     hint = ", or let its pages move: --kv-policy auto with --kv-tier ram:SIZE (lossless) or "
@@ -148,15 +159,17 @@ void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
         "; its {} pages streamed from tiers fill the staging reserved for them (raise "
         "--kv-stream-reserve, or let pages be compressed: --kv-quality balanced)",
         pager_.staged_pages_held());
+  } else if (!prompt_only) {
+    hint = "; the attention sinks, the recent window and the page being written stay in the "
+           "pool (--kv-sink, --kv-recent)";
   }
   if (!pager_.last_tier_error().ok()) {
     hint += "; the last page that could not go to a tier: " + pager_.last_tier_error().message();
   }
   Finish(seq, "error",
          ResourceExhaustedError(fmt::format(
-             "the KV budget ({} blocks of {} tokens) cannot hold {} of {} tokens; raise "
-             "--kv-budget{}",
-             kv_.num_blocks(), block_tokens_, what, seq.tokens.size(), hint)));
+             "the KV budget ({}) cannot hold {} of {} tokens; raise --kv-budget{}", holds,
+             prompt_only ? "a prompt" : "a sequence", seq.tokens.size(), hint)));
 }
 
 void Scheduler::CountAppliedActions(const KvPagePlan& plan) {
@@ -172,7 +185,10 @@ bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
     if (seq->slot >= 0 && kv_.Contains(seq->slot)) planned_running_.push_back({seq->slot, seq->id});
   }
   planner_.PlanRelief(planned_running_, blocks_short, phase, &page_plan_);
-  if (pager_.Apply(page_plan_) > 0) {
+  const int64_t applied = pager_.Apply(page_plan_);
+  planner_.NoteFailedActions(page_plan_);  // planned again, a failed page takes another action
+  if (applied > 0 || std::any_of(page_plan_.actions.begin(), page_plan_.actions.end(),
+                                 [](const KvPageAction& a) { return a.failed; })) {
     CountAppliedActions(page_plan_);
     return true;
   }
@@ -199,6 +215,7 @@ void Scheduler::PreemptAt(size_t running_index) {
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
   planner_.PlanPreemption({seq->slot, seq->id}, seq->num_computed, phase_, &page_plan_);
   pager_.Preempt(seq->slot, page_plan_);
+  planner_.NoteFailedActions(page_plan_);
   const int64_t bytes = kv_.options().layout.kv_bytes();
   for (const KvPageAction& a : page_plan_.actions) {
     metrics_.CountPageAction(a.applied ? a.action : KvAction::kRecomputeTokens, bytes);

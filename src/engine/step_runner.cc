@@ -21,7 +21,7 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
   const int64_t first_block = seq.num_computed / block_tokens_;
   const int64_t num_blocks = seq.restore_tokens / block_tokens_;
   const int64_t restored = p_.pager->RestorePages(seq.slot, first_block, num_blocks);
-  if (restored < num_blocks) p_.metrics->CountChecksumFailure();
+  if (restored < num_blocks) p_.metrics->CountReadFailure(num_blocks - restored);
   const double ms = MillisecondsBetween(start, Clock::now());
   for (int64_t b = first_block; b < first_block + restored; ++b) {
     const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
@@ -125,7 +125,8 @@ void StepRunner::RunBatch(const StepPlan& plan) {
 
 void StepRunner::RecomputeFailedStreams() {
   for (Sequence* seq : to_recompute_) {
-    p_.metrics->CountChecksumFailure();
+    // The sequence is recomputed whole: every computed full page.
+    p_.metrics->CountReadFailure(seq->num_computed / block_tokens_);
     seq->stream_failed = false;
     if (!seq->finished) p_.scheduler->Preempt(*seq);  // a paged sequence: recomputed whole
   }

@@ -60,11 +60,11 @@ uint8_t* KvBlockStorage::bytes(BlockId block) {
 }
 
 uint8_t* KvBlockStorage::key_bytes(BlockId block, int64_t layer) {
-  return bytes(block) + layer * layout_.layer_k_bytes();
+  return bytes(block) + layer * (layout_.layer_k_bytes() + layout_.layer_v_bytes());
 }
 
 uint8_t* KvBlockStorage::value_bytes(BlockId block, int64_t layer) {
-  return bytes(block) + layout_.num_layers * layout_.layer_k_bytes() + layer * layout_.layer_v_bytes();
+  return key_bytes(block, layer) + layout_.layer_k_bytes();
 }
 
 float* KvBlockStorage::keys(BlockId block, int64_t layer) {

@@ -27,7 +27,7 @@ KvPager::KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs,
                               static_cast<int64_t>(sizeof(float))),
       slabs_(manager, storage),
       bound_(static_cast<size_t>(max_seqs), nullptr) {
-  ReserveStaging(0);
+  ReserveStaging(0, /*compresses=*/false);
 }
 
 KvStagingCost KvPager::StagingCost(const KvBlockLayout& layout) {
@@ -38,8 +38,7 @@ KvStagingCost KvPager::StagingCost(const KvBlockLayout& layout) {
   cost.per_page = 2 * layer_bytes;
   if (layout.residual_dim > 0) cost.per_page += 2 * checkpoint_layer_bytes + layer_bytes;
   const int64_t rows = layout.block_tokens * layout.kv_dim;
-  cost.fixed = layout.num_layers * layer_bytes +  // a whole page for one tier transfer
-               CompressedPageBytes(KvCodecType::kInt8, layout.block_tokens, layout.num_layers,
+  cost.fixed = CompressedPageBytes(KvCodecType::kInt8, layout.block_tokens, layout.num_layers,
                                    layout.kv_dim) +
                (layout.k_type == DType::kF32 && layout.v_type == DType::kF32
                     ? 0
@@ -47,7 +46,7 @@ KvStagingCost KvPager::StagingCost(const KvBlockLayout& layout) {
   return cost;
 }
 
-void KvPager::ReserveStaging(int64_t max_staged_pages) {
+void KvPager::ReserveStaging(int64_t max_staged_pages, bool compresses) {
   KVL_CHECK(max_staged_pages >= 0);
   staging_capacity_pages_ = max_staged_pages;
   const size_t pages = static_cast<size_t>(max_staged_pages);
@@ -67,11 +66,11 @@ void KvPager::ReserveStaging(int64_t max_staged_pages) {
   streamed_.reserve(pages);
   rebuilt_.reserve(pages);
   failed_.reserve(bound_.size());
-  size(page_scratch_, static_cast<size_t>(layout_.num_layers * layer_bytes_));
-  size(encode_scratch_, static_cast<size_t>(CompressedPageBytes(
-                            KvCodecType::kInt8, layout_.block_tokens, layout_.num_layers,
-                            layout_.kv_dim)));
-  const bool half = layout_.k_type != DType::kF32 || layout_.v_type != DType::kF32;
+  size(encode_scratch_, compresses ? static_cast<size_t>(CompressedPageBytes(
+                                         KvCodecType::kInt8, layout_.block_tokens,
+                                         layout_.num_layers, layout_.kv_dim))
+                                   : 0);
+  const bool half = compresses && (layout_.k_type != DType::kF32 || layout_.v_type != DType::kF32);
   for (std::vector<float>& w : widen_scratch_) {
     size(w, half ? static_cast<size_t>(layout_.block_tokens * layout_.kv_dim) : 0);
   }
@@ -83,7 +82,7 @@ void KvPager::ReserveStaging(int64_t max_staged_pages) {
   stats_.staging_bytes = static_cast<int64_t>(
       stage_[0].capacity() + stage_[1].capacity() + checkpoint_stage_[0].capacity() +
       checkpoint_stage_[1].capacity() + rebuilt_k_.capacity() + rebuilt_v_.capacity() +
-      page_scratch_.capacity() + encode_scratch_.capacity() +
+      encode_scratch_.capacity() +
       sizeof(float) * (widen_scratch_[0].capacity() + widen_scratch_[1].capacity()));
 }
 
@@ -209,6 +208,7 @@ int64_t KvPager::Apply(KvPagePlan& plan) {
     a.applied = FateOf(a.seq, a.block_index) == KvPageFate::kCompressed
                     ? a.action == KvAction::kEvict && EvictCompressedPage(a.seq, a.block_index)
                     : DetachPage(a.seq, a.block_index, a.action);
+    a.failed = !a.applied;
     if (!a.applied) continue;
     KvPage& page = Bound(a.seq).pages[static_cast<size_t>(a.block_index)];
     page.action = a.action;
@@ -234,7 +234,8 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action) {
       if (slabs_.slots_per_slab(codec) < num_layers) return false;
       // Encode before the block goes back to the pool (a new slab may be that very block).
       const int64_t slot = slabs_.slot_bytes(codec);
-      encode_scratch_.resize(static_cast<size_t>(slot * num_layers));
+      KVL_CHECK_MSG(encode_scratch_.size() >= static_cast<size_t>(slot * num_layers),
+                    "compressing a page with no codec staging reserved (ReserveStaging)");
       for (int64_t l = 0; l < num_layers; ++l) {
         const float* k = WidenedLayer(storage_.key_bytes(block, l), layout_.k_type, 0);
         const float* v = WidenedLayer(storage_.value_bytes(block, l), layout_.v_type, 1);
@@ -320,6 +321,7 @@ void KvPager::Preempt(SeqId seq, KvPagePlan& plan) {
     // A full tier keeps none of the page: it is dropped instead.
     a.applied = tier != nullptr &&
                 WriteLayerPages(table[static_cast<size_t>(a.block_index)], tier, residual, &page_id);
+    a.failed = tier != nullptr && !a.applied;
     page.fate = !a.applied ? KvPageFate::kDropped
                 : residual ? KvPageFate::kCheckpointed
                            : KvPageFate::kInTier;
@@ -383,29 +385,22 @@ void KvPager::ForgetPreemptedPages(KvSequencePages& pages) {
   }
 }
 
+// One layer of a page as the tier stores it: K rows then V rows (adjacent in the block), or the
+// layer's residual checkpoints.
+std::span<uint8_t> KvPager::LayerPageSpan(BlockId block, int64_t layer, bool residual) {
+  if (residual) {
+    return {reinterpret_cast<uint8_t*>(storage_.residuals(block, layer)),
+            static_cast<size_t>(checkpoint_layer_bytes_)};
+  }
+  return {storage_.key_bytes(block, layer), static_cast<size_t>(layer_bytes_)};
+}
+
 bool KvPager::WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id) {
-  const int64_t num_layers = layout_.num_layers;
-  const size_t residual_bytes =
-      static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) * sizeof(float);
-  std::vector<uint8_t>& bytes = page_scratch_;
   std::vector<PageWrite>& writes = write_list_;
   writes.clear();
   const uint64_t id = next_page_id_++;
-  if (residual) {
-    for (int64_t l = 0; l < num_layers; ++l) {
-      const auto* data = reinterpret_cast<const uint8_t*>(storage_.residuals(block, l));
-      writes.push_back({KeyOf(id, l), std::span<const uint8_t>(data, residual_bytes)});
-    }
-  } else {
-    // One layer page = K rows then V rows; staged so each is one contiguous write.
-    bytes.resize(static_cast<size_t>(layer_bytes_ * num_layers));
-    for (int64_t l = 0; l < num_layers; ++l) {
-      uint8_t* out = bytes.data() + l * layer_bytes_;
-      std::memcpy(out, storage_.key_bytes(block, l), static_cast<size_t>(layout_.layer_k_bytes()));
-      std::memcpy(out + layout_.layer_k_bytes(), storage_.value_bytes(block, l),
-                  static_cast<size_t>(layout_.layer_v_bytes()));
-      writes.push_back({KeyOf(id, l), std::span<const uint8_t>(out, static_cast<size_t>(layer_bytes_))});
-    }
+  for (int64_t l = 0; l < layout_.num_layers; ++l) {
+    writes.push_back({KeyOf(id, l), LayerPageSpan(block, l, residual)});
   }
   // A full or failing tier stores none of them; the cause is kept for the error the user sees.
   const Status put = tier->Put(writes);
@@ -418,35 +413,13 @@ bool KvPager::WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64
   return true;
 }
 
-Status KvPager::ReadLayerPages(BlockId block, KvTier* tier, bool residual,
-                                       uint64_t page_id) {
-  const int64_t num_layers = layout_.num_layers;
-  const size_t residual_bytes =
-      static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) * sizeof(float);
-  std::vector<uint8_t>& bytes = page_scratch_;
+Status KvPager::ReadLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t page_id) {
   std::vector<PageRead>& reads = read_list_;
   reads.clear();
-  if (residual) {
-    for (int64_t l = 0; l < num_layers; ++l) {
-      auto* data = reinterpret_cast<uint8_t*>(storage_.residuals(block, l));
-      reads.push_back({KeyOf(page_id, l), std::span<uint8_t>(data, residual_bytes)});
-    }
-  } else {
-    bytes.resize(static_cast<size_t>(layer_bytes_ * num_layers));
-    for (int64_t l = 0; l < num_layers; ++l) {
-      reads.push_back({KeyOf(page_id, l), std::span<uint8_t>(bytes.data() + l * layer_bytes_,
-                                                             static_cast<size_t>(layer_bytes_))});
-    }
+  for (int64_t l = 0; l < layout_.num_layers; ++l) {
+    reads.push_back({KeyOf(page_id, l), LayerPageSpan(block, l, residual)});
   }
   for (const Status& status : tier->Get(reads)) KVL_RETURN_IF_ERROR(status);
-  if (!residual) {
-    for (int64_t l = 0; l < num_layers; ++l) {
-      const uint8_t* in = bytes.data() + l * layer_bytes_;
-      std::memcpy(storage_.key_bytes(block, l), in, static_cast<size_t>(layout_.layer_k_bytes()));
-      std::memcpy(storage_.value_bytes(block, l), in + layout_.layer_k_bytes(),
-                  static_cast<size_t>(layout_.layer_v_bytes()));
-    }
-  }
   return Status::Ok();
 }
 

@@ -96,6 +96,10 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
   page.first_position = block_index * rules_.block_tokens;
   page.is_sink = page.first_position < rules_.sink_tokens;
   PageCostProfile costs = rules_.prices;
+  // The page is asked to leave: keeping it is no answer (a cost model that prices keep below a
+  // slow tier would otherwise leave the pool full with the tier free), nor is an action that
+  // already failed in this step.
+  costs.available_actions &= ~(Bit(KvAction::kKeep) | failed_actions_);
   if (running) {
     // A running sequence reads every page again at its next step; how much it weighs them is the
     // attention mass they received.
@@ -163,6 +167,12 @@ void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running,
   }
   std::stable_sort(candidates_.begin(), candidates_.end(),
                    [](const Candidate& a, const Candidate& b) { return a.mass < b.mass; });
+}
+
+void KvPressurePlanner::NoteFailedActions(const KvPagePlan& plan) {
+  for (const KvPageAction& a : plan.actions) {
+    if (a.failed) failed_actions_ |= Bit(a.action);
+  }
 }
 
 void KvPressurePlanner::StartPlan(int64_t blocks_to_free, KvPagePlan* plan) const {

@@ -132,13 +132,13 @@ TEST(CliTest, RunUnderASmallKvBudgetSummarizesTheKvActions) {
                            /*with_stderr=*/true);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("kvl: kv evict"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("kv pool peak"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kv resident peak"), std::string::npos) << r.output;
 
   // With room for everything nothing is acted on, and nothing is printed about it.
   CommandResult quiet = RunKvl("run -m " + testing::Stories260KPath() + " -n 16 --temp 0 -t 1",
                                /*with_stderr=*/true);
   ASSERT_EQ(quiet.exit_code, 0) << quiet.output;
-  EXPECT_EQ(quiet.output.find("kv pool peak"), std::string::npos) << quiet.output;
+  EXPECT_EQ(quiet.output.find("kv resident peak"), std::string::npos) << quiet.output;
 }
 
 TEST(CliTest, BenchShowsTheCacheTypes) {

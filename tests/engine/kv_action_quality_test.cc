@@ -60,7 +60,7 @@ class PagedRun {
     cache_ = std::make_unique<PagedKvCache>(*manager_, *storage_, pager_.get());
     tier_ = MakeRamTier(RamTierOptions{});
     pager_->set_tiers({tier_.get(), nullptr});
-    pager_->ReserveStaging(kTotal / kBlock);  // every page may be streamed at once
+    pager_->ReserveStaging(kTotal / kBlock, /*compresses=*/true);  // every page may stream
   }
 
   // Runs tokens[first, first + n) and returns the logits of the last one.

@@ -53,7 +53,7 @@ class SchedulerHarness {
     pager_ = std::make_unique<KvPager>(*kv_, *storage_, s.max_seqs, /*max_context=*/1024);
     if (s.ram_tier) ram_ = MakeRamTier(RamTierOptions{});
     pager_->set_tiers({ram_.get(), nullptr});
-    pager_->ReserveStaging(s.staged_pages);
+    pager_->ReserveStaging(s.staged_pages, /*compresses=*/true);
     KvPagingSetup setup;
     setup.policy = ParseKvPolicy(s.policy).value();
     setup.quality = ParseKvQuality(s.quality).value();

@@ -30,7 +30,7 @@ class PlannerHarness {
     if (ram_tier) ram_ = MakeRamTier(RamTierOptions{});
     pager_->set_tiers({ram_.get(), nullptr});
     pager_->set_track_attention(true);
-    pager_->ReserveStaging(staged_pages);
+    pager_->ReserveStaging(staged_pages, /*compresses=*/true);
     KvPagingSetup setup;
     setup.policy = ParseKvPolicy(policy).value();
     setup.has_ram_tier = ram_ != nullptr;

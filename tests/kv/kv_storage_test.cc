@@ -14,7 +14,9 @@ using testing_kv::Options;
 using testing_kv::Range;
 using testing_kv::Step;
 
-TEST(KvBlockStorageTest, EachBlockIsOneAlignedRegionOfKeysThenValuesThenResiduals) {
+// Each layer's K rows are followed by its V rows (one layer of a page moves to a tier as one span),
+// then come the residual checkpoints of every layer.
+TEST(KvBlockStorageTest, EachBlockIsOneAlignedRegionOfLayersThenResiduals) {
   const KvBlockLayout layout{4, 3, 5, 7};
   auto storage = KvBlockStorage::Create(layout, 6);
   ASSERT_TRUE(storage.ok()) << storage.status().ToString();
@@ -27,8 +29,8 @@ TEST(KvBlockStorageTest, EachBlockIsOneAlignedRegionOfKeysThenValuesThenResidual
     EXPECT_EQ(reinterpret_cast<uintptr_t>(block) % 64, 0u);
     EXPECT_EQ(block - s.bytes(0), b * stride);
     for (int64_t l = 0; l < 3; ++l) {
-      EXPECT_EQ(reinterpret_cast<const uint8_t*>(s.keys(b, l)) - block, l * 4 * 5 * 4);
-      EXPECT_EQ(reinterpret_cast<const uint8_t*>(s.values(b, l)) - block, (3 + l) * 4 * 5 * 4);
+      EXPECT_EQ(reinterpret_cast<const uint8_t*>(s.keys(b, l)) - block, 2 * l * 4 * 5 * 4);
+      EXPECT_EQ(reinterpret_cast<const uint8_t*>(s.values(b, l)) - block, (2 * l + 1) * 4 * 5 * 4);
       EXPECT_EQ(reinterpret_cast<const uint8_t*>(s.residuals(b, l)) - block,
                 (6 * 4 * 5 + l * 4 * 7) * 4);
     }

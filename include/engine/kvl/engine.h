@@ -130,7 +130,10 @@ struct KvActionCounter {
 struct EngineMetrics {
   KvStats kv;
   std::array<KvActionCounter, kNumKvActions> kv_actions;  // indexed by KvAction
-  int64_t kv_checksum_failures = 0;  // demoted pages that came back corrupt and were recomputed
+  // Reads from a tier that failed their checksum or I/O (a resume's promotion, or a step's
+  // streamed page), and the pages recomputed from their tokens because of them.
+  int64_t kv_checksum_failures = 0;
+  int64_t kv_pages_recomputed_after_failure = 0;
   // Pages of running sequences outside the pool, now, and their streaming.
   int64_t kv_pages_compressed = 0;
   int64_t kv_pages_streamed = 0;

@@ -212,8 +212,9 @@ class KvManager {
 };
 
 // The pool's storage, one contiguous, 64-byte aligned region per block:
-//   [K: layer][token][kv_dim], [V: layer][token][kv_dim] (at k_type / v_type), then the residual
-//   checkpoints [layer][token][residual_dim] f32 when kept.
+//   [layer]{K [token][kv_dim], V [token][kv_dim]} (at k_type / v_type), then the residual
+//   checkpoints [layer][token][residual_dim] f32 when kept. A layer's K and V rows are adjacent,
+//   so one layer of a page moves to or from a tier as one contiguous span, with no staging copy.
 // A block lent out raw (KvManager::AcquireRawBlock) is block_bytes of plain memory.
 class KvBlockStorage {
  public:

@@ -77,7 +77,8 @@ struct KvPageAction {
   int64_t block_index = 0;
   KvAction action = KvAction::kKeep;
   double predicted_ms = 0;  // bring-back time the cost model expects
-  bool applied = false;     // set by KvPager: false when it could not be done (a full tier)
+  bool applied = false;     // set by KvPager when it was carried out
+  bool failed = false;      // set by KvPager when it was tried and could not be (a full tier)
 };
 
 // Page actions planned against one state of the KvManager; applying them is the only way a page
@@ -98,8 +99,9 @@ struct KvTiers {
 
 // Bytes the pager holds outside the pool, which the KV budget must cover beside it: per page
 // staged for a step (a streamed page's K/V layer, double-buffered; a rebuilt page's checkpoint
-// layer, double-buffered, and the K/V rebuilt from it), and fixed (one whole page staged for a
-// tier transfer, a compressed page being encoded, half rows widened for the codec).
+// layer, double-buffered, and the K/V rebuilt from it), and fixed (a compressed page being
+// encoded, half rows widened for the codec). Tier transfers of whole pages need no staging: they
+// move each layer straight between the block and the tier.
 struct KvStagingCost {
   int64_t per_page = 0;
   int64_t fixed = 0;
@@ -130,7 +132,9 @@ class KvPager final : public KvDetachedPages {
   // Allocates every buffer outside the pool now, for up to `max_staged_pages` pages streamed or
   // rebuilt at once (0: none; only preemption and compression then). The budget has to hold
   // them: the engine takes them out of it before it sizes the pool, and nothing grows later.
-  void ReserveStaging(int64_t max_staged_pages);
+  // `compresses`: room to encode a page (int8/int4) and widen half rows for the codec, needed
+  // only where pages may be compressed.
+  void ReserveStaging(int64_t max_staged_pages, bool compresses);
   int64_t staging_capacity_pages() const { return staging_capacity_pages_; }
   // Pages of running sequences held in a tier or as checkpoints: each is staged at every step.
   int64_t staged_pages_held() const { return stats_.streamed_pages + stats_.rebuilt_pages; }
@@ -223,6 +227,7 @@ class KvPager final : public KvDetachedPages {
   // A whole page saved in a tier as one tier page per layer: K/V rows or, when `residual`, the
   // residual checkpoints; *page_id names the layer pages for ReadLayerPages and EraseTierPage.
   bool WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id);
+  std::span<uint8_t> LayerPageSpan(BlockId block, int64_t layer, bool residual);
   Status ReadLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t page_id);
   void EraseTierPage(KvTier* tier, uint64_t page_id);
   void RebuildBlockFromCheckpoints(BlockId block, int64_t block_index);
@@ -245,7 +250,6 @@ class KvPager final : public KvDetachedPages {
   int64_t staging_capacity_pages_ = 0;
   bool track_attention_ = false;
   std::vector<uint8_t> encode_scratch_;
-  std::vector<uint8_t> page_scratch_;  // a whole page's layer pages, staged for one tier transfer
   std::vector<float> widen_scratch_[2];
   std::vector<PageWrite> write_list_;  // one tier transfer's layer pages, reused
   std::vector<PageRead> read_list_;

@@ -78,6 +78,12 @@ class KvPressurePlanner {
 
   const KvPagingRules& rules() const { return rules_; }
 
+  // An action that failed when applied (its tier is full or failing) is not planned again until
+  // ClearFailedActions (the scheduler clears them when it plans a new step), so relief falls back
+  // to the next cheapest action instead of retrying the same one.
+  void NoteFailedActions(const KvPagePlan& plan);
+  void ClearFailedActions() { failed_actions_ = 0; }
+
   // Page actions on running sequences expected to free `blocks_short` blocks, coldest first.
   // Replaces plan->actions (its capacity is reused). Nothing when the policy does not page
   // running sequences.
@@ -111,6 +117,7 @@ class KvPressurePlanner {
   const KvManager& manager_;
   const KvPager& pager_;
   std::vector<Candidate> candidates_;  // reused across plans
+  uint32_t failed_actions_ = 0;        // bit i: KvAction i failed in this step
 };
 
 }  // namespace kvl
