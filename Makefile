@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 KVL_MODEL ?= ../shared/models/stories260K.gguf
 FUZZ_SECONDS ?= 40
 
-.PHONY: all deps build run test fuzz bench clean
+.PHONY: all deps build run test fuzz sanitize bench clean
 
 all: build
 
@@ -20,10 +20,20 @@ build: deps $(BUILD)/build.ninja
 run: build
 	$(BUILD)/kvl run -m $(KVL_MODEL) -p "Once upon a time" -n 128 --temp 0
 
-# Fuzzing first, so that ctest's summary is the last thing printed.
+# Fuzzing and the sanitizer build first, so that ctest's summary is the last thing printed.
 test: build
 	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory sanitize
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# AddressSanitizer + UndefinedBehaviorSanitizer over the layers that handle user input and memory
+# the most: the KV manager, pager and tiers, the GGUF reader, the engine and the CLI (which runs
+# the sanitized kvl binary). Any report fails the run.
+SANITIZED_TESTS = test_kv test_gguf test_engine test_cli
+sanitize: deps
+	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVL_SANITIZE=ON
+	cmake --build $(BUILD)-asan -j $(JOBS) --target $(SANITIZED_TESTS) kvl
+	@bash scripts/run-sanitized-tests.sh $(BUILD)-asan $(SANITIZED_TESTS)
 
 # libFuzzer needs clang; skipped with a note where clang++-14 is missing.
 fuzz: deps
