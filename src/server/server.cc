@@ -39,7 +39,7 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
 struct PendingRequest {
   std::mutex mu;
   std::condition_variable cv;
-  std::string text;        // released text not yet taken by the connection
+  std::vector<std::string> pieces;  // each token's released text, not yet taken
   bool finished = false;
   TokenEvent last;         // the finished event
   Clock::time_point submitted = Clock::now();
@@ -211,7 +211,7 @@ void OpenAiServer::OnEvent(PendingRequest& p, const TokenEvent& ev) {
       p.first_token_seen = true;
       p.last_token = now;
     }
-    p.text += ev.text;
+    if (!ev.text.empty()) p.pieces.push_back(ev.text);
     if (ev.finished) {
       p.finished = true;
       p.last = ev;
@@ -261,7 +261,9 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
   if (last.finish_reason == "error") {
     return SendError(res, ApiError{500, last.error.message(), "server_error", "", ""});
   }
-  res.set_content(CompletionBody(head, pending->text, OpenAiFinishReason(last.finish_reason),
+  std::string text;
+  for (const std::string& piece : pending->pieces) text += piece;
+  res.set_content(CompletionBody(head, text, OpenAiFinishReason(last.finish_reason),
                                  Usage{last.prompt_tokens, last.cached_prompt_tokens,
                                        last.generated_tokens}),
                   "application/json");
@@ -281,17 +283,19 @@ void OpenAiServer::Stream(const ResponseHead& head, RequestId id,
           *role_sent = true;
           if (head.endpoint == Endpoint::kChatCompletions && !send(RoleFrame(head))) return false;
         }
-        std::string text;
+        std::vector<std::string> pieces;
         bool finished = false;
         {
           std::unique_lock<std::mutex> lock(pending->mu);
           // A bounded wait, so a provider never blocks a shutdown forever.
           pending->cv.wait_for(lock, std::chrono::milliseconds(200),
-                               [&] { return pending->finished || !pending->text.empty(); });
-          text.swap(pending->text);
+                               [&] { return pending->finished || !pending->pieces.empty(); });
+          pieces.swap(pending->pieces);
           finished = pending->finished;
         }
-        if (!text.empty() && !send(TextFrame(head, text))) return false;  // the client left
+        for (const std::string& piece : pieces) {
+          if (!send(TextFrame(head, piece))) return false;  // the client left
+        }
         if (!finished) return true;
         const TokenEvent& last = pending->last;
         if (last.finish_reason == "error") {
