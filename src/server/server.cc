@@ -96,6 +96,8 @@ void OpenAiServer::Configure() {
   const int threads = options_.http_threads > 0 ? options_.http_threads
                                                 : options_.engine.max_seqs + 4;
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // Streamed frames are small: without TCP_NODELAY each waits for the delayed ACK of the last.
+  http_.set_tcp_nodelay(true);
   http_.set_keep_alive_max_count(1000);
   http_.set_keep_alive_timeout(options_.keep_alive_seconds);
   http_.set_read_timeout(30, 0);

@@ -49,7 +49,7 @@ class ServerProcess {
  public:
   explicit ServerProcess(std::vector<std::string> extra_args) : port_(FreeLoopbackPort()) {
     std::vector<std::string> args = {KVL_KVL_BINARY, "serve", "-m", testing::Stories260KPath(),
-                                     "--port", std::to_string(port_), "-t", "2", "--no-calibrate"};
+                                     "--port", std::to_string(port_), "-t", "1", "--no-calibrate"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     log_path_ = ::testing::TempDir() + "kvl_serve_" + std::to_string(port_) + ".log";
     pid_ = ::fork();
