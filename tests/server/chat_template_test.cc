@@ -21,37 +21,27 @@ TEST(ChatTemplateTest, PlainJoinsContentsAndLeavesOneMessageAsItIs) {
   EXPECT_EQ(Apply(ChatTemplate::kPlain, {{"user", "Once upon a time"}}), "Once upon a time");
 }
 
-TEST(ChatTemplateTest, ChatMl) {
-  EXPECT_EQ(Apply(ChatTemplate::kChatMl),
-            "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nName?<|im_end|>\n"
-            "<|im_start|>assistant\n");
-}
-
-TEST(ChatTemplateTest, Llama2) {
-  EXPECT_EQ(Apply(ChatTemplate::kLlama2),
-            "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST] Hello. </s><s>[INST] Name? "
-            "[/INST]");
-}
-
-TEST(ChatTemplateTest, Mistral) {
-  EXPECT_EQ(Apply(ChatTemplate::kMistral),
-            "[INST] You are terse.\n\nHi [/INST] Hello.</s>[INST] Name? [/INST]");
-}
-
-TEST(ChatTemplateTest, Zephyr) {
-  EXPECT_EQ(Apply(ChatTemplate::kZephyr),
-            "<|system|>\nYou are terse.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello.</s>\n"
-            "<|user|>\nName?</s>\n<|assistant|>\n");
-}
-
-TEST(ChatTemplateTest, Llama3) {
-  EXPECT_EQ(Apply(ChatTemplate::kLlama3),
-            "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nName?<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+TEST(ChatTemplateTest, EachTemplateWritesTheConversationAsItsModelsExpect) {
+  const std::pair<ChatTemplate, std::string> kExpected[] = {
+      {ChatTemplate::kChatMl,
+       "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+       "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nName?<|im_end|>\n"
+       "<|im_start|>assistant\n"},
+      {ChatTemplate::kLlama2,
+       "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST] Hello. </s><s>[INST] Name? "
+       "[/INST]"},
+      {ChatTemplate::kMistral, "[INST] You are terse.\n\nHi [/INST] Hello.</s>[INST] Name? [/INST]"},
+      {ChatTemplate::kZephyr,
+       "<|system|>\nYou are terse.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello.</s>\n"
+       "<|user|>\nName?</s>\n<|assistant|>\n"},
+      {ChatTemplate::kLlama3,
+       "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+       "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+       "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>"
+       "<|start_header_id|>user<|end_header_id|>\n\nName?<|eot_id|>"
+       "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+  };
+  for (const auto& [t, expected] : kExpected) EXPECT_EQ(Apply(t), expected) << ChatTemplateName(t);
 }
 
 TEST(ChatTemplateTest, GemmaFoldsTheSystemIntoTheFirstUserTurn) {
