@@ -1,4 +1,4 @@
-// The kvl command line: `kvl run | inspect | synth | bench | calibrate`. Flags follow llama.cpp
+// The kvl command line: `kvl run | serve | inspect | synth | bench | calibrate`. Flags follow llama.cpp
 // where one exists. Each subcommand lives in its own file; this header is what main() needs.
 #pragma once
 
@@ -8,6 +8,7 @@
 
 #include "kvl/engine.h"
 #include "kvl/sampling.h"
+#include "kvl/server.h"
 
 namespace kvl::cli {
 
@@ -31,6 +32,14 @@ struct RunArgs {
   bool no_bos = false;
 };
 int RunCommand(const RunArgs& args);
+
+struct ServeArgs {
+  ServeOptions serve;
+  int32_t parallel = 4;            // -np: sequences served at once
+  std::string kv_budget;           // --kv-budget
+  std::string max_body = "8MiB";   // --max-body
+};
+int ServeCommand(const ServeArgs& args);
 
 struct InspectArgs {
   std::string model_path;

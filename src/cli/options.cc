@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "kvl/chat_template.h"
 #include "kvl/engine.h"
 
 namespace kvl::cli {
@@ -27,6 +28,51 @@ CLI::Option* AddSamplingFlags(CLI::App* cmd, SamplingParams* s, std::string* see
   cmd->add_option("--repeat-last-n", s->repeat_last_n, "tokens the penalty looks back over")
       ->capture_default_str();
   return seed_opt;
+}
+
+// The engine's flags, shared by every command that runs an engine (run, serve).
+void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget) {
+  cmd->add_option("--kv-budget", *kv_budget, "KV cache memory, e.g. 512MiB (default: enough for -np full contexts, at most 1 GiB)");
+  cmd->add_flag("!--no-prefix-cache", engine->prefix_cache, "do not reuse cached prompt prefixes");
+  cmd->add_option("--kv-tier", engine->kv_tiers,
+                      "a tier KV pages can be demoted to: ram:SIZE[:zstd] or disk:PATH:SIZE[:direct] "
+                      "(repeatable)");
+  cmd->add_option("--kv-policy", engine->kv_policy,
+                      "what happens to cold KV pages when the budget is short: auto (cost model), "
+                      "keep, compress, compress-int4, demote, demote-disk, recompute-residual, "
+                      "recompute-tokens, evict")
+      ->capture_default_str();
+  cmd->add_option("--kv-quality", engine->kv_quality, "lossless | balanced | aggressive")
+      ->capture_default_str();
+  cmd->add_option("--kv-profile", engine->profile_path,
+                      "calibration profile (default: $KVL_PROFILE or "
+                      "~/.cache/kvlattice/profile-<model>.json; measured and saved if missing)");
+  cmd->add_flag("!--no-calibrate", engine->calibrate,
+                    "without a profile, price KV actions with analytic defaults instead of "
+                    "measuring this machine (nothing is written)");
+  cmd->add_flag("--explain", engine->explain, "print every KV decision with its cost terms");
+  cmd->add_option("--kv-sink", engine->kv_sink_tokens,
+                      "first tokens never compressed, demoted or evicted (attention sinks)")
+      ->capture_default_str();
+  cmd->add_option("--kv-recent", engine->kv_recent_tokens,
+                      "newest tokens always kept resident at full precision")
+      ->capture_default_str();
+  cmd->add_option("--kv-stream-reserve", engine->kv_stream_reserve,
+                      "fraction of --kv-budget that stages pages streamed back from tiers")
+      ->capture_default_str();
+  // -ctk / -ctv (see NormalizeArgs), as llama.cpp's --cache-type-k / --cache-type-v.
+  cmd->add_option("--cache-type-k", engine->cache_type_k,
+                      "KV cache type for keys (-ctk): f32 | f16 | bf16")
+      ->capture_default_str();
+  cmd->add_option("--cache-type-v", engine->cache_type_v,
+                      "KV cache type for values (-ctv): f32 | f16 | bf16")
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", engine->num_threads, "threads; 0 = every core");
+  cmd->add_option("-c,--ctx-size", engine->context_length, "context length; 0 = model's");
+  cmd->add_option("-b,--batch-size", engine->batch_size, "prompt tokens per step")
+      ->capture_default_str();
+  cmd->add_option("--isa", engine->isa, "kernels: auto | avx512 | avx2 | scalar")
+      ->capture_default_str();
 }
 
 // llama.cpp's multi-letter single-dash flags, which CLI11 cannot declare, mapped to long names
@@ -82,53 +128,37 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
                       "read the prompt from a file (with -np > 1: one prompt per line)");
   run_cmd->add_option("--parallel", run.parallel, "sequences generated at once")
       ->capture_default_str();
-  run_cmd->add_option("--kv-budget", run.kv_budget, "KV cache memory, e.g. 512MiB (default: enough for -np full contexts, at most 1 GiB)");
+  AddEngineFlags(run_cmd, &run.engine, &run.kv_budget);
   run_cmd->add_option("--stop", run.stop, "stop generating before this text (repeatable)");
-  run_cmd->add_flag("!--no-prefix-cache", run.engine.prefix_cache, "do not reuse cached prompt prefixes");
-  run_cmd->add_option("--kv-tier", run.engine.kv_tiers,
-                      "a tier KV pages can be demoted to: ram:SIZE[:zstd] or disk:PATH:SIZE[:direct] "
-                      "(repeatable)");
-  run_cmd->add_option("--kv-policy", run.engine.kv_policy,
-                      "what happens to cold KV pages when the budget is short: auto (cost model), "
-                      "keep, compress, compress-int4, demote, demote-disk, recompute-residual, "
-                      "recompute-tokens, evict")
-      ->capture_default_str();
-  run_cmd->add_option("--kv-quality", run.engine.kv_quality, "lossless | balanced | aggressive")
-      ->capture_default_str();
-  run_cmd->add_option("--kv-profile", run.engine.profile_path,
-                      "calibration profile (default: $KVL_PROFILE or "
-                      "~/.cache/kvlattice/profile-<model>.json; measured and saved if missing)");
-  run_cmd->add_flag("!--no-calibrate", run.engine.calibrate,
-                    "without a profile, price KV actions with analytic defaults instead of "
-                    "measuring this machine (nothing is written)");
-  run_cmd->add_flag("--explain", run.engine.explain, "print every KV decision with its cost terms");
-  run_cmd->add_option("--kv-sink", run.engine.kv_sink_tokens,
-                      "first tokens never compressed, demoted or evicted (attention sinks)")
-      ->capture_default_str();
-  run_cmd->add_option("--kv-recent", run.engine.kv_recent_tokens,
-                      "newest tokens always kept resident at full precision")
-      ->capture_default_str();
-  run_cmd->add_option("--kv-stream-reserve", run.engine.kv_stream_reserve,
-                      "fraction of --kv-budget that stages pages streamed back from tiers")
-      ->capture_default_str();
-  // -ctk / -ctv (see NormalizeArgs), as llama.cpp's --cache-type-k / --cache-type-v.
-  run_cmd->add_option("--cache-type-k", run.engine.cache_type_k,
-                      "KV cache type for keys (-ctk): f32 | f16 | bf16")
-      ->capture_default_str();
-  run_cmd->add_option("--cache-type-v", run.engine.cache_type_v,
-                      "KV cache type for values (-ctv): f32 | f16 | bf16")
-      ->capture_default_str();
   run_cmd->add_option("-n,--n-predict", run.num_predict, "tokens to generate; -1 = until EOS")
-      ->capture_default_str();
-  run_cmd->add_option("-t,--threads", run.engine.num_threads, "threads; 0 = every core");
-  run_cmd->add_option("-c,--ctx-size", run.engine.context_length, "context length; 0 = model's");
-  run_cmd->add_option("-b,--batch-size", run.engine.batch_size, "prompt tokens per step")
-      ->capture_default_str();
-  run_cmd->add_option("--isa", run.engine.isa, "kernels: auto | avx512 | avx2 | scalar")
       ->capture_default_str();
   run_cmd->add_flag("--no-bos", run.no_bos, "do not prepend BOS to the prompt");
   std::string run_seed;
   CLI::Option* run_seed_opt = AddSamplingFlags(run_cmd, &run.sampling, &run_seed);
+
+  ServeArgs& serve = cmd.serve;
+  CLI::App* serve_cmd =
+      app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, /metrics)");
+  serve_cmd->add_option("-m,--model", serve.serve.engine.model_path, "GGUF model file")->required();
+  serve_cmd->add_option("--host", serve.serve.host, "address to listen on")->capture_default_str();
+  serve_cmd->add_option("--port", serve.serve.port, "port to listen on; 0 = any free port")
+      ->capture_default_str();
+  serve_cmd->add_option("--api-key", serve.serve.api_key,
+                        "require 'Authorization: Bearer KEY' on /v1/ routes");
+  serve_cmd->add_option("--parallel", serve.parallel, "sequences served at once (-np)")
+      ->capture_default_str();
+  serve_cmd->add_option("--threads-http", serve.serve.http_threads,
+                        "connection threads; 0 = -np + 4")
+      ->capture_default_str();
+  serve_cmd->add_option("--chat-template", serve.serve.chat_template,
+                        "force a chat template: plain, llama2, chatml, zephyr, mistral, llama3, "
+                        "gemma (default: detected from the model, else plain)");
+  serve_cmd->add_option("--max-body", serve.max_body, "largest request body, e.g. 8MiB")
+      ->capture_default_str();
+  serve_cmd->add_option("--shutdown-grace", serve.serve.shutdown_grace_seconds,
+                        "seconds running requests may finish after SIGINT/SIGTERM")
+      ->capture_default_str();
+  AddEngineFlags(serve_cmd, &serve.serve.engine, &serve.kv_budget);
 
   InspectArgs& inspect = cmd.inspect;
   CLI::App* inspect_cmd = app.add_subcommand("inspect", "describe a GGUF model and its KV costs");
@@ -215,6 +245,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       KVL_ASSIGN_OR_RETURN(run.sampling.seed, ParseSeed(run_seed, "--seed"));
     }
     KVL_RETURN_IF_ERROR(ValidateRunArgs(run));
+  } else if (*serve_cmd) {
+    cmd.kind = ParsedCommand::Kind::kServe;
+    KVL_RETURN_IF_ERROR(ValidateServeArgs(&serve));
   } else if (*inspect_cmd) {
     cmd.kind = ParsedCommand::Kind::kInspect;
   } else if (*synth_cmd) {
@@ -230,7 +263,7 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
     cmd.kind = ParsedCommand::Kind::kCalibrate;
     KVL_RETURN_IF_ERROR(ValidateCalibrateArgs(calibrate));
   } else {
-    return InvalidArgumentError("give a command: run, inspect, synth, bench or calibrate");
+    return InvalidArgumentError("give a command: run, serve, inspect, synth, bench or calibrate");
   }
   return cmd;
 }
@@ -245,22 +278,47 @@ Status CheckRange(std::string_view flag, int64_t value, int64_t lo, int64_t hi) 
 
 }  // namespace
 
-StatusOr<EngineOptions> RunEngineOptions(const RunArgs& args) {
-  EngineOptions options = args.engine;
-  options.max_seqs = std::max(options.max_seqs, args.parallel);
-  if (!args.kv_budget.empty()) {
-    StatusOr<int64_t> bytes = ParseByteSize(args.kv_budget);
-    if (!bytes.ok()) {
-      return InvalidArgumentError(fmt::format("--kv-budget: {}", bytes.status().message()));
-    }
-    if (*bytes <= 0) {
-      return InvalidArgumentError(fmt::format(
-          "--kv-budget must be positive, got '{}' (leave it out for the default)", args.kv_budget));
-    }
-    options.kv_budget_bytes = *bytes;
+// A positive byte size given as text ("512MiB"), for `flag`.
+StatusOr<int64_t> ParsePositiveBytes(const std::string& text, std::string_view flag) {
+  StatusOr<int64_t> bytes = ParseByteSize(text);
+  if (!bytes.ok()) return InvalidArgumentError(fmt::format("{}: {}", flag, bytes.status().message()));
+  if (*bytes <= 0) {
+    return InvalidArgumentError(fmt::format(
+        "{} must be positive, got '{}' (leave it out for the default)", flag, text));
+  }
+  return *bytes;
+}
+
+StatusOr<EngineOptions> EngineOptionsFor(EngineOptions options, int32_t parallel,
+                                         const std::string& kv_budget) {
+  options.max_seqs = std::max(options.max_seqs, parallel);
+  if (!kv_budget.empty()) {
+    KVL_ASSIGN_OR_RETURN(options.kv_budget_bytes, ParsePositiveBytes(kv_budget, "--kv-budget"));
   }
   KVL_RETURN_IF_ERROR(ValidateEngineOptions(options));
   return options;
+}
+
+StatusOr<EngineOptions> RunEngineOptions(const RunArgs& args) {
+  return EngineOptionsFor(args.engine, args.parallel, args.kv_budget);
+}
+
+Status ValidateServeArgs(ServeArgs* args) {
+  KVL_RETURN_IF_ERROR(CheckRange("-np (--parallel)", args->parallel, 1, kMaxSeqs));
+  KVL_RETURN_IF_ERROR(CheckRange("--port", args->serve.port, 0, 65535));
+  KVL_RETURN_IF_ERROR(CheckRange("--threads-http", args->serve.http_threads, 0, 1024));
+  if (!(args->serve.shutdown_grace_seconds >= 0 && args->serve.shutdown_grace_seconds <= 3600)) {
+    return InvalidArgumentError("--shutdown-grace must be in [0, 3600] seconds");
+  }
+  if (!args->serve.chat_template.empty()) {
+    KVL_RETURN_IF_ERROR(ParseChatTemplateName(args->serve.chat_template).status());
+  }
+  KVL_ASSIGN_OR_RETURN(args->serve.max_body_bytes, ParsePositiveBytes(args->max_body, "--max-body"));
+  // Serving runs -np sequences at once, exactly (the engine's default of 16 is not a floor).
+  EngineOptions engine = args->serve.engine;
+  engine.max_seqs = args->parallel;
+  KVL_ASSIGN_OR_RETURN(args->serve.engine, EngineOptionsFor(engine, args->parallel, args->kv_budget));
+  return Status::Ok();
 }
 
 Status ValidateRunArgs(const RunArgs& args) {

@@ -12,10 +12,11 @@
 namespace kvl::cli {
 
 struct ParsedCommand {
-  enum class Kind { kPrint, kRun, kInspect, kSynth, kBench, kCalibrate };
+  enum class Kind { kPrint, kRun, kServe, kInspect, kSynth, kBench, kCalibrate };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
   RunArgs run;
+  ServeArgs serve;
   InspectArgs inspect;
   SynthArgs synth;
   BenchArgs bench;
@@ -31,6 +32,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& args);
 Status ValidateRunArgs(const RunArgs& args);
 // The engine's options for a run: -np and --kv-budget folded in, validated.
 StatusOr<EngineOptions> RunEngineOptions(const RunArgs& args);
+// Range checks of the serve flags; fills serve.max_body_bytes and serve.engine (-np, --kv-budget
+// folded in, validated).
+Status ValidateServeArgs(ServeArgs* args);
 Status ValidateBenchArgs(const BenchArgs& args);
 Status ValidateCalibrateArgs(const CalibrateArgs& args);
 Status ValidateSynthArgs(const SynthArgs& args);

@@ -1,0 +1,31 @@
+// `kvl serve`: an OpenAI-compatible HTTP server over one Engine. POST /v1/completions and
+// /v1/chat/completions (plain or streamed as server-sent events), GET /v1/models, /health and
+// /metrics (Prometheus text). Sees only the engine's public API.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvl/engine.h"
+#include "kvl/status.h"
+
+namespace kvl {
+
+struct ServeOptions {
+  EngineOptions engine;
+  std::string host = "127.0.0.1";
+  int port = 8080;                 // 0: any free port (printed on stderr)
+  std::string api_key;             // empty: no key needed
+  int http_threads = 0;            // connection threads; 0: engine max_seqs + 4
+  std::string chat_template;       // empty: detected from the GGUF; else a ChatTemplateName
+  int64_t max_body_bytes = 8 << 20;
+  int keep_alive_seconds = 5;
+  double shutdown_grace_seconds = 5;  // running requests may finish this long after a signal
+};
+
+// Listens until SIGINT or SIGTERM, then stops accepting, lets running requests finish for the
+// grace period (cancelling those still running after it) and returns OK. Errors: the address
+// cannot be bound, the model does not load, an unknown chat template.
+Status Serve(const ServeOptions& options);
+
+}  // namespace kvl

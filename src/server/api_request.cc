@@ -1,0 +1,334 @@
+// Every field is checked for its type and range before anything reaches the engine; the first
+// problem found is the answer, naming the field as OpenAI's `param`.
+#include "api_request.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+namespace kvl::server {
+namespace {
+
+using nlohmann::json;
+
+// JSON nested deeper than this is refused before parsing: no request needs it, and it bounds the
+// parser's and the destructor's work on hostile bodies.
+constexpr int kMaxJsonDepth = 32;
+constexpr size_t kMaxStops = 16;
+constexpr size_t kMaxMessages = 4096;
+
+bool NestedTooDeep(std::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+ApiError BadField(std::string_view param, std::string message) {
+  return ApiError{400, std::move(message), "invalid_request_error", std::string(param), ""};
+}
+
+// Reads optional fields of one JSON object; null counts as absent. Each getter returns false
+// with `error` set when the field is present but of the wrong type or out of range.
+class FieldReader {
+ public:
+  explicit FieldReader(const json& object) : object_(object) {}
+  std::optional<ApiError> error;
+
+  const json* Find(std::string_view key) const {
+    auto it = object_.find(key);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  bool Number(std::string_view key, double lo, double hi, bool lo_open, double* out) {
+    const json* v = Find(key);
+    if (v == nullptr) return true;
+    if (!v->is_number()) return Fail(key, fmt::format("'{}' must be a number", key));
+    const double x = v->get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
+      return Fail(key, fmt::format("'{}' must be in {}{}, {}], got {}", key, lo_open ? "(" : "[",
+                                   lo, hi, v->dump()));
+    }
+    *out = x;
+    return true;
+  }
+
+  bool Integer(std::string_view key, int64_t lo, int64_t hi, int64_t* out) {
+    const json* v = Find(key);
+    if (v == nullptr) return true;
+    if (!v->is_number_integer()) return Fail(key, fmt::format("'{}' must be an integer", key));
+    bool in_range = false;
+    if (v->is_number_unsigned()) {
+      const uint64_t u = v->get<uint64_t>();
+      in_range = hi >= 0 && u <= static_cast<uint64_t>(hi) && (lo <= 0 || u >= static_cast<uint64_t>(lo));
+    } else {
+      in_range = v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
+    }
+    if (!in_range) {
+      return Fail(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v->dump()));
+    }
+    *out = v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
+    return true;
+  }
+
+  bool Bool(std::string_view key, bool* out) {
+    const json* v = Find(key);
+    if (v == nullptr) return true;
+    if (!v->is_boolean()) return Fail(key, fmt::format("'{}' must be a boolean", key));
+    *out = v->get<bool>();
+    return true;
+  }
+
+  bool Fail(std::string_view key, std::string message) {
+    error = BadField(key, std::move(message));
+    return false;
+  }
+
+ private:
+  const json& object_;
+};
+
+std::optional<ApiError> CheckModel(const FieldReader& fields, const ApiContext& context) {
+  const json* model = fields.Find("model");
+  if (model == nullptr) return std::nullopt;  // the one model served
+  if (!model->is_string()) return BadField("model", "'model' must be a string");
+  const std::string& name = model->get_ref<const std::string&>();
+  if (name == context.model_name || name == context.model_path) return std::nullopt;
+  return ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'", name,
+                                   context.model_name),
+                  "invalid_request_error", "model", "model_not_found"};
+}
+
+// A prompt: a non-empty string, an array holding one string, or an array of token ids.
+std::optional<ApiError> ReadPrompt(const FieldReader& fields, Request* request) {
+  const json* prompt = fields.Find("prompt");
+  if (prompt == nullptr) return BadField("prompt", "'prompt' is required");
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    prompt = &(*prompt)[0];
+  }
+  if (prompt->is_string()) {
+    request->prompt = prompt->get<std::string>();
+    if (request->prompt.empty()) return BadField("prompt", "'prompt' must not be empty");
+    return std::nullopt;
+  }
+  if (!prompt->is_array()) {
+    return BadField("prompt", "'prompt' must be a string or an array of token ids");
+  }
+  if (prompt->empty()) return BadField("prompt", "'prompt' must not be empty");
+  for (const json& id : *prompt) {
+    if (id.is_string()) return BadField("prompt", "only one prompt per request is supported");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return BadField("prompt", "'prompt' as an array must hold token ids (integers)");
+    }
+    request->prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+// Content as a string or as an array of {"type": "text", "text": ...} parts.
+std::optional<ApiError> ReadContent(const json& content, size_t index, std::string* out) {
+  const std::string param = fmt::format("messages[{}].content", index);
+  if (content.is_string()) {
+    *out = content.get<std::string>();
+    return std::nullopt;
+  }
+  if (!content.is_array()) return BadField(param, fmt::format("'{}' must be a string", param));
+  for (const json& part : content) {
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+        !part.contains("text") || !part["text"].is_string()) {
+      return BadField(param, fmt::format("'{}' parts must be {{\"type\": \"text\", \"text\": "
+                                         "string}}",
+                                         param));
+    }
+    *out += part["text"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext& context,
+                                     Request* request) {
+  const json* messages = fields.Find("messages");
+  if (messages == nullptr) return BadField("messages", "'messages' is required");
+  if (!messages->is_array()) return BadField("messages", "'messages' must be an array");
+  if (messages->empty()) return BadField("messages", "'messages' must not be empty");
+  if (messages->size() > kMaxMessages) {
+    return BadField("messages", fmt::format("at most {} messages", kMaxMessages));
+  }
+  std::vector<ChatMessage> chat;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string param = fmt::format("messages[{}]", i);
+    if (!m.is_object()) return BadField(param, fmt::format("'{}' must be an object", param));
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return BadField(param + ".role", fmt::format("'{}.role' must be a string", param));
+    }
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      return BadField(param + ".content", fmt::format("'{}.content' is required", param));
+    }
+    ChatMessage message{role->get<std::string>(), ""};
+    if (auto e = ReadContent(*content, i, &message.content)) return e;
+    chat.push_back(std::move(message));
+  }
+  StatusOr<std::string> prompt = ApplyChatTemplate(context.chat_template, chat);
+  if (!prompt.ok()) return BadField("messages", prompt.status().message());
+  if (prompt->empty()) return BadField("messages", "the messages make an empty prompt");
+  request->prompt = std::move(*prompt);
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadStops(const FieldReader& fields, Request* request) {
+  const json* stop = fields.Find("stop");
+  if (stop == nullptr) return std::nullopt;
+  auto add = [&](const json& s) -> std::optional<ApiError> {
+    if (!s.is_string() || s.get_ref<const std::string&>().empty()) {
+      return BadField("stop", "'stop' must be a non-empty string or a list of them");
+    }
+    request->stop_strings.push_back(s.get<std::string>());
+    return std::nullopt;
+  };
+  if (!stop->is_array()) return add(*stop);
+  if (stop->size() > kMaxStops) {
+    return BadField("stop", fmt::format("'stop' may hold at most {} strings", kMaxStops));
+  }
+  for (const json& s : *stop) {
+    if (auto e = add(s)) return e;
+  }
+  return std::nullopt;
+}
+
+// OpenAI's defaults: temperature 1 and top_p 1; top-k and min-p (vLLM's extensions) off.
+std::optional<ApiError> ReadSampling(FieldReader& f, SamplingParams* s) {
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
+  int64_t top_k = 0;
+  if (!f.Number("temperature", 0.0, 100.0, false, &temperature) ||
+      !f.Number("top_p", 0.0, 1.0, true, &top_p) || !f.Number("min_p", 0.0, 1.0, false, &min_p) ||
+      !f.Number("repetition_penalty", 0.0, 100.0, true, &repetition_penalty) ||
+      !f.Integer("top_k", -1, std::numeric_limits<int32_t>::max(), &top_k)) {
+    return f.error;
+  }
+  // A seed is any integer that fits 64 bits: negative ones are taken as their two's complement.
+  const json* seed = f.Find("seed");
+  if (seed != nullptr && !seed->is_number_integer()) return BadField("seed", "'seed' must be an integer");
+  for (const char* ignored : {"presence_penalty", "frequency_penalty"}) {
+    double unused = 0;
+    if (!f.Number(ignored, -2.0, 2.0, false, &unused)) return f.error;
+  }
+  s->temperature = static_cast<float>(temperature);
+  s->top_p = static_cast<float>(top_p);
+  s->min_p = static_cast<float>(min_p);
+  s->top_k = top_k < 0 ? 0 : static_cast<int32_t>(top_k);  // -1: off, as vLLM
+  s->repeat_penalty = static_cast<float>(repetition_penalty);
+  if (seed != nullptr) {
+    s->seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
+                                         : static_cast<uint64_t>(seed->get<int64_t>());
+  } else {
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    s->seed = rng();
+  }
+  if (const Status st = s->Validate(); !st.ok()) return BadField("", st.message());
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const ApiContext& context,
+                                    CompletionParams* out) {
+  int64_t n = 1;
+  if (!f.Integer("n", 1, 1, &n)) {
+    return BadField("n", "only 'n' = 1 is supported");
+  }
+  // Legacy completions default to 16 tokens (as OpenAI's); chat runs to EOS or the context.
+  int64_t max_tokens = endpoint == Endpoint::kCompletions ? 16 : -1;
+  if (!f.Integer("max_tokens", 1, context.context_length, &max_tokens) ||
+      !f.Integer("max_completion_tokens", 1, context.context_length, &max_tokens)) {
+    return f.error;
+  }
+  out->request.max_new_tokens = static_cast<int32_t>(max_tokens);
+  if (!f.Bool("stream", &out->stream)) return f.error;
+  if (const json* options = f.Find("stream_options")) {
+    if (!options->is_object()) {
+      return BadField("stream_options", "'stream_options' must be an object");
+    }
+    FieldReader stream_fields(*options);
+    if (!stream_fields.Bool("include_usage", &out->include_usage)) {
+      return BadField("stream_options.include_usage", "'include_usage' must be a boolean");
+    }
+  }
+  // Log-probabilities are not computed by the engine: asking for them is refused, not ignored.
+  if (endpoint == Endpoint::kCompletions) {
+    int64_t logprobs = 0;
+    if (!f.Integer("logprobs", 0, 20, &logprobs)) return f.error;
+    if (logprobs > 0) return BadField("logprobs", "'logprobs' is not supported by this server");
+    bool echo = false;
+    if (!f.Bool("echo", &echo)) return f.error;
+    if (echo) return BadField("echo", "'echo' is not supported by this server");
+  } else {
+    bool logprobs = false;
+    if (!f.Bool("logprobs", &logprobs)) return f.error;
+    if (logprobs) return BadField("logprobs", "'logprobs' is not supported by this server");
+  }
+  int64_t top_logprobs = 0;
+  if (!f.Integer("top_logprobs", 0, 20, &top_logprobs)) return f.error;
+  if (top_logprobs > 0) {
+    return BadField("top_logprobs", "'top_logprobs' is not supported by this server");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string ErrorBody(const ApiError& error) {
+  json e = {{"message", error.message},
+            {"type", error.type},
+            {"param", error.param.empty() ? json(nullptr) : json(error.param)},
+            {"code", error.code.empty() ? json(nullptr) : json(error.code)}};
+  return json{{"error", std::move(e)}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint endpoint,
+                                               const ApiContext& context, CompletionParams* out) {
+  if (NestedTooDeep(body)) {
+    return BadField("", fmt::format("the JSON body is nested deeper than {}", kMaxJsonDepth));
+  }
+  const json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return BadField("", "the body is not valid JSON");
+  if (!doc.is_object()) return BadField("", "the body must be a JSON object");
+  try {
+    FieldReader fields(doc);
+    if (auto e = CheckModel(fields, context)) return e;
+    if (auto e = endpoint == Endpoint::kCompletions ? ReadPrompt(fields, &out->request)
+                                                    : ReadMessages(fields, context, &out->request)) {
+      return e;
+    }
+    if (auto e = ReadOptions(fields, endpoint, context, out)) return e;
+    if (auto e = ReadStops(fields, &out->request)) return e;
+    if (auto e = ReadSampling(fields, &out->request.sampling)) return e;
+  } catch (const json::exception& e) {
+    // A type this code did not expect; the checks above should make this unreachable.
+    return BadField("", fmt::format("bad request body: {}", e.what()));
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvl::server

@@ -1,0 +1,45 @@
+// The OpenAI request bodies, validated at the boundary: JSON text in, an engine Request (or an
+// OpenAI-style error naming the field) out. Nothing here touches the engine or the network.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kvl/chat_template.h"
+#include "kvl/engine.h"
+
+namespace kvl::server {
+
+// An error as OpenAI returns it: {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+};
+std::string ErrorBody(const ApiError& error);
+
+// What the request parser needs to know about the server.
+struct ApiContext {
+  std::string model_name;      // the id /v1/models lists
+  std::string model_path;      // also accepted as a model name
+  ChatTemplate chat_template = ChatTemplate::kPlain;
+  int64_t context_length = 0;  // max_tokens may not exceed it
+};
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+struct CompletionParams {
+  Request request;  // prompt (or prompt_ids), max tokens, sampling, stops
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// Parses and validates a request body. Never throws.
+std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint endpoint,
+                                               const ApiContext& context, CompletionParams* out);
+
+}  // namespace kvl::server

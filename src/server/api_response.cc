@@ -1,0 +1,97 @@
+#include "api_response.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+namespace kvl::server {
+namespace {
+
+using nlohmann::json;
+
+// Token text is the tokenizer's bytes: anything not UTF-8 is replaced, never thrown on.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json UsageJson(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json Envelope(const ResponseHead& head, bool chunk) {
+  const bool chat = head.endpoint == Endpoint::kChatCompletions;
+  return {{"id", head.id},
+          {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                          : "text_completion"},
+          {"created", head.created},
+          {"model", head.model}};
+}
+
+// One choice of a streamed chunk: a delta for chat, text for completions.
+std::string Chunk(const ResponseHead& head, json delta, std::string_view text,
+                  const json& finish_reason) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  if (head.endpoint == Endpoint::kChatCompletions) {
+    choice["delta"] = std::move(delta);
+  } else {
+    choice["text"] = text;
+  }
+  json body = Envelope(head, /*chunk=*/true);
+  body["choices"] = json::array({std::move(choice)});
+  if (head.include_usage) body["usage"] = nullptr;
+  return "data: " + Dump(body) + "\n\n";
+}
+
+}  // namespace
+
+std::string_view OpenAiFinishReason(std::string_view r) {
+  if (r == "eos" || r == "stop") return "stop";
+  if (r == "length" || r == "context") return "length";
+  if (r == "cancelled") return "abort";
+  return "error";
+}
+
+std::string NewResponseId(Endpoint endpoint) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}-{:016x}{:08x}", endpoint == Endpoint::kChatCompletions ? "chatcmpl" : "cmpl",
+                     rng(), static_cast<uint32_t>(rng()));
+}
+
+std::string CompletionBody(const ResponseHead& head, std::string_view text,
+                           std::string_view finish_reason, const Usage& usage) {
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  if (head.endpoint == Endpoint::kChatCompletions) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  json body = Envelope(head, /*chunk=*/false);
+  body["choices"] = json::array({std::move(choice)});
+  body["usage"] = UsageJson(usage);
+  return Dump(body);
+}
+
+std::string RoleFrame(const ResponseHead& head) {
+  return Chunk(head, {{"role", "assistant"}, {"content", ""}}, "", nullptr);
+}
+
+std::string TextFrame(const ResponseHead& head, std::string_view text) {
+  return Chunk(head, {{"content", text}}, text, nullptr);
+}
+
+std::string FinishFrame(const ResponseHead& head, std::string_view finish_reason) {
+  return Chunk(head, json::object(), "", finish_reason);
+}
+
+std::string UsageFrame(const ResponseHead& head, const Usage& usage) {
+  json body = Envelope(head, /*chunk=*/true);
+  body["choices"] = json::array();
+  body["usage"] = UsageJson(usage);
+  return "data: " + Dump(body) + "\n\n";
+}
+
+std::string ErrorFrame(const ApiError& error) { return "data: " + ErrorBody(error) + "\n\n"; }
+
+}  // namespace kvl::server

@@ -1,0 +1,43 @@
+// The OpenAI response bodies and server-sent-event frames, as JSON text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "api_request.h"
+
+namespace kvl::server {
+
+// What every body or chunk of one response repeats.
+struct ResponseHead {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string id;        // cmpl-... / chatcmpl-...
+  int64_t created = 0;   // unix seconds
+  std::string model;
+  bool include_usage = false;  // streaming: usage null on each chunk, then a usage chunk
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+
+// The engine's finish reason as OpenAI names it: stop, length, abort or error.
+std::string_view OpenAiFinishReason(std::string_view engine_reason);
+std::string NewResponseId(Endpoint endpoint);
+
+std::string CompletionBody(const ResponseHead& head, std::string_view text,
+                           std::string_view finish_reason, const Usage& usage);
+
+// "data: {...}\n\n" frames. A chunk carries the role (chat, first frame), text, or a finish
+// reason; the usage frame has no choices.
+std::string RoleFrame(const ResponseHead& head);
+std::string TextFrame(const ResponseHead& head, std::string_view text);
+std::string FinishFrame(const ResponseHead& head, std::string_view finish_reason);
+std::string UsageFrame(const ResponseHead& head, const Usage& usage);
+std::string ErrorFrame(const ApiError& error);
+inline constexpr std::string_view kDoneFrame = "data: [DONE]\n\n";
+
+}  // namespace kvl::server

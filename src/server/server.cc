@@ -1,0 +1,427 @@
+// The HTTP side of `kvl serve`: cpp-httplib with a fixed pool of connection threads, one catch-all
+// handler per method that routes, authenticates and answers every error as OpenAI's error JSON,
+// and the engine's background step loop behind it. Engine events are handed to the connection
+// thread that waits for them through one small queue per request.
+#include "kvl/server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "api_request.h"
+#include "api_response.h"
+#include "kvl/chat_template.h"
+#include "server_metrics.h"
+
+namespace kvl {
+namespace server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// One request's events, filled by the engine's thread and drained by its connection's thread.
+struct PendingRequest {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> pieces;  // each token's released text, not yet taken
+  bool finished = false;
+  TokenEvent last;         // the finished event
+  Clock::time_point submitted = Clock::now();
+  Clock::time_point last_token;
+  bool first_token_seen = false;
+};
+
+enum class ServerState { kLoading, kReady, kDraining };
+
+struct Route {
+  std::string_view path;
+  std::string_view method;
+};
+constexpr Route kRoutes[] = {{"/health", "GET"},
+                             {"/metrics", "GET"},
+                             {"/v1/models", "GET"},
+                             {"/v1/completions", "POST"},
+                             {"/v1/chat/completions", "POST"}};
+
+class OpenAiServer {
+ public:
+  explicit OpenAiServer(const ServeOptions& options) : options_(options) {}
+  Status Run();
+
+ private:
+  void Configure();
+  void Dispatch(const httplib::Request& req, httplib::Response& res);
+  void HandleHealth(httplib::Response& res);
+  void HandleModels(httplib::Response& res);
+  void HandleCompletion(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  void OnEvent(PendingRequest& p, const TokenEvent& ev);
+  void Stream(const ResponseHead& head, RequestId id, std::shared_ptr<PendingRequest> p,
+              httplib::Response& res);
+  void Forget(RequestId id);
+  Status LoadEngine();
+  void CancelAll();
+
+  static void SendError(httplib::Response& res, const ApiError& error) {
+    res.status = error.http_status;
+    res.set_content(ErrorBody(error), "application/json");
+  }
+
+  ServeOptions options_;
+  httplib::Server http_;
+  std::atomic<ServerState> state_{ServerState::kLoading};
+  std::unique_ptr<Engine> engine_;  // set before state_ becomes kReady
+  ApiContext context_;
+  ServerMetrics metrics_;
+  std::mutex active_mu_;
+  std::set<RequestId> active_;  // submitted and not yet answered: cancelled at shutdown
+};
+
+void OpenAiServer::Configure() {
+  const int threads = options_.http_threads > 0 ? options_.http_threads
+                                                : options_.engine.max_seqs + 4;
+  http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  // Streamed frames are small: without TCP_NODELAY each waits for the delayed ACK of the last.
+  http_.set_tcp_nodelay(true);
+  http_.set_keep_alive_max_count(1000);
+  http_.set_keep_alive_timeout(options_.keep_alive_seconds);
+  http_.set_read_timeout(30, 0);
+  http_.set_write_timeout(30, 0);
+  http_.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
+  auto dispatch = [this](const httplib::Request& req, httplib::Response& res) { Dispatch(req, res); };
+  http_.Get(".*", dispatch);
+  http_.Post(".*", dispatch);
+  http_.Put(".*", dispatch);
+  http_.Patch(".*", dispatch);
+  http_.Delete(".*", dispatch);
+  http_.Options(".*", dispatch);
+  // Errors httplib answers itself (a body over the limit, a malformed request line) get an
+  // OpenAI error body too; every error response is counted here.
+  http_.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
+    metrics_.CountHttpError(res.status);
+    if (!res.body.empty()) return;
+    std::string message = fmt::format("HTTP error {}", res.status);
+    if (res.status == 400) message = "malformed HTTP request";
+    if (res.status == 413) {
+      message = fmt::format("the request body exceeds {} bytes", options_.max_body_bytes);
+    }
+    if (res.status == 414) message = "the request URI is too long";
+    SendError(res, ApiError{res.status, message, "invalid_request_error", "", ""});
+  });
+  http_.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        SendError(res, ApiError{500, "internal error", "server_error", "", ""});
+      });
+}
+
+void OpenAiServer::Dispatch(const httplib::Request& req, httplib::Response& res) {
+  const Route* route = nullptr;
+  for (const Route& r : kRoutes) {
+    if (r.path == req.path) route = &r;
+  }
+  if (route == nullptr) {
+    return SendError(res, ApiError{404, fmt::format("Invalid URL ({} {})", req.method, req.path),
+                                   "invalid_request_error", "", "not_found"});
+  }
+  const std::string_view method = req.method == "HEAD" ? "GET" : std::string_view(req.method);
+  if (method != route->method) {
+    res.set_header("Allow", std::string(route->method));
+    return SendError(res, ApiError{405,
+                                   fmt::format("Method {} not allowed on {}; use {}", req.method,
+                                               req.path, route->method),
+                                   "invalid_request_error", "", "method_not_allowed"});
+  }
+  if (!options_.api_key.empty() && req.path.starts_with("/v1/") &&
+      req.get_header_value("Authorization") != "Bearer " + options_.api_key) {
+    return SendError(res, ApiError{401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
+                                   "invalid_request_error", "", "invalid_api_key"});
+  }
+  try {
+    if (req.path == "/health") return HandleHealth(res);
+    if (state_.load() != ServerState::kReady) {
+      return SendError(res, ApiError{503,
+                                     state_.load() == ServerState::kLoading
+                                         ? "the model is loading"
+                                         : "the server is shutting down",
+                                     "server_error", "", "unavailable"});
+    }
+    if (req.path == "/metrics") {
+      return res.set_content(metrics_.Render(engine_->Metrics()),
+                             "text/plain; version=0.0.4; charset=utf-8");
+    }
+    if (req.path == "/v1/models") return HandleModels(res);
+    HandleCompletion(req.path == "/v1/completions" ? Endpoint::kCompletions
+                                                   : Endpoint::kChatCompletions,
+                     req, res);
+  } catch (const std::exception& e) {
+    SendError(res, ApiError{500, fmt::format("internal error: {}", e.what()), "server_error", "",
+                            ""});
+  }
+}
+
+void OpenAiServer::HandleHealth(httplib::Response& res) {
+  switch (state_.load()) {
+    case ServerState::kReady:
+      return res.set_content(R"({"status":"ok"})", "application/json");
+    case ServerState::kLoading:
+      res.status = 503;
+      return res.set_content(R"({"status":"loading model"})", "application/json");
+    case ServerState::kDraining:
+      res.status = 503;
+      return res.set_content(R"({"status":"shutting down"})", "application/json");
+  }
+}
+
+void OpenAiServer::HandleModels(httplib::Response& res) {
+  const nlohmann::json body = {
+      {"object", "list"},
+      {"data",
+       {{{"id", context_.model_name},
+         {"object", "model"},
+         {"created", static_cast<int64_t>(std::time(nullptr))},
+         {"owned_by", "kvlattice"},
+         {"max_model_len", context_.context_length}}}}};
+  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                  "application/json");
+}
+
+void OpenAiServer::OnEvent(PendingRequest& p, const TokenEvent& ev) {
+  const Clock::time_point now = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (ev.token >= 0) {
+      if (!p.first_token_seen) {
+        metrics_.ObserveTimeToFirstToken(SecondsBetween(p.submitted, now));
+      } else {
+        metrics_.ObserveInterTokenLatency(SecondsBetween(p.last_token, now));
+      }
+      p.first_token_seen = true;
+      p.last_token = now;
+    }
+    if (!ev.text.empty()) p.pieces.push_back(ev.text);
+    if (ev.finished) {
+      p.finished = true;
+      p.last = ev;
+    }
+  }
+  if (ev.finished) {
+    metrics_.ObserveFinished(SecondsBetween(p.submitted, now), ev.prompt_tokens,
+                             ev.cached_prompt_tokens, ev.generated_tokens,
+                             std::string(OpenAiFinishReason(ev.finish_reason)));
+  }
+  p.cv.notify_all();
+}
+
+void OpenAiServer::Forget(RequestId id) {
+  std::lock_guard<std::mutex> lock(active_mu_);
+  active_.erase(id);
+}
+
+void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& req,
+                                    httplib::Response& res) {
+  CompletionParams params;
+  if (auto error = ParseCompletionRequest(req.body, endpoint, context_, &params)) {
+    return SendError(res, *error);
+  }
+  auto pending = std::make_shared<PendingRequest>();
+  StatusOr<RequestId> id = InternalError("not submitted");
+  {
+    // Registered under the lock, so a shutdown's CancelAll sees every submitted request.
+    std::lock_guard<std::mutex> lock(active_mu_);
+    id = engine_->Submit(std::move(params.request),
+                         [this, pending](const TokenEvent& ev) { OnEvent(*pending, ev); });
+    if (id.ok()) active_.insert(*id);
+  }
+  if (!id.ok()) {
+    const std::string param = endpoint == Endpoint::kCompletions ? "prompt" : "messages";
+    return SendError(res, ApiError{400, id.status().message(), "invalid_request_error", param,
+                                   ""});
+  }
+  ResponseHead head{endpoint, NewResponseId(endpoint), static_cast<int64_t>(std::time(nullptr)),
+                    context_.model_name, params.include_usage};
+  if (params.stream) return Stream(head, *id, std::move(pending), res);
+
+  std::unique_lock<std::mutex> lock(pending->mu);
+  pending->cv.wait(lock, [&] { return pending->finished; });
+  Forget(*id);
+  const TokenEvent& last = pending->last;
+  if (last.finish_reason == "error") {
+    return SendError(res, ApiError{500, last.error.message(), "server_error", "", ""});
+  }
+  std::string text;
+  for (const std::string& piece : pending->pieces) text += piece;
+  res.set_content(CompletionBody(head, text, OpenAiFinishReason(last.finish_reason),
+                                 Usage{last.prompt_tokens, last.cached_prompt_tokens,
+                                       last.generated_tokens}),
+                  "application/json");
+}
+
+void OpenAiServer::Stream(const ResponseHead& head, RequestId id,
+                          std::shared_ptr<PendingRequest> pending, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  auto role_sent = std::make_shared<bool>(false);
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [head, pending, role_sent](size_t, httplib::DataSink& sink) {
+        auto send = [&sink](const std::string& frame) {
+          return sink.write(frame.data(), frame.size());
+        };
+        if (!*role_sent) {
+          *role_sent = true;
+          if (head.endpoint == Endpoint::kChatCompletions && !send(RoleFrame(head))) return false;
+        }
+        std::vector<std::string> pieces;
+        bool finished = false;
+        {
+          std::unique_lock<std::mutex> lock(pending->mu);
+          // A bounded wait, so a provider never blocks a shutdown forever.
+          pending->cv.wait_for(lock, std::chrono::milliseconds(200),
+                               [&] { return pending->finished || !pending->pieces.empty(); });
+          pieces.swap(pending->pieces);
+          finished = pending->finished;
+        }
+        for (const std::string& piece : pieces) {
+          if (!send(TextFrame(head, piece))) return false;  // the client left
+        }
+        if (!finished) return true;
+        const TokenEvent& last = pending->last;
+        if (last.finish_reason == "error") {
+          if (!send(ErrorFrame(ApiError{500, last.error.message(), "server_error", "", ""}))) {
+            return false;
+          }
+        } else {
+          if (!send(FinishFrame(head, OpenAiFinishReason(last.finish_reason)))) return false;
+          if (head.include_usage &&
+              !send(UsageFrame(head, Usage{last.prompt_tokens, last.cached_prompt_tokens,
+                                           last.generated_tokens}))) {
+            return false;
+          }
+        }
+        if (!send(std::string(kDoneFrame))) return false;
+        sink.done();
+        return true;
+      },
+      // Called when the response ends, written or not: a client that went away cancels its
+      // request at once, so its sequence stops and its KV pages are freed or cached.
+      [this, id, pending](bool) {
+        bool finished;
+        {
+          std::lock_guard<std::mutex> lock(pending->mu);
+          finished = pending->finished;
+        }
+        if (!finished) {
+          engine_->Cancel(id);
+          metrics_.CountDisconnectCancel();
+        }
+        Forget(id);
+      });
+}
+
+Status OpenAiServer::LoadEngine() {
+  KVL_ASSIGN_OR_RETURN(engine_, Engine::Create(options_.engine));
+  const std::filesystem::path path(options_.engine.model_path);
+  context_.model_name = path.stem().string();
+  context_.model_path = options_.engine.model_path;
+  context_.context_length = engine_->context_length();
+  if (!options_.chat_template.empty()) {
+    KVL_ASSIGN_OR_RETURN(context_.chat_template, ParseChatTemplateName(options_.chat_template));
+  } else {
+    StatusOr<std::string> source = engine_->model().file().GetString("tokenizer.chat_template");
+    context_.chat_template = DetectChatTemplate(source.ok() ? *source : "");
+  }
+  fmt::print(stderr, "kvl serve: model '{}', context {}, chat template {}\n", context_.model_name,
+             context_.context_length, ChatTemplateName(context_.chat_template));
+  engine_->Start();
+  return Status::Ok();
+}
+
+void OpenAiServer::CancelAll() {
+  std::lock_guard<std::mutex> lock(active_mu_);
+  for (RequestId id : active_) engine_->Cancel(id);
+}
+
+Status OpenAiServer::Run() {
+  // SIGINT and SIGTERM are taken by sigtimedwait below, never by a handler: blocked here, before
+  // any thread starts, so every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a client gone away is a failed write, not the end of the server
+
+  if (!options_.chat_template.empty()) {
+    KVL_RETURN_IF_ERROR(ParseChatTemplateName(options_.chat_template).status());
+  }
+  Configure();
+  int port = options_.port;
+  if (port == 0) {
+    port = http_.bind_to_any_port(options_.host);
+  } else if (!http_.bind_to_port(options_.host, port)) {
+    port = -1;
+  }
+  if (port < 0) {
+    return IoError(fmt::format("cannot listen on {}:{}", options_.host, options_.port));
+  }
+  fmt::print(stderr, "kvl serve: listening on http://{}:{}\n", options_.host, port);
+  std::atomic<bool> listener_done{false};
+  std::thread listener([&] {
+    http_.listen_after_bind();
+    listener_done = true;
+  });
+  // /health answers 503 while the model loads.
+  if (Status loaded = LoadEngine(); !loaded.ok()) {
+    http_.stop();
+    listener.join();
+    return loaded;
+  }
+  state_ = ServerState::kReady;
+  fmt::print(stderr, "kvl serve: ready\n");
+
+  int signal_number = 0;
+  while (signal_number <= 0 && !listener_done) {
+    const timespec tick{0, 200 * 1000 * 1000};
+    signal_number = sigtimedwait(&signals, nullptr, &tick);
+  }
+  fmt::print(stderr, "kvl serve: {}, shutting down (grace {} s)\n",
+             signal_number > 0 ? strsignal(signal_number) : "listener stopped",
+             options_.shutdown_grace_seconds);
+  state_ = ServerState::kDraining;
+  http_.stop();  // no new connections; running ones finish their current request
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(options_.shutdown_grace_seconds));
+  while (!listener_done && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CancelAll();  // whatever still runs after the grace period
+  listener.join();
+  engine_->Stop();
+  fmt::print(stderr, "kvl serve: stopped\n");
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace server
+
+Status Serve(const ServeOptions& options) {
+  server::OpenAiServer server(options);
+  return server.Run();
+}
+
+}  // namespace kvl

@@ -1,0 +1,157 @@
+#include "server_metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace kvl::server {
+namespace {
+
+// The bounds vLLM uses for its latency histograms, in seconds.
+const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
+                                         0.5,   0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0};
+const std::vector<double> kItlBounds = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15,
+                                        0.2,   0.3,   0.4,  0.5,   0.75, 1.0,   2.5};
+const std::vector<double> kE2eBounds = {0.01, 0.05, 0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0,
+                                        15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0};
+
+void Header(std::string* out, const std::string& name, const char* type, const char* help) {
+  *out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+template <typename T>
+void Metric(std::string* out, const char* name, const char* type, const char* help, T value) {
+  Header(out, name, type, help);
+  *out += fmt::format("{} {}\n", name, value);
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  const size_t i = static_cast<size_t>(
+      std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin());
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::Render(const std::string& name, std::string* out) const {
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    *out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cumulative);
+  }
+  *out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n", name, count_);
+  *out += fmt::format("{}_sum {}\n{}_count {}\n", name, sum_, name, count_);
+}
+
+ServerMetrics::ServerMetrics() : ttft_(kTtftBounds), itl_(kItlBounds), e2e_(kE2eBounds) {}
+
+void ServerMetrics::ObserveTimeToFirstToken(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ttft_.Observe(seconds);
+}
+
+void ServerMetrics::ObserveInterTokenLatency(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  itl_.Observe(seconds);
+}
+
+void ServerMetrics::ObserveFinished(double e2e_seconds, int64_t prompt_tokens,
+                                    int64_t cached_tokens, int64_t generated_tokens,
+                                    const std::string& finish_reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  e2e_.Observe(e2e_seconds);
+  prompt_tokens_ += prompt_tokens;
+  cached_prompt_tokens_ += cached_tokens;
+  generation_tokens_ += generated_tokens;
+  ++finished_[finish_reason];
+}
+
+void ServerMetrics::CountHttpError(int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++http_errors_[status];
+}
+
+void ServerMetrics::CountDisconnectCancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++disconnect_cancels_;
+}
+
+std::string ServerMetrics::Render(const EngineMetrics& m) const {
+  std::string out;
+  Metric(&out, "kvl:num_requests_running", "gauge", "Requests in the running batch.",
+         m.requests_running);
+  Metric(&out, "kvl:num_requests_waiting", "gauge", "Requests waiting to be admitted.",
+         m.requests_waiting);
+  Metric(&out, "kvl:num_preemptions_total", "counter", "Sequences preempted.", m.preemptions);
+  Metric(&out, "kvl:engine_steps_total", "counter", "Forward steps run.", m.steps);
+  Metric(&out, "kvl:prompt_tokens_computed_total", "counter",
+         "Prompt tokens computed by the forward pass (prefix hits excluded).", m.tokens_prefilled);
+  const double usage = m.kv.blocks_total > 0
+                           ? static_cast<double>(m.kv.blocks_used) / m.kv.blocks_total
+                           : 0.0;
+  Metric(&out, "kvl:kv_cache_usage_perc", "gauge", "KV pool usage ratio (1 = full).", usage);
+  Metric(&out, "kvl:kv_cache_used_bytes", "gauge", "KV pool bytes in use.", m.kv.kv_bytes_used);
+  Metric(&out, "kvl:kv_cache_total_bytes", "gauge", "KV pool bytes.", m.kv.kv_bytes_total);
+  Metric(&out, "kvl:kv_resident_bytes_peak", "gauge", "Most resident KV bytes at any time.",
+         m.kv_resident_bytes_peak);
+  Metric(&out, "kvl:prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache.", m.kv.prefix_query_tokens);
+  Metric(&out, "kvl:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+         m.kv.prefix_hit_tokens);
+  Metric(&out, "kvl:prefix_cache_lookups_total", "counter", "Admissions that looked up prefixes.",
+         m.kv.prefix_queries);
+  Header(&out, "kvl:kv_pages_total", "counter", "KV pages each action was applied to.");
+  for (int a = 0; a < kNumKvActions; ++a) {
+    out += fmt::format("kvl:kv_pages_total{{action=\"{}\"}} {}\n",
+                       KvActionName(static_cast<KvAction>(a)), m.kv_actions[size_t(a)].pages);
+  }
+  Header(&out, "kvl:kv_bytes_total", "counter", "KV bytes each action was applied to.");
+  for (int a = 0; a < kNumKvActions; ++a) {
+    out += fmt::format("kvl:kv_bytes_total{{action=\"{}\"}} {}\n",
+                       KvActionName(static_cast<KvAction>(a)), m.kv_actions[size_t(a)].bytes);
+  }
+  Header(&out, "kvl:kv_pages_restored_total", "counter", "KV pages brought back, per action.");
+  for (int a = 0; a < kNumKvActions; ++a) {
+    out += fmt::format("kvl:kv_pages_restored_total{{action=\"{}\"}} {}\n",
+                       KvActionName(static_cast<KvAction>(a)),
+                       m.kv_actions[size_t(a)].pages_restored);
+  }
+  Metric(&out, "kvl:kv_checksum_failures_total", "counter",
+         "Demoted KV pages that came back corrupt and were recomputed.", m.kv_checksum_failures);
+  Metric(&out, "kvl:kv_layers_streamed_total", "counter", "Layer pages streamed back from tiers.",
+         m.kv_layers_streamed);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  Metric(&out, "kvl:prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+         prompt_tokens_);
+  Metric(&out, "kvl:prompt_tokens_cached_total", "counter",
+         "Prompt tokens of finished requests found in the prefix cache.", cached_prompt_tokens_);
+  Metric(&out, "kvl:generation_tokens_total", "counter", "Generated tokens of finished requests.",
+         generation_tokens_);
+  Header(&out, "kvl:request_success_total", "counter", "Finished requests, by finish reason.");
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    auto it = finished_.find(reason);
+    out += fmt::format("kvl:request_success_total{{finished_reason=\"{}\"}} {}\n", reason,
+                       it == finished_.end() ? 0 : it->second);
+  }
+  Metric(&out, "kvl:request_disconnect_cancels_total", "counter",
+         "Streaming requests cancelled because their client went away.", disconnect_cancels_);
+  Header(&out, "kvl:http_errors_total", "counter", "Error responses, by HTTP status.");
+  for (const auto& [status, count] : http_errors_) {
+    out += fmt::format("kvl:http_errors_total{{status=\"{}\"}} {}\n", status, count);
+  }
+  Header(&out, "kvl:time_to_first_token_seconds", "histogram", "Time to first token.");
+  ttft_.Render("kvl:time_to_first_token_seconds", &out);
+  Header(&out, "kvl:inter_token_latency_seconds", "histogram", "Time between generated tokens.");
+  itl_.Render("kvl:inter_token_latency_seconds", &out);
+  Header(&out, "kvl:e2e_request_latency_seconds", "histogram", "Request latency, end to end.");
+  e2e_.Render("kvl:e2e_request_latency_seconds", &out);
+  return out;
+}
+
+}  // namespace kvl::server

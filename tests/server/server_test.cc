@@ -1,0 +1,488 @@
+// `kvl serve` as a real process on a free loopback port, driven over HTTP: completions and chat
+// (plain and streamed) against Engine::Generate, every class of bad request, 16 concurrent
+// clients, a client leaving mid-stream, /metrics as Prometheus text, SIGTERM.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvl/engine.h"
+#include "prometheus_check.h"
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+using nlohmann::json;
+
+int FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// A `kvl serve` child process, killed (by its pid) when the object goes.
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> extra_args) : port_(FreeLoopbackPort()) {
+    std::vector<std::string> args = {KVL_KVL_BINARY, "serve", "-m", testing::Stories260KPath(),
+                                     "--port", std::to_string(port_), "-t", "1", "--no-calibrate"};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    log_path_ = ::testing::TempDir() + "kvl_serve_" + std::to_string(port_) + ".log";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::freopen(log_path_.c_str(), "w", stderr);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Polls /health until it answers 200.
+  bool WaitReady() {
+    httplib::Client client("127.0.0.1", port_);
+    for (int i = 0; i < 300; ++i) {
+      if (auto res = client.Get("/health"); res && res->status == 200) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  // SIGTERM, then the exit status (-1: not an exit, or it took longer than `seconds`).
+  int Terminate(int seconds) {
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < seconds * 50; ++i) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  int port() const { return port_; }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  std::string log_path_;
+};
+
+httplib::Result PostJson(httplib::Client& client, const std::string& path, const std::string& body,
+                         const httplib::Headers& headers = {}) {
+  return client.Post(path.c_str(), headers, body, "application/json");
+}
+
+// The greedy text Engine::Generate gives, the reference every served output must equal.
+std::string GreedyReference(const std::string& prompt, int max_tokens) {
+  static std::unique_ptr<Engine> engine = [] {
+    EngineOptions options;
+    options.model_path = testing::Stories260KPath();
+    options.num_threads = 1;
+    options.calibrate = false;
+    auto e = Engine::Create(options);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(*e) : nullptr;
+  }();
+  GenerateRequest request;
+  request.prompt = prompt;
+  request.max_new_tokens = max_tokens;
+  request.sampling.temperature = 0;
+  auto result = engine->Generate(request);
+  EXPECT_TRUE(result.ok());
+  return result.ok() ? result->text : "";
+}
+
+// The frames of an SSE body ("data: ..." lines), in order.
+std::vector<std::string> SseData(const std::string& body) {
+  std::vector<std::string> frames;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    frames.push_back(body.substr(pos + 6, end - pos - 6));
+    pos = end == std::string::npos ? body.size() : end;
+  }
+  return frames;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess({"-np", "8", "--max-body", "64KiB"});
+    ASSERT_TRUE(server_->WaitReady()) << "kvl serve did not become ready";
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  httplib::Client Client() {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+  double Metric(const std::string& line_prefix) {
+    auto client = Client();
+    auto res = client.Get("/metrics");
+    if (!res) return -1;
+    size_t pos = res->body.find("\n" + line_prefix + " ");
+    if (pos == std::string::npos) return -1;
+    return std::stod(res->body.substr(pos + line_prefix.size() + 2));
+  }
+  static ServerProcess* server_;
+};
+ServerProcess* ServerTest::server_ = nullptr;
+
+TEST_F(ServerTest, CompletionEqualsEngineGenerate) {
+  auto client = Client();
+  auto res = PostJson(client, "/v1/completions",
+                      R"({"model":"stories260K","prompt":"Once upon a time","max_tokens":40,"temperature":0})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json body = json::parse(res->body);
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_TRUE(body["id"].get<std::string>().starts_with("cmpl-"));
+  EXPECT_EQ(body["model"], "stories260K");
+  EXPECT_GT(body["created"].get<int64_t>(), 0);
+  EXPECT_EQ(body["choices"][0]["text"], GreedyReference("Once upon a time", 40));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 40);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(body["usage"]["total_tokens"], 45);
+  EXPECT_TRUE(body["usage"]["prompt_tokens_details"]["cached_tokens"].is_number_integer());
+}
+
+TEST_F(ServerTest, ChatEqualsEngineGenerateThroughThePlainTemplate) {
+  auto client = Client();
+  auto res = PostJson(client, "/v1/chat/completions",
+                      R"({"messages":[{"role":"user","content":"The little dog"}],
+                          "max_completion_tokens":24,"temperature":0})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json body = json::parse(res->body);
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], GreedyReference("The little dog", 24));
+}
+
+TEST_F(ServerTest, StopStringEndsWithFinishReasonStop) {
+  const std::string reference = GreedyReference("Once upon a time", 40);
+  auto client = Client();
+  auto res = PostJson(client, "/v1/completions",
+                      R"({"prompt":"Once upon a time","max_tokens":40,"temperature":0,"stop":["Lily"]})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json body = json::parse(res->body);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body["choices"][0]["text"], reference.substr(0, reference.find("Lily")));
+}
+
+TEST_F(ServerTest, StreamedChatSendsRoleTokensFinishUsageAndDone) {
+  auto client = Client();
+  auto res = PostJson(client, "/v1/chat/completions",
+                      R"({"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":20,
+                          "temperature":0,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+  const std::vector<std::string> frames = SseData(res->body);
+  ASSERT_GE(frames.size(), 4u) << res->body;
+  EXPECT_EQ(frames.back(), "[DONE]");
+  const json first = json::parse(frames[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (size_t i = 1; i + 3 < frames.size(); ++i) {
+    text += json::parse(frames[i])["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(frames.size(), 1 + 20 + 3u);  // role, one per token, finish, usage, [DONE]
+  EXPECT_EQ(text, GreedyReference("Once upon a time", 20));
+  const json finish = json::parse(frames[frames.size() - 3]);
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "length");
+  const json usage = json::parse(frames[frames.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 20);
+}
+
+TEST_F(ServerTest, StreamedCompletionTextEqualsThePlainOne) {
+  auto client = Client();
+  auto res = PostJson(client, "/v1/completions",
+                      R"({"prompt":"Lily wanted to","max_tokens":16,"temperature":0,"stream":true})");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const std::vector<std::string> frames = SseData(res->body);
+  ASSERT_GE(frames.size(), 2u);
+  EXPECT_EQ(frames.back(), "[DONE]");
+  std::string text;
+  for (size_t i = 0; i + 2 < frames.size(); ++i) {
+    text += json::parse(frames[i])["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, GreedyReference("Lily wanted to", 16));
+  EXPECT_EQ(json::parse(frames[frames.size() - 2])["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(ServerTest, ModelsAndHealth) {
+  auto client = Client();
+  auto models = client.Get("/v1/models");
+  ASSERT_TRUE(models);
+  ASSERT_EQ(models->status, 200);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "stories260K");
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+struct BadRequest {
+  std::string path;
+  std::string body;
+  int status;
+  std::string param;  // expected error.param; "" = not checked
+};
+
+TEST_F(ServerTest, EveryBadRequestGetsA4xxWithOpenAiErrorJson) {
+  const std::string long_prompt = [] {
+    std::string p;
+    for (int i = 0; i < 1200; ++i) p += "Once upon a time ";
+    return p;
+  }();
+  const std::vector<BadRequest> cases = {
+      {"/v1/completions", "not json", 400, ""},
+      {"/v1/completions", "[1,2]", 400, ""},
+      {"/v1/completions", "\"text\"", 400, ""},
+      {"/v1/completions", std::string(200, '[') + std::string(200, ']'), 400, ""},
+      {"/v1/completions", "{\"prompt\":\"\xff\xfe\"}", 400, ""},
+      {"/v1/completions", "{}", 400, "prompt"},
+      {"/v1/completions", R"({"prompt":""})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt":5})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt":["a","b"]})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt":[99999999]})", 400, "prompt"},
+      {"/v1/completions", "{\"prompt\":\"" + long_prompt + "\"}", 400, "prompt"},
+      {"/v1/completions", R"({"prompt":"x","model":"gpt-4"})", 404, "model"},
+      {"/v1/completions", R"({"prompt":"x","model":7})", 400, "model"},
+      {"/v1/completions", R"({"prompt":"x","max_tokens":-1})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"x","max_tokens":0})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"x","max_tokens":100000000000})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"x","max_tokens":"10"})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"x","max_tokens":1.5})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"x","temperature":-1})", 400, "temperature"},
+      {"/v1/completions", R"({"prompt":"x","temperature":"hot"})", 400, "temperature"},
+      {"/v1/completions", R"({"prompt":"x","top_p":0})", 400, "top_p"},
+      {"/v1/completions", R"({"prompt":"x","top_p":1.5})", 400, "top_p"},
+      {"/v1/completions", R"({"prompt":"x","top_k":-5})", 400, "top_k"},
+      {"/v1/completions", R"({"prompt":"x","min_p":2})", 400, "min_p"},
+      {"/v1/completions", R"({"prompt":"x","seed":"abc"})", 400, "seed"},
+      {"/v1/completions", R"({"prompt":"x","stop":5})", 400, "stop"},
+      {"/v1/completions", R"({"prompt":"x","stop":[""]})", 400, "stop"},
+      {"/v1/completions", R"({"prompt":"x","n":2})", 400, "n"},
+      {"/v1/completions", R"({"prompt":"x","stream":"yes"})", 400, "stream"},
+      {"/v1/completions", R"({"prompt":"x","stream_options":3})", 400, "stream_options"},
+      {"/v1/completions", R"({"prompt":"x","logprobs":5})", 400, "logprobs"},
+      {"/v1/chat/completions", "{}", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages":[]})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages":"hi"})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages":[5]})", 400, "messages[0]"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"wizard","content":"x"}]})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user"}]})", 400, "messages[0].content"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":7}]})", 400,
+       "messages[0].content"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":""}]})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})",
+       400, "logprobs"},
+      {"/v1/completions", std::string(100 * 1024, ' '), 413, ""},
+  };
+  auto client = Client();
+  for (const BadRequest& c : cases) {
+    SCOPED_TRACE(c.path + " " + c.body.substr(0, 120));
+    auto res = PostJson(client, c.path, c.body);
+    ASSERT_TRUE(res) << "no response";
+    EXPECT_EQ(res->status, c.status) << res->body;
+    const json body = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(body.is_object()) << res->body;
+    ASSERT_TRUE(body.contains("error"));
+    const json& e = body["error"];
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_TRUE(e["type"].is_string());
+    EXPECT_TRUE(e.contains("param"));
+    EXPECT_TRUE(e.contains("code"));
+    if (!c.param.empty()) {
+      EXPECT_EQ(e["param"], c.param) << res->body;
+    }
+  }
+  auto not_found = client.Get("/v1/nothing");
+  ASSERT_TRUE(not_found);
+  EXPECT_EQ(not_found->status, 404);
+  EXPECT_TRUE(json::parse(not_found->body)["error"]["message"].is_string());
+  auto wrong_method = client.Get("/v1/completions");
+  ASSERT_TRUE(wrong_method);
+  EXPECT_EQ(wrong_method->status, 405);
+  EXPECT_EQ(wrong_method->get_header_value("Allow"), "POST");
+  auto wrong_method2 = client.Delete("/v1/models");
+  ASSERT_TRUE(wrong_method2);
+  EXPECT_EQ(wrong_method2->status, 405);
+  // Still serving.
+  auto ok = PostJson(client, "/v1/completions", R"({"prompt":"x","max_tokens":2})");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(ServerTest, SixteenConcurrentClientsGetTheirAloneOutputs) {
+  const std::vector<std::string>& prompts = testing::StoryPrompts();
+  std::vector<std::string> references;
+  for (const std::string& p : prompts) references.push_back(GreedyReference(p, 32));
+  constexpr int kClients = 16;
+  std::vector<int> statuses(kClients, 0);
+  std::vector<std::string> texts(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      auto client = Client();
+      const json request = {{"prompt", prompts[size_t(i) % prompts.size()]},
+                            {"max_tokens", 32},
+                            {"temperature", 0},
+                            {"stream", i % 2 == 1}};
+      auto res = PostJson(client, "/v1/completions", request.dump());
+      if (!res) return;
+      statuses[size_t(i)] = res->status;
+      if (i % 2 == 0) {
+        texts[size_t(i)] = json::parse(res->body)["choices"][0]["text"];
+      } else {
+        for (const std::string& frame : SseData(res->body)) {
+          if (frame == "[DONE]") break;
+          texts[size_t(i)] += json::parse(frame)["choices"][0]["text"].get<std::string>();
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(statuses[size_t(i)], 200) << "client " << i;
+    EXPECT_EQ(texts[size_t(i)], references[size_t(i) % prompts.size()]) << "client " << i;
+  }
+}
+
+TEST_F(ServerTest, ClientLeavingMidStreamCancelsItsRequest) {
+  const double cancels_before = Metric("kvl:request_disconnect_cancels_total");
+  const double aborts_before = Metric("kvl:request_success_total{finished_reason=\"abort\"}");
+  auto client = Client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"prompt":"Once upon a time","max_tokens":2000,"temperature":0,"stream":true})";
+  req.set_header("Content-Type", "application/json");
+  int frames = 0;
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    frames += static_cast<int>(std::string(data, len).find("data: ") != std::string::npos);
+    return frames < 3;  // leave after a few tokens
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  client.send(req, res, error);
+  EXPECT_GE(frames, 3);
+  // The server notices at its next write, cancels, and the request ends as "abort" long before
+  // its 2000 tokens.
+  bool cancelled = false;
+  for (int i = 0; i < 200 && !cancelled; ++i) {
+    cancelled = Metric("kvl:request_disconnect_cancels_total") > cancels_before &&
+                Metric("kvl:request_success_total{finished_reason=\"abort\"}") > aborts_before;
+    if (!cancelled) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(cancelled);
+}
+
+TEST_F(ServerTest, MetricsAreValidPrometheusText) {
+  auto client = Client();
+  ASSERT_TRUE(PostJson(client, "/v1/completions", R"({"prompt":"The cat sat on","max_tokens":8})"));
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_TRUE(res->get_header_value("Content-Type").starts_with("text/plain"));
+  const testing::PrometheusCheck check = testing::CheckPrometheusText(res->body);
+  EXPECT_TRUE(check.errors.empty()) << check.errors.front();
+  for (const char* family :
+       {"kvl:num_requests_running", "kvl:num_requests_waiting", "kvl:prompt_tokens_total",
+        "kvl:generation_tokens_total", "kvl:time_to_first_token_seconds",
+        "kvl:inter_token_latency_seconds", "kvl:e2e_request_latency_seconds",
+        "kvl:kv_cache_usage_perc", "kvl:prefix_cache_queries_total", "kvl:prefix_cache_hits_total",
+        "kvl:kv_pages_total", "kvl:kv_bytes_total", "kvl:kv_checksum_failures_total"}) {
+    EXPECT_TRUE(check.types.count(family)) << family;
+  }
+  EXPECT_EQ(check.types.at("kvl:time_to_first_token_seconds"), "histogram");
+  EXPECT_GT(Metric("kvl:generation_tokens_total"), 0);
+}
+
+TEST(PrometheusCheckTest, RefusesMalformedText) {
+  EXPECT_TRUE(testing::CheckPrometheusText("# TYPE a counter\na 1\n").errors.empty());
+  EXPECT_FALSE(testing::CheckPrometheusText("a 1\n").errors.empty());            // no TYPE
+  EXPECT_FALSE(testing::CheckPrometheusText("# TYPE a counter\na x\n").errors.empty());
+  EXPECT_FALSE(testing::CheckPrometheusText("# TYPE a counter\na{b=c} 1\n").errors.empty());
+  EXPECT_FALSE(testing::CheckPrometheusText("# TYPE 1a counter\n1a 1\n").errors.empty());
+  EXPECT_FALSE(testing::CheckPrometheusText("# TYPE h histogram\nh_bucket{le=\"1\"} 2\n"
+                                            "h_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n")
+                   .errors.empty());  // buckets not cumulative
+}
+
+TEST(ServeProcessTest, ApiKeyIsRequiredAndSigtermExitsZeroAfterRunningRequests) {
+  ServerProcess server({"--api-key", "sekret", "-np", "2"});
+  ASSERT_TRUE(server.WaitReady());
+  httplib::Client client("127.0.0.1", server.port());
+  const std::string body = R"({"prompt":"Once upon a time","max_tokens":4})";
+  auto missing = PostJson(client, "/v1/completions", body);
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 401);
+  EXPECT_EQ(json::parse(missing->body)["error"]["code"], "invalid_api_key");
+  auto wrong = PostJson(client, "/v1/completions", body, {{"Authorization", "Bearer nope"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto right = PostJson(client, "/v1/completions", body, {{"Authorization", "Bearer sekret"}});
+  ASSERT_TRUE(right);
+  EXPECT_EQ(right->status, 200);
+
+  // A long request in flight when SIGTERM comes: it is finished (or cancelled after the grace
+  // period) and the server exits 0.
+  int in_flight_status = 0;
+  std::thread in_flight([&] {
+    httplib::Client c("127.0.0.1", server.port());
+    c.set_read_timeout(30, 0);
+    auto res = PostJson(c, "/v1/completions", R"({"prompt":"Once upon a time","max_tokens":1500})",
+                        {{"Authorization", "Bearer sekret"}});
+    in_flight_status = res ? res->status : -1;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  EXPECT_EQ(server.Terminate(/*seconds=*/20), 0);
+  in_flight.join();
+  EXPECT_EQ(in_flight_status, 200);
+}
+
+}  // namespace
+}  // namespace kvl
