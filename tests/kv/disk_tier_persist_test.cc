@@ -80,6 +80,17 @@ class PersistTest : public ::testing::TestWithParam<bool> {  // param: direct_io
     EXPECT_TRUE(tier.ok()) << tier.status().ToString();
     return tier.ok() ? std::move(tier).value() : nullptr;
   }
+  // A persistent and a scratch tier on path_ are both refused with `code`, saying `says`.
+  void ExpectRefusedInBothModes(StatusCode code, const std::string& says) {
+    for (bool persistent : {true, false}) {
+      DiskTierOptions options = Options();
+      options.persistent = persistent;
+      auto tier = MakeDiskTier(options);
+      ASSERT_FALSE(tier.ok());
+      EXPECT_EQ(tier.status().code(), code);
+      EXPECT_NE(tier.status().message().find(says), std::string::npos) << tier.status().message();
+    }
+  }
   // Writes pages under keys that look like chain hashes, in batches of 1..7.
   std::map<PageKey, std::vector<uint8_t>> WritePages(KvTier& tier, int count) {
     std::map<PageKey, std::vector<uint8_t>> pages;
@@ -223,17 +234,9 @@ TEST_P(PersistTest, ForeignFilesAreRefusedAndLeftByteIdentical) {
   contents.emplace_back(kv_internal::kFileMagic, kv_internal::kFileMagic + 5);  // a near miss
   for (const std::vector<uint8_t>& bytes : contents) {
     WriteFile(path_, bytes);
-    for (bool persistent : {true, false}) {
-      DiskTierOptions options = Options();
-      options.persistent = persistent;
-      auto tier = MakeDiskTier(options);
-      ASSERT_FALSE(tier.ok());
-      EXPECT_EQ(tier.status().code(), StatusCode::kInvalidArgument);
-      EXPECT_NE(tier.status().message().find(path_ + " is not a kvlattice KV tier file"),
-                std::string::npos)
-          << tier.status().message();
-      EXPECT_EQ(ReadFile(path_), bytes);
-    }
+    ExpectRefusedInBothModes(StatusCode::kInvalidArgument,
+                             path_ + " is not a kvlattice KV tier file");
+    EXPECT_EQ(ReadFile(path_), bytes);
     auto spec = MakeTier(*ParseTierSpec("disk:" + path_ + ":1MiB"), kPageBytes, kModelA);
     EXPECT_FALSE(spec.ok());
     EXPECT_EQ(ReadFile(path_), bytes);
@@ -272,15 +275,7 @@ TEST_P(PersistTest, ASecondOpenOfTheSamePathIsRefusedWhileTheFirstIsOpen) {
   auto first = Open(Options());
   ASSERT_NE(first, nullptr);
   const auto pages = WritePages(*first, 6);
-  for (bool persistent : {true, false}) {
-    DiskTierOptions options = Options();
-    options.persistent = persistent;
-    auto second = MakeDiskTier(options);
-    ASSERT_FALSE(second.ok());
-    EXPECT_EQ(second.status().code(), StatusCode::kIoError);
-    EXPECT_NE(second.status().message().find(path_ + " is in use"), std::string::npos)
-        << second.status().message();
-  }
+  ExpectRefusedInBothModes(StatusCode::kIoError, path_ + " is in use");
   ExpectAll(*first, pages);  // the refused opens changed nothing
   first.reset();
   auto again = Open(Options());
