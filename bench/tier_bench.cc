@@ -129,7 +129,8 @@ Row Measure(const PageShape& shape, const TierKind& kind, int batch, int64_t tot
     auto made = kvl::MakeDiskTier({.path = path,
                                    .capacity_bytes = capacity,
                                    .page_bytes = shape.bytes,
-                                   .direct_io = kind.direct});
+                                   .direct_io = kind.direct,
+                                   .persistent = false});
     if (!made.ok()) {
       row.error = made.status().ToString();
       return row;

@@ -1,21 +1,22 @@
-// The local-disk tier: one page file of fixed-size slots (layout in disk_tier.h), a free-extent
-// allocator that hands a batch consecutive slots, and an index key -> (slot, checksum).
+// The local-disk tier: one page file of fixed-size slots (format in disk_tier.h; opened by
+// disk_tier_file.cc), a free-extent allocator that hands a batch consecutive slots, an index
+// key -> (slot, checksum, generation) rebuilt from the slots' records at open, and the LRU order
+// of the pages that may be evicted.
 //
 // Coalescing is the point of this file. Put sorts the batch by slot and writes each run of
 // consecutive slots with one pwritev; Get sorts its requests by slot and reads each run with one
 // preadv. Buffered I/O scatters straight into the caller's pages (header, page, padding iovecs);
 // O_DIRECT goes through one aligned bounce buffer per run, in chunks of at most 64 MiB.
 //
-// Every read is verified twice: the slot header must carry the magic, the key and the page size,
-// and the page bytes must hash (seeded with the key) to the checksum recorded at Put time, which
-// the index keeps in memory, so a stale slot with an intact header fails too. A failure is
-// DATA_LOSS for that page only, and its output is zeroed.
+// Every read is verified twice: the slot's record must carry the magic, the key, the page size,
+// the file's epoch, the generation the index expects and a matching record checksum, and the page
+// bytes must hash (seeded with the key) to the checksum the index holds, so a stale slot with an
+// intact record fails too. A failure is DATA_LOSS for that page only, and its output is zeroed.
 //
 // Thread-safety: one mutex serializes the index, the allocator and all file I/O; checksums of a
 // Put are computed before taking it.
 #include "disk_tier.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -25,7 +26,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,11 +42,14 @@ namespace kvl {
 namespace {
 
 using kv_internal::DiskSlotBytes;
+using kv_internal::DiskSlotOffset;
 using kv_internal::kDiskAlignment;
 using kv_internal::kSlotHeaderBytes;
 using kv_internal::kSlotMagic;
+using kv_internal::OpenedDiskFile;
 using kv_internal::PageChecksum;
 using kv_internal::SlotHeader;
+using kv_internal::SlotRecordChecksum;
 
 constexpr int64_t kMaxBounceBytes = 64ll << 20;
 constexpr int kMaxIovecs = 1024;  // Linux IOV_MAX
@@ -74,18 +78,28 @@ int AdvanceIovecs(iovec* iov, int count, int start, size_t n) {
   return start;
 }
 
-class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
+class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
  public:
-  static StatusOr<std::unique_ptr<KvTier>> Make(const DiskTierOptions& options);
+  static StatusOr<std::unique_ptr<DiskKvTier>> Make(const DiskTierOptions& options);
 
   ~DiskTier() override {
     worker_.Stop();  // finish GetAsync work while the file is still open
-    if (fd_ >= 0) ::close(fd_);
-    ::unlink(path_.c_str());
+    // A scratch file goes, but only while the path still names it; it is removed before the
+    // lock is released, so no other tier can have opened it meanwhile.
+    struct stat st;
+    if (!persistent_ && ::stat(path_.c_str(), &st) == 0 &&
+        static_cast<uint64_t>(st.st_dev) == device_ && static_cast<uint64_t>(st.st_ino) == inode_) {
+      ::unlink(path_.c_str());
+    }
     temp_guard_.Release();
+    ::close(fd_);
   }
 
   std::string_view name() const override { return name_; }
+  const std::string& open_note() const override { return open_note_; }
+  int64_t pages_reloaded() const override { return pages_reloaded_; }
+  std::vector<PageKey> Keys() const override;
+  Status Sync() override;
   int64_t slot_bytes() const override { return slot_bytes_; }
   int64_t num_slots() const override { return num_slots_; }
   bool direct_io_active() const override { return direct_; }
@@ -126,6 +140,9 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
   struct SlotEntry {
     int64_t slot = 0;
     uint64_t checksum = 0;
+    uint64_t generation = 0;
+    // Position in evictable_, or evictable_.end() for a page kept until it is erased.
+    std::list<PageKey>::iterator lru;
   };
   // One page of a transfer, in slot order.
   struct SlotIo {
@@ -133,21 +150,7 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
     size_t index = 0;  // into the batch
   };
 
-  DiskTier(const DiskTierOptions& options, int fd, TempFileGuard temp_guard, bool direct,
-           std::string name)
-      : path_(options.path),
-        page_bytes_(options.page_bytes),
-        slot_bytes_(DiskSlotBytes(options.page_bytes)),
-        num_slots_(options.capacity_bytes / DiskSlotBytes(options.page_bytes)),
-        fd_(fd),
-        temp_guard_(std::move(temp_guard)),
-        direct_(direct),
-        name_(std::move(name)),
-        zeros_(static_cast<size_t>(kDiskAlignment), 0),
-        discard_(static_cast<size_t>(kDiskAlignment)) {
-    free_extents_[0] = num_slots_;
-    num_free_slots_ = num_slots_;
-  }
+  DiskTier(const DiskTierOptions& options, OpenedDiskFile file, std::string name);
 
   int64_t PadBytes() const { return slot_bytes_ - kSlotHeaderBytes - page_bytes_; }
   int64_t MaxSlotsPerDirectOp() const {
@@ -164,7 +167,14 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
     auto it = index_.find(key);
     if (it == index_.end()) return;
     FreeSlotLocked(it->second.slot);
+    if (it->second.lru != evictable_.end()) evictable_.erase(it->second.lru);
     index_.erase(it);
+  }
+  // Drops the least recently used evictable page.
+  void EvictOneLocked() {
+    KVL_CHECK(!evictable_.empty());
+    EraseLocked(evictable_.front());
+    ++stats_.evictions;
   }
 
   // Writes the whole iovec list at `offset`, retrying short writes; counts each syscall.
@@ -176,23 +186,33 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
   Status WriteRun(std::span<const SlotIo> run, std::span<const PageWrite> pages,
                   std::span<const SlotHeader> headers);
   void ReadRun(std::span<const SlotIo> run, std::span<const PageRead> reads,
-               std::span<const uint64_t> expected, std::vector<Status>& results);
+               std::span<const SlotEntry> expected, std::vector<Status>& results);
   Status Verify(const SlotHeader& header, std::span<const uint8_t> page, PageKey key, int64_t slot,
-                uint64_t expected, int64_t bytes_available);
+                const SlotEntry& expected, int64_t bytes_available);
 
   const std::string path_;
   const int64_t page_bytes_;
   const int64_t slot_bytes_;
   const int64_t num_slots_;
-  const int fd_;
-  // The page file is temporary: registered before it is created, so a signal removes it.
+  const int fd_;  // holds the file's lock
+  const bool persistent_;
+  const bool evict_lru_;
+  const uint64_t device_, inode_;  // the file, as opened
+  const uint64_t epoch_;
+  // A scratch file is registered so that a signal removes it; a persistent one never is.
   TempFileGuard temp_guard_;
   const bool direct_;
   const std::string name_;
+  const std::string open_note_;
+  int64_t pages_reloaded_ = 0;  // set once, by the constructor
   const std::vector<uint8_t> zeros_;  // padding source for buffered writes
 
   mutable std::mutex mutex_;
   std::unordered_map<PageKey, SlotEntry> index_;  // guarded by mutex_
+  // Pages that may be evicted, least recently used first: those found at open, and (evict_lru)
+  // every page. Guarded by mutex_.
+  std::list<PageKey> evictable_;
+  uint64_t next_generation_ = 1;                  // guarded by mutex_
   std::map<int64_t, int64_t> free_extents_;       // start -> length; guarded by mutex_
   int64_t num_free_slots_ = 0;                    // guarded by mutex_
   TierStats stats_;                               // counters only; guarded by mutex_
@@ -212,7 +232,7 @@ class DiskTier final : public KvTier, public kv_internal::DiskTierInfo {
   kv_internal::TierWorker worker_;  // starts its thread at the first GetAsync
 };
 
-StatusOr<std::unique_ptr<KvTier>> DiskTier::Make(const DiskTierOptions& options) {
+StatusOr<std::unique_ptr<DiskKvTier>> DiskTier::Make(const DiskTierOptions& options) {
   if (options.path.empty()) return InvalidArgumentError("disk tier: the page file path is empty");
   if (options.page_bytes <= 0) {
     return InvalidArgumentError(fmt::format("disk tier {}: page_bytes must be positive, got {}",
@@ -224,59 +244,73 @@ StatusOr<std::unique_ptr<KvTier>> DiskTier::Make(const DiskTierOptions& options)
         "disk tier {}: capacity {} bytes is less than one slot ({} bytes for a {}-byte page)",
         options.path, options.capacity_bytes, slot_bytes, options.page_bytes));
   }
-  std::filesystem::path dir = std::filesystem::path(options.path).parent_path();
-  if (dir.empty()) dir = ".";
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return InvalidArgumentError(
-        fmt::format("disk tier {}: directory {} does not exist", options.path, dir.string()));
-  }
+  KVL_ASSIGN_OR_RETURN(OpenedDiskFile file,
+                       kv_internal::OpenDiskFile(options, options.capacity_bytes / slot_bytes));
+  std::string name = file.direct ? "disk:direct" : "disk";
+  if (options.direct_io && !file.direct)
+    name = fmt::format("disk:buffered (O_DIRECT refused: {})", file.direct_refused);
+  return std::unique_ptr<DiskKvTier>(new DiskTier(options, std::move(file), std::move(name)));
+}
 
-  // The tier truncates, overwrites and finally deletes its file: never a device or a directory.
-  struct stat existing;
-  if (::stat(options.path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
-    return InvalidArgumentError(
-        fmt::format("disk tier: {} exists and is not a regular file", options.path));
+DiskTier::DiskTier(const DiskTierOptions& options, OpenedDiskFile file, std::string name)
+    : path_(options.path),
+      page_bytes_(options.page_bytes),
+      slot_bytes_(DiskSlotBytes(options.page_bytes)),
+      num_slots_(options.capacity_bytes / DiskSlotBytes(options.page_bytes)),
+      fd_(file.fd),
+      persistent_(options.persistent),
+      evict_lru_(options.evict_lru),
+      device_(file.device),
+      inode_(file.inode),
+      epoch_(file.epoch),
+      temp_guard_(std::move(file.temp_guard)),
+      direct_(file.direct),
+      name_(std::move(name)),
+      open_note_(std::move(file.note)),
+      zeros_(static_cast<size_t>(kDiskAlignment), 0),
+      discard_(static_cast<size_t>(kDiskAlignment)) {
+  // The index from the records. Pages found at open are evictable, oldest written first.
+  std::sort(file.found.begin(), file.found.end(),
+            [](const kv_internal::FoundSlot& a, const kv_internal::FoundSlot& b) {
+              return a.generation < b.generation;
+            });
+  for (const kv_internal::FoundSlot& f : file.found) {
+    evictable_.push_back(f.key);
+    index_[f.key] = {f.slot, f.checksum, f.generation, std::prev(evictable_.end())};
+    next_generation_ = std::max(next_generation_, f.generation + 1);
   }
+  pages_reloaded_ = static_cast<int64_t>(index_.size());
+  // Free extents: the runs between occupied slots.
+  std::vector<int64_t> occupied;
+  occupied.reserve(index_.size());
+  for (const auto& [key, entry] : index_) occupied.push_back(entry.slot);
+  std::sort(occupied.begin(), occupied.end());
+  int64_t next_free = 0;
+  for (int64_t slot : occupied) {
+    if (slot > next_free) free_extents_[next_free] = slot - next_free;
+    next_free = slot + 1;
+  }
+  if (next_free < num_slots_) free_extents_[next_free] = num_slots_ - next_free;
+  num_free_slots_ = num_slots_ - static_cast<int64_t>(occupied.size());
+}
 
-  TempFileGuard temp_guard(options.path);
-  const int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
-  bool direct = false;
-  std::string fallback_reason;
-  int fd = -1;
-  if (options.direct_io) {
-    fd = ::open(options.path.c_str(), flags | O_DIRECT, 0600);
-    if (fd < 0 && errno != EINVAL) {
-      return IoError(
-          fmt::format("disk tier: cannot create {}: {}", options.path, std::strerror(errno)));
-    }
-    if (fd >= 0) {
-      // Some filesystems accept O_DIRECT at open and refuse the first aligned write: probe.
-      AlignedBuffer probe = AllocateAligned(kDiskAlignment);
-      std::memset(probe.get(), 0, kDiskAlignment);
-      if (::pwrite(fd, probe.get(), kDiskAlignment, 0) == kDiskAlignment &&
-          ::ftruncate(fd, 0) == 0) {
-        direct = true;
-      } else {
-        fallback_reason = std::strerror(errno);
-        ::close(fd);
-        fd = -1;
-      }
-    } else {
-      fallback_reason = std::strerror(EINVAL);
-    }
+std::vector<PageKey> DiskTier::Keys() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<PageKey> keys(evictable_.begin(), evictable_.end());
+  keys.reserve(index_.size());
+  for (const auto& [key, entry] : index_) {
+    if (entry.lru == evictable_.end()) keys.push_back(key);
   }
-  if (fd < 0) {
-    fd = ::open(options.path.c_str(), flags, 0600);
-    if (fd < 0) {
-      return IoError(
-          fmt::format("disk tier: cannot create {}: {}", options.path, std::strerror(errno)));
-    }
+  return keys;
+}
+
+Status DiskTier::Sync() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (::fdatasync(fd_) != 0) {
+    return IoError(fmt::format("disk tier: cannot flush {} to its device: {}", path_,
+                               std::strerror(errno)));
   }
-  std::string name = direct ? "disk:direct" : "disk";
-  if (options.direct_io && !direct)
-    name = fmt::format("disk:buffered (O_DIRECT refused: {})", fallback_reason);
-  return std::unique_ptr<KvTier>(new DiskTier(options, fd, std::move(temp_guard), direct, std::move(name)));
+  return Status::Ok();
 }
 
 std::vector<int64_t> DiskTier::AllocateSlotsLocked(int64_t n) {
@@ -377,23 +411,35 @@ Status DiskTier::Put(std::span<const PageWrite> pages) {
   for (size_t i : unique) {
     headers[i].key = pages[i].key;
     headers[i].page_bytes = static_cast<uint64_t>(page_bytes_);
+    headers[i].epoch = epoch_;
     headers[i].checksum = PageChecksum(pages[i].key, pages[i].bytes);
   }
 
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t needed = static_cast<int64_t>(unique.size());
-  int64_t replaced = 0;
-  for (size_t i : unique) replaced += static_cast<int64_t>(index_.count(pages[i].key));
-  if (needed > num_free_slots_ + replaced) {
+  // Room: free slots, evictable pages, and the kept pages this batch replaces.
+  int64_t replaced_kept = 0;
+  for (size_t i : unique) {
+    auto it = index_.find(pages[i].key);
+    replaced_kept += it != index_.end() && it->second.lru == evictable_.end();
+  }
+  const int64_t room = num_free_slots_ + static_cast<int64_t>(evictable_.size()) + replaced_kept;
+  if (needed > room) {
     return ResourceExhaustedError(fmt::format(
         "{} tier {}: {} pages need {} bytes but only {} are free ({} of {} slots of {} bytes)",
-        name_, path_, needed, needed * slot_bytes_, (num_free_slots_ + replaced) * slot_bytes_,
-        num_free_slots_ + replaced, num_slots_, slot_bytes_));
+        name_, path_, needed, needed * slot_bytes_, room * slot_bytes_, room, num_slots_,
+        slot_bytes_));
   }
   // Fresh slots keep the old pages readable until the new ones are on disk; when space is
-  // short, the replaced pages' slots are reused instead.
+  // short, the replaced pages' slots are reused first, then the coldest evictable pages'.
   if (needed > num_free_slots_) {
     for (size_t i : unique) EraseLocked(pages[i].key);
+  }
+  while (needed > num_free_slots_) EvictOneLocked();
+  // Generations in batch order, so a reopened file resolves a key the way this tier does.
+  for (size_t i : unique) {
+    headers[i].generation = next_generation_++;
+    headers[i].record_checksum = SlotRecordChecksum(headers[i]);
   }
   const std::vector<int64_t> slots = AllocateSlotsLocked(needed);
   std::vector<SlotIo> order(unique.size());
@@ -415,8 +461,11 @@ Status DiskTier::Put(std::span<const PageWrite> pages) {
     return status;
   }
   for (const SlotIo& io : order) {
-    EraseLocked(pages[io.index].key);
-    index_[pages[io.index].key] = {io.slot, headers[io.index].checksum};
+    const PageKey key = pages[io.index].key;
+    EraseLocked(key);
+    auto lru = evictable_.end();
+    if (evict_lru_) lru = evictable_.insert(evictable_.end(), key);
+    index_[key] = {io.slot, headers[io.index].checksum, headers[io.index].generation, lru};
   }
   stats_.puts += static_cast<int64_t>(pages.size());
   stats_.bytes_written += static_cast<int64_t>(order.size()) * page_bytes_;
@@ -437,8 +486,8 @@ Status DiskTier::WriteRun(std::span<const SlotIo> run, std::span<const PageWrite
         iov.push_back({const_cast<uint8_t*>(pages[i].bytes.data()), pages[i].bytes.size()});
         if (pad > 0) iov.push_back({const_cast<uint8_t*>(zeros_.data()), static_cast<size_t>(pad)});
       }
-      KVL_RETURN_IF_ERROR(
-          FullPwritev(iov.data(), static_cast<int>(iov.size()), run[begin].slot * slot_bytes_));
+      KVL_RETURN_IF_ERROR(FullPwritev(iov.data(), static_cast<int>(iov.size()),
+                                      DiskSlotOffset(run[begin].slot, slot_bytes_)));
     }
     return Status::Ok();
   }
@@ -455,14 +504,14 @@ Status DiskTier::WriteRun(std::span<const SlotIo> run, std::span<const PageWrite
       std::memset(slot + kSlotHeaderBytes + page_bytes_, 0, static_cast<size_t>(pad));
     }
     iovec iov{bounce, static_cast<size_t>(bytes)};
-    KVL_RETURN_IF_ERROR(FullPwritev(&iov, 1, run[begin].slot * slot_bytes_));
+    KVL_RETURN_IF_ERROR(FullPwritev(&iov, 1, DiskSlotOffset(run[begin].slot, slot_bytes_)));
   }
   return Status::Ok();
 }
 
 std::vector<Status> DiskTier::Get(std::span<const PageRead> reads) {
   std::vector<Status> results(reads.size());
-  std::vector<uint64_t> expected(reads.size(), 0);
+  std::vector<SlotEntry> expected(reads.size());
   std::vector<SlotIo> order;
   order.reserve(reads.size());
   std::lock_guard<std::mutex> lock(mutex_);
@@ -478,7 +527,11 @@ std::vector<Status> DiskTier::Get(std::span<const PageRead> reads) {
       results[i] = NotFoundError(fmt::format("{} tier {}: no page {}", name_, path_, reads[i].key));
       continue;
     }
-    expected[i] = it->second.checksum;
+    expected[i] = it->second;
+    // A read is a use: an evictable page moves to the hot end.
+    if (it->second.lru != evictable_.end()) {
+      evictable_.splice(evictable_.end(), evictable_, it->second.lru);
+    }
     order.push_back({it->second.slot, i});
   }
   std::stable_sort(order.begin(), order.end(),
@@ -501,7 +554,7 @@ std::vector<Status> DiskTier::Get(std::span<const PageRead> reads) {
 }
 
 void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> reads,
-                       std::span<const uint64_t> expected, std::vector<Status>& results) {
+                       std::span<const SlotEntry> expected, std::vector<Status>& results) {
   const int64_t pad = PadBytes();
   if (!direct_) {
     std::vector<SlotHeader> headers(std::min<size_t>(run.size(), kMaxSlotsPerBufferedOp));
@@ -514,8 +567,8 @@ void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> re
         iov.push_back({reads[run[j].index].out.data(), reads[run[j].index].out.size()});
         if (pad > 0) iov.push_back({discard_.data(), static_cast<size_t>(pad)});
       }
-      StatusOr<int64_t> got =
-          FullPreadv(iov.data(), static_cast<int>(iov.size()), run[begin].slot * slot_bytes_);
+      StatusOr<int64_t> got = FullPreadv(iov.data(), static_cast<int>(iov.size()),
+                                          DiskSlotOffset(run[begin].slot, slot_bytes_));
       for (size_t j = begin; j < end; ++j) {
         const size_t i = run[j].index;
         if (!got.ok()) {
@@ -535,7 +588,7 @@ void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> re
     const int64_t bytes = static_cast<int64_t>(end - begin) * slot_bytes_;
     uint8_t* bounce = BounceBuffer(bytes);
     iovec iov{bounce, static_cast<size_t>(bytes)};
-    StatusOr<int64_t> got = FullPreadv(&iov, 1, run[begin].slot * slot_bytes_);
+    StatusOr<int64_t> got = FullPreadv(&iov, 1, DiskSlotOffset(run[begin].slot, slot_bytes_));
     for (size_t j = begin; j < end; ++j) {
       const size_t i = run[j].index;
       if (!got.ok()) {
@@ -555,7 +608,7 @@ void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> re
 }
 
 Status DiskTier::Verify(const SlotHeader& header, std::span<const uint8_t> page, PageKey key,
-                        int64_t slot, uint64_t expected, int64_t bytes_available) {
+                        int64_t slot, const SlotEntry& expected, int64_t bytes_available) {
   std::string problem;
   if (bytes_available < kSlotHeaderBytes + page_bytes_) {
     problem = fmt::format("the file ends inside the slot (truncated: {} of {} bytes)",
@@ -567,9 +620,12 @@ Status DiskTier::Verify(const SlotHeader& header, std::span<const uint8_t> page,
   } else if (header.page_bytes != static_cast<uint64_t>(page_bytes_)) {
     problem = fmt::format("the slot header says {} page bytes, expected {}", header.page_bytes,
                           page_bytes_);
-  } else if (header.checksum != expected) {
+  } else if (header.epoch != epoch_ || header.generation != expected.generation ||
+             header.checksum != expected.checksum) {
     problem = "the slot holds a different version of the page";
-  } else if (PageChecksum(key, page) != expected) {
+  } else if (header.record_checksum != SlotRecordChecksum(header)) {
+    problem = "the slot record is damaged (record checksum mismatch)";
+  } else if (PageChecksum(key, page) != expected.checksum) {
     problem = "checksum mismatch";
   } else {
     return Status::Ok();
@@ -581,7 +637,7 @@ Status DiskTier::Verify(const SlotHeader& header, std::span<const uint8_t> page,
 
 }  // namespace
 
-StatusOr<std::unique_ptr<KvTier>> MakeDiskTier(const DiskTierOptions& options) {
+StatusOr<std::unique_ptr<DiskKvTier>> MakeDiskTier(const DiskTierOptions& options) {
   return DiskTier::Make(options);
 }
 

@@ -1,4 +1,4 @@
-// --kv-tier specs: "ram:SIZE[:zstd]" and "disk:PATH:SIZE[:direct]". The size parser lives here
+// --kv-tier specs: "ram:SIZE[:zstd]" and "disk:PATH:SIZE[:direct][:scratch]". The size parser lives here
 // rather than in the engine so the kv layer stays usable (and testable) on its own.
 #include <fmt/format.h>
 
@@ -123,15 +123,25 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
     return spec;
   }
   if (kind == "disk") {
-    // The path may itself contain ':', so fields are taken from the right: [:direct], SIZE, PATH.
+    // The path may itself contain ':', so fields are taken from the right: the options
+    // (direct, scratch, in any order), SIZE, PATH.
     size_t last = parts.size();
-    if (last >= 2 && Lower(parts[last - 1]) == "direct") {
-      spec.direct_io = true;
+    while (last >= 2) {
+      const std::string option = Lower(parts[last - 1]);
+      if (option == "direct") {
+        spec.direct_io = true;
+      } else if (option == "scratch") {
+        spec.persistent = false;
+      } else {
+        break;
+      }
       --last;
     }
     if (last < 3) {
       return InvalidArgumentError(fmt::format(
-          "tier spec '{}': expected disk:PATH:SIZE[:direct], e.g. disk:/tmp/kv.pages:4GiB", text));
+          "tier spec '{}': expected disk:PATH:SIZE[:direct][:scratch], e.g. "
+          "disk:/tmp/kv.pages:4GiB",
+          text));
     }
     spec.kind = "disk";
     KVL_ASSIGN_OR_RETURN(spec.capacity_bytes, size_of(parts[last - 1]));
@@ -146,15 +156,20 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
       fmt::format("tier spec '{}': unknown tier kind '{}' (use ram or disk)", text, parts[0]));
 }
 
-StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes) {
+StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes,
+                                           std::string_view identity) {
   if (spec.kind == "ram") {
     return MakeRamTier({.capacity_bytes = spec.capacity_bytes, .compress = spec.compress});
   }
   if (spec.kind == "disk") {
-    return MakeDiskTier({.path = spec.path,
-                         .capacity_bytes = spec.capacity_bytes,
-                         .page_bytes = page_bytes,
-                         .direct_io = spec.direct_io});
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<DiskKvTier> disk,
+                         MakeDiskTier({.path = spec.path,
+                                       .capacity_bytes = spec.capacity_bytes,
+                                       .page_bytes = page_bytes,
+                                       .direct_io = spec.direct_io,
+                                       .persistent = spec.persistent,
+                                       .identity = std::string(identity)}));
+    return std::unique_ptr<KvTier>(std::move(disk));
   }
   return InvalidArgumentError(fmt::format("unknown tier kind '{}' (use ram or disk)", spec.kind));
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kv/disk_tier.h"
+#include "tier_test_util.h"
 
 namespace kvl {
 namespace {
@@ -26,37 +27,13 @@ namespace {
 using kv_internal::DiskTierInfo;
 using kv_internal::kSlotHeaderBytes;
 
-// Deterministic page contents: compressible ones look like small-integer KV, the others are noise.
-std::vector<uint8_t> PageBytes(PageKey key, size_t size, bool compressible = false) {
-  std::vector<uint8_t> bytes(size);
-  std::mt19937_64 rng(key * 0x9E3779B97F4A7C15ull + size);
-  for (size_t i = 0; i < size; ++i) {
-    bytes[i] =
-        compressible ? static_cast<uint8_t>((i / 64 + key) % 7) : static_cast<uint8_t>(rng());
-  }
-  return bytes;
-}
-
-Status PutOne(KvTier& tier, PageKey key, const std::vector<uint8_t>& bytes) {
-  const PageWrite write{key, bytes};
-  return tier.Put(std::span(&write, 1));
-}
-
-Status GetOne(KvTier& tier, PageKey key, std::vector<uint8_t>& out) {
-  const PageRead read{key, out};
-  return tier.Get(std::span(&read, 1))[0];
-}
-
-std::string TempPath(const std::string& name) {
-  return ::testing::TempDir() + "kvl_tier_test_" + std::to_string(::getpid()) + "_" + name;
-}
-
 std::unique_ptr<KvTier> Disk(const std::string& name, int64_t page_bytes, int64_t capacity_bytes,
                              bool direct = false) {
   auto tier = MakeDiskTier({.path = TempPath(name),
                             .capacity_bytes = capacity_bytes,
                             .page_bytes = page_bytes,
-                            .direct_io = direct});
+                            .direct_io = direct,
+                            .persistent = false});
   EXPECT_TRUE(tier.ok()) << tier.status().ToString();
   return tier.ok() ? std::move(tier).value() : nullptr;
 }
@@ -359,7 +336,8 @@ class CorruptionTest : public DiskTierTest {
     auto tier = MakeDiskTier({.path = path_,
                               .capacity_bytes = 1 << 20,
                               .page_bytes = kPageBytes,
-                              .direct_io = GetParam()});
+                              .direct_io = GetParam(),
+                              .persistent = false});
     ASSERT_TRUE(tier.ok()) << tier.status().ToString();
     tier_ = std::move(tier).value();
     std::vector<PageWrite> writes;
@@ -369,7 +347,7 @@ class CorruptionTest : public DiskTierTest {
   }
 
   int64_t SlotOffset(PageKey key) const {
-    return *Info(*tier_).SlotOf(key) * Info(*tier_).slot_bytes();
+    return kv_internal::DiskSlotOffset(*Info(*tier_).SlotOf(key), Info(*tier_).slot_bytes());
   }
 
   // Reads every page in one batch; returns the statuses and checks the good pages' bytes.
@@ -500,10 +478,13 @@ TEST_P(DiskTierTest, DirectIoWorksOrFallsBackCleanly) {
   RoundTrip(*tier, 1, 20, {8192}, false);
 }
 
-TEST_P(DiskTierTest, PageFileIsDeletedWithTheTier) {
+TEST_P(DiskTierTest, ScratchPageFileIsDeletedWithTheTier) {
   const std::string path = TempPath(std::string("deleted_") + (GetParam() ? "direct" : "buffered"));
-  auto tier = MakeDiskTier(
-      {.path = path, .capacity_bytes = 1 << 20, .page_bytes = 10, .direct_io = GetParam()});
+  auto tier = MakeDiskTier({.path = path,
+                            .capacity_bytes = 1 << 20,
+                            .page_bytes = 10,
+                            .direct_io = GetParam(),
+                            .persistent = false});
   ASSERT_TRUE(tier.ok());
   EXPECT_TRUE(std::filesystem::exists(path));
   tier->reset();

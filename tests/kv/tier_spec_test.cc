@@ -1,5 +1,10 @@
 // --kv-tier specs and byte sizes.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "kvl/kv_tier.h"
 
@@ -52,6 +57,18 @@ TEST(ParseTierSpecTest, GoodSpecs) {
   EXPECT_EQ(direct->path, "/tmp/kv.pages");
   EXPECT_TRUE(direct->direct_io);
 
+  EXPECT_TRUE(direct->persistent);
+
+  for (const char* text : {"disk:/tmp/kv.pages:4GiB:scratch", "disk:/tmp/kv.pages:4GiB:direct:scratch",
+                           "disk:/tmp/kv.pages:4GiB:SCRATCH:direct"}) {
+    auto scratch = ParseTierSpec(text);
+    ASSERT_TRUE(scratch.ok()) << text << ": " << scratch.status().ToString();
+    EXPECT_EQ(scratch->path, "/tmp/kv.pages") << text;
+    EXPECT_EQ(scratch->capacity_bytes, 4ll << 30) << text;
+    EXPECT_FALSE(scratch->persistent) << text;
+    EXPECT_EQ(scratch->direct_io, std::string_view(text).find("direct") != std::string_view::npos);
+  }
+
   auto colon = ParseTierSpec("disk:/mnt/a:b/kv.pages:1G");
   ASSERT_TRUE(colon.ok()) << colon.status().ToString();
   EXPECT_EQ(colon->path, "/mnt/a:b/kv.pages");
@@ -81,6 +98,7 @@ TEST(ParseTierSpecTest, BadSpecsNameTheBadPart) {
       {"disk::4GiB", "path is empty"},
       {"disk:/tmp/kv.pages:big", "'big'"},
       {"disk:/tmp/kv.pages:4GiB:fast", "'fast'"},
+      {"disk:/tmp/kv.pages:scratch", "expected disk:PATH:SIZE[:direct][:scratch]"},
   };
   for (const Case& c : cases) {
     auto spec = ParseTierSpec(c.spec);
@@ -96,11 +114,29 @@ TEST(MakeTierTest, BuildsTheTierASpecNames) {
   ASSERT_TRUE(ram.ok());
   EXPECT_EQ((*ram)->name(), "ram:zstd");
   EXPECT_EQ((*ram)->stats().capacity_bytes, 1 << 20);
-  const std::string path = ::testing::TempDir() + "kvl_make_tier.pages";
-  auto disk = MakeTier(*ParseTierSpec("disk:" + path + ":1MiB"), 4032);
-  ASSERT_TRUE(disk.ok()) << disk.status().ToString();
-  EXPECT_EQ((*disk)->name(), "disk");
-  EXPECT_EQ((*disk)->stats().capacity_bytes, 1 << 20);
+  const std::string path =
+      ::testing::TempDir() + "kvl_make_tier_" + std::to_string(::getpid()) + ".pages";
+  {
+    auto disk = MakeTier(*ParseTierSpec("disk:" + path + ":1MiB"), 4032, "model A");
+    ASSERT_TRUE(disk.ok()) << disk.status().ToString();
+    EXPECT_EQ((*disk)->name(), "disk");
+    EXPECT_EQ((*disk)->stats().capacity_bytes, 1 << 20);
+    const std::vector<uint8_t> page(4032, 7);
+    const PageWrite write{99, page};
+    ASSERT_TRUE((*disk)->Put(std::span(&write, 1)).ok());
+  }
+  // Persistent by default: the page is there for the next tier of the same identity.
+  {
+    auto disk = MakeTier(*ParseTierSpec("disk:" + path + ":1MiB"), 4032, "model A");
+    ASSERT_TRUE(disk.ok()) << disk.status().ToString();
+    EXPECT_TRUE((*disk)->Contains(99));
+  }
+  {
+    auto scratch = MakeTier(*ParseTierSpec("disk:" + path + ":1MiB:scratch"), 4032, "model A");
+    ASSERT_TRUE(scratch.ok()) << scratch.status().ToString();
+    EXPECT_FALSE((*scratch)->Contains(99));
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 }  // namespace

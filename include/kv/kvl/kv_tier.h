@@ -45,6 +45,7 @@ struct TierStats {
   int64_t write_ops = 0;        // I/O operations (after coalescing)
   int64_t read_ops = 0;
   int64_t checksum_failures = 0;
+  int64_t evictions = 0;        // pages dropped to make room (LRU), total
 };
 
 class KvTier {
@@ -75,26 +76,75 @@ struct RamTierOptions {
 std::unique_ptr<KvTier> MakeRamTier(const RamTierOptions& options);
 
 struct DiskTierOptions {
-  std::string path;             // the page file (created, truncated)
+  std::string path;             // the page file (see "ownership" below)
   int64_t capacity_bytes = 1ll << 30;
   int64_t page_bytes = 0;       // every page of this tier has this size (slot size)
   bool direct_io = false;       // O_DIRECT, so reads measure the disk and not the page cache
+  // Persistent: the file outlives the tier and its pages are found again by the next tier opened
+  // on it with the same identity and page size. Scratch (false): the file starts empty and is
+  // deleted with the tier (and by the signal cleanup of kvl/temp_files.h).
+  bool persistent = true;
+  // What the pages are, as opaque bytes (at most kMaxDiskTierIdentityBytes): everything that
+  // decides a page's bytes for a key. The engine passes the model identity (weights digest,
+  // tokenizer, block size, KV dtype and layout). A file written under another identity, format
+  // version or page size is started empty, never read.
+  std::string identity{};
+  // When a Put does not fit: false keeps every page this tier wrote until it is erased (the Put is
+  // RESOURCE_EXHAUSTED) and evicts only pages found in the file at open; true evicts any page,
+  // least recently written or read first (a cache of content-addressed pages).
+  bool evict_lru = false;
 };
-// The file holds fixed slots of round_up(64-byte header + page_bytes, 4096) bytes; stats()
-// counts whole slots in bytes_used and capacity_bytes, and pwritev/preadv calls in write_ops and
-// read_ops. name() is "disk", "disk:direct", or "disk:buffered (O_DIRECT refused: ...)" when the
-// filesystem refuses O_DIRECT. INVALID_ARGUMENT for bad options or a page of the wrong size;
-// IO_ERROR (with errno text and the path) when the OS fails a transfer, after which none of that
-// Put's pages is stored. The page file is deleted with the tier.
-StatusOr<std::unique_ptr<KvTier>> MakeDiskTier(const DiskTierOptions& options);
+inline constexpr int64_t kMaxDiskTierIdentityBytes = 4032;
 
-// "ram:SIZE[:zstd]" or "disk:PATH:SIZE[:direct]" as given to --kv-tier.
+// A disk tier, with what it can tell beyond KvTier about the file it keeps.
+class DiskKvTier : public KvTier {
+ public:
+  // What open did, for the user: "created", "reopened with 12 pages", or "started empty: <why>"
+  // (another identity, format version or page size, a damaged header).
+  virtual const std::string& open_note() const = 0;
+  // Pages found in the file at open (0 when it was created or started empty).
+  virtual int64_t pages_reloaded() const = 0;
+  // Every key held now: pages that may be evicted, least recently used first, then the rest.
+  virtual std::vector<PageKey> Keys() const = 0;
+  // Flushes written pages to the device (fdatasync), so they survive a power loss too. A crash of
+  // the process never needs it: written pages are in the OS's cache.
+  virtual Status Sync() = 0;
+};
+
+// The file is a header (magic, format version, identity, page size) and fixed slots of
+// round_up(64-byte record + page_bytes, 4096) bytes; each slot's record names its key and
+// carries checksums, so the index is rebuilt at open by reading the records (layout in
+// src/kv/disk_tier.h). stats() counts whole slots in bytes_used and capacity_bytes (the header is
+// outside the capacity), and pwritev/preadv calls in write_ops and read_ops. name() is "disk",
+// "disk:direct", or "disk:buffered (O_DIRECT refused: ...)" when the filesystem refuses O_DIRECT.
+//
+// Ownership: the tier creates a new file itself (O_CREAT|O_EXCL, mode 0600), never follows a
+// symbolic link, and refuses (INVALID_ARGUMENT, naming the path and why) anything that is not a
+// regular file starting with its header: a user's file is never written, truncated or deleted.
+// It holds an exclusive lock (flock) on the file while open: a second tier on the same path, in
+// this process or another, is refused. Its own file with another identity, version or page
+// size is truncated and started empty (open_note() says so).
+//
+// Crashes: a page is one write of record and payload; the record's checksum covers its fields
+// and the payload's checksum, seeded by the key. A write torn by a crash or kill -9 leaves a slot
+// whose record or payload fails its checksum: a miss (NOT_FOUND at open, DATA_LOSS at Get),
+// never wrong bytes; other pages are intact. Erase is not written to the file: an erased page can
+// be found again after a reopen, with the exact bytes it was put with under its key.
+//
+// Errors: INVALID_ARGUMENT for bad options or a page of the wrong size; IO_ERROR (with the path
+// and the OS's errno text: ENOSPC, EPERM, EIO, ...) when the OS fails an open or a transfer,
+// after which none of that Put's pages is stored.
+StatusOr<std::unique_ptr<DiskKvTier>> MakeDiskTier(const DiskTierOptions& options);
+
+// "ram:SIZE[:zstd]" or "disk:PATH:SIZE[:direct][:scratch]" as given to --kv-tier. A disk tier is
+// persistent unless ":scratch" is given.
 struct TierSpec {
   std::string kind;  // "ram" | "disk"
   std::string path;
   int64_t capacity_bytes = 0;
   bool compress = false;
   bool direct_io = false;
+  bool persistent = true;  // disk only
 };
 StatusOr<TierSpec> ParseTierSpec(std::string_view text);
 
@@ -102,7 +152,9 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text);
 // KB/MB/GB/TB (powers of 1000); a fraction is allowed ("1.5GiB"); a bare number is bytes.
 StatusOr<int64_t> ParseByteSize(std::string_view text);
 
-// The tier a spec describes; page_bytes is the disk tier's slot payload (ignored for ram).
-StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes);
+// The tier a spec describes; page_bytes is the disk tier's slot payload and identity its
+// DiskTierOptions::identity (both ignored for ram).
+StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes,
+                                           std::string_view identity = {});
 
 }  // namespace kvl
