@@ -113,10 +113,10 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       ->capture_default_str();
   // -ctk / -ctv (see NormalizeArgs), as llama.cpp's --cache-type-k / --cache-type-v.
   run_cmd->add_option("--cache-type-k", run.engine.cache_type_k,
-                      "KV cache type for keys (-ctk): f32 | f16 | bf16")
+                      "KV cache type for keys (-ctk): f32 | f16 | bf16 | q8_0 | q4_0")
       ->capture_default_str();
   run_cmd->add_option("--cache-type-v", run.engine.cache_type_v,
-                      "KV cache type for values (-ctv): f32 | f16 | bf16")
+                      "KV cache type for values (-ctv): f32 | f16 | bf16 | q8_0 | q4_0")
       ->capture_default_str();
   run_cmd->add_option("-n,--n-predict", run.num_predict, "tokens to generate; -1 = until EOS")
       ->capture_default_str();
