@@ -295,8 +295,37 @@ TEST(LongConversationTest, HalfCacheTypesHalveThePagesAndStreamLosslessly) {
   mixed.cache_type_k = "f16";  // keys f16, values f32 (as llama.cpp's -ctk alone)
   EXPECT_EQ(RunConversation(mixed).tokens.size(), static_cast<size_t>(kNewTokens));
   EngineOptions bad = Options(64);
-  bad.cache_type_k = "q8_0";
+  bad.cache_type_k = "q4_1";
   EXPECT_EQ(Engine::Create(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+// -ctk / -ctv q8_0 and q4_0: rows quantized as they are stored (34 and 18 bytes per 32 values
+// against 128), greedy output close to f32, and q8_0 / q4_0 pages streamed through the RAM tier
+// come back byte for byte: the same tokens as keeping them.
+TEST(LongConversationTest, QuantizedCacheTypesShrinkThePagesAndStreamLosslessly) {
+  for (const std::string type : {"q8_0", "q4_0"}) {
+    EngineOptions keep = Options(64);
+    keep.cache_type_k = keep.cache_type_v = type;
+    const Outcome all = RunConversation(keep);
+    EXPECT_GT(all.metrics.kv.blocks_total, 64 * 128 / 36) << type;
+    EXPECT_EQ(all.tokens.size(), static_cast<size_t>(kNewTokens)) << type;
+    const double agreement = Agreement(all.tokens, KeepAll().tokens);
+    std::printf(
+        "[ info ] -ctk/-ctv %s: %.3f of the tokens agree with f32 before the first "
+        "difference\n",
+        type.c_str(), agreement);
+
+    EngineOptions paged = Options(4, 0.5);
+    paged.cache_type_k = paged.cache_type_v = type;
+    paged.kv_policy = "demote";
+    paged.kv_tiers = {"ram:64MiB"};
+    const Outcome out = RunConversation(paged);
+    EXPECT_EQ(out.tokens, all.tokens) << type;
+    CheckKvMemory(out.metrics, paged.kv_budget_bytes, "demote, " + type);
+    std::printf("[ info ] %s: %lld pages demoted\n", type.c_str(),
+                static_cast<long long>(Pages(out.metrics, KvAction::kDemoteRam)));
+    EXPECT_GT(Pages(out.metrics, KvAction::kDemoteRam), 15) << type;
+  }
 }
 
 }  // namespace
