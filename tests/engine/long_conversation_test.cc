@@ -303,7 +303,13 @@ TEST(LongConversationTest, HalfCacheTypesHalveThePagesAndStreamLosslessly) {
 // against 128), greedy output close to f32, and q8_0 / q4_0 pages streamed through the RAM tier
 // come back byte for byte: the same tokens as keeping them.
 TEST(LongConversationTest, QuantizedCacheTypesShrinkThePagesAndStreamLosslessly) {
-  for (const std::string type : {"q8_0", "q4_0"}) {
+  // Budgets in f32 pages' bytes, half of them the stream reserve, so small that most of the
+  // history lives in the tier (a q4_0 page is 18/34 of a q8_0 one).
+  struct Case {
+    std::string type;
+    int64_t budget_pages;
+  };
+  for (const auto& [type, budget_pages] : {Case{"q8_0", 6}, Case{"q4_0", 3}}) {
     EngineOptions keep = Options(64);
     keep.cache_type_k = keep.cache_type_v = type;
     const Outcome all = RunConversation(keep);
@@ -315,7 +321,7 @@ TEST(LongConversationTest, QuantizedCacheTypesShrinkThePagesAndStreamLosslessly)
         "difference\n",
         type.c_str(), agreement);
 
-    EngineOptions paged = Options(4, 0.5);
+    EngineOptions paged = Options(budget_pages, 0.6);
     paged.cache_type_k = paged.cache_type_v = type;
     paged.kv_policy = "demote";
     paged.kv_tiers = {"ram:64MiB"};
@@ -324,7 +330,7 @@ TEST(LongConversationTest, QuantizedCacheTypesShrinkThePagesAndStreamLosslessly)
     CheckKvMemory(out.metrics, paged.kv_budget_bytes, "demote, " + type);
     std::printf("[ info ] %s: %lld pages demoted\n", type.c_str(),
                 static_cast<long long>(Pages(out.metrics, KvAction::kDemoteRam)));
-    EXPECT_GT(Pages(out.metrics, KvAction::kDemoteRam), 15) << type;
+    EXPECT_GT(Pages(out.metrics, KvAction::kDemoteRam), 10) << type;
   }
 }
 
