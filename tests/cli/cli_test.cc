@@ -143,13 +143,20 @@ TEST(CliTest, RunUnderASmallKvBudgetSummarizesTheKvActions) {
 
 TEST(CliTest, BenchShowsTheCacheTypes) {
   const std::string model = testing::Stories260KPath();
-  CommandResult j = RunKvl("bench -m " + model + " -p 16 -n 4 -r 1 -t 1 -ctk f32,f16 -o json");
+  CommandResult j =
+      RunKvl("bench -m " + model + " -p 16 -n 4 -r 1 -t 1 -ctk f32,f16,q8_0 -o json");
   ASSERT_EQ(j.exit_code, 0) << j.output;
   nlohmann::json results = nlohmann::json::parse(j.output);
-  ASSERT_EQ(results.size(), 4u);  // (pp16, tg4) x (f32, f16)
+  ASSERT_EQ(results.size(), 6u);  // (pp16, tg4) x (f32, f16, q8_0)
   EXPECT_EQ(results[0]["type_k"], "f32");
   EXPECT_EQ(results[2]["type_k"], "f16");
   EXPECT_EQ(results[2]["type_v"], "f32");
+  EXPECT_EQ(results[4]["type_k"], "q8_0");
+  // The quality columns: f32 against itself is exact; a quantized key cache is not.
+  EXPECT_EQ(results[0]["kld_vs_f32"], 0.0);
+  EXPECT_EQ(results[0]["top1_vs_f32"], 1.0);
+  EXPECT_GT(results[4]["kld_vs_f32"].get<double>(), results[2]["kld_vs_f32"].get<double>());
+  EXPECT_GT(results[4]["kld_vs_f32"].get<double>(), 0.0);
 
   // As in llama-bench, the columns appear only when a type other than the default is asked for.
   CommandResult md = RunKvl("bench -m " + model + " -p 16 -n 0 -r 1 -t 1 -ctv=bf16");
