@@ -9,6 +9,8 @@
 #include <random>
 
 #include "cli.h"
+#include "kv_type_quality.h"
+#include "kvl/kv_manager.h"  // ParseKvCacheType
 
 namespace kvl::cli {
 namespace {
@@ -25,6 +27,7 @@ struct TestResult {
   int64_t n_gen = 0;
   int parallel = 1;
   std::vector<double> samples_ts;  // tokens per second, one per repetition
+  KvTypeQuality quality;  // of (type_k, type_v) against an f32 cache; shown with the types
 
   std::string test_name() const {
     if (n_prompt > 0) return fmt::format("pp{}", n_prompt);
@@ -169,17 +172,22 @@ double Mean(const std::vector<double>& v) {
 void PrintMarkdownHeader(bool show_cache_types) {
   fmt::print("| {:<22} | {:>10} | {:>10} | {:<14} | {:>7} | ", "model", "size", "params",
              "backend", "threads");
-  if (show_cache_types) fmt::print("{:>6} | {:>6} | ", "type_k", "type_v");
+  if (show_cache_types) {
+    fmt::print("{:>6} | {:>6} | {:>9} | {:>5} | ", "type_k", "type_v", "kld", "top1");
+  }
   fmt::print("{:>13} | {:>20} |\n", "test", "t/s");
   fmt::print("| {:-<22} | {:->10} | {:->10} | {:-<14} | {:->7} | ", ":", ":", ":", ":", ":");
-  if (show_cache_types) fmt::print("{:->6} | {:->6} | ", ":", ":");
+  if (show_cache_types) fmt::print("{:->6} | {:->6} | {:->9} | {:->5} | ", ":", ":", ":", ":");
   fmt::print("{:->13} | {:->20} |\n", ":", ":");
 }
 
 void PrintMarkdownRow(const TestResult& r, bool show_cache_types) {
   fmt::print("| {:<22} | {:>10} | {:>10} | {:<14} | {:>7} | ", r.model_label,
              FormatBytes(r.model_bytes), FormatParams(r.params), r.backend, r.threads);
-  if (show_cache_types) fmt::print("{:>6} | {:>6} | ", r.type_k, r.type_v);
+  if (show_cache_types) {
+    fmt::print("{:>6} | {:>6} | {:>9.3e} | {:>5.3f} | ", r.type_k, r.type_v, r.quality.mean_kld,
+               r.quality.top1);
+  }
   fmt::print("{:>13} | {:>20} |\n", r.test_name(),
              fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()));
   (void)FlushStdout();  // rows appear as they are measured; a failure ends the command later
@@ -192,6 +200,8 @@ nlohmann::json ToJson(const TestResult& r) {
           {"type_k", r.type_k},             {"type_v", r.type_v},
           {"n_prompt", r.n_prompt},         {"n_gen", r.n_gen},
           {"n_parallel", r.parallel},
+          {"kld_vs_f32", r.quality.mean_kld}, {"top1_vs_f32", r.quality.top1},
+          {"kld_prompts", r.quality.num_prompts},
           {"test", r.test_name()},          {"avg_ts", r.mean()},
           {"stddev_ts", r.stddev()},        {"samples_ts", r.samples_ts}};
 }
@@ -246,6 +256,20 @@ int BenchCommand(const BenchArgs& args) {
       return 1;
     }
     Engine& e = **engine;
+    // The quality column: the final-token distributions of a fixed prompt set against an f32
+    // cache, measured once per (model, -ctk, -ctv).
+    KvTypeQuality quality{0, 1, 0};
+    if (show_cache_types) {
+      const DType type_k = ParseKvCacheType(options.cache_type_k).value();  // validated already
+      const DType type_v = ParseKvCacheType(options.cache_type_v).value();
+      StatusOr<KvTypeQuality> q =
+          MeasureKvTypeQuality(e.model(), e.tokenizer(), e.isa(), e.num_threads(), type_k, type_v);
+      if (!q.ok()) {
+        fmt::print(stderr, "kvl: {}\n", q.status().ToString());
+        return 1;
+      }
+      quality = *q;
+    }
     struct Test {
       int64_t n_prompt, n_gen;
       int parallel;
@@ -272,6 +296,7 @@ int BenchCommand(const BenchArgs& args) {
       r.n_prompt = test.n_prompt;
       r.n_gen = test.n_gen;
       r.parallel = test.parallel;
+      r.quality = quality;
       // One untimed warm-up run pages the weights in and settles the clocks.
       for (int rep = -1; rep < args.repetitions; ++rep) {
         StatusOr<double> ts = TimeOnce(e, test.n_prompt, test.n_gen, test.parallel,

@@ -35,8 +35,8 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
   cmd->add_option("--kv-budget", *kv_budget, "KV cache memory, e.g. 512MiB (default: enough for -np full contexts, at most 1 GiB)");
   cmd->add_flag("!--no-prefix-cache", engine->prefix_cache, "do not reuse cached prompt prefixes");
   cmd->add_option("--kv-tier", engine->kv_tiers,
-                      "a tier KV pages can be demoted to: ram:SIZE[:zstd] or disk:PATH:SIZE[:direct] "
-                      "(repeatable)");
+                      "a tier KV pages can be demoted to: ram:SIZE[:zstd] or "
+                      "disk:PATH:SIZE[:direct][:scratch] (repeatable)");
   cmd->add_option("--kv-policy", engine->kv_policy,
                       "what happens to cold KV pages when the budget is short: auto (cost model), "
                       "keep, compress, compress-int4, demote, demote-disk, recompute-residual, "
@@ -62,10 +62,10 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
       ->capture_default_str();
   // -ctk / -ctv (see NormalizeArgs), as llama.cpp's --cache-type-k / --cache-type-v.
   cmd->add_option("--cache-type-k", engine->cache_type_k,
-                      "KV cache type for keys (-ctk): f32 | f16 | bf16")
+                      "KV cache type for keys (-ctk): f32 | f16 | bf16 | q8_0 | q4_0")
       ->capture_default_str();
   cmd->add_option("--cache-type-v", engine->cache_type_v,
-                      "KV cache type for values (-ctv): f32 | f16 | bf16")
+                      "KV cache type for values (-ctv): f32 | f16 | bf16 | q8_0 | q4_0")
       ->capture_default_str();
   cmd->add_option("-t,--threads", engine->num_threads, "threads; 0 = every core");
   cmd->add_option("-c,--ctx-size", engine->context_length, "context length; 0 = model's");

@@ -195,12 +195,25 @@ Status LoadCostProfile(Engine::Impl& e, const std::string& disk_dir, PageCostPro
   return Status::Ok();
 }
 
+// What a persistent tier's pages belong to: pages written for another model, layout or cache
+// type read as a miss in the next run, never as K/V of this one.
+std::string TierIdentity(const Engine::Impl& e) {
+  const KvBlockLayout& l = e.storage->layout();
+  return fmt::format("model {:016x} block_tokens {} layers {} kv_dim {} residual_dim {} k {} v {}",
+                     ModelIdentity(*e.model), l.block_tokens, l.num_layers, l.kv_dim,
+                     l.residual_dim, DTypeName(l.k_type), DTypeName(l.v_type));
+}
+
 // The lattice: tiers, what may be done to a page and at what price, the planner that decides.
 Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
   std::string disk_dir;
   for (const TierSpec& spec : kv.tiers) {
     // Tier pages are one layer of K and V (KvPager), so a step streams exactly one layer.
-    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, MakeTier(spec, e.pager->layer_page_bytes()));
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier,
+                         MakeTier(spec, e.pager->layer_page_bytes(), TierIdentity(e)));
+    if (const auto* disk = dynamic_cast<const DiskKvTier*>(tier.get())) {
+      fmt::print(stderr, "kvl: disk tier {}: {}\n", spec.path, disk->open_note());
+    }
     (spec.kind == "disk" ? e.disk_tier : e.ram_tier) = std::move(tier);
     if (spec.kind == "disk") disk_dir = std::filesystem::path(spec.path).parent_path().string();
   }

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "kvl/quant.h"
+
 namespace kvl {
 
 // Positions of per-position scratch reserved up front (see Forward::context_capacity_).
@@ -25,6 +27,12 @@ void TokenBatch::Add(int32_t token, int64_t position, int32_t seq_id, bool logit
 
 namespace {
 size_t Elems(int64_t a, int64_t b) { return static_cast<size_t>(a * b); }
+
+// The first row of a dense run of K (or V) rows, whichever pointer its element type uses.
+void* RowData(DType type, float* f32, uint16_t* half, uint8_t* quantized) {
+  if (type == DType::kF32) return f32;
+  return IsQuantKvType(type) ? static_cast<void*>(quantized) : half;
+}
 }  // namespace
 
 Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions& options)
@@ -129,11 +137,14 @@ void Forward::ComputeRopeAngles(const TokenBatch& batch) {
 }
 
 // One K or V row of kv_dim floats into the cache at its element type (f32 copied, f16 / bf16
-// narrowed): the one way rows enter a cache, so rebuilt rows match stored ones bit for bit.
+// narrowed, q8_0 / q4_0 quantized by ggml's reference quantizers, the same bytes on every ISA):
+// the one way rows enter a cache, so rebuilt rows match stored ones bit for bit.
 void Forward::StoreRow(const float* row, DType type, void* out) const {
   const int64_t n = config_.kv_dim();
   if (type == DType::kF32) {
     std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n));
+  } else if (IsQuantKvType(type)) {
+    quant::QuantizeRow(type, row, n, out);
   } else {
     ops::NarrowRow(ops_, type, row, n, static_cast<uint16_t*>(out));
   }
@@ -150,10 +161,9 @@ void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv
     const KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,
                                          batch.positions[static_cast<size_t>(t)]);
     KVL_CHECK_MSG(rows.kind == KvCache::Rows::Kind::kDense, "new K/V rows must be writable");
-    StoreRow(&k_[Elems(t, c.kv_dim())], rows.type,
-             rows.type == DType::kF32 ? static_cast<void*>(rows.k) : rows.k_half);
+    StoreRow(&k_[Elems(t, c.kv_dim())], rows.type, RowData(rows.type, rows.k, rows.k_half, rows.k_q));
     StoreRow(&v_[Elems(t, c.kv_dim())], rows.v_type,
-             rows.v_type == DType::kF32 ? static_cast<void*>(rows.v) : rows.v_half);
+             RowData(rows.v_type, rows.v, rows.v_half, rows.v_q));
   }
 }
 
@@ -260,6 +270,9 @@ void Forward::ScoreRows(const KvCache::Rows& rows, const float* q, int64_t kv_of
     case KvCache::Rows::Kind::kDense:
       if (rows.type == DType::kF32) {
         ops::DotRows(ops_, q, rows.k + kv_offset, rows.stride, count, d, scale, scores);
+      } else if (IsQuantKvType(rows.type)) {
+        ops::DotRowsQuant(ops_, rows.type, q, rows.k_q, RowBytes(rows.type, rows.stride), kv_offset,
+                          count, d, scale, scores);
       } else {
         ops::DotRowsHalf(ops_, rows.type, q, rows.k_half + kv_offset, rows.stride, count, d, scale,
                          scores);
@@ -284,6 +297,9 @@ void Forward::MixRows(const KvCache::Rows& rows, const float* weights, int64_t k
     case KvCache::Rows::Kind::kDense:
       if (rows.v_type == DType::kF32) {
         ops::AxpyRows(ops_, weights, rows.v + kv_offset, rows.stride, count, d, out);
+      } else if (IsQuantKvType(rows.v_type)) {
+        ops::AxpyRowsQuant(ops_, rows.v_type, weights, rows.v_q, RowBytes(rows.v_type, rows.stride),
+                           kv_offset, count, d, out);
       } else {
         ops::AxpyRowsHalf(ops_, rows.v_type, weights, rows.v_half + kv_offset, rows.stride, count, d,
                           out);

@@ -68,12 +68,12 @@ uint8_t* KvBlockStorage::value_bytes(BlockId block, int64_t layer) {
 }
 
 float* KvBlockStorage::keys(BlockId block, int64_t layer) {
-  KVL_CHECK_MSG(layout_.k_type == DType::kF32, "keys() of a half-precision cache");
+  KVL_CHECK_MSG(layout_.k_type == DType::kF32, "keys() of a cache whose K is not f32");
   return reinterpret_cast<float*>(key_bytes(block, layer));
 }
 
 float* KvBlockStorage::values(BlockId block, int64_t layer) {
-  KVL_CHECK_MSG(layout_.v_type == DType::kF32, "values() of a half-precision cache");
+  KVL_CHECK_MSG(layout_.v_type == DType::kF32, "values() of a cache whose V is not f32");
   return reinterpret_cast<float*>(value_bytes(block, layer));
 }
 
@@ -126,11 +126,15 @@ KvCache::Rows DenseRows(const KvBlockLayout& layout, uint8_t* k, uint8_t* v, int
   const int64_t first = offset * layout.kv_dim;
   if (layout.k_type == DType::kF32) {
     rows.k = reinterpret_cast<float*>(k) + first;
+  } else if (IsQuantKvType(layout.k_type)) {
+    rows.k_q = k + offset * layout.k_row_bytes();
   } else {
     rows.k_half = reinterpret_cast<uint16_t*>(k) + first;
   }
   if (layout.v_type == DType::kF32) {
     rows.v = reinterpret_cast<float*>(v) + first;
+  } else if (IsQuantKvType(layout.v_type)) {
+    rows.v_q = v + offset * layout.v_row_bytes();
   } else {
     rows.v_half = reinterpret_cast<uint16_t*>(v) + first;
   }
@@ -141,9 +145,11 @@ StatusOr<DType> ParseKvCacheType(std::string_view text) {
   if (text == "f32") return DType::kF32;
   if (text == "f16") return DType::kF16;
   if (text == "bf16") return DType::kBF16;
+  if (text == "q8_0") return DType::kQ8_0;
+  if (text == "q4_0") return DType::kQ4_0;
   return InvalidArgumentError(fmt::format(
-      "KV cache type '{}': use f32, f16 or bf16 (int8 / int4 pages come from --kv-policy "
-      "compress / compress-int4)",
+      "KV cache type '{}': use f32, f16, bf16, q8_0 or q4_0 (int8 / int4 pages of whole blocks "
+      "come from --kv-policy compress / compress-int4)",
       text));
 }
 

@@ -162,6 +162,17 @@ StatusOr<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& o
         fmt::format("KV block layout must be positive: block_tokens {}, num_layers {}, kv_dim {}",
                     layout.block_tokens, layout.num_layers, layout.kv_dim));
   }
+  for (DType type : {layout.k_type, layout.v_type}) {
+    if (type != DType::kF32 && type != DType::kF16 && type != DType::kBF16 && !IsQuantKvType(type)) {
+      return InvalidArgumentError(
+          fmt::format("KV cache type {} is not one of f32, f16, bf16, q8_0, q4_0", DTypeName(type)));
+    }
+    if (IsQuantKvType(type) && layout.kv_dim % 32 != 0) {
+      return InvalidArgumentError(fmt::format(
+          "KV cache type {} needs kv_dim a multiple of 32 (blocks of 32 values), got {}",
+          DTypeName(type), layout.kv_dim));
+    }
+  }
   if (options.max_seqs <= 0) {
     return InvalidArgumentError(fmt::format("max_seqs must be positive, got {}", options.max_seqs));
   }
@@ -169,7 +180,7 @@ StatusOr<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& o
   const int64_t num_blocks = options.budget_bytes > 0 ? options.budget_bytes / block_bytes : 0;
   if (num_blocks == 0) {
     return ResourceExhaustedError(fmt::format(
-        "a KV budget of {} bytes holds no block of {} bytes ({} tokens x {} layers x {} floats x "
+        "a KV budget of {} bytes holds no block of {} bytes ({} tokens x {} layers x {} values x "
         "K,V); raise the budget or lower the block size",
         options.budget_bytes, block_bytes, layout.block_tokens, layout.num_layers, layout.kv_dim));
   }

@@ -63,6 +63,10 @@ struct KernelTable {
   // quant::Fp32ToFp16 / Fp32ToBf16 on every ISA.
   void (*narrow_row)(DType type, const float* x, int64_t n, uint16_t* out) = nullptr;
   void (*widen_row)(DType type, const uint16_t* x, int64_t n, float* out) = nullptr;
+  // Columns [col, col + n) of a q8_0 / q4_0 row as f32 (ops.h, DequantizeCols): the values of
+  // quant::DequantizeRow on every ISA. type already checked. Required in every table.
+  void (*dequantize_cols)(DType type, const uint8_t* row, int64_t col, int64_t n,
+                          float* out) = nullptr;
   // Attention over compressed KV pages (ops.h, DotRowsK* / AxpyRowsV*); arguments already
   // validated by ops.cc. Null: ops.cc uses the scalar table's entry.
   void (*dot_rows_k_int8)(const float* q, const QuantKvLayerView& page, int64_t first_row,
@@ -87,6 +91,14 @@ const KernelTable& Avx512Kernels();
 void ScalarQuantizeActs(const float* x, int64_t cols, uint8_t* out);
 void ScalarRope(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const float* sin,
                 bool neox);
+
+// The scalar dequantize_cols (kv_kernels_scalar.cc), and the walk over a row's blocks that the
+// SIMD tables share: whole blocks inside [col, col + n) go to `block` (32 values to out), the
+// partial ones at the edges to the scalar reference.
+void ScalarDequantizeCols(DType type, const uint8_t* row, int64_t col, int64_t n, float* out);
+using DequantizeBlockFn = void (*)(DType type, const uint8_t* block, float* out);
+void DequantizeColsBy(DequantizeBlockFn block, DType type, const uint8_t* row, int64_t col,
+                      int64_t n, float* out);
 
 // Compressed-KV attention kernels (kv_kernels_scalar.cc, kv_kernels_avx512.cc); arguments are
 // validated by ops.cc before any of these runs.

@@ -495,6 +495,35 @@ void WidenRow(DType type, const uint16_t* x, int64_t n, float* out) {
   WidenRowT<DType::kBF16>(x, n, out);
 }
 
+// ---------------------------------------------------------------------------------------------
+// q8_0 / q4_0 cache rows (ops.h, DequantizeCols): whole blocks widened 8 codes at a time, each
+// value code * d in one multiply, as the scalar reference does; partial blocks (a head narrower
+// than a block, or not on a block boundary) go to the scalar reference.
+
+void DequantizeBlock(DType type, const uint8_t* block, float* out) {
+  const __m256 d = _mm256_set1_ps(LoadFp16(block));
+  __m128i codes[4];
+  if (type == DType::kQ8_0) {
+    for (int k = 0; k < 4; ++k) codes[k] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * k));
+  } else {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
+    const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(bytes, mask), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), eight);
+    codes[0] = lo;
+    codes[1] = _mm_srli_si128(lo, 8);
+    codes[2] = hi;
+    codes[3] = _mm_srli_si128(hi, 8);
+  }
+  for (int k = 0; k < 4; ++k) {
+    _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes[k])), d));
+  }
+}
+
+void DequantizeCols(DType type, const uint8_t* row, int64_t col, int64_t n, float* out) {
+  DequantizeColsBy(DequantizeBlock, type, row, col, n, out);
+}
+
 }  // namespace
 
 const KernelTable& Avx2Kernels() {
@@ -512,6 +541,7 @@ const KernelTable& Avx2Kernels() {
       .axpy_rows_half = AxpyRowsHalf,
       .narrow_row = NarrowRow,
       .widen_row = WidenRow,
+      .dequantize_cols = DequantizeCols,
   };
   return table;
 }

@@ -559,6 +559,31 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const f
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// q8_0 / q4_0 cache rows (ops.h, DequantizeCols): a whole block in two 16-lane vectors, each value
+// code * d in one multiply, as the scalar reference does (DequantizeColsBy walks the blocks).
+
+void DequantizeBlock(DType type, const uint8_t* block, float* out) {
+  const __m512 d = _mm512_set1_ps(_cvtsh_ss(static_cast<uint16_t>(block[0] | (block[1] << 8))));
+  __m128i codes[2];
+  if (type == DType::kQ8_0) {
+    codes[0] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
+    codes[1] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 18));
+  } else {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2));
+    const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    codes[0] = _mm_sub_epi8(_mm_and_si128(bytes, mask), eight);
+    codes[1] = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), eight);
+  }
+  for (int k = 0; k < 2; ++k) {
+    _mm512_storeu_ps(out + 16 * k, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes[k])), d));
+  }
+}
+
+void DequantizeCols(DType type, const uint8_t* row, int64_t col, int64_t n, float* out) {
+  DequantizeColsBy(DequantizeBlock, type, row, col, n, out);
+}
+
 }  // namespace
 
 const KernelTable& Avx512Kernels() {
@@ -578,6 +603,7 @@ const KernelTable& Avx512Kernels() {
       .axpy_rows_half = AxpyRowsHalf,
       .narrow_row = NarrowRow,
       .widen_row = WidenRow,
+      .dequantize_cols = DequantizeCols,
       .dot_rows_k_int8 = Avx512DotRowsKInt8,
       .dot_rows_k_int4 = Avx512DotRowsKInt4,
       .axpy_rows_v_int8 = Avx512AxpyRowsVInt8,

@@ -210,6 +210,7 @@ const KernelTable& ScalarKernels() {
       .axpy_rows_half = AxpyRowsHalf,
       .narrow_row = NarrowRow,
       .widen_row = WidenRow,
+      .dequantize_cols = ScalarDequantizeCols,
       .dot_rows_k_int8 = ScalarDotRowsKInt8,
       .dot_rows_k_int4 = ScalarDotRowsKInt4,
       .axpy_rows_v_int8 = ScalarAxpyRowsVInt8,

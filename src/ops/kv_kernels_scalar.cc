@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "kernel_table.h"
+#include "kvl/quant.h"
 
 namespace kvl::ops {
 namespace {
@@ -90,6 +91,40 @@ void ScalarAxpyRowsVInt8(const float* weights, const QuantKvLayerView& page, int
 void ScalarAxpyRowsVInt4(const float* weights, const QuantKvLayerView& page, int64_t first_row,
                          int64_t count, int64_t head_offset, int64_t head_dim, float* y) {
   AxpyRowsV<4>(weights, page, first_row, count, head_offset, head_dim, y);
+}
+
+// q8_0 / q4_0 cache rows (ops.h, DequantizeCols): value = code * fp16(d), one float multiply of
+// the exactly converted code, as ggml's reference dequantizers compute it; the SIMD tables make
+// the same multiply on whole blocks and come here for the partial ones at a head's edges.
+void ScalarDequantizeCols(DType type, const uint8_t* row, int64_t col, int64_t n, float* out) {
+  for (int64_t c = col; c < col + n; ++c) {
+    const int64_t b = c / quant::kQK;
+    const int64_t j = c % quant::kQK;
+    if (type == DType::kQ8_0) {
+      const auto* block = reinterpret_cast<const quant::BlockQ8_0*>(row) + b;
+      out[c - col] = static_cast<float>(block->qs[j]) * quant::Fp16ToFp32(block->d);
+    } else {
+      const auto* block = reinterpret_cast<const quant::BlockQ4_0*>(row) + b;
+      const int code = j < quant::kQK / 2 ? (block->qs[j] & 0x0F) : (block->qs[j - quant::kQK / 2] >> 4);
+      out[c - col] = static_cast<float>(code - 8) * quant::Fp16ToFp32(block->d);
+    }
+  }
+}
+
+void DequantizeColsBy(DequantizeBlockFn block, DType type, const uint8_t* row, int64_t col,
+                      int64_t n, float* out) {
+  const int64_t block_bytes = Traits(type).block_bytes;
+  const int64_t end = col + n;
+  for (int64_t c = col; c < end;) {
+    const int64_t block_end = (c / quant::kQK + 1) * quant::kQK;
+    const int64_t len = std::min(block_end, end) - c;
+    if (len == quant::kQK) {
+      block(type, row + c / quant::kQK * block_bytes, out + (c - col));
+    } else {
+      ScalarDequantizeCols(type, row, c, len, out + (c - col));
+    }
+    c += len;
+  }
 }
 
 }  // namespace kvl::ops

@@ -317,6 +317,66 @@ void WidenRow(const OpsContext& ctx, DType type, const uint16_t* x, int64_t n, f
 
 namespace {
 
+// The checks every q8_0 / q4_0 row kernel relies on: the columns read lie inside each row, and a
+// run's rows do not overlap.
+void CheckQuantRowsArgs(DType type, int64_t row_bytes, int64_t col, int64_t count, int64_t n,
+                        const char* what) {
+  KVL_CHECK_MSG(type == DType::kQ8_0 || type == DType::kQ4_0, what);
+  KVL_CHECK(count >= 0 && n >= 0 && col >= 0);
+  KVL_CHECK_MSG(n <= kMaxQuantHeadDim, "quantized KV rows: n must be at most kMaxQuantHeadDim");
+  const int64_t blocks = (col + n + 31) / 32;
+  KVL_CHECK(count <= 1 || row_bytes >= blocks * Traits(type).block_bytes);
+}
+
+// Rows dequantized per call of the f32 row kernels: 16 rows of a 256-wide head are 16 KiB of
+// stack, which stays in L1 between the dequantization and the dot.
+constexpr int64_t kQuantRowsChunk = 16;
+
+}  // namespace
+
+void DequantizeCols(const OpsContext& ctx, DType type, const uint8_t* row, int64_t col, int64_t n,
+                    float* out) {
+  CheckQuantRowsArgs(type, 0, col, 1, n, "DequantizeCols: type must be q8_0 or q4_0");
+  if (n == 0) return;
+  KVL_CHECK(row != nullptr && out != nullptr);
+  ctx.kernels().dequantize_cols(type, row, col, n, out);
+}
+
+// Dequantizing a chunk and then running the f32 row kernel over it is what makes the result that
+// of DotRows over the dequantized rows by construction, on every ISA.
+void DotRowsQuant(const OpsContext& ctx, DType type, const float* q, const uint8_t* rows,
+                  int64_t row_bytes, int64_t col, int64_t count, int64_t n, float scale,
+                  float* out) {
+  CheckQuantRowsArgs(type, row_bytes, col, count, n, "DotRowsQuant: type must be q8_0 or q4_0");
+  if (count == 0) return;
+  KVL_CHECK(out != nullptr && (n == 0 || (q != nullptr && rows != nullptr)));
+  alignas(64) float buf[kQuantRowsChunk * kMaxQuantHeadDim];
+  for (int64_t i = 0; i < count; i += kQuantRowsChunk) {
+    const int64_t m = std::min(kQuantRowsChunk, count - i);
+    for (int64_t r = 0; r < m; ++r) {
+      ctx.kernels().dequantize_cols(type, rows + (i + r) * row_bytes, col, n, buf + r * n);
+    }
+    DotRows(ctx, q, buf, n, m, n, scale, out + i);
+  }
+}
+
+void AxpyRowsQuant(const OpsContext& ctx, DType type, const float* weights, const uint8_t* rows,
+                   int64_t row_bytes, int64_t col, int64_t count, int64_t n, float* y) {
+  CheckQuantRowsArgs(type, row_bytes, col, count, n, "AxpyRowsQuant: type must be q8_0 or q4_0");
+  if (count == 0 || n == 0) return;
+  KVL_CHECK(weights != nullptr && rows != nullptr && y != nullptr);
+  alignas(64) float buf[kQuantRowsChunk * kMaxQuantHeadDim];
+  for (int64_t i = 0; i < count; i += kQuantRowsChunk) {
+    const int64_t m = std::min(kQuantRowsChunk, count - i);
+    for (int64_t r = 0; r < m; ++r) {
+      ctx.kernels().dequantize_cols(type, rows + (i + r) * row_bytes, col, n, buf + r * n);
+    }
+    AxpyRows(ctx, weights + i, buf, n, m, n, y);
+  }
+}
+
+namespace {
+
 // The checks every compressed-KV kernel relies on; `bits` is what the entry point expects.
 void CheckQuantKvArgs(const QuantKvLayerView& page, int bits, int64_t first_row, int64_t count,
                       int64_t head_offset, int64_t head_dim) {

@@ -143,13 +143,20 @@ TEST(CliTest, RunUnderASmallKvBudgetSummarizesTheKvActions) {
 
 TEST(CliTest, BenchShowsTheCacheTypes) {
   const std::string model = testing::Stories260KPath();
-  CommandResult j = RunKvl("bench -m " + model + " -p 16 -n 4 -r 1 -t 1 -ctk f32,f16 -o json");
+  CommandResult j =
+      RunKvl("bench -m " + model + " -p 16 -n 4 -r 1 -t 1 -ctk f32,f16,q8_0 -o json");
   ASSERT_EQ(j.exit_code, 0) << j.output;
   nlohmann::json results = nlohmann::json::parse(j.output);
-  ASSERT_EQ(results.size(), 4u);  // (pp16, tg4) x (f32, f16)
+  ASSERT_EQ(results.size(), 6u);  // (pp16, tg4) x (f32, f16, q8_0)
   EXPECT_EQ(results[0]["type_k"], "f32");
   EXPECT_EQ(results[2]["type_k"], "f16");
   EXPECT_EQ(results[2]["type_v"], "f32");
+  EXPECT_EQ(results[4]["type_k"], "q8_0");
+  // The quality columns: f32 against itself is exact; a quantized key cache is not.
+  EXPECT_EQ(results[0]["kld_vs_f32"], 0.0);
+  EXPECT_EQ(results[0]["top1_vs_f32"], 1.0);
+  EXPECT_GT(results[4]["kld_vs_f32"].get<double>(), results[2]["kld_vs_f32"].get<double>());
+  EXPECT_GT(results[4]["kld_vs_f32"].get<double>(), 0.0);
 
   // As in llama-bench, the columns appear only when a type other than the default is asked for.
   CommandResult md = RunKvl("bench -m " + model + " -p 16 -n 0 -r 1 -t 1 -ctv=bf16");
@@ -419,14 +426,15 @@ bool WaitForFile(const std::string& dir, const std::string& prefix) {
   return false;
 }
 
-// SIGINT, SIGTERM and SIGHUP during a run leave no tier page file and no calibration scratch
-// file behind, and the exit status still says which signal ended the process.
+// SIGINT, SIGTERM and SIGHUP during a run leave no scratch tier file and no calibration scratch
+// file behind, and the exit status still says which signal ended the process. A persistent tier
+// file stays, consistent: the next run opens it.
 TEST(CliTest, SignalsLeaveNoTemporaryFiles) {
   const std::string model = testing::Stories260KPath();
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     const std::string dir = ScratchDir("signal-run");
     const pid_t pid = SpawnKvl({"run", "-m", model, "-np", "8", "-n", "2000", "-c", "2048", "-t",
-                                "1", "--no-calibrate", "--kv-tier", "disk:" + dir + "/tier.kv:64MiB",
+                                "1", "--no-calibrate", "--kv-tier", "disk:" + dir + "/tier.kv:64MiB:scratch",
                                 "--kv-budget", "256KiB", "--kv-policy", "demote-disk",
                                 "--kv-recent", "16"});
     ASSERT_GT(pid, 0);
@@ -438,6 +446,25 @@ TEST(CliTest, SignalsLeaveNoTemporaryFiles) {
     ASSERT_TRUE(WIFSIGNALED(status)) << "signal " << sig << ", status " << status;
     EXPECT_EQ(WTERMSIG(status), sig);
     EXPECT_TRUE(std::filesystem::is_empty(dir)) << "signal " << sig << " left a file in " << dir;
+    std::filesystem::remove_all(dir);
+  }
+  {
+    const std::string dir = ScratchDir("signal-persistent");
+    const std::string tier = "disk:" + dir + "/tier.kv:64MiB";
+    const pid_t pid = SpawnKvl({"run", "-m", model, "-np", "8", "-n", "2000", "-c", "2048", "-t",
+                                "1", "--no-calibrate", "--kv-tier", tier, "--kv-budget", "256KiB",
+                                "--kv-policy", "demote-disk", "--kv-recent", "16"});
+    ASSERT_GT(pid, 0);
+    ASSERT_TRUE(WaitForFile(dir, "tier.kv"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    kill(pid, SIGTERM);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(std::filesystem::exists(dir + "/tier.kv"));
+    const CommandResult again =
+        RunKvl("run -m " + model + " -n 4 -t 1 --no-calibrate --kv-tier " + tier, true);
+    EXPECT_EQ(again.exit_code, 0) << again.output;
+    EXPECT_NE(again.output.find("reopened"), std::string::npos) << again.output;
     std::filesystem::remove_all(dir);
   }
   // Calibration's scratch file, kvl-calibrate-PID.tmp, in the --disk directory.

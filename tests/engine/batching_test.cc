@@ -16,8 +16,10 @@ namespace {
 const std::vector<std::string>& Prompts() { return testing::StoryPrompts(); }
 
 std::unique_ptr<Engine> MakeEngine(int32_t max_seqs, bool prefix_cache, int64_t budget = 0,
-                                   int32_t block_tokens = 16, int64_t batch = 512) {
+                                   int32_t block_tokens = 16, int64_t batch = 512,
+                                   const std::string& cache_type = "f32") {
   EngineOptions o;
+  o.cache_type_k = o.cache_type_v = cache_type;
   o.model_path = testing::Stories260KPath();
   o.num_threads = 2;
   o.context_length = 256;
@@ -54,10 +56,11 @@ std::vector<std::vector<int32_t>> RunAll(Engine& e, const std::vector<std::strin
   return out;
 }
 
-std::vector<std::vector<int32_t>> RunOneAtATime(const std::vector<std::string>& prompts) {
+std::vector<std::vector<int32_t>> RunOneAtATime(const std::vector<std::string>& prompts,
+                                               const std::string& cache_type = "f32") {
   std::vector<std::vector<int32_t>> out;
   for (const std::string& p : prompts) {
-    std::unique_ptr<Engine> e = MakeEngine(1, false);
+    std::unique_ptr<Engine> e = MakeEngine(1, false, 0, 16, 512, cache_type);
     out.push_back(RunAll(*e, {p})[0]);
   }
   return out;
@@ -78,6 +81,23 @@ TEST(BatchingTest, EightPromptsGiveTheSameTokensAloneAndBatched) {
   // Chunked prefill: 5 tokens per step mixes prompt chunks with decodes.
   std::unique_ptr<Engine> chunked = MakeEngine(8, true, 0, 4, 5);
   EXPECT_EQ(RunAll(*chunked, Prompts()), alone);
+}
+
+// The quantized cache types keep batch invariance: a row is quantized alone when it is stored, and
+// read through the f32 kernels' summation order, so neither batching, nor chunked prefill, nor a
+// block split elsewhere changes a sequence's tokens. With a 4-token block, stories260K's 8-wide
+// heads sit inside q8_0 / q4_0 blocks of 32 at every offset.
+TEST(BatchingTest, QuantizedCacheTypesGiveTheSameTokensAloneAndBatched) {
+  for (const std::string type : {"q8_0", "q4_0"}) {
+    const auto alone = RunOneAtATime(Prompts(), type);
+    for (const auto& ids : alone) ASSERT_EQ(ids.size(), 40u) << type;
+    std::unique_ptr<Engine> batched = MakeEngine(8, false, 0, 16, 512, type);
+    EXPECT_EQ(RunAll(*batched, Prompts()), alone) << type;
+    EXPECT_GT(batched->Metrics().mean_batch_seqs, 4.0) << type;
+    std::unique_ptr<Engine> chunked = MakeEngine(8, true, 0, 4, 5, type);
+    EXPECT_EQ(RunAll(*chunked, Prompts()), alone) << type;
+    EXPECT_EQ(RunAll(*chunked, Prompts()), alone) << type;  // prefix hits on quantized blocks
+  }
 }
 
 TEST(BatchingTest, TinyBudgetPreemptsAndResumesWithIdenticalOutput) {

@@ -79,10 +79,10 @@ TEST(KvActionsTest, EveryLosslessPolicyMatchesKeepAllUnderPressure) {
   };
   const std::vector<Case> cases = {
       {"demote", {"ram:64MiB"}, KvAction::kDemoteRam},
-      {"demote-disk", {"disk:" + disk + ":64MiB"}, KvAction::kDemoteDisk},
+      {"demote-disk", {"disk:" + disk + ":64MiB:scratch"}, KvAction::kDemoteDisk},
       {"recompute-tokens", {}, KvAction::kRecomputeTokens},
       {"recompute-residual", {"ram:64MiB"}, KvAction::kRecomputeResidual},
-      {"auto", {"ram:64MiB", "disk:" + disk + ":64MiB"}, KvAction::kKeep},
+      {"auto", {"ram:64MiB", "disk:" + disk + ":64MiB:scratch"}, KvAction::kKeep},
   };
   for (const Case& c : cases) {
     EngineOptions o = Options(8, 40);
@@ -113,7 +113,7 @@ TEST(KvActionsTest, CorruptDiskPageIsRecomputedAndOutputUnchanged) {
   const std::string disk = ::testing::TempDir() + "/kvl-corrupt.pages";
   EngineOptions o = Options(8, 40);
   o.kv_policy = "demote-disk";
-  o.kv_tiers = {"disk:" + disk + ":64MiB"};
+  o.kv_tiers = {"disk:" + disk + ":64MiB:scratch"};
   std::unique_ptr<Engine> e = std::move(Engine::Create(o).value());
   std::vector<std::vector<int32_t>> out(Prompts().size());
   for (size_t i = 0; i < Prompts().size(); ++i) {

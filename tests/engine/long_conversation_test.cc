@@ -131,7 +131,7 @@ TEST(LongConversationTest, StreamingDemotedPagesIsLosslessWithinTheBudget) {
   };
   for (const Case& c : std::vector<Case>{
            {"demote", {"ram:64MiB"}, KvAction::kDemoteRam, 24, 0.5},
-           {"demote-disk", {"disk:" + disk + ":64MiB"}, KvAction::kDemoteDisk, 24, 0.5},
+           {"demote-disk", {"disk:" + disk + ":64MiB:scratch"}, KvAction::kDemoteDisk, 24, 0.5},
            // Blocks also hold residual checkpoints here (twice the bytes of a K/V page).
            {"recompute-residual", {"ram:64MiB"}, KvAction::kRecomputeResidual, 40, 0.75},
            {"auto", {"ram:64MiB"}, KvAction::kDemoteRam, 40, 0.75},
@@ -205,7 +205,7 @@ TEST(LongConversationTest, CorruptStreamedPageIsCaughtAndTheOutputUnchanged) {
       ::testing::TempDir() + "/kvl-long-corrupt-" + std::to_string(getpid()) + ".pages";
   EngineOptions o = Options(24, 0.5);
   o.kv_policy = "demote-disk";
-  o.kv_tiers = {"disk:" + disk + ":64MiB"};
+  o.kv_tiers = {"disk:" + disk + ":64MiB:scratch"};
   bool corrupted = false;
   const Outcome out = RunConversation(o, [&](Engine& e) {
     if (!corrupted && e.Metrics().kv_pages_streamed >= 4) {
@@ -295,8 +295,43 @@ TEST(LongConversationTest, HalfCacheTypesHalveThePagesAndStreamLosslessly) {
   mixed.cache_type_k = "f16";  // keys f16, values f32 (as llama.cpp's -ctk alone)
   EXPECT_EQ(RunConversation(mixed).tokens.size(), static_cast<size_t>(kNewTokens));
   EngineOptions bad = Options(64);
-  bad.cache_type_k = "q8_0";
+  bad.cache_type_k = "q4_1";
   EXPECT_EQ(Engine::Create(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+// -ctk / -ctv q8_0 and q4_0: rows quantized as they are stored (34 and 18 bytes per 32 values
+// against 128), greedy output close to f32, and q8_0 / q4_0 pages streamed through the RAM tier
+// come back byte for byte: the same tokens as keeping them.
+TEST(LongConversationTest, QuantizedCacheTypesShrinkThePagesAndStreamLosslessly) {
+  // Budgets in f32 pages' bytes, half of them the stream reserve, so small that most of the
+  // history lives in the tier (a q4_0 page is 18/34 of a q8_0 one).
+  struct Case {
+    std::string type;
+    int64_t budget_pages;
+  };
+  for (const auto& [type, budget_pages] : {Case{"q8_0", 6}, Case{"q4_0", 3}}) {
+    EngineOptions keep = Options(64);
+    keep.cache_type_k = keep.cache_type_v = type;
+    const Outcome all = RunConversation(keep);
+    EXPECT_GT(all.metrics.kv.blocks_total, 64 * 128 / 36) << type;
+    EXPECT_EQ(all.tokens.size(), static_cast<size_t>(kNewTokens)) << type;
+    const double agreement = Agreement(all.tokens, KeepAll().tokens);
+    std::printf(
+        "[ info ] -ctk/-ctv %s: %.3f of the tokens agree with f32 before the first "
+        "difference\n",
+        type.c_str(), agreement);
+
+    EngineOptions paged = Options(budget_pages, 0.6);
+    paged.cache_type_k = paged.cache_type_v = type;
+    paged.kv_policy = "demote";
+    paged.kv_tiers = {"ram:64MiB"};
+    const Outcome out = RunConversation(paged);
+    EXPECT_EQ(out.tokens, all.tokens) << type;
+    CheckKvMemory(out.metrics, paged.kv_budget_bytes, "demote, " + type);
+    std::printf("[ info ] %s: %lld pages demoted\n", type.c_str(),
+                static_cast<long long>(Pages(out.metrics, KvAction::kDemoteRam)));
+    EXPECT_GT(Pages(out.metrics, KvAction::kDemoteRam), 10) << type;
+  }
 }
 
 }  // namespace

@@ -114,6 +114,7 @@ TEST(KvManagerAllocTest, ReusedPlanEqualsFreshPlan) {
   const std::vector<int32_t> prompt = Range(0, 9);  // two cached blocks, then one to compute
   const std::vector<int32_t> one = {77};
   const std::vector<int32_t> many = Range(100, 7);
+  const std::vector<int32_t> too_many = Range(0, 200);  // outlives the spans that view it
 
   KvPlan reused;
   // Each step shape after another in the same object: admission with prefix hits, COW, growth,
@@ -122,7 +123,7 @@ TEST(KvManagerAllocTest, ReusedPlanEqualsFreshPlan) {
       {{0, one}, {1, one}, {2, prompt}},
       {{1, many}},
       {{2, prompt}, {0, many}, {1, one}},
-      {{0, Range(0, 200)}},
+      {{0, too_many}},
       {{3, prompt}, {0, one}},
   };
   for (const std::vector<KvSeqStep>& steps : shapes) {

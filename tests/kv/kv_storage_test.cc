@@ -78,6 +78,37 @@ TEST(KvBlockStorageTest, CreateRejectsEmptyAndImpossibleSizes) {
   EXPECT_NE(too_big.status().message().find("GiB"), std::string::npos);
 }
 
+// -ctk / -ctv q8_0 | q4_0: a row is kv_dim / 32 blocks (34 or 18 bytes each), rows of a block
+// sit at that stride, and a kv_dim the blocks do not divide is refused.
+TEST(KvBlockLayoutTest, QuantizedCacheTypesAreSizedByRowBytes) {
+  EXPECT_EQ(ParseKvCacheType("q8_0").value(), DType::kQ8_0);
+  EXPECT_EQ(ParseKvCacheType("q4_0").value(), DType::kQ4_0);
+  EXPECT_FALSE(ParseKvCacheType("q4_1").ok());
+  const KvBlockLayout layout{16, 3, 64, 0, DType::kQ8_0, DType::kQ4_0};
+  EXPECT_EQ(layout.k_row_bytes(), 2 * 34);
+  EXPECT_EQ(layout.v_row_bytes(), 2 * 18);
+  EXPECT_EQ(layout.block_bytes(), 3 * 16 * (68 + 36));
+  KvManagerOptions o;
+  o.layout = layout;
+  o.budget_bytes = 4 * layout.block_bytes();
+  auto manager = std::move(KvManager::Create(o).value());
+  auto storage = std::move(KvBlockStorage::Create(layout, manager->num_blocks()).value());
+  const std::vector<int32_t> tokens(20, 5);
+  const KvSeqStep step{0, tokens};
+  manager->Commit(manager->Plan(std::span(&step, 1)));
+  PagedKvCache cache(*manager, *storage);
+  const KvCache::Rows rows = cache.RowsAt(0, 2, 3);
+  const BlockId block = manager->block_table(0)[0];
+  EXPECT_EQ(rows.type, DType::kQ8_0);
+  EXPECT_EQ(rows.k_q, storage->key_bytes(block, 2) + 3 * 68);
+  EXPECT_EQ(rows.v_q, storage->value_bytes(block, 2) + 3 * 36);
+  EXPECT_EQ(rows.k, nullptr);
+  EXPECT_EQ(rows.k_half, nullptr);
+  EXPECT_EQ(rows.count, 13);
+  o.layout.kv_dim = 48;
+  EXPECT_EQ(KvManager::Create(o).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(PagedKvCacheTest, RowsAtFollowsTheBlockTableAcrossBoundaries) {
   auto m = Make(Options(4, 8));
   Step(*m, 0, Range(0, 3));  // takes block 0 so that seq 1 does not start at block 0

@@ -52,7 +52,7 @@ class Forward final : public KvRebuilder {
 
   // K and V of `n` tokens on one layer, rebuilt from their checkpoints (checkpoints: [n][dim] f32,
   // positions: [n]) exactly as Run computed and stored them, written as [n][kv_dim] rows of
-  // k_type / v_type (f32, f16 or bf16) to k_out / v_out. Made to be called from
+  // k_type / v_type (f32, f16, bf16, q8_0 or q4_0) to k_out / v_out. Made to be called from
   // KvCache::BeginLayer while Run is inside that layer's attention: it only touches buffers the
   // layer no longer needs there (xn_, k_, v_, the activation scratch) and RoPE angles of its own.
   void RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions, int64_t n,

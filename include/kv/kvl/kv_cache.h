@@ -13,13 +13,18 @@
 
 namespace kvl {
 
+// Whether `type` is a block-quantized cache type (q8_0, q4_0): rows are written quantized, one
+// token at a time, and read by ops::DotRowsQuant / AxpyRowsQuant.
+inline bool IsQuantKvType(DType type) { return type == DType::kQ8_0 || type == DType::kQ4_0; }
+
 class KvCache {
  public:
   // A run of consecutive positions [pos, pos + count) of one sequence and layer, in one of three
   // forms (the action lattice's fates of a page, as attention sees them):
   //  - kDense: rows at a fixed stride, K of position pos+i at k + i * stride elements, [kv_dim]
-  //    each; K of element type `type`, V of `v_type` (f32 through k / v, or the f16 / bf16 cache
-  //    types through k_half / v_half);
+  //    each; K of element type `type`, V of `v_type` (f32 through k / v, the f16 / bf16 cache
+  //    types through k_half / v_half, the q8_0 / q4_0 ones through k_q / v_q, whose row i starts
+  //    RowBytes(type, i * stride) bytes in);
   //  - kCompressed: rows [first_row, first_row + count) of an int8 / int4 page layer, read by the
   //    fused-dequantization kernels (no decoded copy);
   //  - kDropped: evicted tokens; attention gives them no weight.
@@ -34,6 +39,8 @@ class KvCache {
     int64_t stride = 0;  // in elements
     uint16_t* k_half = nullptr;  // kDense, f16 / bf16
     uint16_t* v_half = nullptr;
+    uint8_t* k_q = nullptr;  // kDense, q8_0 / q4_0 (blocks of 32 values, one scale each)
+    uint8_t* v_q = nullptr;
     ops::QuantKvLayerView page;  // kCompressed
     int64_t first_row = 0;
   };

@@ -45,7 +45,8 @@ inline constexpr BlockId kNoBlock = -1;
 using KvBlockHashFn = uint64_t (*)(uint64_t parent_hash, std::span<const int32_t> tokens);
 
 // What one block holds: K and V, each [num_layers][block_tokens][kv_dim] at the cache's element
-// types (f32, f16 or bf16; -ctk / -ctv), and optionally the residual-stream checkpoints of its
+// types (f32, f16, bf16, or the block formats q8_0 / q4_0 of kvl/quant.h; -ctk / -ctv), and
+// optionally the residual-stream checkpoints of its
 // tokens, [num_layers][block_tokens][residual_dim] f32, from which K and V can be rebuilt exactly.
 struct KvBlockLayout {
   int32_t block_tokens = 16;
@@ -56,19 +57,22 @@ struct KvBlockLayout {
   DType v_type = DType::kF32;
 
   int64_t elems_per_tensor() const { return num_layers * block_tokens * kv_dim; }
-  int64_t k_elem_bytes() const { return k_type == DType::kF32 ? 4 : 2; }
-  int64_t v_elem_bytes() const { return v_type == DType::kF32 ? 4 : 2; }
+  // One token's K (or V) row of one layer: kv_dim elements, or kv_dim / 32 blocks of 32 with one
+  // scale each for q8_0 / q4_0 (kv_dim a multiple of 32; KvManager::Create checks).
+  int64_t k_row_bytes() const { return RowBytes(k_type, kv_dim); }
+  int64_t v_row_bytes() const { return RowBytes(v_type, kv_dim); }
   // K (or V) rows of one layer of one block.
-  int64_t layer_k_bytes() const { return block_tokens * kv_dim * k_elem_bytes(); }
-  int64_t layer_v_bytes() const { return block_tokens * kv_dim * v_elem_bytes(); }
+  int64_t layer_k_bytes() const { return block_tokens * k_row_bytes(); }
+  int64_t layer_v_bytes() const { return block_tokens * v_row_bytes(); }
   int64_t residual_floats() const { return num_layers * block_tokens * residual_dim; }
   int64_t kv_bytes() const { return num_layers * (layer_k_bytes() + layer_v_bytes()); }
   int64_t residual_bytes() const { return residual_floats() * static_cast<int64_t>(sizeof(float)); }
   int64_t block_bytes() const { return kv_bytes() + residual_bytes(); }
 };
 
-// The cache element types -ctk / -ctv name: f32, f16 or bf16.
+// The cache element types -ctk / -ctv name: f32, f16, bf16, q8_0 or q4_0.
 StatusOr<DType> ParseKvCacheType(std::string_view text);
+
 
 struct KvManagerOptions {
   KvBlockLayout layout;

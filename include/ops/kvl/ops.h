@@ -132,6 +132,28 @@ void NarrowRow(const OpsContext& ctx, DType type, const float* x, int64_t n, uin
 // paths, as the hardware conversion makes it).
 void WidenRow(const OpsContext& ctx, DType type, const uint16_t* x, int64_t n, float* out);
 
+// The widest head the quantized-KV kernels take (DotRowsQuant, DotRowsK*, ...).
+inline constexpr int64_t kMaxQuantHeadDim = 256;
+
+// Attention over cached rows stored as q8_0 / q4_0 (the `-ctk q8_0|q4_0` KV cache types, written a
+// row at a time as tokens arrive): row i starts at rows + i * row_bytes and holds blocks of 32
+// values with one fp16 scale each, byte for byte ggml's (kvl/quant.h); columns [col, col + n) of
+// each row are read (a head's channels; col need not be a block boundary). Exactly what DotRows /
+// AxpyRows on the same ISA give over those columns dequantized to f32 (the values of
+// quant::DequantizeRow), so the summation order is that of the f32 cache and a sequence's rows
+// give the same result however they are split into runs. The rows are dequantized a few at a
+// time into registers or a small stack buffer, never into a copy of the run.
+// type is DType::kQ8_0 or DType::kQ4_0; n <= kMaxQuantHeadDim.
+void DotRowsQuant(const OpsContext& ctx, DType type, const float* q, const uint8_t* rows,
+                  int64_t row_bytes, int64_t col, int64_t count, int64_t n, float scale,
+                  float* out);
+void AxpyRowsQuant(const OpsContext& ctx, DType type, const float* weights, const uint8_t* rows,
+                   int64_t row_bytes, int64_t col, int64_t count, int64_t n, float* y);
+// Columns [col, col + n) of one q8_0 / q4_0 row as f32: the values quant::DequantizeRow gives, on
+// every ISA (the kernel DotRowsQuant / AxpyRowsQuant read rows through).
+void DequantizeCols(const OpsContext& ctx, DType type, const uint8_t* row, int64_t col, int64_t n,
+                    float* out);
+
 // One layer of one compressed KV page ("KIVI" layout, built by kvl/kv_codec.h, which owns the
 // format; the kernels below only read it). rows = the page's block_tokens, kv_dim = n_kv_heads *
 // head_dim; row_bytes = kv_dim (int8) or kv_dim / 2 (int4, two codes per byte: channel 2j in the
@@ -164,7 +186,6 @@ struct QuantKvLayerView {
 //   DotRowsK*:  out[i] = scale * sum_c q[c] * K[first_row + i][head_offset + c]
 //   AxpyRowsV*: y[c] += sum_i weights[i] * V[first_row + i][head_offset + c]
 // The Int8 / Int4 entry points require page.bits to match; DotRowsK / AxpyRowsV pick by page.bits.
-inline constexpr int64_t kMaxQuantHeadDim = 256;
 void DotRowsKInt8(const OpsContext& ctx, const float* q, const QuantKvLayerView& page,
                   int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim,
                   float scale, float* out);
