@@ -1,0 +1,114 @@
+// When an action cannot be carried out, the lattice says why and, where the policy leaves it a
+// choice, takes another: a full tier falls back to the next cheapest action; a cost model that
+// prices keeping above a slow tier still moves pages (keeping is no answer when the pool is
+// short); and a fixed policy with nowhere to go fails with the tier's own reason.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "kvl/engine.h"
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+constexpr int64_t kPageBytes = 16 * 1280;  // stories260K: one 16-token f32 page
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string finish;
+  Status error;
+  EngineMetrics metrics;
+};
+
+Outcome Generate(const EngineOptions& o, int32_t n) {
+  Outcome out;
+  auto created = Engine::Create(o);
+  EXPECT_TRUE(created.ok()) << created.status().ToString();
+  if (!created.ok()) return out;
+  Engine& e = **created;
+  Request r;
+  r.prompt = testing::StoryPrompts()[0];
+  r.max_new_tokens = n;
+  r.sampling.temperature = 0;
+  r.ignore_eos = true;
+  EXPECT_TRUE(e.Submit(r, [&](const TokenEvent& ev) {
+                 if (ev.token >= 0) out.tokens.push_back(ev.token);
+                 if (ev.finished) {
+                   out.finish = ev.finish_reason;
+                   out.error = ev.error;
+                 }
+               }).ok());
+  e.RunUntilIdle();
+  out.metrics = e.Metrics();
+  return out;
+}
+
+EngineOptions Options(int64_t budget_pages) {
+  EngineOptions o;
+  o.model_path = testing::Stories260KPath();
+  o.num_threads = 1;
+  o.context_length = 512;
+  o.max_seqs = 1;
+  o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.kv_stream_reserve = 0.5;
+  o.calibrate = false;
+  o.profile_path = ::testing::TempDir() + "/kvl-failures-no-profile-" + std::to_string(getpid());
+  return o;
+}
+
+int64_t Pages(const EngineMetrics& m, KvAction a) {
+  return m.kv_actions[static_cast<size_t>(a)].pages;
+}
+
+TEST(KvFailuresTest, APricyDiskIsStillUsedWhenThePoolMustShrink) {
+  // A profile describing a very slow disk: demoting a page prices far above keeping it. Under
+  // pressure the page has to leave all the same, and the disk is the only lossless place.
+  const std::string disk = ::testing::TempDir() + "/kvl-slow-disk-" + std::to_string(getpid());
+  EngineOptions o = Options(24);
+  o.kv_tiers = {"disk:" + disk + ":64MiB:scratch"};
+  MachineProfile slow;
+  slow.recompute_page_tokens = 16;
+  slow.recompute_from_tokens_ms = 1e6;
+  slow.recompute_from_residual_ms = 1e6;
+  slow.memory_copy_gbps = 10;
+  slow.disk_read_gbps = slow.disk_write_gbps = 1e-6;  // a kilobyte per second
+  slow.disk_random_read_median_us = 1e6;
+  o.cost_profile = slow;
+  EngineOptions keep = Options(64);
+  const Outcome all = Generate(keep, 300);
+  const Outcome paged = Generate(o, 300);
+  EXPECT_EQ(paged.finish, "length") << paged.error.ToString();
+  EXPECT_EQ(paged.tokens, all.tokens);
+  EXPECT_GT(Pages(paged.metrics, KvAction::kDemoteDisk), 5);
+}
+
+TEST(KvFailuresTest, AFullTierFallsBackToTheNextCheapestActionUnderAuto) {
+  // The RAM tier holds two pages' layers; once it is full, auto with balanced quality
+  // compresses instead (and the run completes).
+  EngineOptions o = Options(24);
+  o.kv_tiers = {"ram:" + std::to_string(2 * kPageBytes)};
+  o.kv_quality = "balanced";
+  const Outcome run = Generate(o, 300);
+  EXPECT_EQ(run.finish, "length") << run.error.ToString();
+  EXPECT_EQ(run.tokens.size(), 300u);
+  const int64_t demoted = Pages(run.metrics, KvAction::kDemoteRam);
+  const int64_t compressed = Pages(run.metrics, KvAction::kCompressInt8) +
+                             Pages(run.metrics, KvAction::kCompressInt4);
+  EXPECT_LE(demoted, 2);  // what the tier holds
+  EXPECT_GT(compressed, 0) << "demoted " << demoted;
+}
+
+TEST(KvFailuresTest, AFixedPolicyWithAFullTierFailsWithTheTiersReason) {
+  EngineOptions o = Options(24);
+  o.kv_tiers = {"ram:" + std::to_string(2 * kPageBytes)};
+  o.kv_policy = "demote";
+  const Outcome run = Generate(o, 400);
+  EXPECT_EQ(run.finish, "error");
+  EXPECT_EQ(run.error.code(), StatusCode::kResourceExhausted);
+  // The tier's own words, not only the budget's.
+  EXPECT_NE(run.error.message().find("the ram tier"), std::string::npos) << run.error.message();
+  EXPECT_NE(run.error.message().find("free"), std::string::npos) << run.error.message();
+}
+
+}  // namespace
+}  // namespace kvl
