@@ -69,15 +69,6 @@ StatusOr<std::vector<std::vector<float>>> FinalLogits(const Model& model,
   return out;
 }
 
-std::vector<double> Softmax(const std::vector<float>& logits) {
-  const double max = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(logits.size());
-  double sum = 0;
-  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp(logits[i] - max);
-  for (double& x : p) x /= sum;
-  return p;
-}
-
 }  // namespace
 
 StatusOr<KvTypeQuality> MeasureKvTypeQuality(const Model& model, const Tokenizer& tokenizer,
@@ -98,14 +89,10 @@ StatusOr<KvTypeQuality> MeasureKvTypeQuality(const Model& model, const Tokenizer
   KVL_ASSIGN_OR_RETURN(const auto got, FinalLogits(model, prompts, ops, type_k, type_v));
   KvTypeQuality q;
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const std::vector<double> p = Softmax(want[i]), r = Softmax(got[i]);
-    double kld = 0;
-    for (size_t j = 0; j < p.size(); ++j) {
-      if (p[j] > 0) kld += p[j] * std::log(p[j] / std::max(r[j], 1e-300));
-    }
-    q.mean_kld += kld;
-    q.top1 += std::max_element(p.begin(), p.end()) - p.begin() ==
-              std::max_element(r.begin(), r.end()) - r.begin();
+    const ops::LogitsDivergence d = ops::CompareLogits(
+        want[i].data(), got[i].data(), static_cast<int64_t>(want[i].size()));
+    q.mean_kld += d.kld;
+    q.top1 += d.same_top1;
   }
   q.num_prompts = static_cast<int>(prompts.size());
   q.mean_kld /= q.num_prompts;

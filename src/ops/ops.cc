@@ -1,6 +1,8 @@
 // Validation and run-time dispatch for every op: the one place that knows which ISA tables exist.
 #include "kvl/ops.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstdlib>
 #include <iterator>
@@ -462,6 +464,30 @@ void AxpyRowsV(const OpsContext& ctx, const float* weights, const QuantKvLayerVi
 
 void DequantizeRow(DType type, const void* row, int64_t n, float* out) {
   quant::DequantizeRow(type, row, n, out);
+}
+
+LogitsDivergence CompareLogits(const float* reference, const float* other, int64_t n) {
+  KVL_CHECK(n > 0);
+  int64_t top_ref = 0, top_other = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (reference[i] > reference[top_ref]) top_ref = i;
+    if (other[i] > other[top_other]) top_other = i;
+  }
+  // log-softmax of each row: x - max - log(sum(exp(x - max))).
+  auto log_norm = [n](const float* x, double max) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - max);
+    return max + std::log(sum);
+  };
+  const double norm_ref = log_norm(reference, reference[top_ref]);
+  const double norm_other = log_norm(other, other[top_other]);
+  double kld = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double log_p = static_cast<double>(reference[i]) - norm_ref;
+    const double log_q = static_cast<double>(other[i]) - norm_other;
+    kld += std::exp(log_p) * (log_p - log_q);
+  }
+  return {std::max(0.0, kld), top_ref == top_other};
 }
 
 }  // namespace kvl::ops

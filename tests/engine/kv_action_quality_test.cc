@@ -151,15 +151,6 @@ class PagedRun {
   std::unique_ptr<KvTier> tier_;
 };
 
-std::vector<double> Probabilities(const std::vector<float>& logits) {
-  const double max = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> p(logits.size());
-  double sum = 0;
-  for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp(logits[i] - max);
-  for (double& x : p) x /= sum;
-  return p;
-}
-
 struct Quality {
   double mean_kld = 0;
   double top1 = 0;
@@ -216,12 +207,10 @@ class KvActionQualityTest : public ::testing::Test {
         const std::vector<float>& want = keep_logits[static_cast<size_t>(pos)];
         q.bit_identical =
             q.bit_identical && std::memcmp(got.data(), want.data(), got.size() * 4) == 0;
-        const std::vector<double> p = Probabilities(want), r = Probabilities(got);
-        for (size_t i = 0; i < p.size(); ++i) {
-          if (p[i] > 0) prompt_kld += p[i] * std::log(p[i] / std::max(r[i], 1e-300));
-        }
-        agree += std::max_element(p.begin(), p.end()) - p.begin() ==
-                 std::max_element(r.begin(), r.end()) - r.begin();
+        const ops::LogitsDivergence d =
+            ops::CompareLogits(want.data(), got.data(), static_cast<int64_t>(want.size()));
+        prompt_kld += d.kld;
+        agree += d.same_top1;
         resident += run.resident_fraction();
         ++prompt_count;
       }

@@ -14,16 +14,6 @@
 namespace kvl {
 namespace {
 
-std::vector<double> Softmax(const float* logits, int64_t n) {
-  double max = logits[0];
-  for (int64_t i = 1; i < n; ++i) max = std::max(max, static_cast<double>(logits[i]));
-  std::vector<double> p(static_cast<size_t>(n));
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += p[static_cast<size_t>(i)] = std::exp(logits[i] - max);
-  for (double& x : p) x /= sum;
-  return p;
-}
-
 struct Quality {
   double mean_kld = 0;
   double top1_agreement = 0;
@@ -62,19 +52,13 @@ Quality Measure(KvCodecType type) {
       TokenBatch b;
       b.Add(next, kPromptLen + s, 0, true);
       keep.forward.Run(b, *keep.kv);
-      const std::vector<double> p = Softmax(keep.forward.logits(0), vocab);
       lossy.forward.Run(b, *lossy.kv);
-      const std::vector<double> q = Softmax(lossy.forward.logits(0), vocab);
-      double kld = 0;
-      for (size_t i = 0; i < p.size(); ++i) {
-        if (p[i] > 0) kld += p[i] * std::log(p[i] / std::max(q[i], 1e-300));
-      }
-      kld_sum += kld;
-      const int32_t top_p = static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
-      const int32_t top_q = static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin());
-      agree += top_p == top_q;
+      const float* want = keep.forward.logits(0);
+      const ops::LogitsDivergence d = ops::CompareLogits(want, lossy.forward.logits(0), vocab);
+      kld_sum += d.kld;
+      agree += d.same_top1;
       ++count;
-      next = top_p;
+      next = static_cast<int32_t>(std::max_element(want, want + vocab) - want);
     }
   }
   return {kld_sum / static_cast<double>(count), static_cast<double>(agree) / count};

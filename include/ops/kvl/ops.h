@@ -94,6 +94,15 @@ void Rope(const OpsContext& ctx, float* x, int64_t n_heads, int64_t head_dim, co
 // In place: x = exp(x - max) / sum over n elements.
 void Softmax(const OpsContext& ctx, float* x, int64_t n);
 
+// How far a row of logits is from a reference row (n values each), for the quality of lossy KV:
+// KL(reference || other) of their softmax distributions in nats (computed in double), and
+// whether both put their largest logit on the same token. Scalar; not for the per-token step.
+struct LogitsDivergence {
+  double kld = 0;
+  bool same_top1 = false;
+};
+LogitsDivergence CompareLogits(const float* reference, const float* other, int64_t n);
+
 // gate[i] = silu(gate[i]) * up[i].
 void SwiGlu(const OpsContext& ctx, float* gate, const float* up, int64_t n);
 
