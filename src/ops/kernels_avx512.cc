@@ -564,6 +564,7 @@ void Rope(float* x, int64_t n_heads, int64_t head_dim, const float* cos, const f
 const KernelTable& Avx512Kernels() {
   static const KernelTable table = {
       .matmul_tile = MatMulTile,
+      .matmul_packed_tile = Avx512MatMulPackedTile,
       .quantize_acts = QuantizeActs,
       .rms_norm = RmsNorm,
       .rope = Rope,

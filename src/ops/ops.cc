@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <string>
 
@@ -31,12 +32,65 @@ bool IsQuantized(DType type) { return type == DType::kQ8_0 || type == DType::kQ4
 // activations (64 tokens) both fit in L2 beside each other. Decode streams weights from DRAM, where
 // long sequential runs matter more than fine balance: each thread gets two long runs of rows
 // (measured on SmolLM-135M Q8_0 decode: 95 tok/s with 32-row chunks, 110 with two runs per thread).
+// Packed weights are tiled by panels of 16 rows (kPanelRows), two at a time in prefill.
 constexpr int64_t kTokenTile = 64;
-int64_t RowChunk(int64_t n_tokens, int64_t rows, int num_threads) {
+int64_t RowChunk(int64_t n_tokens, int64_t rows, int num_threads, bool packed) {
   if (n_tokens >= 16) return 64;
   const int64_t parts = 2 * static_cast<int64_t>(num_threads);
-  const int64_t chunk = ((rows + parts - 1) / parts + 3) / 4 * 4;  // a multiple of the 4-row tile
+  const int64_t tile = packed ? kPanelRows : 4;
+  const int64_t chunk = ((rows + parts - 1) / parts + tile - 1) / tile * tile;
   return std::max<int64_t>(16, chunk);
+}
+
+// The per-block sums of a quantized activation row (kernel_table.h); plain code, the same
+// integers on every ISA.
+void StoreActSums(int64_t cols, uint8_t* row) {
+  const auto* q = reinterpret_cast<const int8_t*>(row);
+  auto* sums = reinterpret_cast<int32_t*>(row + ActSumsOffset(cols));
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += q[b * 32 + j];
+    sums[b] = s;
+  }
+}
+
+// One Q8_0 / Q4_0 block's 32 signed values and f16 scale bits, from the GGUF layout.
+void ReadBlock(DType type, const uint8_t* block, int8_t (&values)[32], uint16_t& scale_bits) {
+  __builtin_memcpy(&scale_bits, block, 2);
+  for (int j = 0; j < 32; ++j) {
+    if (type == DType::kQ8_0) {
+      values[j] = static_cast<int8_t>(block[2 + j]);
+    } else {
+      const uint8_t byte = block[2 + (j & 15)];
+      values[j] = static_cast<int8_t>((j < 16 ? (byte & 0xF) : (byte >> 4)) - 8);
+    }
+  }
+}
+
+// Writes one row's blocks into a packed panel (layout: kernel_table.h); row i of the panel.
+void PackRow(DType type, const uint8_t* row, int64_t cols, int64_t i, uint8_t* panel) {
+  const int64_t block_bytes = type == DType::kQ8_0 ? 34 : 18;
+  const int64_t quant_bytes = PackedBlockQuantBytes(type);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int8_t v[32];
+    uint16_t scale_bits;
+    ReadBlock(type, row + b * block_bytes, v, scale_bits);
+    uint8_t* pair = panel + (b / 2) * PackedPairBytes(type);
+    uint8_t* quants = pair + (b % 2) * quant_bytes;
+    __builtin_memcpy(pair + 2 * quant_bytes + (b % 2) * 32 + 2 * i, &scale_bits, 2);
+    for (int j = 0; j < 4; ++j) {
+      if (type == DType::kQ8_0) {
+        for (int g = 0; g < 8; ++g) {
+          quants[g * 64 + i * 4 + j] = static_cast<uint8_t>(v[4 * g + j] + 128);
+        }
+      } else {
+        for (int u = 0; u < 4; ++u) {
+          const int lo = v[8 * u + j] + 8, hi = v[8 * u + 4 + j] + 8;
+          quants[u * 64 + i * 4 + j] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -146,6 +200,31 @@ void OpsContext::Reserve(int64_t max_tokens, int64_t max_cols) {
   if (bytes > scratch_.size()) scratch_.resize(bytes);
 }
 
+bool PacksMatrix(Isa isa, DType type) {
+  return IsQuantized(type) && TableFor(isa).matmul_packed_tile != nullptr;
+}
+
+PackedMatrix PackMatrix(Isa isa, const MatrixView& w) {
+  KVL_CHECK(w.layout == MatrixLayout::kRows && w.data != nullptr && w.rows > 0);
+  PackedMatrix packed;
+  packed.view_ = w;
+  if (!PacksMatrix(isa, w.type)) return packed;
+  KVL_CHECK(w.cols % 32 == 0 && w.row_bytes == RowBytes(w.type, w.cols));
+  const int64_t panel_bytes = PackedPanelBytes(w.type, w.cols);
+  packed.bytes_ = static_cast<size_t>(PackedPanels(w.rows) * panel_bytes);
+  packed.storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, packed.bytes_)));
+  KVL_CHECK_MSG(packed.storage_ != nullptr, "PackMatrix: out of memory");
+  uint8_t* out = packed.storage_.get();
+  std::memset(out, 0, packed.bytes_);  // padding rows and blocks: zero quants, zero scales
+  for (int64_t r = 0; r < w.rows; ++r) {
+    PackRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_bytes, w.cols, r % kPanelRows,
+            out + (r / kPanelRows) * panel_bytes);
+  }
+  packed.view_.data = out;
+  packed.view_.layout = MatrixLayout::kPacked;
+  return packed;
+}
+
 void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_tokens, float* y) {
   MatMulGroup(ctx, std::span<const MatrixView>(&w, 1), x, n_tokens, std::span<float* const>(&y, 1));
 }
@@ -167,6 +246,8 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
                   "MatMul: unsupported weight type");
     KVL_CHECK_MSG(w.row_bytes == RowBytes(w.type, w.cols),
                   "MatMul: row_bytes != RowBytes(type, cols)");
+    KVL_CHECK_MSG(w.layout == MatrixLayout::kRows || PacksMatrix(ctx.isa(), w.type),
+                  "MatMul: weights packed for another ISA");
   }
   if (n_tokens == 0) return;
   const KernelTable& k = ctx.kernels();
@@ -187,6 +268,7 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
       const int64_t t1 = std::min(n_tokens, (task + 1) * kQuantTokens);
       for (int64_t t = task * kQuantTokens; t < t1; ++t) {
         k.quantize_acts(x + t * cols, cols, out + t * stride);
+        StoreActSums(cols, out + t * stride);
       }
     });
   }
@@ -203,7 +285,8 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
     args[m].x = quantized ? nullptr : x;
     args[m].acts = acts;
     args[m].act_stride = quantized ? stride : 0;
-    row_chunk[m] = RowChunk(n_tokens, ws[m].rows, pool.num_threads());
+    row_chunk[m] = RowChunk(n_tokens, ws[m].rows, pool.num_threads(),
+                            ws[m].layout == MatrixLayout::kPacked);
     n_row_chunks[m] = (ws[m].rows + row_chunk[m] - 1) / row_chunk[m];
     first_task[m + 1] = first_task[m] + n_row_chunks[m] * n_token_tiles;
   }
@@ -213,8 +296,9 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
     const int64_t local = task - first_task[m];
     const int64_t rc = local % n_row_chunks[m];
     const int64_t tt = local / n_row_chunks[m];
-    k.matmul_tile(args[m], rc * row_chunk[m], std::min(ws[m].rows, (rc + 1) * row_chunk[m]),
-                  tt * kTokenTile, std::min(n_tokens, (tt + 1) * kTokenTile));
+    const auto tile = ws[m].layout == MatrixLayout::kPacked ? k.matmul_packed_tile : k.matmul_tile;
+    tile(args[m], rc * row_chunk[m], std::min(ws[m].rows, (rc + 1) * row_chunk[m]),
+         tt * kTokenTile, std::min(n_tokens, (tt + 1) * kTokenTile));
   });
 }
 
