@@ -64,8 +64,12 @@ void Forward::PackWeights() {
   const ops::Isa isa = ops_.isa();
   packed_.reserve(static_cast<size_t>(7 * config_.num_layers + 1));
   const auto pack = [&](const MatrixView& w) {
-    packed_.push_back(ops::PackMatrix(isa, w));
-    packed_bytes_ += packed_.back().bytes();
+    packed_.push_back(ops::PackMatrix(isa, w, ops_.pool()));
+    const size_t bytes = packed_.back().bytes();
+    packed_bytes_ += bytes;
+    // The copy replaces the original: its mmapped pages leave the resident set (the file stays in
+    // the page cache, where other processes share it).
+    if (bytes > 0) model_.file().DropPages(w.data, static_cast<size_t>(w.rows * w.row_bytes));
     return packed_.back().view();
   };
   for (int64_t l = 0; l < config_.num_layers; ++l) {

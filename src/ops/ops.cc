@@ -204,7 +204,7 @@ bool PacksMatrix(Isa isa, DType type) {
   return IsQuantized(type) && TableFor(isa).matmul_packed_tile != nullptr;
 }
 
-PackedMatrix PackMatrix(Isa isa, const MatrixView& w) {
+PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool) {
   KVL_CHECK(w.layout == MatrixLayout::kRows && w.data != nullptr && w.rows > 0);
   PackedMatrix packed;
   packed.view_ = w;
@@ -215,10 +215,18 @@ PackedMatrix PackMatrix(Isa isa, const MatrixView& w) {
   packed.storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, packed.bytes_)));
   KVL_CHECK_MSG(packed.storage_ != nullptr, "PackMatrix: out of memory");
   uint8_t* out = packed.storage_.get();
-  std::memset(out, 0, packed.bytes_);  // padding rows and blocks: zero quants, zero scales
-  for (int64_t r = 0; r < w.rows; ++r) {
-    PackRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_bytes, w.cols, r % kPanelRows,
-            out + (r / kPanelRows) * panel_bytes);
+  auto pack_panel = [&](int64_t p, int) {
+    uint8_t* panel = out + p * panel_bytes;
+    std::memset(panel, 0, static_cast<size_t>(panel_bytes));  // padding: zero quants and scales
+    for (int64_t r = p * kPanelRows; r < std::min(w.rows, (p + 1) * kPanelRows); ++r) {
+      PackRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_bytes, w.cols,
+              r % kPanelRows, panel);
+    }
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(PackedPanels(w.rows), pack_panel);
+  } else {
+    for (int64_t p = 0; p < PackedPanels(w.rows); ++p) pack_panel(p, 0);
   }
   packed.view_.data = out;
   packed.view_.layout = MatrixLayout::kPacked;

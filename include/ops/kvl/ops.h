@@ -92,7 +92,7 @@ class PackedMatrix {
   size_t bytes() const { return bytes_; }
 
  private:
-  friend PackedMatrix PackMatrix(Isa isa, const MatrixView& w);
+  friend PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool);
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
   };
@@ -104,8 +104,9 @@ class PackedMatrix {
 // Whether PackMatrix repacks a matrix of this type for isa.
 bool PacksMatrix(Isa isa, DType type);
 // w (layout kRows) repacked for isa's kernels; see PackedMatrix. With the batch-invariant kernels
-// the packed matrix gives bit-identical results to the scalar path on the original.
-PackedMatrix PackMatrix(Isa isa, const MatrixView& w);
+// the packed matrix gives bit-identical results to the scalar path on the original. Panels are
+// packed in parallel on pool when given.
+PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool = nullptr);
 
 // Several matrices with the same input (Q/K/V, or gate/up) in one parallel region: the input is
 // quantized once and one loop covers every matrix's rows, saving a thread-pool round trip and a
