@@ -135,19 +135,10 @@ constexpr PackedTileFn kDecodeTiles[kDecodeNT] = {
 
 template <DType T>
 void MatMulPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-  const int64_t p0 = r0 / kPanelRows;
-  const int64_t p1 = PackedPanels(r1);
-  if (t1 - t0 <= kDecodeNT) {
-    for (int64_t p = p0; p < p1; ++p) kDecodeTiles<T>[t1 - t0 - 1](a, p, t0);
-    return;
-  }
-  for (int64_t p = p0; p < p1; p += kMR) {
-    const int64_t mr = std::min<int64_t>(kMR, p1 - p);
-    for (int64_t t = t0; t < t1; t += kNT) {
-      const int64_t nt = std::min<int64_t>(kNT, t1 - t);
-      kPackedTiles<T>[mr - 1][nt - 1](a, p, t);
-    }
-  }
+  ForEachTile<kDecodeNT, kMR, kNT>(
+      r0 / kPanelRows, PackedPanels(r1), t0, t1,
+      [&](int64_t p, int64_t nt) { kDecodeTiles<T>[nt - 1](a, p, t0); },
+      [&](int64_t p, int64_t t, int64_t mr, int64_t nt) { kPackedTiles<T>[mr - 1][nt - 1](a, p, t); });
 }
 
 }  // namespace

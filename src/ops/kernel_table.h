@@ -3,6 +3,7 @@
 // compile flags.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kvl/ops.h"
@@ -42,6 +43,23 @@ inline int64_t PackedPanelBytes(DType type, int64_t cols) {
   return (cols / 32 + 1) / 2 * PackedPairBytes(type);
 }
 inline int64_t PackedPanels(int64_t rows) { return (rows + kPanelRows - 1) / kPanelRows; }
+
+// Covers units [u0, u1) (weight rows, or panels of rows) x tokens [t0, t1) with a kernel's tiles.
+// Up to kWide tokens (decode of a few sequences): one unit at a time against all of them,
+// wide(u, n_tokens), so a thread streams its weights in one sequential run. Otherwise tiles of up
+// to MR units x NR tokens, tile(u, t, mr, nr), units outer so a tile's weights stay in cache for
+// every token. Kernels give every output the same operations whatever its tile.
+template <int64_t kWide, int64_t MR, int64_t NR, typename WideFn, typename TileFn>
+inline void ForEachTile(int64_t u0, int64_t u1, int64_t t0, int64_t t1, WideFn&& wide,
+                        TileFn&& tile) {
+  if (t1 - t0 <= kWide) {
+    for (int64_t u = u0; u < u1; ++u) wide(u, t1 - t0);
+    return;
+  }
+  for (int64_t u = u0; u < u1; u += MR) {
+    for (int64_t t = t0; t < t1; t += NR) tile(u, t, std::min(MR, u1 - u), std::min(NR, t1 - t));
+  }
+}
 
 // One MatMul call as the tile kernels see it. Exactly one of x / acts is used, by weight type.
 struct MatMulArgs {

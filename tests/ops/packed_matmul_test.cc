@@ -10,40 +10,14 @@
 
 #include "kvl/ops.h"
 #include "kvl/quant.h"
+#include "ops/matmul_test_util.h"
 
 namespace kvl::ops {
 namespace {
 
-struct Weights {
-  DType type;
-  int64_t rows, cols;
-  std::vector<uint8_t> bytes;
-  MatrixView view() const { return {type, bytes.data(), rows, cols, RowBytes(type, cols)}; }
-};
-
-Weights MakeWeights(DType type, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Weights w{type, rows, cols, {}};
-  const int64_t rb = RowBytes(type, cols);
-  w.bytes.resize(static_cast<size_t>(rb * rows));
-  std::vector<float> row(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    // Rows of very different magnitudes, and some extreme values, so the scales vary per block.
-    const float mag = std::ldexp(1.0f, static_cast<int>(r % 7) - 3);
-    for (float& v : row) v = dist(rng) * mag;
-    if (r % 5 == 0) row[r % cols] = 40.0f * mag;
-    quant::QuantizeRow(type, row.data(), cols, w.bytes.data() + r * rb);
-  }
-  return w;
-}
-
-std::vector<float> RandomVec(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  // Saturating activations (a block whose max is far above the rest) and an all-zero block.
+// Activations with a saturating block (one value far above the rest) and an all-zero block.
+std::vector<float> ExtremeVec(int64_t n, uint32_t seed) {
+  std::vector<float> v = RandomVec(n, seed);
   if (n >= 64) {
     v[5] = 1e3f;
     for (int j = 32; j < 64; ++j) v[j] = 0.0f;
@@ -81,11 +55,11 @@ TEST(PackedMatMulTest, MatchesScalarBitExactOnOddShapes) {
       if (!PacksMatrix(isa, type)) continue;
       for (int64_t cols : {32, 64, 96, 224, 1056}) {  // odd and even block counts
         for (int64_t rows : {1, 15, 16, 17, 33, 70}) {  // partial, whole and several panels
-          const Weights w = MakeWeights(type, rows, cols, ++seed);
+          const Weights w = MakeWeights(type, rows, cols, ++seed, true);
           const PackedMatrix packed = PackMatrix(isa, w.view());
           ASSERT_EQ(packed.view().layout, MatrixLayout::kPacked);
           for (int64_t tokens : {1, 2, 5, 8, 9, 13, 31}) {
-            const std::vector<float> x = RandomVec(tokens * cols, ++seed);
+            const std::vector<float> x = ExtremeVec(tokens * cols, ++seed);
             const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), tokens);
             ExpectBitIdentical(RunPacked(isa, 2, packed.view(), x.data(), tokens), ref,
                                std::string(IsaName(isa)) + " " + std::string(DTypeName(type)) +
@@ -106,9 +80,9 @@ TEST(PackedMatMulTest, BatchAndThreadInvariant) {
     for (DType type : kQuantTypes) {
       if (!PacksMatrix(isa, type)) continue;
       const int64_t cols = 352, rows = 100;  // 11 blocks; 6 full panels and a partial one
-      const Weights w = MakeWeights(type, rows, cols, ++seed);
+      const Weights w = MakeWeights(type, rows, cols, ++seed, true);
       const PackedMatrix packed = PackMatrix(isa, w.view());
-      const std::vector<float> x = RandomVec(64 * cols, ++seed);
+      const std::vector<float> x = ExtremeVec(64 * cols, ++seed);
       const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), 64);
       for (int threads : {1, 2}) {
         for (int64_t n = 1; n <= 64; ++n) {
