@@ -54,39 +54,32 @@ void StoreActSums(int64_t cols, uint8_t* row) {
   }
 }
 
-// One Q8_0 / Q4_0 block's 32 signed values and f16 scale bits, from the GGUF layout.
-void ReadBlock(DType type, const uint8_t* block, int8_t (&values)[32], uint16_t& scale_bits) {
-  __builtin_memcpy(&scale_bits, block, 2);
-  for (int j = 0; j < 32; ++j) {
-    if (type == DType::kQ8_0) {
-      values[j] = static_cast<int8_t>(block[2 + j]);
-    } else {
-      const uint8_t byte = block[2 + (j & 15)];
-      values[j] = static_cast<int8_t>((j < 16 ? (byte & 0xF) : (byte >> 4)) - 8);
-    }
-  }
-}
-
 // Writes one row's blocks into a packed panel (layout: kernel_table.h); row i of the panel.
 void PackRow(DType type, const uint8_t* row, int64_t cols, int64_t i, uint8_t* panel) {
   const int64_t block_bytes = type == DType::kQ8_0 ? 34 : 18;
   const int64_t quant_bytes = PackedBlockQuantBytes(type);
   for (int64_t b = 0; b < cols / 32; ++b) {
-    int8_t v[32];
-    uint16_t scale_bits;
-    ReadBlock(type, row + b * block_bytes, v, scale_bits);
+    const uint8_t* block = row + b * block_bytes;
     uint8_t* pair = panel + (b / 2) * PackedPairBytes(type);
-    uint8_t* quants = pair + (b % 2) * quant_bytes;
-    __builtin_memcpy(pair + 2 * quant_bytes + (b % 2) * 32 + 2 * i, &scale_bits, 2);
-    for (int j = 0; j < 4; ++j) {
-      if (type == DType::kQ8_0) {
-        for (int g = 0; g < 8; ++g) {
-          quants[g * 64 + i * 4 + j] = static_cast<uint8_t>(v[4 * g + j] + 128);
-        }
-      } else {
-        for (int u = 0; u < 4; ++u) {
-          const int lo = v[8 * u + j] + 8, hi = v[8 * u + 4 + j] + 8;
-          quants[u * 64 + i * 4 + j] = static_cast<uint8_t>(lo | (hi << 4));
+    uint8_t* quants = pair + (b % 2) * quant_bytes + i * 4;
+    std::memcpy(pair + 2 * quant_bytes + (b % 2) * 32 + 2 * i, block, 2);  // f16 scale
+    if (type == DType::kQ8_0) {
+      // Elements 4g..4g+3 go to vector g, each w + 128 (flipping the sign bit of 4 bytes at once).
+      for (int g = 0; g < 8; ++g) {
+        uint32_t four;
+        std::memcpy(&four, block + 2 + 4 * g, 4);
+        four ^= 0x80808080u;
+        std::memcpy(quants + g * 64, &four, 4);
+      }
+    } else {
+      // The stored nibbles already are w + 8: element e < 16 is the low nibble of byte e, element
+      // e >= 16 the high nibble of byte e - 16.
+      const auto nibble = [&](int e) {
+        return e < 16 ? block[2 + e] & 0xF : block[2 + e - 16] >> 4;
+      };
+      for (int u = 0; u < 4; ++u) {
+        for (int j = 0; j < 4; ++j) {
+          quants[u * 64 + j] = static_cast<uint8_t>(nibble(8 * u + j) | nibble(8 * u + 4 + j) << 4);
         }
       }
     }
