@@ -1,16 +1,21 @@
-// MatMul throughput on TinyLlama-1.1B shapes: decode (1 token, reports weight GB/s) and prefill
-// (512 tokens, reports GFLOP/s), for each weight type, on the best ISA (KVL_ISA may lower it).
+// MatMul throughput at llama-family projection shapes (TinyLlama-1.1B and Llama-7B) for batches
+// of M = 1 .. 512 tokens, against the machine's measured int8 ceiling.
 //
-// Build: g++ -O3 -std=c++20 -Iinclude bench/matmul_bench.cc build-ops/libkvl_ops.a \
-//          build-ops/libkvl_quant.a build-ops/libkvl_base.a -lfmt -lpthread
-// Usage: matmul_bench [threads=2] [--json] [--type=q8_0]... [--cpu-time]
+// For Q8_0 / Q4_0 each shape and M is timed twice in the same run: on the weights as stored in
+// GGUF ("rows", the 1x8 / 4x4 tile kernels) and repacked by ops::PackMatrix ("packed", the int8
+// GEMM), with GOPS (2 ops per multiply-add) and the fraction of the vpdpbusd peak, which the
+// benchmark measures itself on the same threads (vnni_peak_avx512.cc; only when the CPU has VNNI).
+// F16 / F32 are timed at M = 1 and 512 on the TinyLlama shapes.
+//
+// Usage: matmul_bench [threads=2] [--json] [--type=q8_0]... [--shapes=tinyllama|llama7b|all]
+//                     [--m=1,8,512] [--cpu-time]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <ctime>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -19,12 +24,24 @@
 #include "kvl/quant.h"
 #include "kvl/thread_pool.h"
 
+namespace kvl::bench {
+double MeasureVnniPeakGops(int threads, int64_t iters);
+}  // namespace kvl::bench
+
 namespace {
 
 struct Shape {
-  int64_t rows;
-  int64_t cols;
+  const char* model;
   const char* name;
+  int64_t rows;  // N: outputs
+  int64_t cols;  // K: reduction
+};
+
+constexpr Shape kShapes[] = {
+    {"tinyllama", "attn_q/o", 2048, 2048},  {"tinyllama", "attn_k/v", 256, 2048},
+    {"tinyllama", "ffn_gate/up", 5632, 2048}, {"tinyllama", "ffn_down", 2048, 5632},
+    {"llama7b", "attn_qkvo", 4096, 4096},   {"llama7b", "ffn_gate/up", 11008, 4096},
+    {"llama7b", "ffn_down", 4096, 11008},
 };
 
 // Wall time, or with --cpu-time this thread's CPU time: on a loaded machine that measures the
@@ -39,13 +56,44 @@ double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Best-of-N seconds per call over about 0.25 s of calls (at least 3): the machine is shared, and
+// the minimum is the least noisy estimate.
+template <typename Fn>
+double BestSeconds(Fn&& fn) {
+  fn();  // warm-up
+  const double t_probe = Seconds();
+  fn();
+  const double probe = Seconds() - t_probe;
+  const int reps = std::max(3, static_cast<int>(0.25 / std::max(probe, 1e-6)));
+  double best = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    const double t0 = Seconds();
+    fn();
+    best = std::min(best, Seconds() - t0);
+  }
+  return best;
+}
+
+std::vector<int64_t> ParseList(const char* s) {
+  std::vector<int64_t> out;
+  for (const char* p = s; *p != '\0';) {
+    out.push_back(std::atoll(p));
+    const char* comma = std::strchr(p, ',');
+    if (comma == nullptr) break;
+    p = comma + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace kvl;
   int threads = 2;
   bool json = false;
+  std::string shapes_wanted = "all";
   std::vector<std::string> only_types;
+  std::vector<int64_t> ms = {1, 2, 4, 8, 16, 64, 128, 512};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
@@ -53,80 +101,97 @@ int main(int argc, char** argv) {
       g_cpu_time = true;
     } else if (std::strncmp(argv[i], "--type=", 7) == 0) {
       only_types.push_back(argv[i] + 7);
+    } else if (std::strncmp(argv[i], "--shapes=", 9) == 0) {
+      shapes_wanted = argv[i] + 9;
+    } else if (std::strncmp(argv[i], "--m=", 4) == 0) {
+      ms = ParseList(argv[i] + 4);
     } else {
       threads = std::atoi(argv[i]);
     }
   }
-  const Shape shapes[] = {{2048, 2048, "attn_q/o"}, {256, 2048, "attn_k/v"}, {5632, 2048, "ffn_gate/up"},
-                          {2048, 5632, "ffn_down"}, {32000, 2048, "output"}};
+  // K-quants have no packed layout yet: their rows kernels are measured beside the others.
   const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
                          DType::kQ6_K, DType::kF16, DType::kF32};
-  const int64_t token_counts[] = {1, 512};
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
 
   ThreadPool pool(threads);
   const ops::Isa isa = ops::BestIsa();
   ops::OpsContext ctx(isa, &pool);
-  ctx.Reserve(512, 5632);
+  ctx.Reserve(std::max<int64_t>(max_m, 512), 11008);
+  // The ceiling: only where the avx512 table (which requires VNNI) runs.
+  const bool has_vnni = isa == ops::Isa::kAvx512;
+  const double peak = has_vnni ? bench::MeasureVnniPeakGops(threads, 10'000'000) : 0.0;
   std::printf("isa=%s threads=%d cpu: %s\n", std::string(ops::IsaName(isa)).c_str(), threads,
               ops::CpuFeatureString().c_str());
-  std::printf("%-6s %-12s %6s %6s %6s %10s %10s %8s\n", "type", "tensor", "rows", "cols", "tokens",
-              "ms/call", "GFLOP/s", "GB/s");
+  if (has_vnni) std::printf("vpdpbusd peak: %.0f int8 GOPS on %d threads\n", peak, threads);
+  std::printf("%-6s %-9s %-11s %6s %6s %4s | %9s %8s | %9s %8s %6s | %7s\n", "type", "model",
+              "tensor", "N", "K", "M", "rows ms", "GOPS", "packed ms", "GOPS", "%peak", "speedup");
   std::string json_rows;
 
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(512 * 5632);
+  std::vector<float> x(static_cast<size_t>(std::max<int64_t>(max_m, 512) * 11008));
   for (float& v : x) v = dist(rng);
-  std::vector<float> y(512 * 32000);
+  std::vector<float> y(static_cast<size_t>(std::max<int64_t>(max_m, 512) * 11008));
 
   for (DType type : types) {
+    const std::string type_name(DTypeName(type));
     if (!only_types.empty() &&
-        std::find(only_types.begin(), only_types.end(), std::string(DTypeName(type))) == only_types.end()) {
+        std::find(only_types.begin(), only_types.end(), type_name) == only_types.end()) {
       continue;
     }
-    for (const Shape& s : shapes) {
-      // Quantize a random matrix row by row (the quantizer is the reference, so this is slow-ish).
+    const bool quantized = type == DType::kQ8_0 || type == DType::kQ4_0;
+    for (const Shape& s : kShapes) {
+      if (shapes_wanted != "all" && shapes_wanted != s.model) continue;
+      if (!quantized && std::strcmp(s.model, "tinyllama") != 0) continue;
       const int64_t row_bytes = RowBytes(type, s.cols);
       std::vector<uint8_t> w(static_cast<size_t>(row_bytes * s.rows));
-      std::vector<float> row(s.cols);
+      std::vector<float> row(static_cast<size_t>(s.cols));
       for (int64_t r = 0; r < s.rows; ++r) {
         for (float& v : row) v = dist(rng) * 0.02f;
         quant::QuantizeRow(type, row.data(), s.cols, w.data() + r * row_bytes);
       }
       const ops::MatrixView view{type, w.data(), s.rows, s.cols, row_bytes};
-      for (int64_t tokens : token_counts) {
-        const double flops = 2.0 * s.rows * s.cols * tokens;
-        // About 0.3 s of work per measurement, at least 3 calls.
-        ops::MatMul(ctx, view, x.data(), tokens, y.data());  // warm-up
-        const double t_probe = Seconds();
-        ops::MatMul(ctx, view, x.data(), tokens, y.data());
-        const double probe = Seconds() - t_probe;
-        const int reps = std::max(3, static_cast<int>(0.3 / std::max(probe, 1e-6)));
-        double best = 1e30;
-        for (int rep = 0; rep < reps; ++rep) {
-          const double t0 = Seconds();
-          ops::MatMul(ctx, view, x.data(), tokens, y.data());
-          best = std::min(best, Seconds() - t0);
+      const ops::PackedMatrix packed = ops::PackMatrix(isa, view);
+      const bool has_packed = packed.bytes() > 0;
+      for (int64_t m : ms) {
+        if (!quantized && m != 1 && m != 512) continue;
+        const double ops_count = 2.0 * static_cast<double>(s.rows * s.cols * m);
+        const double t_rows =
+            BestSeconds([&] { ops::MatMul(ctx, view, x.data(), m, y.data()); });
+        const double t_packed =
+            has_packed ? BestSeconds([&] { ops::MatMul(ctx, packed.view(), x.data(), m, y.data()); })
+                       : t_rows;
+        const double gops_rows = ops_count / t_rows * 1e-9;
+        const double gops_packed = ops_count / t_packed * 1e-9;
+        const double frac = peak > 0 ? gops_packed / peak : 0.0;
+        std::printf("%-6s %-9s %-11s %6ld %6ld %4ld | %9.3f %8.1f | ", type_name.c_str(), s.model,
+                    s.name, static_cast<long>(s.rows), static_cast<long>(s.cols),
+                    static_cast<long>(m), t_rows * 1e3, gops_rows);
+        if (has_packed) {
+          std::printf("%9.3f %8.1f %5.1f%% | %6.2fx\n", t_packed * 1e3, gops_packed, 100 * frac,
+                      t_rows / t_packed);
+        } else {
+          std::printf("%9s %8s %6s | %7s\n", "-", "-", "-", "-");
         }
-        // Best-of-N: the machine is shared, and the minimum is the least noisy estimate.
-        const double gflops = flops / best * 1e-9;
-        const double gbs = static_cast<double>(w.size()) / best * 1e-9;
-        std::printf("%-6s %-12s %6ld %6ld %6ld %10.3f %10.1f %8s\n", std::string(DTypeName(type)).c_str(),
-                    s.name, static_cast<long>(s.rows), static_cast<long>(s.cols), static_cast<long>(tokens),
-                    best * 1e3, gflops, tokens == 1 ? std::to_string(gbs).substr(0, 5).c_str() : "-");
         std::fflush(stdout);
-        char buf[256];
+        char buf[512];
         std::snprintf(buf, sizeof(buf),
-                      "%s{\"type\":\"%s\",\"rows\":%ld,\"cols\":%ld,\"tokens\":%ld,\"ms\":%.4f,"
-                      "\"gflops\":%.2f,\"gbs\":%.2f}",
-                      json_rows.empty() ? "" : ",", std::string(DTypeName(type)).c_str(),
-                      static_cast<long>(s.rows), static_cast<long>(s.cols), static_cast<long>(tokens),
-                      best * 1e3, gflops, gbs);
+                      "%s{\"type\":\"%s\",\"model\":\"%s\",\"tensor\":\"%s\",\"n\":%ld,\"k\":%ld,"
+                      "\"m\":%ld,\"rows_ms\":%.4f,\"rows_gops\":%.2f,\"packed_ms\":%.4f,"
+                      "\"packed_gops\":%.2f,\"peak_fraction\":%.4f,\"weight_gbs\":%.2f}",
+                      json_rows.empty() ? "" : ",", type_name.c_str(), s.model, s.name,
+                      static_cast<long>(s.rows), static_cast<long>(s.cols), static_cast<long>(m),
+                      t_rows * 1e3, gops_rows, has_packed ? t_packed * 1e3 : 0.0,
+                      has_packed ? gops_packed : 0.0, has_packed ? frac : 0.0,
+                      static_cast<double>(w.size()) / std::min(t_rows, t_packed) * 1e-9);
         json_rows += buf;
       }
     }
   }
-  if (json) std::printf("{\"isa\":\"%s\",\"threads\":%d,\"results\":[%s]}\n",
-                        std::string(ops::IsaName(isa)).c_str(), threads, json_rows.c_str());
+  if (json) {
+    std::printf("{\"isa\":\"%s\",\"threads\":%d,\"vnni_peak_gops\":%.1f,\"results\":[%s]}\n",
+                std::string(ops::IsaName(isa)).c_str(), threads, peak, json_rows.c_str());
+  }
   return 0;
 }

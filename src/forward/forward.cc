@@ -1,5 +1,6 @@
 #include "kvl/forward.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -67,6 +68,29 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
   // Quantized activations for the widest matmul input (dim, q_dim or ffn_dim).
   ops_.Reserve(std::max(b, options_.max_logit_rows),
                std::max({c.dim, c.q_dim(), c.ffn_dim}));
+  PackWeights();
+}
+
+void Forward::PackWeights() {
+  const auto start = std::chrono::steady_clock::now();
+  const ops::Isa isa = ops_.isa();
+  packed_.reserve(static_cast<size_t>(7 * config_.num_layers + 1));
+  const auto pack = [&](const MatrixView& w) {
+    packed_.push_back(ops::PackMatrix(isa, w, ops_.pool()));
+    const size_t bytes = packed_.back().bytes();
+    packed_bytes_ += bytes;
+    // The copy replaces the original: its mmapped pages leave the resident set (the file stays in
+    // the page cache, where other processes share it).
+    if (bytes > 0) model_.file().DropPages(w.data, static_cast<size_t>(w.rows * w.row_bytes));
+    return packed_.back().view();
+  };
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    LayerWeights w = model_.layer(l);
+    for (MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) *m = pack(*m);
+    layers_.push_back(w);
+  }
+  output_ = pack(model_.output());
+  pack_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 const float* Forward::logits(int64_t row) const {
@@ -84,7 +108,7 @@ void Forward::Run(const TokenBatch& batch, KvCache& kv) {
   ComputeRopeAngles(batch);
   PlanAttentionMass(batch, kv);  // the same tokens feed the accumulators on every layer
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = model_.layer(l);
+    const LayerWeights& w = layers_[static_cast<size_t>(l)];
     // The layer's input is the residual checkpoint K and V can be rebuilt from later.
     for (int64_t t = 0; t < n; ++t) {
       const size_t i = static_cast<size_t>(t);
@@ -173,7 +197,7 @@ void Forward::RebuildKvFromResiduals(const TokenBatch& batch, KvCache& kv) {
   KVL_CHECK(n > 0 && n <= options_.max_batch_tokens);
   ComputeRopeAngles(batch);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = model_.layer(l);
+    const LayerWeights& w = layers_[static_cast<size_t>(l)];
     for (int64_t t = 0; t < n; ++t) {
       const size_t i = static_cast<size_t>(t);
       const float* checkpoint = kv.ResidualAt(batch.seq_ids[i], l, batch.positions[i]);
@@ -191,7 +215,7 @@ void Forward::RebuildKvFromResiduals(const TokenBatch& batch, KvCache& kv) {
 void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions,
                              int64_t n, DType k_type, void* k_out, DType v_type, void* v_out) {
   const ModelConfig& c = config_;
-  const LayerWeights& w = model_.layer(layer);
+  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
   const int64_t half = c.head_dim / 2;
   const int64_t chunk = options_.max_batch_tokens;  // rebuild_cos_ / rebuild_sin_ hold a chunk
   for (int64_t begin = 0; begin < n; begin += chunk) {
@@ -393,7 +417,7 @@ void Forward::Logits(const TokenBatch& batch) {
     ++num_logit_rows_;
   }
   if (num_logit_rows_ > 0) {
-    ops::MatMul(ops_, model_.output(), logit_in_.data(), num_logit_rows_, logits_.data());
+    ops::MatMul(ops_, output_, logit_in_.data(), num_logit_rows_, logits_.data());
   }
 }
 

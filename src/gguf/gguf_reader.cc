@@ -277,6 +277,17 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   return file;
 }
 
+void GgufFile::DropPages(const void* data, size_t bytes) const {
+  if (!owns_mapping_) return;
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  KVL_CHECK(begin >= reinterpret_cast<uintptr_t>(base_) &&
+            begin + bytes <= reinterpret_cast<uintptr_t>(base_) + size_);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+  // Advice only: a failure leaves the pages resident, which is what happens without it.
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 GgufFile::~GgufFile() {
   if (owns_mapping_ && base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), size_);
 }

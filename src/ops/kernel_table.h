@@ -3,6 +3,7 @@
 // compile flags.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kvl/ops.h"
@@ -14,11 +15,51 @@ inline int64_t AlignUp64(int64_t n) { return (n + 63) & ~int64_t{63}; }
 
 // Activations quantized for Q8_0/Q4_0 weights, one row per token:
 //   [blocks*32] int8 values (signed, q = rint(x / d)), padded to 64 bytes,
-//   [blocks] float scales d = amax / 127 (kept in fp32, unlike llama.cpp's fp16), padded.
+//   [blocks] float scales d = amax / 127 (kept in fp32, unlike llama.cpp's fp16), padded,
+//   [blocks] int32 sums of each block's 32 values (for the packed kernels' unsigned-weight
+//   correction; filled by ops.cc after quantize_acts), padded.
 // Quantization is the same function of a row on every ISA, so the quantized bytes never depend on
 // the ISA, the batch or the thread.
 inline int64_t ActScalesOffset(int64_t cols) { return AlignUp64(cols); }
-inline int64_t ActRowStride(int64_t cols) { return AlignUp64(cols) + AlignUp64(cols / 32 * 4); }
+inline int64_t ActSumsOffset(int64_t cols) { return AlignUp64(cols) + AlignUp64(cols / 32 * 4); }
+inline int64_t ActRowStride(int64_t cols) { return ActSumsOffset(cols) + AlignUp64(cols / 32 * 4); }
+
+// The packed layout of Q8_0 / Q4_0 weights (MatrixLayout::kPacked, built by PackMatrix) for int8
+// dot-product kernels whose vector lanes are 16 output rows (vpdpbusd: 16 int32 lanes, 4 bytes
+// each). Rows are grouped in panels of 16 (the last one padded with zero rows); a panel is
+// contiguous, its blocks in order, two blocks at a time:
+//   [quants of block 2p][quants of block 2p + 1][16 f16 scales of 2p][16 f16 scales of 2p + 1]
+// (a missing last block of an odd count is zeros), so a pair takes the bytes of 16 rows x 2 blocks
+// in the GGUF layout and stays 64-byte aligned. One block's quants, in 64-byte vectors:
+//   Q8_0: vector g < 8 holds elements 4g..4g+3 of the 16 rows, row i at bytes 4i..4i+3, each
+//         stored as w + 128 (unsigned, as vpdpbusd wants its first operand);
+//   Q4_0: vector v < 4 holds elements 8v..8v+3 (low nibbles) and 8v+4..8v+7 (high nibbles) of the
+//         16 rows, row i at bytes 4i..4i+3, each the stored nibble w + 8.
+// A kernel takes sum((w + C) * x) - C * sum(x) with C = 128 or 8: the same integer as sum(w * x).
+inline constexpr int64_t kPanelRows = 16;
+inline int64_t PackedBlockQuantBytes(DType type) { return type == DType::kQ8_0 ? 512 : 256; }
+inline int64_t PackedPairBytes(DType type) { return 2 * PackedBlockQuantBytes(type) + 64; }
+inline int64_t PackedPanelBytes(DType type, int64_t cols) {
+  return (cols / 32 + 1) / 2 * PackedPairBytes(type);
+}
+inline int64_t PackedPanels(int64_t rows) { return (rows + kPanelRows - 1) / kPanelRows; }
+
+// Covers units [u0, u1) (weight rows, or panels of rows) x tokens [t0, t1) with a kernel's tiles.
+// Up to kWide tokens (decode of a few sequences): one unit at a time against all of them,
+// wide(u, n_tokens), so a thread streams its weights in one sequential run. Otherwise tiles of up
+// to MR units x NR tokens, tile(u, t, mr, nr), units outer so a tile's weights stay in cache for
+// every token. Kernels give every output the same operations whatever its tile.
+template <int64_t kWide, int64_t MR, int64_t NR, typename WideFn, typename TileFn>
+inline void ForEachTile(int64_t u0, int64_t u1, int64_t t0, int64_t t1, WideFn&& wide,
+                        TileFn&& tile) {
+  if (t1 - t0 <= kWide) {
+    for (int64_t u = u0; u < u1; ++u) wide(u, t1 - t0);
+    return;
+  }
+  for (int64_t u = u0; u < u1; u += MR) {
+    for (int64_t t = t0; t < t1; t += NR) tile(u, t, std::min(MR, u1 - u), std::min(NR, t1 - t));
+  }
+}
 
 // One MatMul call as the tile kernels see it. Exactly one of x / acts is used, by weight type.
 struct MatMulArgs {
@@ -33,6 +74,12 @@ struct KernelTable {
   // Computes y[t][r] for r in [r0, r1), t in [t0, t1). Every y element gets the same sequence of
   // float operations whatever the range it is computed in (batch invariance; see ops.h).
   void (*matmul_tile)(const MatMulArgs& args, int64_t r0, int64_t r1, int64_t t0, int64_t t1);
+  // The same for Q8_0 / Q4_0 weights in the packed layout above (r0 a multiple of kPanelRows).
+  // Null: this ISA has no packed kernel, and PackMatrix leaves weights as they are. Each output is
+  // exactly what the scalar matmul_tile gives: every block's int32 dot, converted to float, times
+  // (weight scale * activation scale), added in block order to an accumulator starting at 0.
+  void (*matmul_packed_tile)(const MatMulArgs& args, int64_t r0, int64_t r1, int64_t t0,
+                             int64_t t1) = nullptr;
   // Quantizes one row of cols floats (cols % 32 == 0) into the activation layout above. Must give
   // the same bytes on every ISA.
   void (*quantize_acts)(const float* x, int64_t cols, uint8_t* out);
@@ -99,6 +146,9 @@ void ScalarDequantizeCols(DType type, const uint8_t* row, int64_t col, int64_t n
 using DequantizeBlockFn = void (*)(DType type, const uint8_t* block, float* out);
 void DequantizeColsBy(DequantizeBlockFn block, DType type, const uint8_t* row, int64_t col,
                       int64_t n, float* out);
+
+// The packed int8 GEMM (gemm_avx512.cc): KernelTable::matmul_packed_tile for kAvx512.
+void Avx512MatMulPackedTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1);
 
 // Compressed-KV attention kernels (kv_kernels_scalar.cc, kv_kernels_avx512.cc); arguments are
 // validated by ops.cc before any of these runs.

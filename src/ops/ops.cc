@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <string>
 
@@ -37,12 +38,58 @@ bool IsQuantized(DType type) {
 // activations (64 tokens) both fit in L2 beside each other. Decode streams weights from DRAM, where
 // long sequential runs matter more than fine balance: each thread gets two long runs of rows
 // (measured on SmolLM-135M Q8_0 decode: 95 tok/s with 32-row chunks, 110 with two runs per thread).
+// Packed weights are tiled by panels of 16 rows (kPanelRows), two at a time in prefill.
 constexpr int64_t kTokenTile = 64;
-int64_t RowChunk(int64_t n_tokens, int64_t rows, int num_threads) {
+int64_t RowChunk(int64_t n_tokens, int64_t rows, int num_threads, bool packed) {
   if (n_tokens >= 16) return 64;
   const int64_t parts = 2 * static_cast<int64_t>(num_threads);
-  const int64_t chunk = ((rows + parts - 1) / parts + 3) / 4 * 4;  // a multiple of the 4-row tile
+  const int64_t tile = packed ? kPanelRows : 4;
+  const int64_t chunk = ((rows + parts - 1) / parts + tile - 1) / tile * tile;
   return std::max<int64_t>(16, chunk);
+}
+
+// The per-block sums of a quantized activation row (kernel_table.h); plain code, the same
+// integers on every ISA.
+void StoreActSums(int64_t cols, uint8_t* row) {
+  const auto* q = reinterpret_cast<const int8_t*>(row);
+  auto* sums = reinterpret_cast<int32_t*>(row + ActSumsOffset(cols));
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += q[b * 32 + j];
+    sums[b] = s;
+  }
+}
+
+// Writes one row's blocks into a packed panel (layout: kernel_table.h); row i of the panel.
+void PackRow(DType type, const uint8_t* row, int64_t cols, int64_t i, uint8_t* panel) {
+  const int64_t block_bytes = type == DType::kQ8_0 ? 34 : 18;
+  const int64_t quant_bytes = PackedBlockQuantBytes(type);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const uint8_t* block = row + b * block_bytes;
+    uint8_t* pair = panel + (b / 2) * PackedPairBytes(type);
+    uint8_t* quants = pair + (b % 2) * quant_bytes + i * 4;
+    std::memcpy(pair + 2 * quant_bytes + (b % 2) * 32 + 2 * i, block, 2);  // f16 scale
+    if (type == DType::kQ8_0) {
+      // Elements 4g..4g+3 go to vector g, each w + 128 (flipping the sign bit of 4 bytes at once).
+      for (int g = 0; g < 8; ++g) {
+        uint32_t four;
+        std::memcpy(&four, block + 2 + 4 * g, 4);
+        four ^= 0x80808080u;
+        std::memcpy(quants + g * 64, &four, 4);
+      }
+    } else {
+      // The stored nibbles already are w + 8: element e < 16 is the low nibble of byte e, element
+      // e >= 16 the high nibble of byte e - 16.
+      const auto nibble = [&](int e) {
+        return e < 16 ? block[2 + e] & 0xF : block[2 + e - 16] >> 4;
+      };
+      for (int u = 0; u < 4; ++u) {
+        for (int j = 0; j < 4; ++j) {
+          quants[u * 64 + j] = static_cast<uint8_t>(nibble(8 * u + j) | nibble(8 * u + 4 + j) << 4);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -152,6 +199,41 @@ void OpsContext::Reserve(int64_t max_tokens, int64_t max_cols) {
   if (bytes > scratch_.size()) scratch_.resize(bytes);
 }
 
+bool PacksMatrix(Isa isa, DType type) {
+  // The packed layout holds 32-value blocks of q8_0 / q4_0; K-quants keep their row kernels.
+  return (type == DType::kQ8_0 || type == DType::kQ4_0) &&
+         TableFor(isa).matmul_packed_tile != nullptr;
+}
+
+PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool) {
+  KVL_CHECK(w.layout == MatrixLayout::kRows && w.data != nullptr && w.rows > 0);
+  PackedMatrix packed;
+  packed.view_ = w;
+  if (!PacksMatrix(isa, w.type)) return packed;
+  KVL_CHECK(w.cols % 32 == 0 && w.row_bytes == RowBytes(w.type, w.cols));
+  const int64_t panel_bytes = PackedPanelBytes(w.type, w.cols);
+  packed.bytes_ = static_cast<size_t>(PackedPanels(w.rows) * panel_bytes);
+  packed.storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, packed.bytes_)));
+  KVL_CHECK_MSG(packed.storage_ != nullptr, "PackMatrix: out of memory");
+  uint8_t* out = packed.storage_.get();
+  auto pack_panel = [&](int64_t p, int) {
+    uint8_t* panel = out + p * panel_bytes;
+    std::memset(panel, 0, static_cast<size_t>(panel_bytes));  // padding: zero quants and scales
+    for (int64_t r = p * kPanelRows; r < std::min(w.rows, (p + 1) * kPanelRows); ++r) {
+      PackRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_bytes, w.cols,
+              r % kPanelRows, panel);
+    }
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(PackedPanels(w.rows), pack_panel);
+  } else {
+    for (int64_t p = 0; p < PackedPanels(w.rows); ++p) pack_panel(p, 0);
+  }
+  packed.view_.data = out;
+  packed.view_.layout = MatrixLayout::kPacked;
+  return packed;
+}
+
 void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_tokens, float* y) {
   MatMulGroup(ctx, std::span<const MatrixView>(&w, 1), x, n_tokens, std::span<float* const>(&y, 1));
 }
@@ -175,6 +257,8 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
                   "MatMul: row_bytes != RowBytes(type, cols)");
     KVL_CHECK_MSG(!IsKQuant(w.type) || w.cols <= kMaxKQuantCols,
                   "MatMul: K-quant rows wider than kMaxKQuantCols");
+    KVL_CHECK_MSG(w.layout == MatrixLayout::kRows || PacksMatrix(ctx.isa(), w.type),
+                  "MatMul: weights packed for another ISA");
   }
   if (n_tokens == 0) return;
   const KernelTable& k = ctx.kernels();
@@ -195,6 +279,7 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
       const int64_t t1 = std::min(n_tokens, (task + 1) * kQuantTokens);
       for (int64_t t = task * kQuantTokens; t < t1; ++t) {
         k.quantize_acts(x + t * cols, cols, out + t * stride);
+        StoreActSums(cols, out + t * stride);
       }
     });
   }
@@ -211,7 +296,8 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
     args[m].x = quantized ? nullptr : x;
     args[m].acts = acts;
     args[m].act_stride = quantized ? stride : 0;
-    row_chunk[m] = RowChunk(n_tokens, ws[m].rows, pool.num_threads());
+    row_chunk[m] = RowChunk(n_tokens, ws[m].rows, pool.num_threads(),
+                            ws[m].layout == MatrixLayout::kPacked);
     n_row_chunks[m] = (ws[m].rows + row_chunk[m] - 1) / row_chunk[m];
     first_task[m + 1] = first_task[m] + n_row_chunks[m] * n_token_tiles;
   }
@@ -222,7 +308,9 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
     const int64_t local = task - first_task[m];
     const int64_t rc = local % n_row_chunks[m];
     const int64_t tt = local / n_row_chunks[m];
-    const MatMulTileFn tile = IsKQuant(ws[m].type) ? kquant_tile : k.matmul_tile;
+    const MatMulTileFn tile = ws[m].layout == MatrixLayout::kPacked ? k.matmul_packed_tile
+                              : IsKQuant(ws[m].type)                  ? kquant_tile
+                                                                      : k.matmul_tile;
     tile(args[m], rc * row_chunk[m], std::min(ws[m].rows, (rc + 1) * row_chunk[m]),
          tt * kTokenTile, std::min(n_tokens, (tt + 1) * kTokenTile));
   });

@@ -415,5 +415,18 @@ TEST(GgufReaderTest, RealStories260KModel) {
   }
 }
 
+// Dropped pages of a mapped file come back with the file's bytes when read again.
+TEST(GgufReaderTest, DroppedPagesReadBackUnchanged) {
+  auto file = GgufFile::Open(std::string(KVL_SHARED_MODELS_DIR) + "/stories260K.gguf");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const GgufFile& f = **file;
+  const GgufTensorInfo* embd = f.FindTensor("token_embd.weight");
+  ASSERT_NE(embd, nullptr);
+  const std::vector<uint8_t> before(embd->data, embd->data + embd->num_bytes);
+  f.DropPages(embd->data, embd->num_bytes);
+  f.DropPages(f.data(), f.file_size());  // the whole file, unaligned ends included
+  EXPECT_EQ(std::vector<uint8_t>(embd->data, embd->data + embd->num_bytes), before);
+}
+
 }  // namespace
 }  // namespace kvl

@@ -9,41 +9,10 @@
 
 #include "kvl/ops.h"
 #include "kvl/quant.h"
+#include "ops/matmul_test_util.h"
 
 namespace kvl::ops {
 namespace {
-
-struct Weights {
-  DType type;
-  int64_t rows, cols;
-  std::vector<uint8_t> bytes;
-  std::vector<float> dequant;  // [rows][cols]
-  MatrixView view() const { return {type, bytes.data(), rows, cols, RowBytes(type, cols)}; }
-};
-
-Weights MakeWeights(DType type, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Weights w{type, rows, cols, {}, {}};
-  const int64_t rb = RowBytes(type, cols);
-  w.bytes.resize(static_cast<size_t>(rb * rows));
-  w.dequant.resize(static_cast<size_t>(rows * cols));
-  std::vector<float> row(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (float& v : row) v = dist(rng);
-    quant::QuantizeRow(type, row.data(), cols, w.bytes.data() + r * rb);
-    quant::DequantizeRow(type, w.bytes.data() + r * rb, cols, w.dequant.data() + r * cols);
-  }
-  return w;
-}
-
-std::vector<float> RandomVec(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 std::vector<float> RunMatMul(Isa isa, int threads, const Weights& w, const std::vector<float>& x,
                        int64_t n_tokens) {

@@ -47,14 +47,20 @@ std::string_view DTypeName(DType type);
 // Parses a type name: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", ... (case-insensitive).
 std::optional<DType> ParseDType(std::string_view name);
 
+// How a MatrixView's bytes are laid out. kRows: the stored (GGUF) format, row r at
+// data + r * row_bytes. kPacked: repacked at load time by ops::PackMatrix into the layout one ISA's
+// matmul kernel streams best; only ops/ reads it.
+enum class MatrixLayout : uint8_t { kRows, kPacked };
+
 // A matrix W[rows][cols] (rows = outputs) in its stored format, usually inside the mmap of a
-// model file. Row r starts at data + r * row_bytes.
+// model file, or repacked (layout kPacked).
 struct MatrixView {
   DType type = DType::kF32;
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t row_bytes = 0;  // RowBytes(type, cols)
+  int64_t row_bytes = 0;  // RowBytes(type, cols), whatever the layout
+  MatrixLayout layout = MatrixLayout::kRows;
 };
 
 // Bytes of a row of n elements; n must be a multiple of the block size (checked).

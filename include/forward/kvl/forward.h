@@ -61,6 +61,10 @@ class Forward final : public KvRebuilder {
   const float* logits(int64_t row) const;  // [vocab]
   int64_t num_logit_rows() const { return num_logit_rows_; }
   const ForwardOptions& options() const { return options_; }
+  // The weights repacked at construction for the ISA's int8 GEMM (ops::PackMatrix): their bytes
+  // (0 where the ISA keeps the stored layout) and the seconds packing took.
+  size_t packed_bytes() const { return packed_bytes_; }
+  double pack_seconds() const { return pack_seconds_; }
 
  private:
   void Embed(const TokenBatch& batch);
@@ -81,10 +85,22 @@ class Forward final : public KvRebuilder {
                     std::initializer_list<float*> ys);
   void Logits(const TokenBatch& batch);
 
+  // Repacks every projection and the output matrix for ops_'s ISA (see packed_bytes()).
+  void PackWeights();
+
   const Model& model_;
   const ModelConfig& config_;
   ops::OpsContext& ops_;
   ForwardOptions options_;
+  // The weights the matmuls read: the model's views, with Q8_0 / Q4_0 ones replaced by packed
+  // copies where the ISA has a packed kernel. The packed copies replace the mmapped originals
+  // (which Forward no longer reads) rather than adding to them; the token embedding stays in the
+  // file, read a row at a time.
+  std::vector<ops::PackedMatrix> packed_;
+  std::vector<LayerWeights> layers_;  // [layer]
+  MatrixView output_;                 // [vocab][dim]
+  size_t packed_bytes_ = 0;
+  double pack_seconds_ = 0.0;
 
   // Activations, sized for max_batch_tokens rows.
   std::vector<float> x_;       // [tokens][dim] residual stream

@@ -101,6 +101,11 @@ class GgufFile {
   size_t file_size() const { return size_; }
   // The whole file (mapped, or the caller's buffer); tensor data pointers lie inside it.
   const uint8_t* data() const { return base_; }
+  // Tells the kernel that [data, data + bytes) of a mapped file will not be read for a while (its
+  // content was copied elsewhere, e.g. weights repacked at load): the whole pages inside the range
+  // leave this process's resident set. Reading them again later is still correct (they come back
+  // from the file). No-op for a caller's buffer.
+  void DropPages(const void* data, size_t bytes) const;
   const std::string& path() const { return path_; }
 
   const std::vector<GgufKeyValue>& metadata() const { return metadata_; }

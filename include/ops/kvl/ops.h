@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,7 +74,40 @@ class OpsContext {
 // to 8 bits per 32-element block (as llama.cpp does), using VNNI where present; so do the K-quant
 // weights Q4_K, Q5_K and Q6_K (cols a multiple of 256, at most 32768).
 // Multithreaded over rows and tokens, never over the reduction dimension.
+// w may be packed (PackMatrix) for ctx's ISA.
 void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_tokens, float* y);
+
+// A weight matrix repacked once, at model load, into the layout the ISA's int8 GEMM streams best
+// (Q8_0 / Q4_0 on AVX-512 VNNI: panels of 16 rows, 4 bytes per row per vector, see
+// src/ops/kernel_table.h). The packed copy takes the bytes of the original (for a row count that is
+// a multiple of 16 and an even block count; otherwise up to 15 zero rows and one zero block per
+// panel more), and the original is no longer read, so its mmapped pages can be dropped.
+// view() is what MatMul takes; it may only be used with an OpsContext of the ISA it was packed for.
+// Where the ISA has no packed kernel for the type, view() is the original matrix and nothing is
+// owned. Movable, not copyable (the copy would cost the matrix's bytes).
+class PackedMatrix {
+ public:
+  PackedMatrix() = default;
+  const MatrixView& view() const { return view_; }
+  // Bytes owned (0 when view() is the original).
+  size_t bytes() const { return bytes_; }
+
+ private:
+  friend PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool);
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t[], Free> storage_;
+  size_t bytes_ = 0;
+  MatrixView view_;
+};
+
+// Whether PackMatrix repacks a matrix of this type for isa.
+bool PacksMatrix(Isa isa, DType type);
+// w (layout kRows) repacked for isa's kernels; see PackedMatrix. With the batch-invariant kernels
+// the packed matrix gives bit-identical results to the scalar path on the original. Panels are
+// packed in parallel on pool when given.
+PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool = nullptr);
 
 // Several matrices with the same input (Q/K/V, or gate/up) in one parallel region: the input is
 // quantized once and one loop covers every matrix's rows, saving a thread-pool round trip and a
