@@ -27,9 +27,9 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over the layers that handle user input and memory
-# the most: the KV manager, pager and tiers, the GGUF reader, the engine and the CLI (which runs
-# the sanitized kvl binary). Any report fails the run.
-SANITIZED_TESTS = test_kv test_gguf test_engine test_cli
+# the most: the KV manager, pager and tiers, the GGUF reader, the engine, the CLI and the server
+# (which run the sanitized kvl binary). Any report fails the run.
+SANITIZED_TESTS = test_kv test_gguf test_engine test_cli test_server
 sanitize: deps
 	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVL_SANITIZE=ON
 	cmake --build $(BUILD)-asan -j $(JOBS) --target $(SANITIZED_TESTS) kvl
