@@ -39,6 +39,7 @@ int RunParsed(const ParsedCommand& cmd) {
     case ParsedCommand::Kind::kInspect: return InspectCommand(cmd.inspect);
     case ParsedCommand::Kind::kSynth: return SynthCommand(cmd.synth);
     case ParsedCommand::Kind::kBench: return BenchCommand(cmd.bench);
+    case ParsedCommand::Kind::kBenchServe: return BenchServeCommand(cmd.bench_serve);
     case ParsedCommand::Kind::kCalibrate: return CalibrateCommand(cmd.calibrate);
   }
   return 1;

@@ -74,6 +74,26 @@ struct BenchArgs {
 };
 int BenchCommand(const BenchArgs& args);
 
+// `kvl bench serve`: a load generator against a running OpenAI-compatible server (vllm bench
+// serve style). N requests to POST /v1/completions at a concurrency or a Poisson rate.
+struct BenchServeArgs {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;
+  int num_requests = 100;      // -n
+  int concurrency = 0;         // --concurrency C (0: unset; default 1 when --rate is unset too)
+  double rate = 0;             // --rate R requests/s, Poisson arrivals (0: unset)
+  int prompt_tokens = 64;      // --prompt-tokens P: words per prompt (about a token each)
+  int shared_prefix = 0;       // --shared-prefix T: the first ~T words are the same in every prompt
+  int max_tokens = 64;         // --max-tokens M
+  bool stream = false;         // --stream: SSE, TTFT = first token frame, ITL between frames
+  std::string output = "md";   // -o md|json
+  std::string model;           // --model NAME (default: the server's)
+  double timeout_s = 60;       // --timeout: per-request limit in seconds
+  uint64_t seed = 1;           // prompt words and arrival times
+};
+int BenchServeCommand(const BenchServeArgs& args);
+
 struct CalibrateArgs {
   std::string model_path;  // -m: the profile is measured at this model's shapes
   int num_threads = 0;     // -t: 0 = every core

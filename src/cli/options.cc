@@ -180,7 +180,8 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
 
   BenchArgs& bench = cmd.bench;
   CLI::App* bench_cmd = app.add_subcommand("bench", "llama-bench style prompt and decode speed");
-  bench_cmd->add_option("-m,--model", bench.model_paths, "GGUF model file(s)")->required();
+  // Not required by CLI11: `bench serve` has no model (ValidateBenchArgs asks for it).
+  bench_cmd->add_option("-m,--model", bench.model_paths, "GGUF model file(s)");
   bench_cmd->add_option("-p,--n-prompt", bench.prompt_lengths, "prompt lengths (pp tests)")
       ->delimiter(',');
   bench_cmd->add_option("-n,--n-gen", bench.gen_lengths, "generated lengths (tg tests)")
@@ -206,6 +207,31 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   bench_cmd->add_option("--cache-type-v", bench.cache_types_v, "KV cache types for values (-ctv)")
       ->delimiter(',')
       ->capture_default_str();
+
+  BenchServeArgs& bs = cmd.bench_serve;
+  CLI::App* bs_cmd = bench_cmd->add_subcommand(
+      "serve", "load generator against a running server's /v1/completions (vllm bench serve style)");
+  bs_cmd->add_option("--host", bs.host, "server host")->capture_default_str();
+  bs_cmd->add_option("--port", bs.port, "server port")->capture_default_str();
+  bs_cmd->add_option("--api-key", bs.api_key, "sent as Authorization: Bearer KEY");
+  bs_cmd->add_option("-n,--num-requests", bs.num_requests, "requests in all")->capture_default_str();
+  CLI::Option* conc_opt =
+      bs_cmd->add_option("--concurrency", bs.concurrency, "requests in flight at once (default 1)");
+  bs_cmd->add_option("--rate", bs.rate, "requests per second, Poisson arrivals")->excludes(conc_opt);
+  bs_cmd->add_option("--prompt-tokens", bs.prompt_tokens, "words per prompt (about a token each)")
+      ->capture_default_str();
+  bs_cmd->add_option("--shared-prefix", bs.shared_prefix,
+                     "words at the start of every prompt that are the same (prefix cache)")
+      ->capture_default_str();
+  bs_cmd->add_option("--max-tokens", bs.max_tokens, "max_tokens of each request")
+      ->capture_default_str();
+  bs_cmd->add_flag("--stream", bs.stream, "stream (SSE): TTFT at the first token frame, ITL");
+  bs_cmd->add_option("-o,--output", bs.output, "md | json")->capture_default_str();
+  bs_cmd->add_option("--model", bs.model, "model name sent (default: the server's)");
+  bs_cmd->add_option("--timeout", bs.timeout_s, "per-request limit in seconds")
+      ->capture_default_str();
+  std::string bs_seed;
+  CLI::Option* bs_seed_opt = bs_cmd->add_option("--seed", bs_seed, "prompts and arrivals seed");
 
   CalibrateArgs& calibrate = cmd.calibrate;
   CLI::App* calibrate_cmd = app.add_subcommand(
@@ -256,6 +282,12 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       KVL_ASSIGN_OR_RETURN(synth.seed, ParseSeed(synth_seed, "--seed"));
     }
     KVL_RETURN_IF_ERROR(ValidateSynthArgs(synth));
+  } else if (*bench_cmd && *bs_cmd) {
+    cmd.kind = ParsedCommand::Kind::kBenchServe;
+    if (bs_seed_opt->count() > 0) {
+      KVL_ASSIGN_OR_RETURN(bs.seed, ParseSeed(bs_seed, "--seed"));
+    }
+    KVL_RETURN_IF_ERROR(ValidateBenchServeArgs(bs));
   } else if (*bench_cmd) {
     cmd.kind = ParsedCommand::Kind::kBench;
     KVL_RETURN_IF_ERROR(ValidateBenchArgs(bench));
@@ -330,6 +362,26 @@ Status ValidateRunArgs(const RunArgs& args) {
       CheckRange("-n (--n-predict; -1 = until EOS)", args.num_predict, -1, kMaxContextTokens));
   KVL_RETURN_IF_ERROR(args.sampling.Validate());
   return RunEngineOptions(args).status();
+}
+
+Status ValidateBenchServeArgs(const BenchServeArgs& args) {
+  if (args.host.empty()) return InvalidArgumentError("--host must not be empty");
+  KVL_RETURN_IF_ERROR(CheckRange("--port", args.port, 1, 65535));
+  KVL_RETURN_IF_ERROR(CheckRange("-n", args.num_requests, 1, 1000000));
+  KVL_RETURN_IF_ERROR(CheckRange("--concurrency", args.concurrency, 0, 1024));
+  if (!(args.rate >= 0 && args.rate <= 1e6)) {
+    return InvalidArgumentError(fmt::format("--rate must be in [0, 1e6], got {}", args.rate));
+  }
+  KVL_RETURN_IF_ERROR(CheckRange("--prompt-tokens", args.prompt_tokens, 1, kMaxContextTokens));
+  KVL_RETURN_IF_ERROR(CheckRange("--shared-prefix", args.shared_prefix, 0, kMaxContextTokens));
+  KVL_RETURN_IF_ERROR(CheckRange("--max-tokens", args.max_tokens, 1, kMaxContextTokens));
+  if (!(args.timeout_s > 0 && args.timeout_s <= 86400)) {
+    return InvalidArgumentError(fmt::format("--timeout must be in (0, 86400], got {}", args.timeout_s));
+  }
+  if (args.output != "md" && args.output != "json") {
+    return InvalidArgumentError(fmt::format("-o must be md or json, got '{}'", args.output));
+  }
+  return Status::Ok();
 }
 
 Status ValidateBenchArgs(const BenchArgs& args) {

@@ -12,7 +12,7 @@
 namespace kvl::cli {
 
 struct ParsedCommand {
-  enum class Kind { kPrint, kRun, kServe, kInspect, kSynth, kBench, kCalibrate };
+  enum class Kind { kPrint, kRun, kServe, kInspect, kSynth, kBench, kBenchServe, kCalibrate };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
   RunArgs run;
@@ -20,6 +20,7 @@ struct ParsedCommand {
   InspectArgs inspect;
   SynthArgs synth;
   BenchArgs bench;
+  BenchServeArgs bench_serve;
   CalibrateArgs calibrate;
 };
 
@@ -36,6 +37,7 @@ StatusOr<EngineOptions> RunEngineOptions(const RunArgs& args);
 // folded in, validated).
 Status ValidateServeArgs(ServeArgs* args);
 Status ValidateBenchArgs(const BenchArgs& args);
+Status ValidateBenchServeArgs(const BenchServeArgs& args);
 Status ValidateCalibrateArgs(const CalibrateArgs& args);
 Status ValidateSynthArgs(const SynthArgs& args);
 

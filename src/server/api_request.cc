@@ -266,6 +266,8 @@ std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const Api
   }
   out->request.max_new_tokens = static_cast<int32_t>(max_tokens);
   if (!f.Bool("stream", &out->stream)) return f.error;
+  // vLLM's extension: generate max_tokens even past EOS (load generators want exact counts).
+  if (!f.Bool("ignore_eos", &out->request.ignore_eos)) return f.error;
   if (const json* options = f.Find("stream_options")) {
     if (!options->is_object()) {
       return BadField("stream_options", "'stream_options' must be an object");

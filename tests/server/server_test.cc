@@ -3,6 +3,7 @@
 // clients, a client leaving mid-stream, /metrics as Prometheus text, SIGTERM.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -439,6 +440,78 @@ TEST_F(ServerTest, MetricsAreValidPrometheusText) {
   }
   EXPECT_EQ(check.types.at("kvl:time_to_first_token_seconds"), "histogram");
   EXPECT_GT(Metric("kvl:generation_tokens_total"), 0);
+}
+
+// `kvl bench serve` run as a process (under `timeout`, so a hang fails the test): stdout and the
+// exit status.
+struct BenchServeRun {
+  int status = -1;
+  std::string out;
+};
+BenchServeRun RunBenchServe(const std::string& flags) {
+  const std::string command =
+      std::string("timeout 120 ") + KVL_KVL_BINARY + " bench serve " + flags + " 2>/dev/null";
+  BenchServeRun run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) run.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+TEST_F(ServerTest, BenchServeLoadsTheServerPlainAndStreamed) {
+  for (const char* stream : {"", " --stream"}) {
+    SCOPED_TRACE(stream);
+    const BenchServeRun run = RunBenchServe(
+        fmt::format("--host 127.0.0.1 --port {} -n 8 --concurrency 4 --max-tokens 8 "
+                    "--prompt-tokens 12 --shared-prefix 6 -o json{}",
+                    server_->port(), stream));
+    ASSERT_EQ(run.status, 0) << run.out;
+    const json j = json::parse(run.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << run.out;
+    EXPECT_EQ(j["requests_ok"], 8);
+    EXPECT_EQ(j["requests_failed"], 0);
+    EXPECT_EQ(j["output_tokens"], 64);  // ignore_eos: every request makes max_tokens
+    EXPECT_GT(j["ttft_ms"]["mean"].get<double>(), 0);
+    EXPECT_GT(j["ttft_ms"]["p99"].get<double>(), 0);
+    EXPECT_GT(j["output_throughput"].get<double>(), 0);
+    EXPECT_GT(j["duration_s"].get<double>(), 0);
+    if (*stream) {
+      EXPECT_GT(j["itl_ms"]["mean"].get<double>(), 0);
+      EXPECT_GT(j["tpot_ms"]["mean"].get<double>(), 0);
+      // TTFT is the first token frame, before the end of the request.
+      EXPECT_LT(j["ttft_ms"]["mean"].get<double>(), j["e2e_ms"]["mean"].get<double>());
+    }
+  }
+  // The markdown table, at a Poisson rate.
+  const BenchServeRun md = RunBenchServe(fmt::format(
+      "--port {} -n 4 --rate 50 --max-tokens 4 --prompt-tokens 8", server_->port()));
+  ASSERT_EQ(md.status, 0) << md.out;
+  EXPECT_NE(md.out.find("| requests ok | 4 |"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("TTFT"), std::string::npos) << md.out;
+}
+
+// Nobody listening: every request fails at once, the report says so and the exit status is 1.
+TEST(BenchServeTest, NoServerFailsEveryRequestAndExitsNonzero) {
+  const int port = FreeLoopbackPort();
+  const auto start = std::chrono::steady_clock::now();
+  const BenchServeRun run = RunBenchServe(
+      fmt::format("--port {} -n 4 --concurrency 2 --max-tokens 4 --timeout 5 -o json", port));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  EXPECT_EQ(run.status, 1) << run.out;
+  const json j = json::parse(run.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << run.out;
+  EXPECT_EQ(j["requests_ok"], 0);
+  EXPECT_EQ(j["requests_failed"], 4);
+  EXPECT_TRUE(j.contains("first_error"));
+}
+
+TEST(BenchServeTest, BadFlagsAreRefused) {
+  EXPECT_EQ(RunBenchServe("--port 0").status, 1);
+  EXPECT_EQ(RunBenchServe("--port 8080 --concurrency 2 --rate 3").status, 1);
+  EXPECT_EQ(RunBenchServe("--port 8080 -o xml").status, 1);
 }
 
 TEST(PrometheusCheckTest, RefusesMalformedText) {
