@@ -35,6 +35,7 @@ int RunParsed(const ParsedCommand& cmd) {
       std::fputs(cmd.text.c_str(), stdout);
       return 0;
     case ParsedCommand::Kind::kRun: return RunCommand(cmd.run);
+    case ParsedCommand::Kind::kChat: return ChatCommand(cmd.chat);
     case ParsedCommand::Kind::kServe: return ServeCommand(cmd.serve);
     case ParsedCommand::Kind::kInspect: return InspectCommand(cmd.inspect);
     case ParsedCommand::Kind::kSynth: return SynthCommand(cmd.synth);

@@ -1,4 +1,4 @@
-// The kvl command line: `kvl run | serve | inspect | synth | bench | calibrate`. Flags follow llama.cpp
+// The kvl command line: `kvl run | chat | serve | inspect | synth | bench | calibrate`. Flags follow llama.cpp
 // where one exists. Each subcommand lives in its own file; this header is what main() needs.
 #pragma once
 
@@ -40,6 +40,17 @@ struct ServeArgs {
   std::string max_body = "8MiB";   // --max-body
 };
 int ServeCommand(const ServeArgs& args);
+
+struct ChatArgs {
+  EngineOptions engine;
+  std::string kv_budget;          // --kv-budget
+  std::string chat_template;      // --chat-template NAME (default: detected from the model)
+  std::string system;             // --system TEXT: a system message first in every prompt
+  std::string turns_file;         // -f: one user turn per line, then exit (non-interactive)
+  int32_t num_predict = 256;      // -n: tokens per reply at most; -1 = until EOS or the context
+  SamplingParams sampling;
+};
+int ChatCommand(const ChatArgs& args);
 
 struct InspectArgs {
   std::string model_path;

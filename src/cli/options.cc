@@ -136,6 +136,23 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   std::string run_seed;
   CLI::Option* run_seed_opt = AddSamplingFlags(run_cmd, &run.sampling, &run_seed);
 
+  ChatArgs& chat = cmd.chat;
+  CLI::App* chat_cmd = app.add_subcommand(
+      "chat", "interactive chat through the model's chat template (/reset, /stats, /exit)");
+  chat_cmd->add_option("-m,--model", chat.engine.model_path, "GGUF model file")->required();
+  chat_cmd->add_option("--chat-template", chat.chat_template,
+                       "force a chat template: plain, llama2, chatml, zephyr, mistral, llama3, "
+                       "gemma (default: detected from the model, else plain)");
+  chat_cmd->add_option("--system", chat.system, "system message that opens the conversation");
+  chat_cmd->add_option("-f,--file", chat.turns_file,
+                       "read the user's turns from a file, one per line, print each reply and exit");
+  AddEngineFlags(chat_cmd, &chat.engine, &chat.kv_budget);
+  chat_cmd->add_option("-n,--n-predict", chat.num_predict,
+                       "tokens per reply at most; -1 = until EOS or the context is full")
+      ->capture_default_str();
+  std::string chat_seed;
+  CLI::Option* chat_seed_opt = AddSamplingFlags(chat_cmd, &chat.sampling, &chat_seed);
+
   ServeArgs& serve = cmd.serve;
   CLI::App* serve_cmd =
       app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, /metrics)");
@@ -271,6 +288,12 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       KVL_ASSIGN_OR_RETURN(run.sampling.seed, ParseSeed(run_seed, "--seed"));
     }
     KVL_RETURN_IF_ERROR(ValidateRunArgs(run));
+  } else if (*chat_cmd) {
+    cmd.kind = ParsedCommand::Kind::kChat;
+    if (chat_seed_opt->count() > 0) {
+      KVL_ASSIGN_OR_RETURN(chat.sampling.seed, ParseSeed(chat_seed, "--seed"));
+    }
+    KVL_RETURN_IF_ERROR(ValidateChatArgs(chat));
   } else if (*serve_cmd) {
     cmd.kind = ParsedCommand::Kind::kServe;
     KVL_RETURN_IF_ERROR(ValidateServeArgs(&serve));
@@ -295,7 +318,7 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
     cmd.kind = ParsedCommand::Kind::kCalibrate;
     KVL_RETURN_IF_ERROR(ValidateCalibrateArgs(calibrate));
   } else {
-    return InvalidArgumentError("give a command: run, serve, inspect, synth, bench or calibrate");
+    return InvalidArgumentError("give a command: run, chat, serve, inspect, synth, bench or calibrate");
   }
   return cmd;
 }
@@ -382,6 +405,20 @@ Status ValidateBenchServeArgs(const BenchServeArgs& args) {
     return InvalidArgumentError(fmt::format("-o must be md or json, got '{}'", args.output));
   }
   return Status::Ok();
+}
+
+StatusOr<EngineOptions> ChatEngineOptions(const ChatArgs& args) {
+  return EngineOptionsFor(args.engine, 1, args.kv_budget);
+}
+
+Status ValidateChatArgs(const ChatArgs& args) {
+  if (!args.chat_template.empty()) {
+    KVL_RETURN_IF_ERROR(ParseChatTemplateName(args.chat_template).status());
+  }
+  KVL_RETURN_IF_ERROR(
+      CheckRange("-n (--n-predict; -1 = until EOS)", args.num_predict, -1, kMaxContextTokens));
+  KVL_RETURN_IF_ERROR(args.sampling.Validate());
+  return ChatEngineOptions(args).status();
 }
 
 Status ValidateBenchArgs(const BenchArgs& args) {

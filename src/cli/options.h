@@ -12,10 +12,11 @@
 namespace kvl::cli {
 
 struct ParsedCommand {
-  enum class Kind { kPrint, kRun, kServe, kInspect, kSynth, kBench, kBenchServe, kCalibrate };
+  enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe, kCalibrate };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
   RunArgs run;
+  ChatArgs chat;
   ServeArgs serve;
   InspectArgs inspect;
   SynthArgs synth;
@@ -36,6 +37,10 @@ StatusOr<EngineOptions> RunEngineOptions(const RunArgs& args);
 // Range checks of the serve flags; fills serve.max_body_bytes and serve.engine (-np, --kv-budget
 // folded in, validated).
 Status ValidateServeArgs(ServeArgs* args);
+// Range checks of the chat flags, the template's name and the engine's options.
+Status ValidateChatArgs(const ChatArgs& args);
+// The engine's options for a chat: one sequence, --kv-budget folded in, validated.
+StatusOr<EngineOptions> ChatEngineOptions(const ChatArgs& args);
 Status ValidateBenchArgs(const BenchArgs& args);
 Status ValidateBenchServeArgs(const BenchServeArgs& args);
 Status ValidateCalibrateArgs(const CalibrateArgs& args);

@@ -484,5 +484,98 @@ TEST(CliTest, SignalsLeaveNoTemporaryFiles) {
   std::filesystem::remove_all(dir);
 }
 
+// kvl chat -f: one user turn per line; a reply per turn on stdout, "cached N of M" per turn on
+// stderr.
+std::string WriteTurns(const std::string& name, const std::string& text) {
+  const std::string path =
+      ::testing::TempDir() + "/kvl-chat-" + std::to_string(getpid()) + "-" + name + ".txt";
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The "cached N of M prompt tokens" numbers, one pair per turn, from the combined output.
+std::vector<std::pair<long, long>> CachedPerTurn(const std::string& out) {
+  std::vector<std::pair<long, long>> turns;
+  const std::string key = "kvl: cached ";
+  for (size_t at = out.find(key); at != std::string::npos; at = out.find(key, at + 1)) {
+    long n = 0, m = 0;
+    if (std::sscanf(out.c_str() + at + key.size(), "%ld of %ld", &n, &m) == 2) turns.push_back({n, m});
+  }
+  return turns;
+}
+
+const char kChatTurns[] =
+    "Once upon a time there was a little girl named Lily who liked to play in the park.\n"
+    "One day she saw a big red ball under a tree and she wanted to play with it.\n"
+    "Her mom said she could play with the ball if she shared it with her friend.\n";
+
+TEST(CliChatTest, TurnsFileKeepsTheHistoryInThePrefixCache) {
+  const std::string turns = WriteTurns("three", kChatTurns);
+  const std::string base = "chat -m " + testing::Stories260KPath() + " -f " + turns +
+                           " --temp 0 -n 16 -t 2";
+  CommandResult out = RunKvl(base);
+  ASSERT_EQ(out.exit_code, 0) << out.output;
+  int lines = 0;
+  for (char c : out.output) lines += c == '\n';
+  EXPECT_GE(lines, 3) << out.output;
+  CommandResult all = RunKvl(base, /*with_stderr=*/true);
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  const auto cached = CachedPerTurn(all.output);
+  ASSERT_EQ(cached.size(), 3u) << all.output;
+  EXPECT_EQ(cached[0].first, 0) << all.output;
+  EXPECT_GT(cached[1].first, 0) << all.output;
+  EXPECT_GT(cached[2].first, 0) << all.output;
+  // The history grows: each prompt holds the one before it.
+  EXPECT_GT(cached[1].second, cached[0].second);
+  EXPECT_GT(cached[2].second, cached[1].second);
+  std::filesystem::remove(turns);
+}
+
+TEST(CliChatTest, ResetForgetsTheHistory) {
+  // /reset drops the history: the next turn is a fresh, short prompt that shares no block with
+  // the conversation before it, so nothing of it is cached.
+  const std::string turns = WriteTurns(
+      "reset", std::string(kChatTurns).substr(0, std::string(kChatTurns).find('\n') + 1) +
+                   "Lily ran to the tree to get the ball and she was very happy.\n/reset\n"
+                   "/stats\nThe sun was shining.\n");
+  CommandResult r = RunKvl("chat -m " + testing::Stories260KPath() + " -f " + turns +
+                               " --temp 0 -n 16 -t 2",
+                           /*with_stderr=*/true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto cached = CachedPerTurn(r.output);
+  ASSERT_EQ(cached.size(), 3u) << r.output;
+  EXPECT_GT(cached[1].first, 0) << r.output;
+  EXPECT_EQ(cached[2].first, 0) << r.output;
+  EXPECT_LT(cached[2].second, cached[1].second) << r.output;
+  EXPECT_NE(r.output.find("history cleared"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kv pool:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("prefix cache:"), std::string::npos) << r.output;
+  std::filesystem::remove(turns);
+}
+
+TEST(CliChatTest, UnknownChatTemplateFails) {
+  CommandResult r = RunKvl("chat -m " + testing::Stories260KPath() + " --chat-template nope",
+                           /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("unknown chat template 'nope'"), std::string::npos) << r.output;
+}
+
+TEST(CliChatTest, BadFlagsAndMissingFilesFail) {
+  EXPECT_EQ(RunKvl("chat -m " + testing::Stories260KPath() + " -n -2").exit_code, 1);
+  EXPECT_EQ(RunKvl("chat -m " + testing::Stories260KPath() + " --top-p 2").exit_code, 1);
+  CommandResult r = RunKvl("chat -m " + testing::Stories260KPath() + " -f /no/such/turns.txt",
+                           /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("/no/such/turns.txt"), std::string::npos) << r.output;
+}
+
+TEST(CliChatTest, StdinTurnsAndExit) {
+  CommandResult r = RunShell("printf 'Once upon a time there was a cat.\\n/exit\\nnot run\\n' | " +
+                             std::string(KVL_KVL_BINARY) + " chat -m " +
+                             testing::Stories260KPath() + " --temp 0 -n 8 -t 2 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(CachedPerTurn(r.output).size(), 1u) << r.output;
+}
+
 }  // namespace
 }  // namespace kvl
