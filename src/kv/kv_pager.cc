@@ -174,16 +174,7 @@ void KvPager::ReleasePage(KvPage& page) {
     case KvPageFate::kResident:
       break;
   }
-  const bool checkpoint_missing = page.checkpoint_missing;
-  page.fate = KvPageFate::kResident;
-  page.action = KvAction::kKeep;
-  page.predicted_ms = 0;
-  page.slots.clear();
-  page.tier = nullptr;
-  page.page_id = 0;
-  page.stage_index = -1;
-  page.read_failed = false;
-  page.checkpoint_missing = checkpoint_missing;
+  MakeResident(page);
 }
 
 void KvPager::DropSequence(SeqId seq) {
@@ -379,10 +370,21 @@ void KvPager::ForgetPreemptedPages(KvSequencePages& pages) {
     if (page.fate == KvPageFate::kInTier || page.fate == KvPageFate::kCheckpointed) {
       EraseTierPage(page.tier, page.page_id);
     }
-    const bool checkpoint_missing = page.checkpoint_missing;
-    page = KvPage{};
-    page.checkpoint_missing = checkpoint_missing;
+    MakeResident(page);
   }
+}
+
+// Back in its pool block: every field but checkpoint_missing, which outlives every fate. The
+// slots keep their capacity for the page's next compression.
+void KvPager::MakeResident(KvPage& page) {
+  page.fate = KvPageFate::kResident;
+  page.action = KvAction::kKeep;
+  page.predicted_ms = 0;
+  page.slots.clear();
+  page.tier = nullptr;
+  page.page_id = 0;
+  page.stage_index = -1;
+  page.read_failed = false;
 }
 
 // One layer of a page as the tier stores it: K rows then V rows (adjacent in the block), or the

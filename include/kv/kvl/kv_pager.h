@@ -224,6 +224,7 @@ class KvPager final : public KvDetachedPages {
   bool EvictCompressedPage(SeqId seq, int64_t block_index);
   // Frees what the page holds outside the pool; the page becomes resident (flags kept).
   void ReleasePage(KvPage& page);
+  static void MakeResident(KvPage& page);
   // A whole page saved in a tier as one tier page per layer: K/V rows or, when `residual`, the
   // residual checkpoints; *page_id names the layer pages for ReadLayerPages and EraseTierPage.
   bool WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id);
