@@ -406,6 +406,21 @@ EngineMetrics Engine::Metrics() const {
     m.requests_submitted = e.requests_submitted;
   }
   e.metrics.Snapshot(&m);
+  for (const KvTier* tier : {e.ram_tier.get(), e.disk_tier.get()}) {
+    if (tier == nullptr) continue;
+    const TierStats t = tier->stats();
+    KvTierMetrics& tm = m.kv_tiers.emplace_back();
+    tm.name = std::string(tier->name());
+    tm.capacity_bytes = t.capacity_bytes;
+    tm.bytes_used = t.bytes_used;
+    tm.pages = t.pages;
+    tm.pages_in = t.puts;
+    tm.bytes_in = t.bytes_written;
+    tm.pages_out = t.gets;
+    tm.bytes_out = t.bytes_read;
+    tm.checksum_failures = t.checksum_failures;
+    tm.evictions = t.evictions;
+  }
   return m;
 }
 

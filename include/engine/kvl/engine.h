@@ -127,8 +127,35 @@ struct KvActionCounter {
   double measured_ms = 0;           // bring-back time measured, summed (restored pages only)
 };
 
+// One KV tier's contents and traffic. `kvl run` prints them at the end; /metrics labels them
+// tier="<name>".
+struct KvTierMetrics {
+  std::string name;             // KvTier::name(): "ram", "ram:zstd", "disk", "disk:direct", "redis"
+  int64_t capacity_bytes = 0;
+  int64_t bytes_used = 0;
+  int64_t pages = 0;            // layer pages held now
+  // Prefix lookups that reached this tier (the pool did not hold the whole prefix), the blocks
+  // found in it, and their tokens.
+  int64_t lookups = 0;
+  int64_t hit_blocks = 0;
+  int64_t hit_tokens = 0;
+  int64_t pages_in = 0;         // layer pages written to the tier, total
+  int64_t bytes_in = 0;
+  int64_t pages_out = 0;        // layer pages read from it, total
+  int64_t bytes_out = 0;
+  int64_t checksum_failures = 0;
+  int64_t evictions = 0;        // pages the tier dropped to make room
+  int64_t errors = 0;           // transfers that failed with an I/O or connection error
+  // Blocks promoted from this tier into the pool, and the cost model's predicted time for them
+  // beside the measured one.
+  int64_t blocks_promoted = 0;
+  double promote_ms_predicted = 0;
+  double promote_ms_measured = 0;
+};
+
 struct EngineMetrics {
   KvStats kv;
+  std::vector<KvTierMetrics> kv_tiers;  // one per --kv-tier, in the order given
   std::array<KvActionCounter, kNumKvActions> kv_actions;  // indexed by KvAction
   // Reads from a tier that failed their checksum or I/O (a resume's promotion, or a step's
   // streamed page), and the pages recomputed from their tokens because of them.
