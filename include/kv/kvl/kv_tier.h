@@ -27,6 +27,9 @@ using PageKey = uint64_t;  // chosen by the caller, unique per page it stores
 struct PageWrite {
   PageKey key = 0;
   std::span<const uint8_t> bytes;
+  // A cached page (the KV store's content-addressed pages): the tier may drop it, least recently
+  // used first, to make room for a later Put. Other pages stay until they are erased.
+  bool evictable = false;
 };
 
 struct PageRead {
@@ -63,7 +66,25 @@ class KvTier {
   virtual std::future<std::vector<Status>> GetAsync(std::vector<PageRead> pages) = 0;
   virtual void Erase(std::span<const PageKey> keys) = 0;
   virtual bool Contains(PageKey key) const = 0;
+  // Contains for many keys at once (one round trip for a remote tier).
+  virtual std::vector<bool> ContainsAll(std::span<const PageKey> keys) const {
+    std::vector<bool> held(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) held[i] = Contains(keys[i]);
+    return held;
+  }
+  // Whether PeekPage can hand out pages in place (an uncompressed RAM tier): pages kept here
+  // for a running sequence need no staging buffers.
+  virtual bool reads_in_place() const { return false; }
   virtual TierStats stats() const = 0;
+  // The page's bytes where the tier holds them, for reading in place (a RAM tier storing it
+  // uncompressed); nullptr when the tier cannot (compressed, on disk, remote) or does not hold
+  // it. Valid until the next Put, Erase or eviction; counts as a use for LRU eviction. Reading
+  // in place skips the checksum: the bytes are the tier's own memory, verified when written.
+  virtual const uint8_t* PeekPage(PageKey key, int64_t page_bytes) {
+    (void)key;
+    (void)page_bytes;
+    return nullptr;
+  }
 };
 
 struct RamTierOptions {
@@ -71,7 +92,8 @@ struct RamTierOptions {
   bool compress = false;  // zstd level 1 (lossless) before storing
 };
 // stats(): bytes_used counts stored bytes (compressed sizes when compress is on); write_ops and
-// read_ops count one copy per page. A page that does not decompress or fails its checksum is
+// read_ops count one copy per page. A Put that does not fit evicts evictable pages, least
+// recently written or read first, and is RESOURCE_EXHAUSTED only when those do not make room. A page that does not decompress or fails its checksum is
 // DATA_LOSS. name() is "ram" or "ram:zstd".
 std::unique_ptr<KvTier> MakeRamTier(const RamTierOptions& options);
 
@@ -89,9 +111,10 @@ struct DiskTierOptions {
   // tokenizer, block size, KV dtype and layout). A file written under another identity, format
   // version or page size is started empty, never read.
   std::string identity{};
-  // When a Put does not fit: false keeps every page this tier wrote until it is erased (the Put is
-  // RESOURCE_EXHAUSTED) and evicts only pages found in the file at open; true evicts any page,
-  // least recently written or read first (a cache of content-addressed pages).
+  // When a Put does not fit: false evicts only pages written evictable (PageWrite::evictable) and
+  // pages found in the file at open, least recently written or read first, and keeps the others
+  // until they are erased (the Put is RESOURCE_EXHAUSTED when evicting cannot make room); true
+  // evicts any page.
   bool evict_lru = false;
 };
 inline constexpr int64_t kMaxDiskTierIdentityBytes = 4032;
