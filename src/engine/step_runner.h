@@ -45,7 +45,8 @@ class StepRunner {
   int64_t FillBatch(const StepPlan& plan);
   void RunBatch(const StepPlan& plan);
   void RecomputeFailedStreams();
-  void AppendToken(Sequence& seq, int32_t token);
+  // `logits` is the row the token was sampled from (for the log-probabilities it asked for).
+  void AppendToken(Sequence& seq, int32_t token, const float* logits);
 
   StepRunnerParts p_;
   int64_t block_tokens_;
