@@ -339,7 +339,7 @@ TEST_F(ServerTest, MetricsAreValidPrometheusText) {
   const testing::PrometheusCheck check = testing::CheckPrometheusText(res->body);
   EXPECT_TRUE(check.errors.empty()) << check.errors.front();
   for (const char* family :
-       {"kvl:num_requests_running", "kvl:num_requests_waiting", "kvl:prompt_tokens_total",
+       {"kvl:kv_tier_bytes_used", "kvl:kv_tier_pages_in_total", "kvl:num_requests_running", "kvl:num_requests_waiting", "kvl:prompt_tokens_total",
         "kvl:generation_tokens_total", "kvl:time_to_first_token_seconds",
         "kvl:inter_token_latency_seconds", "kvl:e2e_request_latency_seconds",
         "kvl:kv_cache_usage_perc", "kvl:prefix_cache_queries_total", "kvl:prefix_cache_hits_total",
@@ -348,6 +348,47 @@ TEST_F(ServerTest, MetricsAreValidPrometheusText) {
   }
   EXPECT_EQ(check.types.at("kvl:time_to_first_token_seconds"), "histogram");
   EXPECT_GT(Metric("kvl:generation_tokens_total"), 0);
+}
+
+// Each --kv-tier is exported as its own series, labelled tier="<name>".
+TEST(ServeProcessTest, MetricsExportEachKvTier) {
+  ServerProcess server({"--kv-tier", "ram:64MiB", "-np", "2"});
+  ASSERT_TRUE(server.WaitReady()) << server.Log();
+  httplib::Client client("127.0.0.1", server.port());
+  ASSERT_TRUE(PostJson(client, "/v1/completions", R"({"prompt":"The cat sat on","max_tokens":8})"));
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  const testing::PrometheusCheck check = testing::CheckPrometheusText(res->body);
+  EXPECT_TRUE(check.errors.empty()) << check.errors.front();
+  const std::map<std::string, std::string> families = {
+      {"kvl:kv_tier_capacity_bytes", "gauge"},
+      {"kvl:kv_tier_bytes_used", "gauge"},
+      {"kvl:kv_tier_pages", "gauge"},
+      {"kvl:kv_tier_lookups_total", "counter"},
+      {"kvl:kv_tier_hits_total", "counter"},
+      {"kvl:kv_tier_hit_tokens_total", "counter"},
+      {"kvl:kv_tier_pages_in_total", "counter"},
+      {"kvl:kv_tier_bytes_in_total", "counter"},
+      {"kvl:kv_tier_pages_out_total", "counter"},
+      {"kvl:kv_tier_bytes_out_total", "counter"},
+      {"kvl:kv_tier_checksum_failures_total", "counter"},
+      {"kvl:kv_tier_evictions_total", "counter"},
+      {"kvl:kv_tier_errors_total", "counter"},
+      {"kvl:kv_tier_blocks_promoted_total", "counter"},
+      {"kvl:kv_tier_promote_predicted_seconds_total", "counter"},
+      {"kvl:kv_tier_promote_seconds_total", "counter"}};
+  for (const auto& [family, type] : families) {
+    ASSERT_TRUE(check.types.count(family)) << family;
+    EXPECT_EQ(check.types.at(family), type) << family;
+    // Family names are [a-z_:]: nothing in them is special to a regex.
+    const std::regex sample("\n" + family + R"(\{tier="ram"\} [0-9.e+]+\n)");
+    EXPECT_TRUE(std::regex_search(res->body, sample)) << family << "\n" << res->body;
+  }
+  const std::regex capacity(R"(\nkvl:kv_tier_capacity_bytes\{tier="ram"\} (\S+)\n)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(res->body, m, capacity));
+  EXPECT_EQ(std::stod(m[1]), 64.0 * 1024 * 1024);
 }
 
 // `kvl bench serve` run as a process (under `timeout`, so a hang fails the test): stdout and the
