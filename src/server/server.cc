@@ -8,10 +8,13 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <memory>
@@ -30,6 +33,9 @@ namespace server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Connections the kernel queues before the listener accepts them (capped by net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
 
 double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -126,6 +132,7 @@ class OpenAiServer {
   ServerMetrics metrics_;
   std::mutex active_mu_;
   std::set<RequestId> active_;  // submitted and not yet answered: cancelled at shutdown
+  int listen_fd_ = -1;          // the listening socket, once bound
 };
 
 void OpenAiServer::Configure() {
@@ -134,6 +141,14 @@ void OpenAiServer::Configure() {
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   // Streamed frames are small: without TCP_NODELAY each waits for the delayed ACK of the last.
   http_.set_tcp_nodelay(true);
+  // The listening socket gets SO_REUSEADDR (a restarted server binds at once, past TIME_WAIT) but
+  // not httplib's default SO_REUSEPORT, under which a second server started on the same port binds
+  // too and silently takes part of the connections. Its fd is kept to widen the backlog (Run).
+  http_.set_socket_options([this](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd_ = sock;
+  });
   http_.set_keep_alive_max_count(1000);
   http_.set_keep_alive_timeout(options_.keep_alive_seconds);
   http_.set_read_timeout(30, 0);
@@ -238,6 +253,13 @@ void OpenAiServer::HandleModels(httplib::Response& res) {
 
 void OpenAiServer::OnEvent(PendingRequest& p, const TokenEvent& ev) {
   const Clock::time_point now = Clock::now();
+  // Counted before the waiting thread can answer: a client that reads /metrics right after its
+  // response finds its request there.
+  if (ev.finished) {
+    metrics_.ObserveFinished(SecondsBetween(p.submitted, now), ev.prompt_tokens,
+                             ev.cached_prompt_tokens, ev.generated_tokens,
+                             std::string(OpenAiFinishReason(ev.finish_reason)));
+  }
   {
     std::lock_guard<std::mutex> lock(p.mu);
     if (ev.token >= 0) {
@@ -256,11 +278,6 @@ void OpenAiServer::OnEvent(PendingRequest& p, const TokenEvent& ev) {
       p.finished = true;
       p.last = ev;
     }
-  }
-  if (ev.finished) {
-    metrics_.ObserveFinished(SecondsBetween(p.submitted, now), ev.prompt_tokens,
-                             ev.cached_prompt_tokens, ev.generated_tokens,
-                             std::string(OpenAiFinishReason(ev.finish_reason)));
   }
   p.cv.notify_all();
 }
@@ -435,6 +452,13 @@ Status OpenAiServer::Run() {
   }
   if (port < 0) {
     return IoError(fmt::format("cannot listen on {}:{}", options_.host, options_.port));
+  }
+  // cpp-httplib as Debian builds it listens with a backlog of 5: sixteen clients connecting at
+  // once overflow it, and each dropped SYN is retried by the client 1 s later (then 3 s, 7 s...),
+  // which showed as 1 s outliers in TTFT and in the 16-client test. listen() on the bound socket
+  // only resizes its queue.
+  if (listen_fd_ >= 0 && ::listen(listen_fd_, kListenBacklog) != 0) {
+    fmt::print(stderr, "kvl serve: cannot widen the listen backlog: {}\n", strerror(errno));
   }
   fmt::print(stderr, "kvl serve: listening on http://{}:{}\n", options_.host, port);
   std::atomic<bool> listener_done{false};

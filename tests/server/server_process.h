@@ -11,7 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -39,14 +41,18 @@ inline int FreeLoopbackPort() {
   return ntohs(addr.sin_port);
 }
 
-// A `kvl serve` child process, killed (by its pid) when the object goes.
+// A `kvl serve` child process, killed (by its pid) when the object goes. It is started with
+// --port 0 and the port it bound is read from its log: a port picked here and passed to it could
+// be taken by another process in between (tests run in parallel).
 class ServerProcess {
  public:
-  explicit ServerProcess(std::vector<std::string> extra_args) : port_(FreeLoopbackPort()) {
-    std::vector<std::string> args = {KVL_KVL_BINARY, "serve", "-m", Stories260KPath(),
-                                     "--port", std::to_string(port_), "-t", "1", "--no-calibrate"};
+  explicit ServerProcess(std::vector<std::string> extra_args) {
+    static std::atomic<int> count{0};
+    std::vector<std::string> args = {KVL_KVL_BINARY, "serve", "-m", Stories260KPath(), "--port",
+                                     "0", "-t", "1", "--no-calibrate"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
-    log_path_ = ::testing::TempDir() + "kvl_serve_" + std::to_string(port_) + ".log";
+    log_path_ = ::testing::TempDir() + "kvl_serve_" + std::to_string(::getpid()) + "_" +
+                std::to_string(count++) + ".log";
     pid_ = ::fork();
     if (pid_ == 0) {
       std::freopen(log_path_.c_str(), "w", stderr);
@@ -62,13 +68,29 @@ class ServerProcess {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
+    std::remove(log_path_.c_str());
   }
 
-  // Polls /health until it answers 200.
+  // Reads the port from the log ("listening on http://127.0.0.1:PORT"), then polls /health until
+  // it answers 200; false after 30 s or when the process exited.
   bool WaitReady() {
-    httplib::Client client("127.0.0.1", port_);
-    for (int i = 0; i < 300; ++i) {
-      if (auto res = client.Get("/health"); res && res->status == 200) return true;
+    const std::string key = "listening on http://127.0.0.1:";
+    for (int i = 0; i < 600; ++i) {
+      if (port_ <= 0) {
+        const std::string log = Log();
+        const size_t at = log.find(key);
+        if (at != std::string::npos && log.find('\n', at) != std::string::npos) {
+          port_ = std::atoi(log.c_str() + at + key.size());
+        }
+      }
+      if (port_ > 0) {
+        httplib::Client client("127.0.0.1", port_);
+        if (auto res = client.Get("/health"); res && res->status == 200) return true;
+      }
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        reaped_ = true;
+        return false;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return false;
@@ -100,7 +122,7 @@ class ServerProcess {
   }
 
  private:
-  int port_;
+  int port_ = -1;
   pid_t pid_ = -1;
   bool reaped_ = false;
   std::string log_path_;
