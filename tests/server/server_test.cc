@@ -462,12 +462,25 @@ TEST_F(ServerTest, BenchServeLoadsTheServerPlainAndStreamed) {
       EXPECT_LT(j["ttft_ms"]["mean"].get<double>(), j["e2e_ms"]["mean"].get<double>());
     }
   }
+  // Random token ids: exact prompt lengths, and the shared 16 tokens (one block) are found in the
+  // prefix cache by every request after the first (run one at a time).
+  const BenchServeRun ids = RunBenchServe(
+      fmt::format("--port {} -n 4 --concurrency 1 --max-tokens 4 --random-ids --prompt-tokens 20 "
+                  "--shared-prefix 16 -o json --seed 7",
+                  server_->port()));
+  ASSERT_EQ(ids.status, 0) << ids.out;
+  const json j = json::parse(ids.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << ids.out;
+  EXPECT_EQ(j["requests_ok"], 4);
+  EXPECT_EQ(j["prompt_tokens_mean"], 20.0);
+  EXPECT_EQ(j["cached_tokens_mean"], 12.0);  // 0, 16, 16, 16
   // The markdown table, at a Poisson rate.
   const BenchServeRun md = RunBenchServe(fmt::format(
       "--port {} -n 4 --rate 50 --max-tokens 4 --prompt-tokens 8", server_->port()));
   ASSERT_EQ(md.status, 0) << md.out;
   EXPECT_NE(md.out.find("| requests ok | 4 |"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("TTFT"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("| prompt tokens, mean (cached) |"), std::string::npos) << md.out;
 }
 
 // Nobody listening: every request fails at once, the report says so and the exit status is 1.
