@@ -51,7 +51,9 @@ constexpr int32_t kNumRandomIds = 250;
 
 json RandomIds(std::mt19937_64& rng, int n) {
   json ids = json::array();
-  for (int i = 0; i < n; ++i) ids.push_back(kFirstRandomId + static_cast<int32_t>(rng() % kNumRandomIds));
+  for (int i = 0; i < n; ++i) {
+    ids.push_back(kFirstRandomId + static_cast<int32_t>(rng() % kNumRandomIds));
+  }
   return ids;
 }
 
@@ -321,13 +323,14 @@ int BenchServeCommand(const BenchServeArgs& args) {
     std::fputs((out.dump(2) + "\n").c_str(), stdout);
   } else {
     std::string t;
-    t += fmt::format("kvl bench serve: {}:{}, {} requests, {}, {} prompt {} ({} shared), "
-                     "max_tokens {}{}\n\n",
-                     args.host, args.port, args.num_requests,
-                     args.rate > 0 ? fmt::format("Poisson rate {}/s", args.rate)
-                                   : fmt::format("concurrency {}", std::max(args.concurrency, 1)),
-                     args.prompt_tokens, args.random_ids ? "token ids" : "words", prefix_words,
-                     args.max_tokens, args.stream ? ", streamed" : "");
+    t += fmt::format(
+        "kvl bench serve: {}:{}, {} requests, {}, {} prompt {} ({} shared), "
+        "max_tokens {}{}\n\n",
+        args.host, args.port, args.num_requests,
+        args.rate > 0 ? fmt::format("Poisson rate {}/s", args.rate)
+                      : fmt::format("concurrency {}", std::max(args.concurrency, 1)),
+        args.prompt_tokens, args.random_ids ? "token ids" : "words", prefix_words, args.max_tokens,
+        args.stream ? ", streamed" : "");
     t += "| metric | value |\n| --- | ---: |\n";
     t += fmt::format("| requests ok | {} |\n| requests failed | {} |\n", ok, failed);
     t += fmt::format("| duration (s) | {:.2f} |\n| requests/s | {:.2f} |\n", duration, req_per_s);

@@ -51,13 +51,13 @@ class ChatSession {
     fmt::print("prefix cache: {} of {} prompt tokens hit\n", m.kv.prefix_hit_tokens,
                m.kv.prefix_query_tokens);
     for (const KvTierMetrics& t : m.kv_tiers) {
-      fmt::print("tier {}: {} of {} used, {} pages; written {} pages ({}), read {} pages ({}); "
-                 "prefix lookups {}, hits {} blocks ({} tokens), promoted {} blocks; "
-                 "checksum failures {}, evictions {}, errors {}\n",
-                 t.name, FormatBytes(t.bytes_used), FormatBytes(t.capacity_bytes), t.pages,
-                 t.pages_in, FormatBytes(t.bytes_in), t.pages_out, FormatBytes(t.bytes_out),
-                 t.lookups, t.hit_blocks, t.hit_tokens, t.blocks_promoted, t.checksum_failures,
-                 t.evictions, t.errors);
+      fmt::print(
+          "tier {}: {} of {} used, {} pages; written {} pages ({}), read {} pages ({}); "
+          "prefix lookups {}, hits {} blocks ({} tokens), promoted {} blocks; "
+          "checksum failures {}, evictions {}, errors {}\n",
+          t.name, FormatBytes(t.bytes_used), FormatBytes(t.capacity_bytes), t.pages, t.pages_in,
+          FormatBytes(t.bytes_in), t.pages_out, FormatBytes(t.bytes_out), t.lookups, t.hit_blocks,
+          t.hit_tokens, t.blocks_promoted, t.checksum_failures, t.evictions, t.errors);
     }
     if (m.kv_tiers.empty()) fmt::print("kv tiers: none (--kv-tier adds one)\n");
     fmt::print("pages per action:");

@@ -24,13 +24,16 @@ void FillLogprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, 
   for (int32_t id = 0; id < vocab && k > 0; ++id) {
     if (n == k && !(logits[id] > logits[top[size_t(n - 1)]])) continue;
     int32_t at = n < k ? n++ : n - 1;
-    for (; at > 0 && logits[id] > logits[top[size_t(at - 1)]]; --at) top[size_t(at)] = top[size_t(at - 1)];
+    for (; at > 0 && logits[id] > logits[top[size_t(at - 1)]]; --at) {
+      top[size_t(at)] = top[size_t(at - 1)];
+    }
     top[size_t(at)] = id;
   }
   event->top_logprobs.resize(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) {
     const int32_t id = top[size_t(i)];
-    event->top_logprobs[size_t(i)] = {id, static_cast<float>(static_cast<double>(logits[id]) - log_z)};
+    const double logprob = static_cast<double>(logits[id]) - log_z;
+    event->top_logprobs[size_t(i)] = {id, static_cast<float>(logprob)};
   }
 }
 

@@ -299,7 +299,9 @@ std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const Api
     if (top_logprobs >= 0 && !logprobs) {
       return BadField("top_logprobs", "'top_logprobs' requires 'logprobs': true");
     }
-    if (logprobs) out->request.top_logprobs = static_cast<int32_t>(std::max<int64_t>(0, top_logprobs));
+    if (logprobs) {
+      out->request.top_logprobs = static_cast<int32_t>(std::max<int64_t>(0, top_logprobs));
+    }
   }
   return std::nullopt;
 }

@@ -108,9 +108,8 @@ std::string NewResponseId(Endpoint endpoint) {
 std::string CompletionBody(const ResponseHead& head, std::string_view text,
                            std::string_view finish_reason, const Usage& usage,
                            const Logprobs& logprobs) {
-  json choice = {{"index", 0},
-                 {"logprobs", LogprobsJson(head, logprobs)},
-                 {"finish_reason", finish_reason}};
+  json choice = {
+      {"index", 0}, {"logprobs", LogprobsJson(head, logprobs)}, {"finish_reason", finish_reason}};
   if (head.endpoint == Endpoint::kChatCompletions) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {

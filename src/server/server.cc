@@ -316,8 +316,12 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
     return SendError(res, ApiError{400, id.status().message(), "invalid_request_error", param,
                                    ""});
   }
-  ResponseHead head{endpoint, NewResponseId(endpoint), static_cast<int64_t>(std::time(nullptr)),
-                    context_.model_name, params.include_usage, logprobs};
+  ResponseHead head{endpoint,
+                    NewResponseId(endpoint),
+                    static_cast<int64_t>(std::time(nullptr)),
+                    context_.model_name,
+                    params.include_usage,
+                    logprobs};
   if (params.stream) return Stream(head, *id, std::move(pending), std::move(decoder), res);
 
   std::unique_lock<std::mutex> lock(pending->mu);
@@ -333,11 +337,11 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
     text += piece.text;
     if (logprobs) decoder->Add(piece, &token_logprobs);
   }
-  res.set_content(CompletionBody(head, text, OpenAiFinishReason(last.finish_reason),
-                                 Usage{last.prompt_tokens, last.cached_prompt_tokens,
-                                       last.generated_tokens},
-                                 token_logprobs),
-                  "application/json");
+  res.set_content(
+      CompletionBody(head, text, OpenAiFinishReason(last.finish_reason),
+                     Usage{last.prompt_tokens, last.cached_prompt_tokens, last.generated_tokens},
+                     token_logprobs),
+      "application/json");
 }
 
 void OpenAiServer::Stream(const ResponseHead& head, RequestId id,

@@ -100,10 +100,9 @@ TEST_F(LogprobsTest, CompletionLogprobsAreTheForwardsLogSoftmax) {
   const std::string prompt = "Once upon a time";
   std::vector<int32_t> prompt_ids;
   const std::vector<ReferenceStep> reference = ReferenceGreedy(prompt, kTokens, &prompt_ids);
-  const json body = Post("/v1/completions", {{"prompt", prompt},
-                                             {"max_tokens", kTokens},
-                                             {"temperature", 0},
-                                             {"logprobs", 20}});
+  const json body =
+      Post("/v1/completions",
+           {{"prompt", prompt}, {"max_tokens", kTokens}, {"temperature", 0}, {"logprobs", 20}});
   ASSERT_TRUE(body.is_object());
   const json& choice = body["choices"][0];
   const json& lp = choice["logprobs"];
@@ -158,9 +157,11 @@ TEST_F(LogprobsTest, CompletionLogprobsAreTheForwardsLogSoftmax) {
 }
 
 TEST_F(LogprobsTest, ZeroAlternativesListOnlyTheSampledToken) {
-  const json body = Post("/v1/completions",
-                         {{"prompt", "The little dog"}, {"max_tokens", 6}, {"logprobs", 0},
-                          {"temperature", 0.9}, {"seed", 3}});
+  const json body = Post("/v1/completions", {{"prompt", "The little dog"},
+                                             {"max_tokens", 6},
+                                             {"logprobs", 0},
+                                             {"temperature", 0.9},
+                                             {"seed", 3}});
   const json& lp = body["choices"][0]["logprobs"];
   ASSERT_EQ(lp["tokens"].size(), 6u) << body.dump();
   for (size_t i = 0; i < 6; ++i) {
@@ -175,10 +176,14 @@ TEST_F(LogprobsTest, ZeroAlternativesListOnlyTheSampledToken) {
 // What is reported is the model's distribution, not the sampler's: the first step's top tokens
 // are the same at temperature 0 and at 1.7.
 TEST_F(LogprobsTest, TemperatureDoesNotChangeTheReportedLogprobs) {
-  const json greedy = Post("/v1/completions", {{"prompt", "Lily wanted to"}, {"max_tokens", 1},
-                                               {"logprobs", 5}, {"temperature", 0}});
-  const json hot = Post("/v1/completions", {{"prompt", "Lily wanted to"}, {"max_tokens", 1},
-                                            {"logprobs", 5}, {"temperature", 1.7}, {"seed", 11}});
+  const json greedy =
+      Post("/v1/completions",
+           {{"prompt", "Lily wanted to"}, {"max_tokens", 1}, {"logprobs", 5}, {"temperature", 0}});
+  const json hot = Post("/v1/completions", {{"prompt", "Lily wanted to"},
+                                            {"max_tokens", 1},
+                                            {"logprobs", 5},
+                                            {"temperature", 1.7},
+                                            {"seed", 11}});
   const json& a = greedy["choices"][0]["logprobs"]["top_logprobs"][0];
   const json& b = hot["choices"][0]["logprobs"]["top_logprobs"][0];
   ASSERT_EQ(a.size(), 5u) << greedy.dump();
@@ -189,8 +194,8 @@ TEST_F(LogprobsTest, TemperatureDoesNotChangeTheReportedLogprobs) {
 }
 
 TEST_F(LogprobsTest, StreamedCompletionChunksCarryEachTokensLogprobs) {
-  const json request = {{"prompt", "The sun was shining"}, {"max_tokens", 10}, {"temperature", 0},
-                        {"logprobs", 3}};
+  const json request = {
+      {"prompt", "The sun was shining"}, {"max_tokens", 10}, {"temperature", 0}, {"logprobs", 3}};
   const json plain = Post("/v1/completions", request);
   json streamed_request = request;
   streamed_request["stream"] = true;

@@ -99,9 +99,10 @@ TEST(OpenAiClientTest, OfficialNodeSdkCompletesChatsStreamsAndGetsAuthentication
       GTEST_SKIP() << "npm is not installed: cannot install the openai package";
     }
     std::filesystem::create_directories(dir);
-    const ShellRun npm = Shell("cd '" + dir.string() +
-                               "' && timeout 300 npm install --prefix . openai@4 --no-audit "
-                               "--no-fund --loglevel=error --fetch-retries=2 --fetch-timeout=60000");
+    const ShellRun npm =
+        Shell("cd '" + dir.string() +
+              "' && timeout 300 npm install --prefix . openai@4 --no-audit "
+              "--no-fund --loglevel=error --fetch-retries=2 --fetch-timeout=60000");
     if (npm.status != 0) {
       GTEST_SKIP() << "npm could not install openai@4 (no network?): " << npm.out;
     }
@@ -112,9 +113,9 @@ TEST(OpenAiClientTest, OfficialNodeSdkCompletesChatsStreamsAndGetsAuthentication
 
   testing::ServerProcess server({"--api-key", "sdk-test-key", "-np", "4"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
-  const ShellRun node = Shell("KVL_BASE_URL=http://127.0.0.1:" + std::to_string(server.port()) +
-                              "/v1 KVL_API_KEY=sdk-test-key timeout 120 node '" + script.string() +
-                              "'");
+  const ShellRun node =
+      Shell("KVL_BASE_URL=http://127.0.0.1:" + std::to_string(server.port()) +
+            "/v1 KVL_API_KEY=sdk-test-key timeout 120 node '" + script.string() + "'");
   ASSERT_EQ(node.status, 0) << node.out << "\nserver log:\n" << server.Log();
   // The script's one line of JSON is the last line it prints.
   const size_t line = node.out.rfind("\n{");

@@ -13,8 +13,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,8 +48,9 @@ class ServerProcess {
  public:
   explicit ServerProcess(std::vector<std::string> extra_args) {
     static std::atomic<int> count{0};
-    std::vector<std::string> args = {KVL_KVL_BINARY, "serve", "-m", Stories260KPath(), "--port",
-                                     "0", "-t", "1", "--no-calibrate"};
+    std::vector<std::string> args = {KVL_KVL_BINARY,  "serve", "-m", Stories260KPath(),
+                                     "--port",        "0",     "-t", "1",
+                                     "--no-calibrate"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     log_path_ = ::testing::TempDir() + "kvl_serve_" + std::to_string(::getpid()) + "_" +
                 std::to_string(count++) + ".log";
@@ -128,8 +129,8 @@ class ServerProcess {
   std::string log_path_;
 };
 
-inline httplib::Result PostJson(httplib::Client& client, const std::string& path, const std::string& body,
-                         const httplib::Headers& headers = {}) {
+inline httplib::Result PostJson(httplib::Client& client, const std::string& path,
+                                const std::string& body, const httplib::Headers& headers = {}) {
   return client.Post(path.c_str(), headers, body, "application/json");
 }
 

@@ -1,16 +1,16 @@
 // `kvl serve` as a real process on a free loopback port, driven over HTTP: completions and chat
 // (plain and streamed) against Engine::Generate, every class of bad request, 16 concurrent
 // clients, a client leaving mid-stream, /metrics as Prometheus text, SIGTERM.
-#include <gtest/gtest.h>
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
 #include <sys/wait.h>
 
 #include <chrono>
 #include <cstdio>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -211,7 +211,8 @@ TEST_F(ServerTest, EveryBadRequestGetsA4xxWithOpenAiErrorJson) {
       {"/v1/chat/completions", R"({"messages":[]})", 400, "messages"},
       {"/v1/chat/completions", R"({"messages":"hi"})", 400, "messages"},
       {"/v1/chat/completions", R"({"messages":[5]})", 400, "messages[0]"},
-      {"/v1/chat/completions", R"({"messages":[{"role":"wizard","content":"x"}]})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"wizard","content":"x"}]})", 400,
+       "messages"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user"}]})", 400, "messages[0].content"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":7}]})", 400,
        "messages[0].content"},
@@ -312,7 +313,8 @@ TEST_F(ServerTest, SixteenConcurrentClientsGetTheirAloneOutputs) {
     std::string text;
     bool parsed = true;
     if (i % 2 == 0) {
-      const std::optional<std::string> t = ChoiceText(json::parse(bodies[size_t(i)], nullptr, false));
+      const std::optional<std::string> t =
+          ChoiceText(json::parse(bodies[size_t(i)], nullptr, false));
       parsed = t.has_value();
       text = t.value_or("");
     } else {
@@ -367,11 +369,12 @@ TEST_F(ServerTest, MetricsAreValidPrometheusText) {
   const testing::PrometheusCheck check = testing::CheckPrometheusText(res->body);
   EXPECT_TRUE(check.errors.empty()) << check.errors.front();
   for (const char* family :
-       {"kvl:kv_tier_bytes_used", "kvl:kv_tier_pages_in_total", "kvl:num_requests_running", "kvl:num_requests_waiting", "kvl:prompt_tokens_total",
-        "kvl:generation_tokens_total", "kvl:time_to_first_token_seconds",
-        "kvl:inter_token_latency_seconds", "kvl:e2e_request_latency_seconds",
-        "kvl:kv_cache_usage_perc", "kvl:prefix_cache_queries_total", "kvl:prefix_cache_hits_total",
-        "kvl:kv_pages_total", "kvl:kv_bytes_total", "kvl:kv_checksum_failures_total"}) {
+       {"kvl:kv_tier_bytes_used", "kvl:kv_tier_pages_in_total", "kvl:num_requests_running",
+        "kvl:num_requests_waiting", "kvl:prompt_tokens_total", "kvl:generation_tokens_total",
+        "kvl:time_to_first_token_seconds", "kvl:inter_token_latency_seconds",
+        "kvl:e2e_request_latency_seconds", "kvl:kv_cache_usage_perc",
+        "kvl:prefix_cache_queries_total", "kvl:prefix_cache_hits_total", "kvl:kv_pages_total",
+        "kvl:kv_bytes_total", "kvl:kv_checksum_failures_total"}) {
     EXPECT_TRUE(check.types.count(family)) << family;
   }
   EXPECT_EQ(check.types.at("kvl:time_to_first_token_seconds"), "histogram");
