@@ -46,7 +46,21 @@ StatusOr<std::vector<std::string>> LoadPrompts(const RunArgs& args) {
 // What the KV action lattice did over the run, in a few lines, printed only when it acted: per
 // action the pages and bytes it moved and what bringing them back was predicted to cost vs what it
 // cost; then the pool's peak and how much streaming attention waited for.
+void PrintKvTiers(const EngineMetrics& m) {
+  for (const KvTierMetrics& t : m.kv_tiers) {
+    fmt::print(stderr,
+               "kvl: kv tier {:<11} {} of {} in {} pages; lookups {}, hits {} pages ({} tokens), "
+               "promoted {} (predicted {:.2f} ms, measured {:.2f} ms); in {} pages {}, out {} "
+               "pages {}; evictions {}, checksum failures {}, errors {}\n",
+               t.name, FormatBytes(t.bytes_used), FormatBytes(t.capacity_bytes), t.pages,
+               t.lookups, t.hit_blocks, t.hit_tokens, t.blocks_promoted, t.promote_ms_predicted,
+               t.promote_ms_measured, t.pages_in, FormatBytes(t.bytes_in), t.pages_out,
+               FormatBytes(t.bytes_out), t.evictions, t.checksum_failures, t.errors);
+  }
+}
+
 void PrintKvSummary(const EngineMetrics& m) {
+  PrintKvTiers(m);
   bool acted = false;
   for (const KvActionCounter& c : m.kv_actions) acted |= c.pages > 0;
   if (!acted) return;

@@ -204,6 +204,36 @@ std::string TierIdentity(const Engine::Impl& e) {
                      l.residual_dim, DTypeName(l.k_type), DTypeName(l.v_type));
 }
 
+// A remote tier is not measured by the calibration yet: one page over loopback or a LAN.
+constexpr double kRemoteGbps = 1.0;
+constexpr double kRemoteLatencyMs = 0.2;
+
+// The KV store over every tier, fastest first, each with its price per page brought back. Off
+// without the prefix cache (there is no prefix identity to file pages under).
+void SetUpKvStore(Engine::Impl& e, const KvSettings& kv, const PageCostProfile& prices) {
+  const KvBlockLayout& layout = e.storage->layout();
+  if (!e.options.prefix_cache || !KvStore::Fits(layout, e.pager->layer_page_bytes())) return;
+  const double bytes = static_cast<double>(prices.kv_bytes);
+  auto ms = [&](double gbps, double latency_ms) {
+    return latency_ms + (gbps > 0 ? bytes / (gbps * 1e6) : 0.0);
+  };
+  std::vector<KvStoreTier> tiers;
+  if (e.ram_tier) {
+    tiers.push_back({e.ram_tier.get(), false, ms(prices.ram_gbps, prices.ram_latency_ms)});
+  }
+  if (e.disk_tier) {
+    bool persistent = true;
+    for (const TierSpec& spec : kv.tiers) {
+      if (spec.kind == "disk") persistent = spec.persistent;
+    }
+    tiers.push_back({e.disk_tier.get(), persistent,
+                     ms(prices.disk_read_gbps, prices.disk_latency_ms)});
+  }
+  if (tiers.empty()) return;
+  e.store = std::make_unique<KvStore>(layout, e.pager->layer_page_bytes(), std::move(tiers));
+  e.pager->set_store(e.store.get());
+}
+
 // The lattice: tiers, what may be done to a page and at what price, the planner that decides.
 Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
   std::string disk_dir;
@@ -249,6 +279,7 @@ Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
       (!kv.policy.automatic && kv.policy.fixed == KvAction::kRecomputeTokens);
   if (needs_profile) KVL_RETURN_IF_ERROR(LoadCostProfile(e, disk_dir, &rules.prices));
   e.pager->set_track_attention(rules.pages_running_sequences);
+  SetUpKvStore(e, kv, rules.prices);
   e.planner = std::make_unique<KvPressurePlanner>(rules, *e.kv, *e.pager);
   return Status::Ok();
 }
@@ -279,11 +310,13 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   so.max_batch_tokens = fo.max_batch_tokens;
   so.max_seqs = options.max_seqs;
   e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
+  if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices.recompute_tokens_ms);
   StepRunnerParts parts;
   parts.scheduler = e.scheduler.get();
   parts.kv = e.kv.get();
   parts.storage = e.storage.get();
   parts.pager = e.pager.get();
+  parts.store = e.store.get();
   parts.cache = e.cache.get();
   parts.forward = e.forward.get();
   parts.tokenizer = e.tokenizer.get();
@@ -319,6 +352,11 @@ bool Engine::Impl::StepImpl() {
   }
   metrics.SetGauges(kv->stats(), pager->stats(), scheduler->num_running(),
                     scheduler->num_waiting());
+  if (store) {
+    std::lock_guard<std::mutex> lock(store_stats_mutex);
+    store_stats.resize(store->tiers().size());
+    for (size_t t = 0; t < store_stats.size(); ++t) store_stats[t] = store->stats(t);
+  }
   return has_work || !scheduler->idle();
 }
 
@@ -424,6 +462,21 @@ EngineMetrics Engine::Metrics() const {
     tm.bytes_out = t.bytes_read;
     tm.checksum_failures = t.checksum_failures;
     tm.evictions = t.evictions;
+    if (e.store) {
+      // What the store did with this tier (lookups, hits, promotions), as of the last step.
+      const int64_t index = e.store->TierIndex(tier);
+      std::lock_guard<std::mutex> lock(e.store_stats_mutex);
+      if (index >= 0 && static_cast<size_t>(index) < e.store_stats.size()) {
+        const KvStoreTierStats& st = e.store_stats[static_cast<size_t>(index)];
+        tm.lookups = st.lookups;
+        tm.hit_blocks = st.hit_blocks;
+        tm.hit_tokens = st.hit_blocks * e.storage->layout().block_tokens;
+        tm.blocks_promoted = st.blocks_promoted;
+        tm.promote_ms_predicted = st.promote_ms_predicted;
+        tm.promote_ms_measured = st.promote_ms_measured;
+        tm.errors = st.errors;
+      }
+    }
   }
   return m;
 }

@@ -44,6 +44,10 @@ struct Engine::Impl {
   std::unique_ptr<KvBlockStorage> storage;
   std::unique_ptr<KvTier> ram_tier;
   std::unique_ptr<KvTier> disk_tier;
+  std::unique_ptr<KvStore> store;  // pages kept across requests, in the tiers
+  // The store's counters as of the last step, for Metrics() on other threads.
+  mutable std::mutex store_stats_mutex;
+  std::vector<KvStoreTierStats> store_stats;
   std::unique_ptr<KvPager> pager;
   std::unique_ptr<PagedKvCache> cache;
   std::unique_ptr<KvPressurePlanner> planner;

@@ -58,7 +58,8 @@ struct Sequence {
   // Where each of its KV pages is (pool, slab, tier, checkpoints, dropped); it outlives a
   // preemption, when the kept pages wait in tiers for the resume.
   KvSequencePages kv_pages;
-  int64_t restore_tokens = 0;      // this admission: tokens to promote instead of compute
+  int64_t restore_tokens = 0;      // this step: tokens to promote instead of compute
+  bool store_checked = false;      // its prompt was looked up in the KV store
 
   // The finished event (reason, error, counts, the text still held back); marks it finished.
   TokenEvent FinishEvent(const std::string& reason, Status error);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 namespace kvl {
 
@@ -31,7 +32,57 @@ void Scheduler::Cancel(const std::unordered_set<RequestId>& ids) {
   }
 }
 
-size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, StepPlan* plan) {
+int64_t Scheduler::RestorableTokens(const Sequence& seq, int64_t from, int64_t cap) const {
+  if (from % block_tokens_ != 0) return 0;
+  const int64_t len = static_cast<int64_t>(seq.tokens.size());
+  const std::vector<KvPage>& pages = seq.kv_pages.pages;
+  int64_t restore = 0;
+  for (size_t b = static_cast<size_t>(from / block_tokens_); b < pages.size(); ++b) {
+    if (!pages[b].awaiting_restore || from + restore + block_tokens_ > len - 1 ||
+        restore + block_tokens_ > cap) {
+      break;
+    }
+    restore += block_tokens_;
+  }
+  return restore;
+}
+
+void Scheduler::FindInStore(Sequence& seq, int64_t cached_tokens) {
+  seq.store_checked = true;
+  std::vector<KvPage>& pages = seq.kv_pages.pages;
+  if (std::any_of(pages.begin(), pages.end(), [](const KvPage& p) { return p.awaiting_restore; })) {
+    return;  // a resumed sequence brings back what its preemption kept
+  }
+  const int64_t len = static_cast<int64_t>(seq.tokens.size());
+  const int64_t first = cached_tokens / block_tokens_;
+  const int64_t last = (len - 1) / block_tokens_;  // the page with the last token is computed
+  if (first >= last) return;
+  kv_.ContentChain(seq.tokens, last, &content_ids_);
+  const int64_t found = store_->Lookup(
+      std::span(content_ids_).subspan(static_cast<size_t>(first)),
+      std::span(seq.tokens).subspan(static_cast<size_t>(first * block_tokens_)), &found_in_);
+  for (int64_t i = 0; i < found; ++i) {
+    KvTier* tier = found_in_[static_cast<size_t>(i)];
+    const int64_t tier_index = store_->TierIndex(tier);
+    const double promote_ms = store_->tiers()[static_cast<size_t>(tier_index)].promote_ms;
+    // The cheapest way back: a tier slower than recomputing the page from its tokens is not used
+    // (nor anything after it: the pages after a recomputed one are computed with it).
+    if (promote_ms >= recompute_page_ms_) break;
+    const size_t b = static_cast<size_t>(first + i);
+    if (pages.size() <= b) pages.resize(b + 1);
+    KvPage& page = pages[b];
+    page.fate = KvPageFate::kInTier;
+    page.action = tier_index == 0 && tier->reads_in_place() ? KvAction::kDemoteRam
+                                                            : KvAction::kDemoteDisk;
+    page.predicted_ms = promote_ms;
+    page.tier = tier;
+    page.content = content_ids_[b];
+    page.awaiting_restore = true;
+  }
+}
+
+size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t restore_cap,
+                            StepPlan* plan) {
   plan->steps.clear();
   plan->seqs.clear();
   int64_t budget = options_.max_batch_tokens;
@@ -39,10 +90,16 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, StepPlan
     for (auto& seq : running_) {
       const int64_t remaining = static_cast<int64_t>(seq->tokens.size()) - seq->num_computed;
       if (remaining <= 0 || (remaining == 1) != decode_pass || budget == 0) continue;
-      const int64_t n = std::min({remaining, budget, decode_pass ? remaining : prefill_cap});
+      // A prefill chunk promotes the pages the store or a preemption kept (a restore larger
+      // than the pool goes in chunks, the pool paging older pages out as it fills).
+      const int64_t restore =
+          decode_pass ? 0 : RestorableTokens(*seq, seq->num_computed, restore_cap);
+      const int64_t n =
+          std::min({remaining - restore, budget, decode_pass ? remaining : prefill_cap});
+      seq->restore_tokens = restore;
       plan->steps.push_back({seq->slot, std::span<const int32_t>(seq->tokens).subspan(
                                             static_cast<size_t>(seq->num_computed),
-                                            static_cast<size_t>(n))});
+                                            static_cast<size_t>(restore + n))});
       plan->seqs.push_back(seq.get());
       budget -= n;
     }
@@ -53,16 +110,10 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, StepPlan
     if (running_.size() + admissions >= static_cast<size_t>(options_.max_seqs)) break;
     const int64_t len = static_cast<int64_t>(seq->tokens.size());
     const int64_t cached = kv_.MatchPrefix(seq->tokens);
-    // Pages kept at a preemption right after the cached prefix are promoted instead of computed
-    // (never the page holding the last token: its logits are needed).
-    const std::vector<KvPage>& pages = seq->kv_pages.pages;
-    int64_t restore = 0;
-    for (size_t b = static_cast<size_t>(cached / block_tokens_); b < pages.size(); ++b) {
-      const bool kept =
-          pages[b].fate == KvPageFate::kInTier || pages[b].fate == KvPageFate::kCheckpointed;
-      if (!kept || cached + restore + block_tokens_ > len - 1) break;
-      restore += block_tokens_;
-    }
+    if (store_ != nullptr && !seq->store_checked) FindInStore(*seq, cached);
+    // Pages kept at a preemption or found in the store right after the cached prefix are
+    // promoted instead of computed.
+    const int64_t restore = RestorableTokens(*seq, cached, restore_cap);
     seq->restore_tokens = restore;
     const int64_t n = std::min({len - cached - restore, budget, prefill_cap});
     const SeqId slot = free_slots_[free_slots_.size() - 1 - admissions];
@@ -80,8 +131,9 @@ bool Scheduler::Schedule(StepPlan* plan) {
   planner_.ClearFailedActions();
   // Prefill chunks shrink when a sequence pages through a pool smaller than one chunk.
   int64_t prefill_cap = options_.max_batch_tokens;
+  int64_t restore_cap = std::numeric_limits<int64_t>::max();
   for (;;) {
-    const size_t admissions = FillSteps(max_admissions, prefill_cap, plan);
+    const size_t admissions = FillSteps(max_admissions, prefill_cap, restore_cap, plan);
     if (plan->steps.empty()) return false;
     // Recompute is priced against the step's own arithmetic: busy in prefill, idle in decode.
     phase_ = Phase::kDecode;
@@ -110,6 +162,15 @@ bool Scheduler::Schedule(StepPlan* plan) {
     // Running sequences' coldest pages leave the pool (the lattice) before anything is
     // preempted.
     if (RelievePressure(blocks_short, phase_)) continue;
+    // Restores larger than the pool go in chunks.
+    int64_t largest_restore = 0;
+    for (const Sequence* seq : plan->seqs) {
+      largest_restore = std::max(largest_restore, seq->restore_tokens);
+    }
+    if (largest_restore > 0) {
+      restore_cap = largest_restore / 2 / block_tokens_ * block_tokens_;
+      continue;
+    }
     if (planner_.rules().pages_running_sequences && prefill_cap > block_tokens_) {
       prefill_cap = std::max<int64_t>(block_tokens_, prefill_cap / 2);
       continue;
@@ -224,6 +285,8 @@ void Scheduler::PreemptAt(size_t running_index) {
   free_slots_.push_back(seq->slot);
   seq->slot = -1;
   seq->num_computed = 0;
+  seq->restore_tokens = 0;
+  seq->store_checked = false;
   waiting_.push_front(std::move(seq));
   metrics_.CountPreemption();
 }
@@ -240,6 +303,12 @@ void Scheduler::Finish(Sequence& seq, const std::string& reason, Status error) {
   const TokenEvent event = seq.FinishEvent(reason, std::move(error));
   if (seq.slot >= 0) {
     if (kv_.Contains(seq.slot)) {
+      // Durable tiers get the request's pages now, so a restart or another process finds them.
+      if (store_ != nullptr) {
+        for (const KvStoreTier& t : store_->tiers()) {
+          if (t.durable) pager_.SaveToStore(seq.slot, t.tier);
+        }
+      }
       pager_.DropSequence(seq.slot);
       kv_.Free(seq.slot);
     }

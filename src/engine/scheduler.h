@@ -48,6 +48,14 @@ class Scheduler {
   Scheduler(const SchedulerOptions& options, KvManager& kv, KvPager& pager,
             KvPressurePlanner& planner, MetricsRecorder& metrics);
 
+  // The KV store (nullptr: none) and what recomputing one page from its tokens costs: a prompt's
+  // pages found in the store are promoted when that is cheaper, and a finished request's pages
+  // are written through to the store's durable tiers.
+  void set_store(KvStore* store, double recompute_page_ms) {
+    store_ = store;
+    recompute_page_ms_ = recompute_page_ms;
+  }
+
   // A new request joins the back of the waiting queue.
   void Enqueue(std::unique_ptr<Sequence> seq);
   // Requests with these ids finish as "cancelled".
@@ -72,7 +80,14 @@ class Scheduler {
  private:
   // Fills plan->steps / seqs for the running sequences and up to max_admissions admissions;
   // returns how many admissions it took.
-  size_t FillSteps(size_t max_admissions, int64_t prefill_cap, StepPlan* plan);
+  size_t FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t restore_cap,
+                   StepPlan* plan);
+  // Tokens from position `from` that pages awaiting restore cover (whole pages, never the one
+  // holding the last token), at most `cap`.
+  int64_t RestorableTokens(const Sequence& seq, int64_t from, int64_t cap) const;
+  // Marks the pages of a waiting prompt that the KV store holds past the pool's cached prefix as
+  // awaiting restore, as far as promoting them is cheaper than recomputing them.
+  void FindInStore(Sequence& seq, int64_t cached_tokens);
   bool RelievePressure(int64_t blocks_short, Phase phase);
   void PreemptAt(size_t running_index);
   void CountAppliedActions(const KvPagePlan& plan);
@@ -91,6 +106,10 @@ class Scheduler {
   std::vector<SeqId> free_slots_;
   Phase phase_ = Phase::kDecode;                    // of the step being planned
   KvPagePlan page_plan_;                            // reused
+  KvStore* store_ = nullptr;
+  double recompute_page_ms_ = 0;
+  std::vector<KvContentId> content_ids_;            // reused by FindInStore
+  std::vector<KvTier*> found_in_;
   std::vector<KvPlannedSeq> planned_running_;       // reused
 };
 

@@ -60,8 +60,11 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
   const double ms = MillisecondsBetween(start, Clock::now());
   for (int64_t b = first_block; b < first_block + restored; ++b) {
     const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
-    p_.metrics->CountRestored(page.action, page.predicted_ms,
-                              ms / static_cast<double>(std::max<int64_t>(1, restored)));
+    const double page_ms = ms / static_cast<double>(std::max<int64_t>(1, restored));
+    p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
+    if (page.content.valid() && p_.store != nullptr) {
+      p_.store->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
+    }
   }
   return restored * block_tokens_;
 }
@@ -73,22 +76,24 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     Sequence& seq = *plan.seqs[i];
     const KvPlan::SeqPlan& sp = plan.kv.seqs[i];
+    const int64_t step_tokens = static_cast<int64_t>(plan.steps[i].tokens.size());
     if (sp.admit) {
       p_.pager->StartSequence(seq.slot, &seq.kv_pages);
       seq.num_computed = sp.num_cached_tokens;
-      if (seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = sp.num_cached_tokens;
-      if (seq.restore_tokens > 0) {
-        seq.num_computed += RestorePages(seq);
-        seq.restore_tokens = 0;
-      }
       // Pages dropped at the preemption are recomputed from their tokens by this step.
       for (const KvPage& page : seq.kv_pages.pages) {
         if (page.fate == KvPageFate::kDropped) dropped_predicted_ms_.push_back(page.predicted_ms);
       }
-      p_.pager->SettleRestoredPages(seq.slot);
     }
-    const int64_t step_tokens = static_cast<int64_t>(plan.steps[i].tokens.size());
     const int64_t end = sp.admit ? step_tokens : seq.num_computed + step_tokens;
+    if (seq.restore_tokens > 0) {
+      seq.num_computed += RestorePages(seq);
+      seq.restore_tokens = 0;
+    }
+    // The prompt's cached part, as usage reports it: the pool's prefix and the pages promoted
+    // from the KV store at the first admission.
+    if (sp.admit && seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = seq.num_computed;
+    if (sp.admit || seq.num_computed < seq.num_prompt) p_.pager->SettleRestoredPages(seq.slot);
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
       batch_.Add(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot, pos == last);
@@ -170,6 +175,11 @@ void StepRunner::RecomputeFailedStreams() {
 }
 
 void StepRunner::Run(const StepPlan& plan) {
+  // Cached blocks the plan reuses for new contents go to the KV store first.
+  for (const KvPlan::SeqPlan& sp : plan.kv.seqs) {
+    for (BlockId block : sp.allocated) p_.pager->SpillFreeBlock(block);
+    if (sp.cow_dst != kNoBlock) p_.pager->SpillFreeBlock(sp.cow_dst);
+  }
   p_.kv->Commit(plan.kv);
   for (const KvBlockCopy& copy : plan.kv.copies) p_.storage->CopyBlock(copy.src, copy.dst);
   const Clock::time_point start = Clock::now();

@@ -24,6 +24,7 @@ struct StepRunnerParts {
   KvManager* kv = nullptr;
   KvBlockStorage* storage = nullptr;
   KvPager* pager = nullptr;
+  KvStore* store = nullptr;  // may be null
   PagedKvCache* cache = nullptr;
   Forward* forward = nullptr;
   const Tokenizer* tokenizer = nullptr;

@@ -464,7 +464,7 @@ Status DiskTier::Put(std::span<const PageWrite> pages) {
     const PageKey key = pages[io.index].key;
     EraseLocked(key);
     auto lru = evictable_.end();
-    if (evict_lru_) lru = evictable_.insert(evictable_.end(), key);
+    if (evict_lru_ || pages[io.index].evictable) lru = evictable_.insert(evictable_.end(), key);
     index_[key] = {io.slot, headers[io.index].checksum, headers[io.index].generation, lru};
   }
   stats_.puts += static_cast<int64_t>(pages.size());

@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack: no allocation per block
+#include <xxhash.h>
+
 #include <algorithm>
 
 #include "block_hash.h"
@@ -13,6 +16,18 @@ namespace kvl {
 using kv_internal::BlockMeta;
 using kv_internal::BlockRef;
 using kv_internal::SeqState;
+
+KvContentId ChainContentId(KvContentId parent, std::span<const int32_t> tokens,
+                           uint64_t model_identity) {
+  XXH3_state_t state;
+  XXH3_128bits_reset_withSeed(&state, model_identity);
+  XXH3_128bits_update(&state, &parent, sizeof(parent));
+  XXH3_128bits_update(&state, tokens.data(), tokens.size_bytes());
+  const XXH128_hash_t h = XXH3_128bits_digest(&state);
+  KvContentId id{h.low64, h.high64};
+  if (!id.valid()) id.lo = 1;  // {0, 0} means "no identity"
+  return id;
+}
 
 KvManager::State::State(const KvManagerOptions& opts, int32_t num_blocks)
     : options(opts),
@@ -137,11 +152,15 @@ void KvManager::State::RegisterFullBlock(const SeqState& seq, size_t k) {
   KVL_CHECK(!m.full && !m.indexed);
   const size_t bt = static_cast<size_t>(block_tokens);
   const std::span<const int32_t> tokens = std::span(seq.tokens).subspan(k * bt, bt);
+  std::copy(tokens.begin(), tokens.end(),
+            block_token_ids.begin() + static_cast<ptrdiff_t>(block * bt));
+  m.content = seq.content[k];
+  // A parent that left the pool (a lossless detach) gives no instance to chain to: the block is
+  // found through the KV store by its content id instead.
+  if (k > 0 && (seq.table[k - 1] == kNoBlock || !meta[seq.table[k - 1]].full)) return;
   m.parent_hash = k == 0 ? options.model_identity : meta[seq.table[k - 1]].hash;
   m.parent = k == 0 ? BlockRef{} : CanonicalRef(seq.table[k - 1]);
   m.hash = Hash(m.parent_hash, tokens);
-  std::copy(tokens.begin(), tokens.end(),
-            block_token_ids.begin() + static_cast<ptrdiff_t>(block * bt));
   m.full = true;
   if (!options.enable_prefix_cache) return;
   const BlockId holder = index.Find(m.hash);
@@ -204,6 +223,19 @@ int64_t KvManager::BlocksFor(int64_t num_tokens) const {
 
 int64_t KvManager::MatchPrefix(std::span<const int32_t> tokens) const {
   return static_cast<int64_t>(s_->MatchBlocks(tokens, nullptr)) * s_->block_tokens;
+}
+
+void KvManager::ContentChain(std::span<const int32_t> tokens, int64_t num_blocks,
+                             std::vector<KvContentId>* out) const {
+  const size_t bt = static_cast<size_t>(s_->block_tokens);
+  KVL_CHECK(num_blocks >= 0 && static_cast<size_t>(num_blocks) * bt <= tokens.size());
+  out->clear();
+  KvContentId parent;
+  for (int64_t k = 0; k < num_blocks; ++k) {
+    parent = ChainContentId(parent, tokens.subspan(static_cast<size_t>(k) * bt, bt),
+                            s_->options.model_identity);
+    out->push_back(parent);
+  }
 }
 
 KvPlan KvManager::Plan(std::span<const KvSeqStep> steps) const {
@@ -333,6 +365,8 @@ void KvManager::Commit(const KvPlan& plan) {
                                                    static_cast<int64_t>(sp.tokens.size()));
       seq.tokens.reserve(static_cast<size_t>(max_tokens));
       seq.table.reserve(static_cast<size_t>(BlocksFor(max_tokens)));
+      seq.content.clear();
+      seq.content.reserve(static_cast<size_t>(BlocksFor(max_tokens)));
       ++s.num_seqs;
       for (BlockId block : sp.reused) {
         s.RefBlock(block);
@@ -363,7 +397,17 @@ void KvManager::Commit(const KvPlan& plan) {
               BlocksFor(static_cast<int64_t>(seq.tokens.size())));
     const size_t first_unfilled = std::max(old_tokens / s.block_tokens, sp.reused.size());
     const size_t full_blocks = seq.tokens.size() / s.block_tokens;
-    if (!seq.paged) {
+    // Content ids of the blocks filled now (the reused ones carry theirs); none once lossy.
+    for (size_t k = seq.content.size(); k < full_blocks; ++k) {
+      const KvContentId parent = k == 0 ? KvContentId{} : seq.content[k - 1];
+      seq.content.push_back(
+          seq.lossy || (k > 0 && !parent.valid())
+              ? KvContentId{}
+              : ChainContentId(parent,
+                               std::span(seq.tokens).subspan(k * s.block_tokens, s.block_tokens),
+                               s.options.model_identity));
+    }
+    if (!seq.lossy) {
       for (size_t k = first_unfilled; k < full_blocks; ++k) s.RegisterFullBlock(seq, k);
     }
   }
@@ -382,8 +426,10 @@ void KvManager::Free(SeqId seq_id) {
   }
   seq.present = false;
   seq.paged = false;
+  seq.lossy = false;
   seq.table.clear();
   seq.tokens.clear();
+  seq.content.clear();
   --s.num_seqs;
   ++s.version;
 }
@@ -398,12 +444,13 @@ void KvManager::Fork(SeqId parent, SeqId child) {
   to.present = true;
   to.table = from.table;
   to.tokens = from.tokens;
+  to.content = from.content;
   for (BlockId block : to.table) s.pool.Ref(block);
   ++s.num_seqs;
   ++s.version;
 }
 
-void KvManager::Detach(SeqId seq_id, int64_t block_index) {
+void KvManager::Detach(SeqId seq_id, int64_t block_index, bool lossless) {
   State& s = *s_;
   KVL_CHECK(Contains(seq_id));
   SeqState& seq = s.seqs[seq_id];
@@ -414,7 +461,28 @@ void KvManager::Detach(SeqId seq_id, int64_t block_index) {
   s.UnrefBlock(entry);
   entry = kNoBlock;
   seq.paged = true;
+  if (!lossless) seq.lossy = true;
   ++s.version;
+}
+
+KvContentId KvManager::ContentOf(SeqId seq, int64_t block_index) const {
+  KVL_CHECK(Contains(seq));
+  const std::vector<KvContentId>& content = s_->seqs[seq].content;
+  return block_index >= 0 && static_cast<size_t>(block_index) < content.size()
+             ? content[static_cast<size_t>(block_index)]
+             : KvContentId{};
+}
+
+KvContentId KvManager::FreeBlockContent(BlockId block) const {
+  const State& s = *s_;
+  KVL_CHECK(block >= 0 && block < s.pool.num_blocks());
+  if (s.pool.refcount(block) != 0 || s.raw[block]) return {};
+  return s.meta[block].content;
+}
+
+std::span<const int32_t> KvManager::BlockTokens(BlockId block) const {
+  KVL_CHECK(block >= 0 && block < s_->pool.num_blocks());
+  return s_->BlockTokens(block);
 }
 
 uint64_t KvManager::state_version() const { return s_->version; }

@@ -36,13 +36,19 @@ struct BlockMeta {
   // there is one); {kNoBlock, 0} for the first block. Matching this, not just parent_hash, makes
   // a hit exact even when two different prefixes collide.
   BlockRef parent;
+  // The page's content id, when it has one (set even where the block is not in the index, e.g.
+  // when its parent left the pool): the KV store saves the page under it before the block is
+  // reused. Reset when the block is allocated.
+  KvContentId content;
 };
 
 struct SeqState {
   bool present = false;
   bool paged = false;  // some full block was detached (KvManager::Detach)
+  bool lossy = false;  // some block was detached without keeping its exact bytes
   std::vector<BlockId> table;
   std::vector<int32_t> tokens;
+  std::vector<KvContentId> content;  // [full blocks]: each one's content id ({} when none)
 };
 
 }  // namespace kv_internal

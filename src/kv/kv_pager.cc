@@ -65,6 +65,7 @@ void KvPager::ReserveStaging(int64_t max_staged_pages, bool compresses) {
   size(rebuilt_positions_, checkpoints ? pages * static_cast<size_t>(layout_.block_tokens) : 0);
   streamed_.reserve(pages);
   rebuilt_.reserve(pages);
+  in_place_.reserve(static_cast<size_t>(manager_.num_blocks()));
   failed_.reserve(bound_.size());
   size(encode_scratch_, compresses ? static_cast<size_t>(CompressedPageBytes(
                                          KvCodecType::kInt8, layout_.block_tokens,
@@ -154,14 +155,20 @@ void KvPager::StartSequence(SeqId seq, KvSequencePages* pages) {
 }
 
 void KvPager::ReleasePage(KvPage& page) {
+  if (page.awaiting_restore) {  // never counted as held: it is not part of the sequence's KV
+    LetGoTierPage(page);
+    MakeResident(page);
+    return;
+  }
   switch (page.fate) {
     case KvPageFate::kCompressed:
       slabs_.Free(page.codec, page.slots);
       --stats_.compressed_pages;
       break;
     case KvPageFate::kInTier:
-      EraseTierPage(page.tier, page.page_id);
+      LetGoTierPage(page);
       --stats_.streamed_pages;
+      if (page.in_place) --stats_.in_place_pages;
       break;
     case KvPageFate::kCheckpointed:
       EraseTierPage(page.tier, page.page_id);
@@ -233,7 +240,7 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action) {
         EncodeLayer(codec, k, v, layout_.block_tokens, layout_.kv_dim,
                     encode_scratch_.data() + l * slot);
       }
-      manager_.Detach(seq, block_index);
+      manager_.Detach(seq, block_index, /*lossless=*/false);
       // The block was this sequence's alone, so it is free now and one slab is always there.
       const bool allocated = slabs_.Allocate(codec, num_layers, &page.slots);
       KVL_CHECK_MSG(allocated, "no slab right after a block was freed");
@@ -253,17 +260,15 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action) {
       KvTier* tier = TierFor(action);
       KVL_CHECK_MSG(tier != nullptr, "a demotion to a tier this engine does not have");
       KVL_CHECK(!residual || (layout_.residual_dim > 0 && rebuilder_ != nullptr));
-      uint64_t page_id = 0;
-      if (!WriteLayerPages(block, tier, residual, &page_id)) return false;
-      manager_.Detach(seq, block_index);
+      if (!KeepInTier(seq, block_index, block, tier, residual, &page)) return false;
+      manager_.Detach(seq, block_index, /*lossless=*/true);
       page.fate = residual ? KvPageFate::kCheckpointed : KvPageFate::kInTier;
-      page.tier = tier;
-      page.page_id = page_id;
       ++(residual ? stats_.rebuilt_pages : stats_.streamed_pages);
+      if (page.in_place) ++stats_.in_place_pages;
       return true;
     }
     case KvAction::kEvict:
-      manager_.Detach(seq, block_index);
+      manager_.Detach(seq, block_index, /*lossless=*/false);
       page.fate = KvPageFate::kEvicted;
       ++stats_.evicted_pages;
       return true;
@@ -308,18 +313,19 @@ void KvPager::Preempt(SeqId seq, KvPagePlan& plan) {
     KvPage& page = PageAt(s, a.block_index);
     KvTier* tier = TierFor(a.action);
     const bool residual = a.action == KvAction::kRecomputeResidual;
-    uint64_t page_id = 0;
     // A full tier keeps none of the page: it is dropped instead.
-    a.applied = tier != nullptr &&
-                WriteLayerPages(table[static_cast<size_t>(a.block_index)], tier, residual, &page_id);
+    a.applied = tier != nullptr && KeepInTier(seq, a.block_index,
+                                              table[static_cast<size_t>(a.block_index)], tier,
+                                              residual, &page);
     a.failed = tier != nullptr && !a.applied;
+    if (!a.applied) MakeResident(page);
     page.fate = !a.applied ? KvPageFate::kDropped
                 : residual ? KvPageFate::kCheckpointed
                            : KvPageFate::kInTier;
     page.action = a.applied ? a.action : KvAction::kRecomputeTokens;
     page.predicted_ms = a.predicted_ms;
-    page.tier = a.applied ? tier : nullptr;
-    page.page_id = page_id;
+    page.in_place = false;  // a preempted page is promoted at the resume, never streamed
+    page.awaiting_restore = a.applied;
   }
   s.mass.clear();
   s.filled_at_step.clear();
@@ -337,7 +343,7 @@ int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks
     KVL_CHECK(residual || page.fate == KvPageFate::kInTier);
     const BlockId block = table[static_cast<size_t>(b)];
     // Never wrong bytes: a corrupt or failed read ends the restore; the rest is computed.
-    if (!ReadLayerPages(block, page.tier, residual, page.page_id).ok()) break;
+    if (!ReadLayerPages(block, page, residual).ok()) break;
     if (residual) {
       RebuildBlockFromCheckpoints(block, b);
     } else if (layout_.residual_dim > 0) {
@@ -363,12 +369,75 @@ void KvPager::RebuildBlockFromCheckpoints(BlockId block, int64_t block_index) {
   }
 }
 
-void KvPager::SettleRestoredPages(SeqId seq) { ForgetPreemptedPages(Bound(seq)); }
+void KvPager::SettleRestoredPages(SeqId seq) {
+  KvSequencePages& s = Bound(seq);
+  const std::vector<BlockId>& table = manager_.block_table(seq);
+  for (size_t b = 0; b < s.pages.size() && b < table.size(); ++b) {
+    KvPage& page = s.pages[b];
+    if (!page.awaiting_restore) continue;
+    KVL_CHECK(table[b] != kNoBlock);
+    LetGoTierPage(page);
+    MakeResident(page);
+  }
+}
+
+int64_t KvPager::SaveToStore(SeqId seq, KvTier* tier) {
+  if (store_ == nullptr || store_->TierIndex(tier) < 0) return 0;
+  const std::vector<BlockId>& table = manager_.block_table(seq);
+  const KvSequencePages& s = Bound(seq);
+  const size_t bt = static_cast<size_t>(layout_.block_tokens);
+  const int64_t full_blocks = manager_.num_tokens(seq) / layout_.block_tokens;
+  int64_t saved = 0;
+  for (int64_t b = 0; b < full_blocks; ++b) {
+    const KvContentId content = manager_.ContentOf(seq, b);
+    if (!content.valid()) break;  // nothing after a page without identity has one
+    const BlockId block = table[static_cast<size_t>(b)];
+    const KvPage* page = static_cast<size_t>(b) < s.pages.size() ? &s.pages[static_cast<size_t>(b)] : nullptr;
+    std::function<std::span<const uint8_t>(int64_t)> layer;
+    if (block != kNoBlock) {
+      layer = [&](int64_t l) -> std::span<const uint8_t> { return LayerPageSpan(block, l, false); };
+    } else if (page != nullptr && page->fate == KvPageFate::kInTier && page->tier == tier) {
+      continue;  // already there
+    } else if (page != nullptr && page->fate == KvPageFate::kInTier && page->in_place) {
+      layer = [&](int64_t l) -> std::span<const uint8_t> {
+        const uint8_t* rows = page->tier->PeekPage(LayerKeyOf(*page, l), layer_bytes_);
+        return rows != nullptr ? std::span<const uint8_t>(rows, static_cast<size_t>(layer_bytes_))
+                               : std::span<const uint8_t>();
+      };
+      // A layer the other tier no longer has cannot be copied: the page is skipped.
+      bool complete = true;
+      for (int64_t l = 0; l < layout_.num_layers && complete; ++l) complete = !layer(l).empty();
+      if (!complete) continue;
+    } else {
+      continue;  // streamed from a tier that cannot be read in place, or lossy: not copied
+    }
+    const Status status = store_->Save(
+        tier, content,
+        std::span(manager_.tokens(seq)).subspan(static_cast<size_t>(b) * bt, bt), layer);
+    if (!status.ok()) {
+      last_tier_error_ = status;
+      break;  // a full or failing tier: the rest would fail the same way
+    }
+    ++saved;
+  }
+  return saved;
+}
+
+void KvPager::SpillFreeBlock(BlockId block) {
+  if (store_ == nullptr || store_->empty()) return;
+  const KvContentId content = manager_.FreeBlockContent(block);
+  if (!content.valid()) return;
+  KvTier* tier = store_->tiers().front().tier;
+  const Status status = store_->Save(
+      tier, content, manager_.BlockTokens(block),
+      [&](int64_t l) -> std::span<const uint8_t> { return LayerPageSpan(block, l, false); });
+  if (!status.ok()) last_tier_error_ = status;
+}
 
 void KvPager::ForgetPreemptedPages(KvSequencePages& pages) {
   for (KvPage& page : pages.pages) {
     if (page.fate == KvPageFate::kInTier || page.fate == KvPageFate::kCheckpointed) {
-      EraseTierPage(page.tier, page.page_id);
+      LetGoTierPage(page);
     }
     MakeResident(page);
   }
@@ -383,6 +452,10 @@ void KvPager::MakeResident(KvPage& page) {
   page.slots.clear();
   page.tier = nullptr;
   page.page_id = 0;
+  page.content = {};
+  page.in_place = false;
+  page.in_place_rows = nullptr;
+  page.awaiting_restore = false;
   page.stage_index = -1;
   page.read_failed = false;
 }
@@ -415,14 +488,45 @@ bool KvPager::WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64
   return true;
 }
 
-Status KvPager::ReadLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t page_id) {
+bool KvPager::KeepInTier(SeqId seq, int64_t block_index, BlockId block, KvTier* tier,
+                         bool residual, KvPage* page) {
+  const KvContentId content = manager_.ContentOf(seq, block_index);
+  if (!residual && content.valid() && store_ != nullptr && store_->TierIndex(tier) >= 0) {
+    const size_t bt = static_cast<size_t>(layout_.block_tokens);
+    const Status saved = store_->Save(
+        tier, content,
+        std::span(manager_.tokens(seq)).subspan(static_cast<size_t>(block_index) * bt, bt),
+        [&](int64_t l) -> std::span<const uint8_t> { return LayerPageSpan(block, l, false); });
+    if (!saved.ok()) {
+      last_tier_error_ = saved;
+      return false;
+    }
+    page->tier = tier;
+    page->content = content;
+    page->page_id = 0;
+  } else {
+    uint64_t page_id = 0;
+    if (!WriteLayerPages(block, tier, residual, &page_id)) return false;
+    page->tier = tier;
+    page->content = {};
+    page->page_id = page_id;
+  }
+  page->in_place = !residual && tier->reads_in_place();
+  return true;
+}
+
+Status KvPager::ReadLayerPages(BlockId block, const KvPage& page, bool residual) {
   std::vector<PageRead>& reads = read_list_;
   reads.clear();
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
-    reads.push_back({KeyOf(page_id, l), LayerPageSpan(block, l, residual)});
+    reads.push_back({LayerKeyOf(page, l), LayerPageSpan(block, l, residual)});
   }
-  for (const Status& status : tier->Get(reads)) KVL_RETURN_IF_ERROR(status);
+  for (const Status& status : page.tier->Get(reads)) KVL_RETURN_IF_ERROR(status);
   return Status::Ok();
+}
+
+void KvPager::LetGoTierPage(const KvPage& page) {
+  if (!page.content.valid()) EraseTierPage(page.tier, page.page_id);
 }
 
 void KvPager::EraseTierPage(KvTier* tier, uint64_t page_id) {
@@ -433,6 +537,7 @@ void KvPager::EraseTierPage(KvTier* tier, uint64_t page_id) {
 
 void KvPager::BeginStep(std::span<const SeqId> seqs) {
   streamed_.clear();
+  in_place_.clear();
   rebuilt_.clear();
   failed_.clear();
   for (SeqId seq : seqs) {
@@ -449,18 +554,21 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
     if (static_cast<int64_t>(s.filled_at_step.size()) < full_blocks) {
       s.filled_at_step.resize(static_cast<size_t>(full_blocks), s.steps);
     }
-    for (size_t b = 0; b < s.pages.size(); ++b) {
+    const size_t blocks = manager_.block_table(seq).size();
+    for (size_t b = 0; b < s.pages.size() && b < blocks; ++b) {
       KvPage& page = s.pages[b];
       page.read_failed = false;
-      std::vector<StagedPage>* list = page.fate == KvPageFate::kInTier         ? &streamed_
-                                    : page.fate == KvPageFate::kCheckpointed ? &rebuilt_
-                                                                             : nullptr;
+      if (page.awaiting_restore) continue;
+      std::vector<StagedPage>* list = page.fate == KvPageFate::kInTier
+                                          ? (page.in_place ? &in_place_ : &streamed_)
+                                      : page.fate == KvPageFate::kCheckpointed ? &rebuilt_
+                                                                               : nullptr;
       if (list == nullptr) continue;
       page.stage_index = static_cast<int64_t>(list->size());
       list->push_back({seq, static_cast<int64_t>(b)});
     }
   }
-  if (streamed_.empty() && rebuilt_.empty()) return;
+  if (streamed_.empty() && rebuilt_.empty() && in_place_.empty()) return;
   KVL_CHECK_MSG(static_cast<int64_t>(streamed_.size() + rebuilt_.size()) <= staging_capacity_pages_,
                 "more pages staged than the reserved staging holds");
   for (size_t i = 0; i < rebuilt_.size(); ++i) {
@@ -504,7 +612,7 @@ void KvPager::IssueLayerRead(int64_t layer) {
         if (page.tier != tier) continue;
         uint8_t* out = checkpoints ? checkpoint_stage_[buffer].data() + static_cast<int64_t>(i) * bytes
                                    : StageData(layer, static_cast<int64_t>(i));
-        reads.push_back({KeyOf(page.page_id, layer), std::span<uint8_t>(out, static_cast<size_t>(bytes))});
+        reads.push_back({LayerKeyOf(page, layer), std::span<uint8_t>(out, static_cast<size_t>(bytes))});
         read.stage_indices.push_back(static_cast<int64_t>(i));
       }
       read.result = tier->GetAsync(std::move(reads));
@@ -514,6 +622,17 @@ void KvPager::IssueLayerRead(int64_t layer) {
 }
 
 void KvPager::BeginLayer(int64_t layer) {
+  // Pages read in place: this layer's rows where the tier holds them. A page the tier no longer
+  // has (evicted to make room for another) reads as dropped, and its sequence is recomputed.
+  for (const StagedPage& st : in_place_) {
+    KvPage& page = PageOf(st);
+    page.in_place_rows = page.tier->PeekPage(LayerKeyOf(page, layer), layer_bytes_);
+    if (page.in_place_rows != nullptr) continue;
+    page.read_failed = true;
+    if (std::find(failed_.begin(), failed_.end(), st.seq) == failed_.end()) failed_.push_back(st.seq);
+    ++stats_.stream_read_failures;
+  }
+  stats_.layers_streamed += static_cast<int64_t>(in_place_.size());
   if (streamed_.empty() && rebuilt_.empty()) return;
   const int buffer = static_cast<int>(layer % 2);
   KVL_CHECK_MSG(pending_layer_[buffer] == layer, "layers must be begun in order");
@@ -557,6 +676,7 @@ std::span<const SeqId> KvPager::EndStep() {
     buffer.clear();
   }
   streamed_.clear();
+  in_place_.clear();
   rebuilt_.clear();
   return failed_;
 }
@@ -577,7 +697,9 @@ KvCache::Rows KvPager::RowsAt(int32_t seq, int64_t block_index, int64_t layer, i
         rows.kind = KvCache::Rows::Kind::kDropped;
         return rows;
       }
-      uint8_t* data = StageData(layer, page.stage_index);
+      // Attention only reads the rows (DenseRows takes them as mutable for the pool's sake).
+      uint8_t* data = page.in_place ? const_cast<uint8_t*>(page.in_place_rows)
+                                    : StageData(layer, page.stage_index);
       return DenseRows(layout_, data, data + layout_.layer_k_bytes(), offset);
     }
     case KvPageFate::kCheckpointed: {

@@ -109,10 +109,13 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
     // A running page is rebuilt from its checkpoints at every step that reads it; from tokens it
     // cannot be (that would rerun the whole prefix each step).
     costs.available_actions &= ~Bit(KvAction::kRecomputeTokens);
-    // Every step stages a streamed or checkpointed page: only as many as the staging holds.
+    // Every step stages a streamed or checkpointed page: only as many as the staging holds. A
+    // RAM tier that attention reads in place needs no staging for demoted pages.
     if (!staging_room) {
-      costs.available_actions &= ~(Bit(KvAction::kDemoteRam) | Bit(KvAction::kDemoteDisk) |
-                                   Bit(KvAction::kRecomputeResidual));
+      uint32_t staged = Bit(KvAction::kDemoteDisk) | Bit(KvAction::kRecomputeResidual);
+      const KvTier* ram = pager_.TierFor(KvAction::kDemoteRam);
+      if (ram == nullptr || !ram->reads_in_place()) staged |= Bit(KvAction::kDemoteRam);
+      costs.available_actions &= ~staged;
     }
   } else {
     // The sequence resumes as soon as blocks free up: every one of its pages will be read again.
@@ -195,7 +198,9 @@ void KvPressurePlanner::PlanRelief(std::span<const KvPlannedSeq> running, int64_
     const KvPageAction a =
         Decide(c.seq, c.block_index, /*running=*/true, phase, /*staging_room=*/staging_left > 0);
     if (a.action == KvAction::kKeep) continue;
-    if (pager_.TierFor(a.action) != nullptr) --staging_left;
+    const KvTier* tier = pager_.TierFor(a.action);
+    const bool in_place = tier != nullptr && tier->reads_in_place();
+    if (tier != nullptr && !in_place) --staging_left;
     plan->actions.push_back(a);
     ++leaving;
   }

@@ -9,6 +9,7 @@
 #include <zstd.h>
 
 #include <cstring>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -48,6 +49,8 @@ struct StoredPage {
   int64_t page_bytes = 0;     // uncompressed size
   uint64_t checksum = 0;      // of the uncompressed bytes, seeded with the key
   bool compressed = false;
+  bool evictable = false;
+  std::list<PageKey>::iterator lru;  // its place in evictable_ (evictable pages only)
 };
 
 class RamTier final : public KvTier {
@@ -88,16 +91,36 @@ class RamTier final : public KvTier {
         reclaimed += static_cast<int64_t>(it->second.data.size());
       }
     }
-    const int64_t free_bytes = capacity_bytes_ - bytes_used_ + reclaimed;
-    if (needed > free_bytes) {
+    int64_t free_bytes = capacity_bytes_ - bytes_used_ + reclaimed;
+    // Cached pages other than those this batch replaces (already in `reclaimed`) can make room.
+    int64_t evictable_bytes = evictable_bytes_;
+    for (const auto& [key, index] : last_index) {
+      if (auto it = pages_.find(key); it != pages_.end() && it->second.evictable) {
+        evictable_bytes -= static_cast<int64_t>(it->second.data.size());
+      }
+    }
+    if (needed > free_bytes + evictable_bytes) {
       return ResourceExhaustedError(
           fmt::format("{} tier: {} pages need {} bytes but only {} are free (capacity {}, {} used)",
                       name_, last_index.size(), needed, free_bytes, capacity_bytes_, bytes_used_));
     }
+    // Room from the coldest cached pages first (never one this batch replaces).
+    for (auto it = evictable_.begin(); needed > free_bytes && it != evictable_.end();) {
+      const PageKey victim = *it++;
+      if (last_index.count(victim) != 0) continue;
+      free_bytes += StoredSize(victim);
+      EraseLocked(victim);
+      ++stats_evictions_;
+    }
     for (const auto& [key, index] : last_index) {
+      EraseLocked(key);
       StoredPage& slot = pages_[key];
-      bytes_used_ -= static_cast<int64_t>(slot.data.size());
       slot = std::move(encoded[index]);
+      slot.evictable = pages[index].evictable;
+      if (slot.evictable) {
+        slot.lru = evictable_.insert(evictable_.end(), key);
+        evictable_bytes_ += static_cast<int64_t>(slot.data.size());
+      }
       bytes_used_ += static_cast<int64_t>(slot.data.size());
     }
     for (const PageWrite& page : pages)
@@ -127,12 +150,19 @@ class RamTier final : public KvTier {
 
   void Erase(std::span<const PageKey> keys) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (PageKey key : keys) {
-      auto it = pages_.find(key);
-      if (it == pages_.end()) continue;
-      bytes_used_ -= static_cast<int64_t>(it->second.data.size());
-      pages_.erase(it);
+    for (PageKey key : keys) EraseLocked(key);
+  }
+
+  bool reads_in_place() const override { return !compress_; }
+
+  const uint8_t* PeekPage(PageKey key, int64_t page_bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pages_.find(key);
+    if (it == pages_.end() || it->second.compressed || it->second.page_bytes != page_bytes) {
+      return nullptr;
     }
+    Touch(it->second);
+    return it->second.data.data();
   }
 
   bool Contains(PageKey key) const override {
@@ -153,10 +183,31 @@ class RamTier final : public KvTier {
     s.write_ops = stats_write_ops_;
     s.read_ops = stats_read_ops_;
     s.checksum_failures = stats_checksum_failures_;
+    s.evictions = stats_evictions_;
     return s;
   }
 
  private:
+  int64_t StoredSize(PageKey key) const {
+    return static_cast<int64_t>(pages_.at(key).data.size());
+  }
+
+  void EraseLocked(PageKey key) {
+    auto it = pages_.find(key);
+    if (it == pages_.end()) return;
+    if (it->second.evictable) {
+      evictable_.erase(it->second.lru);
+      evictable_bytes_ -= static_cast<int64_t>(it->second.data.size());
+    }
+    bytes_used_ -= static_cast<int64_t>(it->second.data.size());
+    pages_.erase(it);
+  }
+
+  // A read is a use: a cached page moves to the hot end of the eviction order.
+  void Touch(StoredPage& page) {
+    if (page.evictable) evictable_.splice(evictable_.end(), evictable_, page.lru);
+  }
+
   Status Encode(const PageWrite& page, StoredPage* out) const {
     out->page_bytes = static_cast<int64_t>(page.bytes.size());
     out->checksum = PageChecksum(page.key, page.bytes);
@@ -211,6 +262,7 @@ class RamTier final : public KvTier {
     }
     ++stats_gets_;
     stats_bytes_read_ += page.page_bytes;
+    Touch(it->second);
     return Status::Ok();
   }
 
@@ -220,9 +272,12 @@ class RamTier final : public KvTier {
 
   mutable std::mutex mutex_;
   std::unordered_map<PageKey, StoredPage> pages_;  // guarded by mutex_
+  std::list<PageKey> evictable_;  // cached pages, least recently used first; guarded by mutex_
+  int64_t evictable_bytes_ = 0;   // their stored sizes; guarded by mutex_
   int64_t bytes_used_ = 0;                         // sum of stored sizes; guarded by mutex_
   int64_t stats_puts_ = 0, stats_gets_ = 0, stats_bytes_written_ = 0, stats_bytes_read_ = 0;
   int64_t stats_write_ops_ = 0, stats_read_ops_ = 0, stats_checksum_failures_ = 0;
+  int64_t stats_evictions_ = 0;
 
   kv_internal::TierWorker worker_;  // starts its thread at the first GetAsync
 };

@@ -1,10 +1,12 @@
-// --kv-tier specs: "ram:SIZE[:zstd]" and "disk:PATH:SIZE[:direct][:scratch]". The size parser lives here
-// rather than in the engine so the kv layer stays usable (and testable) on its own.
+// --kv-tier specs: "ram:SIZE[:zstd]", "disk:PATH:SIZE[:direct][:scratch]" and
+// "redis://HOST[:PORT][/NAMESPACE][?ttl=SECONDS]". The size parser lives here rather than in the
+// engine so the kv layer stays usable (and testable) on its own.
 #include <fmt/format.h>
 
 #include <cctype>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,115 @@ std::vector<std::string_view> Split(std::string_view text, char sep) {
     if (pos == std::string_view::npos) return parts;
     start = pos + 1;
   }
+}
+
+// Digits only, at most `max`; nullopt for anything else (a sign, a unit, an empty string).
+std::optional<int64_t> ParseWholeNumber(std::string_view text, int64_t max) {
+  if (text.empty() || text.size() > 18) return std::nullopt;
+  int64_t value = 0;
+  for (char c : text) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+    value = value * 10 + (c - '0');
+  }
+  if (value > max) return std::nullopt;
+  return value;
+}
+
+bool HasSpaceOrControl(std::string_view text) {
+  for (char c : text) {
+    if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) return true;
+  }
+  return false;
+}
+
+constexpr std::string_view kRedisScheme = "redis://";
+constexpr std::string_view kRedisForm = "redis://HOST[:PORT][/NAMESPACE][?ttl=SECONDS]";
+
+// "redis://HOST[:PORT][/NAMESPACE][?ttl=SECONDS]"; an IPv6 HOST goes in brackets.
+StatusOr<TierSpec> ParseRedisSpec(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return InvalidArgumentError(
+        fmt::format("tier spec '{}': {} (expected {}, e.g. redis://127.0.0.1:6379/kvl)", text, why,
+                    kRedisForm));
+  };
+  if (Lower(text.substr(0, kRedisScheme.size())) != kRedisScheme) {
+    return bad("a redis tier is a URL starting with redis://");
+  }
+  std::string_view rest = text.substr(kRedisScheme.size());
+  std::string_view query;
+  if (const size_t q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  std::string_view authority = rest, name_space;
+  bool has_namespace = false;
+  if (const size_t slash = rest.find('/'); slash != std::string_view::npos) {
+    authority = rest.substr(0, slash);
+    name_space = rest.substr(slash + 1);
+    has_namespace = true;
+  }
+  if (authority.find('@') != std::string_view::npos) {
+    return bad("a user name or password is not supported");
+  }
+  TierSpec spec;
+  spec.kind = "redis";
+  std::string_view host = authority, port;
+  bool has_port = false;
+  if (authority.starts_with('[')) {
+    const size_t close = authority.find(']');
+    if (close == std::string_view::npos) return bad("the IPv6 address has no closing ']'");
+    host = authority.substr(1, close - 1);
+    const std::string_view after = authority.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':') return bad(fmt::format("unexpected '{}' after the host", after));
+      port = after.substr(1);
+      has_port = true;
+    }
+  } else if (const size_t colon = authority.find(':'); colon != std::string_view::npos) {
+    if (authority.find(':', colon + 1) != std::string_view::npos) {
+      return bad("an IPv6 address goes in brackets, e.g. redis://[::1]:6379");
+    }
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+    has_port = true;
+  }
+  if (host.empty()) return bad("the host is empty");
+  if (HasSpaceOrControl(host)) return bad(fmt::format("the host '{}' has a space in it", host));
+  spec.host = std::string(host);
+  if (has_port) {
+    const std::optional<int64_t> number = ParseWholeNumber(port, 65535);
+    if (!number || *number == 0) {
+      return bad(fmt::format("the port '{}' is not a number from 1 to 65535", port));
+    }
+    spec.port = static_cast<int>(*number);
+  }
+  // "redis://HOST/" keeps the default namespace.
+  if (has_namespace && !name_space.empty()) {
+    if (HasSpaceOrControl(name_space)) {
+      return bad(fmt::format("the namespace '{}' has a space or control character in it",
+                             name_space));
+    }
+    spec.name_space = std::string(name_space);
+  }
+  if (!query.empty()) {
+    for (std::string_view option : Split(query, '&')) {
+      const size_t equals = option.find('=');
+      const std::string name = Lower(option.substr(0, equals));
+      const std::string_view value =
+          equals == std::string_view::npos ? std::string_view() : option.substr(equals + 1);
+      if (name != "ttl") {
+        return bad(fmt::format("unknown option '{}' (the only one is ttl=SECONDS)", option));
+      }
+      // Redis keeps expiries in milliseconds: a TTL of more than ~292 million years overflows.
+      const std::optional<int64_t> seconds =
+          ParseWholeNumber(value, std::numeric_limits<int64_t>::max() / 1000);
+      if (!seconds || *seconds == 0) {
+        return bad(fmt::format("the ttl '{}' is not a positive whole number of seconds", value));
+      }
+      spec.ttl_seconds = *seconds;
+    }
+  }
+  return spec;
 }
 
 }  // namespace
@@ -96,6 +207,8 @@ StatusOr<int64_t> ParseByteSize(std::string_view text) {
 StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
   const std::vector<std::string_view> parts = Split(text, ':');
   const std::string kind = Lower(parts[0]);
+  // A URL: its own parser, since its "//", port and namespace are not ':'-separated fields.
+  if (kind == "redis") return ParseRedisSpec(text);
   auto size_of = [&](std::string_view part) -> StatusOr<int64_t> {
     StatusOr<int64_t> size = ParseByteSize(part);
     if (!size.ok()) {
@@ -153,7 +266,8 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
     return spec;
   }
   return InvalidArgumentError(
-      fmt::format("tier spec '{}': unknown tier kind '{}' (use ram or disk)", text, parts[0]));
+      fmt::format("tier spec '{}': unknown tier kind '{}' (use ram, disk or redis://)", text,
+                  parts[0]));
 }
 
 StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes,
@@ -171,7 +285,16 @@ StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_by
                                        .identity = std::string(identity)}));
     return std::unique_ptr<KvTier>(std::move(disk));
   }
-  return InvalidArgumentError(fmt::format("unknown tier kind '{}' (use ram or disk)", spec.kind));
+  if (spec.kind == "redis") {
+    return MakeRedisTier({.host = spec.host,
+                          .port = spec.port,
+                          .name_space = spec.name_space,
+                          .identity = std::string(identity),
+                          .page_bytes = page_bytes,
+                          .ttl_seconds = spec.ttl_seconds});
+  }
+  return InvalidArgumentError(
+      fmt::format("unknown tier kind '{}' (use ram, disk or redis)", spec.kind));
 }
 
 }  // namespace kvl

@@ -19,7 +19,8 @@ constexpr int32_t kBlock = 4;
 class PlannerHarness {
  public:
   PlannerHarness(std::string_view policy, bool ram_tier, int64_t staged_pages,
-                 int64_t num_blocks = 16, int64_t sink_tokens = 4, int64_t recent_tokens = 4) {
+                 int64_t num_blocks = 16, int64_t sink_tokens = 4, int64_t recent_tokens = 4,
+                 bool ram_zstd = false) {
     KvManagerOptions o;
     o.layout = KvBlockLayout{kBlock, /*num_layers=*/2, /*kv_dim=*/4};
     o.budget_bytes = num_blocks * o.layout.block_bytes();
@@ -27,7 +28,7 @@ class PlannerHarness {
     kv_ = std::move(KvManager::Create(o).value());
     storage_ = std::move(KvBlockStorage::Create(o.layout, kv_->num_blocks()).value());
     pager_ = std::make_unique<KvPager>(*kv_, *storage_, o.max_seqs, /*max_context=*/256);
-    if (ram_tier) ram_ = MakeRamTier(RamTierOptions{});
+    if (ram_tier) ram_ = MakeRamTier(RamTierOptions{.compress = ram_zstd});
     pager_->set_tiers({ram_.get(), nullptr});
     pager_->set_track_attention(true);
     pager_->ReserveStaging(staged_pages, /*compresses=*/true);
@@ -123,9 +124,10 @@ TEST(KvPressurePlannerTest, StalePlansAreRefused) {
 }
 
 TEST(KvPressurePlannerTest, TierActionsOnlyWhileStagingHasRoom) {
-  // Fixed demote with room for 2 streamed pages: two pages go to the RAM tier, the third is kept
-  // (lossless: nothing else is allowed), so relief plans only 2 although 3 were asked for.
-  PlannerHarness h("demote", /*ram_tier=*/true, /*staged_pages=*/2);
+  // Fixed demote with room for 2 streamed pages: two pages go to the (compressed, so staged) RAM
+  // tier, the third is kept (lossless: nothing else is allowed), so relief plans only 2 although
+  // 3 were asked for.
+  PlannerHarness h("demote", /*ram_tier=*/true, /*staged_pages=*/2, 16, 4, 4, /*ram_zstd=*/true);
   h.Admit(0, 26);
   KvPagePlan plan;
   h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, 3, Phase::kDecode, &plan);
@@ -136,6 +138,20 @@ TEST(KvPressurePlannerTest, TierActionsOnlyWhileStagingHasRoom) {
   // The staging is full now: nothing more can be streamed.
   h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, 1, Phase::kDecode, &plan);
   EXPECT_TRUE(plan.actions.empty());
+}
+
+TEST(KvPressurePlannerTest, PagesReadInPlaceFromRamNeedNoStaging) {
+  // An uncompressed RAM tier is read where it lies: with no staging at all, relief still demotes
+  // all 3 pages asked for, and none of them counts as staged.
+  PlannerHarness h("demote", /*ram_tier=*/true, /*staged_pages=*/0);
+  h.Admit(0, 26);
+  KvPagePlan plan;
+  h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, 3, Phase::kDecode, &plan);
+  ASSERT_EQ(plan.actions.size(), 3u);
+  EXPECT_EQ(h.pager().Apply(plan), 3);
+  EXPECT_EQ(h.pager().stats().streamed_pages, 3);
+  EXPECT_EQ(h.pager().stats().in_place_pages, 3);
+  EXPECT_EQ(h.pager().staged_pages_held(), 0);
 }
 
 TEST(KvPressurePlannerTest, PreemptionDemotesAnUnpagedSequenceAndRecomputesAPagedOne) {

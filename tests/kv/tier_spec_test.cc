@@ -85,7 +85,7 @@ TEST(ParseTierSpecTest, BadSpecsNameTheBadPart) {
   };
   const Case cases[] = {
       {"", "unknown tier kind"},
-      {"redis:localhost:6379", "unknown tier kind 'redis'"},
+      {"redis:localhost:6379", "a redis tier is a URL starting with redis://"},
       {"ram", "expected ram:SIZE"},
       {"ram:", "does not start with a number"},
       {"ram:lots", "'lots'"},

@@ -70,6 +70,21 @@ struct KvBlockLayout {
   int64_t block_bytes() const { return kv_bytes() + residual_bytes(); }
 };
 
+// A full block's content identity: a 128-bit hash chain (XXH3-128) over the model identity and
+// every token from the sequence's start to the block's end. Lossless paths are bit-exact, so two
+// blocks with the same id hold the same K/V bytes wherever they are: it is the key the KV store
+// files a page under in every tier, across requests, restarts and processes. {0, 0}: no identity
+// (a partial block, or one computed while part of its context was lossy).
+struct KvContentId {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  bool valid() const { return (lo | hi) != 0; }
+  bool operator==(const KvContentId&) const = default;
+};
+// The id of a block given its parent's ({} for the first block) and its tokens.
+KvContentId ChainContentId(KvContentId parent, std::span<const int32_t> tokens,
+                           uint64_t model_identity);
+
 // The cache element types -ctk / -ctv name: f32, f16, bf16, q8_0 or q4_0.
 StatusOr<DType> ParseKvCacheType(std::string_view text);
 
@@ -161,6 +176,10 @@ class KvManager {
   // Leading tokens of `tokens` that an admission would find cached (a multiple of block_tokens,
   // at most tokens.size() - 1). No mutation.
   int64_t MatchPrefix(std::span<const int32_t> tokens) const;
+  // The content ids of the first `num_blocks` full blocks of `tokens` (the chain an admission of
+  // those tokens would give them), into *out.
+  void ContentChain(std::span<const int32_t> tokens, int64_t num_blocks,
+                    std::vector<KvContentId>* out) const;
 
   // Fills *out with the plan for `steps`, reusing its vectors (those of its SeqPlans too): once a
   // plan object has seen a step of the same shape, planning it again allocates nothing. What *out
@@ -182,11 +201,19 @@ class KvManager {
   // a full block other than the last, leaves the pool while the sequence goes on: its reference
   // is dropped (a block others share stays theirs; a cached one stays findable) and the table
   // entry becomes kNoBlock. The engine keeps the page elsewhere (compressed, in a slower tier, or
-  // nowhere when evicted). A sequence with such a hole is "paged": from then on its newly filled
-  // blocks get no prefix identity, because what was computed against a lossy or streamed context
-  // is not what the index promises for those tokens.
-  void Detach(SeqId seq, int64_t block_index);
+  // nowhere when evicted). A sequence with such a hole is "paged". `lossless`: the page's exact
+  // bytes stay readable (a tier, checkpoints), so blocks filled later keep their identity (their
+  // content id; in the prefix index too when their parent is still in the pool). Otherwise the
+  // sequence becomes lossy: blocks filled from then on get no identity, because what was
+  // computed against a lossy context is not what the index promises for those tokens.
+  void Detach(SeqId seq, int64_t block_index, bool lossless = false);
   bool IsPaged(SeqId seq) const;
+  // Block `block_index` of `seq`'s content id ({} when it has none).
+  KvContentId ContentOf(SeqId seq, int64_t block_index) const;
+  // A free block's content id and tokens, when it holds a full page with an identity: what a
+  // reuse of the block is about to overwrite ({} otherwise, and for blocks in use).
+  KvContentId FreeBlockContent(BlockId block) const;
+  std::span<const int32_t> BlockTokens(BlockId block) const;
   // Changes with every mutation: plans (KvPlan, KvPagePlan) record it and are refused when stale.
   uint64_t state_version() const;
   // How many sequences hold a block (0: free).

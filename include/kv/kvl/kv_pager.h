@@ -34,6 +34,7 @@
 #include "kvl/kv_codec.h"
 #include "kvl/kv_manager.h"
 #include "kvl/kv_policy.h"
+#include "kvl/kv_store.h"
 #include "kvl/kv_tier.h"
 
 namespace kvl {
@@ -56,9 +57,18 @@ struct KvPage {
   std::vector<SlabSlot> slots;        // kCompressed: one per layer
   KvTier* tier = nullptr;             // kInTier, kCheckpointed
   uint64_t page_id = 0;               // names its layer pages in the tier
+  // kInTier: the page is the KV store's, filed under its content id (KvStore::LayerKey), and
+  // stays cached there when the sequence lets it go; {}: the pager's own, keyed by page_id and
+  // erased when let go.
+  KvContentId content;
+  bool in_place = false;              // kInTier in a tier attention reads in place (no staging)
+  const uint8_t* in_place_rows = nullptr;  // this layer's K/V rows in that tier, this step
   // Promoted from K/V alone: the block's residual checkpoints were not restored, so the page
   // cannot be kept as checkpoints later. Survives every fate change.
   bool checkpoint_missing = false;
+  // kInTier / kCheckpointed, outside the sequence's KV until it is promoted into a fresh block:
+  // kept at a preemption, or found in the KV store at admission. Attention never reads it.
+  bool awaiting_restore = false;
   int64_t stage_index = -1;           // its place in this step's stream buffers
   bool read_failed = false;           // this step's streamed read failed its checksum or I/O
 };
@@ -110,6 +120,7 @@ struct KvStagingCost {
 struct KvPagerStats {
   int64_t compressed_pages = 0;      // held now
   int64_t streamed_pages = 0;        // held now, in a tier
+  int64_t in_place_pages = 0;        // of those, read where they lie (no staging)
   int64_t rebuilt_pages = 0;         // held now as checkpoints in the RAM tier
   int64_t layers_rebuilt = 0;        // page layers rebuilt from checkpoints for attention, total
   double rebuild_ms = 0;             // time spent rebuilding them, total
@@ -136,12 +147,18 @@ class KvPager final : public KvDetachedPages {
   // only where pages may be compressed.
   void ReserveStaging(int64_t max_staged_pages, bool compresses);
   int64_t staging_capacity_pages() const { return staging_capacity_pages_; }
-  // Pages of running sequences held in a tier or as checkpoints: each is staged at every step.
-  int64_t staged_pages_held() const { return stats_.streamed_pages + stats_.rebuilt_pages; }
+  // Pages of running sequences held in a tier or as checkpoints that are staged at every step
+  // (pages read in place are not).
+  int64_t staged_pages_held() const {
+    return stats_.streamed_pages - stats_.in_place_pages + stats_.rebuilt_pages;
+  }
 
   // Where demoted pages and checkpoints go; the rebuilder is needed before any page is kept as
   // checkpoints. Set once, before the first step.
   void set_tiers(KvTiers tiers) { tiers_ = tiers; }
+  // The KV store: a demoted page with a content id is filed there (shared, kept after the
+  // sequence ends) instead of under a private key. nullptr: none.
+  void set_store(KvStore* store) { store_ = store; }
   void set_rebuilder(KvRebuilder* rebuilder) { rebuilder_ = rebuilder; }
   // Attention mass is only gathered when some policy reads it (it costs a pass over the
   // attention weights of each sequence's newest token per layer).
@@ -173,9 +190,17 @@ class KvPager final : public KvDetachedPages {
   // the first read that fails (never wrong bytes: the rest is recomputed). Returns the pages
   // restored.
   int64_t RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks);
-  // After the resume step: every page still kept from the preemption is erased from its tier and
-  // every page is resident again.
+  // After a restore: pages awaiting restore whose blocks are now in the pool (restored, or
+  // computed because the restore stopped or the prefix cache held them) are let go from their
+  // tier and resident again. Pages past the sequence's blocks keep waiting for a later chunk.
   void SettleRestoredPages(SeqId seq);
+  // Saves every full page of `seq` with a content id into the store's `tier` (write-through to
+  // a durable tier when a request ends): pages in the pool, and pages read in place from another
+  // tier. Returns the pages written.
+  int64_t SaveToStore(SeqId seq, KvTier* tier);
+  // A free block about to be reused for new contents: its page goes to the store's fastest tier
+  // first when it has a content id (the pool's evictions feed the store, coldest first).
+  void SpillFreeBlock(BlockId block);
   // A preempted sequence that finishes while waiting (cancelled): its kept pages are erased.
   void ForgetPreemptedPages(KvSequencePages& pages);
 
@@ -217,6 +242,15 @@ class KvPager final : public KvDetachedPages {
   static PageKey KeyOf(uint64_t page_id, int64_t layer) {
     return (page_id << 8) | static_cast<uint64_t>(layer);
   }
+  // The tier key of one layer of a page held in a tier (the store's, or the pager's own).
+  static PageKey LayerKeyOf(const KvPage& page, int64_t layer) {
+    return page.content.valid() ? KvStore::LayerKey(page.content, layer)
+                                : KeyOf(page.page_id, layer);
+  }
+  // Keeps a running or preempted page in `tier`: in the store when it has a content id and the
+  // store covers the tier, else under a fresh private page id. Fills the page's tier fields.
+  bool KeepInTier(SeqId seq, int64_t block_index, BlockId block, KvTier* tier, bool residual,
+                  KvPage* page);
   KvSequencePages& Bound(SeqId seq);
   const KvSequencePages& Bound(SeqId seq) const;
   KvPage& PageAt(KvSequencePages& s, int64_t block_index);
@@ -229,8 +263,10 @@ class KvPager final : public KvDetachedPages {
   // residual checkpoints; *page_id names the layer pages for ReadLayerPages and EraseTierPage.
   bool WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id);
   std::span<uint8_t> LayerPageSpan(BlockId block, int64_t layer, bool residual);
-  Status ReadLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t page_id);
+  Status ReadLayerPages(BlockId block, const KvPage& page, bool residual);
   void EraseTierPage(KvTier* tier, uint64_t page_id);
+  // Lets go of a page held in a tier: the pager's own pages are erased, the store's stay cached.
+  void LetGoTierPage(const KvPage& page);
   void RebuildBlockFromCheckpoints(BlockId block, int64_t block_index);
   KvPage& PageOf(const StagedPage& st);
   void IssueLayerRead(int64_t layer);
@@ -246,6 +282,7 @@ class KvPager final : public KvDetachedPages {
   CompressedSlabs slabs_;
   KvTiers tiers_;
   KvRebuilder* rebuilder_ = nullptr;
+  KvStore* store_ = nullptr;
   std::vector<KvSequencePages*> bound_;  // [max_seqs]: the page table of each admitted slot
   uint64_t next_page_id_ = 1;
   int64_t staging_capacity_pages_ = 0;
@@ -260,6 +297,7 @@ class KvPager final : public KvDetachedPages {
   // This step's streamed pages and their double-buffered layer staging; rebuilt pages, their
   // double-buffered checkpoints and the K / V rows rebuilt from them for the current layer.
   std::vector<StagedPage> streamed_;
+  std::vector<StagedPage> in_place_;  // streamed pages read where the tier holds them
   std::vector<uint8_t> stage_[2];
   std::vector<StagedPage> rebuilt_;
   std::vector<uint8_t> checkpoint_stage_[2];

@@ -1,5 +1,5 @@
-// Slower tiers a KV page can be demoted to: a host-RAM pool and a local disk page file today, a
-// remote store (Redis) later. A page is the bytes of one KV block (K and V of every layer for
+// Slower tiers a KV page can be demoted to: a host-RAM pool, a local disk page file and a Redis
+// server shared by processes. A page is the bytes of one KV block (K and V of every layer for
 // block_tokens tokens, possibly compressed); the tier does not interpret them.
 //
 // Every page carries a checksum. A read whose bytes do not match gives DATA_LOSS for that page
@@ -27,6 +27,9 @@ using PageKey = uint64_t;  // chosen by the caller, unique per page it stores
 struct PageWrite {
   PageKey key = 0;
   std::span<const uint8_t> bytes;
+  // A cached page (the KV store's content-addressed pages): the tier may drop it, least recently
+  // used first, to make room for a later Put. Other pages stay until they are erased.
+  bool evictable = false;
 };
 
 struct PageRead {
@@ -46,6 +49,11 @@ struct TierStats {
   int64_t read_ops = 0;
   int64_t checksum_failures = 0;
   int64_t evictions = 0;        // pages dropped to make room (LRU), total
+  // Remote tiers (Redis): operations that failed because the connection or the server did (each
+  // Put, Get, Erase, Contains or ContainsAll call counts once), and connections re-established
+  // after one was lost. Always 0 for local tiers.
+  int64_t errors = 0;
+  int64_t reconnects = 0;
 };
 
 class KvTier {
@@ -63,7 +71,26 @@ class KvTier {
   virtual std::future<std::vector<Status>> GetAsync(std::vector<PageRead> pages) = 0;
   virtual void Erase(std::span<const PageKey> keys) = 0;
   virtual bool Contains(PageKey key) const = 0;
+  // Contains for many keys, one answer per key in order. A tier that can ask about many keys at
+  // once (Redis: one pipelined round trip) overrides it; this one asks key by key.
+  virtual std::vector<bool> ContainsAll(std::span<const PageKey> keys) const {
+    std::vector<bool> found(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) found[i] = Contains(keys[i]);
+    return found;
+  }
+  // Whether PeekPage can hand out pages in place (an uncompressed RAM tier): pages kept here
+  // for a running sequence need no staging buffers.
+  virtual bool reads_in_place() const { return false; }
   virtual TierStats stats() const = 0;
+  // The page's bytes where the tier holds them, for reading in place (a RAM tier storing it
+  // uncompressed); nullptr when the tier cannot (compressed, on disk, remote) or does not hold
+  // it. Valid until the next Put, Erase or eviction; counts as a use for LRU eviction. Reading
+  // in place skips the checksum: the bytes are the tier's own memory, verified when written.
+  virtual const uint8_t* PeekPage(PageKey key, int64_t page_bytes) {
+    (void)key;
+    (void)page_bytes;
+    return nullptr;
+  }
 };
 
 struct RamTierOptions {
@@ -71,7 +98,8 @@ struct RamTierOptions {
   bool compress = false;  // zstd level 1 (lossless) before storing
 };
 // stats(): bytes_used counts stored bytes (compressed sizes when compress is on); write_ops and
-// read_ops count one copy per page. A page that does not decompress or fails its checksum is
+// read_ops count one copy per page. A Put that does not fit evicts evictable pages, least
+// recently written or read first, and is RESOURCE_EXHAUSTED only when those do not make room. A page that does not decompress or fails its checksum is
 // DATA_LOSS. name() is "ram" or "ram:zstd".
 std::unique_ptr<KvTier> MakeRamTier(const RamTierOptions& options);
 
@@ -89,9 +117,10 @@ struct DiskTierOptions {
   // tokenizer, block size, KV dtype and layout). A file written under another identity, format
   // version or page size is started empty, never read.
   std::string identity{};
-  // When a Put does not fit: false keeps every page this tier wrote until it is erased (the Put is
-  // RESOURCE_EXHAUSTED) and evicts only pages found in the file at open; true evicts any page,
-  // least recently written or read first (a cache of content-addressed pages).
+  // When a Put does not fit: false evicts only pages written evictable (PageWrite::evictable) and
+  // pages found in the file at open, least recently written or read first, and keeps the others
+  // until they are erased (the Put is RESOURCE_EXHAUSTED when evicting cannot make room); true
+  // evicts any page.
   bool evict_lru = false;
 };
 inline constexpr int64_t kMaxDiskTierIdentityBytes = 4032;
@@ -136,15 +165,58 @@ class DiskKvTier : public KvTier {
 // after which none of that Put's pages is stored.
 StatusOr<std::unique_ptr<DiskKvTier>> MakeDiskTier(const DiskTierOptions& options);
 
-// "ram:SIZE[:zstd]" or "disk:PATH:SIZE[:direct][:scratch]" as given to --kv-tier. A disk tier is
-// persistent unless ":scratch" is given.
+struct RedisTierOptions {
+  std::string host = "127.0.0.1";
+  int port = 6379;
+  std::string name_space = "kvl";  // the first part of every key name
+  // What the pages are, as opaque bytes, like DiskTierOptions::identity: tiers with the same
+  // identity and page size share pages (two processes serving one model); others never see them.
+  std::string identity{};
+  int64_t page_bytes = 0;   // every page has this size; 0: any size
+  int64_t ttl_seconds = 0;  // expiry of a page after its last Put or Get; 0: none (the server's
+                            // maxmemory and eviction policy bound what it keeps)
+  int connect_timeout_ms = 200;
+  int io_timeout_ms = 1000;  // bound on each read or write on the connection
+};
+
+// A tier on a Redis server, through hiredis. Each page is one string value under
+// "<name_space>:<16 hex digits of the scope>:<16 hex digits of the PageKey>", the scope being a
+// digest of the identity, the page size and the value format's version. A value is a 40-byte
+// header (magic, format version, scope, key, payload length, XXH3 checksum of the payload seeded
+// with the key) followed by the page; Get checks all of it, so a value that was damaged, cut
+// short, or written under another key or scope is DATA_LOSS (counted in checksum_failures), never
+// wrong bytes. A Put is one pipeline of SETs (in chunks of a few MiB), a Get one pipeline of GETs
+// (each followed by an EXPIRE when ttl_seconds refreshes it), ContainsAll one pipeline of EXISTS,
+// an Erase one DEL. GetAsync runs on a worker thread with its own connection.
+//
+// Creation connects and sends PING: a server that cannot be reached is IO_ERROR naming
+// host:port. Afterwards a lost connection makes each operation fail at once (Put IO_ERROR, Get
+// IO_ERROR for every page not yet read, Contains false), each read or write bounded by
+// io_timeout_ms; the tier then reconnects at the first operation after a delay that starts at
+// 50 ms and doubles to 2 s while attempts fail. A Put refused by the server's maxmemory
+// (noeviction policy) is RESOURCE_EXHAUSTED and the pages of it already written are deleted.
+//
+// stats(): pages and bytes_used are what this process stored and has not erased (values with
+// their headers), less pages a Get or Contains found gone; the server may have evicted or expired
+// more, and other processes' pages are not counted. capacity_bytes is the server's maxmemory
+// (CONFIG GET at connection; 0 when unlimited or refused). evictions is 0: the server does not
+// say whose keys it evicted. write_ops and read_ops count round trips.
+StatusOr<std::unique_ptr<KvTier>> MakeRedisTier(const RedisTierOptions& options);
+
+// "ram:SIZE[:zstd]", "disk:PATH:SIZE[:direct][:scratch]" or
+// "redis://HOST[:PORT][/NAMESPACE][?ttl=SECONDS]" as given to --kv-tier. A disk tier is
+// persistent unless ":scratch" is given. A redis HOST may be an IPv6 address in brackets.
 struct TierSpec {
-  std::string kind;  // "ram" | "disk"
+  std::string kind;  // "ram" | "disk" | "redis"
   std::string path;
   int64_t capacity_bytes = 0;
   bool compress = false;
   bool direct_io = false;
   bool persistent = true;  // disk only
+  std::string host;        // redis only
+  int port = 6379;
+  std::string name_space = "kvl";
+  int64_t ttl_seconds = 0;
 };
 StatusOr<TierSpec> ParseTierSpec(std::string_view text);
 
@@ -153,7 +225,7 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text);
 StatusOr<int64_t> ParseByteSize(std::string_view text);
 
 // The tier a spec describes; page_bytes is the disk tier's slot payload and identity its
-// DiskTierOptions::identity (both ignored for ram).
+// DiskTierOptions::identity, and the same for redis (both ignored for ram).
 StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes,
                                            std::string_view identity = {});
 
