@@ -96,6 +96,9 @@ struct BenchServeArgs {
   double rate = 0;             // --rate R requests/s, Poisson arrivals (0: unset)
   int prompt_tokens = 64;      // --prompt-tokens P: words per prompt (about a token each)
   int shared_prefix = 0;       // --shared-prefix T: the first ~T words are the same in every prompt
+  // --random-ids: prompts as random token ids (vllm bench's random dataset), so P and T count
+  // tokens exactly.
+  bool random_ids = false;
   int max_tokens = 64;         // --max-tokens M
   bool stream = false;         // --stream: SSE, TTFT = first token frame, ITL between frames
   std::string output = "md";   // -o md|json

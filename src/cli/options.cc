@@ -240,6 +240,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   bs_cmd->add_option("--shared-prefix", bs.shared_prefix,
                      "words at the start of every prompt that are the same (prefix cache)")
       ->capture_default_str();
+  bs_cmd->add_flag("--random-ids", bs.random_ids,
+                   "prompts as random token ids (as vllm's random dataset): --prompt-tokens and "
+                   "--shared-prefix count tokens exactly");
   bs_cmd->add_option("--max-tokens", bs.max_tokens, "max_tokens of each request")
       ->capture_default_str();
   bs_cmd->add_flag("--stream", bs.stream, "stream (SSE): TTFT at the first token frame, ITL");

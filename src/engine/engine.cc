@@ -368,6 +368,10 @@ bool Engine::Impl::StepImpl() {
 StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   Impl& e = *impl_;
   KVL_RETURN_IF_ERROR(request.sampling.Validate());
+  if (request.top_logprobs < -1 || request.top_logprobs > kMaxTopLogprobs) {
+    return InvalidArgumentError(fmt::format("top_logprobs must be in [-1, {}], got {}",
+                                            kMaxTopLogprobs, request.top_logprobs));
+  }
   auto seq = std::make_unique<Sequence>();
   seq->tokens = request.prompt_ids.empty() ? e.tokenizer->Encode(request.prompt, request.add_bos)
                                            : request.prompt_ids;

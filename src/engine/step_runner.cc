@@ -1,8 +1,43 @@
 #include "step_runner.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
 
 namespace kvl {
+namespace {
+
+// The token's log-probability and the k most likely tokens (ties: the lower id first) under the
+// log-softmax of the raw logits, in double: log p(i) = l_i - (m + log sum_j exp(l_j - m)), m the
+// largest logit. Only requests that ask for log-probabilities come here; the selection runs in a
+// stack array, and the event's vector is the one allocation.
+void FillLogprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, TokenEvent* event) {
+  double max = -std::numeric_limits<double>::infinity();
+  for (int32_t i = 0; i < vocab; ++i) max = std::max(max, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  const double log_z = max + std::log(sum);
+  event->logprob = static_cast<float>(static_cast<double>(logits[token]) - log_z);
+  std::array<int32_t, kMaxTopLogprobs> top;  // ids, most likely first
+  int32_t n = 0;
+  for (int32_t id = 0; id < vocab && k > 0; ++id) {
+    if (n == k && !(logits[id] > logits[top[size_t(n - 1)]])) continue;
+    int32_t at = n < k ? n++ : n - 1;
+    for (; at > 0 && logits[id] > logits[top[size_t(at - 1)]]; --at) {
+      top[size_t(at)] = top[size_t(at - 1)];
+    }
+    top[size_t(at)] = id;
+  }
+  event->top_logprobs.resize(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t id = top[size_t(i)];
+    const double logprob = static_cast<double>(logits[id]) - log_z;
+    event->top_logprobs[size_t(i)] = {id, static_cast<float>(logprob)};
+  }
+}
+
+}  // namespace
 
 StepRunner::StepRunner(const StepRunnerParts& parts)
     : p_(parts), block_tokens_(parts.kv->options().layout.block_tokens) {
@@ -145,7 +180,8 @@ void StepRunner::RunBatch(const StepPlan& plan) {
         p_.scheduler->Finish(*seq, "length");
         continue;
       }
-      AppendToken(*seq, seq->sampler->Sample(p_.forward->logits(row++), seq->tokens));
+      const float* logits = p_.forward->logits(row++);
+      AppendToken(*seq, seq->sampler->Sample(logits, seq->tokens), logits);
     }
   }
 }
@@ -204,7 +240,7 @@ void StepRunner::SaveUnreachablePages(const StepPlan& plan) {
   }
 }
 
-void StepRunner::AppendToken(Sequence& seq, int32_t token) {
+void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) {
   const Clock::time_point now = Clock::now();
   p_.metrics->CountTokenLatency(seq, now);
   if (seq.num_generated == 0) seq.first_token = now;
@@ -224,6 +260,9 @@ void StepRunner::AppendToken(Sequence& seq, int32_t token) {
   piece_.clear();
   p_.tokenizer->AppendTokenText(seq.prev_token, token, &piece_);
   event.text = seq.stop_filter.Push(piece_, &stopped);
+  if (r.top_logprobs >= 0) {
+    FillLogprobs(logits, p_.tokenizer->vocab_size(), token, r.top_logprobs, &event);
+  }
   seq.prev_token = token;
   if (seq.on_event) seq.on_event(event);
   if (stopped) return p_.scheduler->Finish(seq, "stop");

@@ -49,7 +49,8 @@ class StepRunner {
   // Pages a step filled that the pool's prefix index cannot reach (a page before them is in a
   // tier) go to the KV store too, so the next turn finds the whole chain.
   void SaveUnreachablePages(const StepPlan& plan);
-  void AppendToken(Sequence& seq, int32_t token);
+  // `logits` is the row the token was sampled from (for the log-probabilities it asked for).
+  void AppendToken(Sequence& seq, int32_t token, const float* logits);
 
   StepRunnerParts p_;
   int64_t block_tokens_;

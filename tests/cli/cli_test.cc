@@ -553,6 +553,20 @@ TEST(CliChatTest, ResetForgetsTheHistory) {
   std::filesystem::remove(turns);
 }
 
+TEST(CliChatTest, StatsShowEachKvTier) {
+  const std::string turns = WriteTurns("tiers", "Once upon a time there was a cat.\n/stats\n");
+  CommandResult r = RunKvl("chat -m " + testing::Stories260KPath() + " -f " + turns +
+                           " --temp 0 -n 8 -t 2 --no-calibrate --kv-tier ram:64MiB");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tier ram: 0.00 KiB of 64.00 MiB used"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("prefix lookups "), std::string::npos) << r.output;
+  CommandResult none =
+      RunKvl("chat -m " + testing::Stories260KPath() + " -f " + turns + " --temp 0 -n 8 -t 2");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_NE(none.output.find("kv tiers: none"), std::string::npos) << none.output;
+  std::filesystem::remove(turns);
+}
+
 TEST(CliChatTest, UnknownChatTemplateFails) {
   CommandResult r = RunKvl("chat -m " + testing::Stories260KPath() + " --chat-template nope",
                            /*with_stderr=*/true);

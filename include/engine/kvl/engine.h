@@ -90,6 +90,15 @@ Status ValidateEngineOptions(const EngineOptions& options);
 
 using RequestId = int64_t;
 
+// The most alternatives a request may ask log-probabilities for (OpenAI's and vLLM's limit).
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+// A token and its log-probability under the model at one step.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+};
+
 struct Request {
   std::string prompt;               // used when prompt_ids is empty
   std::vector<int32_t> prompt_ids;  // taken as they are (no BOS added)
@@ -99,6 +108,11 @@ struct Request {
   std::vector<std::string> stop_strings;  // generation ends before any of these texts
   std::vector<int32_t> stop_ids;          // ... or at any of these tokens (not emitted)
   bool ignore_eos = false;
+  // Log-probabilities of each generated token: the log-softmax of the step's raw logits (before
+  // the repetition penalty, temperature and filtering, as OpenAI and vLLM report them), computed
+  // in double, with this many most likely tokens beside it (0 to kMaxTopLogprobs). -1: none,
+  // and the step computes nothing for this request.
+  int32_t top_logprobs = -1;
 };
 
 // One event per generated token; the last event of a request has finished = true (and may carry
@@ -114,6 +128,10 @@ struct TokenEvent {
   int64_t prompt_tokens = 0;          // on the finished event
   int64_t cached_prompt_tokens = 0;   // prompt tokens found in the prefix cache (first admission)
   int64_t generated_tokens = 0;       // on the finished event
+  // When the request asked for them (top_logprobs >= 0), on each event with a token: its
+  // log-probability and the request's number of most likely tokens, most likely first.
+  float logprob = 0;
+  std::vector<TokenLogprob> top_logprobs;
 };
 using EventCallback = std::function<void(const TokenEvent&)>;
 
