@@ -11,6 +11,7 @@
 #include "kvl/forward.h"
 #include "kvl/kv_manager.h"
 #include "kvl/kv_pager.h"
+#include "kvl/kv_trace.h"
 #include "kvl/tokenizer.h"
 #include "metrics_recorder.h"
 #include "request.h"
@@ -29,6 +30,7 @@ struct StepRunnerParts {
   Forward* forward = nullptr;
   const Tokenizer* tokenizer = nullptr;
   MetricsRecorder* metrics = nullptr;
+  KvTraceWriter* trace = nullptr;  // --kv-trace; may be null
   int64_t context_length = 0;
 };
 
@@ -46,6 +48,8 @@ class StepRunner {
   int64_t FillBatch(const StepPlan& plan);
   void RunBatch(const StepPlan& plan);
   void RecomputeFailedStreams();
+  // --kv-trace: the full pages each sequence of the step reads, and which it computes.
+  void TraceReads(const StepPlan& plan);
   void AppendToken(Sequence& seq, int32_t token);
 
   StepRunnerParts p_;
@@ -56,6 +60,8 @@ class StepRunner {
   std::vector<Sequence*> to_recompute_;  // streamed reads failed: recompute from tokens
   std::vector<double> dropped_predicted_ms_;  // this step: pages dropped at a preemption
   std::string piece_;                    // the text of the token being appended, reused
+  std::vector<int64_t> trace_from_;      // --kv-trace: per sequence, its first computed block
+  std::vector<KvContentId> trace_contents_;
 };
 
 }  // namespace kvl
