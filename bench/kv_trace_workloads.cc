@@ -8,7 +8,8 @@
 // engine did and the cost model's prediction error per action (n, median, p90).
 //
 // Usage: kv_trace_workloads -m MODEL --workload turns|shared-prefix|mixed --trace FILE
-//          [--budget-pages 48] [--kv-policy auto] [--kv-tier ram:64MiB ...] [-np 4] [-t 2]
+//          [--budget-pages 48] [--kv-policy auto] [--kv-tier ram:64MiB ...] [--kv-profile P]
+//          [--parallel 4] [-t 2]
 //          [--turns 6] [--conversations 4] [--prompts 24] [-n 48]
 #include <fmt/format.h>
 
@@ -51,6 +52,7 @@ struct Args {
   int64_t budget_pages = 48;
   std::string kv_policy = "auto";
   std::vector<std::string> kv_tiers = {"ram:64MiB"};
+  std::string profile_path;
   int32_t parallel = 4;
   int threads = 2;
   int turns = 6;
@@ -138,7 +140,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--kv-policy", args.kv_policy, "the engine's --kv-policy")->capture_default_str();
   app.add_option("--kv-tier", args.kv_tiers, "the engine's --kv-tier (repeatable)");
-  app.add_option("-np,--parallel", args.parallel, "sequences at once")->capture_default_str();
+  app.add_option("--kv-profile", args.profile_path, "the engine's --kv-profile");
+  app.add_option("--parallel", args.parallel, "sequences at once")->capture_default_str();
   app.add_option("-t,--threads", args.threads, "threads")->capture_default_str();
   app.add_option("--turns", args.turns, "turns per conversation")->capture_default_str();
   app.add_option("--conversations", args.conversations, "conversations side by side")
@@ -155,6 +158,7 @@ int main(int argc, char** argv) {
   o.kv_policy = args.kv_policy;
   o.kv_tiers = args.kv_tiers;
   o.kv_trace_path = args.trace_path;
+  o.profile_path = args.profile_path;
   // The budget in pages of this model: one page is 16 tokens of every layer's K and V (f32).
   auto model = kvl::Model::Load(args.model_path);
   if (!model.ok()) {

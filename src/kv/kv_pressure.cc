@@ -229,12 +229,24 @@ void KvPressurePlanner::PlanPreemption(const KvPlannedSeq& seq, int64_t num_comp
   StartPlan(0, plan);
   const bool paged = manager_.IsPaged(seq.slot);
   const int64_t full_blocks = num_computed / rules_.block_tokens;
+  // A paged sequence is recomputed whole, with no choice to make; the cost model still predicts
+  // what that costs per page, so that the prediction can be checked when the page comes back.
+  double recompute_ms = 0;
+  if (paged) {
+    KvPolicyOptions o;
+    o.quality = rules_.quality;
+    o.phase = phase;
+    recompute_ms = ChooseKvAction(PageHistory{}, rules_.prices, o)
+                       .costs[static_cast<size_t>(KvAction::kRecomputeTokens)]
+                       .bring_back_ms;
+  }
   for (int64_t b = 0; b < full_blocks; ++b) {
     KvPageAction a;
     if (paged) {
       a.seq = seq.slot;
       a.block_index = b;
       a.action = KvAction::kRecomputeTokens;
+      a.predicted_ms = recompute_ms;
     } else {
       a = Decide(seq, b, /*running=*/false, phase);
     }

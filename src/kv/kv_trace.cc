@@ -159,8 +159,8 @@ void KvTraceWriter::Leave(int64_t request, int64_t block, int action, KvTraceCau
   const int64_t page = PageOf(request, block);
   if (page < 0) return;
   line_.clear();
-  fmt::format_to(std::back_inserter(line_), "L {} {} {} {:.6g}\n", page, KvTraceActionName(action),
-                 KvTraceCauseName(cause), predicted_ms);
+  fmt::format_to(std::back_inserter(line_), "L {} {} {} {} {:.6g}\n", page, request,
+                 KvTraceActionName(action), KvTraceCauseName(cause), predicted_ms);
   Line(line_.data(), line_.size());
 }
 
@@ -169,7 +169,7 @@ void KvTraceWriter::LeaveReused(KvContentId content) {
   const auto it = page_of_content_.find({content.hi, content.lo});
   if (it == page_of_content_.end()) return;
   line_.clear();
-  fmt::format_to(std::back_inserter(line_), "L {} {} {} 0\n", it->second,
+  fmt::format_to(std::back_inserter(line_), "L {} -1 {} {} 0\n", it->second,
                  KvTraceActionName(kKvTracePoolReuse), KvTraceCauseName(KvTraceCause::kReuse));
   Line(line_.data(), line_.size());
 }
@@ -277,24 +277,25 @@ StatusOr<KvTrace> ParseKvTrace(std::string_view text) {
         const size_t named = it == pages_of_request.end() ? 0 : it->second.size();
         if (static_cast<size_t>(ev.block) > named) return bad(line, "a read of pages never named");
       }
-    } else if ((kind == "L" && w.size() == 5) || (kind == "B" && w.size() == 5)) {
-      ev.kind = kind == "L" ? KvTraceEvent::Kind::kLeave : KvTraceEvent::Kind::kBack;
-      ev.action = ParseAction(w[2]);
+    } else if (kind == "L" && w.size() == 6) {
+      ev.kind = KvTraceEvent::Kind::kLeave;
+      ev.action = ParseAction(w[3]);
       ok = ParseNumber(w[1], &ev.page) && ev.page >= 0 && ev.page < trace.num_pages &&
-           ev.action >= 0;
-      if (ok && kind == "L") ok = ParseNumber(w[4], &ev.predicted_ms);
-      if (ok && kind == "B") {
-        ok = ParseNumber(w[3], &ev.predicted_ms) && ParseNumber(w[4], &ev.measured_ms);
-      }
-      if (ok && kind == "L") {
-        ok = false;
-        for (size_t c = 0; c < std::size(kCauseNames); ++c) {
-          if (w[3] == kCauseNames[c]) {
-            ev.cause = static_cast<KvTraceCause>(c);
-            ok = true;
-          }
+           ParseNumber(w[2], &ev.request) && ev.action >= 0 && ParseNumber(w[5], &ev.predicted_ms);
+      bool known_cause = false;
+      for (size_t c = 0; c < std::size(kCauseNames); ++c) {
+        if (w[4] == kCauseNames[c]) {
+          ev.cause = static_cast<KvTraceCause>(c);
+          known_cause = true;
         }
       }
+      ok = ok && known_cause;
+    } else if (kind == "B" && w.size() == 5) {
+      ev.kind = KvTraceEvent::Kind::kBack;
+      ev.action = ParseAction(w[2]);
+      ok = ParseNumber(w[1], &ev.page) && ev.page >= 0 && ev.page < trace.num_pages &&
+           ev.action >= 0 && ParseNumber(w[3], &ev.predicted_ms) &&
+           ParseNumber(w[4], &ev.measured_ms);
     } else {
       return bad(line, "an unknown event or the wrong number of fields");
     }

@@ -170,12 +170,20 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
 }
 
 KvRecordedResult ReplayRecordedDecisions(const KvTrace& trace, double miss_ms) {
-  enum class Where : uint8_t { kUnseen, kResident, kOutside, kEvicted, kGone };
+  // What the engine did is in the reads themselves: a block whose tokens a step computed again
+  // was missing (its page gone, or the prefix chain to it broken); a block read and not computed
+  // was in the pool, or in a tier that attention reads it from (a running page the policy moved
+  // out, known by its L line, until the sequence is preempted); or gone for good (evicted).
+  struct Page {
+    bool seen = false;
+    int64_t outside_for = -1;  // the request that streams it (or rebuilds it) at every read
+    int64_t evicted_for = -1;  // the request that lost it
+  };
   KvRecordedResult out;
   KvReplayResult& r = out.replay;
   r.policy = "recorded";
   r.capacity_pages = trace.header.pool_blocks;
-  std::vector<Where> where(static_cast<size_t>(trace.num_pages), Where::kUnseen);
+  std::vector<Page> pages(static_cast<size_t>(trace.num_pages));
   std::unordered_map<int64_t, std::vector<int64_t>> pages_of_request;
   for (const KvTraceEvent& ev : trace.events) {
     switch (ev.kind) {
@@ -185,46 +193,43 @@ KvRecordedResult ReplayRecordedDecisions(const KvTrace& trace, double miss_ms) {
         pages_of_request[ev.request].push_back(ev.page);
         break;
       case KvTraceEvent::Kind::kLeave: {
-        Where& w = where[static_cast<size_t>(ev.page)];
-        if (ev.cause != KvTraceCause::kRelief) {
-          w = Where::kGone;
-        } else if (ev.action == static_cast<int>(KvAction::kEvict)) {
-          w = Where::kEvicted;
-        } else if (ev.action != static_cast<int>(KvAction::kCompressInt8) &&
-                   ev.action != static_cast<int>(KvAction::kCompressInt4)) {
-          w = Where::kOutside;  // streamed from a tier or rebuilt at every step that reads it
-        }
+        Page& p = pages[static_cast<size_t>(ev.page)];
+        if (ev.cause == KvTraceCause::kPreempt) {
+          p.outside_for = p.evicted_for = -1;  // what comes back is a B line or a computed read
+        } else if (ev.cause == KvTraceCause::kRelief) {
+          if (ev.action == static_cast<int>(KvAction::kEvict)) {
+            p.evicted_for = ev.request;
+          } else if (ev.action != static_cast<int>(KvAction::kCompressInt8) &&
+                     ev.action != static_cast<int>(KvAction::kCompressInt4)) {
+            p.outside_for = ev.request;  // compressed pages stay in the pool
+          }
+        }  // a cached block reused: a later read of it is computed, or finds another copy
         break;
       }
       case KvTraceEvent::Kind::kBack:
         ++out.brought_back;
         ++r.misses;
-        where[static_cast<size_t>(ev.page)] = Where::kResident;
         break;
       case KvTraceEvent::Kind::kRead: {
-        const std::vector<int64_t>& pages = pages_of_request[ev.request];
+        const std::vector<int64_t>& ids = pages_of_request[ev.request];
         for (int64_t b = 0; b < ev.block; ++b) {
-          Where& w = where[static_cast<size_t>(pages[static_cast<size_t>(b)])];
-          const bool computed = b >= ev.from;
+          Page& p = pages[static_cast<size_t>(ids[static_cast<size_t>(b)])];
           ++r.accesses;
-          if (w == Where::kUnseen) {
+          if (!p.seen) {
             ++r.cold;
-            w = Where::kResident;
-          } else if (w == Where::kResident) {
-            ++r.hits;
-          } else if (computed) {
+          } else if (b >= ev.from) {
             ++r.misses;
             ++out.recomputed;
-            w = Where::kResident;
-          } else if (w == Where::kOutside) {
+          } else if (p.outside_for == ev.request) {
             ++r.misses;
             ++out.streamed_reads;
-          } else if (w == Where::kEvicted) {
+          } else if (p.evicted_for == ev.request) {
             ++out.lost_reads;
-          } else {  // kGone, read without being computed: its cached block was found
+          } else {
             ++r.hits;
-            w = Where::kResident;
           }
+          p.seen = true;
+          if (b >= ev.from) p.outside_for = p.evicted_for = -1;
         }
         break;
       }

@@ -45,10 +45,12 @@ KvTraceEvent Read(int64_t request, int64_t count, int64_t from) {
   e.from = from;
   return e;
 }
-KvTraceEvent Leave(int64_t page, KvAction action, KvTraceCause cause, double predicted) {
+KvTraceEvent Leave(int64_t page, int64_t request, KvAction action, KvTraceCause cause,
+                   double predicted) {
   KvTraceEvent e;
   e.kind = Kind::kLeave;
   e.page = page;
+  e.request = request;
   e.action = static_cast<int>(action);
   e.cause = cause;
   e.predicted_ms = predicted;
@@ -109,10 +111,10 @@ TEST(KvTraceTest, RoundTripGivesTheSameEvents) {
       Page(2, 8, 1, c),
       Page(3, 8, 2),
       Read(8, 3, 1),
-      Leave(1, KvAction::kDemoteRam, KvTraceCause::kPreempt, 0.125),
-      Leave(3, KvAction::kCompressInt8, KvTraceCause::kRelief, 0),
+      Leave(1, 7, KvAction::kDemoteRam, KvTraceCause::kPreempt, 0.125),
+      Leave(3, 8, KvAction::kCompressInt8, KvTraceCause::kRelief, 0),
       [] {
-        KvTraceEvent e = Leave(2, KvAction::kKeep, KvTraceCause::kReuse, 0);
+        KvTraceEvent e = Leave(2, -1, KvAction::kKeep, KvTraceCause::kReuse, 0);
         e.action = kKvTracePoolReuse;
         return e;
       }(),
@@ -141,8 +143,10 @@ TEST(KvTraceTest, MalformedTracesAreRefusedWithTheirLine) {
   EXPECT_NE(unnamed.message().find("line 4"), std::string::npos) << unnamed.message();
   EXPECT_FALSE(ParseKvTrace(header + "P 0 1 1 -\n").ok());  // block 1 before block 0
   EXPECT_FALSE(ParseKvTrace(header + "P 5 1 0 -\n").ok());  // page ids skip
-  EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 -\nL 0 fly relief 0\n").ok());
-  EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 -\nL 0 evict sideways 0\n").ok());
+  EXPECT_TRUE(ParseKvTrace(header + "P 0 1 0 -\nL 0 1 evict relief 0\n").ok());
+  EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 -\nL 0 1 fly relief 0\n").ok());
+  EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 -\nL 0 1 evict sideways 0\n").ok());
+  EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 -\nL 0 evict relief 0\n").ok());  // no request
   EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 -\nB 1 demote-ram 0 0\n").ok());  // page 1 unnamed
   EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 xyz\n").ok());
   EXPECT_FALSE(ParseKvTrace("kvl-trace 1 price_ms=1,2\n").ok());
@@ -272,9 +276,10 @@ TEST(KvTraceReplayTest, ReuseScoreKeepsARunningSequencesPages) {
   EXPECT_EQ(ReplayKvTrace(t, a, KvReplayPolicy::kBelady, o).misses, 0);
 }
 
-// The engine's own decisions priced: a page streamed while its sequence runs misses at every read,
-// a page brought back misses once, a page dropped at a preemption misses when it is computed again
-// and is a hit when its cached block was found instead, and an evicted page is lost.
+// The engine's own decisions priced: a page streamed while its sequence runs misses at every read
+// (even once the pool reuses the block it left), a page brought back misses once, a page dropped
+// at a preemption misses when it is computed again and is a hit when its cached block was found
+// instead, and an evicted page is lost.
 TEST(KvTraceReplayTest, RecordedDecisionsArePriced) {
   KvTrace t;
   t.header.pool_blocks = 3;
@@ -287,17 +292,23 @@ TEST(KvTraceReplayTest, RecordedDecisionsArePriced) {
       Page(3, 1, 3),
       Read(1, 4, 0),
       // Page 1 streamed from RAM and page 3 evicted while the sequence runs: two steps read them.
-      Leave(1, KvAction::kDemoteRam, KvTraceCause::kRelief, 0.1),
-      Leave(3, KvAction::kEvict, KvTraceCause::kRelief, 0),
+      Leave(1, 1, KvAction::kDemoteRam, KvTraceCause::kRelief, 0.1),
+      Leave(3, 1, KvAction::kEvict, KvTraceCause::kRelief, 0),
+      // The block page 1 left is reused: the sequence still reads page 1 from its tier.
+      [] {
+        KvTraceEvent e = Leave(1, -1, KvAction::kKeep, KvTraceCause::kReuse, 0);
+        e.action = kKvTracePoolReuse;
+        return e;
+      }(),
       Step(1),
       Read(1, 4, 4),
       Step(2),
       Read(1, 4, 4),
       // Preempted: page 0 demoted (brought back at resume), pages 1 and 2 dropped and computed
       // again from block 1 on.
-      Leave(0, KvAction::kDemoteRam, KvTraceCause::kPreempt, 0.1),
-      Leave(1, KvAction::kRecomputeTokens, KvTraceCause::kPreempt, 1.0),
-      Leave(2, KvAction::kRecomputeTokens, KvTraceCause::kPreempt, 1.0),
+      Leave(0, 1, KvAction::kDemoteRam, KvTraceCause::kPreempt, 0.1),
+      Leave(1, 1, KvAction::kRecomputeTokens, KvTraceCause::kPreempt, 1.0),
+      Leave(2, 1, KvAction::kRecomputeTokens, KvTraceCause::kPreempt, 1.0),
       Step(3),
       Back(0, KvAction::kDemoteRam, 0.1, 0.2),
       Read(1, 3, 1),

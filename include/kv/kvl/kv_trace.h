@@ -15,9 +15,10 @@
 //                                     out), every one named by a P line before; blocks from
 //                                     <from> on got their tokens computed in this step (new, or
 //                                     recomputed), the ones before it were there already
-//   L <page> <action> <cause> <ms>    the page left the pool: the action's name (KvActionName, or
-//                                     pool-reuse for a cached block given new contents), the cause
-//                                     (relief: a running page; preempt; reuse), and the cost
+//   L <page> <request> <action> <cause> <ms>  the page left the pool: the request whose page it
+//                                     was (-1 for a cached block), the action's name (KvActionName,
+//                                     or pool-reuse for a cached block given new contents), the
+//                                     cause (relief: a running page; preempt; reuse), and the cost
 //                                     model's predicted bring-back time
 //   B <page> <action> <predicted> <measured>  the page came back into the pool (promoted or
 //                                     rebuilt): the cost model's bring-back time for it, and the
@@ -69,7 +70,7 @@ struct KvTraceEvent {
   Kind kind = Kind::kStep;
   int64_t step = 0;     // kStep
   int64_t page = 0;     // kPage, kLeave, kBack
-  int64_t request = 0;  // kPage, kRead
+  int64_t request = 0;  // kPage, kRead, kLeave (-1: a cached block reused)
   int64_t block = 0;    // kPage: its index; kRead: how many blocks were read
   int64_t from = 0;     // kRead: the first block whose tokens were computed in this step
   KvContentId content;  // kPage

@@ -65,13 +65,13 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
                              KvReplayPolicy policy, const KvReplayOptions& options);
 
 // What the engine's own decisions cost, at its own pool size, priced as the simulated policies'
-// misses are. Every page the engine brought back (B) is a miss; so is a read of a page it kept
-// outside the pool while its sequence ran (streamed from a tier or rebuilt from checkpoints, at
-// every step that reads it); so is a page whose tokens it computed again after it had left
-// (dropped at a preemption, or its cached block reused). A page that left at a preemption but is
-// read without being computed was still in the pool (its cached block found by prefix): a hit.
-// Compressed pages count as resident; reads of evicted pages are not misses (the engine lost
-// them) and are counted apart.
+// misses are, read from what it did: every page it brought back (B) is a miss; so is a page whose
+// tokens a step computed again after it had been seen (it had left, or the prefix chain to it was
+// broken); so is a read of a page the policy moved out of the pool while its sequence ran
+// (streamed from a tier or rebuilt from checkpoints at every step that reads it, from its L line
+// until the sequence is preempted). Any other read is a hit: the page was in the pool (compressed
+// pages included). Reads of evicted pages are not misses (the engine lost them) and are counted
+// apart.
 struct KvRecordedResult {
   KvReplayResult replay;       // policy "recorded", capacity_pages = the header's pool_blocks
   int64_t brought_back = 0;    // of the misses: B events
