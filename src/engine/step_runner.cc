@@ -14,6 +14,7 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
     b->want_logits.reserve(max_tokens);
   }
   run_seqs_.reserve(max_tokens);
+  full_blocks_before_.reserve(max_tokens);
 }
 
 int64_t StepRunner::RestorePages(Sequence& seq) {
@@ -56,6 +57,17 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
       }
     }
     const int64_t end = sp.admit ? step_tokens : seq.num_computed + step_tokens;
+    if (sp.admit && sp.detached_blocks > 0) {
+      // Store pages read where the RAM tier holds them: part of the sequence, never copied.
+      p_.pager->AttachInPlace(seq.slot, seq.num_computed / block_tokens_, sp.detached_blocks);
+      seq.num_computed += sp.detached_blocks * block_tokens_;
+      if (p_.store != nullptr) {
+        const KvPage& page =
+            seq.kv_pages.pages[static_cast<size_t>(seq.num_computed / block_tokens_ - 1)];
+        p_.store->CountInPlace(page.tier, sp.detached_blocks);
+      }
+    }
+    seq.attach_blocks = 0;
     if (seq.restore_tokens > 0) {
       const int64_t restored = RestorePages(seq);
       seq.num_computed += restored;
@@ -157,10 +169,23 @@ void StepRunner::TraceReads(const StepPlan& plan) {
     if (seq.slot < 0 || !p_.kv->Contains(seq.slot)) continue;
     const int64_t full_blocks = p_.kv->num_tokens(seq.slot) / block_tokens_;
     trace_contents_.clear();
+    trace_outside_.clear();
+    trace_evicted_.clear();
     for (int64_t b = 0; b < full_blocks; ++b) {
       trace_contents_.push_back(p_.kv->ContentOf(seq.slot, b));
+      switch (p_.pager->FateOf(seq.slot, b)) {
+        case KvPageFate::kInTier:
+        case KvPageFate::kCheckpointed:
+          trace_outside_.push_back(b);  // streamed, read in place, or rebuilt
+          break;
+        case KvPageFate::kEvicted:
+          trace_evicted_.push_back(b);
+          break;
+        default:
+          break;  // in the pool, compressed or not
+      }
     }
-    p_.trace->Read(seq.id, trace_contents_, trace_from_[i]);
+    p_.trace->Read(seq.id, trace_contents_, trace_from_[i], trace_outside_, trace_evicted_);
   }
 }
 
@@ -179,9 +204,12 @@ void StepRunner::Run(const StepPlan& plan) {
   p_.kv->Commit(plan.kv);
   for (const KvBlockCopy& copy : plan.kv.copies) p_.storage->CopyBlock(copy.src, copy.dst);
   const Clock::time_point start = Clock::now();
+  full_blocks_before_.clear();
+  for (const Sequence* seq : plan.seqs) full_blocks_before_.push_back(seq->num_computed / block_tokens_);
   const int64_t prefill_tokens = FillBatch(plan);
   if (p_.trace != nullptr) TraceReads(plan);
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
+  if (p_.store != nullptr) SaveUnreachablePages(plan);
   RecomputeFailedStreams();
   if (!dropped_predicted_ms_.empty() && batch_.size() > 0) {
     // Pages dropped at preemption are recomputed from their tokens, starting with this step.
@@ -196,6 +224,24 @@ void StepRunner::Run(const StepPlan& plan) {
     }
   }
   p_.metrics->CountStep(batch_.size(), static_cast<int64_t>(plan.seqs.size()), prefill_tokens);
+}
+
+void StepRunner::SaveUnreachablePages(const StepPlan& plan) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const Sequence& seq = *plan.seqs[i];
+    if (seq.finished || seq.slot < 0 || !p_.kv->Contains(seq.slot) || !p_.kv->IsPaged(seq.slot)) {
+      continue;  // a sequence with no page outside the pool is all within the index's reach
+    }
+    const int64_t full = p_.kv->num_tokens(seq.slot) / block_tokens_;
+    if (full <= full_blocks_before_[i]) continue;
+    // The blocks the pool's prefix index reaches (at most all but the last token's).
+    const std::vector<int32_t>& tokens = p_.kv->tokens(seq.slot);
+    const int64_t reachable =
+        p_.kv->MatchPrefix(std::span(tokens).first(static_cast<size_t>(
+            std::min<int64_t>(static_cast<int64_t>(tokens.size()), full * block_tokens_ + 1)))) /
+        block_tokens_;
+    p_.pager->SaveUnreachablePages(seq.slot, std::max(full_blocks_before_[i], reachable), full);
+  }
 }
 
 void StepRunner::AppendToken(Sequence& seq, int32_t token) {

@@ -378,6 +378,20 @@ void KvPager::RebuildBlockFromCheckpoints(BlockId block, int64_t block_index) {
   }
 }
 
+void KvPager::AttachInPlace(SeqId seq, int64_t first_block, int64_t num_blocks) {
+  KvSequencePages& s = Bound(seq);
+  const std::vector<BlockId>& table = manager_.block_table(seq);
+  for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
+    KvPage& page = s.pages[static_cast<size_t>(b)];
+    KVL_CHECK(page.awaiting_restore && page.fate == KvPageFate::kInTier && page.store_pin &&
+              page.tier->reads_in_place() && table[static_cast<size_t>(b)] == kNoBlock);
+    page.awaiting_restore = false;
+    page.in_place = true;
+    ++stats_.streamed_pages;
+    ++stats_.in_place_pages;
+  }
+}
+
 void KvPager::SettleRestoredPages(SeqId seq) {
   KvSequencePages& s = Bound(seq);
   const std::vector<BlockId>& table = manager_.block_table(seq);
@@ -438,6 +452,26 @@ int64_t KvPager::SaveToStore(SeqId seq, KvTier* tier) {
     ++saved;
   }
   return saved;
+}
+
+void KvPager::SaveUnreachablePages(SeqId seq, int64_t first_block, int64_t last_block) {
+  if (store_ == nullptr || store_->empty()) return;
+  KvTier* tier = store_->tiers().front().tier;
+  const std::vector<BlockId>& table = manager_.block_table(seq);
+  const size_t bt = static_cast<size_t>(layout_.block_tokens);
+  for (int64_t b = first_block; b < last_block; ++b) {
+    const KvContentId content = manager_.ContentOf(seq, b);
+    const BlockId block = table[static_cast<size_t>(b)];
+    if (!content.valid() || block == kNoBlock) continue;
+    const Status status = store_->Save(
+        tier, content,
+        std::span(manager_.tokens(seq)).subspan(static_cast<size_t>(b) * bt, bt),
+        [&](int64_t l) -> std::span<const uint8_t> { return LayerPageSpan(block, l, false); });
+    if (!status.ok()) {
+      last_tier_error_ = status;
+      return;
+    }
+  }
 }
 
 void KvPager::SpillFreeBlock(BlockId block) {

@@ -54,6 +54,46 @@ bool ParseContent(std::string_view text, KvContentId* id) {
   return id->valid();
 }
 
+// Ascending blocks as "3,5-9", or "-" for none.
+void AppendBlockList(std::span<const int64_t> blocks, std::string* out) {
+  if (blocks.empty()) {
+    out->push_back('-');
+    return;
+  }
+  for (size_t i = 0; i < blocks.size();) {
+    size_t j = i;
+    while (j + 1 < blocks.size() && blocks[j + 1] == blocks[j] + 1) ++j;
+    if (i > 0) out->push_back(',');
+    fmt::format_to(std::back_inserter(*out), "{}", blocks[i]);
+    if (j > i) fmt::format_to(std::back_inserter(*out), "-{}", blocks[j]);
+    i = j + 1;
+  }
+}
+
+// The inverse of AppendBlockList: ascending blocks, each below `count`.
+bool ParseBlockList(std::string_view text, int64_t count, std::vector<int64_t>* blocks) {
+  blocks->clear();
+  if (text == "-") return true;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string_view item = text.substr(start, end - start);
+    const size_t dash = item.find('-');
+    int64_t first = 0, last = 0;
+    if (dash == std::string_view::npos) {
+      if (!ParseNumber(item, &first)) return false;
+      last = first;
+    } else if (!ParseNumber(item.substr(0, dash), &first) ||
+               !ParseNumber(item.substr(dash + 1), &last) || last < first) {
+      return false;
+    }
+    if (first < 0 || last >= count || (!blocks->empty() && first <= blocks->back())) return false;
+    for (int64_t b = first; b <= last; ++b) blocks->push_back(b);
+    start = end + 1;
+  }
+  return true;
+}
+
 int ParseAction(std::string_view name) {
   for (int a = 0; a <= kKvTracePoolReuse; ++a) {
     if (KvTraceActionName(a) == name) return a;
@@ -128,7 +168,8 @@ int64_t KvTraceWriter::PageOf(int64_t request, int64_t block) const {
 }
 
 void KvTraceWriter::Read(int64_t request, std::span<const KvContentId> contents,
-                         int64_t computed_from) {
+                         int64_t computed_from, std::span<const int64_t> outside,
+                         std::span<const int64_t> evicted) {
   std::vector<int64_t>& pages = pages_of_request_[request];
   line_.clear();
   for (size_t b = pages.size(); b < contents.size(); ++b) {
@@ -149,8 +190,11 @@ void KvTraceWriter::Read(int64_t request, std::span<const KvContentId> contents,
       fmt::format_to(std::back_inserter(line_), "P {} {} {} -\n", page, request, b);
     }
   }
-  fmt::format_to(std::back_inserter(line_), "R {} {} {}\n", request, contents.size(),
-                 computed_from);
+  fmt::format_to(std::back_inserter(line_), "R {} {} {} ", request, contents.size(), computed_from);
+  AppendBlockList(outside, &line_);
+  line_.push_back(' ');
+  AppendBlockList(evicted, &line_);
+  line_.push_back('\n');
   Line(line_.data(), line_.size());
 }
 
@@ -268,10 +312,14 @@ StatusOr<KvTrace> ParseKvTrace(std::string_view text) {
         pages.push_back(ev.page);
         if (ev.page == trace.num_pages) ++trace.num_pages;
       }
-    } else if (kind == "R" && w.size() == 4) {
+    } else if (kind == "R" && (w.size() == 4 || w.size() == 6)) {
       ev.kind = KvTraceEvent::Kind::kRead;
       ok = ParseNumber(w[1], &ev.request) && ParseNumber(w[2], &ev.block) &&
            ParseNumber(w[3], &ev.from) && ev.block >= 0 && ev.from >= 0;
+      if (ok && w.size() == 6) {
+        ok = ParseBlockList(w[4], ev.block, &ev.outside) &&
+             ParseBlockList(w[5], ev.block, &ev.evicted);
+      }
       if (ok) {
         const auto it = pages_of_request.find(ev.request);
         const size_t named = it == pages_of_request.end() ? 0 : it->second.size();

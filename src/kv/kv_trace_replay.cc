@@ -171,65 +171,50 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
 
 KvRecordedResult ReplayRecordedDecisions(const KvTrace& trace, double miss_ms) {
   // What the engine did is in the reads themselves: a block whose tokens a step computed again
-  // was missing (its page gone, or the prefix chain to it broken); a block read and not computed
-  // was in the pool, or in a tier that attention reads it from (a running page the policy moved
-  // out, known by its L line, until the sequence is preempted); or gone for good (evicted).
-  struct Page {
-    bool seen = false;
-    int64_t outside_for = -1;  // the request that streams it (or rebuilds it) at every read
-    int64_t evicted_for = -1;  // the request that lost it
-  };
+  // was missing (its page gone, or the prefix chain to it broken); a block read from outside the
+  // pool was streamed from a tier or rebuilt; an evicted one was lost; any other was in the pool.
   KvRecordedResult out;
   KvReplayResult& r = out.replay;
   r.policy = "recorded";
   r.capacity_pages = trace.header.pool_blocks;
-  std::vector<Page> pages(static_cast<size_t>(trace.num_pages));
+  std::vector<bool> seen(static_cast<size_t>(trace.num_pages), false);
   std::unordered_map<int64_t, std::vector<int64_t>> pages_of_request;
   for (const KvTraceEvent& ev : trace.events) {
     switch (ev.kind) {
       case KvTraceEvent::Kind::kStep:
+      case KvTraceEvent::Kind::kLeave:
         break;
       case KvTraceEvent::Kind::kPage:
         pages_of_request[ev.request].push_back(ev.page);
         break;
-      case KvTraceEvent::Kind::kLeave: {
-        Page& p = pages[static_cast<size_t>(ev.page)];
-        if (ev.cause == KvTraceCause::kPreempt) {
-          p.outside_for = p.evicted_for = -1;  // what comes back is a B line or a computed read
-        } else if (ev.cause == KvTraceCause::kRelief) {
-          if (ev.action == static_cast<int>(KvAction::kEvict)) {
-            p.evicted_for = ev.request;
-          } else if (ev.action != static_cast<int>(KvAction::kCompressInt8) &&
-                     ev.action != static_cast<int>(KvAction::kCompressInt4)) {
-            p.outside_for = ev.request;  // compressed pages stay in the pool
-          }
-        }  // a cached block reused: a later read of it is computed, or finds another copy
-        break;
-      }
       case KvTraceEvent::Kind::kBack:
         ++out.brought_back;
         ++r.misses;
         break;
       case KvTraceEvent::Kind::kRead: {
         const std::vector<int64_t>& ids = pages_of_request[ev.request];
+        size_t next_outside = 0, next_evicted = 0;  // the lists are ascending
         for (int64_t b = 0; b < ev.block; ++b) {
-          Page& p = pages[static_cast<size_t>(ids[static_cast<size_t>(b)])];
+          const size_t p = static_cast<size_t>(ids[static_cast<size_t>(b)]);
+          const bool outside = next_outside < ev.outside.size() && ev.outside[next_outside] == b;
+          const bool evicted = next_evicted < ev.evicted.size() && ev.evicted[next_evicted] == b;
+          next_outside += outside;
+          next_evicted += evicted;
           ++r.accesses;
-          if (!p.seen) {
+          if (!seen[p]) {
             ++r.cold;
           } else if (b >= ev.from) {
             ++r.misses;
             ++out.recomputed;
-          } else if (p.outside_for == ev.request) {
+          } else if (outside) {
             ++r.misses;
             ++out.streamed_reads;
-          } else if (p.evicted_for == ev.request) {
+          } else if (evicted) {
             ++out.lost_reads;
           } else {
             ++r.hits;
           }
-          p.seen = true;
-          if (b >= ev.from) p.outside_for = p.evicted_for = -1;
+          seen[p] = true;
         }
         break;
       }

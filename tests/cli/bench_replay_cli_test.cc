@@ -45,7 +45,7 @@ TEST(BenchReplayCliTest, RunWritesATraceThatReplays) {
   const std::string trace = Temp("run.trace");
   Result run = Kvl("run -m " + testing::Stories260KPath() + " -f " + prompts +
                        " -np 4 -n 200 --temp 0 -t 1 -c 256 --kv-budget 400KiB --kv-policy auto "
-                       "--kv-tier ram:64MiB --no-calibrate --kv-trace " +
+                       "--kv-tier ram:64MiB --no-prefix-cache --no-calibrate --kv-trace " +
                        trace,
                    /*with_stderr=*/true);
   ASSERT_EQ(run.exit_code, 0) << run.output;

@@ -31,6 +31,9 @@ EngineOptions PressureOptions(const std::string& trace_path) {
   o.kv_policy = "demote";
   o.kv_tiers = {"ram:64MiB"};
   o.kv_trace_path = trace_path;
+  // Without the prefix cache there is no KV store: demoted pages are promoted back into the pool
+  // at resume (with it, the RAM tier's pages are read in place and never come back).
+  o.prefix_cache = false;
   o.profile_path = ::testing::TempDir() + "/kvl-test-profile-" + std::to_string(getpid()) + ".json";
   return o;
 }
@@ -134,6 +137,10 @@ TEST(KvPredictionsTest, RestoredPagesReportTheirPredictionErrorAndTheTraceAgrees
   EXPECT_EQ(recorded.brought_back, back);
   EXPECT_EQ(recorded.replay.cold, opt.cold);
   EXPECT_EQ(recorded.lost_reads, 0);  // demotion is lossless
+  // Running sequences' pages demoted to the RAM tier are read from outside the pool at every step.
+  EXPECT_GT(recorded.streamed_reads, 0);
+  EXPECT_EQ(recorded.replay.misses,
+            recorded.brought_back + recorded.streamed_reads + recorded.recomputed);
 }
 
 // Without --kv-trace nothing is written and the step loop only tests a pointer; a trace path

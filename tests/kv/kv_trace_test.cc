@@ -37,12 +37,15 @@ KvTraceEvent Page(int64_t page, int64_t request, int64_t block, KvContentId cont
   e.content = content;
   return e;
 }
-KvTraceEvent Read(int64_t request, int64_t count, int64_t from) {
+KvTraceEvent Read(int64_t request, int64_t count, int64_t from, std::vector<int64_t> outside = {},
+                  std::vector<int64_t> evicted = {}) {
   KvTraceEvent e;
   e.kind = Kind::kRead;
   e.request = request;
   e.block = count;
   e.from = from;
+  e.outside = std::move(outside);
+  e.evicted = std::move(evicted);
   return e;
 }
 KvTraceEvent Leave(int64_t page, int64_t request, KvAction action, KvTraceCause cause,
@@ -94,13 +97,16 @@ TEST(KvTraceTest, RoundTripGivesTheSameEvents) {
     t.Step();
     t.Back(7, 1, static_cast<int>(KvAction::kDemoteRam), 0.125, 0.375);
     t.Read(7, r7, 2);
+    const std::vector<int64_t> outside = {0, 2, 3, 4, 7}, evicted = {1};
+    const std::vector<KvContentId> r9(8);
+    t.Read(9, r9, 8, outside, evicted);
     EXPECT_EQ(t.steps(), 2);
     ASSERT_TRUE(t.Close().ok());
   }
   StatusOr<KvTrace> trace = ReadKvTrace(path);
   ASSERT_TRUE(trace.ok()) << trace.status().ToString();
   EXPECT_EQ(trace->header, header);
-  EXPECT_EQ(trace->num_pages, 4);
+  EXPECT_EQ(trace->num_pages, 12);
   const std::vector<KvTraceEvent> expected = {
       Step(0),
       Page(0, 7, 0, a),
@@ -121,6 +127,15 @@ TEST(KvTraceTest, RoundTripGivesTheSameEvents) {
       Step(2),
       Back(1, KvAction::kDemoteRam, 0.125, 0.375),
       Read(7, 2, 2),
+      Page(4, 9, 0),
+      Page(5, 9, 1),
+      Page(6, 9, 2),
+      Page(7, 9, 3),
+      Page(8, 9, 4),
+      Page(9, 9, 5),
+      Page(10, 9, 6),
+      Page(11, 9, 7),
+      Read(9, 8, 8, {0, 2, 3, 4, 7}, {1}),
   };
   EXPECT_EQ(trace->events, expected);
 
@@ -128,7 +143,7 @@ TEST(KvTraceTest, RoundTripGivesTheSameEvents) {
   const std::vector<KvTraceAccess> accesses = KvTraceAccesses(*trace);
   std::vector<int64_t> pages;
   for (const KvTraceAccess& x : accesses) pages.push_back(x.page);
-  EXPECT_EQ(pages, (std::vector<int64_t>{0, 1, 0, 2, 3, 0, 1}));
+  EXPECT_EQ(pages, (std::vector<int64_t>{0, 1, 0, 2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11}));
   EXPECT_FALSE(accesses[2].computed);  // request 8 computed from block 1 on
   EXPECT_TRUE(accesses[3].computed);
 }
@@ -149,6 +164,11 @@ TEST(KvTraceTest, MalformedTracesAreRefusedWithTheirLine) {
   EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 -\nL 0 evict relief 0\n").ok());  // no request
   EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 -\nB 1 demote-ram 0 0\n").ok());  // page 1 unnamed
   EXPECT_FALSE(ParseKvTrace(header + "P 0 1 0 xyz\n").ok());
+  const std::string two = header + "P 0 1 0 -\nP 1 1 1 -\n";
+  EXPECT_TRUE(ParseKvTrace(two + "R 1 2 2 0-1 -\n").ok());
+  EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 0-2 -\n").ok());  // block 2 was not read
+  EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 1,0 -\n").ok());  // not ascending
+  EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 -\n").ok());      // one list without the other
   EXPECT_FALSE(ParseKvTrace("kvl-trace 1 price_ms=1,2\n").ok());
 }
 
@@ -276,10 +296,9 @@ TEST(KvTraceReplayTest, ReuseScoreKeepsARunningSequencesPages) {
   EXPECT_EQ(ReplayKvTrace(t, a, KvReplayPolicy::kBelady, o).misses, 0);
 }
 
-// The engine's own decisions priced: a page streamed while its sequence runs misses at every read
-// (even once the pool reuses the block it left), a page brought back misses once, a page dropped
-// at a preemption misses when it is computed again and is a hit when its cached block was found
-// instead, and an evicted page is lost.
+// The engine's own decisions priced: a page read from outside the pool misses at every read, a
+// page brought back misses once, a page dropped at a preemption misses when it is computed again
+// and is a hit when its cached block was found instead, and an evicted page is lost.
 TEST(KvTraceReplayTest, RecordedDecisionsArePriced) {
   KvTrace t;
   t.header.pool_blocks = 3;
@@ -294,16 +313,10 @@ TEST(KvTraceReplayTest, RecordedDecisionsArePriced) {
       // Page 1 streamed from RAM and page 3 evicted while the sequence runs: two steps read them.
       Leave(1, 1, KvAction::kDemoteRam, KvTraceCause::kRelief, 0.1),
       Leave(3, 1, KvAction::kEvict, KvTraceCause::kRelief, 0),
-      // The block page 1 left is reused: the sequence still reads page 1 from its tier.
-      [] {
-        KvTraceEvent e = Leave(1, -1, KvAction::kKeep, KvTraceCause::kReuse, 0);
-        e.action = kKvTracePoolReuse;
-        return e;
-      }(),
       Step(1),
-      Read(1, 4, 4),
+      Read(1, 4, 4, {1}, {3}),
       Step(2),
-      Read(1, 4, 4),
+      Read(1, 4, 4, {1}, {3}),
       // Preempted: page 0 demoted (brought back at resume), pages 1 and 2 dropped and computed
       // again from block 1 on.
       Leave(0, 1, KvAction::kDemoteRam, KvTraceCause::kPreempt, 0.1),

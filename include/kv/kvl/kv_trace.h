@@ -10,11 +10,16 @@
 //   P <page> <request> <block> <content>  page id <page> is block <block> of request <request>,
 //                                     its content id 32 hex digits (hi then lo), or - without one;
 //                                     pages of equal content ids are one page (shared prefixes)
-//   R <request> <count> <from>        attention read blocks [0, count) of the request: its full
+//   R <request> <count> <from> <outside> <evicted>
+//                                     attention read blocks [0, count) of the request: its full
 //                                     pages (the partial last page is always resident and left
 //                                     out), every one named by a P line before; blocks from
 //                                     <from> on got their tokens computed in this step (new, or
-//                                     recomputed), the ones before it were there already
+//                                     recomputed), the ones before it were there already; of
+//                                     those, <outside> were read from outside the pool (a tier,
+//                                     or rebuilt from checkpoints) and <evicted> were gone, each a
+//                                     list of blocks and ranges ("3,5-9") or - for none. The two
+//                                     lists may be left off together (none).
 //   L <page> <request> <action> <cause> <ms>  the page left the pool: the request whose page it
 //                                     was (-1 for a cached block), the action's name (KvActionName,
 //                                     or pool-reuse for a cached block given new contents), the
@@ -68,13 +73,15 @@ struct KvTraceHeader {
 struct KvTraceEvent {
   enum class Kind : uint8_t { kStep, kPage, kRead, kLeave, kBack };
   Kind kind = Kind::kStep;
-  int64_t step = 0;     // kStep
-  int64_t page = 0;     // kPage, kLeave, kBack
-  int64_t request = 0;  // kPage, kRead, kLeave (-1: a cached block reused)
-  int64_t block = 0;    // kPage: its index; kRead: how many blocks were read
-  int64_t from = 0;     // kRead: the first block whose tokens were computed in this step
-  KvContentId content;  // kPage
-  int action = 0;       // kLeave, kBack: a KvAction or kKvTracePoolReuse
+  int64_t step = 0;              // kStep
+  int64_t page = 0;              // kPage, kLeave, kBack
+  int64_t request = 0;           // kPage, kRead, kLeave (-1: a cached block reused)
+  int64_t block = 0;             // kPage: its index; kRead: how many blocks were read
+  int64_t from = 0;              // kRead: the first block whose tokens were computed in this step
+  std::vector<int64_t> outside;  // kRead: blocks read from outside the pool, ascending
+  std::vector<int64_t> evicted;  // kRead: blocks attention skipped (evicted), ascending
+  KvContentId content;           // kPage
+  int action = 0;                // kLeave, kBack: a KvAction or kKvTracePoolReuse
   KvTraceCause cause = KvTraceCause::kRelief;  // kLeave
   double predicted_ms = 0;                     // kLeave, kBack: the cost model's bring-back time
   double measured_ms = 0;                      // kBack: the time it took
@@ -99,9 +106,11 @@ class KvTraceWriter {
 
   void Step();  // the next step begins
   // Attention read blocks [0, contents.size()) of `request`; contents[b] is block b's content id
-  // ({} for none); blocks from `computed_from` on were computed in this step. Pages not seen
-  // before are named first.
-  void Read(int64_t request, std::span<const KvContentId> contents, int64_t computed_from);
+  // ({} for none); blocks from `computed_from` on were computed in this step; `outside` and
+  // `evicted` list the blocks read from outside the pool and those that were gone (ascending).
+  // Pages not seen before are named first.
+  void Read(int64_t request, std::span<const KvContentId> contents, int64_t computed_from,
+            std::span<const int64_t> outside = {}, std::span<const int64_t> evicted = {});
   // A page of a request left the pool (a page never read is not traced).
   void Leave(int64_t request, int64_t block, int action, KvTraceCause cause, double predicted_ms);
   // A cached pool block with this content was given new contents.

@@ -67,16 +67,15 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
 // What the engine's own decisions cost, at its own pool size, priced as the simulated policies'
 // misses are, read from what it did: every page it brought back (B) is a miss; so is a page whose
 // tokens a step computed again after it had been seen (it had left, or the prefix chain to it was
-// broken); so is a read of a page the policy moved out of the pool while its sequence ran
-// (streamed from a tier or rebuilt from checkpoints at every step that reads it, from its L line
-// until the sequence is preempted). Any other read is a hit: the page was in the pool (compressed
-// pages included). Reads of evicted pages are not misses (the engine lost them) and are counted
-// apart.
+// broken); so is every read of a page from outside the pool (streamed from a tier, read in place
+// there, or rebuilt from checkpoints). Any other read is a hit: the page was in the pool
+// (compressed pages included). Reads of evicted pages are not misses (the engine lost them) and
+// are counted apart.
 struct KvRecordedResult {
   KvReplayResult replay;       // policy "recorded", capacity_pages = the header's pool_blocks
   int64_t brought_back = 0;    // of the misses: B events
-  int64_t streamed_reads = 0;  // of the misses: reads of pages kept outside while running
-  int64_t recomputed = 0;      // of the misses: pages computed again after they left
+  int64_t streamed_reads = 0;  // of the misses: reads from outside the pool
+  int64_t recomputed = 0;      // of the misses: pages computed again after they were seen
   int64_t lost_reads = 0;      // reads of evicted pages
 };
 KvRecordedResult ReplayRecordedDecisions(const KvTrace& trace, double miss_ms);
