@@ -152,8 +152,9 @@ int BenchReplayCommand(const BenchReplayArgs& args) {
              recorded_comparable ? FormatRegret(recorded_regret) : std::string("-"));
   fmt::print(
       "\nrecorded: what the engine did at its own pool ({} pages, partial pages and compressed "
-      "slabs included): {} pages brought back, {} reads of pages kept outside the pool while "
-      "running, {} pages computed again after they left, {} reads of evicted pages\n",
+      "slabs included): {} pages brought back, {} reads from outside the pool (a tier, read in "
+      "place or streamed, or checkpoints rebuilt), {} pages computed again after they were seen, "
+      "{} reads of evicted pages\n",
       h.pool_blocks, recorded.brought_back, recorded.streamed_reads, recorded.recomputed,
       recorded.lost_reads);
   return FlushStdout().ok() ? 0 : 1;
