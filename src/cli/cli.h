@@ -108,6 +108,18 @@ struct BenchServeArgs {
 };
 int BenchServeCommand(const BenchServeArgs& args);
 
+// `kvl bench replay TRACE`: a --kv-trace replayed through resident sets of N pages under the
+// engine's reuse score, LRU, LFU and Belady's optimal, and the engine's own recorded decisions;
+// misses priced per page. No model.
+struct BenchReplayArgs {
+  std::string trace_path;
+  std::vector<int64_t> capacity_pages;  // --capacity-pages N,... (empty: from the trace)
+  double miss_ms = 0;                   // --miss-ms (0: from the trace's prices)
+  std::string miss_action;              // --miss-action NAME: the trace's price of that action
+  std::string output = "md";            // -o md|json
+};
+int BenchReplayCommand(const BenchReplayArgs& args);
+
 struct CalibrateArgs {
   std::string model_path;  // -m: the profile is measured at this model's shapes
   int num_threads = 0;     // -t: 0 = every core

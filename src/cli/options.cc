@@ -51,6 +51,8 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
                     "without a profile, price KV actions with analytic defaults instead of "
                     "measuring this machine (nothing is written)");
   cmd->add_flag("--explain", engine->explain, "print every KV decision with its cost terms");
+  cmd->add_option("--kv-trace", engine->kv_trace_path,
+                  "write a page-access trace here (replay it with kvl bench replay)");
   cmd->add_option("--kv-sink", engine->kv_sink_tokens,
                       "first tokens never compressed, demoted or evicted (attention sinks)")
       ->capture_default_str();
@@ -253,6 +255,21 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   std::string bs_seed;
   CLI::Option* bs_seed_opt = bs_cmd->add_option("--seed", bs_seed, "prompts and arrivals seed");
 
+  BenchReplayArgs& br = cmd.bench_replay;
+  CLI::App* br_cmd = bench_cmd->add_subcommand(
+      "replay", "replay a --kv-trace against the reuse score, LRU, LFU and Belady's optimal");
+  br_cmd->add_option("trace", br.trace_path, "trace file (written by --kv-trace)")->required();
+  br_cmd->add_option("--capacity-pages", br.capacity_pages,
+                     "resident set sizes in pages (default: the engine's pool, x1/2, x2)")
+      ->delimiter(',');
+  br_cmd->add_option("--miss-ms", br.miss_ms,
+                     "price of one missed page (default: the trace's cheapest lossless "
+                     "bring-back price)");
+  br_cmd->add_option("--miss-action", br.miss_action,
+                     "price misses at the trace's price of this action (demote-ram, demote-disk, "
+                     "recompute-residual, recompute-tokens)");
+  br_cmd->add_option("-o,--output", br.output, "md | json")->capture_default_str();
+
   CalibrateArgs& calibrate = cmd.calibrate;
   CLI::App* calibrate_cmd = app.add_subcommand(
       "calibrate", "measure this machine for the KV cost model and write a profile");
@@ -308,6 +325,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       KVL_ASSIGN_OR_RETURN(synth.seed, ParseSeed(synth_seed, "--seed"));
     }
     KVL_RETURN_IF_ERROR(ValidateSynthArgs(synth));
+  } else if (*bench_cmd && *br_cmd) {
+    cmd.kind = ParsedCommand::Kind::kBenchReplay;
+    KVL_RETURN_IF_ERROR(ValidateBenchReplayArgs(br));
   } else if (*bench_cmd && *bs_cmd) {
     cmd.kind = ParsedCommand::Kind::kBenchServe;
     if (bs_seed_opt->count() > 0) {
@@ -403,6 +423,29 @@ Status ValidateBenchServeArgs(const BenchServeArgs& args) {
   KVL_RETURN_IF_ERROR(CheckRange("--max-tokens", args.max_tokens, 1, kMaxContextTokens));
   if (!(args.timeout_s > 0 && args.timeout_s <= 86400)) {
     return InvalidArgumentError(fmt::format("--timeout must be in (0, 86400], got {}", args.timeout_s));
+  }
+  if (args.output != "md" && args.output != "json") {
+    return InvalidArgumentError(fmt::format("-o must be md or json, got '{}'", args.output));
+  }
+  return Status::Ok();
+}
+
+Status ValidateBenchReplayArgs(const BenchReplayArgs& args) {
+  if (args.trace_path.empty()) return InvalidArgumentError("give a trace file (--kv-trace FILE)");
+  for (int64_t n : args.capacity_pages) {
+    KVL_RETURN_IF_ERROR(CheckRange("--capacity-pages", n, 1, int64_t{1} << 30));
+  }
+  if (!(args.miss_ms >= 0 && args.miss_ms <= 1e9)) {
+    return InvalidArgumentError(fmt::format("--miss-ms must be in [0, 1e9], got {}", args.miss_ms));
+  }
+  if (!args.miss_action.empty()) {
+    KVL_ASSIGN_OR_RETURN(const KvPolicyChoice choice, ParseKvPolicy(args.miss_action));
+    if (choice.automatic || !IsLossless(choice.fixed) || choice.fixed == KvAction::kKeep) {
+      return InvalidArgumentError(fmt::format(
+          "--miss-action '{}': use demote-ram, demote-disk, recompute-residual or recompute-tokens",
+          args.miss_action));
+    }
+    if (args.miss_ms > 0) return InvalidArgumentError("give --miss-ms or --miss-action, not both");
   }
   if (args.output != "md" && args.output != "json") {
     return InvalidArgumentError(fmt::format("-o must be md or json, got '{}'", args.output));

@@ -63,8 +63,12 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
     const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
     const double page_ms = ms / static_cast<double>(std::max<int64_t>(1, restored));
     p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
+    if (p_.trace != nullptr) {
+      p_.trace->Back(seq.id, b, static_cast<int>(page.action), page.predicted_ms, page_ms);
+    }
     if (page.content.valid() && p_.store != nullptr) {
       p_.store->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
+      p_.metrics->CountPromoted(p_.store->TierIndex(page.tier), page.predicted_ms, page_ms);
     }
   }
   return restored * block_tokens_;
@@ -73,6 +77,7 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
 int64_t StepRunner::FillBatch(const StepPlan& plan) {
   batch_.Clear();
   dropped_predicted_ms_.clear();
+  if (p_.trace != nullptr) trace_from_.assign(plan.seqs.size(), 0);
   int64_t prefill_tokens = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     Sequence& seq = *plan.seqs[i];
@@ -113,6 +118,7 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     // Pages restored, or computed where a restore stopped or the prefix cache held them, are let
     // go from their tier at once: a page awaiting restore is never also in the pool.
     p_.pager->SettleRestoredPages(seq.slot);
+    if (p_.trace != nullptr) trace_from_[i] = seq.num_computed / block_tokens_;
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
       batch_.Add(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot, pos == last);
@@ -196,11 +202,43 @@ void StepRunner::RecomputeFailedStreams() {
   to_recompute_.clear();
 }
 
+void StepRunner::TraceReads(const StepPlan& plan) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const Sequence& seq = *plan.seqs[i];
+    if (seq.slot < 0 || !p_.kv->Contains(seq.slot)) continue;
+    const int64_t full_blocks = p_.kv->num_tokens(seq.slot) / block_tokens_;
+    trace_contents_.clear();
+    trace_outside_.clear();
+    trace_evicted_.clear();
+    for (int64_t b = 0; b < full_blocks; ++b) {
+      trace_contents_.push_back(p_.kv->ContentOf(seq.slot, b));
+      switch (p_.pager->FateOf(seq.slot, b)) {
+        case KvPageFate::kInTier:
+        case KvPageFate::kCheckpointed:
+          trace_outside_.push_back(b);  // streamed, read in place, or rebuilt
+          break;
+        case KvPageFate::kEvicted:
+          trace_evicted_.push_back(b);
+          break;
+        default:
+          break;  // in the pool, compressed or not
+      }
+    }
+    p_.trace->Read(seq.id, trace_contents_, trace_from_[i], trace_outside_, trace_evicted_);
+  }
+}
+
 void StepRunner::Run(const StepPlan& plan) {
   // Cached blocks the plan reuses for new contents go to the KV store first.
   for (const KvPlan::SeqPlan& sp : plan.kv.seqs) {
-    for (BlockId block : sp.allocated) p_.pager->SpillFreeBlock(block);
-    if (sp.cow_dst != kNoBlock) p_.pager->SpillFreeBlock(sp.cow_dst);
+    for (BlockId block : sp.allocated) {
+      if (p_.trace != nullptr) p_.trace->LeaveReused(p_.kv->FreeBlockContent(block));
+      p_.pager->SpillFreeBlock(block);
+    }
+    if (sp.cow_dst != kNoBlock) {
+      if (p_.trace != nullptr) p_.trace->LeaveReused(p_.kv->FreeBlockContent(sp.cow_dst));
+      p_.pager->SpillFreeBlock(sp.cow_dst);
+    }
   }
   p_.kv->Commit(plan.kv);
   for (const KvBlockCopy& copy : plan.kv.copies) p_.storage->CopyBlock(copy.src, copy.dst);
@@ -208,15 +246,20 @@ void StepRunner::Run(const StepPlan& plan) {
   full_blocks_before_.clear();
   for (const Sequence* seq : plan.seqs) full_blocks_before_.push_back(seq->num_computed / block_tokens_);
   const int64_t prefill_tokens = FillBatch(plan);
+  if (p_.trace != nullptr) TraceReads(plan);
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
   if (p_.store != nullptr) SaveUnreachablePages(plan);
   RecomputeFailedStreams();
-  if (!dropped_predicted_ms_.empty()) {
-    // Pages dropped at preemption were just recomputed from their tokens within this step.
+  if (!dropped_predicted_ms_.empty() && batch_.size() > 0) {
+    // Pages dropped at preemption are recomputed from their tokens, starting with this step.
+    // The step also computes other sequences' tokens, and a long resume goes on in later chunks,
+    // so a page's measured time is its share of the step by tokens: the step's time per token
+    // times the page's tokens.
     const double ms = MillisecondsBetween(start, Clock::now());
+    const double page_ms =
+        ms * static_cast<double>(block_tokens_) / static_cast<double>(batch_.size());
     for (double predicted : dropped_predicted_ms_) {
-      p_.metrics->CountRestored(KvAction::kRecomputeTokens, predicted,
-                                ms / static_cast<double>(dropped_predicted_ms_.size()));
+      p_.metrics->CountRestored(KvAction::kRecomputeTokens, predicted, page_ms);
     }
   }
   p_.metrics->CountStep(batch_.size(), static_cast<int64_t>(plan.seqs.size()), prefill_tokens);

@@ -181,6 +181,20 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
                        KvActionName(static_cast<KvAction>(a)),
                        m.kv_actions[size_t(a)].pages_restored);
   }
+  // The cost model checked: absolute error of its bring-back predictions over the last 4096
+  // pages each action brought back (actions that brought none back are left out).
+  for (const auto& [name, p90] : {std::pair{"kvl:kv_prediction_error_median_percent", false},
+                                  std::pair{"kvl:kv_prediction_error_p90_percent", true}}) {
+    Header(&out, name, "gauge",
+           p90 ? "p90 of |measured - predicted| / measured bring-back time, per action."
+               : "Median of |measured - predicted| / measured bring-back time, per action.");
+    for (int a = 0; a < kNumKvActions; ++a) {
+      const KvPredictionError& e = m.kv_actions[size_t(a)].error;
+      if (e.samples == 0) continue;
+      out += fmt::format("{}{{action=\"{}\"}} {}\n", name, KvActionName(static_cast<KvAction>(a)),
+                         p90 ? e.p90_pct : e.median_pct);
+    }
+  }
   Metric(&out, "kvl:kv_checksum_failures_total", "counter",
          "Demoted KV pages that came back corrupt and were recomputed.", m.kv_checksum_failures);
   Metric(&out, "kvl:kv_layers_streamed_total", "counter", "Layer pages streamed back from tiers.",

@@ -68,6 +68,9 @@ struct EngineOptions {
   // with no file read and nothing measured. Empty: found, measured or assumed as above.
   std::optional<MachineProfile> cost_profile;
   bool explain = false;               // print every KV decision with its cost terms to stderr
+  // --kv-trace: a page-access trace written here (kvl/kv_trace.h), replayed offline by
+  // `kvl bench replay`; empty: none (the step loop only tests a null pointer).
+  std::string kv_trace_path;
   int64_t kv_sink_tokens = 4;         // first tokens never acted on (attention sinks)
   int64_t kv_recent_tokens = 64;      // newest tokens kept resident at full precision
   // The fraction of kv_budget_bytes set aside for staging pages of running sequences that live in
@@ -135,6 +138,16 @@ struct TokenEvent {
 };
 using EventCallback = std::function<void(const TokenEvent&)>;
 
+// How far the cost model's bring-back predictions were from the measured times, over the last
+// (up to 4096) pages brought back: the absolute error |measured - predicted| / measured, in
+// percent (nearest-rank percentiles). Pages measured as 0 ms are left out.
+struct KvPredictionError {
+  int64_t samples = 0;       // (predicted, measured) pairs in the window
+  double median_pct = 0;
+  double p90_pct = 0;
+  double median_ratio = 0;   // median of measured / predicted: above 1, the model is optimistic
+};
+
 // What the KV action lattice did: pages and bytes per action, the time the cost model predicted
 // for bringing them back, and the time it really took.
 struct KvActionCounter {
@@ -143,6 +156,7 @@ struct KvActionCounter {
   int64_t pages_restored = 0;       // brought back (promoted, or recomputed at resume)
   double predicted_ms = 0;          // bring-back time the cost model expected, summed
   double measured_ms = 0;           // bring-back time measured, summed (restored pages only)
+  KvPredictionError error;          // per restored page, over the last 4096
 };
 
 // One KV tier's contents and traffic. `kvl run` prints them at the end; /metrics labels them
@@ -170,6 +184,7 @@ struct KvTierMetrics {
   int64_t blocks_in_place = 0;  // taken where the tier holds them (an uncompressed RAM tier)
   double promote_ms_predicted = 0;
   double promote_ms_measured = 0;
+  KvPredictionError promote_error;  // per promoted block, over the last 4096
 };
 
 struct EngineMetrics {
