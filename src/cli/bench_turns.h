@@ -21,9 +21,11 @@ namespace kvl::cli {
 std::vector<int32_t> ScriptedTokens(const Tokenizer& tokenizer, int64_t num_tokens,
                                     std::mt19937_64* rng);
 
-// Runs argv[0] with argv (no shell) to its end; its stdout is returned in *out, its stderr
-// passes through. The exit code, or an error when it could not start or died of a signal.
-StatusOr<int> RunChildProcess(const std::vector<std::string>& argv, std::string* out);
+// Runs argv[0] (found on PATH) with argv, no shell, to its end; its stdout (and stderr, with
+// `with_stderr`; else that passes through) is returned in *out. The exit code, or an error when
+// it could not start or died of a signal.
+StatusOr<int> RunChildProcess(const std::vector<std::string>& argv, std::string* out,
+                              bool with_stderr = false);
 
 // The path of this process's own executable, for a child that must be a fresh process.
 StatusOr<std::string> SelfExecutable();

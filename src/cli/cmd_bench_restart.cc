@@ -214,7 +214,8 @@ StatusOr<std::string> SelfExecutable() {
   return p.string();
 }
 
-StatusOr<int> RunChildProcess(const std::vector<std::string>& argv, std::string* out) {
+StatusOr<int> RunChildProcess(const std::vector<std::string>& argv, std::string* out,
+                              bool with_stderr) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return IoError(fmt::format("pipe: {}", std::strerror(errno)));
   std::vector<std::string> copy = argv;
@@ -224,6 +225,7 @@ StatusOr<int> RunChildProcess(const std::vector<std::string>& argv, std::string*
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  if (with_stderr) posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
   pid_t pid = -1;
   const int err = posix_spawnp(&pid, cargv[0], &actions, nullptr, cargv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);

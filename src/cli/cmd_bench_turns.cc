@@ -497,25 +497,33 @@ std::string FindPlotScript(const BenchTurnsArgs& args) {
   return "";
 }
 
-// Draws the PNG; a missing python3, matplotlib or script is a note, never a failure.
+// Draws the PNG; a missing python3, matplotlib or script is a note, never a failure. The python3
+// on PATH first, then Debian's own, where python3-matplotlib installs (PATH may name another,
+// a pyenv's say).
 void DrawPlot(const BenchTurnsArgs& args, const std::string& json_path) {
   const std::string script = FindPlotScript(args);
   if (script.empty()) {
     fmt::print(stderr, "kvl: plot skipped: scripts/plot_turns.py not found (give --plot-script)\n");
     return;
   }
-  std::string out;
-  StatusOr<int> rc = RunChildProcess({"python3", script, json_path, args.plot_path}, &out);
-  if (!rc.ok()) {
-    fmt::print(stderr, "kvl: plot skipped: {}\n", rc.status().message());
-  } else if (*rc == 3) {
-    fmt::print(stderr, "kvl: plot skipped: python3 has no matplotlib (Debian: apt-get install "
-                       "python3-matplotlib)\n");
-  } else if (*rc != 0) {
-    fmt::print(stderr, "kvl: plot skipped: {} exited with {}\n", script, *rc);
-  } else {
-    fmt::print(stderr, "kvl: plot written to {}\n", args.plot_path);
+  std::string why = "no python3 found";
+  for (const char* python : {"python3", "/usr/bin/python3"}) {
+    std::string out;
+    StatusOr<int> rc =
+        RunChildProcess({python, script, args.plot_path, json_path}, &out, /*with_stderr=*/true);
+    if (rc.ok() && *rc == 0) {
+      fmt::print(stderr, "kvl: plot written to {}\n", args.plot_path);
+      return;
+    }
+    if (!rc.ok()) continue;  // no such interpreter
+    if (*rc == 3) {
+      why = "python3 has no matplotlib (Debian: apt-get install python3-matplotlib)";
+    } else {
+      why = fmt::format("{} {} exited with {}: {}", python, script, *rc, out);
+      break;
+    }
   }
+  fmt::print(stderr, "kvl: plot skipped: {}\n", why);
 }
 
 }  // namespace
