@@ -120,7 +120,7 @@ KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlo
   const KvStagingCost staging = KvPager::StagingCost(layout);
   z.compresses = kv.quality != KvQuality::kLossless ||
                  (!kv.policy.automatic && !IsLossless(kv.policy.fixed));
-  const bool streams = kv.policy.automatic ? !kv.tiers.empty()
+  const bool streams = kv.policy.automatic ? kv.has_tier("ram") || kv.has_tier("disk")
                                            : kv.policy.fixed == KvAction::kDemoteRam ||
                                                  kv.policy.fixed == KvAction::kDemoteDisk ||
                                                  kv.policy.fixed == KvAction::kRecomputeResidual;
@@ -229,6 +229,9 @@ void SetUpKvStore(Engine::Impl& e, const KvSettings& kv, const PageCostProfile& 
     tiers.push_back({e.disk_tier.get(), persistent,
                      ms(prices.disk_read_gbps, prices.disk_latency_ms)});
   }
+  if (e.redis_tier) {
+    tiers.push_back({e.redis_tier.get(), true, ms(kRemoteGbps, kRemoteLatencyMs)});
+  }
   if (tiers.empty()) return;
   e.store = std::make_unique<KvStore>(layout, e.pager->layer_page_bytes(), std::move(tiers));
   e.pager->set_store(e.store.get());
@@ -244,7 +247,9 @@ Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
     if (const auto* disk = dynamic_cast<const DiskKvTier*>(tier.get())) {
       fmt::print(stderr, "kvl: disk tier {}: {}\n", spec.path, disk->open_note());
     }
-    (spec.kind == "disk" ? e.disk_tier : e.ram_tier) = std::move(tier);
+    (spec.kind == "disk"    ? e.disk_tier
+     : spec.kind == "redis" ? e.redis_tier
+                            : e.ram_tier) = std::move(tier);
     if (spec.kind == "disk") disk_dir = std::filesystem::path(spec.path).parent_path().string();
   }
   e.pager->set_tiers({e.ram_tier.get(), e.disk_tier.get()});
@@ -275,7 +280,7 @@ Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
   // Without a tier only recompute-from-tokens needs a price (to report its prediction); the other
   // policies have nothing to choose among.
   const bool needs_profile =
-      e.ram_tier || e.disk_tier ||
+      e.ram_tier || e.disk_tier || e.redis_tier ||
       (!kv.policy.automatic && kv.policy.fixed == KvAction::kRecomputeTokens);
   if (needs_profile) KVL_RETURN_IF_ERROR(LoadCostProfile(e, disk_dir, &rules.prices));
   e.pager->set_track_attention(rules.pages_running_sequences);
@@ -444,7 +449,7 @@ EngineMetrics Engine::Metrics() const {
     m.requests_submitted = e.requests_submitted;
   }
   e.metrics.Snapshot(&m);
-  for (const KvTier* tier : {e.ram_tier.get(), e.disk_tier.get()}) {
+  for (const KvTier* tier : {e.ram_tier.get(), e.disk_tier.get(), e.redis_tier.get()}) {
     if (tier == nullptr) continue;
     const TierStats t = tier->stats();
     KvTierMetrics& tm = m.kv_tiers.emplace_back();
@@ -458,6 +463,7 @@ EngineMetrics Engine::Metrics() const {
     tm.bytes_out = t.bytes_read;
     tm.checksum_failures = t.checksum_failures;
     tm.evictions = t.evictions;
+    tm.errors = t.errors;
     if (e.store) {
       // What the store did with this tier (lookups, hits, promotions), as of the last step.
       const int64_t index = e.store->TierIndex(tier);
@@ -470,7 +476,7 @@ EngineMetrics Engine::Metrics() const {
         tm.blocks_promoted = st.blocks_promoted;
         tm.promote_ms_predicted = st.promote_ms_predicted;
         tm.promote_ms_measured = st.promote_ms_measured;
-        tm.errors = st.errors;
+        tm.errors = std::max(tm.errors, st.errors);  // the same failures, seen from both sides
       }
     }
   }

@@ -44,6 +44,7 @@ struct Engine::Impl {
   std::unique_ptr<KvBlockStorage> storage;
   std::unique_ptr<KvTier> ram_tier;
   std::unique_ptr<KvTier> disk_tier;
+  std::unique_ptr<KvTier> redis_tier;  // the KV store's only: running pages never go there
   std::unique_ptr<KvStore> store;  // pages kept across requests, in the tiers
   // The store's counters as of the last step, for Metrics() on other threads.
   mutable std::mutex store_stats_mutex;

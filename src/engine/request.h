@@ -60,6 +60,7 @@ struct Sequence {
   KvSequencePages kv_pages;
   int64_t restore_tokens = 0;      // this step: tokens to promote instead of compute
   bool store_checked = false;      // its prompt was looked up in the KV store
+  int32_t preemptions = 0;
 
   // The finished event (reason, error, counts, the text still held back); marks it finished.
   TokenEvent FinishEvent(const std::string& reason, Status error);

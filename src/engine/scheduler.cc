@@ -32,6 +32,10 @@ void Scheduler::Cancel(const std::unordered_set<RequestId>& ids) {
   }
 }
 
+bool Scheduler::RestoresAhead(const Sequence& seq, int64_t from) const {
+  return RestorableTokens(seq, from, std::numeric_limits<int64_t>::max()) > 0;
+}
+
 int64_t Scheduler::RestorableTokens(const Sequence& seq, int64_t from, int64_t cap) const {
   if (from % block_tokens_ != 0) return 0;
   const int64_t len = static_cast<int64_t>(seq.tokens.size());
@@ -78,6 +82,9 @@ void Scheduler::FindInStore(Sequence& seq, int64_t cached_tokens) {
     page.tier = tier;
     page.content = content_ids_[b];
     page.awaiting_restore = true;
+    // Held until it is promoted: the tier must not evict it for another page meanwhile.
+    store_->Pin(tier, page.content);
+    page.store_pin = true;
   }
 }
 
@@ -94,8 +101,10 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
       // than the pool goes in chunks, the pool paging older pages out as it fills).
       const int64_t restore =
           decode_pass ? 0 : RestorableTokens(*seq, seq->num_computed, restore_cap);
-      const int64_t n =
-          std::min({remaining - restore, budget, decode_pass ? remaining : prefill_cap});
+      const int64_t n = RestoresAhead(*seq, seq->num_computed + restore)
+                            ? 0
+                            : std::min({remaining - restore, budget,
+                                        decode_pass ? remaining : prefill_cap});
       seq->restore_tokens = restore;
       plan->steps.push_back({seq->slot, std::span<const int32_t>(seq->tokens).subspan(
                                             static_cast<size_t>(seq->num_computed),
@@ -115,7 +124,9 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
     // promoted instead of computed.
     const int64_t restore = RestorableTokens(*seq, cached, restore_cap);
     seq->restore_tokens = restore;
-    const int64_t n = std::min({len - cached - restore, budget, prefill_cap});
+    const int64_t n = RestoresAhead(*seq, cached + restore)
+                          ? 0
+                          : std::min({len - cached - restore, budget, prefill_cap});
     const SeqId slot = free_slots_[free_slots_.size() - 1 - admissions];
     plan->steps.push_back({slot, std::span<const int32_t>(seq->tokens).first(
                                      static_cast<size_t>(cached + restore + n))});
@@ -162,17 +173,18 @@ bool Scheduler::Schedule(StepPlan* plan) {
     // Running sequences' coldest pages leave the pool (the lattice) before anything is
     // preempted.
     if (RelievePressure(blocks_short, phase_)) continue;
-    // Restores larger than the pool go in chunks.
+    if (planner_.rules().pages_running_sequences && prefill_cap > block_tokens_) {
+      prefill_cap = std::max<int64_t>(block_tokens_, prefill_cap / 2);
+      continue;
+    }
+    // Restores larger than the pool go in chunks (computing nothing until the last one, so no
+    // page the store holds is computed instead), the pool paging older pages out in between.
     int64_t largest_restore = 0;
     for (const Sequence* seq : plan->seqs) {
       largest_restore = std::max(largest_restore, seq->restore_tokens);
     }
-    if (largest_restore > 0) {
+    if (largest_restore > block_tokens_) {
       restore_cap = largest_restore / 2 / block_tokens_ * block_tokens_;
-      continue;
-    }
-    if (planner_.rules().pages_running_sequences && prefill_cap > block_tokens_) {
-      prefill_cap = std::max<int64_t>(block_tokens_, prefill_cap / 2);
       continue;
     }
     if (admissions == 1 && running_.empty()) {
@@ -287,6 +299,7 @@ void Scheduler::PreemptAt(size_t running_index) {
   seq->num_computed = 0;
   seq->restore_tokens = 0;
   seq->store_checked = false;
+  ++seq->preemptions;
   waiting_.push_front(std::move(seq));
   metrics_.CountPreemption();
 }

@@ -85,6 +85,9 @@ class Scheduler {
   // Tokens from position `from` that pages awaiting restore cover (whole pages, never the one
   // holding the last token), at most `cap`.
   int64_t RestorableTokens(const Sequence& seq, int64_t from, int64_t cap) const;
+  // Whether pages awaiting restore start at `from`: a chunk that stops before them computes
+  // nothing, so that they are promoted by the next chunk rather than computed.
+  bool RestoresAhead(const Sequence& seq, int64_t from) const;
   // Marks the pages of a waiting prompt that the KV store holds past the pool's cached prefix as
   // awaiting restore, as far as promoting them is cheaper than recomputing them.
   void FindInStore(Sequence& seq, int64_t cached_tokens);

@@ -52,13 +52,20 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     }
     const int64_t end = sp.admit ? step_tokens : seq.num_computed + step_tokens;
     if (seq.restore_tokens > 0) {
-      seq.num_computed += RestorePages(seq);
+      const int64_t restored = RestorePages(seq);
+      seq.num_computed += restored;
       seq.restore_tokens = 0;
+      // A prompt promoted in chunks: the later chunks count as cached too (first pass only).
+      if (!sp.admit && seq.preemptions == 0 && seq.cached_prompt_tokens >= 0) {
+        seq.cached_prompt_tokens += restored;
+      }
     }
     // The prompt's cached part, as usage reports it: the pool's prefix and the pages promoted
     // from the KV store at the first admission.
     if (sp.admit && seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = seq.num_computed;
-    if (sp.admit || seq.num_computed < seq.num_prompt) p_.pager->SettleRestoredPages(seq.slot);
+    // Pages restored, or computed where a restore stopped or the prefix cache held them, are let
+    // go from their tier at once: a page awaiting restore is never also in the pool.
+    p_.pager->SettleRestoredPages(seq.slot);
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
       batch_.Add(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot, pos == last);
@@ -148,7 +155,7 @@ void StepRunner::Run(const StepPlan& plan) {
   for (const KvBlockCopy& copy : plan.kv.copies) p_.storage->CopyBlock(copy.src, copy.dst);
   const Clock::time_point start = Clock::now();
   const int64_t prefill_tokens = FillBatch(plan);
-  RunBatch(plan);
+  if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
   RecomputeFailedStreams();
   if (!dropped_predicted_ms_.empty()) {
     // Pages dropped at preemption were just recomputed from their tokens within this step.

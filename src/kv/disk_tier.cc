@@ -170,6 +170,20 @@ class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
     if (it->second.lru != evictable_.end()) evictable_.erase(it->second.lru);
     index_.erase(it);
   }
+  void SetEvictable(std::span<const PageKey> keys, bool evictable) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (PageKey key : keys) {
+      auto it = index_.find(key);
+      if (it == index_.end()) continue;
+      std::list<PageKey>::iterator& lru = it->second.lru;
+      if (evictable && lru == evictable_.end()) {
+        lru = evictable_.insert(evictable_.end(), key);
+      } else if (!evictable && lru != evictable_.end()) {
+        evictable_.erase(lru);
+        lru = evictable_.end();
+      }
+    }
+  }
   // Drops the least recently used evictable page.
   void EvictOneLocked() {
     KVL_CHECK(!evictable_.empty());

@@ -480,6 +480,16 @@ KvContentId KvManager::FreeBlockContent(BlockId block) const {
   return s.meta[block].content;
 }
 
+void KvManager::MarkCheckpointsMissing(BlockId block) {
+  KVL_CHECK(block >= 0 && block < s_->pool.num_blocks());
+  s_->meta[block].checkpoints_missing = true;
+}
+
+bool KvManager::CheckpointsMissing(BlockId block) const {
+  KVL_CHECK(block >= 0 && block < s_->pool.num_blocks());
+  return s_->meta[block].checkpoints_missing;
+}
+
 std::span<const int32_t> KvManager::BlockTokens(BlockId block) const {
   KVL_CHECK(block >= 0 && block < s_->pool.num_blocks());
   return s_->BlockTokens(block);

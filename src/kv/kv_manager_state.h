@@ -40,6 +40,9 @@ struct BlockMeta {
   // when its parent left the pool): the KV store saves the page under it before the block is
   // reused. Reset when the block is allocated.
   KvContentId content;
+  // Its K/V came back from a tier without the residual checkpoints: whoever uses the block
+  // (a later prefix hit included) must not rebuild from them.
+  bool checkpoints_missing = false;
 };
 
 struct SeqState {

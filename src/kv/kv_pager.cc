@@ -296,8 +296,16 @@ KvPageFate KvPager::FateOf(SeqId seq, int64_t block_index) const {
 
 bool KvPager::CheckpointMissing(SeqId seq, int64_t block_index) const {
   const KvSequencePages& s = Bound(seq);
-  return static_cast<size_t>(block_index) < s.pages.size() &&
-         s.pages[static_cast<size_t>(block_index)].checkpoint_missing;
+  if (static_cast<size_t>(block_index) < s.pages.size() &&
+      s.pages[static_cast<size_t>(block_index)].checkpoint_missing) {
+    return true;
+  }
+  // A block shared through the prefix cache carries what its first owner knew of it.
+  const std::vector<BlockId>& table = manager_.block_table(seq);
+  const BlockId block = static_cast<size_t>(block_index) < table.size()
+                            ? table[static_cast<size_t>(block_index)]
+                            : kNoBlock;
+  return block != kNoBlock && manager_.CheckpointsMissing(block);
 }
 
 void KvPager::Preempt(SeqId seq, KvPagePlan& plan) {
@@ -348,6 +356,7 @@ int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks
       RebuildBlockFromCheckpoints(block, b);
     } else if (layout_.residual_dim > 0) {
       page.checkpoint_missing = true;  // only K/V came back
+      manager_.MarkCheckpointsMissing(block);
     }
     ++restored;
   }
@@ -453,6 +462,7 @@ void KvPager::MakeResident(KvPage& page) {
   page.tier = nullptr;
   page.page_id = 0;
   page.content = {};
+  page.store_pin = false;
   page.in_place = false;
   page.in_place_rows = nullptr;
   page.awaiting_restore = false;
@@ -496,19 +506,22 @@ bool KvPager::KeepInTier(SeqId seq, int64_t block_index, BlockId block, KvTier* 
     const Status saved = store_->Save(
         tier, content,
         std::span(manager_.tokens(seq)).subspan(static_cast<size_t>(block_index) * bt, bt),
-        [&](int64_t l) -> std::span<const uint8_t> { return LayerPageSpan(block, l, false); });
+        [&](int64_t l) -> std::span<const uint8_t> { return LayerPageSpan(block, l, false); },
+        /*pinned=*/true);
     if (!saved.ok()) {
       last_tier_error_ = saved;
       return false;
     }
     page->tier = tier;
     page->content = content;
+    page->store_pin = true;
     page->page_id = 0;
   } else {
     uint64_t page_id = 0;
     if (!WriteLayerPages(block, tier, residual, &page_id)) return false;
     page->tier = tier;
     page->content = {};
+    page->store_pin = false;
     page->page_id = page_id;
   }
   page->in_place = !residual && tier->reads_in_place();
@@ -521,12 +534,23 @@ Status KvPager::ReadLayerPages(BlockId block, const KvPage& page, bool residual)
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
     reads.push_back({LayerKeyOf(page, l), LayerPageSpan(block, l, residual)});
   }
-  for (const Status& status : page.tier->Get(reads)) KVL_RETURN_IF_ERROR(status);
+  for (const Status& status : page.tier->Get(reads)) {
+    if (status.ok()) continue;
+    // A damaged store page is forgotten, so that it is written afresh rather than found again.
+    if (page.content.valid() && status.code() != StatusCode::kNotFound) {
+      store_->Forget(page.tier, page.content);
+    }
+    return status;
+  }
   return Status::Ok();
 }
 
 void KvPager::LetGoTierPage(const KvPage& page) {
-  if (!page.content.valid()) EraseTierPage(page.tier, page.page_id);
+  if (!page.content.valid()) {
+    EraseTierPage(page.tier, page.page_id);
+  } else if (page.store_pin) {
+    store_->Unpin(page.tier, page.content);
+  }
 }
 
 void KvPager::EraseTierPage(KvTier* tier, uint64_t page_id) {
@@ -645,7 +669,11 @@ void KvPager::BeginLayer(int64_t layer) {
       // sequence's step away and recomputes its KV (EndStep).
       const std::vector<StagedPage>& list = read.checkpoints ? rebuilt_ : streamed_;
       const StagedPage& st = list[static_cast<size_t>(read.stage_indices[i])];
-      PageOf(st).read_failed = true;
+      KvPage& page = PageOf(st);
+      page.read_failed = true;
+      if (page.content.valid() && statuses[i].code() != StatusCode::kNotFound) {
+        store_->Forget(page.tier, page.content);
+      }
       if (std::find(failed_.begin(), failed_.end(), st.seq) == failed_.end()) failed_.push_back(st.seq);
       ++stats_.stream_read_failures;
     }

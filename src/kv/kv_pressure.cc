@@ -199,7 +199,8 @@ void KvPressurePlanner::PlanRelief(std::span<const KvPlannedSeq> running, int64_
         Decide(c.seq, c.block_index, /*running=*/true, phase, /*staging_room=*/staging_left > 0);
     if (a.action == KvAction::kKeep) continue;
     const KvTier* tier = pager_.TierFor(a.action);
-    const bool in_place = tier != nullptr && tier->reads_in_place();
+    // Checkpoints go to the RAM tier too, but are staged to be rebuilt from.
+    const bool in_place = a.action == KvAction::kDemoteRam && tier->reads_in_place();
     if (tier != nullptr && !in_place) --staging_left;
     plan->actions.push_back(a);
     ++leaving;

@@ -124,28 +124,51 @@ int64_t KvStore::Lookup(std::span<const KvContentId> ids, std::span<const int32_
   return static_cast<int64_t>(found);
 }
 
+void KvStore::SetEvictable(KvTier* tier, KvContentId id, bool evictable) {
+  keys_.clear();
+  for (int64_t l = 0; l < layout_.num_layers; ++l) keys_.push_back(LayerKey(id, l));
+  keys_.push_back(IdentityKey(id));
+  tier->SetEvictable(keys_, evictable);
+}
+
+void KvStore::Pin(KvTier* tier, KvContentId id) {
+  if (pins_[{TierIndex(tier), id.lo, id.hi}]++ == 0) SetEvictable(tier, id, false);
+}
+
+void KvStore::Unpin(KvTier* tier, KvContentId id) {
+  auto it = pins_.find({TierIndex(tier), id.lo, id.hi});
+  KVL_CHECK_MSG(it != pins_.end(), "unpinning a page nobody pinned");
+  if (--it->second > 0) return;
+  pins_.erase(it);
+  SetEvictable(tier, id, true);
+}
+
 Status KvStore::Save(KvTier* tier, KvContentId id, std::span<const int32_t> tokens,
-                     const std::function<std::span<const uint8_t>(int64_t)>& layer) {
+                     const std::function<std::span<const uint8_t>(int64_t)>& layer, bool pinned) {
   KVL_CHECK(id.valid());
   const int64_t t = TierIndex(tier);
   KVL_CHECK(t >= 0);
-  if (tier->Contains(IdentityKey(id))) return Status::Ok();
+  if (tier->Contains(IdentityKey(id))) {
+    if (pinned && pins_[{t, id.lo, id.hi}]++ == 0) SetEvictable(tier, id, false);
+    return Status::Ok();
+  }
   FillIdentity(id, tokens, identity_);
   writes_.clear();
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
     const std::span<const uint8_t> bytes = layer(l);
     KVL_CHECK(static_cast<int64_t>(bytes.size()) == layer_bytes_);
-    writes_.push_back({LayerKey(id, l), bytes, /*evictable=*/true});
+    writes_.push_back({LayerKey(id, l), bytes, /*evictable=*/!pinned});
   }
   // The identity page last in the batch: a tier that stores a batch in order never holds an
   // identity whose layers are missing.
-  writes_.push_back({IdentityKey(id), identity_, /*evictable=*/true});
+  writes_.push_back({IdentityKey(id), identity_, /*evictable=*/!pinned});
   const Status status = tier->Put(writes_);
   if (!status.ok()) {
     ++stats_[static_cast<size_t>(t)].errors;
     return Status(status.code(), fmt::format("the {} tier: {}", tier->name(), status.message()));
   }
   ++stats_[static_cast<size_t>(t)].blocks_saved;
+  if (pinned) ++pins_[{t, id.lo, id.hi}];
   return Status::Ok();
 }
 
@@ -162,6 +185,13 @@ Status KvStore::Load(KvTier* tier, KvContentId id,
     }
   }
   return Status::Ok();
+}
+
+void KvStore::Forget(KvTier* tier, KvContentId id) {
+  keys_.clear();
+  for (int64_t l = 0; l < layout_.num_layers; ++l) keys_.push_back(LayerKey(id, l));
+  keys_.push_back(IdentityKey(id));
+  tier->Erase(keys_);
 }
 
 void KvStore::CountPromoted(KvTier* tier, int64_t blocks, double predicted_ms, double measured_ms) {

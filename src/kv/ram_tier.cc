@@ -155,6 +155,24 @@ class RamTier final : public KvTier {
 
   bool reads_in_place() const override { return !compress_; }
 
+  void SetEvictable(std::span<const PageKey> keys, bool evictable) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (PageKey key : keys) {
+      auto it = pages_.find(key);
+      if (it == pages_.end() || it->second.evictable == evictable) continue;
+      StoredPage& page = it->second;
+      const int64_t size = static_cast<int64_t>(page.data.size());
+      page.evictable = evictable;
+      if (evictable) {
+        page.lru = evictable_.insert(evictable_.end(), key);
+        evictable_bytes_ += size;
+      } else {
+        evictable_.erase(page.lru);
+        evictable_bytes_ -= size;
+      }
+    }
+  }
+
   const uint8_t* PeekPage(PageKey key, int64_t page_bytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = pages_.find(key);

@@ -36,6 +36,7 @@ struct PoolSetup {
   std::string policy = "auto";
   std::string quality = "lossless";
   bool ram_tier = false;
+  bool ram_zstd = false;  // compressed: pages streamed from it are staged, not read in place
   int64_t recent_tokens = 0;
   int64_t sink_tokens = 0;
   int64_t staged_pages = 16;  // pages streamed from the tier at once
@@ -51,7 +52,7 @@ class SchedulerHarness {
     kv_ = std::move(KvManager::Create(o).value());
     storage_ = std::move(KvBlockStorage::Create(o.layout, kv_->num_blocks()).value());
     pager_ = std::make_unique<KvPager>(*kv_, *storage_, s.max_seqs, /*max_context=*/1024);
-    if (s.ram_tier) ram_ = MakeRamTier(RamTierOptions{});
+    if (s.ram_tier) ram_ = MakeRamTier(RamTierOptions{.compress = s.ram_zstd});
     pager_->set_tiers({ram_.get(), nullptr});
     pager_->ReserveStaging(s.staged_pages, /*compresses=*/true);
     KvPagingSetup setup;
@@ -294,6 +295,7 @@ TEST(SchedulerTest, StreamingStopsWhereTheReservedStagingIsFullAndTheErrorSaysSo
   s.num_blocks = 6;
   s.policy = "demote";
   s.ram_tier = true;
+  s.ram_zstd = true;
   s.recent_tokens = 4;
   s.staged_pages = 2;
   SchedulerHarness h(s);
@@ -304,6 +306,23 @@ TEST(SchedulerTest, StreamingStopsWhereTheReservedStagingIsFullAndTheErrorSaysSo
   EXPECT_EQ(e.finish_reason, "error");
   EXPECT_EQ(Pages(h.metrics(), KvAction::kDemoteRam), 2);
   EXPECT_NE(e.error.message().find("--kv-stream-reserve"), std::string::npos) << e.error.message();
+}
+
+TEST(SchedulerTest, PagesReadInPlaceFromRamNeedNoStagingAndTheSequenceGoesOn) {
+  // The same sequence with an uncompressed RAM tier: attention reads its pages where they lie,
+  // so the two staged pages do not limit it and it runs to its length.
+  PoolSetup s;
+  s.num_blocks = 6;
+  s.policy = "demote";
+  s.ram_tier = true;
+  s.recent_tokens = 4;
+  s.staged_pages = 2;
+  SchedulerHarness h(s);
+  const RequestId a = h.Submit(Tokens(0, 8), 32);
+  h.RunUntilIdle();
+  ASSERT_EQ(h.finished().count(a), 1u);
+  EXPECT_EQ(h.finished().at(a).finish_reason, "length") << h.finished().at(a).error.ToString();
+  EXPECT_GT(Pages(h.metrics(), KvAction::kDemoteRam), 2);
 }
 
 TEST(SchedulerTest, WithoutAnyWayToPageALoneSequenceThatOutgrowsThePoolFailsClearly) {

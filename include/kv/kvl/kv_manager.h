@@ -214,6 +214,10 @@ class KvManager {
   // reuse of the block is about to overwrite ({} otherwise, and for blocks in use).
   KvContentId FreeBlockContent(BlockId block) const;
   std::span<const int32_t> BlockTokens(BlockId block) const;
+  // A block whose K/V was promoted without its residual checkpoints (they hold stale values):
+  // recorded with the block until it is reused, so every sequence that shares it knows.
+  void MarkCheckpointsMissing(BlockId block);
+  bool CheckpointsMissing(BlockId block) const;
   // Changes with every mutation: plans (KvPlan, KvPagePlan) record it and are refused when stale.
   uint64_t state_version() const;
   // How many sequences hold a block (0: free).

@@ -61,6 +61,7 @@ struct KvPage {
   // stays cached there when the sequence lets it go; {}: the pager's own, keyed by page_id and
   // erased when let go.
   KvContentId content;
+  bool store_pin = false;             // this page holds a pin on its store page (KvStore::Save)
   bool in_place = false;              // kInTier in a tier attention reads in place (no staging)
   const uint8_t* in_place_rows = nullptr;  // this layer's K/V rows in that tier, this step
   // Promoted from K/V alone: the block's residual checkpoints were not restored, so the page

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <span>
 #include <string>
 #include <vector>
@@ -70,11 +72,22 @@ class KvStore {
                  std::vector<KvTier*>* where);
 
   // Stores a page in `tier` unless the tier holds it already. `layer(l)` gives layer l's bytes.
+  // `pinned`: a running or preempted sequence keeps the page there, so the tier must not evict
+  // it until Unpin (a page already stored is pinned in place); else it is cached, evictable.
   Status Save(KvTier* tier, KvContentId id, std::span<const int32_t> tokens,
-              const std::function<std::span<const uint8_t>(int64_t)>& layer);
+              const std::function<std::span<const uint8_t>(int64_t)>& layer, bool pinned = false);
+  // Pins a page Lookup found, until the sequence that will promote it lets it go (Unpin).
+  void Pin(KvTier* tier, KvContentId id);
+  // A sequence that pinned the page lets it go; once no sequence holds a pin it stays cached,
+  // evictable.
+  void Unpin(KvTier* tier, KvContentId id);
   // Reads a page's layers from `tier` into `layer(l)`; the identity was checked by Lookup.
   Status Load(KvTier* tier, KvContentId id,
               const std::function<std::span<uint8_t>(int64_t)>& layer);
+
+  // Erases a page from `tier` (all its tier pages) after a read of it failed its checksum or
+  // I/O, so that the next Save writes it afresh instead of finding the damaged copy.
+  void Forget(KvTier* tier, KvContentId id);
 
   // Counts a promotion from `tier` (the cost model's time beside the measured one).
   void CountPromoted(KvTier* tier, int64_t blocks, double predicted_ms, double measured_ms);
@@ -83,6 +96,7 @@ class KvStore {
 
  private:
   void FillIdentity(KvContentId id, std::span<const int32_t> tokens, std::span<uint8_t> out) const;
+  void SetEvictable(KvTier* tier, KvContentId id, bool evictable);
 
   KvBlockLayout layout_;
   int64_t layer_bytes_;
@@ -94,6 +108,8 @@ class KvStore {
   std::vector<PageWrite> writes_;
   std::vector<PageRead> reads_;
   std::vector<PageKey> keys_;
+  // Pins per (tier index, content id): a page is evictable again when its last pin goes.
+  std::map<std::tuple<int64_t, uint64_t, uint64_t>, int64_t> pins_;
 };
 
 }  // namespace kvl

@@ -70,6 +70,13 @@ class KvTier {
   // must stay valid until the future is ready.
   virtual std::future<std::vector<Status>> GetAsync(std::vector<PageRead> pages) = 0;
   virtual void Erase(std::span<const PageKey> keys) = 0;
+  // Makes stored pages evictable or not (pins them while a running sequence reads them), as if
+  // they had been written so. Keys the tier does not hold are ignored; a tier that never evicts
+  // on its own (or, like Redis, evicts by the server's policy) may ignore the call.
+  virtual void SetEvictable(std::span<const PageKey> keys, bool evictable) {
+    (void)keys;
+    (void)evictable;
+  }
   virtual bool Contains(PageKey key) const = 0;
   // Contains for many keys, one answer per key in order. A tier that can ask about many keys at
   // once (Redis: one pipelined round trip) overrides it; this one asks key by key.
