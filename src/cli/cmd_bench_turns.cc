@@ -385,6 +385,8 @@ struct Summary {
   int64_t prefilled = 0;
   int32_t identical = 0;
   double agreement_mean = 0;
+  double total_ms = 0;  // every turn's wall time
+  double b_total_ms = 0;  // b's over the same turns (fewer, when this run stopped early)
 };
 
 Summary Summarize(const ConfigRun& run, const ConfigRun& b) {
@@ -399,6 +401,9 @@ Summary Summarize(const ConfigRun& run, const ConfigRun& b) {
     s.last_over_b = s.last_ms / b.turns[last].wall_ms;
   }
   for (const TurnRecord& r : run.turns) {
+    s.total_ms += r.wall_ms;
+    const size_t i = static_cast<size_t>(r.turn - 1);
+    if (i < b.turns.size()) s.b_total_ms += b.turns[i].wall_ms;
     s.resident_max = std::max(s.resident_max, r.resident_bytes);
     s.prefilled += r.prefilled_tokens;
     s.identical += r.identical ? 1 : 0;
@@ -419,11 +424,47 @@ void PrintSummary(const std::vector<ConfigRun>& runs, int32_t turns) {
              ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   for (const ConfigRun& run : runs) {
     const Summary s = Summarize(run, b);
-    fmt::print("| {:<10} | {:>11} | {:>12} | {:>10.1f} | {:>10.1f} | {:>7.2f} | {:>9.2f} | {:>9} | {:>9} | {:>8.1f}% |\n",
+    // A run that stopped early has no last turn to compare: it says where it stopped.
+    const bool complete = static_cast<int32_t>(run.turns.size()) == turns;
+    const std::string stopped = fmt::format("stop@{}", run.turns.size() + 1);
+    fmt::print("| {:<10} | {:>11} | {:>12} | {:>10.1f} | {:>10} | {:>7} | {:>9} | {:>9} | {:>9} | {:>8.1f}% |\n",
                run.config.name, run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "-",
-               FormatBytes(s.resident_max), s.second_ms, s.last_ms, s.last_over_second,
-               s.last_over_b, s.prefilled, fmt::format("{}/{}", s.identical, run.turns.size()),
-               100 * s.agreement_mean);
+               FormatBytes(s.resident_max), s.second_ms,
+               complete ? fmt::format("{:.1f}", s.last_ms) : stopped,
+               complete ? fmt::format("{:.2f}", s.last_over_second) : "-",
+               complete ? fmt::format("{:.2f}", s.last_over_b) : "-", s.prefilled,
+               fmt::format("{}/{}", s.identical, turns), 100 * s.agreement_mean);
+  }
+}
+
+// What the tiers cost over the whole conversation: the bytes moved, and the time beyond keep-all's
+// that they may explain, as a read rate to set beside the device's bandwidth.
+void PrintTierCosts(const std::vector<ConfigRun>& runs) {
+  const ConfigRun& b = runs.front();
+  bool any = false;
+  for (const ConfigRun& run : runs) {
+    const Summary s = Summarize(run, b);
+    int64_t in = 0, out = 0;
+    for (const TurnRecord& r : run.turns) {
+      for (const TierTurn& t : r.tiers) {
+        in += t.bytes_in;
+        out += t.bytes_out;
+      }
+    }
+    if (in + out == 0) continue;
+    if (!any) {
+      fmt::print("\n| {:<10} | {:>13} | {:>13} | {:>12} | {:>13} | {:>22} |\n", "config",
+                 "tiers written", "tiers read", "all turns s", "beyond b s",
+                 "read / time beyond b");
+      fmt::print("| {:-<10} | {:->13} | {:->13} | {:->12} | {:->13} | {:->22} |\n", ":", ":", ":",
+                 ":", ":", ":");
+      any = true;
+    }
+    const double beyond_s = (s.total_ms - s.b_total_ms) / 1000.0;
+    fmt::print("| {:<10} | {:>13} | {:>13} | {:>12.2f} | {:>13.2f} | {:>22} |\n", run.config.name,
+               FormatBytes(in), FormatBytes(out), s.total_ms / 1000.0, beyond_s,
+               beyond_s > 0 ? fmt::format("{:.0f} MB/s", static_cast<double>(out) / beyond_s / 1e6)
+                            : "-");
   }
 }
 
@@ -475,7 +516,8 @@ nlohmann::json RunJson(const ConfigRun& run, const ConfigRun& b) {
            {{"turn1_ms", s.first_ms}, {"turn2_ms", s.second_ms}, {"last_ms", s.last_ms},
             {"last_over_turn2", s.last_over_second}, {"last_over_b", s.last_over_b},
             {"resident_max", s.resident_max}, {"prefilled_tokens", s.prefilled},
-            {"replies_identical", s.identical}, {"agreement_mean", s.agreement_mean}}},
+            {"replies_identical", s.identical}, {"agreement_mean", s.agreement_mean},
+            {"total_ms", s.total_ms}}},
           {"turns", turns}};
 }
 
@@ -595,6 +637,7 @@ int BenchTurnsCommand(const BenchTurnsArgs& args) {
     runs.push_back(std::move(*run));
   }
   PrintSummary(runs, args.turns);
+  PrintTierCosts(runs);
 
   nlohmann::json out = {{"model", args.engine.model_path},
                         {"model_name", mc.name},
