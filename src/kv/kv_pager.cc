@@ -396,10 +396,18 @@ int64_t KvPager::SaveToStore(SeqId seq, KvTier* tier) {
   const KvSequencePages& s = Bound(seq);
   const size_t bt = static_cast<size_t>(layout_.block_tokens);
   const int64_t full_blocks = manager_.num_tokens(seq) / layout_.block_tokens;
-  int64_t saved = 0;
+  // What the tier holds already, asked in one batch (one round trip for Redis).
+  std::vector<PageKey> identity_keys;
   for (int64_t b = 0; b < full_blocks; ++b) {
     const KvContentId content = manager_.ContentOf(seq, b);
     if (!content.valid()) break;  // nothing after a page without identity has one
+    identity_keys.push_back(KvStore::IdentityKey(content));
+  }
+  const std::vector<bool> held = tier->ContainsAll(identity_keys);
+  int64_t saved = 0;
+  for (int64_t b = 0; b < static_cast<int64_t>(identity_keys.size()); ++b) {
+    if (held[static_cast<size_t>(b)]) continue;
+    const KvContentId content = manager_.ContentOf(seq, b);
     const BlockId block = table[static_cast<size_t>(b)];
     const KvPage* page = static_cast<size_t>(b) < s.pages.size() ? &s.pages[static_cast<size_t>(b)] : nullptr;
     std::function<std::span<const uint8_t>(int64_t)> layer;

@@ -124,11 +124,15 @@ int64_t KvStore::Lookup(std::span<const KvContentId> ids, std::span<const int32_
   return static_cast<int64_t>(found);
 }
 
-void KvStore::SetEvictable(KvTier* tier, KvContentId id, bool evictable) {
+const std::vector<PageKey>& KvStore::AllKeys(KvContentId id) {
   keys_.clear();
   for (int64_t l = 0; l < layout_.num_layers; ++l) keys_.push_back(LayerKey(id, l));
   keys_.push_back(IdentityKey(id));
-  tier->SetEvictable(keys_, evictable);
+  return keys_;
+}
+
+void KvStore::SetEvictable(KvTier* tier, KvContentId id, bool evictable) {
+  tier->SetEvictable(AllKeys(id), evictable);
 }
 
 void KvStore::Pin(KvTier* tier, KvContentId id) {
@@ -187,12 +191,7 @@ Status KvStore::Load(KvTier* tier, KvContentId id,
   return Status::Ok();
 }
 
-void KvStore::Forget(KvTier* tier, KvContentId id) {
-  keys_.clear();
-  for (int64_t l = 0; l < layout_.num_layers; ++l) keys_.push_back(LayerKey(id, l));
-  keys_.push_back(IdentityKey(id));
-  tier->Erase(keys_);
-}
+void KvStore::Forget(KvTier* tier, KvContentId id) { tier->Erase(AllKeys(id)); }
 
 void KvStore::CountPromoted(KvTier* tier, int64_t blocks, double predicted_ms, double measured_ms) {
   const int64_t t = TierIndex(tier);

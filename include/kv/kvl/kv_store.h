@@ -97,6 +97,8 @@ class KvStore {
  private:
   void FillIdentity(KvContentId id, std::span<const int32_t> tokens, std::span<uint8_t> out) const;
   void SetEvictable(KvTier* tier, KvContentId id, bool evictable);
+  // Every tier key of a page: its layers, then its identity (into keys_).
+  const std::vector<PageKey>& AllKeys(KvContentId id);
 
   KvBlockLayout layout_;
   int64_t layer_bytes_;
