@@ -50,13 +50,14 @@ void PrintKvTiers(const EngineMetrics& m) {
   for (const KvTierMetrics& t : m.kv_tiers) {
     fmt::print(stderr,
                "kvl: kv tier {:<11} {} of {} in {} pages; lookups {}, hits {} pages ({} tokens), "
-               "promoted {} (predicted {:.2f} ms, measured {:.2f} ms); in {} pages {}, out {} "
+               "promoted {} (predicted {:.2f} ms, measured {:.2f} ms), read in place {}; in {} pages {}, "
+               "out {} "
                "pages {}; evictions {}, checksum failures {}, errors {}\n",
                t.name, FormatBytes(t.bytes_used),
                t.capacity_bytes > 0 ? FormatBytes(t.capacity_bytes) : std::string("unbounded"),
                t.pages,
                t.lookups, t.hit_blocks, t.hit_tokens, t.blocks_promoted, t.promote_ms_predicted,
-               t.promote_ms_measured, t.pages_in, FormatBytes(t.bytes_in), t.pages_out,
+               t.promote_ms_measured, t.blocks_in_place, t.pages_in, FormatBytes(t.bytes_in), t.pages_out,
                FormatBytes(t.bytes_out), t.evictions, t.checksum_failures, t.errors);
   }
 }

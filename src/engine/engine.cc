@@ -474,6 +474,7 @@ EngineMetrics Engine::Metrics() const {
         tm.hit_blocks = st.hit_blocks;
         tm.hit_tokens = st.hit_blocks * e.storage->layout().block_tokens;
         tm.blocks_promoted = st.blocks_promoted;
+        tm.blocks_in_place = st.blocks_in_place;
         tm.promote_ms_predicted = st.promote_ms_predicted;
         tm.promote_ms_measured = st.promote_ms_measured;
         tm.errors = std::max(tm.errors, st.errors);  // the same failures, seen from both sides

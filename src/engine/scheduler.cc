@@ -32,6 +32,23 @@ void Scheduler::Cancel(const std::unordered_set<RequestId>& ids) {
   }
 }
 
+int64_t Scheduler::InPlaceBlocks(const Sequence& seq, int64_t from) const {
+  if (from % block_tokens_ != 0) return 0;
+  const int64_t len = static_cast<int64_t>(seq.tokens.size());
+  const std::vector<KvPage>& pages = seq.kv_pages.pages;
+  int64_t blocks = 0;
+  for (size_t b = static_cast<size_t>(from / block_tokens_); b < pages.size(); ++b) {
+    const KvPage& page = pages[b];
+    if (!page.awaiting_restore || !page.content.valid() || !page.store_pin ||
+        page.fate != KvPageFate::kInTier || !page.tier->reads_in_place() ||
+        from + (blocks + 1) * block_tokens_ > len - 1) {
+      break;
+    }
+    ++blocks;
+  }
+  return blocks;
+}
+
 bool Scheduler::RestoresAhead(const Sequence& seq, int64_t from) const {
   return RestorableTokens(seq, from, std::numeric_limits<int64_t>::max()) > 0;
 }
@@ -54,12 +71,17 @@ int64_t Scheduler::RestorableTokens(const Sequence& seq, int64_t from, int64_t c
 void Scheduler::FindInStore(Sequence& seq, int64_t cached_tokens) {
   seq.store_checked = true;
   std::vector<KvPage>& pages = seq.kv_pages.pages;
-  if (std::any_of(pages.begin(), pages.end(), [](const KvPage& p) { return p.awaiting_restore; })) {
-    return;  // a resumed sequence brings back what its preemption kept
-  }
   const int64_t len = static_cast<int64_t>(seq.tokens.size());
   const int64_t first = cached_tokens / block_tokens_;
-  const int64_t last = (len - 1) / block_tokens_;  // the page with the last token is computed
+  int64_t last = (len - 1) / block_tokens_;  // the page with the last token is computed
+  // A resumed sequence brings back what its preemption kept; the store is asked for the pages
+  // before the first of those.
+  for (int64_t b = first; b < last && static_cast<size_t>(b) < pages.size(); ++b) {
+    if (pages[static_cast<size_t>(b)].awaiting_restore) {
+      last = b;
+      break;
+    }
+  }
   if (first >= last) return;
   kv_.ContentChain(seq.tokens, last, &content_ids_);
   const int64_t found = store_->Lookup(
@@ -122,14 +144,20 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
     if (store_ != nullptr && !seq->store_checked) FindInStore(*seq, cached);
     // Pages kept at a preemption or found in the store right after the cached prefix are
     // promoted instead of computed.
-    const int64_t restore = RestorableTokens(*seq, cached, restore_cap);
+    // Store pages in a RAM tier are read where they lie; the rest are promoted.
+    const int64_t attach = InPlaceBlocks(*seq, cached);
+    const int64_t attached = cached + attach * block_tokens_;
+    seq->attach_blocks = attach;
+    const int64_t restore = RestorableTokens(*seq, attached, restore_cap);
     seq->restore_tokens = restore;
-    const int64_t n = RestoresAhead(*seq, cached + restore)
+    const int64_t n = RestoresAhead(*seq, attached + restore)
                           ? 0
-                          : std::min({len - cached - restore, budget, prefill_cap});
+                          : std::min({len - attached - restore, budget, prefill_cap});
     const SeqId slot = free_slots_[free_slots_.size() - 1 - admissions];
-    plan->steps.push_back({slot, std::span<const int32_t>(seq->tokens).first(
-                                     static_cast<size_t>(cached + restore + n))});
+    plan->steps.push_back({slot,
+                           std::span<const int32_t>(seq->tokens).first(
+                               static_cast<size_t>(attached + restore + n)),
+                           attach});
     plan->seqs.push_back(seq.get());
     budget -= n;
     ++admissions;

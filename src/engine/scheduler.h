@@ -88,6 +88,9 @@ class Scheduler {
   // Whether pages awaiting restore start at `from`: a chunk that stops before them computes
   // nothing, so that they are promoted by the next chunk rather than computed.
   bool RestoresAhead(const Sequence& seq, int64_t from) const;
+  // Pages awaiting restore from `from` on (a multiple of block_tokens) in a tier attention reads
+  // in place: an admission attaches them where they lie instead of copying them into the pool.
+  int64_t InPlaceBlocks(const Sequence& seq, int64_t from) const;
   // Marks the pages of a waiting prompt that the KV store holds past the pool's cached prefix as
   // awaiting restore, as far as promoting them is cheaper than recomputing them.
   void FindInStore(Sequence& seq, int64_t cached_tokens);

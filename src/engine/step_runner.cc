@@ -51,6 +51,17 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
       }
     }
     const int64_t end = sp.admit ? step_tokens : seq.num_computed + step_tokens;
+    if (sp.admit && sp.detached_blocks > 0) {
+      // Store pages read where the RAM tier holds them: part of the sequence, never copied.
+      p_.pager->AttachInPlace(seq.slot, seq.num_computed / block_tokens_, sp.detached_blocks);
+      seq.num_computed += sp.detached_blocks * block_tokens_;
+      if (p_.store != nullptr) {
+        const KvPage& page =
+            seq.kv_pages.pages[static_cast<size_t>(seq.num_computed / block_tokens_ - 1)];
+        p_.store->CountInPlace(page.tier, sp.detached_blocks);
+      }
+    }
+    seq.attach_blocks = 0;
     if (seq.restore_tokens > 0) {
       const int64_t restored = RestorePages(seq);
       seq.num_computed += restored;

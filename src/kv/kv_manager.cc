@@ -258,6 +258,7 @@ void KvManager::Plan(std::span<const KvSeqStep> steps, KvPlan* out) const {
   for (KvPlan::SeqPlan& sp : plan.seqs) {
     sp.admit = false;
     sp.num_cached_tokens = 0;
+    sp.detached_blocks = 0;
     sp.reused.clear();
     sp.allocated.clear();
     sp.cow_src = kNoBlock;
@@ -288,9 +289,12 @@ void KvManager::Plan(std::span<const KvSeqStep> steps, KvPlan* out) const {
         }
       }
       sp.num_cached_tokens = static_cast<int64_t>(sp.reused.size()) * s.block_tokens;
-      sp.first_new_pos = sp.num_cached_tokens;
+      sp.detached_blocks = step.detached_blocks;
+      sp.first_new_pos = sp.num_cached_tokens + sp.detached_blocks * s.block_tokens;
+      KVL_CHECK_MSG(sp.first_new_pos < static_cast<int64_t>(step.tokens.size()),
+                    "detached blocks must leave the block with the last token in the pool");
       sp.blocks_needed = BlocksFor(static_cast<int64_t>(step.tokens.size())) -
-                         static_cast<int64_t>(sp.reused.size());
+                         static_cast<int64_t>(sp.reused.size()) - sp.detached_blocks;
       continue;
     }
     const int64_t n = static_cast<int64_t>(seq.tokens.size());
@@ -372,6 +376,8 @@ void KvManager::Commit(const KvPlan& plan) {
         s.RefBlock(block);
         seq.table.push_back(block);
       }
+      for (int64_t d = 0; d < sp.detached_blocks; ++d) seq.table.push_back(kNoBlock);
+      if (sp.detached_blocks > 0) seq.paged = true;  // lossless: identities are kept
       if (s.options.enable_prefix_cache) {
         ++s.prefix_queries;
         s.prefix_query_tokens += static_cast<int64_t>(sp.tokens.size());
@@ -395,7 +401,9 @@ void KvManager::Commit(const KvPlan& plan) {
     }
     KVL_CHECK(static_cast<int64_t>(seq.table.size()) ==
               BlocksFor(static_cast<int64_t>(seq.tokens.size())));
-    const size_t first_unfilled = std::max(old_tokens / s.block_tokens, sp.reused.size());
+    const size_t first_unfilled =
+        std::max(old_tokens / s.block_tokens,
+                 sp.reused.size() + static_cast<size_t>(sp.detached_blocks));
     const size_t full_blocks = seq.tokens.size() / s.block_tokens;
     // Content ids of the blocks filled now (the reused ones carry theirs); none once lossy.
     for (size_t k = seq.content.size(); k < full_blocks; ++k) {
@@ -496,6 +504,11 @@ std::span<const int32_t> KvManager::BlockTokens(BlockId block) const {
 }
 
 uint64_t KvManager::state_version() const { return s_->version; }
+
+bool KvManager::IsLossy(SeqId seq) const {
+  KVL_CHECK(Contains(seq));
+  return s_->seqs[seq].lossy;
+}
 
 bool KvManager::IsPaged(SeqId seq) const {
   KVL_CHECK(Contains(seq));

@@ -378,6 +378,20 @@ void KvPager::RebuildBlockFromCheckpoints(BlockId block, int64_t block_index) {
   }
 }
 
+void KvPager::AttachInPlace(SeqId seq, int64_t first_block, int64_t num_blocks) {
+  KvSequencePages& s = Bound(seq);
+  const std::vector<BlockId>& table = manager_.block_table(seq);
+  for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
+    KvPage& page = s.pages[static_cast<size_t>(b)];
+    KVL_CHECK(page.awaiting_restore && page.fate == KvPageFate::kInTier && page.store_pin &&
+              page.tier->reads_in_place() && table[static_cast<size_t>(b)] == kNoBlock);
+    page.awaiting_restore = false;
+    page.in_place = true;
+    ++stats_.streamed_pages;
+    ++stats_.in_place_pages;
+  }
+}
+
 void KvPager::SettleRestoredPages(SeqId seq) {
   KvSequencePages& s = Bound(seq);
   const std::vector<BlockId>& table = manager_.block_table(seq);

@@ -227,11 +227,15 @@ void KvPressurePlanner::PlanCompressedEviction(std::span<const KvPlannedSeq> run
 void KvPressurePlanner::PlanPreemption(const KvPlannedSeq& seq, int64_t num_computed, Phase phase,
                                        KvPagePlan* plan) const {
   StartPlan(0, plan);
-  const bool paged = manager_.IsPaged(seq.slot);
+  // A sequence that lost a page's exact bytes computed its later pages against that: they are
+  // all recomputed. Pages of a losslessly paged sequence held outside the pool are let go (the
+  // store's stay cached in their tier, where the resume finds them); the rest are priced.
+  const bool lossy = manager_.IsLossy(seq.slot);
+  const std::vector<BlockId>& table = manager_.block_table(seq.slot);
   const int64_t full_blocks = num_computed / rules_.block_tokens;
   for (int64_t b = 0; b < full_blocks; ++b) {
     KvPageAction a;
-    if (paged) {
+    if (lossy || table[static_cast<size_t>(b)] == kNoBlock) {
       a.seq = seq.slot;
       a.block_index = b;
       a.action = KvAction::kRecomputeTokens;

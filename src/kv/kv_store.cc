@@ -193,6 +193,11 @@ Status KvStore::Load(KvTier* tier, KvContentId id,
 
 void KvStore::Forget(KvTier* tier, KvContentId id) { tier->Erase(AllKeys(id)); }
 
+void KvStore::CountInPlace(KvTier* tier, int64_t blocks) {
+  const int64_t t = TierIndex(tier);
+  if (t >= 0) stats_[static_cast<size_t>(t)].blocks_in_place += blocks;
+}
+
 void KvStore::CountPromoted(KvTier* tier, int64_t blocks, double predicted_ms, double measured_ms) {
   const int64_t t = TierIndex(tier);
   if (t < 0) return;

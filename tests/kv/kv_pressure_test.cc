@@ -154,7 +154,7 @@ TEST(KvPressurePlannerTest, PagesReadInPlaceFromRamNeedNoStaging) {
   EXPECT_EQ(h.pager().staged_pages_held(), 0);
 }
 
-TEST(KvPressurePlannerTest, PreemptionDemotesAnUnpagedSequenceAndRecomputesAPagedOne) {
+TEST(KvPressurePlannerTest, PreemptionKeepsALosslessPagedSequenceAndRecomputesALossyOne) {
   PlannerHarness h("demote", true, 4);
   h.Admit(0, 13);  // 3 full pages
   KvPagePlan plan;
@@ -167,8 +167,25 @@ TEST(KvPressurePlannerTest, PreemptionDemotesAnUnpagedSequenceAndRecomputesAPage
   h.planner().PlanRelief(std::vector<KvPlannedSeq>{{1, 2}}, 1, Phase::kDecode, &relief);
   ASSERT_EQ(h.pager().Apply(relief), 1);
   ASSERT_TRUE(h.kv().IsPaged(1));
-  // A paged sequence's later pages were computed against a streamed context: all recomputed.
+  ASSERT_FALSE(h.kv().IsLossy(1));
+  // Demoted pages are bit-exact: the pages computed since are exact too and are kept; the page
+  // already in the tier is let go (recomputed, or found again in the store).
   h.planner().PlanPreemption({1, 2}, 26, Phase::kDecode, &plan);
+  ASSERT_EQ(plan.actions.size(), 6u);
+  const int64_t detached = relief.actions[0].block_index;
+  for (const KvPageAction& a : plan.actions) {
+    EXPECT_EQ(a.action, a.block_index == detached ? KvAction::kRecomputeTokens
+                                                   : KvAction::kDemoteRam)
+        << a.block_index;
+  }
+
+  // An evicted page makes the sequence lossy: everything is recomputed.
+  PlannerHarness lossy("evict", true, 4);
+  lossy.Admit(0, 26);
+  lossy.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}}, 1, Phase::kDecode, &relief);
+  ASSERT_EQ(lossy.pager().Apply(relief), 1);
+  ASSERT_TRUE(lossy.kv().IsLossy(0));
+  lossy.planner().PlanPreemption({0, 1}, 26, Phase::kDecode, &plan);
   ASSERT_EQ(plan.actions.size(), 6u);
   for (const KvPageAction& a : plan.actions) EXPECT_EQ(a.action, KvAction::kRecomputeTokens);
 }

@@ -149,6 +149,7 @@ struct KvTierMetrics {
   // Blocks promoted from this tier into the pool, and the cost model's predicted time for them
   // beside the measured one.
   int64_t blocks_promoted = 0;
+  int64_t blocks_in_place = 0;  // taken where the tier holds them (an uncompressed RAM tier)
   double promote_ms_predicted = 0;
   double promote_ms_measured = 0;
 };

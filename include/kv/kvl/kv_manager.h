@@ -113,6 +113,10 @@ struct KvManagerOptions {
 struct KvSeqStep {
   SeqId seq = 0;
   std::span<const int32_t> tokens;
+  // Admission only: right after the cached prefix, this many full blocks stay outside the pool
+  // (pages read where a tier holds them): holes in the block table from the start, taking no
+  // block, as if detached losslessly. Never the block holding the last token.
+  int64_t detached_blocks = 0;
 };
 
 struct KvBlockCopy {
@@ -128,6 +132,7 @@ struct KvPlan {
     int64_t first_new_pos = 0;        // position of the first token the forward pass must compute
     int64_t num_cached_tokens = 0;    // admission: leading tokens found in the prefix cache
     std::vector<BlockId> reused;      // admission: cached blocks taken (refcount + 1)
+    int64_t detached_blocks = 0;      // admission: holes after them (KvSeqStep::detached_blocks)
     std::vector<BlockId> allocated;   // fresh blocks appended to the block table, in order
     BlockId cow_src = kNoBlock;       // the shared last block that is replaced by a copy...
     BlockId cow_dst = kNoBlock;       // ...into this fresh block (also listed in `copies`)
@@ -208,6 +213,8 @@ class KvManager {
   // computed against a lossy context is not what the index promises for those tokens.
   void Detach(SeqId seq, int64_t block_index, bool lossless = false);
   bool IsPaged(SeqId seq) const;
+  // Some page left without its exact bytes kept: blocks filled since have no identity.
+  bool IsLossy(SeqId seq) const;
   // Block `block_index` of `seq`'s content id ({} when it has none).
   KvContentId ContentOf(SeqId seq, int64_t block_index) const;
   // A free block's content id and tokens, when it holds a full page with an identity: what a

@@ -191,6 +191,10 @@ class KvPager final : public KvDetachedPages {
   // the first read that fails (never wrong bytes: the rest is recomputed). Returns the pages
   // restored.
   int64_t RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks);
+  // Admission, after the commit: pages [first_block, first_block + num_blocks) awaiting restore in
+  // a tier that attention reads in place stay where they are, as the sequence's pages held in
+  // that tier (the block table has holes there: KvSeqStep::detached_blocks).
+  void AttachInPlace(SeqId seq, int64_t first_block, int64_t num_blocks);
   // After a restore: pages awaiting restore whose blocks are now in the pool (restored, or
   // computed because the restore stopped or the prefix cache held them) are let go from their
   // tier and resident again. Pages past the sequence's blocks keep waiting for a later chunk.

@@ -44,6 +44,7 @@ struct KvStoreTierStats {
   int64_t hit_blocks = 0;       // pages found in it
   int64_t blocks_saved = 0;     // pages written to it
   int64_t blocks_promoted = 0;  // pages read back from it into the pool
+  int64_t blocks_in_place = 0;  // pages a sequence took where the tier holds them (no copy)
   double promote_ms_predicted = 0;
   double promote_ms_measured = 0;
   int64_t errors = 0;           // saves or reads the tier refused (full, I/O, connection)
@@ -91,6 +92,7 @@ class KvStore {
 
   // Counts a promotion from `tier` (the cost model's time beside the measured one).
   void CountPromoted(KvTier* tier, int64_t blocks, double predicted_ms, double measured_ms);
+  void CountInPlace(KvTier* tier, int64_t blocks);
   const KvStoreTierStats& stats(size_t tier_index) const { return stats_[tier_index]; }
   int64_t TierIndex(const KvTier* tier) const;
 
