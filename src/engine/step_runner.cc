@@ -14,6 +14,7 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
     b->want_logits.reserve(max_tokens);
   }
   run_seqs_.reserve(max_tokens);
+  full_blocks_before_.reserve(max_tokens);
 }
 
 int64_t StepRunner::RestorePages(Sequence& seq) {
@@ -165,8 +166,11 @@ void StepRunner::Run(const StepPlan& plan) {
   p_.kv->Commit(plan.kv);
   for (const KvBlockCopy& copy : plan.kv.copies) p_.storage->CopyBlock(copy.src, copy.dst);
   const Clock::time_point start = Clock::now();
+  full_blocks_before_.clear();
+  for (const Sequence* seq : plan.seqs) full_blocks_before_.push_back(seq->num_computed / block_tokens_);
   const int64_t prefill_tokens = FillBatch(plan);
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
+  if (p_.store != nullptr) SaveUnreachablePages(plan);
   RecomputeFailedStreams();
   if (!dropped_predicted_ms_.empty()) {
     // Pages dropped at preemption were just recomputed from their tokens within this step.
@@ -177,6 +181,24 @@ void StepRunner::Run(const StepPlan& plan) {
     }
   }
   p_.metrics->CountStep(batch_.size(), static_cast<int64_t>(plan.seqs.size()), prefill_tokens);
+}
+
+void StepRunner::SaveUnreachablePages(const StepPlan& plan) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const Sequence& seq = *plan.seqs[i];
+    if (seq.finished || seq.slot < 0 || !p_.kv->Contains(seq.slot) || !p_.kv->IsPaged(seq.slot)) {
+      continue;  // a sequence with no page outside the pool is all within the index's reach
+    }
+    const int64_t full = p_.kv->num_tokens(seq.slot) / block_tokens_;
+    if (full <= full_blocks_before_[i]) continue;
+    // The blocks the pool's prefix index reaches (at most all but the last token's).
+    const std::vector<int32_t>& tokens = p_.kv->tokens(seq.slot);
+    const int64_t reachable =
+        p_.kv->MatchPrefix(std::span(tokens).first(static_cast<size_t>(
+            std::min<int64_t>(static_cast<int64_t>(tokens.size()), full * block_tokens_ + 1)))) /
+        block_tokens_;
+    p_.pager->SaveUnreachablePages(seq.slot, std::max(full_blocks_before_[i], reachable), full);
+  }
 }
 
 void StepRunner::AppendToken(Sequence& seq, int32_t token) {

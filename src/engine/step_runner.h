@@ -46,6 +46,9 @@ class StepRunner {
   int64_t FillBatch(const StepPlan& plan);
   void RunBatch(const StepPlan& plan);
   void RecomputeFailedStreams();
+  // Pages a step filled that the pool's prefix index cannot reach (a page before them is in a
+  // tier) go to the KV store too, so the next turn finds the whole chain.
+  void SaveUnreachablePages(const StepPlan& plan);
   void AppendToken(Sequence& seq, int32_t token);
 
   StepRunnerParts p_;
@@ -55,6 +58,7 @@ class StepRunner {
   std::vector<SeqId> run_seqs_;          // sequences of one forward run
   std::vector<Sequence*> to_recompute_;  // streamed reads failed: recompute from tokens
   std::vector<double> dropped_predicted_ms_;  // this step: pages dropped at a preemption
+  std::vector<int64_t> full_blocks_before_;   // per sequence of the step: full pages before it
   std::string piece_;                    // the text of the token being appended, reused
 };
 

@@ -454,6 +454,26 @@ int64_t KvPager::SaveToStore(SeqId seq, KvTier* tier) {
   return saved;
 }
 
+void KvPager::SaveUnreachablePages(SeqId seq, int64_t first_block, int64_t last_block) {
+  if (store_ == nullptr || store_->empty()) return;
+  KvTier* tier = store_->tiers().front().tier;
+  const std::vector<BlockId>& table = manager_.block_table(seq);
+  const size_t bt = static_cast<size_t>(layout_.block_tokens);
+  for (int64_t b = first_block; b < last_block; ++b) {
+    const KvContentId content = manager_.ContentOf(seq, b);
+    const BlockId block = table[static_cast<size_t>(b)];
+    if (!content.valid() || block == kNoBlock) continue;
+    const Status status = store_->Save(
+        tier, content,
+        std::span(manager_.tokens(seq)).subspan(static_cast<size_t>(b) * bt, bt),
+        [&](int64_t l) -> std::span<const uint8_t> { return LayerPageSpan(block, l, false); });
+    if (!status.ok()) {
+      last_tier_error_ = status;
+      return;
+    }
+  }
+}
+
 void KvPager::SpillFreeBlock(BlockId block) {
   if (store_ == nullptr || store_->empty()) return;
   const KvContentId content = manager_.FreeBlockContent(block);

@@ -203,6 +203,10 @@ class KvPager final : public KvDetachedPages {
   // a durable tier when a request ends): pages in the pool, and pages read in place from another
   // tier. Returns the pages written.
   int64_t SaveToStore(SeqId seq, KvTier* tier);
+  // Pages [first_block, last_block) of `seq` just filled, in the pool but out of the prefix
+  // index's reach (an earlier page of the chain is in a tier): copied to the store's fastest tier
+  // now, so that the next lookup of this prefix finds the whole chain in the store.
+  void SaveUnreachablePages(SeqId seq, int64_t first_block, int64_t last_block);
   // A free block about to be reused for new contents: its page goes to the store's fastest tier
   // first when it has a content id (the pool's evictions feed the store, coldest first).
   void SpillFreeBlock(BlockId block);
