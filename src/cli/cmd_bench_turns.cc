@@ -273,62 +273,6 @@ Status RunTurn(Engine& engine, const std::vector<int32_t>& history, int32_t repl
   return Status::Ok();
 }
 
-// The whole conversation in a fresh engine. Errors creating the engine come back; an error in a
-// turn ends the run there and is kept in `error`.
-StatusOr<ConfigRun> RunConfig(const TurnsConfig& config, const EngineOptions& options,
-                              const Conversation& conv, int32_t reply_tokens) {
-  ConfigRun run;
-  run.config = config;
-  run.options = options;
-  KVL_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
-  run.pool_bytes = engine->kv_manager().stats().kv_bytes_total;
-  // One short untimed request pages the weights in; it fills no block, so it caches nothing.
-  {
-    Request warm;
-    warm.prompt_ids = {engine->tokenizer().bos(), conv.user[0][1], conv.user[0][2]};
-    warm.max_new_tokens = 2;
-    warm.ignore_eos = true;
-    warm.sampling.temperature = 0;
-    KVL_RETURN_IF_ERROR(engine->Submit(std::move(warm), [](const TokenEvent&) {}).status());
-    engine->RunUntilIdle();
-  }
-  EngineMetrics before = engine->Metrics();
-  run.staging_bytes = before.kv_stream_staging_bytes;
-  std::vector<int32_t> history;
-  const bool progress = isatty(STDERR_FILENO) != 0;
-  for (size_t t = 0; t < conv.user.size(); ++t) {
-    history.insert(history.end(), conv.user[t].begin(), conv.user[t].end());
-    TurnRecord rec;
-    rec.turn = static_cast<int32_t>(t + 1);
-    const Status s = RunTurn(*engine, history, reply_tokens, &rec);
-    const EngineMetrics after = engine->Metrics();
-    FillTurnDeltas(before, after, options.block_tokens, &rec);
-    rec.resident_bytes = rec.pool_bytes_peak + run.staging_bytes;
-    before = after;
-    if (!s.ok()) {
-      run.error = fmt::format("turn {}: {}", t + 1, s.ToString());
-      break;
-    }
-    history.insert(history.end(), rec.reply.begin(), rec.reply.end());
-    run.turns.push_back(std::move(rec));
-    if (progress) fmt::print(stderr, "\rkvl: {:<10} turn {}/{}", config.name, t + 1, conv.user.size());
-  }
-  if (progress) fmt::print(stderr, "\n");
-  run.resident_peak = engine->Metrics().kv_resident_bytes_peak;
-  return run;
-}
-
-// Marks each reply against b's.
-void CompareWithReference(const ConfigRun& reference, ConfigRun* run) {
-  for (TurnRecord& rec : run->turns) {
-    const size_t i = static_cast<size_t>(rec.turn - 1);
-    if (i >= reference.turns.size()) continue;
-    const std::vector<int32_t>& ref = reference.turns[i].reply;
-    rec.identical = rec.reply == ref;
-    rec.agreement = LeadingAgreement(rec.reply, ref);
-  }
-}
-
 std::string ActionsText(const TurnRecord& rec) {
   std::string out;
   for (int a = 0; a < kNumKvActions; ++a) {
@@ -356,24 +300,79 @@ std::string ReplyText(const ConfigRun& run, const TurnRecord& rec) {
   return fmt::format("{:.0f}%", 100 * rec.agreement);
 }
 
-void PrintConfigTable(const ConfigRun& run) {
+void PrintConfigHeader(const ConfigRun& run) {
   fmt::print("\n### {}: {}\n", run.config.name, run.config.description);
-  fmt::print("budget {}, pool {}, buffers outside the pool {}, resident peak {}\n\n",
+  fmt::print("budget {}, pool {}, buffers outside the pool {}\n\n",
              run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "default (whole conversation)",
-             FormatBytes(run.pool_bytes), FormatBytes(run.staging_bytes),
-             FormatBytes(run.resident_peak));
+             FormatBytes(run.pool_bytes), FormatBytes(run.staging_bytes));
   fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8} | {:>8} | {:>7} | {:>11} | {:<40} | {:<28} | {:>5} |\n",
              "turn", "prompt", "cached", "prefill", "promoted", "wall ms", "TTFT ms", "tok/s",
              "resident", "tiers: hits, bytes in / out", "pages per action", "reply");
   fmt::print("| {:->4} | {:->6} | {:->6} | {:->7} | {:->8} | {:->8} | {:->8} | {:->7} | {:->11} | {:-<40} | {:-<28} | {:->5} |\n",
              ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
-  for (const TurnRecord& r : run.turns) {
-    fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>11} | {:<40} | {:<28} | {:>5} |\n",
-               r.turn, r.prompt_tokens, r.cached_tokens, r.prefilled_tokens, r.promoted_tokens,
-               r.wall_ms, r.ttft_ms, r.decode_tok_s, FormatBytes(r.resident_bytes), TiersText(r),
-               ActionsText(r), ReplyText(run, r));
+  (void)FlushStdout();
+}
+
+// Each row as its turn ends, so that a long run shows how far it got.
+void PrintTurnRow(const ConfigRun& run, const TurnRecord& r) {
+  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>11} | {:<40} | {:<28} | {:>5} |\n",
+             r.turn, r.prompt_tokens, r.cached_tokens, r.prefilled_tokens, r.promoted_tokens,
+             r.wall_ms, r.ttft_ms, r.decode_tok_s, FormatBytes(r.resident_bytes), TiersText(r),
+             ActionsText(r), ReplyText(run, r));
+  (void)FlushStdout();
+}
+
+// The whole conversation in a fresh engine. Errors creating the engine come back; an error in a
+// turn ends the run there and is kept in `error`.
+StatusOr<ConfigRun> RunConfig(const TurnsConfig& config, const EngineOptions& options,
+                              const Conversation& conv, int32_t reply_tokens,
+                              const ConfigRun* reference) {
+  ConfigRun run;
+  run.config = config;
+  run.options = options;
+  run.budget_bytes = options.kv_budget_bytes;
+  KVL_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
+  run.pool_bytes = engine->kv_manager().stats().kv_bytes_total;
+  // One short untimed request pages the weights in; it fills no block, so it caches nothing.
+  {
+    Request warm;
+    warm.prompt_ids = {engine->tokenizer().bos(), conv.user[0][1], conv.user[0][2]};
+    warm.max_new_tokens = 2;
+    warm.ignore_eos = true;
+    warm.sampling.temperature = 0;
+    KVL_RETURN_IF_ERROR(engine->Submit(std::move(warm), [](const TokenEvent&) {}).status());
+    engine->RunUntilIdle();
   }
-  if (!run.error.empty()) fmt::print("\nstopped: {}\n", run.error);
+  EngineMetrics before = engine->Metrics();
+  run.staging_bytes = before.kv_stream_staging_bytes;
+  PrintConfigHeader(run);
+  std::vector<int32_t> history;
+  for (size_t t = 0; t < conv.user.size(); ++t) {
+    history.insert(history.end(), conv.user[t].begin(), conv.user[t].end());
+    TurnRecord rec;
+    rec.turn = static_cast<int32_t>(t + 1);
+    const Status s = RunTurn(*engine, history, reply_tokens, &rec);
+    const EngineMetrics after = engine->Metrics();
+    FillTurnDeltas(before, after, options.block_tokens, &rec);
+    rec.resident_bytes = rec.pool_bytes_peak + run.staging_bytes;
+    before = after;
+    if (!s.ok()) {
+      run.error = fmt::format("turn {}: {}", t + 1, s.ToString());
+      break;
+    }
+    history.insert(history.end(), rec.reply.begin(), rec.reply.end());
+    // Against b's reply of the same turn (b itself is the reference).
+    const std::vector<int32_t>& ref =
+        reference != nullptr && t < reference->turns.size() ? reference->turns[t].reply : rec.reply;
+    rec.identical = rec.reply == ref;
+    rec.agreement = LeadingAgreement(rec.reply, ref);
+    PrintTurnRow(run, rec);
+    run.turns.push_back(std::move(rec));
+  }
+  run.resident_peak = engine->Metrics().kv_resident_bytes_peak;
+  fmt::print("\nresident peak {}{}\n", FormatBytes(run.resident_peak),
+             run.error.empty() ? "" : "; stopped at " + run.error);
+  return run;
 }
 
 // The numbers the goals are stated in, per config.
@@ -616,12 +615,12 @@ int BenchTurnsCommand(const BenchTurnsArgs& args) {
   for (const TurnsConfig& config : ExpandConfigs(args.configs)) {
     const EngineOptions options =
         OptionsFor(config, args, mc, context, budget, conv.total_tokens);
-    StatusOr<ConfigRun> run = RunConfig(config, options, conv, args.reply_tokens);
+    StatusOr<ConfigRun> run = RunConfig(config, options, conv, args.reply_tokens,
+                                        runs.empty() ? nullptr : &runs.front());
     if (!run.ok()) {
       fmt::print(stderr, "kvl: config {}: {}\n", config.name, run.status().ToString());
       return 1;
     }
-    run->budget_bytes = options.kv_budget_bytes;
     if (config.name == "b") {
       if (!run->error.empty()) {
         fmt::print(stderr, "kvl: the reference (b) failed: {}\n", run->error);
@@ -631,9 +630,6 @@ int BenchTurnsCommand(const BenchTurnsArgs& args) {
       fmt::print("b's resident peak {}; (c) and (d) run at a budget of {} ({} of it)\n",
                  FormatBytes(run->resident_peak), FormatBytes(budget), args.budget_fraction);
     }
-    CompareWithReference(config.name == "b" ? *run : runs.front(), &*run);
-    PrintConfigTable(*run);
-    (void)FlushStdout();
     runs.push_back(std::move(*run));
   }
   PrintSummary(runs, args.turns);
