@@ -284,12 +284,21 @@ std::string ActionsText(const TurnRecord& rec) {
   return out.empty() ? "-" : out;
 }
 
+// "5.8M", "192K": the table's tier column stays narrow.
+std::string ShortBytes(int64_t n) {
+  const double b = static_cast<double>(n);
+  if (b >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f}G", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return fmt::format("{:.1f}M", b / (1024.0 * 1024));
+  return fmt::format("{:.0f}K", b / 1024.0);
+}
+
+// Per tier: pages found in it at admission (h), bytes written to it (+) and read from it (-).
 std::string TiersText(const TurnRecord& rec) {
   std::string out;
   for (const TierTurn& t : rec.tiers) {
     if (!out.empty()) out += "; ";
-    out += fmt::format("{} {} hit, +{} -{}", t.name, t.hit_blocks, FormatBytes(t.bytes_in),
-                       FormatBytes(t.bytes_out));
+    out += fmt::format("{} {}h +{} -{}", t.name, t.hit_blocks, ShortBytes(t.bytes_in),
+                       ShortBytes(t.bytes_out));
   }
   return out.empty() ? "-" : out;
 }
@@ -305,17 +314,17 @@ void PrintConfigHeader(const ConfigRun& run) {
   fmt::print("budget {}, pool {}, buffers outside the pool {}\n\n",
              run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "default (whole conversation)",
              FormatBytes(run.pool_bytes), FormatBytes(run.staging_bytes));
-  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8} | {:>8} | {:>7} | {:>11} | {:<40} | {:<28} | {:>5} |\n",
+  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8} | {:>8} | {:>7} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
              "turn", "prompt", "cached", "prefill", "promoted", "wall ms", "TTFT ms", "tok/s",
-             "resident", "tiers: hits, bytes in / out", "pages per action", "reply");
-  fmt::print("| {:->4} | {:->6} | {:->6} | {:->7} | {:->8} | {:->8} | {:->8} | {:->7} | {:->11} | {:-<40} | {:-<28} | {:->5} |\n",
+             "resident", "tiers: hits, +in -out", "pages per action", "reply");
+  fmt::print("| {:->4} | {:->6} | {:->6} | {:->7} | {:->8} | {:->8} | {:->8} | {:->7} | {:->11} | {:-<32} | {:-<22} | {:->5} |\n",
              ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   (void)FlushStdout();
 }
 
 // Each row as its turn ends, so that a long run shows how far it got.
 void PrintTurnRow(const ConfigRun& run, const TurnRecord& r) {
-  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>11} | {:<40} | {:<28} | {:>5} |\n",
+  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
              r.turn, r.prompt_tokens, r.cached_tokens, r.prefilled_tokens, r.promoted_tokens,
              r.wall_ms, r.ttft_ms, r.decode_tok_s, FormatBytes(r.resident_bytes), TiersText(r),
              ActionsText(r), ReplyText(run, r));
