@@ -1,5 +1,5 @@
 // What `kvl bench turns` (cmd_bench_turns.cc) and its restart measurement (cmd_bench_restart.cc)
-// share: the scripted text, a child process run to its end, and a tier's numbers as JSON.
+// share: the scripted text and a child process run to its end.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -29,8 +29,6 @@ StatusOr<int> RunChildProcess(const std::vector<std::string>& argv, std::string*
 
 // The path of this process's own executable, for a child that must be a fresh process.
 StatusOr<std::string> SelfExecutable();
-
-nlohmann::json TierMetricsJson(const KvTierMetrics& t);
 
 // --restart: the parent (spawns one fresh process per phase) and one phase, in the child.
 int BenchRestart(const BenchTurnsArgs& args);

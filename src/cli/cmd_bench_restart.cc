@@ -34,17 +34,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Simple story words, so that small story models tokenize them into few, familiar tokens.
-constexpr const char* kWords[] = {
-    "the",   "little", "girl",   "boy",    "dog",   "cat",    "ball",  "tree",  "park",
-    "sun",   "happy",  "sad",    "big",    "small", "red",    "blue",  "green", "house",
-    "mom",   "dad",    "friend", "play",   "run",   "jump",   "look",  "find",  "saw",
-    "went",  "said",   "loved",  "wanted", "day",   "time",   "toy",   "bird",  "fish",
-    "water", "sky",    "garden", "flower", "box",   "car",    "cake",  "nice",  "fun",
-    "and",   "with",   "to",     "in",     "on",    "a",      "was",   "very",  "one",
-    "Lily",  "Tim",    "Ben",    "Sue",    "walk",  "smile",  "help",  "share", "kind",
-    "bear",  "hat",    "shoe",   "door",   "rain",  "snow",   "night", "star",  "moon"};
-
 // The phase's flags, passed on to the child: every engine flag bench turns takes.
 std::vector<std::string> PhaseArgv(const std::string& self, const BenchTurnsArgs& args,
                                    const std::string& phase, const std::string& tier) {
@@ -184,6 +173,18 @@ struct RestartRow {
   PhaseResult cold, warm;
 };
 
+nlohmann::json TierMetricsJson(const KvTierMetrics& t) {
+  return {{"name", t.name},           {"bytes_used", t.bytes_used},
+          {"pages", t.pages},         {"lookups", t.lookups},
+          {"hit_blocks", t.hit_blocks}, {"hit_tokens", t.hit_tokens},
+          {"blocks_promoted", t.blocks_promoted},
+          {"promote_ms_predicted", t.promote_ms_predicted},
+          {"promote_ms_measured", t.promote_ms_measured},
+          {"pages_in", t.pages_in},   {"bytes_in", t.bytes_in},
+          {"pages_out", t.pages_out}, {"bytes_out", t.bytes_out},
+          {"errors", t.errors},       {"checksum_failures", t.checksum_failures}};
+}
+
 nlohmann::json PhaseJson(const PhaseResult& p) {
   return {{"ttft_ms", p.ttft_ms},           {"prompt_tokens", p.prompt_tokens},
           {"cached_tokens", p.cached_tokens}, {"prefilled_tokens", p.prefilled_tokens},
@@ -192,20 +193,6 @@ nlohmann::json PhaseJson(const PhaseResult& p) {
 }
 
 }  // namespace
-
-std::vector<int32_t> ScriptedTokens(const Tokenizer& tokenizer, int64_t num_tokens,
-                                    std::mt19937_64* rng) {
-  std::uniform_int_distribution<size_t> pick(0, std::size(kWords) - 1);
-  std::vector<int32_t> ids;
-  ids.reserve(static_cast<size_t>(num_tokens) + 8);
-  while (static_cast<int64_t>(ids.size()) < num_tokens) {
-    // Each word with its leading space, as it reads inside a sentence.
-    const std::vector<int32_t> word = tokenizer.Encode(std::string(" ") + kWords[pick(*rng)], false);
-    ids.insert(ids.end(), word.begin(), word.end());
-  }
-  ids.resize(static_cast<size_t>(num_tokens));
-  return ids;
-}
 
 StatusOr<std::string> SelfExecutable() {
   std::error_code ec;
@@ -251,18 +238,6 @@ StatusOr<int> RunChildProcess(const std::vector<std::string>& argv, std::string*
     return InternalError(fmt::format("{} died of signal {}", argv[0], WTERMSIG(status)));
   }
   return WEXITSTATUS(status);
-}
-
-nlohmann::json TierMetricsJson(const KvTierMetrics& t) {
-  return {{"name", t.name},           {"bytes_used", t.bytes_used},
-          {"pages", t.pages},         {"lookups", t.lookups},
-          {"hit_blocks", t.hit_blocks}, {"hit_tokens", t.hit_tokens},
-          {"blocks_promoted", t.blocks_promoted},
-          {"promote_ms_predicted", t.promote_ms_predicted},
-          {"promote_ms_measured", t.promote_ms_measured},
-          {"pages_in", t.pages_in},   {"bytes_in", t.bytes_in},
-          {"pages_out", t.pages_out}, {"bytes_out", t.bytes_out},
-          {"errors", t.errors},       {"checksum_failures", t.checksum_failures}};
 }
 
 // In the child: one engine with the phase's tier, a short untimed request to page the weights

@@ -39,6 +39,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Simple story words, so that small story models tokenize them into few, familiar tokens.
+constexpr const char* kWords[] = {
+    "the",   "little", "girl",   "boy",    "dog",   "cat",    "ball",  "tree",  "park",
+    "sun",   "happy",  "sad",    "big",    "small", "red",    "blue",  "green", "house",
+    "mom",   "dad",    "friend", "play",   "run",   "jump",   "look",  "find",  "saw",
+    "went",  "said",   "loved",  "wanted", "day",   "time",   "toy",   "bird",  "fish",
+    "water", "sky",    "garden", "flower", "box",   "car",    "cake",  "nice",  "fun",
+    "and",   "with",   "to",     "in",     "on",    "a",      "was",   "very",  "one",
+    "Lily",  "Tim",    "Ben",    "Sue",    "walk",  "smile",  "help",  "share", "kind",
+    "bear",  "hat",    "shoe",   "door",   "rain",  "snow",   "night", "star",  "moon"};
+
 // One configuration of the experiment.
 struct TurnsConfig {
   std::string name;
@@ -577,6 +588,20 @@ void DrawPlot(const BenchTurnsArgs& args, const std::string& json_path) {
 }
 
 }  // namespace
+
+std::vector<int32_t> ScriptedTokens(const Tokenizer& tokenizer, int64_t num_tokens,
+                                    std::mt19937_64* rng) {
+  std::uniform_int_distribution<size_t> pick(0, std::size(kWords) - 1);
+  std::vector<int32_t> ids;
+  ids.reserve(static_cast<size_t>(num_tokens) + 8);
+  while (static_cast<int64_t>(ids.size()) < num_tokens) {
+    // Each word with its leading space, as it reads inside a sentence.
+    const std::vector<int32_t> word = tokenizer.Encode(std::string(" ") + kWords[pick(*rng)], false);
+    ids.insert(ids.end(), word.begin(), word.end());
+  }
+  ids.resize(static_cast<size_t>(num_tokens));
+  return ids;
+}
 
 int BenchTurnsCommand(const BenchTurnsArgs& args) {
   if (!args.restart_phase.empty()) return BenchRestartPhase(args);
