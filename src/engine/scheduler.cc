@@ -84,6 +84,12 @@ void Scheduler::FindInStore(Sequence& seq, int64_t cached_tokens) {
   }
   if (first >= last) return;
   kv_.ContentChain(seq.tokens, last, &content_ids_);
+  // Pages still in the pool but out of the prefix index's reach (an earlier page of the chain
+  // went to a tier) join the store first, so the walk through the tiers finds them.
+  for (int64_t b = first; b < last; ++b) {
+    const BlockId block = kv_.FindContent(content_ids_[static_cast<size_t>(b)]);
+    if (block != kNoBlock) pager_.SaveBlockToStore(block, content_ids_[static_cast<size_t>(b)]);
+  }
   const int64_t found = store_->Lookup(
       std::span(content_ids_).subspan(static_cast<size_t>(first)),
       std::span(seq.tokens).subspan(static_cast<size_t>(first * block_tokens_)), &found_in_);

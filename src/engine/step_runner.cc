@@ -114,9 +114,12 @@ void StepRunner::RunBatch(const StepPlan& plan) {
     p_.pager->BeginStep(run_seqs_);
     p_.forward->Run(*run, *p_.cache);
     for (SeqId failed : p_.pager->EndStep()) {
-      for (Sequence* seq : plan.seqs) {
+      for (size_t i = 0; i < plan.seqs.size(); ++i) {
+        Sequence* seq = plan.seqs[i];
         if (seq->slot == failed && !seq->stream_failed) {
           seq->stream_failed = true;
+          // What this step wrote is wrong: never findable by prefix or in the store.
+          p_.kv->DropIdentity(seq->slot, full_blocks_before_[i]);
           to_recompute_.push_back(seq);
         }
       }

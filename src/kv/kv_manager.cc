@@ -36,6 +36,7 @@ KvManager::State::State(const KvManagerOptions& opts, int32_t num_blocks)
       meta(static_cast<size_t>(num_blocks)),
       block_token_ids(static_cast<size_t>(num_blocks) * opts.layout.block_tokens, 0),
       index(num_blocks),
+      content_index(num_blocks),
       raw(static_cast<size_t>(num_blocks), 0),
       seqs(static_cast<size_t>(opts.max_seqs)),
       block_plan_mark(static_cast<size_t>(num_blocks), 0),
@@ -107,10 +108,21 @@ void KvManager::State::Unindex(BlockId block) {
   }
 }
 
+void KvManager::State::IndexContent(BlockId block) {
+  const KvContentId id = meta[block].content;
+  if (id.valid() && content_index.Find(id.lo) == kNoBlock) content_index.Insert(id.lo, block);
+}
+
+void KvManager::State::UnindexContent(BlockId block) {
+  const KvContentId id = meta[block].content;
+  if (id.valid() && content_index.Find(id.lo) == block) content_index.Erase(id.lo);
+}
+
 // Takes a free block for new contents; a cached prefix it held is evicted now (lazily).
 void KvManager::State::AllocateBlock(BlockId block) {
   KVL_CHECK(pool.refcount(block) == 0);
   BlockMeta& m = meta[block];
+  UnindexContent(block);
   if (m.indexed) Unindex(block);
   pool.Acquire(block);
   const uint64_t generation = m.generation + 1;
@@ -155,6 +167,7 @@ void KvManager::State::RegisterFullBlock(const SeqState& seq, size_t k) {
   std::copy(tokens.begin(), tokens.end(),
             block_token_ids.begin() + static_cast<ptrdiff_t>(block * bt));
   m.content = seq.content[k];
+  IndexContent(block);
   // A parent that left the pool (a lossless detach) gives no instance to chain to: the block is
   // found through the KV store by its content id instead.
   if (k > 0 && (seq.table[k - 1] == kNoBlock || !meta[seq.table[k - 1]].full)) return;
@@ -473,12 +486,39 @@ void KvManager::Detach(SeqId seq_id, int64_t block_index, bool lossless) {
   ++s.version;
 }
 
+void KvManager::DropIdentity(SeqId seq_id, int64_t first_block) {
+  State& s = *s_;
+  KVL_CHECK(Contains(seq_id));
+  SeqState& seq = s.seqs[seq_id];
+  for (size_t k = static_cast<size_t>(std::max<int64_t>(0, first_block)); k < seq.table.size(); ++k) {
+    if (k < seq.content.size()) seq.content[k] = {};
+    const BlockId block = seq.table[k];
+    if (block == kNoBlock) continue;
+    BlockMeta& m = s.meta[block];
+    s.UnindexContent(block);
+    if (m.indexed) s.Unindex(block);
+    const uint64_t generation = m.generation;
+    m = BlockMeta{};
+    m.generation = generation;
+  }
+  seq.paged = true;  // blocks without identity: allowed only in a paged sequence
+  seq.lossy = true;
+  ++s.version;
+}
+
 KvContentId KvManager::ContentOf(SeqId seq, int64_t block_index) const {
   KVL_CHECK(Contains(seq));
   const std::vector<KvContentId>& content = s_->seqs[seq].content;
   return block_index >= 0 && static_cast<size_t>(block_index) < content.size()
              ? content[static_cast<size_t>(block_index)]
              : KvContentId{};
+}
+
+BlockId KvManager::FindContent(KvContentId id) const {
+  const State& s = *s_;
+  if (!id.valid()) return kNoBlock;
+  const BlockId block = s.content_index.Find(id.lo);
+  return block != kNoBlock && s.meta[block].content == id ? block : kNoBlock;
 }
 
 KvContentId KvManager::FreeBlockContent(BlockId block) const {

@@ -74,6 +74,8 @@ struct KvManager::State {
   void RefBlock(BlockId block);
   void UnrefBlock(BlockId block);
   void Unindex(BlockId block);
+  void IndexContent(BlockId block);
+  void UnindexContent(BlockId block);
   void AllocateBlock(BlockId block);
   void RegisterFullBlock(const kv_internal::SeqState& seq, size_t k);
   bool SameIdentity(BlockId a, BlockId b) const;
@@ -86,6 +88,10 @@ struct KvManager::State {
   std::vector<kv_internal::BlockMeta> meta;  // [block]
   std::vector<int32_t> block_token_ids;      // [block][block_tokens], valid when meta.full
   kv_internal::PrefixIndex index;
+  // Content id (low 64 bits) -> a block holding that page, whether or not the prefix index can
+  // reach it; a hit is confirmed against the block's full id. Lets the KV store find a page
+  // that is still in the pool though its chain passes through a tier.
+  kv_internal::PrefixIndex content_index;
   int64_t num_cached = 0;                   // free blocks that are indexed
   std::vector<uint8_t> raw;                 // [block]: lent out by AcquireRawBlock
   int64_t num_raw = 0;

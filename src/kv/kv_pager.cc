@@ -475,9 +475,11 @@ void KvPager::SaveUnreachablePages(SeqId seq, int64_t first_block, int64_t last_
 }
 
 void KvPager::SpillFreeBlock(BlockId block) {
-  if (store_ == nullptr || store_->empty()) return;
-  const KvContentId content = manager_.FreeBlockContent(block);
-  if (!content.valid()) return;
+  SaveBlockToStore(block, manager_.FreeBlockContent(block));
+}
+
+void KvPager::SaveBlockToStore(BlockId block, KvContentId content) {
+  if (store_ == nullptr || store_->empty() || !content.valid()) return;
   KvTier* tier = store_->tiers().front().tier;
   const Status status = store_->Save(
       tier, content, manager_.BlockTokens(block),

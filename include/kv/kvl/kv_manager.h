@@ -213,6 +213,10 @@ class KvManager {
   // computed against a lossy context is not what the index promises for those tokens.
   void Detach(SeqId seq, int64_t block_index, bool lossless = false);
   bool IsPaged(SeqId seq) const;
+  // The step that filled blocks [first_block, ...) of `seq` was thrown away (a page it read did
+  // not come back intact): those blocks lose their identity (prefix index, content id), and the
+  // sequence counts as lossy, so nothing computed from them is ever found by another request.
+  void DropIdentity(SeqId seq, int64_t first_block);
   // Some page left without its exact bytes kept: blocks filled since have no identity.
   bool IsLossy(SeqId seq) const;
   // Block `block_index` of `seq`'s content id ({} when it has none).
@@ -220,6 +224,9 @@ class KvManager {
   // A free block's content id and tokens, when it holds a full page with an identity: what a
   // reuse of the block is about to overwrite ({} otherwise, and for blocks in use).
   KvContentId FreeBlockContent(BlockId block) const;
+  // A block of the pool holding the page with this content id (in use or cached, reachable by
+  // the prefix index or not), or kNoBlock. Valid until the next Commit.
+  BlockId FindContent(KvContentId id) const;
   std::span<const int32_t> BlockTokens(BlockId block) const;
   // A block whose K/V was promoted without its residual checkpoints (they hold stale values):
   // recorded with the block until it is reused, so every sequence that shares it knows.

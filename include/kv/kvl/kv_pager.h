@@ -210,6 +210,9 @@ class KvPager final : public KvDetachedPages {
   // A free block about to be reused for new contents: its page goes to the store's fastest tier
   // first when it has a content id (the pool's evictions feed the store, coldest first).
   void SpillFreeBlock(BlockId block);
+  // A pool block holding page `content` (KvManager::FindContent) copied to the store's fastest
+  // tier, so that a lookup walking the chain through the tiers finds it there.
+  void SaveBlockToStore(BlockId block, KvContentId content);
   // A preempted sequence that finishes while waiting (cancelled): its kept pages are erased.
   void ForgetPreemptedPages(KvSequencePages& pages);
 
