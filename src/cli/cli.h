@@ -119,6 +119,32 @@ struct BenchReplayArgs {
   std::string output = "md";            // -o md|json
 };
 int BenchReplayCommand(const BenchReplayArgs& args);
+// `kvl bench turns`: one scripted multi-turn conversation (the whole history resubmitted every
+// turn, as a chat client does) under KV configurations, each in a fresh engine: (a) no reuse,
+// (b) keep-all, (c) a budget of (b)'s peak x --budget-fraction with the lossless hierarchy (RAM +
+// disk tiers, or a direct-I/O disk tier alone), (d) the same budget with lossy policies. With
+// --restart: the TTFT of one long prompt cold, then in a fresh process reusing the first one's
+// persistent disk tier (and Redis tier, with --redis).
+struct BenchTurnsArgs {
+  EngineOptions engine;        // model, threads, -c, -b, --isa, -ctk/-ctv, profile, sink, recent
+  int32_t turns = 20;          // --turns
+  int32_t reply_tokens = 64;   // --reply: greedy tokens per reply, EOS ignored
+  int32_t user_min = 40;       // --user-min / --user-max: tokens per user message
+  int32_t user_max = 80;
+  std::vector<std::string> configs = {"a", "b", "c-ram", "c-disk", "d"};  // --configs
+  double budget_fraction = 0.25;  // --budget-fraction: (c)/(d)'s budget against (b)'s peak
+  std::string json_path;       // --json FILE
+  std::string plot_path;       // --plot FILE.png (through scripts/plot_turns.py)
+  std::string plot_script;     // --plot-script: default found beside the binary or in ./scripts
+  std::string disk_dir = "/tmp";  // --disk-dir: the disk tiers' files
+  uint64_t seed = 1;           // --seed: the user messages
+  bool restart = false;        // --restart: the restart measurement instead of the turns
+  int32_t restart_tokens = 1500;  // --restart-tokens: the long prompt's length
+  std::string redis;           // --redis redis://HOST:PORT[/NS] | auto (start a redis-server)
+  std::string restart_phase;   // internal (--restart-phase): run one phase in this process
+  std::string restart_tier;    // internal (--restart-tier): that phase's tier spec
+};
+int BenchTurnsCommand(const BenchTurnsArgs& args);
 
 struct CalibrateArgs {
   std::string model_path;  // -m: the profile is measured at this model's shapes

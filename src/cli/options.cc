@@ -269,6 +269,66 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
                      "price misses at the trace's price of this action (demote-ram, demote-disk, "
                      "recompute-residual, recompute-tokens)");
   br_cmd->add_option("-o,--output", br.output, "md | json")->capture_default_str();
+  BenchTurnsArgs& bt = cmd.bench_turns;
+  CLI::App* bt_cmd = bench_cmd->add_subcommand(
+      "turns", "one scripted chat, the whole history resubmitted each turn, under KV "
+               "configurations: per-turn time, TTFT, resident KV, tiers, replies vs keep-all");
+  bt_cmd->add_option("-m,--model", bt.engine.model_path, "GGUF model file")->required();
+  bt_cmd->add_option("--turns", bt.turns, "turns of the conversation")->capture_default_str();
+  bt_cmd->add_option("--reply", bt.reply_tokens, "greedy tokens per reply (EOS ignored)")
+      ->capture_default_str();
+  bt_cmd->add_option("--user-min", bt.user_min, "fewest tokens in a user message")
+      ->capture_default_str();
+  bt_cmd->add_option("--user-max", bt.user_max, "most tokens in a user message")
+      ->capture_default_str();
+  bt_cmd->add_option("--configs", bt.configs,
+                     "a (no reuse), b (keep-all), c-ram, c-disk (lossless hierarchy at the budget), "
+                     "d (= d-balanced,d-evict), d-compress; b always runs: it is the reference")
+      ->delimiter(',')
+      ->capture_default_str();
+  bt_cmd->add_option("--budget-fraction", bt.budget_fraction,
+                     "(c) and (d)'s KV budget as a fraction of (b)'s resident peak")
+      ->capture_default_str();
+  bt_cmd->add_option("--json", bt.json_path, "write every turn of every config as JSON");
+  bt_cmd->add_option("--plot", bt.plot_path,
+                     "draw per-turn time and resident KV into a PNG (python3-matplotlib)");
+  bt_cmd->add_option("--plot-script", bt.plot_script,
+                     "the plot script (default: scripts/plot_turns.py beside the build or here)");
+  bt_cmd->add_option("--disk-dir", bt.disk_dir, "directory for the disk tiers' files")
+      ->capture_default_str();
+  std::string bt_seed;
+  CLI::Option* bt_seed_opt = bt_cmd->add_option("--seed", bt_seed, "user messages' seed (default 1)");
+  bt_cmd->add_flag("--restart", bt.restart,
+                   "measure a restart instead: a long prompt's TTFT cold, then in a fresh process "
+                   "with the first one's persistent disk tier");
+  bt_cmd->add_option("--restart-tokens", bt.restart_tokens, "--restart: the prompt's tokens")
+      ->capture_default_str();
+  bt_cmd->add_option("--redis", bt.redis,
+                     "--restart: the same through a Redis tier, redis://HOST:PORT[/NS], or 'auto' "
+                     "to start a redis-server on a free port for the bench");
+  bt_cmd->add_option("--restart-phase", bt.restart_phase)->group("");  // internal: the child
+  bt_cmd->add_option("--restart-tier", bt.restart_tier)->group("");
+  bt_cmd->add_option("-t,--threads", bt.engine.num_threads, "threads; 0 = every core");
+  bt_cmd->add_option("-c,--ctx-size", bt.engine.context_length,
+                     "context length; 0 = what the conversation needs");
+  bt_cmd->add_option("-b,--batch-size", bt.engine.batch_size, "prompt tokens per step")
+      ->capture_default_str();
+  bt_cmd->add_option("--isa", bt.engine.isa, "kernels: auto | avx512 | avx2 | scalar")
+      ->capture_default_str();
+  bt_cmd->add_option("--cache-type-k", bt.engine.cache_type_k, "KV cache type for keys (-ctk)")
+      ->capture_default_str();
+  bt_cmd->add_option("--cache-type-v", bt.engine.cache_type_v, "KV cache type for values (-ctv)")
+      ->capture_default_str();
+  bt_cmd->add_option("--kv-profile", bt.engine.profile_path, "calibration profile");
+  bt_cmd->add_flag("!--no-calibrate", bt.engine.calibrate,
+                   "without a profile, price KV actions with analytic defaults");
+  bt_cmd->add_option("--kv-sink", bt.engine.kv_sink_tokens, "attention-sink tokens")
+      ->capture_default_str();
+  bt_cmd->add_option("--kv-recent", bt.engine.kv_recent_tokens, "recent tokens kept resident")
+      ->capture_default_str();
+  bt_cmd->add_option("--kv-stream-reserve", bt.engine.kv_stream_reserve,
+                     "fraction of the budget that stages streamed pages")
+      ->capture_default_str();
 
   CalibrateArgs& calibrate = cmd.calibrate;
   CLI::App* calibrate_cmd = app.add_subcommand(
@@ -334,6 +394,12 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       KVL_ASSIGN_OR_RETURN(bs.seed, ParseSeed(bs_seed, "--seed"));
     }
     KVL_RETURN_IF_ERROR(ValidateBenchServeArgs(bs));
+  } else if (*bench_cmd && *bt_cmd) {
+    cmd.kind = ParsedCommand::Kind::kBenchTurns;
+    if (bt_seed_opt->count() > 0) {
+      KVL_ASSIGN_OR_RETURN(bt.seed, ParseSeed(bt_seed, "--seed"));
+    }
+    KVL_RETURN_IF_ERROR(ValidateBenchTurnsArgs(bt));
   } else if (*bench_cmd) {
     cmd.kind = ParsedCommand::Kind::kBench;
     KVL_RETURN_IF_ERROR(ValidateBenchArgs(bench));
@@ -501,6 +567,47 @@ Status ValidateBenchArgs(const BenchArgs& args) {
   for (const std::string& t : args.cache_types_k) KVL_RETURN_IF_ERROR(ParseKvCacheType(t).status());
   for (const std::string& t : args.cache_types_v) KVL_RETURN_IF_ERROR(ParseKvCacheType(t).status());
   return Status::Ok();
+}
+
+Status ValidateBenchTurnsArgs(const BenchTurnsArgs& args) {
+  // A conversation's tokens stay well inside a context; each user message has room for its
+  // "User: ... Assistant:" frame.
+  constexpr int64_t kMaxTokens = kMaxContextTokens / 4;
+  KVL_RETURN_IF_ERROR(CheckRange("--turns", args.turns, 1, 100000));
+  KVL_RETURN_IF_ERROR(CheckRange("--reply", args.reply_tokens, 1, kMaxTokens));
+  KVL_RETURN_IF_ERROR(CheckRange("--user-min", args.user_min, 8, kMaxTokens));
+  KVL_RETURN_IF_ERROR(CheckRange("--user-max", args.user_max, args.user_min, kMaxTokens));
+  KVL_RETURN_IF_ERROR(CheckRange("--restart-tokens", args.restart_tokens, 32, kMaxTokens));
+  if (!(args.budget_fraction > 0 && args.budget_fraction <= 1)) {
+    return InvalidArgumentError(
+        fmt::format("--budget-fraction must be in (0, 1], got {}", args.budget_fraction));
+  }
+  static constexpr std::string_view kConfigs[] = {"a", "b", "c", "c-ram", "c-disk", "d",
+                                                  "d-balanced", "d-evict", "d-compress"};
+  for (const std::string& c : args.configs) {
+    if (std::find(std::begin(kConfigs), std::end(kConfigs), c) == std::end(kConfigs)) {
+      return InvalidArgumentError(fmt::format(
+          "--configs: unknown config '{}' (a, b, c, c-ram, c-disk, d, d-balanced, d-evict, "
+          "d-compress)", c));
+    }
+  }
+  if (args.disk_dir.empty()) return InvalidArgumentError("--disk-dir must not be empty");
+  if (!args.redis.empty() && !args.restart) {
+    return InvalidArgumentError("--redis is a --restart option");
+  }
+  if (!args.redis.empty() && args.redis != "auto") {
+    KVL_ASSIGN_OR_RETURN(const TierSpec spec, ParseTierSpec(args.redis));
+    if (spec.kind != "redis") {
+      return InvalidArgumentError(fmt::format(
+          "--redis must be redis://HOST:PORT[/NAMESPACE] or auto, got '{}'", args.redis));
+    }
+  }
+  if (!args.restart_phase.empty() && args.restart_phase != "cold" && args.restart_phase != "warm") {
+    return InvalidArgumentError("--restart-phase is cold or warm");
+  }
+  EngineOptions engine = args.engine;
+  engine.max_seqs = 1;
+  return ValidateEngineOptions(engine);
 }
 
 Status ValidateCalibrateArgs(const CalibrateArgs& args) {

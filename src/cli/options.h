@@ -12,8 +12,8 @@
 namespace kvl::cli {
 
 struct ParsedCommand {
-  enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe, kCalibrate,
-              kBenchReplay };
+  enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe,
+                    kBenchTurns, kBenchReplay, kCalibrate };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
   RunArgs run;
@@ -24,6 +24,7 @@ struct ParsedCommand {
   BenchArgs bench;
   BenchServeArgs bench_serve;
   BenchReplayArgs bench_replay;
+  BenchTurnsArgs bench_turns;
   CalibrateArgs calibrate;
 };
 
@@ -46,6 +47,7 @@ StatusOr<EngineOptions> ChatEngineOptions(const ChatArgs& args);
 Status ValidateBenchArgs(const BenchArgs& args);
 Status ValidateBenchServeArgs(const BenchServeArgs& args);
 Status ValidateBenchReplayArgs(const BenchReplayArgs& args);
+Status ValidateBenchTurnsArgs(const BenchTurnsArgs& args);
 Status ValidateCalibrateArgs(const CalibrateArgs& args);
 Status ValidateSynthArgs(const SynthArgs& args);
 
