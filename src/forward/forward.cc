@@ -15,7 +15,7 @@ constexpr int64_t kInitialContextCapacity = 4096;
 // Query rows an attention work item aims for (the GQA group's heads x consecutive positions of a
 // prompt): enough that packing a tile's keys costs little per row, few enough that a prompt
 // chunk still makes many items for the threads.
-constexpr int64_t kAttentionRowsPerItem = 32;
+constexpr int64_t kAttentionRowsPerItem = 64;
 
 void Forward::AttentionScratch::Allocate(int64_t tile_tokens, int64_t head_dim, int64_t rows) {
   // 64-byte alignment for the packed keys, which the kernels load whole vectors of.
