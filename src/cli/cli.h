@@ -72,6 +72,7 @@ struct BenchArgs {
   std::vector<std::string> model_paths;
   std::vector<int64_t> prompt_lengths = {512};  // -p
   std::vector<int64_t> gen_lengths = {128};     // -n
+  std::vector<int64_t> depths = {0};            // -d: context already cached before each test
   int repetitions = 5;                          // -r
   std::vector<int> threads;                     // -t (empty: every core)
   int64_t batch_size = 512;                     // -b

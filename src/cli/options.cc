@@ -205,6 +205,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       ->delimiter(',');
   bench_cmd->add_option("-n,--n-gen", bench.gen_lengths, "generated lengths (tg tests)")
       ->delimiter(',');
+  bench_cmd->add_option("-d,--n-depth", bench.depths,
+                        "context depths: tokens already in the KV cache before each test")
+      ->delimiter(',');
   bench_cmd->add_option("-r,--repetitions", bench.repetitions, "repetitions per test")
       ->capture_default_str();
   bench_cmd->add_option("-t,--threads", bench.threads, "thread counts")->delimiter(',');
@@ -546,6 +549,8 @@ Status ValidateBenchArgs(const BenchArgs& args) {
     KVL_RETURN_IF_ERROR(CheckRange("-n (--n-gen)", n, 0, kMaxTokens));
     any_test |= n > 0;
   }
+  for (int64_t d : args.depths) KVL_RETURN_IF_ERROR(CheckRange("-d (--n-depth)", d, 0, kMaxTokens));
+  if (args.depths.empty()) return InvalidArgumentError("-d needs at least one depth");
   KVL_RETURN_IF_ERROR(CheckRange("-r (--repetitions)", args.repetitions, 1, 100000));
   for (int t : args.threads) KVL_RETURN_IF_ERROR(CheckRange("-t (--threads)", t, 0, kMaxThreads));
   KVL_RETURN_IF_ERROR(CheckRange("-b (--batch-size)", args.batch_size, 1, kMaxContextTokens));
