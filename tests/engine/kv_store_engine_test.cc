@@ -24,7 +24,15 @@ EngineOptions Options(int64_t budget_pages = 0) {
   o.context_length = 512;
   o.max_seqs = 2;
   o.kv_budget_bytes = budget_pages * kPageBytes;
-  o.profile_path = ::testing::TempDir() + "/kvl-test-profile-" + std::to_string(getpid()) + ".json";
+  // Priced as on a model where recomputing a page costs more than fetching it: on stories260K a
+  // profile measured on a busy machine may well say recomputing a 16-token page beats a disk read
+  // or a loopback round trip, and then nothing is promoted (CI once measured exactly that).
+  MachineProfile prices;
+  prices.recompute_from_residual_ms = 5;
+  prices.recompute_from_tokens_ms = 50;
+  prices.memory_copy_gbps = 10;
+  prices.disk_read_gbps = prices.disk_write_gbps = 1;
+  o.cost_profile = prices;
   return o;
 }
 
@@ -201,14 +209,6 @@ TEST(KvStoreEngineTest, TwoEnginesShareARedisTierAndSurviveItsDeath) {
   ASSERT_TRUE(redis.Start(port));
   EngineOptions o = Options();
   o.kv_tiers = {"redis://127.0.0.1:" + std::to_string(port) + "/kvl-engine-test"};
-  // Priced as on a model where recomputing a page costs more than fetching it (on stories260K
-  // a measured profile may well say recompute is cheaper than a loopback round trip).
-  MachineProfile prices;
-  prices.recompute_from_residual_ms = 5;
-  prices.recompute_from_tokens_ms = 50;
-  prices.memory_copy_gbps = 10;
-  prices.disk_read_gbps = prices.disk_write_gbps = 1;
-  o.cost_profile = prices;
   const Reply keep = KeepAllReply();
   {
     auto first = MakeEngine(o);
