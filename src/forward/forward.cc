@@ -380,6 +380,38 @@ int64_t Forward::GatherTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t
   return count;
 }
 
+// Asks for the K/V bytes of one KV head at positions [begin, end) ahead of GatherTile: in decode
+// at a long context every tile comes from DRAM, in 16-token blocks scattered over the pool, and
+// without this each tile's misses would be waited for one by one.
+void Forward::PrefetchTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t begin,
+                           int64_t end, KvCache& kv) const {
+  const int64_t d = config_.head_dim;
+  const int64_t kv_offset = kv_head * d;
+  for (int64_t p = begin; p < end;) {
+    const KvCache::Rows rows = kv.RowsAt(seq, layer, p);
+    const int64_t m = std::min(rows.count, end - p);
+    if (rows.kind == KvCache::Rows::Kind::kDense) {
+      for (const bool key : {true, false}) {
+        const DType type = key ? rows.type : rows.v_type;
+        const auto* base = static_cast<const uint8_t*>(
+            key ? RowData(type, rows.k, rows.k_half, rows.k_q)
+                : RowData(type, rows.v, rows.v_half, rows.v_q));
+        if (IsQuantKvType(type)) {
+          // The blocks of 32 values that hold the head's channels.
+          const int64_t block_bytes = RowBytes(type, 32);
+          const int64_t first = kv_offset / 32, last = (kv_offset + d - 1) / 32;
+          ops::PrefetchRows(base + first * block_bytes, RowBytes(type, rows.stride), m,
+                            (last - first + 1) * block_bytes);
+        } else {
+          const int64_t elem = type == DType::kF32 ? 4 : 2;
+          ops::PrefetchRows(base + kv_offset * elem, rows.stride * elem, m, d * elem);
+        }
+      }
+    }
+    p += m;
+  }
+}
+
 // One work item: the query rows of `block`'s tokens for the heads of one KV head's group.
 void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const AttentionBlock& block,
                           int64_t kv_head, KvCache& kv, AttentionScratch& s) {
@@ -419,6 +451,9 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
   for (int64_t begin = 0; begin < end_pos; begin += attn_tile_tokens_) {
     const int64_t end = std::min(begin + attn_tile_tokens_, end_pos);
     const int64_t count = GatherTile(layer, seq, kv_head, begin, end, kv, s);
+    if (end < end_pos) {
+      PrefetchTile(layer, seq, kv_head, end, std::min(end + attn_tile_tokens_, end_pos), kv);
+    }
     if (count == 0) continue;
     // Every token of the block sees the whole tile: one call for all rows. Otherwise (the tiles
     // that hold the block's own positions) each token sees the gathered rows before it.

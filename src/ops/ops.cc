@@ -599,6 +599,14 @@ void AttentionTile(const OpsContext& ctx, const float* kt, int64_t width, const 
   ctx.kernels().attention_tile(kt, width, v, count, head_dim, scale, rows);
 }
 
+void PrefetchRows(const void* base, int64_t stride, int64_t count, int64_t bytes) {
+  const auto* p = static_cast<const char*>(base);
+  for (int64_t i = 0; i < count; ++i, p += stride) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
+    __builtin_prefetch(p + bytes - 1, 0, 3);  // the last line when the range is not aligned
+  }
+}
+
 void DequantizeRow(DType type, const void* row, int64_t n, float* out) {
   quant::DequantizeRow(type, row, n, out);
 }

@@ -96,6 +96,8 @@ class Forward final : public KvRebuilder {
   void PlanAttentionBlocks(const TokenBatch& batch);
   int64_t GatherTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t begin, int64_t end,
                      KvCache& kv, AttentionScratch& s) const;
+  void PrefetchTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t begin, int64_t end,
+                    KvCache& kv) const;
   void AttendBlock(int64_t layer, const TokenBatch& batch, const AttentionBlock& block,
                    int64_t kv_head, KvCache& kv, AttentionScratch& s);
   void RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv);

@@ -310,6 +310,11 @@ struct AttentionRows {
 void AttentionTile(const OpsContext& ctx, const float* kt, int64_t width, const float* const* v,
                    int64_t count, int64_t head_dim, float scale, const AttentionRows& rows);
 
+// Asks the memory system for `count` byte ranges [base + i * stride, + bytes) ahead of their
+// use; a hint that changes no result. The attention gathers its next K/V tile's rows this way:
+// they lie in paged blocks whose order the hardware prefetchers cannot guess.
+void PrefetchRows(const void* base, int64_t stride, int64_t count, int64_t bytes);
+
 // Row of a matrix in any supported type, widened to f32 (token embedding lookup).
 void DequantizeRow(DType type, const void* row, int64_t n, float* out);
 
