@@ -41,6 +41,7 @@ int RunParsed(const ParsedCommand& cmd) {
     case ParsedCommand::Kind::kSynth: return SynthCommand(cmd.synth);
     case ParsedCommand::Kind::kBench: return BenchCommand(cmd.bench);
     case ParsedCommand::Kind::kBenchServe: return BenchServeCommand(cmd.bench_serve);
+    case ParsedCommand::Kind::kBenchReplay: return BenchReplayCommand(cmd.bench_replay);
     case ParsedCommand::Kind::kBenchTurns: return BenchTurnsCommand(cmd.bench_turns);
     case ParsedCommand::Kind::kCalibrate: return CalibrateCommand(cmd.calibrate);
   }

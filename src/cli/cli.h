@@ -72,6 +72,7 @@ struct BenchArgs {
   std::vector<std::string> model_paths;
   std::vector<int64_t> prompt_lengths = {512};  // -p
   std::vector<int64_t> gen_lengths = {128};     // -n
+  std::vector<int64_t> depths = {0};            // -d: context already cached before each test
   int repetitions = 5;                          // -r
   std::vector<int> threads;                     // -t (empty: every core)
   int64_t batch_size = 512;                     // -b
@@ -96,6 +97,9 @@ struct BenchServeArgs {
   double rate = 0;             // --rate R requests/s, Poisson arrivals (0: unset)
   int prompt_tokens = 64;      // --prompt-tokens P: words per prompt (about a token each)
   int shared_prefix = 0;       // --shared-prefix T: the first ~T words are the same in every prompt
+  // --random-ids: prompts as random token ids (vllm bench's random dataset), so P and T count
+  // tokens exactly.
+  bool random_ids = false;
   int max_tokens = 64;         // --max-tokens M
   bool stream = false;         // --stream: SSE, TTFT = first token frame, ITL between frames
   std::string output = "md";   // -o md|json
@@ -105,6 +109,17 @@ struct BenchServeArgs {
 };
 int BenchServeCommand(const BenchServeArgs& args);
 
+// `kvl bench replay TRACE`: a --kv-trace replayed through resident sets of N pages under the
+// engine's reuse score, LRU, LFU and Belady's optimal, and the engine's own recorded decisions;
+// misses priced per page. No model.
+struct BenchReplayArgs {
+  std::string trace_path;
+  std::vector<int64_t> capacity_pages;  // --capacity-pages N,... (empty: from the trace)
+  double miss_ms = 0;                   // --miss-ms (0: from the trace's prices)
+  std::string miss_action;              // --miss-action NAME: the trace's price of that action
+  std::string output = "md";            // -o md|json
+};
+int BenchReplayCommand(const BenchReplayArgs& args);
 // `kvl bench turns`: one scripted multi-turn conversation (the whole history resubmitted every
 // turn, as a chat client does) under KV configurations, each in a fresh engine: (a) no reuse,
 // (b) keep-all, (c) a budget of (b)'s peak x --budget-fraction with the lossless hierarchy (RAM +

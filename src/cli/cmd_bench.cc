@@ -25,13 +25,17 @@ struct TestResult {
   std::string type_k = "f32", type_v = "f32";  // KV cache element types (-ctk / -ctv)
   int64_t n_prompt = 0;
   int64_t n_gen = 0;
+  int64_t n_depth = 0;  // tokens already in the cache (-d), as llama-bench's n_depth
   int parallel = 1;
   std::vector<double> samples_ts;  // tokens per second, one per repetition
   KvTypeQuality quality;  // of (type_k, type_v) against an f32 cache; shown with the types
 
   std::string test_name() const {
-    if (n_prompt > 0) return fmt::format("pp{}", n_prompt);
-    return parallel > 1 ? fmt::format("tg{} np{}", n_gen, parallel) : fmt::format("tg{}", n_gen);
+    std::string name = n_prompt > 0   ? fmt::format("pp{}", n_prompt)
+                       : parallel > 1 ? fmt::format("tg{} np{}", n_gen, parallel)
+                                      : fmt::format("tg{}", n_gen);
+    if (n_depth > 0) name += fmt::format(" @ d{}", n_depth);
+    return name;
   }
   double mean() const {
     double s = 0;
@@ -115,21 +119,65 @@ RunTimes RunRequests(Engine& engine, std::vector<std::vector<int32_t>> prompts, 
   return out;
 }
 
+// The cached context of a depth test (-d): n_depth tokens run once, untimed, so the prefix cache
+// holds them; every prompt of the test then starts with them, and only what follows is computed
+// (llama-bench computes the depth once and restores it before each repetition in the same way).
+struct DepthContext {
+  std::vector<int32_t> tokens;  // empty at depth 0
+  int64_t cached_tokens = 0;    // what a prompt starting with them must find cached
+};
+
+StatusOr<DepthContext> PrepareDepth(Engine& engine, int64_t depth, int32_t block_tokens) {
+  DepthContext c;
+  if (depth == 0) return c;
+  c.tokens = RandomTokens(depth, engine.model().config().vocab_size, 777 + static_cast<uint64_t>(depth));
+  RunTimes t = RunRequests(engine, {c.tokens}, 1);
+  if (!t.error.ok()) return t.error;
+  c.cached_tokens = depth / block_tokens * block_tokens;  // the prefix cache keeps full blocks
+  return c;
+}
+
 // One timed repetition, in tokens per second: a pp test is one prompt of n_prompt tokens timed to
-// its first token; a tg test is n_gen decode steps of `parallel` sequences (aggregate rate).
+// its first token; a tg test is n_gen decode steps of `parallel` sequences (aggregate rate). At a
+// depth, each prompt is the context plus its own tokens (one for a tg test).
 StatusOr<double> TimeOnce(Engine& engine, int64_t n_prompt, int64_t n_gen, int parallel,
-                          uint64_t seed) {
+                          const DepthContext& depth, uint64_t seed) {
   const int64_t vocab = engine.model().config().vocab_size;
+  auto after_context = [&](std::vector<int32_t> ids) {
+    ids.insert(ids.begin(), depth.tokens.begin(), depth.tokens.end());
+    return ids;
+  };
+  // A depth test measures nothing true unless the context really came from the cache.
+  auto check_cached = [&](const RunTimes& t, int requests) -> Status {
+    if (t.cached_tokens >= depth.cached_tokens * requests) return Status::Ok();
+    return InternalError(fmt::format(
+        "bench at depth {}: {} of {} context tokens came from the prefix cache (pool too small?)",
+        depth.tokens.size(), t.cached_tokens, depth.cached_tokens * requests));
+  };
   if (n_prompt > 0) {
-    RunTimes t = RunRequests(engine, {RandomTokens(n_prompt, vocab, seed)}, 1);
+    RunTimes t = RunRequests(engine, {after_context(RandomTokens(n_prompt, vocab, seed))}, 1);
     if (!t.error.ok()) return t.error;
+    KVL_RETURN_IF_ERROR(check_cached(t, 1));
     return static_cast<double>(n_prompt) / (t.ttft_ms / 1000.0);
   }
   std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < parallel; ++i) prompts.push_back(RandomTokens(1, vocab, seed * 1000 + static_cast<uint64_t>(i)));
+  for (int i = 0; i < parallel; ++i) {
+    prompts.push_back(after_context(RandomTokens(1, vocab, seed * 1000 + static_cast<uint64_t>(i))));
+  }
   RunTimes t = RunRequests(engine, std::move(prompts), static_cast<int32_t>(n_gen + 1));
   if (!t.error.ok()) return t.error;
+  KVL_RETURN_IF_ERROR(check_cached(t, parallel));
   return static_cast<double>(t.decode_tokens) / t.decode_s;
+}
+
+// KV bytes per token of a model with the given cache element types.
+StatusOr<int64_t> KvBytesPerToken(const std::string& path, const std::string& type_k,
+                                  const std::string& type_v) {
+  StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
+  if (!model.ok()) return model.status();
+  const ModelConfig& c = (*model)->config();
+  const DType k = ParseKvCacheType(type_k).value(), v = ParseKvCacheType(type_v).value();
+  return c.num_layers * (RowBytes(k, c.kv_dim()) + RowBytes(v, c.kv_dim()));
 }
 
 // Time to first token for prefix + suffix prompts: a miss (cold cache), then a hit (another
@@ -175,10 +223,10 @@ void PrintMarkdownHeader(bool show_cache_types) {
   if (show_cache_types) {
     fmt::print("{:>6} | {:>6} | {:>9} | {:>5} | ", "type_k", "type_v", "kld", "top1");
   }
-  fmt::print("{:>13} | {:>20} |\n", "test", "t/s");
+  fmt::print("{:>17} | {:>20} |\n", "test", "t/s");
   fmt::print("| {:-<22} | {:->10} | {:->10} | {:-<14} | {:->7} | ", ":", ":", ":", ":", ":");
   if (show_cache_types) fmt::print("{:->6} | {:->6} | {:->9} | {:->5} | ", ":", ":", ":", ":");
-  fmt::print("{:->13} | {:->20} |\n", ":", ":");
+  fmt::print("{:->17} | {:->20} |\n", ":", ":");
 }
 
 void PrintMarkdownRow(const TestResult& r, bool show_cache_types) {
@@ -188,7 +236,7 @@ void PrintMarkdownRow(const TestResult& r, bool show_cache_types) {
     fmt::print("{:>6} | {:>6} | {:>9.3e} | {:>5.3f} | ", r.type_k, r.type_v, r.quality.mean_kld,
                r.quality.top1);
   }
-  fmt::print("{:>13} | {:>20} |\n", r.test_name(),
+  fmt::print("{:>17} | {:>20} |\n", r.test_name(),
              fmt::format("{:.2f} ± {:.2f}", r.mean(), r.stddev()));
   (void)FlushStdout();  // rows appear as they are measured; a failure ends the command later
 }
@@ -199,7 +247,7 @@ nlohmann::json ToJson(const TestResult& r) {
           {"backend", r.backend},           {"n_threads", r.threads},
           {"type_k", r.type_k},             {"type_v", r.type_v},
           {"n_prompt", r.n_prompt},         {"n_gen", r.n_gen},
-          {"n_parallel", r.parallel},
+          {"n_depth", r.n_depth},           {"n_parallel", r.parallel},
           {"kld_vs_f32", r.quality.mean_kld}, {"top1_vs_f32", r.quality.top1},
           {"kld_prompts", r.quality.num_prompts},
           {"test", r.test_name()},          {"avg_ts", r.mean()},
@@ -217,6 +265,18 @@ int BenchCommand(const BenchArgs& args) {
   int64_t longest = 2;
   for (int64_t p : args.prompt_lengths) longest = std::max(longest, p + 2);
   for (int64_t n : args.gen_lengths) longest = std::max(longest, n + 3);
+  int64_t deepest = 0;
+  for (int64_t d : args.depths) deepest = std::max(deepest, d);
+  longest += deepest;
+  // At a depth the pool holds the cached context beside every test's own tokens (twice over, so
+  // the context's blocks are never the ones a test reuses), whatever the default budget is.
+  int64_t depth_pool_tokens = 0;
+  if (deepest > 0) {
+    int64_t own = 0;
+    for (int64_t p : args.prompt_lengths) own = std::max(own, p);
+    for (int64_t n : args.gen_lengths) own = std::max(own, max_parallel * (n + 3 + 16));
+    depth_pool_tokens = deepest + 2 * own + 64;
+  }
   if (args.prefix_tokens > 0) longest = std::max(longest, args.prefix_tokens + args.suffix_tokens + 2);
 
   // One engine per model x thread count x (-ctk, -ctv) pair, in llama-bench's order.
@@ -236,7 +296,16 @@ int BenchCommand(const BenchArgs& args) {
           options.cache_type_k = type_k;
           options.cache_type_v = type_v;
           // Random prompts never share prefixes, but the speed tests must not depend on that.
-          options.prefix_cache = false;
+          // Depth tests read their context from the prefix cache (PrepareDepth).
+          options.prefix_cache = deepest > 0;
+          if (depth_pool_tokens > 0) {
+            StatusOr<int64_t> per_token = KvBytesPerToken(path, type_k, type_v);
+            if (!per_token.ok()) {
+              fmt::print(stderr, "kvl: {}\n", per_token.status().ToString());
+              return 1;
+            }
+            options.kv_budget_bytes = depth_pool_tokens * *per_token;
+          }
           configs.push_back(options);
           show_cache_types |= type_k != "f32" || type_v != "f32";
         }
@@ -273,17 +342,30 @@ int BenchCommand(const BenchArgs& args) {
     struct Test {
       int64_t n_prompt, n_gen;
       int parallel;
+      int64_t depth;
     };
+    // llama-bench's order: per depth, the pp tests, then the tg tests.
     std::vector<Test> tests;
-    for (int64_t p : args.prompt_lengths) {
-      if (p > 0) tests.push_back({p, 0, 1});
-    }
-    for (int64_t n : args.gen_lengths) {
-      for (int np : args.parallel) {
-        if (n > 0) tests.push_back({0, n, np});
+    for (int64_t d : args.depths) {
+      for (int64_t p : args.prompt_lengths) {
+        if (p > 0) tests.push_back({p, 0, 1, d});
+      }
+      for (int64_t n : args.gen_lengths) {
+        for (int np : args.parallel) {
+          if (n > 0) tests.push_back({0, n, np, d});
+        }
       }
     }
+    DepthContext depth;
     for (const Test& test : tests) {
+      if (test.depth != static_cast<int64_t>(depth.tokens.size())) {
+        StatusOr<DepthContext> prepared = PrepareDepth(e, test.depth, options.block_tokens);
+        if (!prepared.ok()) {
+          fmt::print(stderr, "kvl: {}\n", prepared.status().ToString());
+          return 1;
+        }
+        depth = std::move(*prepared);
+      }
       TestResult r;
       r.model_path = path;
       r.model_label = ModelLabel(e.model());
@@ -295,11 +377,12 @@ int BenchCommand(const BenchArgs& args) {
       r.type_v = options.cache_type_v;
       r.n_prompt = test.n_prompt;
       r.n_gen = test.n_gen;
+      r.n_depth = test.depth;
       r.parallel = test.parallel;
       r.quality = quality;
       // One untimed warm-up run pages the weights in and settles the clocks.
       for (int rep = -1; rep < args.repetitions; ++rep) {
-        StatusOr<double> ts = TimeOnce(e, test.n_prompt, test.n_gen, test.parallel,
+        StatusOr<double> ts = TimeOnce(e, test.n_prompt, test.n_gen, test.parallel, depth,
                                        42 + static_cast<uint64_t>(rep + 1));
         if (!ts.ok()) {
           fmt::print(stderr, "kvl: {}\n", ts.status().ToString());

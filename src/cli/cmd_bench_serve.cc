@@ -1,7 +1,9 @@
 // `kvl bench serve`: a load generator against a running OpenAI-compatible server, in the style of
 // `vllm bench serve`. N requests to POST /v1/completions, either C at a time (--concurrency) or
-// arriving as a Poisson process (--rate); streamed (SSE) or not. Bounded: it talks to the one
-// host:port given, every request has a time limit, and it ends after N requests.
+// arriving as a Poisson process (--rate); streamed (SSE) or not. Prompts are words, or random token
+// ids (--random-ids) for exact token counts; a shared prefix exercises the server's prefix cache,
+// and the server's own counts of prompt and cached tokens are reported. Bounded: it talks to the
+// one host:port given, every request has a time limit, and it ends after N requests.
 #include <fmt/format.h>
 #include <httplib.h>
 
@@ -42,11 +44,26 @@ std::string Words(std::mt19937_64& rng, int n) {
   return out;
 }
 
+// --random-ids draws from these ids: ordinary tokens both in a small vocabulary (stories260K has
+// 512) and in Llama's, past the control and byte tokens (0..258 in both).
+constexpr int32_t kFirstRandomId = 259;
+constexpr int32_t kNumRandomIds = 250;
+
+json RandomIds(std::mt19937_64& rng, int n) {
+  json ids = json::array();
+  for (int i = 0; i < n; ++i) {
+    ids.push_back(kFirstRandomId + static_cast<int32_t>(rng() % kNumRandomIds));
+  }
+  return ids;
+}
+
 struct RequestResult {
   bool ok = false;
   std::string error;
   double ttft_s = 0, e2e_s = 0;
   int64_t completion_tokens = 0;
+  int64_t prompt_tokens = 0;  // the server's count (usage)
+  int64_t cached_tokens = 0;  // of them, found in its prefix cache
   std::vector<double> itl_s;  // gaps between token frames (streamed only)
 };
 
@@ -54,7 +71,17 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-RequestResult SendOne(const BenchServeArgs& args, const std::string& prompt) {
+// The server's token counts from a usage object.
+void ReadUsage(const json& usage, RequestResult* r) {
+  r->completion_tokens = usage.value("completion_tokens", int64_t{0});
+  r->prompt_tokens = usage.value("prompt_tokens", int64_t{0});
+  const auto details = usage.find("prompt_tokens_details");
+  if (details != usage.end() && details->is_object()) {
+    r->cached_tokens = details->value("cached_tokens", int64_t{0});
+  }
+}
+
+RequestResult SendOne(const BenchServeArgs& args, const json& prompt) {
   RequestResult r;
   httplib::Client client(args.host, args.port);
   const auto limit = std::chrono::duration<double>(args.timeout_s);
@@ -110,9 +137,7 @@ RequestResult SendOne(const BenchServeArgs& args, const std::string& prompt) {
           frame_error = frame["error"].dump();
           return false;
         }
-        if (frame.contains("usage") && frame["usage"].is_object()) {
-          r.completion_tokens = frame["usage"].value("completion_tokens", int64_t{0});
-        }
+        if (frame.contains("usage") && frame["usage"].is_object()) ReadUsage(frame["usage"], &r);
         if (frame.contains("choices") && frame["choices"].is_array() && !frame["choices"].empty() &&
             !frame["choices"][0].value("text", std::string()).empty()) {
           if (first) {
@@ -160,7 +185,7 @@ RequestResult SendOne(const BenchServeArgs& args, const std::string& prompt) {
       r.error = "response without usage";
       return r;
     }
-    r.completion_tokens = out["usage"].value("completion_tokens", int64_t{0});
+    ReadUsage(out["usage"], &r);
     r.ttft_s = r.e2e_s;
   }
   r.ok = true;
@@ -191,14 +216,22 @@ Summary Summarize(std::vector<double> v) {
 }  // namespace
 
 int BenchServeCommand(const BenchServeArgs& args) {
-  // Prompts: the shared prefix (the same words in every prompt), then words of each request's own.
+  // Prompts: the shared prefix (the same words, or ids, in every prompt), then each request's own.
   std::mt19937_64 rng(args.seed);
   const int prefix_words = std::min(args.shared_prefix, args.prompt_tokens);
-  const std::string prefix = Words(rng, prefix_words);
-  std::vector<std::string> prompts(args.num_requests);
-  for (std::string& p : prompts) {
-    const std::string own = Words(rng, args.prompt_tokens - prefix_words);
-    p = prefix.empty() ? own : own.empty() ? prefix : prefix + " " + own;
+  std::vector<json> prompts(args.num_requests);
+  if (args.random_ids) {
+    const json prefix = RandomIds(rng, prefix_words);
+    for (json& p : prompts) {
+      p = prefix;
+      for (const json& id : RandomIds(rng, args.prompt_tokens - prefix_words)) p.push_back(id);
+    }
+  } else {
+    const std::string prefix = Words(rng, prefix_words);
+    for (json& p : prompts) {
+      const std::string own = Words(rng, args.prompt_tokens - prefix_words);
+      p = prefix.empty() ? own : own.empty() ? prefix : prefix + " " + own;
+    }
   }
   // Arrival offsets: all at once (concurrency caps them) or a Poisson process at --rate.
   std::vector<double> arrival(args.num_requests, 0.0);
@@ -233,7 +266,7 @@ int BenchServeCommand(const BenchServeArgs& args) {
   const double duration = Seconds(start, Clock::now());
 
   int ok = 0, failed = 0;
-  int64_t output_tokens = 0;
+  int64_t output_tokens = 0, prompt_tokens = 0, cached_tokens = 0;
   std::vector<double> ttft, tpot, itl, e2e;
   std::string first_error;
   for (const RequestResult& r : results) {
@@ -244,6 +277,8 @@ int BenchServeCommand(const BenchServeArgs& args) {
     }
     ++ok;
     output_tokens += r.completion_tokens;
+    prompt_tokens += r.prompt_tokens;
+    cached_tokens += r.cached_tokens;
     ttft.push_back(r.ttft_s * 1e3);
     e2e.push_back(r.e2e_s * 1e3);
     if (r.completion_tokens > 1) {
@@ -255,6 +290,8 @@ int BenchServeCommand(const BenchServeArgs& args) {
                 s_e2e = Summarize(e2e);
   const double req_per_s = duration > 0 ? ok / duration : 0;
   const double tok_per_s = duration > 0 ? output_tokens / duration : 0;
+  const double prompt_mean = ok > 0 ? static_cast<double>(prompt_tokens) / ok : 0;
+  const double cached_mean = ok > 0 ? static_cast<double>(cached_tokens) / ok : 0;
 
   if (args.output == "json") {
     auto sum = [](const Summary& s) {
@@ -268,6 +305,9 @@ int BenchServeCommand(const BenchServeArgs& args) {
                 {"rate", args.rate},
                 {"prompt_tokens", args.prompt_tokens},
                 {"shared_prefix", prefix_words},
+                {"random_ids", args.random_ids},
+                {"prompt_tokens_mean", prompt_mean},
+                {"cached_tokens_mean", cached_mean},
                 {"max_tokens", args.max_tokens},
                 {"requests_ok", ok},
                 {"requests_failed", failed},
@@ -283,18 +323,21 @@ int BenchServeCommand(const BenchServeArgs& args) {
     std::fputs((out.dump(2) + "\n").c_str(), stdout);
   } else {
     std::string t;
-    t += fmt::format("kvl bench serve: {}:{}, {} requests, {}, {} prompt words ({} shared), "
-                     "max_tokens {}{}\n\n",
-                     args.host, args.port, args.num_requests,
-                     args.rate > 0 ? fmt::format("Poisson rate {}/s", args.rate)
-                                   : fmt::format("concurrency {}", std::max(args.concurrency, 1)),
-                     args.prompt_tokens, prefix_words, args.max_tokens,
-                     args.stream ? ", streamed" : "");
+    t += fmt::format(
+        "kvl bench serve: {}:{}, {} requests, {}, {} prompt {} ({} shared), "
+        "max_tokens {}{}\n\n",
+        args.host, args.port, args.num_requests,
+        args.rate > 0 ? fmt::format("Poisson rate {}/s", args.rate)
+                      : fmt::format("concurrency {}", std::max(args.concurrency, 1)),
+        args.prompt_tokens, args.random_ids ? "token ids" : "words", prefix_words, args.max_tokens,
+        args.stream ? ", streamed" : "");
     t += "| metric | value |\n| --- | ---: |\n";
     t += fmt::format("| requests ok | {} |\n| requests failed | {} |\n", ok, failed);
     t += fmt::format("| duration (s) | {:.2f} |\n| requests/s | {:.2f} |\n", duration, req_per_s);
     t += fmt::format("| output tokens | {} |\n| output tok/s | {:.2f} |\n", output_tokens,
                      tok_per_s);
+    t += fmt::format("| prompt tokens, mean (cached) | {:.1f} ({:.1f}) |\n", prompt_mean,
+                     cached_mean);
     auto row = [&](const char* name, const Summary& s) {
       t += fmt::format("| {} mean / median / p99 (ms) | {:.2f} / {:.2f} / {:.2f} |\n", name,
                        s.mean, s.median, s.p99);

@@ -42,13 +42,24 @@ class ChatSession {
     return s;
   }
 
-  // /stats: the engine's KV pool and prefix cache, and what the KV lattice did to pages.
+  // /stats: the engine's KV pool and prefix cache, each KV tier's contents and traffic, and what
+  // the KV lattice did to pages.
   Status PrintStats() const {
     const EngineMetrics m = engine_.Metrics();
     fmt::print("kv pool: {} of {} blocks used ({} cached), peak {}\n", m.kv.blocks_used,
                m.kv.blocks_total, m.kv.blocks_cached, m.kv.blocks_used_peak);
     fmt::print("prefix cache: {} of {} prompt tokens hit\n", m.kv.prefix_hit_tokens,
                m.kv.prefix_query_tokens);
+    for (const KvTierMetrics& t : m.kv_tiers) {
+      fmt::print(
+          "tier {}: {} of {} used, {} pages; written {} pages ({}), read {} pages ({}); "
+          "prefix lookups {}, hits {} blocks ({} tokens), promoted {} blocks; "
+          "checksum failures {}, evictions {}, errors {}\n",
+          t.name, FormatBytes(t.bytes_used), FormatBytes(t.capacity_bytes), t.pages, t.pages_in,
+          FormatBytes(t.bytes_in), t.pages_out, FormatBytes(t.bytes_out), t.lookups, t.hit_blocks,
+          t.hit_tokens, t.blocks_promoted, t.checksum_failures, t.evictions, t.errors);
+    }
+    if (m.kv_tiers.empty()) fmt::print("kv tiers: none (--kv-tier adds one)\n");
     fmt::print("pages per action:");
     for (int a = 0; a < kNumKvActions; ++a) {
       fmt::print(" {}={}", KvActionName(static_cast<KvAction>(a)),

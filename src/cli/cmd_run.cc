@@ -62,11 +62,27 @@ void PrintKvTiers(const EngineMetrics& m) {
   }
 }
 
+// The cost model checked: per action that brought pages back (and per tier promoted from), the
+// absolute error of its bring-back prediction over the last 4096 pages.
+void PrintKvPredictionErrors(const EngineMetrics& m) {
+  auto line = [](std::string_view what, const KvPredictionError& e) {
+    if (e.samples == 0) return;
+    fmt::print(stderr,
+               "kvl: kv prediction {:<24} n {:6}, error median {:7.1f}%, p90 {:7.1f}% (measured / "
+               "predicted, median: {:.2f})\n",
+               what, e.samples, e.median_pct, e.p90_pct, e.median_ratio);
+  };
+  for (int a = 0; a < kNumKvActions; ++a) {
+    line(KvActionName(static_cast<KvAction>(a)), m.kv_actions[static_cast<size_t>(a)].error);
+  }
+  for (const KvTierMetrics& t : m.kv_tiers) line("promote from " + t.name, t.promote_error);
+}
+
 void PrintKvSummary(const EngineMetrics& m) {
   PrintKvTiers(m);
   bool acted = false;
   for (const KvActionCounter& c : m.kv_actions) acted |= c.pages > 0;
-  if (!acted) return;
+  if (!acted) return PrintKvPredictionErrors(m);  // pages promoted from the store, if any
   constexpr double kMiB = 1024.0 * 1024.0;
   for (int a = 0; a < kNumKvActions; ++a) {
     const KvActionCounter& c = m.kv_actions[static_cast<size_t>(a)];
@@ -77,6 +93,7 @@ void PrintKvSummary(const EngineMetrics& m) {
                KvActionName(static_cast<KvAction>(a)), c.pages, c.bytes / kMiB, c.pages_restored,
                c.predicted_ms, c.measured_ms);
   }
+  PrintKvPredictionErrors(m);
   fmt::print(stderr,
              "kvl: kv resident peak {} of {} (pool {} of {}, buffers for pages leaving it {}); {} "
              "layer pages streamed back, {:.2f} ms waited; {} rebuilt from checkpoints in {:.2f} "

@@ -51,6 +51,8 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
                     "without a profile, price KV actions with analytic defaults instead of "
                     "measuring this machine (nothing is written)");
   cmd->add_flag("--explain", engine->explain, "print every KV decision with its cost terms");
+  cmd->add_option("--kv-trace", engine->kv_trace_path,
+                  "write a page-access trace here (replay it with kvl bench replay)");
   cmd->add_option("--kv-sink", engine->kv_sink_tokens,
                       "first tokens never compressed, demoted or evicted (attention sinks)")
       ->capture_default_str();
@@ -203,6 +205,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       ->delimiter(',');
   bench_cmd->add_option("-n,--n-gen", bench.gen_lengths, "generated lengths (tg tests)")
       ->delimiter(',');
+  bench_cmd->add_option("-d,--n-depth", bench.depths,
+                        "context depths: tokens already in the KV cache before each test")
+      ->delimiter(',');
   bench_cmd->add_option("-r,--repetitions", bench.repetitions, "repetitions per test")
       ->capture_default_str();
   bench_cmd->add_option("-t,--threads", bench.threads, "thread counts")->delimiter(',');
@@ -240,6 +245,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   bs_cmd->add_option("--shared-prefix", bs.shared_prefix,
                      "words at the start of every prompt that are the same (prefix cache)")
       ->capture_default_str();
+  bs_cmd->add_flag("--random-ids", bs.random_ids,
+                   "prompts as random token ids (as vllm's random dataset): --prompt-tokens and "
+                   "--shared-prefix count tokens exactly");
   bs_cmd->add_option("--max-tokens", bs.max_tokens, "max_tokens of each request")
       ->capture_default_str();
   bs_cmd->add_flag("--stream", bs.stream, "stream (SSE): TTFT at the first token frame, ITL");
@@ -250,6 +258,20 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   std::string bs_seed;
   CLI::Option* bs_seed_opt = bs_cmd->add_option("--seed", bs_seed, "prompts and arrivals seed");
 
+  BenchReplayArgs& br = cmd.bench_replay;
+  CLI::App* br_cmd = bench_cmd->add_subcommand(
+      "replay", "replay a --kv-trace against the reuse score, LRU, LFU and Belady's optimal");
+  br_cmd->add_option("trace", br.trace_path, "trace file (written by --kv-trace)")->required();
+  br_cmd->add_option("--capacity-pages", br.capacity_pages,
+                     "resident set sizes in pages (default: the engine's pool, x1/2, x2)")
+      ->delimiter(',');
+  br_cmd->add_option("--miss-ms", br.miss_ms,
+                     "price of one missed page (default: the trace's cheapest lossless "
+                     "bring-back price)");
+  br_cmd->add_option("--miss-action", br.miss_action,
+                     "price misses at the trace's price of this action (demote-ram, demote-disk, "
+                     "recompute-residual, recompute-tokens)");
+  br_cmd->add_option("-o,--output", br.output, "md | json")->capture_default_str();
   BenchTurnsArgs& bt = cmd.bench_turns;
   CLI::App* bt_cmd = bench_cmd->add_subcommand(
       "turns", "one scripted chat, the whole history resubmitted each turn, under KV "
@@ -366,6 +388,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       KVL_ASSIGN_OR_RETURN(synth.seed, ParseSeed(synth_seed, "--seed"));
     }
     KVL_RETURN_IF_ERROR(ValidateSynthArgs(synth));
+  } else if (*bench_cmd && *br_cmd) {
+    cmd.kind = ParsedCommand::Kind::kBenchReplay;
+    KVL_RETURN_IF_ERROR(ValidateBenchReplayArgs(br));
   } else if (*bench_cmd && *bs_cmd) {
     cmd.kind = ParsedCommand::Kind::kBenchServe;
     if (bs_seed_opt->count() > 0) {
@@ -474,6 +499,29 @@ Status ValidateBenchServeArgs(const BenchServeArgs& args) {
   return Status::Ok();
 }
 
+Status ValidateBenchReplayArgs(const BenchReplayArgs& args) {
+  if (args.trace_path.empty()) return InvalidArgumentError("give a trace file (--kv-trace FILE)");
+  for (int64_t n : args.capacity_pages) {
+    KVL_RETURN_IF_ERROR(CheckRange("--capacity-pages", n, 1, int64_t{1} << 30));
+  }
+  if (!(args.miss_ms >= 0 && args.miss_ms <= 1e9)) {
+    return InvalidArgumentError(fmt::format("--miss-ms must be in [0, 1e9], got {}", args.miss_ms));
+  }
+  if (!args.miss_action.empty()) {
+    KVL_ASSIGN_OR_RETURN(const KvPolicyChoice choice, ParseKvPolicy(args.miss_action));
+    if (choice.automatic || !IsLossless(choice.fixed) || choice.fixed == KvAction::kKeep) {
+      return InvalidArgumentError(fmt::format(
+          "--miss-action '{}': use demote-ram, demote-disk, recompute-residual or recompute-tokens",
+          args.miss_action));
+    }
+    if (args.miss_ms > 0) return InvalidArgumentError("give --miss-ms or --miss-action, not both");
+  }
+  if (args.output != "md" && args.output != "json") {
+    return InvalidArgumentError(fmt::format("-o must be md or json, got '{}'", args.output));
+  }
+  return Status::Ok();
+}
+
 StatusOr<EngineOptions> ChatEngineOptions(const ChatArgs& args) {
   return EngineOptionsFor(args.engine, 1, args.kv_budget);
 }
@@ -501,6 +549,8 @@ Status ValidateBenchArgs(const BenchArgs& args) {
     KVL_RETURN_IF_ERROR(CheckRange("-n (--n-gen)", n, 0, kMaxTokens));
     any_test |= n > 0;
   }
+  for (int64_t d : args.depths) KVL_RETURN_IF_ERROR(CheckRange("-d (--n-depth)", d, 0, kMaxTokens));
+  if (args.depths.empty()) return InvalidArgumentError("-d needs at least one depth");
   KVL_RETURN_IF_ERROR(CheckRange("-r (--repetitions)", args.repetitions, 1, 100000));
   for (int t : args.threads) KVL_RETURN_IF_ERROR(CheckRange("-t (--threads)", t, 0, kMaxThreads));
   KVL_RETURN_IF_ERROR(CheckRange("-b (--batch-size)", args.batch_size, 1, kMaxContextTokens));

@@ -13,7 +13,7 @@ namespace kvl::cli {
 
 struct ParsedCommand {
   enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe,
-                    kBenchTurns, kCalibrate };
+                    kBenchTurns, kBenchReplay, kCalibrate };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
   RunArgs run;
@@ -23,6 +23,7 @@ struct ParsedCommand {
   SynthArgs synth;
   BenchArgs bench;
   BenchServeArgs bench_serve;
+  BenchReplayArgs bench_replay;
   BenchTurnsArgs bench_turns;
   CalibrateArgs calibrate;
 };
@@ -45,6 +46,7 @@ Status ValidateChatArgs(const ChatArgs& args);
 StatusOr<EngineOptions> ChatEngineOptions(const ChatArgs& args);
 Status ValidateBenchArgs(const BenchArgs& args);
 Status ValidateBenchServeArgs(const BenchServeArgs& args);
+Status ValidateBenchReplayArgs(const BenchReplayArgs& args);
 Status ValidateBenchTurnsArgs(const BenchTurnsArgs& args);
 Status ValidateCalibrateArgs(const CalibrateArgs& args);
 Status ValidateSynthArgs(const SynthArgs& args);

@@ -289,11 +289,42 @@ Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
   return Status::Ok();
 }
 
+// --kv-trace: the trace file, its header carrying the pool's size and the cost model's price of
+// bringing one page back per action (as a resumed sequence's prefill pays it), so that a replay
+// prices misses as the engine would.
+Status OpenKvTrace(Engine::Impl& e) {
+  if (e.options.kv_trace_path.empty()) return Status::Ok();
+  const KvPagingRules& rules = e.planner->rules();
+  KvTraceHeader header;
+  header.block_tokens = rules.block_tokens;
+  header.pool_blocks = e.kv->num_blocks();
+  header.sink_tokens = rules.sink_tokens;
+  header.recent_tokens = rules.recent_tokens;
+  KvPolicyOptions po;
+  po.quality = rules.quality;
+  po.phase = Phase::kPrefill;
+  const KvDecision d = ChooseKvAction(PageHistory{}, rules.prices, po);
+  for (int a = 0; a < kNumKvActions; ++a) {
+    const bool available = (rules.prices.available_actions >> a) & 1u;
+    header.price_ms[static_cast<size_t>(a)] =
+        available ? d.costs[static_cast<size_t>(a)].bring_back_ms : -1.0;
+  }
+  KVL_ASSIGN_OR_RETURN(e.trace, KvTraceWriter::Open(e.options.kv_trace_path, header));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 
-Engine::~Engine() { Stop(); }
+Engine::~Engine() {
+  Stop();
+  if (impl_->trace) {
+    // The one place a failed trace write surfaces: the run itself went on without it.
+    const Status s = impl_->trace->Close();
+    if (!s.ok()) fmt::print(stderr, "kvl: {}\n", s.message());
+  }
+}
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   KVL_RETURN_IF_ERROR(ValidateEngineOptions(options));  // engine_options.cc
@@ -311,11 +342,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   e.forward = std::make_unique<Forward>(*e.model, *e.ops, fo);
   KVL_RETURN_IF_ERROR(SetUpKvLattice(e, kv));
 
+  KVL_RETURN_IF_ERROR(OpenKvTrace(e));
+
   SchedulerOptions so;
   so.max_batch_tokens = fo.max_batch_tokens;
   so.max_seqs = options.max_seqs;
   e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
   if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices.recompute_tokens_ms);
+  e.scheduler->set_trace(e.trace.get());
   StepRunnerParts parts;
   parts.scheduler = e.scheduler.get();
   parts.kv = e.kv.get();
@@ -326,6 +360,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   parts.forward = e.forward.get();
   parts.tokenizer = e.tokenizer.get();
   parts.metrics = &e.metrics;
+  parts.trace = e.trace.get();
   parts.context_length = e.context_length;
   e.runner = std::make_unique<StepRunner>(parts);
   e.step_plan.steps.reserve(static_cast<size_t>(options.max_seqs));
@@ -350,6 +385,7 @@ bool Engine::Impl::StepImpl() {
     cancels.clear();
   }
   scheduler->ReleaseFinished();
+  if (trace) trace->Step();
   const bool has_work = scheduler->Schedule(&step_plan);
   if (has_work) {
     runner->Run(step_plan);
@@ -368,6 +404,10 @@ bool Engine::Impl::StepImpl() {
 StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   Impl& e = *impl_;
   KVL_RETURN_IF_ERROR(request.sampling.Validate());
+  if (request.top_logprobs < -1 || request.top_logprobs > kMaxTopLogprobs) {
+    return InvalidArgumentError(fmt::format("top_logprobs must be in [-1, {}], got {}",
+                                            kMaxTopLogprobs, request.top_logprobs));
+  }
   auto seq = std::make_unique<Sequence>();
   seq->tokens = request.prompt_ids.empty() ? e.tokenizer->Encode(request.prompt, request.add_bos)
                                            : request.prompt_ids;
@@ -477,6 +517,7 @@ EngineMetrics Engine::Metrics() const {
         tm.blocks_in_place = st.blocks_in_place;
         tm.promote_ms_predicted = st.promote_ms_predicted;
         tm.promote_ms_measured = st.promote_ms_measured;
+        tm.promote_error = e.metrics.PromotionError(index);
         tm.errors = std::max(tm.errors, st.errors);  // the same failures, seen from both sides
       }
     }

@@ -20,6 +20,7 @@
 #include "kvl/kv_pager.h"
 #include "kvl/kv_pressure.h"
 #include "kvl/kv_tier.h"
+#include "kvl/kv_trace.h"
 #include "kvl/thread_pool.h"
 #include "metrics_recorder.h"
 #include "request.h"
@@ -52,6 +53,7 @@ struct Engine::Impl {
   std::unique_ptr<KvPager> pager;
   std::unique_ptr<PagedKvCache> cache;
   std::unique_ptr<KvPressurePlanner> planner;
+  std::unique_ptr<KvTraceWriter> trace;  // --kv-trace; null when off
 
   // The step loop's parts.
   MetricsRecorder metrics;

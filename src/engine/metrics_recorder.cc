@@ -43,6 +43,22 @@ void MetricsRecorder::CountRestored(KvAction action, double predicted_ms, double
   ++counter.pages_restored;
   counter.predicted_ms += predicted_ms;
   counter.measured_ms += measured_ms;
+  restore_predictions_[static_cast<size_t>(action)].Add(predicted_ms, measured_ms);
+}
+
+void MetricsRecorder::CountPromoted(int64_t tier_index, double predicted_ms, double measured_ms) {
+  if (tier_index < 0) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (promote_predictions_.size() <= static_cast<size_t>(tier_index)) {
+    promote_predictions_.resize(static_cast<size_t>(tier_index) + 1);
+  }
+  promote_predictions_[static_cast<size_t>(tier_index)].Add(predicted_ms, measured_ms);
+}
+
+KvPredictionError MetricsRecorder::PromotionError(int64_t tier_index) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (tier_index < 0 || static_cast<size_t>(tier_index) >= promote_predictions_.size()) return {};
+  return promote_predictions_[static_cast<size_t>(tier_index)].Summary();
 }
 
 void MetricsRecorder::CountReadFailure(int64_t pages) {
@@ -98,6 +114,9 @@ void MetricsRecorder::Snapshot(EngineMetrics* m) const {
   std::lock_guard<std::mutex> lock(mutex_);
   m->kv = kv_stats_;
   m->kv_actions = action_counters_;
+  for (size_t a = 0; a < m->kv_actions.size(); ++a) {
+    m->kv_actions[a].error = restore_predictions_[a].Summary();
+  }
   m->kv_checksum_failures = checksum_failures_;
   m->kv_pages_recomputed_after_failure = pages_recomputed_after_failure_;
   m->kv_pages_compressed = pager_stats_.compressed_pages;

@@ -9,6 +9,7 @@
 
 #include "kvl/engine.h"
 #include "kvl/kv_pager.h"
+#include "prediction_error.h"
 #include "request.h"
 
 namespace kvl {
@@ -33,6 +34,10 @@ class MetricsRecorder {
   void CountPageAction(KvAction action, int64_t bytes);
   // Pages brought back after a preemption: what the cost model predicted and what it took.
   void CountRestored(KvAction action, double predicted_ms, double measured_ms);
+  // One block promoted from the KV store's tier `tier_index` (KvStore::TierIndex).
+  void CountPromoted(int64_t tier_index, double predicted_ms, double measured_ms);
+  // The prediction error of the promotions from one store tier.
+  KvPredictionError PromotionError(int64_t tier_index) const;
   // A tier read failed its checksum or I/O; `pages` are recomputed from their tokens instead.
   void CountReadFailure(int64_t pages);
   void CountPreemption();
@@ -51,6 +56,8 @@ class MetricsRecorder {
  private:
   mutable std::mutex mutex_;
   std::array<KvActionCounter, kNumKvActions> action_counters_{};
+  std::array<PredictionWindow, kNumKvActions> restore_predictions_;  // by KvAction
+  std::vector<PredictionWindow> promote_predictions_;                // by store tier index
   int64_t checksum_failures_ = 0;
   int64_t pages_recomputed_after_failure_ = 0;
   int64_t requests_finished_ = 0;

@@ -286,6 +286,25 @@ void Scheduler::CountAppliedActions(const KvPagePlan& plan) {
   }
 }
 
+void Scheduler::TraceLeaving(const KvPagePlan& plan, KvTraceCause cause, RequestId request) {
+  for (const KvPageAction& a : plan.actions) {
+    if (cause == KvTraceCause::kRelief && !a.applied) continue;
+    RequestId owner = request;
+    if (owner < 0) {
+      for (const KvPlannedSeq& s : planned_running_) {
+        if (s.slot == a.seq) owner = s.request_id;
+      }
+    }
+    // A preempted page another sequence shares stays in the pool for that one.
+    const std::vector<BlockId>& table = kv_.block_table(a.seq);
+    const size_t b = static_cast<size_t>(a.block_index);
+    if (b < table.size() && table[b] != kNoBlock && kv_.refcount(table[b]) > 1) continue;
+    trace_->Leave(owner, a.block_index,
+                  static_cast<int>(a.applied ? a.action : KvAction::kRecomputeTokens), cause,
+                  a.predicted_ms);
+  }
+}
+
 bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
   planned_running_.clear();
   for (auto& seq : running_) {
@@ -297,12 +316,14 @@ bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
   if (applied > 0 || std::any_of(page_plan_.actions.begin(), page_plan_.actions.end(),
                                  [](const KvPageAction& a) { return a.failed; })) {
     CountAppliedActions(page_plan_);
+    if (trace_ != nullptr) TraceLeaving(page_plan_, KvTraceCause::kRelief, -1);
     return true;
   }
   // Nothing resident could go: compressed pages are evicted, the last resort.
   planner_.PlanCompressedEviction(planned_running_, blocks_short, &page_plan_);
   if (pager_.Apply(page_plan_) == 0) return false;
   CountAppliedActions(page_plan_);
+  if (trace_ != nullptr) TraceLeaving(page_plan_, KvTraceCause::kRelief, -1);
   if (planner_.rules().explain) {
     for (const KvPageAction& a : page_plan_.actions) {
       if (!a.applied) continue;
@@ -327,6 +348,7 @@ void Scheduler::PreemptAt(size_t running_index) {
   for (const KvPageAction& a : page_plan_.actions) {
     metrics_.CountPageAction(a.applied ? a.action : KvAction::kRecomputeTokens, bytes);
   }
+  if (trace_ != nullptr) TraceLeaving(page_plan_, KvTraceCause::kPreempt, seq->id);
   kv_.Free(seq->slot);
   free_slots_.push_back(seq->slot);
   seq->slot = -1;

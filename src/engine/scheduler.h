@@ -25,6 +25,7 @@
 #include "kvl/kv_manager.h"
 #include "kvl/kv_pager.h"
 #include "kvl/kv_pressure.h"
+#include "kvl/kv_trace.h"
 #include "metrics_recorder.h"
 #include "request.h"
 
@@ -55,6 +56,9 @@ class Scheduler {
     store_ = store;
     recompute_page_ms_ = recompute_page_ms;
   }
+
+  // --kv-trace: pages that leave the pool are written to `trace` (nullptr: none).
+  void set_trace(KvTraceWriter* trace) { trace_ = trace; }
 
   // A new request joins the back of the waiting queue.
   void Enqueue(std::unique_ptr<Sequence> seq);
@@ -97,6 +101,9 @@ class Scheduler {
   bool RelievePressure(int64_t blocks_short, Phase phase);
   void PreemptAt(size_t running_index);
   void CountAppliedActions(const KvPagePlan& plan);
+  // The plan's pages that left the pool, to the trace; `request` is the preempted sequence's id
+  // (relief: -1, the owners are the running sequences).
+  void TraceLeaving(const KvPagePlan& plan, KvTraceCause cause, RequestId request);
   // Finishes the sequence that can never fit this pool with an error naming the budget.
   void FinishTooBig(Sequence& seq, bool prompt_only);
 
@@ -117,6 +124,7 @@ class Scheduler {
   std::vector<KvContentId> content_ids_;            // reused by FindInStore
   std::vector<KvTier*> found_in_;
   std::vector<KvPlannedSeq> planned_running_;       // reused
+  KvTraceWriter* trace_ = nullptr;
 };
 
 }  // namespace kvl

@@ -1,8 +1,43 @@
 #include "step_runner.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
 
 namespace kvl {
+namespace {
+
+// The token's log-probability and the k most likely tokens (ties: the lower id first) under the
+// log-softmax of the raw logits, in double: log p(i) = l_i - (m + log sum_j exp(l_j - m)), m the
+// largest logit. Only requests that ask for log-probabilities come here; the selection runs in a
+// stack array, and the event's vector is the one allocation.
+void FillLogprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, TokenEvent* event) {
+  double max = -std::numeric_limits<double>::infinity();
+  for (int32_t i = 0; i < vocab; ++i) max = std::max(max, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  const double log_z = max + std::log(sum);
+  event->logprob = static_cast<float>(static_cast<double>(logits[token]) - log_z);
+  std::array<int32_t, kMaxTopLogprobs> top;  // ids, most likely first
+  int32_t n = 0;
+  for (int32_t id = 0; id < vocab && k > 0; ++id) {
+    if (n == k && !(logits[id] > logits[top[size_t(n - 1)]])) continue;
+    int32_t at = n < k ? n++ : n - 1;
+    for (; at > 0 && logits[id] > logits[top[size_t(at - 1)]]; --at) {
+      top[size_t(at)] = top[size_t(at - 1)];
+    }
+    top[size_t(at)] = id;
+  }
+  event->top_logprobs.resize(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t id = top[size_t(i)];
+    const double logprob = static_cast<double>(logits[id]) - log_z;
+    event->top_logprobs[size_t(i)] = {id, static_cast<float>(logprob)};
+  }
+}
+
+}  // namespace
 
 StepRunner::StepRunner(const StepRunnerParts& parts)
     : p_(parts), block_tokens_(parts.kv->options().layout.block_tokens) {
@@ -28,8 +63,12 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
     const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
     const double page_ms = ms / static_cast<double>(std::max<int64_t>(1, restored));
     p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
+    if (p_.trace != nullptr) {
+      p_.trace->Back(seq.id, b, static_cast<int>(page.action), page.predicted_ms, page_ms);
+    }
     if (page.content.valid() && p_.store != nullptr) {
       p_.store->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
+      p_.metrics->CountPromoted(p_.store->TierIndex(page.tier), page.predicted_ms, page_ms);
     }
   }
   return restored * block_tokens_;
@@ -38,6 +77,7 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
 int64_t StepRunner::FillBatch(const StepPlan& plan) {
   batch_.Clear();
   dropped_predicted_ms_.clear();
+  if (p_.trace != nullptr) trace_from_.assign(plan.seqs.size(), 0);
   int64_t prefill_tokens = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     Sequence& seq = *plan.seqs[i];
@@ -78,6 +118,7 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     // Pages restored, or computed where a restore stopped or the prefix cache held them, are let
     // go from their tier at once: a page awaiting restore is never also in the pool.
     p_.pager->SettleRestoredPages(seq.slot);
+    if (p_.trace != nullptr) trace_from_[i] = seq.num_computed / block_tokens_;
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
       batch_.Add(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot, pos == last);
@@ -145,7 +186,8 @@ void StepRunner::RunBatch(const StepPlan& plan) {
         p_.scheduler->Finish(*seq, "length");
         continue;
       }
-      AppendToken(*seq, seq->sampler->Sample(p_.forward->logits(row++), seq->tokens));
+      const float* logits = p_.forward->logits(row++);
+      AppendToken(*seq, seq->sampler->Sample(logits, seq->tokens), logits);
     }
   }
 }
@@ -160,11 +202,43 @@ void StepRunner::RecomputeFailedStreams() {
   to_recompute_.clear();
 }
 
+void StepRunner::TraceReads(const StepPlan& plan) {
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const Sequence& seq = *plan.seqs[i];
+    if (seq.slot < 0 || !p_.kv->Contains(seq.slot)) continue;
+    const int64_t full_blocks = p_.kv->num_tokens(seq.slot) / block_tokens_;
+    trace_contents_.clear();
+    trace_outside_.clear();
+    trace_evicted_.clear();
+    for (int64_t b = 0; b < full_blocks; ++b) {
+      trace_contents_.push_back(p_.kv->ContentOf(seq.slot, b));
+      switch (p_.pager->FateOf(seq.slot, b)) {
+        case KvPageFate::kInTier:
+        case KvPageFate::kCheckpointed:
+          trace_outside_.push_back(b);  // streamed, read in place, or rebuilt
+          break;
+        case KvPageFate::kEvicted:
+          trace_evicted_.push_back(b);
+          break;
+        default:
+          break;  // in the pool, compressed or not
+      }
+    }
+    p_.trace->Read(seq.id, trace_contents_, trace_from_[i], trace_outside_, trace_evicted_);
+  }
+}
+
 void StepRunner::Run(const StepPlan& plan) {
   // Cached blocks the plan reuses for new contents go to the KV store first.
   for (const KvPlan::SeqPlan& sp : plan.kv.seqs) {
-    for (BlockId block : sp.allocated) p_.pager->SpillFreeBlock(block);
-    if (sp.cow_dst != kNoBlock) p_.pager->SpillFreeBlock(sp.cow_dst);
+    for (BlockId block : sp.allocated) {
+      if (p_.trace != nullptr) p_.trace->LeaveReused(p_.kv->FreeBlockContent(block));
+      p_.pager->SpillFreeBlock(block);
+    }
+    if (sp.cow_dst != kNoBlock) {
+      if (p_.trace != nullptr) p_.trace->LeaveReused(p_.kv->FreeBlockContent(sp.cow_dst));
+      p_.pager->SpillFreeBlock(sp.cow_dst);
+    }
   }
   p_.kv->Commit(plan.kv);
   for (const KvBlockCopy& copy : plan.kv.copies) p_.storage->CopyBlock(copy.src, copy.dst);
@@ -172,15 +246,20 @@ void StepRunner::Run(const StepPlan& plan) {
   full_blocks_before_.clear();
   for (const Sequence* seq : plan.seqs) full_blocks_before_.push_back(seq->num_computed / block_tokens_);
   const int64_t prefill_tokens = FillBatch(plan);
+  if (p_.trace != nullptr) TraceReads(plan);
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
   if (p_.store != nullptr) SaveUnreachablePages(plan);
   RecomputeFailedStreams();
-  if (!dropped_predicted_ms_.empty()) {
-    // Pages dropped at preemption were just recomputed from their tokens within this step.
+  if (!dropped_predicted_ms_.empty() && batch_.size() > 0) {
+    // Pages dropped at preemption are recomputed from their tokens, starting with this step.
+    // The step also computes other sequences' tokens, and a long resume goes on in later chunks,
+    // so a page's measured time is its share of the step by tokens: the step's time per token
+    // times the page's tokens.
     const double ms = MillisecondsBetween(start, Clock::now());
+    const double page_ms =
+        ms * static_cast<double>(block_tokens_) / static_cast<double>(batch_.size());
     for (double predicted : dropped_predicted_ms_) {
-      p_.metrics->CountRestored(KvAction::kRecomputeTokens, predicted,
-                                ms / static_cast<double>(dropped_predicted_ms_.size()));
+      p_.metrics->CountRestored(KvAction::kRecomputeTokens, predicted, page_ms);
     }
   }
   p_.metrics->CountStep(batch_.size(), static_cast<int64_t>(plan.seqs.size()), prefill_tokens);
@@ -204,7 +283,7 @@ void StepRunner::SaveUnreachablePages(const StepPlan& plan) {
   }
 }
 
-void StepRunner::AppendToken(Sequence& seq, int32_t token) {
+void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) {
   const Clock::time_point now = Clock::now();
   p_.metrics->CountTokenLatency(seq, now);
   if (seq.num_generated == 0) seq.first_token = now;
@@ -224,6 +303,9 @@ void StepRunner::AppendToken(Sequence& seq, int32_t token) {
   piece_.clear();
   p_.tokenizer->AppendTokenText(seq.prev_token, token, &piece_);
   event.text = seq.stop_filter.Push(piece_, &stopped);
+  if (r.top_logprobs >= 0) {
+    FillLogprobs(logits, p_.tokenizer->vocab_size(), token, r.top_logprobs, &event);
+  }
   seq.prev_token = token;
   if (seq.on_event) seq.on_event(event);
   if (stopped) return p_.scheduler->Finish(seq, "stop");

@@ -11,6 +11,7 @@
 #include "kvl/forward.h"
 #include "kvl/kv_manager.h"
 #include "kvl/kv_pager.h"
+#include "kvl/kv_trace.h"
 #include "kvl/tokenizer.h"
 #include "metrics_recorder.h"
 #include "request.h"
@@ -29,6 +30,7 @@ struct StepRunnerParts {
   Forward* forward = nullptr;
   const Tokenizer* tokenizer = nullptr;
   MetricsRecorder* metrics = nullptr;
+  KvTraceWriter* trace = nullptr;  // --kv-trace; may be null
   int64_t context_length = 0;
 };
 
@@ -49,7 +51,10 @@ class StepRunner {
   // Pages a step filled that the pool's prefix index cannot reach (a page before them is in a
   // tier) go to the KV store too, so the next turn finds the whole chain.
   void SaveUnreachablePages(const StepPlan& plan);
-  void AppendToken(Sequence& seq, int32_t token);
+  // --kv-trace: the full pages each sequence of the step reads, and which it computes.
+  void TraceReads(const StepPlan& plan);
+  // `logits` is the row the token was sampled from (for the log-probabilities it asked for).
+  void AppendToken(Sequence& seq, int32_t token, const float* logits);
 
   StepRunnerParts p_;
   int64_t block_tokens_;
@@ -60,6 +65,10 @@ class StepRunner {
   std::vector<double> dropped_predicted_ms_;  // this step: pages dropped at a preemption
   std::vector<int64_t> full_blocks_before_;   // per sequence of the step: full pages before it
   std::string piece_;                    // the text of the token being appended, reused
+  std::vector<int64_t> trace_from_;      // --kv-trace: per sequence, its first computed block
+  std::vector<KvContentId> trace_contents_;
+  std::vector<int64_t> trace_outside_;
+  std::vector<int64_t> trace_evicted_;
 };
 
 }  // namespace kvl

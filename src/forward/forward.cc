@@ -1,5 +1,6 @@
 #include "kvl/forward.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -11,6 +12,27 @@ namespace kvl {
 
 // Positions of per-position scratch reserved up front (see Forward::context_capacity_).
 constexpr int64_t kInitialContextCapacity = 4096;
+// Query rows an attention work item aims for (the GQA group's heads x consecutive positions of a
+// prompt): enough that packing a tile's keys costs little per row, few enough that a prompt
+// chunk still makes many items for the threads.
+constexpr int64_t kAttentionRowsPerItem = 64;
+
+void Forward::AttentionScratch::Allocate(int64_t tile_tokens, int64_t head_dim, int64_t rows) {
+  // 64-byte alignment for the packed keys, which the kernels load whole vectors of.
+  kt_storage.assign(static_cast<size_t>(ops::kAttentionTileFloats + 16), 0.0f);
+  const auto addr = reinterpret_cast<uintptr_t>(kt_storage.data());
+  kt = reinterpret_cast<float*>((addr + 63) & ~uintptr_t{63});
+  k_stage.resize(static_cast<size_t>(tile_tokens * head_dim));
+  v_stage.resize(static_cast<size_t>(tile_tokens * head_dim));
+  v_rows.resize(static_cast<size_t>(tile_tokens));
+  tile_pos.resize(static_cast<size_t>(tile_tokens));
+  q_rows.resize(static_cast<size_t>(rows));
+  acc_rows.resize(static_cast<size_t>(rows));
+  m.resize(static_cast<size_t>(rows));
+  l.resize(static_cast<size_t>(rows));
+  score_rows.resize(static_cast<size_t>(rows));
+  tile_scores.resize(static_cast<size_t>(rows * tile_tokens));
+}
 
 void TokenBatch::Clear() {
   tokens.clear();
@@ -52,7 +74,12 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
   rope_cos_.resize(Elems(b, c.head_dim / 2));
   rope_sin_.resize(Elems(b, c.head_dim / 2));
   context_capacity_ = std::min<int64_t>(options_.max_context, kInitialContextCapacity);
-  scores_.resize(Elems(ops.pool()->num_threads(), context_capacity_));
+  attn_tile_tokens_ = ops::AttentionTileTokens(c.head_dim);
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  attn_block_tokens_ = std::max<int64_t>(1, kAttentionRowsPerItem / group);
+  attn_blocks_.reserve(static_cast<size_t>(b));
+  attn_scratch_.resize(static_cast<size_t>(ops.pool()->num_threads()));
+  for (AttentionScratch& s : attn_scratch_) s.Allocate(attn_tile_tokens_, c.head_dim, attn_block_tokens_ * group);
   logit_in_.resize(Elems(options_.max_logit_rows, c.dim));
   logits_.resize(Elems(options_.max_logit_rows, c.vocab_size));
   rebuild_cos_.resize(Elems(b, c.head_dim / 2));
@@ -238,6 +265,14 @@ void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int6
   }
 }
 
+// Rotates q and k, stores k and v in the cache, then computes softmax(q k^T / sqrt(d)) v for
+// every (token, head) over the positions the token sees, as a tiled online softmax
+// (ops::AttentionTile): work items are (run of up to attn_block_tokens_ consecutive positions of
+// one sequence, KV head), and each item visits the sequence's K/V once, in tiles of
+// attn_tile_tokens_ positions aligned to multiples of the tile size, for all of its query rows
+// (the GQA group's heads x the run's positions). Tiles are fixed by position and each row's
+// arithmetic depends only on its own q and the rows it sees, so batching, chunking, threads and
+// how the cache splits its rows into runs never change a result.
 void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   const ModelConfig& c = config_;
   const int64_t n = batch.size();
@@ -249,91 +284,185 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   RopeAndStoreKv(layer, batch, kv);
   kv.BeginLayer(layer);  // streamed pages of this layer are in place from here on
 
-  const int64_t group = c.num_heads / c.num_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  ops_.pool()->ParallelFor(n * c.num_heads, [&](int64_t task, int thread) {
-    const int64_t t = task / c.num_heads;
-    const int64_t h = task % c.num_heads;
-    const int64_t kv_offset = (h / group) * c.head_dim;
-    const int32_t seq = batch.seq_ids[static_cast<size_t>(t)];
-    const int64_t num_visible = batch.positions[static_cast<size_t>(t)] + 1;
-    KVL_CHECK(num_visible <= context_capacity_);  // PlanAttentionMass grew the scratch
-    const float* q = &q_[Elems(t, c.q_dim()) + h * c.head_dim];
-    float* scores = &scores_[Elems(thread, context_capacity_)];
-
-    for (int64_t p = 0; p < num_visible;) {
-      const KvCache::Rows rows = kv.RowsAt(seq, layer, p);
-      const int64_t count = std::min(rows.count, num_visible - p);
-      ScoreRows(rows, q, kv_offset, count, scale, scores + p);
-      p += count;
-    }
-    ops::Softmax(ops_, scores, num_visible);
-    const int64_t mass_row = mass_row_of_token_[static_cast<size_t>(t)];
-    if (mass_row >= 0) {
-      std::memcpy(&mass_scratch_[Elems(mass_row * c.num_heads + h, context_capacity_)], scores,
-                  sizeof(float) * static_cast<size_t>(num_visible));
-    }
-
-    float* out = &attn_[Elems(t, c.q_dim()) + h * c.head_dim];
-    std::memset(out, 0, sizeof(float) * static_cast<size_t>(c.head_dim));
-    for (int64_t p = 0; p < num_visible;) {
-      const KvCache::Rows rows = kv.RowsAt(seq, layer, p);
-      const int64_t count = std::min(rows.count, num_visible - p);
-      MixRows(rows, scores + p, kv_offset, count, out);
-      p += count;
-    }
+  PlanAttentionBlocks(batch);
+  const int64_t num_blocks = static_cast<int64_t>(attn_blocks_.size());
+  // The longest items (the latest positions) first, so no thread is left with one at the end.
+  ops_.pool()->ParallelFor(num_blocks * c.num_kv_heads, [&](int64_t task, int thread) {
+    const int64_t block = num_blocks - 1 - task / c.num_kv_heads;
+    AttendBlock(layer, batch, attn_blocks_[static_cast<size_t>(block)], task % c.num_kv_heads,
+                kv, attn_scratch_[static_cast<size_t>(thread)]);
   });
   if (num_mass_rows_ > 0) AccumulateAttentionMass(batch, kv);
 }
 
-// scores[i] = scale * q . K[i] over the head's channels, whatever form the rows are in.
-void Forward::ScoreRows(const KvCache::Rows& rows, const float* q, int64_t kv_offset,
-                        int64_t count, float scale, float* scores) const {
-  const int64_t d = config_.head_dim;
-  switch (rows.kind) {
-    case KvCache::Rows::Kind::kDense:
-      if (rows.type == DType::kF32) {
-        ops::DotRows(ops_, q, rows.k + kv_offset, rows.stride, count, d, scale, scores);
-      } else if (IsQuantKvType(rows.type)) {
-        ops::DotRowsQuant(ops_, rows.type, q, rows.k_q, RowBytes(rows.type, rows.stride), kv_offset,
-                          count, d, scale, scores);
-      } else {
-        ops::DotRowsHalf(ops_, rows.type, q, rows.k_half + kv_offset, rows.stride, count, d, scale,
-                         scores);
+// Runs of consecutive batch tokens of one sequence at consecutive positions, split every
+// attn_block_tokens_ tokens. Which tokens share an item changes no result, only the speed.
+void Forward::PlanAttentionBlocks(const TokenBatch& batch) {
+  attn_blocks_.clear();
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    const size_t i = static_cast<size_t>(t);
+    if (!attn_blocks_.empty()) {
+      AttentionBlock& last = attn_blocks_.back();
+      const size_t prev = static_cast<size_t>(last.first_token + last.num_tokens - 1);
+      if (last.num_tokens < attn_block_tokens_ && prev + 1 == i &&
+          batch.seq_ids[prev] == batch.seq_ids[i] &&
+          batch.positions[prev] + 1 == batch.positions[i]) {
+        ++last.num_tokens;
+        continue;
       }
-      return;
-    case KvCache::Rows::Kind::kCompressed:
-      ops::DotRowsK(ops_, q, rows.page, rows.first_row, count, kv_offset, d, scale, scores);
-      return;
-    case KvCache::Rows::Kind::kDropped:
-      // exp(-inf) = 0: an evicted token takes no weight. The newest token is always present, so
-      // the softmax never sees only -inf.
-      std::fill(scores, scores + count, -std::numeric_limits<float>::infinity());
-      return;
+    }
+    attn_blocks_.push_back({t, 1});
   }
 }
 
-// out += sum_i weights[i] * V[i] over the head's channels.
-void Forward::MixRows(const KvCache::Rows& rows, const float* weights, int64_t kv_offset,
-                      int64_t count, float* out) const {
+// Gathers the K/V rows of positions [begin, end) of one KV head into the thread's tile: keys
+// packed for ops::AttentionTile, values as row pointers (into the cache for f32 rows, into the
+// thread's staging once widened or dequantized otherwise). Evicted rows are left out (they get
+// no weight); tile_pos says which position each gathered row holds. Returns the rows gathered.
+int64_t Forward::GatherTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t begin,
+                            int64_t end, KvCache& kv, AttentionScratch& s) const {
   const int64_t d = config_.head_dim;
-  switch (rows.kind) {
-    case KvCache::Rows::Kind::kDense:
-      if (rows.v_type == DType::kF32) {
-        ops::AxpyRows(ops_, weights, rows.v + kv_offset, rows.stride, count, d, out);
-      } else if (IsQuantKvType(rows.v_type)) {
-        ops::AxpyRowsQuant(ops_, rows.v_type, weights, rows.v_q, RowBytes(rows.v_type, rows.stride),
-                           kv_offset, count, d, out);
-      } else {
-        ops::AxpyRowsHalf(ops_, rows.v_type, weights, rows.v_half + kv_offset, rows.stride, count, d,
-                          out);
+  const int64_t kv_offset = kv_head * d;
+  const int64_t width = attn_tile_tokens_;
+  int64_t count = 0;
+  for (int64_t p = begin; p < end;) {
+    const KvCache::Rows rows = kv.RowsAt(seq, layer, p);
+    KVL_CHECK(rows.count > 0);
+    const int64_t m = std::min(rows.count, end - p);
+    float* k_stage = &s.k_stage[Elems(count, d)];
+    float* v_stage = &s.v_stage[Elems(count, d)];
+    switch (rows.kind) {
+      case KvCache::Rows::Kind::kDense:
+        if (IsQuantKvType(rows.type)) {
+          const int64_t row_bytes = RowBytes(rows.type, rows.stride);
+          for (int64_t i = 0; i < m; ++i) {
+            ops::DequantizeCols(ops_, rows.type, rows.k_q + i * row_bytes, kv_offset, d,
+                                k_stage + i * d);
+          }
+          ops::PackAttentionKeys(ops_, DType::kF32, k_stage, d, m, d, s.kt, width, count);
+        } else {
+          const void* k = rows.type == DType::kF32 ? static_cast<const void*>(rows.k + kv_offset)
+                                                   : static_cast<const void*>(rows.k_half + kv_offset);
+          ops::PackAttentionKeys(ops_, rows.type, k, rows.stride, m, d, s.kt, width, count);
+        }
+        for (int64_t i = 0; i < m; ++i) {
+          const float*& v = s.v_rows[static_cast<size_t>(count + i)];
+          float* staged = v_stage + i * d;
+          if (rows.v_type == DType::kF32) {
+            v = rows.v + i * rows.stride + kv_offset;
+          } else if (IsQuantKvType(rows.v_type)) {
+            ops::DequantizeCols(ops_, rows.v_type,
+                                rows.v_q + i * RowBytes(rows.v_type, rows.stride), kv_offset, d,
+                                staged);
+            v = staged;
+          } else {
+            ops::WidenRow(ops_, rows.v_type, rows.v_half + i * rows.stride + kv_offset, d, staged);
+            v = staged;
+          }
+        }
+        break;
+      case KvCache::Rows::Kind::kCompressed:
+        for (int64_t i = 0; i < m; ++i) {
+          ops::DequantizeQuantKvRow(rows.page, rows.first_row + i, kv_offset, d, k_stage + i * d,
+                                    v_stage + i * d);
+          s.v_rows[static_cast<size_t>(count + i)] = v_stage + i * d;
+        }
+        ops::PackAttentionKeys(ops_, DType::kF32, k_stage, d, m, d, s.kt, width, count);
+        break;
+      case KvCache::Rows::Kind::kDropped:
+        p += m;  // evicted tokens take no weight: they are not in the tile at all
+        continue;
+    }
+    for (int64_t i = 0; i < m; ++i) s.tile_pos[static_cast<size_t>(count + i)] = p + i;
+    count += m;
+    p += m;
+  }
+  return count;
+}
+
+// One work item: the query rows of `block`'s tokens for the heads of one KV head's group.
+void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const AttentionBlock& block,
+                          int64_t kv_head, KvCache& kv, AttentionScratch& s) {
+  const ModelConfig& c = config_;
+  const int64_t d = c.head_dim;
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const int64_t num_rows = block.num_tokens * group;
+  const int32_t seq = batch.seq_ids[static_cast<size_t>(block.first_token)];
+  const int64_t first_pos = batch.positions[static_cast<size_t>(block.first_token)];
+  const int64_t end_pos = first_pos + block.num_tokens;  // one past the last token's position
+  KVL_CHECK(end_pos <= context_capacity_);  // PlanAttentionMass grew the mass scratch
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+  // Row r = token i of the block (r / group), head kv_head * group + r % group. Its output
+  // accumulates in place in attn_.
+  bool any_mass = false;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t t = block.first_token + r / group;
+    const int64_t h = kv_head * group + r % group;
+    const size_t ri = static_cast<size_t>(r);
+    s.q_rows[ri] = &q_[Elems(t, c.q_dim()) + h * d];
+    s.acc_rows[ri] = &attn_[Elems(t, c.q_dim()) + h * d];
+    std::fill(s.acc_rows[ri], s.acc_rows[ri] + d, 0.0f);
+    s.m[ri] = -std::numeric_limits<float>::infinity();
+    s.l[ri] = 0.0f;
+    const int64_t mass_row = mass_row_of_token_[static_cast<size_t>(t)];
+    s.score_rows[ri] = mass_row >= 0 ? &s.tile_scores[Elems(r, attn_tile_tokens_)] : nullptr;
+    if (mass_row >= 0) {
+      // Positions left out of every tile (evicted) keep -inf: no weight.
+      float* weights = &mass_scratch_[Elems(mass_row * c.num_heads + h, context_capacity_)];
+      std::fill(weights, weights + batch.positions[static_cast<size_t>(t)] + 1,
+                -std::numeric_limits<float>::infinity());
+      any_mass = true;
+    }
+  }
+
+  for (int64_t begin = 0; begin < end_pos; begin += attn_tile_tokens_) {
+    const int64_t end = std::min(begin + attn_tile_tokens_, end_pos);
+    const int64_t count = GatherTile(layer, seq, kv_head, begin, end, kv, s);
+    if (count == 0) continue;
+    // Every token of the block sees the whole tile: one call for all rows. Otherwise (the tiles
+    // that hold the block's own positions) each token sees the gathered rows before it.
+    const bool whole = end <= first_pos + 1;
+    for (int64_t i = 0; i < block.num_tokens; i += whole ? block.num_tokens : 1) {
+      const int64_t visible =
+          whole ? count
+                : std::upper_bound(s.tile_pos.begin(), s.tile_pos.begin() + count, first_pos + i) -
+                      s.tile_pos.begin();
+      if (visible == 0) continue;
+      const size_t r0 = static_cast<size_t>(i * group);
+      ops::AttentionRows rows;
+      rows.num_rows = whole ? num_rows : group;
+      rows.q = &s.q_rows[r0];
+      rows.m = &s.m[r0];
+      rows.l = &s.l[r0];
+      rows.acc = &s.acc_rows[r0];
+      rows.scores = any_mass ? &s.score_rows[r0] : nullptr;
+      ops::AttentionTile(ops_, s.kt, attn_tile_tokens_, s.v_rows.data(), visible, d, scale, rows);
+      if (!any_mass) continue;
+      for (int64_t r = static_cast<int64_t>(r0); r < static_cast<int64_t>(r0) + rows.num_rows; ++r) {
+        const float* scores = s.score_rows[static_cast<size_t>(r)];
+        if (scores == nullptr) continue;
+        const int64_t t = block.first_token + r / group;
+        const int64_t h = kv_head * group + r % group;
+        float* weights = &mass_scratch_[Elems(mass_row_of_token_[static_cast<size_t>(t)] * c.num_heads + h,
+                                              context_capacity_)];
+        for (int64_t j = 0; j < visible; ++j) weights[s.tile_pos[static_cast<size_t>(j)]] = scores[j];
       }
-      return;
-    case KvCache::Rows::Kind::kCompressed:
-      ops::AxpyRowsV(ops_, weights, rows.page, rows.first_row, count, kv_offset, d, out);
-      return;
-    case KvCache::Rows::Kind::kDropped:
-      return;
+    }
+  }
+
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const size_t ri = static_cast<size_t>(r);
+    const float inv = 1.0f / s.l[ri];  // the token's own row is always in its last tile: l > 0
+    for (int64_t k = 0; k < d; ++k) s.acc_rows[ri][k] *= inv;
+    if (s.score_rows[ri] != nullptr) {
+      // The weights the pager tracks: the scores gathered above, normalized as one softmax.
+      const int64_t t = block.first_token + r / group;
+      const int64_t h = kv_head * group + r % group;
+      float* weights = &mass_scratch_[Elems(mass_row_of_token_[static_cast<size_t>(t)] * c.num_heads + h,
+                                            context_capacity_)];
+      ops::Softmax(ops_, weights, batch.positions[static_cast<size_t>(t)] + 1);
+    }
   }
 }
 
@@ -342,7 +471,6 @@ void Forward::MixRows(const KvCache::Rows& rows, const float* weights, int64_t k
 void Forward::GrowContextScratch(int64_t positions) {
   KVL_CHECK(positions <= options_.max_context);
   context_capacity_ = std::min(options_.max_context, std::max(positions, 2 * context_capacity_));
-  scores_.resize(Elems(ops_.pool()->num_threads(), context_capacity_));
   if (!mass_scratch_.empty()) {
     mass_scratch_.resize(Elems(options_.max_logit_rows * config_.num_heads, context_capacity_));
   }

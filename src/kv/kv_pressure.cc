@@ -233,12 +233,21 @@ void KvPressurePlanner::PlanPreemption(const KvPlannedSeq& seq, int64_t num_comp
   const bool lossy = manager_.IsLossy(seq.slot);
   const std::vector<BlockId>& table = manager_.block_table(seq.slot);
   const int64_t full_blocks = num_computed / rules_.block_tokens;
+  // The pages recomputed with no choice to make are still priced by the cost model, so that its
+  // prediction can be checked when they come back.
+  KvPolicyOptions o;
+  o.quality = rules_.quality;
+  o.phase = phase;
+  const double recompute_ms = ChooseKvAction(PageHistory{}, rules_.prices, o)
+                                  .costs[static_cast<size_t>(KvAction::kRecomputeTokens)]
+                                  .bring_back_ms;
   for (int64_t b = 0; b < full_blocks; ++b) {
     KvPageAction a;
     if (lossy || table[static_cast<size_t>(b)] == kNoBlock) {
       a.seq = seq.slot;
       a.block_index = b;
       a.action = KvAction::kRecomputeTokens;
+      a.predicted_ms = recompute_ms;
     } else {
       a = Decide(seq, b, /*running=*/false, phase);
     }

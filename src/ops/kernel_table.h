@@ -128,6 +128,13 @@ struct KernelTable {
   void (*axpy_rows_v_int4)(const float* weights, const QuantKvLayerView& page, int64_t first_row,
                            int64_t count, int64_t head_offset, int64_t head_dim,
                            float* y) = nullptr;
+  // Tiled online-softmax attention (ops.h, PackAttentionKeys / AttentionTile); arguments already
+  // validated by ops.cc. Required in every table: each row's arithmetic must not depend on the
+  // rows beside it, which each table guarantees for itself.
+  void (*pack_attention_keys)(DType type, const void* rows, int64_t stride, int64_t count,
+                              int64_t head_dim, float* kt, int64_t width, int64_t col) = nullptr;
+  void (*attention_tile)(const float* kt, int64_t width, const float* const* v, int64_t count,
+                         int64_t head_dim, float scale, const AttentionRows& rows) = nullptr;
 };
 
 const KernelTable& ScalarKernels();
@@ -172,5 +179,22 @@ void Avx512AxpyRowsVInt8(const float* weights, const QuantKvLayerView& page, int
                          int64_t count, int64_t head_offset, int64_t head_dim, float* y);
 void Avx512AxpyRowsVInt4(const float* weights, const QuantKvLayerView& page, int64_t first_row,
                          int64_t count, int64_t head_offset, int64_t head_dim, float* y);
+
+// One row of a compressed page decoded to f32 (ops.h, DequantizeQuantKvRow); no SIMD version.
+void ScalarDequantizeQuantKvRow(const QuantKvLayerView& page, int64_t row, int64_t head_offset,
+                                int64_t head_dim, float* k_out, float* v_out);
+
+// Tiled attention kernels (attention_kernels_<isa>.cc). The AVX2 table packs keys with the scalar
+// kernel (an exact widening either way).
+void ScalarPackAttentionKeys(DType type, const void* rows, int64_t stride, int64_t count,
+                             int64_t head_dim, float* kt, int64_t width, int64_t col);
+void ScalarAttentionTile(const float* kt, int64_t width, const float* const* v, int64_t count,
+                         int64_t head_dim, float scale, const AttentionRows& rows);
+void Avx2AttentionTile(const float* kt, int64_t width, const float* const* v, int64_t count,
+                       int64_t head_dim, float scale, const AttentionRows& rows);
+void Avx512PackAttentionKeys(DType type, const void* rows, int64_t stride, int64_t count,
+                             int64_t head_dim, float* kt, int64_t width, int64_t col);
+void Avx512AttentionTile(const float* kt, int64_t width, const float* const* v, int64_t count,
+                         int64_t head_dim, float scale, const AttentionRows& rows);
 
 }  // namespace kvl::ops

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernel_table.h"
+#include "simd_avx2.h"
 
 // g++ contracts a * b + c into an FMA by default in C++ (-ffp-contract=fast), and may do so in one
 // inlined copy of an expression and not another. Every fused operation here is an explicit
@@ -227,27 +228,6 @@ void QuantizeActs(const float* x, int64_t cols, uint8_t* out) {
 
 // ---------------------------------------------------------------------------------------------
 // Vector ops.
-
-// exp(x), Cephes' expf polynomial; 2^n built in the exponent field, so x is clamped to where n
-// stays a normal exponent, and inputs below the float range give exactly 0.
-__m256 Exp(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.33654f);
-  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.02f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
 
 // Bytes per element of a row stored as T.
 template <DType T>
@@ -542,6 +522,8 @@ const KernelTable& Avx2Kernels() {
       .narrow_row = NarrowRow,
       .widen_row = WidenRow,
       .dequantize_cols = DequantizeCols,
+      .pack_attention_keys = ScalarPackAttentionKeys,
+      .attention_tile = Avx2AttentionTile,
   };
   return table;
 }

@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "kernel_table.h"
+#include "simd_avx512.h"
 
 // g++ contracts a * b + c into an FMA by default in C++ (-ffp-contract=fast), and may do so in one
 // inlined copy of an expression and not another. Every fused operation here is an explicit
@@ -284,24 +285,6 @@ void QuantizeActs(const float* x, int64_t cols, uint8_t* out) {
 // ---------------------------------------------------------------------------------------------
 // Vector ops. Tails use masked loads so every size takes the same code; results depend only on
 // the ISA and n.
-
-// exp(x) as Cephes' expf: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial, scaled by 2^n with
-// vscalefps (which also flushes exp(-inf) and large negative inputs to 0).
-__m512 Exp(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
 
 // Dot over b stored as T (f32, or f16 / bf16 widened in registers, which is exact): the one
 // accumulation order of Dot, DotRows and DotRowsHalf, so f32 and half rows give the same result
@@ -601,6 +584,8 @@ const KernelTable& Avx512Kernels() {
       .dot_rows_k_int4 = Avx512DotRowsKInt4,
       .axpy_rows_v_int8 = Avx512AxpyRowsVInt8,
       .axpy_rows_v_int4 = Avx512AxpyRowsVInt4,
+      .pack_attention_keys = Avx512PackAttentionKeys,
+      .attention_tile = Avx512AttentionTile,
   };
   return table;
 }

@@ -215,6 +215,8 @@ const KernelTable& ScalarKernels() {
       .dot_rows_k_int4 = ScalarDotRowsKInt4,
       .axpy_rows_v_int8 = ScalarAxpyRowsVInt8,
       .axpy_rows_v_int4 = ScalarAxpyRowsVInt4,
+      .pack_attention_keys = ScalarPackAttentionKeys,
+      .attention_tile = ScalarAttentionTile,
   };
   return table;
 }

@@ -93,6 +93,30 @@ void ScalarAxpyRowsVInt4(const float* weights, const QuantKvLayerView& page, int
   AxpyRowsV<4>(weights, page, first_row, count, head_offset, head_dim, y);
 }
 
+// One row of a compressed page decoded by the format's formulas (ops.h, QuantKvLayerView): the
+// values the tiled attention reads compressed pages as.
+void ScalarDequantizeQuantKvRow(const QuantKvLayerView& page, int64_t row, int64_t head_offset,
+                                int64_t head_dim, float* k_out, float* v_out) {
+  const bool int4 = page.bits == 4;
+  if (k_out != nullptr) {
+    const uint8_t* codes = page.k_q + row * page.row_bytes;
+    for (int64_t c = 0; c < head_dim; ++c) {
+      const int64_t ch = head_offset + c;
+      k_out[c] = int4 ? page.k_scale[ch] * Code4(codes, ch) + page.k_min[ch]
+                      : page.k_scale[ch] * Code8(codes, ch);
+    }
+  }
+  if (v_out != nullptr) {
+    const uint8_t* codes = page.v_q + row * page.row_bytes;
+    for (int64_t c = 0; c < head_dim; ++c) {
+      const int64_t ch = head_offset + c;
+      const int64_t g = row * page.v_groups + ch / page.v_group;
+      v_out[c] = int4 ? page.v_scale[g] * Code4(codes, ch) + page.v_min[g]
+                      : page.v_scale[g] * Code8(codes, ch);
+    }
+  }
+}
+
 // q8_0 / q4_0 cache rows (ops.h, DequantizeCols): value = code * fp16(d), one float multiply of
 // the exactly converted code, as ggml's reference dequantizers compute it; the SIMD tables make
 // the same multiply on whole blocks and come here for the partial ones at a head's edges.

@@ -550,6 +550,55 @@ void AxpyRowsV(const OpsContext& ctx, const float* weights, const QuantKvLayerVi
   AxpyRowsVInt8(ctx, weights, page, first_row, count, head_offset, head_dim, y);
 }
 
+void DequantizeQuantKvRow(const QuantKvLayerView& page, int64_t row, int64_t head_offset,
+                          int64_t head_dim, float* k_out, float* v_out) {
+  CheckQuantKvArgs(page, page.bits, row, 1, head_offset, head_dim);
+  KVL_CHECK(page.bits == 8 || page.bits == 4);
+  ScalarDequantizeQuantKvRow(page, row, head_offset, head_dim, k_out, v_out);
+}
+
+int64_t AttentionTileTokens(int64_t head_dim) {
+  KVL_CHECK_MSG(head_dim > 0 && head_dim <= kMaxAttentionHeadDim,
+                "tiled attention: head_dim must be in 1..kMaxAttentionHeadDim");
+  const int64_t fit = kAttentionTileFloats / head_dim / 16 * 16;
+  return std::clamp<int64_t>(fit, 16, kMaxAttentionTileTokens);
+}
+
+namespace {
+
+void CheckAttentionTileShape(int64_t head_dim, int64_t width) {
+  KVL_CHECK_MSG(head_dim > 0 && head_dim <= kMaxAttentionHeadDim,
+                "tiled attention: head_dim must be in 1..kMaxAttentionHeadDim");
+  KVL_CHECK_MSG(width > 0 && width % 16 == 0 && width <= kMaxAttentionTileTokens &&
+                    width * head_dim <= kAttentionTileFloats,
+                "tiled attention: width must be a multiple of 16 that fits a tile");
+}
+
+}  // namespace
+
+void PackAttentionKeys(const OpsContext& ctx, DType type, const void* rows, int64_t stride,
+                       int64_t count, int64_t head_dim, float* kt, int64_t width, int64_t col) {
+  KVL_CHECK_MSG(type == DType::kF32 || type == DType::kF16 || type == DType::kBF16,
+                "PackAttentionKeys: type must be f32, f16 or bf16");
+  CheckAttentionTileShape(head_dim, width);
+  KVL_CHECK(count >= 0 && col >= 0 && col + count <= width);
+  KVL_CHECK(count <= 1 || stride >= head_dim);
+  if (count == 0) return;
+  KVL_CHECK(rows != nullptr && kt != nullptr);
+  ctx.kernels().pack_attention_keys(type, rows, stride, count, head_dim, kt, width, col);
+}
+
+void AttentionTile(const OpsContext& ctx, const float* kt, int64_t width, const float* const* v,
+                   int64_t count, int64_t head_dim, float scale, const AttentionRows& rows) {
+  CheckAttentionTileShape(head_dim, width);
+  KVL_CHECK(count >= 1 && count <= width && rows.num_rows >= 0);
+  KVL_CHECK_MSG(reinterpret_cast<uintptr_t>(kt) % 64 == 0, "AttentionTile: kt must be 64-byte aligned");
+  if (rows.num_rows == 0) return;
+  KVL_CHECK(v != nullptr && rows.q != nullptr && rows.m != nullptr && rows.l != nullptr &&
+            rows.acc != nullptr);
+  ctx.kernels().attention_tile(kt, width, v, count, head_dim, scale, rows);
+}
+
 void DequantizeRow(DType type, const void* row, int64_t n, float* out) {
   quant::DequantizeRow(type, row, n, out);
 }

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -277,23 +278,30 @@ std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const Api
       return BadField("stream_options.include_usage", "'include_usage' must be a boolean");
     }
   }
-  // Log-probabilities are not computed by the engine: asking for them is refused, not ignored.
   if (endpoint == Endpoint::kCompletions) {
-    int64_t logprobs = 0;
-    if (!f.Integer("logprobs", 0, 20, &logprobs)) return f.error;
-    if (logprobs > 0) return BadField("logprobs", "'logprobs' is not supported by this server");
+    // Legacy completions: `logprobs` is the number of most likely tokens listed beside each
+    // generated one (0 lists only the token itself).
+    int64_t logprobs = -1;
+    if (!f.Integer("logprobs", 0, kMaxTopLogprobs, &logprobs)) return f.error;
+    out->request.top_logprobs = static_cast<int32_t>(logprobs);
     bool echo = false;
     if (!f.Bool("echo", &echo)) return f.error;
     if (echo) return BadField("echo", "'echo' is not supported by this server");
   } else {
+    // Chat: `logprobs` turns them on, `top_logprobs` asks for alternatives (OpenAI refuses it
+    // without `logprobs`, and so does this server).
     bool logprobs = false;
-    if (!f.Bool("logprobs", &logprobs)) return f.error;
-    if (logprobs) return BadField("logprobs", "'logprobs' is not supported by this server");
-  }
-  int64_t top_logprobs = 0;
-  if (!f.Integer("top_logprobs", 0, 20, &top_logprobs)) return f.error;
-  if (top_logprobs > 0) {
-    return BadField("top_logprobs", "'top_logprobs' is not supported by this server");
+    int64_t top_logprobs = -1;
+    if (!f.Bool("logprobs", &logprobs) ||
+        !f.Integer("top_logprobs", 0, kMaxTopLogprobs, &top_logprobs)) {
+      return f.error;
+    }
+    if (top_logprobs >= 0 && !logprobs) {
+      return BadField("top_logprobs", "'top_logprobs' requires 'logprobs': true");
+    }
+    if (logprobs) {
+      out->request.top_logprobs = static_cast<int32_t>(std::max<int64_t>(0, top_logprobs));
+    }
   }
   return std::nullopt;
 }

@@ -29,10 +29,56 @@ json Envelope(const ResponseHead& head, bool chunk) {
           {"model", head.model}};
 }
 
+// A token's UTF-8 bytes as numbers (chat's `bytes`, for text that is not valid UTF-8 alone).
+json Bytes(std::string_view text) {
+  json bytes = json::array();
+  for (char c : text) bytes.push_back(static_cast<uint8_t>(c));
+  return bytes;
+}
+
+json LogprobsJson(const ResponseHead& head, const Logprobs& logprobs) {
+  if (!head.logprobs) return nullptr;
+  if (head.endpoint == Endpoint::kChatCompletions) {
+    json content = json::array();
+    for (const TokenLogprobText& t : logprobs.tokens) {
+      json top = json::array();
+      for (const auto& [token, logprob] : t.top) {
+        top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", Bytes(token)}});
+      }
+      content.push_back({{"token", t.token},
+                         {"logprob", t.logprob},
+                         {"bytes", Bytes(t.token)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       text_offset = json::array();
+  int64_t offset = logprobs.text_offset;
+  for (const TokenLogprobText& t : logprobs.tokens) {
+    tokens.push_back(t.token);
+    token_logprobs.push_back(t.logprob);
+    // A map from text to log-probability, as OpenAI's; where two tokens print the same text the
+    // more likely one stays. The sampled token is always there, as OpenAI promises.
+    json top = json::object();
+    for (const auto& [token, logprob] : t.top) {
+      if (!top.contains(token)) top[token] = logprob;
+    }
+    if (!top.contains(t.token)) top[t.token] = t.logprob;
+    top_logprobs.push_back(std::move(top));
+    text_offset.push_back(offset);
+    offset += static_cast<int64_t>(t.token.size());
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(text_offset)}};
+}
+
 // One choice of a streamed chunk: a delta for chat, text for completions.
 std::string Chunk(const ResponseHead& head, json delta, std::string_view text,
-                  const json& finish_reason) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+                  const json& finish_reason, json logprobs = nullptr) {
+  json choice = {{"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish_reason}};
   if (head.endpoint == Endpoint::kChatCompletions) {
     choice["delta"] = std::move(delta);
   } else {
@@ -60,8 +106,10 @@ std::string NewResponseId(Endpoint endpoint) {
 }
 
 std::string CompletionBody(const ResponseHead& head, std::string_view text,
-                           std::string_view finish_reason, const Usage& usage) {
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+                           std::string_view finish_reason, const Usage& usage,
+                           const Logprobs& logprobs) {
+  json choice = {
+      {"index", 0}, {"logprobs", LogprobsJson(head, logprobs)}, {"finish_reason", finish_reason}};
   if (head.endpoint == Endpoint::kChatCompletions) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -77,8 +125,8 @@ std::string RoleFrame(const ResponseHead& head) {
   return Chunk(head, {{"role", "assistant"}, {"content", ""}}, "", nullptr);
 }
 
-std::string TextFrame(const ResponseHead& head, std::string_view text) {
-  return Chunk(head, {{"content", text}}, text, nullptr);
+std::string TextFrame(const ResponseHead& head, std::string_view text, const Logprobs& logprobs) {
+  return Chunk(head, {{"content", text}}, text, nullptr, LogprobsJson(head, logprobs));
 }
 
 std::string FinishFrame(const ResponseHead& head, std::string_view finish_reason) {

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "api_request.h"
 
@@ -16,6 +18,7 @@ struct ResponseHead {
   int64_t created = 0;   // unix seconds
   std::string model;
   bool include_usage = false;  // streaming: usage null on each chunk, then a usage chunk
+  bool logprobs = false;       // choices carry log-probabilities (else "logprobs": null)
 };
 
 struct Usage {
@@ -24,17 +27,36 @@ struct Usage {
   int64_t completion_tokens = 0;
 };
 
+// One generated token's log-probability and the most likely tokens at its step, as text.
+struct TokenLogprobText {
+  std::string token;
+  double logprob = 0;
+  std::vector<std::pair<std::string, double>> top;  // most likely first
+};
+
+// The log-probabilities of a run of generated tokens: the whole completion, or one chunk's.
+struct Logprobs {
+  std::vector<TokenLogprobText> tokens;
+  int64_t text_offset = 0;  // where the first token starts in the completion's text
+};
+
 // The engine's finish reason as OpenAI names it: stop, length, abort or error.
 std::string_view OpenAiFinishReason(std::string_view engine_reason);
 std::string NewResponseId(Endpoint endpoint);
 
+// `logprobs` is read only when head.logprobs is set. Legacy completions carry
+// {tokens, token_logprobs, top_logprobs: [{token: logprob}] (the sampled token always among
+// them), text_offset}; chat carries {content: [{token, logprob, bytes, top_logprobs: [{token,
+// logprob, bytes}]}]}.
 std::string CompletionBody(const ResponseHead& head, std::string_view text,
-                           std::string_view finish_reason, const Usage& usage);
+                           std::string_view finish_reason, const Usage& usage,
+                           const Logprobs& logprobs = {});
 
 // "data: {...}\n\n" frames. A chunk carries the role (chat, first frame), text, or a finish
 // reason; the usage frame has no choices.
 std::string RoleFrame(const ResponseHead& head);
-std::string TextFrame(const ResponseHead& head, std::string_view text);
+std::string TextFrame(const ResponseHead& head, std::string_view text,
+                      const Logprobs& logprobs = {});
 std::string FinishFrame(const ResponseHead& head, std::string_view finish_reason);
 std::string UsageFrame(const ResponseHead& head, const Usage& usage);
 std::string ErrorFrame(const ApiError& error);

@@ -8,10 +8,13 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <memory>
@@ -31,15 +34,54 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Connections the kernel queues before the listener accepts them (capped by net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
+
 double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
+
+// One event's share of a response: the text it released and, where asked for, its token's
+// log-probabilities.
+struct Piece {
+  std::string text;
+  int32_t token = -1;  // -1: text with no token (what a stop filter held back, at the end)
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+};
+
+// Token texts for log-probabilities, each decoded after the token before it (the tokenizer drops
+// the leading space of a text's first piece), and where each starts in the completion's text.
+class LogprobDecoder {
+ public:
+  LogprobDecoder(const Tokenizer& tokenizer, int32_t prev_token)
+      : tokenizer_(tokenizer), prev_(prev_token) {}
+
+  // Appends the logprobs of the pieces that carry a token to *out.
+  void Add(const Piece& piece, Logprobs* out) {
+    if (piece.token < 0) return;
+    if (out->tokens.empty()) out->text_offset = offset_;
+    TokenLogprobText& t = out->tokens.emplace_back();
+    t.token = tokenizer_.DecodeToken(prev_, piece.token);
+    t.logprob = piece.logprob;
+    for (const TokenLogprob& alt : piece.top) {
+      t.top.emplace_back(tokenizer_.DecodeToken(prev_, alt.token), alt.logprob);
+    }
+    prev_ = piece.token;
+    offset_ += static_cast<int64_t>(t.token.size());
+  }
+
+ private:
+  const Tokenizer& tokenizer_;
+  int32_t prev_;
+  int64_t offset_ = 0;
+};
 
 // One request's events, filled by the engine's thread and drained by its connection's thread.
 struct PendingRequest {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<std::string> pieces;  // each token's released text, not yet taken
+  std::vector<Piece> pieces;  // each token's share, not yet taken
   bool finished = false;
   TokenEvent last;         // the finished event
   Clock::time_point submitted = Clock::now();
@@ -72,7 +114,7 @@ class OpenAiServer {
   void HandleCompletion(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   void OnEvent(PendingRequest& p, const TokenEvent& ev);
   void Stream(const ResponseHead& head, RequestId id, std::shared_ptr<PendingRequest> p,
-              httplib::Response& res);
+              std::shared_ptr<LogprobDecoder> decoder, httplib::Response& res);
   void Forget(RequestId id);
   Status LoadEngine();
   void CancelAll();
@@ -90,6 +132,7 @@ class OpenAiServer {
   ServerMetrics metrics_;
   std::mutex active_mu_;
   std::set<RequestId> active_;  // submitted and not yet answered: cancelled at shutdown
+  int listen_fd_ = -1;          // the listening socket, once bound
 };
 
 void OpenAiServer::Configure() {
@@ -98,6 +141,14 @@ void OpenAiServer::Configure() {
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   // Streamed frames are small: without TCP_NODELAY each waits for the delayed ACK of the last.
   http_.set_tcp_nodelay(true);
+  // The listening socket gets SO_REUSEADDR (a restarted server binds at once, past TIME_WAIT) but
+  // not httplib's default SO_REUSEPORT, under which a second server started on the same port binds
+  // too and silently takes part of the connections. Its fd is kept to widen the backlog (Run).
+  http_.set_socket_options([this](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd_ = sock;
+  });
   http_.set_keep_alive_max_count(1000);
   http_.set_keep_alive_timeout(options_.keep_alive_seconds);
   http_.set_read_timeout(30, 0);
@@ -202,6 +253,13 @@ void OpenAiServer::HandleModels(httplib::Response& res) {
 
 void OpenAiServer::OnEvent(PendingRequest& p, const TokenEvent& ev) {
   const Clock::time_point now = Clock::now();
+  // Counted before the waiting thread can answer: a client that reads /metrics right after its
+  // response finds its request there.
+  if (ev.finished) {
+    metrics_.ObserveFinished(SecondsBetween(p.submitted, now), ev.prompt_tokens,
+                             ev.cached_prompt_tokens, ev.generated_tokens,
+                             std::string(OpenAiFinishReason(ev.finish_reason)));
+  }
   {
     std::lock_guard<std::mutex> lock(p.mu);
     if (ev.token >= 0) {
@@ -213,16 +271,13 @@ void OpenAiServer::OnEvent(PendingRequest& p, const TokenEvent& ev) {
       p.first_token_seen = true;
       p.last_token = now;
     }
-    if (!ev.text.empty()) p.pieces.push_back(ev.text);
+    if (!ev.text.empty() || ev.token >= 0) {
+      p.pieces.push_back(Piece{ev.text, ev.token, ev.logprob, ev.top_logprobs});
+    }
     if (ev.finished) {
       p.finished = true;
       p.last = ev;
     }
-  }
-  if (ev.finished) {
-    metrics_.ObserveFinished(SecondsBetween(p.submitted, now), ev.prompt_tokens,
-                             ev.cached_prompt_tokens, ev.generated_tokens,
-                             std::string(OpenAiFinishReason(ev.finish_reason)));
   }
   p.cv.notify_all();
 }
@@ -238,6 +293,15 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
   if (auto error = ParseCompletionRequest(req.body, endpoint, context_, &params)) {
     return SendError(res, *error);
   }
+  // Log-probabilities name each token's text after the one before it: the prompt is tokenized
+  // here to know its last token (the engine takes the ids as they are).
+  Request& request = params.request;
+  const bool logprobs = request.top_logprobs >= 0;
+  if (logprobs && request.prompt_ids.empty()) {
+    request.prompt_ids = engine_->tokenizer().Encode(request.prompt, request.add_bos);
+  }
+  auto decoder = std::make_shared<LogprobDecoder>(
+      engine_->tokenizer(), request.prompt_ids.empty() ? -1 : request.prompt_ids.back());
   auto pending = std::make_shared<PendingRequest>();
   StatusOr<RequestId> id = InternalError("not submitted");
   {
@@ -252,9 +316,13 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
     return SendError(res, ApiError{400, id.status().message(), "invalid_request_error", param,
                                    ""});
   }
-  ResponseHead head{endpoint, NewResponseId(endpoint), static_cast<int64_t>(std::time(nullptr)),
-                    context_.model_name, params.include_usage};
-  if (params.stream) return Stream(head, *id, std::move(pending), res);
+  ResponseHead head{endpoint,
+                    NewResponseId(endpoint),
+                    static_cast<int64_t>(std::time(nullptr)),
+                    context_.model_name,
+                    params.include_usage,
+                    logprobs};
+  if (params.stream) return Stream(head, *id, std::move(pending), std::move(decoder), res);
 
   std::unique_lock<std::mutex> lock(pending->mu);
   pending->cv.wait(lock, [&] { return pending->finished; });
@@ -264,20 +332,26 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
     return SendError(res, ApiError{500, last.error.message(), "server_error", "", ""});
   }
   std::string text;
-  for (const std::string& piece : pending->pieces) text += piece;
-  res.set_content(CompletionBody(head, text, OpenAiFinishReason(last.finish_reason),
-                                 Usage{last.prompt_tokens, last.cached_prompt_tokens,
-                                       last.generated_tokens}),
-                  "application/json");
+  Logprobs token_logprobs;
+  for (const Piece& piece : pending->pieces) {
+    text += piece.text;
+    if (logprobs) decoder->Add(piece, &token_logprobs);
+  }
+  res.set_content(
+      CompletionBody(head, text, OpenAiFinishReason(last.finish_reason),
+                     Usage{last.prompt_tokens, last.cached_prompt_tokens, last.generated_tokens},
+                     token_logprobs),
+      "application/json");
 }
 
 void OpenAiServer::Stream(const ResponseHead& head, RequestId id,
-                          std::shared_ptr<PendingRequest> pending, httplib::Response& res) {
+                          std::shared_ptr<PendingRequest> pending,
+                          std::shared_ptr<LogprobDecoder> decoder, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   auto role_sent = std::make_shared<bool>(false);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [head, pending, role_sent](size_t, httplib::DataSink& sink) {
+      [head, pending, decoder, role_sent](size_t, httplib::DataSink& sink) {
         auto send = [&sink](const std::string& frame) {
           return sink.write(frame.data(), frame.size());
         };
@@ -285,7 +359,7 @@ void OpenAiServer::Stream(const ResponseHead& head, RequestId id,
           *role_sent = true;
           if (head.endpoint == Endpoint::kChatCompletions && !send(RoleFrame(head))) return false;
         }
-        std::vector<std::string> pieces;
+        std::vector<Piece> pieces;
         bool finished = false;
         {
           std::unique_lock<std::mutex> lock(pending->mu);
@@ -295,8 +369,13 @@ void OpenAiServer::Stream(const ResponseHead& head, RequestId id,
           pieces.swap(pending->pieces);
           finished = pending->finished;
         }
-        for (const std::string& piece : pieces) {
-          if (!send(TextFrame(head, piece))) return false;  // the client left
+        // One frame per token (a token whose text is held back near a stop string sends a frame
+        // only for its log-probabilities).
+        for (const Piece& piece : pieces) {
+          Logprobs token_logprobs;
+          if (head.logprobs) decoder->Add(piece, &token_logprobs);
+          if (piece.text.empty() && token_logprobs.tokens.empty()) continue;
+          if (!send(TextFrame(head, piece.text, token_logprobs))) return false;  // the client left
         }
         if (!finished) return true;
         const TokenEvent& last = pending->last;
@@ -377,6 +456,13 @@ Status OpenAiServer::Run() {
   }
   if (port < 0) {
     return IoError(fmt::format("cannot listen on {}:{}", options_.host, options_.port));
+  }
+  // cpp-httplib as Debian builds it listens with a backlog of 5: sixteen clients connecting at
+  // once overflow it, and each dropped SYN is retried by the client 1 s later (then 3 s, 7 s...),
+  // which showed as 1 s outliers in TTFT and in the 16-client test. listen() on the bound socket
+  // only resizes its queue.
+  if (listen_fd_ >= 0 && ::listen(listen_fd_, kListenBacklog) != 0) {
+    fmt::print(stderr, "kvl serve: cannot widen the listen backlog: {}\n", strerror(errno));
   }
   fmt::print(stderr, "kvl serve: listening on http://{}:{}\n", options_.host, port);
   std::atomic<bool> listener_done{false};

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 
 namespace kvl::server {
 namespace {
@@ -24,6 +25,65 @@ void Metric(std::string* out, const char* name, const char* type, const char* he
   Header(out, name, type, help);
   *out += fmt::format("{} {}\n", name, value);
 }
+
+// A label value with \, " and newlines escaped, as the text format wants.
+std::string LabelValue(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+// One family per field of KvTierMetrics, a sample per tier labelled tier="<name>".
+struct TierFamily {
+  const char* name;
+  const char* type;
+  const char* help;
+  double (*value)(const KvTierMetrics&);
+};
+constexpr TierFamily kTierFamilies[] = {
+    {"kvl:kv_tier_capacity_bytes", "gauge", "KV tier capacity.",
+     [](const KvTierMetrics& t) { return double(t.capacity_bytes); }},
+    {"kvl:kv_tier_bytes_used", "gauge", "KV tier bytes in use.",
+     [](const KvTierMetrics& t) { return double(t.bytes_used); }},
+    {"kvl:kv_tier_pages", "gauge", "Layer pages the KV tier holds.",
+     [](const KvTierMetrics& t) { return double(t.pages); }},
+    {"kvl:kv_tier_lookups_total", "counter", "Prefix lookups that reached the KV tier.",
+     [](const KvTierMetrics& t) { return double(t.lookups); }},
+    {"kvl:kv_tier_hits_total", "counter", "Prefix blocks found in the KV tier.",
+     [](const KvTierMetrics& t) { return double(t.hit_blocks); }},
+    {"kvl:kv_tier_hit_tokens_total", "counter", "Prompt tokens of the blocks found in the KV tier.",
+     [](const KvTierMetrics& t) { return double(t.hit_tokens); }},
+    {"kvl:kv_tier_pages_in_total", "counter", "Layer pages written to the KV tier.",
+     [](const KvTierMetrics& t) { return double(t.pages_in); }},
+    {"kvl:kv_tier_bytes_in_total", "counter", "Bytes written to the KV tier.",
+     [](const KvTierMetrics& t) { return double(t.bytes_in); }},
+    {"kvl:kv_tier_pages_out_total", "counter", "Layer pages read from the KV tier.",
+     [](const KvTierMetrics& t) { return double(t.pages_out); }},
+    {"kvl:kv_tier_bytes_out_total", "counter", "Bytes read from the KV tier.",
+     [](const KvTierMetrics& t) { return double(t.bytes_out); }},
+    {"kvl:kv_tier_checksum_failures_total", "counter",
+     "Reads from the KV tier that failed their checksum.",
+     [](const KvTierMetrics& t) { return double(t.checksum_failures); }},
+    {"kvl:kv_tier_evictions_total", "counter", "Pages the KV tier dropped to make room.",
+     [](const KvTierMetrics& t) { return double(t.evictions); }},
+    {"kvl:kv_tier_errors_total", "counter", "KV tier transfers that failed (I/O, connection).",
+     [](const KvTierMetrics& t) { return double(t.errors); }},
+    {"kvl:kv_tier_blocks_promoted_total", "counter",
+     "Blocks promoted from the KV tier to the pool.",
+     [](const KvTierMetrics& t) { return double(t.blocks_promoted); }},
+    {"kvl:kv_tier_promote_predicted_seconds_total", "counter",
+     "Promotion time from the KV tier the cost model predicted.",
+     [](const KvTierMetrics& t) { return t.promote_ms_predicted / 1000.0; }},
+    {"kvl:kv_tier_promote_seconds_total", "counter", "Promotion time from the KV tier, measured.",
+     [](const KvTierMetrics& t) { return t.promote_ms_measured / 1000.0; }},
+};
 
 }  // namespace
 
@@ -121,10 +181,31 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
                        KvActionName(static_cast<KvAction>(a)),
                        m.kv_actions[size_t(a)].pages_restored);
   }
+  // The cost model checked: absolute error of its bring-back predictions over the last 4096
+  // pages each action brought back (actions that brought none back are left out).
+  for (const auto& [name, p90] : {std::pair{"kvl:kv_prediction_error_median_percent", false},
+                                  std::pair{"kvl:kv_prediction_error_p90_percent", true}}) {
+    Header(&out, name, "gauge",
+           p90 ? "p90 of |measured - predicted| / measured bring-back time, per action."
+               : "Median of |measured - predicted| / measured bring-back time, per action.");
+    for (int a = 0; a < kNumKvActions; ++a) {
+      const KvPredictionError& e = m.kv_actions[size_t(a)].error;
+      if (e.samples == 0) continue;
+      out += fmt::format("{}{{action=\"{}\"}} {}\n", name, KvActionName(static_cast<KvAction>(a)),
+                         p90 ? e.p90_pct : e.median_pct);
+    }
+  }
   Metric(&out, "kvl:kv_checksum_failures_total", "counter",
          "Demoted KV pages that came back corrupt and were recomputed.", m.kv_checksum_failures);
   Metric(&out, "kvl:kv_layers_streamed_total", "counter", "Layer pages streamed back from tiers.",
          m.kv_layers_streamed);
+  // Every family is declared even with no tier, so a dashboard's queries find them.
+  for (const TierFamily& f : kTierFamilies) {
+    Header(&out, f.name, f.type, f.help);
+    for (const KvTierMetrics& tier : m.kv_tiers) {
+      out += fmt::format("{}{{tier=\"{}\"}} {}\n", f.name, LabelValue(tier.name), f.value(tier));
+    }
+  }
 
   std::lock_guard<std::mutex> lock(mu_);
   Metric(&out, "kvl:prompt_tokens_total", "counter", "Prompt tokens of finished requests.",

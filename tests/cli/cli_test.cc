@@ -110,6 +110,24 @@ TEST(CliTest, SynthThenBenchPrintsLlamaBenchJson) {
   std::filesystem::remove(path);
 }
 
+// -d as llama-bench takes it: per depth the pp then the tg tests, named "pp16 @ d40".
+TEST(CliTest, BenchAtDepthNamesRowsAsLlamaBench) {
+  CommandResult b = RunKvl("bench -m " + testing::Stories260KPath() +
+                           " -p 16 -n 4 -d 0,40 -np 1,2 -r 1 -t 1 -o json");
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  nlohmann::json results = nlohmann::json::parse(b.output);
+  ASSERT_EQ(results.size(), 6u);
+  const char* names[] = {"pp16", "tg4", "tg4 np2", "pp16 @ d40", "tg4 @ d40", "tg4 np2 @ d40"};
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(results[i]["test"], names[i]);
+    EXPECT_EQ(results[i]["n_depth"], i < 3 ? 0 : 40);
+    EXPECT_GT(results[i]["avg_ts"].get<double>(), 0.0);
+  }
+  CommandResult bad = RunKvl("bench -m " + testing::Stories260KPath() + " -d -1", true);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.output.find("-d"), std::string::npos) << bad.output;
+}
+
 TEST(CliTest, CacheTypeFlagsTakeLlamaCppSpellings) {
   // -ctk / -ctv are llama.cpp's multi-letter single-dash flags, with a space or an '='.
   for (const char* flags : {"-ctk f16 -ctv f16", "-ctk=bf16 -ctv=f16", "--cache-type-k f16"}) {
@@ -550,6 +568,20 @@ TEST(CliChatTest, ResetForgetsTheHistory) {
   EXPECT_NE(r.output.find("history cleared"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("kv pool:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("prefix cache:"), std::string::npos) << r.output;
+  std::filesystem::remove(turns);
+}
+
+TEST(CliChatTest, StatsShowEachKvTier) {
+  const std::string turns = WriteTurns("tiers", "Once upon a time there was a cat.\n/stats\n");
+  CommandResult r = RunKvl("chat -m " + testing::Stories260KPath() + " -f " + turns +
+                           " --temp 0 -n 8 -t 2 --no-calibrate --kv-tier ram:64MiB");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tier ram: 0.00 KiB of 64.00 MiB used"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("prefix lookups "), std::string::npos) << r.output;
+  CommandResult none =
+      RunKvl("chat -m " + testing::Stories260KPath() + " -f " + turns + " --temp 0 -n 8 -t 2");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  EXPECT_NE(none.output.find("kv tiers: none"), std::string::npos) << none.output;
   std::filesystem::remove(turns);
 }
 

@@ -1,20 +1,16 @@
 // `kvl serve` as a real process on a free loopback port, driven over HTTP: completions and chat
 // (plain and streamed) against Engine::Generate, every class of bad request, 16 concurrent
 // clients, a client leaving mid-stream, /metrics as Prometheus text, SIGTERM.
-#include <arpa/inet.h>
-#include <gtest/gtest.h>
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -22,121 +18,18 @@
 
 #include "kvl/engine.h"
 #include "prometheus_check.h"
+#include "server_process.h"
 #include "test_paths.h"
 
 namespace kvl {
 namespace {
 
 using nlohmann::json;
-
-int FreeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// A `kvl serve` child process, killed (by its pid) when the object goes.
-class ServerProcess {
- public:
-  explicit ServerProcess(std::vector<std::string> extra_args) : port_(FreeLoopbackPort()) {
-    std::vector<std::string> args = {KVL_KVL_BINARY, "serve", "-m", testing::Stories260KPath(),
-                                     "--port", std::to_string(port_), "-t", "1", "--no-calibrate"};
-    args.insert(args.end(), extra_args.begin(), extra_args.end());
-    log_path_ = ::testing::TempDir() + "kvl_serve_" + std::to_string(port_) + ".log";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::freopen(log_path_.c_str(), "w", stderr);
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-  }
-  ~ServerProcess() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  // Polls /health until it answers 200.
-  bool WaitReady() {
-    httplib::Client client("127.0.0.1", port_);
-    for (int i = 0; i < 300; ++i) {
-      if (auto res = client.Get("/health"); res && res->status == 200) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
-  }
-  // SIGTERM, then the exit status (-1: not an exit, or it took longer than `seconds`).
-  int Terminate(int seconds) {
-    ::kill(pid_, SIGTERM);
-    for (int i = 0; i < seconds * 50; ++i) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-  int port() const { return port_; }
-
- private:
-  int port_;
-  pid_t pid_ = -1;
-  bool reaped_ = false;
-  std::string log_path_;
-};
-
-httplib::Result PostJson(httplib::Client& client, const std::string& path, const std::string& body,
-                         const httplib::Headers& headers = {}) {
-  return client.Post(path.c_str(), headers, body, "application/json");
-}
-
-// The greedy text Engine::Generate gives, the reference every served output must equal.
-std::string GreedyReference(const std::string& prompt, int max_tokens) {
-  static std::unique_ptr<Engine> engine = [] {
-    EngineOptions options;
-    options.model_path = testing::Stories260KPath();
-    options.num_threads = 1;
-    options.calibrate = false;
-    auto e = Engine::Create(options);
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
-    return e.ok() ? std::move(*e) : nullptr;
-  }();
-  GenerateRequest request;
-  request.prompt = prompt;
-  request.max_new_tokens = max_tokens;
-  request.sampling.temperature = 0;
-  auto result = engine->Generate(request);
-  EXPECT_TRUE(result.ok());
-  return result.ok() ? result->text : "";
-}
-
-// The frames of an SSE body ("data: ..." lines), in order.
-std::vector<std::string> SseData(const std::string& body) {
-  std::vector<std::string> frames;
-  size_t pos = 0;
-  while ((pos = body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = body.find("\n\n", pos);
-    frames.push_back(body.substr(pos + 6, end - pos - 6));
-    pos = end == std::string::npos ? body.size() : end;
-  }
-  return frames;
-}
+using testing::FreeLoopbackPort;
+using testing::GreedyReference;
+using testing::PostJson;
+using testing::ServerProcess;
+using testing::SseData;
 
 class ServerTest : public ::testing::Test {
  protected:
@@ -308,18 +201,35 @@ TEST_F(ServerTest, EveryBadRequestGetsA4xxWithOpenAiErrorJson) {
       {"/v1/completions", R"({"prompt":"x","n":2})", 400, "n"},
       {"/v1/completions", R"({"prompt":"x","stream":"yes"})", 400, "stream"},
       {"/v1/completions", R"({"prompt":"x","stream_options":3})", 400, "stream_options"},
-      {"/v1/completions", R"({"prompt":"x","logprobs":5})", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt":"x","logprobs":21})", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt":"x","logprobs":-1})", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt":"x","logprobs":true})", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt":"x","logprobs":"5"})", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt":"x","logprobs":2.5})", 400, "logprobs"},
+      {"/v1/completions", R"({"prompt":"x","echo":true})", 400, "echo"},
       {"/v1/chat/completions", "{}", 400, "messages"},
       {"/v1/chat/completions", R"({"messages":[]})", 400, "messages"},
       {"/v1/chat/completions", R"({"messages":"hi"})", 400, "messages"},
       {"/v1/chat/completions", R"({"messages":[5]})", 400, "messages[0]"},
-      {"/v1/chat/completions", R"({"messages":[{"role":"wizard","content":"x"}]})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"wizard","content":"x"}]})", 400,
+       "messages"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user"}]})", 400, "messages[0].content"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":7}]})", 400,
        "messages[0].content"},
       {"/v1/chat/completions", R"({"messages":[{"role":"user","content":""}]})", 400, "messages"},
-      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})",
-       400, "logprobs"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", 400,
+       "logprobs"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", 400,
+       "top_logprobs"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":-1})", 400,
+       "top_logprobs"},
+      {"/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":"3"})", 400,
+       "top_logprobs"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})",
+       400, "top_logprobs"},
       {"/v1/completions", std::string(100 * 1024, ' '), 413, ""},
   };
   auto client = Client();
@@ -357,13 +267,28 @@ TEST_F(ServerTest, EveryBadRequestGetsA4xxWithOpenAiErrorJson) {
   EXPECT_EQ(ok->status, 200);
 }
 
+// choices[0].text of a completion body or chunk; nothing when it has none.
+std::optional<std::string> ChoiceText(const json& j) {
+  if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array() ||
+      j["choices"].empty()) {
+    return std::nullopt;
+  }
+  const json& choice = j["choices"][0];
+  if (!choice.is_object() || !choice.contains("text") || !choice["text"].is_string()) {
+    return std::nullopt;
+  }
+  return choice["text"].get<std::string>();
+}
+
 TEST_F(ServerTest, SixteenConcurrentClientsGetTheirAloneOutputs) {
   const std::vector<std::string>& prompts = testing::StoryPrompts();
   std::vector<std::string> references;
   for (const std::string& p : prompts) references.push_back(GreedyReference(p, 32));
   constexpr int kClients = 16;
+  // The threads only record what came back; everything is parsed and checked here, so a bad
+  // answer fails with its body instead of throwing in a thread (which would abort the binary).
   std::vector<int> statuses(kClients, 0);
-  std::vector<std::string> texts(kClients);
+  std::vector<std::string> bodies(kClients);
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
@@ -373,22 +298,35 @@ TEST_F(ServerTest, SixteenConcurrentClientsGetTheirAloneOutputs) {
                             {"temperature", 0},
                             {"stream", i % 2 == 1}};
       auto res = PostJson(client, "/v1/completions", request.dump());
-      if (!res) return;
-      statuses[size_t(i)] = res->status;
-      if (i % 2 == 0) {
-        texts[size_t(i)] = json::parse(res->body)["choices"][0]["text"];
-      } else {
-        for (const std::string& frame : SseData(res->body)) {
-          if (frame == "[DONE]") break;
-          texts[size_t(i)] += json::parse(frame)["choices"][0]["text"].get<std::string>();
-        }
+      if (!res) {
+        bodies[size_t(i)] = "no response: " + httplib::to_string(res.error());
+        return;
       }
+      statuses[size_t(i)] = res->status;
+      bodies[size_t(i)] = res->body;
     });
   }
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < kClients; ++i) {
-    EXPECT_EQ(statuses[size_t(i)], 200) << "client " << i;
-    EXPECT_EQ(texts[size_t(i)], references[size_t(i) % prompts.size()]) << "client " << i;
+    SCOPED_TRACE(fmt::format("client {}: {}", i, bodies[size_t(i)].substr(0, 2000)));
+    EXPECT_EQ(statuses[size_t(i)], 200);
+    std::string text;
+    bool parsed = true;
+    if (i % 2 == 0) {
+      const std::optional<std::string> t =
+          ChoiceText(json::parse(bodies[size_t(i)], nullptr, false));
+      parsed = t.has_value();
+      text = t.value_or("");
+    } else {
+      for (const std::string& frame : SseData(bodies[size_t(i)])) {
+        if (frame == "[DONE]") break;
+        const std::optional<std::string> t = ChoiceText(json::parse(frame, nullptr, false));
+        parsed = parsed && t.has_value();
+        text += t.value_or("");
+      }
+    }
+    EXPECT_TRUE(parsed);
+    EXPECT_EQ(text, references[size_t(i) % prompts.size()]);
   }
 }
 
@@ -431,15 +369,57 @@ TEST_F(ServerTest, MetricsAreValidPrometheusText) {
   const testing::PrometheusCheck check = testing::CheckPrometheusText(res->body);
   EXPECT_TRUE(check.errors.empty()) << check.errors.front();
   for (const char* family :
-       {"kvl:num_requests_running", "kvl:num_requests_waiting", "kvl:prompt_tokens_total",
-        "kvl:generation_tokens_total", "kvl:time_to_first_token_seconds",
-        "kvl:inter_token_latency_seconds", "kvl:e2e_request_latency_seconds",
-        "kvl:kv_cache_usage_perc", "kvl:prefix_cache_queries_total", "kvl:prefix_cache_hits_total",
-        "kvl:kv_pages_total", "kvl:kv_bytes_total", "kvl:kv_checksum_failures_total"}) {
+       {"kvl:kv_tier_bytes_used", "kvl:kv_tier_pages_in_total", "kvl:num_requests_running",
+        "kvl:num_requests_waiting", "kvl:prompt_tokens_total", "kvl:generation_tokens_total",
+        "kvl:time_to_first_token_seconds", "kvl:inter_token_latency_seconds",
+        "kvl:e2e_request_latency_seconds", "kvl:kv_cache_usage_perc",
+        "kvl:prefix_cache_queries_total", "kvl:prefix_cache_hits_total", "kvl:kv_pages_total",
+        "kvl:kv_bytes_total", "kvl:kv_checksum_failures_total"}) {
     EXPECT_TRUE(check.types.count(family)) << family;
   }
   EXPECT_EQ(check.types.at("kvl:time_to_first_token_seconds"), "histogram");
   EXPECT_GT(Metric("kvl:generation_tokens_total"), 0);
+}
+
+// Each --kv-tier is exported as its own series, labelled tier="<name>".
+TEST(ServeProcessTest, MetricsExportEachKvTier) {
+  ServerProcess server({"--kv-tier", "ram:64MiB", "-np", "2"});
+  ASSERT_TRUE(server.WaitReady()) << server.Log();
+  httplib::Client client("127.0.0.1", server.port());
+  ASSERT_TRUE(PostJson(client, "/v1/completions", R"({"prompt":"The cat sat on","max_tokens":8})"));
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  const testing::PrometheusCheck check = testing::CheckPrometheusText(res->body);
+  EXPECT_TRUE(check.errors.empty()) << check.errors.front();
+  const std::map<std::string, std::string> families = {
+      {"kvl:kv_tier_capacity_bytes", "gauge"},
+      {"kvl:kv_tier_bytes_used", "gauge"},
+      {"kvl:kv_tier_pages", "gauge"},
+      {"kvl:kv_tier_lookups_total", "counter"},
+      {"kvl:kv_tier_hits_total", "counter"},
+      {"kvl:kv_tier_hit_tokens_total", "counter"},
+      {"kvl:kv_tier_pages_in_total", "counter"},
+      {"kvl:kv_tier_bytes_in_total", "counter"},
+      {"kvl:kv_tier_pages_out_total", "counter"},
+      {"kvl:kv_tier_bytes_out_total", "counter"},
+      {"kvl:kv_tier_checksum_failures_total", "counter"},
+      {"kvl:kv_tier_evictions_total", "counter"},
+      {"kvl:kv_tier_errors_total", "counter"},
+      {"kvl:kv_tier_blocks_promoted_total", "counter"},
+      {"kvl:kv_tier_promote_predicted_seconds_total", "counter"},
+      {"kvl:kv_tier_promote_seconds_total", "counter"}};
+  for (const auto& [family, type] : families) {
+    ASSERT_TRUE(check.types.count(family)) << family;
+    EXPECT_EQ(check.types.at(family), type) << family;
+    // Family names are [a-z_:]: nothing in them is special to a regex.
+    const std::regex sample("\n" + family + R"(\{tier="ram"\} [0-9.e+]+\n)");
+    EXPECT_TRUE(std::regex_search(res->body, sample)) << family << "\n" << res->body;
+  }
+  const std::regex capacity(R"(\nkvl:kv_tier_capacity_bytes\{tier="ram"\} (\S+)\n)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(res->body, m, capacity));
+  EXPECT_EQ(std::stod(m[1]), 64.0 * 1024 * 1024);
 }
 
 // `kvl bench serve` run as a process (under `timeout`, so a hang fails the test): stdout and the
@@ -485,12 +465,25 @@ TEST_F(ServerTest, BenchServeLoadsTheServerPlainAndStreamed) {
       EXPECT_LT(j["ttft_ms"]["mean"].get<double>(), j["e2e_ms"]["mean"].get<double>());
     }
   }
+  // Random token ids: exact prompt lengths, and the shared 16 tokens (one block) are found in the
+  // prefix cache by every request after the first (run one at a time).
+  const BenchServeRun ids = RunBenchServe(
+      fmt::format("--port {} -n 4 --concurrency 1 --max-tokens 4 --random-ids --prompt-tokens 20 "
+                  "--shared-prefix 16 -o json --seed 7",
+                  server_->port()));
+  ASSERT_EQ(ids.status, 0) << ids.out;
+  const json j = json::parse(ids.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << ids.out;
+  EXPECT_EQ(j["requests_ok"], 4);
+  EXPECT_EQ(j["prompt_tokens_mean"], 20.0);
+  EXPECT_EQ(j["cached_tokens_mean"], 12.0);  // 0, 16, 16, 16
   // The markdown table, at a Poisson rate.
   const BenchServeRun md = RunBenchServe(fmt::format(
       "--port {} -n 4 --rate 50 --max-tokens 4 --prompt-tokens 8", server_->port()));
   ASSERT_EQ(md.status, 0) << md.out;
   EXPECT_NE(md.out.find("| requests ok | 4 |"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("TTFT"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("| prompt tokens, mean (cached) |"), std::string::npos) << md.out;
 }
 
 // Nobody listening: every request fails at once, the report says so and the exit status is 1.

@@ -68,6 +68,9 @@ struct EngineOptions {
   // with no file read and nothing measured. Empty: found, measured or assumed as above.
   std::optional<MachineProfile> cost_profile;
   bool explain = false;               // print every KV decision with its cost terms to stderr
+  // --kv-trace: a page-access trace written here (kvl/kv_trace.h), replayed offline by
+  // `kvl bench replay`; empty: none (the step loop only tests a null pointer).
+  std::string kv_trace_path;
   int64_t kv_sink_tokens = 4;         // first tokens never acted on (attention sinks)
   int64_t kv_recent_tokens = 64;      // newest tokens kept resident at full precision
   // The fraction of kv_budget_bytes set aside for staging pages of running sequences that live in
@@ -90,6 +93,15 @@ Status ValidateEngineOptions(const EngineOptions& options);
 
 using RequestId = int64_t;
 
+// The most alternatives a request may ask log-probabilities for (OpenAI's and vLLM's limit).
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+// A token and its log-probability under the model at one step.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+};
+
 struct Request {
   std::string prompt;               // used when prompt_ids is empty
   std::vector<int32_t> prompt_ids;  // taken as they are (no BOS added)
@@ -99,6 +111,11 @@ struct Request {
   std::vector<std::string> stop_strings;  // generation ends before any of these texts
   std::vector<int32_t> stop_ids;          // ... or at any of these tokens (not emitted)
   bool ignore_eos = false;
+  // Log-probabilities of each generated token: the log-softmax of the step's raw logits (before
+  // the repetition penalty, temperature and filtering, as OpenAI and vLLM report them), computed
+  // in double, with this many most likely tokens beside it (0 to kMaxTopLogprobs). -1: none,
+  // and the step computes nothing for this request.
+  int32_t top_logprobs = -1;
 };
 
 // One event per generated token; the last event of a request has finished = true (and may carry
@@ -114,8 +131,22 @@ struct TokenEvent {
   int64_t prompt_tokens = 0;          // on the finished event
   int64_t cached_prompt_tokens = 0;   // prompt tokens found in the prefix cache (first admission)
   int64_t generated_tokens = 0;       // on the finished event
+  // When the request asked for them (top_logprobs >= 0), on each event with a token: its
+  // log-probability and the request's number of most likely tokens, most likely first.
+  float logprob = 0;
+  std::vector<TokenLogprob> top_logprobs;
 };
 using EventCallback = std::function<void(const TokenEvent&)>;
+
+// How far the cost model's bring-back predictions were from the measured times, over the last
+// (up to 4096) pages brought back: the absolute error |measured - predicted| / measured, in
+// percent (nearest-rank percentiles). Pages measured as 0 ms are left out.
+struct KvPredictionError {
+  int64_t samples = 0;       // (predicted, measured) pairs in the window
+  double median_pct = 0;
+  double p90_pct = 0;
+  double median_ratio = 0;   // median of measured / predicted: above 1, the model is optimistic
+};
 
 // What the KV action lattice did: pages and bytes per action, the time the cost model predicted
 // for bringing them back, and the time it really took.
@@ -125,6 +156,7 @@ struct KvActionCounter {
   int64_t pages_restored = 0;       // brought back (promoted, or recomputed at resume)
   double predicted_ms = 0;          // bring-back time the cost model expected, summed
   double measured_ms = 0;           // bring-back time measured, summed (restored pages only)
+  KvPredictionError error;          // per restored page, over the last 4096
 };
 
 // One KV tier's contents and traffic. `kvl run` prints them at the end; /metrics labels them
@@ -152,6 +184,7 @@ struct KvTierMetrics {
   int64_t blocks_in_place = 0;  // taken where the tier holds them (an uncompressed RAM tier)
   double promote_ms_predicted = 0;
   double promote_ms_measured = 0;
+  KvPredictionError promote_error;  // per promoted block, over the last 4096
 };
 
 struct EngineMetrics {

@@ -70,12 +70,35 @@ class Forward final : public KvRebuilder {
   void Embed(const TokenBatch& batch);
   void ComputeRopeAngles(const TokenBatch& batch);
   void AnglesFor(int64_t position, float* cos, float* sin) const;
+  // Tokens of one attention work item: batch tokens [first_token, first_token + num_tokens), of
+  // one sequence at consecutive positions.
+  struct AttentionBlock {
+    int64_t first_token;
+    int64_t num_tokens;
+  };
+  // One thread's attention scratch, sized at construction for one tile and one work item.
+  struct AttentionScratch {
+    void Allocate(int64_t tile_tokens, int64_t head_dim, int64_t rows);
+    std::vector<float> kt_storage;
+    float* kt = nullptr;             // [head_dim][tile] packed keys (ops::PackAttentionKeys)
+    std::vector<float> k_stage;      // [tile][head_dim] keys dequantized before packing
+    std::vector<float> v_stage;      // [tile][head_dim] values widened or dequantized
+    std::vector<const float*> v_rows;  // [tile] the values the tile's rows read
+    std::vector<int64_t> tile_pos;   // [tile] the position of each gathered row
+    std::vector<const float*> q_rows;  // [rows]
+    std::vector<float*> acc_rows;      // [rows] into attn_
+    std::vector<float> m, l;           // [rows] online-softmax state
+    std::vector<float*> score_rows;    // [rows] into tile_scores, or null (no mass tracked)
+    std::vector<float> tile_scores;    // [rows][tile]
+  };
+
   void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv);
+  void PlanAttentionBlocks(const TokenBatch& batch);
+  int64_t GatherTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t begin, int64_t end,
+                     KvCache& kv, AttentionScratch& s) const;
+  void AttendBlock(int64_t layer, const TokenBatch& batch, const AttentionBlock& block,
+                   int64_t kv_head, KvCache& kv, AttentionScratch& s);
   void RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv);
-  void ScoreRows(const KvCache::Rows& rows, const float* q, int64_t kv_offset, int64_t count,
-                 float scale, float* scores) const;
-  void MixRows(const KvCache::Rows& rows, const float* weights, int64_t kv_offset, int64_t count,
-               float* out) const;
   void GrowContextScratch(int64_t positions);
   void PlanAttentionMass(const TokenBatch& batch, KvCache& kv);
   void StoreRow(const float* row, DType type, void* out) const;
@@ -121,7 +144,10 @@ class Forward final : public KvRebuilder {
   // far (at least min(max_context, 4096)), not for max_context: -c bounds it, the tokens really
   // attended to size it, so a huge -c reserves nothing up front. Grown by doubling.
   int64_t context_capacity_ = 0;
-  std::vector<float> scores_;  // [threads][context_capacity_] attention scores scratch
+  int64_t attn_tile_tokens_ = 0;   // positions per K/V tile (ops::AttentionTileTokens)
+  int64_t attn_block_tokens_ = 0;  // consecutive positions per attention work item, at most
+  std::vector<AttentionBlock> attn_blocks_;        // this Run's work items, reserved per token
+  std::vector<AttentionScratch> attn_scratch_;     // [threads]
   std::vector<float> logit_in_;  // [max_logit_rows][dim]
   // Attention weights of the tokens whose cache tracks attention mass,
   // [max_logit_rows][head][context_capacity_]; sized at the first use.

@@ -248,6 +248,68 @@ void AxpyRowsVInt4(const OpsContext& ctx, const float* weights, const QuantKvLay
 void AxpyRowsV(const OpsContext& ctx, const float* weights, const QuantKvLayerView& page,
                int64_t first_row, int64_t count, int64_t head_offset, int64_t head_dim, float* y);
 
+// Columns [head_offset, head_offset + head_dim) of row `row` of a compressed page layer, decoded
+// to f32 by the formulas above (K to k_out, V to v_out; either may be null). Plain code, the same
+// values on every ISA; the tiled attention reads compressed pages through it.
+void DequantizeQuantKvRow(const QuantKvLayerView& page, int64_t row, int64_t head_offset,
+                          int64_t head_dim, float* k_out, float* v_out);
+
+// ---------------------------------------------------------------------------------------------
+// Tiled online-softmax attention (flash attention on the CPU). A query row visits the keys it
+// sees once, in tiles of consecutive positions, keeping a running max m, a running sum l and an
+// unnormalized output acc[head_dim]; each tile of `count` keys updates them as
+//   s_j     = scale * (q . K_j)            (one multiply-add chain over the channels, in order)
+//   m'      = max(m, max_j s_j),  a = exp(m - m')  (a = 0 while m is -inf: nothing seen yet)
+//   p_j     = exp(s_j - m')
+//   l'      = l * a + sum_j p_j
+//   acc'[c] = acc[c] * a + sum_j p_j * V_j[c]      (j in order, one multiply-add each)
+// and the attention output is acc / l after the last tile. No score row of the context's length
+// exists. Several query rows share a call (the heads of a GQA group, several positions of a
+// prompt), so a tile's keys and values are loaded once for all of them.
+//
+// Batch invariance: a row's results depend only on its own q and state and on the tile's first
+// `count` keys and values: never on the other rows of the call, their number, the tile's width,
+// the thread or the ISA's register blocking. A caller that fixes tiles by position (not by how the
+// cache hands out runs of rows) therefore gets bit-identical rows alone or batched, in prefill or
+// decode, from paged or contiguous storage. Across ISAs results agree up to float rounding (the
+// scalar path computes exp with std::exp and does not fuse multiply-adds).
+
+inline constexpr int64_t kMaxAttentionHeadDim = 256;
+inline constexpr int64_t kMaxAttentionTileTokens = 64;
+// Floats of a packed key tile: width * head_dim for every tile AttentionTileTokens allows.
+inline constexpr int64_t kAttentionTileFloats = 4096;
+
+// Keys per tile for a head size: the most, a multiple of 16 and at most
+// kMaxAttentionTileTokens, whose packed keys fit kAttentionTileFloats floats (64 for head_dim
+// <= 64, 32 for 128, 16 for 256), so a tile's keys and values stay in L1 while every query row
+// of a call uses them. head_dim in [1, kMaxAttentionHeadDim].
+int64_t AttentionTileTokens(int64_t head_dim);
+
+// Writes `count` key rows (row i at rows + i * stride elements, of type f32, f16 or bf16, head_dim
+// channels each) into columns [col, col + count) of a packed key tile: kt[c * width + col + i] =
+// K_i[c], widened exactly. width is a multiple of 16, at most kMaxAttentionTileTokens, and
+// width * head_dim <= kAttentionTileFloats; col + count <= width. Columns outside [col, col +
+// count) are left as they are (the tile is packed run by run of the cache's rows).
+void PackAttentionKeys(const OpsContext& ctx, DType type, const void* rows, int64_t stride,
+                       int64_t count, int64_t head_dim, float* kt, int64_t width, int64_t col);
+
+// The query rows of one AttentionTile call and their running state.
+struct AttentionRows {
+  int64_t num_rows = 0;
+  const float* const* q = nullptr;  // [num_rows] -> [head_dim]
+  float* m = nullptr;               // [num_rows] running max, -inf before the first tile
+  float* l = nullptr;               // [num_rows] running sum, 0 before the first tile
+  float* const* acc = nullptr;      // [num_rows] -> [head_dim] output so far, 0 before the first
+  // Null, or [num_rows] pointers, each null or where the row's scaled scores s_j (count floats)
+  // are written: the attention-mass tracking reads them back.
+  float* const* scores = nullptr;
+};
+
+// One tile for every row of `rows`: keys packed by PackAttentionKeys (kt, width), values v[j] ->
+// head_dim f32 for j < count, 1 <= count <= width. kt 64-byte aligned.
+void AttentionTile(const OpsContext& ctx, const float* kt, int64_t width, const float* const* v,
+                   int64_t count, int64_t head_dim, float scale, const AttentionRows& rows);
+
 // Row of a matrix in any supported type, widened to f32 (token embedding lookup).
 void DequantizeRow(DType type, const void* row, int64_t n, float* out);
 

@@ -1,0 +1,83 @@
+// Offline replay of a KV page-access trace (kvl/kv_trace.h): the trace's page reads run through
+// a resident set of N pages under an eviction policy, each miss priced as bringing the page back,
+// so that the engine's reuse score can be compared with LRU, LFU and Belady's optimal (which knows
+// the future) on the same accesses, and the engine's own recorded decisions priced the same way.
+//
+// The model: a read of a resident page is a hit; the first read of a page anywhere in the trace is
+// cold (it is computed whatever the policy) and makes it resident; any other read of a page not
+// resident is a miss, costs miss_ms, and makes it resident. When a page becomes resident in a full
+// set, the policy's victim leaves. Accesses are sequential, in trace order.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvl/kv_trace.h"
+
+namespace kvl {
+
+// One page read, in trace order.
+struct KvTraceAccess {
+  int64_t step = 0;
+  int64_t page = 0;
+  int64_t request = 0;
+  int64_t block = 0;        // its index in the request that read it
+  int64_t read_blocks = 0;  // how many blocks that request read in this step
+  bool computed = false;    // its tokens were computed in this step (block >= the read's from)
+};
+std::vector<KvTraceAccess> KvTraceAccesses(const KvTrace& trace);
+
+enum class KvReplayPolicy { kReuseScore, kLru, kLfu, kBelady };
+std::string_view KvReplayPolicyName(KvReplayPolicy policy);
+
+struct KvReplayOptions {
+  int64_t capacity_pages = 0;  // the resident set
+  double miss_ms = 0;          // the price of bringing one missed page back
+  // For the reuse score's history: the first pages and the newest ones of a sequence that is
+  // reading them are protected, as the engine protects its sinks and recent window.
+  int64_t sink_blocks = 1;
+  int64_t recent_blocks = 4;
+};
+
+struct KvReplayResult {
+  std::string policy;
+  int64_t capacity_pages = 0;
+  int64_t accesses = 0;
+  int64_t cold = 0;  // first reads of a page: computed once whatever the policy
+  int64_t hits = 0;
+  int64_t misses = 0;  // reads of a page seen before and not resident
+  double cost_ms = 0;  // misses x miss_ms
+};
+
+// Replays the accesses through a resident set of options.capacity_pages pages. The victims:
+//   reuse score: the lowest ReuseProbability over the page's replayed history (steps since it was
+//                read, steps it was read in, sink / recent window while its reader runs; no
+//                attention mass, which the trace does not hold); ties go to the least recent;
+//   LRU: the least recently read; LFU: the fewest reads so far, resident or not (ties: the least
+//        recent);
+//   Belady: the page whose next read is farthest ahead (never read again first).
+KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess> accesses,
+                             KvReplayPolicy policy, const KvReplayOptions& options);
+
+// What the engine's own decisions cost, at its own pool size, priced as the simulated policies'
+// misses are, read from what it did: every page it brought back (B) is a miss; so is a page whose
+// tokens a step computed again after it had been seen (it had left, or the prefix chain to it was
+// broken); so is every read of a page from outside the pool (streamed from a tier, read in place
+// there, or rebuilt from checkpoints). Any other read is a hit: the page was in the pool
+// (compressed pages included). Reads of evicted pages are not misses (the engine lost them) and
+// are counted apart.
+struct KvRecordedResult {
+  KvReplayResult replay;       // policy "recorded", capacity_pages = the header's pool_blocks
+  int64_t brought_back = 0;    // of the misses: B events
+  int64_t streamed_reads = 0;  // of the misses: reads from outside the pool
+  int64_t recomputed = 0;      // of the misses: pages computed again after they were seen
+  int64_t lost_reads = 0;      // reads of evicted pages
+};
+KvRecordedResult ReplayRecordedDecisions(const KvTrace& trace, double miss_ms);
+
+}  // namespace kvl
