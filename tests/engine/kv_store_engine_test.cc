@@ -92,7 +92,8 @@ TEST(KvStoreEngineTest, ASecondEngineOnTheSameDiskTierPromotesThePrompt) {
     prompt_tokens = static_cast<int64_t>(prompt.size());
     first = Generate(*e, prompt);
     EXPECT_EQ(first.cached_prompt_tokens, 0);
-    const KvTierMetrics* t = Tier(e->Metrics(), "disk");
+    const EngineMetrics metrics1 = e->Metrics();  // kept: Tier points into it
+    const KvTierMetrics* t = Tier(metrics1, "disk");
     ASSERT_NE(t, nullptr);
     EXPECT_GE(t->pages_in, (prompt_tokens / 16) * 6);  // written through: 5 layers + identity
   }
@@ -102,7 +103,8 @@ TEST(KvStoreEngineTest, ASecondEngineOnTheSameDiskTierPromotesThePrompt) {
   EXPECT_EQ(second.tokens, first.tokens);
   // Every full page but the one holding the last token came back from the disk.
   EXPECT_EQ(second.cached_prompt_tokens, (prompt_tokens - 1) / 16 * 16);
-  const KvTierMetrics* t = Tier(e->Metrics(), "disk");
+  const EngineMetrics metrics2 = e->Metrics();  // kept: Tier points into it
+  const KvTierMetrics* t = Tier(metrics2, "disk");
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->hit_blocks, (prompt_tokens - 1) / 16);
   EXPECT_EQ(t->blocks_promoted, t->hit_blocks);
@@ -145,7 +147,8 @@ TEST(KvStoreEngineTest, PagesTheSmallPoolEvictedComeBackFromTheRamTier) {
   const Reply a2 = Generate(*e, a);
   EXPECT_EQ(a2.tokens, a1.tokens);
   EXPECT_EQ(a1.tokens, KeepAllReply(0).tokens);
-  const KvTierMetrics* t = Tier(e->Metrics(), "ram");
+  const EngineMetrics metrics3 = e->Metrics();  // kept: Tier points into it
+  const KvTierMetrics* t = Tier(metrics3, "ram");
   ASSERT_NE(t, nullptr);
   // Every full page of `a` but the last: from the RAM tier, or still in the pool.
   const int64_t pages = (static_cast<int64_t>(a.size()) - 1) / 16;
@@ -225,7 +228,8 @@ TEST(KvStoreEngineTest, TwoEnginesShareARedisTierAndSurviveItsDeath) {
   std::this_thread::sleep_for(std::chrono::milliseconds(2200));  // past the longest backoff
   const Reply after = Generate(*second, LongPrompt(*second, 1));
   EXPECT_EQ(after.tokens, during.tokens);
-  const KvTierMetrics* t = Tier(second->Metrics(), "redis");
+  const EngineMetrics metrics4 = second->Metrics();  // kept: Tier points into it
+  const KvTierMetrics* t = Tier(metrics4, "redis");
   ASSERT_NE(t, nullptr);
   EXPECT_GT(t->errors, 0);
   RawRedis raw(port);
