@@ -8,6 +8,7 @@ than one file is drawn once, from the first. Exits 3 when matplotlib is missing 
 python3-matplotlib), so that the bench can say so and go on.
 """
 import json
+import os
 import sys
 
 try:
@@ -84,7 +85,7 @@ def main(argv):
         ax.set_ylim(bottom=0)
     ax_time.legend(fontsize=8, loc="upper left")
     fig.suptitle(
-        f'kvl bench turns: {header.get("model_name", "")}, {header.get("turns", "")} turns, '
+        f'kvl bench turns: {os.path.basename(header.get("model", ""))}, {header.get("turns", "")} turns, '
         f'replies of {header.get("reply_tokens", "")} tokens, whole history resubmitted',
         fontsize=10)
     fig.tight_layout()

@@ -400,6 +400,7 @@ struct Summary {
   double first_ms = 0, second_ms = 0, last_ms = 0;  // wall time of turn 1, 2 and the last
   double last_over_second = 0;
   double last_over_b = 0;
+  double last_ttft_over_b = 0;  // the turn's TTFT against b's: the history's cost alone
   int64_t resident_max = 0;  // the most resident KV of any turn (pool peak + buffers)
   int64_t prefilled = 0;
   int32_t identical = 0;
@@ -418,6 +419,7 @@ Summary Summarize(const ConfigRun& run, const ConfigRun& b) {
   const size_t last = run.turns.size() - 1;
   if (last < b.turns.size() && b.turns[last].wall_ms > 0) {
     s.last_over_b = s.last_ms / b.turns[last].wall_ms;
+    if (b.turns[last].ttft_ms > 0) s.last_ttft_over_b = run.turns.back().ttft_ms / b.turns[last].ttft_ms;
   }
   for (const TurnRecord& r : run.turns) {
     s.total_ms += r.wall_ms;
@@ -435,23 +437,25 @@ Summary Summarize(const ConfigRun& run, const ConfigRun& b) {
 void PrintSummary(const std::vector<ConfigRun>& runs, int32_t turns) {
   const ConfigRun& b = runs.front();
   fmt::print("\n### summary\n\n");
-  fmt::print("| {:<10} | {:>11} | {:>12} | {:>10} | {:>10} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9} |\n",
+  fmt::print("| {:<10} | {:>11} | {:>12} | {:>10} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>9} |\n",
              "config", "budget", "max resident", "turn 2 ms",
              fmt::format("turn {} ms", turns), fmt::format("{}/2", turns),
-             fmt::format("{} vs b", turns), "prefilled", "identical", "agreement");
-  fmt::print("| {:-<10} | {:->11} | {:->12} | {:->10} | {:->10} | {:->7} | {:->9} | {:->9} | {:->9} | {:->9} |\n",
-             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+             fmt::format("{} vs b", turns), fmt::format("TTFT {} vs b", turns), "prefilled",
+             "identical", "agreement");
+  fmt::print("| {:-<10} | {:->11} | {:->12} | {:->10} | {:->10} | {:->7} | {:->9} | {:->13} | {:->9} | {:->9} | {:->9} |\n",
+             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   for (const ConfigRun& run : runs) {
     const Summary s = Summarize(run, b);
     // A run that stopped early has no last turn to compare: it says where it stopped.
     const bool complete = static_cast<int32_t>(run.turns.size()) == turns;
     const std::string stopped = fmt::format("stop@{}", run.turns.size() + 1);
-    fmt::print("| {:<10} | {:>11} | {:>12} | {:>10.1f} | {:>10} | {:>7} | {:>9} | {:>9} | {:>9} | {:>8.1f}% |\n",
+    fmt::print("| {:<10} | {:>11} | {:>12} | {:>10.1f} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>8.1f}% |\n",
                run.config.name, run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "-",
                FormatBytes(s.resident_max), s.second_ms,
                complete ? fmt::format("{:.1f}", s.last_ms) : stopped,
                complete ? fmt::format("{:.2f}", s.last_over_second) : "-",
-               complete ? fmt::format("{:.2f}", s.last_over_b) : "-", s.prefilled,
+               complete ? fmt::format("{:.2f}", s.last_over_b) : "-",
+               complete ? fmt::format("{:.2f}", s.last_ttft_over_b) : "-", s.prefilled,
                fmt::format("{}/{}", s.identical, turns), 100 * s.agreement_mean);
   }
 }
@@ -534,6 +538,7 @@ nlohmann::json RunJson(const ConfigRun& run, const ConfigRun& b) {
           {"summary",
            {{"turn1_ms", s.first_ms}, {"turn2_ms", s.second_ms}, {"last_ms", s.last_ms},
             {"last_over_turn2", s.last_over_second}, {"last_over_b", s.last_over_b},
+            {"last_ttft_over_b", s.last_ttft_over_b},
             {"resident_max", s.resident_max}, {"prefilled_tokens", s.prefilled},
             {"replies_identical", s.identical}, {"agreement_mean", s.agreement_mean},
             {"total_ms", s.total_ms}}},
@@ -637,9 +642,10 @@ int BenchTurnsCommand(const BenchTurnsArgs& args) {
   }
   int64_t user_tokens = 0;
   for (const auto& u : conv.user) user_tokens += static_cast<int64_t>(u.size());
-  fmt::print("model {} ({} layers, kv_dim {}), {} turns: user messages {}-{} tokens ({} in all), "
-             "replies {} greedy tokens; the last prompt {} tokens, context {}{}\n",
-             mc.name, mc.num_layers, mc.kv_dim(), args.turns, args.user_min, args.user_max,
+  fmt::print("model {} ({}, {} layers, kv_dim {}), {} turns: user messages {}-{} tokens ({} in "
+             "all), replies {} greedy tokens; the last prompt {} tokens, context {}{}\n",
+             std::filesystem::path(args.engine.model_path).filename().string(), mc.name,
+             mc.num_layers, mc.kv_dim(), args.turns, args.user_min, args.user_max,
              user_tokens, args.reply_tokens, conv.total_tokens - args.reply_tokens, context,
              context_note);
   (void)FlushStdout();
