@@ -347,6 +347,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   SchedulerOptions so;
   so.max_batch_tokens = fo.max_batch_tokens;
   so.max_seqs = options.max_seqs;
+  so.keep_lossy_sessions = options.prefix_cache;
   e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
   if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices.recompute_tokens_ms);
   e.scheduler->set_trace(e.trace.get());

@@ -62,6 +62,8 @@ struct Sequence {
   int64_t attach_blocks = 0;       // this admission: store pages read in place, not promoted
   bool store_checked = false;      // its prompt was looked up in the KV store
   int32_t preemptions = 0;
+  // Finished, but its slot and lossy KV are kept for a next turn to continue (Scheduler).
+  bool parked = false;
 
   // The finished event (reason, error, counts, the text still held back); marks it finished.
   TokenEvent FinishEvent(const std::string& reason, Status error);

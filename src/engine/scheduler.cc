@@ -171,7 +171,45 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
   return admissions;
 }
 
+void Scheduler::AdoptParkedSessions() {
+  for (auto it = waiting_.begin(); it != waiting_.end() && !parked_.empty();) {
+    Sequence& seq = **it;
+    // Only a new request: a preempted one has its own pages to come back to.
+    const bool is_new = seq.slot < 0 && seq.preemptions == 0 && seq.cached_prompt_tokens < 0;
+    auto continues = [&](const std::unique_ptr<Sequence>& p) {
+      const auto computed = static_cast<size_t>(p->num_computed);
+      return computed > 0 && computed < seq.tokens.size() &&
+             std::equal(p->tokens.begin(), p->tokens.begin() + static_cast<ptrdiff_t>(computed),
+                        seq.tokens.begin());
+    };
+    const auto session = is_new ? std::find_if(parked_.begin(), parked_.end(), continues)
+                                : parked_.end();
+    if (session == parked_.end()) {
+      ++it;
+      continue;
+    }
+    Sequence& p = **session;
+    seq.slot = p.slot;
+    seq.kv_pages = std::move(p.kv_pages);
+    pager_.Rebind(seq.slot, &seq.kv_pages);
+    seq.num_computed = p.num_computed;
+    seq.cached_prompt_tokens = p.num_computed;
+    seq.store_checked = true;
+    parked_.erase(session);
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
+  }
+  while (!parked_.empty() && waiting_.size() > free_slots_.size()) Unpark(0);
+}
+
+void Scheduler::Unpark(size_t parked_index) {
+  KVL_CHECK(parked_index < parked_.size());
+  ReleaseSlot(*parked_[parked_index]);
+  parked_.erase(parked_.begin() + static_cast<ptrdiff_t>(parked_index));
+}
+
 bool Scheduler::Schedule(StepPlan* plan) {
+  AdoptParkedSessions();
   size_t max_admissions = waiting_.size();
   planner_.ClearFailedActions();
   // Prefill chunks shrink when a sequence pages through a pool smaller than one chunk.
@@ -200,6 +238,12 @@ bool Scheduler::Schedule(StepPlan* plan) {
     }
     const KvPlan& kv = plan->kv;
     const int64_t blocks_short = kv.blocks_needed + kv.blocks_reused_free - kv.blocks_free;
+    // Parked sessions are a cache: they go before an admission waits or any running sequence's
+    // page has to move.
+    if (!parked_.empty()) {
+      Unpark(0);
+      continue;
+    }
     if (admissions > 0 && !running_.empty()) {
       max_admissions = admissions - 1;  // the newest admission waits for a later step
       continue;
@@ -367,22 +411,30 @@ void Scheduler::Preempt(Sequence& seq) {
   KVL_CHECK_MSG(false, "preempting a sequence that is not running");
 }
 
+void Scheduler::ReleaseSlot(Sequence& seq) {
+  if (kv_.Contains(seq.slot)) {
+    // Durable tiers get the request's pages now, so a restart or another process finds them.
+    if (store_ != nullptr) {
+      for (const KvStoreTier& t : store_->tiers()) {
+        if (t.durable) pager_.SaveToStore(seq.slot, t.tier);
+      }
+    }
+    pager_.DropSequence(seq.slot);
+    kv_.Free(seq.slot);
+  }
+  free_slots_.push_back(seq.slot);
+  seq.slot = -1;
+}
+
 void Scheduler::Finish(Sequence& seq, const std::string& reason, Status error) {
   if (seq.finished) return;
+  const bool completed =
+      error.ok() && (reason == "eos" || reason == "stop" || reason == "length");
   const TokenEvent event = seq.FinishEvent(reason, std::move(error));
   if (seq.slot >= 0) {
-    if (kv_.Contains(seq.slot)) {
-      // Durable tiers get the request's pages now, so a restart or another process finds them.
-      if (store_ != nullptr) {
-        for (const KvStoreTier& t : store_->tiers()) {
-          if (t.durable) pager_.SaveToStore(seq.slot, t.tier);
-        }
-      }
-      pager_.DropSequence(seq.slot);
-      kv_.Free(seq.slot);
-    }
-    free_slots_.push_back(seq.slot);
-    seq.slot = -1;
+    seq.parked = options_.keep_lossy_sessions && completed && kv_.Contains(seq.slot) &&
+                 kv_.IsLossy(seq.slot);
+    if (!seq.parked) ReleaseSlot(seq);
   } else {
     pager_.ForgetPreemptedPages(seq.kv_pages);  // a preempted request cancelled while waiting
   }
@@ -391,7 +443,12 @@ void Scheduler::Finish(Sequence& seq, const std::string& reason, Status error) {
 }
 
 void Scheduler::ReleaseFinished() {
-  auto done = [](const std::unique_ptr<Sequence>& s) { return s->finished; };
+  for (std::unique_ptr<Sequence>& seq : running_) {
+    if (!seq->finished || !seq->parked) continue;
+    seq->on_event = nullptr;  // its request is over: nothing is ever sent for it again
+    parked_.push_back(std::move(seq));
+  }
+  auto done = [](const std::unique_ptr<Sequence>& s) { return s == nullptr || s->finished; };
   running_.erase(std::remove_if(running_.begin(), running_.end(), done), running_.end());
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), done), waiting_.end());
 }

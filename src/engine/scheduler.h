@@ -34,6 +34,14 @@ namespace kvl {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // tokens per forward step
   int32_t max_seqs = 16;           // sequences running at once (KV slots 0..max_seqs-1)
+  // A finished sequence whose KV went lossy (compressed or evicted pages) keeps its slot as a
+  // session, and a later request whose prompt starts with all its computed tokens continues it
+  // (a chat's next turn resubmitting the history): that history is not prefilled again, and the
+  // pool stays at its budget, at the price of reusing approximate KV, which the user accepted by
+  // choosing a lossy policy. A lossless sequence's pages are found again exactly through the
+  // prefix cache and the KV store instead, so it is never parked. Sessions give their slot and
+  // blocks back as soon as another request needs them.
+  bool keep_lossy_sessions = false;
 };
 
 // One step's work: a KV plan that fits, and per sequence the tokens it computes.
@@ -78,6 +86,7 @@ class Scheduler {
   void ReleaseFinished();
 
   bool idle() const { return running_.empty() && waiting_.empty(); }
+  int64_t num_parked() const { return static_cast<int64_t>(parked_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
 
@@ -98,6 +107,13 @@ class Scheduler {
   // Marks the pages of a waiting prompt that the KV store holds past the pool's cached prefix as
   // awaiting restore, as far as promoting them is cheaper than recomputing them.
   void FindInStore(Sequence& seq, int64_t cached_tokens);
+  // Waiting requests that continue a parked session take its slot and KV and run; then parked
+  // sessions give their slots back to the requests still waiting for one.
+  void AdoptParkedSessions();
+  // A parked session goes: its KV leaves the pool as a finished request's does.
+  void Unpark(size_t parked_index);
+  // A finished or parked sequence's slot: pages written through to durable tiers, the KV let go.
+  void ReleaseSlot(Sequence& seq);
   bool RelievePressure(int64_t blocks_short, Phase phase);
   void PreemptAt(size_t running_index);
   void CountAppliedActions(const KvPagePlan& plan);
@@ -116,6 +132,7 @@ class Scheduler {
 
   std::deque<std::unique_ptr<Sequence>> waiting_;   // not admitted (new or preempted), FIFO
   std::vector<std::unique_ptr<Sequence>> running_;  // admitted, in admission order
+  std::vector<std::unique_ptr<Sequence>> parked_;   // lossy sessions, oldest first
   std::vector<SeqId> free_slots_;
   Phase phase_ = Phase::kDecode;                    // of the step being planned
   KvPagePlan page_plan_;                            // reused

@@ -154,6 +154,11 @@ void KvPager::StartSequence(SeqId seq, KvSequencePages* pages) {
   pages->pages.reserve(static_cast<size_t>(manager_.BlocksFor(positions)));
 }
 
+void KvPager::Rebind(SeqId seq, KvSequencePages* pages) {
+  KVL_CHECK(bound_[static_cast<size_t>(seq)] != nullptr && pages != nullptr);
+  bound_[static_cast<size_t>(seq)] = pages;
+}
+
 void KvPager::ReleasePage(KvPage& page) {
   if (page.awaiting_restore) {  // never counted as held: it is not part of the sequence's KV
     LetGoTierPage(page);

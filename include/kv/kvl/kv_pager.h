@@ -171,6 +171,9 @@ class KvPager final : public KvDetachedPages {
   // A sequence enters the pool (admission) with its page table (empty for a new request, the
   // preempted fates for a resumed one); its attention history starts empty.
   void StartSequence(SeqId seq, KvSequencePages* pages);
+  // The sequence in `seq`'s slot goes on as another request (a lossy session a new turn
+  // continues): its page table, moved to `pages`, stays bound to the slot.
+  void Rebind(SeqId seq, KvSequencePages* pages);
   // A sequence leaves for good (finished, cancelled): every page it holds outside the pool is
   // freed (slab slots, tier pages) and the slot unbound.
   void DropSequence(SeqId seq);
