@@ -171,31 +171,56 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
   return admissions;
 }
 
+int64_t Scheduler::ContinuableTokens(const Sequence& session, const Sequence& seq) const {
+  const auto computed = static_cast<size_t>(session.num_computed);
+  // The new request computes at least its last prompt token (its logits are needed).
+  const size_t limit = std::min(computed, seq.tokens.size() - 1);
+  const auto agree = static_cast<size_t>(
+      std::mismatch(session.tokens.begin(), session.tokens.begin() + static_cast<ptrdiff_t>(limit),
+                    seq.tokens.begin())
+          .first -
+      session.tokens.begin());
+  if (agree == computed) return session.num_computed;  // all of it, the partial page too
+  // Where they part (a client that re-tokenized the reply, edited the history): whole pages up
+  // to there; the session is cut back to them.
+  return static_cast<int64_t>(agree) / block_tokens_ * block_tokens_;
+}
+
 void Scheduler::AdoptParkedSessions() {
   for (auto it = waiting_.begin(); it != waiting_.end() && !parked_.empty();) {
     Sequence& seq = **it;
     // Only a new request: a preempted one has its own pages to come back to.
-    const bool is_new = seq.slot < 0 && seq.preemptions == 0 && seq.cached_prompt_tokens < 0;
-    auto continues = [&](const std::unique_ptr<Sequence>& p) {
-      const auto computed = static_cast<size_t>(p->num_computed);
-      return computed > 0 && computed < seq.tokens.size() &&
-             std::equal(p->tokens.begin(), p->tokens.begin() + static_cast<ptrdiff_t>(computed),
-                        seq.tokens.begin());
-    };
-    const auto session = is_new ? std::find_if(parked_.begin(), parked_.end(), continues)
-                                : parked_.end();
-    if (session == parked_.end()) {
+    if (seq.slot >= 0 || seq.preemptions > 0 || seq.cached_prompt_tokens >= 0 ||
+        seq.tokens.size() < 2) {
       ++it;
       continue;
     }
-    Sequence& p = **session;
-    seq.slot = p.slot;
-    seq.kv_pages = std::move(p.kv_pages);
+    size_t best = 0;
+    int64_t best_tokens = 0;
+    for (size_t i = 0; i < parked_.size(); ++i) {
+      const int64_t n = ContinuableTokens(*parked_[i], seq);
+      if (n > best_tokens) {
+        best = i;
+        best_tokens = n;
+      }
+    }
+    // Exact pages the prefix cache holds win over as many approximate ones.
+    if (best_tokens == 0 || best_tokens <= kv_.MatchPrefix(seq.tokens)) {
+      ++it;
+      continue;
+    }
+    Sequence& session = *parked_[best];
+    if (best_tokens < session.num_computed) {
+      kv_.Truncate(session.slot, best_tokens);
+      pager_.Truncate(session.slot, best_tokens / block_tokens_);
+    }
+    seq.slot = session.slot;
+    seq.kv_pages = std::move(session.kv_pages);
     pager_.Rebind(seq.slot, &seq.kv_pages);
-    seq.num_computed = p.num_computed;
-    seq.cached_prompt_tokens = p.num_computed;
+    seq.num_computed = best_tokens;
+    seq.cached_prompt_tokens = best_tokens;
     seq.store_checked = true;
-    parked_.erase(session);
+    parked_.erase(parked_.begin() + static_cast<ptrdiff_t>(best));
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
   }

@@ -35,12 +35,12 @@ struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // tokens per forward step
   int32_t max_seqs = 16;           // sequences running at once (KV slots 0..max_seqs-1)
   // A finished sequence whose KV went lossy (compressed or evicted pages) keeps its slot as a
-  // session, and a later request whose prompt starts with all its computed tokens continues it
-  // (a chat's next turn resubmitting the history): that history is not prefilled again, and the
-  // pool stays at its budget, at the price of reusing approximate KV, which the user accepted by
-  // choosing a lossy policy. A lossless sequence's pages are found again exactly through the
-  // prefix cache and the KV store instead, so it is never parked. Sessions give their slot and
-  // blocks back as soon as another request needs them.
+  // session, and a later request whose prompt starts with its tokens continues it, as far as
+  // they agree (a chat's next turn resubmitting the history): that history is not prefilled
+  // again and the pool stays at its budget, at the price of reusing approximate KV, which the
+  // user accepted by choosing a lossy policy. A lossless sequence's pages are found again
+  // exactly through the prefix cache and the KV store instead, so it is never parked. Sessions
+  // give their slot and blocks back as soon as another request needs them.
   bool keep_lossy_sessions = false;
 };
 
@@ -110,6 +110,9 @@ class Scheduler {
   // Waiting requests that continue a parked session take its slot and KV and run; then parked
   // sessions give their slots back to the requests still waiting for one.
   void AdoptParkedSessions();
+  // Leading tokens of `seq` a parked session can give it: every token it computed when they all
+  // agree, else the whole pages before they part.
+  int64_t ContinuableTokens(const Sequence& session, const Sequence& seq) const;
   // A parked session goes: its KV leaves the pool as a finished request's does.
   void Unpark(size_t parked_index);
   // A finished or parked sequence's slot: pages written through to durable tiers, the KV let go.

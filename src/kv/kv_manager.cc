@@ -455,6 +455,24 @@ void KvManager::Free(SeqId seq_id) {
   ++s.version;
 }
 
+void KvManager::Truncate(SeqId seq_id, int64_t num_tokens) {
+  State& s = *s_;
+  KVL_CHECK(Contains(seq_id));
+  SeqState& seq = s.seqs[seq_id];
+  KVL_CHECK_MSG(num_tokens >= 0 && num_tokens % s.block_tokens == 0 &&
+                    num_tokens <= static_cast<int64_t>(seq.tokens.size()),
+                "Truncate to a block boundary within the sequence");
+  const size_t keep = static_cast<size_t>(num_tokens / s.block_tokens);
+  // Last to first, as in Free.
+  for (size_t k = seq.table.size(); k > keep; --k) {
+    if (seq.table[k - 1] != kNoBlock) s.UnrefBlock(seq.table[k - 1]);
+  }
+  seq.table.resize(std::min(seq.table.size(), keep));
+  seq.tokens.resize(static_cast<size_t>(num_tokens));
+  seq.content.resize(std::min(seq.content.size(), keep));
+  ++s.version;
+}
+
 void KvManager::Fork(SeqId parent, SeqId child) {
   State& s = *s_;
   KVL_CHECK(Contains(parent));

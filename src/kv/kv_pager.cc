@@ -199,6 +199,16 @@ void KvPager::DropSequence(SeqId seq) {
   bound_[static_cast<size_t>(seq)] = nullptr;
 }
 
+void KvPager::Truncate(SeqId seq, int64_t num_blocks) {
+  KvSequencePages& s = Bound(seq);
+  const auto keep = static_cast<size_t>(num_blocks);
+  for (size_t b = keep; b < s.pages.size(); ++b) ReleasePage(s.pages[b]);
+  if (s.pages.size() > keep) s.pages.resize(keep);
+  if (s.filled_at_step.size() > keep) s.filled_at_step.resize(keep);
+  const auto positions = std::min(s.mass.size(), static_cast<size_t>(num_blocks * layout_.block_tokens));
+  std::fill(s.mass.begin() + static_cast<ptrdiff_t>(positions), s.mass.end(), 0.0f);
+}
+
 int64_t KvPager::Apply(KvPagePlan& plan) {
   KVL_CHECK_MSG(plan.state_version == manager_.state_version(),
                 "a page plan made against an older state of the pool");

@@ -104,6 +104,29 @@ TEST(LossySessionTest, ANextTurnContinuesTheEvictedHistoryInsteadOfPrefillingIt)
   EXPECT_GT(EvictedPages(m), evicted);
 }
 
+TEST(LossySessionTest, AHistoryThatPartsFromTheSessionContinuesItUpToThePageWhereTheyPart) {
+  // A chat client re-tokenizes the reply's text, or the user edits it: the session is cut back
+  // to the whole pages before the first differing token, and the rest is computed.
+  auto e = MakeEngine(Options("evict", 10));
+  const std::vector<int32_t> first = FirstTurn(*e);
+  Reply one = Generate(*e, first);
+  ASSERT_GT(EvictedPages(e->Metrics()), 5);
+  const size_t parts_at = first.size() + 10;  // the 11th reply token differs
+  one.tokens[10] = one.tokens[10] == 1 ? 2 : 1;
+  const std::vector<int32_t> second = NextTurn(*e, first, one);
+  const int64_t prefilled_before = e->Metrics().tokens_prefilled;
+  const Reply two = Generate(*e, second);
+  EXPECT_EQ(two.tokens.size(), static_cast<size_t>(kReplyTokens));
+  const auto continued = static_cast<int64_t>(parts_at / 16 * 16);
+  EXPECT_EQ(two.cached_prompt_tokens, continued);
+  EXPECT_EQ(e->Metrics().tokens_prefilled - prefilled_before,
+            static_cast<int64_t>(second.size()) - continued);
+  // And the cut session goes on as any other: a third turn continues it again, whole.
+  const std::vector<int32_t> third = NextTurn(*e, second, two);
+  const Reply three = Generate(*e, third);
+  EXPECT_EQ(three.cached_prompt_tokens, static_cast<int64_t>(second.size()) + kReplyTokens - 1);
+}
+
 TEST(LossySessionTest, ALosslessTurnIsFoundThroughThePrefixCacheNotParked) {
   // A pool that holds the whole conversation: nothing is lossy, and the next turn gets the full
   // pages of its history from the prefix cache, never the partial last one.

@@ -383,5 +383,25 @@ TEST(KvManagerTest, DuplicatePrefixesChainThroughTheIndexedCopy) {
   EXPECT_TRUE(m->CheckInvariants().ok());
 }
 
+TEST(KvManagerTest, TruncateLetsTheLaterBlocksGoAndTheSequenceGoesOnFromThere) {
+  auto m = Make(Options(4, 8));
+  Step(*m, 0, Range(0, 14));  // blocks of 4: three full, one with 2 tokens
+  ASSERT_EQ(m->block_table(0).size(), 4u);
+  const std::vector<BlockId> kept(m->block_table(0).begin(), m->block_table(0).begin() + 2);
+  m->Truncate(0, 8);
+  EXPECT_EQ(m->block_table(0), kept);
+  EXPECT_EQ(m->tokens(0), Range(0, 8));
+  EXPECT_EQ(m->stats().blocks_used, 2);
+  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+  // The full block let go stays findable (its tokens are what the index says); the sequence
+  // then grows from token 8 with other tokens.
+  EXPECT_EQ(m->MatchPrefix(Range(0, 13)), 12);
+  const KvPlan grow = Step(*m, 0, Range(50, 5));
+  EXPECT_EQ(grow.seqs[0].first_new_pos, 8);
+  EXPECT_EQ(m->tokens(0), Concat(Range(0, 8), Range(50, 5)));
+  EXPECT_EQ(m->block_table(0).size(), 4u);
+  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+}
+
 }  // namespace
 }  // namespace kvl

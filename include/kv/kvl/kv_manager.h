@@ -201,6 +201,10 @@ class KvManager {
   // Makes `child` share all of `parent`'s blocks (copy-on-write). `child` must be absent, and
   // `parent` must not be paged.
   void Fork(SeqId parent, SeqId child);
+  // Cuts `seq` back to its first `num_tokens` tokens (a multiple of the block size, at most its
+  // length): the blocks after them lose this sequence's reference, as in Free. A session a new
+  // request continues only as far as their tokens agree (Scheduler's lossy sessions).
+  void Truncate(SeqId seq, int64_t num_tokens);
 
   // Paging a running sequence (the action lattice on live pages). Block `block_index` of `seq`,
   // a full block other than the last, leaves the pool while the sequence goes on: its reference

@@ -177,6 +177,9 @@ class KvPager final : public KvDetachedPages {
   // A sequence leaves for good (finished, cancelled): every page it holds outside the pool is
   // freed (slab slots, tier pages) and the slot unbound.
   void DropSequence(SeqId seq);
+  // The sequence was cut back to its first `num_blocks` blocks (KvManager::Truncate): the pages
+  // after them are freed, and the attention its later positions got is forgotten.
+  void Truncate(SeqId seq, int64_t num_blocks);
 
   // Running sequences: applies the plan's actions in order (compress, demote/stream,
   // recompute-residual, evict on resident pages; evict on compressed ones) until
