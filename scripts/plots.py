@@ -207,8 +207,8 @@ def throughput(out, paths):
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.4))
     y = list(range(len(rows)))[::-1]
     ax.barh(y, values, xerr=errors, color=colors, alpha=0.85)
-    for yi, v in zip(y, values):
-        ax.text(v, yi, f" {v:.1f}", va="center", fontsize=8)
+    for yi, v, e in zip(y, values, errors):
+        ax.text(v + e, yi, f"  {v:.1f}", va="center", fontsize=8)
     ax.set_yticks(y)
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_xscale("log" if values and max(values) / max(min(values), 1e-9) > 50 else "linear")
