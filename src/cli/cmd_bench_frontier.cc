@@ -186,9 +186,17 @@ StatusOr<std::unique_ptr<KvTier>> OpenTier(const TierChoice& choice, int64_t pag
     KVL_ASSIGN_OR_RETURN(std::unique_ptr<DiskKvTier> disk, MakeDiskTier(o));
     return std::unique_ptr<KvTier>(std::move(disk));
   }
-  KVL_ASSIGN_OR_RETURN(TierSpec spec, ParseTierSpec(choice.redis));
-  spec.name_space = fmt::format("kvl-bench-frontier-{}", ::getpid());
-  return MakeTier(spec, page_bytes, "kvl bench frontier");
+  KVL_ASSIGN_OR_RETURN(const TierSpec spec, ParseTierSpec(choice.redis));
+  RedisTierOptions o;
+  o.host = spec.host;
+  o.port = spec.port;
+  o.name_space = fmt::format("kvl-bench-frontier-{}", ::getpid());
+  o.identity = "kvl bench frontier";
+  o.page_bytes = page_bytes;
+  // A large model's page set is hundreds of MiB in one pipeline: the engine's 1 s bound on a
+  // read or write would fail the bench on a busy machine rather than time it.
+  o.io_timeout_ms = 60000;
+  return MakeRedisTier(o);
 }
 
 struct Point {
@@ -595,13 +603,13 @@ void FrontierBench::PrintTables(const MachineProfile& profile) const {
   for (Phase phase : kPhases) {
     fmt::print("### {}\n\n", PhaseName(phase));
     fmt::print("| tier  | tokens | depth | residual ms | tokens ms | transfer ms | winner    | "
-               "model: res | tok | xfer | winner    | err res % | tok % | xfer % |\n");
+               "model: res |  model: tok | model: xfer | model says | err res % | tok % | xfer % |\n");
     fmt::print("|-------|-------:|------:|------------:|----------:|------------:|-----------|"
-               "-----------:|----:|-----:|-----------|----------:|------:|-------:|\n");
+               "-----------:|------------:|------------:|------------|----------:|------:|-------:|\n");
     for (const Point& p : points_) {
       if (p.phase != phase) continue;
-      fmt::print("| {:<5} | {:>6} | {:>5} | {:>11.3f} | {:>9.3f} | {:>11.3f} | {:<9} | {:>10.3f} | "
-                 "{:>.3g} | {:>.3g} | {:<9} | {:>9.0f} | {:>5.0f} | {:>6.0f} |\n",
+      fmt::print("| {:<5} | {:>6} | {:>5} | {:>11.4g} | {:>9.4g} | {:>11.4g} | {:<9} | {:>10.4g} | "
+                 "{:>11.4g} | {:>11.4g} | {:<10} | {:>9.0f} | {:>5.0f} | {:>6.0f} |\n",
                  p.tier, p.page_tokens, p.depth, p.measured[kResidual], p.measured[kTokens],
                  p.measured[kTransfer], ShortWay(p.winner), p.predicted[kResidual],
                  p.predicted[kTokens], p.predicted[kTransfer], ShortWay(p.predicted_winner),
@@ -748,6 +756,13 @@ int BenchFrontierCommand(const BenchFrontierArgs& args) {
   };
   StatusOr<std::vector<TierChoice>> tiers = ParseTierChoices(args.tiers);
   if (!tiers.ok()) return fail(tiers.status());
+  // Every tier is opened once before anything is measured, so an unreachable server or an
+  // unusable directory fails at once rather than after minutes of recompute timings.
+  for (const TierChoice& choice : *tiers) {
+    if (StatusOr<std::unique_ptr<KvTier>> probe = OpenTier(choice, 4096, 1); !probe.ok()) {
+      return fail(probe.status());
+    }
+  }
   StatusOr<std::unique_ptr<Model>> model = Model::Load(args.model_path);
   if (!model.ok()) return fail(model.status());
   const ModelConfig& c = (*model)->config();

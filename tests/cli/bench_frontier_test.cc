@@ -148,6 +148,11 @@ TEST(BenchFrontierArgsTest, BadSweepsAreClearErrors) {
   r = RunKvl("bench frontier" + model + " --tiers disk:/no/such/dir --no-calibrate");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("is not a directory"), std::string::npos) << r.output;
+  // An unreachable Redis fails before anything is measured (nothing listens on port 1).
+  r = RunKvl("bench frontier" + model + " --tiers ram,redis://127.0.0.1:1 --no-calibrate");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("127.0.0.1:1 is unavailable"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("measuring"), std::string::npos) << r.output;
 }
 
 }  // namespace
