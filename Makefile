@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 KVL_MODEL ?= ../shared/models/stories260K.gguf
 FUZZ_SECONDS ?= 40
 
-.PHONY: all deps build run test fuzz sanitize bench clean
+.PHONY: all deps build run test fuzz sanitize bench plots clean
 
 all: build
 
@@ -38,6 +38,13 @@ sanitize: deps
 # libFuzzer needs clang; skipped with a note where clang++-14 is missing.
 fuzz: deps
 	@bash scripts/run-fuzz.sh $(FUZZ_SECONDS)
+
+# Every figure of docs/BENCHMARKS.md, redrawn from the benchmark JSON kept in docs/data/ (the
+# first python3 that has matplotlib: PATH's may be another than Debian's, which the deps install).
+PYTHON ?= $(shell for p in python3 /usr/bin/python3; do $$p -c 'import matplotlib' 2>/dev/null && echo $$p && break; done)
+plots: deps
+	@test -n "$(PYTHON)" || { echo "make plots: no python3 with matplotlib (python3-matplotlib)"; exit 1; }
+	$(PYTHON) scripts/plots.py all docs/data docs/images
 
 clean:
 	rm -rf $(BUILD) build-fuzz

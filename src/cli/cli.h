@@ -147,6 +147,24 @@ struct BenchTurnsArgs {
 };
 int BenchTurnsCommand(const BenchTurnsArgs& args);
 
+// `kvl bench frontier`: recompute (from residual checkpoints, from tokens) against transfer from
+// each tier, per page tokens x depth x phase, measured with the engine's code paths, beside the
+// cost model's prediction; the crossover points (cmd_bench_frontier.cc).
+struct BenchFrontierArgs {
+  std::string model_path;                                  // -m
+  int num_threads = 0;                                     // -t: 0 = every core
+  std::vector<std::string> tiers = {"ram", "disk"};        // --tiers ram,disk[:DIR],redis://...
+  std::vector<int64_t> page_tokens = {16, 64, 256, 1024};  // --page-tokens
+  std::vector<int64_t> depths;                             // --depths (empty: 1, L/4, L/2, L)
+  int64_t position = 512;       // --position: tokens of context before the page
+  int repetitions = 5;          // -r: runs per timing (median)
+  std::string output = "table"; // -o table|json
+  std::string json_path;        // --json FILE
+  std::string profile_path;     // --kv-profile (default: the engine's)
+  bool calibrate = true;        // --no-calibrate: analytic defaults when no profile is found
+};
+int BenchFrontierCommand(const BenchFrontierArgs& args);
+
 struct CalibrateArgs {
   std::string model_path;  // -m: the profile is measured at this model's shapes
   int num_threads = 0;     // -t: 0 = every core

@@ -333,6 +333,30 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
                      "fraction of the budget that stages streamed pages")
       ->capture_default_str();
 
+  BenchFrontierArgs& bf = cmd.bench_frontier;
+  CLI::App* bf_cmd = bench_cmd->add_subcommand(
+      "frontier", "recompute vs transfer of a KV page, measured per page tokens x depth x tier x "
+                  "phase, beside the cost model's prediction, with the crossover points");
+  bf_cmd->add_option("-m,--model", bf.model_path, "GGUF model file")->required();
+  bf_cmd->add_option("-t,--threads", bf.num_threads, "threads; 0 = every core");
+  bf_cmd->add_option("--tiers", bf.tiers, "ram, disk[:DIR] (O_DIRECT scratch file), redis://HOST[:PORT]")
+      ->delimiter(',')
+      ->capture_default_str();
+  bf_cmd->add_option("--page-tokens", bf.page_tokens, "page sizes in tokens")
+      ->delimiter(',')
+      ->capture_default_str();
+  bf_cmd->add_option("--depths", bf.depths, "layers of the page (from the first); default 1, L/4, L/2, L")
+      ->delimiter(',');
+  bf_cmd->add_option("--position", bf.position, "tokens of context before the page")
+      ->capture_default_str();
+  bf_cmd->add_option("-r,--repetitions", bf.repetitions, "runs per timing (the median is kept)")
+      ->capture_default_str();
+  bf_cmd->add_option("-o,--output", bf.output, "table | json")->capture_default_str();
+  bf_cmd->add_option("--json", bf.json_path, "write every point as JSON");
+  bf_cmd->add_option("--kv-profile", bf.profile_path, "calibration profile (default: the engine's)");
+  bf_cmd->add_flag("!--no-calibrate", bf.calibrate,
+                   "without a profile, predict with analytic defaults instead of measuring");
+
   CalibrateArgs& calibrate = cmd.calibrate;
   CLI::App* calibrate_cmd = app.add_subcommand(
       "calibrate", "measure this machine for the KV cost model and write a profile");
@@ -397,6 +421,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       KVL_ASSIGN_OR_RETURN(bs.seed, ParseSeed(bs_seed, "--seed"));
     }
     KVL_RETURN_IF_ERROR(ValidateBenchServeArgs(bs));
+  } else if (*bench_cmd && *bf_cmd) {
+    cmd.kind = ParsedCommand::Kind::kBenchFrontier;
+    KVL_RETURN_IF_ERROR(ValidateBenchFrontierArgs(bf));
   } else if (*bench_cmd && *bt_cmd) {
     cmd.kind = ParsedCommand::Kind::kBenchTurns;
     if (bt_seed_opt->count() > 0) {
@@ -571,6 +598,32 @@ Status ValidateBenchArgs(const BenchArgs& args) {
   }
   for (const std::string& t : args.cache_types_k) KVL_RETURN_IF_ERROR(ParseKvCacheType(t).status());
   for (const std::string& t : args.cache_types_v) KVL_RETURN_IF_ERROR(ParseKvCacheType(t).status());
+  return Status::Ok();
+}
+
+Status ValidateBenchFrontierArgs(const BenchFrontierArgs& args) {
+  // The bench allocates a forward run's activations for the largest page and a cache for the
+  // context before it: bounds that keep a typo from asking for terabytes.
+  KVL_RETURN_IF_ERROR(CheckRange("-t", args.num_threads, 0, 1024));
+  KVL_RETURN_IF_ERROR(CheckRange("--position", args.position, 0, int64_t{1} << 20));
+  KVL_RETURN_IF_ERROR(CheckRange("-r", args.repetitions, 1, 1000));
+  if (args.page_tokens.empty()) return InvalidArgumentError("--page-tokens must not be empty");
+  for (int64_t t : args.page_tokens) {
+    KVL_RETURN_IF_ERROR(CheckRange("--page-tokens", t, 1, 65536));
+  }
+  for (int64_t d : args.depths) KVL_RETURN_IF_ERROR(CheckRange("--depths", d, 1, 100000));
+  if (args.tiers.empty()) return InvalidArgumentError("--tiers must not be empty");
+  for (const std::string& tier : args.tiers) {
+    const bool known = tier == "ram" || tier == "disk" || tier.rfind("disk:", 0) == 0 ||
+                       tier.rfind("redis://", 0) == 0;
+    if (!known) {
+      return InvalidArgumentError(
+          fmt::format("--tiers '{}': use ram, disk[:DIR] or redis://HOST[:PORT]", tier));
+    }
+  }
+  if (args.output != "table" && args.output != "json") {
+    return InvalidArgumentError(fmt::format("-o must be table or json, got '{}'", args.output));
+  }
   return Status::Ok();
 }
 

@@ -13,7 +13,7 @@ namespace kvl::cli {
 
 struct ParsedCommand {
   enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe,
-                    kBenchTurns, kBenchReplay, kCalibrate };
+                    kBenchTurns, kBenchReplay, kBenchFrontier, kCalibrate };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
   RunArgs run;
@@ -25,6 +25,7 @@ struct ParsedCommand {
   BenchServeArgs bench_serve;
   BenchReplayArgs bench_replay;
   BenchTurnsArgs bench_turns;
+  BenchFrontierArgs bench_frontier;
   CalibrateArgs calibrate;
 };
 
@@ -48,6 +49,7 @@ Status ValidateBenchArgs(const BenchArgs& args);
 Status ValidateBenchServeArgs(const BenchServeArgs& args);
 Status ValidateBenchReplayArgs(const BenchReplayArgs& args);
 Status ValidateBenchTurnsArgs(const BenchTurnsArgs& args);
+Status ValidateBenchFrontierArgs(const BenchFrontierArgs& args);
 Status ValidateCalibrateArgs(const CalibrateArgs& args);
 Status ValidateSynthArgs(const SynthArgs& args);
 

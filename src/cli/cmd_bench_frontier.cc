@@ -1,0 +1,818 @@
+// kvl bench frontier: where recomputing a KV page beats bringing it back, measured with the
+// engine's own code paths at every point of page tokens x depth x tier x phase, beside what the
+// cost model predicts there.
+//
+// A point is one page of T tokens sitting after `position` tokens of context, whose first d
+// layers are missing (depth d: layers [0, d)). The three ways to get its K/V back, each timed as
+// the engine does it:
+//   recompute-residual: the pager's restore of a checkpointed page (KvPager::RestorePages): the
+//     d layer pages of residual checkpoints read from a RAM tier in one Get, then
+//     Forward::RebuildLayerKv per layer for the T tokens;
+//   recompute-tokens: Forward::Run of the T tokens at positions [position, position + T), so
+//     attention reads the context before them; the first d layers end where layer d's input
+//     checkpoint is written (timed inside the same run, see LayerClockCache);
+//   transfer: the d layer pages of K then V rows (the pager's tier page format) read back from
+//     the tier in one Get, as ReadLayerPages does at a restore.
+// Phases: prefill is these times (the step's arithmetic is busy: nothing hides recompute).
+// Decode leaves arithmetic idle while a step streams the weights; the bench measures that idle
+// fraction as the policy defines it, 1 - (time per token of a 128-token Run) / (time of a
+// 1-token Run), and charges recompute x (1 - idle); a transfer costs the same in both phases.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli.h"
+#include "kvl/cost_profile.h"
+#include "kvl/forward.h"
+#include "kvl/kv_cache.h"
+#include "kvl/kv_policy.h"
+#include "kvl/kv_tier.h"
+#include "kvl/model.h"
+#include "kvl/ops.h"
+#include "kvl/thread_pool.h"
+
+namespace kvl::cli {
+namespace {
+
+// The three ways back, in the order of every table and JSON object.
+enum Way { kResidual = 0, kTokens, kTransfer, kNumWays };
+constexpr const char* kWayNames[kNumWays] = {"recompute-residual", "recompute-tokens", "transfer"};
+constexpr Phase kPhases[] = {Phase::kPrefill, Phase::kDecode};
+const char* PhaseName(Phase p) { return p == Phase::kPrefill ? "prefill" : "decode"; }
+
+// The engine prices a Redis page at assumed rates (src/engine/engine.cc, kRemoteGbps and
+// kRemoteLatencyMs: "a remote tier is not measured by the calibration yet"); the bench shows the
+// same numbers beside its measurement.
+constexpr double kEngineRemoteGbps = 1.0;
+constexpr double kEngineRemoteLatencyMs = 0.2;
+
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Runs `fn` (which returns one sample per named quantity, ms) up to `repetitions` times and
+// returns the median of each. A first call warms caches and is dropped, unless it alone took
+// over a second: then it counts, and a sweep of large pages stops after three samples (the
+// spread of a seconds-long call is small next to the differences the bench looks for).
+template <typename Fn>
+std::vector<double> MedianSamples(int repetitions, Fn&& fn) {
+  const double start = NowMs();
+  std::vector<double> first = fn();
+  std::vector<std::vector<double>> samples(first.size());
+  const bool slow = NowMs() - start > 1000.0;
+  if (slow) {
+    for (size_t i = 0; i < first.size(); ++i) samples[i].push_back(first[i]);
+  }
+  const int wanted = slow ? std::min(repetitions, 3) : repetitions;
+  while (static_cast<int>(samples[0].size()) < wanted) {
+    const std::vector<double> s = fn();
+    for (size_t i = 0; i < s.size(); ++i) samples[i].push_back(s[i]);
+  }
+  std::vector<double> medians;
+  for (std::vector<double>& s : samples) medians.push_back(Median(std::move(s)));
+  return medians;
+}
+
+// A contiguous cache (with residual checkpoints) that notes when Forward::Run starts each layer:
+// the run writes a layer's input checkpoints first thing in the layer, so the first ResidualAt of
+// layer l marks the end of layers [0, l). One run of all layers thus times every depth.
+class LayerClockCache final : public KvCache {
+ public:
+  explicit LayerClockCache(std::unique_ptr<ContiguousKvCache> inner)
+      : inner_(std::move(inner)), layer_start_ms_(static_cast<size_t>(inner_->num_layers())) {}
+
+  void StartRun() {
+    next_layer_ = 0;
+    run_start_ms_ = NowMs();
+  }
+  // Milliseconds from StartRun to the end of layer depth-1; the whole run for the last layer.
+  double MsThrough(int64_t depth, double run_end_ms) const {
+    const double end = depth < num_layers() ? layer_start_ms_[static_cast<size_t>(depth)]
+                                            : run_end_ms;
+    return end - run_start_ms_;
+  }
+
+  int64_t kv_dim() const override { return inner_->kv_dim(); }
+  int64_t num_layers() const override { return inner_->num_layers(); }
+  Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override {
+    return inner_->RowsAt(seq, layer, pos);
+  }
+  float* ResidualAt(int32_t seq, int64_t layer, int64_t pos) override {
+    // Called from the run's own thread, token by token, before the layer computes anything.
+    if (layer == next_layer_) {
+      layer_start_ms_[static_cast<size_t>(layer)] = NowMs();
+      ++next_layer_;
+    }
+    return inner_->ResidualAt(seq, layer, pos);
+  }
+
+ private:
+  std::unique_ptr<ContiguousKvCache> inner_;
+  std::vector<double> layer_start_ms_;  // [layer]
+  int64_t next_layer_ = 0;
+  double run_start_ms_ = 0;
+};
+
+// One tier of --tiers, as given.
+struct TierChoice {
+  std::string label;  // "ram", "disk", "redis"
+  std::string dir;    // disk: where its scratch file goes
+  std::string redis;  // redis: the URL
+};
+
+StatusOr<std::vector<TierChoice>> ParseTierChoices(const std::vector<std::string>& specs) {
+  std::vector<TierChoice> out;
+  for (const std::string& s : specs) {
+    if (s == "ram") {
+      out.push_back({"ram", "", ""});
+    } else if (s == "disk" || s.rfind("disk:", 0) == 0) {
+      std::string dir = s.size() > 5 ? s.substr(5) : std::filesystem::temp_directory_path().string();
+      std::error_code ec;
+      if (!std::filesystem::is_directory(dir, ec)) {
+        return InvalidArgumentError(fmt::format("--tiers {}: '{}' is not a directory", s, dir));
+      }
+      out.push_back({"disk", dir, ""});
+    } else if (s.rfind("redis://", 0) == 0) {
+      KVL_RETURN_IF_ERROR(ParseTierSpec(s).status());
+      out.push_back({"redis", "", s});
+    } else {
+      return InvalidArgumentError(
+          fmt::format("--tiers '{}': use ram, disk[:DIR] or redis://HOST[:PORT]", s));
+    }
+  }
+  return out;
+}
+
+// The tier a choice names, for pages of `page_bytes` bytes (at least `pages` of them).
+StatusOr<std::unique_ptr<KvTier>> OpenTier(const TierChoice& choice, int64_t page_bytes,
+                                           int64_t pages) {
+  if (choice.label == "ram") {
+    RamTierOptions o;
+    o.capacity_bytes = pages * page_bytes + (int64_t{1} << 20);
+    return MakeRamTier(o);
+  }
+  if (choice.label == "disk") {
+    DiskTierOptions o;
+    o.path = (std::filesystem::path(choice.dir) /
+              fmt::format("kvl-bench-frontier-{}-{}.pages", ::getpid(), page_bytes))
+                 .string();
+    // A slot is the page and a 64-byte record, rounded up to 4 KiB (kvl/kv_tier.h).
+    o.capacity_bytes = pages * (page_bytes + 8192);
+    o.page_bytes = page_bytes;
+    o.direct_io = true;  // what the disk does, not the page cache
+    o.persistent = false;
+    o.identity = "kvl bench frontier";
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<DiskKvTier> disk, MakeDiskTier(o));
+    return std::unique_ptr<KvTier>(std::move(disk));
+  }
+  KVL_ASSIGN_OR_RETURN(const TierSpec spec, ParseTierSpec(choice.redis));
+  RedisTierOptions o;
+  o.host = spec.host;
+  o.port = spec.port;
+  o.name_space = fmt::format("kvl-bench-frontier-{}", ::getpid());
+  o.identity = "kvl bench frontier";
+  o.page_bytes = page_bytes;
+  // A large model's page set is hundreds of MiB in one pipeline: the engine's 1 s bound on a
+  // read or write would fail the bench on a busy machine rather than time it.
+  o.io_timeout_ms = 60000;
+  return MakeRedisTier(o);
+}
+
+struct Point {
+  std::string tier;
+  Phase phase = Phase::kPrefill;
+  int64_t page_tokens = 0;
+  int64_t depth = 0;
+  double measured[kNumWays] = {};
+  double predicted[kNumWays] = {};
+  double residual_read_ms = 0;  // of measured[kResidual] (prefill), the checkpoints' read
+  double rebuild_ms = 0;        // and the rebuild
+  int winner = 0;
+  int predicted_winner = 0;
+};
+
+int ArgMin(const double* v) {
+  int best = 0;
+  for (int i = 1; i < kNumWays; ++i) {
+    if (v[i] < v[best]) best = i;
+  }
+  return best;
+}
+
+double ErrorPercent(double predicted, double measured) {
+  return measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0;
+}
+
+// What the cost model says for this point: the page's prices as the engine fills them
+// (FillPagePrices from the profile, byte counts as SetUpKvLattice sets them) and the bring-back
+// time ChooseKvAction gives each action, in this phase. The profile prices a page over every
+// layer; a page of d layers costs d / layers of its recompute (the policy has no depth yet).
+void Predict(const MachineProfile& profile, const ModelConfig& c, const std::string& tier,
+             Point* point) {
+  const double tokens_layers = static_cast<double>(point->page_tokens * point->depth);
+  PageCostProfile prices;
+  prices.kv_bytes = static_cast<int64_t>(tokens_layers) * c.KvBytesPerTokenPerLayer(DType::kF32);
+  prices.residual_bytes =
+      static_cast<int64_t>(tokens_layers) * c.ResidualBytesPerTokenPerLayer(DType::kF32);
+  FillPagePrices(profile, point->page_tokens, &prices);
+  const double depth_share =
+      static_cast<double>(point->depth) / static_cast<double>(c.num_layers);
+  prices.recompute_residual_ms *= depth_share;
+  prices.recompute_tokens_ms *= depth_share;
+  prices.has_ram_tier = true;
+  prices.has_disk_tier = true;
+  KvPolicyOptions options;
+  options.quality = KvQuality::kLossless;
+  options.phase = point->phase;
+  const KvDecision d = ChooseKvAction(PageHistory{}, prices, options);
+  auto back = [&](KvAction a) { return d.costs[static_cast<size_t>(a)].bring_back_ms; };
+  point->predicted[kResidual] = back(KvAction::kRecomputeResidual);
+  point->predicted[kTokens] = back(KvAction::kRecomputeTokens);
+  if (tier == "ram") {
+    point->predicted[kTransfer] = back(KvAction::kDemoteRam);
+  } else if (tier == "disk") {
+    point->predicted[kTransfer] = back(KvAction::kDemoteDisk);
+  } else {
+    point->predicted[kTransfer] =
+        kEngineRemoteLatencyMs + static_cast<double>(prices.kv_bytes) / (kEngineRemoteGbps * 1e6);
+  }
+  point->predicted_winner = ArgMin(point->predicted);
+}
+
+// Where the winner changes between neighbouring points of one row of the sweep (page tokens at a
+// fixed depth, or depth at a fixed page size), with the crossing interpolated where the two
+// curves meet: in log(page tokens), or linearly in depth.
+struct Crossover {
+  std::string tier;
+  Phase phase = Phase::kPrefill;
+  std::string axis;    // "page_tokens" or "depth"
+  int64_t fixed = 0;   // the other coordinate
+  int from = 0, to = 0;
+  int64_t lo = 0, hi = 0;
+  double at = 0;
+  bool predicted = false;
+};
+
+std::vector<Crossover> FindCrossovers(const std::vector<const Point*>& row, bool predicted,
+                                      const std::string& axis, int64_t fixed) {
+  std::vector<Crossover> out;
+  const bool by_tokens = axis == "page_tokens";
+  for (size_t i = 1; i < row.size(); ++i) {
+    const Point& a = *row[i - 1];
+    const Point& b = *row[i];
+    const int wa = predicted ? a.predicted_winner : a.winner;
+    const int wb = predicted ? b.predicted_winner : b.winner;
+    if (wa == wb) continue;
+    const double* va = predicted ? a.predicted : a.measured;
+    const double* vb = predicted ? b.predicted : b.measured;
+    // ln(time of the old winner / time of the new one): < 0 at a, > 0 at b.
+    const double ra = std::log(va[wa] / va[wb]);
+    const double rb = std::log(vb[wa] / vb[wb]);
+    const double xa = by_tokens ? std::log(static_cast<double>(a.page_tokens))
+                                : static_cast<double>(a.depth);
+    const double xb = by_tokens ? std::log(static_cast<double>(b.page_tokens))
+                                : static_cast<double>(b.depth);
+    const double share = rb - ra > 0 ? std::clamp(-ra / (rb - ra), 0.0, 1.0) : 0.5;
+    const double x = xa + (xb - xa) * share;
+    Crossover c;
+    c.tier = a.tier;
+    c.phase = a.phase;
+    c.axis = axis;
+    c.fixed = fixed;
+    c.from = wa;
+    c.to = wb;
+    c.lo = by_tokens ? a.page_tokens : a.depth;
+    c.hi = by_tokens ? b.page_tokens : b.depth;
+    c.at = by_tokens ? std::exp(x) : x;
+    c.predicted = predicted;
+    out.push_back(c);
+  }
+  return out;
+}
+
+struct Sweep {
+  std::vector<int64_t> page_tokens;
+  std::vector<int64_t> depths;
+};
+
+class FrontierBench {
+ public:
+  FrontierBench(const BenchFrontierArgs& args, const Model& model, ops::OpsContext& ctx,
+                Sweep sweep, std::vector<TierChoice> tiers)
+      : args_(args), model_(model), c_(model.config()), ctx_(ctx), sweep_(std::move(sweep)),
+        tiers_(std::move(tiers)) {}
+
+  Status Run(const MachineProfile& profile);
+  void PrintTables(const MachineProfile& profile) const;
+  nlohmann::json ToJson(const MachineProfile& profile) const;
+
+ private:
+  int64_t max_tokens() const { return sweep_.page_tokens.back(); }
+  // Bytes of one layer page of T tokens: K rows then V rows, f32 (the pager's tier page).
+  int64_t LayerPageBytes(int64_t t) const { return t * c_.KvBytesPerTokenPerLayer(DType::kF32); }
+  void MeasureIdleFraction();
+  Status MeasurePageSize(int64_t t, const MachineProfile& profile);
+
+  const BenchFrontierArgs& args_;
+  const Model& model_;
+  const ModelConfig& c_;
+  ops::OpsContext& ctx_;
+  Sweep sweep_;
+  std::vector<TierChoice> tiers_;
+  std::unique_ptr<Forward> forward_;
+  std::unique_ptr<LayerClockCache> cache_;
+  double idle_fraction_ = 0;
+  double decode_step_ms_ = 0;
+  double prefill_token_ms_ = 0;
+  bool rebuilt_bit_exact_ = true;
+  std::vector<std::string> tier_names_;  // what each tier called itself
+  std::vector<Point> points_;
+};
+
+// The token batch of one page: T tokens at [position, position + T), no logits.
+TokenBatch PageBatch(int64_t tokens, int64_t position, int64_t vocab) {
+  TokenBatch batch;
+  for (int64_t t = 0; t < tokens; ++t) {
+    batch.Add(static_cast<int32_t>((t * 7 + 1) % vocab), position + t, 0, false);
+  }
+  return batch;
+}
+
+void FrontierBench::MeasureIdleFraction() {
+  constexpr int64_t kPrefillTokens = 128;
+  const TokenBatch one = PageBatch(1, args_.position, c_.vocab_size);
+  const TokenBatch many = PageBatch(kPrefillTokens, args_.position, c_.vocab_size);
+  decode_step_ms_ = MedianSamples(args_.repetitions, [&] {
+                      const double t0 = NowMs();
+                      forward_->Run(one, *cache_);
+                      return std::vector<double>{NowMs() - t0};
+                    })[0];
+  prefill_token_ms_ = MedianSamples(args_.repetitions, [&] {
+                        const double t0 = NowMs();
+                        forward_->Run(many, *cache_);
+                        return std::vector<double>{NowMs() - t0};
+                      })[0] /
+                      static_cast<double>(kPrefillTokens);
+  idle_fraction_ = std::clamp(1.0 - prefill_token_ms_ / decode_step_ms_, 0.0, 1.0);
+}
+
+Status FrontierBench::Run(const MachineProfile& profile) {
+  ForwardOptions fo;
+  fo.max_batch_tokens = std::max<int64_t>(max_tokens(), 128);
+  fo.max_logit_rows = 1;
+  fo.max_context = args_.position + fo.max_batch_tokens;
+  forward_ = std::make_unique<Forward>(model_, ctx_, fo);
+  KVL_ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> inner,
+                       ContiguousKvCache::Create(c_.num_layers, c_.kv_dim(), 1, fo.max_context,
+                                                 c_.dim));
+  cache_ = std::make_unique<LayerClockCache>(std::move(inner));
+  fmt::print(stderr, "kvl bench frontier: measuring the idle compute of a decode step...\n");
+  MeasureIdleFraction();
+  for (int64_t t : sweep_.page_tokens) KVL_RETURN_IF_ERROR(MeasurePageSize(t, profile));
+  return Status::Ok();
+}
+
+Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) {
+  const double started = NowMs();
+  const int64_t layers = c_.num_layers;
+  const size_t nd = sweep_.depths.size();
+
+  // Recompute from tokens: one run of every layer, timed at each depth's layer boundary.
+  const TokenBatch batch = PageBatch(t, args_.position, c_.vocab_size);
+  const std::vector<double> tokens_ms = MedianSamples(args_.repetitions, [&] {
+    cache_->StartRun();
+    forward_->Run(batch, *cache_);
+    const double end = NowMs();
+    std::vector<double> s;
+    for (int64_t d : sweep_.depths) s.push_back(cache_->MsThrough(d, end));
+    return s;
+  });
+
+  // The page's checkpoints and K/V as that run left them: [layer][token][dim] and, per layer,
+  // one tier page of K rows then V rows.
+  const size_t dim = static_cast<size_t>(c_.dim), kv_dim = static_cast<size_t>(c_.kv_dim());
+  const size_t tn = static_cast<size_t>(t);
+  const int64_t checkpoint_page_bytes = t * c_.dim * static_cast<int64_t>(sizeof(float));
+  const int64_t kv_page_bytes = LayerPageBytes(t);
+  std::vector<uint8_t> checkpoints(static_cast<size_t>(layers * checkpoint_page_bytes));
+  std::vector<uint8_t> kv_pages(static_cast<size_t>(layers * kv_page_bytes));
+  for (int64_t l = 0; l < layers; ++l) {
+    float* ck = reinterpret_cast<float*>(checkpoints.data()) + static_cast<size_t>(l) * tn * dim;
+    float* kv = reinterpret_cast<float*>(kv_pages.data()) + static_cast<size_t>(l) * 2 * tn * kv_dim;
+    for (int64_t i = 0; i < t; ++i) {
+      std::memcpy(ck + static_cast<size_t>(i) * dim, cache_->ResidualAt(0, l, args_.position + i),
+                  dim * sizeof(float));
+    }
+    const KvCache::Rows rows = cache_->RowsAt(0, l, args_.position);
+    for (int64_t i = 0; i < t; ++i) {
+      std::memcpy(kv + static_cast<size_t>(i) * kv_dim, rows.k + static_cast<size_t>(i * rows.stride),
+                  kv_dim * sizeof(float));
+      std::memcpy(kv + (tn + static_cast<size_t>(i)) * kv_dim,
+                  rows.v + static_cast<size_t>(i * rows.stride), kv_dim * sizeof(float));
+    }
+  }
+  auto layer_span = [](std::vector<uint8_t>& v, int64_t bytes, int64_t l) {
+    return std::span<uint8_t>(v.data() + l * bytes, static_cast<size_t>(bytes));
+  };
+  auto put_all = [&](KvTier& tier, std::vector<uint8_t>& pages, int64_t bytes) {
+    std::vector<PageWrite> writes;
+    for (int64_t l = 0; l < layers; ++l) {
+      writes.push_back({static_cast<PageKey>(l + 1), layer_span(pages, bytes, l), false});
+    }
+    return tier.Put(writes);
+  };
+  // One Get of the first d layer pages into `out`: the restore's read (ReadLayerPages).
+  auto get_first = [&](KvTier& tier, std::vector<uint8_t>& out, int64_t bytes, int64_t d) {
+    std::vector<PageRead> reads;
+    for (int64_t l = 0; l < d; ++l) reads.push_back({static_cast<PageKey>(l + 1), layer_span(out, bytes, l)});
+    for (const Status& s : tier.Get(reads)) KVL_RETURN_IF_ERROR(s);
+    return Status::Ok();
+  };
+
+  // Recompute from residual checkpoints, kept in a RAM tier as the pager keeps them.
+  KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> checkpoint_tier,
+                       OpenTier({"ram", "", ""}, checkpoint_page_bytes, layers));
+  KVL_RETURN_IF_ERROR(put_all(*checkpoint_tier, checkpoints, checkpoint_page_bytes));
+  std::vector<uint8_t> stage(checkpoints.size());
+  std::vector<float> k_out(static_cast<size_t>(layers) * tn * kv_dim), v_out(k_out.size());
+  std::vector<int64_t> positions(tn);
+  for (size_t i = 0; i < tn; ++i) positions[i] = args_.position + static_cast<int64_t>(i);
+  std::vector<double> read_ms(nd), rebuild_ms(nd);
+  Status read_status;
+  for (size_t di = 0; di < nd; ++di) {
+    const int64_t d = sweep_.depths[di];
+    const std::vector<double> m = MedianSamples(args_.repetitions, [&] {
+      const double t0 = NowMs();
+      const Status s = get_first(*checkpoint_tier, stage, checkpoint_page_bytes, d);
+      if (!s.ok()) read_status = s;
+      const double t1 = NowMs();
+      for (int64_t l = 0; l < d; ++l) {
+        forward_->RebuildLayerKv(l, reinterpret_cast<const float*>(stage.data() + l * checkpoint_page_bytes),
+                                 positions.data(), t, DType::kF32,
+                                 k_out.data() + static_cast<size_t>(l) * tn * kv_dim, DType::kF32,
+                                 v_out.data() + static_cast<size_t>(l) * tn * kv_dim);
+      }
+      const double t2 = NowMs();
+      return std::vector<double>{t1 - t0, t2 - t1};
+    });
+    KVL_RETURN_IF_ERROR(read_status);
+    read_ms[di] = m[0];
+    rebuild_ms[di] = m[1];
+  }
+  // The rebuilt rows must be the ones the run stored (lossless: bit-exact), or the timing is of
+  // the wrong work.
+  const int64_t rebuilt_layers = sweep_.depths.back();
+  for (int64_t l = 0; l < rebuilt_layers; ++l) {
+    const float* kv = reinterpret_cast<const float*>(kv_pages.data()) + static_cast<size_t>(l) * 2 * tn * kv_dim;
+    const size_t n = tn * kv_dim;
+    rebuilt_bit_exact_ = rebuilt_bit_exact_ &&
+                         std::memcmp(kv, k_out.data() + static_cast<size_t>(l) * n, n * sizeof(float)) == 0 &&
+                         std::memcmp(kv + n, v_out.data() + static_cast<size_t>(l) * n, n * sizeof(float)) == 0;
+  }
+  checkpoint_tier.reset();
+
+  // Transfer back from each tier.
+  std::vector<uint8_t> read_back(kv_pages.size());
+  for (size_t ti = 0; ti < tiers_.size(); ++ti) {
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, OpenTier(tiers_[ti], kv_page_bytes, layers));
+    if (tier_names_.size() <= ti) tier_names_.push_back(std::string(tier->name()));
+    KVL_RETURN_IF_ERROR(put_all(*tier, kv_pages, kv_page_bytes));
+    for (size_t di = 0; di < nd; ++di) {
+      const int64_t d = sweep_.depths[di];
+      const double transfer_ms = MedianSamples(args_.repetitions, [&] {
+        const double t0 = NowMs();
+        const Status s = get_first(*tier, read_back, kv_page_bytes, d);
+        if (!s.ok()) read_status = s;
+        return std::vector<double>{NowMs() - t0};
+      })[0];
+      KVL_RETURN_IF_ERROR(read_status);
+      if (std::memcmp(read_back.data(), kv_pages.data(), static_cast<size_t>(d * kv_page_bytes)) != 0) {
+        return DataLossError(fmt::format("tier {} read back other bytes than were put",
+                                         tier->name()));
+      }
+      for (Phase phase : kPhases) {
+        Point p;
+        p.tier = tiers_[ti].label;
+        p.phase = phase;
+        p.page_tokens = t;
+        p.depth = d;
+        // Decode: the recompute's arithmetic runs where the step's would idle (see the top).
+        const double compute = phase == Phase::kDecode ? 1.0 - idle_fraction_ : 1.0;
+        p.measured[kResidual] = read_ms[di] + rebuild_ms[di] * compute;
+        p.measured[kTokens] = tokens_ms[di] * compute;
+        p.measured[kTransfer] = transfer_ms;
+        p.residual_read_ms = read_ms[di];
+        p.rebuild_ms = rebuild_ms[di];
+        p.winner = ArgMin(p.measured);
+        Predict(profile, c_, p.tier, &p);
+        points_.push_back(p);
+      }
+    }
+    std::vector<PageKey> keys;
+    for (int64_t l = 0; l < layers; ++l) keys.push_back(static_cast<PageKey>(l + 1));
+    tier->Erase(keys);  // a Redis server keeps nothing of the bench
+  }
+  fmt::print(stderr, "kvl bench frontier: {}-token pages measured in {:.1f} s\n", t,
+             (NowMs() - started) / 1e3);
+  return Status::Ok();
+}
+
+// Rows of the sweep: the points of one tier and phase along one axis, the other fixed.
+std::vector<Crossover> AllCrossovers(const std::vector<Point>& points, const Sweep& sweep,
+                                     const std::vector<TierChoice>& tiers, bool predicted) {
+  std::vector<Crossover> out;
+  auto find = [&](const std::string& tier, Phase phase, int64_t t, int64_t d) -> const Point* {
+    for (const Point& p : points) {
+      if (p.tier == tier && p.phase == phase && p.page_tokens == t && p.depth == d) return &p;
+    }
+    return nullptr;
+  };
+  for (const TierChoice& tier : tiers) {
+    for (Phase phase : kPhases) {
+      for (int64_t d : sweep.depths) {
+        std::vector<const Point*> row;
+        for (int64_t t : sweep.page_tokens) row.push_back(find(tier.label, phase, t, d));
+        for (const Crossover& c : FindCrossovers(row, predicted, "page_tokens", d)) out.push_back(c);
+      }
+      for (int64_t t : sweep.page_tokens) {
+        std::vector<const Point*> row;
+        for (int64_t d : sweep.depths) row.push_back(find(tier.label, phase, t, d));
+        for (const Crossover& c : FindCrossovers(row, predicted, "depth", t)) out.push_back(c);
+      }
+    }
+  }
+  return out;
+}
+
+std::string ShortWay(int way) {
+  static constexpr const char* kShort[kNumWays] = {"residual", "tokens", "transfer"};
+  return kShort[way];
+}
+
+// Median and 90th percentile of |error| in percent over a set of points, for one way.
+std::pair<double, double> AbsErrorStats(const std::vector<const Point*>& pts, int way) {
+  std::vector<double> e;
+  for (const Point* p : pts) e.push_back(std::abs(ErrorPercent(p->predicted[way], p->measured[way])));
+  if (e.empty()) return {0, 0};
+  std::sort(e.begin(), e.end());
+  const size_t p90 = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(e.size()))) - 1;
+  return {Median(e), e[std::min(p90, e.size() - 1)]};
+}
+
+void FrontierBench::PrintTables(const MachineProfile& profile) const {
+  fmt::print("model     {}: dim {}, {} layers, {} heads / {} kv heads x {}, ffn {}, {}\n", c_.name,
+             c_.dim, c_.num_layers, c_.num_heads, c_.num_kv_heads, c_.head_dim, c_.ffn_dim,
+             model_.weight_type_name());
+  fmt::print("per token per layer: K+V f32 {} B, residual checkpoint {} B ({:.2f}x K+V)\n",
+             c_.KvBytesPerTokenPerLayer(DType::kF32), c_.ResidualBytesPerTokenPerLayer(DType::kF32),
+             static_cast<double>(c_.ResidualBytesPerTokenPerLayer(DType::kF32)) /
+                 static_cast<double>(c_.KvBytesPerTokenPerLayer(DType::kF32)));
+  fmt::print("threads   {}, pages after {} tokens of context, median of up to {} runs\n",
+             ctx_.pool()->num_threads(), args_.position, args_.repetitions);
+  fmt::print("decode    step {:.2f} ms vs {:.3f} ms per token in a 128-token run: idle fraction "
+             "{:.2f} (decode recompute = measured x {:.2f}; the model assumes 0.5)\n",
+             decode_step_ms_, prefill_token_ms_, idle_fraction_, 1.0 - idle_fraction_);
+  fmt::print("tiers     ");
+  for (size_t i = 0; i < tier_names_.size(); ++i) {
+    fmt::print("{}{} = {}", i ? ", " : "", tiers_[i].label, tier_names_[i]);
+  }
+  fmt::print("\nmodel's profile: {} ({})\n", profile.source, profile.timestamp);
+  fmt::print("rebuilt K/V bit-exact with the run's: {}\n\n", rebuilt_bit_exact_ ? "yes" : "NO");
+
+  for (Phase phase : kPhases) {
+    fmt::print("### {}\n\n", PhaseName(phase));
+    fmt::print("| tier  | tokens | depth | residual ms | tokens ms | transfer ms | winner    | "
+               "model: res |  model: tok | model: xfer | model says | err res % | tok % | xfer % |\n");
+    fmt::print("|-------|-------:|------:|------------:|----------:|------------:|-----------|"
+               "-----------:|------------:|------------:|------------|----------:|------:|-------:|\n");
+    for (const Point& p : points_) {
+      if (p.phase != phase) continue;
+      fmt::print("| {:<5} | {:>6} | {:>5} | {:>11.4g} | {:>9.4g} | {:>11.4g} | {:<9} | {:>10.4g} | "
+                 "{:>11.4g} | {:>11.4g} | {:<10} | {:>9.0f} | {:>5.0f} | {:>6.0f} |\n",
+                 p.tier, p.page_tokens, p.depth, p.measured[kResidual], p.measured[kTokens],
+                 p.measured[kTransfer], ShortWay(p.winner), p.predicted[kResidual],
+                 p.predicted[kTokens], p.predicted[kTransfer], ShortWay(p.predicted_winner),
+                 ErrorPercent(p.predicted[kResidual], p.measured[kResidual]),
+                 ErrorPercent(p.predicted[kTokens], p.measured[kTokens]),
+                 ErrorPercent(p.predicted[kTransfer], p.measured[kTransfer]));
+    }
+    fmt::print("\n");
+  }
+
+  fmt::print("### prediction error, |predicted - measured| / measured\n\n");
+  fmt::print("| phase   | tier  | residual median / p90 % | tokens median / p90 % | transfer median / p90 % | winner right |\n");
+  fmt::print("|---------|-------|------------------------:|----------------------:|------------------------:|-------------:|\n");
+  for (Phase phase : kPhases) {
+    for (const TierChoice& tier : tiers_) {
+      std::vector<const Point*> pts;
+      int right = 0;
+      for (const Point& p : points_) {
+        if (p.phase != phase || p.tier != tier.label) continue;
+        pts.push_back(&p);
+        right += p.winner == p.predicted_winner;
+      }
+      std::string cells;
+      for (int w = 0; w < kNumWays; ++w) {
+        const auto [median, p90] = AbsErrorStats(pts, w);
+        cells += fmt::format(" {:>23} |", fmt::format("{:.0f} / {:.0f}", median, p90));
+      }
+      fmt::print("| {:<7} | {:<5} |{} {:>12} |\n", PhaseName(phase), tier.label, cells,
+                 fmt::format("{}/{}", right, pts.size()));
+    }
+  }
+  fmt::print("\n### crossovers: where the winner changes\n\n");
+  fmt::print("| tier  | phase   | along       | at           | measured                       | model says |\n");
+  fmt::print("|-------|---------|-------------|--------------|--------------------------------|------------|\n");
+  const std::vector<Crossover> measured = AllCrossovers(points_, sweep_, tiers_, false);
+  const std::vector<Crossover> predicted = AllCrossovers(points_, sweep_, tiers_, true);
+  auto describe = [](const Crossover& c) {
+    return fmt::format("{} -> {} at ~{:.0f} ({}..{})", ShortWay(c.from), ShortWay(c.to), c.at,
+                       c.lo, c.hi);
+  };
+  for (const TierChoice& tier : tiers_) {
+    for (Phase phase : kPhases) {
+      for (const char* axis : {"page_tokens", "depth"}) {
+        // Every line of the sweep on which either the measurement or the model has a crossover.
+        const std::vector<int64_t>& fixed_values =
+            std::string(axis) == "page_tokens" ? sweep_.depths : sweep_.page_tokens;
+        for (int64_t fixed : fixed_values) {
+          std::string m, p;
+          for (const Crossover& c : measured) {
+            if (c.tier == tier.label && c.phase == phase && c.axis == axis && c.fixed == fixed)
+              m += (m.empty() ? "" : "; ") + describe(c);
+          }
+          for (const Crossover& c : predicted) {
+            if (c.tier == tier.label && c.phase == phase && c.axis == axis && c.fixed == fixed)
+              p += (p.empty() ? "" : "; ") + describe(c);
+          }
+          if (m.empty() && p.empty()) continue;
+          const std::string at = std::string(axis) == "page_tokens"
+                                     ? fmt::format("depth {}", fixed)
+                                     : fmt::format("{} tokens", fixed);
+          fmt::print("| {:<5} | {:<7} | {:<11} | {:<12} | {:<30} | {} |\n", tier.label,
+                     PhaseName(phase), axis, at, m.empty() ? "none" : m, p.empty() ? "none" : p);
+        }
+      }
+    }
+  }
+  fmt::print("\n");
+}
+
+nlohmann::json FrontierBench::ToJson(const MachineProfile& profile) const {
+  nlohmann::json j;
+  j["bench"] = "frontier";
+  j["model"] = args_.model_path;
+  j["model_name"] = c_.name;
+  j["weight_type"] = model_.weight_type_name();
+  j["shape"] = {{"dim", c_.dim},         {"layers", c_.num_layers},   {"heads", c_.num_heads},
+                {"kv_heads", c_.num_kv_heads}, {"head_dim", c_.head_dim}, {"ffn_dim", c_.ffn_dim}};
+  j["kv_bytes_per_token_layer"] = c_.KvBytesPerTokenPerLayer(DType::kF32);
+  j["residual_bytes_per_token_layer"] = c_.ResidualBytesPerTokenPerLayer(DType::kF32);
+  j["threads"] = ctx_.pool()->num_threads();
+  j["position"] = args_.position;
+  j["repetitions"] = args_.repetitions;
+  j["page_tokens"] = sweep_.page_tokens;
+  j["depths"] = sweep_.depths;
+  j["decode"] = {{"step_ms", decode_step_ms_},
+                 {"prefill_ms_per_token", prefill_token_ms_},
+                 {"idle_fraction", idle_fraction_},
+                 {"model_idle_fraction", PageCostProfile{}.decode_idle_fraction},
+                 {"how", "decode recompute = measured recompute (the rebuild, not the checkpoint "
+                         "read) x (1 - idle); idle = 1 - (ms per token of a 128-token run) / (ms "
+                         "of a 1-token run); transfers are not discounted"}};
+  j["profile"] = {{"source", profile.source}, {"timestamp", profile.timestamp}};
+  j["rebuilt_bit_exact"] = rebuilt_bit_exact_;
+  nlohmann::json tiers = nlohmann::json::array();
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    tiers.push_back({{"tier", tiers_[i].label}, {"name", i < tier_names_.size() ? tier_names_[i] : ""}});
+  }
+  j["tiers"] = tiers;
+  nlohmann::json points = nlohmann::json::array();
+  for (const Point& p : points_) {
+    nlohmann::json measured, predicted, error;
+    for (int w = 0; w < kNumWays; ++w) {
+      measured[kWayNames[w]] = p.measured[w];
+      predicted[kWayNames[w]] = p.predicted[w];
+      error[kWayNames[w]] = ErrorPercent(p.predicted[w], p.measured[w]);
+    }
+    points.push_back({{"tier", p.tier},
+                      {"phase", PhaseName(p.phase)},
+                      {"page_tokens", p.page_tokens},
+                      {"depth", p.depth},
+                      {"measured_ms", measured},
+                      {"residual_read_ms", p.residual_read_ms},
+                      {"rebuild_ms", p.rebuild_ms},
+                      {"winner", kWayNames[p.winner]},
+                      {"predicted_ms", predicted},
+                      {"predicted_winner", kWayNames[p.predicted_winner]},
+                      {"error_percent", error}});
+  }
+  j["points"] = points;
+  nlohmann::json crossovers = nlohmann::json::array();
+  for (bool predicted_side : {false, true}) {
+    for (const Crossover& c : AllCrossovers(points_, sweep_, tiers_, predicted_side)) {
+      crossovers.push_back({{"source", predicted_side ? "model" : "measured"},
+                            {"tier", c.tier},
+                            {"phase", PhaseName(c.phase)},
+                            {"axis", c.axis},
+                            {"fixed", c.fixed},
+                            {"from", kWayNames[c.from]},
+                            {"to", kWayNames[c.to]},
+                            {"between", {c.lo, c.hi}},
+                            {"at", c.at}});
+    }
+  }
+  j["crossovers"] = crossovers;
+  return j;
+}
+
+}  // namespace
+
+int BenchFrontierCommand(const BenchFrontierArgs& args) {
+  auto fail = [](const Status& s) {
+    fmt::print(stderr, "kvl bench frontier: {}\n", s.ToString());
+    return 1;
+  };
+  StatusOr<std::vector<TierChoice>> tiers = ParseTierChoices(args.tiers);
+  if (!tiers.ok()) return fail(tiers.status());
+  // Every tier is opened once before anything is measured, so an unreachable server or an
+  // unusable directory fails at once rather than after minutes of recompute timings.
+  for (const TierChoice& choice : *tiers) {
+    if (StatusOr<std::unique_ptr<KvTier>> probe = OpenTier(choice, 4096, 1); !probe.ok()) {
+      return fail(probe.status());
+    }
+  }
+  StatusOr<std::unique_ptr<Model>> model = Model::Load(args.model_path);
+  if (!model.ok()) return fail(model.status());
+  const ModelConfig& c = (*model)->config();
+
+  Sweep sweep;
+  sweep.page_tokens = args.page_tokens;
+  std::sort(sweep.page_tokens.begin(), sweep.page_tokens.end());
+  sweep.page_tokens.erase(std::unique(sweep.page_tokens.begin(), sweep.page_tokens.end()),
+                          sweep.page_tokens.end());
+  sweep.depths = args.depths;
+  if (sweep.depths.empty()) {
+    // One layer, a quarter, half and all of them.
+    sweep.depths = {1, std::max<int64_t>(1, c.num_layers / 4), std::max<int64_t>(1, c.num_layers / 2),
+                    c.num_layers};
+  }
+  std::sort(sweep.depths.begin(), sweep.depths.end());
+  sweep.depths.erase(std::unique(sweep.depths.begin(), sweep.depths.end()), sweep.depths.end());
+  if (sweep.depths.back() > c.num_layers) {
+    return fail(InvalidArgumentError(fmt::format("--depths {}: the model has {} layers",
+                                                 sweep.depths.back(), c.num_layers)));
+  }
+
+  const int threads = args.num_threads > 0
+                          ? args.num_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  StatusOr<std::unique_ptr<ThreadPool>> pool = ThreadPool::Create(threads);
+  if (!pool.ok()) return fail(pool.status());
+  ops::OpsContext ctx(ops::BestIsa(), pool->get());
+
+  // The profile the engine would price this model with, found, measured or assumed as it would.
+  ProfileOptions profile_options;
+  profile_options.path = args.profile_path;
+  profile_options.calibrate = args.calibrate;
+  StatusOr<MachineProfile> profile = ObtainProfile(**model, ctx, profile_options);
+  if (!profile.ok()) return fail(profile.status());
+
+  FrontierBench bench(args, **model, ctx, sweep, std::move(*tiers));
+  if (const Status s = bench.Run(*profile); !s.ok()) return fail(s);
+  const nlohmann::json j = bench.ToJson(*profile);
+  if (args.output == "json") {
+    fmt::print("{}\n", j.dump(1));
+  } else {
+    bench.PrintTables(*profile);
+  }
+  if (!args.json_path.empty()) {
+    std::ofstream f(args.json_path);
+    f << j.dump(1) << "\n";
+    if (!f) return fail(IoError(fmt::format("cannot write {}", args.json_path)));
+  }
+  return 0;
+}
+
+}  // namespace kvl::cli
