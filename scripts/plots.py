@@ -7,6 +7,8 @@ Usage:
   plots.py turns OUT.png TURNS.json [MORE ...]  `kvl bench turns --json`: per-turn curves
   plots.py throughput OUT.png BENCH.json [...]  `kvl bench -o json`: tok/s per test
   plots.py all DATA_DIR IMAGES_DIR              every *.json in DATA_DIR to IMAGES_DIR/<name>.png,
+                                               and each DATA_DIR/*llama_bench*/ directory of
+                                               side-by-side runs to IMAGES_DIR/<dir>.png
                                                the kind told by the JSON itself (`make plots`)
 
 Exits 3 when matplotlib is missing (Debian: python3-matplotlib), so that a caller can say so and
@@ -16,6 +18,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 
 try:
@@ -221,6 +224,54 @@ def throughput(out, paths):
 
 
 # ----------------------------------------------------------------------------------------------
+# kvl bench beside llama-bench: a directory of gated runs named MODEL-DEPTH-PROGRAM-ROUND.json
+# (PROGRAM kvl or llama), both in llama-bench's JSON; the best round of each test is drawn.
+
+VERSUS_NAME = re.compile(r"(?P<model>.+)-d(?P<depth>\d+)-(?P<prog>kvl|llama)-(?P<round>\d+)\.json$")
+
+
+def versus(out, directory):
+    best = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        m = VERSUS_NAME.match(os.path.basename(path))
+        if not m:
+            continue
+        try:
+            with open(path) as f:
+                rows = json.load(f)
+        except (OSError, ValueError):
+            continue  # a unit cut short leaves an empty file
+        for r in rows:
+            if "avg_ts" not in r:
+                continue
+            test = r.get("test") or (f'pp{r["n_prompt"]}' if r.get("n_prompt") else f'tg{r["n_gen"]}')
+            if r.get("n_depth") and "@" not in test:
+                test += f' @ d{r["n_depth"]}'
+            key = (m["model"], test, m["prog"])
+            best[key] = max(best.get(key, 0.0), r["avg_ts"])
+    groups = sorted({(model, test) for model, test, _ in best})
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(groups) + 1.4))
+    height = 0.38
+    for i, prog in enumerate(("kvl", "llama")):
+        y = [len(groups) - 1 - g + (0.2 if i == 0 else -0.2) for g in range(len(groups))]
+        values = [best.get((model, test, prog), 0.0) for model, test in groups]
+        ax.barh(y, values, height, label="kvlattice" if prog == "kvl" else "llama.cpp (llama-bench)")
+        for yi, v in zip(y, values):
+            if v > 0:
+                ax.text(v, yi, f" {v:.1f}", va="center", fontsize=7)
+    ax.set_yticks(range(len(groups)))
+    ax.set_yticklabels([f"{model}  {test}" for model, test in reversed(groups)], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens per second (best round)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("kvl bench beside llama-bench: same file, same threads, same minutes", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
 
 def kind_of(path):
     """frontier, turns or throughput, from the JSON's own shape; None for anything else."""
@@ -238,6 +289,11 @@ def kind_of(path):
 def everything(data_dir, images_dir):
     os.makedirs(images_dir, exist_ok=True)
     drawn = 0
+    for directory in sorted(glob.glob(os.path.join(data_dir, "*llama_bench*"))):
+        out = os.path.join(images_dir, os.path.basename(directory) + ".png")
+        versus(out, directory)
+        print(f"plots.py: versus     {directory} -> {out}")
+        drawn += 1
     for path in sorted(glob.glob(os.path.join(data_dir, "*.json"))):
         kind = kind_of(path)
         out = os.path.join(images_dir, os.path.splitext(os.path.basename(path))[0] + ".png")
