@@ -60,7 +60,8 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
                       "newest tokens always kept resident at full precision")
       ->capture_default_str();
   cmd->add_option("--kv-stream-reserve", engine->kv_stream_reserve,
-                      "fraction of --kv-budget that stages pages streamed back from tiers")
+                      "fraction of --kv-budget that stages pages streamed back from tiers; 0 = auto "
+                      "(0.25 with a RAM tier, else enough for one full context's pages, at most 0.5)")
       ->capture_default_str();
   // -ctk / -ctv (see NormalizeArgs), as llama.cpp's --cache-type-k / --cache-type-v.
   cmd->add_option("--cache-type-k", engine->cache_type_k,
@@ -330,7 +331,7 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   bt_cmd->add_option("--kv-recent", bt.engine.kv_recent_tokens, "recent tokens kept resident")
       ->capture_default_str();
   bt_cmd->add_option("--kv-stream-reserve", bt.engine.kv_stream_reserve,
-                     "fraction of the budget that stages streamed pages")
+                     "fraction of the budget that stages streamed pages (0 = auto)")
       ->capture_default_str();
 
   BenchFrontierArgs& bf = cmd.bench_frontier;

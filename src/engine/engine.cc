@@ -126,7 +126,19 @@ KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlo
                                                  kv.policy.fixed == KvAction::kRecomputeResidual;
   const int64_t fixed_bytes = z.compresses ? staging.fixed : 0;
   if (streams) {
-    const double reserve = static_cast<double>(z.budget_bytes) * options.kv_stream_reserve;
+    double fraction = options.kv_stream_reserve;
+    if (fraction == 0) {
+      // Auto. Without a RAM tier every page a running sequence keeps outside the pool is staged
+      // at every step (a disk tier with O_DIRECT, checkpoints), so one full-context sequence
+      // needs about one staged page per page of its context: a fixed quarter of a small budget
+      // stopped such a sequence long before the pool and the disk were full.
+      const int64_t context_pages = (e.context_length + layout.block_tokens - 1) / layout.block_tokens;
+      const double wanted = static_cast<double>(context_pages * staging.per_page + fixed_bytes) /
+                            static_cast<double>(z.budget_bytes);
+      fraction = kv.has_tier("ram") ? kDefaultStreamReserve
+                                    : std::clamp(wanted, kDefaultStreamReserve, kMaxAutoStreamReserve);
+    }
+    const double reserve = static_cast<double>(z.budget_bytes) * fraction;
     z.staged_pages = std::max<int64_t>(
         1, static_cast<int64_t>(reserve - static_cast<double>(fixed_bytes)) / staging.per_page);
   }
@@ -160,7 +172,8 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
         "--kv-budget {} bytes holds no KV block of {} bytes once {} bytes are set aside for the "
         "pages that leave the pool ({} staged pages; --kv-stream-reserve {})",
         z.budget_bytes, kvo.layout.block_bytes(), z.staging_bytes, z.staged_pages,
-        options.kv_stream_reserve));
+        options.kv_stream_reserve == 0 ? std::string("auto")
+                                       : fmt::format("{}", options.kv_stream_reserve)));
   }
   kvo.budget_bytes = z.budget_bytes - z.staging_bytes;
   kvo.model_identity = ModelIdentity(*e.model);

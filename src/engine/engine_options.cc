@@ -42,9 +42,9 @@ Status ValidateEngineOptions(const EngineOptions& o) {
     return InvalidArgumentError(fmt::format("--kv-recent must be in [0, {}] tokens, got {}",
                                             kMaxContextTokens, o.kv_recent_tokens));
   }
-  if (!(o.kv_stream_reserve > 0 && o.kv_stream_reserve < 1)) {
+  if (!(o.kv_stream_reserve >= 0 && o.kv_stream_reserve < 1)) {
     return InvalidArgumentError(fmt::format(
-        "--kv-stream-reserve must be a fraction of the KV budget in (0, 1), got {}",
+        "--kv-stream-reserve must be a fraction of the KV budget in (0, 1), or 0 for auto, got {}",
         o.kv_stream_reserve));
   }
   KVL_RETURN_IF_ERROR(ParseKvCacheType(o.cache_type_k).status());

@@ -76,8 +76,14 @@ struct EngineOptions {
   // The fraction of kv_budget_bytes set aside for staging pages of running sequences that live in
   // a tier (streamed back layer by layer, or rebuilt from checkpoints) at every step: about
   // 2 / num_layers of a page each. The pool gets the rest. Used only where pages can be streamed.
-  double kv_stream_reserve = 0.25;
+  // 0 (auto): kDefaultStreamReserve where a RAM tier holds pages attention reads in place; with
+  // no RAM tier every page that leaves the pool is staged, so enough for the pages of one
+  // full-context sequence, between kDefaultStreamReserve and kMaxAutoStreamReserve.
+  double kv_stream_reserve = 0;
 };
+
+inline constexpr double kDefaultStreamReserve = 0.25;
+inline constexpr double kMaxAutoStreamReserve = 0.5;
 
 // Limits of what EngineOptions may ask for: positions are int32, and a thread or a sequence slot
 // costs memory whether used or not.
