@@ -75,7 +75,7 @@ class Pool {
     o.layout.checkpoint_every = every;
     o.enable_prefix_cache = false;  // the re-admission takes fresh blocks, to be rebuilt
     o.max_seqs = 1;
-    o.budget_bytes = o.layout.block_bytes() * ((num_tokens + kBlockTokens - 1) / kBlockTokens);
+    o.budget_bytes = o.layout.block_bytes() * ((num_tokens + kBlockTokens - 1) / kBlockTokens + 1);
     KVL_ASSIGN_OR_RETURN(p->manager_, KvManager::Create(o));
     KVL_ASSIGN_OR_RETURN(p->storage_, KvBlockStorage::Create(o.layout, p->manager_->num_blocks()));
     p->pager_ = std::make_unique<KvPager>(*p->manager_, *p->storage_, 1, num_tokens);

@@ -41,13 +41,13 @@ struct Output {
   bool operator==(const Output&) const = default;
 };
 
-struct Run {
+struct Outcome {
   std::vector<Output> outputs;
   EngineMetrics metrics;
 };
 
-Run RunPrompts(const EngineOptions& o, size_t num_prompts, int32_t new_tokens) {
-  Run run;
+Outcome RunPrompts(const EngineOptions& o, size_t num_prompts, int32_t new_tokens) {
+  Outcome run;
   auto created = Engine::Create(o);
   EXPECT_TRUE(created.ok()) << created.status().ToString();
   if (!created.ok()) return run;
@@ -82,7 +82,7 @@ TEST(CheckpointDepthTest, RunningPagesMatchKeepAllAtEveryStride) {
   constexpr int32_t kNewTokens = 440;  // with the prompt, about 29 pages
   EngineOptions keep = Options(1, 64, 0.25);
   keep.kv_budget_bytes = 0;  // room for everything
-  const Run expected = RunPrompts(keep, 1, kNewTokens);
+  const Outcome expected = RunPrompts(keep, 1, kNewTokens);
   ASSERT_EQ(expected.outputs[0].tokens.size(), static_cast<size_t>(kNewTokens));
   ASSERT_EQ(expected.outputs[0].logprobs.size(), static_cast<size_t>(6 * kNewTokens));
   for (int64_t every : std::vector<int64_t>{1, 2, 4, kLayers}) {
@@ -90,7 +90,7 @@ TEST(CheckpointDepthTest, RunningPagesMatchKeepAllAtEveryStride) {
     o.kv_policy = "recompute-residual";
     o.kv_tiers = {"ram:64MiB"};
     o.kv_checkpoint_every = every;
-    const Run run = RunPrompts(o, 1, kNewTokens);
+    const Outcome run = RunPrompts(o, 1, kNewTokens);
     const EngineMetrics& m = run.metrics;
     EXPECT_EQ(m.kv_checkpoint_every, every);
     EXPECT_EQ(run.outputs, expected.outputs) << "every " << every;
@@ -109,14 +109,14 @@ TEST(CheckpointDepthTest, RunningPagesMatchKeepAllAtEveryStride) {
 TEST(CheckpointDepthTest, PreemptedPagesMatchKeepAll) {
   constexpr int32_t kNewTokens = 200;
   EngineOptions keep = Options(8, 0, 0.25);
-  const Run expected = RunPrompts(keep, 8, kNewTokens);
+  const Outcome expected = RunPrompts(keep, 8, kNewTokens);
   EXPECT_EQ(expected.metrics.preemptions, 0);
   for (int64_t every : std::vector<int64_t>{2, kLayers}) {
     EngineOptions o = Options(8, 40, 0.25);
     o.kv_policy = "recompute-residual";
     o.kv_tiers = {"ram:64MiB"};
     o.kv_checkpoint_every = every;
-    const Run run = RunPrompts(o, 8, kNewTokens);
+    const Outcome run = RunPrompts(o, 8, kNewTokens);
     const EngineMetrics& m = run.metrics;
     EXPECT_EQ(run.outputs, expected.outputs) << "every " << every;
     EXPECT_GT(m.preemptions, 0) << "every " << every;
