@@ -7,7 +7,8 @@
 // K/V projections, and for a layer without a checkpoint the layer before run whole for the
 // page's tokens). It reports the checkpoint bytes one page keeps (as the tier holds them), the
 // rebuild time per page (median over pages and repetitions), recomputing the same page from its
-// tokens for comparison, and whether every rebuilt K/V byte equals what the prefill stored.
+// tokens for comparison, and whether every rebuilt K/V byte equals what the prefill stored. A
+// stride past the model's layers is measured as s = layers.
 //
 // Usage: checkpoint_depth_bench [--json] [-t THREADS] [--pages N] [--reps N] [--strides 1,2,4,8]
 //                               MODEL.gguf...
@@ -292,8 +293,13 @@ int Main(int argc, char** argv) {
     ops::OpsContext ops(ops::BestIsa(), &threads);
     const int64_t num_tokens = s.pages * kBlockTokens + 1;
     Forward forward(**model, ops, ForwardOptions{num_tokens, 1, num_tokens});
+    // A stride past the model's layers is measured as s = layers, the sparsest there is.
+    std::vector<int64_t> strides;
     for (int64_t every : s.strides) {
-      if (every > (*model)->config().num_layers) continue;  // s = layers is the sparsest
+      const int64_t clamped = std::min(every, (*model)->config().num_layers);
+      if (std::find(strides.begin(), strides.end(), clamped) == strides.end()) strides.push_back(clamped);
+    }
+    for (int64_t every : strides) {
       StatusOr<Row> row = Measure(path, **model, forward, every, s);
       if (!row.ok()) {
         fmt::print(stderr, "{} s={}: {}\n", path, every, row.status().message());
