@@ -10,12 +10,17 @@
 // tokens for comparison, and whether every rebuilt K/V byte equals what the prefill stored. A
 // stride past the model's layers is measured as s = layers.
 //
-// Usage: checkpoint_depth_bench [--json] [-t THREADS] [--pages N] [--reps N] [--strides 1,2,4,8]
-//                               MODEL.gguf...
+// Usage: checkpoint_depth_bench [--json | --json-file PATH] [--cpu-time] [-t THREADS] [--pages N] [--reps N]
+//                               [--strides 1,2,4,8] MODEL.gguf...
+//   --json-file PATH: the JSON written there too, beside the table on stdout.
+//   --cpu-time: this thread's CPU time instead of wall time (with -t 1 the calling thread does all
+//   the work), for a shared machine where other processes take the cores.
 #include <fmt/format.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -33,6 +38,8 @@ constexpr int32_t kBlockTokens = 16;
 
 struct Settings {
   bool json = false;
+  bool cpu_time = false;
+  std::string json_file;
   int threads = 1;
   int64_t pages = 3;
   int reps = 3;
@@ -52,8 +59,16 @@ struct Row {
   int64_t differing_bytes = 0;            // rebuilt K/V bytes that differ from the prefill's
 };
 
-double MsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+// Wall time, or with --cpu-time this thread's CPU time, in ms.
+bool g_cpu_time = false;
+double NowMs() {
+  if (g_cpu_time) {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+  }
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double Median(std::vector<double> v) {
@@ -133,9 +148,9 @@ class Pool {
 
   // Re-admits the sequence and rebuilds page b alone, timed.
   double Restore(int64_t b) {
-    const auto start = std::chrono::steady_clock::now();
+    const double start = NowMs();
     const int64_t restored = pager_->RestorePages(0, b, 1);
-    const double ms = MsSince(start);
+    const double ms = NowMs() - start;
     KVL_CHECK_MSG(restored == 1, "a page could not be rebuilt from its checkpoints");
     return ms;
   }
@@ -186,9 +201,9 @@ StatusOr<Row> Measure(const std::string& path, const Model& model, Forward& forw
     for (size_t i = 0; i < rebuilt.size(); ++i) row.differing_bytes += rebuilt[i] != prefilled[i];
     // The same pages recomputed from their tokens (over the rebuilt context), for comparison.
     for (int64_t b = 0; b < s.pages; ++b) {
-      const auto start = std::chrono::steady_clock::now();
+      const double start = NowMs();
       pool->Run(tokens, b * kBlockTokens, (b + 1) * kBlockTokens);
-      tokens_ms.push_back(MsSince(start));
+      tokens_ms.push_back(NowMs() - start);
     }
   }
   row.rebuild_ms = Median(rebuild_ms);
@@ -199,8 +214,9 @@ StatusOr<Row> Measure(const std::string& path, const Model& model, Forward& forw
 void PrintTable(const std::vector<Row>& rows) {
   fmt::print(
       "| model | layers | s | checkpoint layers | checkpoint bytes/page | saved vs s=1 | K+V "
-      "bytes/page | rebuild ms/page | vs s=1 | recompute from tokens ms/page | bit-exact |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+      "bytes/page | rebuild ms/page | vs s=1 | recompute from tokens ms/page | rebuild / "
+      "recompute | bit-exact |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   for (const Row& r : rows) {
     const Row* base = nullptr;
     for (const Row& b : rows) {
@@ -211,19 +227,23 @@ void PrintTable(const std::vector<Row>& rows) {
                                     static_cast<double>(base->checkpoint_bytes_per_page)
                         : 0.0;
     const double slower = base != nullptr && base->rebuild_ms > 0 ? r.rebuild_ms / base->rebuild_ms : 0.0;
-    fmt::print("| {} | {} | {} | {} | {} | {:.1f}% | {} | {:.2f} | {:.2f}x | {:.2f} | {} |\n", r.model,
-               r.layers, r.every, r.layers_kept, r.checkpoint_bytes_per_page, 100.0 * saved,
+    fmt::print("| {} | {} | {} | {} | {} | {:.1f}% | {} | {:.2f} | {:.2f}x | {:.2f} | {:.2f} | {} |\n",
+               r.model, r.layers, r.every, r.layers_kept, r.checkpoint_bytes_per_page, 100.0 * saved,
                r.kv_bytes_per_page, r.rebuild_ms, slower, r.tokens_ms,
+               r.tokens_ms > 0 ? r.rebuild_ms / r.tokens_ms : 0.0,
                r.differing_bytes == 0 ? "yes" : fmt::format("NO ({} bytes differ)", r.differing_bytes));
   }
 }
 
-void PrintJson(const std::vector<Row>& rows, const Settings& s) {
-  fmt::print("{{\"threads\": {}, \"pages\": {}, \"reps\": {}, \"block_tokens\": {}, \"rows\": [\n",
-             s.threads, s.pages, s.reps, kBlockTokens);
+void PrintJson(std::FILE* out, const std::vector<Row>& rows, const Settings& s) {
+  fmt::print(out, 
+      "{{\"threads\": {}, \"pages\": {}, \"reps\": {}, \"block_tokens\": {}, \"clock\": \"{}\", "
+      "\"rows\": [\n",
+      s.threads, s.pages, s.reps, kBlockTokens, s.cpu_time ? "thread-cpu" : "wall");
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     fmt::print(
+        out,
         "  {{\"model\": \"{}\", \"layers\": {}, \"checkpoint_every\": {}, \"checkpoint_layers\": {}, "
         "\"checkpoint_bytes_per_page\": {}, \"kv_bytes_per_page\": {}, \"rebuild_ms_per_page\": "
         "{:.4f}, \"recompute_tokens_ms_per_page\": {:.4f}, \"bit_exact\": {}}}{}\n",
@@ -231,7 +251,7 @@ void PrintJson(const std::vector<Row>& rows, const Settings& s) {
         r.rebuild_ms, r.tokens_ms, r.differing_bytes == 0 ? "true" : "false",
         i + 1 < rows.size() ? "," : "");
   }
-  fmt::print("]}}\n");
+  fmt::print(out, "]}}\n");
 }
 
 StatusOr<Settings> ParseArgs(int argc, char** argv) {
@@ -244,6 +264,11 @@ StatusOr<Settings> ParseArgs(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--json") {
       s.json = true;
+    } else if (a == "--json-file") {
+      if (i + 1 >= argc) return InvalidArgumentError("--json-file needs a path");
+      s.json_file = argv[++i];
+    } else if (a == "--cpu-time") {
+      s.cpu_time = true;
     } else if (a == "-t") {
       KVL_ASSIGN_OR_RETURN(const int64_t t, number(i));
       s.threads = static_cast<int>(t);
@@ -269,7 +294,7 @@ StatusOr<Settings> ParseArgs(int argc, char** argv) {
   }
   if (s.models.empty() || s.pages < 1 || s.reps < 1 || s.threads < 1) {
     return InvalidArgumentError(
-        "usage: checkpoint_depth_bench [--json] [-t THREADS] [--pages N] [--reps N] "
+        "usage: checkpoint_depth_bench [--json] [--cpu-time] [-t THREADS] [--pages N] [--reps N] "
         "[--strides 1,2,4,8] MODEL.gguf...");
   }
   return s;
@@ -282,6 +307,7 @@ int Main(int argc, char** argv) {
     return 2;
   }
   const Settings& s = *settings;
+  g_cpu_time = s.cpu_time;
   std::vector<Row> rows;
   for (const std::string& path : s.models) {
     StatusOr<std::unique_ptr<Model>> model = Model::Load(path);
@@ -310,9 +336,18 @@ int Main(int argc, char** argv) {
     }
   }
   if (s.json) {
-    PrintJson(rows, s);
+    PrintJson(stdout, rows, s);
   } else {
     PrintTable(rows);
+  }
+  if (!s.json_file.empty()) {
+    std::FILE* f = std::fopen(s.json_file.c_str(), "w");
+    if (f == nullptr) {
+      fmt::print(stderr, "{}: cannot write\n", s.json_file);
+      return 1;
+    }
+    PrintJson(f, rows, s);
+    std::fclose(f);
   }
   return 0;
 }

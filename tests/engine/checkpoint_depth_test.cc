@@ -104,6 +104,25 @@ TEST(CheckpointDepthTest, RunningPagesMatchKeepAllAtEveryStride) {
   }
 }
 
+// Half and block-quantized cache types: the layers run between checkpoints read the rebuilt rows
+// narrowed or quantized exactly as the forward pass stored and read them.
+TEST(CheckpointDepthTest, NarrowCacheTypesMatchKeepAll) {
+  constexpr int32_t kNewTokens = 300;
+  for (const char* type : {"f16", "q8_0"}) {
+    EngineOptions keep = Options(1, 0, 0.25);
+    keep.cache_type_k = keep.cache_type_v = type;
+    const Outcome expected = RunPrompts(keep, 1, kNewTokens);
+    EngineOptions o = Options(1, 24, 0.75);
+    o.cache_type_k = o.cache_type_v = type;
+    o.kv_policy = "recompute-residual";
+    o.kv_tiers = {"ram:64MiB"};
+    o.kv_checkpoint_every = 2;
+    const Outcome run = RunPrompts(o, 1, kNewTokens);
+    EXPECT_EQ(run.outputs, expected.outputs) << type;
+    EXPECT_GT(run.metrics.kv_layers_advanced, 0) << type;
+  }
+}
+
 // Eight requests under a budget that holds about three: preempted sequences' pages are kept as
 // checkpoints every S layers and rebuilt into fresh blocks at resume, in page order.
 TEST(CheckpointDepthTest, PreemptedPagesMatchKeepAll) {
