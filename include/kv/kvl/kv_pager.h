@@ -10,7 +10,9 @@
 //     rebuilds its K and V (one RmsNorm, two projections and RoPE per layer, bit-identical); with
 //     checkpoints every s > 1 layers (KvBlockLayout::checkpoint_every) the layers between two
 //     checkpoints get their inputs by running the layer before for the page's tokens
-//     (KvRebuilder::AdvanceResidual), over the K/V of that layer the step has in place,
+//     (KvRebuilder::AdvanceResidual), over the K/V of that layer the step has in place (so those
+//     layers depend on the earlier pages: bit-identical while they are lossless; under a lossy
+//     action on an earlier page they carry its error, as anything computed after it does),
 //   - evicted (attention gives its tokens no weight).
 // When the sequence is preempted its pool blocks go; each full page is kept in a tier, kept as
 // checkpoints, or dropped to be recomputed from its tokens, and at resume the kept ones are
