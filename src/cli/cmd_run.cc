@@ -96,13 +96,13 @@ void PrintKvSummary(const EngineMetrics& m) {
   PrintKvPredictionErrors(m);
   fmt::print(stderr,
              "kvl: kv resident peak {} of {} (pool {} of {}, buffers for pages leaving it {}); {} "
-             "layer pages streamed back, {:.2f} ms waited; {} rebuilt from checkpoints in {:.2f} "
-             "ms\n",
+             "layer pages streamed back, {:.2f} ms waited; {} rebuilt from checkpoints ({} run "
+             "whole between checkpoints every {} layers) in {:.2f} ms\n",
              FormatBytes(m.kv_resident_bytes_peak),
              FormatBytes(m.kv.kv_bytes_total + m.kv_stream_staging_bytes),
              FormatBytes(m.kv.kv_bytes_peak), FormatBytes(m.kv.kv_bytes_total),
              FormatBytes(m.kv_stream_staging_bytes), m.kv_layers_streamed, m.kv_stream_wait_ms,
-             m.kv_layers_rebuilt, m.kv_rebuild_ms);
+             m.kv_layers_rebuilt, m.kv_layers_advanced, m.kv_checkpoint_every, m.kv_rebuild_ms);
   // Pages are held outside the pool only while their sequence runs, so after a finished run these
   // are zero; they show when a run ended with sequences still holding them.
   if (m.kv_pages_compressed + m.kv_pages_streamed + m.kv_pages_evicted > 0) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <sstream>
 #include <string_view>
 
@@ -62,6 +63,13 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
   cmd->add_option("--kv-stream-reserve", engine->kv_stream_reserve,
                       "fraction of --kv-budget that stages pages streamed back from tiers; 0 = auto "
                       "(0.25 with a RAM tier, else enough for one full context's pages, at most 0.5)")
+      ->capture_default_str();
+  // `auto` reads as 0, which EngineOptions takes as "the cost model chooses".
+  cmd->add_option("--kv-checkpoint-every", engine->kv_checkpoint_every,
+                      "pages kept as residual checkpoints keep every S-th layer's (1 = every "
+                      "layer; the layers between are rebuilt by running them); auto: the cost "
+                      "model's choice")
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "0"}}))
       ->capture_default_str();
   // -ctk / -ctv (see NormalizeArgs), as llama.cpp's --cache-type-k / --cache-type-v.
   cmd->add_option("--cache-type-k", engine->cache_type_k,

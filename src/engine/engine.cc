@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "engine_impl.h"
+#include "kvl/checkpoint_depth.h"
 #include "kvl/cost_profile.h"
 
 namespace kvl {
@@ -124,7 +125,7 @@ KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlo
                                            : kv.policy.fixed == KvAction::kDemoteRam ||
                                                  kv.policy.fixed == KvAction::kDemoteDisk ||
                                                  kv.policy.fixed == KvAction::kRecomputeResidual;
-  const int64_t fixed_bytes = z.compresses ? staging.fixed : 0;
+  const int64_t fixed_bytes = (z.compresses ? staging.fixed : 0) + staging.restore;
   if (streams) {
     double fraction = options.kv_stream_reserve;
     if (fraction == 0) {
@@ -146,6 +147,62 @@ KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlo
   return z;
 }
 
+// The per-page prices of the measured machine (kvl/cost_profile.h): the calibration profile of
+// this model on this machine; without one, a quick calibration on the engine's own model and
+// pool, announced on stderr and saved where it says; with --no-calibrate, analytic defaults.
+Status LoadCostProfile(Engine::Impl& e, const std::string& disk_dir, int64_t block_tokens,
+                       PageCostProfile* prices) {
+  if (e.options.cost_profile) {
+    FillPagePrices(*e.options.cost_profile, block_tokens, prices);
+    return Status::Ok();
+  }
+  ProfileOptions profile_options;
+  profile_options.path = e.options.profile_path;
+  profile_options.calibrate = e.options.calibrate;
+  profile_options.calibration.disk_dir = disk_dir;  // empty (the temp dir) without a disk tier
+  KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
+                       ObtainProfile(*e.model, *e.ops, profile_options));
+  FillPagePrices(profile, block_tokens, prices);
+  return Status::Ok();
+}
+
+// The prices of checkpoints every s layers for one page of this model (kvl/checkpoint_depth.h).
+CheckpointDepthPrices CheckpointPrices(const KvBlockLayout& layout, int64_t dim,
+                                       const PageCostProfile& prices) {
+  CheckpointDepthPrices p;
+  p.num_layers = layout.num_layers;
+  p.page_residual_bytes =
+      static_cast<int64_t>(layout.block_tokens) * layout.num_layers * dim * static_cast<int64_t>(sizeof(float));
+  p.rebuild_kv_ms = prices.recompute_residual_ms;
+  p.recompute_tokens_ms = prices.recompute_tokens_ms;
+  return p;
+}
+
+// --kv-checkpoint-every: the stride given, or (auto) the one the cost model prices cheapest. A
+// page kept as checkpoints is rebuilt at every step that reads it, so `auto` prices one rebuild
+// against the memory the checkpoints hold, at what a MiB of the pool saves per step when it holds
+// a page (K/V and checkpoints) instead of that page being rebuilt from checkpoints.
+StatusOr<int64_t> ChooseCheckpointEvery(Engine::Impl& e, const KvBlockLayout& layout) {
+  const int64_t given = e.options.kv_checkpoint_every;
+  if (given > layout.num_layers) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-checkpoint-every {}: the model has {} layers (use 1 to {}, or auto)", given,
+        layout.num_layers, layout.num_layers));
+  }
+  if (layout.residual_dim == 0) return 1;  // no checkpoints are kept: nothing to space out
+  if (given > 0) return given;
+  PageCostProfile prices;
+  KVL_RETURN_IF_ERROR(LoadCostProfile(e, /*disk_dir=*/"", layout.block_tokens, &prices));
+  CheckpointDepthPrices p = CheckpointPrices(layout, e.model->config().dim, prices);
+  const double page_mib =
+      static_cast<double>(layout.kv_bytes() + p.page_residual_bytes) / static_cast<double>(1 << 20);
+  p.memory_price_ms_per_mib = p.rebuild_kv_ms / page_mib;
+  p.rebuilds = 1;
+  KVL_ASSIGN_OR_RETURN(const CheckpointDepthChoice choice, ChooseCheckpointDepth(p));
+  if (e.options.explain) fmt::print(stderr, "kvl: --kv-checkpoint-every auto:\n{}", choice.Explain());
+  return choice.every;
+}
+
 // The paged pool sized from the budget, its storage, the pager and the forward pass's view.
 Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   const EngineOptions& options = e.options;
@@ -159,12 +216,14 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   if (KeepsResidualCheckpoints(kv.policy, kv.has_tier("ram"), c.dim, c.kv_dim())) {
     kvo.layout.residual_dim = c.dim;
   }
+  KVL_ASSIGN_OR_RETURN(kvo.layout.checkpoint_every, ChooseCheckpointEvery(e, kvo.layout));
   KvPoolSizing z = SizeKvPool(e, kv, kvo.layout);
   if (kv.policy.automatic && kvo.layout.residual_dim > 0 &&
       (z.budget_bytes - z.staging_bytes) / kvo.layout.block_bytes() < kMinBlocksWithCheckpoints) {
     // Checkpoints are an option `auto` may take, never a reason for a budget to stop working:
     // where they would leave the pool too few blocks, the pool keeps K/V only.
     kvo.layout.residual_dim = 0;
+    kvo.layout.checkpoint_every = 1;
     z = SizeKvPool(e, kv, kvo.layout);
   }
   if (z.budget_bytes - z.staging_bytes < kvo.layout.block_bytes()) {
@@ -187,24 +246,6 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   e.pager = std::make_unique<KvPager>(*e.kv, *e.storage, options.max_seqs, e.context_length);
   e.pager->ReserveStaging(z.staged_pages, z.compresses);
   e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage, e.pager.get());
-  return Status::Ok();
-}
-
-// The per-page prices of the measured machine (kvl/cost_profile.h): the calibration profile of
-// this model on this machine; without one, a quick calibration on the engine's own model and
-// pool, announced on stderr and saved where it says; with --no-calibrate, analytic defaults.
-Status LoadCostProfile(Engine::Impl& e, const std::string& disk_dir, PageCostProfile* prices) {
-  if (e.options.cost_profile) {
-    FillPagePrices(*e.options.cost_profile, e.storage->layout().block_tokens, prices);
-    return Status::Ok();
-  }
-  ProfileOptions profile_options;
-  profile_options.path = e.options.profile_path;
-  profile_options.calibrate = e.options.calibrate;
-  profile_options.calibration.disk_dir = disk_dir;  // empty (the temp dir) without a disk tier
-  KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
-                       ObtainProfile(*e.model, *e.ops, profile_options));
-  FillPagePrices(profile, e.storage->layout().block_tokens, prices);
   return Status::Ok();
 }
 
@@ -266,7 +307,7 @@ Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
     if (spec.kind == "disk") disk_dir = std::filesystem::path(spec.path).parent_path().string();
   }
   e.pager->set_tiers({e.ram_tier.get(), e.disk_tier.get()});
-  e.pager->set_rebuilder(e.forward.get());
+  e.pager->set_rebuilder(e.forward.get(), e.cache.get());
 
   const KvBlockLayout& layout = e.storage->layout();
   const CompressedSlabs& slabs = e.pager->slabs();
@@ -284,7 +325,9 @@ Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
   setup.explain = e.options.explain;
   PageCostProfile prices;
   prices.kv_bytes = layout.kv_bytes();
-  prices.residual_bytes = static_cast<int64_t>(layout.block_tokens) * layout.num_layers *
+  // Checkpoints of every checkpoint_every-th layer (--kv-checkpoint-every).
+  prices.residual_bytes = static_cast<int64_t>(layout.block_tokens) *
+                          CheckpointLayersKept(layout.num_layers, layout.checkpoint_every) *
                           e.model->config().dim * static_cast<int64_t>(sizeof(float));
   prices.int8_page_bytes = slabs.slot_bytes(KvCodecType::kInt8) * layout.num_layers;
   prices.int4_page_bytes = slabs.slot_bytes(KvCodecType::kInt4) * layout.num_layers;
@@ -295,7 +338,14 @@ Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
   const bool needs_profile =
       e.ram_tier || e.disk_tier || e.redis_tier ||
       (!kv.policy.automatic && kv.policy.fixed == KvAction::kRecomputeTokens);
-  if (needs_profile) KVL_RETURN_IF_ERROR(LoadCostProfile(e, disk_dir, &rules.prices));
+  if (needs_profile) {
+    KVL_RETURN_IF_ERROR(LoadCostProfile(e, disk_dir, layout.block_tokens, &rules.prices));
+    // A page rebuilt from checkpoints every s layers also runs the layers between them.
+    rules.prices.recompute_residual_ms =
+        PriceCheckpointDepth(CheckpointPrices(layout, e.model->config().dim, rules.prices),
+                             layout.checkpoint_every)
+            .rebuild_ms;
+  }
   e.pager->set_track_attention(rules.pages_running_sequences);
   SetUpKvStore(e, kv, rules.prices);
   e.planner = std::make_unique<KvPressurePlanner>(rules, *e.kv, *e.pager);
@@ -503,6 +553,7 @@ EngineMetrics Engine::Metrics() const {
     m.requests_submitted = e.requests_submitted;
   }
   e.metrics.Snapshot(&m);
+  m.kv_checkpoint_every = e.storage->layout().checkpoint_every;
   for (const KvTier* tier : {e.ram_tier.get(), e.disk_tier.get(), e.redis_tier.get()}) {
     if (tier == nullptr) continue;
     const TierStats t = tier->stats();

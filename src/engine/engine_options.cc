@@ -47,6 +47,11 @@ Status ValidateEngineOptions(const EngineOptions& o) {
         "--kv-stream-reserve must be a fraction of the KV budget in (0, 1), or 0 for auto, got {}",
         o.kv_stream_reserve));
   }
+  if (o.kv_checkpoint_every < 0 || o.kv_checkpoint_every > kMaxCheckpointEvery) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-checkpoint-every must be auto or a layer stride in [1, {}], got {}",
+        kMaxCheckpointEvery, o.kv_checkpoint_every));
+  }
   KVL_RETURN_IF_ERROR(ParseKvCacheType(o.cache_type_k).status());
   KVL_RETURN_IF_ERROR(ParseKvCacheType(o.cache_type_v).status());
   KVL_ASSIGN_OR_RETURN(const KvPolicyChoice policy, ParseKvPolicy(o.kv_policy));

@@ -124,6 +124,7 @@ void MetricsRecorder::Snapshot(EngineMetrics* m) const {
   m->kv_pages_evicted = pager_stats_.evicted_pages;
   m->kv_pages_rebuilt = pager_stats_.rebuilt_pages;
   m->kv_layers_rebuilt = pager_stats_.layers_rebuilt;
+  m->kv_layers_advanced = pager_stats_.layers_advanced;
   m->kv_rebuild_ms = pager_stats_.rebuild_ms;
   m->kv_compressed_bytes = pager_stats_.compressed_bytes;
   m->kv_stream_staging_bytes = pager_stats_.staging_bytes;

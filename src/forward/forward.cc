@@ -34,6 +34,22 @@ void Forward::AttentionScratch::Allocate(int64_t tile_tokens, int64_t head_dim, 
   tile_scores.resize(static_cast<size_t>(rows * tile_tokens));
 }
 
+void Forward::Activations::Allocate(const ModelConfig& c, int64_t n) {
+  rows = n;
+  const size_t r = static_cast<size_t>(n);
+  x.resize(r * static_cast<size_t>(c.dim));
+  xn.resize(r * static_cast<size_t>(c.dim));
+  q.resize(r * static_cast<size_t>(c.q_dim()));
+  k.resize(r * static_cast<size_t>(c.kv_dim()));
+  v.resize(r * static_cast<size_t>(c.kv_dim()));
+  attn.resize(r * static_cast<size_t>(c.q_dim()));
+  proj.resize(r * static_cast<size_t>(c.dim));
+  gate.resize(r * static_cast<size_t>(c.ffn_dim));
+  up.resize(r * static_cast<size_t>(c.ffn_dim));
+  rope_cos.resize(r * static_cast<size_t>(c.head_dim / 2));
+  rope_sin.resize(r * static_cast<size_t>(c.head_dim / 2));
+}
+
 void TokenBatch::Clear() {
   tokens.clear();
   positions.clear();
@@ -62,17 +78,11 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
     : model_(model), config_(model.config()), ops_(ops), options_(options) {
   const ModelConfig& c = config_;
   const int64_t b = options_.max_batch_tokens;
-  x_.resize(Elems(b, c.dim));
-  xn_.resize(Elems(b, c.dim));
-  q_.resize(Elems(b, c.q_dim()));
-  k_.resize(Elems(b, c.kv_dim()));
-  v_.resize(Elems(b, c.kv_dim()));
-  attn_.resize(Elems(b, c.q_dim()));
-  proj_.resize(Elems(b, c.dim));
-  gate_.resize(Elems(b, c.ffn_dim));
-  up_.resize(Elems(b, c.ffn_dim));
-  rope_cos_.resize(Elems(b, c.head_dim / 2));
-  rope_sin_.resize(Elems(b, c.head_dim / 2));
+  act_.Allocate(c, b);
+  rebuild_batch_.tokens.reserve(static_cast<size_t>(b));
+  rebuild_batch_.positions.reserve(static_cast<size_t>(b));
+  rebuild_batch_.seq_ids.reserve(static_cast<size_t>(b));
+  rebuild_batch_.want_logits.reserve(static_cast<size_t>(b));
   context_capacity_ = std::min<int64_t>(options_.max_context, kInitialContextCapacity);
   attn_tile_tokens_ = ops::AttentionTileTokens(c.head_dim);
   const int64_t group = c.num_heads / c.num_kv_heads;
@@ -132,32 +142,45 @@ void Forward::Run(const TokenBatch& batch, KvCache& kv) {
   KVL_CHECK(kv.kv_dim() == c.kv_dim() && kv.num_layers() == c.num_layers);
 
   Embed(batch);
-  ComputeRopeAngles(batch);
+  ComputeRopeAngles(batch, act_);
   PlanAttentionMass(batch, kv);  // the same tokens feed the accumulators on every layer
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = layers_[static_cast<size_t>(l)];
-    // The layer's input is the residual checkpoint K and V can be rebuilt from later.
+    // The layer's input is the residual checkpoint K and V can be rebuilt from later (where the
+    // cache keeps one: at every layer, or every s-th).
     for (int64_t t = 0; t < n; ++t) {
       const size_t i = static_cast<size_t>(t);
       if (float* checkpoint = kv.ResidualAt(batch.seq_ids[i], l, batch.positions[i])) {
-        std::memcpy(checkpoint, &x_[Elems(t, c.dim)], sizeof(float) * static_cast<size_t>(c.dim));
+        std::memcpy(checkpoint, &act_.x[Elems(t, c.dim)], sizeof(float) * static_cast<size_t>(c.dim));
       }
     }
-    // Attention sublayer: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
-    for (int64_t t = 0; t < n; ++t) {
-      ops::RmsNorm(ops_, &x_[Elems(t, c.dim)], w.attn_norm, c.dim, c.norm_eps, &xn_[Elems(t, c.dim)]);
-    }
-    MatMulShared({&w.wq, &w.wk, &w.wv}, n, {q_.data(), k_.data(), v_.data()});
-    Attention(l, batch, kv);
-    ops::MatMul(ops_, w.wo, attn_.data(), n, proj_.data());
-    ops::Add(ops_, x_.data(), proj_.data(), n * c.dim);
-    // Feed-forward sublayer: x += W_down (silu(W_gate xn) * W_up xn).
-    for (int64_t t = 0; t < n; ++t) {
-      ops::RmsNorm(ops_, &x_[Elems(t, c.dim)], w.ffn_norm, c.dim, c.norm_eps, &xn_[Elems(t, c.dim)]);
-    }
-    FeedForward(w, n);
+    RunLayer(l, batch, kv, act_, /*rebuilding=*/false);
   }
   Logits(batch);
+}
+
+void Forward::RunLayer(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a,
+                       bool rebuilding) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+  const int64_t n = batch.size();
+  // Attention sublayer: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
+  for (int64_t t = 0; t < n; ++t) {
+    ops::RmsNorm(ops_, &a.x[Elems(t, c.dim)], w.attn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
+  }
+  if (rebuilding) {
+    // MatMulGroup gives each matrix exactly what it gives in a group: Q alone is Run's Q.
+    MatMulShared({&w.wq}, a.xn.data(), n, {a.q.data()});
+  } else {
+    MatMulShared({&w.wq, &w.wk, &w.wv}, a.xn.data(), n, {a.q.data(), a.k.data(), a.v.data()});
+  }
+  Attention(layer, batch, kv, a, rebuilding);
+  ops::MatMul(ops_, w.wo, a.attn.data(), n, a.proj.data());
+  ops::Add(ops_, a.x.data(), a.proj.data(), n * c.dim);
+  // Feed-forward sublayer: x += W_down (silu(W_gate xn) * W_up xn).
+  for (int64_t t = 0; t < n; ++t) {
+    ops::RmsNorm(ops_, &a.x[Elems(t, c.dim)], w.ffn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
+  }
+  FeedForward(w, n, a);
 }
 
 void Forward::Embed(const TokenBatch& batch) {
@@ -166,7 +189,7 @@ void Forward::Embed(const TokenBatch& batch) {
     const int32_t token = batch.tokens[static_cast<size_t>(t)];
     KVL_CHECK(token >= 0 && token < config_.vocab_size);
     const auto* row = static_cast<const uint8_t*>(e.data) + token * e.row_bytes;
-    ops::DequantizeRow(e.type, row, config_.dim, &x_[Elems(t, config_.dim)]);
+    ops::DequantizeRow(e.type, row, config_.dim, &act_.x[Elems(t, config_.dim)]);
   }
 }
 
@@ -179,11 +202,11 @@ void Forward::AnglesFor(int64_t position, float* cos, float* sin) const {
   }
 }
 
-void Forward::ComputeRopeAngles(const TokenBatch& batch) {
+void Forward::ComputeRopeAngles(const TokenBatch& batch, Activations& a) {
   const int64_t half = config_.head_dim / 2;
   for (int64_t t = 0; t < batch.size(); ++t) {
-    AnglesFor(batch.positions[static_cast<size_t>(t)], &rope_cos_[Elems(t, half)],
-              &rope_sin_[Elems(t, half)]);
+    AnglesFor(batch.positions[static_cast<size_t>(t)], &a.rope_cos[Elems(t, half)],
+              &a.rope_sin[Elems(t, half)]);
   }
 }
 
@@ -201,19 +224,20 @@ void Forward::StoreRow(const float* row, DType type, void* out) const {
   }
 }
 
-// Rotates k_ by each token's position and stores k_ and v_ into the cache (narrowed to the cache's
-// element type).
+// Rotates Run's K by each token's position and stores its K and V into the cache (narrowed to the
+// cache's element type).
 void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   const ModelConfig& c = config_;
   const int64_t half = c.head_dim / 2;
   for (int64_t t = 0; t < batch.size(); ++t) {
-    ops::Rope(ops_, &k_[Elems(t, c.kv_dim())], c.num_kv_heads, c.head_dim, &rope_cos_[Elems(t, half)],
-              &rope_sin_[Elems(t, half)], c.rope_neox);
+    ops::Rope(ops_, &act_.k[Elems(t, c.kv_dim())], c.num_kv_heads, c.head_dim,
+              &act_.rope_cos[Elems(t, half)], &act_.rope_sin[Elems(t, half)], c.rope_neox);
     const KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,
                                          batch.positions[static_cast<size_t>(t)]);
     KVL_CHECK_MSG(rows.kind == KvCache::Rows::Kind::kDense, "new K/V rows must be writable");
-    StoreRow(&k_[Elems(t, c.kv_dim())], rows.type, RowData(rows.type, rows.k, rows.k_half, rows.k_q));
-    StoreRow(&v_[Elems(t, c.kv_dim())], rows.v_type,
+    StoreRow(&act_.k[Elems(t, c.kv_dim())], rows.type,
+             RowData(rows.type, rows.k, rows.k_half, rows.k_q));
+    StoreRow(&act_.v[Elems(t, c.kv_dim())], rows.v_type,
              RowData(rows.v_type, rows.v, rows.v_half, rows.v_q));
   }
 }
@@ -222,23 +246,22 @@ void Forward::RebuildKvFromResiduals(const TokenBatch& batch, KvCache& kv) {
   const ModelConfig& c = config_;
   const int64_t n = batch.size();
   KVL_CHECK(n > 0 && n <= options_.max_batch_tokens);
-  ComputeRopeAngles(batch);
+  ComputeRopeAngles(batch, act_);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& w = layers_[static_cast<size_t>(l)];
     for (int64_t t = 0; t < n; ++t) {
       const size_t i = static_cast<size_t>(t);
       const float* checkpoint = kv.ResidualAt(batch.seq_ids[i], l, batch.positions[i]);
       KVL_CHECK_MSG(checkpoint != nullptr, "RebuildKvFromResiduals: the cache keeps no checkpoints");
-      ops::RmsNorm(ops_, checkpoint, w.attn_norm, c.dim, c.norm_eps, &xn_[Elems(t, c.dim)]);
+      ops::RmsNorm(ops_, checkpoint, w.attn_norm, c.dim, c.norm_eps, &act_.xn[Elems(t, c.dim)]);
     }
-    MatMulShared({&w.wk, &w.wv}, n, {k_.data(), v_.data()});
+    MatMulShared({&w.wk, &w.wv}, act_.xn.data(), n, {act_.k.data(), act_.v.data()});
     RopeAndStoreKv(l, batch, kv);
   }
 }
 
-// Rotates q and k, stores k and v in the cache, then for every (token, head) pair computes
-// softmax(q k^T / sqrt(d)) v over the positions the token can see. Every token's result depends
-// only on its own q and the cached rows, so batching never changes it.
+// Per token one RmsNorm of its checkpoint, the K and V projections and RoPE on K, stored through
+// StoreRow: Run's operations for K and V, so the rows match the stored ones bit for bit.
 void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions,
                              int64_t n, DType k_type, void* k_out, DType v_type, void* v_out) {
   const ModelConfig& c = config_;
@@ -249,19 +272,47 @@ void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int6
     const int64_t m = std::min(chunk, n - begin);
     for (int64_t t = 0; t < m; ++t) {
       ops::RmsNorm(ops_, checkpoints + (begin + t) * c.dim, w.attn_norm, c.dim, c.norm_eps,
-                   &xn_[Elems(t, c.dim)]);
+                   &act_.xn[Elems(t, c.dim)]);
       AnglesFor(positions[begin + t], &rebuild_cos_[Elems(t, half)], &rebuild_sin_[Elems(t, half)]);
     }
-    MatMulShared({&w.wk, &w.wv}, m, {k_.data(), v_.data()});
+    MatMulShared({&w.wk, &w.wv}, act_.xn.data(), m, {act_.k.data(), act_.v.data()});
     for (int64_t t = 0; t < m; ++t) {
-      float* k = &k_[Elems(t, c.kv_dim())];
-      const float* v = &v_[Elems(t, c.kv_dim())];
+      float* k = &act_.k[Elems(t, c.kv_dim())];
+      const float* v = &act_.v[Elems(t, c.kv_dim())];
       ops::Rope(ops_, k, c.num_kv_heads, c.head_dim, &rebuild_cos_[Elems(t, half)],
                 &rebuild_sin_[Elems(t, half)], c.rope_neox);
       const int64_t row = (begin + t) * c.kv_dim();
       StoreRow(k, k_type, static_cast<uint8_t*>(k_out) + RowBytes(k_type, row));
       StoreRow(v, v_type, static_cast<uint8_t*>(v_out) + RowBytes(v_type, row));
     }
+  }
+}
+
+// The rebuilt tokens go through RunLayer as a batch of their own: every operation there is
+// batch-invariant (matmuls, per-row norms and RoPE, attention tiles fixed by position, per-element
+// adds), so each token's next-layer input is bit-identical to the one Run computed for it in
+// whatever prefill chunk or decode step it was first seen. Runs in chunks of max_batch_tokens (the
+// quantized-activation scratch of ops_ is reserved for that many rows).
+void Forward::AdvanceResidual(int64_t layer, float* residual, const int32_t* seq_ids,
+                              const int64_t* positions, int64_t n, KvCache& kv) {
+  const ModelConfig& c = config_;
+  KVL_CHECK(layer >= 0 && layer < c.num_layers && n > 0);
+  const int64_t chunk = options_.max_batch_tokens;
+  if (rebuild_act_.rows < std::min(n, chunk)) rebuild_act_.Allocate(c, std::min(n, chunk));
+  const size_t row_bytes = sizeof(float) * static_cast<size_t>(c.dim);
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t m = std::min(chunk, n - begin);
+    rebuild_batch_.Clear();
+    int64_t longest = 0;
+    for (int64_t t = begin; t < begin + m; ++t) {
+      rebuild_batch_.Add(/*token=*/0, positions[t], seq_ids[t], /*logits=*/false);
+      longest = std::max(longest, positions[t] + 1);
+    }
+    if (longest > context_capacity_) GrowContextScratch(longest);
+    std::memcpy(rebuild_act_.x.data(), residual + begin * c.dim, row_bytes * static_cast<size_t>(m));
+    ComputeRopeAngles(rebuild_batch_, rebuild_act_);
+    RunLayer(layer, rebuild_batch_, kv, rebuild_act_, /*rebuilding=*/true);
+    std::memcpy(residual + begin * c.dim, rebuild_act_.x.data(), row_bytes * static_cast<size_t>(m));
   }
 }
 
@@ -273,26 +324,31 @@ void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int6
 // (the GQA group's heads x the run's positions). Tiles are fixed by position and each row's
 // arithmetic depends only on its own q and the rows it sees, so batching, chunking, threads and
 // how the cache splits its rows into runs never change a result.
-void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv) {
+void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a,
+                        bool rebuilding) {
   const ModelConfig& c = config_;
   const int64_t n = batch.size();
   const int64_t half = c.head_dim / 2;
   for (int64_t t = 0; t < n; ++t) {
-    ops::Rope(ops_, &q_[Elems(t, c.q_dim())], c.num_heads, c.head_dim, &rope_cos_[Elems(t, half)],
-              &rope_sin_[Elems(t, half)], c.rope_neox);
+    ops::Rope(ops_, &a.q[Elems(t, c.q_dim())], c.num_heads, c.head_dim, &a.rope_cos[Elems(t, half)],
+              &a.rope_sin[Elems(t, half)], c.rope_neox);
   }
-  RopeAndStoreKv(layer, batch, kv);
-  kv.BeginLayer(layer);  // streamed pages of this layer are in place from here on
+  if (!rebuilding) {
+    RopeAndStoreKv(layer, batch, kv);
+    kv.BeginLayer(layer);  // streamed pages of this layer are in place from here on
+  }
 
+  // A rebuild runs inside Run's BeginLayer, before Run plans its own blocks below.
   PlanAttentionBlocks(batch);
   const int64_t num_blocks = static_cast<int64_t>(attn_blocks_.size());
+  const int64_t* mass_rows = rebuilding ? nullptr : mass_row_of_token_.data();
   // The longest items (the latest positions) first, so no thread is left with one at the end.
   ops_.pool()->ParallelFor(num_blocks * c.num_kv_heads, [&](int64_t task, int thread) {
     const int64_t block = num_blocks - 1 - task / c.num_kv_heads;
     AttendBlock(layer, batch, attn_blocks_[static_cast<size_t>(block)], task % c.num_kv_heads,
-                kv, attn_scratch_[static_cast<size_t>(thread)]);
+                kv, attn_scratch_[static_cast<size_t>(thread)], a, mass_rows);
   });
-  if (num_mass_rows_ > 0) AccumulateAttentionMass(batch, kv);
+  if (!rebuilding && num_mass_rows_ > 0) AccumulateAttentionMass(batch, kv);
 }
 
 // Runs of consecutive batch tokens of one sequence at consecutive positions, split every
@@ -414,7 +470,8 @@ void Forward::PrefetchTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t 
 
 // One work item: the query rows of `block`'s tokens for the heads of one KV head's group.
 void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const AttentionBlock& block,
-                          int64_t kv_head, KvCache& kv, AttentionScratch& s) {
+                          int64_t kv_head, KvCache& kv, AttentionScratch& s, Activations& a,
+                          const int64_t* mass_rows) {
   const ModelConfig& c = config_;
   const int64_t d = c.head_dim;
   const int64_t group = c.num_heads / c.num_kv_heads;
@@ -426,18 +483,18 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
 
   // Row r = token i of the block (r / group), head kv_head * group + r % group. Its output
-  // accumulates in place in attn_.
+  // accumulates in place in a.attn.
   bool any_mass = false;
   for (int64_t r = 0; r < num_rows; ++r) {
     const int64_t t = block.first_token + r / group;
     const int64_t h = kv_head * group + r % group;
     const size_t ri = static_cast<size_t>(r);
-    s.q_rows[ri] = &q_[Elems(t, c.q_dim()) + h * d];
-    s.acc_rows[ri] = &attn_[Elems(t, c.q_dim()) + h * d];
+    s.q_rows[ri] = &a.q[Elems(t, c.q_dim()) + h * d];
+    s.acc_rows[ri] = &a.attn[Elems(t, c.q_dim()) + h * d];
     std::fill(s.acc_rows[ri], s.acc_rows[ri] + d, 0.0f);
     s.m[ri] = -std::numeric_limits<float>::infinity();
     s.l[ri] = 0.0f;
-    const int64_t mass_row = mass_row_of_token_[static_cast<size_t>(t)];
+    const int64_t mass_row = mass_rows != nullptr ? mass_rows[t] : -1;
     s.score_rows[ri] = mass_row >= 0 ? &s.tile_scores[Elems(r, attn_tile_tokens_)] : nullptr;
     if (mass_row >= 0) {
       // Positions left out of every tile (evicted) keep -inf: no weight.
@@ -479,8 +536,7 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
         if (scores == nullptr) continue;
         const int64_t t = block.first_token + r / group;
         const int64_t h = kv_head * group + r % group;
-        float* weights = &mass_scratch_[Elems(mass_row_of_token_[static_cast<size_t>(t)] * c.num_heads + h,
-                                              context_capacity_)];
+        float* weights = &mass_scratch_[Elems(mass_rows[t] * c.num_heads + h, context_capacity_)];
         for (int64_t j = 0; j < visible; ++j) weights[s.tile_pos[static_cast<size_t>(j)]] = scores[j];
       }
     }
@@ -494,8 +550,7 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
       // The weights the pager tracks: the scores gathered above, normalized as one softmax.
       const int64_t t = block.first_token + r / group;
       const int64_t h = kv_head * group + r % group;
-      float* weights = &mass_scratch_[Elems(mass_row_of_token_[static_cast<size_t>(t)] * c.num_heads + h,
-                                            context_capacity_)];
+      float* weights = &mass_scratch_[Elems(mass_rows[t] * c.num_heads + h, context_capacity_)];
       ops::Softmax(ops_, weights, batch.positions[static_cast<size_t>(t)] + 1);
     }
   }
@@ -550,23 +605,23 @@ void Forward::AccumulateAttentionMass(const TokenBatch& batch, KvCache& kv) {
   }
 }
 
-// Projections of the same normalized input xn_ in one parallel region (xn_ quantized once).
-void Forward::MatMulShared(std::initializer_list<const MatrixView*> ws, int64_t n,
-                           std::initializer_list<float*> ys) {
+// Projections of the same normalized input x in one parallel region (x quantized once).
+void Forward::MatMulShared(std::initializer_list<const MatrixView*> ws, const float* x,
+                           int64_t n, std::initializer_list<float*> ys) {
   KVL_CHECK(ws.size() == ys.size() && ws.size() <= ops::kMaxGroup);
   MatrixView views[ops::kMaxGroup];
   size_t count = 0;
   for (const MatrixView* w : ws) views[count++] = *w;
-  ops::MatMulGroup(ops_, std::span<const MatrixView>(views, count), xn_.data(), n,
+  ops::MatMulGroup(ops_, std::span<const MatrixView>(views, count), x, n,
                    std::span<float* const>(ys.begin(), ys.size()));
 }
 
-void Forward::FeedForward(const LayerWeights& w, int64_t n) {
+void Forward::FeedForward(const LayerWeights& w, int64_t n, Activations& a) {
   const ModelConfig& c = config_;
-  MatMulShared({&w.w_gate, &w.w_up}, n, {gate_.data(), up_.data()});
-  ops::SwiGlu(ops_, gate_.data(), up_.data(), n * c.ffn_dim);
-  ops::MatMul(ops_, w.w_down, gate_.data(), n, proj_.data());
-  ops::Add(ops_, x_.data(), proj_.data(), n * c.dim);
+  MatMulShared({&w.w_gate, &w.w_up}, a.xn.data(), n, {a.gate.data(), a.up.data()});
+  ops::SwiGlu(ops_, a.gate.data(), a.up.data(), n * c.ffn_dim);
+  ops::MatMul(ops_, w.w_down, a.gate.data(), n, a.proj.data());
+  ops::Add(ops_, a.x.data(), a.proj.data(), n * c.dim);
 }
 
 void Forward::Logits(const TokenBatch& batch) {
@@ -575,7 +630,7 @@ void Forward::Logits(const TokenBatch& batch) {
   for (int64_t t = 0; t < batch.size(); ++t) {
     if (!batch.want_logits[static_cast<size_t>(t)]) continue;
     KVL_CHECK(num_logit_rows_ < options_.max_logit_rows);
-    ops::RmsNorm(ops_, &x_[Elems(t, c.dim)], model_.output_norm(), c.dim, c.norm_eps,
+    ops::RmsNorm(ops_, &act_.x[Elems(t, c.dim)], model_.output_norm(), c.dim, c.norm_eps,
                  &logit_in_[Elems(num_logit_rows_, c.dim)]);
     ++num_logit_rows_;
   }

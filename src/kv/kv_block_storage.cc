@@ -79,8 +79,9 @@ float* KvBlockStorage::values(BlockId block, int64_t layer) {
 
 float* KvBlockStorage::residuals(BlockId block, int64_t layer) {
   if (layout_.residual_dim == 0) return nullptr;
+  KVL_CHECK_MSG(layout_.is_checkpoint_layer(layer), "no checkpoints are kept at this layer");
   return reinterpret_cast<float*>(bytes(block) + layout_.kv_bytes()) +
-         layer * layout_.block_tokens * layout_.residual_dim;
+         layer / layout_.checkpoint_every * layout_.block_tokens * layout_.residual_dim;
 }
 
 void KvBlockStorage::CopyBlock(BlockId src, BlockId dst) {
@@ -93,7 +94,8 @@ PagedKvCache::PagedKvCache(const KvManager& manager, KvBlockStorage& storage,
   const KvBlockLayout& a = manager.options().layout;
   const KvBlockLayout& b = storage.layout();
   KVL_CHECK(a.block_tokens == b.block_tokens && a.num_layers == b.num_layers &&
-            a.kv_dim == b.kv_dim && a.residual_dim == b.residual_dim);
+            a.kv_dim == b.kv_dim && a.residual_dim == b.residual_dim &&
+            a.checkpoint_every == b.checkpoint_every);
   KVL_CHECK(storage.num_blocks() >= manager.num_blocks());
 }
 
@@ -167,7 +169,8 @@ namespace kvl {
 
 float* PagedKvCache::ResidualAt(int32_t seq, int64_t layer, int64_t pos) {
   const KvBlockLayout& layout = storage_.layout();
-  if (layout.residual_dim == 0) return nullptr;
+  // Only the checkpoint layers' inputs are kept (KvBlockLayout::checkpoint_every).
+  if (layout.residual_dim == 0 || !layout.is_checkpoint_layer(layer)) return nullptr;
   KVL_CHECK(pos >= 0 && pos < manager_.num_tokens(seq));
   const BlockId block = manager_.block_table(seq)[static_cast<size_t>(pos / layout.block_tokens)];
   if (block == kNoBlock) return nullptr;  // the page left the pool, its checkpoints with it

@@ -194,6 +194,11 @@ StatusOr<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& o
         fmt::format("KV block layout must be positive: block_tokens {}, num_layers {}, kv_dim {}",
                     layout.block_tokens, layout.num_layers, layout.kv_dim));
   }
+  if (layout.checkpoint_every < 1 || layout.checkpoint_every > layout.num_layers) {
+    return InvalidArgumentError(
+        fmt::format("residual checkpoints every {} layers: use 1 to {} (the model's layers)",
+                    layout.checkpoint_every, layout.num_layers));
+  }
   for (DType type : {layout.k_type, layout.v_type}) {
     if (type != DType::kF32 && type != DType::kF16 && type != DType::kBF16 && !IsQuantKvType(type)) {
       return InvalidArgumentError(

@@ -37,6 +37,12 @@ KvStagingCost KvPager::StagingCost(const KvBlockLayout& layout) {
   KvStagingCost cost;
   cost.per_page = 2 * layer_bytes;
   if (layout.residual_dim > 0) cost.per_page += 2 * checkpoint_layer_bytes + layer_bytes;
+  if (layout.residual_dim > 0 && layout.checkpoint_every > 1) {
+    // The residual carried between checkpoint layers, per page rebuilt at a step and for a
+    // page being restored.
+    cost.per_page += checkpoint_layer_bytes;
+    cost.restore = checkpoint_layer_bytes;
+  }
   const int64_t rows = layout.block_tokens * layout.kv_dim;
   cost.fixed = CompressedPageBytes(KvCodecType::kInt8, layout.block_tokens, layout.num_layers,
                                    layout.kv_dim) +
@@ -63,6 +69,13 @@ void KvPager::ReserveStaging(int64_t max_staged_pages, bool compresses) {
   size(rebuilt_k_, checkpoints ? pages * static_cast<size_t>(layout_.layer_k_bytes()) : 0);
   size(rebuilt_v_, checkpoints ? pages * static_cast<size_t>(layout_.layer_v_bytes()) : 0);
   size(rebuilt_positions_, checkpoints ? pages * static_cast<size_t>(layout_.block_tokens) : 0);
+  const bool strided = checkpoints && layout_.checkpoint_every > 1;
+  size(rebuilt_seq_ids_, strided ? pages * static_cast<size_t>(layout_.block_tokens) : 0);
+  size(rebuilt_residual_,
+       strided ? pages * static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) : 0);
+  size(restore_residual_,
+       strided ? static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) : 0);
+  block_seq_ids_.resize(static_cast<size_t>(layout_.block_tokens));
   streamed_.reserve(pages);
   rebuilt_.reserve(pages);
   in_place_.reserve(static_cast<size_t>(manager_.num_blocks()));
@@ -84,7 +97,8 @@ void KvPager::ReserveStaging(int64_t max_staged_pages, bool compresses) {
       stage_[0].capacity() + stage_[1].capacity() + checkpoint_stage_[0].capacity() +
       checkpoint_stage_[1].capacity() + rebuilt_k_.capacity() + rebuilt_v_.capacity() +
       encode_scratch_.capacity() +
-      sizeof(float) * (widen_scratch_[0].capacity() + widen_scratch_[1].capacity()));
+      sizeof(float) * (widen_scratch_[0].capacity() + widen_scratch_[1].capacity() +
+                       rebuilt_residual_.capacity() + restore_residual_.capacity()));
 }
 
 // One layer's K or V rows as f32 (the codec's input): the rows themselves for an f32 cache, else
@@ -176,7 +190,7 @@ void KvPager::ReleasePage(KvPage& page) {
       if (page.in_place) --stats_.in_place_pages;
       break;
     case KvPageFate::kCheckpointed:
-      EraseTierPage(page.tier, page.page_id);
+      EraseTierPage(page.tier, page.page_id, /*residual=*/true);
       --stats_.rebuilt_pages;
       break;
     case KvPageFate::kEvicted:
@@ -274,7 +288,8 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action) {
       const bool residual = action == KvAction::kRecomputeResidual;
       KvTier* tier = TierFor(action);
       KVL_CHECK_MSG(tier != nullptr, "a demotion to a tier this engine does not have");
-      KVL_CHECK(!residual || (layout_.residual_dim > 0 && rebuilder_ != nullptr));
+      KVL_CHECK(!residual || (layout_.residual_dim > 0 && rebuilder_ != nullptr &&
+                              (layout_.checkpoint_every == 1 || cache_ != nullptr)));
       if (!KeepInTier(seq, block_index, block, tier, residual, &page)) return false;
       manager_.Detach(seq, block_index, /*lossless=*/true);
       page.fate = residual ? KvPageFate::kCheckpointed : KvPageFate::kInTier;
@@ -368,7 +383,7 @@ int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks
     // Never wrong bytes: a corrupt or failed read ends the restore; the rest is computed.
     if (!ReadLayerPages(block, page, residual).ok()) break;
     if (residual) {
-      RebuildBlockFromCheckpoints(block, b);
+      if (!RebuildBlockFromCheckpoints(seq, block, b)) break;
     } else if (layout_.residual_dim > 0) {
       page.checkpoint_missing = true;  // only K/V came back
       manager_.MarkCheckpointsMissing(block);
@@ -379,18 +394,39 @@ int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks
 }
 
 // K and V of every layer of one block rebuilt from the checkpoints it holds: bit-identical to
-// what the forward pass stored (the kernels are batch-invariant).
-void KvPager::RebuildBlockFromCheckpoints(BlockId block, int64_t block_index) {
+// what the forward pass stored (the kernels are batch-invariant). A layer without a checkpoint
+// takes its input from running the layer before for the block's tokens, which attends to every
+// earlier position of the sequence at that layer: those pages must be in the pool (restored in
+// order, or the prefix the admission found), and this block's own rows of the layer are written
+// just before.
+bool KvPager::RebuildBlockFromCheckpoints(SeqId seq, BlockId block, int64_t block_index) {
   KVL_CHECK(rebuilder_ != nullptr);
-  block_positions_.resize(static_cast<size_t>(layout_.block_tokens));
-  for (int64_t t = 0; t < layout_.block_tokens; ++t) {
-    block_positions_[static_cast<size_t>(t)] = block_index * layout_.block_tokens + t;
+  const int64_t bt = layout_.block_tokens;
+  if (layout_.checkpoint_every > 1) {
+    KVL_CHECK_MSG(cache_ != nullptr, "checkpoints every s > 1 layers need set_rebuilder's cache");
+    const std::vector<BlockId>& table = manager_.block_table(seq);
+    for (int64_t b = 0; b < block_index; ++b) {
+      if (table[static_cast<size_t>(b)] == kNoBlock) return false;
+    }
   }
+  for (int64_t t = 0; t < bt; ++t) {
+    block_positions_[static_cast<size_t>(t)] = block_index * bt + t;
+    block_seq_ids_[static_cast<size_t>(t)] = seq;
+  }
+  const size_t residual_bytes = static_cast<size_t>(checkpoint_layer_bytes_);
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
-    rebuilder_->RebuildLayerKv(l, storage_.residuals(block, l), block_positions_.data(),
-                               layout_.block_tokens, layout_.k_type, storage_.key_bytes(block, l),
-                               layout_.v_type, storage_.value_bytes(block, l));
+    const bool checkpoint = layout_.is_checkpoint_layer(l);
+    const float* input = checkpoint ? storage_.residuals(block, l) : restore_residual_.data();
+    rebuilder_->RebuildLayerKv(l, input, block_positions_.data(), bt, layout_.k_type,
+                               storage_.key_bytes(block, l), layout_.v_type,
+                               storage_.value_bytes(block, l));
+    if (l + 1 < layout_.num_layers && !layout_.is_checkpoint_layer(l + 1)) {
+      if (checkpoint) std::memcpy(restore_residual_.data(), input, residual_bytes);
+      rebuilder_->AdvanceResidual(l, restore_residual_.data(), block_seq_ids_.data(),
+                                  block_positions_.data(), bt, *cache_);
+    }
   }
+  return true;
 }
 
 void KvPager::AttachInPlace(SeqId seq, int64_t first_block, int64_t num_blocks) {
@@ -544,7 +580,7 @@ bool KvPager::WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64
   writes.clear();
   const uint64_t id = next_page_id_++;
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
-    writes.push_back({KeyOf(id, l), LayerPageSpan(block, l, residual)});
+    if (InTierPage(l, residual)) writes.push_back({KeyOf(id, l), LayerPageSpan(block, l, residual)});
   }
   // A full or failing tier stores none of them; the cause is kept for the error the user sees.
   const Status put = tier->Put(writes);
@@ -591,7 +627,7 @@ Status KvPager::ReadLayerPages(BlockId block, const KvPage& page, bool residual)
   std::vector<PageRead>& reads = read_list_;
   reads.clear();
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
-    reads.push_back({LayerKeyOf(page, l), LayerPageSpan(block, l, residual)});
+    if (InTierPage(l, residual)) reads.push_back({LayerKeyOf(page, l), LayerPageSpan(block, l, residual)});
   }
   for (const Status& status : page.tier->Get(reads)) {
     if (status.ok()) continue;
@@ -606,15 +642,17 @@ Status KvPager::ReadLayerPages(BlockId block, const KvPage& page, bool residual)
 
 void KvPager::LetGoTierPage(const KvPage& page) {
   if (!page.content.valid()) {
-    EraseTierPage(page.tier, page.page_id);
+    EraseTierPage(page.tier, page.page_id, page.fate == KvPageFate::kCheckpointed);
   } else if (page.store_pin) {
     store_->Unpin(page.tier, page.content);
   }
 }
 
-void KvPager::EraseTierPage(KvTier* tier, uint64_t page_id) {
+void KvPager::EraseTierPage(KvTier* tier, uint64_t page_id, bool residual) {
   erase_list_.clear();
-  for (int64_t l = 0; l < layout_.num_layers; ++l) erase_list_.push_back(KeyOf(page_id, l));
+  for (int64_t l = 0; l < layout_.num_layers; ++l) {
+    if (InTierPage(l, residual)) erase_list_.push_back(KeyOf(page_id, l));
+  }
   tier->Erase(erase_list_);
 }
 
@@ -654,10 +692,12 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
   if (streamed_.empty() && rebuilt_.empty() && in_place_.empty()) return;
   KVL_CHECK_MSG(static_cast<int64_t>(streamed_.size() + rebuilt_.size()) <= staging_capacity_pages_,
                 "more pages staged than the reserved staging holds");
+  const bool strided = layout_.checkpoint_every > 1;
   for (size_t i = 0; i < rebuilt_.size(); ++i) {
     for (int64_t t = 0; t < layout_.block_tokens; ++t) {
-      rebuilt_positions_[i * static_cast<size_t>(layout_.block_tokens) + static_cast<size_t>(t)] =
-          rebuilt_[i].block_index * layout_.block_tokens + t;
+      const size_t row = i * static_cast<size_t>(layout_.block_tokens) + static_cast<size_t>(t);
+      rebuilt_positions_[row] = rebuilt_[i].block_index * layout_.block_tokens + t;
+      if (strided) rebuilt_seq_ids_[row] = rebuilt_[i].seq;
     }
   }
   pending_layer_[0] = pending_layer_[1] = -1;
@@ -679,6 +719,8 @@ void KvPager::IssueLayerRead(int64_t layer) {
   KVL_CHECK(pending_[buffer].empty());
   pending_layer_[buffer] = layer;
   for (bool checkpoints : {false, true}) {
+    // Checkpoints are read at checkpoint layers only; the layers after one run from it.
+    if (checkpoints && !layout_.is_checkpoint_layer(layer)) continue;
     const std::vector<StagedPage>& list = checkpoints ? rebuilt_ : streamed_;
     const int64_t bytes = checkpoints ? checkpoint_layer_bytes_ : layer_bytes_;
     std::vector<KvTier*> tiers;
@@ -742,18 +784,36 @@ void KvPager::BeginLayer(int64_t layer) {
   stats_.stream_wait_ms += std::chrono::duration<double, std::milli>(read_done - start).count();
   stats_.layers_streamed += static_cast<int64_t>(streamed_.size());
   if (!rebuilt_.empty()) {
-    // Every rebuilt page's K and V of this layer in one batch (a failed page rebuilds from
-    // whatever its buffer holds, but reads as dropped and its step is discarded).
-    rebuilder_->RebuildLayerKv(
-        layer, reinterpret_cast<const float*>(checkpoint_stage_[buffer].data()),
-        rebuilt_positions_.data(), static_cast<int64_t>(rebuilt_.size()) * layout_.block_tokens,
-        layout_.k_type, rebuilt_k_.data(), layout_.v_type, rebuilt_v_.data());
-    stats_.layers_rebuilt += static_cast<int64_t>(rebuilt_.size());
+    RebuildStagedLayer(layer, buffer);
     stats_.rebuild_ms += std::chrono::duration<double, std::milli>(
                              std::chrono::steady_clock::now() - read_done).count();
   }
   // The next layer streams in while this one computes.
   if (layer + 1 < layout_.num_layers) IssueLayerRead(layer + 1);
+}
+
+// Every rebuilt page's K and V of this layer in one batch (a failed page rebuilds from whatever
+// its buffer holds, but reads as dropped and its step is discarded), from the layer's checkpoints
+// or the residual carried from the layer before. Where the next layer has no checkpoint, this
+// layer is then run for the pages' tokens: attention at this layer sees every earlier position,
+// and every page of the step's sequences has its rows of this layer in place by now (resident,
+// streamed, read in place, or rebuilt just above), so no page waits on another.
+void KvPager::RebuildStagedLayer(int64_t layer, int buffer) {
+  const int64_t n = static_cast<int64_t>(rebuilt_.size()) * layout_.block_tokens;
+  const bool checkpoint = layout_.is_checkpoint_layer(layer);
+  const float* input = checkpoint ? reinterpret_cast<const float*>(checkpoint_stage_[buffer].data())
+                                  : rebuilt_residual_.data();
+  rebuilder_->RebuildLayerKv(layer, input, rebuilt_positions_.data(), n, layout_.k_type,
+                             rebuilt_k_.data(), layout_.v_type, rebuilt_v_.data());
+  stats_.layers_rebuilt += static_cast<int64_t>(rebuilt_.size());
+  if (layer + 1 == layout_.num_layers || layout_.is_checkpoint_layer(layer + 1)) return;
+  if (checkpoint) {
+    std::memcpy(rebuilt_residual_.data(), input,
+                static_cast<size_t>(rebuilt_.size()) * static_cast<size_t>(checkpoint_layer_bytes_));
+  }
+  rebuilder_->AdvanceResidual(layer, rebuilt_residual_.data(), rebuilt_seq_ids_.data(),
+                              rebuilt_positions_.data(), n, *cache_);
+  stats_.layers_advanced += static_cast<int64_t>(rebuilt_.size());
 }
 
 std::span<const SeqId> KvPager::EndStep() {

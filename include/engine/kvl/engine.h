@@ -80,6 +80,11 @@ struct EngineOptions {
   // no RAM tier every page that leaves the pool is staged, so enough for the pages of one
   // full-context sequence, between kDefaultStreamReserve and kMaxAutoStreamReserve.
   double kv_stream_reserve = 0;
+  // --kv-checkpoint-every: where pages are kept as residual checkpoints, the input of every s-th
+  // layer is kept (layers 0, s, 2s, ...; 1: every layer); the layers between two checkpoints are
+  // rebuilt by running them for the page's tokens, bit-identical. 0 (`auto`): the s the cost
+  // model prices cheapest for this model (kvl/checkpoint_depth.h). At most the model's layers.
+  int64_t kv_checkpoint_every = 1;
 };
 
 inline constexpr double kDefaultStreamReserve = 0.25;
@@ -91,6 +96,7 @@ inline constexpr int64_t kMaxContextTokens = (1ll << 31) - 1;
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int32_t kMaxSeqs = 4096;
 inline constexpr int32_t kMaxBlockTokens = 4096;
+inline constexpr int64_t kMaxCheckpointEvery = 1 << 16;  // the model's layers bound it further
 
 // Every field in range and consistent with the others (policy vs quality, one tier per kind,
 // known cache types), without loading anything: the one check of engine options, made by
@@ -207,6 +213,9 @@ struct EngineMetrics {
   int64_t kv_pages_evicted = 0;
   int64_t kv_pages_rebuilt = 0;      // held as residual checkpoints, rebuilt at every step
   int64_t kv_layers_rebuilt = 0;     // page layers rebuilt from checkpoints for attention, total
+  // Of those, layers run whole for a page (no checkpoint at the layer: --kv-checkpoint-every).
+  int64_t kv_layers_advanced = 0;
+  int64_t kv_checkpoint_every = 1;   // the stride the pool keeps checkpoints at (chosen or given)
   double kv_rebuild_ms = 0;          // time spent rebuilding them, total
   int64_t kv_compressed_bytes = 0;   // slab slots in use (inside kv.kv_bytes_used)
   int64_t kv_stream_staging_bytes = 0;  // buffers outside the pool, reserved from the budget

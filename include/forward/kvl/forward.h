@@ -5,7 +5,8 @@
 //
 // Thread-safety: a Forward belongs to one step loop. It preallocates every activation buffer for
 // its largest batch; Run never allocates, but for the attention-mass scratch, sized once for
-// max_logit_rows at the first Run whose cache tracks attention mass.
+// max_logit_rows at the first Run whose cache tracks attention mass, and AdvanceResidual's own
+// activations, sized at its first call (pages kept as checkpoints every s > 1 layers).
 #pragma once
 
 #include <cstdint>
@@ -54,9 +55,17 @@ class Forward final : public KvRebuilder {
   // positions: [n]) exactly as Run computed and stored them, written as [n][kv_dim] rows of
   // k_type / v_type (f32, f16, bf16, q8_0 or q4_0) to k_out / v_out. Made to be called from
   // KvCache::BeginLayer while Run is inside that layer's attention: it only touches buffers the
-  // layer no longer needs there (xn_, k_, v_, the activation scratch) and RoPE angles of its own.
+  // layer no longer needs there (act_.xn, act_.k, act_.v, the activation scratch) and RoPE angles
+  // of its own.
   void RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions, int64_t n,
                       DType k_type, void* k_out, DType v_type, void* v_out) override;
+
+  // Runs one layer for `n` tokens being rebuilt (KvRebuilder::AdvanceResidual): residual [n][dim]
+  // goes from the layer's input to the next layer's, by exactly Run's operations for those
+  // tokens. Its own activations (allocated at the first call, grown to the largest n up to
+  // max_batch_tokens rows), so that it can run inside KvCache::BeginLayer of a Run.
+  void AdvanceResidual(int64_t layer, float* residual, const int32_t* seq_ids,
+                       const int64_t* positions, int64_t n, KvCache& kv) override;
 
   const float* logits(int64_t row) const;  // [vocab]
   int64_t num_logit_rows() const { return num_logit_rows_; }
@@ -67,8 +76,25 @@ class Forward final : public KvRebuilder {
   double pack_seconds() const { return pack_seconds_; }
 
  private:
+  // The activations of one pass over up to `rows` tokens: Run's, and AdvanceResidual's own.
+  struct Activations {
+    void Allocate(const ModelConfig& c, int64_t rows);
+    int64_t rows = 0;
+    std::vector<float> x;         // [tokens][dim] residual stream
+    std::vector<float> xn;        // [tokens][dim] normalized input of the current sublayer
+    std::vector<float> q;         // [tokens][q_dim]
+    std::vector<float> k;         // [tokens][kv_dim]
+    std::vector<float> v;         // [tokens][kv_dim]
+    std::vector<float> attn;      // [tokens][q_dim] attention output before Wo
+    std::vector<float> proj;      // [tokens][dim] output of Wo or W_down
+    std::vector<float> gate;      // [tokens][ffn_dim]
+    std::vector<float> up;        // [tokens][ffn_dim]
+    std::vector<float> rope_cos;  // [tokens][head_dim/2]
+    std::vector<float> rope_sin;  // [tokens][head_dim/2]
+  };
+
   void Embed(const TokenBatch& batch);
-  void ComputeRopeAngles(const TokenBatch& batch);
+  void ComputeRopeAngles(const TokenBatch& batch, Activations& a);
   void AnglesFor(int64_t position, float* cos, float* sin) const;
   // Tokens of one attention work item: batch tokens [first_token, first_token + num_tokens), of
   // one sequence at consecutive positions.
@@ -92,21 +118,30 @@ class Forward final : public KvRebuilder {
     std::vector<float> tile_scores;    // [rows][tile]
   };
 
-  void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv);
+  // One transformer layer for the batch's tokens: a.x from the layer's input to its output.
+  // `rebuilding`: the tokens' K/V of this layer are in kv already (AdvanceResidual), so they are
+  // neither computed nor stored, the cache is not asked to begin the layer, and no attention
+  // mass is gathered.
+  void RunLayer(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a,
+                bool rebuilding);
+  void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a,
+                 bool rebuilding);
   void PlanAttentionBlocks(const TokenBatch& batch);
   int64_t GatherTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t begin, int64_t end,
                      KvCache& kv, AttentionScratch& s) const;
   void PrefetchTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t begin, int64_t end,
                     KvCache& kv) const;
+  // mass_rows: per batch token its row of mass_scratch_ or -1; nullptr: no token feeds mass.
   void AttendBlock(int64_t layer, const TokenBatch& batch, const AttentionBlock& block,
-                   int64_t kv_head, KvCache& kv, AttentionScratch& s);
+                   int64_t kv_head, KvCache& kv, AttentionScratch& s, Activations& a,
+                   const int64_t* mass_rows);
   void RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv);
   void GrowContextScratch(int64_t positions);
   void PlanAttentionMass(const TokenBatch& batch, KvCache& kv);
   void StoreRow(const float* row, DType type, void* out) const;
   void AccumulateAttentionMass(const TokenBatch& batch, KvCache& kv);
-  void FeedForward(const LayerWeights& w, int64_t n);
-  void MatMulShared(std::initializer_list<const MatrixView*> ws, int64_t n,
+  void FeedForward(const LayerWeights& w, int64_t n, Activations& a);
+  void MatMulShared(std::initializer_list<const MatrixView*> ws, const float* x, int64_t n,
                     std::initializer_list<float*> ys);
   void Logits(const TokenBatch& batch);
 
@@ -127,18 +162,10 @@ class Forward final : public KvRebuilder {
   size_t packed_bytes_ = 0;
   double pack_seconds_ = 0.0;
 
-  // Activations, sized for max_batch_tokens rows.
-  std::vector<float> x_;       // [tokens][dim] residual stream
-  std::vector<float> xn_;      // [tokens][dim] normalized input of the current sublayer
-  std::vector<float> q_;       // [tokens][q_dim]
-  std::vector<float> k_;       // [tokens][kv_dim]
-  std::vector<float> v_;       // [tokens][kv_dim]
-  std::vector<float> attn_;    // [tokens][q_dim] attention output before Wo
-  std::vector<float> proj_;    // [tokens][dim] output of Wo or W_down
-  std::vector<float> gate_;    // [tokens][ffn_dim]
-  std::vector<float> up_;      // [tokens][ffn_dim]
-  std::vector<float> rope_cos_;  // [tokens][head_dim/2]
-  std::vector<float> rope_sin_;  // [tokens][head_dim/2]
+  Activations act_;             // Run's, sized for max_batch_tokens rows
+  // AdvanceResidual's: empty until the first call (most engines never rebuild across layers).
+  Activations rebuild_act_;
+  TokenBatch rebuild_batch_;    // the tokens AdvanceResidual runs, reserved for a chunk
   std::vector<double> inv_freq_; // [head_dim/2]
   std::vector<float> rebuild_cos_;  // RebuildLayerKv's own RoPE angles (Run's stay intact)
   std::vector<float> rebuild_sin_;

@@ -79,6 +79,14 @@ class KvRebuilder {
   virtual void RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions,
                               int64_t n, DType k_type, void* k_out, DType v_type,
                               void* v_out) = 0;
+  // Runs layer `layer` (attention over `kv` at that layer, the FFN, the residual adds) for n
+  // tokens of sequences seq_ids [n] at positions [n] whose layer input is residual [n][dim],
+  // leaving the next layer's input there: what the forward pass computed for those tokens, bit
+  // for bit, so the layers between two checkpoints of a page can be rebuilt from the first. Every
+  // row those tokens attend to at this layer (theirs and every earlier position's) must be
+  // readable in `kv` at the exact bytes the forward pass read.
+  virtual void AdvanceResidual(int64_t layer, float* residual, const int32_t* seq_ids,
+                               const int64_t* positions, int64_t n, KvCache& kv) = 0;
 };
 
 // One contiguous f32 buffer per sequence slot: [seq][layer][pos][kv_dim] for K and for V.

@@ -46,8 +46,9 @@ using KvBlockHashFn = uint64_t (*)(uint64_t parent_hash, std::span<const int32_t
 
 // What one block holds: K and V, each [num_layers][block_tokens][kv_dim] at the cache's element
 // types (f32, f16, bf16, or the block formats q8_0 / q4_0 of kvl/quant.h; -ctk / -ctv), and
-// optionally the residual-stream checkpoints of its
-// tokens, [num_layers][block_tokens][residual_dim] f32, from which K and V can be rebuilt exactly.
+// optionally the residual-stream checkpoints of its tokens at every checkpoint_every-th layer
+// (layers 0, s, 2s, ...), [checkpoint_layers][block_tokens][residual_dim] f32, from which K and V
+// can be rebuilt exactly: a checkpoint layer's directly, the layers after it by running them.
 struct KvBlockLayout {
   int32_t block_tokens = 16;
   int64_t num_layers = 0;
@@ -55,6 +56,11 @@ struct KvBlockLayout {
   int64_t residual_dim = 0;  // 0: no checkpoints kept
   DType k_type = DType::kF32;
   DType v_type = DType::kF32;
+  int64_t checkpoint_every = 1;  // s: checkpoints at layers 0, s, 2s, ... (1: every layer)
+
+  // Layers whose input is kept as a checkpoint: ceil(num_layers / s).
+  int64_t checkpoint_layers() const { return (num_layers + checkpoint_every - 1) / checkpoint_every; }
+  bool is_checkpoint_layer(int64_t layer) const { return layer % checkpoint_every == 0; }
 
   int64_t elems_per_tensor() const { return num_layers * block_tokens * kv_dim; }
   // One token's K (or V) row of one layer: kv_dim elements, or kv_dim / 32 blocks of 32 with one
@@ -64,7 +70,7 @@ struct KvBlockLayout {
   // K (or V) rows of one layer of one block.
   int64_t layer_k_bytes() const { return block_tokens * k_row_bytes(); }
   int64_t layer_v_bytes() const { return block_tokens * v_row_bytes(); }
-  int64_t residual_floats() const { return num_layers * block_tokens * residual_dim; }
+  int64_t residual_floats() const { return checkpoint_layers() * block_tokens * residual_dim; }
   int64_t kv_bytes() const { return num_layers * (layer_k_bytes() + layer_v_bytes()); }
   int64_t residual_bytes() const { return residual_floats() * static_cast<int64_t>(sizeof(float)); }
   int64_t block_bytes() const { return kv_bytes() + residual_bytes(); }
@@ -266,7 +272,7 @@ class KvManager {
 
 // The pool's storage, one contiguous, 64-byte aligned region per block:
 //   [layer]{K [token][kv_dim], V [token][kv_dim]} (at k_type / v_type), then the residual
-//   checkpoints [layer][token][residual_dim] f32 when kept. A layer's K and V rows are adjacent,
+//   checkpoints [checkpoint layer][token][residual_dim] f32 when kept. A layer's K and V rows are adjacent,
 //   so one layer of a page moves to or from a tier as one contiguous span, with no staging copy.
 // A block lent out raw (KvManager::AcquireRawBlock) is block_bytes of plain memory.
 class KvBlockStorage {
@@ -279,7 +285,8 @@ class KvBlockStorage {
   uint8_t* value_bytes(BlockId block, int64_t layer);
   float* keys(BlockId block, int64_t layer);
   float* values(BlockId block, int64_t layer);
-  // [block_tokens][residual_dim]; a block's layers are contiguous. nullptr without checkpoints.
+  // [block_tokens][residual_dim] of a checkpoint layer (checked); a block's checkpoint layers are
+  // contiguous. nullptr without checkpoints.
   float* residuals(BlockId block, int64_t layer);
   uint8_t* bytes(BlockId block);  // the whole block, block_bytes
   void CopyBlock(BlockId src, BlockId dst);

@@ -7,7 +7,12 @@
 //   - kept in a tier (RAM or disk) and streamed back layer by layer for every step that reads
 //     it, each layer prefetched while the previous one computes, never re-entering the pool,
 //   - kept as residual checkpoints in the RAM tier, from which every step that reads the page
-//     rebuilds its K and V (one RmsNorm, two projections and RoPE per layer, bit-identical),
+//     rebuilds its K and V (one RmsNorm, two projections and RoPE per layer, bit-identical); with
+//     checkpoints every s > 1 layers (KvBlockLayout::checkpoint_every) the layers between two
+//     checkpoints get their inputs by running the layer before for the page's tokens
+//     (KvRebuilder::AdvanceResidual), over the K/V of that layer the step has in place (so those
+//     layers depend on the earlier pages: bit-identical while they are lossless; under a lossy
+//     action on an earlier page they carry its error, as anything computed after it does),
 //   - evicted (attention gives its tokens no weight).
 // When the sequence is preempted its pool blocks go; each full page is kept in a tier, kept as
 // checkpoints, or dropped to be recomputed from its tokens, and at resume the kept ones are
@@ -116,6 +121,9 @@ struct KvTiers {
 struct KvStagingCost {
   int64_t per_page = 0;
   int64_t fixed = 0;
+  // With checkpoints every s > 1 layers: the residual a page being restored carries from one
+  // layer to the next (one checkpoint layer), whenever pages may be kept as checkpoints.
+  int64_t restore = 0;
 };
 
 struct KvPagerStats {
@@ -124,6 +132,9 @@ struct KvPagerStats {
   int64_t in_place_pages = 0;        // of those, read where they lie (no staging)
   int64_t rebuilt_pages = 0;         // held now as checkpoints in the RAM tier
   int64_t layers_rebuilt = 0;        // page layers rebuilt from checkpoints for attention, total
+  // Of the work above, page layers run whole (attention, FFN) to get the input of a layer that
+  // has no checkpoint (checkpoints every s > 1 layers), total.
+  int64_t layers_advanced = 0;
   double rebuild_ms = 0;             // time spent rebuilding them, total
   int64_t evicted_pages = 0;         // held now (as holes)
   int64_t compressed_bytes = 0;      // slab slots in use
@@ -160,7 +171,12 @@ class KvPager final : public KvDetachedPages {
   // The KV store: a demoted page with a content id is filed there (shared, kept after the
   // sequence ends) instead of under a private key. nullptr: none.
   void set_store(KvStore* store) { store_ = store; }
-  void set_rebuilder(KvRebuilder* rebuilder) { rebuilder_ = rebuilder; }
+  // `cache`: the forward pass's view of this pool (PagedKvCache over it and this pager), which
+  // the layers between checkpoints attend over; needed where checkpoint_every > 1.
+  void set_rebuilder(KvRebuilder* rebuilder, KvCache* cache = nullptr) {
+    rebuilder_ = rebuilder;
+    cache_ = cache;
+  }
   // Attention mass is only gathered when some policy reads it (it costs a pass over the
   // attention weights of each sequence's newest token per layer).
   void set_track_attention(bool on) { track_attention_ = on; }
@@ -194,8 +210,9 @@ class KvPager final : public KvDetachedPages {
   void Preempt(SeqId seq, KvPagePlan& plan);
   // Resume, after the admission's blocks are committed: promotes (or rebuilds from checkpoints)
   // pages [first_block, first_block + num_blocks) into their fresh blocks, in order, stopping at
-  // the first read that fails (never wrong bytes: the rest is recomputed). Returns the pages
-  // restored.
+  // the first read that fails (never wrong bytes: the rest is recomputed), and, with checkpoints
+  // every s > 1 layers, at the first checkpointed page with an earlier page out of the pool (its
+  // layers between checkpoints attend to it). Returns the pages restored.
   int64_t RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks);
   // Admission, after the commit: pages [first_block, first_block + num_blocks) awaiting restore in
   // a tier that attention reads in place stay where they are, as the sequence's pages held in
@@ -282,10 +299,20 @@ class KvPager final : public KvDetachedPages {
   bool WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id);
   std::span<uint8_t> LayerPageSpan(BlockId block, int64_t layer, bool residual);
   Status ReadLayerPages(BlockId block, const KvPage& page, bool residual);
-  void EraseTierPage(KvTier* tier, uint64_t page_id);
+  // `residual`: the page's checkpoint layers (only those are in the tier), else every layer.
+  void EraseTierPage(KvTier* tier, uint64_t page_id, bool residual);
   // Lets go of a page held in a tier: the pager's own pages are erased, the store's stay cached.
   void LetGoTierPage(const KvPage& page);
-  void RebuildBlockFromCheckpoints(BlockId block, int64_t block_index);
+  // False (nothing rebuilt) where the layers between checkpoints cannot be run: an earlier page
+  // of the sequence is out of the pool.
+  bool RebuildBlockFromCheckpoints(SeqId seq, BlockId block, int64_t block_index);
+  // The K/V of one layer of every page rebuilt this step, and the next layer's inputs where that
+  // layer has no checkpoint.
+  void RebuildStagedLayer(int64_t layer, int buffer);
+  // Layers of a page in its tier pages: every layer, or the checkpoint layers (`residual`).
+  bool InTierPage(int64_t layer, bool residual) const {
+    return !residual || layout_.is_checkpoint_layer(layer);
+  }
   KvPage& PageOf(const StagedPage& st);
   void IssueLayerRead(int64_t layer);
   uint8_t* StageData(int64_t layer, int64_t stage_index);
@@ -300,6 +327,7 @@ class KvPager final : public KvDetachedPages {
   CompressedSlabs slabs_;
   KvTiers tiers_;
   KvRebuilder* rebuilder_ = nullptr;
+  KvCache* cache_ = nullptr;  // what AdvanceResidual attends over (set_rebuilder)
   KvStore* store_ = nullptr;
   std::vector<KvSequencePages*> bound_;  // [max_seqs]: the page table of each admitted slot
   uint64_t next_page_id_ = 1;
@@ -311,6 +339,8 @@ class KvPager final : public KvDetachedPages {
   std::vector<PageRead> read_list_;
   std::vector<PageKey> erase_list_;
   std::vector<int64_t> block_positions_;  // [block_tokens]: positions of a page being rebuilt
+  std::vector<int32_t> block_seq_ids_;    // [block_tokens]: its sequence, per token
+  std::vector<float> restore_residual_;   // [block_tokens][residual_dim]: its carried residual
 
   // This step's streamed pages and their double-buffered layer staging; rebuilt pages, their
   // double-buffered checkpoints and the K / V rows rebuilt from them for the current layer.
@@ -320,6 +350,10 @@ class KvPager final : public KvDetachedPages {
   std::vector<StagedPage> rebuilt_;
   std::vector<uint8_t> checkpoint_stage_[2];
   std::vector<int64_t> rebuilt_positions_;
+  std::vector<int32_t> rebuilt_seq_ids_;  // [pages][block_tokens] (checkpoints every s > 1)
+  // [pages][block_tokens][residual_dim]: the input of the current layer of each rebuilt page
+  // where that layer has no checkpoint (checkpoints every s > 1), carried from the layer before.
+  std::vector<float> rebuilt_residual_;
   std::vector<uint8_t> rebuilt_k_;
   std::vector<uint8_t> rebuilt_v_;
   struct PendingRead {
