@@ -10,6 +10,7 @@
 
 #include "engine_impl.h"
 #include "kvl/cost_profile.h"
+#include "kvl/kv_quality.h"
 
 namespace kvl {
 namespace {
@@ -180,18 +181,30 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
 // The per-page prices of the measured machine (kvl/cost_profile.h): the calibration profile of
 // this model on this machine; without one, a quick calibration on the engine's own model and
 // pool, announced on stderr and saved where it says; with --no-calibrate, analytic defaults.
-Status LoadCostProfile(Engine::Impl& e, const std::string& disk_dir, PageCostProfile* prices) {
+Status LoadCostProfile(Engine::Impl& e, const KvSettings& kv, const std::string& disk_dir,
+                       PageCostProfile* prices) {
+  PagePriceOptions price_options;
+  price_options.block_tokens = e.storage->layout().block_tokens;
+  price_options.layers = e.storage->layout().num_layers;
+  for (const TierSpec& spec : kv.tiers) {
+    if (spec.kind == "disk") price_options.disk_direct = spec.direct_io;
+  }
+  // A resumed sequence recomputes its dropped pages in forward calls of the engine's batch size.
+  price_options.recompute_batch_tokens = std::min<int64_t>(e.options.batch_size, e.context_length);
   if (e.options.cost_profile) {
-    FillPagePrices(*e.options.cost_profile, e.storage->layout().block_tokens, prices);
+    FillPagePrices(*e.options.cost_profile, price_options, prices);
     return Status::Ok();
   }
   ProfileOptions profile_options;
   profile_options.path = e.options.profile_path;
   profile_options.calibrate = e.options.calibrate;
   profile_options.calibration.disk_dir = disk_dir;  // empty (the temp dir) without a disk tier
+  // The page KLDs are measured on the built-in text in this model's tokens.
+  profile_options.calibration.quality_tokens = e.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
+  profile_options.explain = e.options.explain;
   KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
                        ObtainProfile(*e.model, *e.ops, profile_options));
-  FillPagePrices(profile, e.storage->layout().block_tokens, prices);
+  FillPagePrices(profile, price_options, prices);
   return Status::Ok();
 }
 
@@ -282,7 +295,7 @@ Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
   const bool needs_profile =
       e.ram_tier || e.disk_tier || e.redis_tier ||
       (!kv.policy.automatic && kv.policy.fixed == KvAction::kRecomputeTokens);
-  if (needs_profile) KVL_RETURN_IF_ERROR(LoadCostProfile(e, disk_dir, &rules.prices));
+  if (needs_profile) KVL_RETURN_IF_ERROR(LoadCostProfile(e, kv, disk_dir, &rules.prices));
   e.pager->set_track_attention(rules.pages_running_sequences);
   SetUpKvStore(e, kv, rules.prices);
   e.planner = std::make_unique<KvPressurePlanner>(rules, *e.kv, *e.pager);
@@ -348,7 +361,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   so.max_batch_tokens = fo.max_batch_tokens;
   so.max_seqs = options.max_seqs;
   e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
-  if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices.recompute_tokens_ms);
+  if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices);
   e.scheduler->set_trace(e.trace.get());
   StepRunnerParts parts;
   parts.scheduler = e.scheduler.get();
