@@ -304,7 +304,7 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   KVL_CHECK_MSG(model_ctx.pool() != nullptr, "Calibrate: the ops context needs a thread pool");
   if (options.memory_bytes < 0 || options.disk_bytes < 0 || options.random_reads < 0 ||
       options.repetitions < 0 || options.disk_repetitions < 0 ||
-      !(options.min_sample_seconds >= 0)) {
+      !(options.min_sample_seconds >= 0) || !(options.curve_seconds >= 0)) {
     return InvalidArgumentError("calibrate: sizes, counts and times must not be negative");
   }
   CalibrateOptions o = calibration_internal::ResolveDefaults(options);
@@ -382,7 +382,7 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
     int8.page_codec = KvCodecType::kInt8;
     int4.page_codec = KvCodecType::kInt4;
     const KvQualityVariant variants[] = {int8, int4};
-    StatusOr<std::vector<KvQuality>> q =
+    StatusOr<std::vector<KvQualityMeasurement>> q =
         MeasureKvQuality(model, ctx, texts, variants, KvQualityRows::kAfterFirstPage);
     KVL_RETURN_IF_ERROR(q.status());
     p.int8_kld = (*q)[0].mean_kld;

@@ -56,7 +56,7 @@ std::string ExplainProfile(const MachineProfile& p) {
   };
   std::string out;
   auto line = [&](std::string_view input, const std::string& value, const std::string& source) {
-    out += fmt::format("  {:<24} {}\n  {:<24}   {}\n", input, value, "", source);
+    out += fmt::format("  {:<28} {}\n  {:<28}   {}\n", input, value, "", source);
   };
   out += fmt::format("cost model inputs ({} profile, {}):\n", p.source, p.timestamp);
   const MatmulRate& decode = p.matmul.front();

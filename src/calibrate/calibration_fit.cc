@@ -115,7 +115,15 @@ RecomputeCurve FitRecomputeCurve(std::vector<RecomputePoint> points) {
     features.push_back({1.0, l, t * l, t * static_cast<double>(p.position) * l});
     y.push_back(p.ms);
   }
-  const Row c = FitNonNegative(features, y, {true, true, true, true});
+  // A term the points do not vary cannot be told apart from another: points at one depth only
+  // (a forward pass runs every layer) show the per-call and per-layer parts as one, kept as per
+  // layer; points at position 0 only show no context term.
+  bool layers_vary = false, positions_vary = false;
+  for (const RecomputePoint& p : points) {
+    layers_vary = layers_vary || p.layers != points.front().layers;
+    positions_vary = positions_vary || p.position != points.front().position;
+  }
+  const Row c = FitNonNegative(features, y, {layers_vary, true, true, positions_vary});
   RecomputeCurve curve;
   curve.call_ms = c[0];
   curve.layer_ms = c[1];
@@ -134,7 +142,10 @@ TransferCurve FitTransferCurve(std::vector<TransferPoint> points) {
     features.push_back({1.0, n, n * static_cast<double>(p.page_bytes) / 1e6, 0.0});
     y.push_back(p.ms);
   }
-  const Row c = FitNonNegative(features, y, {true, true, true, false});
+  // Points of one page count show the per-call and per-page parts as one, kept as per page.
+  bool pages_vary = false;
+  for (const TransferPoint& p : points) pages_vary = pages_vary || p.pages != points.front().pages;
+  const Row c = FitNonNegative(features, y, {pages_vary, true, true, false});
   TransferCurve curve;
   curve.call_ms = c[0];
   curve.page_ms = c[1];

@@ -24,7 +24,7 @@ namespace {
 
 // Tier page sizes besides the model's own: a small one (latency shows) and a large one
 // (bandwidth shows). More in a full calibration.
-constexpr int64_t kQuickPageSizes[] = {4096, 1 << 20};
+constexpr int64_t kQuickPageSizes[] = {4096, 64 << 10, 1 << 20};
 constexpr int64_t kFullPageSizes[] = {4096, 16 << 10, 64 << 10, 256 << 10, 1 << 20};
 
 std::vector<int64_t> PageSizes(const CalibrateOptions& o, int64_t model_page_bytes) {

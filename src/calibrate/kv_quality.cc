@@ -90,7 +90,7 @@ StatusOr<std::vector<float>> TextLogits(const Model& model, Forward& forward,
 
 }  // namespace
 
-StatusOr<std::vector<KvQuality>> MeasureKvQuality(const Model& model, ops::OpsContext& ctx,
+StatusOr<std::vector<KvQualityMeasurement>> MeasureKvQuality(const Model& model, ops::OpsContext& ctx,
                                                   std::span<const std::vector<int32_t>> texts,
                                                   std::span<const KvQualityVariant> variants,
                                                   KvQualityRows rows) {
@@ -123,14 +123,14 @@ StatusOr<std::vector<KvQuality>> MeasureKvQuality(const Model& model, ops::OpsCo
   // One forward pass for every run: building one packs the weights, which takes longer than a
   // short text runs.
   Forward forward(model, ctx, ForwardOptions{kPageTokens, kPageTokens, longest});
-  std::vector<KvQuality> out(variants.size());
+  std::vector<KvQualityMeasurement> out(variants.size());
   for (std::span<const int32_t> tokens : compared) {
     KVL_ASSIGN_OR_RETURN(const std::vector<float> want,
                          TextLogits(model, forward, tokens, KvQualityVariant{}, rows));
     for (size_t i = 0; i < variants.size(); ++i) {
       KVL_ASSIGN_OR_RETURN(const std::vector<float> got,
                            TextLogits(model, forward, tokens, variants[i], rows));
-      KvQuality& q = out[i];
+      KvQualityMeasurement& q = out[i];
       for (size_t at = 0; at + static_cast<size_t>(vocab) <= want.size();
            at += static_cast<size_t>(vocab)) {
         const ops::LogitsDivergence d = ops::CompareLogits(&want[at], &got[at], vocab);
@@ -140,7 +140,7 @@ StatusOr<std::vector<KvQuality>> MeasureKvQuality(const Model& model, ops::OpsCo
       }
     }
   }
-  for (KvQuality& q : out) {
+  for (KvQualityMeasurement& q : out) {
     q.mean_kld /= static_cast<double>(std::max<int64_t>(1, q.positions));
     q.top1 /= static_cast<double>(std::max<int64_t>(1, q.positions));
   }

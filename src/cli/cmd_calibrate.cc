@@ -121,11 +121,12 @@ void PrintTable(const MachineProfile& p, const std::string& profile_path) {
   fmt::print("| copy (memcpy, bytes copied)    | {:>9.2f} |\n", p.memory_copy_gbps);
   fmt::print("\n");
 
-  fmt::print("disk          {} ({} file, 1 MiB requests)\n", p.disk_dir, FormatBytes(p.disk_bytes));
+  fmt::print("disk device   {} ({} file, 1 MiB requests)\n", p.disk_dir, FormatBytes(p.disk_bytes));
   fmt::print("| {:<30} |     value |\n", "disk");
   fmt::print("|--------------------------------|-----------|\n");
   fmt::print("| write + fsync, GB/s            | {:>9.3f} |\n", p.disk_write_gbps);
-  fmt::print("| read, GB/s                     | {:>9.3f} |  {}\n", p.disk_read_gbps, direct);
+  fmt::print("| read, GB/s                     | {:>9.3f} |  {}\n", p.disk_read_gbps,
+             p.disk_read_direct ? "O_DIRECT" : "buffered, cache dropped");
   fmt::print("| 4 KiB random read median, us   | {:>9.1f} |  {}\n", p.disk_random_read_median_us,
              p.disk_random_read_direct ? "O_DIRECT" : "buffered, cache dropped");
   fmt::print("| 4 KiB random read p99, us      | {:>9.1f} |\n", p.disk_random_read_p99_us);

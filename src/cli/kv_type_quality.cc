@@ -41,10 +41,10 @@ StatusOr<KvTypeQuality> MeasureKvTypeQuality(const Model& model, const Tokenizer
   KvQualityVariant variant;
   variant.type_k = type_k;
   variant.type_v = type_v;
-  KVL_ASSIGN_OR_RETURN(const std::vector<KvQuality> measured,
+  KVL_ASSIGN_OR_RETURN(const std::vector<KvQualityMeasurement> measured,
                        MeasureKvQuality(model, ops, prompts, std::span(&variant, 1),
                                         KvQualityRows::kLast));
-  const KvQuality& q = measured[0];
+  const KvQualityMeasurement& q = measured[0];
   KvTypeQuality out;
   out.mean_kld = q.mean_kld;
   out.top1 = q.top1;

@@ -26,6 +26,8 @@ PageCostProfile Mha() {
   p.disk_write_gbps = 1;
   p.disk_latency_ms = 0.1;
   p.has_disk_tier = true;
+  // As calibrate measures it on a machine whose decode matmuls run at half the prefill rate.
+  p.decode_idle_fraction = 0.5;
   return p;
 }
 

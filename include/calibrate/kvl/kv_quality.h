@@ -33,7 +33,7 @@ struct KvQualityVariant {
   std::optional<KvCodecType> page_codec;
 };
 
-struct KvQuality {
+struct KvQualityMeasurement {
   double mean_kld = 0;    // mean KL(f32 || variant) over the compared positions, in nats
   double top1 = 0;        // fraction of compared positions whose most likely token is f32's
   int64_t positions = 0;  // positions compared
@@ -50,7 +50,7 @@ enum class KvQualityRows {
 // than the model's context is cut to it. f32 against f32 gives 0 and 1 exactly.
 // INVALID_ARGUMENT for no text or (kAfterFirstPage) no text longer than one page, and for a page
 // codec over a cache that is not f32.
-StatusOr<std::vector<KvQuality>> MeasureKvQuality(const Model& model, ops::OpsContext& ctx,
+StatusOr<std::vector<KvQualityMeasurement>> MeasureKvQuality(const Model& model, ops::OpsContext& ctx,
                                                   std::span<const std::vector<int32_t>> texts,
                                                   std::span<const KvQualityVariant> variants,
                                                   KvQualityRows rows);
