@@ -137,6 +137,10 @@ TEST(EngineTest, AGivenCostProfileIsUsedAsItIsWithNothingMeasuredOrWritten) {
   o.kv_policy = "recompute-tokens";
   o.kv_budget_bytes = 4 * 16 * 1280;  // a few pages: the two sequences preempt each other
   o.max_seqs = 2;
+  // Without the prefix cache every page dropped at a preemption is recomputed at the resume (the
+  // two requests are identical: with it, a resume finds its pages in the pool, recomputes
+  // nothing, and no prediction is checked).
+  o.prefix_cache = false;
   o.profile_path = path;
   MachineProfile profile;
   profile.model.layers = 5;  // stories260K
