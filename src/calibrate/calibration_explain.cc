@@ -11,7 +11,8 @@ namespace kvl {
 namespace {
 
 std::string Describe(const RecomputeCurve& c) {
-  return fmt::format("{:.4f} + {:.4f}*layers + {:.3e}*tokens*layers + {:.3e}*tokens*position*layers ms",
+  return fmt::format("{:.4f} + {:.4f}*layers + {:.3e}*tokens*layers + "
+                     "{:.3e}*tokens*(position+(tokens+1)/2)*layers ms",
                      c.call_ms, c.layer_ms, c.token_layer_ms, c.context_token_layer_ms);
 }
 

@@ -93,11 +93,15 @@ Row FitNonNegative(const std::vector<Row>& features, const std::vector<double>& 
 
 }  // namespace
 
+double AttendedPositions(int64_t tokens, int64_t position) {
+  return static_cast<double>(position) + 0.5 * static_cast<double>(tokens + 1);
+}
+
 double RecomputeCurve::Ms(int64_t tokens, int64_t layers, int64_t position) const {
   const double t = static_cast<double>(tokens);
   const double l = static_cast<double>(layers);
-  const double p = static_cast<double>(position);
-  return call_ms + layer_ms * l + token_layer_ms * t * l + context_token_layer_ms * t * p * l;
+  return call_ms + layer_ms * l + token_layer_ms * t * l +
+         context_token_layer_ms * t * AttendedPositions(tokens, position) * l;
 }
 
 double TransferCurve::Ms(int64_t pages, int64_t page_bytes) const {
@@ -112,12 +116,13 @@ RecomputeCurve FitRecomputeCurve(std::vector<RecomputePoint> points) {
   for (const RecomputePoint& p : points) {
     const double t = static_cast<double>(p.tokens);
     const double l = static_cast<double>(p.layers);
-    features.push_back({1.0, l, t * l, t * static_cast<double>(p.position) * l});
+    features.push_back({1.0, l, t * l, t * AttendedPositions(p.tokens, p.position) * l});
     y.push_back(p.ms);
   }
   // A term the points do not vary cannot be told apart from another: points at one depth only
   // (a forward pass runs every layer) show the per-call and per-layer parts as one, kept as per
-  // layer; points at position 0 only show no context term.
+  // layer; points at position 0 only (a residual rebuild, which attends to nothing) fit no
+  // attention term.
   bool layers_vary = false, positions_vary = false;
   for (const RecomputePoint& p : points) {
     layers_vary = layers_vary || p.layers != points.front().layers;

@@ -254,7 +254,8 @@ void FillPagePrices(const MachineProfile& profile, const PagePriceOptions& optio
   // call's fixed part, which the tokens of its batch share (RecomputeTokensMs).
   const RecomputeCurve& from_tokens = profile.recompute_from_tokens;
   const double tl = static_cast<double>(tokens) * static_cast<double>(layers);
-  prices->recompute_tokens_ms = from_tokens.token_layer_ms * tl;
+  prices->recompute_tokens_ms = from_tokens.token_layer_ms * tl +
+                                from_tokens.context_token_layer_ms * tl * AttendedPositions(tokens, 0);
   prices->recompute_tokens_context_ms = from_tokens.context_token_layer_ms * tl;
   prices->recompute_tokens_call_ms =
       from_tokens.call_ms + from_tokens.layer_ms * static_cast<double>(layers);

@@ -306,14 +306,16 @@ TEST(PagePricesTest, EvaluatesTheCurvesAtThePagesShapeAndCopiesTheRates) {
   FillPagePrices(profile, o, &prices);
   // Every layer of the profile's model, buffered disk.
   EXPECT_DOUBLE_EQ(prices.recompute_residual_ms, 0.5 + 0.25 * 4 + 0.01 * 32 * 4);
-  EXPECT_DOUBLE_EQ(prices.recompute_tokens_ms, 0.02 * 32 * 4);
+  // The page's own tokens: projections, and attention among themselves ((32 + 1) / 2 on average).
+  EXPECT_DOUBLE_EQ(prices.recompute_tokens_ms, 0.02 * 32 * 4 + 1e-5 * 32 * 4 * 16.5);
   EXPECT_DOUBLE_EQ(prices.recompute_tokens_context_ms, 1e-5 * 32 * 4);
   EXPECT_DOUBLE_EQ(prices.recompute_tokens_call_ms, 1.0 + 0.5 * 4);
   EXPECT_EQ(prices.block_tokens, 32);
   EXPECT_EQ(prices.recompute_batch_tokens, 256);
   // A page deeper in the context costs more; its share of the call is 32 / 256.
-  EXPECT_DOUBLE_EQ(RecomputeTokensMs(prices, 1000),
-                   0.02 * 32 * 4 + 1e-5 * 32 * 4 * 1000 + (1.0 + 0.5 * 4) * 32 / 256);
+  EXPECT_DOUBLE_EQ(RecomputeTokensMs(prices, 1000), 0.02 * 32 * 4 + 1e-5 * 32 * 4 * 16.5 +
+                                                        1e-5 * 32 * 4 * 1000 +
+                                                        (1.0 + 0.5 * 4) * 32 / 256);
   EXPECT_DOUBLE_EQ(prices.ram_gbps, 11.0);
   EXPECT_DOUBLE_EQ(prices.ram_latency_ms, 0.01 + 0.002 * 4);  // one tier page per layer
   EXPECT_DOUBLE_EQ(prices.ram_write_gbps, 9.0);

@@ -105,10 +105,15 @@ struct RecomputePoint {
 // Recompute time as a function of the page's shape, fitted (non-negative least squares on the
 // relative error) to the points it keeps:
 //   ms = call_ms + layer_ms * layers + token_layer_ms * tokens * layers
-//        + context_token_layer_ms * tokens * position * layers
+//        + context_token_layer_ms * tokens * AttendedPositions(tokens, position) * layers
 // call_ms is paid once per call (per forward pass), layer_ms once per layer of a call (weights
 // streamed, threads woken), token_layer_ms per token and layer (the projections),
-// context_token_layer_ms per token, layer and position before it (attention over the context).
+// context_token_layer_ms per token, layer and position it attends to (attention: the context
+// before the page and, on average, half the page's own tokens).
+// Positions one of `tokens` tokens at [position, position + tokens) attends to, on average:
+// position + (tokens + 1) / 2.
+double AttendedPositions(int64_t tokens, int64_t position);
+
 struct RecomputeCurve {
   double call_ms = 0;
   double layer_ms = 0;
