@@ -364,6 +364,7 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
                        calibration_internal::MeasureTiers(model, o, tier_stage));
   tier_stage.Finish();
   p.ram = tiers.ram;
+  p.ram_zstd = tiers.ram_zstd;
   p.disk_buffered = tiers.disk_buffered;
   p.disk_direct_measured = tiers.direct_refused.empty();
   p.disk_direct = p.disk_direct_measured ? tiers.disk_direct : tiers.disk_buffered;

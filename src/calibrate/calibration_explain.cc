@@ -81,6 +81,7 @@ std::string ExplainProfile(const MachineProfile& p) {
   };
   const Tier tiers[] = {
       {"RAM tier", p.ram, "through a RAM tier (MakeRamTier)"},
+      {"RAM tier (zstd)", p.ram_zstd, "through a RAM tier that compresses with zstd"},
       {"disk tier (buffered)", p.disk_buffered,
        fmt::format("through a scratch disk tier file in {} (page cache)", p.disk_dir)},
       {"disk tier (O_DIRECT)", p.disk_direct,

@@ -122,6 +122,7 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
 
 struct TierMeasurement {
   TierCurves ram;
+  TierCurves ram_zstd;
   TierCurves disk_buffered;
   TierCurves disk_direct;
   std::string direct_refused;  // the disk tier's name when O_DIRECT was refused, else empty

@@ -89,6 +89,7 @@ Json ToJson(const MachineProfile& p) {
                {"random_read_median_us", p.disk_random_read_median_us},
                {"random_read_p99_us", p.disk_random_read_p99_us}};
   j["tiers"] = {{"ram", ToJson(p.ram)},
+                {"ram_zstd", ToJson(p.ram_zstd)},
                 {"disk_buffered", ToJson(p.disk_buffered)},
                 {"disk_direct", ToJson(p.disk_direct)},
                 {"disk_direct_measured", p.disk_direct_measured}};
@@ -318,6 +319,7 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
 
   KVL_ASSIGN_OR_RETURN(FieldReader tiers, top.Object("tiers"));
   KVL_RETURN_IF_ERROR(ReadTier(tiers, "ram", &p.ram));
+  KVL_RETURN_IF_ERROR(ReadTier(tiers, "ram_zstd", &p.ram_zstd));
   KVL_RETURN_IF_ERROR(ReadTier(tiers, "disk_buffered", &p.disk_buffered));
   KVL_RETURN_IF_ERROR(ReadTier(tiers, "disk_direct", &p.disk_direct));
   KVL_RETURN_IF_ERROR(tiers.Bool("disk_direct_measured", &p.disk_direct_measured));

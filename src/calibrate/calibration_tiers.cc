@@ -1,4 +1,5 @@
-// The transfer and compress curves of calibration: the RAM and disk tiers written and read
+// The transfer and compress curves of calibration: the RAM (plain and zstd) and disk tiers
+// written and read
 // through their own code (kvl/kv_tier.h), and pages encoded with the project's codec
 // (kvl/kv_codec.h).
 //
@@ -47,46 +48,73 @@ std::vector<int64_t> PageCounts(const CalibrateOptions& o, int64_t num_layers) {
   return counts;
 }
 
-// Random bytes (no compressing filesystem or tier can shortcut them).
-std::vector<uint8_t> RandomBytes(int64_t n) {
+// Bytes shaped like K/V: f32 samples of a normal distribution, so a compressing tier (zstd)
+// finds what it finds in real pages (the exponents repeat, the mantissas do not).
+std::vector<uint8_t> KvLikeBytes(int64_t n) {
   std::vector<uint8_t> bytes(static_cast<size_t>(n));
-  std::mt19937_64 rng(7);
-  for (size_t i = 0; i + 8 <= bytes.size(); i += 8) {
-    const uint64_t r = rng();
-    std::memcpy(&bytes[i], &r, sizeof(r));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (size_t i = 0; i + sizeof(float) <= bytes.size(); i += sizeof(float)) {
+    const float f = dist(rng);
+    std::memcpy(&bytes[i], &f, sizeof(f));
   }
   return bytes;
 }
 
-// Put and Get of `count` pages of `page_bytes` in one call each, on `tier`.
+// Bytes a tier's timing cycles through: more than the CPU caches hold, so every call moves pages
+// that are cold there, as a page restored long after it left is.
+int64_t WorkingSetBytes(const CalibrateOptions& o) { return (o.quick ? 16 : 64) << 20; }
+
+// Put and Get of `count` pages of `page_bytes` in one call each, on `tier`, each call on the next
+// of a few groups of keys whose pages together outgrow the caches.
 StatusOr<std::pair<double, double>> TimeTier(KvTier& tier, int64_t count, int64_t page_bytes,
                                              const CalibrateOptions& o, StageProgress& stage) {
-  const std::vector<uint8_t> source = RandomBytes(count * page_bytes);
-  std::vector<uint8_t> sink(source.size());
-  std::vector<PageWrite> writes;
-  std::vector<PageRead> reads;
-  for (int64_t i = 0; i < count; ++i) {
-    const size_t at = static_cast<size_t>(i * page_bytes);
-    writes.push_back({static_cast<PageKey>(i + 1),
-                      std::span<const uint8_t>(&source[at], static_cast<size_t>(page_bytes))});
-    reads.push_back({static_cast<PageKey>(i + 1),
-                     std::span<uint8_t>(&sink[at], static_cast<size_t>(page_bytes))});
+  const int64_t call_bytes = count * page_bytes;
+  const int64_t groups = std::clamp<int64_t>(WorkingSetBytes(o) / call_bytes, 1, 64);
+  const std::vector<uint8_t> source = KvLikeBytes(groups * call_bytes);
+  std::vector<uint8_t> sink(static_cast<size_t>(call_bytes));
+  std::vector<std::vector<PageWrite>> writes(static_cast<size_t>(groups));
+  std::vector<std::vector<PageRead>> reads(static_cast<size_t>(groups));
+  std::vector<PageKey> keys;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t i = 0; i < count; ++i) {
+      const PageKey key = static_cast<PageKey>(g * count + i + 1);
+      const size_t at = static_cast<size_t>((g * count + i) * page_bytes);
+      writes[static_cast<size_t>(g)].push_back(
+          {key, std::span<const uint8_t>(&source[at], static_cast<size_t>(page_bytes))});
+      reads[static_cast<size_t>(g)].push_back(
+          {key, std::span<uint8_t>(&sink[static_cast<size_t>(i * page_bytes)],
+                                   static_cast<size_t>(page_bytes))});
+      keys.push_back(key);
+    }
   }
   Status failed;
+  size_t next = 0;
   const double put_seconds = MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
-    const Status s = tier.Put(writes);
+    const Status s = tier.Put(writes[next]);
+    next = (next + 1) % writes.size();
     if (!s.ok()) failed = s;
   });
+  // Every group written (the warm-up and samples may not have reached them all).
+  for (const std::vector<PageWrite>& w : writes) {
+    if (const Status s = tier.Put(w); !s.ok()) failed = s;
+  }
+  next = 0;
   const double get_seconds = MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
-    for (const Status& s : tier.Get(reads)) {
+    for (const Status& s : tier.Get(reads[next])) {
       if (!s.ok()) failed = s;
     }
+    next = (next + 1) % reads.size();
   });
   KVL_RETURN_IF_ERROR(failed);
-  std::vector<PageKey> keys;
-  for (const PageWrite& w : writes) keys.push_back(w.key);
   tier.Erase(keys);
   return std::make_pair(put_seconds * 1e3, get_seconds * 1e3);
+}
+
+// What a tier must hold for TimeTier: every group, and a Put's new copies beside the old ones
+// (slots are the page, a 64-byte record, rounded up to 4 KiB).
+int64_t TierCapacity(const CalibrateOptions& o, int64_t max_count, int64_t page_bytes) {
+  return 2 * (WorkingSetBytes(o) + 64 * page_bytes + max_count * (page_bytes + 8192)) + (1 << 20);
 }
 
 // The curves of one kind of tier: `make` opens a tier for a page size.
@@ -96,7 +124,7 @@ StatusOr<TierCurves> MeasureTierKind(const std::vector<int64_t>& sizes,
                                      StageProgress& stage, MakeTier&& make) {
   std::vector<TransferPoint> writes, reads;
   for (int64_t size : sizes) {
-    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, make(size, counts.back()));
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, make(size, TierCapacity(o, counts.back(), size)));
     for (int64_t count : counts) {
       KVL_ASSIGN_OR_RETURN(const auto times, TimeTier(*tier, count, size, o, stage));
       writes.push_back({count, size, times.first});
@@ -113,7 +141,7 @@ int64_t TierStageSteps(const CalibrateOptions& o, const Model& model) {
   const int64_t points =
       static_cast<int64_t>(PageSizes(o, kCalibrationPageTokens * c.KvBytesPerTokenPerLayer(DType::kF32)).size() *
                            PageCounts(o, c.num_layers).size());
-  return 3 * points * 2 * o.repetitions;
+  return 4 * points * 2 * o.repetitions;
 }
 
 StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOptions& o,
@@ -123,24 +151,26 @@ StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOption
       PageSizes(o, kCalibrationPageTokens * c.KvBytesPerTokenPerLayer(DType::kF32));
   const std::vector<int64_t> counts = PageCounts(o, c.num_layers);
   TierMeasurement m;
-  KVL_ASSIGN_OR_RETURN(m.ram, MeasureTierKind(sizes, counts, o, stage,
-                                              [](int64_t size, int64_t count)
-                                                  -> StatusOr<std::unique_ptr<KvTier>> {
-                                                RamTierOptions r;
-                                                r.capacity_bytes = 2 * count * size + (1 << 20);
-                                                return MakeRamTier(r);
-                                              }));
+  for (bool zstd : {false, true}) {
+    KVL_ASSIGN_OR_RETURN((zstd ? m.ram_zstd : m.ram),
+                         MeasureTierKind(sizes, counts, o, stage,
+                                         [zstd](int64_t, int64_t capacity)
+                                             -> StatusOr<std::unique_ptr<KvTier>> {
+                                           RamTierOptions r;
+                                           r.capacity_bytes = capacity;
+                                           r.compress = zstd;
+                                           return MakeRamTier(r);
+                                         }));
+  }
   const std::string path =
       (std::filesystem::path(o.disk_dir) / fmt::format("kvl-calibrate-tier-{}.tmp", ::getpid()))
           .string();
   auto disk = [&](bool direct) {
-    return [&, direct](int64_t size, int64_t count) -> StatusOr<std::unique_ptr<KvTier>> {
+    return [&, direct](int64_t size, int64_t capacity) -> StatusOr<std::unique_ptr<KvTier>> {
       DiskTierOptions d;
       d.path = path;
       d.page_bytes = size;
-      // Room for a Put's new slots beside the old ones it replaces (a slot is the page, a
-      // 64-byte record, rounded up to 4 KiB).
-      d.capacity_bytes = 2 * (count + 1) * (size + 8192);
+      d.capacity_bytes = capacity;
       d.direct_io = direct;
       d.persistent = false;
       d.identity = "kvl calibrate";

@@ -109,6 +109,7 @@ MachineProfile AnalyticProfile(const Model& model, const ops::OpsContext& ctx) {
   p.recompute_from_tokens.context_token_layer_ms =
       4.0 * static_cast<double>(c.q_dim()) / flops_per_second * 1e3;
   p.ram = {AssumedTransfer(kAssumedMemoryGbps, 0), AssumedTransfer(kAssumedMemoryGbps, 0)};
+  p.ram_zstd = p.ram;
   p.disk_buffered = {AssumedTransfer(kAssumedDiskWriteGbps, kAssumedDiskLatencyUs / 1e3),
                      AssumedTransfer(kAssumedDiskReadGbps, kAssumedDiskLatencyUs / 1e3)};
   p.disk_direct = p.disk_buffered;
@@ -239,10 +240,11 @@ void FillPagePrices(const MachineProfile& profile, const PagePriceOptions& optio
   };
   auto gbps = [&](const TransferCurve& t) { return t.gbps > 0 ? t.gbps : profile.memory_copy_gbps; };
   const TierCurves& disk = options.disk_direct ? profile.disk_direct : profile.disk_buffered;
-  prices->ram_gbps = gbps(profile.ram.read);
-  prices->ram_latency_ms = latency_ms(profile.ram.read);
-  prices->ram_write_gbps = gbps(profile.ram.write);
-  prices->ram_write_latency_ms = latency_ms(profile.ram.write);
+  const TierCurves& ram = options.ram_compressed ? profile.ram_zstd : profile.ram;
+  prices->ram_gbps = gbps(ram.read);
+  prices->ram_latency_ms = latency_ms(ram.read);
+  prices->ram_write_gbps = gbps(ram.write);
+  prices->ram_write_latency_ms = latency_ms(ram.write);
   prices->disk_read_gbps = gbps(disk.read);
   prices->disk_latency_ms = latency_ms(disk.read);
   prices->disk_write_gbps = gbps(disk.write);

@@ -188,6 +188,7 @@ Status LoadCostProfile(Engine::Impl& e, const KvSettings& kv, const std::string&
   price_options.layers = e.storage->layout().num_layers;
   for (const TierSpec& spec : kv.tiers) {
     if (spec.kind == "disk") price_options.disk_direct = spec.direct_io;
+    if (spec.kind == "ram") price_options.ram_compressed = spec.compress;
   }
   // A resumed sequence recomputes its dropped pages in forward calls of the engine's batch size.
   price_options.recompute_batch_tokens = std::min<int64_t>(e.options.batch_size, e.context_length);

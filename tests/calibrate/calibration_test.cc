@@ -76,7 +76,7 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
   for (const RecomputePoint& point : p.recompute_from_tokens.points) positions.insert(point.position);
   EXPECT_GE(depths.size(), 2u);
   EXPECT_GE(positions.size(), 2u);
-  for (const TierCurves* t : {&p.ram, &p.disk_buffered, &p.disk_direct}) {
+  for (const TierCurves* t : {&p.ram, &p.ram_zstd, &p.disk_buffered, &p.disk_direct}) {
     for (const TransferCurve* c : {&t->write, &t->read}) {
       EXPECT_GE(c->points.size(), 4u);
       EXPECT_TRUE(PositiveFinite(c->Ms(p.model.layers, 4096)));

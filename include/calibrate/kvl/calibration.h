@@ -193,12 +193,14 @@ struct MachineProfile {
   double memory_read_gbps = 0;
   double memory_copy_gbps = 0;
 
-  // The tiers, measured through the tier code the engine runs: a RAM tier, and a scratch disk
+  // The tiers, measured through the tier code the engine runs, with K/V-like data cycling through
+  // more than the CPU caches hold: a RAM tier (plain and zstd), and a scratch disk
   // tier file in disk_dir opened buffered (as --kv-tier disk: is by default; reads of pages
   // written moments ago come from the page cache) and with O_DIRECT (disk:...:direct; the
   // device itself). disk_direct_measured is false when the filesystem refused O_DIRECT: then
   // disk_direct is a copy of disk_buffered.
   TierCurves ram;
+  TierCurves ram_zstd;  // a RAM tier that compresses its pages (--kv-tier ram:SIZE:zstd)
   TierCurves disk_buffered;
   TierCurves disk_direct;
   bool disk_direct_measured = false;

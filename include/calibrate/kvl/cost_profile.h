@@ -60,6 +60,7 @@ struct PagePriceOptions {
   int64_t block_tokens = kCalibrationPageTokens;  // tokens per page
   int64_t layers = 0;                // layers the page spans; 0: every layer of the model
   bool disk_direct = false;          // the disk tier is opened with O_DIRECT (disk:...:direct)
+  bool ram_compressed = false;       // the RAM tier compresses with zstd (ram:SIZE:zstd)
   // Tokens per forward call when a resumed sequence recomputes its pages (the engine's batch);
   // 0: each page alone.
   int64_t recompute_batch_tokens = 0;
