@@ -135,6 +135,9 @@ TEST(CalibrationTest, FittedCurvesPredictHeldOutMeasuredPoints) {
   CalibrateOptions o = TinyCalibrateOptions();
   o.repetitions = 5;
   o.min_sample_seconds = 0.005;
+  // The full grids (more tier sizes than a quick calibration), in a short budget.
+  o.quick = false;
+  o.curve_seconds = 2;
   StatusOr<MachineProfile> measured = Calibrate(*loaded.model, ctx, o, nullptr);
   ASSERT_TRUE(measured.ok()) << measured.status().ToString();
   const MachineProfile& p = *measured;
