@@ -1,5 +1,7 @@
-// Calibrate: the compute and memory measurements, in the order they run (matmul, recompute,
-// memory; the disk test is in calibration_disk.cc), and the timing helpers they share.
+// Calibrate: the measurements in the order they run (matmul, recompute, memory, disk, tiers,
+// compress, quality), the compute and memory ones here (recompute curves in
+// calibration_recompute.cc, tiers and compress in calibration_tiers.cc, the raw disk test in
+// calibration_disk.cc, quality in kv_quality.cc), and the timing helpers they share.
 #include "kvl/calibration.h"
 
 #include <fmt/format.h>
@@ -13,10 +15,10 @@
 #include <initializer_list>
 #include <memory>
 #include <random>
+#include <tuple>
 
 #include "calibration_internal.h"
-#include "kvl/forward.h"
-#include "kvl/kv_cache.h"
+#include "kvl/kv_quality.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/thread_pool.h"
@@ -74,6 +76,7 @@ CalibrateOptions ResolveDefaults(const CalibrateOptions& in) {
   if (o.repetitions <= 0) o.repetitions = o.quick ? 3 : 7;
   if (o.disk_repetitions <= 0) o.disk_repetitions = o.quick ? 2 : 3;
   if (o.min_sample_seconds <= 0) o.min_sample_seconds = o.quick ? 0.01 : 0.05;
+  if (o.curve_seconds <= 0) o.curve_seconds = o.quick ? 1.0 : 20.0;
   return o;
 }
 
@@ -125,9 +128,19 @@ double LayerFlopsPerToken(const ModelConfig& c) {
                 3.0 * d * static_cast<double>(c.ffn_dim));
 }
 
+std::vector<float> RandomFloats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
 }  // namespace calibration_internal
 
 namespace {
+
+using calibration_internal::RandomFloats;
 
 using calibration_internal::kMatmulTokenCounts;
 using calibration_internal::MedianSecondsPerCall;
@@ -156,14 +169,6 @@ void MatMulShared(ops::OpsContext& ctx, std::initializer_list<const MatrixView*>
   } else {
     for (size_t m = 0; m < count; ++m) ops::MatMul(ctx, views[m], x, n, outs[m]);
   }
-}
-
-std::vector<float> RandomFloats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& f : v) f = dist(rng);
-  return v;
 }
 
 // 1. GFLOP/s of the K+V projections and of a whole layer's projections, on layer 0's weights.
@@ -216,78 +221,6 @@ std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
   return rates;
 }
 
-// 2. Milliseconds to recompute one page's K/V across all layers, from residual checkpoints and
-// from tokens.
-StatusOr<std::pair<double, double>> MeasureRecompute(const Model& model, ThreadPool& pool,
-                                                     ops::OpsContext& ctx,
-                                                     const CalibrateOptions& o,
-                                                     const CalibrationProgress& progress) {
-  const ModelConfig& c = model.config();
-  constexpr int64_t T = kCalibrationPageTokens;
-  const int64_t half = c.head_dim / 2;
-  StageProgress stage(progress, "recompute", 2 * o.repetitions);
-
-  // (a) From checkpoints: the stored input of every layer, [layer][token][dim]; the page's K and
-  // V come out as [layer][token][kv_dim], as a page tier would store them.
-  const std::vector<float> residual =
-      RandomFloats(static_cast<size_t>(c.num_layers * T * c.dim), 2);
-  std::vector<float> xn(static_cast<size_t>(T * c.dim));
-  std::vector<float> page_k(static_cast<size_t>(c.num_layers * T * c.kv_dim()));
-  std::vector<float> page_v(page_k.size());
-  std::vector<float> rope_cos(static_cast<size_t>(T * half)), rope_sin(rope_cos.size());
-  // theta_i = base^(-2i/d), once per model as the forward pass does.
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    inv_freq[static_cast<size_t>(i)] =
-        std::pow(static_cast<double>(c.rope_freq_base),
-                 -2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim));
-  }
-  const double from_residual_seconds =
-      MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
-        // The angles are per page, so they count too.
-        for (int64_t t = 0; t < T; ++t) {
-          for (int64_t i = 0; i < half; ++i) {
-            const double angle = static_cast<double>(t) * inv_freq[static_cast<size_t>(i)];
-            rope_cos[static_cast<size_t>(t * half + i)] = static_cast<float>(std::cos(angle));
-            rope_sin[static_cast<size_t>(t * half + i)] = static_cast<float>(std::sin(angle));
-          }
-        }
-        for (int64_t l = 0; l < c.num_layers; ++l) {
-          const LayerWeights& w = model.layer(l);
-          for (int64_t t = 0; t < T; ++t) {
-            ops::RmsNorm(ctx, &residual[static_cast<size_t>((l * T + t) * c.dim)], w.attn_norm,
-                         c.dim, c.norm_eps, &xn[static_cast<size_t>(t * c.dim)]);
-          }
-          float* k = &page_k[static_cast<size_t>(l * T * c.kv_dim())];
-          float* v = &page_v[static_cast<size_t>(l * T * c.kv_dim())];
-          MatMulShared(ctx, {&w.wk, &w.wv}, xn.data(), T, {k, v});
-          for (int64_t t = 0; t < T; ++t) {
-            ops::Rope(ctx, k + t * c.kv_dim(), c.num_kv_heads, c.head_dim,
-                      &rope_cos[static_cast<size_t>(t * half)],
-                      &rope_sin[static_cast<size_t>(t * half)], c.rope_neox);
-          }
-        }
-      });
-
-  // (b) From tokens: a full forward pass of the page (no logits are needed to refill K/V).
-  ForwardOptions fo;
-  fo.max_batch_tokens = T;
-  fo.max_logit_rows = 1;
-  fo.max_context = T;
-  ops::OpsContext forward_ctx(ctx.isa(), &pool);
-  Forward forward(model, forward_ctx, fo);
-  KVL_ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> cache,
-                       ContiguousKvCache::Create(c.num_layers, c.kv_dim(), 1, T));
-  TokenBatch batch;
-  for (int64_t t = 0; t < T; ++t) {
-    batch.Add(static_cast<int32_t>((t * 7 + 1) % c.vocab_size), t, 0, false);
-  }
-  const double from_tokens_seconds = MedianSecondsPerCall(
-      o.repetitions, o.min_sample_seconds, stage, [&] { forward.Run(batch, *cache); });
-  stage.Finish();
-  return std::make_pair(from_residual_seconds * 1e3, from_tokens_seconds * 1e3);
-}
-
 // Sum of n words with eight independent accumulators: the compiler vectorizes it, and the
 // independent chains keep enough loads in flight to be bound by memory, not by add latency.
 uint64_t SumWords(const uint64_t* p, size_t n) {
@@ -302,7 +235,7 @@ uint64_t SumWords(const uint64_t* p, size_t n) {
   return sum;
 }
 
-// 3. Read (sum) and copy (memcpy) bandwidth over memory_bytes, split across the pool.
+// 2. Read (sum) and copy (memcpy) bandwidth over memory_bytes, split across the pool.
 std::pair<double, double> MeasureMemory(ThreadPool& pool, const CalibrateOptions& o,
                                         const CalibrationProgress& progress) {
   StageProgress stage(progress, "memory", 2 * o.repetitions);
@@ -339,6 +272,21 @@ std::pair<double, double> MeasureMemory(ThreadPool& pool, const CalibrateOptions
   return {bytes / read_seconds / 1e9, bytes / copy_seconds / 1e9};
 }
 
+// How many tokens of the built-in text the KLD is measured on: all of them, or in a quick
+// calibration as many as fit its curve budget (the text runs three times: f32, int8, int4),
+// at most 8 pages. At most one page means none: the KLDs stay the named defaults.
+int64_t QualityTokens(const Model& model, const CalibrateOptions& o, const MatmulRate& rate) {
+  const int64_t available = static_cast<int64_t>(o.quality_tokens.size());
+  if (!o.quick) return available;
+  const ModelConfig& c = model.config();
+  const double seconds_per_token = static_cast<double>(c.num_layers) *
+                                   calibration_internal::LayerFlopsPerToken(c) /
+                                   (rate.layer_gflops * 1e9);
+  const int64_t affordable = static_cast<int64_t>(o.curve_seconds / (3 * seconds_per_token));
+  const int64_t tokens = std::min({available, affordable, 8 * kCalibrationPageTokens});
+  return tokens > kCalibrationPageTokens ? tokens : 0;
+}
+
 }  // namespace
 
 CalibrateOptions QuickCalibrateOptions() {
@@ -356,7 +304,7 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   KVL_CHECK_MSG(model_ctx.pool() != nullptr, "Calibrate: the ops context needs a thread pool");
   if (options.memory_bytes < 0 || options.disk_bytes < 0 || options.random_reads < 0 ||
       options.repetitions < 0 || options.disk_repetitions < 0 ||
-      !(options.min_sample_seconds >= 0)) {
+      !(options.min_sample_seconds >= 0) || !(options.curve_seconds >= 0)) {
     return InvalidArgumentError("calibrate: sizes, counts and times must not be negative");
   }
   CalibrateOptions o = calibration_internal::ResolveDefaults(options);
@@ -377,10 +325,15 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
 
   p.matmul = MeasureMatmul(model, ctx, o, progress);
 
-  KVL_ASSIGN_OR_RETURN(auto recompute, MeasureRecompute(model, pool, ctx, o, progress));
-  p.recompute_page_tokens = kCalibrationPageTokens;
-  p.recompute_from_residual_ms = recompute.first;
-  p.recompute_from_tokens_ms = recompute.second;
+  const MatmulRate& decode = p.matmul.front();
+  const MatmulRate& prefill = p.matmul.back();
+  p.decode_idle_fraction = std::clamp(1.0 - decode.layer_gflops / prefill.layer_gflops, 0.0, 1.0);
+
+  KVL_ASSIGN_OR_RETURN(const calibration_internal::RecomputeCurves recompute,
+                       calibration_internal::MeasureRecomputeCurves(model, pool, ctx, o, p.matmul,
+                                                                    progress));
+  p.recompute_from_residual = recompute.from_residual;
+  p.recompute_from_tokens = recompute.from_tokens;
 
   const auto [read_gbps, copy_gbps] = MeasureMemory(pool, o, progress);
   p.memory_bytes = static_cast<int64_t>(static_cast<size_t>(o.memory_bytes) / sizeof(uint64_t) *
@@ -405,6 +358,39 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   p.disk_random_read_direct = disk.random_read_direct;
   p.disk_random_read_median_us = disk.random_read_median_us;
   p.disk_random_read_p99_us = disk.random_read_p99_us;
+
+  StageProgress tier_stage(progress, "tiers", calibration_internal::TierStageSteps(o, model));
+  KVL_ASSIGN_OR_RETURN(const calibration_internal::TierMeasurement tiers,
+                       calibration_internal::MeasureTiers(model, o, tier_stage));
+  tier_stage.Finish();
+  p.ram = tiers.ram;
+  p.ram_zstd = tiers.ram_zstd;
+  p.disk_buffered = tiers.disk_buffered;
+  p.disk_direct_measured = tiers.direct_refused.empty();
+  p.disk_direct = p.disk_direct_measured ? tiers.disk_direct : tiers.disk_buffered;
+
+  StageProgress compress_stage(progress, "compress", calibration_internal::CompressStageSteps(o));
+  std::tie(p.compress_int8, p.compress_int4) = calibration_internal::MeasureCompress(model, o, compress_stage);
+  compress_stage.Finish();
+
+  // The KLD needs the caller's tokens of the built-in text; without them it stays a named default.
+  const int64_t quality_tokens = QualityTokens(model, o, p.matmul.back());
+  if (quality_tokens > kCalibrationPageTokens) {
+    StageProgress quality_stage(progress, "quality", 1);
+    const std::vector<std::vector<int32_t>> texts = {std::vector<int32_t>(
+        o.quality_tokens.begin(), o.quality_tokens.begin() + quality_tokens)};
+    KvQualityVariant int8, int4;
+    int8.page_codec = KvCodecType::kInt8;
+    int4.page_codec = KvCodecType::kInt4;
+    const KvQualityVariant variants[] = {int8, int4};
+    StatusOr<std::vector<KvQualityMeasurement>> q =
+        MeasureKvQuality(model, ctx, texts, variants, KvQualityRows::kAfterFirstPage);
+    KVL_RETURN_IF_ERROR(q.status());
+    p.int8_kld = (*q)[0].mean_kld;
+    p.int4_kld = (*q)[1].mean_kld;
+    p.kld_tokens = quality_tokens;
+    quality_stage.Finish();
+  }
   return p;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/status.h"
+#include "kvl/thread_pool.h"
 
 namespace kvl::calibration_internal {
 
@@ -31,6 +33,8 @@ MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::s
 double KvProjectionFlopsPerToken(const ModelConfig& c);
 double LayerFlopsPerToken(const ModelConfig& c);
 
+// n samples of a standard normal, the same for the same seed (inputs to time kernels on).
+std::vector<float> RandomFloats(size_t n, uint32_t seed);
 // Monotonic wall-clock seconds.
 double NowSeconds();
 // Median and nearest-rank percentile (p in [0, 100]) of a non-empty sample.
@@ -103,5 +107,35 @@ StatusOr<std::string> ResolveDiskDir(const std::string& dir);
 // Writes, reads back and randomly reads a scratch file in options.dir, then removes it.
 // Steps `progress` (repetitions + 1) times.
 StatusOr<DiskMeasurement> MeasureDisk(const DiskTestOptions& options, StageProgress& progress);
+
+struct RecomputeCurves {
+  RecomputeCurve from_residual;
+  RecomputeCurve from_tokens;
+};
+// The recompute curves (calibration_recompute.cc), their points chosen from `rates` (the matmul
+// rates measured just before) to fit o.curve_seconds each.
+StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool& pool,
+                                                 const ops::OpsContext& ctx,
+                                                 const CalibrateOptions& o,
+                                                 std::span<const MatmulRate> rates,
+                                                 const CalibrationProgress& progress);
+
+struct TierMeasurement {
+  TierCurves ram;
+  TierCurves ram_zstd;
+  TierCurves disk_buffered;
+  TierCurves disk_direct;
+  std::string direct_refused;  // the disk tier's name when O_DIRECT was refused, else empty
+};
+// The tiers' write and read curves (calibration_tiers.cc), with scratch files in o.disk_dir;
+// TierStageSteps steps of `stage`.
+int64_t TierStageSteps(const CalibrateOptions& o, const Model& model);
+StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOptions& o,
+                                       StageProgress& stage);
+// int8 and int4 page encoding curves; CompressStageSteps steps of `stage`.
+int64_t CompressStageSteps(const CalibrateOptions& o);
+std::pair<TransferCurve, TransferCurve> MeasureCompress(const Model& model,
+                                                        const CalibrateOptions& o,
+                                                        StageProgress& stage);
 
 }  // namespace kvl::calibration_internal

@@ -24,6 +24,29 @@ constexpr int64_t kMaxProfileBytes = 16ll << 20;
 
 using Json = nlohmann::ordered_json;  // keeps the fields in the order written, for readers
 
+Json ToJson(const RecomputeCurve& c) {
+  Json points = Json::array();
+  for (const RecomputePoint& p : c.points) {
+    points.push_back(
+        {{"tokens", p.tokens}, {"layers", p.layers}, {"position", p.position}, {"ms", p.ms}});
+  }
+  return {{"call_ms", c.call_ms},
+          {"layer_ms", c.layer_ms},
+          {"token_layer_ms", c.token_layer_ms},
+          {"context_token_layer_ms", c.context_token_layer_ms},
+          {"points", points}};
+}
+
+Json ToJson(const TransferCurve& c) {
+  Json points = Json::array();
+  for (const TransferPoint& p : c.points) {
+    points.push_back({{"pages", p.pages}, {"page_bytes", p.page_bytes}, {"ms", p.ms}});
+  }
+  return {{"call_ms", c.call_ms}, {"page_ms", c.page_ms}, {"gbps", c.gbps}, {"points", points}};
+}
+
+Json ToJson(const TierCurves& t) { return {{"write", ToJson(t.write)}, {"read", ToJson(t.read)}}; }
+
 Json ToJson(const MachineProfile& p) {
   Json j;
   j["version"] = p.version;
@@ -51,9 +74,9 @@ Json ToJson(const MachineProfile& p) {
                            {"kv_proj_gflops", r.kv_proj_gflops},
                            {"layer_gflops", r.layer_gflops}});
   }
-  j["recompute"] = {{"page_tokens", p.recompute_page_tokens},
-                    {"from_residual_ms", p.recompute_from_residual_ms},
-                    {"from_tokens_ms", p.recompute_from_tokens_ms}};
+  j["decode"] = {{"idle_fraction", p.decode_idle_fraction}};
+  j["recompute"] = {{"from_residual", ToJson(p.recompute_from_residual)},
+                    {"from_tokens", ToJson(p.recompute_from_tokens)}};
   j["memory"] = {{"bytes", p.memory_bytes},
                  {"read_gbps", p.memory_read_gbps},
                  {"copy_gbps", p.memory_copy_gbps}};
@@ -65,6 +88,14 @@ Json ToJson(const MachineProfile& p) {
                {"random_read_direct", p.disk_random_read_direct},
                {"random_read_median_us", p.disk_random_read_median_us},
                {"random_read_p99_us", p.disk_random_read_p99_us}};
+  j["tiers"] = {{"ram", ToJson(p.ram)},
+                {"ram_zstd", ToJson(p.ram_zstd)},
+                {"disk_buffered", ToJson(p.disk_buffered)},
+                {"disk_direct", ToJson(p.disk_direct)},
+                {"disk_direct_measured", p.disk_direct_measured}};
+  j["compress"] = {{"int8", ToJson(p.compress_int8)}, {"int4", ToJson(p.compress_int4)}};
+  j["quality"] = {
+      {"kld_tokens", p.kld_tokens}, {"int8_kld", p.int8_kld}, {"int4_kld", p.int4_kld}};
   return j;
 }
 
@@ -91,6 +122,7 @@ class FieldReader {
     if (it == object_.end()) return Error(key, "is missing");
     return &*it;
   }
+  const std::string& file() const { return file_; }
   StatusOr<FieldReader> Object(std::string_view key) const {
     KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
     if (!v->is_object()) return Error(key, "must be an object");
@@ -149,6 +181,62 @@ class FieldReader {
   std::string prefix_;
 };
 
+// The points of a curve: an array of objects, each read by `read_point`.
+template <typename Point, typename ReadPoint>
+Status ReadPoints(const FieldReader& curve, ReadPoint&& read_point, std::vector<Point>* out) {
+  KVL_ASSIGN_OR_RETURN(const Json* points, curve.Field("points"));
+  if (!points->is_array()) return curve.Error("points", "must be an array");
+  for (size_t i = 0; i < points->size(); ++i) {
+    const std::string key = fmt::format("points[{}]", i);
+    if (!(*points)[i].is_object()) return curve.Error(key, "must be an object");
+    const FieldReader point(curve.file(), (*points)[i], curve.Name(key));
+    Point p;
+    KVL_RETURN_IF_ERROR(read_point(point, &p));
+    out->push_back(p);
+  }
+  return Status::Ok();
+}
+
+// A recompute curve: non-negative coefficients that price a page above 0 ms.
+Status ReadCurve(const FieldReader& parent, std::string_view key, RecomputeCurve* c) {
+  KVL_ASSIGN_OR_RETURN(FieldReader curve, parent.Object(key));
+  KVL_RETURN_IF_ERROR(curve.NonNegative("call_ms", &c->call_ms));
+  KVL_RETURN_IF_ERROR(curve.NonNegative("layer_ms", &c->layer_ms));
+  KVL_RETURN_IF_ERROR(curve.NonNegative("token_layer_ms", &c->token_layer_ms));
+  KVL_RETURN_IF_ERROR(curve.NonNegative("context_token_layer_ms", &c->context_token_layer_ms));
+  if (!(c->Ms(kCalibrationPageTokens, 1, 0) > 0)) {
+    return parent.Error(key, "prices every page at 0 ms: its coefficients are all 0");
+  }
+  return ReadPoints(curve, [](const FieldReader& r, RecomputePoint* p) -> Status {
+    KVL_RETURN_IF_ERROR(r.Int("tokens", 1, &p->tokens));
+    KVL_RETURN_IF_ERROR(r.Int("layers", 1, &p->layers));
+    KVL_RETURN_IF_ERROR(r.Int("position", 0, &p->position));
+    return r.Positive("ms", &p->ms);
+  }, &c->points);
+}
+
+// A transfer curve: non-negative coefficients, some time per page.
+Status ReadCurve(const FieldReader& parent, std::string_view key, TransferCurve* c) {
+  KVL_ASSIGN_OR_RETURN(FieldReader curve, parent.Object(key));
+  KVL_RETURN_IF_ERROR(curve.NonNegative("call_ms", &c->call_ms));
+  KVL_RETURN_IF_ERROR(curve.NonNegative("page_ms", &c->page_ms));
+  KVL_RETURN_IF_ERROR(curve.NonNegative("gbps", &c->gbps));
+  if (!(c->Ms(1, 4096) > 0)) {
+    return parent.Error(key, "prices every transfer at 0 ms: its coefficients are all 0");
+  }
+  return ReadPoints(curve, [](const FieldReader& r, TransferPoint* p) -> Status {
+    KVL_RETURN_IF_ERROR(r.Int("pages", 1, &p->pages));
+    KVL_RETURN_IF_ERROR(r.Int("page_bytes", 1, &p->page_bytes));
+    return r.Positive("ms", &p->ms);
+  }, &c->points);
+}
+
+Status ReadTier(const FieldReader& parent, std::string_view key, TierCurves* t) {
+  KVL_ASSIGN_OR_RETURN(FieldReader tier, parent.Object(key));
+  KVL_RETURN_IF_ERROR(ReadCurve(tier, "write", &t->write));
+  return ReadCurve(tier, "read", &t->read);
+}
+
 StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   MachineProfile p;
   const FieldReader top(file, j, "");
@@ -206,10 +294,13 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
     p.matmul.push_back(r);
   }
 
+  KVL_ASSIGN_OR_RETURN(FieldReader decode, top.Object("decode"));
+  KVL_RETURN_IF_ERROR(decode.NonNegative("idle_fraction", &p.decode_idle_fraction));
+  if (p.decode_idle_fraction > 1) return decode.Error("idle_fraction", "must be at most 1");
+
   KVL_ASSIGN_OR_RETURN(FieldReader recompute, top.Object("recompute"));
-  KVL_RETURN_IF_ERROR(recompute.Int("page_tokens", 1, &p.recompute_page_tokens));
-  KVL_RETURN_IF_ERROR(recompute.Positive("from_residual_ms", &p.recompute_from_residual_ms));
-  KVL_RETURN_IF_ERROR(recompute.Positive("from_tokens_ms", &p.recompute_from_tokens_ms));
+  KVL_RETURN_IF_ERROR(ReadCurve(recompute, "from_residual", &p.recompute_from_residual));
+  KVL_RETURN_IF_ERROR(ReadCurve(recompute, "from_tokens", &p.recompute_from_tokens));
 
   KVL_ASSIGN_OR_RETURN(FieldReader memory, top.Object("memory"));
   KVL_RETURN_IF_ERROR(memory.Int("bytes", min_measured_bytes, &p.memory_bytes));
@@ -225,6 +316,22 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   KVL_RETURN_IF_ERROR(disk.Bool("random_read_direct", &p.disk_random_read_direct));
   KVL_RETURN_IF_ERROR(disk.Positive("random_read_median_us", &p.disk_random_read_median_us));
   KVL_RETURN_IF_ERROR(disk.Positive("random_read_p99_us", &p.disk_random_read_p99_us));
+
+  KVL_ASSIGN_OR_RETURN(FieldReader tiers, top.Object("tiers"));
+  KVL_RETURN_IF_ERROR(ReadTier(tiers, "ram", &p.ram));
+  KVL_RETURN_IF_ERROR(ReadTier(tiers, "ram_zstd", &p.ram_zstd));
+  KVL_RETURN_IF_ERROR(ReadTier(tiers, "disk_buffered", &p.disk_buffered));
+  KVL_RETURN_IF_ERROR(ReadTier(tiers, "disk_direct", &p.disk_direct));
+  KVL_RETURN_IF_ERROR(tiers.Bool("disk_direct_measured", &p.disk_direct_measured));
+
+  KVL_ASSIGN_OR_RETURN(FieldReader compress, top.Object("compress"));
+  KVL_RETURN_IF_ERROR(ReadCurve(compress, "int8", &p.compress_int8));
+  KVL_RETURN_IF_ERROR(ReadCurve(compress, "int4", &p.compress_int4));
+
+  KVL_ASSIGN_OR_RETURN(FieldReader quality, top.Object("quality"));
+  KVL_RETURN_IF_ERROR(quality.Int("kld_tokens", 0, &p.kld_tokens));
+  KVL_RETURN_IF_ERROR(quality.NonNegative("int8_kld", &p.int8_kld));
+  KVL_RETURN_IF_ERROR(quality.NonNegative("int4_kld", &p.int4_kld));
   return p;
 }
 

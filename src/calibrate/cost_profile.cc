@@ -44,6 +44,14 @@ double TokenRecomputeFlops(const ModelConfig& c) {
   return static_cast<double>(kCalibrationPageTokens * c.num_layers) * LayerFlopsPerToken(c);
 }
 
+// An assumed transfer: bandwidth only, latency per page.
+TransferCurve AssumedTransfer(double gbps, double page_latency_ms) {
+  TransferCurve t;
+  t.page_ms = page_latency_ms;
+  t.gbps = gbps;
+  return t;
+}
+
 std::string ModelSummary(const CalibrationModel& m) {
   return fmt::format("'{}': dim {}, {} layers, {} heads / {} kv heads, ffn {}, {}", m.name, m.dim,
                      m.layers, m.heads, m.kv_heads, m.ffn_dim, m.weight_type);
@@ -66,6 +74,22 @@ void Say(FILE* out, fmt::format_string<Args...> format, Args&&... args) {
   std::fflush(out);
 }
 
+// What a measured profile prices with that is not a measurement, for the line that names the
+// profile: "" when everything was measured.
+std::string DefaultsNote(const MachineProfile& p) {
+  if (p.source != kProfileSourceMeasured || p.kld_tokens > 0) return "";
+  return fmt::format("; the page KLDs are named defaults (int8 {:.0e}, int4 {:.0e}), not "
+                     "measured: `kvl calibrate --explain` says how each input was obtained",
+                     p.int8_kld, p.int4_kld);
+}
+
+// With ProfileOptions::explain, every input and where it came from.
+void SayExplanation(FILE* out, const MachineProfile& p, bool explain) {
+  if (out == nullptr || !explain) return;
+  fmt::print(out, "{}", ExplainProfile(p));
+  std::fflush(out);
+}
+
 }  // namespace
 
 MachineProfile AnalyticProfile(const Model& model, const ops::OpsContext& ctx) {
@@ -75,9 +99,25 @@ MachineProfile AnalyticProfile(const Model& model, const ops::OpsContext& ctx) {
   for (int64_t n : calibration_internal::kMatmulTokenCounts) {
     p.matmul.push_back({n, flops_per_second / 1e9, flops_per_second / 1e9});
   }
-  p.recompute_page_tokens = kCalibrationPageTokens;
-  p.recompute_from_residual_ms = ResidualRecomputeFlops(c) / flops_per_second * 1e3;
-  p.recompute_from_tokens_ms = TokenRecomputeFlops(c) / flops_per_second * 1e3;
+  // Compute-bound per token and layer; attention over the context at the same rate, 4 FLOPs per
+  // query channel and position (q.k and p.v).
+  const double layers = static_cast<double>(c.num_layers);
+  p.recompute_from_residual.token_layer_ms =
+      ResidualRecomputeFlops(c) / flops_per_second * 1e3 / (kCalibrationPageTokens * layers);
+  p.recompute_from_tokens.token_layer_ms =
+      TokenRecomputeFlops(c) / flops_per_second * 1e3 / (kCalibrationPageTokens * layers);
+  p.recompute_from_tokens.context_token_layer_ms =
+      4.0 * static_cast<double>(c.q_dim()) / flops_per_second * 1e3;
+  p.ram = {AssumedTransfer(kAssumedMemoryGbps, 0), AssumedTransfer(kAssumedMemoryGbps, 0)};
+  p.ram_zstd = p.ram;
+  p.disk_buffered = {AssumedTransfer(kAssumedDiskWriteGbps, kAssumedDiskLatencyUs / 1e3),
+                     AssumedTransfer(kAssumedDiskReadGbps, kAssumedDiskLatencyUs / 1e3)};
+  p.disk_direct = p.disk_buffered;
+  // Encoding reads the f32 page once and writes a quarter of it: about a memory pass.
+  p.compress_int8 = AssumedTransfer(kAssumedMemoryGbps, 0);
+  p.compress_int4 = AssumedTransfer(kAssumedMemoryGbps, 0);
+  // Decode's idle share is not assumed: nothing is hidden.
+  p.decode_idle_fraction = 0;
   p.memory_read_gbps = kAssumedMemoryGbps;
   p.memory_copy_gbps = kAssumedMemoryGbps;
   p.disk_write_gbps = kAssumedDiskWriteGbps;
@@ -102,7 +142,16 @@ int64_t EstimateCalibrationSeconds(const Model& model, const ops::OpsContext& ct
     seconds += measurement(KvProjectionFlopsPerToken(c) * tokens) +
                measurement(LayerFlopsPerToken(c) * tokens);
   }
-  seconds += measurement(ResidualRecomputeFlops(c)) + measurement(TokenRecomputeFlops(c));
+  // The recompute curves take their budget each (fewer points when the model is small).
+  seconds += 2 * o.curve_seconds;
+  // Tiers: 3 kinds x a few sizes x 2 directions, each a warm-up and `repetitions` samples.
+  seconds += 3 * 6 * 2 * (o.repetitions + 1) * o.min_sample_seconds;
+  // Quality: the text three times (f32, int8, int4) at the assumed rate.
+  const double quality_tokens = static_cast<double>(
+      std::min<int64_t>(static_cast<int64_t>(o.quality_tokens.size()),
+                        o.quick ? 8 * kCalibrationPageTokens : INT64_MAX));
+  seconds += 3 * quality_tokens * static_cast<double>(c.num_layers) * LayerFlopsPerToken(c) /
+             flops_per_second;
   const double memory_pass = static_cast<double>(o.memory_bytes) / (kAssumedMemoryGbps * 1e9);
   seconds += 2 * memory_pass +  // filling both buffers
              2 * (o.repetitions + 1) * std::max(o.min_sample_seconds, memory_pass);
@@ -124,7 +173,9 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
   if (loaded.ok()) {
     const Status usable = CheckProfileModel(*loaded, model, path);
     if (usable.ok()) {
-      Say(out, "cost profile {} ({}, {})", path, loaded->source, loaded->timestamp);
+      Say(out, "cost profile {} ({}, {}){}", path, loaded->source, loaded->timestamp,
+          DefaultsNote(*loaded));
+      SayExplanation(out, *loaded, options.explain);
       return loaded;
     }
     loaded = usable;
@@ -144,7 +195,9 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
     Say(out, "{}: using analytic defaults from the model's shape, not measured{} (run `kvl "
         "calibrate` to measure this machine)",
         why, missing ? "" : "; the file is left as it is");
-    return AnalyticProfile(model, ctx);
+    MachineProfile defaults = AnalyticProfile(model, ctx);
+    SayExplanation(out, defaults, options.explain);
+    return defaults;
   }
 
   // A user's path must take the result: find out before spending the time.
@@ -165,25 +218,64 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
 
   const Status saved = SaveProfile(profile, path);
   if (saved.ok()) {
-    Say(out, "cost profile saved to {}", path);
+    Say(out, "cost profile saved to {}{}", path, DefaultsNote(profile));
   } else if (users_path) {
     return saved;
   } else {
     Say(out, "warning: {}; the measured profile is used for this run only", saved.ToString());
   }
+  SayExplanation(out, profile, options.explain);
   return profile;
 }
 
+void FillPagePrices(const MachineProfile& profile, const PagePriceOptions& options,
+                    PageCostProfile* prices) {
+  const int64_t tokens = options.block_tokens;
+  const int64_t layers = options.layers > 0 ? options.layers : profile.model.layers;
+  // A page goes to a tier as one tier page per layer in one call: the per-page latency of a
+  // transfer is the curve's fixed part for `layers` tier pages; the bytes go at its bandwidth. A
+  // curve whose bytes were too cheap to measure moves them at the memory's copy rate.
+  auto latency_ms = [&](const TransferCurve& t) {
+    return t.call_ms + t.page_ms * static_cast<double>(layers);
+  };
+  auto gbps = [&](const TransferCurve& t) { return t.gbps > 0 ? t.gbps : profile.memory_copy_gbps; };
+  const TierCurves& disk = options.disk_direct ? profile.disk_direct : profile.disk_buffered;
+  const TierCurves& ram = options.ram_compressed ? profile.ram_zstd : profile.ram;
+  prices->ram_gbps = gbps(ram.read);
+  prices->ram_latency_ms = latency_ms(ram.read);
+  prices->ram_write_gbps = gbps(ram.write);
+  prices->ram_write_latency_ms = latency_ms(ram.write);
+  prices->disk_read_gbps = gbps(disk.read);
+  prices->disk_latency_ms = latency_ms(disk.read);
+  prices->disk_write_gbps = gbps(disk.write);
+  prices->disk_write_latency_ms = latency_ms(disk.write);
+
+  const RecomputeCurve& residual = profile.recompute_from_residual;
+  prices->recompute_residual_ms = residual.Ms(tokens, layers, 0);
+  // From tokens: the page's own tokens; attention over each position before it; and the forward
+  // call's fixed part, which the tokens of its batch share (RecomputeTokensMs).
+  const RecomputeCurve& from_tokens = profile.recompute_from_tokens;
+  const double tl = static_cast<double>(tokens) * static_cast<double>(layers);
+  prices->recompute_tokens_ms = from_tokens.token_layer_ms * tl +
+                                from_tokens.context_token_layer_ms * tl * AttendedPositions(tokens, 0);
+  prices->recompute_tokens_context_ms = from_tokens.context_token_layer_ms * tl;
+  prices->recompute_tokens_call_ms =
+      from_tokens.call_ms + from_tokens.layer_ms * static_cast<double>(layers);
+  prices->block_tokens = tokens;
+  prices->recompute_batch_tokens = options.recompute_batch_tokens;
+
+  const int64_t layer_f32_bytes = tokens * profile.model.kv_bytes_per_token_per_layer_f32;
+  prices->compress_ms = profile.compress_int8.Ms(layers, layer_f32_bytes);
+  prices->compress_int4_ms = profile.compress_int4.Ms(layers, layer_f32_bytes);
+  prices->int8_kld = profile.int8_kld;
+  prices->int4_kld = profile.int4_kld;
+  prices->decode_idle_fraction = profile.decode_idle_fraction;
+}
+
 void FillPagePrices(const MachineProfile& profile, int64_t block_tokens, PageCostProfile* prices) {
-  // Recompute time grows linearly with the page's tokens (the projections dominate).
-  const double scale =
-      static_cast<double>(block_tokens) / static_cast<double>(profile.recompute_page_tokens);
-  prices->recompute_residual_ms = profile.recompute_from_residual_ms * scale;
-  prices->recompute_tokens_ms = profile.recompute_from_tokens_ms * scale;
-  prices->ram_gbps = profile.memory_copy_gbps;
-  prices->disk_read_gbps = profile.disk_read_gbps;
-  prices->disk_write_gbps = profile.disk_write_gbps;
-  prices->disk_latency_ms = profile.disk_random_read_median_us / 1000.0;
+  PagePriceOptions options;
+  options.block_tokens = block_tokens;
+  FillPagePrices(profile, options, prices);
 }
 
 }  // namespace kvl

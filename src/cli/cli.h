@@ -171,6 +171,7 @@ struct CalibrateArgs {
   std::string disk_dir;    // --disk: directory for the scratch file (default: temp dir)
   bool quick = false;      // --quick: a few seconds instead of ~30
   std::string output;      // -o: profile path (default: DefaultProfilePath(model name))
+  bool explain = false;    // --explain: how each cost-model input was measured, or its default
 };
 int CalibrateCommand(const CalibrateArgs& args);
 

@@ -12,9 +12,11 @@
 
 #include "cli.h"
 #include "kvl/calibration.h"
+#include "kvl/kv_quality.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/thread_pool.h"
+#include "kvl/tokenizer.h"
 
 namespace kvl::cli {
 namespace {
@@ -74,31 +76,43 @@ void PrintTable(const MachineProfile& p, const std::string& profile_path) {
   for (const MatmulRate& r : p.matmul) fmt::print(" {:>9.2f} |", r.layer_gflops);
   fmt::print("\n\n");
 
-  // What one page costs each way, so the table answers "recompute or fetch?" at a glance.
-  const double page_kv_bytes = static_cast<double>(p.recompute_page_tokens) *
-                               static_cast<double>(m.layers) *
-                               static_cast<double>(m.kv_bytes_per_token_per_layer_f32);
-  const double page_residual_bytes = static_cast<double>(p.recompute_page_tokens) *
-                                     static_cast<double>(m.layers) *
-                                     static_cast<double>(m.residual_bytes_per_token_per_layer_f32);
-  const char* direct = p.disk_read_direct ? "O_DIRECT" : "buffered, cache dropped";
-  fmt::print("| {:<40} |        ms |\n",
-             fmt::format("one {}-token page, all {} layers", p.recompute_page_tokens, m.layers));
-  fmt::print("|------------------------------------------|-----------|\n");
-  fmt::print("| recompute K/V from residual checkpoints  | {:>9.3f} |\n",
-             p.recompute_from_residual_ms);
-  fmt::print("| recompute K/V from tokens (forward)      | {:>9.3f} |\n",
-             p.recompute_from_tokens_ms);
-  fmt::print(
-      "| {:<40} | {:>9.3f} |\n",
-      fmt::format("copy K/V f32 in RAM ({})", FormatBytes(static_cast<int64_t>(page_kv_bytes))),
-      page_kv_bytes / (p.memory_copy_gbps * 1e9) * 1e3);
-  fmt::print("| read K/V f32 from disk (seq. + latency)  | {:>9.3f} |\n",
-             page_kv_bytes / (p.disk_read_gbps * 1e9) * 1e3 + p.disk_random_read_median_us / 1e3);
-  fmt::print(
-      "| read residuals f32 from disk (seq.+lat.) | {:>9.3f} |\n",
-      page_residual_bytes / (p.disk_read_gbps * 1e9) * 1e3 + p.disk_random_read_median_us / 1e3);
+  fmt::print("decode idle fraction {:.3f} (1 - full-layer rate at n=1 / at n=128)\n\n",
+             p.decode_idle_fraction);
+
+  // What one page costs each way, from the fitted curves, at a few shapes: the table answers
+  // "recompute or fetch?" at a glance, and shows how the answer moves with size and position.
+  const int64_t layer_kv = m.kv_bytes_per_token_per_layer_f32;
+  const int64_t layer_residual = m.residual_bytes_per_token_per_layer_f32;
+  fmt::print("| {:<34} | {:>9} | {:>9} | {:>9} | {:>9} |\n", "ms per page, all layers (f32)",
+             "16 tok", "16 @2048", "256 tok", "256 @2048");
+  fmt::print("|------------------------------------|-----------|-----------|-----------|-----------|\n");
+  struct Shape {
+    int64_t tokens, position;
+  };
+  constexpr Shape kShapes[] = {{16, 0}, {16, 2048}, {256, 0}, {256, 2048}};
+  auto row = [&](std::string_view name, auto&& ms) {
+    fmt::print("| {:<34} |", name);
+    for (const Shape& s : kShapes) fmt::print(" {:>9.3f} |", ms(s));
+    fmt::print("\n");
+  };
+  row("recompute K/V from residual", [&](const Shape& s) {
+    return p.recompute_from_residual.Ms(s.tokens, m.layers, 0) +
+           p.ram.read.Ms(m.layers, s.tokens * layer_residual);
+  });
+  row("recompute K/V from tokens", [&](const Shape& s) {
+    return p.recompute_from_tokens.Ms(s.tokens, m.layers, s.position);
+  });
+  row("RAM tier read", [&](const Shape& s) { return p.ram.read.Ms(m.layers, s.tokens * layer_kv); });
+  row("disk tier read (buffered)",
+      [&](const Shape& s) { return p.disk_buffered.read.Ms(m.layers, s.tokens * layer_kv); });
+  row(p.disk_direct_measured ? "disk tier read (O_DIRECT)" : "disk tier read (O_DIRECT refused)",
+      [&](const Shape& s) { return p.disk_direct.read.Ms(m.layers, s.tokens * layer_kv); });
+  row("compress int8", [&](const Shape& s) { return p.compress_int8.Ms(m.layers, s.tokens * layer_kv); });
+  row("compress int4", [&](const Shape& s) { return p.compress_int4.Ms(m.layers, s.tokens * layer_kv); });
   fmt::print("\n");
+  fmt::print("page KLD      int8 {:.3e}, int4 {:.3e} ({})\n\n", p.int8_kld, p.int4_kld,
+             p.kld_tokens > 0 ? fmt::format("measured on {} tokens", p.kld_tokens)
+                              : std::string("named defaults: not measured"));
 
   fmt::print("| {:<30} |      GB/s |\n",
              fmt::format("memory, {}, {} threads", FormatBytes(p.memory_bytes), p.threads));
@@ -107,11 +121,12 @@ void PrintTable(const MachineProfile& p, const std::string& profile_path) {
   fmt::print("| copy (memcpy, bytes copied)    | {:>9.2f} |\n", p.memory_copy_gbps);
   fmt::print("\n");
 
-  fmt::print("disk          {} ({} file, 1 MiB requests)\n", p.disk_dir, FormatBytes(p.disk_bytes));
+  fmt::print("disk device   {} ({} file, 1 MiB requests)\n", p.disk_dir, FormatBytes(p.disk_bytes));
   fmt::print("| {:<30} |     value |\n", "disk");
   fmt::print("|--------------------------------|-----------|\n");
   fmt::print("| write + fsync, GB/s            | {:>9.3f} |\n", p.disk_write_gbps);
-  fmt::print("| read, GB/s                     | {:>9.3f} |  {}\n", p.disk_read_gbps, direct);
+  fmt::print("| read, GB/s                     | {:>9.3f} |  {}\n", p.disk_read_gbps,
+             p.disk_read_direct ? "O_DIRECT" : "buffered, cache dropped");
   fmt::print("| 4 KiB random read median, us   | {:>9.1f} |  {}\n", p.disk_random_read_median_us,
              p.disk_random_read_direct ? "O_DIRECT" : "buffered, cache dropped");
   fmt::print("| 4 KiB random read p99, us      | {:>9.1f} |\n", p.disk_random_read_p99_us);
@@ -152,6 +167,15 @@ int CalibrateCommand(const CalibrateArgs& args) {
   CalibrateOptions options;
   options.disk_dir = args.disk_dir;
   options.quick = args.quick;
+  // The page KLD is measured on the built-in text as this model's tokenizer encodes it; a model
+  // without one keeps the named defaults (and --explain says so).
+  if (StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf((*model)->file());
+      tokenizer.ok()) {
+    options.quality_tokens = (*tokenizer)->Encode(kKvQualityText, /*add_bos=*/true);
+  } else {
+    fmt::print(stderr, "kvl calibrate: no tokenizer ({}): the page KLDs stay named defaults\n",
+               tokenizer.status().ToString());
+  }
 
   fmt::print(stderr, "kvl calibrate: {}{}\n", args.model_path, args.quick ? " (quick)" : "");
   ProgressDisplay display;
@@ -171,6 +195,7 @@ int CalibrateCommand(const CalibrateArgs& args) {
                profile->load_average);
   }
   PrintTable(*profile, path);
+  if (args.explain) fmt::print("\n{}", ExplainProfile(*profile));
   if (!saved.ok()) {
     fmt::print(stderr, "kvl: {}\n", saved.ToString());
     return 1;

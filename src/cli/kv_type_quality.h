@@ -1,6 +1,7 @@
 // What a KV cache type costs in quality on the loaded model (kvl bench's kld column, as
 // llama-bench's -ctk shows speed): the next-token distribution after each prompt of a fixed set,
-// with the cache at (type_k, type_v), against the same with an f32 cache.
+// with the cache at (type_k, type_v), against the same with an f32 cache. The measuring core is
+// calibration's (kvl/kv_quality.h); this file holds the prompts.
 #pragma once
 
 #include "kvl/dtype.h"

@@ -375,6 +375,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   calibrate_cmd->add_option("--disk", calibrate.disk_dir,
                             "directory for the disk test (default: temp dir)");
   calibrate_cmd->add_flag("--quick", calibrate.quick, "smaller and fewer measurements (seconds)");
+  calibrate_cmd->add_flag("--explain", calibrate.explain,
+                          "say for each cost-model input how it was measured or that it is a "
+                          "named default");
   calibrate_cmd->add_option("-o,--output", calibrate.output,
                             "profile path (default: $KVL_PROFILE or "
                             "~/.cache/kvlattice/profile-<model>.json)");

@@ -11,6 +11,7 @@
 #include "engine_impl.h"
 #include "kvl/checkpoint_depth.h"
 #include "kvl/cost_profile.h"
+#include "kvl/kv_quality.h"
 
 namespace kvl {
 namespace {
@@ -150,19 +151,31 @@ KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlo
 // The per-page prices of the measured machine (kvl/cost_profile.h): the calibration profile of
 // this model on this machine; without one, a quick calibration on the engine's own model and
 // pool, announced on stderr and saved where it says; with --no-calibrate, analytic defaults.
-Status LoadCostProfile(Engine::Impl& e, const std::string& disk_dir, int64_t block_tokens,
+Status LoadCostProfile(Engine::Impl& e, const KvSettings& kv, const std::string& disk_dir,
                        PageCostProfile* prices) {
+  PagePriceOptions price_options;
+  price_options.block_tokens = e.options.block_tokens;  // before the pool exists (--kv-checkpoint-every)
+  price_options.layers = e.model->config().num_layers;
+  for (const TierSpec& spec : kv.tiers) {
+    if (spec.kind == "disk") price_options.disk_direct = spec.direct_io;
+    if (spec.kind == "ram") price_options.ram_compressed = spec.compress;
+  }
+  // A resumed sequence recomputes its dropped pages in forward calls of the engine's batch size.
+  price_options.recompute_batch_tokens = std::min<int64_t>(e.options.batch_size, e.context_length);
   if (e.options.cost_profile) {
-    FillPagePrices(*e.options.cost_profile, block_tokens, prices);
+    FillPagePrices(*e.options.cost_profile, price_options, prices);
     return Status::Ok();
   }
   ProfileOptions profile_options;
   profile_options.path = e.options.profile_path;
   profile_options.calibrate = e.options.calibrate;
   profile_options.calibration.disk_dir = disk_dir;  // empty (the temp dir) without a disk tier
+  // The page KLDs are measured on the built-in text in this model's tokens.
+  profile_options.calibration.quality_tokens = e.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
+  profile_options.explain = e.options.explain;
   KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
                        ObtainProfile(*e.model, *e.ops, profile_options));
-  FillPagePrices(profile, block_tokens, prices);
+  FillPagePrices(profile, price_options, prices);
   return Status::Ok();
 }
 
@@ -182,7 +195,8 @@ CheckpointDepthPrices CheckpointPrices(const KvBlockLayout& layout, int64_t dim,
 // page kept as checkpoints is rebuilt at every step that reads it, so `auto` prices one rebuild
 // against the memory the checkpoints hold, at what a MiB of the pool saves per step when it holds
 // a page (K/V and checkpoints) instead of that page being rebuilt from checkpoints.
-StatusOr<int64_t> ChooseCheckpointEvery(Engine::Impl& e, const KvBlockLayout& layout) {
+StatusOr<int64_t> ChooseCheckpointEvery(Engine::Impl& e, const KvSettings& kv,
+                                        const KvBlockLayout& layout) {
   const int64_t given = e.options.kv_checkpoint_every;
   if (given > layout.num_layers) {
     return InvalidArgumentError(fmt::format(
@@ -192,7 +206,7 @@ StatusOr<int64_t> ChooseCheckpointEvery(Engine::Impl& e, const KvBlockLayout& la
   if (layout.residual_dim == 0) return 1;  // no checkpoints are kept: nothing to space out
   if (given > 0) return given;
   PageCostProfile prices;
-  KVL_RETURN_IF_ERROR(LoadCostProfile(e, /*disk_dir=*/"", layout.block_tokens, &prices));
+  KVL_RETURN_IF_ERROR(LoadCostProfile(e, kv, /*disk_dir=*/"", &prices));
   CheckpointDepthPrices p = CheckpointPrices(layout, e.model->config().dim, prices);
   const double page_mib =
       static_cast<double>(layout.kv_bytes() + p.page_residual_bytes) / static_cast<double>(1 << 20);
@@ -216,7 +230,7 @@ Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
   if (KeepsResidualCheckpoints(kv.policy, kv.has_tier("ram"), c.dim, c.kv_dim())) {
     kvo.layout.residual_dim = c.dim;
   }
-  KVL_ASSIGN_OR_RETURN(kvo.layout.checkpoint_every, ChooseCheckpointEvery(e, kvo.layout));
+  KVL_ASSIGN_OR_RETURN(kvo.layout.checkpoint_every, ChooseCheckpointEvery(e, kv, kvo.layout));
   KvPoolSizing z = SizeKvPool(e, kv, kvo.layout);
   if (kv.policy.automatic && kvo.layout.residual_dim > 0 &&
       (z.budget_bytes - z.staging_bytes) / kvo.layout.block_bytes() < kMinBlocksWithCheckpoints) {
@@ -339,7 +353,7 @@ Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
       e.ram_tier || e.disk_tier || e.redis_tier ||
       (!kv.policy.automatic && kv.policy.fixed == KvAction::kRecomputeTokens);
   if (needs_profile) {
-    KVL_RETURN_IF_ERROR(LoadCostProfile(e, disk_dir, layout.block_tokens, &rules.prices));
+    KVL_RETURN_IF_ERROR(LoadCostProfile(e, kv, disk_dir, &rules.prices));
     // A page rebuilt from checkpoints every s layers also runs the layers between them.
     rules.prices.recompute_residual_ms =
         PriceCheckpointDepth(CheckpointPrices(layout, e.model->config().dim, rules.prices),
@@ -412,7 +426,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   so.max_seqs = options.max_seqs;
   so.keep_lossy_sessions = options.prefix_cache;
   e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
-  if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices.recompute_tokens_ms);
+  if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices);
   e.scheduler->set_trace(e.trace.get());
   StepRunnerParts parts;
   parts.scheduler = e.scheduler.get();

@@ -99,7 +99,7 @@ void Scheduler::FindInStore(Sequence& seq, int64_t cached_tokens) {
     const double promote_ms = store_->tiers()[static_cast<size_t>(tier_index)].promote_ms;
     // The cheapest way back: a tier slower than recomputing the page from its tokens is not used
     // (nor anything after it: the pages after a recomputed one are computed with it).
-    if (promote_ms >= recompute_page_ms_) break;
+    if (promote_ms >= RecomputeTokensMs(recompute_prices_, (first + i) * block_tokens_)) break;
     const size_t b = static_cast<size_t>(first + i);
     if (pages.size() <= b) pages.resize(b + 1);
     KvPage& page = pages[b];

@@ -57,12 +57,13 @@ class Scheduler {
   Scheduler(const SchedulerOptions& options, KvManager& kv, KvPager& pager,
             KvPressurePlanner& planner, MetricsRecorder& metrics);
 
-  // The KV store (nullptr: none) and what recomputing one page from its tokens costs: a prompt's
-  // pages found in the store are promoted when that is cheaper, and a finished request's pages
-  // are written through to the store's durable tiers.
-  void set_store(KvStore* store, double recompute_page_ms) {
+  // The KV store (nullptr: none) and the prices of recomputing a page from its tokens
+  // (RecomputeTokensMs: more for a page deeper in the prompt): a prompt's pages found in the
+  // store are promoted when that is cheaper, and a finished request's pages are written through
+  // to the store's durable tiers.
+  void set_store(KvStore* store, const PageCostProfile& prices) {
     store_ = store;
-    recompute_page_ms_ = recompute_page_ms;
+    recompute_prices_ = prices;
   }
 
   // --kv-trace: pages that leave the pool are written to `trace` (nullptr: none).
@@ -140,7 +141,7 @@ class Scheduler {
   Phase phase_ = Phase::kDecode;                    // of the step being planned
   KvPagePlan page_plan_;                            // reused
   KvStore* store_ = nullptr;
-  double recompute_page_ms_ = 0;
+  PageCostProfile recompute_prices_;
   std::vector<KvContentId> content_ids_;            // reused by FindInStore
   std::vector<KvTier*> found_in_;
   std::vector<KvPlannedSeq> planned_running_;       // reused

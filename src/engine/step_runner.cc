@@ -50,6 +50,7 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
   }
   run_seqs_.reserve(max_tokens);
   full_blocks_before_.reserve(max_tokens);
+  computed_.reserve(max_tokens);
 }
 
 int64_t StepRunner::RestorePages(Sequence& seq) {
@@ -76,7 +77,7 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
 
 int64_t StepRunner::FillBatch(const StepPlan& plan) {
   batch_.Clear();
-  dropped_predicted_ms_.clear();
+  computed_.clear();
   if (p_.trace != nullptr) trace_from_.assign(plan.seqs.size(), 0);
   int64_t prefill_tokens = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -86,9 +87,13 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     if (sp.admit) {
       p_.pager->StartSequence(seq.slot, &seq.kv_pages);
       seq.num_computed = sp.num_cached_tokens;
-      // Pages dropped at the preemption are recomputed from their tokens by this step.
-      for (const KvPage& page : seq.kv_pages.pages) {
-        if (page.fate == KvPageFate::kDropped) dropped_predicted_ms_.push_back(page.predicted_ms);
+      // Pages dropped at the preemption are recomputed from their tokens, by this step and the
+      // prefill chunks after it.
+      for (size_t b = 0; b < seq.kv_pages.pages.size(); ++b) {
+        const KvPage& page = seq.kv_pages.pages[b];
+        if (page.fate == KvPageFate::kDropped) {
+          pending_recompute_.push_back({seq.id, static_cast<int64_t>(b), page.predicted_ms});
+        }
       }
     }
     const int64_t end = sp.admit ? step_tokens : seq.num_computed + step_tokens;
@@ -123,6 +128,7 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
       batch_.Add(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot, pos == last);
     }
+    computed_.push_back({seq.id, seq.num_computed, end});
     if (end - seq.num_computed > 1 || seq.num_computed < seq.num_prompt) {
       prefill_tokens += end - seq.num_computed;
     }
@@ -250,19 +256,36 @@ void StepRunner::Run(const StepPlan& plan) {
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
   if (p_.store != nullptr) SaveUnreachablePages(plan);
   RecomputeFailedStreams();
-  if (!dropped_predicted_ms_.empty() && batch_.size() > 0) {
-    // Pages dropped at preemption are recomputed from their tokens, starting with this step.
-    // The step also computes other sequences' tokens, and a long resume goes on in later chunks,
-    // so a page's measured time is its share of the step by tokens: the step's time per token
-    // times the page's tokens.
-    const double ms = MillisecondsBetween(start, Clock::now());
-    const double page_ms =
-        ms * static_cast<double>(block_tokens_) / static_cast<double>(batch_.size());
-    for (double predicted : dropped_predicted_ms_) {
-      p_.metrics->CountRestored(KvAction::kRecomputeTokens, predicted, page_ms);
-    }
+  if (!pending_recompute_.empty() && batch_.size() > 0) {
+    CountRecomputedPages(MillisecondsBetween(start, Clock::now()));
   }
   p_.metrics->CountStep(batch_.size(), static_cast<int64_t>(plan.seqs.size()), prefill_tokens);
+}
+
+void StepRunner::CountRecomputedPages(double step_ms) {
+  // The step also computes other sequences' tokens, so a page's measured time is its share of
+  // the step by tokens: the step's time per token times the page's tokens.
+  const double page_ms =
+      step_ms * static_cast<double>(block_tokens_) / static_cast<double>(batch_.size());
+  size_t kept = 0;
+  for (const PendingRecompute& page : pending_recompute_) {
+    const int64_t first = page.block * block_tokens_;
+    bool done = false;  // measured, or no longer measurable as one page
+    bool seen = false;
+    for (const ComputedRange& r : computed_) {
+      if (r.request != page.request) continue;
+      seen = true;
+      if (first >= r.from && first + block_tokens_ <= r.to) {
+        p_.metrics->CountRestored(KvAction::kRecomputeTokens, page.predicted_ms, page_ms);
+        done = true;
+      } else if (r.from > first) {
+        done = true;  // split across two steps: its time is not one step's share
+      }
+    }
+    // A sequence that sat this step out (preempted again, finished) is not followed further.
+    if (!done && seen) pending_recompute_[kept++] = page;
+  }
+  pending_recompute_.resize(kept);
 }
 
 void StepRunner::SaveUnreachablePages(const StepPlan& plan) {

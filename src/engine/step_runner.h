@@ -62,7 +62,23 @@ class StepRunner {
   TokenBatch part_;                      // one chunk of batch_ when it exceeds one run
   std::vector<SeqId> run_seqs_;          // sequences of one forward run
   std::vector<Sequence*> to_recompute_;  // streamed reads failed: recompute from tokens
-  std::vector<double> dropped_predicted_ms_;  // this step: pages dropped at a preemption
+  // Pages dropped at a preemption, awaiting the step that recomputes them from their tokens: the
+  // prediction is checked against that step's time per token, so a page is measured in the step
+  // (the prefill chunk) that really computes it, not in the resume's first one.
+  struct PendingRecompute {
+    RequestId request = 0;
+    int64_t block = 0;
+    double predicted_ms = 0;
+  };
+  std::vector<PendingRecompute> pending_recompute_;
+  // This step: per sequence, the positions it computes [from, to).
+  struct ComputedRange {
+    RequestId request = 0;
+    int64_t from = 0, to = 0;
+  };
+  std::vector<ComputedRange> computed_;
+  // Checks the pending recomputes this step covered against its time (ms).
+  void CountRecomputedPages(double step_ms);
   std::vector<int64_t> full_blocks_before_;   // per sequence of the step: full pages before it
   std::string piece_;                    // the text of the token being appended, reused
   std::vector<int64_t> trace_from_;      // --kv-trace: per sequence, its first computed block

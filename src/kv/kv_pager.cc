@@ -165,6 +165,8 @@ void KvPager::StartSequence(SeqId seq, KvSequencePages* pages) {
   pages->steps = 0;
   pages->filled_at_step.clear();
   pages->filled_at_step.reserve(static_cast<size_t>(manager_.BlocksFor(positions)));
+  pages->access.clear();
+  pages->access.reserve(static_cast<size_t>(manager_.BlocksFor(positions)));
   pages->pages.reserve(static_cast<size_t>(manager_.BlocksFor(positions)));
 }
 
@@ -209,6 +211,7 @@ void KvPager::DropSequence(SeqId seq) {
   s.pages.clear();
   s.mass.clear();
   s.filled_at_step.clear();
+  s.access.clear();
   s.steps = 0;
   bound_[static_cast<size_t>(seq)] = nullptr;
 }
@@ -367,6 +370,7 @@ void KvPager::Preempt(SeqId seq, KvPagePlan& plan) {
   }
   s.mass.clear();
   s.filled_at_step.clear();
+  s.access.clear();
   s.steps = 0;
   bound_[static_cast<size_t>(seq)] = nullptr;
 }
@@ -675,6 +679,7 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
     if (static_cast<int64_t>(s.filled_at_step.size()) < full_blocks) {
       s.filled_at_step.resize(static_cast<size_t>(full_blocks), s.steps);
     }
+    if (track_attention_) NoteReads(s, full_blocks, positions);
     const size_t blocks = manager_.block_table(seq).size();
     for (size_t b = 0; b < s.pages.size() && b < blocks; ++b) {
       KvPage& page = s.pages[b];
@@ -888,6 +893,40 @@ double KvPager::PageMass(SeqId seq, int64_t block_index) const {
 }
 
 int64_t KvPager::steps(SeqId seq) const { return Bound(seq).steps; }
+
+void KvPager::NoteReads(KvSequencePages& s, int64_t full_blocks, int64_t tokens) {
+  if (static_cast<int64_t>(s.access.size()) < full_blocks) {
+    s.access.resize(static_cast<size_t>(full_blocks), KvPageAccess{s.steps, 0, 0});
+  }
+  if (tokens <= 0 || s.mass.empty()) return;
+  // Half of what a uniform spread of one step's mass (1 per step) would give a page.
+  const double threshold =
+      0.5 * static_cast<double>(layout_.block_tokens) / static_cast<double>(tokens);
+  const int64_t bt = layout_.block_tokens;
+  for (int64_t b = 0; b < full_blocks; ++b) {
+    const int64_t end = std::min<int64_t>((b + 1) * bt, static_cast<int64_t>(s.mass.size()));
+    double sum = 0;
+    for (int64_t p = b * bt; p < end; ++p) sum += s.mass[static_cast<size_t>(p)];
+    KvPageAccess& a = s.access[static_cast<size_t>(b)];
+    if (sum - a.mass_seen >= threshold) {
+      a.last_read_step = s.steps;
+      ++a.reads;
+    }
+    a.mass_seen = sum;
+  }
+}
+
+int64_t KvPager::StepsSinceRead(SeqId seq, int64_t block_index) const {
+  const KvSequencePages& s = Bound(seq);
+  if (static_cast<size_t>(block_index) >= s.access.size()) return 0;
+  return s.steps - s.access[static_cast<size_t>(block_index)].last_read_step;
+}
+
+int64_t KvPager::PageReads(SeqId seq, int64_t block_index) const {
+  const KvSequencePages& s = Bound(seq);
+  if (static_cast<size_t>(block_index) >= s.access.size()) return 0;
+  return s.access[static_cast<size_t>(block_index)].reads;
+}
 
 KvPagerStats KvPager::stats() const {
   KvPagerStats st = stats_;

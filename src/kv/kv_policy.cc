@@ -11,11 +11,6 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-// Transfer time of `bytes` at `gbps` GB/s, in ms.
-double TransferMs(double bytes, double gbps) {
-  return gbps > 0 ? bytes / (gbps * 1e6) : std::numeric_limits<double>::infinity();
-}
-
 // What a lossy action costs in quality, in ms-equivalent per unit of KL divergence, and what
 // losing a page for good costs per unit of its attention mass.
 struct QualityPrices {
@@ -89,6 +84,22 @@ StatusOr<KvPolicyChoice> ParseKvPolicy(std::string_view text) {
       text));
 }
 
+double TransferMs(double bytes, double gbps, double latency_ms) {
+  // No bandwidth is no way to move the bytes (an unmeasured tier), not a free one.
+  return gbps > 0 ? latency_ms + bytes / (gbps * 1e6) : std::numeric_limits<double>::infinity();
+}
+
+double RecomputeTokensMs(const PageCostProfile& p, int64_t first_position) {
+  const double call_share =
+      p.recompute_batch_tokens > 0 && p.block_tokens > 0
+          ? std::min(1.0, static_cast<double>(p.block_tokens) /
+                              static_cast<double>(p.recompute_batch_tokens))
+          : 1.0;
+  return p.recompute_tokens_ms +
+         p.recompute_tokens_context_ms * static_cast<double>(std::max<int64_t>(0, first_position)) +
+         p.recompute_tokens_call_ms * call_share;
+}
+
 double ReuseProbability(const PageHistory& page) {
   if (page.is_sink || page.in_recent_window) return 1.0;
   // Recency dominates (attention concentrates on recent and heavy-hitter tokens, per H2O);
@@ -105,9 +116,16 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
   const double reuse = ReuseProbability(page);
   const QualityPrices prices = PricesFor(o);
   const bool lossless_only = o.quality == KvQuality::kLossless;
-  // Recompute competes with the step's own arithmetic only where that arithmetic is busy.
-  const double compute_factor = o.phase == Phase::kDecode ? 1.0 - p.decode_idle_fraction : 1.0;
+  // Recompute competes with the step's own arithmetic only where that arithmetic is busy: in a
+  // decode step this fraction of it is hidden (costs nothing, though it still takes its time).
+  const double hidden_fraction = o.phase == Phase::kDecode ? p.decode_idle_fraction : 0.0;
   const double kv = static_cast<double>(p.kv_bytes);
+  const double residual = static_cast<double>(p.residual_bytes);
+  const double ram_write_gbps = p.ram_write_gbps > 0 ? p.ram_write_gbps : p.ram_gbps;
+  const double ram_write_latency_ms =
+      p.ram_write_gbps > 0 ? p.ram_write_latency_ms : p.ram_latency_ms;
+  const double disk_write_latency_ms =
+      p.disk_write_latency_ms > 0 ? p.disk_write_latency_ms : p.disk_latency_ms;
 
   for (int i = 0; i < kNumKvActions; ++i) {
     KvActionCost& c = d.costs[static_cast<size_t>(i)];
@@ -126,32 +144,33 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         const int64_t real = int8 ? p.int8_page_bytes : p.int4_page_bytes;
         c.resident_bytes = real > 0 ? static_cast<double>(real)
                                     : kv * ((int8 ? 8.0 : 4.0) / 32.0 + 1.0 / 32.0);
-        c.now_ms = page.compressed ? 0.0 : p.compress_ms;
+        const double encode_ms = int8 || p.compress_int4_ms <= 0 ? p.compress_ms : p.compress_int4_ms;
+        c.now_ms = page.compressed ? 0.0 : encode_ms;
         c.quality_cost_ms = (int8 ? p.int8_kld : p.int4_kld) * prices.per_kld;
         break;
       }
       case KvAction::kDemoteRam:
         if (!p.has_ram_tier) c.why_not = "no RAM tier";
-        c.now_ms = TransferMs(kv, p.ram_gbps) + p.ram_latency_ms;
-        c.bring_back_ms = TransferMs(kv, p.ram_gbps) + p.ram_latency_ms;
+        c.now_ms = TransferMs(kv, ram_write_gbps, ram_write_latency_ms);
+        c.bring_back_ms = TransferMs(kv, p.ram_gbps, p.ram_latency_ms);
         break;
       case KvAction::kDemoteDisk:
         if (!p.has_disk_tier) c.why_not = "no disk tier (--kv-tier disk:PATH:SIZE)";
-        c.now_ms = TransferMs(kv, p.disk_write_gbps) + p.disk_latency_ms;
-        c.bring_back_ms = TransferMs(kv, p.disk_read_gbps) + p.disk_latency_ms;
+        c.now_ms = TransferMs(kv, p.disk_write_gbps, disk_write_latency_ms);
+        c.bring_back_ms = TransferMs(kv, p.disk_read_gbps, p.disk_latency_ms);
         break;
-      case KvAction::kRecomputeResidual: {
+      case KvAction::kRecomputeResidual:
         // The checkpoints live in the RAM tier, so bringing the page back moves them in and
         // rebuilds K,V. For GQA models they are larger than the K+V they stand for, which makes
         // this lose to plain demotion there; for MHA models it wins (HCache's finding).
         if (!p.has_ram_tier) c.why_not = "no RAM tier for the checkpoints";
-        const double move = TransferMs(static_cast<double>(p.residual_bytes), p.ram_gbps);
-        c.now_ms = move;
-        c.bring_back_ms = move + p.ram_latency_ms + p.recompute_residual_ms * compute_factor;
+        c.now_ms = TransferMs(residual, ram_write_gbps, ram_write_latency_ms);
+        c.bring_back_ms = TransferMs(residual, p.ram_gbps, p.ram_latency_ms) + p.recompute_residual_ms;
+        c.hidden_ms = p.recompute_residual_ms * hidden_fraction;
         break;
-      }
       case KvAction::kRecomputeTokens:
-        c.bring_back_ms = p.recompute_tokens_ms * compute_factor;
+        c.bring_back_ms = RecomputeTokensMs(p, page.first_position);
+        c.hidden_ms = c.bring_back_ms * hidden_fraction;
         break;
       case KvAction::kEvict:
         if (page.is_sink) c.why_not = "attention sink";
@@ -164,7 +183,8 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
     if (!(p.available_actions & (1u << i))) c.why_not = "not available here";
     if (!c.why_not.empty()) c.allowed = false;
     c.memory_cost_ms = o.memory_price_ms_per_mib * c.resident_bytes / kMiB;
-    c.total_ms = reuse * c.bring_back_ms + c.now_ms + c.memory_cost_ms + c.quality_cost_ms;
+    c.total_ms =
+        reuse * (c.bring_back_ms - c.hidden_ms) + c.now_ms + c.memory_cost_ms + c.quality_cost_ms;
   }
 
   // The cheapest allowed action; on a tie the lower enum value (keep before anything, lossless
@@ -182,10 +202,10 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
 std::string KvDecision::Explain() const {
   std::string out;
   for (const KvActionCost& c : costs) {
-    out += fmt::format("{} {:<18} p_reuse={:.2f} back={:.3f}ms now={:.3f}ms resident={:.0f}B "
-                       "mem={:.3f}ms quality={:.3f}ms total={:.3f}ms{}\n",
+    out += fmt::format("{} {:<18} p_reuse={:.2f} back={:.3f}ms hidden={:.3f}ms now={:.3f}ms "
+                       "resident={:.0f}B mem={:.3f}ms quality={:.3f}ms total={:.3f}ms{}\n",
                        c.action == action ? "*" : " ", KvActionName(c.action), c.reuse_probability,
-                       c.bring_back_ms, c.now_ms, c.resident_bytes, c.memory_cost_ms,
+                       c.bring_back_ms, c.hidden_ms, c.now_ms, c.resident_bytes, c.memory_cost_ms,
                        c.quality_cost_ms, c.total_ms, c.allowed ? "" : "  [not allowed: " + c.why_not + "]");
   }
   return out;

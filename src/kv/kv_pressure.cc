@@ -3,19 +3,23 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 
 namespace kvl {
 namespace {
 
-// A page asked to leave has to: memory is what the pool is short of, so keeping is priced high.
-// (A price from the real pressure is issue work of the cost model; this is the one constant.)
-constexpr double kPressureMemoryPriceMsPerMib = 1e3;
 // The recent window never takes more than this fraction of the pool, so a small pool still has
 // pages to act on.
 constexpr int64_t kMaxRecentFractionOfPool = 4;  // 1/4
 
 constexpr uint32_t Bit(KvAction action) { return 1u << static_cast<int>(action); }
+
+// The memory price where no way of freeing a page has a measured time (no profile was loaded: an
+// engine with no tier prices nothing). A named default, not a measurement: a page asked to leave
+// has to, so keeping bytes resident is priced high.
+constexpr double kUnpricedMemoryMsPerMib = 1e3;
 
 }  // namespace
 
@@ -86,12 +90,35 @@ KvPressurePlanner::KvPressurePlanner(const KvPagingRules& rules, const KvManager
                                      const KvPager& pager)
     : rules_(rules), manager_(manager), pager_(pager) {}
 
+double KvPressurePlanner::MemoryPriceMsPerMib(int64_t blocks_short, double pages_per_step) const {
+  // The bring-back times of a page, every way one can leave losslessly here.
+  KvPolicyOptions o;
+  o.quality = KvQuality::kLossless;
+  o.phase = Phase::kPrefill;
+  const KvDecision d = ChooseKvAction(PageHistory{}, rules_.prices, o);
+  // A time of 0 is an unmeasured one (no profile), not a free way out.
+  double departure_ms = std::numeric_limits<double>::infinity();
+  for (KvAction a : {KvAction::kDemoteRam, KvAction::kDemoteDisk, KvAction::kRecomputeResidual,
+                     KvAction::kRecomputeTokens}) {
+    const KvActionCost& c = d.costs[static_cast<size_t>(a)];
+    if (c.allowed && c.bring_back_ms > 0) departure_ms = std::min(departure_ms, c.bring_back_ms);
+  }
+  if (!std::isfinite(departure_ms)) return kUnpricedMemoryMsPerMib;
+  const double page_mib = static_cast<double>(std::max<int64_t>(1, rules_.prices.kv_bytes)) /
+                          (1024.0 * 1024.0);
+  const double demand = 1.0 + (static_cast<double>(std::max<int64_t>(0, blocks_short)) +
+                               std::max(0.0, pages_per_step)) /
+                                  static_cast<double>(std::max<int64_t>(1, manager_.num_blocks()));
+  return departure_ms / page_mib * demand;
+}
+
 KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_index,
-                                       bool running, Phase phase, bool staging_room) const {
+                                       bool running, Phase phase, bool staging_room,
+                                       double memory_price_ms_per_mib) const {
   KvPolicyOptions o;
   o.quality = rules_.quality;
   o.phase = phase;
-  o.memory_price_ms_per_mib = kPressureMemoryPriceMsPerMib;
+  o.memory_price_ms_per_mib = memory_price_ms_per_mib;
   PageHistory page;
   page.first_position = block_index * rules_.block_tokens;
   page.is_sink = page.first_position < rules_.sink_tokens;
@@ -101,10 +128,11 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
   // already failed in this step.
   costs.available_actions &= ~(Bit(KvAction::kKeep) | failed_actions_);
   if (running) {
-    // A running sequence reads every page again at its next step; how much it weighs them is the
-    // attention mass they received.
-    page.steps_since_access = 0;
-    page.accesses = std::max<int64_t>(1, pager_.steps(seq.slot));
+    // A running sequence attends over every page at its next step; how much weight it gives a
+    // page is its access history (when attention last read it with weight, how often) and the
+    // attention mass it received.
+    page.steps_since_access = pager_.StepsSinceRead(seq.slot, block_index);
+    page.accesses = pager_.PageReads(seq.slot, block_index);
     page.attention_mass = pager_.PageMass(seq.slot, block_index);
     // A running page is rebuilt from its checkpoints at every step that reads it; from tokens it
     // cannot be (that would rerun the whole prefix each step).
@@ -118,8 +146,9 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
       costs.available_actions &= ~staged;
     }
   } else {
-    // The sequence resumes as soon as blocks free up: every one of its pages will be read again.
-    page.accesses = 1;
+    // The sequence resumes as soon as blocks free up: every one of its pages will be read again
+    // (at the resume), however cold it was.
+    page.accesses = std::max<int64_t>(1, pager_.PageReads(seq.slot, block_index));
     page.steps_since_access = 0;
     costs.available_actions &=
         ~(Bit(KvAction::kCompressInt8) | Bit(KvAction::kCompressInt4) | Bit(KvAction::kEvict));
@@ -193,10 +222,17 @@ void KvPressurePlanner::PlanRelief(std::span<const KvPlannedSeq> running, int64_
   // scheduler plans again if the pool is still short).
   int64_t leaving = 0;
   int64_t staging_left = pager_.staging_capacity_pages() - pager_.staged_pages_held();
+  // Decoding sequences take a block every block_tokens steps each; a prefill's need is the
+  // shortfall itself.
+  const double pages_per_step =
+      phase == Phase::kDecode
+          ? static_cast<double>(running.size()) / static_cast<double>(rules_.block_tokens)
+          : 0.0;
+  const double memory_price = MemoryPriceMsPerMib(blocks_short, pages_per_step);
   for (const Candidate& c : candidates_) {
     if (leaving >= blocks_short) break;
-    const KvPageAction a =
-        Decide(c.seq, c.block_index, /*running=*/true, phase, /*staging_room=*/staging_left > 0);
+    const KvPageAction a = Decide(c.seq, c.block_index, /*running=*/true, phase,
+                                  /*staging_room=*/staging_left > 0, memory_price);
     if (a.action == KvAction::kKeep) continue;
     const KvTier* tier = pager_.TierFor(a.action);
     // Checkpoints go to the RAM tier too, but are staged to be rebuilt from.
@@ -233,23 +269,19 @@ void KvPressurePlanner::PlanPreemption(const KvPlannedSeq& seq, int64_t num_comp
   const bool lossy = manager_.IsLossy(seq.slot);
   const std::vector<BlockId>& table = manager_.block_table(seq.slot);
   const int64_t full_blocks = num_computed / rules_.block_tokens;
-  // The pages recomputed with no choice to make are still priced by the cost model, so that its
-  // prediction can be checked when they come back.
-  KvPolicyOptions o;
-  o.quality = rules_.quality;
-  o.phase = phase;
-  const double recompute_ms = ChooseKvAction(PageHistory{}, rules_.prices, o)
-                                  .costs[static_cast<size_t>(KvAction::kRecomputeTokens)]
-                                  .bring_back_ms;
+  // The pages recomputed with no choice to make are still priced by the cost model (each at
+  // its position), so that its prediction can be checked when they come back.
+  // A preemption frees every block of the sequence: the shortfall is what it is for.
+  const double memory_price = MemoryPriceMsPerMib(full_blocks, 0);
   for (int64_t b = 0; b < full_blocks; ++b) {
     KvPageAction a;
     if (lossy || table[static_cast<size_t>(b)] == kNoBlock) {
       a.seq = seq.slot;
       a.block_index = b;
       a.action = KvAction::kRecomputeTokens;
-      a.predicted_ms = recompute_ms;
+      a.predicted_ms = RecomputeTokensMs(rules_.prices, b * rules_.block_tokens);
     } else {
-      a = Decide(seq, b, /*running=*/false, phase);
+      a = Decide(seq, b, /*running=*/false, phase, /*staging_room=*/false, memory_price);
     }
     plan->actions.push_back(a);
   }

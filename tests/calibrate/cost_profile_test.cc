@@ -108,7 +108,7 @@ TEST(ObtainProfileTest, MissingProfileIsMeasuredAnnouncedAndSaved) {
   EXPECT_TRUE(Contains(text, "kvl: no cost profile at " + path +
                                  ": measuring this machine (quick calibration, about "))
       << text;
-  for (const char* stage : {"matmul", "recompute", "memory", "disk"}) {
+  for (const char* stage : {"matmul", "recompute", "memory", "disk", "tiers", "compress"}) {
     EXPECT_TRUE(Contains(text, std::string(stage) + " ")) << stage << "\n" << text;
   }
   EXPECT_TRUE(Contains(text, "kvl: cost profile saved to " + path)) << text;
@@ -140,12 +140,12 @@ TEST(ObtainProfileTest, UnusableProfileAtAUsersPathIsAnErrorAndIsNotTouched) {
     std::string needle;
   };
   nlohmann::json old_version = nlohmann::json::parse(valid_text);
-  old_version["version"] = 1;
+  old_version["version"] = 2;  // the version before curves
   nlohmann::json other_model = nlohmann::json::parse(valid_text);
   other_model["model"]["dim"] = 4096;
   const Case cases[] = {
       {"garbage", "{ not json", StatusCode::kDataLoss, "not valid JSON"},
-      {"old version", old_version.dump(2), StatusCode::kInvalidArgument, "'version' is 1"},
+      {"old version", old_version.dump(2), StatusCode::kInvalidArgument, "'version' is 2"},
       {"other model", other_model.dump(2), StatusCode::kInvalidArgument, "dim 4096"},
   };
   for (const Case& c : cases) {
@@ -200,13 +200,14 @@ TEST(ObtainProfileTest, KvlProfileVariableIsADefaultPathToo) {
     KVL_CHECK(SaveProfile(SomeValidProfile(), tmp).ok());
     return ReadFile(tmp);
   }());
-  old_version["version"] = 1;
+  old_version["version"] = 2;  // the version before curves: re-measured, and the message says why
   WriteFile(path, old_version.dump());
 
   Messages messages;
   StatusOr<MachineProfile> p = Obtain(Options("", messages.file()));
   ASSERT_TRUE(p.ok()) << p.status().ToString();
-  EXPECT_TRUE(Contains(messages.Text(), "'version' is 1")) << messages.Text();
+  EXPECT_TRUE(Contains(messages.Text(), "'version' is 2")) << messages.Text();
+  EXPECT_TRUE(Contains(messages.Text(), "measuring this machine to replace it")) << messages.Text();
   EXPECT_TRUE(Contains(messages.Text(), "saved to " + path)) << messages.Text();
   EXPECT_TRUE(LoadProfile(path).ok());
 }
@@ -228,10 +229,13 @@ TEST(ObtainProfileTest, WithoutCalibrationDefaultsAreMarkedAndNothingIsWritten) 
     EXPECT_EQ(*p, expected);
     EXPECT_EQ(p->memory_bytes, 0);
     EXPECT_EQ(p->disk_bytes, 0);
-    EXPECT_GT(p->recompute_from_tokens_ms, p->recompute_from_residual_ms);
-    EXPECT_GT(p->recompute_from_residual_ms, 0);
+    const int64_t layers = p->model.layers;
+    EXPECT_GT(p->recompute_from_tokens.Ms(16, layers, 0), p->recompute_from_residual.Ms(16, layers, 0));
+    EXPECT_GT(p->recompute_from_residual.Ms(16, layers, 0), 0);
     EXPECT_GT(p->memory_copy_gbps, 0);
-    EXPECT_GT(p->disk_read_gbps, 0);
+    EXPECT_GT(p->disk_buffered.read.gbps, 0);
+    EXPECT_EQ(p->kld_tokens, 0);  // assumed, and --explain says so
+    EXPECT_TRUE(Contains(ExplainProfile(*p), "default: assumed")) << ExplainProfile(*p);
     const std::string text = messages.Text();
     EXPECT_TRUE(Contains(text, "analytic defaults")) << text;
     EXPECT_FALSE(Contains(text, "measuring")) << text;
@@ -275,28 +279,66 @@ TEST(CheckProfileWritableTest, RefusesWhatSaveProfileCouldNotOrShouldNotReplace)
             StatusCode::kInvalidArgument);
 }
 
-TEST(PagePricesTest, ScalesRecomputeToTheBlockAndCopiesTheRates) {
+TEST(PagePricesTest, EvaluatesTheCurvesAtThePagesShapeAndCopiesTheRates) {
   MachineProfile profile = SomeValidProfile();
-  profile.recompute_page_tokens = 16;
-  profile.recompute_from_residual_ms = 2.0;
-  profile.recompute_from_tokens_ms = 8.0;
-  profile.memory_copy_gbps = 11.0;
-  profile.memory_read_gbps = 99.0;  // not what a page copy achieves
-  profile.disk_read_gbps = 1.5;
-  profile.disk_write_gbps = 0.75;
-  profile.disk_random_read_median_us = 250.0;
+  profile.model.layers = 4;
+  profile.model.kv_bytes_per_token_per_layer_f32 = 512;
+  profile.recompute_from_residual = {0.5, 0.25, 0.01, 0, {}};
+  profile.recompute_from_tokens = {1.0, 0.5, 0.02, 1e-5, {}};
+  profile.ram.read = {0.01, 0.002, 11.0, {}};
+  profile.ram.write = {0.02, 0.004, 9.0, {}};
+  profile.disk_buffered.read = {0.03, 0.001, 3.0, {}};
+  profile.disk_buffered.write = {0.05, 0.002, 2.0, {}};
+  profile.disk_direct.read = {0.1, 0.05, 1.5, {}};
+  profile.disk_direct.write = {0.2, 0.06, 0.75, {}};
+  profile.compress_int8 = {0.001, 0.002, 4.0, {}};
+  profile.compress_int4 = {0.001, 0.003, 2.0, {}};
+  profile.kld_tokens = 100;
+  profile.int8_kld = 2e-5;
+  profile.int4_kld = 3e-3;
+  profile.decode_idle_fraction = 0.7;
   PageCostProfile prices;
   prices.kv_bytes = 12345;
   prices.has_disk_tier = true;
-  FillPagePrices(profile, 32, &prices);
-  EXPECT_DOUBLE_EQ(prices.recompute_residual_ms, 4.0);
-  EXPECT_DOUBLE_EQ(prices.recompute_tokens_ms, 16.0);
+  PagePriceOptions o;
+  o.block_tokens = 32;
+  o.recompute_batch_tokens = 256;
+  FillPagePrices(profile, o, &prices);
+  // Every layer of the profile's model, buffered disk.
+  EXPECT_DOUBLE_EQ(prices.recompute_residual_ms, 0.5 + 0.25 * 4 + 0.01 * 32 * 4);
+  // The page's own tokens: projections, and attention among themselves ((32 + 1) / 2 on average).
+  EXPECT_DOUBLE_EQ(prices.recompute_tokens_ms, 0.02 * 32 * 4 + 1e-5 * 32 * 4 * 16.5);
+  EXPECT_DOUBLE_EQ(prices.recompute_tokens_context_ms, 1e-5 * 32 * 4);
+  EXPECT_DOUBLE_EQ(prices.recompute_tokens_call_ms, 1.0 + 0.5 * 4);
+  EXPECT_EQ(prices.block_tokens, 32);
+  EXPECT_EQ(prices.recompute_batch_tokens, 256);
+  // A page deeper in the context costs more; its share of the call is 32 / 256.
+  EXPECT_DOUBLE_EQ(RecomputeTokensMs(prices, 1000), 0.02 * 32 * 4 + 1e-5 * 32 * 4 * 16.5 +
+                                                        1e-5 * 32 * 4 * 1000 +
+                                                        (1.0 + 0.5 * 4) * 32 / 256);
   EXPECT_DOUBLE_EQ(prices.ram_gbps, 11.0);
-  EXPECT_DOUBLE_EQ(prices.disk_read_gbps, 1.5);
-  EXPECT_DOUBLE_EQ(prices.disk_write_gbps, 0.75);
-  EXPECT_DOUBLE_EQ(prices.disk_latency_ms, 0.25);
+  EXPECT_DOUBLE_EQ(prices.ram_latency_ms, 0.01 + 0.002 * 4);  // one tier page per layer
+  EXPECT_DOUBLE_EQ(prices.ram_write_gbps, 9.0);
+  EXPECT_DOUBLE_EQ(prices.disk_read_gbps, 3.0);
+  EXPECT_DOUBLE_EQ(prices.disk_write_gbps, 2.0);
+  EXPECT_DOUBLE_EQ(prices.disk_latency_ms, 0.03 + 0.001 * 4);
+  EXPECT_DOUBLE_EQ(prices.disk_write_latency_ms, 0.05 + 0.002 * 4);
+  const double layer_bytes = 32 * 512;
+  EXPECT_DOUBLE_EQ(prices.compress_ms, 0.001 + 0.002 * 4 + 4 * layer_bytes / 4e6);
+  EXPECT_DOUBLE_EQ(prices.compress_int4_ms, 0.001 + 0.003 * 4 + 4 * layer_bytes / 2e6);
+  EXPECT_EQ(prices.int8_kld, 2e-5);
+  EXPECT_EQ(prices.int4_kld, 3e-3);
+  EXPECT_EQ(prices.decode_idle_fraction, 0.7);
   EXPECT_EQ(prices.kv_bytes, 12345);  // the caller's fields stay
   EXPECT_TRUE(prices.has_disk_tier);
+
+  // Half the depth (a partial-depth page) and an O_DIRECT disk tier.
+  o.layers = 2;
+  o.disk_direct = true;
+  FillPagePrices(profile, o, &prices);
+  EXPECT_DOUBLE_EQ(prices.recompute_residual_ms, 0.5 + 0.25 * 2 + 0.01 * 32 * 2);
+  EXPECT_DOUBLE_EQ(prices.disk_read_gbps, 1.5);
+  EXPECT_DOUBLE_EQ(prices.disk_latency_ms, 0.1 + 0.05 * 2);
 }
 
 TEST(EstimateTest, GrowsWithTheWorkAndIsAtLeastASecond) {

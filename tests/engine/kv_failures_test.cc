@@ -67,12 +67,13 @@ TEST(KvFailuresTest, APricyDiskIsStillUsedWhenThePoolMustShrink) {
   EngineOptions o = Options(24);
   o.kv_tiers = {"disk:" + disk + ":64MiB:scratch"};
   MachineProfile slow;
-  slow.recompute_page_tokens = 16;
-  slow.recompute_from_tokens_ms = 1e6;
-  slow.recompute_from_residual_ms = 1e6;
+  slow.model.layers = 5;  // stories260K
+  slow.recompute_from_tokens.token_layer_ms = 1e6 / (16 * 5);  // 1e6 ms per 16-token page
+  slow.recompute_from_residual.call_ms = 1e6;
   slow.memory_copy_gbps = 10;
-  slow.disk_read_gbps = slow.disk_write_gbps = 1e-6;  // a kilobyte per second
-  slow.disk_random_read_median_us = 1e6;
+  slow.ram.read.gbps = slow.ram.write.gbps = 10;
+  slow.disk_buffered.read.gbps = slow.disk_buffered.write.gbps = 1e-6;  // a kilobyte per second
+  slow.disk_buffered.read.call_ms = slow.disk_buffered.write.call_ms = 1e3;
   o.cost_profile = slow;
   EngineOptions keep = Options(64);
   const Outcome all = Generate(keep, 300);

@@ -28,10 +28,12 @@ EngineOptions Options(int64_t budget_pages = 0) {
   // profile measured on a busy machine may well say recomputing a 16-token page beats a disk read
   // or a loopback round trip, and then nothing is promoted (CI once measured exactly that).
   MachineProfile prices;
-  prices.recompute_from_residual_ms = 5;
-  prices.recompute_from_tokens_ms = 50;
+  prices.model.layers = 5;  // stories260K: the curves are evaluated at its depth
+  prices.recompute_from_residual.call_ms = 5;                       // per page
+  prices.recompute_from_tokens.token_layer_ms = 50.0 / (16 * 5);  // 50 ms per 16-token page
   prices.memory_copy_gbps = 10;
-  prices.disk_read_gbps = prices.disk_write_gbps = 1;
+  prices.ram.read.gbps = prices.ram.write.gbps = 10;
+  prices.disk_buffered.read.gbps = prices.disk_buffered.write.gbps = 1;
   o.cost_profile = prices;
   return o;
 }

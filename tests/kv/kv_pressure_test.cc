@@ -214,5 +214,52 @@ TEST(KvPagingRulesTest, FixedPoliciesNeedWhatTheyUseAndLossyOnesOverrideLossless
   EXPECT_FALSE(KeepsResidualCheckpoints(ParseKvPolicy("auto").value(), false, 64, 32));
 }
 
+TEST(KvPressurePlannerTest, MemoryPriceIsTheCheapestWayOutScaledByTheDemandOnThePool) {
+  // A RAM tier at 10 GB/s is the cheapest lossless way out: a 256-byte page (4 tokens x 2 layers
+  // x 4 channels x K,V x f32) comes back in 256 / 1e7 ms.
+  PlannerHarness h("auto", /*ram_tier=*/true, /*staged_pages=*/4);
+  const double per_mib = (256.0 / 1e7) / (256.0 / (1024.0 * 1024.0));
+  const int64_t blocks = h.kv().num_blocks();
+  EXPECT_NEAR(h.planner().MemoryPriceMsPerMib(1, 0), per_mib * (1.0 + 1.0 / blocks), 1e-12);
+  // More pages short, or a budget consumed faster, make every resident byte dearer.
+  EXPECT_GT(h.planner().MemoryPriceMsPerMib(8, 0), h.planner().MemoryPriceMsPerMib(1, 0));
+  EXPECT_GT(h.planner().MemoryPriceMsPerMib(1, 2.0), h.planner().MemoryPriceMsPerMib(1, 0));
+  // With nowhere to go and nothing measured, the price is the named default, not 0.
+  PlannerHarness stranded("auto", /*ram_tier=*/false, /*staged_pages=*/0);
+  EXPECT_GT(stranded.planner().MemoryPriceMsPerMib(1, 0), 0);
+}
+
+TEST(KvPressurePlannerTest, PagesAttentionStopsReadingGrowCold) {
+  // Page 1 gets a uniform share of every step's attention; page 2 got weight once, long ago.
+  PlannerHarness h("auto", /*ram_tier=*/true, /*staged_pages=*/4, /*num_blocks=*/16,
+                   /*sink_tokens=*/0, /*recent_tokens=*/0);
+  h.Admit(0, 16);
+  const SeqId seq = 0;
+  const std::vector<SeqId> seqs = {seq};
+  for (int step = 0; step < 10; ++step) {
+    h.pager().BeginStep(seqs);
+    float* mass = h.pager().AttentionMass(seq);
+    // What a step's forward pass adds: 1 in all, here half on page 1's tokens.
+    for (int t = 0; t < kBlock; ++t) mass[kBlock + t] += 0.5f / kBlock;
+    if (step == 0) {
+      for (int t = 0; t < kBlock; ++t) mass[2 * kBlock + t] += 0.5f / kBlock;
+    }
+    h.pager().EndStep();
+  }
+  h.pager().BeginStep(seqs);
+  EXPECT_EQ(h.pager().StepsSinceRead(seq, 1), 0);
+  EXPECT_EQ(h.pager().PageReads(seq, 1), 10);
+  EXPECT_EQ(h.pager().StepsSinceRead(seq, 2), 9);
+  EXPECT_EQ(h.pager().PageReads(seq, 2), 1);
+  h.pager().EndStep();
+  // The cold page's reuse probability is the lower.
+  PageHistory hot, cold;
+  hot.steps_since_access = h.pager().StepsSinceRead(seq, 1);
+  hot.accesses = h.pager().PageReads(seq, 1);
+  cold.steps_since_access = h.pager().StepsSinceRead(seq, 2);
+  cold.accesses = h.pager().PageReads(seq, 2);
+  EXPECT_LT(ReuseProbability(cold), ReuseProbability(hot));
+}
+
 }  // namespace
 }  // namespace kvl

@@ -1,16 +1,21 @@
 // Calibration: measures this machine for the KV cost model (ARCHITECTURE.md, "Cost model") and
-// keeps the result as a JSON profile. What it measures, each as a short timed loop repeated and
-// reduced to its median:
-//   - matmul throughput of the project's own kernels at the model's projection shapes;
-//   - the time to recompute one page of K/V across all layers, from residual checkpoints and from
-//     tokens;
+// keeps the result as a JSON profile. It measures curves, not points: each quantity is timed at a
+// few shapes (short timed loops, repeated, reduced to the median) and a small linear model is
+// fitted to them, so the cost model can price a page of any tokens, depth and position:
+//   - matmul throughput of the project's own kernels at decode, page and prefill batch sizes,
+//     and from it the compute a decode step leaves idle;
+//   - recompute of K/V from residual checkpoints and from tokens, by tokens, layers and the
+//     position the page sits at (attention over the context before it);
 //   - memory read and copy bandwidth;
-//   - disk sequential write/read bandwidth and 4 KiB random read latency.
+//   - the RAM and disk tiers (buffered and O_DIRECT), written and read as the pager does;
+//   - disk sequential bandwidth and 4 KiB random read latency (the raw device, for the table);
+//   - int8 / int4 page encoding time with the project's codec;
+//   - the KL divergence int8 / int4 pages cause, teacher-forced on a built-in text.
 // The profile is per machine *and* per model shape: rates depend on the shapes and weight type.
 // Calibrate measures the model the caller has loaded, on the caller's thread pool: the engine
 // passes its own (kvl/cost_profile.h), `kvl calibrate` loads the model and starts a pool first.
 //
-// Thread-safety: Calibrate uses the whole pool (and big buffers, a scratch file); run one at a
+// Thread-safety: Calibrate uses the whole pool (and big buffers, scratch files); run one at a
 // time, and nothing else on that pool meanwhile. The profile functions are free of shared state.
 #pragma once
 
@@ -20,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvl/kv_policy.h"  // kDefaultInt8Kld, kDefaultInt4Kld: the KLDs where unmeasured
 #include "kvl/status.h"
 
 namespace kvl {
@@ -31,8 +37,10 @@ class OpsContext;
 
 // Bumped whenever a field changes meaning or is added; LoadProfile rejects other versions.
 // 2: `source` says whether the numbers were measured or are analytic defaults.
-inline constexpr int64_t kProfileVersion = 2;
-// Tokens per page the recompute times are measured for (the paged KV manager's block size).
+// 3: curves instead of points: recompute by tokens, layers and position; transfers per tier as
+//    fitted latency + bytes / bandwidth; compress time; measured KLD; decode's idle compute.
+inline constexpr int64_t kProfileVersion = 3;
+// Tokens per page the table of `kvl calibrate` shows (the paged KV manager's default block).
 inline constexpr int64_t kCalibrationPageTokens = 16;
 
 // MachineProfile::source: how the numbers were obtained.
@@ -50,6 +58,13 @@ struct CalibrateOptions {
   int repetitions = 0;            // samples per measurement (median taken): 7, 3 with quick
   int disk_repetitions = 0;       // write+read passes over the disk file: 3, 2 with quick
   double min_sample_seconds = 0;  // a sample repeats its loop at least this long: 0.05, 0.01
+  // Seconds each recompute curve may take (its points are chosen, smallest first, to fit):
+  // 20, 1 with quick.
+  double curve_seconds = 0;
+  // The built-in text (kKvQualityText) as the model's tokenizer encodes it: the int8 / int4 KLD
+  // is measured teacher-forced on it. Empty: the KLDs stay the named defaults, marked so.
+  // (Calibrate has no tokenizer of its own: the caller, which loaded the model, encodes it.)
+  std::vector<int32_t> quality_tokens;
 };
 
 struct CalibrationModel {
@@ -76,6 +91,72 @@ struct MatmulRate {
   bool operator==(const MatmulRate&) const = default;
 };
 
+// One timed recompute: `tokens` tokens at positions [position, position + tokens) through
+// `layers` layers, the median of the samples in milliseconds.
+struct RecomputePoint {
+  int64_t tokens = 0;
+  int64_t layers = 0;
+  int64_t position = 0;
+  double ms = 0;
+
+  bool operator==(const RecomputePoint&) const = default;
+};
+
+// Recompute time as a function of the page's shape, fitted (non-negative least squares on the
+// relative error) to the points it keeps:
+//   ms = call_ms + layer_ms * layers + token_layer_ms * tokens * layers
+//        + context_token_layer_ms * tokens * AttendedPositions(tokens, position) * layers
+// call_ms is paid once per call (per forward pass), layer_ms once per layer of a call (weights
+// streamed, threads woken), token_layer_ms per token and layer (the projections),
+// context_token_layer_ms per token, layer and position it attends to (attention: the context
+// before the page and, on average, half the page's own tokens).
+// Positions one of `tokens` tokens at [position, position + tokens) attends to, on average:
+// position + (tokens + 1) / 2.
+double AttendedPositions(int64_t tokens, int64_t position);
+
+struct RecomputeCurve {
+  double call_ms = 0;
+  double layer_ms = 0;
+  double token_layer_ms = 0;
+  double context_token_layer_ms = 0;
+  std::vector<RecomputePoint> points;
+
+  double Ms(int64_t tokens, int64_t layers, int64_t position) const;
+  bool operator==(const RecomputeCurve&) const = default;
+};
+
+// One timed transfer: `pages` pages of `page_bytes` each in one call.
+struct TransferPoint {
+  int64_t pages = 0;
+  int64_t page_bytes = 0;
+  double ms = 0;
+
+  bool operator==(const TransferPoint&) const = default;
+};
+
+// A transfer's time as latency + bytes / bandwidth, fitted like RecomputeCurve:
+//   ms = call_ms + page_ms * pages + pages * page_bytes / (gbps * 1e6)
+// (a tier call coalesces its pages into few I/O operations, so the latency splits into a part per
+// call and a part per page). gbps = 0 means bytes cost nothing measurable.
+struct TransferCurve {
+  double call_ms = 0;
+  double page_ms = 0;
+  double gbps = 0;
+  std::vector<TransferPoint> points;
+
+  double Ms(int64_t pages, int64_t page_bytes) const;
+  bool operator==(const TransferCurve&) const = default;
+};
+
+// A tier's two directions, measured through the tier itself (kv_tier.h) with the pages a KV
+// page really becomes: one tier page per layer, written and read in one call.
+struct TierCurves {
+  TransferCurve write;  // Put
+  TransferCurve read;   // Get (checksums verified, as at every read)
+
+  bool operator==(const TierCurves&) const = default;
+};
+
 struct MachineProfile {
   int64_t version = kProfileVersion;
   // kProfileSourceMeasured, or kProfileSourceDefault when every rate below is an assumption
@@ -93,14 +174,18 @@ struct MachineProfile {
   CalibrationModel model;
 
   std::vector<MatmulRate> matmul;  // n_tokens = 1 (decode), 16 (a page), 128 (a prefill chunk)
+  // The fraction of the machine's arithmetic a decode step leaves idle:
+  // 1 - layer_gflops(n=1) / layer_gflops(n=128). Decode multiplies one token per weight read, so
+  // it runs at the memory's pace; the rate a 128-token batch reaches is what the same cores do
+  // when arithmetic is the limit. The difference is the compute recompute could use for free.
+  double decode_idle_fraction = 0;
 
-  // Milliseconds to recompute the K/V of one page (page_tokens tokens, every layer):
-  //   from_residual: per layer RmsNorm + Wk/Wv projections + RoPE of K from stored layer inputs;
-  //   from_tokens:   a full forward pass of the page's tokens (at positions 0..page_tokens-1, so
-  //                  attention over earlier context is not included).
-  int64_t recompute_page_tokens = kCalibrationPageTokens;
-  double recompute_from_residual_ms = 0;
-  double recompute_from_tokens_ms = 0;
+  //   from_residual: RmsNorm + Wk/Wv projections + RoPE of stored layer inputs, through the
+  //                  forward pass's own KvRebuilder, plus nothing else (the read is a transfer);
+  //   from_tokens:   a forward pass of the page's tokens after `position` tokens of context, so
+  //                  attention over everything before the page counts.
+  RecomputeCurve recompute_from_residual;
+  RecomputeCurve recompute_from_tokens;
 
   // Memory bandwidth with `threads` threads over a memory_bytes buffer. copy_gbps counts the
   // bytes copied (not read + written), i.e. what moving a page in RAM achieves.
@@ -108,9 +193,21 @@ struct MachineProfile {
   double memory_read_gbps = 0;
   double memory_copy_gbps = 0;
 
+  // The tiers, measured through the tier code the engine runs, with K/V-like data cycling through
+  // more than the CPU caches hold: a RAM tier (plain and zstd), and a scratch disk
+  // tier file in disk_dir opened buffered (as --kv-tier disk: is by default; reads of pages
+  // written moments ago come from the page cache) and with O_DIRECT (disk:...:direct; the
+  // device itself). disk_direct_measured is false when the filesystem refused O_DIRECT: then
+  // disk_direct is a copy of disk_buffered.
+  TierCurves ram;
+  TierCurves ram_zstd;  // a RAM tier that compresses its pages (--kv-tier ram:SIZE:zstd)
+  TierCurves disk_buffered;
+  TierCurves disk_direct;
+  bool disk_direct_measured = false;
+
   // Disk: sequential 1 MiB requests over a disk_bytes file in disk_dir; write time includes
   // fsync. read_direct says whether reads bypassed the page cache with O_DIRECT (otherwise the
-  // cache was dropped with posix_fadvise first).
+  // cache was dropped with posix_fadvise first). The device's raw rates, for the table.
   std::string disk_dir;
   int64_t disk_bytes = 0;
   double disk_write_gbps = 0;
@@ -120,11 +217,28 @@ struct MachineProfile {
   double disk_random_read_median_us = 0;  // one 4 KiB read at a random aligned offset
   double disk_random_read_p99_us = 0;
 
+  // Encoding one page with the project's codec (kv_codec.h), as a TransferCurve with pages =
+  // layers and page_bytes = one layer's f32 K+V bytes.
+  TransferCurve compress_int8;
+  TransferCurve compress_int4;
+
+  // The mean KL divergence of the next-token distribution when every page before the current
+  // one is int8 / int4 (encoded and decoded with kv_codec), teacher-forced on kv_quality_tokens
+  // tokens of kKvQualityText against the same model with f32 pages. kld_tokens = 0: not measured,
+  // and the KLDs are kDefaultInt8Kld / kDefaultInt4Kld.
+  int64_t kld_tokens = 0;
+  double int8_kld = kDefaultInt8Kld;
+  double int4_kld = kDefaultInt4Kld;
+
   bool operator==(const MachineProfile&) const = default;
 };
 
+// Every input of the cost model, one line each: its value and how it was measured, or that it
+// is a named default and why (`kvl calibrate --explain`, and the engine's profile message).
+std::string ExplainProfile(const MachineProfile& profile);
+
 // Called as calibration advances: `stage` names the measurement ("matmul", "recompute",
-// "memory", "disk"), `fraction` in [0, 1] is how much of that stage is done; every stage ends
+// "memory", "disk", "tiers", "compress", "quality"), `fraction` in [0, 1] is how much of that stage is done; every stage ends
 // with a call at exactly 1.0. Called on the calibrating thread.
 using CalibrationProgress = std::function<void(std::string_view stage, double fraction)>;
 
@@ -135,6 +249,13 @@ using CalibrationProgress = std::function<void(std::string_view stage, double fr
 StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& ctx,
                                    const CalibrateOptions& options,
                                    const CalibrationProgress& progress);
+
+// The curve fits Calibrate uses, for anyone with points of their own (`kvl bench frontier`, the
+// tests): non-negative least squares on the relative error, so a 16-token page and a 4096-token
+// one weigh alike; a term whose coefficient would come out negative is dropped and the rest
+// refitted. The points are kept in the curve. An empty list gives an all-zero curve.
+RecomputeCurve FitRecomputeCurve(std::vector<RecomputePoint> points);
+TransferCurve FitTransferCurve(std::vector<TransferPoint> points);
 
 // The sizes the engine calibrates with when it has no profile: a few seconds in all.
 CalibrateOptions QuickCalibrateOptions();

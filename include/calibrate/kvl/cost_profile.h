@@ -29,6 +29,9 @@ struct ProfileOptions {
   bool calibrate = true;
   CalibrateOptions calibration = QuickCalibrateOptions();  // sizes and disk_dir when measuring
   FILE* messages = stderr;                                 // nullptr: silent
+  // Also say, input by input, how each was measured or that it is a named default
+  // (ExplainProfile); without it one line names the defaults in use, if any.
+  bool explain = false;
 };
 
 // The profile for `model` on this machine, as ProfileOptions describes:
@@ -52,9 +55,27 @@ MachineProfile AnalyticProfile(const Model& model, const ops::OpsContext& ctx);
 int64_t EstimateCalibrationSeconds(const Model& model, const ops::OpsContext& ctx,
                                    const CalibrateOptions& options);
 
-// Fills the prices of one block_tokens-token page that a profile provides: recompute_residual_ms
-// and recompute_tokens_ms (scaled from the profile's recompute_page_tokens), ram_gbps,
-// disk_read_gbps, disk_write_gbps, disk_latency_ms. Every other field is left as it is.
+// The pages FillPagePrices prices, and where they go.
+struct PagePriceOptions {
+  int64_t block_tokens = kCalibrationPageTokens;  // tokens per page
+  int64_t layers = 0;                // layers the page spans; 0: every layer of the model
+  bool disk_direct = false;          // the disk tier is opened with O_DIRECT (disk:...:direct)
+  bool ram_compressed = false;       // the RAM tier compresses with zstd (ram:SIZE:zstd)
+  // Tokens per forward call when a resumed sequence recomputes its pages (the engine's batch);
+  // 0: each page alone.
+  int64_t recompute_batch_tokens = 0;
+};
+
+// Fills the prices of one page that a profile provides, evaluating its curves at the page's
+// tokens and layers: recompute_residual_ms, the recompute_tokens_* terms (the position is the
+// policy's, PageHistory::first_position), the compress times, every tier's bandwidth and
+// per-page latency (the disk's buffered or O_DIRECT curves), the KLDs and decode_idle_fraction.
+// kv_bytes, residual_bytes, the compressed page sizes, the tiers present and the actions allowed
+// are left as they are (the caller knows its layout). `kvl bench frontier` prices its points
+// with this too.
+void FillPagePrices(const MachineProfile& profile, const PagePriceOptions& options,
+                    PageCostProfile* prices);
+// The same for a page of block_tokens tokens over every layer, buffered disk, pages alone.
 void FillPagePrices(const MachineProfile& profile, int64_t block_tokens, PageCostProfile* prices);
 
 }  // namespace kvl

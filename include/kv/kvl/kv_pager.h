@@ -79,12 +79,23 @@ struct KvPage {
   bool read_failed = false;           // this step's streamed read failed its checksum or I/O
 };
 
+// One page's access history, from the attention mass its tokens receive: a step "reads" a page
+// when the page gains at least half of a uniform share of that step's attention (block_tokens /
+// tokens of the whole mass); a page rarely read is cold even though every step attends over it.
+struct KvPageAccess {
+  int64_t last_read_step = 0;  // the step it was last read at (or filled at)
+  int64_t reads = 0;           // steps that read it
+  double mass_seen = 0;        // its tokens' accumulated mass when last looked at
+};
+
 // One sequence's pages by block index, and the attention it gave each position.
 struct KvSequencePages {
   std::vector<KvPage> pages;
   std::vector<float> mass;              // [max_context]: attention mass per position
   int64_t steps = 0;                    // steps run since admission
   std::vector<int64_t> filled_at_step;  // by block index: the step a full page was first seen
+  // By block index: when attention last read the page with weight (KvPager::StepsSinceRead).
+  std::vector<KvPageAccess> access;
 };
 
 // One decision of the planner for one page.
@@ -259,6 +270,9 @@ class KvPager final : public KvDetachedPages {
   double PageMass(SeqId seq, int64_t block_index) const;
   // Steps the sequence has run (attention rows accumulated).
   int64_t steps(SeqId seq) const;
+  // Steps since attention last read the page with weight (KvPageAccess), and how many steps did.
+  int64_t StepsSinceRead(SeqId seq, int64_t block_index) const;
+  int64_t PageReads(SeqId seq, int64_t block_index) const;
 
   KvPagerStats stats() const;
   // Why the last page that could not be saved to a tier was refused (OK when none was): a full
@@ -333,6 +347,8 @@ class KvPager final : public KvDetachedPages {
   uint64_t next_page_id_ = 1;
   int64_t staging_capacity_pages_ = 0;
   bool track_attention_ = false;
+  // Updates each full page's KvPageAccess from the mass the last step added (BeginStep).
+  void NoteReads(KvSequencePages& s, int64_t full_blocks, int64_t tokens);
   std::vector<uint8_t> encode_scratch_;
   std::vector<float> widen_scratch_[2];
   std::vector<PageWrite> write_list_;  // one tier transfer's layer pages, reused

@@ -6,8 +6,11 @@
 //           + memory price x bytes a leaves resident               (ms-equivalent)
 //           + quality penalty of a (lossy actions only)            (ms-equivalent)
 //
-// Every input is measured (kvl calibrate) or observed (the page's access history); nothing here
-// knows about the model beyond byte counts, so the policy is unit-testable with no model bytes.
+// Every input is measured (kvl calibrate's curves, evaluated for this page's tokens, layers and
+// position by FillPagePrices in kvl/cost_profile.h) or observed (the page's access history, the
+// pool's pressure); nothing here knows about the model beyond byte counts, so the policy is
+// unit-testable with no model bytes. Where a profile has no measurement, the named defaults
+// below stand in, and `kvl calibrate --explain` says so.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -49,37 +52,59 @@ StatusOr<KvPolicyChoice> ParseKvPolicy(std::string_view text);
 
 enum class Phase { kPrefill, kDecode };
 
-// What the machine can do, from the calibration profile, per page of this model.
+// Named defaults for inputs a profile may lack (a calibration without the model's tokenizer): the
+// expected KL divergence int8 and int4 page encodings add, of the order KIVI reports.
+inline constexpr double kDefaultInt8Kld = 1e-4;
+inline constexpr double kDefaultInt4Kld = 5e-3;
+
+// What the machine can do, from the calibration profile, per page of this model. A transfer is
+// latency + bytes / bandwidth; the latencies are those of one page (one tier page per layer, in
+// one call), so they already hold the page's depth.
 struct PageCostProfile {
   int64_t kv_bytes = 0;             // the page's K+V at the cache dtype, all layers
   int64_t residual_bytes = 0;       // its residual checkpoints, all layers (kept in the RAM tier)
-  double recompute_residual_ms = 0; // measured: rebuild K,V of the page from checkpoints
-  double recompute_tokens_ms = 0;   // measured: re-run the page's tokens through the model
-  double compress_ms = 0;           // re-encode the page (int8 or int4)
+  double recompute_residual_ms = 0; // rebuild K,V of the page from checkpoints (the read apart)
+  // Re-running the page's tokens through the model:
+  //   recompute_tokens_ms + recompute_tokens_context_ms * first_position
+  //   + recompute_tokens_call_ms * block_tokens / recompute_batch_tokens
+  // the first part is the page's own tokens, the second attention over the context before it,
+  // the third its share of the fixed cost of the forward call it runs in (a resumed sequence
+  // recomputes in batches of recompute_batch_tokens; 0: the page alone pays the whole call).
+  double recompute_tokens_ms = 0;
+  double recompute_tokens_context_ms = 0;
+  double recompute_tokens_call_ms = 0;
+  int64_t block_tokens = 0;
+  int64_t recompute_batch_tokens = 0;
+  double compress_ms = 0;           // encode the page as int8
+  double compress_int4_ms = 0;      // encode the page as int4; 0: compress_ms
   // Bytes a compressed page really takes (slab slots, scales and padding included); 0: estimated
   // as 8 or 4 bits per value plus one f32 scale per 32.
   int64_t int8_page_bytes = 0;
   int64_t int4_page_bytes = 0;
-  double ram_gbps = 0;              // host RAM tier read/write bandwidth
-  double ram_latency_ms = 0;
+  double ram_gbps = 0;              // host RAM tier read bandwidth
+  double ram_latency_ms = 0;        // and the fixed time of reading one page
+  double ram_write_gbps = 0;        // writing a page there; 0: as reading
+  double ram_write_latency_ms = 0;
   double disk_read_gbps = 0;
   double disk_write_gbps = 0;
-  double disk_latency_ms = 0;
+  double disk_latency_ms = 0;       // the fixed time of reading one page
+  double disk_write_latency_ms = 0; // of writing one; 0: as reading
   bool has_disk_tier = false;
   bool has_ram_tier = true;
   // Decode leaves arithmetic idle: this fraction of recompute time is hidden under the weight
-  // streaming of a decode step (0: nothing hidden, as in prefill).
-  double decode_idle_fraction = 0.5;
+  // streaming of a decode step (0: nothing hidden, as in prefill). It lowers the action's cost,
+  // not its predicted bring-back time (which is what the engine measures and checks).
+  double decode_idle_fraction = 0;
   // Actions the caller can carry out (bit i = KvAction i); the others are priced but not allowed.
   uint32_t available_actions = 0xFF;
-  // Expected KL divergence the lossy encodings add (measured on the model; defaults from KIVI).
-  double int8_kld = 1e-4;
-  double int4_kld = 5e-3;
+  // Expected KL divergence the lossy encodings add (measured on the model by kvl calibrate).
+  double int8_kld = kDefaultInt8Kld;
+  double int4_kld = kDefaultInt4Kld;
 };
 
 // What we know of one page's use.
 struct PageHistory {
-  int64_t first_position = 0;
+  int64_t first_position = 0;       // of its first token: the context a recompute attends over
   int64_t steps_since_access = 0;   // steps since attention last read it with weight
   int64_t accesses = 0;             // steps in which it was read
   double attention_mass = 0;        // accumulated mean attention weight on its tokens
@@ -91,7 +116,9 @@ struct PageHistory {
 struct KvPolicyOptions {
   KvQuality quality = KvQuality::kBalanced;
   Phase phase = Phase::kDecode;
-  double memory_price_ms_per_mib = 0;  // 0: no pressure, keeping is free
+  // What keeping a MiB resident costs, from the pool's pressure (KvPressurePlanner's
+  // MemoryPriceMsPerMib); 0: no pressure, keeping is free.
+  double memory_price_ms_per_mib = 0;
   double quality_price_ms_per_kld = 0; // 0: the quality preset's default
 };
 
@@ -100,7 +127,8 @@ struct KvActionCost {
   bool allowed = false;
   std::string why_not;          // when not allowed
   double reuse_probability = 0;
-  double bring_back_ms = 0;
+  double bring_back_ms = 0;     // predicted wall time to bring the page back (checked by the engine)
+  double hidden_ms = 0;         // of which decode's idle arithmetic absorbs (costs nothing)
   double now_ms = 0;
   double resident_bytes = 0;
   double memory_cost_ms = 0;
@@ -116,6 +144,11 @@ struct KvDecision {
 
 // P(the page is read again soon), from recency, frequency and attention mass.
 double ReuseProbability(const PageHistory& page);
+
+// Milliseconds to recompute a page from its tokens at `first_position` (PageCostProfile's
+// formula), and to transfer `bytes` at `gbps` after `latency_ms`.
+double RecomputeTokensMs(const PageCostProfile& profile, int64_t first_position);
+double TransferMs(double bytes, double gbps, double latency_ms);
 
 KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& profile,
                           const KvPolicyOptions& options);

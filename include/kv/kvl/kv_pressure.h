@@ -97,11 +97,20 @@ class KvPressurePlanner {
   void PlanPreemption(const KvPlannedSeq& seq, int64_t num_computed, Phase phase,
                       KvPagePlan* plan) const;
 
+  // What keeping one MiB resident costs while the pool is `blocks_short` blocks short and the
+  // running sequences take `pages_per_step` more blocks at every step: the cheapest lossless way
+  // to free that MiB otherwise (the smallest bring-back time of a page that leaves, per MiB; at
+  // worst recomputing it from its tokens, as a preemption does), times the demand on the pool,
+  // 1 + (blocks_short + pages_per_step) / pool blocks. Keeping bytes resident while short means
+  // another page must leave for them, and the faster the budget is consumed, the sooner.
+  double MemoryPriceMsPerMib(int64_t blocks_short, double pages_per_step) const;
+
   // The action for one page (the cost model's choice, or the fixed policy where it is allowed)
-  // and its predicted bring-back time. A running page can go to a tier (streamed, or kept as
-  // checkpoints) only while the reserved staging has room for one more.
+  // and its predicted bring-back time, with memory priced at `memory_price_ms_per_mib`. A running
+  // page can go to a tier (streamed, or kept as checkpoints) only while the reserved staging has
+  // room for one more.
   KvPageAction Decide(const KvPlannedSeq& seq, int64_t block_index, bool running, Phase phase,
-                      bool staging_room = false) const;
+                      bool staging_room, double memory_price_ms_per_mib) const;
 
  private:
   struct Candidate {

@@ -1,0 +1,121 @@
+// ExplainProfile: every input of the cost model with its value and where it came from, so that
+// no number the policy prices with is a constant passed off as a measurement.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kvl/calibration.h"
+
+namespace kvl {
+namespace {
+
+std::string Describe(const RecomputeCurve& c) {
+  return fmt::format("{:.4f} + {:.4f}*layers + {:.3e}*tokens*layers + "
+                     "{:.3e}*tokens*(position+(tokens+1)/2)*layers ms",
+                     c.call_ms, c.layer_ms, c.token_layer_ms, c.context_token_layer_ms);
+}
+
+std::string Describe(const TransferCurve& c) {
+  return fmt::format("{:.4f} ms/call + {:.4f} ms/page + bytes at {} GB/s", c.call_ms, c.page_ms,
+                     c.gbps > 0 ? fmt::format("{:.2f}", c.gbps) : std::string("(unmeasurable)"));
+}
+
+// "fitted to 12 points: tokens 16..4096, layers 1..22, positions 0..1024".
+std::string PointsOf(const RecomputeCurve& c) {
+  if (c.points.empty()) return "";
+  int64_t t0 = INT64_MAX, t1 = 0, l0 = INT64_MAX, l1 = 0, p0 = INT64_MAX, p1 = 0;
+  for (const RecomputePoint& p : c.points) {
+    t0 = std::min(t0, p.tokens), t1 = std::max(t1, p.tokens);
+    l0 = std::min(l0, p.layers), l1 = std::max(l1, p.layers);
+    p0 = std::min(p0, p.position), p1 = std::max(p1, p.position);
+  }
+  return fmt::format("fitted to {} points: tokens {}..{}, layers {}..{}, positions {}..{}",
+                     c.points.size(), t0, t1, l0, l1, p0, p1);
+}
+
+std::string PointsOf(const TransferCurve& c) {
+  if (c.points.empty()) return "";
+  int64_t n0 = INT64_MAX, n1 = 0, b0 = INT64_MAX, b1 = 0;
+  for (const TransferPoint& p : c.points) {
+    n0 = std::min(n0, p.pages), n1 = std::max(n1, p.pages);
+    b0 = std::min(b0, p.page_bytes), b1 = std::max(b1, p.page_bytes);
+  }
+  return fmt::format("fitted to {} points: {}..{} pages of {}..{} bytes per call", c.points.size(),
+                     n0, n1, b0, b1);
+}
+
+}  // namespace
+
+std::string ExplainProfile(const MachineProfile& p) {
+  const bool measured = p.source == kProfileSourceMeasured;
+  // Where a measured profile's number came from, or the assumption of an analytic one.
+  auto how = [&](const std::string& measured_how) {
+    return measured ? "measured: " + measured_how
+                    : std::string("default: assumed from the model's FLOPs and a modest machine "
+                                  "(no calibration ran; `kvl calibrate` measures it)");
+  };
+  std::string out;
+  auto line = [&](std::string_view input, const std::string& value, const std::string& source) {
+    out += fmt::format("  {:<28} {}\n  {:<28}   {}\n", input, value, "", source);
+  };
+  out += fmt::format("cost model inputs ({} profile, {}):\n", p.source, p.timestamp);
+  const MatmulRate& decode = p.matmul.front();
+  const MatmulRate& prefill = p.matmul.back();
+  line("decode idle fraction", fmt::format("{:.3f}", p.decode_idle_fraction),
+       measured ? fmt::format("measured: 1 - full-layer matmul rate at n={} ({:.1f} GFLOP/s) / at "
+                              "n={} ({:.1f} GFLOP/s)",
+                              decode.n_tokens, decode.layer_gflops, prefill.n_tokens,
+                              prefill.layer_gflops)
+                : "default: 0, nothing is hidden under decode (no calibration ran)");
+  line("recompute from residual", Describe(p.recompute_from_residual),
+       how("Forward::RebuildLayerKv (the pager's rebuild) per layer, " +
+           PointsOf(p.recompute_from_residual)));
+  line("recompute from tokens", Describe(p.recompute_from_tokens),
+       how("Forward::Run of the page's tokens after `position` tokens of context, " +
+           PointsOf(p.recompute_from_tokens)));
+  struct Tier {
+    std::string_view name;
+    const TierCurves& curves;
+    std::string how;
+  };
+  const Tier tiers[] = {
+      {"RAM tier", p.ram, "through a RAM tier (MakeRamTier)"},
+      {"RAM tier (zstd)", p.ram_zstd, "through a RAM tier that compresses with zstd"},
+      {"disk tier (buffered)", p.disk_buffered,
+       fmt::format("through a scratch disk tier file in {} (page cache)", p.disk_dir)},
+      {"disk tier (O_DIRECT)", p.disk_direct,
+       p.disk_direct_measured
+           ? fmt::format("through a scratch disk tier file in {} opened O_DIRECT", p.disk_dir)
+           : std::string("the filesystem refused O_DIRECT: a copy of the buffered curves")},
+  };
+  for (const Tier& t : tiers) {
+    line(fmt::format("{} write", t.name), Describe(t.curves.write),
+         how(t.how + ", " + PointsOf(t.curves.write)));
+    line(fmt::format("{} read", t.name), Describe(t.curves.read),
+         how(t.how + " (checksums verified), " + PointsOf(t.curves.read)));
+  }
+  line("compress int8", Describe(p.compress_int8),
+       how("kv_codec EncodePage (pages = layers), " + PointsOf(p.compress_int8)));
+  line("compress int4", Describe(p.compress_int4),
+       how("kv_codec EncodePage (pages = layers), " + PointsOf(p.compress_int4)));
+  const std::string kld_how =
+      p.kld_tokens > 0
+          ? fmt::format("measured: mean KL(f32 || pages through the codec) teacher-forced on {} "
+                        "tokens of the built-in text, every earlier page encoded",
+                        p.kld_tokens)
+          : std::string("named default (kDefaultInt8Kld / kDefaultInt4Kld, of the order KIVI "
+                        "reports): not measured, the calibration had no tokens of the text (no "
+                        "tokenizer, or a quick calibration with no time for it)");
+  line("int8 page KLD", fmt::format("{:.3e}", p.int8_kld), kld_how);
+  line("int4 page KLD", fmt::format("{:.3e}", p.int4_kld), kld_how);
+  line("memory price", "per run",
+       "observed: from the pool's pressure at each decision (pages short, pages consumed per "
+       "step), KvPressurePlanner");
+  line("recency / frequency", "per page",
+       "observed: the pager's access history (steps since attention last gave the page weight, "
+       "steps that read it)");
+  return out;
+}
+
+}  // namespace kvl

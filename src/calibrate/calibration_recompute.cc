@@ -1,0 +1,159 @@
+// The recompute curves of calibration: K/V rebuilt from residual checkpoints and from tokens,
+// timed at a grid of shapes (tokens x layers, tokens x position) and fitted (calibration_fit.cc).
+//
+// Both are timed through the forward pass itself, so they cost what the pager and a resumed
+// sequence really pay: Forward::RebuildLayerKv (the pager's KvRebuilder) for checkpoints, and
+// Forward::Run of the page's tokens after `position` tokens of context for tokens. The context's
+// K/V rows are zeros: attention's time does not depend on their values, only on how many there
+// are, so the context costs nothing to set up.
+//
+// Which points are timed: the grid is ordered by its expected time (from the matmul rates just
+// measured) and taken smallest first while the stage's budget (curve_seconds) lasts, so a small
+// model gets the whole grid and a 7B-shaped one the points it can afford; the fit always gets at
+// least kMinPoints.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "calibration_internal.h"
+#include "kvl/forward.h"
+#include "kvl/kv_cache.h"
+#include "kvl/model.h"
+
+namespace kvl::calibration_internal {
+namespace {
+
+// Tokens per page and positions the grids span (the 16..4096).
+constexpr int64_t kGridTokens[] = {16, 64, 256, 1024, 4096};
+constexpr int64_t kGridPositions[] = {0, 256, 1024, 4096};
+// Enough for the terms a curve can show (tokens recompute runs every layer: call and layer terms
+// merge) and one more.
+constexpr size_t kMinPoints = 4;
+// A point expected to take longer than this is sampled once (after its warm-up): one call is
+// already long enough to time well, and a quick calibration of a 1B model stays short.
+constexpr double kLongPointSeconds = 0.2;
+
+struct PlannedPoint {
+  RecomputePoint shape;
+  double expected_seconds = 0;
+};
+
+int SamplesFor(const PlannedPoint& p, const CalibrateOptions& o) {
+  return p.expected_seconds > kLongPointSeconds ? 1 : o.repetitions;
+}
+
+// The grid's points, cheapest first, while their expected time (warm-up and samples included)
+// fits the budget; at least kMinPoints of them.
+std::vector<PlannedPoint> ChoosePoints(std::vector<PlannedPoint> grid, const CalibrateOptions& o) {
+  std::stable_sort(grid.begin(), grid.end(), [](const PlannedPoint& a, const PlannedPoint& b) {
+    return a.expected_seconds < b.expected_seconds;
+  });
+  std::vector<PlannedPoint> chosen;
+  double spent = 0;
+  for (const PlannedPoint& p : grid) {
+    const double cost =
+        (SamplesFor(p, o) + 1) * std::max(o.min_sample_seconds, p.expected_seconds);
+    if (chosen.size() >= kMinPoints && spent + cost > o.curve_seconds) break;
+    spent += cost;
+    chosen.push_back(p);
+  }
+  return chosen;
+}
+
+// The layer counts a residual rebuild is timed at: 1, about half, and all.
+std::vector<int64_t> GridLayers(int64_t num_layers) {
+  std::vector<int64_t> layers = {1, std::max<int64_t>(1, num_layers / 2), num_layers};
+  layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+  return layers;
+}
+
+}  // namespace
+
+StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool& pool,
+                                                 const ops::OpsContext& ctx,
+                                                 const CalibrateOptions& o,
+                                                 std::span<const MatmulRate> rates,
+                                                 const CalibrationProgress& progress) {
+  const ModelConfig& c = model.config();
+  // Expected seconds from the prefill-shaped rates (a page is many tokens per weight read).
+  const MatmulRate& rate = rates.back();
+  const double kv_flops_per_second = rate.kv_proj_gflops * 1e9;
+  const double layer_flops_per_second = rate.layer_gflops * 1e9;
+  // Attention per token and layer of context: q.k and p.v over every head, 2 FLOPs each, at
+  // the layer rate (an underestimate of its time: it is not as efficient as a matmul).
+  const double attention_flops = 4.0 * static_cast<double>(c.q_dim());
+
+  std::vector<PlannedPoint> residual_grid, token_grid;
+  for (int64_t t : kGridTokens) {
+    for (int64_t l : GridLayers(c.num_layers)) {
+      const double flops = static_cast<double>(t * l) * KvProjectionFlopsPerToken(c);
+      residual_grid.push_back({{t, l, 0, 0}, flops / kv_flops_per_second});
+    }
+    for (int64_t p : kGridPositions) {
+      if (c.context_length > 0 && p + t > c.context_length) continue;
+      const double tl = static_cast<double>(t * c.num_layers);
+      const double flops = tl * LayerFlopsPerToken(c) + tl * static_cast<double>(p) * attention_flops;
+      token_grid.push_back({{t, c.num_layers, p, 0}, flops / layer_flops_per_second});
+    }
+  }
+  std::vector<PlannedPoint> residual_plan = ChoosePoints(residual_grid, o);
+  std::vector<PlannedPoint> token_plan = ChoosePoints(token_grid, o);
+
+  int64_t max_tokens = 1, max_positions = 1, samples = 0;
+  for (const auto* plan : {&residual_plan, &token_plan}) {
+    for (const PlannedPoint& p : *plan) {
+      max_tokens = std::max(max_tokens, p.shape.tokens);
+      max_positions = std::max(max_positions, p.shape.position + p.shape.tokens);
+      samples += SamplesFor(p, o);
+    }
+  }
+  StageProgress stage(progress, "recompute", samples);
+
+  ForwardOptions fo;
+  fo.max_batch_tokens = max_tokens;
+  fo.max_logit_rows = 1;
+  fo.max_context = max_positions;
+  ops::OpsContext forward_ctx(ctx.isa(), &pool);
+  Forward forward(model, forward_ctx, fo);
+
+  // (a) From checkpoints: [tokens][dim] layer inputs in, [tokens][kv_dim] K and V out per layer,
+  // as the pager rebuilds a checkpointed page.
+  const std::vector<float> residual = RandomFloats(static_cast<size_t>(max_tokens * c.dim), 2);
+  std::vector<float> k_out(static_cast<size_t>(max_tokens * c.kv_dim()));
+  std::vector<float> v_out(k_out.size());
+  std::vector<int64_t> positions(static_cast<size_t>(max_tokens));
+  for (int64_t t = 0; t < max_tokens; ++t) positions[static_cast<size_t>(t)] = t;
+  std::vector<RecomputePoint> residual_points;
+  for (const PlannedPoint& planned : residual_plan) {
+    RecomputePoint p = planned.shape;
+    p.ms = 1e3 * MedianSecondsPerCall(SamplesFor(planned, o), o.min_sample_seconds, stage, [&] {
+             for (int64_t l = 0; l < p.layers; ++l) {
+               forward.RebuildLayerKv(l, residual.data(), positions.data(), p.tokens, DType::kF32,
+                                      k_out.data(), DType::kF32, v_out.data());
+             }
+           });
+    residual_points.push_back(p);
+  }
+
+  // (b) From tokens: the page's tokens after p.position tokens of context (no logits: a page is
+  // recomputed to refill K/V).
+  KVL_ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> cache,
+                       ContiguousKvCache::Create(c.num_layers, c.kv_dim(), 1, max_positions));
+  TokenBatch batch;
+  std::vector<RecomputePoint> token_points;
+  for (const PlannedPoint& planned : token_plan) {
+    RecomputePoint p = planned.shape;
+    batch.Clear();
+    for (int64_t t = 0; t < p.tokens; ++t) {
+      batch.Add(static_cast<int32_t>((t * 7 + 1) % c.vocab_size), p.position + t, 0, false);
+    }
+    p.ms = 1e3 * MedianSecondsPerCall(SamplesFor(planned, o), o.min_sample_seconds, stage,
+                                      [&] { forward.Run(batch, *cache); });
+    token_points.push_back(p);
+  }
+  stage.Finish();
+  return RecomputeCurves{FitRecomputeCurve(std::move(residual_points)),
+                         FitRecomputeCurve(std::move(token_points))};
+}
+
+}  // namespace kvl::calibration_internal
