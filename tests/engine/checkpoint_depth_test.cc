@@ -26,10 +26,12 @@ EngineOptions Options(int32_t max_seqs, int64_t budget_pages, double stream_rese
   o.kv_stream_reserve = stream_reserve;
   o.prefix_cache = false;  // resumed pages come back from their checkpoints, not the prefix cache
   MachineProfile prices;  // fixed: nothing is measured on the busy test machine
-  prices.recompute_from_residual_ms = 1;
-  prices.recompute_from_tokens_ms = 10;
+  prices.model.layers = kLayers;  // the curves are evaluated at stories260K's depth
+  prices.recompute_from_residual.call_ms = 1;                        // per page
+  prices.recompute_from_tokens.token_layer_ms = 10.0 / (16 * kLayers);  // 10 ms per page
   prices.memory_copy_gbps = 10;
-  prices.disk_read_gbps = prices.disk_write_gbps = 1;
+  prices.ram.read.gbps = prices.ram.write.gbps = 10;
+  prices.disk_buffered.read.gbps = prices.disk_buffered.write.gbps = 1;
   o.cost_profile = prices;
   return o;
 }
@@ -171,7 +173,7 @@ TEST(CheckpointDepthTest, AutoTakesTheCostModelsStride) {
     o.kv_policy = "recompute-residual";
     o.kv_tiers = {"ram:64MiB"};
     o.kv_checkpoint_every = 0;
-    o.cost_profile->recompute_from_tokens_ms = tokens_ms;
+    o.cost_profile->recompute_from_tokens.token_layer_ms = tokens_ms / (16 * kLayers);
     auto e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     EXPECT_EQ((*e)->Metrics().kv_checkpoint_every, expected) << tokens_ms;
