@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -105,13 +106,14 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
 // others. The median relative error stays within a generous margin (the machine is shared and
 // the stories260K timings are small), and at most one point in ten (a sample the scheduler
 // stretched) is off by more than a factor of 4: a curve of the wrong form (a constant, or one
-// missing the position term) fails this.
+// missing the position term) fails this. Returns what failed ("" when nothing did).
 template <typename Point, typename Fit, typename Predict>
-void ExpectHeldOutPointsPredicted(const std::vector<Point>& points, Fit&& fit, Predict&& predict,
+std::string HeldOutPointsProblems(const std::vector<Point>& points, Fit&& fit, Predict&& predict,
                                   const char* name) {
-  ASSERT_GE(points.size(), 5u) << name;
+  if (points.size() < 5) return fmt::format("{}: {} points, fewer than 5; ", name, points.size());
   std::vector<double> errors;
   std::string outliers;
+  int64_t num_outliers = 0;
   for (size_t i = 0; i < points.size(); ++i) {
     std::vector<Point> rest = points;
     rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i));
@@ -121,19 +123,24 @@ void ExpectHeldOutPointsPredicted(const std::vector<Point>& points, Fit&& fit, P
     if (!(ratio > 0.25 && ratio < 4.0)) {
       outliers += fmt::format(" point {}: measured {} ms, predicted {} ms;", i, points[i].ms,
                               predicted);
+      ++num_outliers;
     }
   }
-  const size_t allowed = std::max<size_t>(1, points.size() / 10);
-  EXPECT_LE(std::count(outliers.begin(), outliers.end(), ';'), static_cast<std::ptrdiff_t>(allowed))
-      << name << ":" << outliers;
+  std::string problems;
+  const auto allowed = static_cast<int64_t>(std::max<size_t>(1, points.size() / 10));
+  if (num_outliers > allowed) problems += fmt::format("{}:{} ", name, outliers);
   std::sort(errors.begin(), errors.end());
-  EXPECT_LT(errors[errors.size() / 2], 0.5) << name;
+  const double median = errors[errors.size() / 2];
+  if (!(median < 0.5)) problems += fmt::format("{}: median error {:.2f}; ", name, median);
+  return problems;
 }
 
 TEST(CalibrationTest, FittedCurvesPredictHeldOutMeasuredPoints) {
   // Measured on one thread with a few more samples: on a shared 2-core machine a 2-thread pool
   // waits for a core at every parallel region, and the small kernels of stories260K then time
-  // the scheduler, not the work.
+  // the scheduler, not the work. Other processes still stretch a sample now and then, so a
+  // calibration whose points were disturbed is measured again (up to three times): a fit that is
+  // wrong in form misses on every attempt.
   LoadedModel& loaded = Stories260K();
   ThreadPool one(1);
   ops::OpsContext ctx(loaded.ctx.isa(), &one);
@@ -143,27 +150,34 @@ TEST(CalibrationTest, FittedCurvesPredictHeldOutMeasuredPoints) {
   // The full grids (more tier sizes than a quick calibration), in a short budget.
   o.quick = false;
   o.curve_seconds = 2;
-  StatusOr<MachineProfile> measured = Calibrate(*loaded.model, ctx, o, nullptr);
-  ASSERT_TRUE(measured.ok()) << measured.status().ToString();
-  const MachineProfile& p = *measured;
   auto recompute = [](const RecomputeCurve& c, const RecomputePoint& q) {
     return c.Ms(q.tokens, q.layers, q.position);
   };
   auto transfer = [](const TransferCurve& c, const TransferPoint& q) {
     return c.Ms(q.pages, q.page_bytes);
   };
-  ExpectHeldOutPointsPredicted(p.recompute_from_residual.points, FitRecomputeCurve, recompute,
-                               "recompute from residual");
-  ExpectHeldOutPointsPredicted(p.recompute_from_tokens.points, FitRecomputeCurve, recompute,
-                               "recompute from tokens");
-  ExpectHeldOutPointsPredicted(p.ram.read.points, FitTransferCurve, transfer, "RAM tier read");
-  ExpectHeldOutPointsPredicted(p.disk_buffered.read.points, FitTransferCurve, transfer,
-                               "disk tier read");
-  // And the curves grow where the work does: more tokens, a later position.
-  const int64_t layers = p.model.layers;
-  EXPECT_GT(p.recompute_from_tokens.Ms(256, layers, 0), p.recompute_from_tokens.Ms(16, layers, 0));
-  EXPECT_GT(p.recompute_from_residual.Ms(256, layers, 0),
-            p.recompute_from_residual.Ms(16, layers, 0));
+  std::string problems;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    StatusOr<MachineProfile> measured = Calibrate(*loaded.model, ctx, o, nullptr);
+    ASSERT_TRUE(measured.ok()) << measured.status().ToString();
+    const MachineProfile& p = *measured;
+    // The curves grow where the work does: more tokens (not a matter of noise at 16x).
+    const int64_t layers = p.model.layers;
+    EXPECT_GT(p.recompute_from_tokens.Ms(256, layers, 0), p.recompute_from_tokens.Ms(16, layers, 0));
+    EXPECT_GT(p.recompute_from_residual.Ms(256, layers, 0),
+              p.recompute_from_residual.Ms(16, layers, 0));
+    problems =
+        HeldOutPointsProblems(p.recompute_from_residual.points, FitRecomputeCurve, recompute,
+                              "recompute from residual") +
+        HeldOutPointsProblems(p.recompute_from_tokens.points, FitRecomputeCurve, recompute,
+                              "recompute from tokens") +
+        HeldOutPointsProblems(p.ram.read.points, FitTransferCurve, transfer, "RAM tier read") +
+        HeldOutPointsProblems(p.disk_buffered.read.points, FitTransferCurve, transfer,
+                              "disk tier read");
+    if (problems.empty()) break;
+    std::printf("[ info ] attempt %d: %s\n", attempt + 1, problems.c_str());
+  }
+  EXPECT_EQ(problems, "");
 }
 
 TEST(CalibrationTest, DiskScratchFileIsRemoved) {
