@@ -38,9 +38,6 @@
 namespace kvl::ops {
 namespace {
 
-// As gemm_avx512.cc: decode streams each panel from DRAM, prefetched this far ahead.
-constexpr int64_t kPrefetchBytes = 8192;
-
 // f(integral_constant<int, I>) for I = 0 .. N-1, unrolled at compile time (shift counts and
 // scale indices are immediates).
 template <int N, typename F>
@@ -150,7 +147,7 @@ void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
     __m512 dsc[kSub];
     SubBlockFactors<T, false>(blk, dsc);
     for (int s = 0; s < kSub; ++s) {
-      const char* ahead = reinterpret_cast<const char*>(blk) + kPrefetchBytes;
+      const char* ahead = reinterpret_cast<const char*>(blk) + kPackedPrefetchBytes;
       for (int l = s * kLines / kSub; l < (s + 1) * kLines / kSub; ++l) {
         _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
       }
