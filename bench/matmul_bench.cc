@@ -1,10 +1,11 @@
 // MatMul throughput at llama-family projection shapes (TinyLlama-1.1B and Llama-7B) for batches
 // of M = 1 .. 512 tokens, against the machine's measured int8 ceiling.
 //
-// For Q8_0 / Q4_0 each shape and M is timed twice in the same run: on the weights as stored in
-// GGUF ("rows", the 1x8 / 4x4 tile kernels) and repacked by ops::PackMatrix ("packed", the int8
-// GEMM), with GOPS (2 ops per multiply-add) and the fraction of the vpdpbusd peak, which the
-// benchmark measures itself on the same threads (vnni_peak_avx512.cc; only when the CPU has VNNI).
+// For Q8_0 / Q4_0 and the K-quants (Q4_K, Q5_K, Q6_K) each shape and M is timed twice in the same
+// run: on the weights as stored in GGUF ("rows", the 1x8 / 4x4 tile kernels, and the per-row
+// K-quant kernels) and repacked by ops::PackMatrix ("packed", the int8 GEMM), with GOPS (2 ops per
+// multiply-add) and the fraction of the vpdpbusd peak, which the benchmark measures itself on the
+// same threads (vnni_peak_avx512.cc; only when the CPU has VNNI).
 // F16 / F32 are timed at M = 1 and 512 on the TinyLlama shapes.
 //
 // Usage: matmul_bench [threads=2] [--json] [--type=q8_0]... [--shapes=tinyllama|llama7b|all]
@@ -44,6 +45,10 @@ constexpr Shape kShapes[] = {
     {"llama7b", "ffn_down", 4096, 11008},
 };
 
+double WallSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 // Wall time, or with --cpu-time this thread's CPU time: on a loaded machine that measures the
 // kernel itself (meaningful with 1 thread only; with more, workers' time is not counted).
 bool g_cpu_time = false;
@@ -53,7 +58,7 @@ double Seconds() {
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return WallSeconds();
 }
 
 // Best-of-N seconds per call over about 0.25 s of calls (at least 3): the machine is shared, and
@@ -109,7 +114,6 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[i]);
     }
   }
-  // K-quants have no packed layout yet: their rows kernels are measured beside the others.
   const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
                          DType::kQ6_K, DType::kF16, DType::kF32};
   const int64_t max_m = *std::max_element(ms.begin(), ms.end());
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
   if (has_vnni) std::printf("vpdpbusd peak: %.0f int8 GOPS on %d threads\n", peak, threads);
   std::printf("%-6s %-9s %-11s %6s %6s %4s | %9s %8s | %9s %8s %6s | %7s\n", "type", "model",
               "tensor", "N", "K", "M", "rows ms", "GOPS", "packed ms", "GOPS", "%peak", "speedup");
-  std::string json_rows;
+  std::string json_rows, pack_lines;
 
   std::mt19937 rng(1);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -140,7 +144,7 @@ int main(int argc, char** argv) {
         std::find(only_types.begin(), only_types.end(), type_name) == only_types.end()) {
       continue;
     }
-    const bool quantized = type == DType::kQ8_0 || type == DType::kQ4_0;
+    const bool quantized = type != DType::kF16 && type != DType::kF32;
     for (const Shape& s : kShapes) {
       if (shapes_wanted != "all" && shapes_wanted != s.model) continue;
       if (!quantized && std::strcmp(s.model, "tinyllama") != 0) continue;
@@ -152,8 +156,22 @@ int main(int argc, char** argv) {
         quant::QuantizeRow(type, row.data(), s.cols, w.data() + r * row_bytes);
       }
       const ops::MatrixView view{type, w.data(), s.rows, s.cols, row_bytes};
-      const ops::PackedMatrix packed = ops::PackMatrix(isa, view);
+      // Load-time cost of the packed layout: the copy's bytes and the time to build it on the
+      // benchmark's threads (as Forward does at load).
+      const double t_pack0 = WallSeconds();
+      const ops::PackedMatrix packed = ops::PackMatrix(isa, view, &pool);
+      const double pack_ms = (WallSeconds() - t_pack0) * 1e3;
       const bool has_packed = packed.bytes() > 0;
+      if (has_packed) {
+        char line[256];
+        std::snprintf(line, sizeof(line), "%-6s %-9s %-11s %6ld %6ld  GGUF %8.2f MiB  packed %8.2f MiB (%+.2f%%)  pack %7.2f ms\n",
+                      type_name.c_str(), s.model, s.name, static_cast<long>(s.rows),
+                      static_cast<long>(s.cols), static_cast<double>(w.size()) / (1 << 20),
+                      static_cast<double>(packed.bytes()) / (1 << 20),
+                      100.0 * (static_cast<double>(packed.bytes()) / static_cast<double>(w.size()) - 1.0),
+                      pack_ms);
+        pack_lines += line;
+      }
       for (int64_t m : ms) {
         if (!quantized && m != 1 && m != 512) continue;
         const double ops_count = 2.0 * static_cast<double>(s.rows * s.cols * m);
@@ -189,6 +207,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (!pack_lines.empty()) std::printf("\npacked layout (load-time cost):\n%s", pack_lines.c_str());
   if (json) {
     std::printf("{\"isa\":\"%s\",\"threads\":%d,\"vnni_peak_gops\":%.1f,\"results\":[%s]}\n",
                 std::string(ops::IsaName(isa)).c_str(), threads, peak, json_rows.c_str());

@@ -27,12 +27,6 @@
 namespace kvl::ops {
 namespace {
 
-// Decode streams the weights from DRAM; each panel's stream is prefetched 8 KiB (about 15 blocks of
-// a Q8_0 panel) ahead, enough to cover DRAM latency while the dot products of 8 tokens run
-// (TinyLlama Q8_0, 1 thread: np8 decode 115 tok/s with 1 KiB, 167 with 4 KiB, 180-197 with 8 KiB,
-// 156-174 with 16-32 KiB; np1 unchanged).
-constexpr int64_t kPrefetchBytes = 8192;
-
 // Weight vector g (< 8) of one packed block: 4 bytes of each of 16 rows, unsigned.
 template <DType T>
 inline __m512i GroupVector(const uint8_t* quants, int g) {
@@ -86,7 +80,7 @@ void PackedTile(const MatMulArgs& a, int64_t panel, int64_t t) {
       for (int i = 0; i < MR; ++i) {
         const uint8_t* q = quants + i * panel_bytes;
         if (T == DType::kQ8_0 || g % 2 == 0) {
-          _mm_prefetch(reinterpret_cast<const char*>(q + g * 64) + kPrefetchBytes, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(q + g * 64) + kPackedPrefetchBytes, _MM_HINT_T0);
         }
         wv[i] = GroupVector<T>(q, g);
       }
@@ -144,6 +138,7 @@ void MatMulPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, 
 }  // namespace
 
 void Avx512MatMulPackedTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+  if (IsKQuant(a.w.type)) return Avx512KQuantPackedTile(a, r0, r1, t0, t1);
   if (a.w.type == DType::kQ8_0) return MatMulPackedTileT<DType::kQ8_0>(a, r0, r1, t0, t1);
   MatMulPackedTileT<DType::kQ4_0>(a, r0, r1, t0, t1);
 }

@@ -13,16 +13,30 @@ namespace kvl::ops {
 
 inline int64_t AlignUp64(int64_t n) { return (n + 63) & ~int64_t{63}; }
 
-// Activations quantized for Q8_0/Q4_0 weights, one row per token:
+// Activations quantized for Q8_0/Q4_0 and K-quant weights, one row per token:
 //   [blocks*32] int8 values (signed, q = rint(x / d)), padded to 64 bytes,
 //   [blocks] float scales d = amax / 127 (kept in fp32, unlike llama.cpp's fp16), padded,
 //   [blocks] int32 sums of each block's 32 values (for the packed kernels' unsigned-weight
-//   correction; filled by ops.cc after quantize_acts), padded.
+//   correction; filled by ops.cc after quantize_acts), padded,
+//   [blocks] and [2 * blocks] floats d * (sum of a 32- / 16-value sub-block) (KQuantActSums, for
+//   the packed K-quant kernels; filled by ops.cc only when a K-quant matrix reads the row), padded.
 // Quantization is the same function of a row on every ISA, so the quantized bytes never depend on
 // the ISA, the batch or the thread.
 inline int64_t ActScalesOffset(int64_t cols) { return AlignUp64(cols); }
 inline int64_t ActSumsOffset(int64_t cols) { return AlignUp64(cols) + AlignUp64(cols / 32 * 4); }
-inline int64_t ActRowStride(int64_t cols) { return ActSumsOffset(cols) + AlignUp64(cols / 32 * 4); }
+inline int64_t ActKQuantSums32Offset(int64_t cols) {
+  return ActSumsOffset(cols) + AlignUp64(cols / 32 * 4);
+}
+inline int64_t ActKQuantSums16Offset(int64_t cols) {
+  return ActKQuantSums32Offset(cols) + AlignUp64(cols / 32 * 4);
+}
+inline int64_t ActRowStride(int64_t cols) {
+  return ActKQuantSums16Offset(cols) + AlignUp64(cols / 16 * 4);
+}
+
+inline bool IsKQuant(DType type) {
+  return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K;
+}
 
 // The packed layout of Q8_0 / Q4_0 weights (MatrixLayout::kPacked, built by PackMatrix) for int8
 // dot-product kernels whose vector lanes are 16 output rows (vpdpbusd: 16 int32 lanes, 4 bytes
@@ -36,13 +50,52 @@ inline int64_t ActRowStride(int64_t cols) { return ActSumsOffset(cols) + AlignUp
 //   Q4_0: vector v < 4 holds elements 8v..8v+3 (low nibbles) and 8v+4..8v+7 (high nibbles) of the
 //         16 rows, row i at bytes 4i..4i+3, each the stored nibble w + 8.
 // A kernel takes sum((w + C) * x) - C * sum(x) with C = 128 or 8: the same integer as sum(w * x).
+//
+// K-quants (Q4_K, Q5_K, Q6_K) use the same panels of 16 rows, one 256-value super-block after
+// another, each in the bytes of its 16 rows in the GGUF file (Q6_K: 32 more, for alignment).
+// "Code vector" c < 64 of a super-block holds the unsigned codes of elements 4c..4c+3 of the 16
+// rows, row i at bytes 4i..4i+3, so that vpdpbusd multiplies it with 4 activation bytes broadcast
+// to every lane. A super-block of a panel, at byte offsets (KQuantPanelLayout):
+//   codes    32 vectors of 64 bytes; vector u holds the low 4 bits of code vector 2u in its low
+//            nibbles and those of code vector 2u + 1 in its high nibbles (Q4_K: the whole code);
+//   bits     Q5_K: 8 vectors, vector s holds bit 4 of code vector 8s + k in bit k of each byte;
+//            Q6_K: 16 vectors, vector g holds bits 4-5 of code vector 4g + k in bits 2k, 2k + 1;
+//   d        16 fp16 super-block scales (row i at 2i);
+//   dmin     Q4_K / Q5_K: 16 fp16 super-block mins;
+//   scales   Q4_K / Q5_K: the 12 packed bytes of the 6-bit scales and mins (quant::
+//            UnpackScalesMins) as 3 vectors, bytes 4k..4k+3 of row i at 64k + 4i;
+//            Q6_K: 16 groups of 16 int8 scales, group g's of row i at 16g + i.
+// Everything stays as compact as in the file; the kernels unpack codes and 6-bit scales in
+// registers, once per tile for all of its tokens.
 inline constexpr int64_t kPanelRows = 16;
 inline int64_t PackedBlockQuantBytes(DType type) { return type == DType::kQ8_0 ? 512 : 256; }
 inline int64_t PackedPairBytes(DType type) { return 2 * PackedBlockQuantBytes(type) + 64; }
+
+struct KQuantPanelLayout {
+  // Byte offsets inside a super-block (codes start at 0); 0 for a part the type does not have.
+  int64_t bits, d, dmin, scales;
+  int64_t super_bytes;  // bytes of one super-block of one panel
+};
+inline constexpr KQuantPanelLayout KQuantPanel(DType type) {
+  if (type == DType::kQ4_K) return {0, 2048, 2080, 2112, 2304};
+  if (type == DType::kQ5_K) return {2048, 2560, 2592, 2624, 2816};
+  return {2048, 3328, 0, 3072, 3392};  // Q6_K: 3360 bytes of data, 32 of padding
+}
+
 inline int64_t PackedPanelBytes(DType type, int64_t cols) {
+  if (IsKQuant(type)) return cols / 256 * KQuantPanel(type).super_bytes;
   return (cols / 32 + 1) / 2 * PackedPairBytes(type);
 }
 inline int64_t PackedPanels(int64_t rows) { return (rows + kPanelRows - 1) / kPanelRows; }
+
+// Decode streams the packed weights from DRAM; the kernels prefetch each panel's stream 8 KiB
+// (about 15 blocks of a Q8_0 panel, 3.5 super-blocks of a Q4_K one) ahead, enough to cover DRAM
+// latency while the dot products of 8 tokens run (TinyLlama Q8_0, 1 thread: np8 decode 115 tok/s
+// with 1 KiB, 167 with 4 KiB, 180-197 with 8 KiB, 156-174 with 16-32 KiB; np1 unchanged).
+inline constexpr int64_t kPackedPrefetchBytes = 8192;
+
+// Writes row i (< kPanelRows) of a panel from its GGUF row (pack.cc); the panel starts zeroed.
+void PackPanelRow(DType type, const uint8_t* row, int64_t cols, int64_t i, uint8_t* panel);
 
 // Covers units [u0, u1) (weight rows, or panels of rows) x tokens [t0, t1) with a kernel's tiles.
 // Up to kWide tokens (decode of a few sequences): one unit at a time against all of them,
@@ -74,10 +127,11 @@ struct KernelTable {
   // Computes y[t][r] for r in [r0, r1), t in [t0, t1). Every y element gets the same sequence of
   // float operations whatever the range it is computed in (batch invariance; see ops.h).
   void (*matmul_tile)(const MatMulArgs& args, int64_t r0, int64_t r1, int64_t t0, int64_t t1);
-  // The same for Q8_0 / Q4_0 weights in the packed layout above (r0 a multiple of kPanelRows).
-  // Null: this ISA has no packed kernel, and PackMatrix leaves weights as they are. Each output is
-  // exactly what the scalar matmul_tile gives: every block's int32 dot, converted to float, times
-  // (weight scale * activation scale), added in block order to an accumulator starting at 0.
+  // The same for Q8_0 / Q4_0 / K-quant weights in the packed layout above (r0 a multiple of
+  // kPanelRows). Null: this ISA has no packed kernel, and PackMatrix leaves weights as they are.
+  // Each output is exactly what the scalar tile gives: for Q8_0 / Q4_0 every block's int32 dot,
+  // converted to float, times (weight scale * activation scale), added in block order to an
+  // accumulator starting at 0; for K-quants the operations of kquant_kernels_scalar.cc.
   void (*matmul_packed_tile)(const MatMulArgs& args, int64_t r0, int64_t r1, int64_t t0,
                              int64_t t1) = nullptr;
   // Quantizes one row of cols floats (cols % 32 == 0) into the activation layout above. Must give
@@ -154,8 +208,10 @@ using DequantizeBlockFn = void (*)(DType type, const uint8_t* block, float* out)
 void DequantizeColsBy(DequantizeBlockFn block, DType type, const uint8_t* row, int64_t col,
                       int64_t n, float* out);
 
-// The packed int8 GEMM (gemm_avx512.cc): KernelTable::matmul_packed_tile for kAvx512.
+// The packed int8 GEMM (gemm_avx512.cc): KernelTable::matmul_packed_tile for kAvx512. K-quant
+// weights go on to gemm_kquant_avx512.cc.
 void Avx512MatMulPackedTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1);
+void Avx512KQuantPackedTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1);
 
 // Compressed-KV attention kernels (kv_kernels_scalar.cc, kv_kernels_avx512.cc); arguments are
 // validated by ops.cc before any of these runs.

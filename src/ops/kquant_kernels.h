@@ -42,10 +42,6 @@ __attribute__((target("f16c"))) static inline float LoadHalfF16c(const uint8_t* 
   return _cvtsh_ss(h);
 }
 
-inline bool IsKQuant(DType type) {
-  return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K;
-}
-
 // The widest row a K-quant tile takes: its per-token sums live on the stack (4 tokens x cols / 16
 // floats = 32 KiB at this width). Larger than any llama-family matrix up to 70B (28,672).
 inline constexpr int64_t kMaxKQuantCols = 32768;
@@ -55,6 +51,10 @@ inline constexpr int kKQuantMaxTokens = 4;
 // sums[i] = dx[b] * (sum of the int8 activations of sub-block i), b the 32-value block holding
 // it; sub-blocks of 32 (Q4_K, Q5_K) or 16 (Q6_K) values. One token's activation row.
 void KQuantActSums(DType type, const uint8_t* acts, int64_t cols, float* sums);
+
+// The unsigned codes of the 256 elements of one super-block (block: its bytes as stored), in
+// element order: what the formats of kvl/kquant.h define, for the packer.
+void KQuantCodes(DType type, const uint8_t* block, uint8_t codes[kQK_K]);
 
 // One token's operands as the SIMD tiles read them.
 struct KQuantToken {

@@ -1,5 +1,6 @@
 // Reference K-quant MatMul tile (plain C++), the per-token activation sums every ISA shares, and
 // the ISA dispatch of the K-quant tiles. The SIMD tiles are tested against this one.
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
@@ -71,6 +72,36 @@ float DotQ6(const uint8_t* row, int64_t cols, const int8_t* x, const float* dx,
 }
 
 }  // namespace
+
+void KQuantCodes(DType type, const uint8_t* block, uint8_t codes[kQK_K]) {
+  // Whole runs of 32 codes at once (the formats' own loops, as in ggml's dequantizers); the
+  // packed GEMM's tests check the result against Code / Code6 above through the scalar kernel.
+  if (type == DType::kQ6_K) {
+    const uint8_t* ql = block + offsetof(BlockQ6_K, ql);
+    const uint8_t* qh = block + offsetof(BlockQ6_K, qh);
+    for (int h = 0; h < 2; ++h) {
+      for (int l = 0; l < 32; ++l) {
+        const int low0 = ql[64 * h + l], low1 = ql[64 * h + 32 + l], high = qh[32 * h + l];
+        uint8_t* c = codes + 128 * h + l;
+        c[0] = static_cast<uint8_t>((low0 & 15) | (high & 3) << 4);
+        c[32] = static_cast<uint8_t>((low1 & 15) | (high >> 2 & 3) << 4);
+        c[64] = static_cast<uint8_t>((low0 >> 4) | (high >> 4 & 3) << 4);
+        c[96] = static_cast<uint8_t>((low1 >> 4) | (high >> 6) << 4);
+      }
+    }
+    return;
+  }
+  const bool q5 = type == DType::kQ5_K;
+  const uint8_t* qs = block + (q5 ? offsetof(BlockQ5_K, qs) : offsetof(BlockQ4_K, qs));
+  const uint8_t* qh = block + offsetof(BlockQ5_K, qh);
+  for (int s = 0; s < 8; ++s) {
+    for (int l = 0; l < 32; ++l) {
+      const int byte = qs[32 * (s / 2) + l];
+      const int high = q5 ? (qh[l] >> s & 1) << 4 : 0;
+      codes[32 * s + l] = static_cast<uint8_t>((s % 2 == 0 ? byte & 15 : byte >> 4) | high);
+    }
+  }
+}
 
 void KQuantActSums(DType type, const uint8_t* acts, int64_t cols, float* sums) {
   const auto* x = reinterpret_cast<const int8_t*>(acts);

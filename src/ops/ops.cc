@@ -49,45 +49,24 @@ int64_t RowChunk(int64_t n_tokens, int64_t rows, int num_threads, bool packed) {
 }
 
 // The per-block sums of a quantized activation row (kernel_table.h); plain code, the same
-// integers on every ISA.
-void StoreActSums(int64_t cols, uint8_t* row) {
+// integers on every ISA. With kquant, also the scaled sub-block sums of the packed K-quant
+// kernels: dx * float(sum) over 32 and 16 values, the values KQuantActSums gives the row kernels.
+void StoreActSums(int64_t cols, bool kquant, uint8_t* row) {
   const auto* q = reinterpret_cast<const int8_t*>(row);
+  const auto* dx = reinterpret_cast<const float*>(row + ActScalesOffset(cols));
   auto* sums = reinterpret_cast<int32_t*>(row + ActSumsOffset(cols));
+  auto* sums32 = reinterpret_cast<float*>(row + ActKQuantSums32Offset(cols));
+  auto* sums16 = reinterpret_cast<float*>(row + ActKQuantSums16Offset(cols));
   for (int64_t b = 0; b < cols / 32; ++b) {
-    int32_t s = 0;
-    for (int j = 0; j < 32; ++j) s += q[b * 32 + j];
-    sums[b] = s;
-  }
-}
-
-// Writes one row's blocks into a packed panel (layout: kernel_table.h); row i of the panel.
-void PackRow(DType type, const uint8_t* row, int64_t cols, int64_t i, uint8_t* panel) {
-  const int64_t block_bytes = type == DType::kQ8_0 ? 34 : 18;
-  const int64_t quant_bytes = PackedBlockQuantBytes(type);
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    const uint8_t* block = row + b * block_bytes;
-    uint8_t* pair = panel + (b / 2) * PackedPairBytes(type);
-    uint8_t* quants = pair + (b % 2) * quant_bytes + i * 4;
-    std::memcpy(pair + 2 * quant_bytes + (b % 2) * 32 + 2 * i, block, 2);  // f16 scale
-    if (type == DType::kQ8_0) {
-      // Elements 4g..4g+3 go to vector g, each w + 128 (flipping the sign bit of 4 bytes at once).
-      for (int g = 0; g < 8; ++g) {
-        uint32_t four;
-        std::memcpy(&four, block + 2 + 4 * g, 4);
-        four ^= 0x80808080u;
-        std::memcpy(quants + g * 64, &four, 4);
-      }
-    } else {
-      // The stored nibbles already are w + 8: element e < 16 is the low nibble of byte e, element
-      // e >= 16 the high nibble of byte e - 16.
-      const auto nibble = [&](int e) {
-        return e < 16 ? block[2 + e] & 0xF : block[2 + e - 16] >> 4;
-      };
-      for (int u = 0; u < 4; ++u) {
-        for (int j = 0; j < 4; ++j) {
-          quants[u * 64 + j] = static_cast<uint8_t>(nibble(8 * u + j) | nibble(8 * u + 4 + j) << 4);
-        }
-      }
+    int32_t half[2] = {0, 0};
+    for (int h = 0; h < 2; ++h) {
+      for (int j = 0; j < 16; ++j) half[h] += q[b * 32 + 16 * h + j];
+    }
+    sums[b] = half[0] + half[1];
+    if (kquant) {
+      sums32[b] = dx[b] * static_cast<float>(sums[b]);
+      sums16[2 * b] = dx[b] * static_cast<float>(half[0]);
+      sums16[2 * b + 1] = dx[b] * static_cast<float>(half[1]);
     }
   }
 }
@@ -200,9 +179,7 @@ void OpsContext::Reserve(int64_t max_tokens, int64_t max_cols) {
 }
 
 bool PacksMatrix(Isa isa, DType type) {
-  // The packed layout holds 32-value blocks of q8_0 / q4_0; K-quants keep their row kernels.
-  return (type == DType::kQ8_0 || type == DType::kQ4_0) &&
-         TableFor(isa).matmul_packed_tile != nullptr;
+  return IsQuantized(type) && TableFor(isa).matmul_packed_tile != nullptr;
 }
 
 PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool) {
@@ -210,7 +187,8 @@ PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool) {
   PackedMatrix packed;
   packed.view_ = w;
   if (!PacksMatrix(isa, w.type)) return packed;
-  KVL_CHECK(w.cols % 32 == 0 && w.row_bytes == RowBytes(w.type, w.cols));
+  KVL_CHECK(w.cols % (IsKQuant(w.type) ? kQK_K : 32) == 0 &&
+            w.row_bytes == RowBytes(w.type, w.cols));
   const int64_t panel_bytes = PackedPanelBytes(w.type, w.cols);
   packed.bytes_ = static_cast<size_t>(PackedPanels(w.rows) * panel_bytes);
   packed.storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, packed.bytes_)));
@@ -220,8 +198,8 @@ PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool) {
     uint8_t* panel = out + p * panel_bytes;
     std::memset(panel, 0, static_cast<size_t>(panel_bytes));  // padding: zero quants and scales
     for (int64_t r = p * kPanelRows; r < std::min(w.rows, (p + 1) * kPanelRows); ++r) {
-      PackRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_bytes, w.cols,
-              r % kPanelRows, panel);
+      PackPanelRow(w.type, static_cast<const uint8_t*>(w.data) + r * w.row_bytes, w.cols,
+                   r % kPanelRows, panel);
     }
   };
   if (pool != nullptr) {
@@ -246,6 +224,9 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
   // Quantized weights share one quantization of x; float weights read x itself.
   const bool any_quantized =
       std::any_of(ws.begin(), ws.end(), [](const MatrixView& w) { return IsQuantized(w.type); });
+  const bool any_packed_kquant = std::any_of(ws.begin(), ws.end(), [](const MatrixView& w) {
+    return IsKQuant(w.type) && w.layout == MatrixLayout::kPacked;
+  });
   for (size_t m = 0; m < ws.size(); ++m) {
     const MatrixView& w = ws[m];
     KVL_CHECK(w.data != nullptr && ys[m] != nullptr);
@@ -279,7 +260,7 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
       const int64_t t1 = std::min(n_tokens, (task + 1) * kQuantTokens);
       for (int64_t t = task * kQuantTokens; t < t1; ++t) {
         k.quantize_acts(x + t * cols, cols, out + t * stride);
-        StoreActSums(cols, out + t * stride);
+        StoreActSums(cols, any_packed_kquant, out + t * stride);
       }
     });
   }

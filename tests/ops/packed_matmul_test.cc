@@ -1,6 +1,6 @@
-// MatMul over weights repacked by PackMatrix (the int8 GEMM layout): bit-identical to the scalar
-// path on the original weights for every ISA that packs, for every batch size, tiling and thread
-// count; an ISA that does not pack leaves the weights as they are.
+// MatMul over weights repacked by PackMatrix (the int8 GEMM layout, Q8_0 / Q4_0 and the K-quants):
+// bit-identical to the scalar path on the original weights for every ISA that packs, for every
+// batch size, tiling and thread count; an ISA that does not pack leaves the weights as they are.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,6 +47,13 @@ void ExpectBitIdentical(const std::vector<float>& a, const std::vector<float>& b
 }
 
 constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_0};
+constexpr DType kKQuantTypes[] = {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+constexpr DType kAllPackedTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
+                                     DType::kQ6_K};
+
+bool IsKQuant(DType type) {
+  return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K;
+}
 
 TEST(PackedMatMulTest, MatchesScalarBitExactOnOddShapes) {
   uint32_t seed = 1;
@@ -72,14 +79,52 @@ TEST(PackedMatMulTest, MatchesScalarBitExactOnOddShapes) {
   }
 }
 
+// K-quant rows of 1 to 43 super-blocks (TinyLlama's ffn_down width and Llama-7B's included), row
+// counts that leave a partial panel, and every tile width of prefill and decode. Weights with
+// widely varying scales and outliers (so codes 0 and 15 / 31 / 63 occur), activations with a
+// saturating and an all-zero block.
+TEST(PackedMatMulTest, KQuantsMatchScalarBitExactOnOddShapes) {
+  uint32_t seed = 50;
+  int packed_cases = 0;
+  for (Isa isa : RunnableIsas()) {
+    for (DType type : kKQuantTypes) {
+      if (!PacksMatrix(isa, type)) continue;
+      for (int64_t cols : {256, 768, 2816, 5632, 11008}) {
+        for (int64_t rows : {1, 17, 45}) {
+          if (cols > 2816 && rows != 17) continue;  // the scalar reference is slow at these widths
+          const Weights w = MakeWeights(type, rows, cols, ++seed, true);
+          const PackedMatrix packed = PackMatrix(isa, w.view());
+          ASSERT_EQ(packed.view().layout, MatrixLayout::kPacked);
+          const int64_t max_tokens = 15;
+          const std::vector<float> x = ExtremeVec(max_tokens * cols, ++seed);
+          // The scalar path is batch invariant, so the first n tokens' outputs are a prefix.
+          const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
+          for (int64_t tokens : {1, 2, 5, 7, 8, 9, 12, 15}) {
+            const std::vector<float> want(ref.begin(), ref.begin() + tokens * rows);
+            ExpectBitIdentical(RunPacked(isa, 2, packed.view(), x.data(), tokens), want,
+                               std::string(IsaName(isa)) + " " + std::string(DTypeName(type)) +
+                                   " rows " + std::to_string(rows) + " cols " +
+                                   std::to_string(cols) + " tokens " + std::to_string(tokens));
+            ++packed_cases;
+          }
+        }
+      }
+    }
+  }
+  if (PacksMatrix(BestIsa(), DType::kQ4_K)) {
+    EXPECT_GT(packed_cases, 0);
+  }
+}
+
 // Every M from 1 to 64, 1 and 2 threads: each token's outputs are those it gets alone, which are
 // the scalar path's.
 TEST(PackedMatMulTest, BatchAndThreadInvariant) {
   uint32_t seed = 100;
   for (Isa isa : RunnableIsas()) {
-    for (DType type : kQuantTypes) {
+    for (DType type : kAllPackedTypes) {
       if (!PacksMatrix(isa, type)) continue;
-      const int64_t cols = 352, rows = 100;  // 11 blocks; 6 full panels and a partial one
+      // 11 blocks or 2 super-blocks; 6 full panels and a partial one.
+      const int64_t cols = IsKQuant(type) ? 512 : 352, rows = 100;
       const Weights w = MakeWeights(type, rows, cols, ++seed, true);
       const PackedMatrix packed = PackMatrix(isa, w.view());
       const std::vector<float> x = ExtremeVec(64 * cols, ++seed);
@@ -99,23 +144,27 @@ TEST(PackedMatMulTest, BatchAndThreadInvariant) {
   }
 }
 
-// A group mixing packed and unpacked matrices gives each what MatMul gives it alone.
+// A group mixing packed and unpacked matrices gives each what MatMul gives it alone (a Q4_K_M
+// layer's Q/K/V: packed Q4_K and Q6_K beside each other; Q8_0 and f16 beside them).
 TEST(PackedMatMulTest, GroupMixesLayouts) {
   const Isa isa = BestIsa();
-  const Weights q8 = MakeWeights(DType::kQ8_0, 48, 256, 7);
-  const Weights q4 = MakeWeights(DType::kQ4_0, 20, 256, 8);
-  const Weights f16 = MakeWeights(DType::kF16, 9, 256, 9);
-  const PackedMatrix p8 = PackMatrix(isa, q8.view()), p4 = PackMatrix(isa, q4.view());
-  const std::vector<float> x = RandomVec(21 * 256, 10);
-  std::vector<float> y8(21 * 48), y4(21 * 20), y16(21 * 9);
+  const Weights q8 = MakeWeights(DType::kQ8_0, 48, 512, 7);
+  const Weights q4k = MakeWeights(DType::kQ4_K, 20, 512, 8);
+  const Weights q6k = MakeWeights(DType::kQ6_K, 33, 512, 11);
+  const Weights f16 = MakeWeights(DType::kF16, 9, 512, 9);
+  const PackedMatrix p8 = PackMatrix(isa, q8.view()), p4k = PackMatrix(isa, q4k.view()),
+                     p6k = PackMatrix(isa, q6k.view());
+  const std::vector<float> x = RandomVec(21 * 512, 10);
+  std::vector<float> y8(21 * 48), y4k(21 * 20), y6k(21 * 33), y16(21 * 9);
   ThreadPool pool(2);
   OpsContext ctx(isa, &pool);
-  ctx.Reserve(21, 256);
-  const MatrixView ws[] = {p8.view(), f16.view(), p4.view()};
-  float* const ys[] = {y8.data(), y16.data(), y4.data()};
+  ctx.Reserve(21, 512);
+  const MatrixView ws[] = {p8.view(), f16.view(), p4k.view(), p6k.view()};
+  float* const ys[] = {y8.data(), y16.data(), y4k.data(), y6k.data()};
   MatMulGroup(ctx, ws, x.data(), 21, ys);
   ExpectBitIdentical(y8, RunPacked(isa, 1, p8.view(), x.data(), 21), "q8_0");
-  ExpectBitIdentical(y4, RunPacked(isa, 1, p4.view(), x.data(), 21), "q4_0");
+  ExpectBitIdentical(y4k, RunPacked(Isa::kScalar, 1, q4k.view(), x.data(), 21), "q4_k");
+  ExpectBitIdentical(y6k, RunPacked(Isa::kScalar, 1, q6k.view(), x.data(), 21), "q6_k");
   ExpectBitIdentical(y16, RunPacked(isa, 1, f16.view(), x.data(), 21), "f16");
 }
 
@@ -136,6 +185,19 @@ TEST(PackedMatMulTest, SizeAndUnpackedTypes) {
       }
       EXPECT_EQ(pe.bytes(), even.bytes.size());
       EXPECT_EQ(po.bytes(), static_cast<size_t>(2 * 2 * 2 * 16 * RowBytes(type, 32)));
+    }
+    for (DType type : kKQuantTypes) {
+      // 32 rows x 3 super-blocks: the GGUF bytes (Q6_K: 32 bytes more per panel and super-block,
+      // for alignment); 17 rows: a second panel of the same size.
+      const Weights even = MakeWeights(type, 32, 768, 4), odd = MakeWeights(type, 17, 768, 5);
+      const PackedMatrix pe = PackMatrix(isa, even.view()), po = PackMatrix(isa, odd.view());
+      if (!PacksMatrix(isa, type)) {
+        EXPECT_EQ(pe.bytes(), 0u);
+        continue;
+      }
+      const size_t padding = type == DType::kQ6_K ? 2 * 3 * 32 : 0;
+      EXPECT_EQ(pe.bytes(), even.bytes.size() + padding) << DTypeName(type);
+      EXPECT_EQ(po.bytes(), pe.bytes()) << DTypeName(type);
     }
   }
 }

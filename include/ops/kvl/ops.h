@@ -78,10 +78,11 @@ class OpsContext {
 void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_tokens, float* y);
 
 // A weight matrix repacked once, at model load, into the layout the ISA's int8 GEMM streams best
-// (Q8_0 / Q4_0 on AVX-512 VNNI: panels of 16 rows, 4 bytes per row per vector, see
-// src/ops/kernel_table.h). The packed copy takes the bytes of the original (for a row count that is
-// a multiple of 16 and an even block count; otherwise up to 15 zero rows and one zero block per
-// panel more), and the original is no longer read, so its mmapped pages can be dropped.
+// (Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K on AVX-512 VNNI: panels of 16 rows, 4 bytes per row per vector,
+// see src/ops/kernel_table.h). The packed copy takes the bytes of the original (for a row count
+// that is a multiple of 16 and, for Q8_0 / Q4_0, an even block count; otherwise up to 15 zero rows
+// and one zero block per panel more; Q6_K: 32 bytes more per 16 rows x 256 values, 1%), and the
+// original is no longer read, so its mmapped pages can be dropped.
 // view() is what MatMul takes; it may only be used with an OpsContext of the ISA it was packed for.
 // Where the ISA has no packed kernel for the type, view() is the original matrix and nothing is
 // owned. Movable, not copyable (the copy would cost the matrix's bytes).
