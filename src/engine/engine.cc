@@ -396,6 +396,7 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 
 Engine::~Engine() {
   Stop();
+  if (impl_->scheduler) impl_->scheduler->ReleaseParkedSessions();  // the step loop has stopped
   if (impl_->trace) {
     // The one place a failed trace write surfaces: the run itself went on without it.
     const Status s = impl_->trace->Close();

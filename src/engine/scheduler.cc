@@ -227,6 +227,10 @@ void Scheduler::AdoptParkedSessions() {
   while (!parked_.empty() && waiting_.size() > free_slots_.size()) Unpark(0);
 }
 
+void Scheduler::ReleaseParkedSessions() {
+  while (!parked_.empty()) Unpark(0);
+}
+
 void Scheduler::Unpark(size_t parked_index) {
   KVL_CHECK(parked_index < parked_.size());
   ReleaseSlot(*parked_[parked_index]);

@@ -85,6 +85,9 @@ class Scheduler {
   // sent. It leaves the queues at the next ReleaseFinished.
   void Finish(Sequence& seq, const std::string& reason, Status error = Status::Ok());
   void ReleaseFinished();
+  // Every parked session lets its KV go as a finished request's does (durable tiers get its exact
+  // pages): at shutdown, so that a restart finds what a parked session held.
+  void ReleaseParkedSessions();
 
   bool idle() const { return running_.empty() && waiting_.empty(); }
   int64_t num_parked() const { return static_cast<int64_t>(parked_.size()); }
