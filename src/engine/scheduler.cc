@@ -145,6 +145,7 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
   for (auto& seq : waiting_) {
     if (budget == 0 || admissions == max_admissions) break;
     if (running_.size() + admissions >= static_cast<size_t>(options_.max_seqs)) break;
+    if (admissions >= free_slots_.size()) break;  // the other slots hold parked sessions
     const int64_t len = static_cast<int64_t>(seq->tokens.size());
     const int64_t cached = kv_.MatchPrefix(seq->tokens);
     if (store_ != nullptr && !seq->store_checked) FindInStore(*seq, cached);
