@@ -4,10 +4,8 @@
 // turns the JSON into a PNG. No assertion on time: which way wins is the machine's business.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,29 +13,18 @@
 #include <string>
 #include <tuple>
 
+#include "run_command.h"
 #include "test_paths.h"
 
 namespace kvl {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using Result = testing::CommandResult;
 
-// Runs a shell command line to its end.
-Result RunShell(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+// A shell command line, its stderr joined to the output.
+Result RunShell(const std::string& command) { return testing::RunShell(command + " 2>&1"); }
 
-Result RunKvl(const std::string& args) { return RunShell(std::string(KVL_KVL_BINARY) + " " + args); }
+Result RunKvl(const std::string& args) { return testing::RunKvl(args, /*with_stderr=*/true); }
 
 class BenchFrontierTest : public ::testing::Test {
  protected:

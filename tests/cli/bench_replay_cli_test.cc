@@ -2,37 +2,24 @@
 // reports its prediction errors and writes a trace; the replay of it prints every policy at every
 // capacity, Belady's optimal never beaten; a hand-written trace gives the misses it must.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "run_command.h"
 #include "test_paths.h"
 
 namespace kvl {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
+using Result = testing::CommandResult;
 
 Result Kvl(const std::string& args, bool with_stderr = false) {
-  const std::string cmd =
-      std::string(KVL_KVL_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return testing::RunKvl(args, with_stderr);
 }
 
 std::string Temp(const std::string& name) {

@@ -3,36 +3,22 @@
 // No assertion on time: the bench prints timings, the tests check what must hold on any machine.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "run_command.h"
 #include "test_paths.h"
 
 namespace kvl {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using Result = testing::CommandResult;
 
-Result RunKvl(const std::string& args) {
-  const std::string cmd = std::string(KVL_KVL_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Result RunKvl(const std::string& args) { return testing::RunKvl(args, /*with_stderr=*/true); }
 
 // A directory of the test's own for the JSON and the disk tiers' files.
 class BenchTurnsTest : public ::testing::Test {

@@ -17,31 +17,17 @@
 #include <string>
 #include <vector>
 
+#include "run_command.h"
 #include "test_paths.h"
 
 namespace kvl {
 namespace {
 
-struct CommandResult {
-  int exit_code;
-  std::string output;  // stdout, plus stderr when asked
-};
-
-// Runs a shell command line; its stdout is the output.
-CommandResult RunShell(const std::string& cmd) {
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using testing::CommandResult;
+using testing::RunShell;
 
 CommandResult RunKvl(const std::string& args, bool with_stderr = false) {
-  return RunShell(std::string(KVL_KVL_BINARY) + " " + args +
-                  (with_stderr ? " 2>&1" : " 2>/dev/null"));
+  return testing::RunKvl(args, with_stderr);
 }
 
 TEST(CliTest, RunGreedyPrintsTheReferenceStory) {
