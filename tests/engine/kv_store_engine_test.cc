@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "kv/redis_test_server.h"
+#include "greedy_reply.h"
 #include "kvl/engine.h"
 #include "page_file_corruption.h"
 #include "test_paths.h"
@@ -47,26 +48,10 @@ std::vector<int32_t> LongPrompt(Engine& e, int salt = 0) {
   return e.tokenizer().Encode(text, /*add_bos=*/true);
 }
 
-struct Reply {
-  std::vector<int32_t> tokens;
-  int64_t cached_prompt_tokens = -1;
-};
+using Reply = testing::GreedyReply;
 
 Reply Generate(Engine& e, const std::vector<int32_t>& prompt, int32_t n = 24) {
-  Request r;
-  r.prompt_ids = prompt;
-  r.max_new_tokens = n;
-  r.sampling.temperature = 0;
-  r.ignore_eos = true;
-  Reply out;
-  const StatusOr<RequestId> id = e.Submit(r, [&](const TokenEvent& ev) {
-    EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
-    if (ev.token >= 0) out.tokens.push_back(ev.token);
-    if (ev.finished) out.cached_prompt_tokens = ev.cached_prompt_tokens;
-  });
-  EXPECT_TRUE(id.ok()) << id.status().ToString();
-  e.RunUntilIdle();
-  return out;
+  return testing::GenerateGreedy(e, prompt, n);
 }
 
 const KvTierMetrics* Tier(const EngineMetrics& m, std::string_view prefix) {
@@ -76,11 +61,7 @@ const KvTierMetrics* Tier(const EngineMetrics& m, std::string_view prefix) {
   return nullptr;
 }
 
-std::unique_ptr<Engine> MakeEngine(const EngineOptions& o) {
-  auto e = Engine::Create(o);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  return e.ok() ? std::move(e).value() : nullptr;
-}
+using testing::MakeEngine;
 
 // The reference: one engine, nothing but the pool.
 Reply KeepAllReply(int salt = 0) {

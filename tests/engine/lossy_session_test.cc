@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "greedy_reply.h"
 #include "kvl/engine.h"
 #include "test_paths.h"
 
@@ -27,34 +28,12 @@ EngineOptions Options(const std::string& policy, int64_t budget_pages, int32_t m
   return o;
 }
 
-std::unique_ptr<Engine> MakeEngine(const EngineOptions& o) {
-  auto e = Engine::Create(o);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  return e.ok() ? std::move(e).value() : nullptr;
-}
+using testing::MakeEngine;
 
-struct Reply {
-  std::vector<int32_t> tokens;
-  int64_t cached_prompt_tokens = -1;
-  bool ok = true;
-};
+using Reply = testing::GreedyReply;
 
 Reply Generate(Engine& e, const std::vector<int32_t>& prompt, int32_t n = kReplyTokens) {
-  Request r;
-  r.prompt_ids = prompt;
-  r.max_new_tokens = n;
-  r.sampling.temperature = 0;
-  r.ignore_eos = true;
-  Reply out;
-  const StatusOr<RequestId> id = e.Submit(r, [&](const TokenEvent& ev) {
-    if (!ev.error.ok()) out.ok = false;
-    EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
-    if (ev.token >= 0) out.tokens.push_back(ev.token);
-    if (ev.finished) out.cached_prompt_tokens = ev.cached_prompt_tokens;
-  });
-  EXPECT_TRUE(id.ok()) << id.status().ToString();
-  e.RunUntilIdle();
-  return out;
+  return testing::GenerateGreedy(e, prompt, n);
 }
 
 // A first turn of about 240 tokens: story openings one after another.
