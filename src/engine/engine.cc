@@ -429,6 +429,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
   if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices);
   e.scheduler->set_trace(e.trace.get());
+  if (options.kv_feedback) {
+    e.planner->set_feedback(&e.feedback);
+    e.scheduler->set_feedback(&e.feedback);
+  }
   StepRunnerParts parts;
   parts.scheduler = e.scheduler.get();
   parts.kv = e.kv.get();
@@ -440,6 +444,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   parts.tokenizer = e.tokenizer.get();
   parts.metrics = &e.metrics;
   parts.trace = e.trace.get();
+  if (options.kv_feedback) {
+    parts.feedback = &e.feedback;
+  }
   parts.context_length = e.context_length;
   e.runner = std::make_unique<StepRunner>(parts);
   e.step_plan.steps.reserve(static_cast<size_t>(options.max_seqs));

@@ -53,6 +53,9 @@ struct Engine::Impl {
   std::unique_ptr<KvPager> pager;
   std::unique_ptr<PagedKvCache> cache;
   std::unique_ptr<KvPressurePlanner> planner;
+  // The cost model's bring-back times against the measured ones, by FeedbackKey (step thread
+  // only).
+  BringBackFeedback feedback{kNumFeedbackKeys};
   std::unique_ptr<KvTraceWriter> trace;  // --kv-trace; null when off
 
   // The step loop's parts.

@@ -96,17 +96,25 @@ void Scheduler::FindInStore(Sequence& seq, int64_t cached_tokens) {
   for (int64_t i = 0; i < found; ++i) {
     KvTier* tier = found_in_[static_cast<size_t>(i)];
     const int64_t tier_index = store_->TierIndex(tier);
-    const double promote_ms = store_->tiers()[static_cast<size_t>(tier_index)].promote_ms;
+    // Named by where the page is (a zstd RAM tier is RAM too); Redis has no action of its own.
+    const KvAction action =
+        tier->name().starts_with("ram") ? KvAction::kDemoteRam : KvAction::kDemoteDisk;
+    auto corrected = [&](size_t key) { return feedback_ != nullptr ? feedback_->Scale(key) : 1.0; };
+    const double model_ms = store_->tiers()[static_cast<size_t>(tier_index)].promote_ms;
+    const double promote_ms = model_ms * corrected(FeedbackKey(action, tier));
+    const double recompute_ms =
+        RecomputeTokensMs(recompute_prices_, (first + i) * block_tokens_) *
+        corrected(static_cast<size_t>(KvAction::kRecomputeTokens));
     // The cheapest way back: a tier slower than recomputing the page from its tokens is not used
     // (nor anything after it: the pages after a recomputed one are computed with it).
-    if (promote_ms >= RecomputeTokensMs(recompute_prices_, (first + i) * block_tokens_)) break;
+    if (promote_ms >= recompute_ms) break;
     const size_t b = static_cast<size_t>(first + i);
     if (pages.size() <= b) pages.resize(b + 1);
     KvPage& page = pages[b];
     page.fate = KvPageFate::kInTier;
-    page.action = tier_index == 0 && tier->reads_in_place() ? KvAction::kDemoteRam
-                                                            : KvAction::kDemoteDisk;
+    page.action = action;
     page.predicted_ms = promote_ms;
+    page.model_ms = model_ms;
     page.tier = tier;
     page.content = content_ids_[b];
     page.awaiting_restore = true;

@@ -66,6 +66,10 @@ class Scheduler {
     recompute_prices_ = prices;
   }
 
+  // Corrections of the store's promotion prices and of recompute from tokens by measured times
+  // (by FeedbackKey); nullptr: the profile's prices as they are.
+  void set_feedback(const BringBackFeedback* feedback) { feedback_ = feedback; }
+
   // --kv-trace: pages that leave the pool are written to `trace` (nullptr: none).
   void set_trace(KvTraceWriter* trace) { trace_ = trace; }
 
@@ -145,6 +149,7 @@ class Scheduler {
   KvPagePlan page_plan_;                            // reused
   KvStore* store_ = nullptr;
   PageCostProfile recompute_prices_;
+  const BringBackFeedback* feedback_ = nullptr;
   std::vector<KvContentId> content_ids_;            // reused by FindInStore
   std::vector<KvTier*> found_in_;
   std::vector<KvPlannedSeq> planned_running_;       // reused

@@ -60,9 +60,9 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
   const int64_t restored = p_.pager->RestorePages(seq.slot, first_block, num_blocks);
   if (restored < num_blocks) p_.metrics->CountReadFailure(num_blocks - restored);
   const double ms = MillisecondsBetween(start, Clock::now());
+  const double page_ms = ms / static_cast<double>(std::max<int64_t>(1, restored));
   for (int64_t b = first_block; b < first_block + restored; ++b) {
     const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
-    const double page_ms = ms / static_cast<double>(std::max<int64_t>(1, restored));
     p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
     if (p_.trace != nullptr) {
       p_.trace->Back(seq.id, b, static_cast<int>(page.action), page.predicted_ms, page_ms);
@@ -71,7 +71,9 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
       p_.store->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
       p_.metrics->CountPromoted(p_.store->TierIndex(page.tier), page.predicted_ms, page_ms);
     }
+    restored_.Add(FeedbackKey(page.action, page.tier), page.model_ms);
   }
+  restored_.FeedTo(p_.feedback, page_ms);
   return restored * block_tokens_;
 }
 
@@ -92,7 +94,8 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
       for (size_t b = 0; b < seq.kv_pages.pages.size(); ++b) {
         const KvPage& page = seq.kv_pages.pages[b];
         if (page.fate == KvPageFate::kDropped) {
-          pending_recompute_.push_back({seq.id, static_cast<int64_t>(b), page.predicted_ms});
+          pending_recompute_.push_back(
+              {seq.id, static_cast<int64_t>(b), page.predicted_ms, page.model_ms});
         }
       }
     }
@@ -277,6 +280,7 @@ void StepRunner::CountRecomputedPages(double step_ms) {
       seen = true;
       if (first >= r.from && first + block_tokens_ <= r.to) {
         p_.metrics->CountRestored(KvAction::kRecomputeTokens, page.predicted_ms, page_ms);
+        recomputed_.Add(static_cast<size_t>(KvAction::kRecomputeTokens), page.model_ms);
         done = true;
       } else if (r.from > first) {
         done = true;  // split across two steps: its time is not one step's share
@@ -286,6 +290,7 @@ void StepRunner::CountRecomputedPages(double step_ms) {
     if (!done && seen) pending_recompute_[kept++] = page;
   }
   pending_recompute_.resize(kept);
+  recomputed_.FeedTo(p_.feedback, page_ms);
 }
 
 void StepRunner::SaveUnreachablePages(const StepPlan& plan) {

@@ -31,6 +31,9 @@ struct StepRunnerParts {
   const Tokenizer* tokenizer = nullptr;
   MetricsRecorder* metrics = nullptr;
   KvTraceWriter* trace = nullptr;  // --kv-trace; may be null
+  // Where measured bring-back times are fed back to the cost model, by FeedbackKey (may be
+  // null: not fed).
+  BringBackFeedback* feedback = nullptr;
   int64_t context_length = 0;
 };
 
@@ -69,8 +72,12 @@ class StepRunner {
     RequestId request = 0;
     int64_t block = 0;
     double predicted_ms = 0;
+    double model_ms = 0;
   };
   std::vector<PendingRecompute> pending_recompute_;
+  // One event's pages for the feedback: restored by one call, recomputed from tokens in one step.
+  BringBackBatch restored_{kNumFeedbackKeys};
+  BringBackBatch recomputed_{kNumFeedbackKeys};
   // This step: per sequence, the positions it computes [from, to).
   struct ComputedRange {
     RequestId request = 0;

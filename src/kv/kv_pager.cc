@@ -243,6 +243,7 @@ int64_t KvPager::Apply(KvPagePlan& plan) {
     KvPage& page = Bound(a.seq).pages[static_cast<size_t>(a.block_index)];
     page.action = a.action;
     page.predicted_ms = a.predicted_ms;
+    page.model_ms = a.model_ms;
     ++applied;
   }
   return applied;
@@ -365,6 +366,7 @@ void KvPager::Preempt(SeqId seq, KvPagePlan& plan) {
                            : KvPageFate::kInTier;
     page.action = a.applied ? a.action : KvAction::kRecomputeTokens;
     page.predicted_ms = a.predicted_ms;
+    page.model_ms = a.model_ms;
     page.in_place = false;  // a preempted page is promoted at the resume, never streamed
     page.awaiting_restore = a.applied;
   }
@@ -551,12 +553,18 @@ void KvPager::ForgetPreemptedPages(KvSequencePages& pages) {
   }
 }
 
+size_t FeedbackKey(KvAction action, const KvTier* tier) {
+  if (tier != nullptr && tier->name().starts_with("redis")) return kRemoteTierFeedbackKey;
+  return static_cast<size_t>(action);
+}
+
 // Back in its pool block: every field but checkpoint_missing, which outlives every fate. The
 // slots keep their capacity for the page's next compression.
 void KvPager::MakeResident(KvPage& page) {
   page.fate = KvPageFate::kResident;
   page.action = KvAction::kKeep;
   page.predicted_ms = 0;
+  page.model_ms = 0;
   page.slots.clear();
   page.tier = nullptr;
   page.page_id = 0;

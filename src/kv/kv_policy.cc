@@ -179,6 +179,12 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         c.quality_cost_ms = reuse * (0.01 + page.attention_mass) * prices.per_evicted_mass;
         break;
     }
+    c.model_bring_back_ms = c.bring_back_ms;
+    if (o.feedback != nullptr) {
+      const double scale = o.feedback->Scale(static_cast<size_t>(i));
+      c.bring_back_ms *= scale;
+      c.hidden_ms *= scale;
+    }
     if (lossless_only && !IsLossless(c.action)) c.why_not = "lossy (--kv-quality lossless)";
     if (!(p.available_actions & (1u << i))) c.why_not = "not available here";
     if (!c.why_not.empty()) c.allowed = false;
@@ -202,10 +208,16 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
 std::string KvDecision::Explain() const {
   std::string out;
   for (const KvActionCost& c : costs) {
-    out += fmt::format("{} {:<18} p_reuse={:.2f} back={:.3f}ms hidden={:.3f}ms now={:.3f}ms "
+    // Where the engine's measurements corrected the profile's bring-back time, both are shown.
+    const std::string model =
+        c.model_bring_back_ms != c.bring_back_ms
+            ? fmt::format(" (profile {:.3f}ms x {:.2f} measured)", c.model_bring_back_ms,
+                          c.bring_back_ms / c.model_bring_back_ms)
+            : std::string();
+    out += fmt::format("{} {:<18} p_reuse={:.2f} back={:.3f}ms{} hidden={:.3f}ms now={:.3f}ms "
                        "resident={:.0f}B mem={:.3f}ms quality={:.3f}ms total={:.3f}ms{}\n",
                        c.action == action ? "*" : " ", KvActionName(c.action), c.reuse_probability,
-                       c.bring_back_ms, c.hidden_ms, c.now_ms, c.resident_bytes, c.memory_cost_ms,
+                       c.bring_back_ms, model, c.hidden_ms, c.now_ms, c.resident_bytes, c.memory_cost_ms,
                        c.quality_cost_ms, c.total_ms, c.allowed ? "" : "  [not allowed: " + c.why_not + "]");
   }
   return out;

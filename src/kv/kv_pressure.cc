@@ -95,6 +95,7 @@ double KvPressurePlanner::MemoryPriceMsPerMib(int64_t blocks_short, double pages
   KvPolicyOptions o;
   o.quality = KvQuality::kLossless;
   o.phase = Phase::kPrefill;
+  o.feedback = feedback_;
   const KvDecision d = ChooseKvAction(PageHistory{}, rules_.prices, o);
   // A time of 0 is an unmeasured one (no profile), not a free way out.
   double departure_ms = std::numeric_limits<double>::infinity();
@@ -119,6 +120,7 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
   o.quality = rules_.quality;
   o.phase = phase;
   o.memory_price_ms_per_mib = memory_price_ms_per_mib;
+  o.feedback = feedback_;
   PageHistory page;
   page.first_position = block_index * rules_.block_tokens;
   page.is_sink = page.first_position < rules_.sink_tokens;
@@ -170,6 +172,7 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
   a.block_index = block_index;
   a.action = action;
   a.predicted_ms = d.costs[static_cast<size_t>(action)].bring_back_ms;
+  a.model_ms = d.costs[static_cast<size_t>(action)].model_bring_back_ms;
   return a;
 }
 
@@ -279,7 +282,11 @@ void KvPressurePlanner::PlanPreemption(const KvPlannedSeq& seq, int64_t num_comp
       a.seq = seq.slot;
       a.block_index = b;
       a.action = KvAction::kRecomputeTokens;
-      a.predicted_ms = RecomputeTokensMs(rules_.prices, b * rules_.block_tokens);
+      a.model_ms = RecomputeTokensMs(rules_.prices, b * rules_.block_tokens);
+      a.predicted_ms =
+          a.model_ms * (feedback_ != nullptr
+                            ? feedback_->Scale(static_cast<size_t>(KvAction::kRecomputeTokens))
+                            : 1.0);
     } else {
       a = Decide(seq, b, /*running=*/false, phase, /*staging_room=*/false, memory_price);
     }

@@ -133,6 +133,40 @@ TEST(KvPolicyTest, ResidualRecomputeDependsOnTheModelsBytes) {
             CostOf(cold, KvAction::kRecomputeTokens).total_ms);
 }
 
+// The engine's measured bring-back times correct the profile's: an action found slower than
+// predicted costs more, and can lose the choice it won on the profile alone.
+TEST(KvPolicyTest, MeasuredCorrectionsScaleBringBackAndCanChangeTheChoice) {
+  KvPolicyOptions o;
+  o.quality = KvQuality::kLossless;
+  o.memory_price_ms_per_mib = 50;
+  o.phase = Phase::kDecode;
+  PageHistory warm = ColdPage();
+  warm.steps_since_access = 4;
+  // On the MHA profile rebuilding from checkpoints wins (see the test above), narrowly.
+  const KvDecision before = ChooseKvAction(warm, Mha(), o);
+  ASSERT_EQ(before.action, KvAction::kRecomputeResidual) << before.Explain();
+  const KvActionCost& was = CostOf(before, KvAction::kRecomputeResidual);
+  EXPECT_EQ(was.model_bring_back_ms, was.bring_back_ms);
+
+  // The rebuild measured 2x slower than the profile says (a busy machine).
+  BringBackFeedback feedback(kNumKvActions);
+  for (int i = 0; i < 4; ++i) {
+    feedback.Observe(static_cast<size_t>(KvAction::kRecomputeResidual), 1.0, 2.0);
+  }
+  o.feedback = &feedback;
+  const KvDecision after = ChooseKvAction(warm, Mha(), o);
+  const KvActionCost& is = CostOf(after, KvAction::kRecomputeResidual);
+  EXPECT_DOUBLE_EQ(is.bring_back_ms, 2 * was.bring_back_ms);
+  EXPECT_DOUBLE_EQ(is.hidden_ms, 2 * was.hidden_ms);  // the same work, hidden in the same share
+  EXPECT_DOUBLE_EQ(is.model_bring_back_ms, was.bring_back_ms);
+  // Actions without measurements keep the profile's price.
+  EXPECT_DOUBLE_EQ(CostOf(after, KvAction::kDemoteRam).bring_back_ms,
+                   CostOf(before, KvAction::kDemoteRam).bring_back_ms);
+  // At twice its price the rebuild loses to moving the K+V through RAM.
+  EXPECT_EQ(after.action, KvAction::kDemoteRam) << after.Explain();
+  EXPECT_NE(after.Explain().find("x 2.00 measured"), std::string::npos) << after.Explain();
+}
+
 TEST(KvPolicyTest, PrefillPricesRecomputeHigherThanDecode) {
   KvPolicyOptions o;
   o.memory_price_ms_per_mib = 50;

@@ -67,6 +67,11 @@ struct EngineOptions {
   // A cost profile the caller already has (a server that calibrated once, a test): used as it is,
   // with no file read and nothing measured. Empty: found, measured or assumed as above.
   std::optional<MachineProfile> cost_profile;
+  // The profile's bring-back times corrected by what this engine measures as it brings pages
+  // back (kvl/kv_price_feedback.h): per action and per KV store tier, the median of measured /
+  // predicted over the last pages. false (--no-kv-feedback): the profile's prices alone, so that
+  // the same profile makes the same decisions whatever the machine's load.
+  bool kv_feedback = true;
   bool explain = false;               // print every KV decision with its cost terms to stderr
   // --kv-trace: a page-access trace written here (kvl/kv_trace.h), replayed offline by
   // `kvl bench replay`; empty: none (the step loop only tests a null pointer).

@@ -44,6 +44,14 @@
 
 namespace kvl {
 
+// The key a page's bring-back time is corrected and checked under (BringBackFeedback): the
+// action that put it where it is (a KV store page found in RAM or on disk counts as demoted
+// there: the same read at the same price), except a page of a remote tier (Redis), which no
+// action of the policy demotes to and which has a key of its own.
+inline constexpr size_t kRemoteTierFeedbackKey = kNumKvActions;
+inline constexpr size_t kNumFeedbackKeys = kNumKvActions + 1;
+size_t FeedbackKey(KvAction action, const KvTier* tier);
+
 // Where one page is.
 enum class KvPageFate : uint8_t {
   kResident,      // in its pool block
@@ -58,6 +66,7 @@ struct KvPage {
   KvPageFate fate = KvPageFate::kResident;
   KvAction action = KvAction::kKeep;  // the action that put the page where it is
   double predicted_ms = 0;            // the cost model's bring-back time for that action
+  double model_ms = 0;                // the same before the measured correction (BringBackFeedback)
   KvCodecType codec = KvCodecType::kInt8;
   std::vector<SlabSlot> slots;        // kCompressed: one per layer
   KvTier* tier = nullptr;             // kInTier, kCheckpointed
@@ -104,6 +113,7 @@ struct KvPageAction {
   int64_t block_index = 0;
   KvAction action = KvAction::kKeep;
   double predicted_ms = 0;  // bring-back time the cost model expects
+  double model_ms = 0;      // the profile's alone, before the measured correction
   bool applied = false;     // set by KvPager when it was carried out
   bool failed = false;      // set by KvPager when it was tried and could not be (a full tier)
 };

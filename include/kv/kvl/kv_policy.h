@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "kvl/kv_price_feedback.h"
 #include "kvl/status.h"
 
 namespace kvl {
@@ -120,6 +121,9 @@ struct KvPolicyOptions {
   // MemoryPriceMsPerMib); 0: no pressure, keeping is free.
   double memory_price_ms_per_mib = 0;
   double quality_price_ms_per_kld = 0; // 0: the quality preset's default
+  // Corrections of the model's bring-back times by what the engine measured (keyed by
+  // KvAction); null: the model's times as they are.
+  const BringBackFeedback* feedback = nullptr;
 };
 
 struct KvActionCost {
@@ -128,6 +132,7 @@ struct KvActionCost {
   std::string why_not;          // when not allowed
   double reuse_probability = 0;
   double bring_back_ms = 0;     // predicted wall time to bring the page back (checked by the engine)
+  double model_bring_back_ms = 0;  // the same from the profile alone, before the feedback's correction
   double hidden_ms = 0;         // of which decode's idle arithmetic absorbs (costs nothing)
   double now_ms = 0;
   double resident_bytes = 0;

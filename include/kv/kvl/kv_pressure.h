@@ -78,6 +78,10 @@ class KvPressurePlanner {
 
   const KvPagingRules& rules() const { return rules_; }
 
+  // Bring-back times corrected by what the engine measured (null: the profile's as they are).
+  // The feedback must outlive the planner.
+  void set_feedback(const BringBackFeedback* feedback) { feedback_ = feedback; }
+
   // An action that failed when applied (its tier is full or failing) is not planned again until
   // ClearFailedActions (the scheduler clears them when it plans a new step), so relief falls back
   // to the next cheapest action instead of retrying the same one.
@@ -127,6 +131,7 @@ class KvPressurePlanner {
   const KvPager& pager_;
   std::vector<Candidate> candidates_;  // reused across plans
   uint32_t failed_actions_ = 0;        // bit i: KvAction i failed in this step
+  const BringBackFeedback* feedback_ = nullptr;
 };
 
 }  // namespace kvl

@@ -1,0 +1,71 @@
+// The cost model corrected by its own checked predictions. Every page the engine brings back is
+// timed (StepRunner) against the bring-back time the model predicted for it; the model's inputs
+// are measured once, by `kvl calibrate`, on a machine whose load, caches and page cache move
+// afterwards, and some costs a calibration cannot see at all (a restore's share of the step's
+// locks and copies, the page mix of this workload). BringBackFeedback keeps, per action (or per
+// KV store tier), the ratio measured / predicted of the last pages, and the planner multiplies
+// that action's predictions by the median over its last events: the prediction the engine then checks and reports is
+// the corrected one, and the policy weighs the actions at what they cost here and now.
+//
+// The correction learns only from actions the policy takes: one it stops choosing keeps the last
+// correction it had, so a correction never swings back and forth between two actions. It is
+// bounded (kMinScale..kMaxScale): a model off by more than that is a calibration to redo, not a
+// factor to learn (`kvl calibrate` says so through the reported error).
+//
+// Thread-safety: none; the engine's step thread owns it.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvl {
+
+class BringBackFeedback {
+ public:
+  static constexpr size_t kWindow = 16;     // events per key the median is taken over
+  static constexpr size_t kMinSamples = 2;  // before these, no correction (scale 1)
+  static constexpr double kMinScale = 0.25;
+  static constexpr double kMaxScale = 4.0;
+
+  explicit BringBackFeedback(size_t keys);
+
+  // Pages brought back under `key` in one event: the model's prediction before any correction,
+  // and the time they took. Pairs without a positive, finite value of both are ignored.
+  void Observe(size_t key, double model_ms, double measured_ms);
+
+  // What to multiply `key`'s model prediction by: the median of measured / model over its last
+  // kWindow events, clamped; 1 until kMinSamples events were seen, or for an unknown key.
+  double Scale(size_t key) const { return key < scales_.size() ? scales_[key] : 1.0; }
+  size_t samples(size_t key) const { return key < windows_.size() ? windows_[key].size() : 0; }
+  size_t keys() const { return scales_.size(); }
+
+ private:
+  std::vector<std::vector<double>> windows_;  // ratios, a ring of kWindow per key
+  std::vector<size_t> next_;
+  std::vector<double> scales_;
+};
+
+// The pages one bring-back event brought back (one restore call, one step's recompute), per
+// key: the pages of one event share one measured time (the call's, split evenly), so they are
+// one observation, not one each (a single event would otherwise fill the window).
+class BringBackBatch {
+ public:
+  explicit BringBackBatch(size_t keys) : model_ms_(keys, 0.0), pages_(keys, 0) {}
+
+  void Add(size_t key, double model_ms) {
+    if (key >= pages_.size()) return;
+    model_ms_[key] += model_ms;
+    ++pages_[key];
+  }
+  // Each key with pages observed once in `feedback` (null: none): the sum of its pages' model
+  // times against ms_per_page x its pages. Empties the batch.
+  void FeedTo(BringBackFeedback* feedback, double ms_per_page);
+
+ private:
+  std::vector<double> model_ms_;
+  std::vector<int64_t> pages_;
+};
+
+}  // namespace kvl
