@@ -130,6 +130,11 @@ struct TierMeasurement {
 // The tiers' write and read curves (calibration_tiers.cc), with scratch files in o.disk_dir;
 // TierStageSteps steps of `stage`.
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model);
+// One tier that is already open (a Redis server: calibration cannot reach one on its own), timed
+// as MeasureTiers times each kind: Put and Get of 1 and `layers` pages, at 4 KiB and at
+// `page_bytes`, on keys 1.. (erased after). The tier must accept pages of up to `page_bytes`.
+StatusOr<TierCurves> MeasureOneTier(KvTier& tier, int64_t page_bytes, int64_t layers,
+                                    const CalibrateOptions& o, StageProgress& stage);
 StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOptions& o,
                                        StageProgress& stage);
 // int8 and int4 page encoding curves; CompressStageSteps steps of `stage`.

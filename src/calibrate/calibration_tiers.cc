@@ -137,6 +137,19 @@ StatusOr<TierCurves> MeasureTierKind(const std::vector<int64_t>& sizes,
 
 }  // namespace
 
+StatusOr<TierCurves> MeasureOneTier(KvTier& tier, int64_t page_bytes, int64_t layers,
+                                    const CalibrateOptions& o, StageProgress& stage) {
+  std::vector<TransferPoint> writes, reads;
+  for (int64_t size : {std::min<int64_t>(4096, page_bytes), page_bytes}) {
+    for (int64_t count : PageCounts(o, layers)) {
+      KVL_ASSIGN_OR_RETURN(const auto times, TimeTier(tier, count, size, o, stage));
+      writes.push_back({count, size, times.first});
+      reads.push_back({count, size, times.second});
+    }
+  }
+  return TierCurves{FitTransferCurve(std::move(writes)), FitTransferCurve(std::move(reads))};
+}
+
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model) {
   const ModelConfig& c = model.config();
   const int64_t points =
@@ -224,3 +237,19 @@ std::pair<TransferCurve, TransferCurve> MeasureCompress(const Model& model,
 }
 
 }  // namespace kvl::calibration_internal
+
+namespace kvl {
+
+StatusOr<TierCurves> MeasureTierCurves(KvTier& tier, int64_t page_bytes, int64_t layers,
+                                       const CalibrateOptions& options) {
+  if (page_bytes <= 0 || layers <= 0) {
+    return InvalidArgumentError(fmt::format(
+        "MeasureTierCurves: page_bytes {} and layers {} must be positive", page_bytes, layers));
+  }
+  const CalibrateOptions o = calibration_internal::ResolveDefaults(options);
+  const CalibrationProgress none;
+  calibration_internal::StageProgress stage(none, "tier", 1);
+  return calibration_internal::MeasureOneTier(tier, page_bytes, layers, o, stage);
+}
+
+}  // namespace kvl

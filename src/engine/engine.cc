@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <unistd.h>
+
 #include "engine_impl.h"
 #include "kvl/checkpoint_depth.h"
 #include "kvl/cost_profile.h"
@@ -272,9 +274,31 @@ std::string TierIdentity(const Engine::Impl& e) {
                      l.residual_dim, DTypeName(l.k_type), DTypeName(l.v_type));
 }
 
-// A remote tier is not measured by the calibration yet: one page over loopback or a LAN.
-constexpr double kRemoteGbps = 1.0;
-constexpr double kRemoteLatencyMs = 0.2;
+// The price of promoting one page from the Redis tier: the server is measured now, through a
+// tier of its own (its own key scope, erased after), as calibration measures RAM and disk; a
+// profile cannot hold it (the server may be another machine, and another one next run). Where
+// the measurement fails, the tier is priced like the slowest local one and the engine says so.
+double MeasureRemotePromoteMs(const TierSpec& spec, const KvBlockLayout& layout,
+                              int64_t layer_page_bytes, double fallback_ms) {
+  StatusOr<std::unique_ptr<KvTier>> scratch =
+      MakeTier(spec, /*page_bytes=*/0, fmt::format("kvl measure {}", ::getpid()));
+  StatusOr<TierCurves> curves =
+      scratch.ok() ? MeasureTierCurves(**scratch, layer_page_bytes, layout.num_layers,
+                                       QuickCalibrateOptions())
+                   : StatusOr<TierCurves>(scratch.status());
+  if (!curves.ok()) {
+    fmt::print(stderr, "kvl: the redis tier could not be measured ({}); priced at {:.3f} ms a page\n",
+               curves.status().ToString(), fallback_ms);
+    return fallback_ms;
+  }
+  const double ms = curves->read.Ms(layout.num_layers, layer_page_bytes);
+  fmt::print(stderr,
+             "kvl: redis tier measured: a page ({} x {} bytes) read in {:.3f} ms ({:.3f} ms + {:.2f} GB/s)\n",
+             layout.num_layers, layer_page_bytes, ms,
+             curves->read.call_ms + curves->read.page_ms * static_cast<double>(layout.num_layers),
+             curves->read.gbps);
+  return ms;
+}
 
 // The KV store over every tier, fastest first, each with its price per page brought back. Off
 // without the prefix cache (there is no prefix identity to file pages under).
@@ -298,7 +322,15 @@ void SetUpKvStore(Engine::Impl& e, const KvSettings& kv, const PageCostProfile& 
                      ms(prices.disk_read_gbps, prices.disk_latency_ms)});
   }
   if (e.redis_tier) {
-    tiers.push_back({e.redis_tier.get(), true, ms(kRemoteGbps, kRemoteLatencyMs)});
+    for (const TierSpec& spec : kv.tiers) {
+      if (spec.kind != "redis") continue;
+      const double slowest_local =
+          std::max(ms(prices.ram_gbps, prices.ram_latency_ms),
+                   ms(prices.disk_read_gbps, prices.disk_latency_ms));
+      tiers.push_back({e.redis_tier.get(), true,
+                       MeasureRemotePromoteMs(spec, layout, e.pager->layer_page_bytes(),
+                                              slowest_local)});
+    }
   }
   if (tiers.empty()) return;
   e.store = std::make_unique<KvStore>(layout, e.pager->layer_page_bytes(), std::move(tiers));

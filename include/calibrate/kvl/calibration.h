@@ -29,6 +29,10 @@
 #include "kvl/status.h"
 
 namespace kvl {
+class KvTier;  // kvl/kv_tier.h
+}  // namespace kvl
+
+namespace kvl {
 
 class Model;
 namespace ops {
@@ -259,6 +263,14 @@ TransferCurve FitTransferCurve(std::vector<TransferPoint> points);
 
 // The sizes the engine calibrates with when it has no profile: a few seconds in all.
 CalibrateOptions QuickCalibrateOptions();
+
+// A tier calibration cannot reach on its own (the Redis server an engine is pointed at), measured
+// as Calibrate measures RAM and disk: the tier's own Put and Get of 1 and `layers` pages, at
+// 4 KiB and at `page_bytes`, fitted as latency + bytes / bandwidth. Writes keys 1.. of `tier` and
+// erases them: open it under an identity of its own. With QuickCalibrateOptions, a few hundred
+// milliseconds over loopback.
+StatusOr<TierCurves> MeasureTierCurves(KvTier& tier, int64_t page_bytes, int64_t layers,
+                                       const CalibrateOptions& options);
 
 // Whether SaveProfile could write `path`, checked without writing anything, so a command fails
 // before it measures: INVALID_ARGUMENT when the path is empty, is a directory or is not a regular
