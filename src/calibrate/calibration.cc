@@ -325,15 +325,19 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
 
   p.matmul = MeasureMatmul(model, ctx, o, progress);
 
-  const MatmulRate& decode = p.matmul.front();
-  const MatmulRate& prefill = p.matmul.back();
-  p.decode_idle_fraction = std::clamp(1.0 - decode.layer_gflops / prefill.layer_gflops, 0.0, 1.0);
-
   KVL_ASSIGN_OR_RETURN(const calibration_internal::RecomputeCurves recompute,
                        calibration_internal::MeasureRecomputeCurves(model, pool, ctx, o, p.matmul,
                                                                     progress));
   p.recompute_from_residual = recompute.from_residual;
   p.recompute_from_tokens = recompute.from_tokens;
+  // Whole forward runs, not the matmuls alone: a decode step also pays attention, norms and the
+  // step's fixed costs for its one token, which is what recompute can hide behind.
+  p.decode_step_ms = recompute.decode_step_ms;
+  p.prefill_ms_per_token = recompute.prefill_ms_per_token;
+  p.decode_idle_fraction =
+      p.decode_step_ms > 0
+          ? std::clamp(1.0 - p.prefill_ms_per_token / p.decode_step_ms, 0.0, 1.0)
+          : 0.0;
 
   const auto [read_gbps, copy_gbps] = MeasureMemory(pool, o, progress);
   p.memory_bytes = static_cast<int64_t>(static_cast<size_t>(o.memory_bytes) / sizeof(uint64_t) *

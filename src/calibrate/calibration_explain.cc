@@ -63,11 +63,16 @@ std::string ExplainProfile(const MachineProfile& p) {
   const MatmulRate& decode = p.matmul.front();
   const MatmulRate& prefill = p.matmul.back();
   line("decode idle fraction", fmt::format("{:.3f}", p.decode_idle_fraction),
-       measured ? fmt::format("measured: 1 - full-layer matmul rate at n={} ({:.1f} GFLOP/s) / at "
-                              "n={} ({:.1f} GFLOP/s)",
-                              decode.n_tokens, decode.layer_gflops, prefill.n_tokens,
-                              prefill.layer_gflops)
-                : "default: 0, nothing is hidden under decode (no calibration ran)");
+       !measured ? std::string("default: 0, nothing is hidden under decode (no calibration ran)")
+       : p.decode_step_ms > 0
+           ? fmt::format("measured: 1 - Forward::Run ms per token of a {}-token batch ({:.3f}) / "
+                         "ms of a 1-token step ({:.3f}), after {} tokens of context",
+                         kIdlePrefillTokens, p.prefill_ms_per_token, p.decode_step_ms,
+                         kIdleContextTokens)
+           : fmt::format("measured (older profile): 1 - full-layer matmul rate at n={} ({:.1f} "
+                         "GFLOP/s) / at n={} ({:.1f} GFLOP/s)",
+                         decode.n_tokens, decode.layer_gflops, prefill.n_tokens,
+                         prefill.layer_gflops));
   line("recompute from residual", Describe(p.recompute_from_residual),
        how("Forward::RebuildLayerKv (the pager's rebuild) per layer, " +
            PointsOf(p.recompute_from_residual)));

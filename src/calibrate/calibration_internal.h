@@ -111,6 +111,10 @@ StatusOr<DiskMeasurement> MeasureDisk(const DiskTestOptions& options, StageProgr
 struct RecomputeCurves {
   RecomputeCurve from_residual;
   RecomputeCurve from_tokens;
+  // A decode step (1 token) and a prefill batch (kIdlePrefillTokens), per token, after
+  // kIdleContextTokens of context (clamped to the model's context): MachineProfile's idle fraction.
+  double decode_step_ms = 0;
+  double prefill_ms_per_token = 0;
 };
 // The recompute curves (calibration_recompute.cc), their points chosen from `rates` (the matmul
 // rates measured just before) to fit o.curve_seconds each.

@@ -74,7 +74,9 @@ Json ToJson(const MachineProfile& p) {
                            {"kv_proj_gflops", r.kv_proj_gflops},
                            {"layer_gflops", r.layer_gflops}});
   }
-  j["decode"] = {{"idle_fraction", p.decode_idle_fraction}};
+  j["decode"] = {{"idle_fraction", p.decode_idle_fraction},
+                 {"step_ms", p.decode_step_ms},
+                 {"prefill_ms_per_token", p.prefill_ms_per_token}};
   j["recompute"] = {{"from_residual", ToJson(p.recompute_from_residual)},
                     {"from_tokens", ToJson(p.recompute_from_tokens)}};
   j["memory"] = {{"bytes", p.memory_bytes},
@@ -123,6 +125,9 @@ class FieldReader {
     return &*it;
   }
   const std::string& file() const { return file_; }
+  bool Has(std::string_view key) const {
+    return object_.is_object() && object_.contains(std::string(key));
+  }
   StatusOr<FieldReader> Object(std::string_view key) const {
     KVL_ASSIGN_OR_RETURN(const Json* v, Field(key));
     if (!v->is_object()) return Error(key, "must be an object");
@@ -297,6 +302,12 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   KVL_ASSIGN_OR_RETURN(FieldReader decode, top.Object("decode"));
   KVL_RETURN_IF_ERROR(decode.NonNegative("idle_fraction", &p.decode_idle_fraction));
   if (p.decode_idle_fraction > 1) return decode.Error("idle_fraction", "must be at most 1");
+  // Absent from profiles written before the forward runs were timed (their fraction came from
+  // the matmul rates).
+  if (decode.Has("step_ms")) {
+    KVL_RETURN_IF_ERROR(decode.NonNegative("step_ms", &p.decode_step_ms));
+    KVL_RETURN_IF_ERROR(decode.NonNegative("prefill_ms_per_token", &p.prefill_ms_per_token));
+  }
 
   KVL_ASSIGN_OR_RETURN(FieldReader recompute, top.Object("recompute"));
   KVL_RETURN_IF_ERROR(ReadCurve(recompute, "from_residual", &p.recompute_from_residual));

@@ -89,7 +89,13 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
       const double flops = static_cast<double>(t * l) * KvProjectionFlopsPerToken(c);
       residual_grid.push_back({{t, l, 0, 0}, flops / kv_flops_per_second});
     }
-    for (int64_t p : kGridPositions) {
+    // The grid's positions; where none but 0 fits the model's context (stories15M: 256), the
+    // deepest position a page can sit at there, so that the curve still sees context.
+    std::vector<int64_t> positions(std::begin(kGridPositions), std::end(kGridPositions));
+    if (c.context_length > t && kGridPositions[1] + t > c.context_length) {
+      positions.push_back(c.context_length - t);
+    }
+    for (int64_t p : positions) {
       if (c.context_length > 0 && p + t > c.context_length) continue;
       const double tl = static_cast<double>(t * c.num_layers);
       const double flops = tl * LayerFlopsPerToken(c) + tl * static_cast<double>(p) * attention_flops;
@@ -99,7 +105,13 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
   std::vector<PlannedPoint> residual_plan = ChoosePoints(residual_grid, o);
   std::vector<PlannedPoint> token_plan = ChoosePoints(token_grid, o);
 
-  int64_t max_tokens = 1, max_positions = 1, samples = 0;
+  // The decode step and prefill batch of the idle fraction, after some context.
+  const int64_t idle_context =
+      c.context_length > 0
+          ? std::clamp<int64_t>(c.context_length - kIdlePrefillTokens, 0, kIdleContextTokens)
+          : kIdleContextTokens;
+  int64_t max_tokens = kIdlePrefillTokens, max_positions = idle_context + kIdlePrefillTokens;
+  int64_t samples = 2 * o.repetitions;
   for (const auto* plan : {&residual_plan, &token_plan}) {
     for (const PlannedPoint& p : *plan) {
       max_tokens = std::max(max_tokens, p.shape.tokens);
@@ -151,9 +163,23 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
                                       [&] { forward.Run(batch, *cache); });
     token_points.push_back(p);
   }
+
+  // (c) The compute a decode step leaves idle: one token against a prefill batch, per token.
+  auto run_ms = [&](int64_t tokens) {
+    batch.Clear();
+    for (int64_t t = 0; t < tokens; ++t) {
+      batch.Add(static_cast<int32_t>((t * 7 + 1) % c.vocab_size), idle_context + t, 0, false);
+    }
+    return 1e3 * MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage,
+                                      [&] { forward.Run(batch, *cache); });
+  };
+  RecomputeCurves curves;
+  curves.decode_step_ms = run_ms(1);
+  curves.prefill_ms_per_token = run_ms(kIdlePrefillTokens) / static_cast<double>(kIdlePrefillTokens);
   stage.Finish();
-  return RecomputeCurves{FitRecomputeCurve(std::move(residual_points)),
-                         FitRecomputeCurve(std::move(token_points))};
+  curves.from_residual = FitRecomputeCurve(std::move(residual_points));
+  curves.from_tokens = FitRecomputeCurve(std::move(token_points));
+  return curves;
 }
 
 }  // namespace kvl::calibration_internal

@@ -53,12 +53,6 @@ constexpr const char* kWayNames[kNumWays] = {"recompute-residual", "recompute-to
 constexpr Phase kPhases[] = {Phase::kPrefill, Phase::kDecode};
 const char* PhaseName(Phase p) { return p == Phase::kPrefill ? "prefill" : "decode"; }
 
-// The engine prices a Redis page at assumed rates (src/engine/engine.cc, kRemoteGbps and
-// kRemoteLatencyMs: "a remote tier is not measured by the calibration yet"); the bench shows the
-// same numbers beside its measurement.
-constexpr double kEngineRemoteGbps = 1.0;
-constexpr double kEngineRemoteLatencyMs = 0.2;
-
 double NowMs() {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -224,29 +218,37 @@ double ErrorPercent(double predicted, double measured) {
   return measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0;
 }
 
-// What the cost model says for this point: the page's prices as the engine fills them
-// (FillPagePrices from the profile, byte counts as SetUpKvLattice sets them) and the bring-back
-// time ChooseKvAction gives each action, in this phase. The profile prices a page over every
-// layer; a page of d layers costs d / layers of its recompute (the policy has no depth yet).
+// What the cost model says for this point, as the engine would price it: the profile's curves
+// evaluated for a page of T tokens over d layers (FillPagePrices; the disk's O_DIRECT curves, as
+// the bench's disk tier is opened), the page at --position (token recompute attends to the context
+// before it, and its run is the page alone), and the bring-back time ChooseKvAction gives each
+// action in this phase less what it hides in decode's idle arithmetic, as the measurement charges
+// it. A Redis page is priced by the server's curves measured at the start, as the engine measures
+// its Redis tier (MeasureTierCurves).
 void Predict(const MachineProfile& profile, const ModelConfig& c, const std::string& tier,
-             Point* point) {
-  const double tokens_layers = static_cast<double>(point->page_tokens * point->depth);
+             const TierCurves* remote, int64_t position, Point* point) {
+  const int64_t layer_bytes = point->page_tokens * c.KvBytesPerTokenPerLayer(DType::kF32);
   PageCostProfile prices;
-  prices.kv_bytes = static_cast<int64_t>(tokens_layers) * c.KvBytesPerTokenPerLayer(DType::kF32);
+  prices.kv_bytes = point->depth * layer_bytes;
   prices.residual_bytes =
-      static_cast<int64_t>(tokens_layers) * c.ResidualBytesPerTokenPerLayer(DType::kF32);
-  FillPagePrices(profile, point->page_tokens, &prices);
-  const double depth_share =
-      static_cast<double>(point->depth) / static_cast<double>(c.num_layers);
-  prices.recompute_residual_ms *= depth_share;
-  prices.recompute_tokens_ms *= depth_share;
+      point->depth * point->page_tokens * c.ResidualBytesPerTokenPerLayer(DType::kF32);
+  PagePriceOptions price_options;
+  price_options.block_tokens = point->page_tokens;
+  price_options.layers = point->depth;
+  price_options.disk_direct = true;
+  FillPagePrices(profile, price_options, &prices);
   prices.has_ram_tier = true;
   prices.has_disk_tier = true;
   KvPolicyOptions options;
   options.quality = KvQuality::kLossless;
   options.phase = point->phase;
-  const KvDecision d = ChooseKvAction(PageHistory{}, prices, options);
-  auto back = [&](KvAction a) { return d.costs[static_cast<size_t>(a)].bring_back_ms; };
+  PageHistory page;
+  page.first_position = position;
+  const KvDecision d = ChooseKvAction(page, prices, options);
+  auto back = [&](KvAction a) {
+    const KvActionCost& cost = d.costs[static_cast<size_t>(a)];
+    return cost.bring_back_ms - cost.hidden_ms;
+  };
   point->predicted[kResidual] = back(KvAction::kRecomputeResidual);
   point->predicted[kTokens] = back(KvAction::kRecomputeTokens);
   if (tier == "ram") {
@@ -254,8 +256,7 @@ void Predict(const MachineProfile& profile, const ModelConfig& c, const std::str
   } else if (tier == "disk") {
     point->predicted[kTransfer] = back(KvAction::kDemoteDisk);
   } else {
-    point->predicted[kTransfer] =
-        kEngineRemoteLatencyMs + static_cast<double>(prices.kv_bytes) / (kEngineRemoteGbps * 1e6);
+    point->predicted[kTransfer] = remote != nullptr ? remote->read.Ms(point->depth, layer_bytes) : 0;
   }
   point->predicted_winner = ArgMin(point->predicted);
 }
@@ -342,6 +343,7 @@ class FrontierBench {
   std::vector<TierChoice> tiers_;
   std::unique_ptr<Forward> forward_;
   std::unique_ptr<LayerClockCache> cache_;
+  TierCurves remote_curves_;  // the Redis server's, measured at the start
   double idle_fraction_ = 0;
   double decode_step_ms_ = 0;
   double prefill_token_ms_ = 0;
@@ -389,6 +391,14 @@ Status FrontierBench::Run(const MachineProfile& profile) {
   cache_ = std::make_unique<LayerClockCache>(std::move(inner));
   fmt::print(stderr, "kvl bench frontier: measuring the idle compute of a decode step...\n");
   MeasureIdleFraction();
+  for (const TierChoice& tier : tiers_) {
+    if (tier.label != "redis") continue;
+    // As the engine prices its Redis tier: the server measured through its own scratch scope.
+    const int64_t page_bytes = LayerPageBytes(kCalibrationPageTokens);
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> scratch, OpenTier(tier, 0, 0));
+    KVL_ASSIGN_OR_RETURN(remote_curves_, MeasureTierCurves(*scratch, page_bytes, c_.num_layers,
+                                                           QuickCalibrateOptions()));
+  }
   for (int64_t t : sweep_.page_tokens) KVL_RETURN_IF_ERROR(MeasurePageSize(t, profile));
   return Status::Ok();
 }
@@ -525,7 +535,8 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
         p.residual_read_ms = read_ms[di];
         p.rebuild_ms = rebuild_ms[di];
         p.winner = ArgMin(p.measured);
-        Predict(profile, c_, p.tier, &p);
+        Predict(profile, c_, p.tier, tiers_[ti].label == "redis" ? &remote_curves_ : nullptr,
+                args_.position, &p);
         points_.push_back(p);
       }
     }
@@ -591,8 +602,9 @@ void FrontierBench::PrintTables(const MachineProfile& profile) const {
   fmt::print("threads   {}, pages after {} tokens of context, median of up to {} runs\n",
              ctx_.pool()->num_threads(), args_.position, args_.repetitions);
   fmt::print("decode    step {:.2f} ms vs {:.3f} ms per token in a 128-token run: idle fraction "
-             "{:.2f} (decode recompute = measured x {:.2f}; the model assumes 0.5)\n",
-             decode_step_ms_, prefill_token_ms_, idle_fraction_, 1.0 - idle_fraction_);
+             "{:.2f} (decode recompute = measured x {:.2f}; the profile measured {:.2f})\n",
+             decode_step_ms_, prefill_token_ms_, idle_fraction_, 1.0 - idle_fraction_,
+             profile.decode_idle_fraction);
   fmt::print("tiers     ");
   for (size_t i = 0; i < tier_names_.size(); ++i) {
     fmt::print("{}{} = {}", i ? ", " : "", tiers_[i].label, tier_names_[i]);
@@ -697,7 +709,7 @@ nlohmann::json FrontierBench::ToJson(const MachineProfile& profile) const {
   j["decode"] = {{"step_ms", decode_step_ms_},
                  {"prefill_ms_per_token", prefill_token_ms_},
                  {"idle_fraction", idle_fraction_},
-                 {"model_idle_fraction", PageCostProfile{}.decode_idle_fraction},
+                 {"model_idle_fraction", profile.decode_idle_fraction},
                  {"how", "decode recompute = measured recompute (the rebuild, not the checkpoint "
                          "read) x (1 - idle); idle = 1 - (ms per token of a 128-token run) / (ms "
                          "of a 1-token run); transfers are not discounted"}};

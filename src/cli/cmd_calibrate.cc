@@ -76,8 +76,9 @@ void PrintTable(const MachineProfile& p, const std::string& profile_path) {
   for (const MatmulRate& r : p.matmul) fmt::print(" {:>9.2f} |", r.layer_gflops);
   fmt::print("\n\n");
 
-  fmt::print("decode idle fraction {:.3f} (1 - full-layer rate at n=1 / at n=128)\n\n",
-             p.decode_idle_fraction);
+  fmt::print("decode idle fraction {:.3f} (1 - {:.4f} ms per token of a {}-token forward run / "
+             "{:.4f} ms of a 1-token step)\n\n",
+             p.decode_idle_fraction, p.prefill_ms_per_token, kIdlePrefillTokens, p.decode_step_ms);
 
   // What one page costs each way, from the fitted curves, at a few shapes: the table answers
   // "recompute or fetch?" at a glance, and shows how the answer moves with size and position.

@@ -65,6 +65,12 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
     EXPECT_TRUE(PositiveFinite(r.layer_gflops)) << r.n_tokens;
   }
   EXPECT_TRUE(p.decode_idle_fraction >= 0 && p.decode_idle_fraction <= 1);
+  // The idle fraction is the two forward runs' ratio: a 1-token step against a batch's per-token
+  // time, which on any machine is less (the weights are read once for the whole batch).
+  EXPECT_TRUE(PositiveFinite(p.decode_step_ms));
+  EXPECT_TRUE(PositiveFinite(p.prefill_ms_per_token));
+  EXPECT_LT(p.prefill_ms_per_token, p.decode_step_ms);
+  EXPECT_NEAR(p.decode_idle_fraction, 1 - p.prefill_ms_per_token / p.decode_step_ms, 1e-12);
   // Curves, each fitted to points of several shapes, pricing a page above 0 ms.
   for (const RecomputeCurve* c : {&p.recompute_from_residual, &p.recompute_from_tokens}) {
     EXPECT_GE(c->points.size(), 5u);
@@ -290,6 +296,36 @@ void ExpectError(const Status& s, StatusCode code, const std::string& needle) {
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(s.code(), code) << s.ToString();
   EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
+}
+
+// A version-3 profile written before the decode step was timed has no step timings: it loads,
+// and keeps the idle fraction it has.
+TEST(CalibrationTest, LoadAcceptsAProfileWithoutDecodeTimings) {
+  const std::string path = TempPath("no-decode-timings.json");
+  MachineProfile p = TinyProfile();
+  p.decode_idle_fraction = 0.6;
+  p.decode_step_ms = 2;
+  p.prefill_ms_per_token = 0.8;
+  ASSERT_TRUE(SaveProfile(p, path).ok());
+  nlohmann::json j = nlohmann::json::parse(ReadFile(path));
+  j["decode"].erase("step_ms");
+  j["decode"].erase("prefill_ms_per_token");
+  WriteFile(path, j.dump(2));
+  StatusOr<MachineProfile> loaded = LoadProfile(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->decode_idle_fraction, 0.6);
+  EXPECT_EQ(loaded->decode_step_ms, 0);
+  EXPECT_EQ(loaded->prefill_ms_per_token, 0);
+  EXPECT_NE(ExplainProfile(*loaded).find("older profile"), std::string::npos);
+  std::filesystem::remove(path);
+  // With them, both survive the round trip and --explain names the runs.
+  ASSERT_TRUE(SaveProfile(p, path).ok());
+  loaded = LoadProfile(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->decode_step_ms, 2);
+  EXPECT_EQ(loaded->prefill_ms_per_token, 0.8);
+  EXPECT_NE(ExplainProfile(*loaded).find("Forward::Run ms per token"), std::string::npos);
+  std::filesystem::remove(path);
 }
 
 TEST(CalibrationTest, LoadRejectsMissingFields) {

@@ -46,6 +46,9 @@ class OpsContext;
 inline constexpr int64_t kProfileVersion = 3;
 // Tokens per page the table of `kvl calibrate` shows (the paged KV manager's default block).
 inline constexpr int64_t kCalibrationPageTokens = 16;
+// The context behind the decode step and the prefill batch the idle fraction is measured with.
+inline constexpr int64_t kIdleContextTokens = 256;
+inline constexpr int64_t kIdlePrefillTokens = 128;
 
 // MachineProfile::source: how the numbers were obtained.
 inline constexpr std::string_view kProfileSourceMeasured = "measured";
@@ -179,10 +182,16 @@ struct MachineProfile {
 
   std::vector<MatmulRate> matmul;  // n_tokens = 1 (decode), 16 (a page), 128 (a prefill chunk)
   // The fraction of the machine's arithmetic a decode step leaves idle:
-  // 1 - layer_gflops(n=1) / layer_gflops(n=128). Decode multiplies one token per weight read, so
-  // it runs at the memory's pace; the rate a 128-token batch reaches is what the same cores do
-  // when arithmetic is the limit. The difference is the compute recompute could use for free.
+  // 1 - (ms per token of a 128-token forward run) / (ms of a 1-token run), both after
+  // kIdleContextTokens of context: decode runs one token per pass over the weights, at the
+  // memory's pace (and pays every per-step cost for one token); a 128-token batch shows what the
+  // same cores do when arithmetic is the limit. The difference is the compute recompute could
+  // use for free. decode_step_ms and prefill_ms_per_token are those two timings; both 0 in a
+  // profile written before they were measured, whose fraction came from the matmul rates alone
+  // (1 - layer_gflops(n=1) / layer_gflops(n=128)).
   double decode_idle_fraction = 0;
+  double decode_step_ms = 0;
+  double prefill_ms_per_token = 0;
 
   //   from_residual: RmsNorm + Wk/Wv projections + RoPE of stored layer inputs, through the
   //                  forward pass's own KvRebuilder, plus nothing else (the read is a transfer);
