@@ -54,9 +54,16 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
 }
 
 int64_t StepRunner::RestorePages(Sequence& seq) {
-  const Clock::time_point start = Clock::now();
   const int64_t first_block = seq.num_computed / block_tokens_;
   const int64_t num_blocks = seq.restore_tokens / block_tokens_;
+  // The bring-back time checked is the one the engine expects as it brings the page back: the
+  // price the model gave when the page left, corrected by what restores measured since (a
+  // sequence preempted early was priced before anything had been measured).
+  for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
+    KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
+    page.predicted_ms = page.model_ms * Corrected(FeedbackKey(page.action, page.tier));
+  }
+  const Clock::time_point start = Clock::now();
   const int64_t restored = p_.pager->RestorePages(seq.slot, first_block, num_blocks);
   if (restored < num_blocks) p_.metrics->CountReadFailure(num_blocks - restored);
   const double ms = MillisecondsBetween(start, Clock::now());
@@ -94,8 +101,10 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
       for (size_t b = 0; b < seq.kv_pages.pages.size(); ++b) {
         const KvPage& page = seq.kv_pages.pages[b];
         if (page.fate == KvPageFate::kDropped) {
-          pending_recompute_.push_back(
-              {seq.id, static_cast<int64_t>(b), page.predicted_ms, page.model_ms});
+          // As for a restore: the price expected when the page is recomputed.
+          const double expected =
+              page.model_ms * Corrected(static_cast<size_t>(KvAction::kRecomputeTokens));
+          pending_recompute_.push_back({seq.id, static_cast<int64_t>(b), expected, page.model_ms});
         }
       }
     }
