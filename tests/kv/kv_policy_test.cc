@@ -111,14 +111,25 @@ TEST(KvPolicyTest, LosslessNeverCompressesOrEvicts) {
   }
 }
 
-TEST(KvPolicyTest, ResidualRecomputeDependsOnTheModelsBytes) {
+// Lossless decode under pressure, for a page likely to be read again soon (so bringing it back
+// matters): where the residual and the transfer paths compete.
+KvPolicyOptions LosslessDecodeUnderPressure() {
   KvPolicyOptions o;
   o.quality = KvQuality::kLossless;
   o.memory_price_ms_per_mib = 50;
   o.phase = Phase::kDecode;
-  // A page likely to be read again soon, so bringing it back matters.
+  return o;
+}
+
+PageHistory WarmPage() {
   PageHistory warm = ColdPage();
   warm.steps_since_access = 4;
+  return warm;
+}
+
+TEST(KvPolicyTest, ResidualRecomputeDependsOnTheModelsBytes) {
+  const KvPolicyOptions o = LosslessDecodeUnderPressure();
+  const PageHistory warm = WarmPage();
   // MHA: the checkpoint is half the K+V and cheap to rebuild -> recompute from residuals.
   const KvDecision mha = ChooseKvAction(warm, Mha(), o);
   EXPECT_EQ(mha.action, KvAction::kRecomputeResidual) << mha.Explain();
@@ -136,12 +147,8 @@ TEST(KvPolicyTest, ResidualRecomputeDependsOnTheModelsBytes) {
 // The engine's measured bring-back times correct the profile's: an action found slower than
 // predicted costs more, and can lose the choice it won on the profile alone.
 TEST(KvPolicyTest, MeasuredCorrectionsScaleBringBackAndCanChangeTheChoice) {
-  KvPolicyOptions o;
-  o.quality = KvQuality::kLossless;
-  o.memory_price_ms_per_mib = 50;
-  o.phase = Phase::kDecode;
-  PageHistory warm = ColdPage();
-  warm.steps_since_access = 4;
+  KvPolicyOptions o = LosslessDecodeUnderPressure();
+  const PageHistory warm = WarmPage();
   // On the MHA profile rebuilding from checkpoints wins (see the test above), narrowly.
   const KvDecision before = ChooseKvAction(warm, Mha(), o);
   ASSERT_EQ(before.action, KvAction::kRecomputeResidual) << before.Explain();
