@@ -1,5 +1,5 @@
 // kvl bench replay TRACE: a page-access trace written by --kv-trace, replayed with no model
-// through resident sets of N pages under the engine's reuse score, LRU, LFU and Belady's optimal
+// through resident sets of N pages under the engine's reuse forecast, LRU, LFU and Belady's optimal
 // (kvl/kv_trace_replay.h), each miss priced as bringing one page back; and the engine's own
 // recorded decisions, priced the same way, at the engine's pool size. A table (or JSON) per
 // capacity: misses, cost, and the regret against the optimal.
@@ -84,8 +84,6 @@ int BenchReplayCommand(const BenchReplayArgs& args) {
 
   KvReplayOptions options;
   options.miss_ms = price->ms;
-  options.sink_blocks = (h.sink_tokens + h.block_tokens - 1) / h.block_tokens;
-  options.recent_blocks = (h.recent_tokens + h.block_tokens - 1) / h.block_tokens;
   struct Row {
     KvReplayResult result;
     double regret = 0;
@@ -96,7 +94,7 @@ int BenchReplayCommand(const BenchReplayArgs& args) {
   for (int64_t capacity : capacities) {
     options.capacity_pages = capacity;
     const size_t first = rows.size();
-    for (KvReplayPolicy p : {KvReplayPolicy::kReuseScore, KvReplayPolicy::kLru,
+    for (KvReplayPolicy p : {KvReplayPolicy::kPolicy, KvReplayPolicy::kLru,
                              KvReplayPolicy::kLfu, KvReplayPolicy::kBelady}) {
       rows.push_back({ReplayKvTrace(*trace, accesses, p, options), 0});
     }

@@ -128,7 +128,7 @@ TEST(KvPredictionsTest, RestoredPagesReportTheirPredictionErrorAndTheTraceAgrees
   const KvReplayResult opt = ReplayKvTrace(*trace, accesses, KvReplayPolicy::kBelady, o);
   EXPECT_EQ(opt.accesses, static_cast<int64_t>(accesses.size()));
   for (KvReplayPolicy p :
-       {KvReplayPolicy::kReuseScore, KvReplayPolicy::kLru, KvReplayPolicy::kLfu}) {
+       {KvReplayPolicy::kPolicy, KvReplayPolicy::kLru, KvReplayPolicy::kLfu}) {
     const KvReplayResult r = ReplayKvTrace(*trace, accesses, p, o);
     EXPECT_LE(opt.misses, r.misses) << r.policy;
     EXPECT_EQ(r.cold, opt.cold);

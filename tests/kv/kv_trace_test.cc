@@ -218,7 +218,7 @@ TEST(KvTraceReplayTest, LoopOneLargerThanTheSetIsLruPathological) {
   EXPECT_EQ(opt.hits, 3);
   EXPECT_DOUBLE_EQ(opt.cost_ms, 2.0);
   // With room for all four, nothing misses under any policy.
-  for (KvReplayPolicy p : {KvReplayPolicy::kReuseScore, KvReplayPolicy::kLru, KvReplayPolicy::kLfu,
+  for (KvReplayPolicy p : {KvReplayPolicy::kPolicy, KvReplayPolicy::kLru, KvReplayPolicy::kLfu,
                            KvReplayPolicy::kBelady}) {
     EXPECT_EQ(Replay(t, a, p, 4).misses, 0);
   }
@@ -250,7 +250,7 @@ TEST(KvTraceReplayTest, BeladyNeverMissesMoreThanAnyPolicy) {
     for (int64_t capacity = 1; capacity <= num_pages; ++capacity) {
       const KvReplayResult opt = Replay(t, a, KvReplayPolicy::kBelady, capacity);
       for (KvReplayPolicy p :
-           {KvReplayPolicy::kReuseScore, KvReplayPolicy::kLru, KvReplayPolicy::kLfu}) {
+           {KvReplayPolicy::kPolicy, KvReplayPolicy::kLru, KvReplayPolicy::kLfu}) {
         const KvReplayResult r = Replay(t, a, p, capacity);
         EXPECT_LE(opt.misses, r.misses) << r.policy << " capacity " << capacity;
         EXPECT_EQ(r.cold + r.hits + r.misses, r.accesses);
@@ -290,7 +290,7 @@ TEST(KvTraceReplayTest, ReuseScoreKeepsARunningSequencesPages) {
   KvReplayOptions o;
   o.capacity_pages = 8;
   o.miss_ms = 1;
-  const KvReplayResult r = ReplayKvTrace(t, a, KvReplayPolicy::kReuseScore, o);
+  const KvReplayResult r = ReplayKvTrace(t, a, KvReplayPolicy::kPolicy, o);
   EXPECT_EQ(r.cold, 12);
   EXPECT_EQ(r.misses, 0);
   EXPECT_EQ(ReplayKvTrace(t, a, KvReplayPolicy::kBelady, o).misses, 0);
