@@ -96,7 +96,11 @@ class ForecastState {
         in.order_in_step = order;
       }
       found = true;
-      reads_left = q.steps_left < 0 || reads_left < 0 ? -1 : std::max(reads_left, q.steps_left);
+      // Its reads from now on: the steps it may still take after its last read (a request that
+      // began this step's read has counted this step already, though not yet this page's read).
+      const bool started = q.last_step == a.step;
+      const int64_t reads = q.steps_left < 0 ? -1 : q.steps_left + (started && !read_now ? 1 : 0);
+      reads_left = reads < 0 || reads_left < 0 ? -1 : std::max(reads_left, reads);
     }
     in.running_reader = found;
     in.reads_left = found ? reads_left : 0;
