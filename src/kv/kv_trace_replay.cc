@@ -20,6 +20,7 @@ struct ReplayPage {
   int64_t reads = 0;          // reads so far, resident or not
   int64_t next_use = kNever;  // the access that reads it next (Belady)
   int64_t block = 0;          // its index in the requests that read it (a shared prefix: the same)
+  int64_t last_order = 0;     // its place among the reads of the step it was last read in
   // The forecast's view: the running requests that read it, and its idle periods (no running
   // request held it) and the reads that ended one.
   std::vector<int64_t> readers;
@@ -43,10 +44,12 @@ class ForecastState {
  public:
   explicit ForecastState(std::vector<ReplayPage>* pages) : pages_(*pages) {}
 
-  // Access `a` (the `tick`-th) is about to be read. A new step first retires the requests that
-  // did not read at the last one, or took their last step: their pages go idle unless another
-  // running request holds them.
-  void Begin(const KvTraceAccess& a, int64_t tick) {
+  // Access `tick` is about to be read. A new step first retires the requests that did not read at
+  // the last one, or took their last step: their pages go idle unless another running request
+  // holds them. A request's first access in a step is its read's block 0: the engine planned the
+  // whole read before the step, so every page of it has this request as a reader from then on.
+  void Begin(std::span<const KvTraceAccess> accesses, int64_t tick) {
+    const KvTraceAccess& a = accesses[static_cast<size_t>(tick)];
     if (a.step != step_) {
       if (step_ >= 0) RetireStopped();
       step_ = a.step;
@@ -60,18 +63,23 @@ class ForecastState {
         q.running = true;
         running_.push_back(a.request);
       }
+      q.pages.clear();
+      for (int64_t k = 0; k < a.read_blocks; ++k) {
+        const int64_t id = accesses[static_cast<size_t>(tick + k)].page;
+        q.pages.push_back(id);
+        std::vector<int64_t>& readers = pages_[static_cast<size_t>(id)].readers;
+        if (std::find(readers.begin(), readers.end(), a.request) == readers.end()) {
+          readers.push_back(a.request);
+        }
+      }
     }
     q.steps_left = a.steps_left;
-    if (q.pages.size() <= static_cast<size_t>(a.block)) q.pages.resize(static_cast<size_t>(a.block) + 1, -1);
-    q.pages[static_cast<size_t>(a.block)] = a.page;
     ReplayPage& p = pages_[static_cast<size_t>(a.page)];
+    p.last_order = q.offset + a.block;
     if (p.idle) {
       p.idle = false;
       ++p.revivals;
       history_.PageRevived(a.step - p.last_step);
-    }
-    if (std::find(p.readers.begin(), p.readers.end(), a.request) == p.readers.end()) {
-      p.readers.push_back(a.request);
     }
   }
 
@@ -104,6 +112,8 @@ class ForecastState {
     }
     in.running_reader = found;
     in.reads_left = found ? reads_left : 0;
+    // Idle: read again (if at all) in the order its request read it, when that comes back.
+    if (!found) in.order_in_step = p.last_order;
     in.idle_steps = a.step - p.last_step;
     in.idle_periods = p.idle_periods + (p.idle ? 0 : 1);  // this one, if it is not counted yet
     in.revivals = p.revivals;
@@ -257,7 +267,7 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
   for (size_t i = 0; i < accesses.size(); ++i) {
     const KvTraceAccess& a = accesses[i];
     ReplayPage& page = pages[static_cast<size_t>(a.page)];
-    if (policy == KvReplayPolicy::kPolicy) forecast.Begin(a, static_cast<int64_t>(i));
+    if (policy == KvReplayPolicy::kPolicy) forecast.Begin(accesses, static_cast<int64_t>(i));
     ++r.accesses;
     if (page.slot >= 0) {
       ++r.hits;
