@@ -64,8 +64,14 @@ class ForecastState {
         running_.push_back(a.request);
       }
       q.pages.clear();
-      for (int64_t k = 0; k < a.read_blocks; ++k) {
-        const int64_t id = accesses[static_cast<size_t>(tick + k)].page;
+      // The read's accesses follow this one, block after block.
+      for (size_t k = static_cast<size_t>(tick); k < accesses.size(); ++k) {
+        const KvTraceAccess& next = accesses[k];
+        if (next.request != a.request || next.step != a.step ||
+            next.block != a.block + static_cast<int64_t>(k - static_cast<size_t>(tick))) {
+          break;
+        }
+        const int64_t id = next.page;
         q.pages.push_back(id);
         std::vector<int64_t>& readers = pages_[static_cast<size_t>(id)].readers;
         if (std::find(readers.begin(), readers.end(), a.request) == readers.end()) {
