@@ -43,15 +43,13 @@ double KvIdleReuseHistory::RevivalProbability(int64_t idle_steps, int64_t page_i
 }
 
 double KvIdleReuseHistory::RemainingGapSteps(int64_t idle_steps) const {
-  if (gaps_.empty()) return std::max(1.0, kDefaultIdleGapSteps - static_cast<double>(idle_steps));
+  // No pause seen (none at all, or none this long): as long again as it has waited, at least the
+  // named default (the longer a page has waited, the longer it is likely to wait yet).
+  if (gaps_.empty()) return std::max(kDefaultIdleGapSteps, static_cast<double>(idle_steps));
   const size_t within = static_cast<size_t>(
       std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
   const size_t later = gaps_.size() - within;
-  if (later == 0) {
-    // Idle longer than any page ever revived: as long again as it has waited (no pause seen
-    // says how much longer).
-    return std::max(1.0, static_cast<double>(idle_steps));
-  }
+  if (later == 0) return std::max(1.0, static_cast<double>(idle_steps));
   const double sum_later = gap_sums_.back() - gap_sums_[within];
   return std::max(1.0, sum_later / static_cast<double>(later) - static_cast<double>(idle_steps));
 }

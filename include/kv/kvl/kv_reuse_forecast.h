@@ -54,7 +54,8 @@ struct KvReuseForecast {
 // t), each count with one in two added (Laplace's rule) so that an empty history says 1/2.
 class KvIdleReuseHistory {
  public:
-  // Where no page was revived yet: the pause assumed (a named default, not a measurement).
+  // Where no page was revived yet: the shortest pause assumed (a named default, not a
+  // measurement); a page idle longer is expected to wait as long again.
   static constexpr double kDefaultIdleGapSteps = 16;
 
   void PageWentIdle() { ++idle_pages_; }
