@@ -22,7 +22,8 @@ void KvIdleReuseHistory::PageRevived(int64_t idle_steps) {
   const size_t i = static_cast<size_t>(at - gaps_.begin());
   gaps_.insert(at, gap);
   if (gap_sums_.empty()) gap_sums_.push_back(0);
-  gap_sums_.insert(gap_sums_.begin() + static_cast<std::ptrdiff_t>(i) + 1, gap_sums_[i] + static_cast<double>(gap));
+  gap_sums_.insert(gap_sums_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                   gap_sums_[i] + static_cast<double>(gap));
   for (size_t k = i + 2; k < gap_sums_.size(); ++k) gap_sums_[k] += static_cast<double>(gap);
 }
 
@@ -30,15 +31,17 @@ double KvIdleReuseHistory::RevivalProbability(int64_t idle_steps, int64_t page_i
                                               int64_t page_revivals) const {
   // Of the pages that went idle, those revived within `idle_steps` are no longer idle; of the
   // rest, those revived later are the ones that were still to be read.
-  const size_t within = static_cast<size_t>(
-      std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
+  const size_t within =
+      static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
   const double later = static_cast<double>(gaps_.size() - within);
-  const double still_idle = std::max(later, static_cast<double>(idle_pages_) - static_cast<double>(within));
+  const double still_idle =
+      std::max(later, static_cast<double>(idle_pages_) - static_cast<double>(within));
   const double all = (later + 1.0) / (still_idle + 2.0);
   // Then the page's own record: a shared opening read by request after request, a turn's history
   // read at every turn.
-  const double own = (static_cast<double>(page_revivals) + kHistoryWeightPeriods * all) /
-                     (static_cast<double>(std::max<int64_t>(0, page_idle_periods - 1)) + kHistoryWeightPeriods);
+  const double own =
+      (static_cast<double>(page_revivals) + kHistoryWeightPeriods * all) /
+      (static_cast<double>(std::max<int64_t>(0, page_idle_periods - 1)) + kHistoryWeightPeriods);
   return std::clamp(own, kMinRevivalProbability, 1.0);
 }
 
@@ -46,8 +49,8 @@ double KvIdleReuseHistory::RemainingGapSteps(int64_t idle_steps) const {
   // No pause seen (none at all, or none this long): as long again as it has waited, at least the
   // named default (the longer a page has waited, the longer it is likely to wait yet).
   if (gaps_.empty()) return std::max(kDefaultIdleGapSteps, static_cast<double>(idle_steps));
-  const size_t within = static_cast<size_t>(
-      std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
+  const size_t within =
+      static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
   const size_t later = gaps_.size() - within;
   if (later == 0) return std::max(1.0, static_cast<double>(idle_steps));
   const double sum_later = gap_sums_.back() - gap_sums_[within];

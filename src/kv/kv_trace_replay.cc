@@ -32,9 +32,9 @@ struct ReplayPage {
 // What the replay knows of one request, as the engine knows it at its step.
 struct ReplayRequest {
   int64_t last_step = -1;
-  int64_t offset = 0;       // its first read's place among its last step's reads
-  int64_t steps_left = -1;  // after that step, at most; -1: unknown
-  bool running = false;     // read at the last step that read anything, and not finished
+  int64_t offset = 0;          // its first read's place among its last step's reads
+  int64_t steps_left = -1;     // after that step, at most; -1: unknown
+  bool running = false;        // read at the last step that read anything, and not finished
   std::vector<int64_t> pages;  // by block
 };
 
@@ -179,8 +179,8 @@ std::vector<KvTraceAccess> KvTraceAccesses(const KvTrace& trace) {
       case KvTraceEvent::Kind::kRead: {
         const std::vector<int64_t>& pages = pages_of_request[ev.request];
         for (int64_t b = 0; b < ev.block; ++b) {
-          out.push_back({step, pages[static_cast<size_t>(b)], ev.request, b, ev.block,
-                         b >= ev.from, ev.steps_left});
+          out.push_back({step, pages[static_cast<size_t>(b)], ev.request, b, ev.block, b >= ev.from,
+                         ev.steps_left});
         }
         break;
       }

@@ -110,7 +110,8 @@ TEST(KvPressurePlannerTest, ReliefTakesPagesOfTheSequenceWithFewestStepsLeftFirs
   h.planner().PlanRelief(running, /*blocks_short=*/5, Phase::kDecode, &plan);
   std::vector<std::pair<SeqId, int64_t>> planned;
   for (const KvPageAction& a : plan.actions) planned.push_back({a.seq, a.block_index});
-  EXPECT_EQ(planned, (std::vector<std::pair<SeqId, int64_t>>{{1, 2}, {1, 4}, {1, 3}, {1, 1}, {0, 1}}));
+  EXPECT_EQ(planned,
+            (std::vector<std::pair<SeqId, int64_t>>{{1, 2}, {1, 4}, {1, 3}, {1, 1}, {0, 1}}));
   // Steps left unknown: the coldest pages first, across sequences.
   h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}, {1, 2}}, 2, Phase::kDecode, &plan);
   for (const KvPageAction& a : plan.actions) EXPECT_EQ(a.seq, 0);

@@ -8,8 +8,8 @@
 //       step; a page that leaves is read from its tier at each step its sequence still takes, so
 //       the fewest reads left go first), then the coldest (least attention mass); never the
 //       attention sinks, the recent window or the page being written; each priced by the cost
-//       model (kv_policy.h) -> compress / demote / checkpoint / evict, or keep. When no resident page could go, PlanCompressedEviction evicts compressed
-//       pages, the last resort.
+//       model (kv_policy.h) -> compress / demote / checkpoint / evict, or keep. When no resident
+//       page could go, PlanCompressedEviction evicts compressed pages, the last resort.
 //   a sequence preempted -> PlanPreemption: each full page demoted, kept as checkpoints, or
 //       dropped to be recomputed from its tokens (a paged sequence is recomputed whole: that
 //       gives back exact KV whatever happened to its pages while it ran).

@@ -30,7 +30,7 @@ struct KvTraceAccess {
   int64_t block = 0;        // its index in the request that read it
   int64_t read_blocks = 0;  // how many blocks that request read in this step
   bool computed = false;    // its tokens were computed in this step (block >= the read's from)
-  int64_t steps_left = -1;  // the most steps the request may still take after this one (-1: unknown)
+  int64_t steps_left = -1;  // the most steps its request may still take after this one; -1: unknown
 };
 std::vector<KvTraceAccess> KvTraceAccesses(const KvTrace& trace);
 
