@@ -270,10 +270,37 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
     return best;
   };
 
+  // The pool's blocks that hold a partial page at each step: one per request reading in it.
+  std::unordered_map<int64_t, int64_t> readers_in_step;
+  if (options.partial_pages_per_reader > 0) {
+    for (size_t i = 0; i < accesses.size(); ++i) {
+      if (i == 0 || accesses[i].request != accesses[i - 1].request ||
+          accesses[i].step != accesses[i - 1].step) {
+        ++readers_in_step[accesses[i].step];
+      }
+    }
+  }
+  auto evict = [&](const KvTraceAccess& now) {
+    const size_t v = victim(now);
+    const int64_t evicted = resident[v];
+    resident[v] = resident.back();  // the last one takes its place
+    pages[static_cast<size_t>(resident[v])].slot = static_cast<int64_t>(v);
+    resident.pop_back();
+    pages[static_cast<size_t>(evicted)].slot = -1;
+  };
+  int64_t capacity = options.capacity_pages;
+  int64_t step = -1;
   for (size_t i = 0; i < accesses.size(); ++i) {
     const KvTraceAccess& a = accesses[i];
     ReplayPage& page = pages[static_cast<size_t>(a.page)];
     if (policy == KvReplayPolicy::kPolicy) forecast.Begin(accesses, static_cast<int64_t>(i));
+    if (a.step != step && options.partial_pages_per_reader > 0 && options.capacity_pages > 0) {
+      // The step's partial pages take their blocks first.
+      step = a.step;
+      capacity = std::max<int64_t>(
+          1, options.capacity_pages - options.partial_pages_per_reader * readers_in_step[step]);
+      while (static_cast<int64_t>(resident.size()) > capacity) evict(a);
+    }
     ++r.accesses;
     if (page.slot >= 0) {
       ++r.hits;
@@ -283,15 +310,8 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
       } else {
         ++r.cold;
       }
-      if (options.capacity_pages > 0) {
-        if (static_cast<int64_t>(resident.size()) >= options.capacity_pages) {
-          const size_t v = victim(a);
-          const int64_t evicted = resident[v];
-          resident[v] = resident.back();  // the last one takes its place
-          pages[static_cast<size_t>(resident[v])].slot = static_cast<int64_t>(v);
-          resident.pop_back();
-          pages[static_cast<size_t>(evicted)].slot = -1;
-        }
+      if (capacity > 0) {
+        if (static_cast<int64_t>(resident.size()) >= capacity) evict(a);
         page.slot = static_cast<int64_t>(resident.size());
         resident.push_back(a.page);
       }

@@ -40,6 +40,10 @@ std::string_view KvReplayPolicyName(KvReplayPolicy policy);
 struct KvReplayOptions {
   int64_t capacity_pages = 0;  // the resident set
   double miss_ms = 0;          // the price of bringing one missed page back
+  // Blocks of the set taken at each step by the partial page of each request reading in it (its
+  // last page, being written, which the trace does not list): 1 to compare with the engine's
+  // pool, which holds them; 0: every block holds a listed page.
+  int64_t partial_pages_per_reader = 0;
 };
 
 struct KvReplayResult {
