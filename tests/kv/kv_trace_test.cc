@@ -1,7 +1,7 @@
 // The KV page-access trace: written and read back unchanged, malformed lines refused with their
 // line number; and its replay: hand-made traces whose misses are known (a loop one page larger
 // than the set, where LRU misses every read), Belady's optimal never beaten on random traces, the
-// reuse score keeping a running sequence's pages, and the engine's recorded decisions priced.
+// reuse forecast keeping a running sequence's pages, and the engine's recorded decisions priced.
 #include "kvl/kv_trace.h"
 
 #include <gtest/gtest.h>
@@ -260,10 +260,11 @@ TEST(KvTraceReplayTest, BeladyNeverMissesMoreThanAnyPolicy) {
   }
 }
 
-// The reuse score keeps what a running sequence reads every step: request 1 reads its 4 pages at
-// every step; request 2 read 4 pages once at step 0; request 3 then brings 4 new pages. With room
-// for 8, the score (like LRU) evicts request 2's pages, so request 1 never misses.
-TEST(KvTraceReplayTest, ReuseScoreKeepsARunningSequencesPages) {
+// The reuse forecast keeps what a running sequence reads every step: request 1 reads its 4 pages
+// at every step; request 2 read 4 pages once at step 0 and stopped (its pages idle); request 3
+// then brings 4 new pages. With room for 8, the forecast evicts request 2's pages, so request 1
+// never misses.
+TEST(KvTraceReplayTest, PolicyKeepsARunningSequencesPages) {
   KvTrace t;
   t.header.block_tokens = 16;
   int64_t next_page = 0;
