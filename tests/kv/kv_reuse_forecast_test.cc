@@ -1,7 +1,7 @@
 // The KV reuse forecast: a running page's next read from the schedule, an idle page's from the
 // history of idle pages read again; and replayed, on a hand-built cyclic scan (every running
 // sequence reads all its pages at every step), the policy's cost within 10% of Belady's while
-// LRU's, and the old recency score's, are not.
+// LRU's, and the old recency score's, are not; and a chat's idle history kept over a one-off's.
 #include "kvl/kv_reuse_forecast.h"
 
 #include <gtest/gtest.h>
@@ -119,6 +119,32 @@ TEST(KvReuseForecastTest, CyclicScanPolicyWithinTenPercentOfBeladyAndLruIsNot) {
   read_last_step.steps_since_access = 1;
   read_now.accesses = read_last_step.accesses = 10;
   EXPECT_GT(ReuseProbability(read_now), ReuseProbability(read_last_step));
+}
+
+// Pages nobody reads any more, ranked by the history of idle pages read again: a chat's history
+// (pages 0 and 1, read again by its second turn) outstays a one-off request's more recent pages
+// (3 and 4) and the second turn's own new page (2), so the chat's third turn finds its history.
+// LRU keeps the recent one-off pages instead and misses the chat's three; Belady misses one.
+TEST(KvReuseForecastTest, AChatsHistoryOutstaysAOneOffsPages) {
+  const StatusOr<KvTrace> t = ParseKvTrace(
+      "kvl-trace 1 block_tokens=16 pool_blocks=5\n"
+      // Turn 1 of the chat (request 1), two steps.
+      "S 0\nP 0 1 0 -\nP 1 1 1 -\nR 1 2 0 - - 1\nS 1\nR 1 2 2 - - 0\n"
+      // Turn 2 (request 2) reads turn 1's pages again and adds page 2.
+      "S 2\nP 0 2 0 -\nP 1 2 1 -\nP 2 2 2 -\nR 2 3 2 - - 1\nS 3\nR 2 3 3 - - 0\n"
+      // A one-off request (3), then another (4) whose three new pages need room.
+      "S 4\nP 3 3 0 -\nP 4 3 1 -\nR 3 2 0 - - 1\nS 5\nR 3 2 2 - - 0\n"
+      "S 6\nP 5 4 0 -\nP 6 4 1 -\nP 7 4 2 -\nR 4 3 0 - - 1\nS 7\nR 4 3 3 - - 0\n"
+      // Turn 3 (request 5) reads the chat's history.
+      "S 8\nP 0 5 0 -\nP 1 5 1 -\nP 2 5 2 -\nP 8 5 3 -\nR 5 4 3 - - 0\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::vector<KvTraceAccess> a = KvTraceAccesses(*t);
+  KvReplayOptions o;
+  o.capacity_pages = 5;
+  o.miss_ms = 1;
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kPolicy, o).misses, 1);
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kLru, o).misses, 3);
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, o).misses, 1);
 }
 
 }  // namespace
