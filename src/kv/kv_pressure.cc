@@ -208,10 +208,10 @@ void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running,
     }
   }
   std::stable_sort(candidates_.begin(), candidates_.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.mass < b.mass; });
-  std::stable_sort(candidates_.begin(), candidates_.end(),
                    [](const Candidate& a, const Candidate& b) {
-                     return KvPageLeavesFirst(a.forecast, b.forecast);
+                     if (KvPageLeavesFirst(a.forecast, b.forecast)) return true;
+                     if (KvPageLeavesFirst(b.forecast, a.forecast)) return false;
+                     return a.mass < b.mass;
                    });
 }
 
