@@ -99,7 +99,7 @@ TEST(KvTraceTest, RoundTripGivesTheSameEvents) {
     t.Read(7, r7, 2);
     const std::vector<int64_t> outside = {0, 2, 3, 4, 7}, evicted = {1};
     const std::vector<KvContentId> r9(8);
-    t.Read(9, r9, 8, outside, evicted);
+    t.Read(9, r9, 8, outside, evicted, /*steps_left=*/41);
     EXPECT_EQ(t.steps(), 2);
     ASSERT_TRUE(t.Close().ok());
   }
@@ -135,7 +135,11 @@ TEST(KvTraceTest, RoundTripGivesTheSameEvents) {
       Page(9, 9, 5),
       Page(10, 9, 6),
       Page(11, 9, 7),
-      Read(9, 8, 8, {0, 2, 3, 4, 7}, {1}),
+      [] {
+        KvTraceEvent e = Read(9, 8, 8, {0, 2, 3, 4, 7}, {1});
+        e.steps_left = 41;
+        return e;
+      }(),
   };
   EXPECT_EQ(trace->events, expected);
 
@@ -169,6 +173,10 @@ TEST(KvTraceTest, MalformedTracesAreRefusedWithTheirLine) {
   EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 0-2 -\n").ok());  // block 2 was not read
   EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 1,0 -\n").ok());  // not ascending
   EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 -\n").ok());      // one list without the other
+  EXPECT_EQ(ParseKvTrace(two + "R 1 2 2 - - 7\n")->events.back().steps_left, 7);
+  EXPECT_EQ(ParseKvTrace(two + "R 1 2 2 - - -\n")->events.back().steps_left, -1);
+  EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 - - x\n").ok());  // steps left not a number
+  EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 - - -3\n").ok());
   EXPECT_FALSE(ParseKvTrace("kvl-trace 1 price_ms=1,2\n").ok());
 }
 
