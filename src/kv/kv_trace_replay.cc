@@ -89,6 +89,21 @@ class ForecastState {
     }
   }
 
+  // Whether the engine's planner would never move page `id`: the first `sink_blocks` or the
+  // newest `recent_blocks` pages of a request reading it.
+  bool Pinned(int64_t id, int64_t sink_blocks, int64_t recent_blocks) const {
+    const ReplayPage& p = pages_[static_cast<size_t>(id)];
+    for (int64_t r : p.readers) {
+      const ReplayRequest& q = requests_.at(r);
+      if (!q.running) continue;
+      if (p.block < sink_blocks ||
+          p.block >= static_cast<int64_t>(q.pages.size()) - recent_blocks) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   // The forecast for resident page `id` while access `a` is read.
   KvReuseForecast Forecast(int64_t id, const KvTraceAccess& a) const {
     const ReplayPage& p = pages_[static_cast<size_t>(id)];
@@ -229,14 +244,22 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
   ForecastState forecast(&pages);
 
   // The engine's choice: the page its forecast says leaves first. Every resident page is a
-  // candidate: the sinks and the recent window, which the engine's planner also holds in the pool,
-  // are read at their sequence's next step like its other pages, and the forecast says so.
+  // candidate (the sinks and the recent window are read at their sequence's next step like its
+  // other pages, and the forecast says so), unless the options pin them as the engine does.
+  const bool pins = options.pinned_sink_blocks > 0 || options.pinned_recent_blocks > 0;
+  auto pinned = [&](size_t i) {
+    return pins &&
+           forecast.Pinned(resident[i], options.pinned_sink_blocks, options.pinned_recent_blocks);
+  };
   auto forecast_victim = [&](const KvTraceAccess& now) -> size_t {
-    size_t best = 0;
-    KvReuseForecast best_forecast = forecast.Forecast(resident[0], now);
-    for (size_t i = 1; i < resident.size(); ++i) {
+    bool any_movable = !pins;
+    for (size_t i = 0; !any_movable && i < resident.size(); ++i) any_movable = !pinned(i);
+    size_t best = resident.size();
+    KvReuseForecast best_forecast;
+    for (size_t i = 0; i < resident.size(); ++i) {
+      if (any_movable && pinned(i)) continue;
       const KvReuseForecast f = forecast.Forecast(resident[i], now);
-      if (KvPageLeavesFirst(f, best_forecast)) {
+      if (best == resident.size() || KvPageLeavesFirst(f, best_forecast)) {
         best = i;
         best_forecast = f;
       }

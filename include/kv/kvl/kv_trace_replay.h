@@ -44,6 +44,11 @@ struct KvReplayOptions {
   // last page, being written, which the trace does not list): 1 to compare with the engine's
   // pool, which holds them; 0: every block holds a listed page.
   int64_t partial_pages_per_reader = 0;
+  // The policy never chooses a running request's first `pinned_sink_blocks` pages or its newest
+  // `pinned_recent_blocks` (unless nothing else is resident), as the engine's planner never moves
+  // its sinks and recent window. 0 and 0: any page may leave.
+  int64_t pinned_sink_blocks = 0;
+  int64_t pinned_recent_blocks = 0;
 };
 
 struct KvReplayResult {
