@@ -110,7 +110,7 @@ struct BenchServeArgs {
 int BenchServeCommand(const BenchServeArgs& args);
 
 // `kvl bench replay TRACE`: a --kv-trace replayed through resident sets of N pages under the
-// engine's reuse score, LRU, LFU and Belady's optimal, and the engine's own recorded decisions;
+// engine's reuse forecast, LRU, LFU and Belady's optimal, and the engine's own recorded decisions;
 // misses priced per page. No model.
 struct BenchReplayArgs {
   std::string trace_path;

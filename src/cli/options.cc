@@ -272,7 +272,7 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
 
   BenchReplayArgs& br = cmd.bench_replay;
   CLI::App* br_cmd = bench_cmd->add_subcommand(
-      "replay", "replay a --kv-trace against the reuse score, LRU, LFU and Belady's optimal");
+      "replay", "replay a --kv-trace against the reuse forecast, LRU, LFU and Belady's optimal");
   br_cmd->add_option("trace", br.trace_path, "trace file (written by --kv-trace)")->required();
   br_cmd->add_option("--capacity-pages", br.capacity_pages,
                      "resident set sizes in pages (default: the engine's pool, x1/2, x2)")

@@ -458,6 +458,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   so.max_batch_tokens = fo.max_batch_tokens;
   so.max_seqs = options.max_seqs;
   so.keep_lossy_sessions = options.prefix_cache;
+  so.context_length = e.context_length;
   e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
   if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices);
   e.scheduler->set_trace(e.trace.get());

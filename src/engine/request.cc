@@ -36,6 +36,16 @@ std::string StopTextFilter::Flush() {
   return out;
 }
 
+int64_t Sequence::MaxStepsLeft(int64_t context_tokens) const {
+  // The step that completes the prompt samples the first token: one step for the rest of the
+  // prompt (a few where it outgrows a step's token budget), then one a token.
+  int64_t left = std::max<int64_t>(1, context_tokens - static_cast<int64_t>(tokens.size()));
+  if (request.max_new_tokens >= 0) {
+    left = std::min<int64_t>(left, std::max<int64_t>(1, request.max_new_tokens - num_generated));
+  }
+  return left;
+}
+
 TokenEvent Sequence::FinishEvent(const std::string& reason, Status error) {
   finished = true;
   TokenEvent event;

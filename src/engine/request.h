@@ -67,6 +67,10 @@ struct Sequence {
 
   // The finished event (reason, error, counts, the text still held back); marks it finished.
   TokenEvent FinishEvent(const std::string& reason, Status error);
+  // The most steps it may still take, the next one included: a token a step until max_tokens or
+  // the context is reached (an EOS or a stop string may end it sooner). What the KV reuse
+  // forecast knows of a running sequence's future reads.
+  int64_t MaxStepsLeft(int64_t context_tokens) const;
 };
 
 }  // namespace kvl

@@ -390,7 +390,11 @@ void Scheduler::TraceLeaving(const KvPagePlan& plan, KvTraceCause cause, Request
 bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
   planned_running_.clear();
   for (auto& seq : running_) {
-    if (seq->slot >= 0 && kv_.Contains(seq->slot)) planned_running_.push_back({seq->slot, seq->id});
+    if (seq->slot >= 0 && kv_.Contains(seq->slot)) {
+      const int64_t steps_left =
+          options_.context_length > 0 ? seq->MaxStepsLeft(options_.context_length) : -1;
+      planned_running_.push_back({seq->slot, seq->id, steps_left});
+    }
   }
   planner_.PlanRelief(planned_running_, blocks_short, phase, &page_plan_);
   const int64_t applied = pager_.Apply(page_plan_);

@@ -42,6 +42,9 @@ struct SchedulerOptions {
   // exactly through the prefix cache and the KV store instead, so it is never parked. Sessions
   // give their slot and blocks back as soon as another request needs them.
   bool keep_lossy_sessions = false;
+  // The context a sequence may grow to: with its max_tokens, the most steps it may still take,
+  // which the KV reuse forecast orders pages by (0: unknown).
+  int64_t context_length = 0;
 };
 
 // One step's work: a KV plan that fits, and per sequence the tokens it computes.

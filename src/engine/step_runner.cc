@@ -242,7 +242,8 @@ void StepRunner::TraceReads(const StepPlan& plan) {
           break;  // in the pool, compressed or not
       }
     }
-    p_.trace->Read(seq.id, trace_contents_, trace_from_[i], trace_outside_, trace_evicted_);
+    p_.trace->Read(seq.id, trace_contents_, trace_from_[i], trace_outside_, trace_evicted_,
+                   seq.MaxStepsLeft(p_.context_length) - 1);
   }
 }
 

@@ -177,9 +177,11 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
 }
 
 // Full pages of the running sequences outside the attention sinks and the recent window whose
-// fate is `fate` (resident pages only where this sequence alone holds the block), coldest first
-// (least attention mass per step; then oldest).
+// fate is `fate` (resident pages only where this sequence alone holds the block), in the order
+// the reuse forecast says they leave, then coldest first (least attention mass; then oldest).
 void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running, KvPageFate fate) {
+  // Relief acts on running pages only; their forecast never asks the idle pages' history.
+  static const KvIdleReuseHistory kNoIdlePages;
   candidates_.clear();
   const int64_t bt = rules_.block_tokens;
   const int64_t recent_blocks = std::min((rules_.recent_tokens + bt - 1) / bt,
@@ -197,11 +199,23 @@ void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running,
       const bool match = fate == KvPageFate::kResident
                              ? block != kNoBlock && manager_.refcount(block) == 1
                              : block == kNoBlock && pager_.FateOf(seq.slot, b) == fate;
-      if (match) candidates_.push_back({seq, b, pager_.PageMass(seq.slot, b)});
+      if (!match) continue;
+      // Read at the step about to run and at each one after it that its sequence takes. Where in
+      // the step is no matter here: a page that leaves is read from its tier at each of them.
+      KvReuseInput in;
+      in.running_reader = true;
+      in.steps_to_read = 0;
+      in.reads_left = seq.steps_left;
+      candidates_.push_back(
+          {seq, b, pager_.PageMass(seq.slot, b), ForecastReuse(in, kNoIdlePages)});
     }
   }
   std::stable_sort(candidates_.begin(), candidates_.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.mass < b.mass; });
+                   [](const Candidate& a, const Candidate& b) {
+                     if (KvPageLeavesFirst(a.forecast, b.forecast)) return true;
+                     if (KvPageLeavesFirst(b.forecast, a.forecast)) return false;
+                     return a.mass < b.mass;
+                   });
 }
 
 void KvPressurePlanner::NoteFailedActions(const KvPagePlan& plan) {

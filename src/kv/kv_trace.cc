@@ -169,7 +169,7 @@ int64_t KvTraceWriter::PageOf(int64_t request, int64_t block) const {
 
 void KvTraceWriter::Read(int64_t request, std::span<const KvContentId> contents,
                          int64_t computed_from, std::span<const int64_t> outside,
-                         std::span<const int64_t> evicted) {
+                         std::span<const int64_t> evicted, int64_t steps_left) {
   std::vector<int64_t>& pages = pages_of_request_[request];
   line_.clear();
   for (size_t b = pages.size(); b < contents.size(); ++b) {
@@ -194,6 +194,11 @@ void KvTraceWriter::Read(int64_t request, std::span<const KvContentId> contents,
   AppendBlockList(outside, &line_);
   line_.push_back(' ');
   AppendBlockList(evicted, &line_);
+  if (steps_left >= 0) {
+    fmt::format_to(std::back_inserter(line_), " {}", steps_left);
+  } else {
+    line_ += " -";
+  }
   line_.push_back('\n');
   Line(line_.data(), line_.size());
 }
@@ -312,13 +317,16 @@ StatusOr<KvTrace> ParseKvTrace(std::string_view text) {
         pages.push_back(ev.page);
         if (ev.page == trace.num_pages) ++trace.num_pages;
       }
-    } else if (kind == "R" && (w.size() == 4 || w.size() == 6)) {
+    } else if (kind == "R" && (w.size() == 4 || w.size() == 6 || w.size() == 7)) {
       ev.kind = KvTraceEvent::Kind::kRead;
       ok = ParseNumber(w[1], &ev.request) && ParseNumber(w[2], &ev.block) &&
            ParseNumber(w[3], &ev.from) && ev.block >= 0 && ev.from >= 0;
-      if (ok && w.size() == 6) {
+      if (ok && w.size() >= 6) {
         ok = ParseBlockList(w[4], ev.block, &ev.outside) &&
              ParseBlockList(w[5], ev.block, &ev.evicted);
+      }
+      if (ok && w.size() == 7 && w[6] != "-") {
+        ok = ParseNumber(w[6], &ev.steps_left) && ev.steps_left >= 0;
       }
       if (ok) {
         const auto it = pages_of_request.find(ev.request);

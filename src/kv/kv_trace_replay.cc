@@ -4,7 +4,7 @@
 #include <limits>
 #include <unordered_map>
 
-#include "kvl/kv_policy.h"
+#include "kvl/kv_reuse_forecast.h"
 
 namespace kvl {
 namespace {
@@ -18,26 +18,164 @@ struct ReplayPage {
   int64_t last_step = -1;     // the step it was last read in
   int64_t last_tick = -1;     // the access it was last read at
   int64_t reads = 0;          // reads so far, resident or not
-  int64_t read_steps = 0;     // steps it was read in
   int64_t next_use = kNever;  // the access that reads it next (Belady)
-  int64_t block = 0;          // its index in the request that last read it ...
-  int64_t read_blocks = 0;    // ... which read this many blocks then
+  int64_t block = 0;          // its index in the requests that read it (a shared prefix: the same)
+  int64_t last_order = 0;     // its place among the reads of the step it was last read in
+  // The forecast's view: the running requests that read it, and its idle periods (no running
+  // request held it) and the reads that ended one.
+  std::vector<int64_t> readers;
+  bool idle = false;
+  int64_t idle_periods = 0;
+  int64_t revivals = 0;
 };
 
-// The engine's reuse score of a page now, from its replayed history.
-double ReuseScore(const ReplayPage& p, int64_t now_step, const KvReplayOptions& o,
-                  int64_t block_tokens) {
-  PageHistory h;
-  h.first_position = p.block * block_tokens;
-  h.steps_since_access = now_step - p.last_step;
-  h.accesses = p.read_steps;
-  // The sinks and the recent window of a sequence that is running (read in this step or the
-  // last) are kept, as the engine's planner never acts on them.
-  const bool running = p.last_step >= now_step - 1;
-  h.is_sink = running && p.block < o.sink_blocks;
-  h.in_recent_window = running && p.block >= p.read_blocks - o.recent_blocks;
-  return ReuseProbability(h);
-}
+// What the replay knows of one request, as the engine knows it at its step.
+struct ReplayRequest {
+  int64_t last_step = -1;
+  int64_t offset = 0;          // its first read's place among its last step's reads
+  int64_t steps_left = -1;     // after that step, at most; -1: unknown
+  bool running = false;        // read at the last step that read anything, and not finished
+  std::vector<int64_t> pages;  // by block
+};
+
+// The engine's reuse forecast over a replay: which requests run, which pages each holds, and the
+// history of idle pages. Fed the accesses in order; asked for a page's forecast at any access.
+class ForecastState {
+ public:
+  explicit ForecastState(std::vector<ReplayPage>* pages) : pages_(*pages) {}
+
+  // Access `tick` is about to be read. A new step first retires the requests that did not read at
+  // the last one, or took their last step: their pages go idle unless another running request
+  // holds them. A request's first access in a step is its read's block 0: the engine planned the
+  // whole read before the step, so every page of it has this request as a reader from then on.
+  void Begin(std::span<const KvTraceAccess> accesses, int64_t tick) {
+    const KvTraceAccess& a = accesses[static_cast<size_t>(tick)];
+    if (a.step != step_) {
+      if (step_ >= 0) RetireStopped();
+      step_ = a.step;
+      step_first_tick_ = tick;
+    }
+    ReplayRequest& q = requests_[a.request];
+    if (q.last_step != a.step) {
+      q.last_step = a.step;
+      q.offset = tick - step_first_tick_;
+      if (!q.running) {
+        q.running = true;
+        running_.push_back(a.request);
+      }
+      q.pages.clear();
+      // The read's accesses follow this one, block after block.
+      for (size_t k = static_cast<size_t>(tick); k < accesses.size(); ++k) {
+        const KvTraceAccess& next = accesses[k];
+        if (next.request != a.request || next.step != a.step ||
+            next.block != a.block + static_cast<int64_t>(k - static_cast<size_t>(tick))) {
+          break;
+        }
+        const int64_t id = next.page;
+        q.pages.push_back(id);
+        std::vector<int64_t>& readers = pages_[static_cast<size_t>(id)].readers;
+        if (std::find(readers.begin(), readers.end(), a.request) == readers.end()) {
+          readers.push_back(a.request);
+        }
+      }
+    }
+    q.steps_left = a.steps_left;
+    ReplayPage& p = pages_[static_cast<size_t>(a.page)];
+    p.last_order = q.offset + a.block;
+    if (p.idle) {
+      p.idle = false;
+      ++p.revivals;
+      history_.PageRevived(a.step - p.last_step);
+    }
+  }
+
+  // Whether the engine's planner would never move page `id`: the first `sink_blocks` or the
+  // newest `recent_blocks` pages of a request reading it.
+  bool Pinned(int64_t id, int64_t sink_blocks, int64_t recent_blocks) const {
+    const ReplayPage& p = pages_[static_cast<size_t>(id)];
+    for (int64_t r : p.readers) {
+      const ReplayRequest& q = requests_.at(r);
+      if (!q.running) continue;
+      if (p.block < sink_blocks ||
+          p.block >= static_cast<int64_t>(q.pages.size()) - recent_blocks) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // The forecast for resident page `id` while access `a` is read.
+  KvReuseForecast Forecast(int64_t id, const KvTraceAccess& a) const {
+    const ReplayPage& p = pages_[static_cast<size_t>(id)];
+    KvReuseInput in;
+    bool found = false;
+    int64_t reads_left = 0;
+    for (int64_t r : p.readers) {
+      const ReplayRequest& q = requests_.at(r);
+      if (!q.running) continue;
+      // Read already in this step (the request read it, or is reading past it): next at its next
+      // step, if it takes one. Otherwise later in this step.
+      const bool read_now = q.last_step == a.step && (r != a.request || p.block <= a.block);
+      if (read_now && q.steps_left == 0) continue;
+      const int64_t steps_to_read = read_now ? 1 : 0;
+      const int64_t order = q.offset + p.block;
+      if (!found || steps_to_read < in.steps_to_read ||
+          (steps_to_read == in.steps_to_read && order < in.order_in_step)) {
+        in.steps_to_read = steps_to_read;
+        in.order_in_step = order;
+      }
+      found = true;
+      // Its reads from now on: the steps it may still take after its last read (a request that
+      // began this step's read has counted this step already, though not yet this page's read).
+      const bool started = q.last_step == a.step;
+      const int64_t reads = q.steps_left < 0 ? -1 : q.steps_left + (started && !read_now ? 1 : 0);
+      reads_left = reads < 0 || reads_left < 0 ? -1 : std::max(reads_left, reads);
+    }
+    in.running_reader = found;
+    in.reads_left = found ? reads_left : 0;
+    // Idle: read again (if at all) in the order its request read it, when that comes back.
+    if (!found) in.order_in_step = p.last_order;
+    in.idle_steps = a.step - p.last_step;
+    in.idle_periods = p.idle_periods + (p.idle ? 0 : 1);  // this one, if it is not counted yet
+    in.revivals = p.revivals;
+    return ForecastReuse(in, history_);
+  }
+
+ private:
+  void RetireStopped() {
+    for (size_t i = 0; i < running_.size();) {
+      ReplayRequest& q = requests_[running_[i]];
+      if (q.last_step == step_ && q.steps_left != 0) {
+        ++i;
+        continue;
+      }
+      q.running = false;
+      running_[i] = running_.back();
+      running_.pop_back();
+      for (int64_t id : q.pages) {
+        if (id >= 0) MaybeIdle(pages_[static_cast<size_t>(id)]);
+      }
+    }
+  }
+
+  void MaybeIdle(ReplayPage& p) {
+    if (p.idle) return;
+    for (int64_t r : p.readers) {
+      if (requests_.at(r).running) return;
+    }
+    p.readers.clear();
+    p.idle = true;
+    ++p.idle_periods;
+    history_.PageWentIdle();
+  }
+
+  std::vector<ReplayPage>& pages_;
+  std::unordered_map<int64_t, ReplayRequest> requests_;
+  std::vector<int64_t> running_;
+  KvIdleReuseHistory history_;
+  int64_t step_ = -1;
+  int64_t step_first_tick_ = 0;
+};
 
 }  // namespace
 
@@ -56,8 +194,8 @@ std::vector<KvTraceAccess> KvTraceAccesses(const KvTrace& trace) {
       case KvTraceEvent::Kind::kRead: {
         const std::vector<int64_t>& pages = pages_of_request[ev.request];
         for (int64_t b = 0; b < ev.block; ++b) {
-          out.push_back(
-              {step, pages[static_cast<size_t>(b)], ev.request, b, ev.block, b >= ev.from});
+          out.push_back({step, pages[static_cast<size_t>(b)], ev.request, b, ev.block, b >= ev.from,
+                         ev.steps_left});
         }
         break;
       }
@@ -71,8 +209,8 @@ std::vector<KvTraceAccess> KvTraceAccesses(const KvTrace& trace) {
 
 std::string_view KvReplayPolicyName(KvReplayPolicy policy) {
   switch (policy) {
-    case KvReplayPolicy::kReuseScore:
-      return "reuse-score";
+    case KvReplayPolicy::kPolicy:
+      return "policy";
     case KvReplayPolicy::kLru:
       return "lru";
     case KvReplayPolicy::kLfu:
@@ -103,8 +241,35 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
   std::vector<int64_t> resident;  // page ids; pages[p].slot is the index here
   resident.reserve(static_cast<size_t>(std::max<int64_t>(0, options.capacity_pages)));
 
+  ForecastState forecast(&pages);
+
+  // The engine's choice: the page its forecast says leaves first. Every resident page is a
+  // candidate (the sinks and the recent window are read at their sequence's next step like its
+  // other pages, and the forecast says so), unless the options pin them as the engine does.
+  const bool pins = options.pinned_sink_blocks > 0 || options.pinned_recent_blocks > 0;
+  auto pinned = [&](size_t i) {
+    return pins &&
+           forecast.Pinned(resident[i], options.pinned_sink_blocks, options.pinned_recent_blocks);
+  };
+  auto forecast_victim = [&](const KvTraceAccess& now) -> size_t {
+    bool any_movable = !pins;
+    for (size_t i = 0; !any_movable && i < resident.size(); ++i) any_movable = !pinned(i);
+    size_t best = resident.size();
+    KvReuseForecast best_forecast;
+    for (size_t i = 0; i < resident.size(); ++i) {
+      if (any_movable && pinned(i)) continue;
+      const KvReuseForecast f = forecast.Forecast(resident[i], now);
+      if (best == resident.size() || KvPageLeavesFirst(f, best_forecast)) {
+        best = i;
+        best_forecast = f;
+      }
+    }
+    return best;
+  };
+
   // The resident page that leaves to make room, chosen by the policy.
-  auto victim = [&](int64_t now_step) -> size_t {
+  auto victim = [&](const KvTraceAccess& now) -> size_t {
+    if (policy == KvReplayPolicy::kPolicy) return forecast_victim(now);
     size_t best = 0;
     auto worse = [&](const ReplayPage& a, const ReplayPage& b) {  // a leaves before b
       switch (policy) {
@@ -114,11 +279,8 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
           return a.reads != b.reads ? a.reads < b.reads : a.last_tick < b.last_tick;
         case KvReplayPolicy::kBelady:
           return a.next_use > b.next_use;
-        case KvReplayPolicy::kReuseScore: {
-          const double sa = ReuseScore(a, now_step, options, trace.header.block_tokens);
-          const double sb = ReuseScore(b, now_step, options, trace.header.block_tokens);
-          return sa != sb ? sa < sb : a.last_tick < b.last_tick;
-        }
+        case KvReplayPolicy::kPolicy:
+          break;
       }
       return false;
     };
@@ -131,9 +293,37 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
     return best;
   };
 
+  // The pool's blocks that hold a partial page at each step: one per request reading in it.
+  std::unordered_map<int64_t, int64_t> readers_in_step;
+  if (options.partial_pages_per_reader > 0) {
+    for (size_t i = 0; i < accesses.size(); ++i) {
+      if (i == 0 || accesses[i].request != accesses[i - 1].request ||
+          accesses[i].step != accesses[i - 1].step) {
+        ++readers_in_step[accesses[i].step];
+      }
+    }
+  }
+  auto evict = [&](const KvTraceAccess& now) {
+    const size_t v = victim(now);
+    const int64_t evicted = resident[v];
+    resident[v] = resident.back();  // the last one takes its place
+    pages[static_cast<size_t>(resident[v])].slot = static_cast<int64_t>(v);
+    resident.pop_back();
+    pages[static_cast<size_t>(evicted)].slot = -1;
+  };
+  int64_t capacity = options.capacity_pages;
+  int64_t step = -1;
   for (size_t i = 0; i < accesses.size(); ++i) {
     const KvTraceAccess& a = accesses[i];
     ReplayPage& page = pages[static_cast<size_t>(a.page)];
+    if (policy == KvReplayPolicy::kPolicy) forecast.Begin(accesses, static_cast<int64_t>(i));
+    if (a.step != step && options.partial_pages_per_reader > 0 && options.capacity_pages > 0) {
+      // The step's partial pages take their blocks first.
+      step = a.step;
+      capacity = std::max<int64_t>(
+          1, options.capacity_pages - options.partial_pages_per_reader * readers_in_step[step]);
+      while (static_cast<int64_t>(resident.size()) > capacity) evict(a);
+    }
     ++r.accesses;
     if (page.slot >= 0) {
       ++r.hits;
@@ -143,26 +333,17 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
       } else {
         ++r.cold;
       }
-      if (options.capacity_pages > 0) {
-        if (static_cast<int64_t>(resident.size()) >= options.capacity_pages) {
-          const size_t v = victim(a.step);
-          const int64_t evicted = resident[v];
-          resident[v] = resident.back();  // the last one takes its place
-          pages[static_cast<size_t>(resident[v])].slot = static_cast<int64_t>(v);
-          resident.pop_back();
-          pages[static_cast<size_t>(evicted)].slot = -1;
-        }
+      if (capacity > 0) {
+        if (static_cast<int64_t>(resident.size()) >= capacity) evict(a);
         page.slot = static_cast<int64_t>(resident.size());
         resident.push_back(a.page);
       }
     }
     page.seen = true;
     ++page.reads;
-    if (page.last_step != a.step) ++page.read_steps;
     page.last_step = a.step;
     page.last_tick = static_cast<int64_t>(i);
     page.block = a.block;
-    page.read_blocks = a.read_blocks;
     if (!next_use.empty()) page.next_use = next_use[i];
   }
   r.cost_ms = static_cast<double>(r.misses) * options.miss_ms;

@@ -107,6 +107,17 @@ TEST(KvPredictionsTest, RestoredPagesReportTheirPredictionErrorAndTheTraceAgrees
   }
   EXPECT_GE(steps, m.steps);
   EXPECT_GT(reads, 0);
+  // Every read says how many steps its request may still take (what the reuse forecast knows):
+  // at most the tokens asked for, and none after a request's last step (EOS is ignored here).
+  std::map<int64_t, int64_t> last_steps_left;
+  for (const KvTraceEvent& ev : trace->events) {
+    if (ev.kind != KvTraceEvent::Kind::kRead) continue;
+    EXPECT_GE(ev.steps_left, 0);
+    EXPECT_LT(ev.steps_left, 200);
+    last_steps_left[ev.request] = ev.steps_left;
+  }
+  EXPECT_EQ(last_steps_left.size(), testing::StoryPrompts().size());
+  for (const auto& [request, left] : last_steps_left) EXPECT_EQ(left, 0) << request;
   EXPECT_GT(preempted, 0);
   int64_t restored = 0;
   for (int a = 0; a < kNumKvActions; ++a) {
@@ -129,7 +140,7 @@ TEST(KvPredictionsTest, RestoredPagesReportTheirPredictionErrorAndTheTraceAgrees
   const KvReplayResult opt = ReplayKvTrace(*trace, accesses, KvReplayPolicy::kBelady, o);
   EXPECT_EQ(opt.accesses, static_cast<int64_t>(accesses.size()));
   for (KvReplayPolicy p :
-       {KvReplayPolicy::kReuseScore, KvReplayPolicy::kLru, KvReplayPolicy::kLfu}) {
+       {KvReplayPolicy::kPolicy, KvReplayPolicy::kLru, KvReplayPolicy::kLfu}) {
     const KvReplayResult r = ReplayKvTrace(*trace, accesses, p, o);
     EXPECT_LE(opt.misses, r.misses) << r.policy;
     EXPECT_EQ(r.cold, opt.cold);

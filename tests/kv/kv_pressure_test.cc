@@ -98,6 +98,25 @@ TEST(KvPressurePlannerTest, ReliefTakesTheColdestPagesButNeverSinksRecentOrTheLa
   EXPECT_EQ(h.PlannedBlocks(plan), (std::vector<int64_t>{2, 4, 3, 1}));
 }
 
+TEST(KvPressurePlannerTest, ReliefTakesPagesOfTheSequenceWithFewestStepsLeftFirst) {
+  // Two sequences of 7 pages each (candidates: pages 1-4). A page that leaves a running sequence
+  // is read from its tier at each step the sequence still takes, so the one that ends sooner gives
+  // its pages first, whatever their attention mass; within it, the coldest first.
+  PlannerHarness h("demote", /*ram_tier=*/true, /*staged_pages=*/8, /*num_blocks=*/32);
+  h.Admit(0, 26, {0.9f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f});
+  h.Admit(1, 26, {0.9f, 0.4f, 0.1f, 0.3f, 0.2f, 0.0f, 0.0f});
+  KvPagePlan plan;
+  const std::vector<KvPlannedSeq> running = {{0, 1, /*steps_left=*/300}, {1, 2, /*steps_left=*/5}};
+  h.planner().PlanRelief(running, /*blocks_short=*/5, Phase::kDecode, &plan);
+  std::vector<std::pair<SeqId, int64_t>> planned;
+  for (const KvPageAction& a : plan.actions) planned.push_back({a.seq, a.block_index});
+  EXPECT_EQ(planned,
+            (std::vector<std::pair<SeqId, int64_t>>{{1, 2}, {1, 4}, {1, 3}, {1, 1}, {0, 1}}));
+  // Steps left unknown: the coldest pages first, across sequences.
+  h.planner().PlanRelief(std::vector<KvPlannedSeq>{{0, 1}, {1, 2}}, 2, Phase::kDecode, &plan);
+  for (const KvPageAction& a : plan.actions) EXPECT_EQ(a.seq, 0);
+}
+
 TEST(KvPressurePlannerTest, ApplyingFreesBlocksAndMarksEachActionApplied) {
   PlannerHarness h("evict", false, 0);
   h.Admit(0, 26, {0.9f, 0.4f, 0.1f, 0.3f, 0.2f});

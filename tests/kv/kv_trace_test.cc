@@ -1,7 +1,7 @@
 // The KV page-access trace: written and read back unchanged, malformed lines refused with their
 // line number; and its replay: hand-made traces whose misses are known (a loop one page larger
 // than the set, where LRU misses every read), Belady's optimal never beaten on random traces, the
-// reuse score keeping a running sequence's pages, and the engine's recorded decisions priced.
+// reuse forecast keeping a running sequence's pages, and the engine's recorded decisions priced.
 #include "kvl/kv_trace.h"
 
 #include <gtest/gtest.h>
@@ -99,7 +99,7 @@ TEST(KvTraceTest, RoundTripGivesTheSameEvents) {
     t.Read(7, r7, 2);
     const std::vector<int64_t> outside = {0, 2, 3, 4, 7}, evicted = {1};
     const std::vector<KvContentId> r9(8);
-    t.Read(9, r9, 8, outside, evicted);
+    t.Read(9, r9, 8, outside, evicted, /*steps_left=*/41);
     EXPECT_EQ(t.steps(), 2);
     ASSERT_TRUE(t.Close().ok());
   }
@@ -135,7 +135,11 @@ TEST(KvTraceTest, RoundTripGivesTheSameEvents) {
       Page(9, 9, 5),
       Page(10, 9, 6),
       Page(11, 9, 7),
-      Read(9, 8, 8, {0, 2, 3, 4, 7}, {1}),
+      [] {
+        KvTraceEvent e = Read(9, 8, 8, {0, 2, 3, 4, 7}, {1});
+        e.steps_left = 41;
+        return e;
+      }(),
   };
   EXPECT_EQ(trace->events, expected);
 
@@ -169,6 +173,10 @@ TEST(KvTraceTest, MalformedTracesAreRefusedWithTheirLine) {
   EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 0-2 -\n").ok());  // block 2 was not read
   EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 1,0 -\n").ok());  // not ascending
   EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 -\n").ok());      // one list without the other
+  EXPECT_EQ(ParseKvTrace(two + "R 1 2 2 - - 7\n")->events.back().steps_left, 7);
+  EXPECT_EQ(ParseKvTrace(two + "R 1 2 2 - - -\n")->events.back().steps_left, -1);
+  EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 - - x\n").ok());  // steps left not a number
+  EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 - - -3\n").ok());
   EXPECT_FALSE(ParseKvTrace("kvl-trace 1 price_ms=1,2\n").ok());
 }
 
@@ -218,7 +226,7 @@ TEST(KvTraceReplayTest, LoopOneLargerThanTheSetIsLruPathological) {
   EXPECT_EQ(opt.hits, 3);
   EXPECT_DOUBLE_EQ(opt.cost_ms, 2.0);
   // With room for all four, nothing misses under any policy.
-  for (KvReplayPolicy p : {KvReplayPolicy::kReuseScore, KvReplayPolicy::kLru, KvReplayPolicy::kLfu,
+  for (KvReplayPolicy p : {KvReplayPolicy::kPolicy, KvReplayPolicy::kLru, KvReplayPolicy::kLfu,
                            KvReplayPolicy::kBelady}) {
     EXPECT_EQ(Replay(t, a, p, 4).misses, 0);
   }
@@ -250,7 +258,7 @@ TEST(KvTraceReplayTest, BeladyNeverMissesMoreThanAnyPolicy) {
     for (int64_t capacity = 1; capacity <= num_pages; ++capacity) {
       const KvReplayResult opt = Replay(t, a, KvReplayPolicy::kBelady, capacity);
       for (KvReplayPolicy p :
-           {KvReplayPolicy::kReuseScore, KvReplayPolicy::kLru, KvReplayPolicy::kLfu}) {
+           {KvReplayPolicy::kPolicy, KvReplayPolicy::kLru, KvReplayPolicy::kLfu}) {
         const KvReplayResult r = Replay(t, a, p, capacity);
         EXPECT_LE(opt.misses, r.misses) << r.policy << " capacity " << capacity;
         EXPECT_EQ(r.cold + r.hits + r.misses, r.accesses);
@@ -260,10 +268,11 @@ TEST(KvTraceReplayTest, BeladyNeverMissesMoreThanAnyPolicy) {
   }
 }
 
-// The reuse score keeps what a running sequence reads every step: request 1 reads its 4 pages at
-// every step; request 2 read 4 pages once at step 0; request 3 then brings 4 new pages. With room
-// for 8, the score (like LRU) evicts request 2's pages, so request 1 never misses.
-TEST(KvTraceReplayTest, ReuseScoreKeepsARunningSequencesPages) {
+// The reuse forecast keeps what a running sequence reads every step: request 1 reads its 4 pages
+// at every step; request 2 read 4 pages once at step 0 and stopped (its pages idle); request 3
+// then brings 4 new pages. With room for 8, the forecast evicts request 2's pages, so request 1
+// never misses.
+TEST(KvTraceReplayTest, PolicyKeepsARunningSequencesPages) {
   KvTrace t;
   t.header.block_tokens = 16;
   int64_t next_page = 0;
@@ -290,7 +299,7 @@ TEST(KvTraceReplayTest, ReuseScoreKeepsARunningSequencesPages) {
   KvReplayOptions o;
   o.capacity_pages = 8;
   o.miss_ms = 1;
-  const KvReplayResult r = ReplayKvTrace(t, a, KvReplayPolicy::kReuseScore, o);
+  const KvReplayResult r = ReplayKvTrace(t, a, KvReplayPolicy::kPolicy, o);
   EXPECT_EQ(r.cold, 12);
   EXPECT_EQ(r.misses, 0);
   EXPECT_EQ(ReplayKvTrace(t, a, KvReplayPolicy::kBelady, o).misses, 0);

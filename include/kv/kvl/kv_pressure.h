@@ -3,11 +3,13 @@
 // allowed, the tier each goes to, the prices), and KvPressurePlanner turns the pool's state into
 // page actions without changing anything; KvPager applies them.
 //
-//   running sequences short of blocks -> PlanRelief: coldest resident pages first (least
-//       attention mass per step), never the attention sinks, the recent window or the page being
-//       written; each priced by the cost model (kv_policy.h) -> compress / demote / checkpoint /
-//       evict, or keep. When no resident page could go, PlanCompressedEviction evicts compressed
-//       pages, the last resort.
+//   running sequences short of blocks -> PlanRelief: the pages the reuse forecast
+//       (kv_reuse_forecast.h) says leave first (every running page is read at its sequence's next
+//       step; a page that leaves is read from its tier at each step its sequence still takes, so
+//       the fewest reads left go first), then the coldest (least attention mass); never the
+//       attention sinks, the recent window or the page being written; each priced by the cost
+//       model (kv_policy.h) -> compress / demote / checkpoint / evict, or keep. When no resident
+//       page could go, PlanCompressedEviction evicts compressed pages, the last resort.
 //   a sequence preempted -> PlanPreemption: each full page demoted, kept as checkpoints, or
 //       dropped to be recomputed from its tokens (a paged sequence is recomputed whole: that
 //       gives back exact KV whatever happened to its pages while it ran).
@@ -21,6 +23,7 @@
 #include "kvl/kv_manager.h"
 #include "kvl/kv_pager.h"
 #include "kvl/kv_policy.h"
+#include "kvl/kv_reuse_forecast.h"
 #include "kvl/status.h"
 
 namespace kvl {
@@ -70,6 +73,9 @@ bool KeepsResidualCheckpoints(const KvPolicyChoice& policy, bool has_ram_tier, i
 struct KvPlannedSeq {
   SeqId slot = 0;
   int64_t request_id = 0;  // for --explain
+  // The most steps it may still take, the next one included (its max_tokens, its context); each
+  // reads all its pages. -1: unknown.
+  int64_t steps_left = -1;
 };
 
 class KvPressurePlanner {
@@ -121,6 +127,7 @@ class KvPressurePlanner {
     KvPlannedSeq seq;
     int64_t block_index = 0;
     double mass = 0;
+    KvReuseForecast forecast;
   };
   void CollectCandidates(std::span<const KvPlannedSeq> running, KvPageFate fate);
   // An empty plan against the pool's current state.

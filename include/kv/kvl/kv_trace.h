@@ -10,7 +10,7 @@
 //   P <page> <request> <block> <content>  page id <page> is block <block> of request <request>,
 //                                     its content id 32 hex digits (hi then lo), or - without one;
 //                                     pages of equal content ids are one page (shared prefixes)
-//   R <request> <count> <from> <outside> <evicted>
+//   R <request> <count> <from> <outside> <evicted> <left>
 //                                     attention read blocks [0, count) of the request: its full
 //                                     pages (the partial last page is always resident and left
 //                                     out), every one named by a P line before; blocks from
@@ -19,7 +19,10 @@
 //                                     those, <outside> were read from outside the pool (a tier,
 //                                     or rebuilt from checkpoints) and <evicted> were gone, each a
 //                                     list of blocks and ranges ("3,5-9") or - for none. The two
-//                                     lists may be left off together (none).
+//                                     lists may be left off together (none). <left>: the most
+//                                     steps the request may still take after this one (its
+//                                     max_tokens, its context), what the engine's reuse forecast
+//                                     knows of it; - or left off: unknown.
 //   L <page> <request> <action> <cause> <ms>  the page left the pool: the request whose page it
 //                                     was (-1 for a cached block), the action's name (KvActionName,
 //                                     or pool-reuse for a cached block given new contents), the
@@ -80,6 +83,7 @@ struct KvTraceEvent {
   int64_t from = 0;              // kRead: the first block whose tokens were computed in this step
   std::vector<int64_t> outside;  // kRead: blocks read from outside the pool, ascending
   std::vector<int64_t> evicted;  // kRead: blocks attention skipped (evicted), ascending
+  int64_t steps_left = -1;       // kRead: the most steps the request may still take; -1: unknown
   KvContentId content;           // kPage
   int action = 0;                // kLeave, kBack: a KvAction or kKvTracePoolReuse
   KvTraceCause cause = KvTraceCause::kRelief;  // kLeave
@@ -107,10 +111,12 @@ class KvTraceWriter {
   void Step();  // the next step begins
   // Attention read blocks [0, contents.size()) of `request`; contents[b] is block b's content id
   // ({} for none); blocks from `computed_from` on were computed in this step; `outside` and
-  // `evicted` list the blocks read from outside the pool and those that were gone (ascending).
+  // `evicted` list the blocks read from outside the pool and those that were gone (ascending);
+  // `steps_left` is the most steps the request may still take after this one (-1: unknown).
   // Pages not seen before are named first.
   void Read(int64_t request, std::span<const KvContentId> contents, int64_t computed_from,
-            std::span<const int64_t> outside = {}, std::span<const int64_t> evicted = {});
+            std::span<const int64_t> outside = {}, std::span<const int64_t> evicted = {},
+            int64_t steps_left = -1);
   // A page of a request left the pool (a page never read is not traced).
   void Leave(int64_t request, int64_t block, int action, KvTraceCause cause, double predicted_ms);
   // A cached pool block with this content was given new contents.

@@ -1,7 +1,8 @@
 // Offline replay of a KV page-access trace (kvl/kv_trace.h): the trace's page reads run through
 // a resident set of N pages under an eviction policy, each miss priced as bringing the page back,
-// so that the engine's reuse score can be compared with LRU, LFU and Belady's optimal (which knows
-// the future) on the same accesses, and the engine's own recorded decisions priced the same way.
+// so that the engine's reuse forecast (kvl/kv_reuse_forecast.h) can be compared with LRU, LFU and
+// Belady's optimal (which knows the future) on the same accesses, and the engine's own recorded
+// decisions priced the same way.
 //
 // The model: a read of a resident page is a hit; the first read of a page anywhere in the trace is
 // cold (it is computed whatever the policy) and makes it resident; any other read of a page not
@@ -29,19 +30,25 @@ struct KvTraceAccess {
   int64_t block = 0;        // its index in the request that read it
   int64_t read_blocks = 0;  // how many blocks that request read in this step
   bool computed = false;    // its tokens were computed in this step (block >= the read's from)
+  int64_t steps_left = -1;  // the most steps its request may still take after this one; -1: unknown
 };
 std::vector<KvTraceAccess> KvTraceAccesses(const KvTrace& trace);
 
-enum class KvReplayPolicy { kReuseScore, kLru, kLfu, kBelady };
+enum class KvReplayPolicy { kPolicy, kLru, kLfu, kBelady };
 std::string_view KvReplayPolicyName(KvReplayPolicy policy);
 
 struct KvReplayOptions {
   int64_t capacity_pages = 0;  // the resident set
   double miss_ms = 0;          // the price of bringing one missed page back
-  // For the reuse score's history: the first pages and the newest ones of a sequence that is
-  // reading them are protected, as the engine protects its sinks and recent window.
-  int64_t sink_blocks = 1;
-  int64_t recent_blocks = 4;
+  // Blocks of the set taken at each step by the partial page of each request reading in it (its
+  // last page, being written, which the trace does not list): 1 to compare with the engine's
+  // pool, which holds them; 0: every block holds a listed page.
+  int64_t partial_pages_per_reader = 0;
+  // The policy never chooses a running request's first `pinned_sink_blocks` pages or its newest
+  // `pinned_recent_blocks` (unless nothing else is resident), as the engine's planner never moves
+  // its sinks and recent window. 0 and 0: any page may leave.
+  int64_t pinned_sink_blocks = 0;
+  int64_t pinned_recent_blocks = 0;
 };
 
 struct KvReplayResult {
@@ -55,9 +62,11 @@ struct KvReplayResult {
 };
 
 // Replays the accesses through a resident set of options.capacity_pages pages. The victims:
-//   reuse score: the lowest ReuseProbability over the page's replayed history (steps since it was
-//                read, steps it was read in, sink / recent window while its reader runs; no
-//                attention mass, which the trace does not hold); ties go to the least recent;
+//   policy: the engine's own reuse forecast and order (ForecastReuse, KvPageLeavesFirst), fed
+//           only what the engine knew at that moment: which requests run and read each page, the
+//           order they read in at their last step, the steps each may still take (the R lines'
+//           <left>), and the history of idle pages read again (a request that stops reading,
+//           finished or preempted, leaves its pages idle unless another running one holds them);
 //   LRU: the least recently read; LFU: the fewest reads so far, resident or not (ties: the least
 //        recent);
 //   Belady: the page whose next read is farthest ahead (never read again first).

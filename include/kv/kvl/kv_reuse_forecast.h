@@ -1,0 +1,88 @@
+// When a KV page will be read next, and how often after that, predicted from what the engine knows
+// of its own schedule instead of guessed from recency.
+//
+// Under full attention a running sequence reads every one of its pages at each of its steps, in
+// block order, and the scheduler knows the most steps it may still take (its max_tokens, its
+// context): a running page's next read is this step or the next, and its reads left are its
+// reader's steps left. That read pattern is a cyclic scan, the case that defeats LRU (the least
+// recently read page is the next one read) and frequency counts; Belady's optimal leaves the page
+// read farthest ahead, which this forecast names without seeing the future. A page no running
+// sequence holds (its request finished, or it waits preempted) is read again only through prefix
+// reuse (a next turn, a shared opening) or a resume; how likely and how soon is estimated from the
+// history of such pages (KvIdleReuseHistory).
+//
+// Two users, one forecast: the pressure planner (kv_pressure.h) orders the running pages it may
+// move, and `kvl bench replay` (kv_trace_replay.h) evaluates the same forecast against LRU, LFU and
+// Belady on recorded traces. Both order pages with KvPageLeavesFirst.
+//
+// Thread-safety: KvIdleReuseHistory is not synchronized (one owner, the step loop or a replay);
+// the functions are pure.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kvl {
+
+// What is known of one page's readers at the moment a page has to leave.
+struct KvReuseInput {
+  // A running sequence holds the page and reads it at each of its steps. Where several do (a
+  // shared prefix), the one that reads it first.
+  bool running_reader = false;
+  int64_t steps_to_read = 0;  // its next read: 0 this step (not read yet), 1 the next one, ...
+  int64_t order_in_step = 0;  // its place among that step's page reads (sequences, then blocks)
+  int64_t reads_left = -1;    // steps its running readers may still take (-1: unknown)
+  // No running sequence holds it: steps since it was last read, and how often this page was read
+  // again after such a pause before (its idle periods, this one included, and the reads that
+  // ended the earlier ones).
+  int64_t idle_steps = 0;
+  int64_t idle_periods = 1;
+  int64_t revivals = 0;
+};
+
+struct KvReuseForecast {
+  double next_read_steps = 0;  // expected steps to its next read (fractions within a step)
+  double reads_left = 0;       // expected reads from now on
+  int64_t order_in_step = 0;   // ties: the page read later in the step leaves first
+};
+
+// How likely a page nobody reads any more is to be read again (prefix reuse, a resume), and how
+// soon, given how long it has been idle: from every page that went idle (its last running reader
+// finished or stopped) and the pause of every idle page read again. Conditioning on the pause so
+// far tells a reply's tail, never read again, from a shared opening between two requests. A page
+// idle for t steps is revived with probability (revivals after pauses > t) / (pages still idle at
+// t), each count with one in two added (Laplace's rule) so that an empty history says 1/2.
+class KvIdleReuseHistory {
+ public:
+  // Where no page was revived yet: the shortest pause assumed (a named default, not a
+  // measurement); a page idle longer is expected to wait as long again.
+  static constexpr double kDefaultIdleGapSteps = 16;
+
+  void PageWentIdle() { ++idle_pages_; }
+  void PageRevived(int64_t idle_steps);
+
+  // P(read again) of a page idle for `idle_steps`, whose own record is `page_idle_periods` idle
+  // periods (this one included) of which `page_revivals` ended in a read; and the expected steps
+  // still to wait if it is read again.
+  double RevivalProbability(int64_t idle_steps, int64_t page_idle_periods,
+                            int64_t page_revivals) const;
+  double RemainingGapSteps(int64_t idle_steps) const;
+
+  int64_t idle_pages() const { return idle_pages_; }
+  int64_t revived_pages() const { return static_cast<int64_t>(gaps_.size()); }
+
+ private:
+  int64_t idle_pages_ = 0;
+  std::vector<int64_t> gaps_;     // the pauses of revived pages, ascending
+  std::vector<double> gap_sums_;  // gap_sums_[i]: the sum of gaps_[0 .. i-1]
+};
+
+KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory& history);
+
+// Whether page a should leave the pool before page b: the one read farthest ahead (Belady's rule
+// with the forecast for the future), counted in whole steps; then the one with fewer reads left
+// (a page that leaves a running sequence is read from its tier at each of them); then the one
+// read later in the step (the next read farthest ahead within a cyclic scan).
+bool KvPageLeavesFirst(const KvReuseForecast& a, const KvReuseForecast& b);
+
+}  // namespace kvl

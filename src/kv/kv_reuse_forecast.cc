@@ -1,0 +1,86 @@
+#include "kvl/kv_reuse_forecast.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvl {
+namespace {
+
+// An idle page never revived is still not certain to stay unread: its probability is floored so
+// that its expected distance stays finite and comparable.
+constexpr double kMinRevivalProbability = 1e-3;
+// How much the whole history weighs against one page's own: as much as this many of its own idle
+// periods.
+constexpr double kHistoryWeightPeriods = 2;
+
+}  // namespace
+
+void KvIdleReuseHistory::PageRevived(int64_t idle_steps) {
+  const int64_t gap = std::max<int64_t>(0, idle_steps);
+  const auto at = std::upper_bound(gaps_.begin(), gaps_.end(), gap);
+  const size_t i = static_cast<size_t>(at - gaps_.begin());
+  gaps_.insert(at, gap);
+  if (gap_sums_.empty()) gap_sums_.push_back(0);
+  gap_sums_.insert(gap_sums_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                   gap_sums_[i] + static_cast<double>(gap));
+  for (size_t k = i + 2; k < gap_sums_.size(); ++k) gap_sums_[k] += static_cast<double>(gap);
+}
+
+double KvIdleReuseHistory::RevivalProbability(int64_t idle_steps, int64_t page_idle_periods,
+                                              int64_t page_revivals) const {
+  // Of the pages that went idle, those revived within `idle_steps` are no longer idle; of the
+  // rest, those revived later are the ones that were still to be read.
+  const size_t within =
+      static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
+  const double later = static_cast<double>(gaps_.size() - within);
+  const double still_idle =
+      std::max(later, static_cast<double>(idle_pages_) - static_cast<double>(within));
+  const double all = (later + 1.0) / (still_idle + 2.0);
+  // Then the page's own record: a shared opening read by request after request, a turn's history
+  // read at every turn.
+  const double own =
+      (static_cast<double>(page_revivals) + kHistoryWeightPeriods * all) /
+      (static_cast<double>(std::max<int64_t>(0, page_idle_periods - 1)) + kHistoryWeightPeriods);
+  return std::clamp(own, kMinRevivalProbability, 1.0);
+}
+
+double KvIdleReuseHistory::RemainingGapSteps(int64_t idle_steps) const {
+  // No pause seen (none at all, or none this long): as long again as it has waited, at least the
+  // named default (the longer a page has waited, the longer it is likely to wait yet).
+  if (gaps_.empty()) return std::max(kDefaultIdleGapSteps, static_cast<double>(idle_steps));
+  const size_t within =
+      static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
+  const size_t later = gaps_.size() - within;
+  if (later == 0) return std::max(1.0, static_cast<double>(idle_steps));
+  const double sum_later = gap_sums_.back() - gap_sums_[within];
+  return std::max(1.0, sum_later / static_cast<double>(later) - static_cast<double>(idle_steps));
+}
+
+KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory& history) {
+  KvReuseForecast f;
+  f.order_in_step = page.order_in_step;
+  if (page.running_reader && page.reads_left != 0) {
+    // Read at every step of its reader: its next read is known from the schedule.
+    f.next_read_steps = static_cast<double>(std::max<int64_t>(0, page.steps_to_read));
+    f.reads_left = page.reads_left < 0 ? std::numeric_limits<double>::infinity()
+                                       : static_cast<double>(page.reads_left);
+    return f;
+  }
+  // Read again only if a later request (or a resume) finds it: the expected wait is what remains
+  // of the usual pause, stretched by how unlikely the revival is.
+  const int64_t idle = std::max<int64_t>(0, page.idle_steps);
+  const double p = history.RevivalProbability(idle, page.idle_periods, page.revivals);
+  f.next_read_steps = history.RemainingGapSteps(idle) / p;
+  f.reads_left = p;
+  return f;
+}
+
+bool KvPageLeavesFirst(const KvReuseForecast& a, const KvReuseForecast& b) {
+  const double step_a = std::floor(a.next_read_steps), step_b = std::floor(b.next_read_steps);
+  if (step_a != step_b) return step_a > step_b;
+  if (a.reads_left != b.reads_left) return a.reads_left < b.reads_left;
+  return a.order_in_step > b.order_in_step;
+}
+
+}  // namespace kvl

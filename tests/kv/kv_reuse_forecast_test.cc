@@ -1,0 +1,151 @@
+// The KV reuse forecast: a running page's next read from the schedule, an idle page's from the
+// history of idle pages read again; and replayed, on a hand-built cyclic scan (every running
+// sequence reads all its pages at every step), the policy's cost within 10% of Belady's while
+// LRU's, and the old recency score's, are not; and a chat's idle history kept over a one-off's.
+#include "kvl/kv_reuse_forecast.h"
+
+#include <gtest/gtest.h>
+
+#include "kvl/kv_policy.h"
+#include "kvl/kv_trace_replay.h"
+
+namespace kvl {
+namespace {
+
+KvReuseForecast Running(int64_t steps_to_read, int64_t reads_left, int64_t order) {
+  KvReuseInput in;
+  in.running_reader = true;
+  in.steps_to_read = steps_to_read;
+  in.reads_left = reads_left;
+  in.order_in_step = order;
+  return ForecastReuse(in, KvIdleReuseHistory{});
+}
+
+TEST(KvReuseForecastTest, RunningPagesLeaveFarthestReadFirstThenFewestReadsLeft) {
+  // Read at the next step leaves before read later in this one, however many reads are left.
+  EXPECT_TRUE(KvPageLeavesFirst(Running(1, 100, 0), Running(0, 1, 5)));
+  EXPECT_FALSE(KvPageLeavesFirst(Running(0, 1, 5), Running(1, 100, 0)));
+  // The same step: the one whose sequence ends sooner (read from a tier fewer times).
+  EXPECT_TRUE(KvPageLeavesFirst(Running(1, 3, 0), Running(1, 50, 9)));
+  // And with as many reads left, the one read later in the step (a cyclic scan's farthest).
+  EXPECT_TRUE(KvPageLeavesFirst(Running(1, 3, 9), Running(1, 3, 2)));
+  // Unknown steps left count as many.
+  EXPECT_TRUE(KvPageLeavesFirst(Running(1, 3, 0), Running(1, -1, 0)));
+  // A sequence with no step left does not read it again: the page is idle, read only by reuse.
+  EXPECT_TRUE(KvPageLeavesFirst(Running(0, 0, 0), Running(1, 1, 0)));
+}
+
+TEST(KvReuseForecastTest, IdlePagesFromTheHistoryOfPagesReadAgain) {
+  KvIdleReuseHistory h;
+  // An empty history: one in two, after the named default pause.
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(0, 1, 0), 0.5);
+  EXPECT_DOUBLE_EQ(h.RemainingGapSteps(0), KvIdleReuseHistory::kDefaultIdleGapSteps);
+  // 40 pages went idle: 20 read again after 4 steps, 20 never.
+  for (int i = 0; i < 40; ++i) h.PageWentIdle();
+  for (int i = 0; i < 20; ++i) h.PageRevived(4);
+  EXPECT_EQ(h.revived_pages(), 20);
+  const double fresh = h.RevivalProbability(0, 1, 0);
+  const double stale = h.RevivalProbability(10, 1, 0);
+  EXPECT_NEAR(fresh, 0.5, 0.05);
+  EXPECT_LT(stale, 0.1);  // past every pause seen: the ones never read again
+  EXPECT_DOUBLE_EQ(h.RemainingGapSteps(1), 3.0);
+  // A page read again after each of its 3 earlier idle periods (a shared opening) is likelier.
+  EXPECT_GT(h.RevivalProbability(10, 4, 3), 0.6);
+
+  KvReuseInput idle;
+  idle.idle_steps = 0;
+  const KvReuseForecast soon = ForecastReuse(idle, h);
+  EXPECT_NEAR(soon.next_read_steps, 4 / fresh, 1e-9);
+  idle.idle_steps = 10;
+  // A page idle past every pause seen is expected far later than one just idle, and both later
+  // than a running page read at the next step.
+  EXPECT_TRUE(KvPageLeavesFirst(ForecastReuse(idle, h), soon));
+  EXPECT_TRUE(KvPageLeavesFirst(soon, Running(1, 5, 0)));
+}
+
+// Two sequences decode side by side under full attention, each reading its 4 pages at every step
+// for 40 steps, with room for 6 of the 8: a cyclic scan. LRU evicts each page just before it is
+// read again and misses every read; Belady keeps a stable set and misses about 2 a step; the
+// forecast, knowing that a page read this step is read next at the next one, does as Belady does.
+TEST(KvReuseForecastTest, CyclicScanPolicyWithinTenPercentOfBeladyAndLruIsNot) {
+  KvTrace t;
+  t.header.block_tokens = 16;
+  constexpr int64_t kSteps = 40, kPages = 4;
+  auto page_event = [](int64_t page, int64_t request, int64_t block) {
+    KvTraceEvent e;
+    e.kind = KvTraceEvent::Kind::kPage;
+    e.page = page;
+    e.request = request;
+    e.block = block;
+    return e;
+  };
+  for (int64_t s = 0; s < kSteps; ++s) {
+    KvTraceEvent step;
+    step.kind = KvTraceEvent::Kind::kStep;
+    step.step = s;
+    t.events.push_back(step);
+    for (int64_t r = 0; r < 2; ++r) {
+      if (s == 0) {
+        for (int64_t b = 0; b < kPages; ++b) t.events.push_back(page_event(r * kPages + b, r, b));
+      }
+      KvTraceEvent read;
+      read.kind = KvTraceEvent::Kind::kRead;
+      read.request = r;
+      read.block = kPages;
+      read.from = s == 0 ? 0 : kPages;
+      read.steps_left = kSteps - 1 - s;
+      t.events.push_back(read);
+    }
+  }
+  t.num_pages = 2 * kPages;
+  const std::vector<KvTraceAccess> a = KvTraceAccesses(t);
+  ASSERT_EQ(a.size(), static_cast<size_t>(kSteps * 2 * kPages));
+  KvReplayOptions o;
+  o.capacity_pages = 6;
+  o.miss_ms = 1;
+  const KvReplayResult opt = ReplayKvTrace(t, a, KvReplayPolicy::kBelady, o);
+  const KvReplayResult policy = ReplayKvTrace(t, a, KvReplayPolicy::kPolicy, o);
+  const KvReplayResult lru = ReplayKvTrace(t, a, KvReplayPolicy::kLru, o);
+  EXPECT_EQ(policy.cold, 8);
+  EXPECT_GT(opt.misses, 0);
+  EXPECT_LE(opt.misses, policy.misses);
+  EXPECT_LE(policy.cost_ms, 1.10 * opt.cost_ms) << policy.misses << " vs " << opt.misses;
+  EXPECT_EQ(lru.misses, lru.accesses - lru.cold);  // every read after the first misses
+  EXPECT_GT(lru.cost_ms, 1.10 * opt.cost_ms);
+
+  // The recency score the policy replaced (ReuseProbability, ties to the least recent) is LRU
+  // here: every page is read at every step, so it scores them alike.
+  PageHistory read_now, read_last_step;
+  read_last_step.steps_since_access = 1;
+  read_now.accesses = read_last_step.accesses = 10;
+  EXPECT_GT(ReuseProbability(read_now), ReuseProbability(read_last_step));
+}
+
+// Pages nobody reads any more, ranked by the history of idle pages read again: a chat's history
+// (pages 0 and 1, read again by its second turn) outstays a one-off request's more recent pages
+// (3 and 4) and the second turn's own new page (2), so the chat's third turn finds its history.
+// LRU keeps the recent one-off pages instead and misses the chat's three; Belady misses one.
+TEST(KvReuseForecastTest, AChatsHistoryOutstaysAOneOffsPages) {
+  const StatusOr<KvTrace> t = ParseKvTrace(
+      "kvl-trace 1 block_tokens=16 pool_blocks=5\n"
+      // Turn 1 of the chat (request 1), two steps.
+      "S 0\nP 0 1 0 -\nP 1 1 1 -\nR 1 2 0 - - 1\nS 1\nR 1 2 2 - - 0\n"
+      // Turn 2 (request 2) reads turn 1's pages again and adds page 2.
+      "S 2\nP 0 2 0 -\nP 1 2 1 -\nP 2 2 2 -\nR 2 3 2 - - 1\nS 3\nR 2 3 3 - - 0\n"
+      // A one-off request (3), then another (4) whose three new pages need room.
+      "S 4\nP 3 3 0 -\nP 4 3 1 -\nR 3 2 0 - - 1\nS 5\nR 3 2 2 - - 0\n"
+      "S 6\nP 5 4 0 -\nP 6 4 1 -\nP 7 4 2 -\nR 4 3 0 - - 1\nS 7\nR 4 3 3 - - 0\n"
+      // Turn 3 (request 5) reads the chat's history.
+      "S 8\nP 0 5 0 -\nP 1 5 1 -\nP 2 5 2 -\nP 8 5 3 -\nR 5 4 3 - - 0\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::vector<KvTraceAccess> a = KvTraceAccesses(*t);
+  KvReplayOptions o;
+  o.capacity_pages = 5;
+  o.miss_ms = 1;
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kPolicy, o).misses, 1);
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kLru, o).misses, 3);
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, o).misses, 1);
+}
+
+}  // namespace
+}  // namespace kvl
