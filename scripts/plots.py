@@ -6,6 +6,8 @@ Usage:
                                                (page tokens, depth), per tier and phase
   plots.py turns OUT.png TURNS.json [MORE ...]  `kvl bench turns --json`: per-turn curves
   plots.py throughput OUT.png BENCH.json [...]  `kvl bench -o json`: tok/s per test
+  plots.py quality OUT.png QUALITY.json         `kvl bench quality --json`: KLD against the
+                                               bytes each KV representation keeps
   plots.py all DATA_DIR IMAGES_DIR              every *.json in DATA_DIR to IMAGES_DIR/<name>.png,
                                                and each DATA_DIR/*llama_bench*/ directory of
                                                side-by-side runs to IMAGES_DIR/<dir>.png
@@ -272,13 +274,59 @@ def versus(out, directory):
 
 
 # ----------------------------------------------------------------------------------------------
+# kvl bench quality
 
-def kind_of(path):
-    """frontier, turns or throughput, from the JSON's own shape; None for anything else."""
+QUALITY_COLORS = {"cache type": "#4c7ec1", "compress": "#e0a030"}
+
+
+def quality(out, path):
     with open(path) as f:
         data = json.load(f)
-    if isinstance(data, dict) and data.get("bench") == "frontier":
-        return "frontier"
+    configs = data["configs"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    # KLD 0 (the f32 reference, and every lossless action) has no place on a log axis: it is drawn
+    # on a floor below the smallest KLD measured, and labelled so.
+    measured = [c["mean_kld"] for c in configs if c["mean_kld"] > 0]
+    floor = min(measured) / 10 if measured else 1e-8
+    for family, color in QUALITY_COLORS.items():
+        points = [c for c in configs if c["family"] == family]
+        xs = [100 * c["fraction_of_f32"] for c in points]
+        ys = [max(c["mean_kld"], floor) for c in points]
+        ax.scatter(xs, ys, s=60, color=color, label=family, zorder=3)
+        for i, (c, x, y) in enumerate(zip(points, xs, ys)):
+            # Alternately above and below, so that neighbours (q8_0, q8_0 K / f16 V) do not overlap.
+            # Compressed pages labelled to the left of their points, cache types to the right.
+            left = family == "compress"
+            ax.annotate(f'{c["name"]}  (top-1 {100 * c["top1"]:.1f}%)', (x, y),
+                        textcoords="offset points",
+                        xytext=(-6 if left else 6, 5 if i % 2 == 0 else -12),
+                        ha="right" if left else "left", fontsize=8)
+    ax.scatter([0], [floor], s=60, color="#4b9e6b", marker="s", zorder=3,
+               label="lossless: demote / recompute (bit-exact, nothing in the pool)")
+    ax.axhline(floor, color="grey", linewidth=0.6, linestyle=":")
+    ax.text(101, floor, " KLD 0", va="center", fontsize=8, color="grey")
+    ax.set_yscale("log")
+    ax.set_xlim(-5, 115)
+    ax.set_xlabel("KV bytes kept per token, % of f32")
+    ax.set_ylabel("mean KL divergence from the f32 cache (nats)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f'kvl bench quality: {os.path.basename(data.get("model", ""))} '
+                 f'({data.get("model_name", "")}), {data.get("layers", "")} '
+                 f'layers, {data.get("text_tokens", "")} tokens teacher-forced', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+
+def kind_of(path):
+    """frontier, quality, turns or throughput, from the JSON's own shape; None for anything else."""
+    with open(path) as f:
+        data = json.load(f)
+    if isinstance(data, dict) and data.get("bench") in ("frontier", "quality"):
+        return data["bench"]
     if isinstance(data, dict) and "configs" in data:
         return "turns"
     if isinstance(data, list) and any(isinstance(r, dict) and "avg_ts" in r for r in data):
@@ -300,20 +348,20 @@ def everything(data_dir, images_dir):
         if kind is None:
             print(f"plots.py: {path}: not a JSON kind this script draws, skipped", file=sys.stderr)
             continue
-        DRAW[kind](out, path if kind == "frontier" else [path])
+        DRAW[kind](out, path if kind in ("frontier", "quality") else [path])
         print(f"plots.py: {kind:<10} {path} -> {out}")
         drawn += 1
     return 0 if drawn > 0 else 2
 
 
-DRAW = {"frontier": frontier, "turns": turns, "throughput": throughput}
+DRAW = {"frontier": frontier, "quality": quality, "turns": turns, "throughput": throughput}
 
 
 def main(argv):
     if len(argv) >= 4 and argv[1] == "all":
         return everything(argv[2], argv[3])
-    if len(argv) == 4 and argv[1] == "frontier":
-        frontier(argv[2], argv[3])
+    if len(argv) == 4 and argv[1] in ("frontier", "quality"):
+        DRAW[argv[1]](argv[2], argv[3])
         return 0
     if len(argv) >= 4 and argv[1] in ("turns", "throughput"):
         DRAW[argv[1]](argv[2], argv[3:])

@@ -44,6 +44,7 @@ int RunParsed(const ParsedCommand& cmd) {
     case ParsedCommand::Kind::kBenchReplay: return BenchReplayCommand(cmd.bench_replay);
     case ParsedCommand::Kind::kBenchTurns: return BenchTurnsCommand(cmd.bench_turns);
     case ParsedCommand::Kind::kBenchFrontier: return BenchFrontierCommand(cmd.bench_frontier);
+    case ParsedCommand::Kind::kBenchQuality: return BenchQualityCommand(cmd.bench_quality);
     case ParsedCommand::Kind::kCalibrate: return CalibrateCommand(cmd.calibrate);
   }
   return 1;

@@ -165,6 +165,17 @@ struct BenchFrontierArgs {
 };
 int BenchFrontierCommand(const BenchFrontierArgs& args);
 
+// `kvl bench quality`: each lossy KV representation (cache types, compressed pages) against the
+// f32 cache, teacher-forced over a text: quality against the bytes it keeps (cmd_bench_quality.cc).
+struct BenchQualityArgs {
+  std::string model_path;        // -m
+  int num_threads = 0;           // -t: 0 = every core
+  std::string text_path;         // -f: the text (default: the built-in one calibration uses)
+  std::string output = "table";  // -o table|json
+  std::string json_path;         // --json FILE
+};
+int BenchQualityCommand(const BenchQualityArgs& args);
+
 struct CalibrateArgs {
   std::string model_path;  // -m: the profile is measured at this model's shapes
   int num_threads = 0;     // -t: 0 = every core

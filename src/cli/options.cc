@@ -369,6 +369,18 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   bf_cmd->add_flag("!--no-calibrate", bf.calibrate,
                    "without a profile, predict with analytic defaults instead of measuring");
 
+  BenchQualityArgs& bq = cmd.bench_quality;
+  CLI::App* bq_cmd = bench_cmd->add_subcommand(
+      "quality", "each lossy KV representation (cache types, int8/int4 pages) against the f32 "
+                 "cache, teacher-forced over a text: KLD and top-1 against the bytes it keeps");
+  bq_cmd->add_option("-m,--model", bq.model_path, "GGUF model file")->required();
+  bq_cmd->add_option("-t,--threads", bq.num_threads, "threads; 0 = every core");
+  bq_cmd->add_option("-f,--file", bq.text_path, "the text (default: the built-in one)");
+  bq_cmd->add_option("-o,--output", bq.output, "table | json")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  bq_cmd->add_option("--json", bq.json_path, "write every configuration as JSON");
+
   CalibrateArgs& calibrate = cmd.calibrate;
   CLI::App* calibrate_cmd = app.add_subcommand(
       "calibrate", "measure this machine for the KV cost model and write a profile");
@@ -436,6 +448,8 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       KVL_ASSIGN_OR_RETURN(bs.seed, ParseSeed(bs_seed, "--seed"));
     }
     KVL_RETURN_IF_ERROR(ValidateBenchServeArgs(bs));
+  } else if (*bench_cmd && *bq_cmd) {
+    cmd.kind = ParsedCommand::Kind::kBenchQuality;
   } else if (*bench_cmd && *bf_cmd) {
     cmd.kind = ParsedCommand::Kind::kBenchFrontier;
     KVL_RETURN_IF_ERROR(ValidateBenchFrontierArgs(bf));

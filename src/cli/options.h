@@ -13,7 +13,7 @@ namespace kvl::cli {
 
 struct ParsedCommand {
   enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe,
-                    kBenchTurns, kBenchReplay, kBenchFrontier, kCalibrate };
+                    kBenchTurns, kBenchReplay, kBenchFrontier, kBenchQuality, kCalibrate };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
   RunArgs run;
@@ -26,6 +26,7 @@ struct ParsedCommand {
   BenchReplayArgs bench_replay;
   BenchTurnsArgs bench_turns;
   BenchFrontierArgs bench_frontier;
+  BenchQualityArgs bench_quality;
   CalibrateArgs calibrate;
 };
 
