@@ -93,12 +93,6 @@ inline int64_t PackedPanels(int64_t rows) { return (rows + kPanelRows - 1) / kPa
 // latency while the dot products of 8 tokens run (TinyLlama Q8_0, 1 thread: np8 decode 115 tok/s
 // with 1 KiB, 167 with 4 KiB, 180-197 with 8 KiB, 156-174 with 16-32 KiB; np1 unchanged).
 inline constexpr int64_t kPackedPrefetchBytes = 8192;
-// The Q8_0 / Q4_0 kernels (gemm_avx512.cc) prefetch twice as far, into L2 (_MM_HINT_T1): at 8
-// tokens a Q8_0 panel is consumed at the rate DRAM delivers it, so misses must be in flight
-// longer. matmul_bench 1 --type=q8_0 --cold --cpu-time (every call from DRAM, 1 thread, Zen 5,
-// ffn_gate/up M = 8, two rounds): 8 KiB T0 503 / 505 GOPS, 16 KiB T0 519 / 515, 16 KiB T1
-// 524 / 524, 32 KiB T1 517 / 520, 4 KiB T0 414 / 400; M = 1 38-39 GB/s with each.
-inline constexpr int64_t kPackedQ8PrefetchBytes = 16384;
 
 // Writes row i (< kPanelRows) of a panel from its GGUF row (pack.cc); the panel starts zeroed.
 void PackPanelRow(DType type, const uint8_t* row, int64_t cols, int64_t i, uint8_t* panel);
