@@ -8,8 +8,14 @@
 // same threads (vnni_peak_avx512.cc; only when the CPU has VNNI).
 // F16 / F32 are timed at M = 1 and 512 on the TinyLlama shapes.
 //
+// Decode reads every weight from DRAM once per step, but a benchmark that calls one matrix again
+// and again reads it from cache. With --cold each call takes the next of enough copies of the
+// matrix (kColdBytes, 8x the L3 of the machines we run on) that none is still cached, so the GB/s
+// column (weight bytes per second) is what decode gets, to compare with the machine's read
+// bandwidth (/work/shared/tools/membw.c).
+//
 // Usage: matmul_bench [threads=2] [--json] [--type=q8_0]... [--shapes=tinyllama|llama7b|all]
-//                     [--m=1,8,512] [--cpu-time]
+//                     [--m=1,8,512] [--cpu-time] [--cold]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -79,6 +85,8 @@ double BestSeconds(Fn&& fn) {
   return best;
 }
 
+constexpr int64_t kColdBytes = int64_t{256} << 20;
+
 std::vector<int64_t> ParseList(const char* s) {
   std::vector<int64_t> out;
   for (const char* p = s; *p != '\0';) {
@@ -96,6 +104,7 @@ int main(int argc, char** argv) {
   using namespace kvl;
   int threads = 2;
   bool json = false;
+  bool cold = false;
   std::string shapes_wanted = "all";
   std::vector<std::string> only_types;
   std::vector<int64_t> ms = {1, 2, 4, 8, 16, 64, 128, 512};
@@ -104,6 +113,8 @@ int main(int argc, char** argv) {
       json = true;
     } else if (std::strcmp(argv[i], "--cpu-time") == 0) {
       g_cpu_time = true;
+    } else if (std::strcmp(argv[i], "--cold") == 0) {
+      cold = true;
     } else if (std::strncmp(argv[i], "--type=", 7) == 0) {
       only_types.push_back(argv[i] + 7);
     } else if (std::strncmp(argv[i], "--shapes=", 9) == 0) {
@@ -128,8 +139,11 @@ int main(int argc, char** argv) {
   std::printf("isa=%s threads=%d cpu: %s\n", std::string(ops::IsaName(isa)).c_str(), threads,
               ops::CpuFeatureString().c_str());
   if (has_vnni) std::printf("vpdpbusd peak: %.0f int8 GOPS on %d threads\n", peak, threads);
-  std::printf("%-6s %-9s %-11s %6s %6s %4s | %9s %8s | %9s %8s %6s | %7s\n", "type", "model",
-              "tensor", "N", "K", "M", "rows ms", "GOPS", "packed ms", "GOPS", "%peak", "speedup");
+  if (cold) std::printf("cold: every call reads its weights from DRAM (%ld MiB of copies)\n",
+                        static_cast<long>(kColdBytes >> 20));
+  std::printf("%-6s %-9s %-11s %6s %6s %4s | %9s %8s %6s | %9s %8s %6s %6s | %7s\n", "type",
+              "model", "tensor", "N", "K", "M", "rows ms", "GOPS", "GB/s", "packed ms", "GOPS",
+              "GB/s", "%peak", "speedup");
   std::string json_rows, pack_lines;
 
   std::mt19937 rng(1);
@@ -162,6 +176,24 @@ int main(int argc, char** argv) {
       const ops::PackedMatrix packed = ops::PackMatrix(isa, view, &pool);
       const double pack_ms = (WallSeconds() - t_pack0) * 1e3;
       const bool has_packed = packed.bytes() > 0;
+      // --cold: the copies each call cycles through (the first is the matrix itself).
+      const int64_t copies = cold ? (kColdBytes + static_cast<int64_t>(w.size()) - 1) /
+                                        static_cast<int64_t>(w.size())
+                                  : 1;
+      std::vector<std::vector<uint8_t>> w_copies(static_cast<size_t>(copies - 1), w);
+      std::vector<ops::MatrixView> views = {view};
+      std::vector<ops::PackedMatrix> packed_copies;
+      std::vector<ops::MatrixView> packed_views = {packed.view()};
+      for (const std::vector<uint8_t>& c : w_copies) {
+        views.push_back({type, c.data(), s.rows, s.cols, row_bytes});
+        if (!has_packed) continue;
+        packed_copies.push_back(ops::PackMatrix(isa, views.back(), &pool));
+        packed_views.push_back(packed_copies.back().view());
+      }
+      size_t next_copy = 0;
+      const auto next = [&](const std::vector<ops::MatrixView>& v) -> const ops::MatrixView& {
+        return v[next_copy++ % v.size()];
+      };
       if (has_packed) {
         char line[256];
         std::snprintf(line, sizeof(line), "%-6s %-9s %-11s %6ld %6ld  GGUF %8.2f MiB  packed %8.2f MiB (%+.2f%%)  pack %7.2f ms\n",
@@ -176,21 +208,26 @@ int main(int argc, char** argv) {
         if (!quantized && m != 1 && m != 512) continue;
         const double ops_count = 2.0 * static_cast<double>(s.rows * s.cols * m);
         const double t_rows =
-            BestSeconds([&] { ops::MatMul(ctx, view, x.data(), m, y.data()); });
+            BestSeconds([&] { ops::MatMul(ctx, next(views), x.data(), m, y.data()); });
         const double t_packed =
-            has_packed ? BestSeconds([&] { ops::MatMul(ctx, packed.view(), x.data(), m, y.data()); })
+            has_packed ? BestSeconds([&] {
+              ops::MatMul(ctx, next(packed_views), x.data(), m, y.data());
+            })
                        : t_rows;
         const double gops_rows = ops_count / t_rows * 1e-9;
         const double gops_packed = ops_count / t_packed * 1e-9;
         const double frac = peak > 0 ? gops_packed / peak : 0.0;
-        std::printf("%-6s %-9s %-11s %6ld %6ld %4ld | %9.3f %8.1f | ", type_name.c_str(), s.model,
-                    s.name, static_cast<long>(s.rows), static_cast<long>(s.cols),
-                    static_cast<long>(m), t_rows * 1e3, gops_rows);
+        // Weight bytes read per second (the packed copy has the GGUF's bytes, give or take the
+        // padding of the last panel).
+        const double bytes = static_cast<double>(w.size());
+        std::printf("%-6s %-9s %-11s %6ld %6ld %4ld | %9.3f %8.1f %6.1f | ", type_name.c_str(),
+                    s.model, s.name, static_cast<long>(s.rows), static_cast<long>(s.cols),
+                    static_cast<long>(m), t_rows * 1e3, gops_rows, bytes / t_rows * 1e-9);
         if (has_packed) {
-          std::printf("%9.3f %8.1f %5.1f%% | %6.2fx\n", t_packed * 1e3, gops_packed, 100 * frac,
-                      t_rows / t_packed);
+          std::printf("%9.3f %8.1f %6.1f %5.1f%% | %6.2fx\n", t_packed * 1e3, gops_packed,
+                      bytes / t_packed * 1e-9, 100 * frac, t_rows / t_packed);
         } else {
-          std::printf("%9s %8s %6s | %7s\n", "-", "-", "-", "-");
+          std::printf("%9s %8s %6s %6s | %7s\n", "-", "-", "-", "-", "-");
         }
         std::fflush(stdout);
         char buf[512];
