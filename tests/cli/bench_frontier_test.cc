@@ -4,7 +4,6 @@
 // turns the JSON into a PNG. No assertion on time: which way wins is the machine's business.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +13,7 @@
 #include <tuple>
 
 #include "run_command.h"
+#include "scratch_dir.h"
 #include "test_paths.h"
 
 namespace kvl {
@@ -26,15 +26,9 @@ Result RunShell(const std::string& command) { return testing::RunShell(command +
 
 Result RunKvl(const std::string& args) { return testing::RunKvl(args, /*with_stderr=*/true); }
 
-class BenchFrontierTest : public ::testing::Test {
+class BenchFrontierTest : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvl-bench-frontier-test-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::filesystem::path dir_;
+  BenchFrontierTest() : ScratchDirTest("kvl-bench-frontier-test") {}
 };
 
 constexpr const char* kWays[] = {"recompute-residual", "recompute-tokens", "transfer"};
@@ -102,13 +96,7 @@ TEST_F(BenchFrontierTest, EveryPointIsMeasuredAndTheWinnerIsTheFastest) {
   }
 
   // The figure: scripts/plots.py with the first python3 that has matplotlib.
-  std::string python;
-  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
-    if (RunShell(std::string(candidate) + " -c 'import matplotlib'").exit_code == 0) {
-      python = candidate;
-      break;
-    }
-  }
+  const std::string python = testing::PythonWithMatplotlib();
   if (python.empty()) GTEST_SKIP() << "plot not checked: no python3 with matplotlib (python3-matplotlib)";
   const std::filesystem::path png = dir_ / "frontier.png";
   const Result plot = RunShell(python + " " + KVL_SOURCE_DIR + "/scripts/plots.py frontier " +

@@ -4,7 +4,6 @@
 // turns the JSON into a PNG.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -12,6 +11,7 @@
 #include <string>
 
 #include "run_command.h"
+#include "scratch_dir.h"
 #include "test_paths.h"
 
 namespace kvl {
@@ -22,15 +22,9 @@ using Result = testing::CommandResult;
 Result RunShell(const std::string& command) { return testing::RunShell(command + " 2>&1"); }
 Result RunKvl(const std::string& args) { return testing::RunKvl(args, /*with_stderr=*/true); }
 
-class BenchQualityTest : public ::testing::Test {
+class BenchQualityTest : public testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvl-bench-quality-test-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::filesystem::path dir_;
+  BenchQualityTest() : ScratchDirTest("kvl-bench-quality-test") {}
 };
 
 TEST_F(BenchQualityTest, EveryRepresentationMeasuredAndOrderedByItsBits) {
@@ -75,13 +69,7 @@ TEST_F(BenchQualityTest, EveryRepresentationMeasuredAndOrderedByItsBits) {
   EXPECT_EQ(j["lossless"]["mean_kld"], 0);
 
   // The figure.
-  std::string python;
-  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
-    if (RunShell(std::string(candidate) + " -c 'import matplotlib'").exit_code == 0) {
-      python = candidate;
-      break;
-    }
-  }
+  const std::string python = testing::PythonWithMatplotlib();
   if (python.empty()) GTEST_SKIP() << "plot not checked: no python3 with matplotlib (python3-matplotlib)";
   const std::filesystem::path png = dir_ / "quality.png";
   const Result plot = RunShell(python + " " + KVL_SOURCE_DIR + "/scripts/plots.py quality " +
