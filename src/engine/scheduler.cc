@@ -99,12 +99,11 @@ void Scheduler::FindInStore(Sequence& seq, int64_t cached_tokens) {
     // Named by where the page is (a zstd RAM tier is RAM too); Redis has no action of its own.
     const KvAction action =
         tier->name().starts_with("ram") ? KvAction::kDemoteRam : KvAction::kDemoteDisk;
-    auto corrected = [&](size_t key) { return feedback_ != nullptr ? feedback_->Scale(key) : 1.0; };
     const double model_ms = store_->tiers()[static_cast<size_t>(tier_index)].promote_ms;
-    const double promote_ms = model_ms * corrected(FeedbackKey(action, tier));
+    const double promote_ms = model_ms * CorrectionFor(feedback_, FeedbackKey(action, tier));
     const double recompute_ms =
         RecomputeTokensMs(recompute_prices_, (first + i) * block_tokens_) *
-        corrected(static_cast<size_t>(KvAction::kRecomputeTokens));
+        CorrectionFor(feedback_, static_cast<size_t>(KvAction::kRecomputeTokens));
     // The cheapest way back: a tier slower than recomputing the page from its tokens is not used
     // (nor anything after it: the pages after a recomputed one are computed with it).
     if (promote_ms >= recompute_ms) break;

@@ -61,7 +61,7 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
   // sequence preempted early was priced before anything had been measured).
   for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
     KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
-    page.predicted_ms = page.model_ms * Corrected(FeedbackKey(page.action, page.tier));
+    page.predicted_ms = page.model_ms * CorrectionFor(p_.feedback, FeedbackKey(page.action, page.tier));
   }
   const Clock::time_point start = Clock::now();
   const int64_t restored = p_.pager->RestorePages(seq.slot, first_block, num_blocks);
@@ -103,7 +103,7 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
         if (page.fate == KvPageFate::kDropped) {
           // As for a restore: the price expected when the page is recomputed.
           const double expected =
-              page.model_ms * Corrected(static_cast<size_t>(KvAction::kRecomputeTokens));
+              page.model_ms * CorrectionFor(p_.feedback, static_cast<size_t>(KvAction::kRecomputeTokens));
           pending_recompute_.push_back({seq.id, static_cast<int64_t>(b), expected, page.model_ms});
         }
       }

@@ -56,8 +56,6 @@ class StepRunner {
   void SaveUnreachablePages(const StepPlan& plan);
   // --kv-trace: the full pages each sequence of the step reads, and which it computes.
   void TraceReads(const StepPlan& plan);
-  // What the feedback multiplies `key`'s model price by (1 without feedback).
-  double Corrected(size_t key) const { return p_.feedback != nullptr ? p_.feedback->Scale(key) : 1.0; }
   // `logits` is the row the token was sampled from (for the log-probabilities it asked for).
   void AppendToken(Sequence& seq, int32_t token, const float* logits);
 

@@ -180,11 +180,9 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         break;
     }
     c.model_bring_back_ms = c.bring_back_ms;
-    if (o.feedback != nullptr) {
-      const double scale = o.feedback->Scale(static_cast<size_t>(i));
-      c.bring_back_ms *= scale;
-      c.hidden_ms *= scale;
-    }
+    const double scale = CorrectionFor(o.feedback, static_cast<size_t>(i));
+    c.bring_back_ms *= scale;
+    c.hidden_ms *= scale;
     if (lossless_only && !IsLossless(c.action)) c.why_not = "lossy (--kv-quality lossless)";
     if (!(p.available_actions & (1u << i))) c.why_not = "not available here";
     if (!c.why_not.empty()) c.allowed = false;

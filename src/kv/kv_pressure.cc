@@ -297,10 +297,7 @@ void KvPressurePlanner::PlanPreemption(const KvPlannedSeq& seq, int64_t num_comp
       a.block_index = b;
       a.action = KvAction::kRecomputeTokens;
       a.model_ms = RecomputeTokensMs(rules_.prices, b * rules_.block_tokens);
-      a.predicted_ms =
-          a.model_ms * (feedback_ != nullptr
-                            ? feedback_->Scale(static_cast<size_t>(KvAction::kRecomputeTokens))
-                            : 1.0);
+      a.predicted_ms = a.model_ms * CorrectionFor(feedback_, static_cast<size_t>(KvAction::kRecomputeTokens));
     } else {
       a = Decide(seq, b, /*running=*/false, phase, /*staging_room=*/false, memory_price);
     }

@@ -47,6 +47,11 @@ class BringBackFeedback {
   std::vector<double> scales_;
 };
 
+// `feedback`'s scale for `key`; 1 without feedback (--no-kv-feedback).
+inline double CorrectionFor(const BringBackFeedback* feedback, size_t key) {
+  return feedback != nullptr ? feedback->Scale(key) : 1.0;
+}
+
 // The pages one bring-back event brought back (one restore call, one step's recompute), per
 // key: the pages of one event share one measured time (the call's, split evenly), so they are
 // one observation, not one each (a single event would otherwise fill the window).
