@@ -480,6 +480,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (options.kv_feedback) {
     parts.feedback = &e.feedback;
   }
+  parts.prices = &e.planner->rules().prices;
   parts.context_length = e.context_length;
   e.runner = std::make_unique<StepRunner>(parts);
   e.step_plan.steps.reserve(static_cast<size_t>(options.max_seqs));

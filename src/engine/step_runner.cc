@@ -63,13 +63,13 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
     KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
     page.predicted_ms = page.model_ms * CorrectionFor(p_.feedback, FeedbackKey(page.action, page.tier));
   }
-  const Clock::time_point start = Clock::now();
-  const int64_t restored = p_.pager->RestorePages(seq.slot, first_block, num_blocks);
+  // Each page is timed on its own: one restore may read pages of several tiers.
+  const int64_t restored =
+      p_.pager->RestorePages(seq.slot, first_block, num_blocks, &restore_page_ms_);
   if (restored < num_blocks) p_.metrics->CountReadFailure(num_blocks - restored);
-  const double ms = MillisecondsBetween(start, Clock::now());
-  const double page_ms = ms / static_cast<double>(std::max<int64_t>(1, restored));
   for (int64_t b = first_block; b < first_block + restored; ++b) {
     const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
+    const double page_ms = restore_page_ms_[static_cast<size_t>(b - first_block)];
     p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
     if (p_.trace != nullptr) {
       p_.trace->Back(seq.id, b, static_cast<int>(page.action), page.predicted_ms, page_ms);
@@ -78,9 +78,9 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
       p_.store->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
       p_.metrics->CountPromoted(p_.store->TierIndex(page.tier), page.predicted_ms, page_ms);
     }
-    restored_.Add(FeedbackKey(page.action, page.tier), page.model_ms);
+    restored_.Add(FeedbackKey(page.action, page.tier), page.model_ms, page_ms);
   }
-  restored_.FeedTo(p_.feedback, page_ms);
+  restored_.FeedTo(p_.feedback);
   return restored * block_tokens_;
 }
 
@@ -261,25 +261,36 @@ void StepRunner::Run(const StepPlan& plan) {
   }
   p_.kv->Commit(plan.kv);
   for (const KvBlockCopy& copy : plan.kv.copies) p_.storage->CopyBlock(copy.src, copy.dst);
-  const Clock::time_point start = Clock::now();
   full_blocks_before_.clear();
   for (const Sequence* seq : plan.seqs) full_blocks_before_.push_back(seq->num_computed / block_tokens_);
   const int64_t prefill_tokens = FillBatch(plan);
   if (p_.trace != nullptr) TraceReads(plan);
+  // The forward run alone is what a page recomputed from its tokens is a share of (the restores
+  // and store writes around it are timed and checked on their own).
+  const Clock::time_point start = Clock::now();
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
+  const double forward_ms = MillisecondsBetween(start, Clock::now());
   if (p_.store != nullptr) SaveUnreachablePages(plan);
   RecomputeFailedStreams();
-  if (!pending_recompute_.empty() && batch_.size() > 0) {
-    CountRecomputedPages(MillisecondsBetween(start, Clock::now()));
-  }
+  if (!pending_recompute_.empty() && batch_.size() > 0) CountRecomputedPages(forward_ms);
   p_.metrics->CountStep(batch_.size(), static_cast<int64_t>(plan.seqs.size()), prefill_tokens);
 }
 
-void StepRunner::CountRecomputedPages(double step_ms) {
-  // The step also computes other sequences' tokens, so a page's measured time is its share of
-  // the step by tokens: the step's time per token times the page's tokens.
-  const double page_ms =
-      step_ms * static_cast<double>(block_tokens_) / static_cast<double>(batch_.size());
+// What one token at `position` weighs in a forward run: the cost model's time for it, or 1
+// without prices (a split by tokens).
+double StepRunner::TokenWeight(int64_t position) const {
+  const double ms = p_.prices != nullptr ? RecomputeTokenMs(*p_.prices, position) : 0.0;
+  return ms > 0 ? ms : 1.0;
+}
+
+void StepRunner::CountRecomputedPages(double forward_ms) {
+  // The step also computes other sequences' tokens (decode tokens deep in their context, other
+  // prefills), so a page's measured time is its share of the forward run by the cost model's
+  // weight of each token: its own tokens' weight over the weight of every token of the step.
+  // A split by token count alone would charge a page's shallow tokens for the attention of the
+  // deep decode tokens beside it.
+  double step_weight = 0;
+  for (int64_t pos : batch_.positions) step_weight += TokenWeight(pos);
   size_t kept = 0;
   for (const PendingRecompute& page : pending_recompute_) {
     const int64_t first = page.block * block_tokens_;
@@ -289,8 +300,11 @@ void StepRunner::CountRecomputedPages(double step_ms) {
       if (r.request != page.request) continue;
       seen = true;
       if (first >= r.from && first + block_tokens_ <= r.to) {
+        double page_weight = 0;
+        for (int64_t pos = first; pos < first + block_tokens_; ++pos) page_weight += TokenWeight(pos);
+        const double page_ms = forward_ms * page_weight / step_weight;
         p_.metrics->CountRestored(KvAction::kRecomputeTokens, page.predicted_ms, page_ms);
-        recomputed_.Add(static_cast<size_t>(KvAction::kRecomputeTokens), page.model_ms);
+        recomputed_.Add(static_cast<size_t>(KvAction::kRecomputeTokens), page.model_ms, page_ms);
         done = true;
       } else if (r.from > first) {
         done = true;  // split across two steps: its time is not one step's share
@@ -300,7 +314,7 @@ void StepRunner::CountRecomputedPages(double step_ms) {
     if (!done && seen) pending_recompute_[kept++] = page;
   }
   pending_recompute_.resize(kept);
-  recomputed_.FeedTo(p_.feedback, page_ms);
+  recomputed_.FeedTo(p_.feedback);
 }
 
 void StepRunner::SaveUnreachablePages(const StepPlan& plan) {

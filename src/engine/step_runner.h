@@ -11,6 +11,7 @@
 #include "kvl/forward.h"
 #include "kvl/kv_manager.h"
 #include "kvl/kv_pager.h"
+#include "kvl/kv_policy.h"
 #include "kvl/kv_trace.h"
 #include "kvl/tokenizer.h"
 #include "metrics_recorder.h"
@@ -34,6 +35,8 @@ struct StepRunnerParts {
   // Where measured bring-back times are fed back to the cost model, by FeedbackKey (may be
   // null: not fed).
   BringBackFeedback* feedback = nullptr;
+  // The cost model's per-page prices (may be null): weigh a recomputed page's share of a step.
+  const PageCostProfile* prices = nullptr;
   int64_t context_length = 0;
 };
 
@@ -84,8 +87,10 @@ class StepRunner {
     int64_t from = 0, to = 0;
   };
   std::vector<ComputedRange> computed_;
-  // Checks the pending recomputes this step covered against its time (ms).
-  void CountRecomputedPages(double step_ms);
+  // Checks the pending recomputes this step covered against the forward run's time (ms).
+  void CountRecomputedPages(double forward_ms);
+  double TokenWeight(int64_t position) const;
+  std::vector<double> restore_page_ms_;  // one restore call's time per page, reused
   std::vector<int64_t> full_blocks_before_;   // per sequence of the step: full pages before it
   std::string piece_;                    // the text of the token being appended, reused
   std::vector<int64_t> trace_from_;      // --kv-trace: per sequence, its first computed block

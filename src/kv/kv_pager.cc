@@ -377,11 +377,14 @@ void KvPager::Preempt(SeqId seq, KvPagePlan& plan) {
   bound_[static_cast<size_t>(seq)] = nullptr;
 }
 
-int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks) {
+int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks,
+                              std::vector<double>* page_ms) {
   KvSequencePages& s = Bound(seq);
   const std::vector<BlockId>& table = manager_.block_table(seq);
+  if (page_ms != nullptr) page_ms->clear();
   int64_t restored = 0;
   for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
+    const auto start = std::chrono::steady_clock::now();
     KvPage& page = s.pages[static_cast<size_t>(b)];
     const bool residual = page.fate == KvPageFate::kCheckpointed;
     KVL_CHECK(residual || page.fate == KvPageFate::kInTier);
@@ -395,6 +398,10 @@ int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks
       manager_.MarkCheckpointsMissing(block);
     }
     ++restored;
+    if (page_ms != nullptr) {
+      page_ms->push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
   }
   return restored;
 }

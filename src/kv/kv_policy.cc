@@ -100,6 +100,13 @@ double RecomputeTokensMs(const PageCostProfile& p, int64_t first_position) {
          p.recompute_tokens_call_ms * call_share;
 }
 
+double RecomputeTokenMs(const PageCostProfile& p, int64_t position) {
+  if (p.block_tokens <= 0) return 0;
+  return (p.recompute_tokens_ms +
+          p.recompute_tokens_context_ms * static_cast<double>(std::max<int64_t>(0, position))) /
+         static_cast<double>(p.block_tokens);
+}
+
 double ReuseProbability(const PageHistory& page) {
   if (page.is_sink || page.in_recent_window) return 1.0;
   // Recency dominates (attention concentrates on recent and heavy-hitter tokens, per H2O);

@@ -35,14 +35,13 @@ void BringBackFeedback::Observe(size_t key, double model_ms, double measured_ms)
   scales_[key] = std::clamp(median, kMinScale, kMaxScale);
 }
 
-void BringBackBatch::FeedTo(BringBackFeedback* feedback, double ms_per_page) {
-  for (size_t key = 0; key < pages_.size(); ++key) {
-    if (pages_[key] == 0) continue;
-    if (feedback != nullptr) {
-      feedback->Observe(key, model_ms_[key], ms_per_page * static_cast<double>(pages_[key]));
+void BringBackBatch::FeedTo(BringBackFeedback* feedback) {
+  for (size_t key = 0; key < model_ms_.size(); ++key) {
+    if (feedback != nullptr && model_ms_[key] > 0) {
+      feedback->Observe(key, model_ms_[key], measured_ms_[key]);
     }
     model_ms_[key] = 0;
-    pages_[key] = 0;
+    measured_ms_[key] = 0;
   }
 }
 

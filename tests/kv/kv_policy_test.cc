@@ -227,6 +227,13 @@ TEST(KvPolicyTest, RecomputeFromTokensPricesThePagesPositionAndItsShareOfTheCall
   // Alone in its call, a page pays all of it.
   p.recompute_batch_tokens = 0;
   EXPECT_DOUBLE_EQ(RecomputeTokensMs(p, 0), 10 + 64);
+  // One token's weight in a forward run: its share of the page's own work plus its attention
+  // over the positions before it, without the call's fixed part. A decode token 4096 deep
+  // weighs 10/16 + 0.01 * 4096 / 16 = 3.185 ms, five times a token at the start.
+  EXPECT_DOUBLE_EQ(RecomputeTokenMs(p, 0), 10.0 / 16);
+  EXPECT_DOUBLE_EQ(RecomputeTokenMs(p, 4096), (10 + 0.01 * 4096) / 16);
+  p.block_tokens = 0;
+  EXPECT_EQ(RecomputeTokenMs(p, 4096), 0.0);  // no page size: no price (the caller splits by tokens)
   // Transfers are latency + bytes / bandwidth, and no bandwidth is no way, not a free one.
   EXPECT_DOUBLE_EQ(TransferMs(2e6, 2.0, 0.5), 0.5 + 1.0);
   EXPECT_TRUE(std::isinf(TransferMs(1, 0, 0)));

@@ -73,26 +73,41 @@ TEST(BringBackFeedbackTest, UnmeasuredOrUnpricedPairsAreIgnored) {
 TEST(BringBackBatchTest, AnEventsPagesAreOneObservationPerKey) {
   BringBackFeedback f(4);
   BringBackBatch batch(4);
-  for (int i = 0; i < 10; ++i) batch.Add(3, 0.1);  // ten pages predicted at 0.1 ms each
-  batch.Add(1, 0.4);                               // one page of another key
-  batch.FeedTo(&f, /*ms_per_page=*/0.2);           // the call took 2.2 ms for 11 pages
-  EXPECT_EQ(f.samples(3), 1u);                     // one event, not ten
+  for (int i = 0; i < 10; ++i) batch.Add(3, 0.1, 0.2);  // ten pages predicted at 0.1 ms, 0.2 taken
+  batch.Add(1, 0.4, 0.2);                                // one page of another key
+  batch.FeedTo(&f);
+  EXPECT_EQ(f.samples(3), 1u);  // one event, not ten
   EXPECT_EQ(f.samples(1), 1u);
-  batch.FeedTo(&f, 0.2);  // emptied: nothing more observed
+  batch.FeedTo(&f);  // emptied: nothing more observed
   EXPECT_EQ(f.samples(3), 1u);
-  // The ratio observed was measured / predicted of the key's pages: 2.0 ms / 1.0 ms.
-  for (int i = 0; i < 10; ++i) batch.Add(3, 0.1);
-  batch.FeedTo(&f, 0.2);
+  // The ratio observed is the key's measured sum over its model sum: 2.0 ms / 1.0 ms.
+  for (int i = 0; i < 10; ++i) batch.Add(3, 0.1, 0.2);
+  batch.FeedTo(&f);
   EXPECT_DOUBLE_EQ(f.Scale(3), 2.0);
   // 0.2 ms measured against 0.4 predicted.
-  batch.Add(1, 0.4);
-  batch.FeedTo(&f, 0.2);
+  batch.Add(1, 0.4, 0.2);
+  batch.FeedTo(&f);
   EXPECT_DOUBLE_EQ(f.Scale(1), 0.5);
   // A null feedback (--no-kv-feedback) is fine and still empties the batch.
-  batch.Add(2, 1.0);
-  batch.FeedTo(nullptr, 1.0);
-  batch.FeedTo(&f, 1.0);
+  batch.Add(2, 1.0, 1.0);
+  batch.FeedTo(nullptr);
+  batch.FeedTo(&f);
   EXPECT_EQ(f.samples(2), 0u);
+}
+
+TEST(BringBackBatchTest, PagesOfDifferentKeysInOneEventKeepTheirOwnTimes) {
+  // A restore that brought back a slow disk page and fast RAM pages: each key sees its own
+  // pages' times, not the event's average (which would call the disk page fast and RAM slow).
+  BringBackFeedback f(2);
+  BringBackBatch batch(2);
+  batch.Add(0, 0.1, 0.12);                               // disk: predicted 0.1, took 0.12
+  for (int i = 0; i < 9; ++i) batch.Add(1, 0.02, 0.03);  // RAM: predicted 0.02, took 0.03
+  batch.FeedTo(&f);
+  batch.Add(0, 0.1, 0.12);
+  for (int i = 0; i < 9; ++i) batch.Add(1, 0.02, 0.03);
+  batch.FeedTo(&f);
+  EXPECT_NEAR(f.Scale(0), 1.2, 1e-9);
+  EXPECT_NEAR(f.Scale(1), 1.5, 1e-9);
 }
 
 }  // namespace

@@ -233,8 +233,11 @@ class KvPager final : public KvDetachedPages {
   // pages [first_block, first_block + num_blocks) into their fresh blocks, in order, stopping at
   // the first read that fails (never wrong bytes: the rest is recomputed), and, with checkpoints
   // every s > 1 layers, at the first checkpointed page with an earlier page out of the pool (its
-  // layers between checkpoints attend to it). Returns the pages restored.
-  int64_t RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks);
+  // layers between checkpoints attend to it). Returns the pages restored. `page_ms` (may be
+  // null) gets each restored page's own time, in order: the read and any rebuild, timed page by
+  // page, so that pages of different tiers in one restore are checked each at its own price.
+  int64_t RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks,
+                       std::vector<double>* page_ms = nullptr);
   // Admission, after the commit: pages [first_block, first_block + num_blocks) awaiting restore in
   // a tier that attention reads in place stay where they are, as the sequence's pages held in
   // that tier (the block table has holes there: KvSeqStep::detached_blocks).

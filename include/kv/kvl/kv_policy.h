@@ -153,6 +153,10 @@ double ReuseProbability(const PageHistory& page);
 // Milliseconds to recompute a page from its tokens at `first_position` (PageCostProfile's
 // formula), and to transfer `bytes` at `gbps` after `latency_ms`.
 double RecomputeTokensMs(const PageCostProfile& profile, int64_t first_position);
+// The per-token terms of RecomputeTokensMs for one token at `position`: its own work and its
+// attention over the positions before it, without the call's fixed part. What a token weighs in a
+// forward run, so that a recomputed page's measured time is its weighted share of the run's.
+double RecomputeTokenMs(const PageCostProfile& profile, int64_t position);
 double TransferMs(double bytes, double gbps, double latency_ms);
 
 KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& profile,

@@ -53,24 +53,24 @@ inline double CorrectionFor(const BringBackFeedback* feedback, size_t key) {
 }
 
 // The pages one bring-back event brought back (one restore call, one step's recompute), per
-// key: the pages of one event share one measured time (the call's, split evenly), so they are
-// one observation, not one each (a single event would otherwise fill the window).
+// key: one observation per key and event (the sum of its pages' measured times against the sum
+// of their model times), not one per page, so that a single large event does not fill the window.
 class BringBackBatch {
  public:
-  explicit BringBackBatch(size_t keys) : model_ms_(keys, 0.0), pages_(keys, 0) {}
+  explicit BringBackBatch(size_t keys) : model_ms_(keys, 0.0), measured_ms_(keys, 0.0) {}
 
-  void Add(size_t key, double model_ms) {
-    if (key >= pages_.size()) return;
+  // One page: the model's prediction before any correction, and the time it took.
+  void Add(size_t key, double model_ms, double measured_ms) {
+    if (key >= model_ms_.size()) return;
     model_ms_[key] += model_ms;
-    ++pages_[key];
+    measured_ms_[key] += measured_ms;
   }
-  // Each key with pages observed once in `feedback` (null: none): the sum of its pages' model
-  // times against ms_per_page x its pages. Empties the batch.
-  void FeedTo(BringBackFeedback* feedback, double ms_per_page);
+  // Each key with pages observed once in `feedback` (null: none). Empties the batch.
+  void FeedTo(BringBackFeedback* feedback);
 
  private:
   std::vector<double> model_ms_;
-  std::vector<int64_t> pages_;
+  std::vector<double> measured_ms_;
 };
 
 }  // namespace kvl
