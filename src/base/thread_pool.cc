@@ -59,6 +59,11 @@ void ThreadPool::DrainTasks(int thread) {
   }
 }
 
+namespace {
+constexpr uint64_t kOpenBit = uint64_t{1} << 32;
+constexpr uint64_t kJoinedMask = kOpenBit - 1;
+}  // namespace
+
 void ThreadPool::Run(int64_t num_tasks, TaskFn fn, void* closure) {
   if (num_tasks <= 0) return;
   if (num_threads_ == 1 || num_tasks == 1) {
@@ -69,23 +74,40 @@ void ThreadPool::Run(int64_t num_tasks, TaskFn fn, void* closure) {
   closure_ = closure;
   num_tasks_ = num_tasks;
   next_task_.store(0, std::memory_order_relaxed);
-  workers_busy_.store(num_threads_ - 1, std::memory_order_relaxed);
+  // No worker is in a loop now (the last Run waited for them). Release: a worker that joins (an
+  // acquire exchange on state_) sees the loop written above.
+  state_.store(kOpenBit, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   DrainTasks(0);
-  // A worker that was descheduled (more runnable threads than cores: tests in parallel, other
-  // processes) would keep this loop spinning for a whole time slice: after a short spin, yield the
-  // core so it can finish.
-  for (int i = 0; workers_busy_.load(std::memory_order_acquire) != 0; ++i) {
+  // Every task is claimed: close the loop to latecomers, then wait for the workers still running
+  // one. A worker descheduled mid-task (more runnable threads than cores: tests in parallel, other
+  // processes) would keep this loop spinning for a whole time slice: after a short spin, yield
+  // the core so it can finish.
+  state_.fetch_and(~kOpenBit, std::memory_order_acq_rel);
+  for (int i = 0; (state_.load(std::memory_order_acquire) & kJoinedMask) != 0; ++i) {
     if (i < kSpinIterations) {
       CpuRelax();
     } else {
       std::this_thread::yield();
     }
   }
+}
+
+bool ThreadPool::JoinLoop() {
+  // A worker that woke late finds the loop closed and goes back to waiting; one that woke for
+  // an earlier loop and finds a later one open joins that one, which is as good.
+  uint64_t state = state_.load(std::memory_order_acquire);
+  while ((state & kOpenBit) != 0) {
+    if (state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void ThreadPool::WorkerLoop(int thread) {
@@ -101,8 +123,10 @@ void ThreadPool::WorkerLoop(int thread) {
       seen = generation_.load(std::memory_order_acquire);
       if (stopping_) return;
     }
+    // Joined, the loop cannot end (nor fn_ change) before this worker leaves it.
+    if (!JoinLoop()) continue;
     DrainTasks(thread);
-    workers_busy_.fetch_sub(1, std::memory_order_acq_rel);
+    state_.fetch_sub(1, std::memory_order_release);
   }
 }
 

@@ -32,6 +32,34 @@ TEST(ThreadPoolTest, ManyBackToBackLoops) {
   EXPECT_EQ(sum.load(), 2000 * 6);
 }
 
+// More threads than this machine's cores: workers are often not running when a loop starts, so
+// the calling thread claims most tasks and workers join late or not at all. No task may run
+// after its loop returned, nor for another loop, and every task's writes are visible on return.
+TEST(ThreadPoolTest, LateWorkersNeverRunATaskOfAFinishedLoop) {
+  ThreadPool pool(6);
+  std::atomic<int64_t> current_loop{0};
+  std::atomic<int64_t> stray{0};
+  std::vector<int64_t> out(16);
+  for (int64_t loop = 0; loop < 5000; ++loop) {
+    current_loop.store(loop);
+    const int64_t n = 2 + loop % 15;
+    pool.ParallelFor(n, [&, loop](int64_t task, int) {
+      // A few microseconds of work, so that workers do join some loops.
+      for (int spin = 0; spin < 8000 * (1 + static_cast<int>(task % 3)); ++spin) {
+        __asm__ volatile("");
+      }
+      out[static_cast<size_t>(task)] = loop * 100 + task;  // plain writes, read after the loop
+      // Still this loop's turn at the task's end: it did not outlive its ParallelFor.
+      if (current_loop.load() != loop) stray.fetch_add(1);
+    });
+    current_loop.store(-1);
+    for (int64_t task = 0; task < n; ++task) {
+      ASSERT_EQ(out[static_cast<size_t>(task)], loop * 100 + task) << "loop " << loop;
+    }
+  }
+  EXPECT_EQ(stray.load(), 0);
+}
+
 TEST(StatusTest, CarriesCodeAndMessage) {
   Status s = DataLossError("tensor 'x': truncated");
   EXPECT_FALSE(s.ok());

@@ -46,6 +46,9 @@ class ThreadPool {
 
   void Run(int64_t num_tasks, TaskFn fn, void* closure);
   void WorkerLoop(int thread);
+  // A woken worker enters the loop open now; false when there is none (every task was claimed
+  // before it woke).
+  bool JoinLoop();
   void DrainTasks(int thread);
   void StopWorkers();
 
@@ -57,12 +60,18 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};  // bumped per Run (under mutex_, read lock-free)
   bool stopping_ = false;    // guarded by mutex_
 
-  // The current loop. Written before generation_ is bumped, read by workers after they see it.
+  // The current loop. Written before state_ opens it, read by workers that joined it.
   TaskFn fn_ = nullptr;
   void* closure_ = nullptr;
   int64_t num_tasks_ = 0;
   std::atomic<int64_t> next_task_{0};
-  std::atomic<int> workers_busy_{0};
+  // Whether workers may join the current loop (bit 32: open while tasks may be unclaimed) and
+  // how many joined and are not done (bits 0-31).
+  // Run waits only for the workers that joined, never for one that has not woken up yet: on a
+  // core shared with another process a sleeping worker can take a whole time slice to run, and
+  // waiting for it at each of the hundreds of loops of a decode step would cost more than
+  // running its tasks on the calling thread.
+  std::atomic<uint64_t> state_{0};
 };
 
 }  // namespace kvl
