@@ -44,44 +44,25 @@ class ForecastState {
  public:
   explicit ForecastState(std::vector<ReplayPage>* pages) : pages_(*pages) {}
 
-  // Access `tick` is about to be read. A new step first retires the requests that did not read at
-  // the last one, or took their last step: their pages go idle unless another running request
-  // holds them. A request's first access in a step is its read's block 0: the engine planned the
-  // whole read before the step, so every page of it has this request as a reader from then on.
+  // Access `tick` is about to be read. The engine plans a whole step (which sequences run, which
+  // pages each reads) before running it, and so does this: at a new step the requests not in it,
+  // or that took their last step, stop running (finished, or waiting), and their pages go idle
+  // unless another running request holds them; then every request of the step becomes a reader
+  // of every page its read lists, so a page a request later in the step is about to read is not
+  // idle to the ones before it (and one a finished request's next turn reads again is revived).
   void Begin(std::span<const KvTraceAccess> accesses, int64_t tick) {
     const KvTraceAccess& a = accesses[static_cast<size_t>(tick)];
     if (a.step != step_) {
-      if (step_ >= 0) RetireStopped();
       step_ = a.step;
       step_first_tick_ = tick;
+      size_t end = static_cast<size_t>(tick);
+      while (end < accesses.size() && accesses[end].step == a.step) ++end;
+      RetireStopped(accesses.subspan(static_cast<size_t>(tick), end - static_cast<size_t>(tick)));
+      for (size_t k = static_cast<size_t>(tick); k < end;) k = PlanRead(accesses, k);
     }
-    ReplayRequest& q = requests_[a.request];
-    if (q.last_step != a.step) {
-      q.last_step = a.step;
-      q.offset = tick - step_first_tick_;
-      if (!q.running) {
-        q.running = true;
-        running_.push_back(a.request);
-      }
-      q.pages.clear();
-      // The read's accesses follow this one, block after block.
-      for (size_t k = static_cast<size_t>(tick); k < accesses.size(); ++k) {
-        const KvTraceAccess& next = accesses[k];
-        if (next.request != a.request || next.step != a.step ||
-            next.block != a.block + static_cast<int64_t>(k - static_cast<size_t>(tick))) {
-          break;
-        }
-        const int64_t id = next.page;
-        q.pages.push_back(id);
-        std::vector<int64_t>& readers = pages_[static_cast<size_t>(id)].readers;
-        if (std::find(readers.begin(), readers.end(), a.request) == readers.end()) {
-          readers.push_back(a.request);
-        }
-      }
-    }
-    q.steps_left = a.steps_left;
+    now_order_ = tick - step_first_tick_;
     ReplayPage& p = pages_[static_cast<size_t>(a.page)];
-    p.last_order = q.offset + a.block;
+    p.last_order = now_order_;
     if (p.idle) {
       p.idle = false;
       ++p.revivals;
@@ -113,22 +94,22 @@ class ForecastState {
     for (int64_t r : p.readers) {
       const ReplayRequest& q = requests_.at(r);
       if (!q.running) continue;
-      // Read already in this step (the request read it, or is reading past it): next at its next
-      // step, if it takes one. Otherwise later in this step.
-      const bool read_now = q.last_step == a.step && (r != a.request || p.block <= a.block);
+      // Read already in this step (its place in the step's reads is at or before the access being
+      // read): next at its request's next step, if it takes one. Otherwise later in this step.
+      const int64_t order = q.offset + p.block;
+      const bool in_step = q.last_step == a.step;
+      const bool read_now = in_step && order <= now_order_;
       if (read_now && q.steps_left == 0) continue;
       const int64_t steps_to_read = read_now ? 1 : 0;
-      const int64_t order = q.offset + p.block;
       if (!found || steps_to_read < in.steps_to_read ||
           (steps_to_read == in.steps_to_read && order < in.order_in_step)) {
         in.steps_to_read = steps_to_read;
         in.order_in_step = order;
       }
       found = true;
-      // Its reads from now on: the steps it may still take after its last read (a request that
-      // began this step's read has counted this step already, though not yet this page's read).
-      const bool started = q.last_step == a.step;
-      const int64_t reads = q.steps_left < 0 ? -1 : q.steps_left + (started && !read_now ? 1 : 0);
+      // Its reads from now on: the steps its request may still take after this one's read (a
+      // request of this step that has not read the page yet reads it once more now).
+      const int64_t reads = q.steps_left < 0 ? -1 : q.steps_left + (in_step && !read_now ? 1 : 0);
       reads_left = reads < 0 || reads_left < 0 ? -1 : std::max(reads_left, reads);
     }
     in.running_reader = found;
@@ -142,18 +123,54 @@ class ForecastState {
   }
 
  private:
-  void RetireStopped() {
+  // Registers the read of one request in this step, which starts at access `k`: its place in the
+  // step, its steps left, and itself as a reader of each page it lists. Returns the access after
+  // the read.
+  size_t PlanRead(std::span<const KvTraceAccess> accesses, size_t k) {
+    const KvTraceAccess& first = accesses[k];
+    ReplayRequest& q = requests_[first.request];
+    q.last_step = first.step;
+    q.offset = static_cast<int64_t>(k) - step_first_tick_;
+    q.steps_left = first.steps_left;
+    if (!q.running) {
+      q.running = true;
+      running_.push_back(first.request);
+    }
+    q.pages.clear();
+    size_t end = k;
+    for (; end < accesses.size(); ++end) {
+      const KvTraceAccess& next = accesses[end];
+      if (next.request != first.request || next.step != first.step ||
+          next.block != first.block + static_cast<int64_t>(end - k)) {
+        break;
+      }
+      q.pages.push_back(next.page);
+      std::vector<int64_t>& readers = pages_[static_cast<size_t>(next.page)].readers;
+      if (std::find(readers.begin(), readers.end(), first.request) == readers.end()) {
+        readers.push_back(first.request);
+      }
+    }
+    return end;
+  }
+
+  // Running requests that took their last step, or have no read among `step_reads` (the new
+  // step's accesses), stop running.
+  void RetireStopped(std::span<const KvTraceAccess> step_reads) {
     for (size_t i = 0; i < running_.size();) {
-      ReplayRequest& q = requests_[running_[i]];
-      if (q.last_step == step_ && q.steps_left != 0) {
+      const int64_t id = running_[i];
+      ReplayRequest& q = requests_[id];
+      const bool reads_now =
+          std::any_of(step_reads.begin(), step_reads.end(),
+                      [&](const KvTraceAccess& r) { return r.request == id; });
+      if (reads_now && q.steps_left != 0) {
         ++i;
         continue;
       }
       q.running = false;
       running_[i] = running_.back();
       running_.pop_back();
-      for (int64_t id : q.pages) {
-        if (id >= 0) MaybeIdle(pages_[static_cast<size_t>(id)]);
+      for (int64_t page : q.pages) {
+        if (page >= 0) MaybeIdle(pages_[static_cast<size_t>(page)]);
       }
     }
   }
@@ -175,6 +192,7 @@ class ForecastState {
   KvIdleReuseHistory history_;
   int64_t step_ = -1;
   int64_t step_first_tick_ = 0;
+  int64_t now_order_ = 0;  // the access being read: its place among the step's reads
 };
 
 }  // namespace

@@ -305,6 +305,37 @@ TEST(KvTraceReplayTest, PolicyKeepsARunningSequencesPages) {
   EXPECT_EQ(ReplayKvTrace(t, a, KvReplayPolicy::kBelady, o).misses, 0);
 }
 
+// The forecast knows the whole step's reads, as the engine plans them before the step: request 1
+// read pages 0-3 at step 0 and request 2 pages 4-7 at step 30, both then idle; at step 40 request
+// 3 reads two new pages first (two evictions with room for 8), then request 5 continues request
+// 1 (its pages 0-3). Judged access by access, pages 0-3 look the deadest (idle longest) and leave,
+// so request 5 misses; planned by step, they are about to be read and request 2's pages leave.
+TEST(KvTraceReplayTest, PolicySeesTheWholeStepsReads) {
+  KvTrace t;
+  t.header.block_tokens = 16;
+  for (int64_t b = 0; b < 4; ++b) t.events.push_back(Page(b, 1, b));
+  for (int64_t b = 0; b < 4; ++b) t.events.push_back(Page(4 + b, 2, b));
+  for (int64_t b = 0; b < 2; ++b) t.events.push_back(Page(8 + b, 3, b));
+  for (int64_t b = 0; b < 4; ++b) t.events.push_back(Page(b, 5, b));  // request 1's pages
+  t.events.push_back(Step(0));
+  t.events.push_back(Read(1, 4, 0));
+  t.events.push_back(Step(30));
+  t.events.push_back(Read(2, 4, 0));
+  t.events.push_back(Step(40));
+  t.events.push_back(Read(3, 2, 0));
+  t.events.push_back(Read(5, 4, 4));
+  t.num_pages = 10;
+  const std::vector<KvTraceAccess> a = KvTraceAccesses(t);
+  KvReplayOptions o;
+  o.capacity_pages = 8;
+  o.miss_ms = 1;
+  EXPECT_EQ(ReplayKvTrace(t, a, KvReplayPolicy::kBelady, o).misses, 0);
+  const KvReplayResult r = ReplayKvTrace(t, a, KvReplayPolicy::kPolicy, o);
+  EXPECT_EQ(r.cold, 10);
+  EXPECT_EQ(r.misses, 0);
+  EXPECT_EQ(r.hits, 4);
+}
+
 // The engine's own decisions priced: a page read from outside the pool misses at every read, a
 // page brought back misses once, a page dropped at a preemption misses when it is computed again
 // and is a hit when its cached block was found instead, and an evicted page is lost.
