@@ -201,7 +201,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   CLI::App* synth_cmd =
       app.add_subcommand("synth", "write a random-weight GGUF in the shape of a real model");
   synth_cmd->add_option("--shape", synth.shape, "model shape (see --list)");
-  synth_cmd->add_option("--type", synth.type, "weight type: f32 | f16 | bf16 | q8_0 | q4_0")
+  synth_cmd->add_option("--type", synth.type,
+                        "weight type: f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k | "
+                        "q4_k_m | q5_k_m (the usual mix: Q6_K for some tensors)")
       ->capture_default_str();
   synth_cmd->add_option("-o,--output", synth.output, "output GGUF path");
   std::string synth_seed;
