@@ -78,7 +78,7 @@ size_t KvManager::State::MatchBlocks(std::span<const int32_t> tokens,
 }
 
 // Mutations of the state that keep the refcounts, the free list, the index and num_cached in
-// step. Only Commit, Free and Fork use them.
+// step. Every operation that changes the pool goes through them.
 void KvManager::State::RefBlock(BlockId block) {
   if (pool.refcount(block) > 0) {
     pool.Ref(block);
@@ -508,6 +508,36 @@ void KvManager::Detach(SeqId seq_id, int64_t block_index, bool lossless) {
   if (!lossless) seq.lossy = true;
   ++s.version;
 }
+
+BlockId KvManager::Reattach(SeqId seq_id, int64_t block_index) {
+  State& s = *s_;
+  KVL_CHECK(Contains(seq_id));
+  SeqState& seq = s.seqs[seq_id];
+  KVL_CHECK_MSG(block_index >= 0 && block_index + 1 < static_cast<int64_t>(seq.table.size()),
+                "only a full block other than the last can be reattached");
+  BlockId& entry = seq.table[static_cast<size_t>(block_index)];
+  KVL_CHECK_MSG(entry == kNoBlock, "block is not detached");
+  const BlockId block = s.pool.free_front();
+  if (block == kNoBlock) return kNoBlock;
+  s.AllocateBlock(block);
+  entry = block;
+  s.NotePeak();
+  ++s.version;
+  return block;
+}
+
+void KvManager::RestoreIdentity(SeqId seq_id, int64_t block_index) {
+  State& s = *s_;
+  KVL_CHECK(Contains(seq_id));
+  const SeqState& seq = s.seqs[seq_id];
+  const size_t k = static_cast<size_t>(block_index);
+  KVL_CHECK(k + 1 < seq.table.size() && seq.table[k] != kNoBlock && !s.meta[seq.table[k]].full);
+  if (k >= seq.content.size() || !seq.content[k].valid()) return;
+  s.RegisterFullBlock(seq, k);
+  ++s.version;
+}
+
+BlockId KvManager::next_free_block() const { return s_->pool.free_front(); }
 
 void KvManager::DropIdentity(SeqId seq_id, int64_t first_block) {
   State& s = *s_;

@@ -70,7 +70,7 @@ struct KvManager::State {
   size_t MatchBlocks(std::span<const int32_t> tokens, std::vector<BlockId>* blocks) const;
 
   // Mutations that keep refcounts, the free list, the index and num_cached in step (see
-  // kv_manager.cc). Only Commit, Free and Fork use them.
+  // kv_manager.cc). Every operation that changes the pool goes through them.
   void RefBlock(BlockId block);
   void UnrefBlock(BlockId block);
   void Unindex(BlockId block);
