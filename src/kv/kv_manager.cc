@@ -494,16 +494,21 @@ void KvManager::Fork(SeqId parent, SeqId child) {
   ++s.version;
 }
 
+BlockId& KvManager::State::PageableEntry(SeqId seq_id, int64_t block_index) {
+  KVL_CHECK(seq_id >= 0 && seq_id < options.max_seqs && seqs[seq_id].present);
+  std::vector<BlockId>& table = seqs[seq_id].table;
+  KVL_CHECK_MSG(block_index >= 0 && block_index + 1 < static_cast<int64_t>(table.size()),
+                "only a full block other than the last can leave the pool or come back");
+  return table[static_cast<size_t>(block_index)];
+}
+
 void KvManager::Detach(SeqId seq_id, int64_t block_index, bool lossless) {
   State& s = *s_;
-  KVL_CHECK(Contains(seq_id));
-  SeqState& seq = s.seqs[seq_id];
-  KVL_CHECK_MSG(block_index >= 0 && block_index + 1 < static_cast<int64_t>(seq.table.size()),
-                "only a full block other than the last can be detached");
-  BlockId& entry = seq.table[static_cast<size_t>(block_index)];
+  BlockId& entry = s.PageableEntry(seq_id, block_index);
   KVL_CHECK_MSG(entry != kNoBlock, "block already detached");
   s.UnrefBlock(entry);
   entry = kNoBlock;
+  SeqState& seq = s.seqs[seq_id];
   seq.paged = true;
   if (!lossless) seq.lossy = true;
   ++s.version;
@@ -511,11 +516,7 @@ void KvManager::Detach(SeqId seq_id, int64_t block_index, bool lossless) {
 
 BlockId KvManager::Reattach(SeqId seq_id, int64_t block_index) {
   State& s = *s_;
-  KVL_CHECK(Contains(seq_id));
-  SeqState& seq = s.seqs[seq_id];
-  KVL_CHECK_MSG(block_index >= 0 && block_index + 1 < static_cast<int64_t>(seq.table.size()),
-                "only a full block other than the last can be reattached");
-  BlockId& entry = seq.table[static_cast<size_t>(block_index)];
+  BlockId& entry = s.PageableEntry(seq_id, block_index);
   KVL_CHECK_MSG(entry == kNoBlock, "block is not detached");
   const BlockId block = s.pool.free_front();
   if (block == kNoBlock) return kNoBlock;
@@ -528,10 +529,11 @@ BlockId KvManager::Reattach(SeqId seq_id, int64_t block_index) {
 
 void KvManager::RestoreIdentity(SeqId seq_id, int64_t block_index) {
   State& s = *s_;
-  KVL_CHECK(Contains(seq_id));
+  const BlockId block = s.PageableEntry(seq_id, block_index);
+  KVL_CHECK_MSG(block != kNoBlock && !s.meta[block].full,
+                "only a reattached block gets its identity back");
   const SeqState& seq = s.seqs[seq_id];
   const size_t k = static_cast<size_t>(block_index);
-  KVL_CHECK(k + 1 < seq.table.size() && seq.table[k] != kNoBlock && !s.meta[seq.table[k]].full);
   if (k >= seq.content.size() || !seq.content[k].valid()) return;
   s.RegisterFullBlock(seq, k);
   ++s.version;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "fixed_prices.h"
 #include "kvl/engine.h"
 #include "page_file_corruption.h"
 #include "test_paths.h"
@@ -14,7 +15,6 @@ namespace kvl {
 namespace {
 
 // stories260K: 5 layers x 2 x 32 floats = 1280 bytes per token, 20 KiB per 16-token page.
-constexpr int64_t kLayers = 5;
 constexpr int64_t kPageBytes = 16 * 1280;
 // The sequence followed: it ends first by its max_tokens, so relief sends its pages out first
 // (fewest steps left); the other one is cancelled midway, which frees the pool.
@@ -31,14 +31,7 @@ EngineOptions Options(int64_t budget_pages) {
   o.kv_budget_bytes = budget_pages * kPageBytes;
   o.kv_stream_reserve = 0.25;
   o.prefix_cache = false;
-  MachineProfile prices;  // fixed: nothing is measured on the busy test machine
-  prices.model.layers = kLayers;
-  prices.recompute_from_residual.call_ms = 1;
-  prices.recompute_from_tokens.token_layer_ms = 10.0 / (16 * kLayers);
-  prices.memory_copy_gbps = 10;
-  prices.ram.read.gbps = prices.ram.write.gbps = 10;
-  prices.disk_buffered.read.gbps = prices.disk_buffered.write.gbps = 1;
-  o.cost_profile = prices;
+  o.cost_profile = testing::FixedStoriesPrices();
   return o;
 }
 

@@ -1,5 +1,5 @@
-// Paging a running sequence in the KvManager (Detach, Reattach), raw blocks lent out of the pool, and the
-// compressed-page slabs built on them.
+// Paging a running sequence in the KvManager (Detach, Reattach), raw blocks lent out of the pool,
+// and the compressed-page slabs built on them.
 #include <gtest/gtest.h>
 
 #include <algorithm>

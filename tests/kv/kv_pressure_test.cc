@@ -380,7 +380,9 @@ TEST(KvPromotionTest, APromotedPageHoldsItsExactBytesAndLeavesItsTier) {
   ASSERT_EQ(h.pager().Apply(relief), 3);
   // The freed blocks are written over, as a reuse would.
   for (BlockId b = 0; b < h.kv().num_blocks(); ++b) {
-    if (h.kv().refcount(b) == 0) std::fill_n(h.storage().bytes(b), h.storage().layout().kv_bytes(), 0xAB);
+    if (h.kv().refcount(b) == 0) {
+      std::fill_n(h.storage().bytes(b), h.storage().layout().kv_bytes(), 0xAB);
+    }
   }
   const int64_t tier_pages = h.ram().stats().pages;
   KvPagePlan plan;
