@@ -69,7 +69,13 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
   const double ms = MillisecondsBetween(start, Clock::now());
   const double page_ms = ms / static_cast<double>(std::max<int64_t>(1, restored));
   for (int64_t b = first_block; b < first_block + restored; ++b) {
-    CountBroughtBack(seq.id, b, seq.kv_pages.pages[static_cast<size_t>(b)], page_ms);
+    const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
+    CountBroughtBack(seq.id, b, page, page_ms);
+    // A store page found by the admission's lookup: one of the tier's hits, promoted.
+    if (page.content.valid() && p_.store != nullptr) {
+      p_.store->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
+      p_.metrics->CountPromoted(p_.store->TierIndex(page.tier), page.predicted_ms, page_ms);
+    }
   }
   restored_.FeedTo(p_.feedback, page_ms);
   return restored * block_tokens_;
@@ -80,10 +86,6 @@ void StepRunner::CountBroughtBack(RequestId request, int64_t block, const KvPage
   p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
   if (p_.trace != nullptr) {
     p_.trace->Back(request, block, static_cast<int>(page.action), page.predicted_ms, page_ms);
-  }
-  if (page.content.valid() && p_.store != nullptr) {
-    p_.store->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
-    p_.metrics->CountPromoted(p_.store->TierIndex(page.tier), page.predicted_ms, page_ms);
   }
   restored_.Add(FeedbackKey(page.action, page.tier), page.model_ms);
 }

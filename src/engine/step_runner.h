@@ -44,7 +44,7 @@ class StepRunner {
   void Run(const StepPlan& plan);
   // Between steps: the planned pages of running sequences brought back into the pool
   // (KvPager::PromoteBack), each checked against its predicted bring-back time as a resume's
-  // restore is (metrics, --kv-trace, the KV store's counts, the feedback).
+  // restore is (metrics, --kv-trace, the feedback).
   void PromoteBack(PromotionPlan& plan);
 
  private:
@@ -52,7 +52,8 @@ class StepRunner {
   // tokens that really came back (a failed or corrupt read ends it: the rest is computed).
   int64_t RestorePages(Sequence& seq);
   // One page brought back into the pool (`page` as it was before), in the bring-back event that
-  // restored_ gathers: counted against its prediction and traced.
+  // restored_ gathers: counted against its prediction and traced. (A running sequence's page
+  // promoted back is no hit of a KV store lookup: the store's counts are the resume's alone.)
   void CountBroughtBack(RequestId request, int64_t block, const KvPage& page, double page_ms);
   // Adds the tokens each sequence computes this step to batch_.
   int64_t FillBatch(const StepPlan& plan);
