@@ -51,7 +51,9 @@ struct EngineOptions {
   // (least attention mass; never the sinks or the recent window) are compressed to int8/int4,
   // demoted to a tier and streamed back layer by layer, or evicted, as the policy chooses; only
   // then is a sequence preempted, and each of its pages demoted (promoted back, checksum-verified,
-  // at resume), checkpointed as residuals, or dropped to be recomputed from its tokens.
+  // at resume), checkpointed as residuals, or dropped to be recomputed from its tokens. Pages of
+  // running sequences in a tier or as checkpoints come back into the pool once it has room
+  // (kv_promote_back).
   std::vector<std::string> kv_tiers;  // --kv-tier: "ram:1GiB[:zstd]", "disk:PATH:SIZE[:direct]"
   std::string kv_policy = "auto";     // auto | keep | compress | compress-int4 | demote |
                                       // demote-disk | recompute-residual | recompute-tokens | evict

@@ -61,8 +61,10 @@ size_t FeedbackKey(KvAction action, const KvTier* tier);
 enum class KvPageFate : uint8_t {
   kResident,      // in its pool block
   kCompressed,    // int8 / int4 slab slots inside the pool (running sequences)
-  kInTier,        // K/V layer pages in a tier: streamed while running, promoted at resume
-  kCheckpointed,  // residual checkpoints in the RAM tier: rebuilt while running and at resume
+  kInTier,        // K/V layer pages in a tier: streamed while running (or promoted back into the
+                  // pool once it has room: PromoteBack), promoted at resume
+  kCheckpointed,  // residual checkpoints in the RAM tier: rebuilt while running (or promoted
+                  // back), and at resume
   kEvicted,       // gone; attention skips its tokens (running sequences)
   kDropped,       // gone with a preemption; recomputed from its tokens at resume (lossless)
 };
