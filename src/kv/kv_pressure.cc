@@ -287,11 +287,27 @@ void KvPressurePlanner::PlanCompressedEviction(std::span<const KvPlannedSeq> run
   }
 }
 
+// With checkpoints every s > 1 layers a page is rebuilt by running the layers between them over
+// the earlier pages of its sequence, which must then be in the pool: already, or brought back
+// earlier in this plan.
+bool KvPressurePlanner::EarlierPagesInPool(const Candidate& c, const KvPagePlan& plan) const {
+  if (manager_.options().layout.checkpoint_every == 1) return true;
+  const std::vector<BlockId>& table = manager_.block_table(c.seq.slot);
+  for (int64_t b = 0; b < c.block_index; ++b) {
+    if (table[static_cast<size_t>(b)] != kNoBlock) continue;
+    const bool planned = std::any_of(
+        plan.actions.begin(), plan.actions.end(),
+        [&](const KvPageAction& a) { return a.seq == c.seq.slot && a.block_index == b; });
+    if (!planned) return false;
+  }
+  return true;
+}
+
 void KvPressurePlanner::PlanPromotion(std::span<const KvPlannedSeq> running,
                                       int64_t blocks_to_spare, int64_t max_pages,
                                       KvPagePlan* plan) {
   StartPlan(0, plan);
-  if (!rules_.pages_running_sequences || blocks_to_spare <= 0 || max_pages <= 0) return;
+  if (blocks_to_spare <= 0 || max_pages <= 0) return;
   // Every page out of the pool: a resumed sequence's pages read in place may be its sinks too.
   CollectCandidates(running, FateBit(KvPageFate::kInTier) | FateBit(KvPageFate::kCheckpointed),
                     /*movable_only=*/false);
@@ -314,6 +330,7 @@ void KvPressurePlanner::PlanPromotion(std::span<const KvPlannedSeq> running,
     if (c.forecast.reads_left <= 1) break;
     const KvPage& page = pager_.pages(c.seq.slot).pages[static_cast<size_t>(c.block_index)];
     if (page.awaiting_restore) continue;  // not part of the sequence's KV yet
+    if (page.fate == KvPageFate::kCheckpointed && !EarlierPagesInPool(c, *plan)) continue;
     KvPageAction a;
     a.seq = c.seq.slot;
     a.block_index = c.block_index;

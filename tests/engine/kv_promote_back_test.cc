@@ -120,14 +120,16 @@ struct Case {
   std::string tier;
   // A quarter of them staging, the rest a pool of 24 blocks: both sequences outgrow it before
   // the cancel (13 + 13 pages); the followed one alone (19 pages at most) fits. A block that
-  // keeps residual checkpoints is twice as large.
+  // keeps residual checkpoints is larger (every layer's: twice; every other layer's: 1.6x).
   int64_t budget_pages = 32;
+  int64_t checkpoint_every = 1;
 };
 
 EngineOptions Paged(const Case& c) {
   EngineOptions o = Options(c.budget_pages);
   o.kv_policy = c.policy;
   o.kv_tiers = {c.tier};
+  o.kv_checkpoint_every = c.checkpoint_every;
   return o;
 }
 
@@ -136,13 +138,19 @@ const std::vector<Case>& Cases() {
       {"demote", "ram:64MiB"},                  // read in place
       {"demote", "ram:64MiB:zstd"},             // streamed layer by layer
       {"recompute-residual", "ram:64MiB", 64},  // rebuilt from checkpoints
+      // ... of every other layer: the layers between are run over the earlier pages
+      {"recompute-residual", "ram:64MiB", 52, 2},
   };
   return cases;
 }
 
+std::string Name(const Case& c) {
+  return c.policy + " " + c.tier + " every " + std::to_string(c.checkpoint_every);
+}
+
 TEST(KvPromoteBackTest, PagesComeBackWhenBlocksFreeUpAndTheOutputIsBitIdentical) {
   for (const Case& c : Cases()) {
-    const std::string name = c.policy + " " + c.tier;
+    const std::string name = Name(c);
     const Outcome run = RunBesideCancelled(Paged(c));
     ASSERT_EQ(run.followed.tokens.size(), size_t{kFollowedTokens}) << name;
     EXPECT_EQ(run.followed, RoomForEverything()) << name;
@@ -156,7 +164,7 @@ TEST(KvPromoteBackTest, PagesComeBackWhenBlocksFreeUpAndTheOutputIsBitIdentical)
 
 TEST(KvPromoteBackTest, SwitchedOffThePagesStayOutAndTheOutputIsTheSame) {
   for (const Case& c : Cases()) {
-    const std::string name = c.policy + " " + c.tier;
+    const std::string name = Name(c);
     EngineOptions o = Paged(c);
     o.kv_promote_back = false;
     const Outcome run = RunBesideCancelled(o);

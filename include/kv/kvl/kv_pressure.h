@@ -109,9 +109,9 @@ class KvPressurePlanner {
   // (and `max_pages`) pages of the running sequences held in a tier or as checkpoints, to be
   // brought back into the pool (KvPager::PromoteBack), in the reverse of relief's order: the most
   // reads left first (the forecast), then the page read most (KvPager::PageReads), then the
-  // earlier page (a rebuild with checkpoints every s > 1 layers needs the earlier ones in the
-  // pool). Each action carries the page's bring-back prices. Replaces plan->actions. Nothing when
-  // the policy does not page running sequences.
+  // earlier page. A page kept as checkpoints every s > 1 layers comes back only after every
+  // earlier page of its sequence (its rebuild runs layers over them). Each action carries the
+  // page's bring-back prices. Replaces plan->actions.
   void PlanPromotion(std::span<const KvPlannedSeq> running, int64_t blocks_to_spare,
                      int64_t max_pages, KvPagePlan* plan);
   // One action for each of the first `num_computed / block_tokens` pages of a sequence about to
@@ -144,6 +144,7 @@ class KvPressurePlanner {
   // `fates`: a bit per KvPageFate the pages may have (FateBit).
   void CollectCandidates(std::span<const KvPlannedSeq> running, uint32_t fates, bool movable_only);
   void SortLeavingFirst();
+  bool EarlierPagesInPool(const Candidate& c, const KvPagePlan& plan) const;
   // An empty plan against the pool's current state.
   void StartPlan(int64_t blocks_to_free, KvPagePlan* plan) const;
 
