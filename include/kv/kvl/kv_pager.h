@@ -17,7 +17,7 @@
 //   - evicted (attention gives its tokens no weight).
 // The lossless ones (a tier, checkpoints) come back into the pool while the sequence runs once
 // the pool has blocks to spare again (PromoteBack, planned by KvPressurePlanner::PlanPromotion
-// between steps): from then on attention reads them in place in the pool, as before they left.
+// between steps): from then on attention reads them from the pool, as before they left.
 // Compressed and evicted pages never do (their exact bytes are gone).
 // When the sequence is preempted its pool blocks go; each full page is kept in a tier, kept as
 // checkpoints, or dropped to be recomputed from its tokens, and at resume the kept ones are
