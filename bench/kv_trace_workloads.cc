@@ -53,6 +53,7 @@ struct Args {
   std::string kv_policy = "auto";
   std::vector<std::string> kv_tiers = {"ram:64MiB"};
   std::string profile_path;
+  bool kv_promote_back = true;
   int32_t parallel = 4;
   int threads = 2;
   int turns = 6;
@@ -141,6 +142,7 @@ int main(int argc, char** argv) {
   app.add_option("--kv-policy", args.kv_policy, "the engine's --kv-policy")->capture_default_str();
   app.add_option("--kv-tier", args.kv_tiers, "the engine's --kv-tier (repeatable)");
   app.add_option("--kv-profile", args.profile_path, "the engine's --kv-profile");
+  app.add_flag("!--no-kv-promote-back", args.kv_promote_back, "the engine's --no-kv-promote-back");
   app.add_option("--parallel", args.parallel, "sequences at once")->capture_default_str();
   app.add_option("-t,--threads", args.threads, "threads")->capture_default_str();
   app.add_option("--turns", args.turns, "turns per conversation")->capture_default_str();
@@ -159,6 +161,7 @@ int main(int argc, char** argv) {
   o.kv_tiers = args.kv_tiers;
   o.kv_trace_path = args.trace_path;
   o.profile_path = args.profile_path;
+  o.kv_promote_back = args.kv_promote_back;
   // The budget in pages of this model: one page is 16 tokens of every layer's K and V (f32).
   auto model = kvl::Model::Load(args.model_path);
   if (!model.ok()) {

@@ -103,6 +103,12 @@ void PrintKvSummary(const EngineMetrics& m) {
              FormatBytes(m.kv.kv_bytes_peak), FormatBytes(m.kv.kv_bytes_total),
              FormatBytes(m.kv_stream_staging_bytes), m.kv_layers_streamed, m.kv_stream_wait_ms,
              m.kv_layers_rebuilt, m.kv_layers_advanced, m.kv_checkpoint_every, m.kv_rebuild_ms);
+  if (m.kv_pages_promoted_back > 0) {
+    fmt::print(stderr,
+               "kvl: kv {} pages of running sequences brought back into the pool once it had "
+               "blocks to spare\n",
+               m.kv_pages_promoted_back);
+  }
   // Pages are held outside the pool only while their sequence runs, so after a finished run these
   // are zero; they show when a run ended with sequences still holding them.
   if (m.kv_pages_compressed + m.kv_pages_streamed + m.kv_pages_evicted > 0) {

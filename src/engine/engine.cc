@@ -459,6 +459,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   so.max_seqs = options.max_seqs;
   so.keep_lossy_sessions = options.prefix_cache;
   so.context_length = e.context_length;
+  so.promote_back = options.kv_promote_back;
   e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
   if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices);
   e.scheduler->set_trace(e.trace.get());
@@ -510,6 +511,9 @@ bool Engine::Impl::StepImpl() {
   if (has_work) {
     runner->Run(step_plan);
     scheduler->ReleaseFinished();
+    // Between steps: pages that left the pool come back while it has blocks to spare.
+    scheduler->PlanPromotions(&promotion_plan);
+    runner->PromoteBack(promotion_plan);
   }
   metrics.SetGauges(kv->stats(), pager->stats(), scheduler->num_running(),
                     scheduler->num_waiting());

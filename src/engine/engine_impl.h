@@ -63,6 +63,7 @@ struct Engine::Impl {
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<StepRunner> runner;
   StepPlan step_plan;  // reused every step
+  PromotionPlan promotion_plan;  // reused every step
 
   // Submission side, guarded by inbox_mutex.
   mutable std::mutex inbox_mutex;

@@ -123,6 +123,7 @@ void MetricsRecorder::Snapshot(EngineMetrics* m) const {
   m->kv_pages_streamed = pager_stats_.streamed_pages;
   m->kv_pages_evicted = pager_stats_.evicted_pages;
   m->kv_pages_rebuilt = pager_stats_.rebuilt_pages;
+  m->kv_pages_promoted_back = pager_stats_.promoted_back_pages;
   m->kv_layers_rebuilt = pager_stats_.layers_rebuilt;
   m->kv_layers_advanced = pager_stats_.layers_advanced;
   m->kv_rebuild_ms = pager_stats_.rebuild_ms;

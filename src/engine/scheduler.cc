@@ -7,6 +7,20 @@
 #include <limits>
 
 namespace kvl {
+namespace {
+
+// Promotion back (PlanPromotions). The steps after relief or a preemption promote nothing: the
+// pool was short a moment ago, and blocks a finishing request frees then are likely the next
+// shortfall's.
+constexpr int64_t kPromoteQuietSteps = 4;
+// Free blocks kept beyond what the running sequences take in the next block_tokens steps: a
+// share of the pool, for a copy-on-write block or an admission arriving meanwhile.
+constexpr int64_t kPromoteMarginPoolFraction = 16;  // 1/16, at least one block
+// A promotion reads a whole page once, as one step that streams it does: four at most add about
+// four pages' reads to the time between two steps.
+constexpr int64_t kMaxPromotionsPerStep = 4;
+
+}  // namespace
 
 Scheduler::Scheduler(const SchedulerOptions& options, KvManager& kv, KvPager& pager,
                      KvPressurePlanner& planner, MetricsRecorder& metrics)
@@ -246,6 +260,7 @@ void Scheduler::Unpark(size_t parked_index) {
 }
 
 bool Scheduler::Schedule(StepPlan* plan) {
+  ++steps_since_pressure_;
   AdoptParkedSessions();
   size_t max_admissions = waiting_.size();
   planner_.ClearFailedActions();
@@ -395,6 +410,7 @@ bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
       planned_running_.push_back({seq->slot, seq->id, steps_left});
     }
   }
+  steps_since_pressure_ = 0;
   planner_.PlanRelief(planned_running_, blocks_short, phase, &page_plan_);
   const int64_t applied = pager_.Apply(page_plan_);
   planner_.NoteFailedActions(page_plan_);  // planned again, a failed page takes another action
@@ -423,7 +439,40 @@ bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
   return true;
 }
 
+void Scheduler::PlanPromotions(PromotionPlan* plan) {
+  plan->pages.actions.clear();
+  plan->requests.clear();
+  const KvPagerStats pages = pager_.stats();
+  if (!options_.promote_back || pages.streamed_pages + pages.rebuilt_pages == 0 ||
+      !waiting_.empty() || steps_since_pressure_ <= kPromoteQuietSteps) {
+    return;
+  }
+  planned_running_.clear();
+  int64_t blocks_needed = 0;
+  for (const auto& seq : running_) {
+    if (seq->finished || seq->slot < 0 || !kv_.Contains(seq->slot)) continue;
+    const int64_t steps_left =
+        options_.context_length > 0 ? seq->MaxStepsLeft(options_.context_length) : -1;
+    planned_running_.push_back({seq->slot, seq->id, steps_left});
+    // What it adds within the next block_tokens steps: the tokens not in the pool yet (a
+    // prompt's rest, the token just sampled), then one a step while it runs.
+    const int64_t in_pool = kv_.num_tokens(seq->slot);
+    const int64_t steps = steps_left >= 0 ? std::min(steps_left, block_tokens_) : block_tokens_;
+    const int64_t to_add = static_cast<int64_t>(seq->tokens.size()) - in_pool + steps;
+    blocks_needed += kv_.BlocksFor(in_pool + to_add) - kv_.BlocksFor(in_pool);
+  }
+  const int64_t margin = std::max<int64_t>(1, kv_.num_blocks() / kPromoteMarginPoolFraction);
+  const int64_t spare = kv_.stats().blocks_free - blocks_needed - margin;
+  planner_.PlanPromotion(planned_running_, spare, kMaxPromotionsPerStep, &plan->pages);
+  for (const KvPageAction& a : plan->pages.actions) {
+    for (const KvPlannedSeq& s : planned_running_) {
+      if (s.slot == a.seq) plan->requests.push_back(s.request_id);
+    }
+  }
+}
+
 void Scheduler::PreemptAt(size_t running_index) {
+  steps_since_pressure_ = 0;
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
   planner_.PlanPreemption({seq->slot, seq->id}, seq->num_computed, phase_, &page_plan_);

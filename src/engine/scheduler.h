@@ -12,6 +12,8 @@
 // tier, keep as checkpoints, evict); then prefill chunks shrink (a sequence paging through a pool
 // smaller than one chunk); then the most recently admitted running sequence is preempted (its
 // pages demoted, checkpointed or dropped, and it is requeued at the front of the waiting queue).
+// Between steps, once the pool has blocks to spare again, running sequences' pages that left it
+// losslessly come back (PlanPromotions; StepRunner::PromoteBack carries them out).
 //
 // Thread-safety: owned by the step loop.
 #pragma once
@@ -45,6 +47,16 @@ struct SchedulerOptions {
   // The context a sequence may grow to: with its max_tokens, the most steps it may still take,
   // which the KV reuse forecast orders pages by (0: unknown).
   int64_t context_length = 0;
+  // Running sequences' pages held in a tier or as checkpoints come back into the pool between
+  // steps when it has blocks to spare (EngineOptions::kv_promote_back).
+  bool promote_back = true;
+};
+
+// Pages of running sequences to bring back into the pool between steps: planned by
+// Scheduler::PlanPromotions, carried out by StepRunner::PromoteBack.
+struct PromotionPlan {
+  KvPagePlan pages;
+  std::vector<RequestId> requests;  // per action: the request the page belongs to
 };
 
 // One step's work: a KV plan that fits, and per sequence the tokens it computes.
@@ -84,6 +96,14 @@ class Scheduler {
   // Plans the next step into *plan (its vectors reused); admissions become running. False when
   // there is nothing to run. Requests that can never fit the pool finish with an error here.
   bool Schedule(StepPlan* plan);
+
+  // After a step: the pages of running sequences to bring back into the pool, into *plan (its
+  // vectors reused; empty when none). Only blocks the pool can spare: none while a request
+  // waits (the free blocks are its), none within kPromoteQuietSteps steps of relief or a
+  // preemption, and never the blocks the running sequences will take within the next
+  // block_tokens steps (the rest of their prompts, one token a step) plus a margin, so that a
+  // page brought back is not what the next step's relief sends out again.
+  void PlanPromotions(PromotionPlan* plan);
 
   // Preempts a running sequence (its pages saved or dropped, as the KV planner decides); it goes
   // to the front of the waiting queue.
@@ -157,6 +177,7 @@ class Scheduler {
   std::vector<KvTier*> found_in_;
   std::vector<KvPlannedSeq> planned_running_;       // reused
   KvTraceWriter* trace_ = nullptr;
+  int64_t steps_since_pressure_ = 0;  // Schedule calls since relief or a preemption
 };
 
 }  // namespace kvl

@@ -70,18 +70,44 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
   for (int64_t b = first_block; b < first_block + restored; ++b) {
     const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
     const double page_ms = restore_page_ms_[static_cast<size_t>(b - first_block)];
-    p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
-    if (p_.trace != nullptr) {
-      p_.trace->Back(seq.id, b, static_cast<int>(page.action), page.predicted_ms, page_ms);
-    }
+    CountBroughtBack(seq.id, b, page, page_ms);
+    // A store page found by the admission's lookup: one of the tier's hits, promoted.
     if (page.content.valid() && p_.store != nullptr) {
       p_.store->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
       p_.metrics->CountPromoted(p_.store->TierIndex(page.tier), page.predicted_ms, page_ms);
     }
-    restored_.Add(FeedbackKey(page.action, page.tier), page.model_ms, page_ms);
   }
   restored_.FeedTo(p_.feedback);
   return restored * block_tokens_;
+}
+
+void StepRunner::CountBroughtBack(RequestId request, int64_t block, const KvPage& page,
+                                  double page_ms) {
+  p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
+  if (p_.trace != nullptr) {
+    p_.trace->Back(request, block, static_cast<int>(page.action), page.predicted_ms, page_ms);
+  }
+  restored_.Add(FeedbackKey(page.action, page.tier), page.model_ms, page_ms);
+}
+
+void StepRunner::PromoteBack(PromotionPlan& plan) {
+  std::vector<KvPageAction>& actions = plan.pages.actions;
+  if (actions.empty()) return;
+  // The pager makes each page resident: what it was (its tier, its prices) is kept for the count.
+  promoting_.clear();
+  for (const KvPageAction& a : actions) {
+    promoting_.push_back(p_.pager->pages(a.seq).pages[static_cast<size_t>(a.block_index)]);
+    promoting_.back().predicted_ms = a.predicted_ms;  // corrected as it is brought back
+  }
+  p_.pager->PromoteBack(plan.pages);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    // A failed read leaves the page in its tier: nothing is recomputed.
+    if (actions[i].failed) p_.metrics->CountReadFailure(0);
+    if (!actions[i].applied) continue;
+    CountBroughtBack(plan.requests[i], actions[i].block_index, promoting_[i],
+                     actions[i].measured_ms);
+  }
+  restored_.FeedTo(p_.feedback);
 }
 
 int64_t StepRunner::FillBatch(const StepPlan& plan) {

@@ -45,11 +45,19 @@ class StepRunner {
   explicit StepRunner(const StepRunnerParts& parts);
 
   void Run(const StepPlan& plan);
+  // Between steps: the planned pages of running sequences brought back into the pool
+  // (KvPager::PromoteBack), each checked against its predicted bring-back time as a resume's
+  // restore is (metrics, --kv-trace, the feedback).
+  void PromoteBack(PromotionPlan& plan);
 
  private:
   // A resumed sequence's kept pages promoted (or rebuilt) into its fresh blocks; returns the
   // tokens that really came back (a failed or corrupt read ends it: the rest is computed).
   int64_t RestorePages(Sequence& seq);
+  // One page brought back into the pool (`page` as it was before), in the bring-back event that
+  // restored_ gathers: counted against its prediction and traced. (A running sequence's page
+  // promoted back is no hit of a KV store lookup: the store's counts are the resume's alone.)
+  void CountBroughtBack(RequestId request, int64_t block, const KvPage& page, double page_ms);
   // Adds the tokens each sequence computes this step to batch_.
   int64_t FillBatch(const StepPlan& plan);
   void RunBatch(const StepPlan& plan);
@@ -97,6 +105,7 @@ class StepRunner {
   std::vector<KvContentId> trace_contents_;
   std::vector<int64_t> trace_outside_;
   std::vector<int64_t> trace_evicted_;
+  std::vector<KvPage> promoting_;  // PromoteBack: each page as it was before it came back
 };
 
 }  // namespace kvl

@@ -78,7 +78,7 @@ size_t KvManager::State::MatchBlocks(std::span<const int32_t> tokens,
 }
 
 // Mutations of the state that keep the refcounts, the free list, the index and num_cached in
-// step. Only Commit, Free and Fork use them.
+// step. Every operation that changes the pool goes through them.
 void KvManager::State::RefBlock(BlockId block) {
   if (pool.refcount(block) > 0) {
     pool.Ref(block);
@@ -494,20 +494,52 @@ void KvManager::Fork(SeqId parent, SeqId child) {
   ++s.version;
 }
 
+BlockId& KvManager::State::PageableEntry(SeqId seq_id, int64_t block_index) {
+  KVL_CHECK(seq_id >= 0 && seq_id < options.max_seqs && seqs[seq_id].present);
+  std::vector<BlockId>& table = seqs[seq_id].table;
+  KVL_CHECK_MSG(block_index >= 0 && block_index + 1 < static_cast<int64_t>(table.size()),
+                "only a full block other than the last can leave the pool or come back");
+  return table[static_cast<size_t>(block_index)];
+}
+
 void KvManager::Detach(SeqId seq_id, int64_t block_index, bool lossless) {
   State& s = *s_;
-  KVL_CHECK(Contains(seq_id));
-  SeqState& seq = s.seqs[seq_id];
-  KVL_CHECK_MSG(block_index >= 0 && block_index + 1 < static_cast<int64_t>(seq.table.size()),
-                "only a full block other than the last can be detached");
-  BlockId& entry = seq.table[static_cast<size_t>(block_index)];
+  BlockId& entry = s.PageableEntry(seq_id, block_index);
   KVL_CHECK_MSG(entry != kNoBlock, "block already detached");
   s.UnrefBlock(entry);
   entry = kNoBlock;
+  SeqState& seq = s.seqs[seq_id];
   seq.paged = true;
   if (!lossless) seq.lossy = true;
   ++s.version;
 }
+
+BlockId KvManager::Reattach(SeqId seq_id, int64_t block_index) {
+  State& s = *s_;
+  BlockId& entry = s.PageableEntry(seq_id, block_index);
+  KVL_CHECK_MSG(entry == kNoBlock, "block is not detached");
+  const BlockId block = s.pool.free_front();
+  if (block == kNoBlock) return kNoBlock;
+  s.AllocateBlock(block);
+  entry = block;
+  s.NotePeak();
+  ++s.version;
+  return block;
+}
+
+void KvManager::RestoreIdentity(SeqId seq_id, int64_t block_index) {
+  State& s = *s_;
+  const BlockId block = s.PageableEntry(seq_id, block_index);
+  KVL_CHECK_MSG(block != kNoBlock && !s.meta[block].full,
+                "only a reattached block gets its identity back");
+  const SeqState& seq = s.seqs[seq_id];
+  const size_t k = static_cast<size_t>(block_index);
+  if (k >= seq.content.size() || !seq.content[k].valid()) return;
+  s.RegisterFullBlock(seq, k);
+  ++s.version;
+}
+
+BlockId KvManager::next_free_block() const { return s_->pool.free_front(); }
 
 void KvManager::DropIdentity(SeqId seq_id, int64_t first_block) {
   State& s = *s_;

@@ -70,7 +70,7 @@ struct KvManager::State {
   size_t MatchBlocks(std::span<const int32_t> tokens, std::vector<BlockId>* blocks) const;
 
   // Mutations that keep refcounts, the free list, the index and num_cached in step (see
-  // kv_manager.cc). Only Commit, Free and Fork use them.
+  // kv_manager.cc). Every operation that changes the pool goes through them.
   void RefBlock(BlockId block);
   void UnrefBlock(BlockId block);
   void Unindex(BlockId block);
@@ -79,6 +79,9 @@ struct KvManager::State {
   void AllocateBlock(BlockId block);
   void RegisterFullBlock(const kv_internal::SeqState& seq, size_t k);
   bool SameIdentity(BlockId a, BlockId b) const;
+  // Block `block_index` of the present sequence `seq`: its table entry, checked to be a full
+  // block other than the last, the only ones that leave the pool and come back while it runs.
+  BlockId& PageableEntry(SeqId seq, int64_t block_index);
   kv_internal::BlockRef CanonicalRef(BlockId block) const;
   bool IsStale(BlockId block) const;
 

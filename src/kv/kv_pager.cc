@@ -385,18 +385,9 @@ int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks
   int64_t restored = 0;
   for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
     const auto start = std::chrono::steady_clock::now();
-    KvPage& page = s.pages[static_cast<size_t>(b)];
-    const bool residual = page.fate == KvPageFate::kCheckpointed;
-    KVL_CHECK(residual || page.fate == KvPageFate::kInTier);
-    const BlockId block = table[static_cast<size_t>(b)];
     // Never wrong bytes: a corrupt or failed read ends the restore; the rest is computed.
-    if (!ReadLayerPages(block, page, residual).ok()) break;
-    if (residual) {
-      if (!RebuildBlockFromCheckpoints(seq, block, b)) break;
-    } else if (layout_.residual_dim > 0) {
-      page.checkpoint_missing = true;  // only K/V came back
-      manager_.MarkCheckpointsMissing(block);
-    }
+    KvPage& page = s.pages[static_cast<size_t>(b)];
+    if (BringIntoBlock(seq, b, table[static_cast<size_t>(b)], page) != BringBack::kDone) break;
     ++restored;
     if (page_ms != nullptr) {
       page_ms->push_back(
@@ -404,6 +395,20 @@ int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks
     }
   }
   return restored;
+}
+
+KvPager::BringBack KvPager::BringIntoBlock(SeqId seq, int64_t block_index, BlockId block,
+                                           KvPage& page) {
+  const bool residual = page.fate == KvPageFate::kCheckpointed;
+  KVL_CHECK(residual || page.fate == KvPageFate::kInTier);
+  if (!ReadLayerPages(block, page, residual).ok()) return BringBack::kReadFailed;
+  if (residual) {
+    if (!RebuildBlockFromCheckpoints(seq, block, block_index)) return BringBack::kNeedsEarlierPages;
+  } else if (layout_.residual_dim > 0) {
+    page.checkpoint_missing = true;  // only K/V came back
+    manager_.MarkCheckpointsMissing(block);
+  }
+  return BringBack::kDone;
 }
 
 // K and V of every layer of one block rebuilt from the checkpoints it holds: bit-identical to

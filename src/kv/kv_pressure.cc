@@ -15,6 +15,7 @@ namespace {
 constexpr int64_t kMaxRecentFractionOfPool = 4;  // 1/4
 
 constexpr uint32_t Bit(KvAction action) { return 1u << static_cast<int>(action); }
+constexpr uint32_t FateBit(KvPageFate fate) { return 1u << static_cast<int>(fate); }
 
 // The memory price where no way of freeing a page has a measured time (no profile was loaded: an
 // engine with no tier prices nothing). A named default, not a measurement: a page asked to leave
@@ -176,29 +177,31 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
   return a;
 }
 
-// Full pages of the running sequences outside the attention sinks and the recent window whose
-// fate is `fate` (resident pages only where this sequence alone holds the block), in the order
-// the reuse forecast says they leave, then coldest first (least attention mass; then oldest).
-void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running, KvPageFate fate) {
+// Full pages of the running sequences, other than the last block, whose fate is one of `fates`
+// (resident pages only where this sequence alone holds the block); where `movable_only`, only
+// those outside the attention sinks and the recent window (the pages that may leave the pool).
+void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running, uint32_t fates,
+                                          bool movable_only) {
   // Relief acts on running pages only; their forecast never asks the idle pages' history.
   static const KvIdleReuseHistory kNoIdlePages;
   candidates_.clear();
   const int64_t bt = rules_.block_tokens;
   const int64_t recent_blocks = std::min((rules_.recent_tokens + bt - 1) / bt,
                                          manager_.num_blocks() / kMaxRecentFractionOfPool);
-  const int64_t sink_blocks = (rules_.sink_tokens + bt - 1) / bt;
+  const int64_t sink_blocks = movable_only ? (rules_.sink_tokens + bt - 1) / bt : 0;
   for (const KvPlannedSeq& seq : running) {
     if (!manager_.Contains(seq.slot)) continue;
     const std::vector<BlockId>& table = manager_.block_table(seq.slot);
     const int64_t full_blocks = manager_.num_tokens(seq.slot) / bt;
     // The last block (written next) and the recent window stay.
-    const int64_t end =
-        std::min<int64_t>(full_blocks, static_cast<int64_t>(table.size()) - 1) - recent_blocks;
+    const int64_t end = std::min<int64_t>(full_blocks, static_cast<int64_t>(table.size()) - 1) -
+                        (movable_only ? recent_blocks : 0);
     for (int64_t b = sink_blocks; b < end; ++b) {
       const BlockId block = table[static_cast<size_t>(b)];
-      const bool match = fate == KvPageFate::kResident
-                             ? block != kNoBlock && manager_.refcount(block) == 1
-                             : block == kNoBlock && pager_.FateOf(seq.slot, b) == fate;
+      const bool match =
+          block != kNoBlock
+              ? (fates & FateBit(KvPageFate::kResident)) != 0 && manager_.refcount(block) == 1
+              : (fates & FateBit(pager_.FateOf(seq.slot, b))) != 0;
       if (!match) continue;
       // Read at the step about to run and at each one after it that its sequence takes. Where in
       // the step is no matter here: a page that leaves is read from its tier at each of them.
@@ -210,6 +213,11 @@ void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running,
           {seq, b, pager_.PageMass(seq.slot, b), ForecastReuse(in, kNoIdlePages)});
     }
   }
+}
+
+// In the order the reuse forecast says they leave, then coldest first (least attention mass;
+// then oldest).
+void KvPressurePlanner::SortLeavingFirst() {
   std::stable_sort(candidates_.begin(), candidates_.end(),
                    [](const Candidate& a, const Candidate& b) {
                      if (KvPageLeavesFirst(a.forecast, b.forecast)) return true;
@@ -234,7 +242,8 @@ void KvPressurePlanner::PlanRelief(std::span<const KvPlannedSeq> running, int64_
                                    Phase phase, KvPagePlan* plan) {
   StartPlan(blocks_short, plan);
   if (!rules_.pages_running_sequences) return;
-  CollectCandidates(running, KvPageFate::kResident);
+  CollectCandidates(running, FateBit(KvPageFate::kResident), /*movable_only=*/true);
+  SortLeavingFirst();
   // Each page that leaves frees its block (a compressed one may take a slab block first; the
   // scheduler plans again if the pool is still short).
   int64_t leaving = 0;
@@ -264,7 +273,8 @@ void KvPressurePlanner::PlanCompressedEviction(std::span<const KvPlannedSeq> run
                                                int64_t blocks_short, KvPagePlan* plan) {
   StartPlan(blocks_short, plan);
   if (!rules_.pages_running_sequences) return;
-  CollectCandidates(running, KvPageFate::kCompressed);
+  CollectCandidates(running, FateBit(KvPageFate::kCompressed), /*movable_only=*/true);
+  SortLeavingFirst();
   // A compressed page takes a fraction of a block, so freeing blocks_short blocks takes more
   // pages than that: all of them are planned, coldest first, and applying stops when enough
   // blocks are free.
@@ -273,6 +283,60 @@ void KvPressurePlanner::PlanCompressedEviction(std::span<const KvPlannedSeq> run
     a.seq = c.seq.slot;
     a.block_index = c.block_index;
     a.action = KvAction::kEvict;
+    plan->actions.push_back(a);
+  }
+}
+
+// With checkpoints every s > 1 layers a page is rebuilt by running the layers between them over
+// the earlier pages of its sequence, which must then be in the pool: already, or brought back
+// earlier in this plan.
+bool KvPressurePlanner::EarlierPagesInPool(const Candidate& c, const KvPagePlan& plan) const {
+  if (manager_.options().layout.checkpoint_every == 1) return true;
+  const std::vector<BlockId>& table = manager_.block_table(c.seq.slot);
+  for (int64_t b = 0; b < c.block_index; ++b) {
+    if (table[static_cast<size_t>(b)] != kNoBlock) continue;
+    const bool planned = std::any_of(
+        plan.actions.begin(), plan.actions.end(),
+        [&](const KvPageAction& a) { return a.seq == c.seq.slot && a.block_index == b; });
+    if (!planned) return false;
+  }
+  return true;
+}
+
+void KvPressurePlanner::PlanPromotion(std::span<const KvPlannedSeq> running,
+                                      int64_t blocks_to_spare, int64_t max_pages,
+                                      KvPagePlan* plan) {
+  StartPlan(0, plan);
+  if (blocks_to_spare <= 0 || max_pages <= 0) return;
+  // Every page out of the pool: a resumed sequence's pages read in place may be its sinks too.
+  CollectCandidates(running, FateBit(KvPageFate::kInTier) | FateBit(KvPageFate::kCheckpointed),
+                    /*movable_only=*/false);
+  // A total order (ties end at the slot and the block), so std::sort is deterministic and, unlike
+  // stable_sort, needs no buffer.
+  std::sort(candidates_.begin(), candidates_.end(), [this](const Candidate& a, const Candidate& b) {
+    if (KvPageLeavesFirst(b.forecast, a.forecast)) return true;
+    if (KvPageLeavesFirst(a.forecast, b.forecast)) return false;
+    const int64_t reads_a = pager_.PageReads(a.seq.slot, a.block_index);
+    const int64_t reads_b = pager_.PageReads(b.seq.slot, b.block_index);
+    if (reads_a != reads_b) return reads_a > reads_b;
+    if (a.seq.slot != b.seq.slot) return a.seq.slot < b.seq.slot;
+    return a.block_index < b.block_index;
+  });
+  const int64_t limit = std::min(blocks_to_spare, max_pages);
+  for (const Candidate& c : candidates_) {
+    if (static_cast<int64_t>(plan->actions.size()) >= limit) break;
+    // Brought back, a page is read once from its tier; left there, once a step: a page read at
+    // one more step at most gains nothing (nor does any after it: fewer reads left).
+    if (c.forecast.reads_left <= 1) break;
+    const KvPage& page = pager_.pages(c.seq.slot).pages[static_cast<size_t>(c.block_index)];
+    if (page.awaiting_restore) continue;  // not part of the sequence's KV yet
+    if (page.fate == KvPageFate::kCheckpointed && !EarlierPagesInPool(c, *plan)) continue;
+    KvPageAction a;
+    a.seq = c.seq.slot;
+    a.block_index = c.block_index;
+    a.action = page.action;
+    a.model_ms = page.model_ms;
+    a.predicted_ms = page.model_ms * CorrectionFor(feedback_, FeedbackKey(page.action, page.tier));
     plan->actions.push_back(a);
   }
 }

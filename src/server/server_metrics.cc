@@ -199,6 +199,9 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
          "Demoted KV pages that came back corrupt and were recomputed.", m.kv_checksum_failures);
   Metric(&out, "kvl:kv_layers_streamed_total", "counter", "Layer pages streamed back from tiers.",
          m.kv_layers_streamed);
+  Metric(&out, "kvl:kv_pages_promoted_back_total", "counter",
+         "Running sequences' pages brought back into the pool from tiers or checkpoints.",
+         m.kv_pages_promoted_back);
   // Every family is declared even with no tier, so a dashboard's queries find them.
   for (const TierFamily& f : kTierFamilies) {
     Header(&out, f.name, f.type, f.help);

@@ -64,11 +64,14 @@ TEST(BenchReplayCliTest, RunWritesATraceThatReplays) {
             1.10 * static_cast<double>(at_pool.at("belady")));
   EXPECT_EQ(j["recorded"]["capacity_pages"], j["pool_blocks"]);
   // On the blocks the engine had for listed pages (the pool less the partial pages), Belady is
-  // beaten neither by the forecast under the engine's pins nor by the engine itself.
+  // not beaten by the forecast under the engine's pins. The engine itself is held to Belady over
+  // the whole pool: that bound charges every sequence a block for a partial page at every step,
+  // also at the steps its last page is exactly full, and the engine brings pages back into
+  // such blocks (promotion back), so it may beat the bound there.
   const nlohmann::json& rec = j["recorded"];
   EXPECT_LE(rec["belady_full_pages_misses"].get<int64_t>(),
             rec["policy_pinned_misses"].get<int64_t>());
-  EXPECT_LE(rec["belady_full_pages_misses"].get<int64_t>(), rec["misses"].get<int64_t>());
+  EXPECT_LE(at_pool.at("belady"), rec["misses"].get<int64_t>());
   EXPECT_GT(j["recorded"]["brought_back"].get<int64_t>(), 0);
 
   Result table = Kvl("bench replay " + trace + " --capacity-pages 4,8 --miss-ms 2");

@@ -145,6 +145,24 @@ TEST(CliTest, RunUnderASmallKvBudgetSummarizesTheKvActions) {
   EXPECT_EQ(quiet.output.find("kv resident peak"), std::string::npos) << quiet.output;
 }
 
+TEST(CliTest, PromotionBackIsOnByDefaultAndNoKvPromoteBackTurnsItOff) {
+  // Four sequences in 400 KiB with a RAM tier: pages leave the pool, and some come back into it
+  // once a sequence ends; the text is the same either way.
+  const std::string run = "run -m " + testing::Stories260KPath() +
+                          " -p 'Once upon a time' -p 'The little dog' -p 'Lily wanted to' "
+                          "-p 'The cat sat on' -np 4 -n 200 --temp 0 -t 1 -c 256 "
+                          "--kv-budget 400KiB --kv-policy auto --kv-tier ram:64MiB "
+                          "--no-prefix-cache --no-calibrate";
+  const std::string line = "pages of running sequences brought back into the pool";
+  CommandResult on = RunKvl(run, /*with_stderr=*/true);
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  EXPECT_NE(on.output.find(line), std::string::npos) << on.output;
+  CommandResult off = RunKvl(run + " --no-kv-promote-back", /*with_stderr=*/true);
+  ASSERT_EQ(off.exit_code, 0) << off.output;
+  EXPECT_EQ(off.output.find(line), std::string::npos) << off.output;
+  EXPECT_EQ(RunKvl(run).output, RunKvl(run + " --no-kv-promote-back").output);
+}
+
 TEST(CliTest, BenchShowsTheCacheTypes) {
   const std::string model = testing::Stories260KPath();
   CommandResult j =

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "fixed_prices.h"
 #include "kvl/checkpoint_depth.h"
 #include "kvl/engine.h"
 #include "test_paths.h"
@@ -25,14 +26,7 @@ EngineOptions Options(int32_t max_seqs, int64_t budget_pages, double stream_rese
   o.kv_budget_bytes = budget_pages * kPageBytes;
   o.kv_stream_reserve = stream_reserve;
   o.prefix_cache = false;  // resumed pages come back from their checkpoints, not the prefix cache
-  MachineProfile prices;  // fixed: nothing is measured on the busy test machine
-  prices.model.layers = kLayers;  // the curves are evaluated at stories260K's depth
-  prices.recompute_from_residual.call_ms = 1;                        // per page
-  prices.recompute_from_tokens.token_layer_ms = 10.0 / (16 * kLayers);  // 10 ms per page
-  prices.memory_copy_gbps = 10;
-  prices.ram.read.gbps = prices.ram.write.gbps = 10;
-  prices.disk_buffered.read.gbps = prices.disk_buffered.write.gbps = 1;
-  o.cost_profile = prices;
+  o.cost_profile = testing::FixedStoriesPrices();
   return o;
 }
 

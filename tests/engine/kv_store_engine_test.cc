@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fixed_prices.h"
 #include "kv/redis_test_server.h"
 #include "greedy_reply.h"
 #include "kvl/engine.h"
@@ -28,14 +29,7 @@ EngineOptions Options(int64_t budget_pages = 0) {
   // Priced as on a model where recomputing a page costs more than fetching it: on stories260K a
   // profile measured on a busy machine may well say recomputing a 16-token page beats a disk read
   // or a loopback round trip, and then nothing is promoted (CI once measured exactly that).
-  MachineProfile prices;
-  prices.model.layers = 5;  // stories260K: the curves are evaluated at its depth
-  prices.recompute_from_residual.call_ms = 5;                       // per page
-  prices.recompute_from_tokens.token_layer_ms = 50.0 / (16 * 5);  // 50 ms per 16-token page
-  prices.memory_copy_gbps = 10;
-  prices.ram.read.gbps = prices.ram.write.gbps = 10;
-  prices.disk_buffered.read.gbps = prices.disk_buffered.write.gbps = 1;
-  o.cost_profile = prices;
+  o.cost_profile = testing::FixedStoriesPrices(/*residual_ms=*/5, /*tokens_ms=*/50);
   return o;
 }
 

@@ -1,7 +1,8 @@
-// Paging a running sequence in the KvManager (Detach), raw blocks lent out of the pool, and the
-// compressed-page slabs built on them.
+// Paging a running sequence in the KvManager (Detach, Reattach), raw blocks lent out of the pool,
+// and the compressed-page slabs built on them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -95,12 +96,87 @@ TEST(KvPagingTest, RawBlockTakesACachedPrefixAndEvictsIt) {
   ExpectInvariants(*m);
 }
 
-// Random detach / append / raw-block traffic keeps every invariant.
+TEST(KvPagingTest, ReattachFillsTheHoleAndRestoreIdentityMakesThePageFindableAgain) {
+  auto m = Make(Options(4, 8));
+  Step(*m, 0, Range(0, 14));  // blocks 0..3, the last partial
+  const KvContentId content = m->ContentOf(0, 1);
+  ASSERT_TRUE(content.valid());
+  m->Detach(0, 1, /*lossless=*/true);
+  // Another sequence takes every free block, the detached page's cached one included, and goes.
+  Step(*m, 1, Range(1000, 20));
+  EXPECT_EQ(m->MatchPrefix(Range(0, 14)), 4);  // block 1's instance is gone
+  EXPECT_EQ(m->FindContent(content), kNoBlock);
+  m->Free(1);
+  const int64_t free_before = m->stats().blocks_free;
+  const uint64_t version = m->state_version();
+  const BlockId next = m->next_free_block();
+  const BlockId block = m->Reattach(0, 1);
+  ASSERT_NE(block, kNoBlock);
+  EXPECT_EQ(block, next);
+  EXPECT_EQ(m->block_table(0)[1], block);
+  EXPECT_EQ(m->refcount(block), 1);
+  EXPECT_EQ(m->stats().blocks_free, free_before - 1);
+  EXPECT_GT(m->state_version(), version);
+  ExpectInvariants(*m);
+  // No identity until the bytes are there.
+  EXPECT_EQ(m->FindContent(content), kNoBlock);
+  EXPECT_EQ(m->MatchPrefix(Range(0, 14)), 4);
+  m->RestoreIdentity(0, 1);
+  ExpectInvariants(*m);
+  EXPECT_EQ(m->FindContent(content), block);
+  EXPECT_EQ(m->MatchPrefix(Range(0, 14)), 8);
+  EXPECT_TRUE(m->IsPaged(0));  // blocks filled while it was out keep no identity
+  // It can leave again, and the sequence goes on.
+  m->Detach(0, 1, /*lossless=*/true);
+  Step(*m, 0, Range(14, 6));
+  ExpectInvariants(*m);
+  m->Free(0);
+  ExpectInvariants(*m);
+  EXPECT_EQ(m->stats().blocks_free, 8);
+}
+
+TEST(KvPagingTest, AReattachGivenBackBeforeItsBytesCameLeavesNothingFindable) {
+  auto m = Make(Options(4, 8));
+  Step(*m, 0, Range(0, 14));
+  const KvContentId content = m->ContentOf(0, 1);
+  m->Detach(0, 1, /*lossless=*/true);
+  Step(*m, 1, Range(1000, 20));  // evicts the detached page's cached block
+  m->Free(1);
+  const BlockId block = m->Reattach(0, 1);
+  ASSERT_NE(block, kNoBlock);
+  const int64_t cached = m->stats().blocks_cached;
+  // A read that failed: the block goes back with no identity, first in line for reuse.
+  m->Detach(0, 1, /*lossless=*/true);
+  ExpectInvariants(*m);
+  EXPECT_EQ(m->block_table(0)[1], kNoBlock);
+  EXPECT_EQ(m->FindContent(content), kNoBlock);
+  EXPECT_EQ(m->MatchPrefix(Range(0, 14)), 4);
+  EXPECT_EQ(m->stats().blocks_cached, cached);
+  EXPECT_EQ(m->next_free_block(), block);
+}
+
+TEST(KvPagingTest, ReattachWithNoFreeBlockChangesNothing) {
+  auto m = Make(Options(4, 4));
+  Step(*m, 0, Range(0, 14));  // 4 blocks: the whole pool
+  m->Detach(0, 1, /*lossless=*/true);
+  Step(*m, 1, Range(1000, 3));  // takes the freed block
+  EXPECT_EQ(m->next_free_block(), kNoBlock);
+  const uint64_t version = m->state_version();
+  EXPECT_EQ(m->Reattach(0, 1), kNoBlock);
+  EXPECT_EQ(m->state_version(), version);
+  EXPECT_EQ(m->block_table(0)[1], kNoBlock);
+  ExpectInvariants(*m);
+  EXPECT_DEATH(m->Reattach(0, 0), "block is not detached");
+  EXPECT_DEATH(m->Reattach(0, 3), "only a full block other than the last");
+}
+
+// Random detach / reattach / append / raw-block traffic keeps every invariant.
 TEST(KvPagingTest, RandomPagingKeepsInvariants) {
   auto m = Make(Options(4, 24));
   std::mt19937 rng(7);
   std::vector<BlockId> raw;
   std::vector<int32_t> next(4, 0);
+  int64_t reattached = 0;
   for (int op = 0; op < 2000; ++op) {
     const SeqId seq = static_cast<SeqId>(rng() % 4);
     switch (rng() % 5) {
@@ -126,7 +202,20 @@ TEST(KvPagingTest, RandomPagingKeepsInvariants) {
         }
         break;
       case 3:
-        if (rng() % 2 == 0) {
+        if (rng() % 3 == 0 && m->Contains(seq)) {
+          // A page brought back: its identity restored, or (a failed read) given back at once.
+          const auto& table = m->block_table(seq);
+          const auto hole = std::find(table.begin(), table.end(), kNoBlock);
+          if (hole == table.end()) break;
+          const int64_t b = hole - table.begin();
+          if (m->Reattach(seq, b) == kNoBlock) break;
+          ++reattached;
+          if (rng() % 4 == 0) {
+            m->Detach(seq, b, /*lossless=*/true);
+          } else {
+            m->RestoreIdentity(seq, b);
+          }
+        } else if (rng() % 2 == 0) {
           const BlockId b = m->AcquireRawBlock();
           if (b != kNoBlock) raw.push_back(b);
         } else if (!raw.empty()) {
@@ -144,6 +233,7 @@ TEST(KvPagingTest, RandomPagingKeepsInvariants) {
     const Status status = m->CheckInvariants();
     ASSERT_TRUE(status.ok()) << "op " << op << ": " << status.ToString();
   }
+  EXPECT_GT(reattached, 20);  // the case it exists for really happened
 }
 
 TEST(CompressedSlabsTest, SlotsPackIntoPoolBlocksAndSlabsGoBackWhenEmpty) {

@@ -1,10 +1,12 @@
 // The KV pressure planner and the pager that applies its plans, on a model-free pool: which pages
-// are candidates and in what order, what the rules allow, what staging allows, and that a plan
-// made against an older state of the pool is refused.
+// are candidates and in what order, what the rules allow, what staging allows, that a plan
+// made against an older state of the pool is refused, and pages brought back into the pool
+// (promotion) exactly, or left where they were when their read fails.
 #include "kvl/kv_pressure.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -15,6 +17,36 @@ namespace kvl {
 namespace {
 
 constexpr int32_t kBlock = 4;
+
+// A RAM tier whose reads can be made to fail as a corrupt page's do (DATA_LOSS).
+class FailingReadsTier final : public KvTier {
+ public:
+  explicit FailingReadsTier(std::unique_ptr<KvTier> inner) : inner_(std::move(inner)) {}
+  bool fail_reads = false;
+
+  std::string_view name() const override { return inner_->name(); }
+  Status Put(std::span<const PageWrite> pages) override { return inner_->Put(pages); }
+  std::vector<Status> Get(std::span<const PageRead> pages) override {
+    std::vector<Status> statuses = inner_->Get(pages);
+    if (fail_reads) {
+      for (Status& s : statuses) s = DataLossError("page checksum mismatch (test)");
+    }
+    return statuses;
+  }
+  std::future<std::vector<Status>> GetAsync(std::vector<PageRead> pages) override {
+    return inner_->GetAsync(std::move(pages));
+  }
+  void Erase(std::span<const PageKey> keys) override { inner_->Erase(keys); }
+  bool Contains(PageKey key) const override { return inner_->Contains(key); }
+  bool reads_in_place() const override { return inner_->reads_in_place(); }
+  TierStats stats() const override { return inner_->stats(); }
+  const uint8_t* PeekPage(PageKey key, int64_t page_bytes) override {
+    return inner_->PeekPage(key, page_bytes);
+  }
+
+ private:
+  std::unique_ptr<KvTier> inner_;
+};
 
 class PlannerHarness {
  public:
@@ -28,7 +60,9 @@ class PlannerHarness {
     kv_ = std::move(KvManager::Create(o).value());
     storage_ = std::move(KvBlockStorage::Create(o.layout, kv_->num_blocks()).value());
     pager_ = std::make_unique<KvPager>(*kv_, *storage_, o.max_seqs, /*max_context=*/256);
-    if (ram_tier) ram_ = MakeRamTier(RamTierOptions{.compress = ram_zstd});
+    if (ram_tier) {
+      ram_ = std::make_unique<FailingReadsTier>(MakeRamTier(RamTierOptions{.compress = ram_zstd}));
+    }
     pager_->set_tiers({ram_.get(), nullptr});
     pager_->set_track_attention(true);
     pager_->ReserveStaging(staged_pages, /*compresses=*/true);
@@ -70,11 +104,13 @@ class PlannerHarness {
   KvManager& kv() { return *kv_; }
   KvPager& pager() { return *pager_; }
   KvPressurePlanner& planner() { return *planner_; }
+  KvBlockStorage& storage() { return *storage_; }
+  FailingReadsTier& ram() { return *ram_; }
 
  private:
   std::unique_ptr<KvManager> kv_;
   std::unique_ptr<KvBlockStorage> storage_;
-  std::unique_ptr<KvTier> ram_;
+  std::unique_ptr<FailingReadsTier> ram_;
   std::unique_ptr<KvPager> pager_;
   KvPagingRules rules_;
   std::unique_ptr<KvPressurePlanner> planner_;
@@ -278,6 +314,143 @@ TEST(KvPressurePlannerTest, PagesAttentionStopsReadingGrowCold) {
   cold.steps_since_access = h.pager().StepsSinceRead(seq, 2);
   cold.accesses = h.pager().PageReads(seq, 2);
   EXPECT_LT(ReuseProbability(cold), ReuseProbability(hot));
+}
+
+}  // namespace
+}  // namespace kvl
+
+namespace kvl {
+namespace {
+
+// Every byte of the block's K/V, from its block index and `seed`: what a page held before it
+// left, to compare with what comes back.
+std::vector<uint8_t> FillBlock(KvBlockStorage& storage, BlockId block, int seed) {
+  const int64_t bytes = storage.layout().kv_bytes();
+  for (int64_t i = 0; i < bytes; ++i) storage.bytes(block)[i] = static_cast<uint8_t>(seed * 31 + i);
+  return {storage.bytes(block), storage.bytes(block) + bytes};
+}
+
+std::vector<uint8_t> BlockBytes(KvBlockStorage& storage, BlockId block) {
+  return {storage.bytes(block), storage.bytes(block) + storage.layout().kv_bytes()};
+}
+
+TEST(KvPromotionTest, PagesComeBackMostStepsLeftFirstWithinWhatThePoolSpares) {
+  PlannerHarness h("demote", /*ram_tier=*/true, /*staged_pages=*/8, /*num_blocks=*/32, 4, 4,
+                   /*ram_zstd=*/true);
+  h.Admit(0, 26);
+  h.Admit(1, 26);
+  const std::vector<KvPlannedSeq> running = {{0, 1, /*steps_left=*/5}, {1, 2, /*steps_left=*/300}};
+  KvPagePlan relief;
+  h.planner().PlanRelief(running, /*blocks_short=*/6, Phase::kDecode, &relief);
+  ASSERT_EQ(h.pager().Apply(relief), 6);
+  ASSERT_EQ(h.pager().stats().streamed_pages, 6);
+  // Relief took sequence 0's pages first (fewest steps left); sequence 1's come back first.
+  KvPagePlan plan;
+  h.planner().PlanPromotion(running, /*blocks_to_spare=*/3, /*max_pages=*/8, &plan);
+  std::vector<SeqId> seqs;
+  for (const KvPageAction& a : plan.actions) seqs.push_back(a.seq);
+  ASSERT_EQ(plan.actions.size(), 3u);
+  const int64_t seq1_out = std::count_if(relief.actions.begin(), relief.actions.end(),
+                                         [](const KvPageAction& a) { return a.seq == 1; });
+  ASSERT_GT(seq1_out, 0);
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(seqs[static_cast<size_t>(i)], i < seq1_out ? 1 : 0) << i;
+  }
+  for (const KvPageAction& a : plan.actions) EXPECT_EQ(a.action, KvAction::kDemoteRam);
+  // Bounded by max_pages; nothing with nothing to spare, nor for a sequence taking one more step.
+  h.planner().PlanPromotion(running, 3, /*max_pages=*/1, &plan);
+  EXPECT_EQ(plan.actions.size(), 1u);
+  h.planner().PlanPromotion(running, /*blocks_to_spare=*/0, 8, &plan);
+  EXPECT_TRUE(plan.actions.empty());
+  h.planner().PlanPromotion(std::vector<KvPlannedSeq>{{0, 1, /*steps_left=*/1}}, 8, 8, &plan);
+  EXPECT_TRUE(plan.actions.empty());
+}
+
+TEST(KvPromotionTest, APromotedPageHoldsItsExactBytesAndLeavesItsTier) {
+  PlannerHarness h("demote", /*ram_tier=*/true, /*staged_pages=*/8, 32, 4, 4, /*ram_zstd=*/true);
+  h.Admit(0, 26);
+  std::vector<std::vector<uint8_t>> before;
+  for (int64_t b = 0; b < 7; ++b) {
+    before.push_back(FillBlock(h.storage(), h.kv().block_table(0)[static_cast<size_t>(b)],
+                               static_cast<int>(b)));
+  }
+  const std::vector<KvPlannedSeq> running = {{0, 1, 100}};
+  KvPagePlan relief;
+  h.planner().PlanRelief(running, 3, Phase::kDecode, &relief);
+  ASSERT_EQ(h.pager().Apply(relief), 3);
+  // The freed blocks are written over, as a reuse would.
+  for (BlockId b = 0; b < h.kv().num_blocks(); ++b) {
+    if (h.kv().refcount(b) == 0) {
+      std::fill_n(h.storage().bytes(b), h.storage().layout().kv_bytes(), 0xAB);
+    }
+  }
+  const int64_t tier_pages = h.ram().stats().pages;
+  KvPagePlan plan;
+  h.planner().PlanPromotion(running, 8, 8, &plan);
+  ASSERT_EQ(plan.actions.size(), 3u);
+  EXPECT_EQ(h.pager().PromoteBack(plan), 3);
+  EXPECT_TRUE(h.kv().CheckInvariants().ok()) << h.kv().CheckInvariants().ToString();
+  for (const KvPageAction& a : plan.actions) {
+    EXPECT_TRUE(a.applied);
+    EXPECT_EQ(h.pager().FateOf(0, a.block_index), KvPageFate::kResident);
+    const BlockId block = h.kv().block_table(0)[static_cast<size_t>(a.block_index)];
+    ASSERT_NE(block, kNoBlock);
+    EXPECT_EQ(BlockBytes(h.storage(), block), before[static_cast<size_t>(a.block_index)])
+        << a.block_index;
+  }
+  const KvPagerStats st = h.pager().stats();
+  EXPECT_EQ(st.streamed_pages, 0);
+  EXPECT_EQ(st.promoted_back_pages, 3);
+  EXPECT_EQ(h.pager().staged_pages_held(), 0);
+  EXPECT_LT(h.ram().stats().pages, tier_pages);  // the pager's own pages are erased
+}
+
+TEST(KvPromotionTest, AFailedReadLeavesThePageInItsTierAndTheBlockInThePool) {
+  PlannerHarness h("demote", /*ram_tier=*/true, /*staged_pages=*/8, 32, 4, 4, /*ram_zstd=*/true);
+  h.Admit(0, 26);
+  const std::vector<KvPlannedSeq> running = {{0, 1, 100}};
+  KvPagePlan relief;
+  h.planner().PlanRelief(running, 2, Phase::kDecode, &relief);
+  ASSERT_EQ(h.pager().Apply(relief), 2);
+  const int64_t free_before = h.kv().stats().blocks_free;
+  const int64_t cached_before = h.kv().stats().blocks_cached;
+  const int64_t tier_pages = h.ram().stats().pages;
+  h.ram().fail_reads = true;
+  KvPagePlan plan;
+  h.planner().PlanPromotion(running, 8, 8, &plan);
+  ASSERT_EQ(plan.actions.size(), 2u);
+  EXPECT_EQ(h.pager().PromoteBack(plan), 0);
+  for (const KvPageAction& a : plan.actions) {
+    EXPECT_FALSE(a.applied);
+    EXPECT_TRUE(a.failed);
+    EXPECT_EQ(h.pager().FateOf(0, a.block_index), KvPageFate::kInTier);
+    EXPECT_EQ(h.kv().block_table(0)[static_cast<size_t>(a.block_index)], kNoBlock);
+  }
+  EXPECT_TRUE(h.kv().CheckInvariants().ok()) << h.kv().CheckInvariants().ToString();
+  EXPECT_EQ(h.kv().stats().blocks_free, free_before);
+  EXPECT_EQ(h.kv().stats().blocks_cached, cached_before);  // nothing findable in those blocks
+  EXPECT_EQ(h.pager().stats().streamed_pages, 2);
+  EXPECT_EQ(h.pager().stats().stream_read_failures, 2);
+  EXPECT_EQ(h.ram().stats().pages, tier_pages);  // still there to be streamed
+  // Once reads succeed again, they come back.
+  h.ram().fail_reads = false;
+  h.planner().PlanPromotion(running, 8, 8, &plan);
+  EXPECT_EQ(h.pager().PromoteBack(plan), 2);
+  EXPECT_EQ(h.pager().stats().streamed_pages, 0);
+}
+
+TEST(KvPromotionTest, EvictedPagesNeverComeBack) {
+  // Their exact bytes are gone (as a compressed page's are): only tier and checkpoint pages are
+  // candidates.
+  PlannerHarness h("evict", /*ram_tier=*/false, /*staged_pages=*/0, 32);
+  h.Admit(0, 26);
+  const std::vector<KvPlannedSeq> running = {{0, 1, 100}};
+  KvPagePlan relief;
+  h.planner().PlanRelief(running, 2, Phase::kDecode, &relief);
+  ASSERT_EQ(h.pager().Apply(relief), 2);
+  KvPagePlan plan;
+  h.planner().PlanPromotion(running, 8, 8, &plan);
+  EXPECT_TRUE(plan.actions.empty());
 }
 
 }  // namespace

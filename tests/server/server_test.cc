@@ -374,7 +374,8 @@ TEST_F(ServerTest, MetricsAreValidPrometheusText) {
         "kvl:time_to_first_token_seconds", "kvl:inter_token_latency_seconds",
         "kvl:e2e_request_latency_seconds", "kvl:kv_cache_usage_perc",
         "kvl:prefix_cache_queries_total", "kvl:prefix_cache_hits_total", "kvl:kv_pages_total",
-        "kvl:kv_bytes_total", "kvl:kv_checksum_failures_total"}) {
+        "kvl:kv_bytes_total", "kvl:kv_checksum_failures_total",
+        "kvl:kv_pages_promoted_back_total"}) {
     EXPECT_TRUE(check.types.count(family)) << family;
   }
   EXPECT_EQ(check.types.at("kvl:time_to_first_token_seconds"), "histogram");

@@ -51,7 +51,9 @@ struct EngineOptions {
   // (least attention mass; never the sinks or the recent window) are compressed to int8/int4,
   // demoted to a tier and streamed back layer by layer, or evicted, as the policy chooses; only
   // then is a sequence preempted, and each of its pages demoted (promoted back, checksum-verified,
-  // at resume), checkpointed as residuals, or dropped to be recomputed from its tokens.
+  // at resume), checkpointed as residuals, or dropped to be recomputed from its tokens. Pages of
+  // running sequences in a tier or as checkpoints come back into the pool once it has room
+  // (kv_promote_back).
   std::vector<std::string> kv_tiers;  // --kv-tier: "ram:1GiB[:zstd]", "disk:PATH:SIZE[:direct]"
   std::string kv_policy = "auto";     // auto | keep | compress | compress-int4 | demote |
                                       // demote-disk | recompute-residual | recompute-tokens | evict
@@ -72,6 +74,12 @@ struct EngineOptions {
   // predicted over the last pages. false (--no-kv-feedback): the profile's prices alone, so that
   // the same profile makes the same decisions whatever the machine's load.
   bool kv_feedback = true;
+  // A running sequence's pages held in a tier (streamed, or read in place) or as residual
+  // checkpoints come back into the pool between steps once it has blocks to spare after what
+  // the running sequences need next, read at the most steps still to come first (lossless:
+  // checksum-verified, a failed read leaves the page where it was). false
+  // (--no-kv-promote-back): a page that left stays out until its sequence ends.
+  bool kv_promote_back = true;
   bool explain = false;               // print every KV decision with its cost terms to stderr
   // --kv-trace: a page-access trace written here (kvl/kv_trace.h), replayed offline by
   // `kvl bench replay`; empty: none (the step loop only tests a null pointer).
@@ -217,6 +225,9 @@ struct EngineMetrics {
   int64_t kv_pages_streamed = 0;
   int64_t kv_pages_evicted = 0;
   int64_t kv_pages_rebuilt = 0;      // held as residual checkpoints, rebuilt at every step
+  // Of such pages (streamed or rebuilt), those brought back into the pool while their sequence
+  // ran, once it had blocks to spare (EngineOptions::kv_promote_back), total.
+  int64_t kv_pages_promoted_back = 0;
   int64_t kv_layers_rebuilt = 0;     // page layers rebuilt from checkpoints for attention, total
   // Of those, layers run whole for a page (no checkpoint at the layer: --kv-checkpoint-every).
   int64_t kv_layers_advanced = 0;

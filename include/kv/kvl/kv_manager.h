@@ -222,6 +222,20 @@ class KvManager {
   // sequence becomes lossy: blocks filled from then on get no identity, because what was
   // computed against a lossy context is not what the index promises for those tokens.
   void Detach(SeqId seq, int64_t block_index, bool lossless = false);
+  // The inverse of a lossless Detach while the sequence goes on: hole `block_index` of `seq` is
+  // filled with a block taken from the free list (next_free_block(); a cached prefix it held is
+  // evicted) for the caller to put the page's exact bytes in. It has no identity until
+  // RestoreIdentity: a read that fails leaves it with bytes nobody may find, and a Detach gives
+  // it back. The sequence stays paged (blocks filled while the page was out keep no identity).
+  // kNoBlock, and nothing changes, when no block is free.
+  BlockId Reattach(SeqId seq, int64_t block_index);
+  // The reattached block `block_index` of `seq` holds the page's exact bytes again: it gets the
+  // identity the page left with (its content id, and its place in the prefix index when its
+  // parent is in the pool). Nothing, for a page that left without one (computed against a lossy
+  // context, or after a failed read).
+  void RestoreIdentity(SeqId seq, int64_t block_index);
+  // The block the next allocation (Reattach, AcquireRawBlock) takes, or kNoBlock when none is free.
+  BlockId next_free_block() const;
   bool IsPaged(SeqId seq) const;
   // The step that filled blocks [first_block, ...) of `seq` was thrown away (a page it read did
   // not come back intact): those blocks lose their identity (prefix index, content id), and the

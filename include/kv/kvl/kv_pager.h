@@ -5,7 +5,8 @@
 // runs, a full page other than the newest can leave the pool and still be read by attention:
 //   - compressed in place (int8 / int4 slabs inside the pool; attention reads them directly),
 //   - kept in a tier (RAM or disk) and streamed back layer by layer for every step that reads
-//     it, each layer prefetched while the previous one computes, never re-entering the pool,
+//     it, each layer prefetched while the previous one computes (or read where an uncompressed
+//     RAM tier holds it),
 //   - kept as residual checkpoints in the RAM tier, from which every step that reads the page
 //     rebuilds its K and V (one RmsNorm, two projections and RoPE per layer, bit-identical); with
 //     checkpoints every s > 1 layers (KvBlockLayout::checkpoint_every) the layers between two
@@ -14,6 +15,10 @@
 //     layers depend on the earlier pages: bit-identical while they are lossless; under a lossy
 //     action on an earlier page they carry its error, as anything computed after it does),
 //   - evicted (attention gives its tokens no weight).
+// The lossless ones (a tier, checkpoints) come back into the pool while the sequence runs once
+// the pool has blocks to spare again (PromoteBack, planned by KvPressurePlanner::PlanPromotion
+// between steps): from then on attention reads them from the pool, as before they left.
+// Compressed and evicted pages never do (their exact bytes are gone).
 // When the sequence is preempted its pool blocks go; each full page is kept in a tier, kept as
 // checkpoints, or dropped to be recomputed from its tokens, and at resume the kept ones are
 // promoted (or rebuilt) into fresh blocks. The table is owned by the request, so it outlives the
@@ -56,8 +61,10 @@ size_t FeedbackKey(KvAction action, const KvTier* tier);
 enum class KvPageFate : uint8_t {
   kResident,      // in its pool block
   kCompressed,    // int8 / int4 slab slots inside the pool (running sequences)
-  kInTier,        // K/V layer pages in a tier: streamed while running, promoted at resume
-  kCheckpointed,  // residual checkpoints in the RAM tier: rebuilt while running and at resume
+  kInTier,        // K/V layer pages in a tier: streamed while running (or promoted back into the
+                  // pool once it has room: PromoteBack), promoted at resume
+  kCheckpointed,  // residual checkpoints in the RAM tier: rebuilt while running (or promoted
+                  // back), and at resume
   kEvicted,       // gone; attention skips its tokens (running sequences)
   kDropped,       // gone with a preemption; recomputed from its tokens at resume (lossless)
 };
@@ -116,6 +123,7 @@ struct KvPageAction {
   double model_ms = 0;      // the profile's alone, before the measured correction
   bool applied = false;     // set by KvPager when it was carried out
   bool failed = false;      // set by KvPager when it was tried and could not be (a full tier)
+  double measured_ms = 0;   // set by KvPager::PromoteBack: the time an applied one took
 };
 
 // Page actions planned against one state of the KvManager; applying them is the only way a page
@@ -158,6 +166,9 @@ struct KvPagerStats {
   int64_t layers_advanced = 0;
   double rebuild_ms = 0;             // time spent rebuilding them, total
   int64_t evicted_pages = 0;         // held now (as holes)
+  // Pages of running sequences brought back into the pool from a tier or from checkpoints once
+  // blocks were free again (PromoteBack), total.
+  int64_t promoted_back_pages = 0;
   int64_t compressed_bytes = 0;      // slab slots in use
   int64_t slab_blocks = 0;
   int64_t staging_bytes = 0;         // every buffer outside the pool (reserved up front)
@@ -238,6 +249,17 @@ class KvPager final : public KvDetachedPages {
   // page, so that pages of different tiers in one restore are checked each at its own price.
   int64_t RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks,
                        std::vector<double>* page_ms = nullptr);
+  // Running sequences, between steps, where the pool has blocks to spare (the planner's
+  // PlanPromotion): each action's page, held in a tier (streamed or read in place) or as
+  // checkpoints, comes back into a fresh block (KvManager::Reattach, after SpillFreeBlock): its
+  // K/V read from the tier or rebuilt from its checkpoints, checksums verified, as a resume's
+  // restore does; then it is let go from its tier and resident again. A read that fails leaves
+  // the page where it was and gives the block back to the pool (never wrong bytes); a checkpointed
+  // page whose rebuild needs an earlier page still out of the pool (checkpoints every s > 1
+  // layers) stays too. Stops when no block is free. Marks each action applied, or failed where
+  // its read failed, and times each applied one (KvPageAction::measured_ms); returns the pages
+  // brought back.
+  int64_t PromoteBack(KvPagePlan& plan);
   // Admission, after the commit: pages [first_block, first_block + num_blocks) awaiting restore in
   // a tier that attention reads in place stay where they are, as the sequence's pages held in
   // that tier (the block table has holes there: KvSeqStep::detached_blocks).
@@ -333,6 +355,11 @@ class KvPager final : public KvDetachedPages {
   // False (nothing rebuilt) where the layers between checkpoints cannot be run: an earlier page
   // of the sequence is out of the pool.
   bool RebuildBlockFromCheckpoints(SeqId seq, BlockId block, int64_t block_index);
+  // Page `block_index` of `seq`, held in a tier or as checkpoints, into `block` (in its table):
+  // its K/V read, or its checkpoints read and K/V rebuilt from them. Where only K/V came back the
+  // block's checkpoints are stale, and marked so.
+  enum class BringBack { kDone, kReadFailed, kNeedsEarlierPages };
+  BringBack BringIntoBlock(SeqId seq, int64_t block_index, BlockId block, KvPage& page);
   // The K/V of one layer of every page rebuilt this step, and the next layer's inputs where that
   // layer has no checkpoint.
   void RebuildStagedLayer(int64_t layer, int buffer);

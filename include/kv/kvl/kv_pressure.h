@@ -10,6 +10,9 @@
 //       attention sinks, the recent window or the page being written; each priced by the cost
 //       model (kv_policy.h) -> compress / demote / checkpoint / evict, or keep. When no resident
 //       page could go, PlanCompressedEviction evicts compressed pages, the last resort.
+//   the pool has blocks to spare again (between steps) -> PlanPromotion: running pages held in
+//       a tier or as checkpoints come back into the pool (lossless ones only: a compressed or
+//       evicted page's exact bytes are gone), those read at the most steps still to come first.
 //   a sequence preempted -> PlanPreemption: each full page demoted, kept as checkpoints, or
 //       dropped to be recomputed from its tokens (a paged sequence is recomputed whole: that
 //       gives back exact KV whatever happened to its pages while it ran).
@@ -102,6 +105,15 @@ class KvPressurePlanner {
   // The last resort: compressed pages evicted, coldest first.
   void PlanCompressedEviction(std::span<const KvPlannedSeq> running, int64_t blocks_short,
                               KvPagePlan* plan);
+  // Between steps, with `blocks_to_spare` blocks the coming steps will not need: up to that many
+  // (and `max_pages`) pages of the running sequences held in a tier or as checkpoints, to be
+  // brought back into the pool (KvPager::PromoteBack), in the reverse of relief's order: the most
+  // reads left first (the forecast), then the page read most (KvPager::PageReads), then the
+  // earlier page. A page kept as checkpoints every s > 1 layers comes back only after every
+  // earlier page of its sequence (its rebuild runs layers over them). Each action carries the
+  // page's bring-back prices. Replaces plan->actions.
+  void PlanPromotion(std::span<const KvPlannedSeq> running, int64_t blocks_to_spare,
+                     int64_t max_pages, KvPagePlan* plan);
   // One action for each of the first `num_computed / block_tokens` pages of a sequence about to
   // be preempted.
   void PlanPreemption(const KvPlannedSeq& seq, int64_t num_computed, Phase phase,
@@ -129,7 +141,10 @@ class KvPressurePlanner {
     double mass = 0;
     KvReuseForecast forecast;
   };
-  void CollectCandidates(std::span<const KvPlannedSeq> running, KvPageFate fate);
+  // `fates`: a bit per KvPageFate the pages may have (FateBit).
+  void CollectCandidates(std::span<const KvPlannedSeq> running, uint32_t fates, bool movable_only);
+  void SortLeavingFirst();
+  bool EarlierPagesInPool(const Candidate& c, const KvPagePlan& plan) const;
   // An empty plan against the pool's current state.
   void StartPlan(int64_t blocks_to_free, KvPagePlan* plan) const;
 
