@@ -80,7 +80,13 @@ void PackedTile(const MatMulArgs& a, int64_t panel, int64_t t) {
       for (int i = 0; i < MR; ++i) {
         const uint8_t* q = quants + i * panel_bytes;
         if (T == DType::kQ8_0 || g % 2 == 0) {
-          _mm_prefetch(reinterpret_cast<const char*>(q + g * 64) + kPackedPrefetchBytes, _MM_HINT_T0);
+          const char* line = reinterpret_cast<const char*>(q + g * 64);
+          if constexpr (NT == 1) {
+            _mm_prefetch(line + kPackedPrefetchBytes, _MM_HINT_T0);
+          } else {
+            _mm_prefetch(line + kBatchedPrefetchL1Bytes, _MM_HINT_T0);
+            _mm_prefetch(line + kBatchedPrefetchL2Bytes, _MM_HINT_T1);
+          }
         }
         wv[i] = GroupVector<T>(q, g);
       }

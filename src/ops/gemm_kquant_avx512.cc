@@ -147,9 +147,15 @@ void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
     __m512 dsc[kSub];
     SubBlockFactors<T, false>(blk, dsc);
     for (int s = 0; s < kSub; ++s) {
-      const char* ahead = reinterpret_cast<const char*>(blk) + kPackedPrefetchBytes;
+      // Batched decode also prefetches into L2 far ahead (kernel_table.h).
+      const char* here = reinterpret_cast<const char*>(blk);
       for (int l = s * kLines / kSub; l < (s + 1) * kLines / kSub; ++l) {
-        _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+        if constexpr (NT == 1) {
+          _mm_prefetch(here + kPackedPrefetchBytes + 64 * l, _MM_HINT_T0);
+        } else {
+          _mm_prefetch(here + kBatchedPrefetchL1Bytes + 64 * l, _MM_HINT_T0);
+          _mm_prefetch(here + kBatchedPrefetchL2Bytes + 64 * l, _MM_HINT_T1);
+        }
       }
       __m512i hb = _mm512_setzero_si512();
       if constexpr (T != DType::kQ4_K) hb = _mm512_load_si512(blk + kL.bits + 64 * s);
