@@ -1,9 +1,10 @@
 // Validation and run-time dispatch for every op: the one place that knows which ISA tables exist.
 #include "kvl/ops.h"
 
-#include <cmath>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -182,6 +183,23 @@ bool PacksMatrix(Isa isa, DType type) {
   return IsQuantized(type) && TableFor(isa).matmul_packed_tile != nullptr;
 }
 
+// Memory for packed weights, which decode streams from DRAM at every step: 2 MiB-aligned and
+// advised to be backed by transparent huge pages where the matrix spans whole ones (Linux with
+// THP in madvise mode, the Debian default). On 4 KiB pages the hardware prefetchers stop at every
+// page boundary and each page costs a TLB walk; on Zen 4 (2 threads, TinyLlama ffn_gate/up from
+// DRAM, `matmul_bench --cold`) huge pages took M=1 from 44.6-46.0 to 50.7-53.2 GB/s and M=8 from
+// 551 to 598 GOPS. Where the advice is refused (THP off) the pages are the usual ones.
+namespace {
+uint8_t* AllocateWeightStream(size_t bytes) {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  if (bytes < kHugePage) return static_cast<uint8_t*>(std::aligned_alloc(64, bytes));
+  void* p = nullptr;
+  if (posix_memalign(&p, kHugePage, bytes) != 0) return nullptr;
+  ::madvise(p, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);  // advice: failure changes nothing
+  return static_cast<uint8_t*>(p);
+}
+}  // namespace
+
 PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool) {
   KVL_CHECK(w.layout == MatrixLayout::kRows && w.data != nullptr && w.rows > 0);
   PackedMatrix packed;
@@ -191,7 +209,7 @@ PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool) {
             w.row_bytes == RowBytes(w.type, w.cols));
   const int64_t panel_bytes = PackedPanelBytes(w.type, w.cols);
   packed.bytes_ = static_cast<size_t>(PackedPanels(w.rows) * panel_bytes);
-  packed.storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, packed.bytes_)));
+  packed.storage_.reset(AllocateWeightStream(packed.bytes_));
   KVL_CHECK_MSG(packed.storage_ != nullptr, "PackMatrix: out of memory");
   uint8_t* out = packed.storage_.get();
   auto pack_panel = [&](int64_t p, int) {
