@@ -401,13 +401,15 @@ void Scheduler::TraceLeaving(const KvPagePlan& plan, KvTraceCause cause, Request
   }
 }
 
+int64_t Scheduler::StepsLeft(const Sequence& seq) const {
+  return options_.context_length > 0 ? seq.MaxStepsLeft(options_.context_length) : -1;
+}
+
 bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
   planned_running_.clear();
   for (auto& seq : running_) {
     if (seq->slot >= 0 && kv_.Contains(seq->slot)) {
-      const int64_t steps_left =
-          options_.context_length > 0 ? seq->MaxStepsLeft(options_.context_length) : -1;
-      planned_running_.push_back({seq->slot, seq->id, steps_left});
+      planned_running_.push_back({seq->slot, seq->id, StepsLeft(*seq)});
     }
   }
   steps_since_pressure_ = 0;
@@ -451,8 +453,7 @@ void Scheduler::PlanPromotions(PromotionPlan* plan) {
   int64_t blocks_needed = 0;
   for (const auto& seq : running_) {
     if (seq->finished || seq->slot < 0 || !kv_.Contains(seq->slot)) continue;
-    const int64_t steps_left =
-        options_.context_length > 0 ? seq->MaxStepsLeft(options_.context_length) : -1;
+    const int64_t steps_left = StepsLeft(*seq);
     planned_running_.push_back({seq->slot, seq->id, steps_left});
     // What it adds within the next block_tokens steps: the tokens not in the pool yet (a
     // prompt's rest, the token just sampled), then one a step while it runs.

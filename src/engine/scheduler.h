@@ -148,6 +148,8 @@ class Scheduler {
   void Unpark(size_t parked_index);
   // A finished or parked sequence's slot: pages written through to durable tiers, the KV let go.
   void ReleaseSlot(Sequence& seq);
+  // The most steps a running sequence may still take (its max_tokens, the context); -1 unknown.
+  int64_t StepsLeft(const Sequence& seq) const;
   bool RelievePressure(int64_t blocks_short, Phase phase);
   void PreemptAt(size_t running_index);
   void CountAppliedActions(const KvPagePlan& plan);

@@ -390,8 +390,7 @@ int64_t KvPager::RestorePages(SeqId seq, int64_t first_block, int64_t num_blocks
     if (BringIntoBlock(seq, b, table[static_cast<size_t>(b)], page) != BringBack::kDone) break;
     ++restored;
     if (page_ms != nullptr) {
-      page_ms->push_back(
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      page_ms->push_back(MillisecondsSince(start));
     }
   }
   return restored;

@@ -38,8 +38,7 @@ int64_t KvPager::PromoteBack(KvPagePlan& plan) {
     manager_.RestoreIdentity(a.seq, a.block_index);
     ReleasePage(page);  // let go from its tier (the store's pages stay cached there); resident
     a.applied = true;
-    a.measured_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    a.measured_ms = MillisecondsSince(start);
     ++stats_.promoted_back_pages;
     ++promoted;
   }

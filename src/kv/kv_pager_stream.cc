@@ -139,8 +139,7 @@ void KvPager::BeginLayer(int64_t layer) {
   stats_.layers_streamed += static_cast<int64_t>(streamed_.size());
   if (!rebuilt_.empty()) {
     RebuildStagedLayer(layer, buffer);
-    stats_.rebuild_ms += std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - read_done).count();
+    stats_.rebuild_ms += MillisecondsSince(read_done);
   }
   // The next layer streams in while this one computes.
   if (layer + 1 < layout_.num_layers) IssueLayerRead(layer + 1);

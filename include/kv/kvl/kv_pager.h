@@ -35,6 +35,7 @@
 // threads between BeginLayer calls, reading only.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <future>
 #include <span>
@@ -323,6 +324,10 @@ class KvPager final : public KvDetachedPages {
     int64_t block_index;
   };
 
+  static double MillisecondsSince(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+        .count();
+  }
   static PageKey KeyOf(uint64_t page_id, int64_t layer) {
     return (page_id << 8) | static_cast<uint64_t>(layer);
   }
