@@ -17,11 +17,13 @@ sources=(src/base/*.cc src/gguf/*.cc)
 flags=(-std=c++20 -g -Iinclude/base -Iinclude/gguf -Isrc/gguf)
 
 echo "fuzz: building $out/gguf_fuzzer"
+# The fuzzer and its seed writer build side by side (the machine has two cores).
 "$cxx" "${flags[@]}" -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  "${sources[@]}" fuzz/gguf_fuzzer.cc -lfmt -o "$out/gguf_fuzzer" || {
-  echo "fuzz: build of the fuzzer failed"; exit 1; }
+  "${sources[@]}" fuzz/gguf_fuzzer.cc -lfmt -o "$out/gguf_fuzzer" &
+fuzzer_build=$!
 "$cxx" "${flags[@]}" -O1 -DKVL_GGUF_FUZZ_SEEDS "${sources[@]}" fuzz/gguf_fuzzer.cc -lfmt \
-  -o "$out/gguf_seeds" || { echo "fuzz: build of the seed writer failed"; exit 1; }
+  -o "$out/gguf_seeds" || { wait "$fuzzer_build"; echo "fuzz: build of the seed writer failed"; exit 1; }
+wait "$fuzzer_build" || { echo "fuzz: build of the fuzzer failed"; exit 1; }
 
 # Seeds: tiny valid files from the writer, plus the head of a real model (its header and
 # metadata, which is where the parser's work is).
@@ -62,14 +64,22 @@ cli_sources=(src/base/*.cc src/cli/options.cc src/engine/engine_options.cc src/k
              src/kv/kv_policy.cc src/kv/kv_block_storage.cc src/sampling/sampler.cc
              fuzz/cli_options_fuzzer.cc)
 cli_objs=()
+compiles=()
 for src in "${cli_sources[@]}"; do
   obj="$objs/$(echo "$src" | tr / _).o"
   cli_objs+=("$obj")
   if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
-    "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
-      -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
-      -Isrc/cli -c "$src" -o "$obj" || { echo "fuzz: build of $src failed"; exit 1; }
+    # Two compiles at a time; a failed one leaves no object, which the check below names.
+    [ "${#compiles[@]}" -ge 2 ] && { wait "${compiles[0]}"; compiles=("${compiles[@]:1}"); }
+    { "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
+        -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
+        -Isrc/cli -c "$src" -o "$obj" || rm -f "$obj"; } &
+    compiles+=($!)
   fi
+done
+wait
+for i in "${!cli_sources[@]}"; do
+  [ -f "${cli_objs[$i]}" ] || { echo "fuzz: build of ${cli_sources[$i]} failed"; exit 1; }
 done
 "$cxx" -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections \
   -Wl,--unresolved-symbols=ignore-all "${cli_objs[@]}" -lfmt -o "$out/cli_options_fuzzer" || {

@@ -2,6 +2,7 @@
 // table whose features a CPU lacks, and must not refuse one for a feature no kernel uses.
 #include "ops/isa_features.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,7 +37,7 @@ TEST(IsaFeaturesTest, DetectionAgreesWithCpuFeatureString) {
   const std::string names = " " + CpuFeatureString() + " ";
   for (int i = 0; i < static_cast<int>(CpuFeature::kCount); ++i) {
     const auto f = static_cast<CpuFeature>(i);
-    const std::string name = " " + std::string(CpuFeatureName(f)) + " ";
+    const std::string name = fmt::format(" {} ", CpuFeatureName(f));
     EXPECT_EQ(names.find(name) != std::string::npos, present.Has(f)) << name;
   }
 }

@@ -166,7 +166,9 @@ TEST(MatMulTest, IsaQueries) {
   EXPECT_EQ(isas.front(), Isa::kScalar);
   EXPECT_EQ(BestIsa(), isas.back());  // KVL_ISA unset in tests
   EXPECT_EQ(IsaName(Isa::kAvx512), "avx512");
-  if (isas.back() == Isa::kAvx512) EXPECT_NE(CpuFeatureString().find("AVX512VNNI"), std::string::npos);
+  if (isas.back() == Isa::kAvx512) {
+    EXPECT_NE(CpuFeatureString().find("AVX512VNNI"), std::string::npos);
+  }
 }
 
 TEST(MatMulDeathTest, ScratchTooSmall) {

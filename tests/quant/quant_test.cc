@@ -72,7 +72,9 @@ TEST(Bf16Test, RoundsToNearestEven) {
   EXPECT_EQ(Fp32ToBf16(std::numeric_limits<float>::infinity()), 0x7F80);
   for (uint32_t h = 0; h < 0x10000; ++h) {
     const float f = Bf16ToFp32(static_cast<uint16_t>(h));
-    if (!std::isnan(f)) ASSERT_EQ(Fp32ToBf16(f), h);
+    if (!std::isnan(f)) {
+      ASSERT_EQ(Fp32ToBf16(f), h);
+    }
   }
 }
 
