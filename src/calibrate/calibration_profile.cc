@@ -13,7 +13,10 @@
 #include <system_error>
 
 #include "kvl/calibration.h"
+#include "kvl/model.h"
+#include "kvl/ops.h"
 #include "kvl/temp_files.h"
+#include "kvl/thread_pool.h"
 #include "kvl/user_file.h"
 
 namespace kvl {
@@ -441,7 +444,14 @@ StatusOr<MachineProfile> LoadProfile(const std::string& path) {
   }
 }
 
-std::string DefaultProfilePath(std::string_view model_name) {
+std::string ProfileKey(const Model& model, const ops::OpsContext& ctx) {
+  const ModelConfig& c = model.config();
+  const int threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
+  return fmt::format("{}-{}x{}-{}-{}-t{}", c.name, c.dim, c.num_layers, model.weight_type_name(),
+                     ops::IsaName(ctx.isa()), threads);
+}
+
+std::string DefaultProfilePath(std::string_view profile_key) {
   if (const char* env = std::getenv("KVL_PROFILE"); env != nullptr && env[0] != '\0') return env;
   std::filesystem::path cache;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] != '\0') {
@@ -452,7 +462,7 @@ std::string DefaultProfilePath(std::string_view model_name) {
     std::error_code ec;
     cache = std::filesystem::temp_directory_path(ec);
   }
-  return (cache / "kvlattice" / fmt::format("profile-{}.json", SanitizeFileName(model_name)))
+  return (cache / "kvlattice" / fmt::format("profile-{}.json", SanitizeFileName(profile_key)))
       .string();
 }
 

@@ -66,6 +66,16 @@ Status CheckProfileModel(const MachineProfile& profile, const Model& model,
                                           ModelSummary(profile.model), ModelSummary(expected)));
 }
 
+// And for the kernels and threads it was measured with: a profile of one thread prices every
+// matmul and recompute about twice what two threads take. "" where they match.
+std::string ProfileMachineMismatch(const MachineProfile& profile, const ops::OpsContext& ctx) {
+  const int threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
+  const std::string_view isa = ops::IsaName(ctx.isa());
+  if (profile.threads == threads && profile.isa == isa) return "";
+  return fmt::format("it was measured with {} kernels on {} thread(s), this run uses {} on {}",
+                     profile.isa, profile.threads, isa, threads);
+}
+
 // One line on the messages stream ("kvl: ..."), nothing when it is null.
 template <typename... Args>
 void Say(FILE* out, fmt::format_string<Args...> format, Args&&... args) {
@@ -166,12 +176,22 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
                                        const ProfileOptions& options) {
   const bool users_path = !options.path.empty() && options.path_from_user;
   const std::string path =
-      options.path.empty() ? DefaultProfilePath(model.config().name) : options.path;
+      options.path.empty() ? DefaultProfilePath(ProfileKey(model, ctx)) : options.path;
   FILE* out = options.messages;
 
   StatusOr<MachineProfile> loaded = LoadProfile(path);
   if (loaded.ok()) {
-    const Status usable = CheckProfileModel(*loaded, model, path);
+    Status usable = CheckProfileModel(*loaded, model, path);
+    const std::string other_machine = ProfileMachineMismatch(*loaded, ctx);
+    if (usable.ok() && !other_machine.empty()) {
+      // The user's file is used as given (the measured corrections take the difference out as
+      // pages come back); one at a default path is measured anew for this run's threads.
+      if (users_path) {
+        Say(out, "cost profile {}: {}; its prices are used as they are", path, other_machine);
+      } else {
+        usable = InvalidArgumentError(fmt::format("profile '{}': {}", path, other_machine));
+      }
+    }
     if (usable.ok()) {
       Say(out, "cost profile {} ({}, {}){}", path, loaded->source, loaded->timestamp,
           DefaultsNote(*loaded));

@@ -149,13 +149,6 @@ int CalibrateCommand(const CalibrateArgs& args) {
     fmt::print(stderr, "kvl: {}\n", model.status().ToString());
     return 1;
   }
-  // The output is checked before anything is measured, so a bad -o fails at once.
-  const std::string path =
-      args.output.empty() ? DefaultProfilePath((*model)->config().name) : args.output;
-  if (const Status writable = CheckProfileWritable(path); !writable.ok()) {
-    fmt::print(stderr, "kvl calibrate: {}\n", writable.ToString());
-    return 1;
-  }
   const int threads = args.num_threads > 0
                           ? args.num_threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -165,6 +158,13 @@ int CalibrateCommand(const CalibrateArgs& args) {
     return 1;
   }
   ops::OpsContext ctx(ops::BestIsa(), pool->get());
+  // The output is checked before anything is measured, so a bad -o fails at once.
+  const std::string path =
+      args.output.empty() ? DefaultProfilePath(ProfileKey(**model, ctx)) : args.output;
+  if (const Status writable = CheckProfileWritable(path); !writable.ok()) {
+    fmt::print(stderr, "kvl calibrate: {}\n", writable.ToString());
+    return 1;
+  }
   CalibrateOptions options;
   options.disk_dir = args.disk_dir;
   options.quick = args.quick;

@@ -445,6 +445,17 @@ TEST(CalibrationTest, LoadRejectsCorruptTruncatedAndMissingFiles) {
   ExpectError(LoadProfile(path).status(), StatusCode::kNotFound, "does not exist");
 }
 
+TEST(CalibrationTest, ProfileKeyNamesTheShapeTheKernelsAndTheThreads) {
+  const Model& model = *Stories260K().model;
+  const std::string isa(ops::IsaName(Stories260K().ctx.isa()));
+  EXPECT_EQ(ProfileKey(model, Stories260K().ctx), "llama-64x5-f32-" + isa + "-t2");
+  ThreadPool one(1);
+  const ops::OpsContext one_thread(Stories260K().ctx.isa(), &one);
+  EXPECT_EQ(ProfileKey(model, one_thread), "llama-64x5-f32-" + isa + "-t1");
+  const ops::OpsContext scalar(ops::Isa::kScalar, &one);
+  EXPECT_EQ(ProfileKey(model, scalar), "llama-64x5-f32-scalar-t1");
+}
+
 TEST(CalibrationTest, DefaultProfilePathFollowsEnvironmentAndSanitizesTheName) {
   const char* old_profile = std::getenv("KVL_PROFILE");
   const char* old_xdg = std::getenv("XDG_CACHE_HOME");

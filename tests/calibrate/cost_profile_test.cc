@@ -174,7 +174,7 @@ TEST(ObtainProfileTest, UnusableProfileAtTheDefaultPathIsReplacedAndSaysSo) {
   const std::string cache = FreshDir("xdg-cache");
   ScopedEnv no_profile("KVL_PROFILE", std::nullopt);
   ScopedEnv xdg("XDG_CACHE_HOME", cache);
-  const std::string path = DefaultProfilePath(Stories260K().model->config().name);
+  const std::string path = DefaultProfilePath(ProfileKey(*Stories260K().model, Stories260K().ctx));
   ASSERT_EQ(path.rfind(cache, 0), 0u) << path;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   WriteFile(path, "{ not json");
@@ -190,6 +190,44 @@ TEST(ObtainProfileTest, UnusableProfileAtTheDefaultPathIsReplacedAndSaysSo) {
   StatusOr<MachineProfile> saved = LoadProfile(path);
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
   EXPECT_EQ(*saved, *p);
+}
+
+// A profile measured on one thread prices the engine's matmuls and recomputes at about twice what
+// its two threads take: at a default path it is measured anew, at a user's path used as given.
+TEST(ObtainProfileTest, ProfileOfOtherThreadsIsReplacedAtADefaultPathAndKeptAtAUsersPath) {
+  MachineProfile one_thread = SomeValidProfile();
+  ASSERT_EQ(one_thread.threads, 2);  // Stories260K's pool
+  one_thread.threads = 1;
+
+  const std::string default_path = FreshDir("kvl-profile-threads") + "/p.json";
+  ASSERT_TRUE(SaveProfile(one_thread, default_path).ok());
+  {
+    ScopedEnv env("KVL_PROFILE", default_path);
+    Messages messages;
+    StatusOr<MachineProfile> p = Obtain(Options("", messages.file()));
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    const std::string text = messages.Text();
+    EXPECT_TRUE(Contains(text, "on 1 thread(s), this run uses")) << text;
+    EXPECT_TRUE(Contains(text, "measuring this machine to replace it")) << text;
+    EXPECT_EQ(p->threads, 2);
+    StatusOr<MachineProfile> saved = LoadProfile(default_path);
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    EXPECT_EQ(saved->threads, 2);
+  }
+
+  const std::string users_path = FreshDir("kvl-profile-threads-user") + "/p.json";
+  ASSERT_TRUE(SaveProfile(one_thread, users_path).ok());
+  const std::string before = ReadFile(users_path);
+  Messages messages;
+  StatusOr<MachineProfile> p = Obtain(Options(users_path, messages.file()));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(*p, *LoadProfile(users_path));
+  EXPECT_EQ(p->threads, 1);
+  const std::string text = messages.Text();
+  EXPECT_TRUE(Contains(text, "on 1 thread(s), this run uses")) << text;
+  EXPECT_TRUE(Contains(text, "its prices are used as they are")) << text;
+  EXPECT_FALSE(Contains(text, "measuring")) << text;
+  EXPECT_EQ(ReadFile(users_path), before);
 }
 
 TEST(ObtainProfileTest, KvlProfileVariableIsADefaultPathToo) {

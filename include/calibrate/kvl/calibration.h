@@ -295,9 +295,15 @@ Status SaveProfile(const MachineProfile& profile, const std::string& path);
 // not read.
 StatusOr<MachineProfile> LoadProfile(const std::string& path);
 
-// Where a profile for `model_name` lives by default: $KVL_PROFILE when set, else
-// $XDG_CACHE_HOME (or ~/.cache)/kvlattice/profile-<model name>.json, with the name reduced to
+// Where a profile for `profile_key` (ProfileKey) lives by default: $KVL_PROFILE when set, else
+// $XDG_CACHE_HOME (or ~/.cache)/kvlattice/profile-<key>.json, with the key reduced to
 // [A-Za-z0-9._-].
-std::string DefaultProfilePath(std::string_view model_name);
+std::string DefaultProfilePath(std::string_view profile_key);
+
+// What a profile is measured for, as a file name: the model's name, dim x layers and weight
+// type, the ISA and the threads, e.g. "llama-2048x22-q8_0-avx512-t2". Two models of one name
+// (every llama-architecture file is "llama") or one model run on other threads keep profiles of
+// their own instead of measuring over each other's at every switch.
+std::string ProfileKey(const Model& model, const ops::OpsContext& ctx);
 
 }  // namespace kvl

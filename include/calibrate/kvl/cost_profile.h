@@ -17,8 +17,8 @@
 namespace kvl {
 
 struct ProfileOptions {
-  // Where the profile lives; empty: DefaultProfilePath(model name), i.e. $KVL_PROFILE, else
-  // $XDG_CACHE_HOME (or ~/.cache)/kvlattice/profile-<model>.json.
+  // Where the profile lives; empty: DefaultProfilePath(ProfileKey(model, ctx)), i.e.
+  // $KVL_PROFILE, else $XDG_CACHE_HOME (or ~/.cache)/kvlattice/profile-<key>.json.
   std::string path;
   // For a non-empty path: whether the user named it (--kv-profile). An unusable file there (not
   // JSON, a missing field, another version, another model) is then an error and is never
