@@ -10,12 +10,12 @@
 namespace kvl {
 namespace {
 
-TEST(BringBackFeedbackTest, NoCorrectionUntilEnoughEventsThenTheMedianRatio) {
+TEST(BringBackFeedbackTest, NoCorrectionBeforeTheFirstEventThenTheMedianRatio) {
   BringBackFeedback f(3);
   EXPECT_EQ(f.Scale(1), 1.0);
   f.Observe(1, 2.0, 3.0);  // 1.5x slower than predicted
-  EXPECT_EQ(f.Scale(1), 1.0);  // one event is not enough to move a price
-  f.Observe(1, 1.0, 2.0);      // 2x
+  EXPECT_DOUBLE_EQ(f.Scale(1), 1.5);  // the first event moves the price (kMinSamples)
+  f.Observe(1, 1.0, 2.0);             // 2x
   EXPECT_DOUBLE_EQ(f.Scale(1), 1.75);  // the median of {1.5, 2}
   f.Observe(1, 1.0, 1.6);              // 1.6x
   EXPECT_DOUBLE_EQ(f.Scale(1), 1.6);   // the median of {1.5, 1.6, 2}
