@@ -349,12 +349,17 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   return p;
 }
 
+// Each run of other characters becomes one '_' ("tinyllama-1.1b (synthetic, random weights)" ->
+// "tinyllama-1.1b_synthetic_random_weights_").
 std::string SanitizeFileName(std::string_view name) {
   std::string out;
+  bool replaced = false;  // the last character written stands for a run of others
   for (char ch : name) {
     const bool keep = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
                       (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-';
+    if (!keep && replaced) continue;
     out += keep ? ch : '_';
+    replaced = !keep;
   }
   if (out.empty() || out.find_first_not_of('.') == std::string::npos) out = "model";
   return out;
@@ -447,7 +452,9 @@ StatusOr<MachineProfile> LoadProfile(const std::string& path) {
 std::string ProfileKey(const Model& model, const ops::OpsContext& ctx) {
   const ModelConfig& c = model.config();
   const int threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
-  return fmt::format("{}-{}x{}-{}-{}-t{}", c.name, c.dim, c.num_layers, model.weight_type_name(),
+  std::string name = SanitizeFileName(c.name);
+  while (!name.empty() && name.back() == '_') name.pop_back();  // "(...)" at the end of a name
+  return fmt::format("{}-{}x{}-{}-{}-t{}", name, c.dim, c.num_layers, model.weight_type_name(),
                      ops::IsaName(ctx.isa()), threads);
 }
 

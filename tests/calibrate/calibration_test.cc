@@ -469,6 +469,8 @@ TEST(CalibrationTest, DefaultProfilePathFollowsEnvironmentAndSanitizesTheName) {
   EXPECT_EQ(DefaultProfilePath("TinyLlama 1.1B/chat"),
             "/cache/kvlattice/profile-TinyLlama_1.1B_chat.json");
   EXPECT_EQ(DefaultProfilePath(".."), "/cache/kvlattice/profile-model.json");
+  EXPECT_EQ(DefaultProfilePath("tinyllama-1.1b (synthetic, random weights)"),
+            "/cache/kvlattice/profile-tinyllama-1.1b_synthetic_random_weights_.json");
 
   if (old_profile) ::setenv("KVL_PROFILE", saved_profile.c_str(), 1);
   if (old_xdg)
