@@ -105,6 +105,10 @@ CalibrationModel DescribeModel(const Model& model) {
   return m;
 }
 
+int ContextThreads(const ops::OpsContext& ctx) {
+  return ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
+}
+
 MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::string_view source) {
   MachineProfile p;
   p.version = kProfileVersion;
@@ -112,7 +116,7 @@ MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::s
   p.timestamp = UtcTimestamp();
   p.cpu_features = ops::CpuFeatureString();
   p.isa = std::string(ops::IsaName(ctx.isa()));
-  p.threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
+  p.threads = ContextThreads(ctx);
   p.model = DescribeModel(model);
   return p;
 }

@@ -25,6 +25,8 @@ inline constexpr int64_t kMatmulTokenCounts[] = {1, kCalibrationPageTokens, 128}
 CalibrateOptions ResolveDefaults(const CalibrateOptions& in);
 // The model facts a profile records (and is checked against when loaded for a model).
 CalibrationModel DescribeModel(const Model& model);
+// The threads ctx runs its kernels on: its pool's, or 1 without one.
+int ContextThreads(const ops::OpsContext& ctx);
 // A profile of `model` stamped now, with this CPU, ctx's ISA and pool size and the given source;
 // its rates are left for the caller.
 MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::string_view source);

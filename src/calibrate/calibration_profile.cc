@@ -12,11 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "calibration_internal.h"
 #include "kvl/calibration.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/temp_files.h"
-#include "kvl/thread_pool.h"
 #include "kvl/user_file.h"
 
 namespace kvl {
@@ -451,11 +451,10 @@ StatusOr<MachineProfile> LoadProfile(const std::string& path) {
 
 std::string ProfileKey(const Model& model, const ops::OpsContext& ctx) {
   const ModelConfig& c = model.config();
-  const int threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
   std::string name = SanitizeFileName(c.name);
   while (!name.empty() && name.back() == '_') name.pop_back();  // "(...)" at the end of a name
   return fmt::format("{}-{}x{}-{}-{}-t{}", name, c.dim, c.num_layers, model.weight_type_name(),
-                     ops::IsaName(ctx.isa()), threads);
+                     ops::IsaName(ctx.isa()), calibration_internal::ContextThreads(ctx));
 }
 
 std::string DefaultProfilePath(std::string_view profile_key) {

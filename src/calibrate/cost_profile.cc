@@ -30,8 +30,7 @@ constexpr double kAssumedDiskWriteGbps = 0.25;
 constexpr double kAssumedDiskLatencyUs = 200.0;
 
 double AssumedFlopsPerSecond(const ops::OpsContext& ctx) {
-  const int threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
-  return kAssumedGflopsPerThread * threads * 1e9;
+  return kAssumedGflopsPerThread * calibration_internal::ContextThreads(ctx) * 1e9;
 }
 
 // FLOPs to recompute one kCalibrationPageTokens-token page, every layer: from residual
@@ -69,7 +68,7 @@ Status CheckProfileModel(const MachineProfile& profile, const Model& model,
 // And for the kernels and threads it was measured with: a profile of one thread prices every
 // matmul and recompute about twice what two threads take. "" where they match.
 std::string ProfileMachineMismatch(const MachineProfile& profile, const ops::OpsContext& ctx) {
-  const int threads = ctx.pool() != nullptr ? ctx.pool()->num_threads() : 1;
+  const int threads = calibration_internal::ContextThreads(ctx);
   const std::string_view isa = ops::IsaName(ctx.isa());
   if (profile.threads == threads && profile.isa == isa) return "";
   return fmt::format("it was measured with {} kernels on {} thread(s), this run uses {} on {}",

@@ -47,7 +47,8 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
       ->capture_default_str();
   cmd->add_option("--kv-profile", engine->profile_path,
                       "calibration profile (default: $KVL_PROFILE or "
-                      "~/.cache/kvlattice/profile-<model>-<dim>x<layers>-<type>-<isa>-t<threads>.json; measured and saved if missing)");
+                      "~/.cache/kvlattice/profile-<model>-<dim>x<layers>-<type>-<isa>-t<threads>"
+                      ".json; measured and saved if missing)");
   cmd->add_flag("!--no-calibrate", engine->calibrate,
                     "without a profile, price KV actions with analytic defaults instead of "
                     "measuring this machine (nothing is written)");
@@ -400,7 +401,8 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
                           "named default");
   calibrate_cmd->add_option("-o,--output", calibrate.output,
                             "profile path (default: $KVL_PROFILE or "
-                            "~/.cache/kvlattice/profile-<model>-<dim>x<layers>-<type>-<isa>-t<threads>.json)");
+                            "~/.cache/kvlattice/"
+                            "profile-<model>-<dim>x<layers>-<type>-<isa>-t<threads>.json)");
 
 
   try {
