@@ -67,7 +67,14 @@ KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory
                                        : static_cast<double>(page.reads_left);
     return f;
   }
-  // Read again only if a later request (or a resume) finds it: the expected wait is what remains
+  if (page.waiting_reader && page.reads_left != 0) {
+    // Its reader resumes: certain, only later.
+    f.next_read_steps = static_cast<double>(std::max<int64_t>(1, page.steps_to_resume));
+    f.reads_left = page.reads_left < 0 ? std::numeric_limits<double>::infinity()
+                                       : static_cast<double>(page.reads_left);
+    return f;
+  }
+  // Read again only if a later request finds it: the expected wait is what remains
   // of the usual pause, stretched by how unlikely the revival is.
   const int64_t idle = std::max<int64_t>(0, page.idle_steps);
   const double p = history.RevivalProbability(idle, page.idle_periods, page.revivals);

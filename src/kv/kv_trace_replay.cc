@@ -27,6 +27,11 @@ struct ReplayPage {
   bool idle = false;
   int64_t idle_periods = 0;
   int64_t revivals = 0;
+  // A conversation's page: a later request continued a chain holding it from that chain's last
+  // page (a chat's next turn resubmits the whole history, reply included), or a request that
+  // continued one wrote it. Its idle periods are counted in the conversations' history.
+  bool conversation = false;
+  bool idle_in_conversation = false;  // the history its current idle period is counted in
 };
 
 // What the replay knows of one request, as the engine knows it at its step.
@@ -35,6 +40,8 @@ struct ReplayRequest {
   int64_t offset = 0;          // its first read's place among its last step's reads
   int64_t steps_left = -1;     // after that step, at most; -1: unknown
   bool running = false;        // read at the last step that read anything, and not finished
+  bool continues = false;      // its first read began with the whole chain of a stopped request
+  bool waiting = false;        // preempted before it finished: it resumes
   std::vector<int64_t> pages;  // by block
 };
 
@@ -42,7 +49,11 @@ struct ReplayRequest {
 // history of idle pages. Fed the accesses in order; asked for a page's forecast at any access.
 class ForecastState {
  public:
-  explicit ForecastState(std::vector<ReplayPage>* pages) : pages_(*pages) {}
+  // `preempted`: the steps at which the engine preempted each request (the trace's L lines of
+  // cause preempt), ascending.
+  ForecastState(std::vector<ReplayPage>* pages,
+                std::unordered_map<int64_t, std::vector<int64_t>> preempted)
+      : pages_(*pages), preempted_(std::move(preempted)) {}
 
   // Access `tick` is about to be read. The engine plans a whole step (which sequences run, which
   // pages each reads) before running it, and so does this: at a new step the requests not in it,
@@ -66,7 +77,12 @@ class ForecastState {
     if (p.idle) {
       p.idle = false;
       ++p.revivals;
-      history_.PageRevived(a.step - p.last_step);
+      if (p.conversation && !p.idle_in_conversation) {
+        // Revived by a conversation's next turn: the pause belongs to that history.
+        history(false).ForgetIdlePage();
+        history(true).PageWentIdle();
+      }
+      history(p.conversation).PageRevived(a.step - p.last_step);
     }
   }
 
@@ -114,12 +130,25 @@ class ForecastState {
     }
     in.running_reader = found;
     in.reads_left = found ? reads_left : 0;
+    if (!found) {
+      // A preempted request resumes when running ones free their blocks: at the soonest, once
+      // the first of them finishes.
+      for (int64_t r : p.readers) {
+        const ReplayRequest& q = requests_.at(r);
+        if (!q.waiting) continue;
+        in.waiting_reader = true;
+        in.reads_left = q.steps_left < 0 || in.reads_left < 0
+                            ? -1
+                            : std::max(in.reads_left, q.steps_left + 1);
+      }
+      if (in.waiting_reader) in.steps_to_resume = StepsToFirstFinish() + 1;
+    }
     // Idle: read again (if at all) in the order its request read it, when that comes back.
     if (!found) in.order_in_step = p.last_order;
     in.idle_steps = a.step - p.last_step;
     in.idle_periods = p.idle_periods + (p.idle ? 0 : 1);  // this one, if it is not counted yet
     in.revivals = p.revivals;
-    return ForecastReuse(in, history_);
+    return ForecastReuse(in, history(p.conversation));
   }
 
  private:
@@ -129,7 +158,9 @@ class ForecastState {
   size_t PlanRead(std::span<const KvTraceAccess> accesses, size_t k) {
     const KvTraceAccess& first = accesses[k];
     ReplayRequest& q = requests_[first.request];
+    const bool first_read = q.last_step < 0;
     q.last_step = first.step;
+    q.waiting = false;
     q.offset = static_cast<int64_t>(k) - step_first_tick_;
     q.steps_left = first.steps_left;
     if (!q.running) {
@@ -150,7 +181,30 @@ class ForecastState {
         readers.push_back(first.request);
       }
     }
+    if (first_read) q.continues = ContinuesAChain(accesses.subspan(k, end - k), q.pages);
+    if (q.continues) {
+      for (int64_t page : q.pages) pages_[static_cast<size_t>(page)].conversation = true;
+    }
     return end;
+  }
+
+  // Whether a request's first read (`read`, listing `pages`) begins with the whole chain of a
+  // stopped request, up to that chain's last page, among the blocks it found in the pool: a
+  // conversation's next turn. A request that shares only an opening reads part of a chain.
+  bool ContinuesAChain(std::span<const KvTraceAccess> read, const std::vector<int64_t>& pages) {
+    for (size_t b = read.size(); b-- > 0;) {
+      if (read[b].computed) continue;
+      const auto tails = stopped_tails_.find(pages[b]);
+      if (tails == stopped_tails_.end()) continue;
+      for (int64_t r : tails->second) {
+        const std::vector<int64_t>& chain = requests_.at(r).pages;
+        if (chain.size() == b + 1 && std::equal(chain.begin(), chain.end(), pages.begin())) {
+          for (int64_t page : chain) pages_[static_cast<size_t>(page)].conversation = true;
+          return true;
+        }
+      }
+    }
+    return false;
   }
 
   // Running requests that took their last step, or have no read among `step_reads` (the new
@@ -167,33 +221,81 @@ class ForecastState {
         continue;
       }
       q.running = false;
+      q.waiting = !reads_now && q.steps_left != 0 && PreemptedSince(id, q.last_step);
       running_[i] = running_.back();
       running_.pop_back();
+      if (!q.pages.empty()) stopped_tails_[q.pages.back()].push_back(id);
       for (int64_t page : q.pages) {
         if (page >= 0) MaybeIdle(pages_[static_cast<size_t>(page)]);
       }
     }
   }
 
+  // Whether the engine preempted request `id` after its read at `step` (up to the step begun).
+  bool PreemptedSince(int64_t id, int64_t step) const {
+    const auto it = preempted_.find(id);
+    if (it == preempted_.end()) return false;
+    const auto after = std::upper_bound(it->second.begin(), it->second.end(), step);
+    return after != it->second.end() && *after <= step_;
+  }
+
+  // The fewest steps a running request may still take, of those that say (0 when none does).
+  int64_t StepsToFirstFinish() const {
+    int64_t fewest = -1;
+    for (int64_t r : running_) {
+      const int64_t left = requests_.at(r).steps_left;
+      if (left >= 0 && (fewest < 0 || left < fewest)) fewest = left;
+    }
+    return std::max<int64_t>(0, fewest);
+  }
+
+  // A page no running request holds goes idle, unless a preempted one holds it (it is read when
+  // that one resumes; a resume is not a reuse the idle history learns from).
   void MaybeIdle(ReplayPage& p) {
     if (p.idle) return;
     for (int64_t r : p.readers) {
-      if (requests_.at(r).running) return;
+      const ReplayRequest& q = requests_.at(r);
+      if (q.running || q.waiting) return;
     }
     p.readers.clear();
     p.idle = true;
     ++p.idle_periods;
-    history_.PageWentIdle();
+    p.idle_in_conversation = p.conversation;
+    history(p.conversation).PageWentIdle();
+  }
+
+  // A conversation's pages and the others are read again by different readers (its next turn,
+  // which comes when its user answers; a request with the same opening, which may come any time),
+  // so each kind learns from its own history.
+  KvIdleReuseHistory& history(bool conversation) { return histories_[conversation ? 1 : 0]; }
+  const KvIdleReuseHistory& history(bool conversation) const {
+    return histories_[conversation ? 1 : 0];
   }
 
   std::vector<ReplayPage>& pages_;
+  const std::unordered_map<int64_t, std::vector<int64_t>> preempted_;
   std::unordered_map<int64_t, ReplayRequest> requests_;
   std::vector<int64_t> running_;
-  KvIdleReuseHistory history_;
+  KvIdleReuseHistory histories_[2];  // [0]: other pages, [1]: conversations' pages
+  // The last page of each stopped request's chain -> those requests (a next turn finds them).
+  std::unordered_map<int64_t, std::vector<int64_t>> stopped_tails_;
   int64_t step_ = -1;
   int64_t step_first_tick_ = 0;
   int64_t now_order_ = 0;  // the access being read: its place among the step's reads
 };
+
+// The steps at which each request was preempted: the steps of its pages' L lines of cause preempt.
+std::unordered_map<int64_t, std::vector<int64_t>> PreemptionSteps(const KvTrace& trace) {
+  std::unordered_map<int64_t, std::vector<int64_t>> out;
+  int64_t step = 0;
+  for (const KvTraceEvent& ev : trace.events) {
+    if (ev.kind == KvTraceEvent::Kind::kStep) step = ev.step;
+    if (ev.kind != KvTraceEvent::Kind::kLeave || ev.cause != KvTraceCause::kPreempt) continue;
+    std::vector<int64_t>& steps = out[ev.request];
+    if (steps.empty() || steps.back() != step) steps.push_back(step);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -259,7 +361,7 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
   std::vector<int64_t> resident;  // page ids; pages[p].slot is the index here
   resident.reserve(static_cast<size_t>(std::max<int64_t>(0, options.capacity_pages)));
 
-  ForecastState forecast(&pages);
+  ForecastState forecast(&pages, PreemptionSteps(trace));
 
   // The engine's choice: the page its forecast says leaves first. Every resident page is a
   // candidate (the sinks and the recent window are read at their sequence's next step like its

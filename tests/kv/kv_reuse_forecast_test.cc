@@ -1,7 +1,9 @@
 // The KV reuse forecast: a running page's next read from the schedule, an idle page's from the
 // history of idle pages read again; and replayed, on a hand-built cyclic scan (every running
 // sequence reads all its pages at every step), the policy's cost within 10% of Belady's while
-// LRU's, and the old recency score's, are not; and a chat's idle history kept over a one-off's.
+// LRU's, and the old recency score's, are not; a chat's idle history kept over a one-off's, a
+// conversation's pages judged by conversations' pauses, a preempted sequence's pages kept for its
+// resume.
 #include "kvl/kv_reuse_forecast.h"
 
 #include <gtest/gtest.h>
@@ -33,6 +35,26 @@ TEST(KvReuseForecastTest, RunningPagesLeaveFarthestReadFirstThenFewestReadsLeft)
   EXPECT_TRUE(KvPageLeavesFirst(Running(1, 3, 0), Running(1, -1, 0)));
   // A sequence with no step left does not read it again: the page is idle, read only by reuse.
   EXPECT_TRUE(KvPageLeavesFirst(Running(0, 0, 0), Running(1, 1, 0)));
+}
+
+TEST(KvReuseForecastTest, AWaitingSequencesPagesAreReadWhenItResumes) {
+  KvReuseInput waiting;
+  waiting.waiting_reader = true;
+  waiting.steps_to_resume = 6;
+  waiting.reads_left = 10;
+  waiting.idle_steps = 40;  // long unread, yet certain to be read: no idle history applies
+  const KvReuseForecast f = ForecastReuse(waiting, KvIdleReuseHistory{});
+  EXPECT_DOUBLE_EQ(f.next_read_steps, 6);
+  EXPECT_DOUBLE_EQ(f.reads_left, 10);
+  // Kept over a page idle for a step whose revival is a coin toss, left before a running one.
+  KvReuseInput idle;
+  idle.idle_steps = 1;
+  EXPECT_TRUE(KvPageLeavesFirst(ForecastReuse(idle, KvIdleReuseHistory{}), f));
+  EXPECT_TRUE(KvPageLeavesFirst(f, Running(1, 3, 0)));
+  // A waiting sequence with no step left reads nothing more.
+  waiting.reads_left = 0;
+  EXPECT_FALSE(KvPageLeavesFirst(ForecastReuse(idle, KvIdleReuseHistory{}),
+                                 ForecastReuse(waiting, KvIdleReuseHistory{})));
 }
 
 TEST(KvReuseForecastTest, IdlePagesFromTheHistoryOfPagesReadAgain) {
@@ -145,6 +167,53 @@ TEST(KvReuseForecastTest, AChatsHistoryOutstaysAOneOffsPages) {
   EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kPolicy, o).misses, 1);
   EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kLru, o).misses, 3);
   EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, o).misses, 1);
+}
+
+// A conversation's pages learn from conversations' pauses, apart from other pages': request 3
+// continues request 1's whole chain (pages 0-1, a chat's next turn) after a pause of 10 steps; at
+// step 11 request 4's three new pages need two blocks, and the candidates are the conversation's
+// pages (idle for a step) and a one-off opening (pages 2-3, idle for 8 steps). Judged by one
+// history of every idle page, the opening sits just before the only pause seen, due within two
+// steps, so the conversation's pages leave and its next turn (request 5) misses two; the
+// conversations' own history says the chat comes back after ~10 steps and the opening has no
+// record, so the opening leaves: no miss, as Belady.
+TEST(KvReuseForecastTest, AConversationsPagesLearnFromConversationsPauses) {
+  const StatusOr<KvTrace> t = ParseKvTrace(
+      "kvl-trace 1 block_tokens=16 pool_blocks=6\n"
+      "S 0\nP 0 1 0 -\nP 1 1 1 -\nR 1 2 0 - - 0\n"
+      "S 3\nP 2 2 0 -\nP 3 2 1 -\nR 2 2 0 - - 0\n"
+      "S 10\nP 0 3 0 -\nP 1 3 1 -\nP 4 3 2 -\nR 3 3 2 - - 0\n"
+      "S 11\nP 5 4 0 -\nP 6 4 1 -\nP 7 4 2 -\nR 4 3 0 - - 2\n"
+      "S 12\nR 4 3 3 - - 1\nS 13\nR 4 3 3 - - 0\n"
+      "S 20\nP 0 5 0 -\nP 1 5 1 -\nP 4 5 2 -\nP 8 5 3 -\nR 5 4 3 - - 0\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::vector<KvTraceAccess> a = KvTraceAccesses(*t);
+  KvReplayOptions o;
+  o.capacity_pages = 6;
+  o.miss_ms = 1;
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, o).misses, 0);
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kPolicy, o).misses, 0);
+}
+
+// A preempted sequence's pages are read again when it resumes, however long they wait: request 2
+// is preempted at step 1 (its pages leave, the L lines), request 1 finishes at step 1, and at
+// step 2 request 3's three pages need two blocks. As idle pages, request 2's (unread for longer,
+// and later in their step) would leave and miss at its resume; waiting for it, they stay and
+// request 1's pages, which nobody reads again, leave. Belady does the same.
+TEST(KvReuseForecastTest, APreemptedSequencesPagesWaitForItsResume) {
+  const StatusOr<KvTrace> t = ParseKvTrace(
+      "kvl-trace 1 block_tokens=16 pool_blocks=5\n"
+      "S 0\nP 0 1 0 -\nP 1 1 1 -\nR 1 2 0 - - 1\nP 2 2 0 -\nP 3 2 1 -\nR 2 2 0 - - 10\n"
+      "S 1\nL 2 2 demote-ram preempt 0.1\nL 3 2 demote-ram preempt 0.1\nR 1 2 2 - - 0\n"
+      "S 2\nP 4 3 0 -\nP 5 3 1 -\nP 6 3 2 -\nR 3 3 0 - - 5\n"
+      "S 3\nR 3 3 3 - - 4\nR 2 2 2 - - 9\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::vector<KvTraceAccess> a = KvTraceAccesses(*t);
+  KvReplayOptions o;
+  o.capacity_pages = 5;
+  o.miss_ms = 1;
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, o).misses, 0);
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kPolicy, o).misses, 0);
 }
 
 }  // namespace

@@ -6,14 +6,18 @@
 // context): a running page's next read is this step or the next, and its reads left are its
 // reader's steps left. That read pattern is a cyclic scan, the case that defeats LRU (the least
 // recently read page is the next one read) and frequency counts; Belady's optimal leaves the page
-// read farthest ahead, which this forecast names without seeing the future. A page no running
-// sequence holds (its request finished, or it waits preempted) is read again only through prefix
-// reuse (a next turn, a shared opening) or a resume; how likely and how soon is estimated from the
-// history of such pages (KvIdleReuseHistory).
+// read farthest ahead, which this forecast names without seeing the future. A page a preempted
+// sequence holds is read again for certain when that sequence resumes. A page nobody holds (its
+// request finished) is read again only through prefix reuse (a next turn, a shared opening); how
+// likely and how soon is estimated from the history of such pages (KvIdleReuseHistory), one
+// history per kind of page where their readers differ (a conversation's next turn comes when its
+// user answers, a shared opening with any request).
 //
 // Two users, one forecast: the pressure planner (kv_pressure.h) orders the running pages it may
 // move, and `kvl bench replay` (kv_trace_replay.h) evaluates the same forecast against LRU, LFU and
-// Belady on recorded traces. Both order pages with KvPageLeavesFirst.
+// Belady on recorded traces, idle and waiting pages included. Both order pages with
+// KvPageLeavesFirst. The engine's free cached blocks are still reused least recently freed first
+// (kv_manager.h), not in the forecast's order.
 //
 // Thread-safety: KvIdleReuseHistory is not synchronized (one owner, the step loop or a replay);
 // the functions are pure.
@@ -32,6 +36,11 @@ struct KvReuseInput {
   int64_t steps_to_read = 0;  // its next read: 0 this step (not read yet), 1 the next one, ...
   int64_t order_in_step = 0;  // its place among that step's page reads (sequences, then blocks)
   int64_t reads_left = -1;    // steps its running readers may still take (-1: unknown)
+  // No running sequence holds it, but a preempted one waiting to resume does: it is read again
+  // when that one is readmitted, at each of the steps it has left (reads_left), the first in
+  // about `steps_to_resume` steps (when the running sequences free the blocks it needs).
+  bool waiting_reader = false;
+  int64_t steps_to_resume = 1;
   // No running sequence holds it: steps since it was last read, and how often this page was read
   // again after such a pause before (its idle periods, this one included, and the reads that
   // ended the earlier ones).
@@ -59,6 +68,8 @@ class KvIdleReuseHistory {
   static constexpr double kDefaultIdleGapSteps = 16;
 
   void PageWentIdle() { ++idle_pages_; }
+  // Takes back one PageWentIdle (the page's pause turned out to belong to another history).
+  void ForgetIdlePage() { idle_pages_ = idle_pages_ > 0 ? idle_pages_ - 1 : 0; }
   void PageRevived(int64_t idle_steps);
 
   // P(read again) of a page idle for `idle_steps`, whose own record is `page_idle_periods` idle

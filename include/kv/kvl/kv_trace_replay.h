@@ -65,8 +65,12 @@ struct KvReplayResult {
 //   policy: the engine's own reuse forecast and order (ForecastReuse, KvPageLeavesFirst), fed
 //           only what the engine knew at that moment: which requests run and read each page, the
 //           order they read in at their last step, the steps each may still take (the R lines'
-//           <left>), and the history of idle pages read again (a request that stops reading,
-//           finished or preempted, leaves its pages idle unless another running one holds them);
+//           <left>), which stopped requests were preempted (L lines of cause preempt: their
+//           pages wait for the resume, read again at each step they have left), and the history
+//           of idle pages read again (a request that stops reading leaves its pages idle unless
+//           another running or waiting one holds them), kept apart for a conversation's pages (a
+//           request whose first read began with a stopped request's whole chain continued it:
+//           those pages, and the ones it writes, come back when the conversation does);
 //   LRU: the least recently read; LFU: the fewest reads so far, resident or not (ties: the least
 //        recent);
 //   Belady: the page whose next read is farthest ahead (never read again first).
