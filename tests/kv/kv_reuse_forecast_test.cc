@@ -23,6 +23,14 @@ KvReuseForecast Running(int64_t steps_to_read, int64_t reads_left, int64_t order
   return ForecastReuse(in, KvIdleReuseHistory{});
 }
 
+// Misses of a replay of `trace` through `capacity` pages.
+int64_t Misses(const KvTrace& trace, KvReplayPolicy policy, int64_t capacity) {
+  KvReplayOptions o;
+  o.capacity_pages = capacity;
+  o.miss_ms = 1;
+  return ReplayKvTrace(trace, KvTraceAccesses(trace), policy, o).misses;
+}
+
 TEST(KvReuseForecastTest, RunningPagesLeaveFarthestReadFirstThenFewestReadsLeft) {
   // Read at the next step leaves before read later in this one, however many reads are left.
   EXPECT_TRUE(KvPageLeavesFirst(Running(1, 100, 0), Running(0, 1, 5)));
@@ -160,13 +168,9 @@ TEST(KvReuseForecastTest, AChatsHistoryOutstaysAOneOffsPages) {
       // Turn 3 (request 5) reads the chat's history.
       "S 8\nP 0 5 0 -\nP 1 5 1 -\nP 2 5 2 -\nP 8 5 3 -\nR 5 4 3 - - 0\n");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  const std::vector<KvTraceAccess> a = KvTraceAccesses(*t);
-  KvReplayOptions o;
-  o.capacity_pages = 5;
-  o.miss_ms = 1;
-  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kPolicy, o).misses, 1);
-  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kLru, o).misses, 3);
-  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, o).misses, 1);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kPolicy, 5), 1);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kLru, 5), 3);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kBelady, 5), 1);
 }
 
 // A conversation's pages learn from conversations' pauses, apart from other pages': request 3
@@ -187,12 +191,8 @@ TEST(KvReuseForecastTest, AConversationsPagesLearnFromConversationsPauses) {
       "S 12\nR 4 3 3 - - 1\nS 13\nR 4 3 3 - - 0\n"
       "S 20\nP 0 5 0 -\nP 1 5 1 -\nP 4 5 2 -\nP 8 5 3 -\nR 5 4 3 - - 0\n");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  const std::vector<KvTraceAccess> a = KvTraceAccesses(*t);
-  KvReplayOptions o;
-  o.capacity_pages = 6;
-  o.miss_ms = 1;
-  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, o).misses, 0);
-  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kPolicy, o).misses, 0);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kBelady, 6), 0);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kPolicy, 6), 0);
 }
 
 // A preempted sequence's pages are read again when it resumes, however long they wait: request 2
@@ -208,12 +208,8 @@ TEST(KvReuseForecastTest, APreemptedSequencesPagesWaitForItsResume) {
       "S 2\nP 4 3 0 -\nP 5 3 1 -\nP 6 3 2 -\nR 3 3 0 - - 5\n"
       "S 3\nR 3 3 3 - - 4\nR 2 2 2 - - 9\n");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
-  const std::vector<KvTraceAccess> a = KvTraceAccesses(*t);
-  KvReplayOptions o;
-  o.capacity_pages = 5;
-  o.miss_ms = 1;
-  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, o).misses, 0);
-  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kPolicy, o).misses, 0);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kBelady, 5), 0);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kPolicy, 5), 0);
 }
 
 }  // namespace
