@@ -44,7 +44,7 @@ StatusOr<MissPrice> ChooseMissPrice(const BenchReplayArgs& args, const KvTraceHe
       best = {price, fmt::format("the trace's cheapest way back, {}", KvActionName(a))};
     }
   }
-  if (best.ms == 0) return MissPrice{1, "1 ms a page (the trace has no prices)"};
+  if (best.ms == 0) return MissPrice{1, "a named default: the trace has no prices"};
   return best;
 }
 
