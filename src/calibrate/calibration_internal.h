@@ -21,6 +21,10 @@ inline constexpr int64_t kMiB = int64_t{1} << 20;
 // Batch sizes the matmul rates are measured at: decode, a page, a prefill chunk.
 inline constexpr int64_t kMatmulTokenCounts[] = {1, kCalibrationPageTokens, 128};
 
+// A recompute point (or decode idle batch) expected to take longer than this is sampled once
+// (after its warm-up): one call is already long enough to time well, and a quick calibration of
+// a 1B model stays short.
+inline constexpr double kLongPointSeconds = 0.2;
 // Options with every 0 replaced by the default for the mode.
 CalibrateOptions ResolveDefaults(const CalibrateOptions& in);
 // The model facts a profile records (and is checked against when loaded for a model).

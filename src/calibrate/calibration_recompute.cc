@@ -29,9 +29,6 @@ constexpr int64_t kGridPositions[] = {0, 256, 1024, 4096};
 // Enough for the terms a curve can show (tokens recompute runs every layer: call and layer terms
 // merge) and one more.
 constexpr size_t kMinPoints = 4;
-// A point expected to take longer than this is sampled once (after its warm-up): one call is
-// already long enough to time well, and a quick calibration of a 1B model stays short.
-constexpr double kLongPointSeconds = 0.2;
 
 struct PlannedPoint {
   RecomputePoint shape;

@@ -152,10 +152,9 @@ int64_t EstimateCalibrationSeconds(const Model& model, const ops::OpsContext& ct
   }
   // The recompute curves take their budget each (fewer points when the model is small).
   seconds += 2 * o.curve_seconds;
-  // The decode idle fraction: a 1-token step and a batch at each context.
-  seconds += static_cast<double>(DecodeIdleContexts(c.context_length).size()) *
-             (measurement(LayerFlopsPerToken(c) * static_cast<double>(c.num_layers)) +
-              measurement(LayerFlopsPerToken(c) * static_cast<double>(kIdlePrefillTokens * c.num_layers)));
+  // The decode idle fraction's runs (a step and a 128-token batch at each of
+  // DecodeIdleContexts) are left out, as they were when there was one context: at the assumed
+  // rate a 1B model's batch alone would count two minutes where it takes a second.
   // Tiers: 4 kinds x their points x 2 directions, each a warm-up and `repetitions` samples of at
   // least min_sample_seconds, and the bytes of the large points at the assumed rates.
   const calibration_internal::TierPlan tiers = calibration_internal::PlanTiers(o, model);
