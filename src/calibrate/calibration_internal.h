@@ -148,8 +148,8 @@ TierPlan PlanTiers(const CalibrateOptions& o, const Model& model);
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model);
 // One tier that is already open (a Redis server: calibration cannot reach one on its own), timed
 // as MeasureTiers times each kind: Put and Get of 1 and `layers` pages, at 4 KiB and at
-// `page_bytes`, and of 16 and 64 times `page_bytes` (at most 32 MiB a call), on keys 1.. (erased
-// after). The tier must accept pages of any size.
+// `page_bytes`, and of 64 times `page_bytes` (at most 32 MiB a call), on keys 1.. (erased after).
+// The tier must accept pages of any size.
 StatusOr<TierCurves> MeasureOneTier(KvTier& tier, int64_t page_bytes, int64_t layers,
                                     const CalibrateOptions& o, StageProgress& stage);
 StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOptions& o,

@@ -36,8 +36,8 @@ constexpr int64_t kLargePageMultiples[] = {4, 16, 64};
 // curve is per byte past its knee, so a part of the set shows its rate).
 constexpr int64_t kQuickMaxCallBytes = 64 << 20;
 constexpr int64_t kFullMaxCallBytes = 256 << 20;
-// For a tier measured at engine start (Redis), which must stay well under a second: the two
-// largest page sets, at most 32 MiB a call.
+// For a tier measured at engine start (Redis), which must stay under a second: the largest page
+// set alone, at most 32 MiB a call.
 constexpr int64_t kOneTierMaxCallBytes = 32 << 20;
 
 // The model's layer page: kCalibrationPageTokens tokens of K and V at f32.
@@ -110,6 +110,13 @@ int64_t WorkingSetBytes(const CalibrateOptions& o) { return (o.quick ? 16 : 64) 
 
 // Put and Get of `count` pages of `page_bytes` in one call each, on `tier`, each call on the next
 // of a few groups of keys whose pages together outgrow the caches.
+// A call of this many bytes or more takes milliseconds on any tier: timed once after its
+// warm-up, so that the large page sets keep a tier's measurement at engine start short.
+constexpr int64_t kLongCallBytes = 4 << 20;
+int SamplesFor(const CalibrateOptions& o, int64_t call_bytes) {
+  return call_bytes >= kLongCallBytes ? 1 : o.repetitions;
+}
+
 // The source bytes come from `source`, at least SourceBytes(o, count * page_bytes) of them
 // (made once per stage: generating them takes longer than timing a large call).
 int64_t SourceBytes(const CalibrateOptions& o, int64_t call_bytes) {
@@ -139,17 +146,21 @@ StatusOr<std::pair<double, double>> TimeTier(KvTier& tier, int64_t count, int64_
   }
   Status failed;
   size_t next = 0;
-  const double put_seconds = MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
+  const int samples = SamplesFor(o, call_bytes);
+  const double put_seconds = MedianSecondsPerCall(samples, o.min_sample_seconds, stage, [&] {
     const Status s = tier.Put(writes[next]);
     next = (next + 1) % writes.size();
     if (!s.ok()) failed = s;
   });
-  // Every group written (the warm-up and samples may not have reached them all).
-  for (const std::vector<PageWrite>& w : writes) {
-    if (const Status s = tier.Put(w); !s.ok()) failed = s;
+  // Every group written (the warm-up and samples may not have reached them all; one group has
+  // been, by the warm-up).
+  if (groups > 1) {
+    for (const std::vector<PageWrite>& w : writes) {
+      if (const Status s = tier.Put(w); !s.ok()) failed = s;
+    }
   }
   next = 0;
-  const double get_seconds = MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
+  const double get_seconds = MedianSecondsPerCall(samples, o.min_sample_seconds, stage, [&] {
     for (const Status& s : tier.Get(reads[next])) {
       if (!s.ok()) failed = s;
     }
@@ -161,12 +172,12 @@ StatusOr<std::pair<double, double>> TimeTier(KvTier& tier, int64_t count, int64_
 }
 
 // What a tier must hold for TimeTier of up to `max_call_bytes` in `max_count` pages: every
-// group, and a Put's new copies beside the old ones (slots are the page, a 64-byte record,
-// rounded up to 4 KiB).
+// group (at most 64, or one call), and a Put's new copies beside the old ones, twice over; and
+// each of those pages' slot overhead (a 64-byte record, rounded up to 4 KiB: under 8 KiB).
 int64_t TierCapacity(const CalibrateOptions& o, int64_t max_count, int64_t max_call_bytes) {
-  return 2 * (std::max(WorkingSetBytes(o), max_call_bytes) + max_call_bytes +
-              max_count * 8192) +
-         (1 << 20);
+  const int64_t bytes = std::max(WorkingSetBytes(o), max_call_bytes) + max_call_bytes;
+  const int64_t pages = 65 * max_count;
+  return 2 * (bytes + pages * 8192) + (1 << 20);
 }
 
 // Source bytes for every point of a plan.
@@ -219,12 +230,12 @@ StatusOr<TierCurves> MeasureTierKind(const TierPlan& plan, std::span<const uint8
 
 StatusOr<TierCurves> MeasureOneTier(KvTier& tier, int64_t page_bytes, int64_t layers,
                                     const CalibrateOptions& o, StageProgress& stage) {
-  // 1 and `layers` pages of 4 KiB and of a layer page, and the two largest page sets.
+  // 1 and `layers` pages of 4 KiB and of a layer page, and the largest page set.
   TierPlan plan;
   for (int64_t size : {std::min<int64_t>(4096, page_bytes), page_bytes}) {
     for (int64_t count : PageCounts(o, layers)) plan.points.push_back({count, size});
   }
-  AddLargePoints(std::span<const int64_t>(kLargePageMultiples).subspan(1), page_bytes, layers,
+  AddLargePoints(std::span<const int64_t>(kLargePageMultiples).last(1), page_bytes, layers,
                  kOneTierMaxCallBytes, &plan);
   const std::vector<uint8_t> source = SourceFor(o, plan);
   return MeasurePlan(plan, source, o, stage,
@@ -232,7 +243,9 @@ StatusOr<TierCurves> MeasureOneTier(KvTier& tier, int64_t page_bytes, int64_t la
 }
 
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model) {
-  return 4 * static_cast<int64_t>(PlanTiers(o, model).points.size()) * 2 * o.repetitions;
+  int64_t steps = 0;
+  for (const auto& [count, size] : PlanTiers(o, model).points) steps += 2 * SamplesFor(o, count * size);
+  return 4 * steps;
 }
 
 StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOptions& o,
