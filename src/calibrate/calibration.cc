@@ -336,12 +336,7 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   p.recompute_from_tokens = recompute.from_tokens;
   // Whole forward runs, not the matmuls alone: a decode step also pays attention, norms and the
   // step's fixed costs for its one token, which is what recompute can hide behind.
-  p.decode_step_ms = recompute.decode_step_ms;
-  p.prefill_ms_per_token = recompute.prefill_ms_per_token;
-  p.decode_idle_fraction =
-      p.decode_step_ms > 0
-          ? std::clamp(1.0 - p.prefill_ms_per_token / p.decode_step_ms, 0.0, 1.0)
-          : 0.0;
+  p.decode_idle = recompute.decode_idle;
 
   const auto [read_gbps, copy_gbps] = MeasureMemory(pool, o, progress);
   p.memory_bytes = static_cast<int64_t>(static_cast<size_t>(o.memory_bytes) / sizeof(uint64_t) *

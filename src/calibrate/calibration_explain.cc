@@ -16,9 +16,23 @@ std::string Describe(const RecomputeCurve& c) {
                      c.call_ms, c.layer_ms, c.token_layer_ms, c.context_token_layer_ms);
 }
 
+// Bytes in MiB, KiB or bytes, whichever reads best.
+std::string Bytes(int64_t b) {
+  if (b >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1 << 20));
+  if (b >= 1024) return fmt::format("{:.0f} KiB", static_cast<double>(b) / 1024);
+  return fmt::format("{} B", b);
+}
+
 std::string Describe(const TransferCurve& c) {
-  return fmt::format("{:.4f} ms/call + {:.4f} ms/page + bytes at {} GB/s", c.call_ms, c.page_ms,
-                     c.gbps > 0 ? fmt::format("{:.2f}", c.gbps) : std::string("(unmeasurable)"));
+  const std::string gbps =
+      c.gbps > 0 ? fmt::format("{:.2f}", c.gbps) : std::string("(unmeasurable)");
+  if (c.knee_bytes <= 0) {
+    return fmt::format("{:.4f} ms/call + {:.4f} ms/page + bytes at {} GB/s", c.call_ms, c.page_ms,
+                       gbps);
+  }
+  return fmt::format("{:.4f} ms/call + {:.4f} ms/page + bytes at {} GB/s up to {} per call, "
+                     "at {:.2f} GB/s beyond",
+                     c.call_ms, c.page_ms, gbps, Bytes(c.knee_bytes), c.large_gbps);
 }
 
 // "fitted to 12 points: tokens 16..4096, layers 1..22, positions 0..1024".
@@ -36,13 +50,18 @@ std::string PointsOf(const RecomputeCurve& c) {
 
 std::string PointsOf(const TransferCurve& c) {
   if (c.points.empty()) return "";
-  int64_t n0 = INT64_MAX, n1 = 0, b0 = INT64_MAX, b1 = 0;
+  int64_t n0 = INT64_MAX, n1 = 0, b0 = INT64_MAX, b1 = 0, c0 = INT64_MAX, c1 = 0;
   for (const TransferPoint& p : c.points) {
     n0 = std::min(n0, p.pages), n1 = std::max(n1, p.pages);
     b0 = std::min(b0, p.page_bytes), b1 = std::max(b1, p.page_bytes);
+    c0 = std::min(c0, p.pages * p.page_bytes), c1 = std::max(c1, p.pages * p.page_bytes);
   }
-  return fmt::format("fitted to {} points: {}..{} pages of {}..{} bytes per call", c.points.size(),
-                     n0, n1, b0, b1);
+  return fmt::format("fitted to {} points: {}..{} pages of {}..{} bytes per call ({}..{} per "
+                     "call){}",
+                     c.points.size(), n0, n1, b0, b1, Bytes(c0), Bytes(c1),
+                     c.knee_bytes > 0 ? "; the second bandwidth is the best of a knee at each "
+                                        "measured call size"
+                                      : "; one bandwidth (no knee fitted better)");
 }
 
 }  // namespace
@@ -60,19 +79,22 @@ std::string ExplainProfile(const MachineProfile& p) {
     out += fmt::format("  {:<28} {}\n  {:<28}   {}\n", input, value, "", source);
   };
   out += fmt::format("cost model inputs ({} profile, {}):\n", p.source, p.timestamp);
-  const MatmulRate& decode = p.matmul.front();
-  const MatmulRate& prefill = p.matmul.back();
-  line("decode idle fraction", fmt::format("{:.3f}", p.decode_idle_fraction),
-       !measured ? std::string("default: 0, nothing is hidden under decode (no calibration ran)")
-       : p.decode_step_ms > 0
-           ? fmt::format("measured: 1 - Forward::Run ms per token of a {}-token batch ({:.3f}) / "
-                         "ms of a 1-token step ({:.3f}), after {} tokens of context",
-                         kIdlePrefillTokens, p.prefill_ms_per_token, p.decode_step_ms,
-                         kIdleContextTokens)
-           : fmt::format("measured (older profile): 1 - full-layer matmul rate at n={} ({:.1f} "
-                         "GFLOP/s) / at n={} ({:.1f} GFLOP/s)",
-                         decode.n_tokens, decode.layer_gflops, prefill.n_tokens,
-                         prefill.layer_gflops));
+  std::string idle_values, idle_timings;
+  const DecodeIdleCurve& idle = p.decode_idle;
+  for (int i = 0; i < idle.num_points; ++i) {
+    const DecodeIdlePoint& d = idle.points[static_cast<size_t>(i)];
+    idle_values += fmt::format("{}{:.3f} at {}", i > 0 ? ", " : "", d.Fraction(), d.context);
+    idle_timings += fmt::format("{}{:.3f}/{:.3f} ms at {}", i > 0 ? ", " : "",
+                                d.batch_ms_per_token, d.step_ms, d.context);
+  }
+  line("decode idle fraction",
+       idle.num_points > 0 ? idle_values + " tokens of context" : std::string("0"),
+       !measured || idle.num_points == 0
+           ? std::string("default: 0, nothing is hidden under decode (no calibration ran)")
+           : fmt::format("measured: 1 - Forward::Run ms per token of a {}-token batch / ms of a "
+                         "1-token step, both after that context ({}); between the contexts both "
+                         "timings are interpolated linearly, beyond them held",
+                         kIdlePrefillTokens, idle_timings));
   line("recompute from residual", Describe(p.recompute_from_residual),
        how("Forward::RebuildLayerKv (the pager's rebuild) per layer, " +
            PointsOf(p.recompute_from_residual)));

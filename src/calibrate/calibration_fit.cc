@@ -91,6 +91,19 @@ Row FitNonNegative(const std::vector<Row>& features, const std::vector<double>& 
   }
 }
 
+// Sum over the points of ((fit - y) / y)^2: what FitNonNegative minimizes.
+double RelativeSquaredError(const std::vector<Row>& features, const std::vector<double>& y,
+                            const Row& coef) {
+  double sum = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (!(y[i] > 0)) continue;
+    double fit = 0;
+    for (size_t k = 0; k < kMaxTerms; ++k) fit += coef[k] * features[i][k];
+    sum += (fit - y[i]) * (fit - y[i]) / (y[i] * y[i]);
+  }
+  return sum;
+}
+
 }  // namespace
 
 double AttendedPositions(int64_t tokens, int64_t position) {
@@ -105,9 +118,22 @@ double RecomputeCurve::Ms(int64_t tokens, int64_t layers, int64_t position) cons
 }
 
 double TransferCurve::Ms(int64_t pages, int64_t page_bytes) const {
-  const double n = static_cast<double>(pages);
-  const double bytes = n * static_cast<double>(page_bytes);
-  return call_ms + page_ms * n + (gbps > 0 ? bytes / (gbps * 1e6) : 0.0);
+  return call_ms + page_ms * static_cast<double>(pages) + BytesMs(pages * page_bytes);
+}
+
+double TransferCurve::BytesMs(int64_t bytes) const {
+  const double b = static_cast<double>(bytes);
+  if (knee_bytes <= 0 || b <= static_cast<double>(knee_bytes)) {
+    return gbps > 0 ? b / (gbps * 1e6) : 0.0;
+  }
+  const double knee = static_cast<double>(knee_bytes);
+  return (gbps > 0 ? knee / (gbps * 1e6) : 0.0) +
+         (large_gbps > 0 ? (b - knee) / (large_gbps * 1e6) : 0.0);
+}
+
+double TransferCurve::EffectiveGbps(int64_t bytes) const {
+  const double ms = BytesMs(bytes);
+  return ms > 0 ? static_cast<double>(bytes) / (ms * 1e6) : gbps;
 }
 
 RecomputeCurve FitRecomputeCurve(std::vector<RecomputePoint> points) {
@@ -139,22 +165,56 @@ RecomputeCurve FitRecomputeCurve(std::vector<RecomputePoint> points) {
 }
 
 TransferCurve FitTransferCurve(std::vector<TransferPoint> points) {
-  std::vector<Row> features;
+  // The single line first: latency per call and per page, one bandwidth.
+  auto features_for = [&](int64_t knee) {
+    std::vector<Row> features;
+    for (const TransferPoint& p : points) {
+      const double n = static_cast<double>(p.pages);
+      // Milliseconds per GB/s of bandwidth: each bytes term is fitted as its inverse.
+      const double bytes = n * static_cast<double>(p.page_bytes);
+      const double below = knee > 0 ? std::min(bytes, static_cast<double>(knee)) : bytes;
+      features.push_back({1.0, n, below / 1e6, (bytes - below) / 1e6});
+    }
+    return features;
+  };
   std::vector<double> y;
-  for (const TransferPoint& p : points) {
-    const double n = static_cast<double>(p.pages);
-    // Milliseconds per GB/s of bandwidth: the bytes term is fitted as its inverse.
-    features.push_back({1.0, n, n * static_cast<double>(p.page_bytes) / 1e6, 0.0});
-    y.push_back(p.ms);
-  }
+  for (const TransferPoint& p : points) y.push_back(p.ms);
   // Points of one page count show the per-call and per-page parts as one, kept as per page.
   bool pages_vary = false;
   for (const TransferPoint& p : points) pages_vary = pages_vary || p.pages != points.front().pages;
-  const Row c = FitNonNegative(features, y, {pages_vary, true, true, false});
+  std::vector<Row> features = features_for(0);
+  Row c = FitNonNegative(features, y, {pages_vary, true, true, false});
+  double error = RelativeSquaredError(features, y, c);
+  int64_t knee = 0;
+
+  // Then a second bandwidth above each measured call size with at least kMinPointsAboveKnee
+  // points beyond it (fewer would fit one noisy point exactly). Kept where it is slower than the
+  // first (data leaving the caches; a faster one is noise) and explains the points clearly better
+  // than the line: its relative squared error below kKneeErrorRatio of the line's.
+  constexpr size_t kMinPointsAboveKnee = 2;
+  constexpr double kKneeErrorRatio = 0.75;
+  const double line_error = error;
+  for (const TransferPoint& candidate : points) {
+    const int64_t bytes = candidate.pages * candidate.page_bytes;
+    size_t above = 0;
+    for (const TransferPoint& p : points) above += p.pages * p.page_bytes > bytes ? 1 : 0;
+    if (above < kMinPointsAboveKnee) continue;
+    const std::vector<Row> f = features_for(bytes);
+    const Row k = FitNonNegative(f, y, {pages_vary, true, true, true});
+    if (!(k[3] > 0) || k[3] < k[2]) continue;
+    const double e = RelativeSquaredError(f, y, k);
+    if (e < kKneeErrorRatio * line_error && e < error) {
+      error = e;
+      c = k;
+      knee = bytes;
+    }
+  }
   TransferCurve curve;
   curve.call_ms = c[0];
   curve.page_ms = c[1];
   curve.gbps = c[2] > 0 ? 1.0 / c[2] : 0.0;
+  curve.knee_bytes = knee;
+  curve.large_gbps = knee > 0 ? 1.0 / c[3] : 0.0;
   curve.points = std::move(points);
   return curve;
 }

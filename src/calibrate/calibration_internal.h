@@ -21,6 +21,10 @@ inline constexpr int64_t kMiB = int64_t{1} << 20;
 // Batch sizes the matmul rates are measured at: decode, a page, a prefill chunk.
 inline constexpr int64_t kMatmulTokenCounts[] = {1, kCalibrationPageTokens, 128};
 
+// A recompute point (or decode idle batch) expected to take longer than this is sampled once
+// (after its warm-up): one call is already long enough to time well, and a quick calibration of
+// a 1B model stays short.
+inline constexpr double kLongPointSeconds = 0.2;
 // Options with every 0 replaced by the default for the mode.
 CalibrateOptions ResolveDefaults(const CalibrateOptions& in);
 // The model facts a profile records (and is checked against when loaded for a model).
@@ -113,10 +117,9 @@ StatusOr<DiskMeasurement> MeasureDisk(const DiskTestOptions& options, StageProgr
 struct RecomputeCurves {
   RecomputeCurve from_residual;
   RecomputeCurve from_tokens;
-  // A decode step (1 token) and a prefill batch (kIdlePrefillTokens), per token, after
-  // kIdleContextTokens of context (clamped to the model's context): MachineProfile's idle fraction.
-  double decode_step_ms = 0;
-  double prefill_ms_per_token = 0;
+  // A decode step (1 token) and a prefill batch (kIdlePrefillTokens), per token, after each of
+  // DecodeIdleContexts: MachineProfile's idle fraction.
+  DecodeIdleCurve decode_idle;
 };
 // The recompute curves (calibration_recompute.cc), their points chosen from `rates` (the matmul
 // rates measured just before) to fit o.curve_seconds each.
@@ -133,12 +136,20 @@ struct TierMeasurement {
   TierCurves disk_direct;
   std::string direct_refused;  // the disk tier's name when O_DIRECT was refused, else empty
 };
+// The (pages per call, page bytes) points each local tier is timed at, grouped by page size: 1
+// and `layers` pages of a few sizes around the model's layer page (inside the CPU caches), then
+// the large page sets of 64..1024-token pages over the layers (beyond them).
+struct TierPlan {
+  std::vector<std::pair<int64_t, int64_t>> points;
+};
+TierPlan PlanTiers(const CalibrateOptions& o, const Model& model);
 // The tiers' write and read curves (calibration_tiers.cc), with scratch files in o.disk_dir;
 // TierStageSteps steps of `stage`.
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model);
 // One tier that is already open (a Redis server: calibration cannot reach one on its own), timed
 // as MeasureTiers times each kind: Put and Get of 1 and `layers` pages, at 4 KiB and at
-// `page_bytes`, on keys 1.. (erased after). The tier must accept pages of up to `page_bytes`.
+// `page_bytes`, and of 64 times `page_bytes` (at most 32 MiB a call), on keys 1.. (erased after).
+// The tier must accept pages of any size.
 StatusOr<TierCurves> MeasureOneTier(KvTier& tier, int64_t page_bytes, int64_t layers,
                                     const CalibrateOptions& o, StageProgress& stage);
 StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOptions& o,

@@ -45,7 +45,9 @@ Json ToJson(const TransferCurve& c) {
   for (const TransferPoint& p : c.points) {
     points.push_back({{"pages", p.pages}, {"page_bytes", p.page_bytes}, {"ms", p.ms}});
   }
-  return {{"call_ms", c.call_ms}, {"page_ms", c.page_ms}, {"gbps", c.gbps}, {"points", points}};
+  return {{"call_ms", c.call_ms},       {"page_ms", c.page_ms},
+          {"gbps", c.gbps},             {"knee_bytes", c.knee_bytes},
+          {"large_gbps", c.large_gbps}, {"points", points}};
 }
 
 Json ToJson(const TierCurves& t) { return {{"write", ToJson(t.write)}, {"read", ToJson(t.read)}}; }
@@ -77,9 +79,16 @@ Json ToJson(const MachineProfile& p) {
                            {"kv_proj_gflops", r.kv_proj_gflops},
                            {"layer_gflops", r.layer_gflops}});
   }
-  j["decode"] = {{"idle_fraction", p.decode_idle_fraction},
-                 {"step_ms", p.decode_step_ms},
-                 {"prefill_ms_per_token", p.prefill_ms_per_token}};
+  // idle_fraction is derived from the two timings, written for the reader (not read back).
+  Json idle = Json::array();
+  for (int i = 0; i < p.decode_idle.num_points; ++i) {
+    const DecodeIdlePoint& d = p.decode_idle.points[static_cast<size_t>(i)];
+    idle.push_back({{"context", d.context},
+                    {"step_ms", d.step_ms},
+                    {"batch_ms_per_token", d.batch_ms_per_token},
+                    {"idle_fraction", d.Fraction()}});
+  }
+  j["decode"] = {{"batch_tokens", kIdlePrefillTokens}, {"points", idle}};
   j["recompute"] = {{"from_residual", ToJson(p.recompute_from_residual)},
                     {"from_tokens", ToJson(p.recompute_from_tokens)}};
   j["memory"] = {{"bytes", p.memory_bytes},
@@ -229,6 +238,11 @@ Status ReadCurve(const FieldReader& parent, std::string_view key, TransferCurve*
   KVL_RETURN_IF_ERROR(curve.NonNegative("call_ms", &c->call_ms));
   KVL_RETURN_IF_ERROR(curve.NonNegative("page_ms", &c->page_ms));
   KVL_RETURN_IF_ERROR(curve.NonNegative("gbps", &c->gbps));
+  KVL_RETURN_IF_ERROR(curve.Int("knee_bytes", 0, &c->knee_bytes));
+  KVL_RETURN_IF_ERROR(curve.NonNegative("large_gbps", &c->large_gbps));
+  if (c->knee_bytes > 0 && !(c->large_gbps > 0)) {
+    return curve.Error("large_gbps", "must be positive where knee_bytes is");
+  }
   if (!(c->Ms(1, 4096) > 0)) {
     return parent.Error(key, "prices every transfer at 0 ms: its coefficients are all 0");
   }
@@ -303,13 +317,19 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   }
 
   KVL_ASSIGN_OR_RETURN(FieldReader decode, top.Object("decode"));
-  KVL_RETURN_IF_ERROR(decode.NonNegative("idle_fraction", &p.decode_idle_fraction));
-  if (p.decode_idle_fraction > 1) return decode.Error("idle_fraction", "must be at most 1");
-  // Absent from profiles written before the forward runs were timed (their fraction came from
-  // the matmul rates).
-  if (decode.Has("step_ms")) {
-    KVL_RETURN_IF_ERROR(decode.NonNegative("step_ms", &p.decode_step_ms));
-    KVL_RETURN_IF_ERROR(decode.NonNegative("prefill_ms_per_token", &p.prefill_ms_per_token));
+  std::vector<DecodeIdlePoint> idle;
+  KVL_RETURN_IF_ERROR(ReadPoints(decode, [](const FieldReader& r, DecodeIdlePoint* d) -> Status {
+    KVL_RETURN_IF_ERROR(r.Int("context", 0, &d->context));
+    KVL_RETURN_IF_ERROR(r.Positive("step_ms", &d->step_ms));
+    return r.Positive("batch_ms_per_token", &d->batch_ms_per_token);
+  }, &idle));
+  for (size_t i = 0; i < idle.size(); ++i) {
+    if (!p.decode_idle.Add(idle[i])) {
+      return decode.Error(fmt::format("points[{}]", i),
+                          fmt::format("must come after a point of a smaller context, at most {} "
+                                      "points",
+                                      kMaxDecodeIdlePoints));
+    }
   }
 
   KVL_ASSIGN_OR_RETURN(FieldReader recompute, top.Object("recompute"));

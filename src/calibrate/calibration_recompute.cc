@@ -29,9 +29,6 @@ constexpr int64_t kGridPositions[] = {0, 256, 1024, 4096};
 // Enough for the terms a curve can show (tokens recompute runs every layer: call and layer terms
 // merge) and one more.
 constexpr size_t kMinPoints = 4;
-// A point expected to take longer than this is sampled once (after its warm-up): one call is
-// already long enough to time well, and a quick calibration of a 1B model stays short.
-constexpr double kLongPointSeconds = 0.2;
 
 struct PlannedPoint {
   RecomputePoint shape;
@@ -105,13 +102,16 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
   std::vector<PlannedPoint> residual_plan = ChoosePoints(residual_grid, o);
   std::vector<PlannedPoint> token_plan = ChoosePoints(token_grid, o);
 
-  // The decode step and prefill batch of the idle fraction, after some context.
-  const int64_t idle_context =
-      c.context_length > 0
-          ? std::clamp<int64_t>(c.context_length - kIdlePrefillTokens, 0, kIdleContextTokens)
-          : kIdleContextTokens;
-  int64_t max_tokens = kIdlePrefillTokens, max_positions = idle_context + kIdlePrefillTokens;
-  int64_t samples = 2 * o.repetitions;
+  // The decode step and prefill batch of the idle fraction, at a few contexts. A batch expected
+  // to run long is sampled once, as a long recompute point is.
+  const std::vector<int64_t> idle_contexts = DecodeIdleContexts(c.context_length);
+  const PlannedPoint idle_batch{{kIdlePrefillTokens, c.num_layers, idle_contexts.back(), 0},
+                                static_cast<double>(kIdlePrefillTokens * c.num_layers) *
+                                    LayerFlopsPerToken(c) / layer_flops_per_second};
+  const int idle_samples = SamplesFor(idle_batch, o);
+  int64_t max_tokens = kIdlePrefillTokens;
+  int64_t max_positions = idle_contexts.back() + kIdlePrefillTokens;
+  int64_t samples = 2 * idle_samples * static_cast<int64_t>(idle_contexts.size());
   for (const auto* plan : {&residual_plan, &token_plan}) {
     for (const PlannedPoint& p : *plan) {
       max_tokens = std::max(max_tokens, p.shape.tokens);
@@ -164,18 +164,25 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
     token_points.push_back(p);
   }
 
-  // (c) The compute a decode step leaves idle: one token against a prefill batch, per token.
-  auto run_ms = [&](int64_t tokens) {
+  // (c) The compute a decode step leaves idle: one token against a prefill batch, per token,
+  // both after each context.
+  auto run_ms = [&](int64_t tokens, int64_t context) {
     batch.Clear();
     for (int64_t t = 0; t < tokens; ++t) {
-      batch.Add(static_cast<int32_t>((t * 7 + 1) % c.vocab_size), idle_context + t, 0, false);
+      batch.Add(static_cast<int32_t>((t * 7 + 1) % c.vocab_size), context + t, 0, false);
     }
-    return 1e3 * MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage,
+    return 1e3 * MedianSecondsPerCall(idle_samples, o.min_sample_seconds, stage,
                                       [&] { forward.Run(batch, *cache); });
   };
   RecomputeCurves curves;
-  curves.decode_step_ms = run_ms(1);
-  curves.prefill_ms_per_token = run_ms(kIdlePrefillTokens) / static_cast<double>(kIdlePrefillTokens);
+  for (int64_t context : idle_contexts) {
+    DecodeIdlePoint point;
+    point.context = context;
+    point.step_ms = run_ms(1, context);
+    point.batch_ms_per_token =
+        run_ms(kIdlePrefillTokens, context) / static_cast<double>(kIdlePrefillTokens);
+    KVL_CHECK(curves.decode_idle.Add(point));
+  }
   stage.Finish();
   curves.from_residual = FitRecomputeCurve(std::move(residual_points));
   curves.from_tokens = FitRecomputeCurve(std::move(token_points));
@@ -183,3 +190,19 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
 }
 
 }  // namespace kvl::calibration_internal
+
+namespace kvl {
+
+std::vector<int64_t> DecodeIdleContexts(int64_t context_length) {
+  // The longest context where the batch fits: kIdlePrefillTokens before the model's end.
+  const int64_t longest =
+      context_length > 0
+          ? std::clamp<int64_t>(context_length - kIdlePrefillTokens, 0, kIdleLongContextTokens)
+          : kIdleLongContextTokens;
+  const int64_t shortest = std::min(kIdleShortContextTokens, longest);
+  std::vector<int64_t> contexts = {shortest, (shortest + longest) / 2, longest};
+  contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
+  return contexts;
+}
+
+}  // namespace kvl

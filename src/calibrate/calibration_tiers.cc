@@ -28,16 +28,21 @@ namespace {
 // 1B model, where 22 pages of 1 MiB per call take long through zstd).
 constexpr int64_t kQuickPageSizes[] = {4096, 64 << 10};
 constexpr int64_t kFullPageSizes[] = {4096, 16 << 10, 64 << 10, 256 << 10, 1 << 20};
+// The page sets a restore and `kvl bench frontier` move: the model's layer page times these
+// (64, 256 and 1024-token pages), one tier page per layer, in one call. Their bytes outgrow the
+// CPU caches, where the small points above stay inside them: the curve's second bandwidth.
+constexpr int64_t kLargePageMultiples[] = {4, 16, 64};
+// The most bytes one large call moves; a page set beyond it is timed with fewer layers (the
+// curve is per byte past its knee, so a part of the set shows its rate).
+constexpr int64_t kQuickMaxCallBytes = 64 << 20;
+constexpr int64_t kFullMaxCallBytes = 256 << 20;
+// For a tier measured at engine start (Redis), which must stay under a second: the largest page
+// set alone, at most 32 MiB a call.
+constexpr int64_t kOneTierMaxCallBytes = 32 << 20;
 
-std::vector<int64_t> PageSizes(const CalibrateOptions& o, int64_t model_page_bytes) {
-  std::vector<int64_t> sizes = o.quick ? std::vector<int64_t>(std::begin(kQuickPageSizes),
-                                                              std::end(kQuickPageSizes))
-                                       : std::vector<int64_t>(std::begin(kFullPageSizes),
-                                                              std::end(kFullPageSizes));
-  sizes.push_back(model_page_bytes);
-  std::sort(sizes.begin(), sizes.end());
-  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  return sizes;
+// The model's layer page: kCalibrationPageTokens tokens of K and V at f32.
+int64_t LayerPageBytes(const Model& model) {
+  return kCalibrationPageTokens * model.config().KvBytesPerTokenPerLayer(DType::kF32);
 }
 
 // 1 page per call and one per layer (what a KV page is); a full calibration adds a middle count.
@@ -48,6 +53,43 @@ std::vector<int64_t> PageCounts(const CalibrateOptions& o, int64_t num_layers) {
   counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
   return counts;
 }
+
+// The large page sets: `multiples` of the layer page, `layers` of them a call, fewer where that
+// passes max_call_bytes; only those larger than every small point.
+void AddLargePoints(std::span<const int64_t> multiples, int64_t layer_page_bytes, int64_t layers,
+                    int64_t max_call_bytes, TierPlan* plan) {
+  int64_t small_max = 0;
+  for (const auto& [count, size] : plan->points) small_max = std::max(small_max, count * size);
+  for (int64_t m : multiples) {
+    const int64_t size = m * layer_page_bytes;
+    if (size > max_call_bytes) break;
+    const int64_t count = std::clamp<int64_t>(max_call_bytes / size, 1, layers);
+    if (count * size > small_max) plan->points.push_back({count, size});
+  }
+}
+
+}  // namespace
+
+TierPlan PlanTiers(const CalibrateOptions& o, const Model& model) {
+  const int64_t layers = model.config().num_layers;
+  const int64_t layer_page = LayerPageBytes(model);
+  std::vector<int64_t> sizes = o.quick ? std::vector<int64_t>(std::begin(kQuickPageSizes),
+                                                              std::end(kQuickPageSizes))
+                                       : std::vector<int64_t>(std::begin(kFullPageSizes),
+                                                              std::end(kFullPageSizes));
+  sizes.push_back(layer_page);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  TierPlan plan;
+  for (int64_t size : sizes) {
+    for (int64_t count : PageCounts(o, layers)) plan.points.push_back({count, size});
+  }
+  AddLargePoints(kLargePageMultiples, layer_page, layers,
+                 o.quick ? kQuickMaxCallBytes : kFullMaxCallBytes, &plan);
+  return plan;
+}
+
+namespace {
 
 // Bytes shaped like K/V: f32 samples of a normal distribution, so a compressing tier (zstd)
 // finds what it finds in real pages (the exponents repeat, the mantissas do not).
@@ -68,11 +110,24 @@ int64_t WorkingSetBytes(const CalibrateOptions& o) { return (o.quick ? 16 : 64) 
 
 // Put and Get of `count` pages of `page_bytes` in one call each, on `tier`, each call on the next
 // of a few groups of keys whose pages together outgrow the caches.
+// A call of this many bytes or more takes milliseconds on any tier: timed once after its
+// warm-up, so that the large page sets keep a tier's measurement at engine start short.
+constexpr int64_t kLongCallBytes = 4 << 20;
+int SamplesFor(const CalibrateOptions& o, int64_t call_bytes) {
+  return call_bytes >= kLongCallBytes ? 1 : o.repetitions;
+}
+
+// The source bytes come from `source`, at least SourceBytes(o, count * page_bytes) of them
+// (made once per stage: generating them takes longer than timing a large call).
+int64_t SourceBytes(const CalibrateOptions& o, int64_t call_bytes) {
+  return std::clamp<int64_t>(WorkingSetBytes(o) / call_bytes, 1, 64) * call_bytes;
+}
 StatusOr<std::pair<double, double>> TimeTier(KvTier& tier, int64_t count, int64_t page_bytes,
+                                             std::span<const uint8_t> source,
                                              const CalibrateOptions& o, StageProgress& stage) {
   const int64_t call_bytes = count * page_bytes;
-  const int64_t groups = std::clamp<int64_t>(WorkingSetBytes(o) / call_bytes, 1, 64);
-  const std::vector<uint8_t> source = KvLikeBytes(groups * call_bytes);
+  const int64_t groups = SourceBytes(o, call_bytes) / call_bytes;
+  KVL_CHECK(static_cast<int64_t>(source.size()) >= groups * call_bytes);
   std::vector<uint8_t> sink(static_cast<size_t>(call_bytes));
   std::vector<std::vector<PageWrite>> writes(static_cast<size_t>(groups));
   std::vector<std::vector<PageRead>> reads(static_cast<size_t>(groups));
@@ -91,17 +146,21 @@ StatusOr<std::pair<double, double>> TimeTier(KvTier& tier, int64_t count, int64_
   }
   Status failed;
   size_t next = 0;
-  const double put_seconds = MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
+  const int samples = SamplesFor(o, call_bytes);
+  const double put_seconds = MedianSecondsPerCall(samples, o.min_sample_seconds, stage, [&] {
     const Status s = tier.Put(writes[next]);
     next = (next + 1) % writes.size();
     if (!s.ok()) failed = s;
   });
-  // Every group written (the warm-up and samples may not have reached them all).
-  for (const std::vector<PageWrite>& w : writes) {
-    if (const Status s = tier.Put(w); !s.ok()) failed = s;
+  // Every group written (the warm-up and samples may not have reached them all; one group has
+  // been, by the warm-up).
+  if (groups > 1) {
+    for (const std::vector<PageWrite>& w : writes) {
+      if (const Status s = tier.Put(w); !s.ok()) failed = s;
+    }
   }
   next = 0;
-  const double get_seconds = MedianSecondsPerCall(o.repetitions, o.min_sample_seconds, stage, [&] {
+  const double get_seconds = MedianSecondsPerCall(samples, o.min_sample_seconds, stage, [&] {
     for (const Status& s : tier.Get(reads[next])) {
       if (!s.ok()) failed = s;
     }
@@ -112,62 +171,91 @@ StatusOr<std::pair<double, double>> TimeTier(KvTier& tier, int64_t count, int64_
   return std::make_pair(put_seconds * 1e3, get_seconds * 1e3);
 }
 
-// What a tier must hold for TimeTier: every group, and a Put's new copies beside the old ones
-// (slots are the page, a 64-byte record, rounded up to 4 KiB).
-int64_t TierCapacity(const CalibrateOptions& o, int64_t max_count, int64_t page_bytes) {
-  return 2 * (WorkingSetBytes(o) + 64 * page_bytes + max_count * (page_bytes + 8192)) + (1 << 20);
+// What a tier must hold for TimeTier of up to `max_call_bytes` in `max_count` pages: every
+// group (at most 64, or one call), and a Put's new copies beside the old ones, twice over; and
+// each of those pages' slot overhead (a 64-byte record, rounded up to 4 KiB: under 8 KiB).
+int64_t TierCapacity(const CalibrateOptions& o, int64_t max_count, int64_t max_call_bytes) {
+  const int64_t bytes = std::max(WorkingSetBytes(o), max_call_bytes) + max_call_bytes;
+  const int64_t pages = 65 * max_count;
+  return 2 * (bytes + pages * 8192) + (1 << 20);
 }
 
-// The curves of one kind of tier: `make` opens a tier for a page size.
-template <typename MakeTier>
-StatusOr<TierCurves> MeasureTierKind(const std::vector<int64_t>& sizes,
-                                     const std::vector<int64_t>& counts, const CalibrateOptions& o,
-                                     StageProgress& stage, MakeTier&& make) {
+// Source bytes for every point of a plan.
+std::vector<uint8_t> SourceFor(const CalibrateOptions& o, const TierPlan& plan) {
+  int64_t bytes = 0;
+  for (const auto& [count, size] : plan.points) bytes = std::max(bytes, SourceBytes(o, count * size));
+  return KvLikeBytes(bytes);
+}
+
+// Times every point of `plan` on `tier_for(size)` (one tier per page size, opened for the
+// largest call at that size) and fits the two curves.
+template <typename TierFor>
+StatusOr<TierCurves> MeasurePlan(const TierPlan& plan, std::span<const uint8_t> source,
+                                 const CalibrateOptions& o, StageProgress& stage,
+                                 TierFor&& tier_for) {
   std::vector<TransferPoint> writes, reads;
-  for (int64_t size : sizes) {
-    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, make(size, TierCapacity(o, counts.back(), size)));
-    for (int64_t count : counts) {
-      KVL_ASSIGN_OR_RETURN(const auto times, TimeTier(*tier, count, size, o, stage));
+  for (size_t i = 0; i < plan.points.size();) {
+    const int64_t size = plan.points[i].second;
+    size_t end = i;
+    int64_t max_count = 0;
+    while (end < plan.points.size() && plan.points[end].second == size) {
+      max_count = std::max(max_count, plan.points[end++].first);
+    }
+    KVL_ASSIGN_OR_RETURN(KvTier * tier, tier_for(size, TierCapacity(o, max_count, max_count * size)));
+    for (; i < end; ++i) {
+      const int64_t count = plan.points[i].first;
+      KVL_ASSIGN_OR_RETURN(const auto times, TimeTier(*tier, count, size, source, o, stage));
       writes.push_back({count, size, times.first});
       reads.push_back({count, size, times.second});
     }
   }
   return TierCurves{FitTransferCurve(std::move(writes)), FitTransferCurve(std::move(reads))};
+}
+
+// The curves of one kind of tier: `make` opens a tier for a page size and capacity.
+template <typename MakeTier>
+StatusOr<TierCurves> MeasureTierKind(const TierPlan& plan, std::span<const uint8_t> source,
+                                     const CalibrateOptions& o, StageProgress& stage,
+                                     MakeTier&& make) {
+  std::unique_ptr<KvTier> tier;
+  return MeasurePlan(plan, source, o, stage,
+                     [&](int64_t size, int64_t capacity) -> StatusOr<KvTier*> {
+                       tier.reset();  // the last size's file or memory first
+                       KVL_ASSIGN_OR_RETURN(tier, make(size, capacity));
+                       return tier.get();
+                     });
 }
 
 }  // namespace
 
 StatusOr<TierCurves> MeasureOneTier(KvTier& tier, int64_t page_bytes, int64_t layers,
                                     const CalibrateOptions& o, StageProgress& stage) {
-  std::vector<TransferPoint> writes, reads;
+  // 1 and `layers` pages of 4 KiB and of a layer page, and the largest page set.
+  TierPlan plan;
   for (int64_t size : {std::min<int64_t>(4096, page_bytes), page_bytes}) {
-    for (int64_t count : PageCounts(o, layers)) {
-      KVL_ASSIGN_OR_RETURN(const auto times, TimeTier(tier, count, size, o, stage));
-      writes.push_back({count, size, times.first});
-      reads.push_back({count, size, times.second});
-    }
+    for (int64_t count : PageCounts(o, layers)) plan.points.push_back({count, size});
   }
-  return TierCurves{FitTransferCurve(std::move(writes)), FitTransferCurve(std::move(reads))};
+  AddLargePoints(std::span<const int64_t>(kLargePageMultiples).last(1), page_bytes, layers,
+                 kOneTierMaxCallBytes, &plan);
+  const std::vector<uint8_t> source = SourceFor(o, plan);
+  return MeasurePlan(plan, source, o, stage,
+                     [&](int64_t, int64_t) -> StatusOr<KvTier*> { return &tier; });
 }
 
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model) {
-  const ModelConfig& c = model.config();
-  const int64_t points =
-      static_cast<int64_t>(PageSizes(o, kCalibrationPageTokens * c.KvBytesPerTokenPerLayer(DType::kF32)).size() *
-                           PageCounts(o, c.num_layers).size());
-  return 4 * points * 2 * o.repetitions;
+  int64_t steps = 0;
+  for (const auto& [count, size] : PlanTiers(o, model).points) steps += 2 * SamplesFor(o, count * size);
+  return 4 * steps;
 }
 
 StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOptions& o,
                                        StageProgress& stage) {
-  const ModelConfig& c = model.config();
-  const std::vector<int64_t> sizes =
-      PageSizes(o, kCalibrationPageTokens * c.KvBytesPerTokenPerLayer(DType::kF32));
-  const std::vector<int64_t> counts = PageCounts(o, c.num_layers);
+  const TierPlan plan = PlanTiers(o, model);
+  const std::vector<uint8_t> source = SourceFor(o, plan);
   TierMeasurement m;
   for (bool zstd : {false, true}) {
     KVL_ASSIGN_OR_RETURN((zstd ? m.ram_zstd : m.ram),
-                         MeasureTierKind(sizes, counts, o, stage,
+                         MeasureTierKind(plan, source, o, stage,
                                          [zstd](int64_t, int64_t capacity)
                                              -> StatusOr<std::unique_ptr<KvTier>> {
                                            RamTierOptions r;
@@ -193,8 +281,8 @@ StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOption
       return std::unique_ptr<KvTier>(std::move(tier));
     };
   };
-  KVL_ASSIGN_OR_RETURN(m.disk_buffered, MeasureTierKind(sizes, counts, o, stage, disk(false)));
-  KVL_ASSIGN_OR_RETURN(m.disk_direct, MeasureTierKind(sizes, counts, o, stage, disk(true)));
+  KVL_ASSIGN_OR_RETURN(m.disk_buffered, MeasureTierKind(plan, source, o, stage, disk(false)));
+  KVL_ASSIGN_OR_RETURN(m.disk_direct, MeasureTierKind(plan, source, o, stage, disk(true)));
   return m;
 }
 

@@ -125,8 +125,7 @@ MachineProfile AnalyticProfile(const Model& model, const ops::OpsContext& ctx) {
   // Encoding reads the f32 page once and writes a quarter of it: about a memory pass.
   p.compress_int8 = AssumedTransfer(kAssumedMemoryGbps, 0);
   p.compress_int4 = AssumedTransfer(kAssumedMemoryGbps, 0);
-  // Decode's idle share is not assumed: nothing is hidden.
-  p.decode_idle_fraction = 0;
+  // Decode's idle share is not assumed: nothing is hidden (decode_idle stays without points).
   p.memory_read_gbps = kAssumedMemoryGbps;
   p.memory_copy_gbps = kAssumedMemoryGbps;
   p.disk_write_gbps = kAssumedDiskWriteGbps;
@@ -153,8 +152,19 @@ int64_t EstimateCalibrationSeconds(const Model& model, const ops::OpsContext& ct
   }
   // The recompute curves take their budget each (fewer points when the model is small).
   seconds += 2 * o.curve_seconds;
-  // Tiers: 3 kinds x a few sizes x 2 directions, each a warm-up and `repetitions` samples.
-  seconds += 3 * 6 * 2 * (o.repetitions + 1) * o.min_sample_seconds;
+  // The decode idle fraction's runs (a step and a 128-token batch at each of
+  // DecodeIdleContexts) are left out, as they were when there was one context: at the assumed
+  // rate a 1B model's batch alone would count two minutes where it takes a second.
+  // Tiers: 4 kinds x their points x 2 directions, each a warm-up and `repetitions` samples of at
+  // least min_sample_seconds, and the bytes of the large points at the assumed rates.
+  const calibration_internal::TierPlan tiers = calibration_internal::PlanTiers(o, model);
+  seconds += 4 * static_cast<double>(tiers.points.size()) * 2 * (o.repetitions + 1) *
+             o.min_sample_seconds;
+  double tier_bytes = 0;
+  for (const auto& [count, size] : tiers.points) tier_bytes += static_cast<double>(count * size);
+  seconds += (o.repetitions + 1) * tier_bytes *
+             (2 / (kAssumedMemoryGbps * 1e9) +
+              2 * (1 / (kAssumedDiskWriteGbps * 1e9) + 1 / (kAssumedDiskReadGbps * 1e9)));
   // Quality: the text three times (f32, int8, int4) at the assumed rate.
   const double quality_tokens = static_cast<double>(
       std::min<int64_t>(static_cast<int64_t>(o.quality_tokens.size()),
@@ -252,12 +262,19 @@ void FillPagePrices(const MachineProfile& profile, const PagePriceOptions& optio
   const int64_t tokens = options.block_tokens;
   const int64_t layers = options.layers > 0 ? options.layers : profile.model.layers;
   // A page goes to a tier as one tier page per layer in one call: the per-page latency of a
-  // transfer is the curve's fixed part for `layers` tier pages; the bytes go at its bandwidth. A
-  // curve whose bytes were too cheap to measure moves them at the memory's copy rate.
+  // transfer is the curve's fixed part for `layers` tier pages; the bytes go at the bandwidth the
+  // curve averages over the page's bytes (past its knee, partly at its DRAM rate). A curve whose
+  // bytes were too cheap to measure moves them at the memory's copy rate.
+  const int64_t page_bytes =
+      options.page_bytes > 0 ? options.page_bytes
+                             : tokens * layers * profile.model.kv_bytes_per_token_per_layer_f32;
   auto latency_ms = [&](const TransferCurve& t) {
     return t.call_ms + t.page_ms * static_cast<double>(layers);
   };
-  auto gbps = [&](const TransferCurve& t) { return t.gbps > 0 ? t.gbps : profile.memory_copy_gbps; };
+  auto gbps = [&](const TransferCurve& t) {
+    const double g = t.EffectiveGbps(page_bytes);
+    return g > 0 ? g : profile.memory_copy_gbps;
+  };
   const TierCurves& disk = options.disk_direct ? profile.disk_direct : profile.disk_buffered;
   const TierCurves& ram = options.ram_compressed ? profile.ram_zstd : profile.ram;
   prices->ram_gbps = gbps(ram.read);
@@ -288,7 +305,7 @@ void FillPagePrices(const MachineProfile& profile, const PagePriceOptions& optio
   prices->compress_int4_ms = profile.compress_int4.Ms(layers, layer_f32_bytes);
   prices->int8_kld = profile.int8_kld;
   prices->int4_kld = profile.int4_kld;
-  prices->decode_idle_fraction = profile.decode_idle_fraction;
+  prices->decode_idle = profile.decode_idle;
 }
 
 void FillPagePrices(const MachineProfile& profile, int64_t block_tokens, PageCostProfile* prices) {

@@ -17,6 +17,8 @@
 // Decode leaves arithmetic idle while a step streams the weights; the bench measures that idle
 // fraction as the policy defines it, 1 - (time per token of a 128-token Run) / (time of a
 // 1-token Run), and charges recompute x (1 - idle); a transfer costs the same in both phases.
+// The fraction grows with the context, so it is measured at --position, and the model's is its
+// curve there; --position is clamped to the model's context less that 128-token run.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -236,12 +238,15 @@ void Predict(const MachineProfile& profile, const ModelConfig& c, const std::str
   price_options.block_tokens = point->page_tokens;
   price_options.layers = point->depth;
   price_options.disk_direct = true;
+  price_options.page_bytes = prices.kv_bytes;
   FillPagePrices(profile, price_options, &prices);
   prices.has_ram_tier = true;
   prices.has_disk_tier = true;
   KvPolicyOptions options;
   options.quality = KvQuality::kLossless;
   options.phase = point->phase;
+  // Decode's idle share where the bench measures it: a step after `position` tokens.
+  options.step_context = position;
   PageHistory page;
   page.first_position = position;
   const KvDecision d = ChooseKvAction(page, prices, options);
@@ -362,20 +367,27 @@ TokenBatch PageBatch(int64_t tokens, int64_t position, int64_t vocab) {
 }
 
 void FrontierBench::MeasureIdleFraction() {
-  constexpr int64_t kPrefillTokens = 128;
   const TokenBatch one = PageBatch(1, args_.position, c_.vocab_size);
-  const TokenBatch many = PageBatch(kPrefillTokens, args_.position, c_.vocab_size);
+  const TokenBatch many = PageBatch(kIdlePrefillTokens, args_.position, c_.vocab_size);
+  // A small model's step takes a fraction of a millisecond: one preemption in a single-call
+  // sample moves it by more than the context does. Each sample runs steps for at least
+  // kMinStepSampleMs and takes their mean, as calibration times its runs.
+  constexpr double kMinStepSampleMs = 10;
   decode_step_ms_ = MedianSamples(args_.repetitions, [&] {
                       const double t0 = NowMs();
-                      forward_->Run(one, *cache_);
-                      return std::vector<double>{NowMs() - t0};
+                      int64_t steps = 0;
+                      do {
+                        forward_->Run(one, *cache_);
+                        ++steps;
+                      } while (NowMs() - t0 < kMinStepSampleMs);
+                      return std::vector<double>{(NowMs() - t0) / static_cast<double>(steps)};
                     })[0];
   prefill_token_ms_ = MedianSamples(args_.repetitions, [&] {
                         const double t0 = NowMs();
                         forward_->Run(many, *cache_);
                         return std::vector<double>{NowMs() - t0};
                       })[0] /
-                      static_cast<double>(kPrefillTokens);
+                      static_cast<double>(kIdlePrefillTokens);
   idle_fraction_ = std::clamp(1.0 - prefill_token_ms_ / decode_step_ms_, 0.0, 1.0);
 }
 
@@ -602,9 +614,9 @@ void FrontierBench::PrintTables(const MachineProfile& profile) const {
   fmt::print("threads   {}, pages after {} tokens of context, median of up to {} runs\n",
              ctx_.pool()->num_threads(), args_.position, args_.repetitions);
   fmt::print("decode    step {:.2f} ms vs {:.3f} ms per token in a 128-token run: idle fraction "
-             "{:.2f} (decode recompute = measured x {:.2f}; the profile measured {:.2f})\n",
+             "{:.2f} (decode recompute = measured x {:.2f}; the profile's curve gives {:.2f} there)\n",
              decode_step_ms_, prefill_token_ms_, idle_fraction_, 1.0 - idle_fraction_,
-             profile.decode_idle_fraction);
+             profile.decode_idle.FractionAt(args_.position));
   fmt::print("tiers     ");
   for (size_t i = 0; i < tier_names_.size(); ++i) {
     fmt::print("{}{} = {}", i ? ", " : "", tiers_[i].label, tier_names_[i]);
@@ -709,11 +721,19 @@ nlohmann::json FrontierBench::ToJson(const MachineProfile& profile) const {
   j["decode"] = {{"step_ms", decode_step_ms_},
                  {"prefill_ms_per_token", prefill_token_ms_},
                  {"idle_fraction", idle_fraction_},
-                 {"model_idle_fraction", profile.decode_idle_fraction},
+                 {"model_idle_fraction", profile.decode_idle.FractionAt(args_.position)},
                  {"how", "decode recompute = measured recompute (the rebuild, not the checkpoint "
                          "read) x (1 - idle); idle = 1 - (ms per token of a 128-token run) / (ms "
                          "of a 1-token run); transfers are not discounted"}};
   j["profile"] = {{"source", profile.source}, {"timestamp", profile.timestamp}};
+  // The Redis server's read curve, measured at the start (MeasureTierCurves), where one was.
+  for (const TierChoice& tier : tiers_) {
+    if (tier.label != "redis") continue;
+    const TransferCurve& r = remote_curves_.read;
+    j["redis_read_curve"] = {{"call_ms", r.call_ms},       {"page_ms", r.page_ms},
+                             {"gbps", r.gbps},             {"knee_bytes", r.knee_bytes},
+                             {"large_gbps", r.large_gbps}, {"points", r.points.size()}};
+  }
   j["rebuilt_bit_exact"] = rebuilt_bit_exact_;
   nlohmann::json tiers = nlohmann::json::array();
   for (size_t i = 0; i < tiers_.size(); ++i) {
@@ -778,6 +798,17 @@ int BenchFrontierCommand(const BenchFrontierArgs& args) {
   StatusOr<std::unique_ptr<Model>> model = Model::Load(args.model_path);
   if (!model.ok()) return fail(model.status());
   const ModelConfig& c = (*model)->config();
+  // The decode step and its 128-token run sit at --position: both must fit the model's context
+  // (positions past it are not what the model runs, nor what its profile measured).
+  BenchFrontierArgs clamped = args;
+  const int64_t max_position = std::max<int64_t>(0, c.context_length - kIdlePrefillTokens);
+  if (c.context_length > 0 && clamped.position > max_position) {
+    fmt::print(stderr,
+               "kvl bench frontier: --position {} is past the model's context of {} tokens less "
+               "the {}-token run of the idle fraction: clamped to {}\n",
+               clamped.position, c.context_length, kIdlePrefillTokens, max_position);
+    clamped.position = max_position;
+  }
 
   Sweep sweep;
   sweep.page_tokens = args.page_tokens;
@@ -811,7 +842,7 @@ int BenchFrontierCommand(const BenchFrontierArgs& args) {
   StatusOr<MachineProfile> profile = ObtainProfile(**model, ctx, profile_options);
   if (!profile.ok()) return fail(profile.status());
 
-  FrontierBench bench(args, **model, ctx, sweep, std::move(*tiers));
+  FrontierBench bench(clamped, **model, ctx, sweep, std::move(*tiers));
   if (const Status s = bench.Run(*profile); !s.ok()) return fail(s);
   const nlohmann::json j = bench.ToJson(*profile);
   if (args.output == "json") {

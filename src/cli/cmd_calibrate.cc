@@ -76,9 +76,16 @@ void PrintTable(const MachineProfile& p, const std::string& profile_path) {
   for (const MatmulRate& r : p.matmul) fmt::print(" {:>9.2f} |", r.layer_gflops);
   fmt::print("\n\n");
 
-  fmt::print("decode idle fraction {:.3f} (1 - {:.4f} ms per token of a {}-token forward run / "
-             "{:.4f} ms of a 1-token step)\n\n",
-             p.decode_idle_fraction, p.prefill_ms_per_token, kIdlePrefillTokens, p.decode_step_ms);
+  // By the step's context: 1 - ms per token of a 128-token forward run / ms of a 1-token step.
+  fmt::print("| decode idle fraction | context | 1-token step ms | {}-token run ms/token |\n",
+             kIdlePrefillTokens);
+  fmt::print("|----------------------|---------|-----------------|------------------------|\n");
+  for (int i = 0; i < p.decode_idle.num_points; ++i) {
+    const DecodeIdlePoint& d = p.decode_idle.points[static_cast<size_t>(i)];
+    fmt::print("| {:>20.3f} | {:>7} | {:>15.4f} | {:>22.4f} |\n", d.Fraction(), d.context,
+               d.step_ms, d.batch_ms_per_token);
+  }
+  fmt::print("\n");
 
   // What one page costs each way, from the fitted curves, at a few shapes: the table answers
   // "recompute or fetch?" at a glance, and shows how the answer moves with size and position.

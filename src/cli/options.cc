@@ -365,7 +365,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       ->capture_default_str();
   bf_cmd->add_option("--depths", bf.depths, "layers of the page (from the first); default 1, L/4, L/2, L")
       ->delimiter(',');
-  bf_cmd->add_option("--position", bf.position, "tokens of context before the page")
+  bf_cmd->add_option("--position", bf.position,
+                     "tokens of context before the page; at most the model's context less the "
+                     "128-token run of the decode idle fraction (clamped there, with a message)")
       ->capture_default_str();
   bf_cmd->add_option("-r,--repetitions", bf.repetitions, "runs per timing (the median is kept)")
       ->capture_default_str();

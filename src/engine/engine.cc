@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <thread>
@@ -280,6 +281,7 @@ std::string TierIdentity(const Engine::Impl& e) {
 // the measurement fails, the tier is priced like the slowest local one and the engine says so.
 double MeasureRemotePromoteMs(const TierSpec& spec, const KvBlockLayout& layout,
                               int64_t layer_page_bytes, double fallback_ms) {
+  const auto started = std::chrono::steady_clock::now();
   StatusOr<std::unique_ptr<KvTier>> scratch =
       MakeTier(spec, /*page_bytes=*/0, fmt::format("kvl measure {}", ::getpid()));
   StatusOr<TierCurves> curves =
@@ -293,10 +295,12 @@ double MeasureRemotePromoteMs(const TierSpec& spec, const KvBlockLayout& layout,
   }
   const double ms = curves->read.Ms(layout.num_layers, layer_page_bytes);
   fmt::print(stderr,
-             "kvl: redis tier measured: a page ({} x {} bytes) read in {:.3f} ms ({:.3f} ms + {:.2f} GB/s)\n",
+             "kvl: redis tier measured in {:.2f} s: a page ({} x {} bytes) read in {:.3f} ms "
+             "({:.3f} ms + {:.2f} GB/s)\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
              layout.num_layers, layer_page_bytes, ms,
              curves->read.call_ms + curves->read.page_ms * static_cast<double>(layout.num_layers),
-             curves->read.gbps);
+             curves->read.EffectiveGbps(layout.num_layers * layer_page_bytes));
   return ms;
 }
 

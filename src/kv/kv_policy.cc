@@ -107,6 +107,43 @@ double RecomputeTokenMs(const PageCostProfile& p, int64_t position) {
          static_cast<double>(p.block_tokens);
 }
 
+double DecodeIdlePoint::Fraction() const {
+  return step_ms > 0 ? std::clamp(1.0 - batch_ms_per_token / step_ms, 0.0, 1.0) : 0.0;
+}
+
+bool DecodeIdleCurve::Add(const DecodeIdlePoint& point) {
+  if (num_points == kMaxDecodeIdlePoints) return false;
+  if (num_points > 0 && point.context <= points[static_cast<size_t>(num_points - 1)].context) {
+    return false;
+  }
+  points[static_cast<size_t>(num_points++)] = point;
+  return true;
+}
+
+double DecodeIdleCurve::FractionAt(int64_t context) const {
+  if (num_points == 0) return 0.0;
+  const DecodeIdlePoint& first = points[0];
+  const DecodeIdlePoint& last = points[static_cast<size_t>(num_points - 1)];
+  if (context <= first.context) return first.Fraction();
+  if (context >= last.context) return last.Fraction();
+  size_t hi = 1;
+  while (points[hi].context < context) ++hi;
+  const DecodeIdlePoint& a = points[hi - 1];
+  const DecodeIdlePoint& b = points[hi];
+  const double w = static_cast<double>(context - a.context) / static_cast<double>(b.context - a.context);
+  DecodeIdlePoint at;
+  at.context = context;
+  at.step_ms = a.step_ms + w * (b.step_ms - a.step_ms);
+  at.batch_ms_per_token = a.batch_ms_per_token + w * (b.batch_ms_per_token - a.batch_ms_per_token);
+  return at.Fraction();
+}
+
+DecodeIdleCurve DecodeIdleCurve::Flat(double fraction) {
+  DecodeIdleCurve curve;
+  curve.Add({0, 1.0, 1.0 - std::clamp(fraction, 0.0, 1.0)});
+  return curve;
+}
+
 double ReuseProbability(const PageHistory& page) {
   if (page.is_sink || page.in_recent_window) return 1.0;
   // Recency dominates (attention concentrates on recent and heavy-hitter tokens, per H2O);
@@ -125,7 +162,11 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
   const bool lossless_only = o.quality == KvQuality::kLossless;
   // Recompute competes with the step's own arithmetic only where that arithmetic is busy: in a
   // decode step this fraction of it is hidden (costs nothing, though it still takes its time).
-  const double hidden_fraction = o.phase == Phase::kDecode ? p.decode_idle_fraction : 0.0;
+  // The fraction grows with the context the step attends over (DecodeIdleCurve).
+  const int64_t step_context =
+      o.step_context >= 0 ? o.step_context : page.first_position + p.block_tokens;
+  const double hidden_fraction =
+      o.phase == Phase::kDecode ? p.decode_idle.FractionAt(step_context) : 0.0;
   const double kv = static_cast<double>(p.kv_bytes);
   const double residual = static_cast<double>(p.residual_bytes);
   const double ram_write_gbps = p.ram_write_gbps > 0 ? p.ram_write_gbps : p.ram_gbps;

@@ -122,6 +122,9 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
   o.phase = phase;
   o.memory_price_ms_per_mib = memory_price_ms_per_mib;
   o.feedback = feedback_;
+  // The step that reads the page again attends over the whole sequence: decode's idle share of
+  // it is evaluated there.
+  o.step_context = manager_.num_tokens(seq.slot);
   PageHistory page;
   page.first_position = block_index * rules_.block_tokens;
   page.is_sink = page.first_position < rules_.sink_tokens;

@@ -64,13 +64,21 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
     EXPECT_TRUE(PositiveFinite(r.kv_proj_gflops)) << r.n_tokens;
     EXPECT_TRUE(PositiveFinite(r.layer_gflops)) << r.n_tokens;
   }
-  EXPECT_TRUE(p.decode_idle_fraction >= 0 && p.decode_idle_fraction <= 1);
-  // The idle fraction is the two forward runs' ratio: a 1-token step against a batch's per-token
-  // time, which on any machine is less (the weights are read once for the whole batch).
-  EXPECT_TRUE(PositiveFinite(p.decode_step_ms));
-  EXPECT_TRUE(PositiveFinite(p.prefill_ms_per_token));
-  EXPECT_LT(p.prefill_ms_per_token, p.decode_step_ms);
-  EXPECT_NEAR(p.decode_idle_fraction, 1 - p.prefill_ms_per_token / p.decode_step_ms, 1e-12);
+  // The idle fraction is measured at every context DecodeIdleContexts names for the model, each
+  // the two forward runs' ratio: a 1-token step against a batch's per-token time, which on any
+  // machine is less (the weights are read once for the whole batch).
+  const std::vector<int64_t> contexts =
+      DecodeIdleContexts(Stories260K().model->config().context_length);
+  ASSERT_EQ(p.decode_idle.num_points, static_cast<int>(contexts.size()));
+  EXPECT_GE(contexts.size(), 2u);
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    const DecodeIdlePoint& d = p.decode_idle.points[i];
+    EXPECT_EQ(d.context, contexts[i]);
+    EXPECT_TRUE(PositiveFinite(d.step_ms)) << d.context;
+    EXPECT_TRUE(PositiveFinite(d.batch_ms_per_token)) << d.context;
+    EXPECT_LT(d.batch_ms_per_token, d.step_ms) << d.context;
+    EXPECT_NEAR(p.decode_idle.FractionAt(d.context), 1 - d.batch_ms_per_token / d.step_ms, 1e-12);
+  }
   // Curves, each fitted to points of several shapes, pricing a page above 0 ms.
   for (const RecomputeCurve* c : {&p.recompute_from_residual, &p.recompute_from_tokens}) {
     EXPECT_GE(c->points.size(), 5u);
@@ -298,34 +306,44 @@ void ExpectError(const Status& s, StatusCode code, const std::string& needle) {
   EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
 }
 
-// A version-3 profile written before the decode step was timed has no step timings: it loads,
-// and keeps the idle fraction it has.
-TEST(CalibrationTest, LoadAcceptsAProfileWithoutDecodeTimings) {
-  const std::string path = TempPath("no-decode-timings.json");
+// The decode idle curve and a transfer curve's knee survive the round trip, --explain shows
+// the curve, and points out of order are refused.
+TEST(CalibrationTest, DecodeIdleCurveAndKneeRoundTrip) {
+  const std::string path = TempPath("idle-curve.json");
   MachineProfile p = TinyProfile();
-  p.decode_idle_fraction = 0.6;
-  p.decode_step_ms = 2;
-  p.prefill_ms_per_token = 0.8;
+  p.decode_idle = DecodeIdleCurve{};
+  ASSERT_TRUE(p.decode_idle.Add({16, 0.17, 0.073}));
+  ASSERT_TRUE(p.decode_idle.Add({72, 0.25, 0.072}));
+  ASSERT_TRUE(p.decode_idle.Add({128, 0.31, 0.071}));
+  p.ram.read.knee_bytes = 8 << 20;
+  p.ram.read.large_gbps = 4.5;
   ASSERT_TRUE(SaveProfile(p, path).ok());
-  nlohmann::json j = nlohmann::json::parse(ReadFile(path));
-  j["decode"].erase("step_ms");
-  j["decode"].erase("prefill_ms_per_token");
-  WriteFile(path, j.dump(2));
   StatusOr<MachineProfile> loaded = LoadProfile(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  EXPECT_EQ(loaded->decode_idle_fraction, 0.6);
-  EXPECT_EQ(loaded->decode_step_ms, 0);
-  EXPECT_EQ(loaded->prefill_ms_per_token, 0);
-  EXPECT_NE(ExplainProfile(*loaded).find("older profile"), std::string::npos);
+  EXPECT_EQ(loaded->decode_idle, p.decode_idle);
+  EXPECT_EQ(loaded->ram.read, p.ram.read);
+  EXPECT_EQ(*loaded, p);
+  const std::string explained = ExplainProfile(*loaded);
+  EXPECT_NE(explained.find("0.571 at 16, 0.712 at 72, 0.771 at 128 tokens of context"),
+            std::string::npos)
+      << explained;
+  EXPECT_NE(explained.find("Forward::Run ms per token of a 128-token batch"), std::string::npos);
+  EXPECT_NE(explained.find("up to 8.0 MiB per call, at 4.50 GB/s beyond"), std::string::npos)
+      << explained;
   std::filesystem::remove(path);
-  // With them, both survive the round trip and --explain names the runs.
-  ASSERT_TRUE(SaveProfile(p, path).ok());
-  loaded = LoadProfile(path);
-  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  EXPECT_EQ(loaded->decode_step_ms, 2);
-  EXPECT_EQ(loaded->prefill_ms_per_token, 0.8);
-  EXPECT_NE(ExplainProfile(*loaded).find("Forward::Run ms per token"), std::string::npos);
-  std::filesystem::remove(path);
+
+  ExpectError(LoadEdited([](nlohmann::json& j) {
+                auto& points = j["decode"]["points"];
+                std::swap(points[0], points[1]);
+              }),
+              StatusCode::kDataLoss, "'decode.points[1]' must come after a point of a smaller context");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["decode"]["points"][0]["step_ms"] = 0; }),
+              StatusCode::kDataLoss, "'decode.points[0].step_ms' must be a positive");
+  ExpectError(LoadEdited([](nlohmann::json& j) {
+                j["tiers"]["ram"]["read"]["knee_bytes"] = 4096;
+                j["tiers"]["ram"]["read"]["large_gbps"] = 0;
+              }),
+              StatusCode::kDataLoss, "'tiers.ram.read.large_gbps' must be positive where knee_bytes is");
 }
 
 TEST(CalibrationTest, LoadRejectsMissingFields) {
@@ -362,8 +380,8 @@ TEST(CalibrationTest, LoadRejectsNegativeAndMistypedValues) {
   ExpectError(
       LoadEdited([](nlohmann::json& j) { j["recompute"]["from_tokens"]["token_layer_ms"] = -1e-3; }),
       StatusCode::kDataLoss, "'recompute.from_tokens.token_layer_ms' must be a finite number >= 0");
-  ExpectError(LoadEdited([](nlohmann::json& j) { j["decode"]["idle_fraction"] = 1.5; }),
-              StatusCode::kDataLoss, "'decode.idle_fraction' must be at most 1");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["decode"]["points"][1]["context"] = -1; }),
+              StatusCode::kDataLoss, "'decode.points[1].context' must be >= 0");
   ExpectError(LoadEdited([](nlohmann::json& j) { j["quality"]["kld_tokens"] = -1; }),
               StatusCode::kDataLoss, "'quality.kld_tokens' must be >= 0");
   ExpectError(LoadEdited([](nlohmann::json& j) { j["model"]["layers"] = -5; }),
@@ -385,6 +403,16 @@ TEST(CalibrationTest, LoadRejectsNegativeAndMistypedValues) {
 TEST(CalibrationTest, LoadRejectsOtherVersions) {
   ExpectError(LoadEdited([](nlohmann::json& j) { j["version"] = kProfileVersion + 1; }),
               StatusCode::kInvalidArgument, fmt::format("'version' is {}", kProfileVersion + 1));
+  // Version 3 (one decode idle fraction, transfer curves of one bandwidth) is refused for its
+  // version, not for the fields it lacks.
+  ExpectError(LoadEdited([](nlohmann::json& j) {
+                j["version"] = 3;
+                j["decode"] = {{"idle_fraction", 0.64}, {"step_ms", 0.2},
+                               {"prefill_ms_per_token", 0.07}};
+                j["tiers"]["ram"]["read"].erase("knee_bytes");
+              }),
+              StatusCode::kInvalidArgument,
+              "'version' is 3, but this kvl reads version 4; run `kvl calibrate`");
   // A version 1 profile (no source) is refused for its version, not for the missing field.
   ExpectError(LoadEdited([](nlohmann::json& j) {
                 j["version"] = 1;
@@ -398,7 +426,7 @@ TEST(CalibrationTest, LoadRejectsOtherVersions) {
                 j["recompute"] = {{"page_tokens", 16}, {"from_residual_ms", 1.0},
                                   {"from_tokens_ms", 2.0}};
               }),
-              StatusCode::kInvalidArgument, "'version' is 2, but this kvl reads version 3; run `kvl calibrate`");
+              StatusCode::kInvalidArgument, "'version' is 2, but this kvl reads version 4; run `kvl calibrate`");
 }
 
 TEST(CalibrationTest, LoadChecksTheSource) {

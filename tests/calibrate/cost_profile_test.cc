@@ -334,7 +334,8 @@ TEST(PagePricesTest, EvaluatesTheCurvesAtThePagesShapeAndCopiesTheRates) {
   profile.kld_tokens = 100;
   profile.int8_kld = 2e-5;
   profile.int4_kld = 3e-3;
-  profile.decode_idle_fraction = 0.7;
+  ASSERT_TRUE(profile.decode_idle.Add({16, 1.0, 0.5}));
+  ASSERT_TRUE(profile.decode_idle.Add({512, 1.0, 0.1}));
   PageCostProfile prices;
   prices.kv_bytes = 12345;
   prices.has_disk_tier = true;
@@ -366,7 +367,7 @@ TEST(PagePricesTest, EvaluatesTheCurvesAtThePagesShapeAndCopiesTheRates) {
   EXPECT_DOUBLE_EQ(prices.compress_int4_ms, 0.001 + 0.003 * 4 + 4 * layer_bytes / 2e6);
   EXPECT_EQ(prices.int8_kld, 2e-5);
   EXPECT_EQ(prices.int4_kld, 3e-3);
-  EXPECT_EQ(prices.decode_idle_fraction, 0.7);
+  EXPECT_EQ(prices.decode_idle, profile.decode_idle);  // the policy evaluates it per step
   EXPECT_EQ(prices.kv_bytes, 12345);  // the caller's fields stay
   EXPECT_TRUE(prices.has_disk_tier);
 
@@ -377,6 +378,36 @@ TEST(PagePricesTest, EvaluatesTheCurvesAtThePagesShapeAndCopiesTheRates) {
   EXPECT_DOUBLE_EQ(prices.recompute_residual_ms, 0.5 + 0.25 * 2 + 0.01 * 32 * 2);
   EXPECT_DOUBLE_EQ(prices.disk_read_gbps, 1.5);
   EXPECT_DOUBLE_EQ(prices.disk_latency_ms, 0.1 + 0.05 * 2);
+}
+
+// A page set past a curve's knee is priced at the bandwidth the curve averages over its bytes,
+// so the policy's latency + bytes / bandwidth is the curve's time for the page.
+TEST(PagePricesTest, APagePastTheKneeIsPricedAtTheAveragedBandwidth) {
+  MachineProfile profile;
+  profile.model.layers = 8;
+  profile.model.kv_bytes_per_token_per_layer_f32 = 16384;
+  profile.memory_copy_gbps = 20;
+  profile.ram.read = {0.01, 0.002, 12.0, 4 << 20, 4.0, {}};
+  profile.ram.write = profile.ram.read;
+  PagePriceOptions o;
+  auto priced_ms = [&](int64_t tokens) {
+    o.block_tokens = tokens;
+    PageCostProfile prices;
+    FillPagePrices(profile, o, &prices);
+    const double bytes = static_cast<double>(tokens * 8 * 16384);
+    return TransferMs(bytes, prices.ram_gbps, prices.ram_latency_ms);
+  };
+  // 16 tokens: 2 MiB, below the knee; 1024 tokens: 128 MiB, mostly past it.
+  EXPECT_NEAR(priced_ms(16), profile.ram.read.Ms(8, 16 * 16384), 1e-9);
+  EXPECT_NEAR(priced_ms(1024), profile.ram.read.Ms(8, 1024 * 16384), 1e-9);
+  EXPECT_GT(priced_ms(1024), 0.01 + 0.016 + (128 << 20) / 12e6 * 2.5);  // not at the cache rate
+  // The caller's page bytes (an f16 cache: half the f32 bytes) pick the bandwidth.
+  o.page_bytes = 512 * 8 * 16384;
+  o.block_tokens = 1024;
+  PageCostProfile prices;
+  FillPagePrices(profile, o, &prices);
+  EXPECT_NEAR(TransferMs(static_cast<double>(o.page_bytes), prices.ram_gbps, prices.ram_latency_ms),
+              profile.ram.read.Ms(8, 512 * 16384), 1e-9);
 }
 
 TEST(EstimateTest, GrowsWithTheWorkAndIsAtLeastASecond) {

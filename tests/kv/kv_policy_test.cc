@@ -27,7 +27,7 @@ PageCostProfile Mha() {
   p.disk_latency_ms = 0.1;
   p.has_disk_tier = true;
   // As calibrate measures it on a machine whose decode matmuls run at half the prefill rate.
-  p.decode_idle_fraction = 0.5;
+  p.decode_idle = DecodeIdleCurve::Flat(0.5);
   return p;
 }
 
@@ -180,7 +180,7 @@ TEST(KvPolicyTest, PrefillPricesRecomputeHigherThanDecode) {
   PageHistory hot = ColdPage();
   hot.steps_since_access = 0;
   PageCostProfile p = Mha();
-  p.decode_idle_fraction = 0.6;  // as measured: 1 - decode matmul rate / prefill matmul rate
+  p.decode_idle = DecodeIdleCurve::Flat(0.6);  // the same at every context
   // Both recomputes hide part of their arithmetic under decode's weight streaming: it lowers
   // their cost, not the time they take (the prediction the engine checks); moving bytes
   // (demotion) costs the same in either phase.
@@ -200,11 +200,73 @@ TEST(KvPolicyTest, PrefillPricesRecomputeHigherThanDecode) {
   const KvActionCost demote_prefill = CostOf(ChooseKvAction(hot, p, o), KvAction::kDemoteRam);
   EXPECT_EQ(demote_decode.total_ms, demote_prefill.total_ms);
   // Measured as nothing hidden: the phases price alike.
-  p.decode_idle_fraction = 0;
+  p.decode_idle = DecodeIdleCurve{};
   o.phase = Phase::kDecode;
   const double none_decode = CostOf(ChooseKvAction(hot, p, o), KvAction::kRecomputeTokens).total_ms;
   o.phase = Phase::kPrefill;
   EXPECT_EQ(none_decode, CostOf(ChooseKvAction(hot, p, o), KvAction::kRecomputeTokens).total_ms);
+}
+
+TEST(KvPolicyTest, DecodeIdleCurveInterpolatesItsTimingsAndHoldsTheEnds) {
+  DecodeIdleCurve curve;
+  EXPECT_EQ(curve.FractionAt(100), 0);  // nothing measured: nothing hidden
+  // As measured on stories15M: the step grows with the context much faster than the batch.
+  ASSERT_TRUE(curve.Add({16, 0.17, 0.073}));
+  ASSERT_TRUE(curve.Add({128, 0.31, 0.071}));
+  ASSERT_TRUE(curve.Add({512, 1.0, 0.13}));
+  EXPECT_FALSE(curve.Add({512, 2.0, 0.2}));  // not above the last context
+  EXPECT_FALSE(curve.Add({100, 2.0, 0.2}));
+  EXPECT_DOUBLE_EQ(curve.FractionAt(16), 1 - 0.073 / 0.17);
+  EXPECT_DOUBLE_EQ(curve.FractionAt(128), 1 - 0.071 / 0.31);
+  // Held at the ends.
+  EXPECT_DOUBLE_EQ(curve.FractionAt(0), curve.FractionAt(16));
+  EXPECT_DOUBLE_EQ(curve.FractionAt(-5), curve.FractionAt(16));
+  EXPECT_DOUBLE_EQ(curve.FractionAt(4096), 1 - 0.13 / 1.0);
+  // Between two points both timings are interpolated, and the fraction taken from them (not
+  // the fractions interpolated).
+  const double step = 0.31 + 0.5 * (1.0 - 0.31), batch = 0.071 + 0.5 * (0.13 - 0.071);
+  EXPECT_DOUBLE_EQ(curve.FractionAt(320), 1 - batch / step);
+  EXPECT_GT(curve.FractionAt(320), curve.FractionAt(128));
+  EXPECT_LT(curve.FractionAt(320), curve.FractionAt(512));
+  // Full at kMaxDecodeIdlePoints.
+  ASSERT_TRUE(curve.Add({1024, 2.0, 0.2}));
+  EXPECT_FALSE(curve.Add({2048, 4.0, 0.3}));
+  EXPECT_DOUBLE_EQ(DecodeIdleCurve::Flat(0.25).FractionAt(7), 0.25);
+  EXPECT_DOUBLE_EQ(DecodeIdleCurve::Flat(0.25).FractionAt(70000), 0.25);
+}
+
+TEST(KvPolicyTest, DecodeHidesTheIdleFractionAtTheStepsContext) {
+  PageCostProfile p = Mha();
+  p.block_tokens = 16;
+  p.decode_idle = DecodeIdleCurve{};
+  ASSERT_TRUE(p.decode_idle.Add({16, 1.0, 0.5}));    // idle 0.5 at a short context
+  ASSERT_TRUE(p.decode_idle.Add({512, 1.0, 0.1}));   // idle 0.9 at a long one
+  KvPolicyOptions o;
+  o.phase = Phase::kDecode;
+  PageHistory page = ColdPage();
+  page.first_position = 0;
+  auto hidden_share = [&](KvAction a) {
+    // Of the recompute itself (a residual restore also reads the checkpoints: not hidden).
+    const KvActionCost c = CostOf(ChooseKvAction(page, p, o), a);
+    return c.hidden_ms /
+           (a == KvAction::kRecomputeResidual ? p.recompute_residual_ms : c.bring_back_ms);
+  };
+  for (KvAction a : {KvAction::kRecomputeResidual, KvAction::kRecomputeTokens}) {
+    // The step's context given: the fraction there, wherever the page sits.
+    o.step_context = 16;
+    EXPECT_NEAR(hidden_share(a), 0.5, 1e-12) << KvActionName(a);
+    o.step_context = 512;
+    EXPECT_NEAR(hidden_share(a), 0.9, 1e-12) << KvActionName(a);
+    o.step_context = 264;  // halfway: step 1.0, batch 0.3
+    EXPECT_NEAR(hidden_share(a), 0.7, 1e-12) << KvActionName(a);
+    // Unknown: the page's end, the least context of a step that reads all of it.
+    o.step_context = -1;
+    page.first_position = 0;
+    EXPECT_NEAR(hidden_share(a), 0.5, 1e-12) << KvActionName(a);
+    page.first_position = 496;
+    EXPECT_NEAR(hidden_share(a), 0.9, 1e-12) << KvActionName(a);
+    page.first_position = 0;
+  }
 }
 
 TEST(KvPolicyTest, RecomputeFromTokensPricesThePagesPositionAndItsShareOfTheCall) {

@@ -43,12 +43,20 @@ class OpsContext;
 // 2: `source` says whether the numbers were measured or are analytic defaults.
 // 3: curves instead of points: recompute by tokens, layers and position; transfers per tier as
 //    fitted latency + bytes / bandwidth; compress time; measured KLD; decode's idle compute.
-inline constexpr int64_t kProfileVersion = 3;
+// 4: decode's idle fraction as a curve over the context ("decode": {"points": [...]}); transfer
+//    curves with a second bandwidth above a measured size ("knee_bytes", "large_gbps").
+inline constexpr int64_t kProfileVersion = 4;
 // Tokens per page the table of `kvl calibrate` shows (the paged KV manager's default block).
 inline constexpr int64_t kCalibrationPageTokens = 16;
-// The context behind the decode step and the prefill batch the idle fraction is measured with.
-inline constexpr int64_t kIdleContextTokens = 256;
+// The decode idle fraction (DecodeIdleCurve) is measured with a 1-token step against a batch of
+// kIdlePrefillTokens at DecodeIdleContexts: kIdleShortContextTokens, the longest context where
+// the batch still fits the model's context (at most kIdleLongContextTokens: the KV rows of a 7B
+// model's 1024 positions are already 1 GiB), and the middle of the two.
 inline constexpr int64_t kIdlePrefillTokens = 128;
+inline constexpr int64_t kIdleShortContextTokens = 16;
+inline constexpr int64_t kIdleLongContextTokens = 1024;
+// Those contexts for a model of `context_length` tokens (0: unknown), increasing, no repeats.
+std::vector<int64_t> DecodeIdleContexts(int64_t context_length);
 
 // MachineProfile::source: how the numbers were obtained.
 inline constexpr std::string_view kProfileSourceMeasured = "measured";
@@ -142,16 +150,26 @@ struct TransferPoint {
 };
 
 // A transfer's time as latency + bytes / bandwidth, fitted like RecomputeCurve:
-//   ms = call_ms + page_ms * pages + pages * page_bytes / (gbps * 1e6)
+//   ms = call_ms + page_ms * pages + BytesMs(pages * page_bytes)
+//   BytesMs(b) = min(b, knee_bytes) / (gbps * 1e6) + max(0, b - knee_bytes) / (large_gbps * 1e6)
 // (a tier call coalesces its pages into few I/O operations, so the latency splits into a part per
-// call and a part per page). gbps = 0 means bytes cost nothing measurable.
+// call and a part per page). The bytes of a call go at gbps while they fit the CPU caches, and at
+// large_gbps beyond knee_bytes, where they stream from and to DRAM (a RAM copy of a 1024-token
+// page set runs at about 2/3 of the rate of a 16-token one). The fit tries each measured call
+// size as the knee and keeps the best (FitTransferCurve); knee_bytes = 0: one bandwidth for every
+// size (large_gbps unused). gbps = 0 means bytes cost nothing measurable.
 struct TransferCurve {
   double call_ms = 0;
   double page_ms = 0;
   double gbps = 0;
+  int64_t knee_bytes = 0;
+  double large_gbps = 0;
   std::vector<TransferPoint> points;
 
   double Ms(int64_t pages, int64_t page_bytes) const;
+  // The bytes' part of a call moving `bytes` in all, and the bandwidth it averages.
+  double BytesMs(int64_t bytes) const;
+  double EffectiveGbps(int64_t bytes) const;  // gbps where bytes cost nothing measurable
   bool operator==(const TransferCurve&) const = default;
 };
 
@@ -181,17 +199,15 @@ struct MachineProfile {
   CalibrationModel model;
 
   std::vector<MatmulRate> matmul;  // n_tokens = 1 (decode), 16 (a page), 128 (a prefill chunk)
-  // The fraction of the machine's arithmetic a decode step leaves idle:
-  // 1 - (ms per token of a 128-token forward run) / (ms of a 1-token run), both after
-  // kIdleContextTokens of context: decode runs one token per pass over the weights, at the
-  // memory's pace (and pays every per-step cost for one token); a 128-token batch shows what the
-  // same cores do when arithmetic is the limit. The difference is the compute recompute could
-  // use for free. decode_step_ms and prefill_ms_per_token are those two timings; both 0 in a
-  // profile written before they were measured, whose fraction came from the matmul rates alone
-  // (1 - layer_gflops(n=1) / layer_gflops(n=128)).
-  double decode_idle_fraction = 0;
-  double decode_step_ms = 0;
-  double prefill_ms_per_token = 0;
+  // The fraction of the machine's arithmetic a decode step leaves idle, by the step's context:
+  // at each of DecodeIdleContexts, 1 - (ms per token of a kIdlePrefillTokens-token forward run)
+  // / (ms of a 1-token run), both after that many tokens of context. Decode runs one token per
+  // pass over the weights, at the memory's pace (and pays every per-step cost for one token); a
+  // batch shows what the same cores do when arithmetic is the limit. The difference is the
+  // compute recompute could use for free; it grows with the context, since a step's attention
+  // over the context is arithmetic the batch spreads over its tokens. No points: nothing hidden
+  // (the analytic defaults assume none).
+  DecodeIdleCurve decode_idle;
 
   //   from_residual: RmsNorm + Wk/Wv projections + RoPE of stored layer inputs, through the
   //                  forward pass's own KvRebuilder, plus nothing else (the read is a transfer);
@@ -275,9 +291,10 @@ CalibrateOptions QuickCalibrateOptions();
 
 // A tier calibration cannot reach on its own (the Redis server an engine is pointed at), measured
 // as Calibrate measures RAM and disk: the tier's own Put and Get of 1 and `layers` pages, at
-// 4 KiB and at `page_bytes`, fitted as latency + bytes / bandwidth. Writes keys 1.. of `tier` and
-// erases them: open it under an identity of its own. With QuickCalibrateOptions, a few hundred
-// milliseconds over loopback.
+// 4 KiB and at `page_bytes`, and of the 1024-token page set (64 x `page_bytes` a page, up to
+// `layers` of them within 32 MiB a call), fitted as latency + bytes / bandwidth with a knee.
+// Writes keys 1.. of `tier` and erases them: open it under an identity of its own. With
+// QuickCalibrateOptions, 0.5-1 s over loopback.
 StatusOr<TierCurves> MeasureTierCurves(KvTier& tier, int64_t page_bytes, int64_t layers,
                                        const CalibrateOptions& options);
 

@@ -61,6 +61,10 @@ struct PagePriceOptions {
   int64_t layers = 0;                // layers the page spans; 0: every layer of the model
   bool disk_direct = false;          // the disk tier is opened with O_DIRECT (disk:...:direct)
   bool ram_compressed = false;       // the RAM tier compresses with zstd (ram:SIZE:zstd)
+  // Bytes the page takes in a tier (every layer's K and V at the cache's dtype): the size whose
+  // average bandwidth the transfer prices use (a curve's bandwidth drops past its knee).
+  // 0: the page at f32.
+  int64_t page_bytes = 0;
   // Tokens per forward call when a resumed sequence recomputes its pages (the engine's batch);
   // 0: each page alone.
   int64_t recompute_batch_tokens = 0;
@@ -69,7 +73,9 @@ struct PagePriceOptions {
 // Fills the prices of one page that a profile provides, evaluating its curves at the page's
 // tokens and layers: recompute_residual_ms, the recompute_tokens_* terms (the position is the
 // policy's, PageHistory::first_position), the compress times, every tier's bandwidth and
-// per-page latency (the disk's buffered or O_DIRECT curves), the KLDs and decode_idle_fraction.
+// per-page latency (the disk's buffered or O_DIRECT curves; each bandwidth the one the curve
+// averages over the page's bytes), the KLDs and the decode idle curve (the policy evaluates it at
+// the step's context).
 // kv_bytes, residual_bytes, the compressed page sizes, the tiers present and the actions allowed
 // are left as they are (the caller knows its layout). `kvl bench frontier` prices its points
 // with this too.

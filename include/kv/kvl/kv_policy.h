@@ -58,6 +58,39 @@ enum class Phase { kPrefill, kDecode };
 inline constexpr double kDefaultInt8Kld = 1e-4;
 inline constexpr double kDefaultInt4Kld = 5e-3;
 
+// Decode's idle arithmetic, measured after `context` tokens of context: a 1-token step takes
+// step_ms, a batch of many tokens (kvl calibrate: 128) batch_ms_per_token per token at the same
+// context. The batch shows what the cores do when arithmetic is the limit; the step leaves
+// 1 - batch_ms_per_token / step_ms of that idle.
+struct DecodeIdlePoint {
+  int64_t context = 0;
+  double step_ms = 0;
+  double batch_ms_per_token = 0;
+
+  double Fraction() const;  // clamped to [0, 1]; 0 without a step time
+  bool operator==(const DecodeIdlePoint&) const = default;
+};
+
+// The idle fraction as a function of the context a decode step attends over. Attention reads
+// every position of the context while the weights are streamed once per step, so the step's time
+// grows with the context faster than the batch's per-token time, and so does the fraction (on a
+// small model, from ~0.6 at 16 tokens to ~0.9 at 512). Both timings are about linear in the
+// context: each is interpolated linearly between the measured contexts and held at the ends, and
+// the fraction is taken from the two. A fixed array, so pricing a page never allocates.
+inline constexpr int kMaxDecodeIdlePoints = 4;
+struct DecodeIdleCurve {
+  std::array<DecodeIdlePoint, kMaxDecodeIdlePoints> points{};  // [0, num_points), by context
+  int num_points = 0;
+
+  // Appends a point at a context above the last one's; false when full or out of order.
+  bool Add(const DecodeIdlePoint& point);
+  // The fraction at `context`; 0 without points (nothing hidden).
+  double FractionAt(int64_t context) const;
+  // One point: `fraction` at every context (tests, and profiles that measure no curve).
+  static DecodeIdleCurve Flat(double fraction);
+  bool operator==(const DecodeIdleCurve&) const = default;
+};
+
 // What the machine can do, from the calibration profile, per page of this model. A transfer is
 // latency + bytes / bandwidth; the latencies are those of one page (one tier page per layer, in
 // one call), so they already hold the page's depth.
@@ -93,9 +126,10 @@ struct PageCostProfile {
   bool has_disk_tier = false;
   bool has_ram_tier = true;
   // Decode leaves arithmetic idle: this fraction of recompute time is hidden under the weight
-  // streaming of a decode step (0: nothing hidden, as in prefill). It lowers the action's cost,
-  // not its predicted bring-back time (which is what the engine measures and checks).
-  double decode_idle_fraction = 0;
+  // streaming of a decode step (no points: nothing hidden, as in prefill), evaluated at the
+  // step's context (KvPolicyOptions::step_context). It lowers the action's cost, not its
+  // predicted bring-back time (which is what the engine measures and checks).
+  DecodeIdleCurve decode_idle;
   // Actions the caller can carry out (bit i = KvAction i); the others are priced but not allowed.
   uint32_t available_actions = 0xFF;
   // Expected KL divergence the lossy encodings add (measured on the model by kvl calibrate).
@@ -121,6 +155,10 @@ struct KvPolicyOptions {
   // MemoryPriceMsPerMib); 0: no pressure, keeping is free.
   double memory_price_ms_per_mib = 0;
   double quality_price_ms_per_kld = 0; // 0: the quality preset's default
+  // Tokens the decode step that would hide a recompute attends over (the sequence's length): the
+  // context the decode idle fraction is evaluated at. -1: unknown, taken as the page's end
+  // (first_position + block_tokens), the least context of a step that reads the whole page.
+  int64_t step_context = -1;
   // Corrections of the model's bring-back times by what the engine measured (keyed by
   // KvAction); null: the model's times as they are.
   const BringBackFeedback* feedback = nullptr;
