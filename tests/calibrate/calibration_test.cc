@@ -65,20 +65,26 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
     EXPECT_TRUE(PositiveFinite(r.layer_gflops)) << r.n_tokens;
   }
   // The idle fraction is measured at every context DecodeIdleContexts names for the model, each
-  // the two forward runs' ratio: a 1-token step against a batch's per-token time, which on any
-  // machine is less (the weights are read once for the whole batch).
+  // the two forward runs' ratio: a 1-token step against a batch's per-token time, which is less
+  // (the weights are read once for the whole batch; on stories260K a third of the step). One
+  // sample can come out the other way when another process takes a core during the batch (a
+  // parallel ctest did: 0.0294 against 0.0280 ms at 16 tokens), so that is asserted of the curve,
+  // not of every point; the fraction is clamped at 0 there.
   const std::vector<int64_t> contexts =
       DecodeIdleContexts(Stories260K().model->config().context_length);
   ASSERT_EQ(p.decode_idle.num_points, static_cast<int>(contexts.size()));
   EXPECT_GE(contexts.size(), 2u);
+  double most_idle = 0;
   for (size_t i = 0; i < contexts.size(); ++i) {
     const DecodeIdlePoint& d = p.decode_idle.points[i];
     EXPECT_EQ(d.context, contexts[i]);
     EXPECT_TRUE(PositiveFinite(d.step_ms)) << d.context;
     EXPECT_TRUE(PositiveFinite(d.batch_ms_per_token)) << d.context;
-    EXPECT_LT(d.batch_ms_per_token, d.step_ms) << d.context;
-    EXPECT_NEAR(p.decode_idle.FractionAt(d.context), 1 - d.batch_ms_per_token / d.step_ms, 1e-12);
+    EXPECT_NEAR(p.decode_idle.FractionAt(d.context),
+                std::clamp(1 - d.batch_ms_per_token / d.step_ms, 0.0, 1.0), 1e-12);
+    most_idle = std::max(most_idle, p.decode_idle.FractionAt(d.context));
   }
+  EXPECT_GT(most_idle, 0.2);
   // Curves, each fitted to points of several shapes, pricing a page above 0 ms.
   for (const RecomputeCurve* c : {&p.recompute_from_residual, &p.recompute_from_tokens}) {
     EXPECT_GE(c->points.size(), 5u);
