@@ -827,6 +827,17 @@ int BenchFrontierCommand(const BenchFrontierArgs& args) {
     return fail(InvalidArgumentError(fmt::format("--depths {}: the model has {} layers",
                                                  sweep.depths.back(), c.num_layers)));
   }
+  // A page's tokens sit at [position, position + T). Past the model's context they are positions
+  // the engine never runs for this model; they are still timed (how a cost scales with the page's
+  // size is the sweep's point), and the output says which.
+  if (c.context_length > 0 && clamped.position + sweep.page_tokens.back() > c.context_length) {
+    fmt::print(stderr,
+               "kvl bench frontier: note: pages of more than {} tokens after --position {} run "
+               "past the model's context of {} tokens (timed all the same: positions this model "
+               "never serves)\n",
+               std::max<int64_t>(0, c.context_length - clamped.position), clamped.position,
+               c.context_length);
+  }
 
   const int threads = args.num_threads > 0
                           ? args.num_threads

@@ -42,6 +42,7 @@ TEST_F(BenchFrontierTest, EveryPointIsMeasuredAndTheWinnerIsTheFastest) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("### crossovers"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("### prediction error"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("past the model's context"), std::string::npos) << r.output;
 
   std::ifstream f(json_path);
   const nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
@@ -107,6 +108,18 @@ TEST_F(BenchFrontierTest, EveryPointIsMeasuredAndTheWinnerIsTheFastest) {
   image.read(magic, sizeof(magic));
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
   EXPECT_GT(std::filesystem::file_size(png), 10000u);
+}
+
+// Pages past the model's context (stories260K: 2048 tokens) are timed, and said to be.
+TEST(BenchFrontierArgsTest, PagesPastTheContextAreNamed) {
+  const Result r = RunKvl("bench frontier -m " + testing::Stories260KPath() +
+                          " -t 1 -r 1 --page-tokens 2000 --depths 1 --position 100 --tiers ram"
+                          " --no-calibrate");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("pages of more than 1948 tokens after --position 100 run past the "
+                          "model's context of 2048 tokens"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(BenchFrontierArgsTest, BadSweepsAreClearErrors) {
