@@ -727,8 +727,8 @@ nlohmann::json FrontierBench::ToJson(const MachineProfile& profile) const {
                          "of a 1-token run); transfers are not discounted"}};
   j["profile"] = {{"source", profile.source}, {"timestamp", profile.timestamp}};
   // The Redis server's read curve, measured at the start (MeasureTierCurves), where one was.
-  for (const TierChoice& tier : tiers_) {
-    if (tier.label != "redis") continue;
+  if (std::any_of(tiers_.begin(), tiers_.end(),
+                  [](const TierChoice& tier) { return tier.label == "redis"; })) {
     const TransferCurve& r = remote_curves_.read;
     j["redis_read_curve"] = {{"call_ms", r.call_ms},       {"page_ms", r.page_ms},
                              {"gbps", r.gbps},             {"knee_bytes", r.knee_bytes},

@@ -182,6 +182,7 @@ class ForecastState {
       }
     }
     if (first_read) q.continues = ContinuesAChain(accesses.subspan(k, end - k), q.pages);
+    // The chain it continues is the front of its own pages: all are the conversation's.
     if (q.continues) {
       for (int64_t page : q.pages) pages_[static_cast<size_t>(page)].conversation = true;
     }
@@ -191,7 +192,8 @@ class ForecastState {
   // Whether a request's first read (`read`, listing `pages`) begins with the whole chain of a
   // stopped request, up to that chain's last page, among the blocks it found in the pool: a
   // conversation's next turn. A request that shares only an opening reads part of a chain.
-  bool ContinuesAChain(std::span<const KvTraceAccess> read, const std::vector<int64_t>& pages) {
+  bool ContinuesAChain(std::span<const KvTraceAccess> read,
+                       const std::vector<int64_t>& pages) const {
     for (size_t b = read.size(); b-- > 0;) {
       if (read[b].computed) continue;
       const auto tails = stopped_tails_.find(pages[b]);
@@ -199,7 +201,6 @@ class ForecastState {
       for (int64_t r : tails->second) {
         const std::vector<int64_t>& chain = requests_.at(r).pages;
         if (chain.size() == b + 1 && std::equal(chain.begin(), chain.end(), pages.begin())) {
-          for (int64_t page : chain) pages_[static_cast<size_t>(page)].conversation = true;
           return true;
         }
       }
