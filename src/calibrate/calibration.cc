@@ -117,6 +117,7 @@ MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::s
   p.cpu_features = ops::CpuFeatureString();
   p.isa = std::string(ops::IsaName(ctx.isa()));
   p.threads = ContextThreads(ctx);
+  p.cache_bytes = ops::LastLevelCacheBytes();
   p.model = DescribeModel(model);
   return p;
 }

@@ -120,7 +120,16 @@ std::string ExplainProfile(const MachineProfile& p) {
     line(fmt::format("{} write", t.name), Describe(t.curves.write),
          how(t.how + ", " + PointsOf(t.curves.write)));
     line(fmt::format("{} read", t.name), Describe(t.curves.read),
-         how(t.how + " (checksums verified), " + PointsOf(t.curves.read)));
+         how(t.how + " (checksums verified), each call on other pages than the calls before "
+                     "it, cycling through 1.5 times the " + Bytes(p.cache_bytes) +
+             " last-level cache (or 4096 calls' pages) so that the caches no longer hold them, " +
+             PointsOf(t.curves.read)));
+    if (!t.curves.warm_read.points.empty()) {
+      line(fmt::format("{} warm read", t.name), Describe(t.curves.warm_read),
+           how(t.how + ", the same pages read again and again; priced where the reader's "
+                       "working set fits the " + Bytes(p.cache_bytes) +
+               " last-level cache, " + PointsOf(t.curves.warm_read)));
+    }
   }
   line("compress int8", Describe(p.compress_int8),
        how("kv_codec EncodePage (pages = layers), " + PointsOf(p.compress_int8)));

@@ -131,6 +131,11 @@ double TransferCurve::BytesMs(int64_t bytes) const {
          (large_gbps > 0 ? (b - knee) / (large_gbps * 1e6) : 0.0);
 }
 
+const TransferCurve& TierCurves::ReadFor(int64_t working_set_bytes, int64_t cache_bytes) const {
+  const bool fits = working_set_bytes > 0 && cache_bytes > 0 && working_set_bytes <= cache_bytes;
+  return fits && !warm_read.points.empty() ? warm_read : read;
+}
+
 double TransferCurve::EffectiveGbps(int64_t bytes) const {
   const double ms = BytesMs(bytes);
   return ms > 0 ? static_cast<double>(bytes) / (ms * 1e6) : gbps;

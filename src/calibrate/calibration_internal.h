@@ -143,6 +143,11 @@ struct TierPlan {
   std::vector<std::pair<int64_t, int64_t>> points;
 };
 TierPlan PlanTiers(const CalibrateOptions& o, const Model& model);
+// Samples of each timing of a tier point moving `call_bytes` a call (after a warm-up call): a
+// call of milliseconds is timed once.
+int SamplesFor(const CalibrateOptions& o, int64_t call_bytes);
+// The bytes a cold timing cycles through: at least 1.5 times the last-level cache.
+int64_t WorkingSetBytes(const CalibrateOptions& o);
 // The tiers' write and read curves (calibration_tiers.cc), with scratch files in o.disk_dir;
 // TierStageSteps steps of `stage`.
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model);

@@ -50,7 +50,12 @@ Json ToJson(const TransferCurve& c) {
           {"large_gbps", c.large_gbps}, {"points", points}};
 }
 
-Json ToJson(const TierCurves& t) { return {{"write", ToJson(t.write)}, {"read", ToJson(t.read)}}; }
+// warm_read only where measured (the analytic defaults have none: every read prices cold).
+Json ToJson(const TierCurves& t) {
+  Json j = {{"write", ToJson(t.write)}, {"read", ToJson(t.read)}};
+  if (!t.warm_read.points.empty()) j["warm_read"] = ToJson(t.warm_read);
+  return j;
+}
 
 Json ToJson(const MachineProfile& p) {
   Json j;
@@ -60,6 +65,7 @@ Json ToJson(const MachineProfile& p) {
   j["machine"] = {{"cpu_features", p.cpu_features},
                   {"isa", p.isa},
                   {"threads", p.threads},
+                  {"cache_bytes", p.cache_bytes},
                   {"load_average", p.load_average}};
   const CalibrationModel& m = p.model;
   j["model"] = {
@@ -256,7 +262,11 @@ Status ReadCurve(const FieldReader& parent, std::string_view key, TransferCurve*
 Status ReadTier(const FieldReader& parent, std::string_view key, TierCurves* t) {
   KVL_ASSIGN_OR_RETURN(FieldReader tier, parent.Object(key));
   KVL_RETURN_IF_ERROR(ReadCurve(tier, "write", &t->write));
-  return ReadCurve(tier, "read", &t->read);
+  KVL_RETURN_IF_ERROR(ReadCurve(tier, "read", &t->read));
+  if (!tier.Has("warm_read")) return Status::Ok();
+  KVL_RETURN_IF_ERROR(ReadCurve(tier, "warm_read", &t->warm_read));
+  if (t->warm_read.points.empty()) return tier.Error("warm_read", "has no points");
+  return Status::Ok();
 }
 
 StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
@@ -284,6 +294,7 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   KVL_RETURN_IF_ERROR(machine.String("cpu_features", true, &p.cpu_features));
   KVL_RETURN_IF_ERROR(machine.String("isa", false, &p.isa));
   KVL_RETURN_IF_ERROR(machine.Int("threads", 1, &p.threads));
+  KVL_RETURN_IF_ERROR(machine.Int("cache_bytes", 0, &p.cache_bytes));
   KVL_RETURN_IF_ERROR(machine.NonNegative("load_average", &p.load_average));
 
   KVL_ASSIGN_OR_RETURN(FieldReader model, top.Object("model"));

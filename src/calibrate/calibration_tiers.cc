@@ -19,6 +19,7 @@
 #include "calibration_internal.h"
 #include "kvl/kv_codec.h"
 #include "kvl/kv_tier.h"
+#include "kvl/ops.h"
 
 namespace kvl::calibration_internal {
 namespace {
@@ -104,29 +105,51 @@ std::vector<uint8_t> KvLikeBytes(int64_t n) {
   return bytes;
 }
 
-// Bytes a tier's timing cycles through: more than the CPU caches hold, so every call moves pages
-// that are cold there, as a page restored long after it left is.
-int64_t WorkingSetBytes(const CalibrateOptions& o) { return (o.quick ? 16 : 64) << 20; }
-
-// Put and Get of `count` pages of `page_bytes` in one call each, on `tier`, each call on the next
-// of a few groups of keys whose pages together outgrow the caches.
 // A call of this many bytes or more takes milliseconds on any tier: timed once after its
 // warm-up, so that the large page sets keep a tier's measurement at engine start short.
 constexpr int64_t kLongCallBytes = 4 << 20;
+// At most this many groups of keys (below): 16 MiB of 4 KiB single-page calls, where a call's
+// latency, not its bytes, is what the point shows.
+constexpr int64_t kMaxGroups = 4096;
+
+}  // namespace
+
 int SamplesFor(const CalibrateOptions& o, int64_t call_bytes) {
   return call_bytes >= kLongCallBytes ? 1 : o.repetitions;
 }
 
-// The source bytes come from `source`, at least SourceBytes(o, count * page_bytes) of them
-// (made once per stage: generating them takes longer than timing a large call).
-int64_t SourceBytes(const CalibrateOptions& o, int64_t call_bytes) {
-  return std::clamp<int64_t>(WorkingSetBytes(o) / call_bytes, 1, 64) * call_bytes;
+int64_t WorkingSetBytes(const CalibrateOptions& o) {
+  // Half as much again as the cache: a cycle through more than the cache holds misses it at
+  // every call (the least recently used lines are the next ones read).
+  static const int64_t cache_bytes = ops::LastLevelCacheBytes();
+  return std::max<int64_t>((o.quick ? 16 : 64) << 20, cache_bytes + cache_bytes / 2);
 }
-StatusOr<std::pair<double, double>> TimeTier(KvTier& tier, int64_t count, int64_t page_bytes,
-                                             std::span<const uint8_t> source,
-                                             const CalibrateOptions& o, StageProgress& stage) {
+
+namespace {
+
+// Groups of keys a call of `call_bytes` cycles through in the cold timings: together at least
+// WorkingSetBytes (at most kMaxGroups of them).
+int64_t Groups(const CalibrateOptions& o, int64_t call_bytes) {
+  return std::clamp<int64_t>(WorkingSetBytes(o) / call_bytes, 1, kMaxGroups);
+}
+
+struct TierTimes {
+  double put_ms = 0;
+  double get_ms = 0;       // cold
+  double warm_get_ms = 0;  // the same pages again and again
+};
+
+// Put and Get of `count` pages of `page_bytes` in one call each, on `tier`. Cold: each call on
+// the next of Groups(...) groups of keys, whose pages together outgrow the CPU caches, so every
+// call moves pages the caches no longer hold, as a page restored long after it left. Warm: one
+// group read again and again. The source bytes come from `source`, at least
+// Groups(...) * count * page_bytes of them (made once per stage: generating them takes longer
+// than timing a large call).
+StatusOr<TierTimes> TimeTier(KvTier& tier, int64_t count, int64_t page_bytes,
+                             std::span<const uint8_t> source, const CalibrateOptions& o,
+                             StageProgress& stage) {
   const int64_t call_bytes = count * page_bytes;
-  const int64_t groups = SourceBytes(o, call_bytes) / call_bytes;
+  const int64_t groups = Groups(o, call_bytes);
   KVL_CHECK(static_cast<int64_t>(source.size()) >= groups * call_bytes);
   std::vector<uint8_t> sink(static_cast<size_t>(call_bytes));
   std::vector<std::vector<PageWrite>> writes(static_cast<size_t>(groups));
@@ -147,7 +170,8 @@ StatusOr<std::pair<double, double>> TimeTier(KvTier& tier, int64_t count, int64_
   Status failed;
   size_t next = 0;
   const int samples = SamplesFor(o, call_bytes);
-  const double put_seconds = MedianSecondsPerCall(samples, o.min_sample_seconds, stage, [&] {
+  TierTimes times;
+  times.put_ms = 1e3 * MedianSecondsPerCall(samples, o.min_sample_seconds, stage, [&] {
     const Status s = tier.Put(writes[next]);
     next = (next + 1) % writes.size();
     if (!s.ok()) failed = s;
@@ -159,31 +183,40 @@ StatusOr<std::pair<double, double>> TimeTier(KvTier& tier, int64_t count, int64_
       if (const Status s = tier.Put(w); !s.ok()) failed = s;
     }
   }
-  next = 0;
-  const double get_seconds = MedianSecondsPerCall(samples, o.min_sample_seconds, stage, [&] {
-    for (const Status& s : tier.Get(reads[next])) {
+  auto get = [&](size_t group) {
+    for (const Status& s : tier.Get(reads[group])) {
       if (!s.ok()) failed = s;
     }
+  };
+  next = 0;
+  times.get_ms = 1e3 * MedianSecondsPerCall(samples, o.min_sample_seconds, stage, [&] {
+    get(next);
     next = (next + 1) % reads.size();
   });
+  times.warm_get_ms =
+      1e3 * MedianSecondsPerCall(samples, o.min_sample_seconds, stage, [&] { get(0); });
   KVL_RETURN_IF_ERROR(failed);
   tier.Erase(keys);
-  return std::make_pair(put_seconds * 1e3, get_seconds * 1e3);
+  return times;
 }
 
-// What a tier must hold for TimeTier of up to `max_call_bytes` in `max_count` pages: every
-// group (at most 64, or one call), and a Put's new copies beside the old ones, twice over; and
-// each of those pages' slot overhead (a 64-byte record, rounded up to 4 KiB: under 8 KiB).
-int64_t TierCapacity(const CalibrateOptions& o, int64_t max_count, int64_t max_call_bytes) {
-  const int64_t bytes = std::max(WorkingSetBytes(o), max_call_bytes) + max_call_bytes;
-  const int64_t pages = 65 * max_count;
+// What a tier must hold for TimeTier of up to `max_count` pages of `page_bytes` a call: every
+// group (the working set, or one call), and a Put's new copies beside the
+// old ones, twice over; and each of those pages' slot overhead (a 64-byte record, rounded up to
+// 4 KiB: under 8 KiB).
+int64_t TierCapacity(const CalibrateOptions& o, int64_t max_count, int64_t page_bytes) {
+  const int64_t max_call_bytes = max_count * page_bytes;
+  const int64_t bytes = std::max(WorkingSetBytes(o), max_call_bytes) + 2 * max_call_bytes;
+  const int64_t pages = bytes / page_bytes + 2 * max_count;
   return 2 * (bytes + pages * 8192) + (1 << 20);
 }
 
 // Source bytes for every point of a plan.
 std::vector<uint8_t> SourceFor(const CalibrateOptions& o, const TierPlan& plan) {
   int64_t bytes = 0;
-  for (const auto& [count, size] : plan.points) bytes = std::max(bytes, SourceBytes(o, count * size));
+  for (const auto& [count, size] : plan.points) {
+    bytes = std::max(bytes, Groups(o, count * size) * count * size);
+  }
   return KvLikeBytes(bytes);
 }
 
@@ -193,7 +226,7 @@ template <typename TierFor>
 StatusOr<TierCurves> MeasurePlan(const TierPlan& plan, std::span<const uint8_t> source,
                                  const CalibrateOptions& o, StageProgress& stage,
                                  TierFor&& tier_for) {
-  std::vector<TransferPoint> writes, reads;
+  std::vector<TransferPoint> writes, reads, warm_reads;
   for (size_t i = 0; i < plan.points.size();) {
     const int64_t size = plan.points[i].second;
     size_t end = i;
@@ -201,15 +234,17 @@ StatusOr<TierCurves> MeasurePlan(const TierPlan& plan, std::span<const uint8_t> 
     while (end < plan.points.size() && plan.points[end].second == size) {
       max_count = std::max(max_count, plan.points[end++].first);
     }
-    KVL_ASSIGN_OR_RETURN(KvTier * tier, tier_for(size, TierCapacity(o, max_count, max_count * size)));
+    KVL_ASSIGN_OR_RETURN(KvTier * tier, tier_for(size, TierCapacity(o, max_count, size)));
     for (; i < end; ++i) {
       const int64_t count = plan.points[i].first;
-      KVL_ASSIGN_OR_RETURN(const auto times, TimeTier(*tier, count, size, source, o, stage));
-      writes.push_back({count, size, times.first});
-      reads.push_back({count, size, times.second});
+      KVL_ASSIGN_OR_RETURN(const TierTimes times, TimeTier(*tier, count, size, source, o, stage));
+      writes.push_back({count, size, times.put_ms});
+      reads.push_back({count, size, times.get_ms});
+      warm_reads.push_back({count, size, times.warm_get_ms});
     }
   }
-  return TierCurves{FitTransferCurve(std::move(writes)), FitTransferCurve(std::move(reads))};
+  return TierCurves{FitTransferCurve(std::move(writes)), FitTransferCurve(std::move(reads)),
+                    FitTransferCurve(std::move(warm_reads))};
 }
 
 // The curves of one kind of tier: `make` opens a tier for a page size and capacity.
@@ -244,7 +279,7 @@ StatusOr<TierCurves> MeasureOneTier(KvTier& tier, int64_t page_bytes, int64_t la
 
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model) {
   int64_t steps = 0;
-  for (const auto& [count, size] : PlanTiers(o, model).points) steps += 2 * SamplesFor(o, count * size);
+  for (const auto& [count, size] : PlanTiers(o, model).points) steps += 3 * SamplesFor(o, count * size);
   return 4 * steps;
 }
 

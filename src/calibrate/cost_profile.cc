@@ -121,10 +121,11 @@ MachineProfile AnalyticProfile(const Model& model, const ops::OpsContext& ctx) {
       TokenRecomputeFlops(c) / flops_per_second * 1e3 / (kCalibrationPageTokens * layers);
   p.recompute_from_tokens.context_token_layer_ms =
       4.0 * static_cast<double>(c.q_dim()) / flops_per_second * 1e3;
-  p.ram = {AssumedTransfer(kAssumedMemoryGbps, 0), AssumedTransfer(kAssumedMemoryGbps, 0)};
+  // No warm reads: a default prices every read cold.
+  p.ram = {AssumedTransfer(kAssumedMemoryGbps, 0), AssumedTransfer(kAssumedMemoryGbps, 0), {}};
   p.ram_zstd = p.ram;
   p.disk_buffered = {AssumedTransfer(kAssumedDiskWriteGbps, kAssumedDiskLatencyUs / 1e3),
-                     AssumedTransfer(kAssumedDiskReadGbps, kAssumedDiskLatencyUs / 1e3)};
+                     AssumedTransfer(kAssumedDiskReadGbps, kAssumedDiskLatencyUs / 1e3), {}};
   p.disk_direct = p.disk_buffered;
   // Encoding reads the f32 page once and writes a quarter of it: about a memory pass.
   p.compress_int8 = AssumedTransfer(kAssumedMemoryGbps, 0);
@@ -159,16 +160,21 @@ int64_t EstimateCalibrationSeconds(const Model& model, const ops::OpsContext& ct
   // The decode idle fraction's runs (a step and a 128-token batch at each of
   // DecodeIdleContexts) are left out, as they were when there was one context: at the assumed
   // rate a 1B model's batch alone would count two minutes where it takes a second.
-  // Tiers: 4 kinds x their points x 2 directions, each a warm-up and `repetitions` samples of at
-  // least min_sample_seconds, and the bytes of the large points at the assumed rates.
+  // Tiers: 4 kinds x their points x 3 timings (a write, a cold and a warm read), each a warm-up
+  // and SamplesFor samples of at least min_sample_seconds, and the bytes at the assumed rates:
+  // the large points' calls, and every point's working set written once before the reads.
   const calibration_internal::TierPlan tiers = calibration_internal::PlanTiers(o, model);
-  seconds += 4 * static_cast<double>(tiers.points.size()) * 2 * (o.repetitions + 1) *
-             o.min_sample_seconds;
-  double tier_bytes = 0;
-  for (const auto& [count, size] : tiers.points) tier_bytes += static_cast<double>(count * size);
-  seconds += (o.repetitions + 1) * tier_bytes *
-             (2 / (kAssumedMemoryGbps * 1e9) +
-              2 * (1 / (kAssumedDiskWriteGbps * 1e9) + 1 / (kAssumedDiskReadGbps * 1e9)));
+  double tier_samples = 0, tier_bytes = 0;
+  for (const auto& [count, size] : tiers.points) {
+    const int64_t call_bytes = count * size;
+    const int samples = calibration_internal::SamplesFor(o, call_bytes);
+    tier_samples += 3 * (samples + 1);
+    tier_bytes += static_cast<double>(3 * (samples + 1) * call_bytes +
+                                      std::max(calibration_internal::WorkingSetBytes(o), call_bytes));
+  }
+  seconds += 4 * tier_samples * o.min_sample_seconds;
+  seconds += tier_bytes * (2 / (kAssumedMemoryGbps * 1e9) +
+                           2 * (1 / (kAssumedDiskWriteGbps * 1e9) + 1 / (kAssumedDiskReadGbps * 1e9)));
   // Quality: the text three times (f32, int8, int4), each one forward run over all of it: a
   // batch, whose arithmetic runs at many times the one-token rate above (that rate counted a
   // 1B model's 128 tokens as three minutes where they take seconds).
@@ -283,12 +289,14 @@ void FillPagePrices(const MachineProfile& profile, const PagePriceOptions& optio
   };
   const TierCurves& disk = options.disk_direct ? profile.disk_direct : profile.disk_buffered;
   const TierCurves& ram = options.ram_compressed ? profile.ram_zstd : profile.ram;
-  prices->ram_gbps = gbps(ram.read);
-  prices->ram_latency_ms = latency_ms(ram.read);
+  const TransferCurve& ram_read = ram.ReadFor(options.working_set_bytes, profile.cache_bytes);
+  const TransferCurve& disk_read = disk.ReadFor(options.working_set_bytes, profile.cache_bytes);
+  prices->ram_gbps = gbps(ram_read);
+  prices->ram_latency_ms = latency_ms(ram_read);
   prices->ram_write_gbps = gbps(ram.write);
   prices->ram_write_latency_ms = latency_ms(ram.write);
-  prices->disk_read_gbps = gbps(disk.read);
-  prices->disk_latency_ms = latency_ms(disk.read);
+  prices->disk_read_gbps = gbps(disk_read);
+  prices->disk_latency_ms = latency_ms(disk_read);
   prices->disk_write_gbps = gbps(disk.write);
   prices->disk_write_latency_ms = latency_ms(disk.write);
 

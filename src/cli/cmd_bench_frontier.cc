@@ -226,7 +226,9 @@ double ErrorPercent(double predicted, double measured) {
 // before it, and its run is the page alone), and the bring-back time ChooseKvAction gives each
 // action in this phase less what it hides in decode's idle arithmetic, as the measurement charges
 // it. A Redis page is priced by the server's curves measured at the start, as the engine measures
-// its Redis tier (MeasureTierCurves).
+// its Redis tier (MeasureTierCurves). The bench reads one page set again and again, so its
+// working set is that set twice (the tier's copy and the buffer it is read into): warm where that
+// fits the last-level cache (TierCurves::ReadFor), as the engine's is where weights and pool fit.
 void Predict(const MachineProfile& profile, const ModelConfig& c, const std::string& tier,
              const TierCurves* remote, int64_t position, Point* point) {
   const int64_t layer_bytes = point->page_tokens * c.KvBytesPerTokenPerLayer(DType::kF32);
@@ -239,6 +241,7 @@ void Predict(const MachineProfile& profile, const ModelConfig& c, const std::str
   price_options.layers = point->depth;
   price_options.disk_direct = true;
   price_options.page_bytes = prices.kv_bytes;
+  price_options.working_set_bytes = 2 * prices.kv_bytes;
   FillPagePrices(profile, price_options, &prices);
   prices.has_ram_tier = true;
   prices.has_disk_tier = true;
@@ -261,7 +264,11 @@ void Predict(const MachineProfile& profile, const ModelConfig& c, const std::str
   } else if (tier == "disk") {
     point->predicted[kTransfer] = back(KvAction::kDemoteDisk);
   } else {
-    point->predicted[kTransfer] = remote != nullptr ? remote->read.Ms(point->depth, layer_bytes) : 0;
+    point->predicted[kTransfer] =
+        remote != nullptr
+            ? remote->ReadFor(price_options.working_set_bytes, profile.cache_bytes)
+                  .Ms(point->depth, layer_bytes)
+            : 0;
   }
   point->predicted_winner = ArgMin(point->predicted);
 }

@@ -165,6 +165,13 @@ Status LoadCostProfile(Engine::Impl& e, const KvSettings& kv, const std::string&
   }
   // A resumed sequence recomputes its dropped pages in forward calls of the engine's batch size.
   price_options.recompute_batch_tokens = std::min<int64_t>(e.options.batch_size, e.context_length);
+  // Between a page's leaving and its return the steps stream the weights and read the pool:
+  // where those fit in the last-level cache, a tier page is still there when it is read back.
+  // (The checkpoint spacing is chosen before the pool exists: its budget stands for it.)
+  const int64_t pool_bytes =
+      e.storage ? e.storage->num_blocks() * e.storage->layout().block_bytes()
+                : e.options.kv_budget_bytes;
+  price_options.working_set_bytes = e.model->weight_bytes() + pool_bytes;
   if (e.options.cost_profile) {
     FillPagePrices(*e.options.cost_profile, price_options, prices);
     return Status::Ok();

@@ -1,4 +1,5 @@
 #include "kvl/calibration.h"
+#include "kvl/ops.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -97,10 +98,20 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
   for (const RecomputePoint& point : p.recompute_from_tokens.points) positions.insert(point.position);
   EXPECT_GE(depths.size(), 2u);
   EXPECT_GE(positions.size(), 2u);
+  // The machine's last-level cache is known (sysfs on Linux), and each tier's reads are timed
+  // cold and warm at the same calls.
+  EXPECT_GE(p.cache_bytes, 1 << 20);
+  EXPECT_EQ(p.cache_bytes, ops::LastLevelCacheBytes());
   for (const TierCurves* t : {&p.ram, &p.ram_zstd, &p.disk_buffered, &p.disk_direct}) {
-    for (const TransferCurve* c : {&t->write, &t->read}) {
+    for (const TransferCurve* c : {&t->write, &t->read, &t->warm_read}) {
       EXPECT_GE(c->points.size(), 4u);
       EXPECT_TRUE(PositiveFinite(c->Ms(p.model.layers, 4096)));
+    }
+    ASSERT_EQ(t->warm_read.points.size(), t->read.points.size());
+    for (size_t i = 0; i < t->read.points.size(); ++i) {
+      EXPECT_EQ(t->warm_read.points[i].pages, t->read.points[i].pages);
+      EXPECT_EQ(t->warm_read.points[i].page_bytes, t->read.points[i].page_bytes);
+      EXPECT_TRUE(PositiveFinite(t->warm_read.points[i].ms));
     }
   }
   for (const TransferCurve* c : {&p.compress_int8, &p.compress_int4}) {
@@ -352,6 +363,38 @@ TEST(CalibrationTest, DecodeIdleCurveAndKneeRoundTrip) {
               StatusCode::kDataLoss, "'tiers.ram.read.large_gbps' must be positive where knee_bytes is");
 }
 
+// The warm reads and the cache size survive the round trip and --explain names both; a profile
+// without warm reads (the analytic defaults) loads and prices every read cold; warm reads
+// without points are refused.
+TEST(CalibrationTest, WarmReadsAndTheCacheRoundTrip) {
+  const std::string path = TempPath("warm-reads.json");
+  MachineProfile p = TinyProfile();
+  p.cache_bytes = 32 << 20;
+  p.disk_direct.warm_read.gbps = 3.25;
+  ASSERT_TRUE(SaveProfile(p, path).ok());
+  StatusOr<MachineProfile> loaded = LoadProfile(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->cache_bytes, 32 << 20);
+  EXPECT_EQ(loaded->disk_direct.warm_read, p.disk_direct.warm_read);
+  EXPECT_EQ(*loaded, p);
+  const std::string explained = ExplainProfile(*loaded);
+  EXPECT_NE(explained.find("RAM tier warm read"), std::string::npos) << explained;
+  EXPECT_NE(explained.find("fits the 32.0 MiB last-level cache"), std::string::npos) << explained;
+  std::filesystem::remove(path);
+
+  EXPECT_TRUE(LoadEdited([](nlohmann::json& j) {
+                for (auto& [name, tier] : j["tiers"].items()) {
+                  if (tier.is_object()) tier.erase("warm_read");
+                }
+              }).ok());
+  ExpectError(LoadEdited([](nlohmann::json& j) {
+                j["tiers"]["ram"]["warm_read"]["points"] = nlohmann::json::array();
+              }),
+              StatusCode::kDataLoss, "'tiers.ram.warm_read' has no points");
+  ExpectError(LoadEdited([](nlohmann::json& j) { j["machine"].erase("cache_bytes"); }),
+              StatusCode::kDataLoss, "'machine.cache_bytes' is missing");
+}
+
 TEST(CalibrationTest, LoadRejectsMissingFields) {
   ExpectError(LoadEdited([](nlohmann::json& j) { j["disk"].erase("read_gbps"); }),
               StatusCode::kDataLoss, "'disk.read_gbps' is missing");
@@ -418,7 +461,16 @@ TEST(CalibrationTest, LoadRejectsOtherVersions) {
                 j["tiers"]["ram"]["read"].erase("knee_bytes");
               }),
               StatusCode::kInvalidArgument,
-              "'version' is 3, but this kvl reads version 4; run `kvl calibrate`");
+              fmt::format("'version' is 3, but this kvl reads version {}; run `kvl calibrate`",
+                          kProfileVersion));
+  // Version 4 (reads measured one way, no cache size) likewise.
+  ExpectError(LoadEdited([](nlohmann::json& j) {
+                j["version"] = 4;
+                j["machine"].erase("cache_bytes");
+                j["tiers"]["ram"].erase("warm_read");
+              }),
+              StatusCode::kInvalidArgument,
+              fmt::format("'version' is 4, but this kvl reads version {}", kProfileVersion));
   // A version 1 profile (no source) is refused for its version, not for the missing field.
   ExpectError(LoadEdited([](nlohmann::json& j) {
                 j["version"] = 1;
@@ -432,7 +484,9 @@ TEST(CalibrationTest, LoadRejectsOtherVersions) {
                 j["recompute"] = {{"page_tokens", 16}, {"from_residual_ms", 1.0},
                                   {"from_tokens_ms", 2.0}};
               }),
-              StatusCode::kInvalidArgument, "'version' is 2, but this kvl reads version 4; run `kvl calibrate`");
+              StatusCode::kInvalidArgument,
+              fmt::format("'version' is 2, but this kvl reads version {}; run `kvl calibrate`",
+                          kProfileVersion));
 }
 
 TEST(CalibrationTest, LoadChecksTheSource) {

@@ -410,6 +410,48 @@ TEST(PagePricesTest, APagePastTheKneeIsPricedAtTheAveragedBandwidth) {
               profile.ram.read.Ms(8, 512 * 16384), 1e-9);
 }
 
+// A reader whose working set fits the last-level cache reads a tier's pages warm; one whose
+// set does not, or who does not know it, reads them cold; a tier measured without warm reads
+// (the analytic defaults) is read cold by everyone.
+TEST(PagePricesTest, TheWorkingSetChoosesWarmOrColdReads) {
+  MachineProfile profile;
+  profile.model.layers = 4;
+  profile.model.kv_bytes_per_token_per_layer_f32 = 4096;
+  profile.cache_bytes = 32 << 20;
+  profile.ram.read = {0.001, 0.0005, 5.0, 0, 0, {{1, 4096, 0.002}}};
+  profile.ram.warm_read = {0.001, 0.0002, 15.0, 0, 0, {{1, 4096, 0.001}}};
+  profile.ram.write = profile.ram.read;
+  profile.disk_direct.read = {0.05, 0.01, 2.0, 0, 0, {{1, 4096, 0.07}}};
+  profile.disk_direct.warm_read = {0.04, 0.01, 2.5, 0, 0, {{1, 4096, 0.06}}};
+  profile.disk_direct.write = profile.disk_direct.read;
+  PagePriceOptions o;
+  o.disk_direct = true;
+  auto prices_for = [&](int64_t working_set_bytes) {
+    o.working_set_bytes = working_set_bytes;
+    PageCostProfile prices;
+    FillPagePrices(profile, o, &prices);
+    return prices;
+  };
+  const PageCostProfile fits = prices_for(8 << 20), spills = prices_for(64 << 20),
+                        unknown = prices_for(0);
+  EXPECT_DOUBLE_EQ(fits.ram_gbps, 15.0);
+  EXPECT_DOUBLE_EQ(fits.ram_latency_ms, 0.001 + 0.0002 * 4);
+  EXPECT_DOUBLE_EQ(fits.disk_read_gbps, 2.5);
+  for (const PageCostProfile& cold : {spills, unknown}) {
+    EXPECT_DOUBLE_EQ(cold.ram_gbps, 5.0);
+    EXPECT_DOUBLE_EQ(cold.ram_latency_ms, 0.001 + 0.0005 * 4);
+    EXPECT_DOUBLE_EQ(cold.disk_read_gbps, 2.0);
+  }
+  // Writes are the same whatever the reader's set.
+  EXPECT_DOUBLE_EQ(fits.ram_write_gbps, spills.ram_write_gbps);
+  profile.ram.warm_read = TransferCurve{};
+  EXPECT_DOUBLE_EQ(prices_for(8 << 20).ram_gbps, 5.0);
+  // At exactly the cache's size the set still fits.
+  EXPECT_EQ(&profile.disk_direct.ReadFor(32 << 20, 32 << 20), &profile.disk_direct.warm_read);
+  EXPECT_EQ(&profile.disk_direct.ReadFor((32 << 20) + 1, 32 << 20), &profile.disk_direct.read);
+  EXPECT_EQ(&profile.disk_direct.ReadFor(8 << 20, 0), &profile.disk_direct.read);
+}
+
 TEST(EstimateTest, GrowsWithTheWorkAndIsAtLeastASecond) {
   const LoadedModel& m = Stories260K();
   EXPECT_GE(EstimateCalibrationSeconds(*m.model, m.ctx, TinyCalibrateOptions()), 1);

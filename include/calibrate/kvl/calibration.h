@@ -45,7 +45,9 @@ class OpsContext;
 //    fitted latency + bytes / bandwidth; compress time; measured KLD; decode's idle compute.
 // 4: decode's idle fraction as a curve over the context ("decode": {"points": [...]}); transfer
 //    curves with a second bandwidth above a measured size ("knee_bytes", "large_gbps").
-inline constexpr int64_t kProfileVersion = 4;
+// 5: a tier's reads measured cold and warm ("read", "warm_read") and the last-level cache's size
+//    ("cache_bytes") that chooses between them.
+inline constexpr int64_t kProfileVersion = 5;
 // Tokens per page the table of `kvl calibrate` shows (the paged KV manager's default block).
 inline constexpr int64_t kCalibrationPageTokens = 16;
 // The decode idle fraction (DecodeIdleCurve) is measured with a 1-token step against a batch of
@@ -174,11 +176,20 @@ struct TransferCurve {
 };
 
 // A tier's two directions, measured through the tier itself (kv_tier.h) with the pages a KV
-// page really becomes: one tier page per layer, written and read in one call.
+// page really becomes: one tier page per layer, written and read in one call. A read costs more
+// when the tier's copy of the pages is cold in the CPU caches (last touched long ago, as a page
+// restored after the engine streamed its weights and pool since it left) than when it is warm
+// (the pages were just moved, as a set read again and again): on a Zen 4 VM a RAM tier reads a
+// 16-token page set of 0.2 MiB cold at half its warm rate. Both are measured.
 struct TierCurves {
-  TransferCurve write;  // Put
-  TransferCurve read;   // Get (checksums verified, as at every read)
+  TransferCurve write;      // Put, cycling through pages that outgrow the caches
+  TransferCurve read;       // Get of pages cold in the caches (checksums verified, as always)
+  TransferCurve warm_read;  // Get of the pages the call before got (in the caches where they fit)
 
+  // The read a caller sees whose working set (every byte it touches between two reads of a page:
+  // weights, pool, tier pages; 0 if unknown) is `working_set_bytes`: warm_read where it fits in
+  // the last-level cache of `cache_bytes` and warm_read was measured, else read.
+  const TransferCurve& ReadFor(int64_t working_set_bytes, int64_t cache_bytes) const;
   bool operator==(const TierCurves&) const = default;
 };
 
@@ -192,6 +203,9 @@ struct MachineProfile {
   std::string cpu_features;  // ops::CpuFeatureString()
   std::string isa;           // the kernel path measured: ops::IsaName(ops::BestIsa())
   int64_t threads = 0;
+  // The last-level CPU cache (ops::LastLevelCacheBytes; 0: unknown): a working set that fits
+  // reads tier pages warm (TierCurves::ReadFor).
+  int64_t cache_bytes = 0;
   // The 1-minute load average when calibration started: well above 0 means other processes
   // competed for the cores and the rates below are low (re-run on a quiet machine).
   double load_average = 0;

@@ -68,13 +68,17 @@ struct PagePriceOptions {
   // Tokens per forward call when a resumed sequence recomputes its pages (the engine's batch);
   // 0: each page alone.
   int64_t recompute_batch_tokens = 0;
+  // Bytes the caller touches between leaving a page in a tier and reading it back (the engine:
+  // its weights and pool): where they fit in the profile's last-level cache, the tier's pages
+  // are read warm (TierCurves::ReadFor); 0: unknown, read cold.
+  int64_t working_set_bytes = 0;
 };
 
 // Fills the prices of one page that a profile provides, evaluating its curves at the page's
 // tokens and layers: recompute_residual_ms, the recompute_tokens_* terms (the position is the
 // policy's, PageHistory::first_position), the compress times, every tier's bandwidth and
-// per-page latency (the disk's buffered or O_DIRECT curves; each bandwidth the one the curve
-// averages over the page's bytes), the KLDs and the decode idle curve (the policy evaluates it at
+// per-page latency (the disk's buffered or O_DIRECT curves; reads warm or cold by the working
+// set; each bandwidth the one the curve averages over the page's bytes), the KLDs and the decode idle curve (the policy evaluates it at
 // the step's context).
 // kv_bytes, residual_bytes, the compressed page sizes, the tiers present and the actions allowed
 // are left as they are (the caller knows its layout). `kvl bench frontier` prices its points
