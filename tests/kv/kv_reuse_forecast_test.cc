@@ -68,21 +68,23 @@ TEST(KvReuseForecastTest, AWaitingSequencesPagesAreReadWhenItResumes) {
 TEST(KvReuseForecastTest, IdlePagesFromTheHistoryOfPagesReadAgain) {
   KvIdleReuseHistory h;
   // An empty history: one in two, after the named default pause.
-  EXPECT_DOUBLE_EQ(h.RevivalProbability(0, 1, 0), 0.5);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(0, 0, 1, 0), 0.5);
   EXPECT_DOUBLE_EQ(h.RemainingGapSteps(0), KvIdleReuseHistory::kDefaultIdleGapSteps);
-  // 40 pages went idle: 20 read again after 4 steps, 20 never.
-  for (int i = 0; i < 40; ++i) h.PageWentIdle();
-  for (int i = 0; i < 20; ++i) h.PageRevived(4);
+  // 40 pages went idle after step 0: 20 read again at step 4, 20 never (asked at step 10).
+  for (int i = 0; i < 40; ++i) h.PageWentIdle(0);
+  for (int i = 0; i < 20; ++i) h.PageRevived(0, 4);
   EXPECT_EQ(h.revived_pages(), 20);
-  const double fresh = h.RevivalProbability(0, 1, 0);
-  const double stale = h.RevivalProbability(10, 1, 0);
+  EXPECT_EQ(h.idle_pages(), 20);
+  const double fresh = h.RevivalProbability(10, 0, 1, 0);
+  const double stale = h.RevivalProbability(10, 10, 1, 0);
   EXPECT_NEAR(fresh, 0.5, 0.05);
   EXPECT_LT(stale, 0.1);  // past every pause seen: the ones never read again
   EXPECT_DOUBLE_EQ(h.RemainingGapSteps(1), 3.0);
   // A page read again after each of its 3 earlier idle periods (a shared opening) is likelier.
-  EXPECT_GT(h.RevivalProbability(10, 4, 3), 0.6);
+  EXPECT_GT(h.RevivalProbability(10, 10, 4, 3), 0.6);
 
   KvReuseInput idle;
+  idle.step = 10;
   idle.idle_steps = 0;
   const KvReuseForecast soon = ForecastReuse(idle, h);
   EXPECT_NEAR(soon.next_read_steps, 4 / fresh, 1e-9);
@@ -91,6 +93,27 @@ TEST(KvReuseForecastTest, IdlePagesFromTheHistoryOfPagesReadAgain) {
   // than a running page read at the next step.
   EXPECT_TRUE(KvPageLeavesFirst(ForecastReuse(idle, h), soon));
   EXPECT_TRUE(KvPageLeavesFirst(soon, Running(1, 5, 0)));
+}
+
+// What the history says of a long pause comes from the pages that were idle that long: 2 pages
+// idle since step 0, none read again, and 40 that went idle at step 95. At step 100 a page idle
+// for 100 steps is judged by the 2 (1 in 4 with Laplace's rule), not by the 42, of which the 40
+// have not been idle that long and are no evidence that pages idle so long stay unread (counted,
+// they made it 1 in 44, and every long-idle page the first to leave: LRU's order). Once 30 pages
+// have stayed idle that long, the history does say so.
+TEST(KvReuseForecastTest, OnlyPagesIdleAsLongJudgeALongPause) {
+  KvIdleReuseHistory h;
+  for (int i = 0; i < 2; ++i) h.PageWentIdle(0);
+  for (int i = 0; i < 40; ++i) h.PageWentIdle(95);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 100, 1, 0), 0.25);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 5, 1, 0), 1.0 / 44);
+  for (int i = 0; i < 28; ++i) h.PageWentIdle(0);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 100, 1, 0), 1.0 / 32);
+  // A page read again after 50 steps counts among the pages idle for 10 (and the 40 do not yet),
+  // not among those idle for 60.
+  h.PageRevived(0, 50);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 10, 1, 0), 2.0 / 32);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 60, 1, 0), 1.0 / 31);
 }
 
 // Two sequences decode side by side under full attention, each reading its 4 pages at every step
