@@ -62,13 +62,17 @@ double KvIdleReuseHistory::RevivalProbability(int64_t step, int64_t idle_steps,
 }
 
 double KvIdleReuseHistory::RemainingGapSteps(int64_t idle_steps) const {
-  // No pause seen (none at all, or none this long): as long again as it has waited, at least the
-  // named default (the longer a page has waited, the longer it is likely to wait yet).
-  if (gaps_.empty()) return std::max(kDefaultIdleGapSteps, static_cast<double>(idle_steps));
+  // No page revived after a pause this long (or none at all): the history cannot say how much
+  // longer, so every such page is given the named default pause, and the order among them is
+  // their revival probability's, which does learn from how long they have waited (the pages that
+  // were idle that long and stayed unread). "As long again as it has waited" (Lindy's rule), used
+  // before, counted the wait a second time with no revival to support it: among such pages it was
+  // LRU's order, which loses every request repeated after a pause longer than the pool can hold
+  // its pages through (a cyclic reuse of requests, as a scan of pages is within a request).
   const size_t within =
       static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
   const size_t later = gaps_.size() - within;
-  if (later == 0) return std::max(1.0, static_cast<double>(idle_steps));
+  if (later == 0) return kDefaultIdleGapSteps;
   const double sum_later = gap_sums_.back() - gap_sums_[within];
   return std::max(1.0, sum_later / static_cast<double>(later) - static_cast<double>(idle_steps));
 }

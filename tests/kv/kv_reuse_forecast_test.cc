@@ -196,6 +196,28 @@ TEST(KvReuseForecastTest, AChatsHistoryOutstaysAOneOffsPages) {
   EXPECT_EQ(Misses(*t, KvReplayPolicy::kBelady, 5), 1);
 }
 
+// Requests repeated in order after a long pause (a workload cycling through its prompts, as the
+// shared-prefix trace's requests 17-24 repeat 1-8 about 150 steps later): request 1 (prompt pages
+// 0-1, reply page 2) finishes at step 1, request 2 (pages 3-4) at step 30, and at step 32 request
+// 3's three pages need two blocks. No page was ever read again, so the history cannot say when an
+// idle page comes back; it can say that 5 pages were idle for 2 steps and only 3 for 31. "As long
+// again as it has waited" made the older pages' wait twice theirs, so pages 2 and 1 left (LRU's
+// order lets 0 and 1 go) and request 4, request 1's prompt again, missed page 1; judged by the
+// pages idle as long, and with the default pause for both, request 2's pages leave and request 4
+// misses nothing, as with Belady.
+TEST(KvReuseForecastTest, APromptRepeatedAfterALongPauseIsNotLostToRecency) {
+  const StatusOr<KvTrace> t = ParseKvTrace(
+      "kvl-trace 1 block_tokens=16 pool_blocks=6\n"
+      "S 0\nP 0 1 0 -\nP 1 1 1 -\nR 1 2 0 - - 1\nS 1\nP 2 1 2 -\nR 1 3 2 - - 0\n"
+      "S 30\nP 3 2 0 -\nP 4 2 1 -\nR 2 2 0 - - 0\n"
+      "S 32\nP 5 3 0 -\nP 6 3 1 -\nP 7 3 2 -\nR 3 3 0 - - 0\n"
+      "S 40\nP 0 4 0 -\nP 1 4 1 -\nP 8 4 2 -\nR 4 3 2 - - 0\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kBelady, 6), 0);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kLru, 6), 2);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kPolicy, 6), 0);
+}
+
 // A conversation's pages learn from conversations' pauses, apart from other pages': request 3
 // continues request 1's whole chain (pages 0-1, a chat's next turn) after a pause of 10 steps; at
 // step 11 request 4's three new pages need two blocks, and the candidates are the conversation's

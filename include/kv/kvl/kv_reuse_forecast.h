@@ -68,7 +68,7 @@ struct KvReuseForecast {
 // has not reached t yet, and says nothing of whether pages idle that long are read again.
 class KvIdleReuseHistory {
  public:
-  // Where no page was revived after a pause as long as a page's: the pause assumed (a named
+  // Where no page was revived after a pause as long as a page's: the pause still assumed (a named
   // default, not a measurement).
   static constexpr double kDefaultIdleGapSteps = 16;
 
