@@ -16,8 +16,19 @@ constexpr double kHistoryWeightPeriods = 2;
 
 }  // namespace
 
-void KvIdleReuseHistory::PageRevived(int64_t idle_steps) {
-  const int64_t gap = std::max<int64_t>(0, idle_steps);
+void KvIdleReuseHistory::PageWentIdle(int64_t last_read_step) {
+  idle_since_.insert(std::upper_bound(idle_since_.begin(), idle_since_.end(), last_read_step),
+                     last_read_step);
+}
+
+void KvIdleReuseHistory::ForgetIdlePage(int64_t last_read_step) {
+  const auto at = std::lower_bound(idle_since_.begin(), idle_since_.end(), last_read_step);
+  if (at != idle_since_.end() && *at == last_read_step) idle_since_.erase(at);
+}
+
+void KvIdleReuseHistory::PageRevived(int64_t last_read_step, int64_t step) {
+  ForgetIdlePage(last_read_step);  // no longer idle
+  const int64_t gap = std::max<int64_t>(0, step - last_read_step);
   const auto at = std::upper_bound(gaps_.begin(), gaps_.end(), gap);
   const size_t i = static_cast<size_t>(at - gaps_.begin());
   gaps_.insert(at, gap);
@@ -27,16 +38,21 @@ void KvIdleReuseHistory::PageRevived(int64_t idle_steps) {
   for (size_t k = i + 2; k < gap_sums_.size(); ++k) gap_sums_[k] += static_cast<double>(gap);
 }
 
-double KvIdleReuseHistory::RevivalProbability(int64_t idle_steps, int64_t page_idle_periods,
+double KvIdleReuseHistory::RevivalProbability(int64_t step, int64_t idle_steps,
+                                              int64_t page_idle_periods,
                                               int64_t page_revivals) const {
-  // Of the pages that went idle, those revived within `idle_steps` are no longer idle; of the
-  // rest, those revived later are the ones that were still to be read.
+  // The pages that were idle for `idle_steps`: those revived after a longer pause, which were
+  // still to be read, and those idle now since at least as long ago. Pages idle for less are left
+  // out rather than counted as never read again: counting them would make every long pause look
+  // hopeless, the more so the more pages went idle lately, and so rank idle pages by recency
+  // alone (LRU's order) whatever the revivals say.
   const size_t within =
       static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
   const double later = static_cast<double>(gaps_.size() - within);
-  const double still_idle =
-      std::max(later, static_cast<double>(idle_pages_) - static_cast<double>(within));
-  const double all = (later + 1.0) / (still_idle + 2.0);
+  const double idle_as_long = static_cast<double>(
+      std::upper_bound(idle_since_.begin(), idle_since_.end(), step - idle_steps) -
+      idle_since_.begin());
+  const double all = (later + 1.0) / (later + idle_as_long + 2.0);
   // Then the page's own record: a shared opening read by request after request, a turn's history
   // read at every turn.
   const double own =
@@ -46,13 +62,17 @@ double KvIdleReuseHistory::RevivalProbability(int64_t idle_steps, int64_t page_i
 }
 
 double KvIdleReuseHistory::RemainingGapSteps(int64_t idle_steps) const {
-  // No pause seen (none at all, or none this long): as long again as it has waited, at least the
-  // named default (the longer a page has waited, the longer it is likely to wait yet).
-  if (gaps_.empty()) return std::max(kDefaultIdleGapSteps, static_cast<double>(idle_steps));
+  // No page revived after a pause this long (or none at all): the history cannot say how much
+  // longer, so every such page is given the named default pause, and the order among them is
+  // their revival probability's, which does learn from how long they have waited (the pages that
+  // were idle that long and stayed unread). "As long again as it has waited" (Lindy's rule), used
+  // before, counted the wait a second time with no revival to support it: among such pages it was
+  // LRU's order, which loses every request repeated after a pause longer than the pool can hold
+  // its pages through (a cyclic reuse of requests, as a scan of pages is within a request).
   const size_t within =
       static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
   const size_t later = gaps_.size() - within;
-  if (later == 0) return std::max(1.0, static_cast<double>(idle_steps));
+  if (later == 0) return kDefaultIdleGapSteps;
   const double sum_later = gap_sums_.back() - gap_sums_[within];
   return std::max(1.0, sum_later / static_cast<double>(later) - static_cast<double>(idle_steps));
 }
@@ -77,7 +97,7 @@ KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory
   // Read again only if a later request finds it: the expected wait is what remains
   // of the usual pause, stretched by how unlikely the revival is.
   const int64_t idle = std::max<int64_t>(0, page.idle_steps);
-  const double p = history.RevivalProbability(idle, page.idle_periods, page.revivals);
+  const double p = history.RevivalProbability(page.step, idle, page.idle_periods, page.revivals);
   f.next_read_steps = history.RemainingGapSteps(idle) / p;
   f.reads_left = p;
   return f;

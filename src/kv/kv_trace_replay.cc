@@ -79,10 +79,10 @@ class ForecastState {
       ++p.revivals;
       if (p.conversation && !p.idle_in_conversation) {
         // Revived by a conversation's next turn: the pause belongs to that history.
-        history(false).ForgetIdlePage();
-        history(true).PageWentIdle();
+        history(false).ForgetIdlePage(p.last_step);
+        history(true).PageWentIdle(p.last_step);
       }
-      history(p.conversation).PageRevived(a.step - p.last_step);
+      history(p.conversation).PageRevived(p.last_step, a.step);
     }
   }
 
@@ -145,6 +145,7 @@ class ForecastState {
     }
     // Idle: read again (if at all) in the order its request read it, when that comes back.
     if (!found) in.order_in_step = p.last_order;
+    in.step = a.step;
     in.idle_steps = a.step - p.last_step;
     in.idle_periods = p.idle_periods + (p.idle ? 0 : 1);  // this one, if it is not counted yet
     in.revivals = p.revivals;
@@ -262,7 +263,7 @@ class ForecastState {
     p.idle = true;
     ++p.idle_periods;
     p.idle_in_conversation = p.conversation;
-    history(p.conversation).PageWentIdle();
+    history(p.conversation).PageWentIdle(p.last_step);
   }
 
   // A conversation's pages and the others are read again by different readers (its next turn,

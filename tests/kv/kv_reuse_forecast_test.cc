@@ -68,21 +68,23 @@ TEST(KvReuseForecastTest, AWaitingSequencesPagesAreReadWhenItResumes) {
 TEST(KvReuseForecastTest, IdlePagesFromTheHistoryOfPagesReadAgain) {
   KvIdleReuseHistory h;
   // An empty history: one in two, after the named default pause.
-  EXPECT_DOUBLE_EQ(h.RevivalProbability(0, 1, 0), 0.5);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(0, 0, 1, 0), 0.5);
   EXPECT_DOUBLE_EQ(h.RemainingGapSteps(0), KvIdleReuseHistory::kDefaultIdleGapSteps);
-  // 40 pages went idle: 20 read again after 4 steps, 20 never.
-  for (int i = 0; i < 40; ++i) h.PageWentIdle();
-  for (int i = 0; i < 20; ++i) h.PageRevived(4);
+  // 40 pages went idle after step 0: 20 read again at step 4, 20 never (asked at step 10).
+  for (int i = 0; i < 40; ++i) h.PageWentIdle(0);
+  for (int i = 0; i < 20; ++i) h.PageRevived(0, 4);
   EXPECT_EQ(h.revived_pages(), 20);
-  const double fresh = h.RevivalProbability(0, 1, 0);
-  const double stale = h.RevivalProbability(10, 1, 0);
+  EXPECT_EQ(h.idle_pages(), 20);
+  const double fresh = h.RevivalProbability(10, 0, 1, 0);
+  const double stale = h.RevivalProbability(10, 10, 1, 0);
   EXPECT_NEAR(fresh, 0.5, 0.05);
   EXPECT_LT(stale, 0.1);  // past every pause seen: the ones never read again
   EXPECT_DOUBLE_EQ(h.RemainingGapSteps(1), 3.0);
   // A page read again after each of its 3 earlier idle periods (a shared opening) is likelier.
-  EXPECT_GT(h.RevivalProbability(10, 4, 3), 0.6);
+  EXPECT_GT(h.RevivalProbability(10, 10, 4, 3), 0.6);
 
   KvReuseInput idle;
+  idle.step = 10;
   idle.idle_steps = 0;
   const KvReuseForecast soon = ForecastReuse(idle, h);
   EXPECT_NEAR(soon.next_read_steps, 4 / fresh, 1e-9);
@@ -91,6 +93,27 @@ TEST(KvReuseForecastTest, IdlePagesFromTheHistoryOfPagesReadAgain) {
   // than a running page read at the next step.
   EXPECT_TRUE(KvPageLeavesFirst(ForecastReuse(idle, h), soon));
   EXPECT_TRUE(KvPageLeavesFirst(soon, Running(1, 5, 0)));
+}
+
+// What the history says of a long pause comes from the pages that were idle that long: 2 pages
+// idle since step 0, none read again, and 40 that went idle at step 95. At step 100 a page idle
+// for 100 steps is judged by the 2 (1 in 4 with Laplace's rule), not by the 42, of which the 40
+// have not been idle that long and are no evidence that pages idle so long stay unread (counted,
+// they made it 1 in 44, and every long-idle page the first to leave: LRU's order). Once 30 pages
+// have stayed idle that long, the history does say so.
+TEST(KvReuseForecastTest, OnlyPagesIdleAsLongJudgeALongPause) {
+  KvIdleReuseHistory h;
+  for (int i = 0; i < 2; ++i) h.PageWentIdle(0);
+  for (int i = 0; i < 40; ++i) h.PageWentIdle(95);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 100, 1, 0), 0.25);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 5, 1, 0), 1.0 / 44);
+  for (int i = 0; i < 28; ++i) h.PageWentIdle(0);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 100, 1, 0), 1.0 / 32);
+  // A page read again after 50 steps counts among the pages idle for 10 (and the 40 do not yet),
+  // not among those idle for 60.
+  h.PageRevived(0, 50);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 10, 1, 0), 2.0 / 32);
+  EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 60, 1, 0), 1.0 / 31);
 }
 
 // Two sequences decode side by side under full attention, each reading its 4 pages at every step
@@ -171,6 +194,28 @@ TEST(KvReuseForecastTest, AChatsHistoryOutstaysAOneOffsPages) {
   EXPECT_EQ(Misses(*t, KvReplayPolicy::kPolicy, 5), 1);
   EXPECT_EQ(Misses(*t, KvReplayPolicy::kLru, 5), 3);
   EXPECT_EQ(Misses(*t, KvReplayPolicy::kBelady, 5), 1);
+}
+
+// Requests repeated in order after a long pause (a workload cycling through its prompts, as the
+// shared-prefix trace's requests 17-24 repeat 1-8 about 150 steps later): request 1 (prompt pages
+// 0-1, reply page 2) finishes at step 1, request 2 (pages 3-4) at step 30, and at step 32 request
+// 3's three pages need two blocks. No page was ever read again, so the history cannot say when an
+// idle page comes back; it can say that 5 pages were idle for 2 steps and only 3 for 31. "As long
+// again as it has waited" made the older pages' wait twice theirs, so pages 2 and 1 left (LRU's
+// order lets 0 and 1 go) and request 4, request 1's prompt again, missed page 1; judged by the
+// pages idle as long, and with the default pause for both, request 2's pages leave and request 4
+// misses nothing, as with Belady.
+TEST(KvReuseForecastTest, APromptRepeatedAfterALongPauseIsNotLostToRecency) {
+  const StatusOr<KvTrace> t = ParseKvTrace(
+      "kvl-trace 1 block_tokens=16 pool_blocks=6\n"
+      "S 0\nP 0 1 0 -\nP 1 1 1 -\nR 1 2 0 - - 1\nS 1\nP 2 1 2 -\nR 1 3 2 - - 0\n"
+      "S 30\nP 3 2 0 -\nP 4 2 1 -\nR 2 2 0 - - 0\n"
+      "S 32\nP 5 3 0 -\nP 6 3 1 -\nP 7 3 2 -\nR 3 3 0 - - 0\n"
+      "S 40\nP 0 4 0 -\nP 1 4 1 -\nP 8 4 2 -\nR 4 3 2 - - 0\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kBelady, 6), 0);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kLru, 6), 2);
+  EXPECT_EQ(Misses(*t, KvReplayPolicy::kPolicy, 6), 0);
 }
 
 // A conversation's pages learn from conversations' pauses, apart from other pages': request 3

@@ -43,7 +43,9 @@ struct KvReuseInput {
   int64_t steps_to_resume = 1;
   // No running sequence holds it: steps since it was last read, and how often this page was read
   // again after such a pause before (its idle periods, this one included, and the reads that
-  // ended the earlier ones).
+  // ended the earlier ones). `step` is the step being planned, to which the idle history measures
+  // the pauses of the pages idle now.
+  int64_t step = 0;
   int64_t idle_steps = 0;
   int64_t idle_periods = 1;
   int64_t revivals = 0;
@@ -59,33 +61,38 @@ struct KvReuseForecast {
 // soon, given how long it has been idle: from every page that went idle (its last running reader
 // finished or stopped) and the pause of every idle page read again. Conditioning on the pause so
 // far tells a reply's tail, never read again, from a shared opening between two requests. A page
-// idle for t steps is revived with probability (revivals after pauses > t) / (pages still idle at
-// t), each count with one in two added (Laplace's rule) so that an empty history says 1/2.
+// idle for t steps is revived with probability (revivals after pauses > t) / (pages that were idle
+// for t steps), each count with one in two added (Laplace's rule) so that an empty history says
+// 1/2. The pages that were idle for t steps are those revived after longer pauses and those idle
+// now for t steps or more, as in a survival table (Kaplan and Meier): a page idle for fewer steps
+// has not reached t yet, and says nothing of whether pages idle that long are read again.
 class KvIdleReuseHistory {
  public:
-  // Where no page was revived yet: the shortest pause assumed (a named default, not a
-  // measurement); a page idle longer is expected to wait as long again.
+  // Where no page was revived after a pause as long as a page's: the pause still assumed (a named
+  // default, not a measurement).
   static constexpr double kDefaultIdleGapSteps = 16;
 
-  void PageWentIdle() { ++idle_pages_; }
+  // A page went idle after its read at step `last_read_step`.
+  void PageWentIdle(int64_t last_read_step);
   // Takes back one PageWentIdle (the page's pause turned out to belong to another history).
-  void ForgetIdlePage() { idle_pages_ = idle_pages_ > 0 ? idle_pages_ - 1 : 0; }
-  void PageRevived(int64_t idle_steps);
+  void ForgetIdlePage(int64_t last_read_step);
+  // The page idle since its read at `last_read_step` was read again at `step`.
+  void PageRevived(int64_t last_read_step, int64_t step);
 
-  // P(read again) of a page idle for `idle_steps`, whose own record is `page_idle_periods` idle
-  // periods (this one included) of which `page_revivals` ended in a read; and the expected steps
-  // still to wait if it is read again.
-  double RevivalProbability(int64_t idle_steps, int64_t page_idle_periods,
+  // P(read again) at step `step` of a page idle for `idle_steps`, whose own record is
+  // `page_idle_periods` idle periods (this one included) of which `page_revivals` ended in a read;
+  // and the expected steps still to wait if it is read again.
+  double RevivalProbability(int64_t step, int64_t idle_steps, int64_t page_idle_periods,
                             int64_t page_revivals) const;
   double RemainingGapSteps(int64_t idle_steps) const;
 
-  int64_t idle_pages() const { return idle_pages_; }
+  int64_t idle_pages() const { return static_cast<int64_t>(idle_since_.size()); }  // idle now
   int64_t revived_pages() const { return static_cast<int64_t>(gaps_.size()); }
 
  private:
-  int64_t idle_pages_ = 0;
-  std::vector<int64_t> gaps_;     // the pauses of revived pages, ascending
-  std::vector<double> gap_sums_;  // gap_sums_[i]: the sum of gaps_[0 .. i-1]
+  std::vector<int64_t> idle_since_;  // the last reads of the pages idle now, ascending
+  std::vector<int64_t> gaps_;        // the pauses of revived pages, ascending
+  std::vector<double> gap_sums_;     // gap_sums_[i]: the sum of gaps_[0 .. i-1]
 };
 
 KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory& history);
