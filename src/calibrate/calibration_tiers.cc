@@ -111,6 +111,10 @@ constexpr int64_t kLongCallBytes = 4 << 20;
 // At most this many groups of keys (below): 16 MiB of 4 KiB single-page calls, where a call's
 // latency, not its bytes, is what the point shows.
 constexpr int64_t kMaxGroups = 4096;
+// For a tier measured at engine start (Redis), which must stay short: 64 groups (a few MiB of
+// keys for a small model's pages). With kMaxGroups, writing 48 MiB of keys to a loopback Redis
+// first made TinyLlama's measurement 2.6 s instead of 1.35 s (both beside a CI build).
+constexpr int64_t kOneTierMaxGroups = 64;
 
 }  // namespace
 
@@ -128,9 +132,9 @@ int64_t WorkingSetBytes(const CalibrateOptions& o) {
 namespace {
 
 // Groups of keys a call of `call_bytes` cycles through in the cold timings: together at least
-// WorkingSetBytes (at most kMaxGroups of them).
-int64_t Groups(const CalibrateOptions& o, int64_t call_bytes) {
-  return std::clamp<int64_t>(WorkingSetBytes(o) / call_bytes, 1, kMaxGroups);
+// WorkingSetBytes, at most `max_groups` of them.
+int64_t Groups(const CalibrateOptions& o, int64_t call_bytes, int64_t max_groups) {
+  return std::clamp<int64_t>(WorkingSetBytes(o) / call_bytes, 1, max_groups);
 }
 
 struct TierTimes {
@@ -140,16 +144,15 @@ struct TierTimes {
 };
 
 // Put and Get of `count` pages of `page_bytes` in one call each, on `tier`. Cold: each call on
-// the next of Groups(...) groups of keys, whose pages together outgrow the CPU caches, so every
-// call moves pages the caches no longer hold, as a page restored long after it left. Warm: one
-// group read again and again. The source bytes come from `source`, at least
-// Groups(...) * count * page_bytes of them (made once per stage: generating them takes longer
-// than timing a large call).
-StatusOr<TierTimes> TimeTier(KvTier& tier, int64_t count, int64_t page_bytes,
+// the next of `groups` groups of keys, whose pages together outgrow the CPU caches (Groups), so
+// every call moves pages the caches no longer hold, as a page restored long after it left. Warm:
+// one group read again and again. The source bytes come from `source`, at least
+// groups * count * page_bytes of them (made once per stage: generating them takes longer than
+// timing a large call).
+StatusOr<TierTimes> TimeTier(KvTier& tier, int64_t count, int64_t page_bytes, int64_t groups,
                              std::span<const uint8_t> source, const CalibrateOptions& o,
                              StageProgress& stage) {
   const int64_t call_bytes = count * page_bytes;
-  const int64_t groups = Groups(o, call_bytes);
   KVL_CHECK(static_cast<int64_t>(source.size()) >= groups * call_bytes);
   std::vector<uint8_t> sink(static_cast<size_t>(call_bytes));
   std::vector<std::vector<PageWrite>> writes(static_cast<size_t>(groups));
@@ -212,10 +215,11 @@ int64_t TierCapacity(const CalibrateOptions& o, int64_t max_count, int64_t page_
 }
 
 // Source bytes for every point of a plan.
-std::vector<uint8_t> SourceFor(const CalibrateOptions& o, const TierPlan& plan) {
+std::vector<uint8_t> SourceFor(const CalibrateOptions& o, const TierPlan& plan,
+                               int64_t max_groups) {
   int64_t bytes = 0;
   for (const auto& [count, size] : plan.points) {
-    bytes = std::max(bytes, Groups(o, count * size) * count * size);
+    bytes = std::max(bytes, Groups(o, count * size, max_groups) * count * size);
   }
   return KvLikeBytes(bytes);
 }
@@ -223,9 +227,9 @@ std::vector<uint8_t> SourceFor(const CalibrateOptions& o, const TierPlan& plan) 
 // Times every point of `plan` on `tier_for(size)` (one tier per page size, opened for the
 // largest call at that size) and fits the two curves.
 template <typename TierFor>
-StatusOr<TierCurves> MeasurePlan(const TierPlan& plan, std::span<const uint8_t> source,
-                                 const CalibrateOptions& o, StageProgress& stage,
-                                 TierFor&& tier_for) {
+StatusOr<TierCurves> MeasurePlan(const TierPlan& plan, int64_t max_groups,
+                                 std::span<const uint8_t> source, const CalibrateOptions& o,
+                                 StageProgress& stage, TierFor&& tier_for) {
   std::vector<TransferPoint> writes, reads, warm_reads;
   for (size_t i = 0; i < plan.points.size();) {
     const int64_t size = plan.points[i].second;
@@ -237,7 +241,9 @@ StatusOr<TierCurves> MeasurePlan(const TierPlan& plan, std::span<const uint8_t> 
     KVL_ASSIGN_OR_RETURN(KvTier * tier, tier_for(size, TierCapacity(o, max_count, size)));
     for (; i < end; ++i) {
       const int64_t count = plan.points[i].first;
-      KVL_ASSIGN_OR_RETURN(const TierTimes times, TimeTier(*tier, count, size, source, o, stage));
+      KVL_ASSIGN_OR_RETURN(const TierTimes times,
+                           TimeTier(*tier, count, size, Groups(o, count * size, max_groups),
+                                    source, o, stage));
       writes.push_back({count, size, times.put_ms});
       reads.push_back({count, size, times.get_ms});
       warm_reads.push_back({count, size, times.warm_get_ms});
@@ -253,7 +259,7 @@ StatusOr<TierCurves> MeasureTierKind(const TierPlan& plan, std::span<const uint8
                                      const CalibrateOptions& o, StageProgress& stage,
                                      MakeTier&& make) {
   std::unique_ptr<KvTier> tier;
-  return MeasurePlan(plan, source, o, stage,
+  return MeasurePlan(plan, kMaxGroups, source, o, stage,
                      [&](int64_t size, int64_t capacity) -> StatusOr<KvTier*> {
                        tier.reset();  // the last size's file or memory first
                        KVL_ASSIGN_OR_RETURN(tier, make(size, capacity));
@@ -272,8 +278,8 @@ StatusOr<TierCurves> MeasureOneTier(KvTier& tier, int64_t page_bytes, int64_t la
   }
   AddLargePoints(std::span<const int64_t>(kLargePageMultiples).last(1), page_bytes, layers,
                  kOneTierMaxCallBytes, &plan);
-  const std::vector<uint8_t> source = SourceFor(o, plan);
-  return MeasurePlan(plan, source, o, stage,
+  const std::vector<uint8_t> source = SourceFor(o, plan, kOneTierMaxGroups);
+  return MeasurePlan(plan, kOneTierMaxGroups, source, o, stage,
                      [&](int64_t, int64_t) -> StatusOr<KvTier*> { return &tier; });
 }
 
@@ -286,7 +292,7 @@ int64_t TierStageSteps(const CalibrateOptions& o, const Model& model) {
 StatusOr<TierMeasurement> MeasureTiers(const Model& model, const CalibrateOptions& o,
                                        StageProgress& stage) {
   const TierPlan plan = PlanTiers(o, model);
-  const std::vector<uint8_t> source = SourceFor(o, plan);
+  const std::vector<uint8_t> source = SourceFor(o, plan, kMaxGroups);
   TierMeasurement m;
   for (bool zstd : {false, true}) {
     KVL_ASSIGN_OR_RETURN((zstd ? m.ram_zstd : m.ram),

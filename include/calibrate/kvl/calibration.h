@@ -306,9 +306,10 @@ CalibrateOptions QuickCalibrateOptions();
 // A tier calibration cannot reach on its own (the Redis server an engine is pointed at), measured
 // as Calibrate measures RAM and disk: the tier's own Put and Get of 1 and `layers` pages, at
 // 4 KiB and at `page_bytes`, and of the 1024-token page set (64 x `page_bytes` a page, up to
-// `layers` of them within 32 MiB a call), fitted as latency + bytes / bandwidth with a knee.
+// `layers` of them within 32 MiB a call), fitted as latency + bytes / bandwidth with a knee;
+// reads cold (cycling through 64 calls' keys, fewer than Calibrate's) and warm.
 // Writes keys 1.. of `tier` and erases them: open it under an identity of its own. With
-// QuickCalibrateOptions, 0.5-1 s over loopback.
+// QuickCalibrateOptions, about 1 s over loopback.
 StatusOr<TierCurves> MeasureTierCurves(KvTier& tier, int64_t page_bytes, int64_t layers,
                                        const CalibrateOptions& options);
 
