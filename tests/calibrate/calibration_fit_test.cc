@@ -28,7 +28,7 @@ TEST(CurveFitTest, RecoversTheCoefficientsOfARecomputeCurve) {
 }
 
 TEST(CurveFitTest, RecoversLatencyAndBandwidthOfATransferCurve) {
-  const TransferCurve truth{0.02, 0.004, 6.5, {}};
+  const TransferCurve truth{0.02, 0.004, 6.5, 0, 0, {}};
   std::vector<TransferPoint> points;
   for (int64_t n : {1, 8, 22}) {
     for (int64_t b : {4096, 65536, 1 << 20}) points.push_back({n, b, truth.Ms(n, b)});
@@ -79,7 +79,7 @@ TEST(CurveFitTest, ATransferCurveSwitchesBandwidthWhereTheCallsLeaveTheCaches) {
 
 TEST(CurveFitTest, OneBandwidthWithNoiseFitsNoKnee) {
   // 3% noise on one line: a knee would fit the noise, not a change of rate.
-  const TransferCurve truth{0.02, 0.004, 8.0, {}};
+  const TransferCurve truth{0.02, 0.004, 8.0, 0, 0, {}};
   const TransferCurve fit = FitTransferCurve(TransferPoints(truth, 0.03));
   EXPECT_EQ(fit.knee_bytes, 0);
   EXPECT_EQ(fit.large_gbps, 0);
