@@ -124,8 +124,10 @@ int SamplesFor(const CalibrateOptions& o, int64_t call_bytes) {
 
 int64_t WorkingSetBytes(const CalibrateOptions& o) {
   // Half as much again as the cache: a cycle through more than the cache holds misses it at
-  // every call (the least recently used lines are the next ones read).
-  static const int64_t cache_bytes = ops::LastLevelCacheBytes();
+  // every call (the least recently used lines are the next ones read). The cache one core sees
+  // is at most ~100 MiB on today's CPUs; a larger figure (a CPUID reading through a hypervisor)
+  // is held at 128 MiB, so that a calibration never writes gigabytes of keys.
+  static const int64_t cache_bytes = std::min<int64_t>(ops::LastLevelCacheBytes(), 128 << 20);
   return std::max<int64_t>((o.quick ? 16 : 64) << 20, cache_bytes + cache_bytes / 2);
 }
 
