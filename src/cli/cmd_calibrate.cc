@@ -110,7 +110,14 @@ void PrintTable(const MachineProfile& p, const std::string& profile_path) {
   row("recompute K/V from tokens", [&](const Shape& s) {
     return p.recompute_from_tokens.Ms(s.tokens, m.layers, s.position);
   });
-  row("RAM tier read", [&](const Shape& s) { return p.ram.read.Ms(m.layers, s.tokens * layer_kv); });
+  // Cold: the page restored long after it left, as the engine prices it once its weights and
+  // pool outgrow the last-level cache; warm: read again at once (TierCurves::ReadFor).
+  row("RAM tier read (cold)",
+      [&](const Shape& s) { return p.ram.read.Ms(m.layers, s.tokens * layer_kv); });
+  if (!p.ram.warm_read.points.empty()) {
+    row("RAM tier read (warm)",
+        [&](const Shape& s) { return p.ram.warm_read.Ms(m.layers, s.tokens * layer_kv); });
+  }
   row("disk tier read (buffered)",
       [&](const Shape& s) { return p.disk_buffered.read.Ms(m.layers, s.tokens * layer_kv); });
   row(p.disk_direct_measured ? "disk tier read (O_DIRECT)" : "disk tier read (O_DIRECT refused)",

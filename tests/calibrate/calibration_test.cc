@@ -203,6 +203,8 @@ TEST(CalibrationTest, FittedCurvesPredictHeldOutMeasuredPoints) {
         HeldOutPointsProblems(p.recompute_from_tokens.points, FitRecomputeCurve, recompute,
                               "recompute from tokens") +
         HeldOutPointsProblems(p.ram.read.points, FitTransferCurve, transfer, "RAM tier read") +
+        HeldOutPointsProblems(p.ram.warm_read.points, FitTransferCurve, transfer,
+                              "RAM tier warm read") +
         HeldOutPointsProblems(p.disk_buffered.read.points, FitTransferCurve, transfer,
                               "disk tier read");
     if (problems.empty()) break;
