@@ -19,6 +19,7 @@
 // 1-token Run), and charges recompute x (1 - idle); a transfer costs the same in both phases.
 // The fraction grows with the context, so it is measured at --position, and the model's is its
 // curve there; --position is clamped to the model's context less that 128-token run.
+// This file measures and predicts; the tables, crossovers and JSON are bench_frontier_report.cc.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -36,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_frontier.h"
 #include "cli.h"
 #include "kvl/cost_profile.h"
 #include "kvl/forward.h"
@@ -49,22 +51,20 @@
 namespace kvl::cli {
 namespace {
 
-// The three ways back, in the order of every table and JSON object.
-enum Way { kResidual = 0, kTokens, kTransfer, kNumWays };
-constexpr const char* kWayNames[kNumWays] = {"recompute-residual", "recompute-tokens", "transfer"};
-constexpr Phase kPhases[] = {Phase::kPrefill, Phase::kDecode};
-const char* PhaseName(Phase p) { return p == Phase::kPrefill ? "prefill" : "decode"; }
+using frontier::FrontierReport;
+using frontier::kNumWays;
+using frontier::kPhases;
+using frontier::kResidual;
+using frontier::kTokens;
+using frontier::kTransfer;
+using frontier::Median;
+using frontier::Point;
+using frontier::Sweep;
 
 double NowMs() {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Runs `fn` (which returns one sample per named quantity, ms) up to `repetitions` times and
@@ -225,29 +225,12 @@ StatusOr<std::unique_ptr<KvTier>> OpenTier(const TierChoice& choice, int64_t pag
   return MakeRedisTier(o);
 }
 
-struct Point {
-  std::string tier;
-  Phase phase = Phase::kPrefill;
-  int64_t page_tokens = 0;
-  int64_t depth = 0;
-  double measured[kNumWays] = {};
-  double predicted[kNumWays] = {};
-  double residual_read_ms = 0;  // of measured[kResidual] (prefill), the checkpoints' read
-  double rebuild_ms = 0;        // and the rebuild
-  int winner = 0;
-  int predicted_winner = 0;
-};
-
 int ArgMin(const double* v) {
   int best = 0;
   for (int i = 1; i < kNumWays; ++i) {
     if (v[i] < v[best]) best = i;
   }
   return best;
-}
-
-double ErrorPercent(double predicted, double measured) {
-  return measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0;
 }
 
 // What the cost model says for this point, as the engine would price it: the profile's curves
@@ -303,62 +286,6 @@ void Predict(const MachineProfile& profile, const ModelConfig& c, const std::str
   point->predicted_winner = ArgMin(point->predicted);
 }
 
-// Where the winner changes between neighbouring points of one row of the sweep (page tokens at a
-// fixed depth, or depth at a fixed page size), with the crossing interpolated where the two
-// curves meet: in log(page tokens), or linearly in depth.
-struct Crossover {
-  std::string tier;
-  Phase phase = Phase::kPrefill;
-  std::string axis;    // "page_tokens" or "depth"
-  int64_t fixed = 0;   // the other coordinate
-  int from = 0, to = 0;
-  int64_t lo = 0, hi = 0;
-  double at = 0;
-  bool predicted = false;
-};
-
-std::vector<Crossover> FindCrossovers(const std::vector<const Point*>& row, bool predicted,
-                                      const std::string& axis, int64_t fixed) {
-  std::vector<Crossover> out;
-  const bool by_tokens = axis == "page_tokens";
-  for (size_t i = 1; i < row.size(); ++i) {
-    const Point& a = *row[i - 1];
-    const Point& b = *row[i];
-    const int wa = predicted ? a.predicted_winner : a.winner;
-    const int wb = predicted ? b.predicted_winner : b.winner;
-    if (wa == wb) continue;
-    const double* va = predicted ? a.predicted : a.measured;
-    const double* vb = predicted ? b.predicted : b.measured;
-    // ln(time of the old winner / time of the new one): < 0 at a, > 0 at b.
-    const double ra = std::log(va[wa] / va[wb]);
-    const double rb = std::log(vb[wa] / vb[wb]);
-    const double xa = by_tokens ? std::log(static_cast<double>(a.page_tokens))
-                                : static_cast<double>(a.depth);
-    const double xb = by_tokens ? std::log(static_cast<double>(b.page_tokens))
-                                : static_cast<double>(b.depth);
-    const double share = rb - ra > 0 ? std::clamp(-ra / (rb - ra), 0.0, 1.0) : 0.5;
-    const double x = xa + (xb - xa) * share;
-    Crossover c;
-    c.tier = a.tier;
-    c.phase = a.phase;
-    c.axis = axis;
-    c.fixed = fixed;
-    c.from = wa;
-    c.to = wb;
-    c.lo = by_tokens ? a.page_tokens : a.depth;
-    c.hi = by_tokens ? b.page_tokens : b.depth;
-    c.at = by_tokens ? std::exp(x) : x;
-    c.predicted = predicted;
-    out.push_back(c);
-  }
-  return out;
-}
-
-struct Sweep {
-  std::vector<int64_t> page_tokens;
-  std::vector<int64_t> depths;
-};
-
 class FrontierBench {
  public:
   FrontierBench(const BenchFrontierArgs& args, const Model& model, ops::OpsContext& ctx,
@@ -367,8 +294,8 @@ class FrontierBench {
         tiers_(std::move(tiers)) {}
 
   Status Run(const MachineProfile& profile);
-  void PrintTables(const MachineProfile& profile) const;
-  nlohmann::json ToJson(const MachineProfile& profile) const;
+  // What was measured, for the tables and the JSON (bench_frontier_report.cc).
+  FrontierReport Report() const;
 
  private:
   int64_t max_tokens() const { return sweep_.page_tokens.back(); }
@@ -602,222 +529,26 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
   return Status::Ok();
 }
 
-// Rows of the sweep: the points of one tier and phase along one axis, the other fixed.
-std::vector<Crossover> AllCrossovers(const std::vector<Point>& points, const Sweep& sweep,
-                                     const std::vector<TierChoice>& tiers, bool predicted) {
-  std::vector<Crossover> out;
-  auto find = [&](const std::string& tier, Phase phase, int64_t t, int64_t d) -> const Point* {
-    for (const Point& p : points) {
-      if (p.tier == tier && p.phase == phase && p.page_tokens == t && p.depth == d) return &p;
-    }
-    return nullptr;
-  };
-  for (const TierChoice& tier : tiers) {
-    for (Phase phase : kPhases) {
-      for (int64_t d : sweep.depths) {
-        std::vector<const Point*> row;
-        for (int64_t t : sweep.page_tokens) row.push_back(find(tier.label, phase, t, d));
-        for (const Crossover& c : FindCrossovers(row, predicted, "page_tokens", d)) out.push_back(c);
-      }
-      for (int64_t t : sweep.page_tokens) {
-        std::vector<const Point*> row;
-        for (int64_t d : sweep.depths) row.push_back(find(tier.label, phase, t, d));
-        for (const Crossover& c : FindCrossovers(row, predicted, "depth", t)) out.push_back(c);
-      }
-    }
-  }
-  return out;
-}
-
-std::string ShortWay(int way) {
-  static constexpr const char* kShort[kNumWays] = {"residual", "tokens", "transfer"};
-  return kShort[way];
-}
-
-// Median and 90th percentile of |error| in percent over a set of points, for one way.
-std::pair<double, double> AbsErrorStats(const std::vector<const Point*>& pts, int way) {
-  std::vector<double> e;
-  for (const Point* p : pts) e.push_back(std::abs(ErrorPercent(p->predicted[way], p->measured[way])));
-  if (e.empty()) return {0, 0};
-  std::sort(e.begin(), e.end());
-  const size_t p90 = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(e.size()))) - 1;
-  return {Median(e), e[std::min(p90, e.size() - 1)]};
-}
-
-void FrontierBench::PrintTables(const MachineProfile& profile) const {
-  fmt::print("model     {}: dim {}, {} layers, {} heads / {} kv heads x {}, ffn {}, {}\n", c_.name,
-             c_.dim, c_.num_layers, c_.num_heads, c_.num_kv_heads, c_.head_dim, c_.ffn_dim,
-             model_.weight_type_name());
-  fmt::print("per token per layer: K+V f32 {} B, residual checkpoint {} B ({:.2f}x K+V)\n",
-             c_.KvBytesPerTokenPerLayer(DType::kF32), c_.ResidualBytesPerTokenPerLayer(DType::kF32),
-             static_cast<double>(c_.ResidualBytesPerTokenPerLayer(DType::kF32)) /
-                 static_cast<double>(c_.KvBytesPerTokenPerLayer(DType::kF32)));
-  fmt::print("threads   {}, pages after {} tokens of context, median of up to {} runs\n",
-             ctx_.pool()->num_threads(), args_.position, args_.repetitions);
-  fmt::print("decode    step {:.2f} ms vs {:.3f} ms per token in a 128-token run: idle fraction "
-             "{:.2f} (decode recompute = measured x {:.2f}; the profile's curve gives {:.2f} there)\n",
-             decode_step_ms_, prefill_token_ms_, idle_fraction_, 1.0 - idle_fraction_,
-             profile.decode_idle.FractionAt(args_.position));
-  fmt::print("tiers     ");
-  for (size_t i = 0; i < tier_names_.size(); ++i) {
-    fmt::print("{}{} = {}", i ? ", " : "", tiers_[i].label, tier_names_[i]);
-  }
-  fmt::print("\nmodel's profile: {} ({})\n", profile.source, profile.timestamp);
-  fmt::print("rebuilt K/V bit-exact with the run's: {}\n\n", rebuilt_bit_exact_ ? "yes" : "NO");
-
-  for (Phase phase : kPhases) {
-    fmt::print("### {}\n\n", PhaseName(phase));
-    fmt::print("| tier  | tokens | depth | residual ms | tokens ms | transfer ms | winner    | "
-               "model: res |  model: tok | model: xfer | model says | err res % | tok % | xfer % |\n");
-    fmt::print("|-------|-------:|------:|------------:|----------:|------------:|-----------|"
-               "-----------:|------------:|------------:|------------|----------:|------:|-------:|\n");
-    for (const Point& p : points_) {
-      if (p.phase != phase) continue;
-      fmt::print("| {:<5} | {:>6} | {:>5} | {:>11.4g} | {:>9.4g} | {:>11.4g} | {:<9} | {:>10.4g} | "
-                 "{:>11.4g} | {:>11.4g} | {:<10} | {:>9.0f} | {:>5.0f} | {:>6.0f} |\n",
-                 p.tier, p.page_tokens, p.depth, p.measured[kResidual], p.measured[kTokens],
-                 p.measured[kTransfer], ShortWay(p.winner), p.predicted[kResidual],
-                 p.predicted[kTokens], p.predicted[kTransfer], ShortWay(p.predicted_winner),
-                 ErrorPercent(p.predicted[kResidual], p.measured[kResidual]),
-                 ErrorPercent(p.predicted[kTokens], p.measured[kTokens]),
-                 ErrorPercent(p.predicted[kTransfer], p.measured[kTransfer]));
-    }
-    fmt::print("\n");
-  }
-
-  fmt::print("### prediction error, |predicted - measured| / measured\n\n");
-  fmt::print("| phase   | tier  | residual median / p90 % | tokens median / p90 % | transfer median / p90 % | winner right |\n");
-  fmt::print("|---------|-------|------------------------:|----------------------:|------------------------:|-------------:|\n");
-  for (Phase phase : kPhases) {
-    for (const TierChoice& tier : tiers_) {
-      std::vector<const Point*> pts;
-      int right = 0;
-      for (const Point& p : points_) {
-        if (p.phase != phase || p.tier != tier.label) continue;
-        pts.push_back(&p);
-        right += p.winner == p.predicted_winner;
-      }
-      std::string cells;
-      for (int w = 0; w < kNumWays; ++w) {
-        const auto [median, p90] = AbsErrorStats(pts, w);
-        cells += fmt::format(" {:>23} |", fmt::format("{:.0f} / {:.0f}", median, p90));
-      }
-      fmt::print("| {:<7} | {:<5} |{} {:>12} |\n", PhaseName(phase), tier.label, cells,
-                 fmt::format("{}/{}", right, pts.size()));
-    }
-  }
-  fmt::print("\n### crossovers: where the winner changes\n\n");
-  fmt::print("| tier  | phase   | along       | at           | measured                       | model says |\n");
-  fmt::print("|-------|---------|-------------|--------------|--------------------------------|------------|\n");
-  const std::vector<Crossover> measured = AllCrossovers(points_, sweep_, tiers_, false);
-  const std::vector<Crossover> predicted = AllCrossovers(points_, sweep_, tiers_, true);
-  auto describe = [](const Crossover& c) {
-    return fmt::format("{} -> {} at ~{:.0f} ({}..{})", ShortWay(c.from), ShortWay(c.to), c.at,
-                       c.lo, c.hi);
-  };
+FrontierReport FrontierBench::Report() const {
+  FrontierReport r;
+  r.model_path = args_.model_path;
+  r.config = &c_;
+  r.weight_type = model_.weight_type_name();
+  r.threads = ctx_.pool()->num_threads();
+  r.position = args_.position;
+  r.repetitions = args_.repetitions;
+  r.sweep = sweep_;
   for (const TierChoice& tier : tiers_) {
-    for (Phase phase : kPhases) {
-      for (const char* axis : {"page_tokens", "depth"}) {
-        // Every line of the sweep on which either the measurement or the model has a crossover.
-        const std::vector<int64_t>& fixed_values =
-            std::string(axis) == "page_tokens" ? sweep_.depths : sweep_.page_tokens;
-        for (int64_t fixed : fixed_values) {
-          std::string m, p;
-          for (const Crossover& c : measured) {
-            if (c.tier == tier.label && c.phase == phase && c.axis == axis && c.fixed == fixed)
-              m += (m.empty() ? "" : "; ") + describe(c);
-          }
-          for (const Crossover& c : predicted) {
-            if (c.tier == tier.label && c.phase == phase && c.axis == axis && c.fixed == fixed)
-              p += (p.empty() ? "" : "; ") + describe(c);
-          }
-          if (m.empty() && p.empty()) continue;
-          const std::string at = std::string(axis) == "page_tokens"
-                                     ? fmt::format("depth {}", fixed)
-                                     : fmt::format("{} tokens", fixed);
-          fmt::print("| {:<5} | {:<7} | {:<11} | {:<12} | {:<30} | {} |\n", tier.label,
-                     PhaseName(phase), axis, at, m.empty() ? "none" : m, p.empty() ? "none" : p);
-        }
-      }
-    }
+    r.tier_labels.push_back(tier.label);
+    if (tier.label == "redis") r.redis_read = &remote_curves_.read;
   }
-  fmt::print("\n");
-}
-
-nlohmann::json FrontierBench::ToJson(const MachineProfile& profile) const {
-  nlohmann::json j;
-  j["bench"] = "frontier";
-  j["model"] = args_.model_path;
-  j["model_name"] = c_.name;
-  j["weight_type"] = model_.weight_type_name();
-  j["shape"] = {{"dim", c_.dim},         {"layers", c_.num_layers},   {"heads", c_.num_heads},
-                {"kv_heads", c_.num_kv_heads}, {"head_dim", c_.head_dim}, {"ffn_dim", c_.ffn_dim}};
-  j["kv_bytes_per_token_layer"] = c_.KvBytesPerTokenPerLayer(DType::kF32);
-  j["residual_bytes_per_token_layer"] = c_.ResidualBytesPerTokenPerLayer(DType::kF32);
-  j["threads"] = ctx_.pool()->num_threads();
-  j["position"] = args_.position;
-  j["repetitions"] = args_.repetitions;
-  j["page_tokens"] = sweep_.page_tokens;
-  j["depths"] = sweep_.depths;
-  j["decode"] = {{"step_ms", decode_step_ms_},
-                 {"prefill_ms_per_token", prefill_token_ms_},
-                 {"idle_fraction", idle_fraction_},
-                 {"model_idle_fraction", profile.decode_idle.FractionAt(args_.position)},
-                 {"how", "decode recompute = measured recompute (the rebuild, not the checkpoint "
-                         "read) x (1 - idle); idle = 1 - (ms per token of a 128-token run) / (ms "
-                         "of a 1-token run); transfers are not discounted"}};
-  j["profile"] = {{"source", profile.source}, {"timestamp", profile.timestamp}};
-  // The Redis server's read curve, measured at the start (MeasureTierCurves), where one was.
-  if (std::any_of(tiers_.begin(), tiers_.end(),
-                  [](const TierChoice& tier) { return tier.label == "redis"; })) {
-    const TransferCurve& r = remote_curves_.read;
-    j["redis_read_curve"] = {{"call_ms", r.call_ms},       {"page_ms", r.page_ms},
-                             {"gbps", r.gbps},             {"knee_bytes", r.knee_bytes},
-                             {"large_gbps", r.large_gbps}, {"points", r.points.size()}};
-  }
-  j["rebuilt_bit_exact"] = rebuilt_bit_exact_;
-  nlohmann::json tiers = nlohmann::json::array();
-  for (size_t i = 0; i < tiers_.size(); ++i) {
-    tiers.push_back({{"tier", tiers_[i].label}, {"name", i < tier_names_.size() ? tier_names_[i] : ""}});
-  }
-  j["tiers"] = tiers;
-  nlohmann::json points = nlohmann::json::array();
-  for (const Point& p : points_) {
-    nlohmann::json measured, predicted, error;
-    for (int w = 0; w < kNumWays; ++w) {
-      measured[kWayNames[w]] = p.measured[w];
-      predicted[kWayNames[w]] = p.predicted[w];
-      error[kWayNames[w]] = ErrorPercent(p.predicted[w], p.measured[w]);
-    }
-    points.push_back({{"tier", p.tier},
-                      {"phase", PhaseName(p.phase)},
-                      {"page_tokens", p.page_tokens},
-                      {"depth", p.depth},
-                      {"measured_ms", measured},
-                      {"residual_read_ms", p.residual_read_ms},
-                      {"rebuild_ms", p.rebuild_ms},
-                      {"winner", kWayNames[p.winner]},
-                      {"predicted_ms", predicted},
-                      {"predicted_winner", kWayNames[p.predicted_winner]},
-                      {"error_percent", error}});
-  }
-  j["points"] = points;
-  nlohmann::json crossovers = nlohmann::json::array();
-  for (bool predicted_side : {false, true}) {
-    for (const Crossover& c : AllCrossovers(points_, sweep_, tiers_, predicted_side)) {
-      crossovers.push_back({{"source", predicted_side ? "model" : "measured"},
-                            {"tier", c.tier},
-                            {"phase", PhaseName(c.phase)},
-                            {"axis", c.axis},
-                            {"fixed", c.fixed},
-                            {"from", kWayNames[c.from]},
-                            {"to", kWayNames[c.to]},
-                            {"between", {c.lo, c.hi}},
-                            {"at", c.at}});
-    }
-  }
-  j["crossovers"] = crossovers;
-  return j;
+  r.tier_names = tier_names_;
+  r.decode_step_ms = decode_step_ms_;
+  r.prefill_token_ms = prefill_token_ms_;
+  r.idle_fraction = idle_fraction_;
+  r.rebuilt_bit_exact = rebuilt_bit_exact_;
+  r.points = points_;
+  return r;
 }
 
 }  // namespace
@@ -896,11 +627,12 @@ int BenchFrontierCommand(const BenchFrontierArgs& args) {
 
   FrontierBench bench(clamped, **model, ctx, sweep, std::move(*tiers));
   if (const Status s = bench.Run(*profile); !s.ok()) return fail(s);
-  const nlohmann::json j = bench.ToJson(*profile);
+  const FrontierReport report = bench.Report();
+  const nlohmann::json j = frontier::FrontierJson(report, *profile);
   if (args.output == "json") {
     fmt::print("{}\n", j.dump(1));
   } else {
-    bench.PrintTables(*profile);
+    frontier::PrintFrontierTables(report, *profile);
   }
   if (!args.json_path.empty()) {
     std::ofstream f(args.json_path);
