@@ -1,8 +1,12 @@
 // Where tests find the shared model files and the kvl binary (set by CMake).
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace kvl::testing {
@@ -11,6 +15,28 @@ inline std::string SharedModelPath(const std::string& file) {
   return std::string(KVL_SHARED_MODELS_DIR) + "/" + file;
 }
 inline std::string Stories260KPath() { return SharedModelPath("stories260K.gguf"); }
+
+// A cost profile path this test process owns (its engines calibrate once into it and share it):
+// named by the PID, removed when the process first asks for it and when it exits. A file left
+// there by an earlier process with the same PID would otherwise be loaded, and one of an older
+// profile version is refused at a path the user gave (it happened on a machine with 249 of them).
+inline const std::string& ProcessProfilePath() {
+  struct Owned {
+    std::string path = (std::filesystem::temp_directory_path() /
+                        ("kvl-test-profile-" + std::to_string(::getpid()) + ".json"))
+                           .string();
+    Owned() {
+      std::error_code ec;
+      std::filesystem::remove(path, ec);
+    }
+    ~Owned() {
+      std::error_code ec;
+      std::filesystem::remove(path, ec);
+    }
+  };
+  static const Owned owned;
+  return owned.path;
+}
 
 // The 64 greedy ids from BOS, from ../shared/models/README.md.
 inline const std::vector<int32_t>& Stories260KGreedyReference() {

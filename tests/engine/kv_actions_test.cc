@@ -30,7 +30,7 @@ EngineOptions Options(int32_t max_seqs, int64_t budget_pages) {
   o.kv_budget_bytes = budget_pages * kPageBytes;
   o.prefix_cache = false;  // so resumed pages come from the tiers, not the prefix cache
   // One profile per test process: ctest runs these tests in parallel.
-  o.profile_path = ::testing::TempDir() + "/kvl-test-profile-" + std::to_string(getpid()) + ".json";
+  o.profile_path = testing::ProcessProfilePath();
   return o;
 }
 

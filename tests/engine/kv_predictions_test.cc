@@ -35,7 +35,7 @@ EngineOptions PressureOptions(const std::string& trace_path) {
   // Without the prefix cache there is no KV store: demoted pages are promoted back into the pool
   // at resume (with it, the RAM tier's pages are read in place and never come back).
   o.prefix_cache = false;
-  o.profile_path = ::testing::TempDir() + "/kvl-test-profile-" + std::to_string(getpid()) + ".json";
+  o.profile_path = testing::ProcessProfilePath();
   return o;
 }
 

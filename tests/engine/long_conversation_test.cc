@@ -28,7 +28,7 @@ EngineOptions Options(int64_t budget_pages, double stream_reserve = 0.25) {
   o.context_length = 512;
   o.max_seqs = 2;
   o.kv_budget_bytes = budget_pages * kPageBytes;
-  o.profile_path = ::testing::TempDir() + "/kvl-test-profile-" + std::to_string(getpid()) + ".json";
+  o.profile_path = testing::ProcessProfilePath();
   return o;
 }
 

@@ -24,7 +24,7 @@ EngineOptions Options(const std::string& policy, int64_t budget_pages, int32_t m
   o.max_seqs = max_seqs;
   o.kv_policy = policy;
   o.kv_budget_bytes = budget_pages * kPageBytes;
-  o.profile_path = ::testing::TempDir() + "/kvl-test-profile-" + std::to_string(getpid()) + ".json";
+  o.profile_path = testing::ProcessProfilePath();
   return o;
 }
 
