@@ -5,6 +5,7 @@
 #include "kvl/calibration.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <initializer_list>
 #include <memory>
 #include <random>
@@ -19,6 +21,7 @@
 
 #include "calibration_internal.h"
 #include "kvl/kv_quality.h"
+#include "kvl/kv_tier.h"  // ParseByteSize
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/thread_pool.h"
@@ -117,7 +120,7 @@ MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::s
   p.cpu_features = ops::CpuFeatureString();
   p.isa = std::string(ops::IsaName(ctx.isa()));
   p.threads = ContextThreads(ctx);
-  p.cache_bytes = ops::LastLevelCacheBytes();
+  p.cache_bytes = LastLevelCacheBytes();
   p.model = DescribeModel(model);
   return p;
 }
@@ -301,6 +304,25 @@ CalibrateOptions QuickCalibrateOptions() {
   o.disk_bytes = 16 * calibration_internal::kMiB;
   o.random_reads = 100;
   return o;
+}
+
+int64_t LastLevelCacheBytes() {
+  int best_level = 0;
+  int64_t best_bytes = 0;
+  for (int index = 0; index < 8; ++index) {
+    const std::string dir = fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/", index);
+    std::ifstream level_file(dir + "level"), size_file(dir + "size");
+    int level = 0;
+    std::string size;  // "32768K"
+    if (!(level_file >> level) || !(size_file >> size) || level <= best_level) continue;
+    const StatusOr<int64_t> bytes = ParseByteSize(size);
+    best_level = level;
+    best_bytes = bytes.ok() ? *bytes : 0;
+  }
+  if (best_bytes > 0) return best_bytes;
+  const long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+  const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return l3 > 0 ? l3 : l2 > 0 ? l2 : 0;
 }
 
 StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ctx,

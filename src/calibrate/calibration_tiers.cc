@@ -19,7 +19,6 @@
 #include "calibration_internal.h"
 #include "kvl/kv_codec.h"
 #include "kvl/kv_tier.h"
-#include "kvl/ops.h"
 
 namespace kvl::calibration_internal {
 namespace {
@@ -127,7 +126,7 @@ int64_t WorkingSetBytes(const CalibrateOptions& o) {
   // every call (the least recently used lines are the next ones read). The cache one core sees
   // is at most ~100 MiB on today's CPUs; a larger figure (a CPUID reading through a hypervisor)
   // is held at 128 MiB, so that a calibration never writes gigabytes of keys.
-  static const int64_t cache_bytes = std::min<int64_t>(ops::LastLevelCacheBytes(), 128 << 20);
+  static const int64_t cache_bytes = std::min<int64_t>(LastLevelCacheBytes(), 128 << 20);
   return std::max<int64_t>((o.quick ? 16 : 64) << 20, cache_bytes + cache_bytes / 2);
 }
 

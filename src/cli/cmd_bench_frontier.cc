@@ -290,15 +290,28 @@ class FrontierBench {
  public:
   FrontierBench(const BenchFrontierArgs& args, const Model& model, ops::OpsContext& ctx,
                 Sweep sweep, std::vector<TierChoice> tiers)
-      : args_(args), model_(model), c_(model.config()), ctx_(ctx), sweep_(std::move(sweep)),
-        tiers_(std::move(tiers)) {}
+      : args_(args), model_(model), c_(model.config()), ctx_(ctx), tiers_(std::move(tiers)) {
+    report_.model_path = args.model_path;
+    report_.config = &c_;
+    report_.weight_type = model.weight_type_name();
+    report_.threads = ctx.pool()->num_threads();
+    report_.position = args.position;
+    report_.repetitions = args.repetitions;
+    report_.sweep = std::move(sweep);
+    for (const TierChoice& tier : tiers_) {
+      report_.tier_labels.push_back(tier.label);
+      if (tier.label == "redis") report_.redis_read = &remote_curves_.read;
+    }
+  }
+  FrontierBench(const FrontierBench&) = delete;  // report_ points into remote_curves_
+  FrontierBench& operator=(const FrontierBench&) = delete;
 
   Status Run(const MachineProfile& profile);
   // What was measured, for the tables and the JSON (bench_frontier_report.cc).
-  FrontierReport Report() const;
+  const FrontierReport& report() const { return report_; }
 
  private:
-  int64_t max_tokens() const { return sweep_.page_tokens.back(); }
+  int64_t max_tokens() const { return report_.sweep.page_tokens.back(); }
   // Bytes of one layer page of T tokens: K rows then V rows, f32 (the pager's tier page).
   int64_t LayerPageBytes(int64_t t) const { return t * c_.KvBytesPerTokenPerLayer(DType::kF32); }
   void MeasureIdleFraction();
@@ -308,17 +321,11 @@ class FrontierBench {
   const Model& model_;
   const ModelConfig& c_;
   ops::OpsContext& ctx_;
-  Sweep sweep_;
   std::vector<TierChoice> tiers_;
   std::unique_ptr<Forward> forward_;
   std::unique_ptr<LayerClockCache> cache_;
   TierCurves remote_curves_;  // the Redis server's, measured at the start
-  double idle_fraction_ = 0;
-  double decode_step_ms_ = 0;
-  double prefill_token_ms_ = 0;
-  bool rebuilt_bit_exact_ = true;
-  std::vector<std::string> tier_names_;  // what each tier called itself
-  std::vector<Point> points_;
+  FrontierReport report_;     // what is measured, filled as it is
 };
 
 // The token batch of one page: T tokens at [position, position + T), no logits.
@@ -337,7 +344,7 @@ void FrontierBench::MeasureIdleFraction() {
   // sample moves it by more than the context does. Each sample runs steps for at least
   // kMinStepSampleMs and takes their mean, as calibration times its runs.
   constexpr double kMinStepSampleMs = 10;
-  decode_step_ms_ = MedianSamples(args_.repetitions, [&] {
+  report_.decode_step_ms = MedianSamples(args_.repetitions, [&] {
                       const double t0 = NowMs();
                       int64_t steps = 0;
                       do {
@@ -346,13 +353,13 @@ void FrontierBench::MeasureIdleFraction() {
                       } while (NowMs() - t0 < kMinStepSampleMs);
                       return std::vector<double>{(NowMs() - t0) / static_cast<double>(steps)};
                     })[0];
-  prefill_token_ms_ = MedianSamples(args_.repetitions, [&] {
+  report_.prefill_token_ms = MedianSamples(args_.repetitions, [&] {
                         const double t0 = NowMs();
                         forward_->Run(many, *cache_);
                         return std::vector<double>{NowMs() - t0};
                       })[0] /
                       static_cast<double>(kIdlePrefillTokens);
-  idle_fraction_ = std::clamp(1.0 - prefill_token_ms_ / decode_step_ms_, 0.0, 1.0);
+  report_.idle_fraction = std::clamp(1.0 - report_.prefill_token_ms / report_.decode_step_ms, 0.0, 1.0);
 }
 
 Status FrontierBench::Run(const MachineProfile& profile) {
@@ -375,14 +382,14 @@ Status FrontierBench::Run(const MachineProfile& profile) {
     KVL_ASSIGN_OR_RETURN(remote_curves_, MeasureTierCurves(*scratch, page_bytes, c_.num_layers,
                                                            QuickCalibrateOptions()));
   }
-  for (int64_t t : sweep_.page_tokens) KVL_RETURN_IF_ERROR(MeasurePageSize(t, profile));
+  for (int64_t t : report_.sweep.page_tokens) KVL_RETURN_IF_ERROR(MeasurePageSize(t, profile));
   return Status::Ok();
 }
 
 Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) {
   const double started = NowMs();
   const int64_t layers = c_.num_layers;
-  const size_t nd = sweep_.depths.size();
+  const size_t nd = report_.sweep.depths.size();
 
   // Recompute from tokens: one run of every layer, timed at each depth's layer boundary.
   const TokenBatch batch = PageBatch(t, args_.position, c_.vocab_size);
@@ -391,7 +398,7 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
     forward_->Run(batch, *cache_);
     const double end = NowMs();
     std::vector<double> s;
-    for (int64_t d : sweep_.depths) s.push_back(cache_->MsThrough(d, end));
+    for (int64_t d : report_.sweep.depths) s.push_back(cache_->MsThrough(d, end));
     return s;
   });
 
@@ -447,7 +454,7 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
   std::vector<double> read_ms(nd), rebuild_ms(nd);
   Status read_status;
   for (size_t di = 0; di < nd; ++di) {
-    const int64_t d = sweep_.depths[di];
+    const int64_t d = report_.sweep.depths[di];
     const std::vector<double> m = MedianSamples(args_.repetitions, [&] {
       const double t0 = NowMs();
       const Status s = get_first(*checkpoint_tier, stage, checkpoint_page_bytes, d);
@@ -468,11 +475,11 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
   }
   // The rebuilt rows must be the ones the run stored (lossless: bit-exact), or the timing is of
   // the wrong work.
-  const int64_t rebuilt_layers = sweep_.depths.back();
+  const int64_t rebuilt_layers = report_.sweep.depths.back();
   for (int64_t l = 0; l < rebuilt_layers; ++l) {
     const float* kv = reinterpret_cast<const float*>(kv_pages.data()) + static_cast<size_t>(l) * 2 * tn * kv_dim;
     const size_t n = tn * kv_dim;
-    rebuilt_bit_exact_ = rebuilt_bit_exact_ &&
+    report_.rebuilt_bit_exact = report_.rebuilt_bit_exact &&
                          std::memcmp(kv, k_out.data() + static_cast<size_t>(l) * n, n * sizeof(float)) == 0 &&
                          std::memcmp(kv + n, v_out.data() + static_cast<size_t>(l) * n, n * sizeof(float)) == 0;
   }
@@ -482,25 +489,25 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
   std::vector<uint8_t> read_back(kv_pages.size());
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
     KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier, OpenTier(tiers_[ti], kv_page_bytes, layers));
-    if (tier_names_.size() <= ti) tier_names_.push_back(std::string(tier->name()));
+    if (report_.tier_names.size() <= ti) report_.tier_names.push_back(std::string(tier->name()));
     KVL_RETURN_IF_ERROR(put_all(*tier, kv_pages, kv_page_bytes));
     const std::vector<double> transfer_ms =
         InterleavedMedians(nd, args_.repetitions, [&](size_t di) {
           const double t0 = NowMs();
-          const Status s = get_first(*tier, read_back, kv_page_bytes, sweep_.depths[di]);
+          const Status s = get_first(*tier, read_back, kv_page_bytes, report_.sweep.depths[di]);
           if (!s.ok()) read_status = s;
           return NowMs() - t0;
         });
     KVL_RETURN_IF_ERROR(read_status);
     // Every read put its layers' pages at the same place, and the deepest read them all.
-    const int64_t deepest = sweep_.depths.back();
+    const int64_t deepest = report_.sweep.depths.back();
     if (std::memcmp(read_back.data(), kv_pages.data(),
                     static_cast<size_t>(deepest * kv_page_bytes)) != 0) {
       return DataLossError(fmt::format("tier {} read back other bytes than were put",
                                        tier->name()));
     }
     for (size_t di = 0; di < nd; ++di) {
-      const int64_t d = sweep_.depths[di];
+      const int64_t d = report_.sweep.depths[di];
       for (Phase phase : kPhases) {
         Point p;
         p.tier = tiers_[ti].label;
@@ -508,7 +515,7 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
         p.page_tokens = t;
         p.depth = d;
         // Decode: the recompute's arithmetic runs where the step's would idle (see the top).
-        const double compute = phase == Phase::kDecode ? 1.0 - idle_fraction_ : 1.0;
+        const double compute = phase == Phase::kDecode ? 1.0 - report_.idle_fraction : 1.0;
         p.measured[kResidual] = read_ms[di] + rebuild_ms[di] * compute;
         p.measured[kTokens] = tokens_ms[di] * compute;
         p.measured[kTransfer] = transfer_ms[di];
@@ -517,7 +524,7 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
         p.winner = ArgMin(p.measured);
         Predict(profile, c_, p.tier, tiers_[ti].label == "redis" ? &remote_curves_ : nullptr,
                 args_.position, &p);
-        points_.push_back(p);
+        report_.points.push_back(p);
       }
     }
     std::vector<PageKey> keys;
@@ -527,28 +534,6 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
   fmt::print(stderr, "kvl bench frontier: {}-token pages measured in {:.1f} s\n", t,
              (NowMs() - started) / 1e3);
   return Status::Ok();
-}
-
-FrontierReport FrontierBench::Report() const {
-  FrontierReport r;
-  r.model_path = args_.model_path;
-  r.config = &c_;
-  r.weight_type = model_.weight_type_name();
-  r.threads = ctx_.pool()->num_threads();
-  r.position = args_.position;
-  r.repetitions = args_.repetitions;
-  r.sweep = sweep_;
-  for (const TierChoice& tier : tiers_) {
-    r.tier_labels.push_back(tier.label);
-    if (tier.label == "redis") r.redis_read = &remote_curves_.read;
-  }
-  r.tier_names = tier_names_;
-  r.decode_step_ms = decode_step_ms_;
-  r.prefill_token_ms = prefill_token_ms_;
-  r.idle_fraction = idle_fraction_;
-  r.rebuilt_bit_exact = rebuilt_bit_exact_;
-  r.points = points_;
-  return r;
 }
 
 }  // namespace
@@ -627,7 +612,7 @@ int BenchFrontierCommand(const BenchFrontierArgs& args) {
 
   FrontierBench bench(clamped, **model, ctx, sweep, std::move(*tiers));
   if (const Status s = bench.Run(*profile); !s.ok()) return fail(s);
-  const FrontierReport report = bench.Report();
+  const FrontierReport& report = bench.report();
   const nlohmann::json j = frontier::FrontierJson(report, *profile);
   if (args.output == "json") {
     fmt::print("{}\n", j.dump(1));

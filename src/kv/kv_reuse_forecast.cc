@@ -80,16 +80,14 @@ double KvIdleReuseHistory::RemainingGapSteps(int64_t idle_steps) const {
 KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory& history) {
   KvReuseForecast f;
   f.order_in_step = page.order_in_step;
-  if (page.running_reader && page.reads_left != 0) {
-    // Read at every step of its reader: its next read is known from the schedule.
-    f.next_read_steps = static_cast<double>(std::max<int64_t>(0, page.steps_to_read));
-    f.reads_left = page.reads_left < 0 ? std::numeric_limits<double>::infinity()
-                                       : static_cast<double>(page.reads_left);
-    return f;
-  }
-  if (page.waiting_reader && page.reads_left != 0) {
-    // Its reader resumes: certain, only later.
-    f.next_read_steps = static_cast<double>(std::max<int64_t>(1, page.steps_to_resume));
+  const bool running = page.running_reader && page.reads_left != 0;
+  const bool waiting = page.waiting_reader && page.reads_left != 0;
+  if (running || waiting) {
+    // Read at every step of its reader: the next one known from the schedule, or (a waiting
+    // reader) at its resume, certain, only later.
+    f.next_read_steps =
+        running ? static_cast<double>(std::max<int64_t>(0, page.steps_to_read))
+                : static_cast<double>(std::max<int64_t>(1, page.steps_to_resume));
     f.reads_left = page.reads_left < 0 ? std::numeric_limits<double>::infinity()
                                        : static_cast<double>(page.reads_left);
     return f;

@@ -2,13 +2,11 @@
 #include "kvl/ops.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <string>
 
@@ -163,41 +161,6 @@ std::string CpuFeatureNames(CpuFeatureSet features) {
 }
 
 std::string CpuFeatureString() { return CpuFeatureNames(DetectCpuFeatures()); }
-
-namespace {
-// A cache's size as sysfs writes it ("32768K", "1M"); 0 when unreadable.
-int64_t ParseCacheSize(const std::string& text) {
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    return 0;
-  }
-  const char unit = used < text.size() ? text[used] : ' ';
-  return unit == 'K' ? value << 10 : unit == 'M' ? value << 20 : unit == 'G' ? value << 30 : value;
-}
-}  // namespace
-
-int64_t LastLevelCacheBytes() {
-  int best_level = 0;
-  int64_t best_bytes = 0;
-  for (int index = 0; index < 8; ++index) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
-    std::ifstream level_file(dir + "level"), size_file(dir + "size");
-    int level = 0;
-    std::string size;
-    if (!(level_file >> level) || !(size_file >> size)) continue;
-    if (level > best_level) {
-      best_level = level;
-      best_bytes = ParseCacheSize(size);
-    }
-  }
-  if (best_bytes > 0) return best_bytes;
-  const long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
-  const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
-  return l3 > 0 ? l3 : l2 > 0 ? l2 : 0;
-}
 
 OpsContext::OpsContext(Isa isa, ThreadPool* pool) : isa_(isa), pool_(pool), kernels_(&TableFor(isa)) {
   // Callers pick isa from RunnableIsas() (the engine answers a bad --isa with a Status before

@@ -1,5 +1,4 @@
 #include "kvl/calibration.h"
-#include "kvl/ops.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -101,7 +100,7 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
   // The machine's last-level cache is known (sysfs on Linux), and each tier's reads are timed
   // cold and warm at the same calls.
   EXPECT_GE(p.cache_bytes, 1 << 20);
-  EXPECT_EQ(p.cache_bytes, ops::LastLevelCacheBytes());
+  EXPECT_EQ(p.cache_bytes, LastLevelCacheBytes());
   for (const TierCurves* t : {&p.ram, &p.ram_zstd, &p.disk_buffered, &p.disk_direct}) {
     for (const TransferCurve* c : {&t->write, &t->read, &t->warm_read}) {
       EXPECT_GE(c->points.size(), 4u);

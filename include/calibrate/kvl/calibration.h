@@ -60,6 +60,11 @@ inline constexpr int64_t kIdleLongContextTokens = 1024;
 // Those contexts for a model of `context_length` tokens (0: unknown), increasing, no repeats.
 std::vector<int64_t> DecodeIdleContexts(int64_t context_length);
 
+// Bytes of the largest CPU cache (the last level, shared by the cores), as the kernel lists it
+// in /sys/devices/system/cpu/cpu0/cache (sysconf where that is missing: some hypervisors make
+// glibc's CPUID reading report 10x the real size); 0 when neither says.
+int64_t LastLevelCacheBytes();
+
 // MachineProfile::source: how the numbers were obtained.
 inline constexpr std::string_view kProfileSourceMeasured = "measured";
 inline constexpr std::string_view kProfileSourceDefault = "default (no calibration)";
@@ -203,7 +208,7 @@ struct MachineProfile {
   std::string cpu_features;  // ops::CpuFeatureString()
   std::string isa;           // the kernel path measured: ops::IsaName(ops::BestIsa())
   int64_t threads = 0;
-  // The last-level CPU cache (ops::LastLevelCacheBytes; 0: unknown): a working set that fits
+  // The last-level CPU cache (LastLevelCacheBytes; 0: unknown): a working set that fits
   // reads tier pages warm (TierCurves::ReadFor).
   int64_t cache_bytes = 0;
   // The 1-minute load average when calibration started: well above 0 means other processes

@@ -78,8 +78,8 @@ struct PagePriceOptions {
 // tokens and layers: recompute_residual_ms, the recompute_tokens_* terms (the position is the
 // policy's, PageHistory::first_position), the compress times, every tier's bandwidth and
 // per-page latency (the disk's buffered or O_DIRECT curves; reads warm or cold by the working
-// set; each bandwidth the one the curve averages over the page's bytes), the KLDs and the decode idle curve (the policy evaluates it at
-// the step's context).
+// set; each bandwidth the one the curve averages over the page's bytes), the KLDs and the decode
+// idle curve (the policy evaluates it at the step's context).
 // kv_bytes, residual_bytes, the compressed page sizes, the tiers present and the actions allowed
 // are left as they are (the caller knows its layout). `kvl bench frontier` prices its points
 // with this too.

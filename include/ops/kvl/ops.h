@@ -36,10 +36,6 @@ std::vector<Isa> RunnableIsas();
 Status CheckIsaRunnable(Isa isa);
 // Human-readable CPU feature summary, e.g. "AVX512F AVX512BW AVX512VNNI AVX512BF16 AVX2 FMA F16C".
 std::string CpuFeatureString();
-// Bytes of the largest CPU cache (the last level, shared by the cores), as the kernel lists it
-// in /sys/devices/system/cpu/cpu0/cache (sysconf where that is missing: some hypervisors make
-// glibc's CPUID reading report 10x the real size); 0 when neither says.
-int64_t LastLevelCacheBytes();
 
 // MatrixView (a weight matrix in its stored format) is declared in kvl/dtype.h.
 using ::kvl::MatrixView;
