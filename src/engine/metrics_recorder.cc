@@ -110,8 +110,10 @@ void MetricsRecorder::SetGauges(const KvStats& kv, const KvPagerStats& pager, in
   num_waiting_ = waiting;
 }
 
-void MetricsRecorder::ReservePageMaps(int32_t max_seqs, int64_t max_pages) {
+void MetricsRecorder::ReservePageMaps(int32_t max_seqs, int64_t max_pages,
+                                      int64_t block_tokens) {
   std::lock_guard<std::mutex> lock(mutex_);
+  block_tokens_ = std::max<int64_t>(block_tokens, 1);
   page_maps_.resize(static_cast<size_t>(max_seqs));
   ended_maps_.resize(kKvEndedPageMaps);
   for (KvSequencePageMap& map : page_maps_) map.pages.reserve(static_cast<size_t>(max_pages));
@@ -191,7 +193,14 @@ void MetricsRecorder::SetPageMaps(std::span<const std::unique_ptr<Sequence>> run
     map.tokens = static_cast<int64_t>(seq.tokens.size());
     map.cached_prompt_tokens = std::max<int64_t>(seq.cached_prompt_tokens, 0);
     map.pages.clear();  // keeps its capacity: no allocation below the reserved page count
-    for (const KvPage& page : seq.kv_pages.pages) map.pages.push_back(LocationOf(page));
+    // The pager's table grows only as far as a page that left the pool: the pages past it that
+    // hold computed K/V are in their pool blocks.
+    const size_t computed_pages =
+        static_cast<size_t>((seq.num_computed + block_tokens_ - 1) / block_tokens_);
+    const std::vector<KvPage>& pages = seq.kv_pages.pages;
+    for (size_t b = 0; b < std::max(computed_pages, pages.size()); ++b) {
+      map.pages.push_back(b < pages.size() ? LocationOf(pages[b]) : KvPageLocation::kPool);
+    }
   }
 }
 

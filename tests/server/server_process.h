@@ -46,9 +46,11 @@ inline int FreeLoopbackPort() {
 // be taken by another process in between (tests run in parallel).
 class ServerProcess {
  public:
-  explicit ServerProcess(std::vector<std::string> extra_args) {
+  explicit ServerProcess(std::vector<std::string> extra_args)
+      : ServerProcess(Stories260KPath(), std::move(extra_args)) {}
+  ServerProcess(const std::string& model_path, std::vector<std::string> extra_args) {
     static std::atomic<int> count{0};
-    std::vector<std::string> args = {KVL_KVL_BINARY,  "serve", "-m", Stories260KPath(),
+    std::vector<std::string> args = {KVL_KVL_BINARY,  "serve", "-m", model_path,
                                      "--port",        "0",     "-t", "1",
                                      "--no-calibrate"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());

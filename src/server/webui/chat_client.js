@@ -44,15 +44,20 @@ export async function streamChat({messages, params, apiKey, signal, onText}) {
 
   function finish({stopped}) {
     const tokens = usage?.completion_tokens ?? frames;
+    // Frames arrive in network reads: a reply faster than a few reads (a tiny model) has no
+    // decode time to speak of, and its rate is taken from the request's start instead.
     const decodeMs = lastAt - firstAt;
+    const rate = decodeMs >= 50 ? ((tokens - 1) * 1000) / decodeMs
+                                : lastAt > started ? (tokens * 1000) / (lastAt - started) : null;
     return {
       text,
       finish_reason: stopped ? 'stopped' : finishReason,
       stopped,
       stats: {
         tokens,
+        frames,  // frames that carried text: one per token as the server streams them
         // Tokens after the first over the time they took: the decode rate, apart from TTFT.
-        tokens_per_s: tokens > 1 && decodeMs > 0 ? ((tokens - 1) * 1000) / decodeMs : null,
+        tokens_per_s: tokens > 1 ? rate : null,
         ttft_ms: firstAt ? firstAt - started : null,
         prompt_tokens: usage?.prompt_tokens ?? null,
         cached_tokens: usage?.prompt_tokens_details?.cached_tokens ?? null,
