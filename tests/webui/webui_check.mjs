@@ -38,7 +38,7 @@ async function setField(page, selector, value) {
 // Types `text` into the composer and sends it with Enter; resolves once the reply has finished,
 // with the texts the reply showed while it streamed (sampled at every DOM change).
 async function sendAndWatch(page, text) {
-  const before = await page.evaluate(() => window.kvlWebui.store.current()?.messages.length ?? 0);
+  const done = await page.evaluate(() => window.kvlWebui.repliesDone);
   await page.evaluate(() => {
     window.__seen = [];
     window.__composerTops = [];
@@ -56,11 +56,8 @@ async function sendAndWatch(page, text) {
   // Typed as keys, with Enter as the only way it is sent (keyboard-only use).
   await page.keyboard.type(text);
   await page.keyboard.press('Enter');
-  await page.waitForFunction((n) => {
-    const m = window.kvlWebui.store.current()?.messages;
-    return m && m.length >= n + 2 && m[m.length - 1].finish_reason && !document.querySelector(
-        'body[data-streaming="true"]');
-  }, {timeout: kStepTimeoutMs}, before);
+  await page.waitForFunction((n) => window.kvlWebui.repliesDone > n, {timeout: kStepTimeoutMs},
+                             done);
   return page.evaluate(() => {
     window.__observer.disconnect();
     const m = window.kvlWebui.store.current().messages;
@@ -70,6 +67,20 @@ async function sendAndWatch(page, text) {
             error: last.error ?? null, seen: window.__seen, composer_tops: window.__composerTops,
             stats_line: document.querySelector('article.msg.assistant:last-of-type .stats')?.textContent};
   });
+}
+
+// Runs `act` (a click that starts a reply) and waits for the reply; the conversation after it.
+async function clickAndWatch(page, act) {
+  const before = await page.evaluate(() => window.kvlWebui.store.current().messages.length);
+  const done = await page.evaluate(() => window.kvlWebui.repliesDone);
+  await act();
+  await page.waitForFunction((n) => window.kvlWebui.repliesDone > n, {timeout: kStepTimeoutMs},
+                             done);
+  return page.evaluate((n) => ({
+    before: n,
+    messages: window.kvlWebui.store.current().messages.map(
+        ({role, content, finish_reason}) => ({role, content, finish_reason})),
+  }), before);
 }
 
 // The KV view's figures as the page shows them (data-value holds the raw number).
@@ -86,6 +97,9 @@ async function kvFigures(page) {
     seq_pages: Number(document.getElementById('kv-seq-pages').dataset.pages ?? 0),
     seq_page_cells: [...document.querySelectorAll('#kv-seq-pages .cell')].map((c) => c.className),
     seq_caption: document.getElementById('kv-seq-caption').textContent,
+    actions: Object.fromEntries([...document.querySelectorAll('#kv-actions tbody tr')].map(
+        (row) => [row.dataset.action, Number(row.children[1].textContent)])),
+    tiers: [...document.querySelectorAll('#kv-tiers tbody tr')].map((row) => row.textContent),
     live: document.getElementById('kv-live').textContent,
   }));
 }
@@ -145,6 +159,21 @@ async function chatMode(page) {
   report.conversations_after_second = await page.evaluate(
       () => window.kvlWebui.store.conversations.length);
 
+  // Regenerate the last reply (greedy: the same text again, in place of the old one).
+  report.regenerated = await clickAndWatch(page, async () => {
+    await page.click('article.msg.assistant:last-of-type .actions .link');
+  });
+  // Edit the first message and continue from it: what came after it is replaced.
+  report.edited_message = 'Once upon a time, there was a little boy named Tim.';
+  report.edited = await clickAndWatch(page, async () => {
+    await page.click('article.msg.user .actions .link');
+    await page.keyboard.down('Control');
+    await page.keyboard.press('a');
+    await page.keyboard.up('Control');
+    await page.keyboard.type(report.edited_message);
+    await page.keyboard.press('Enter');
+  });
+
   // Renaming and deleting a conversation, by the sidebar's buttons and keys.
   await page.click('#conversations li.current .icon');  // the first icon: rename
   await page.keyboard.down('Control');
@@ -195,7 +224,7 @@ async function chatMode(page) {
     document.querySelector(`#conversations li[data-id="${first.id}"] .title`).click();
   });
   await page.emulateMediaFeatures([{name: 'prefers-color-scheme', value: 'light'}]);
-  await screenshot(page, 'webui-1280.png', 1280, 800);
+  await screenshot(page, 'webui-1280.png', 1280, 1000);
   report.light_background = await page.evaluate(
       () => getComputedStyle(document.body).backgroundColor);
   await screenshot(page, 'webui-390.png', 390, 844);
@@ -203,7 +232,7 @@ async function chatMode(page) {
   await screenshot(page, 'webui-390-kv.png', 390, 844);
   await page.click('#toggle-kv');
   await page.emulateMediaFeatures([{name: 'prefers-color-scheme', value: 'dark'}]);
-  await screenshot(page, 'webui-1280-dark.png', 1280, 800);
+  await screenshot(page, 'webui-1280-dark.png', 1280, 1000);
   report.dark_background = await page.evaluate(
       () => getComputedStyle(document.body).backgroundColor);
 

@@ -243,10 +243,12 @@ int DistinctTexts(const json& seen) {
   return static_cast<int>(texts.size());
 }
 
+// A pool of 9 blocks and a RAM tier: a 200-token reply does not fit, so pages leave the pool
+// while it runs (lossless: the reply stays the greedy one) and the KV view has them to show.
 TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
   const Browser& browser = FindBrowser();
   if (!browser.skip.empty()) GTEST_SKIP() << browser.skip;
-  ServerProcess server({});
+  ServerProcess server({"--kv-budget", "256KiB", "--kv-tier", "ram:16MiB"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   const std::string images = std::string(KVL_SOURCE_DIR) + "/docs/images";
   std::filesystem::create_directories(images);
@@ -279,14 +281,32 @@ TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
   const std::set<double> tops(reply["composer_tops"].begin(), reply["composer_tops"].end());
   EXPECT_EQ(tops.size(), 1u) << reply["composer_tops"];
 
-  // The KV view after it: one request done, its pages (every computed token's) in the pool.
+  // The KV view after it: one request done; its pages (every computed token's), some of them
+  // in the RAM tier, where the pool sent them while the reply ran; the actions that did it.
   const json& kv1 = r["kv_after_first"];
   EXPECT_EQ(kv1["finished"], 1);
   EXPECT_EQ(kv1["query_tokens"], prompt_tokens);
   EXPECT_EQ(kv1["hit_tokens"], 0);
-  EXPECT_EQ(kv1["grid_cells"], 512);
+  int64_t blocks = 0;
+  for (const char* state : {"in_use", "compressed", "cached", "free"}) {
+    blocks += std::stoll(kv1["pool"][state].get<std::string>());
+  }
+  EXPECT_EQ(kv1["grid_cells"], blocks);
+  EXPECT_LT(blocks, 16);  // the reply's 16 pages do not fit
   EXPECT_EQ(kv1["seq_pages"], (prompt_tokens + 199 - 1 + 15) / 16);
-  for (const json& cell : kv1["seq_page_cells"]) EXPECT_EQ(cell, "cell page-pool");
+  int pages_in_pool = 0, pages_out = 0;
+  for (const json& cell : kv1["seq_page_cells"]) {
+    (cell == "cell page-pool" ? pages_in_pool : pages_out) += 1;
+  }
+  EXPECT_GT(pages_in_pool, 0);
+  EXPECT_GT(pages_out, 0) << kv1["seq_page_cells"];
+  int64_t pages_acted_on = 0;
+  for (const auto& [action, pages] : kv1["actions"].items()) {
+    if (action != "keep") pages_acted_on += pages.get<int64_t>();
+  }
+  EXPECT_GE(pages_acted_on, pages_out);
+  ASSERT_EQ(kv1["tiers"].size(), 1u);
+  EXPECT_EQ(kv1["tiers"][0].get<std::string>().substr(0, 3), "ram");
 
   // A reload finds the conversation.
   const json& reloaded = r["after_reload"];
@@ -313,6 +333,19 @@ TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
             std::string::npos)
       << kv2["seq_caption"];
   EXPECT_EQ(r["conversations_after_second"], 2);
+
+  // Regenerate replaced the last reply with the same greedy one; an edit of the first message
+  // dropped what followed it and continued from there.
+  const json& regenerated = r["regenerated"];
+  EXPECT_EQ(regenerated["before"], 2);
+  ASSERT_EQ(regenerated["messages"].size(), 2u);
+  EXPECT_EQ(regenerated["messages"][1]["content"], reply["text"]);
+  const json& edited = r["edited"];
+  ASSERT_EQ(edited["messages"].size(), 2u);
+  EXPECT_EQ(edited["messages"][0]["content"], r["edited_message"]);
+  const json edited_sent = json::array({{{"role", "user"}, {"content", r["edited_message"]}}});
+  EXPECT_EQ(edited["messages"][1]["content"], ApiReply(server, edited_sent, 200));
+  EXPECT_NE(edited["messages"][1]["content"], reply["text"]);
   EXPECT_EQ(r["renamed"], "Shared prefix");
 
   // Markup in a message or in model text is text.

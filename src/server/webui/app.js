@@ -256,6 +256,7 @@ async function reply(conversation) {
     setBusy(false);
     renderAll();
     await kvView.replyEnded();
+    window.kvlWebui.repliesDone += 1;
   }
 }
 
@@ -343,4 +344,4 @@ kvView.start();
 showModel();
 $('input').focus();
 // What the browser tests reach: the renderer on crafted input, and the page's own state.
-window.kvlWebui = {renderMarkdown, store, kvView};
+window.kvlWebui = {renderMarkdown, store, kvView, repliesDone: 0};

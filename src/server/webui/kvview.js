@@ -32,8 +32,9 @@ export function formatBytes(n) {
 }
 
 function formatMs(ms) {
-  if (!ms) return '-';
-  return ms >= 100 ? `${ms.toFixed(0)} ms` : `${ms.toFixed(2)} ms`;
+  if (!Number.isFinite(ms) || ms <= 0) return '-';
+  if (ms < 1) return `${(ms * 1000).toFixed(ms < 0.01 ? 1 : 0)} µs`;
+  return ms >= 100 ? `${ms.toFixed(0)} ms` : `${ms.toFixed(1)} ms`;
 }
 
 // Sets a figure's text and its raw value (data-value, read by the browser tests).
@@ -199,12 +200,16 @@ export class KvView {
       const rate = seconds > 0 ? (a.pages - (before.actions[name]?.pages ?? 0)) / seconds : 0;
       const row = el('tr');
       row.dataset.action = name;
-      // Predicted against measured bring-back time, for the pages brought back so far.
-      const error = a.error.samples > 0 ? ` (±${a.error.median_pct.toFixed(0)} %)` : '';
+      // Bring-back time a page: what the cost model predicted when pages left, against what
+      // the pages brought back took; the median error is per page, over the last 4096.
+      const measured = a.pages_restored > 0 ? formatMs(a.measured_ms / a.pages_restored) : '-';
+      const error = a.error.samples > 0 ? ` ±${a.error.median_pct.toFixed(0)}%` : '';
+      const cell = el('td', '', `${measured}${error}`);
+      if (error) cell.title = `median error over ${a.error.samples} pages`;
       row.append(el('td', '', name), el('td', '', String(a.pages)),
                  el('td', '', rate > 0 ? rate.toFixed(1) : '0'),
-                 el('td', '', formatMs(a.predicted_ms)),
-                 el('td', '', `${formatMs(a.measured_ms)}${error}`));
+                 el('td', '', String(a.pages_restored)),
+                 el('td', '', a.pages > 0 ? formatMs(a.predicted_ms / a.pages) : '-'), cell);
       return row;
     }));
   }
@@ -232,10 +237,10 @@ export class KvView {
       return;
     }
     const live = map.live && this.tracked?.conversationId === this.conversationId;
+    const pages = map.pages.length === 1 ? 'page' : 'pages';
     caption.textContent = `request ${map.request}: ${map.tokens} tokens in ${map.pages.length} ` +
-                          `pages, ${map.cached_prompt_tokens} prompt tokens from the cache` +
-                          (live ? ' (live)' : ' (at its last step; its full pages stay cached in the pool ' +
-                                              'until reused)');
+                          `${pages}, ${map.cached_prompt_tokens} prompt tokens from the cache` +
+                          (live ? ' (live)' : ' (at its last step)');
     grid.replaceChildren(...map.pages.map((where, i) => {
       const cell = el('span', `cell page-${where}`);
       cell.title = `page ${i}: ${where}`;
