@@ -67,7 +67,10 @@ function startRename(li, conversation) {
   const input = el('input', 'rename');
   input.value = conversation.title;
   input.ariaLabel = 'Conversation title';
+  let finished = false;  // re-rendering removes the input, which blurs it: act once
   const done = (commit) => {
+    if (finished) return;
+    finished = true;
     if (commit) store.rename(conversation.id, input.value);
     renderAll();
   };

@@ -104,7 +104,7 @@ export class KvView {
       this.render();
       document.getElementById('kv-live').textContent = '(live)';
     } catch (e) {
-      document.getElementById('kv-live').textContent = '(offline)';
+      document.getElementById('kv-live').textContent = `(unavailable: ${e.message})`;
       this.onError?.(`KV state: ${e.message}`);
     }
   }

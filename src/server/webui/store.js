@@ -21,6 +21,14 @@ export class Store {
     const saved = readJson(localStorage, kConversationsKey, {conversations: [], current: null});
     this.conversations = Array.isArray(saved.conversations) ? saved.conversations : [];
     this.currentId = saved.current;
+    // A reply that was streaming when the page went away ended there.
+    for (const c of this.conversations) {
+      for (const m of c.messages ?? []) {
+        if (!m.pending) continue;
+        delete m.pending;
+        m.finish_reason = 'interrupted';
+      }
+    }
     this.settings = {...kDefaultSettings, ...readJson(localStorage, kSettingsKey, {})};
     this.apiKey = sessionStorage.getItem(kApiKeyKey) ?? '';
   }
