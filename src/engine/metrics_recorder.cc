@@ -110,8 +110,7 @@ void MetricsRecorder::SetGauges(const KvStats& kv, const KvPagerStats& pager, in
   num_waiting_ = waiting;
 }
 
-void MetricsRecorder::ReservePageMaps(int32_t max_seqs, int64_t max_pages,
-                                      int64_t block_tokens) {
+void MetricsRecorder::ReservePageMaps(int32_t max_seqs, int64_t max_pages, int64_t block_tokens) {
   std::lock_guard<std::mutex> lock(mutex_);
   block_tokens_ = std::max<int64_t>(block_tokens, 1);
   page_maps_.resize(static_cast<size_t>(max_seqs));
@@ -173,7 +172,9 @@ void MetricsRecorder::SetPageMaps(std::span<const std::unique_ptr<Sequence>> run
   // Maps of sequences that stopped running move to the ended ring, swapped (both reserved, so
   // nothing is allocated). The same sequences in the same order, the usual decode step, skip it.
   bool same = running.size() == num_page_maps_;
-  for (size_t i = 0; same && i < num_page_maps_; ++i) same = running[i]->id == page_maps_[i].request;
+  for (size_t i = 0; same && i < num_page_maps_; ++i) {
+    same = running[i]->id == page_maps_[i].request;
+  }
   for (size_t i = 0; !same && i < num_page_maps_ && !ended_maps_.empty(); ++i) {
     const RequestId id = page_maps_[i].request;
     if (std::any_of(running.begin(), running.end(), [id](const auto& s) { return s->id == id; })) {

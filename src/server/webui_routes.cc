@@ -44,18 +44,17 @@ std::string KvStateJson(const EngineMetrics& m, int64_t block_tokens, double now
   // The pool's blocks by state: every block is in exactly one of the four (blocks_raw are lent
   // out as compressed slabs and counted in blocks_used; cached blocks are free ones still
   // findable by prefix).
-  const nlohmann::json pool = {
-      {"blocks_total", kv.blocks_total},
-      {"blocks_free", kv.blocks_free - kv.blocks_cached},
-      {"blocks_cached", kv.blocks_cached},
-      {"blocks_in_use", kv.blocks_used - kv.blocks_raw},
-      {"blocks_compressed", kv.blocks_raw},
-      {"block_tokens", block_tokens},
-      {"block_bytes", block_bytes},
-      {"bytes_used", kv.kv_bytes_used},
-      {"bytes_capacity", kv.kv_bytes_total},
-      {"staging_bytes", m.kv_stream_staging_bytes},
-      {"resident_bytes_peak", m.kv_resident_bytes_peak}};
+  const nlohmann::json pool = {{"blocks_total", kv.blocks_total},
+                               {"blocks_free", kv.blocks_free - kv.blocks_cached},
+                               {"blocks_cached", kv.blocks_cached},
+                               {"blocks_in_use", kv.blocks_used - kv.blocks_raw},
+                               {"blocks_compressed", kv.blocks_raw},
+                               {"block_tokens", block_tokens},
+                               {"block_bytes", block_bytes},
+                               {"bytes_used", kv.kv_bytes_used},
+                               {"bytes_capacity", kv.kv_bytes_total},
+                               {"staging_bytes", m.kv_stream_staging_bytes},
+                               {"resident_bytes_peak", m.kv_resident_bytes_peak}};
   const nlohmann::json prefix = {{"queries", kv.prefix_queries},
                                  {"query_tokens", kv.prefix_query_tokens},
                                  {"hit_tokens", kv.prefix_hit_tokens}};
@@ -104,24 +103,23 @@ std::string KvStateJson(const EngineMetrics& m, int64_t block_tokens, double now
     }
     return out;
   };
-  const nlohmann::json body = {
-      {"time_ms", now_ms},
-      {"pool", pool},
-      {"prefix", prefix},
-      {"tiers", std::move(tiers)},
-      {"actions", std::move(actions)},
-      {"pages_now", pages_now},
-      {"requests",
-       {{"submitted", m.requests_submitted},
-        {"running", m.requests_running},
-        {"waiting", m.requests_waiting},
-        {"finished", m.requests_finished},
-        {"preemptions", m.preemptions},
-        {"steps", m.steps},
-        {"tokens_prefilled", m.tokens_prefilled},
-        {"tokens_generated", m.tokens_generated}}},
-      {"sequences", page_maps(m.kv_sequences)},
-      {"sequences_ended", page_maps(m.kv_sequences_ended)}};
+  const nlohmann::json body = {{"time_ms", now_ms},
+                               {"pool", pool},
+                               {"prefix", prefix},
+                               {"tiers", std::move(tiers)},
+                               {"actions", std::move(actions)},
+                               {"pages_now", pages_now},
+                               {"requests",
+                                {{"submitted", m.requests_submitted},
+                                 {"running", m.requests_running},
+                                 {"waiting", m.requests_waiting},
+                                 {"finished", m.requests_finished},
+                                 {"preemptions", m.preemptions},
+                                 {"steps", m.steps},
+                                 {"tokens_prefilled", m.tokens_prefilled},
+                                 {"tokens_generated", m.tokens_generated}}},
+                               {"sequences", page_maps(m.kv_sequences)},
+                               {"sequences_ended", page_maps(m.kv_sequences_ended)}};
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -138,24 +136,23 @@ void RegisterWebUiRoutes(WebUiRoutesOptions options, httplib::Server* http) {
     http->Get("/", [serve](const httplib::Request&, httplib::Response& res) {
       serve("index.html", res);
     });
-    http->Get("/webui/([A-Za-z0-9_.-]+)", [serve](const httplib::Request& req,
-                                                   httplib::Response& res) {
-      serve(req.matches[1].str(), res);
-    });
+    http->Get("/webui/([A-Za-z0-9_.-]+)",
+              [serve](const httplib::Request& req, httplib::Response& res) {
+                serve(req.matches[1].str(), res);
+              });
   }
   const auto start = std::chrono::steady_clock::now();
-  http->Get("/v1/kv/state", [options, start](const httplib::Request& req,
-                                             httplib::Response& res) {
+  http->Get("/v1/kv/state", [options, start](const httplib::Request& req, httplib::Response& res) {
     if (!options.api_key.empty() &&
         req.get_header_value("Authorization") != "Bearer " + options.api_key) {
-      return SendError(res, ApiError{401,
-                                     "Incorrect or missing API key (send Authorization: Bearer KEY)",
-                                     "invalid_request_error", "", "invalid_api_key"});
+      return SendError(
+          res, ApiError{401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
+                        "invalid_request_error", "", "invalid_api_key"});
     }
     const Engine* engine = options.engine();
     if (engine == nullptr) {
-      return SendError(res, ApiError{503, "the model is loading", "server_error", "",
-                                     "unavailable"});
+      return SendError(res,
+                       ApiError{503, "the model is loading", "server_error", "", "unavailable"});
     }
     const double now_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -44,13 +44,13 @@ TEST(KvPageMapTest, FollowsARunningRequestsPagesIntoTheTier) {
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   Engine& e = **engine;
   std::vector<KvSequencePageMap> seen;  // the map at each token, as of the step before it
-  StatusOr<RequestId> id = e.Submit(Greedy(testing::StoryPrompts()[0], 240),
-                                    [&](const TokenEvent& ev) {
-                                      const EngineMetrics m = e.Metrics();
-                                      if (!ev.finished && m.kv_sequences.size() == 1) {
-                                        seen.push_back(m.kv_sequences[0]);
-                                      }
-                                    });
+  StatusOr<RequestId> id =
+      e.Submit(Greedy(testing::StoryPrompts()[0], 240), [&](const TokenEvent& ev) {
+        const EngineMetrics m = e.Metrics();
+        if (!ev.finished && m.kv_sequences.size() == 1) {
+          seen.push_back(m.kv_sequences[0]);
+        }
+      });
   ASSERT_TRUE(id.ok());
   e.RunUntilIdle();
   ASSERT_GT(seen.size(), 200u);

@@ -190,7 +190,7 @@ const Browser& FindBrowser() {
     }
     const char* dir = std::getenv("KVL_WEBUI_NODE_DIR");
     const char* home = std::getenv("HOME");
-    b.node_dir = dir != nullptr ? std::string(dir)
+    b.node_dir = dir != nullptr    ? std::string(dir)
                  : home != nullptr ? std::string(home) + "/.cache/kvlattice/webui-node"
                                    : "/tmp/kvlattice-webui-node";
     std::filesystem::create_directories(b.node_dir);
@@ -199,10 +199,10 @@ const Browser& FindBrowser() {
     if (lock >= 0) ::flock(lock, LOCK_EX);
     if (!std::filesystem::exists(b.node_dir + "/node_modules/puppeteer-core/package.json")) {
       // 24.x: the last major that runs on Debian 12's node 18.
-      const std::string log = RunCommand(
-          "npm install --no-save --no-audit --no-fund --loglevel=error --prefix '" + b.node_dir +
-              "' puppeteer-core@24.9.0 2>&1",
-          &code);
+      const std::string log =
+          RunCommand("npm install --no-save --no-audit --no-fund --loglevel=error --prefix '" +
+                         b.node_dir + "' puppeteer-core@24.9.0 2>&1",
+                     &code);
       if (code != 0) b.skip = "npm could not install puppeteer-core: " + log.substr(0, 400);
     }
     if (lock >= 0) ::close(lock);  // closing releases the lock
@@ -216,15 +216,15 @@ json RunPage(const Browser& browser, const ServerProcess& server, const std::str
              const std::string& extra_args = "") {
   int code = 0;
   const std::string output = RunCommand(
-      "KVL_WEBUI_NODE_DIR='" + browser.node_dir + "' node '" KVL_SOURCE_DIR
-      "/tests/webui/webui_check.mjs' --mode " + mode + " --url " + Url(server) +
-          " --chromium '" + browser.chromium + "' " + extra_args + " 2>&1",
+      "KVL_WEBUI_NODE_DIR='" + browser.node_dir +
+          "' node '" KVL_SOURCE_DIR "/tests/webui/webui_check.mjs' --mode " + mode + " --url " +
+          Url(server) + " --chromium '" + browser.chromium + "' " + extra_args + " 2>&1",
       &code);
   const size_t start = output.rfind("\n{");
   json report =
       json::parse(start == std::string::npos ? output : output.substr(start + 1), nullptr, false);
-  EXPECT_FALSE(report.is_discarded()) << "the driver printed no report (exit " << code
-                                      << "):\n" << output;
+  EXPECT_FALSE(report.is_discarded()) << "the driver printed no report (exit " << code << "):\n"
+                                      << output;
   EXPECT_EQ(report.value("ok", false), true) << report.value("error", output);
   EXPECT_TRUE(report.value("page_errors", json::array()).empty()) << report["page_errors"];
   return report;
@@ -252,7 +252,8 @@ TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   const std::string images = std::string(KVL_SOURCE_DIR) + "/docs/images";
   std::filesystem::create_directories(images);
-  const json r = RunPage(browser, server, "chat", "--max-tokens 200 --screenshots '" + images + "'");
+  const json r =
+      RunPage(browser, server, "chat", "--max-tokens 200 --screenshots '" + images + "'");
   ASSERT_TRUE(r.value("ok", false));
 
   // Shift+Enter wrote a new line and sent nothing.
@@ -355,8 +356,8 @@ TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
   EXPECT_TRUE(xss["links"].empty()) << xss["links"];
   EXPECT_EQ(xss["user_text"], xss["user_expected"]);
   const std::string probe = xss["probe_text"];
-  for (const char* text : {"<script>window.__xss = 5</script>", "<img src=x onerror=",
-                           "<b onmouseover=", "<svg onload="}) {
+  for (const char* text : {"<script>window.__xss = 5</script>",
+                           "<img src=x onerror=", "<b onmouseover=", "<svg onload="}) {
     EXPECT_NE(probe.find(text), std::string::npos) << text;
   }
   for (const json& tag : xss["probe_tags"]) {
@@ -383,13 +384,13 @@ TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
 TEST(WebUiBrowser, StreamsTokenByTokenAndStopsALongReplyOnTinyLlamaShape) {
   const Browser& browser = FindBrowser();
   if (!browser.skip.empty()) GTEST_SKIP() << browser.skip;
-  const std::string model = ::testing::TempDir() + "webui_tinyllama_" +
-                            std::to_string(::getpid()) + ".gguf";
+  const std::string model =
+      ::testing::TempDir() + "webui_tinyllama_" + std::to_string(::getpid()) + ".gguf";
   int code = 0;
-  const std::string log = RunCommand(std::string(KVL_KVL_BINARY) +
-                                         " synth --shape tinyllama-1.1b --type q4_0 -o '" +
-                                         model + "' 2>&1",
-                                     &code);
+  const std::string log =
+      RunCommand(std::string(KVL_KVL_BINARY) + " synth --shape tinyllama-1.1b --type q4_0 -o '" +
+                     model + "' 2>&1",
+                 &code);
   ASSERT_EQ(code, 0) << log;
   struct Remove {
     std::string path;
