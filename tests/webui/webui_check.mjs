@@ -230,7 +230,14 @@ async function chatMode(page) {
   await screenshot(page, 'webui-390.png', 390, 844);
   await page.click('#toggle-kv');
   await screenshot(page, 'webui-390-kv.png', 390, 844);
-  await page.click('#toggle-kv');
+  report.kv_panel_390 = await page.evaluate(() => {
+    const kv = document.getElementById('kv');
+    return {shown: kv.getBoundingClientRect().width > 0, scroll_width: kv.scrollWidth,
+            client_width: kv.clientWidth};
+  });
+  await page.click('#kv-close');
+  report.kv_panel_closed = await page.evaluate(
+      () => document.getElementById('kv').getBoundingClientRect().width === 0);
   await page.emulateMediaFeatures([{name: 'prefers-color-scheme', value: 'dark'}]);
   await screenshot(page, 'webui-1280-dark.png', 1280, 1000);
   report.dark_background = await page.evaluate(

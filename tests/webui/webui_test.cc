@@ -370,6 +370,9 @@ TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
   // Usable on a phone and in the dark.
   EXPECT_LE(r["at_360"]["scroll_width"].get<int>(), 360);
   EXPECT_EQ(r["at_360"]["input_visible"], true);
+  EXPECT_EQ(r["kv_panel_390"]["shown"], true);
+  EXPECT_LE(r["kv_panel_390"]["scroll_width"], r["kv_panel_390"]["client_width"]);
+  EXPECT_EQ(r["kv_panel_closed"], true);
   EXPECT_NE(r["light_background"], r["dark_background"]);
   EXPECT_EQ(r["after_delete"].size(), 1u);
   for (const json& name : r["screenshots"]) {

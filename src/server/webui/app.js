@@ -311,10 +311,15 @@ function bindKeys() {
       send();
     }
   });
+  // Esc stops a streaming reply; otherwise it closes an open panel (a phone's conversations or
+  // KV memory).
   document.addEventListener('keydown', (e) => {
-    if (e.key === 'Escape' && active) {
+    if (e.key !== 'Escape') return;
+    if (active) {
       e.preventDefault();
       stopReply();
+    } else {
+      document.body.classList.remove('show-sidebar', 'show-kv');
     }
   });
   $('stop').addEventListener('click', stopReply);
@@ -326,6 +331,10 @@ function bindKeys() {
     document.body.classList.toggle('show-sidebar');
   });
   $('toggle-kv').addEventListener('click', () => document.body.classList.toggle('show-kv'));
+  $('kv-close').addEventListener('click', () => document.body.classList.remove('show-kv'));
+  $('sidebar-close').addEventListener('click', () => {
+    document.body.classList.remove('show-sidebar');
+  });
 }
 
 async function showModel() {
