@@ -299,6 +299,27 @@ async function stopMode(page) {
   report.kv = await kvFigures(page);
 }
 
+// A server with an API key: the page says what is missing until the key is typed in its
+// settings, then chats and shows the KV memory.
+async function keyMode(page) {
+  await page.goto(args.url, {waitUntil: 'load'});
+  await page.waitForFunction(() => document.getElementById('kv-live').textContent.includes('unavailable'),
+                             {timeout: kStepTimeoutMs});
+  report.without_key = await page.evaluate(() => document.getElementById('kv-live').textContent);
+  await page.click('#settings summary');
+  await setField(page, '#max-tokens', 8);
+  report.refused = await sendAndWatch(page, 'Once upon a time');
+  await setField(page, '#api-key', args.key);
+  await page.waitForFunction(() => document.getElementById('kv-live').textContent === '(live)',
+                             {timeout: kStepTimeoutMs});
+  report.with_key = await clickAndWatch(page, async () => {
+    await page.click('article.msg.assistant:last-of-type .actions .link');  // Regenerate
+  });
+  // The key is kept for the tab (sessionStorage), not with the conversations.
+  report.key_in_local_storage = await page.evaluate(
+      (key) => Object.values(localStorage).some((v) => v.includes(key)), args.key);
+}
+
 const browser = await puppeteer.launch({
   executablePath: args.chromium,
   headless: true,
@@ -314,6 +335,8 @@ try {
   });
   if (args.mode === 'stop') {
     await stopMode(page);
+  } else if (args.mode === 'key') {
+    await keyMode(page);
   } else {
     await chatMode(page);
   }

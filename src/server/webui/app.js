@@ -297,6 +297,7 @@ function bindSettings() {
   $('api-key').addEventListener('input', () => {
     store.apiKey = $('api-key').value;
     store.save();
+    showModel();
   });
 }
 
