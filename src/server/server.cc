@@ -27,6 +27,7 @@
 #include "api_response.h"
 #include "kvl/chat_template.h"
 #include "server_metrics.h"
+#include "webui_routes.h"
 
 namespace kvl {
 namespace server {
@@ -155,6 +156,11 @@ void OpenAiServer::Configure() {
   http_.set_write_timeout(30, 0);
   http_.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
   auto dispatch = [this](const httplib::Request& req, httplib::Response& res) { Dispatch(req, res); };
+  RegisterWebUiRoutes({options_.webui, options_.api_key,
+                       [this]() -> const Engine* {
+                         return state_.load() == ServerState::kLoading ? nullptr : engine_.get();
+                       }},
+                      &http_);
   http_.Get(".*", dispatch);
   http_.Post(".*", dispatch);
   http_.Put(".*", dispatch);

@@ -46,8 +46,9 @@ inline int FreeLoopbackPort() {
 // be taken by another process in between (tests run in parallel).
 class ServerProcess {
  public:
-  explicit ServerProcess(std::vector<std::string> extra_args,
-                         const std::string& model_path = Stories260KPath()) {
+  explicit ServerProcess(std::vector<std::string> extra_args)
+      : ServerProcess(Stories260KPath(), std::move(extra_args)) {}
+  ServerProcess(const std::string& model_path, std::vector<std::string> extra_args) {
     static std::atomic<int> count{0};
     std::vector<std::string> args = {KVL_KVL_BINARY,  "serve", "-m", model_path,
                                      "--port",        "0",     "-t", "1",

@@ -56,7 +56,7 @@ TEST(ServeLoadTest, AFailedLoadExitsNonzeroWithTheErrorEveryTime) {
   }
   int hung = 0;
   for (int run = 0; run < 12; ++run) {
-    ServerProcess server({}, model);
+    ServerProcess server(model, {});
     const int status = server.WaitExit(/*seconds=*/15);
     if (status == -1) ++hung;
     EXPECT_EQ(status, 1) << "run " << run << ":\n" << server.Log();
