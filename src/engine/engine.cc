@@ -539,6 +539,36 @@ bool Engine::Impl::StepImpl() {
   return has_work || !scheduler->idle();
 }
 
+// A request whose pages can never all be in the pool at once, where no page of a running
+// sequence may leave it, is refused before any work: it would otherwise run until the pool is
+// outgrown and end late (and an SDK retries a 5xx twice, wasting the work three times). Where the
+// lattice pages running sequences, the pool bounds nothing up front; a sequence that still
+// outgrows it ends with its text so far and finish reason "length" (Scheduler::FinishTooBig).
+Status Engine::Impl::CheckFitsBudget(int64_t prompt_tokens, int32_t max_new_tokens) const {
+  if (planner->rules().pages_running_sequences) return Status::Ok();
+  const int64_t block_tokens = kv->options().layout.block_tokens;
+  const int64_t capacity = kv->num_blocks() * block_tokens;
+  const std::string budget = fmt::format(
+      "the KV budget ({}: a pool of {} blocks of {} tokens, at most {} tokens of one sequence)",
+      options.kv_budget_bytes > 0 ? fmt::format("--kv-budget {} bytes", options.kv_budget_bytes)
+                                  : std::string("the default"),
+      kv->num_blocks(), block_tokens, capacity);
+  if (prompt_tokens > capacity) {
+    return InvalidArgumentError(fmt::format(
+        "the prompt has {} tokens but {} cannot hold them; raise --kv-budget, or let pages of "
+        "running sequences move (--kv-policy auto with --kv-tier ram:SIZE)",
+        prompt_tokens, budget));
+  }
+  if (max_new_tokens >= 0 && prompt_tokens + max_new_tokens > capacity) {
+    return InvalidArgumentError(fmt::format(
+        "the prompt ({} tokens) and max_tokens ({}) need {} tokens but {} cannot hold them; ask "
+        "for at most {} tokens, or raise --kv-budget",
+        prompt_tokens, max_new_tokens, prompt_tokens + max_new_tokens, budget,
+        capacity - prompt_tokens));
+  }
+  return Status::Ok();
+}
+
 StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   Impl& e = *impl_;
   KVL_RETURN_IF_ERROR(request.sampling.Validate());
@@ -562,6 +592,7 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
                                        seq->tokens.size(), e.context_length));
   }
   seq->num_prompt = static_cast<int64_t>(seq->tokens.size());
+  KVL_RETURN_IF_ERROR(e.CheckFitsBudget(seq->num_prompt, request.max_new_tokens));
   // Room for what this request can reach, so decode steps never grow it (an unlimited request
   // grows by doubling past kReservedSequenceTokens).
   const int64_t reach = seq->num_prompt + (request.max_new_tokens >= 0

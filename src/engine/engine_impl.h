@@ -30,6 +30,10 @@
 namespace kvl {
 
 struct Engine::Impl {
+  // Whether a request of `prompt_tokens` and `max_new_tokens` (< 0: unlimited) can ever fit the
+  // pool; an InvalidArgument naming the budget, the prompt and max_tokens where it cannot.
+  Status CheckFitsBudget(int64_t prompt_tokens, int32_t max_new_tokens) const;
+
   EngineOptions options;
   int64_t context_length = 0;
 

@@ -369,10 +369,18 @@ void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
   if (!pager_.last_tier_error().ok()) {
     hint += "; the last page that could not go to a tier: " + pager_.last_tier_error().message();
   }
-  Finish(seq, "error",
-         ResourceExhaustedError(fmt::format(
-             "the KV budget ({}) cannot hold {} of {} tokens; raise --kv-budget{}", holds,
-             prompt_only ? "a prompt" : "a sequence", seq.tokens.size(), hint)));
+  const std::string why =
+      fmt::format("the KV budget ({}) cannot hold {} of {} tokens; raise --kv-budget{}", holds,
+                  prompt_only ? "a prompt" : "a sequence", seq.tokens.size(), hint);
+  if (!prompt_only && seq.num_generated > 0) {
+    // It ran as far as the budget goes: the text so far is the answer, cut as max_tokens would
+    // cut it, never thrown away as a late error.
+    fmt::print(stderr, "kvl: request {} stopped at {} tokens (finish reason length): {}\n", seq.id,
+               seq.tokens.size(), why);
+    Finish(seq, "length");
+    return;
+  }
+  Finish(seq, "error", ResourceExhaustedError(why));
 }
 
 void Scheduler::CountAppliedActions(const KvPagePlan& plan) {

@@ -195,16 +195,25 @@ TEST(BatchingTest, StopsCancellationAndErrors) {
   EXPECT_EQ(e->Submit(bad, {}).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(BatchingTest, BudgetTooSmallForOneSequenceIsAnErrorNotAHang) {
+// Where no page of a running sequence may leave the pool, a request the pool cannot hold is
+// refused at Submit, naming the budget, the prompt and max_tokens: never run to a late error.
+TEST(BatchingTest, BudgetTooSmallForOneSequenceIsRefusedAtSubmit) {
   std::unique_ptr<Engine> e = MakeEngine(2, false, 1 * 16 * 1280);  // one block of 16 tokens
+  const StatusOr<RequestId> refused = e->Submit(Greedy("Once upon a time", 40), {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  const std::string& message = refused.status().message();
+  EXPECT_NE(message.find("--kv-budget"), std::string::npos) << message;
+  EXPECT_NE(message.find("max_tokens (40)"), std::string::npos) << message;
+  EXPECT_NE(message.find("at most 11 tokens"), std::string::npos) << message;  // 16 - 5
+  // What fits runs.
   TokenEvent last;
-  ASSERT_TRUE(e->Submit(Greedy("Once upon a time", 40), [&](const TokenEvent& ev) {
+  ASSERT_TRUE(e->Submit(Greedy("Once upon a time", 11), [&](const TokenEvent& ev) {
                  if (ev.finished) last = ev;
                }).ok());
   e->RunUntilIdle();
-  EXPECT_EQ(last.finish_reason, "error");
-  EXPECT_EQ(last.error.code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(last.error.message().find("--kv-budget"), std::string::npos);
+  EXPECT_EQ(last.finish_reason, "length") << last.error.ToString();
+  EXPECT_EQ(last.generated_tokens, 11);
 }
 
 TEST(BatchingTest, SubmissionFromManyThreadsWithBackgroundLoop) {

@@ -68,5 +68,35 @@ TEST(ServeLoadTest, AFailedLoadExitsNonzeroWithTheErrorEveryTime) {
   std::remove(model.c_str());
 }
 
+// `-np 8 --kv-budget 1MiB`, a 500-token prompt with max_tokens 1000 ran ~316 tokens and then
+// answered 500 (and SDKs retry a 5xx twice). Now a 400 before any work, naming the budget, the
+// prompt and max_tokens, and the most that fits; what fits is served.
+TEST(ServeAdmissionTest, ARequestTheBudgetCanNeverHoldIsRefusedAtOnce) {
+  ServerProcess server({"-np", "8", "--kv-budget", "1MiB"});
+  ASSERT_TRUE(server.WaitReady());
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(30, 0);
+  json prompt = json::array();
+  for (int i = 0; i < 500; ++i) prompt.push_back(3 + i % 500);
+  auto refused =
+      PostJson(client, "/v1/completions",
+               json{{"prompt", prompt}, {"max_tokens", 1000}, {"temperature", 0}}.dump());
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  const std::string message = json::parse(refused->body)["error"]["message"];
+  EXPECT_NE(message.find("KV budget"), std::string::npos) << message;
+  EXPECT_NE(message.find("500 tokens"), std::string::npos) << message;
+  EXPECT_NE(message.find("max_tokens (1000)"), std::string::npos) << message;
+  // 51 blocks of 16 tokens: 816 of one sequence, 316 after the prompt.
+  EXPECT_NE(message.find("at most 316 tokens"), std::string::npos) << message;
+  auto served = PostJson(
+      client, "/v1/completions",
+      json{{"prompt", prompt}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true}}
+          .dump());
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 200) << served->body;
+  EXPECT_EQ(json::parse(served->body)["usage"]["completion_tokens"], 300);
+}
+
 }  // namespace
 }  // namespace kvl
