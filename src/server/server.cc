@@ -119,6 +119,9 @@ class OpenAiServer {
   void Forget(RequestId id);
   Status LoadEngine();
   void CancelAll();
+  // Returns once every submitted request was answered (its response written or its client
+  // gone), or at `deadline`.
+  void WaitUntilAnswered(Clock::time_point deadline);
 
   static void SendError(httplib::Response& res, const ApiError& error) {
     res.status = error.http_status;
@@ -435,6 +438,17 @@ Status OpenAiServer::LoadEngine() {
   return Status::Ok();
 }
 
+void OpenAiServer::WaitUntilAnswered(Clock::time_point deadline) {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(active_mu_);
+      if (active_.empty()) return;
+    }
+    if (Clock::now() >= deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 void OpenAiServer::CancelAll() {
   std::lock_guard<std::mutex> lock(active_mu_);
   for (RequestId id : active_) engine_->Cancel(id);
@@ -502,15 +516,19 @@ Status OpenAiServer::Run() {
   fmt::print(stderr, "kvl serve: {}, shutting down (grace {} s)\n",
              signal_number > 0 ? strsignal(signal_number) : "listener stopped",
              options_.shutdown_grace_seconds);
+  // Draining: new requests get 503 while the running ones (streams included) go on for the
+  // grace period. The listener is stopped only after that: httplib's stop() also ends every
+  // chunked response at its next write, which cut streams without their finish frame and [DONE].
   state_ = ServerState::kDraining;
-  stop_accepting();  // no new connections; running ones finish their current request
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(options_.shutdown_grace_seconds));
-  while (!listener_done && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  CancelAll();  // whatever still runs after the grace period
+  WaitUntilAnswered(deadline);
+  // Whatever still runs after the grace period is cancelled: a stream then sends its finish
+  // frame (reason "abort") and [DONE], a plain request its text so far.
+  CancelAll();
+  WaitUntilAnswered(Clock::now() + std::chrono::seconds(2));
+  stop_accepting();
   listener.join();
   engine_->Stop();
   fmt::print(stderr, "kvl serve: stopped\n");

@@ -98,5 +98,58 @@ TEST(ServeAdmissionTest, ARequestTheBudgetCanNeverHoldIsRefusedAtOnce) {
   EXPECT_EQ(json::parse(served->body)["usage"]["completion_tokens"], 300);
 }
 
+// A stream running when SIGTERM comes: within the grace period it runs to its end; past it, it
+// is cancelled with a finish frame ("abort") and [DONE]. Never cut without its last frames (it
+// was: httplib's stop() ends chunked responses at their next write). The server exits 0.
+std::string StreamThroughSigterm(const std::string& grace, int max_tokens) {
+  ServerProcess server({"--shutdown-grace", grace, "-c", "2048"});
+  EXPECT_TRUE(server.WaitReady());
+  std::string body;
+  std::atomic<bool> started{false};
+  std::thread client([&] {
+    httplib::Client c("127.0.0.1", server.port());
+    c.set_read_timeout(30, 0);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.body = json{
+        {"prompt", "Once upon a time"},
+        {"max_tokens", max_tokens},
+        {"temperature", 0},
+        {"ignore_eos", true},
+        {"stream",
+         true}}.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      body.append(data, n);
+      started = true;
+      return true;
+    };
+    c.send(req);
+  });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(server.Terminate(/*seconds=*/20), 0) << server.Log();
+  client.join();
+  return body;
+}
+
+TEST(ServeShutdownTest, SigtermLetsARunningStreamFinishWithinTheGrace) {
+  const std::string body = StreamThroughSigterm("10", 1500);
+  const std::vector<std::string> frames = testing::SseData(body);
+  ASSERT_GE(frames.size(), 3u) << body;
+  EXPECT_EQ(frames.back(), "[DONE]");
+  const json finish = json::parse(frames[frames.size() - 2]);
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "length") << finish.dump();
+}
+
+TEST(ServeShutdownTest, SigtermPastTheGraceCancelsAStreamWithItsLastFrames) {
+  const std::string body = StreamThroughSigterm("0", 2000);
+  const std::vector<std::string> frames = testing::SseData(body);
+  ASSERT_GE(frames.size(), 2u) << body;
+  EXPECT_EQ(frames.back(), "[DONE]");
+  const json finish = json::parse(frames[frames.size() - 2]);
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "abort") << finish.dump();
+}
+
 }  // namespace
 }  // namespace kvl
