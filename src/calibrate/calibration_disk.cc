@@ -120,7 +120,14 @@ StatusOr<std::string> ResolveDiskDir(const std::string& dir) {
   std::error_code ec;
   const std::string resolved =
       dir.empty() ? std::filesystem::temp_directory_path(ec).string() : dir;
-  if (ec) return IoError(fmt::format("calibrate: no temp directory: {}", ec.message()));
+  if (ec) {
+    const char* tmpdir = std::getenv("TMPDIR");
+    return IoError(fmt::format(
+        "calibrate: no temp directory for the disk measurement ({}: {}); set TMPDIR to an "
+        "existing folder or pass --disk DIR",
+        tmpdir != nullptr ? fmt::format("TMPDIR='{}'", tmpdir) : std::string("/tmp"),
+        ec.message()));
+  }
   if (!std::filesystem::exists(resolved, ec)) {
     return NotFoundError(fmt::format("calibrate: disk directory '{}' does not exist", resolved));
   }

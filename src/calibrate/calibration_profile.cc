@@ -1,6 +1,7 @@
 // The machine profile as JSON: SaveProfile, LoadProfile (which trusts nothing in the file) and
 // the default location. nlohmann-json exceptions stop here.
 #include <fmt/format.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -488,17 +489,31 @@ std::string ProfileKey(const Model& model, const ops::OpsContext& ctx) {
                      ops::IsaName(ctx.isa()), calibration_internal::ContextThreads(ctx));
 }
 
+// The user's cache folder as the XDG base directory spec says: $XDG_CACHE_HOME only when it is
+// an absolute path (a relative one "should be ignored"), else $HOME/.cache, else the home the
+// password database gives. Never a shared, predictable folder such as /tmp/kvlattice: another
+// user could plant a profile there that prices every KV decision.
+static std::filesystem::path UserCacheDir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME");
+      xdg != nullptr && std::filesystem::path(xdg).is_absolute()) {
+    return xdg;
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
+    return std::filesystem::path(home) / ".cache";
+  }
+  if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_dir != nullptr &&
+                                                  pw->pw_dir[0] != '\0') {
+    return std::filesystem::path(pw->pw_dir) / ".cache";
+  }
+  // No home at all: a folder named by this user's id under the temp directory, not one that
+  // every user shares.
+  std::error_code ec;
+  return std::filesystem::temp_directory_path(ec) / fmt::format("kvlattice-cache-{}", ::getuid());
+}
+
 std::string DefaultProfilePath(std::string_view profile_key) {
   if (const char* env = std::getenv("KVL_PROFILE"); env != nullptr && env[0] != '\0') return env;
-  std::filesystem::path cache;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] != '\0') {
-    cache = xdg;
-  } else if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
-    cache = std::filesystem::path(home) / ".cache";
-  } else {
-    std::error_code ec;
-    cache = std::filesystem::temp_directory_path(ec);
-  }
+  const std::filesystem::path cache = UserCacheDir();
   return (cache / "kvlattice" / fmt::format("profile-{}.json", SanitizeFileName(profile_key)))
       .string();
 }

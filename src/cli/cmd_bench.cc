@@ -325,6 +325,17 @@ int BenchCommand(const BenchArgs& args) {
       return 1;
     }
     Engine& e = **engine;
+    // A test longer than the model's context measures positions the model never saw (RoPE past
+    // its range): refused, as a request past the context is, before anything runs.
+    const int64_t model_context = e.model().config().context_length;
+    if (model_context > 0 && options.context_length > model_context) {
+      fmt::print(stderr,
+                 "kvl: bench: the longest test (prompt, generated and depth tokens) needs a "
+                 "context of {} tokens but {} holds {} (its context_length); use smaller -p / -n "
+                 "/ -d\n",
+                 options.context_length, path, model_context);
+      return 1;
+    }
     // The quality column: the final-token distributions of a fixed prompt set against an f32
     // cache, measured once per (model, -ctk, -ctv).
     KvTypeQuality quality{0, 1, 0};

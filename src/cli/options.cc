@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -131,7 +132,26 @@ StatusOr<uint64_t> ParseSeed(const std::string& text, std::string_view flag) {
   return value;
 }
 
+// CLI11 splits a comma list and drops its empty entries, so `-np 1,,2` ran as `-np 1,2`: a
+// typo measured something else without a word. Every bench list value is checked whole first.
+static Status CheckBenchListValues(const std::vector<std::string>& argv) {
+  if (argv.empty() || argv[0] != "bench") return Status::Ok();  // argv: the words after "kvl"
+  for (size_t i = 2; i < argv.size(); ++i) {
+    const std::string& flag = argv[i - 1];
+    const std::string& value = argv[i];
+    if (flag.size() < 2 || flag[0] != '-' || value.find(',') == std::string::npos) continue;
+    if (value.find(",,") != std::string::npos || value.front() == ',' || value.back() == ',') {
+      return InvalidArgumentError(
+          fmt::format("{}: an empty entry in the list '{}' (give values separated by single "
+                      "commas)",
+                      flag, value));
+    }
+  }
+  return Status::Ok();
+}
+
 StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
+  KVL_RETURN_IF_ERROR(CheckBenchListValues(argv));
   ParsedCommand cmd;
   CLI::App app{"kvlattice: LLM inference with a managed KV memory hierarchy", "kvl"};
   app.require_subcommand(1);
@@ -556,6 +576,11 @@ Status ValidateBenchServeArgs(const BenchServeArgs& args) {
   }
   KVL_RETURN_IF_ERROR(CheckRange("--prompt-tokens", args.prompt_tokens, 1, kMaxContextTokens));
   KVL_RETURN_IF_ERROR(CheckRange("--shared-prefix", args.shared_prefix, 0, kMaxContextTokens));
+  if (args.shared_prefix > args.prompt_tokens) {
+    return InvalidArgumentError(fmt::format(
+        "--shared-prefix ({}) is part of each prompt, so at most --prompt-tokens ({})",
+        args.shared_prefix, args.prompt_tokens));
+  }
   KVL_RETURN_IF_ERROR(CheckRange("--max-tokens", args.max_tokens, 1, kMaxContextTokens));
   if (!(args.timeout_s > 0 && args.timeout_s <= 86400)) {
     return InvalidArgumentError(fmt::format("--timeout must be in (0, 86400], got {}", args.timeout_s));
@@ -690,6 +715,12 @@ Status ValidateBenchTurnsArgs(const BenchTurnsArgs& args) {
     }
   }
   if (args.disk_dir.empty()) return InvalidArgumentError("--disk-dir must not be empty");
+  // Checked before the first config runs: a missing folder failed the disk configs only after
+  // the others had spent minutes.
+  if (std::error_code ec; !std::filesystem::is_directory(args.disk_dir, ec)) {
+    return InvalidArgumentError(
+        fmt::format("--disk-dir '{}' is not an existing directory", args.disk_dir));
+  }
   if (!args.redis.empty() && !args.restart) {
     return InvalidArgumentError("--redis is a --restart option");
   }

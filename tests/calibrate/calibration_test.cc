@@ -560,6 +560,19 @@ TEST(CalibrationTest, DefaultProfilePathFollowsEnvironmentAndSanitizesTheName) {
   EXPECT_EQ(DefaultProfilePath(".."), "/cache/kvlattice/profile-model.json");
   EXPECT_EQ(DefaultProfilePath("tinyllama-1.1b (synthetic, random weights)"),
             "/cache/kvlattice/profile-tinyllama-1.1b_synthetic_random_weights_.json");
+  // A relative XDG_CACHE_HOME is ignored (the XDG spec), and without HOME the password
+  // database's home is used: never a shared, predictable folder in /tmp.
+  const char* old_home = std::getenv("HOME");
+  const std::string saved_home = old_home ? old_home : "";
+  ::setenv("XDG_CACHE_HOME", "relative/cache", 1);
+  ::setenv("HOME", "/home/someone", 1);
+  EXPECT_EQ(DefaultProfilePath("m"), "/home/someone/.cache/kvlattice/profile-m.json");
+  ::unsetenv("XDG_CACHE_HOME");
+  ::unsetenv("HOME");
+  const std::string homeless = DefaultProfilePath("m");
+  EXPECT_EQ(homeless.find("/tmp/kvlattice/"), std::string::npos) << homeless;
+  EXPECT_NE(homeless.find("/.cache/kvlattice/profile-m.json"), std::string::npos) << homeless;
+  if (old_home) ::setenv("HOME", saved_home.c_str(), 1);
 
   if (old_profile) ::setenv("KVL_PROFILE", saved_profile.c_str(), 1);
   if (old_xdg)

@@ -46,6 +46,31 @@ TEST(CliTest, RunReportsTimingsOnStderr) {
   EXPECT_NE(r.output.find("tokens per second"), std::string::npos) << r.output;
 }
 
+// Found by a hostile probe: each of these ran, or failed late, instead of a clear refusal.
+TEST(CliTest, BenchAndCalibrateRefuseWhatTheyCannotMeasureUpFront) {
+  const std::string m = " -m " + testing::Stories260KPath();
+  CommandResult r = RunKvl("bench" + m + " -p 0 -n 4 -np 1,,2 -r 1", true);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("-np: an empty entry in the list '1,,2'"), std::string::npos) << r.output;
+  r = RunKvl("bench" + m + " -p 3000 -n 0 -r 1", true);  // stories260K holds 2048 tokens
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("holds 2048"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("pp3000 |"), std::string::npos) << r.output;  // nothing measured
+  r = RunKvl("bench serve --port 1 --prompt-tokens 100 --shared-prefix 500", true);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--shared-prefix (500)"), std::string::npos) << r.output;
+  r = RunKvl("bench turns" + m + " --disk-dir /nonexistent-kvl-dir", true);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--disk-dir '/nonexistent-kvl-dir' is not an existing directory"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("config"), std::string::npos) << r.output;  // before any config ran
+  r = RunShell(std::string("TMPDIR=/nonexistent-kvl-tmp ") + KVL_KVL_BINARY + " calibrate" + m +
+               " --quick -o " + ::testing::TempDir() + "kvl-no-tmpdir-profile.json 2>&1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("TMPDIR='/nonexistent-kvl-tmp'"), std::string::npos) << r.output;
+}
+
 TEST(CliTest, MissingModelFailsWithAClearMessage) {
   CommandResult r = RunKvl("run -m /no/such/model.gguf -n 4", /*with_stderr=*/true);
   EXPECT_EQ(r.exit_code, 1);
