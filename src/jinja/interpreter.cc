@@ -180,7 +180,8 @@ Interpreter::Flow Interpreter::ExecFor(const Node& node, Env& env, std::string* 
   std::vector<Value> items;
   for (const Value& item : iterable.items()) {
     if (target.kind == NodeKind::kTupleLiteral) {
-      if (!item.is_array()) Fail(fmt::format("cannot unpack non-iterable type {}", item.TypeName()));
+      // A tuple item is refused, as the reference checks the type name ArrayValue.
+      if (!item.is_array() || item.is_tuple()) Fail(fmt::format("cannot unpack non-iterable type {}", item.TypeName()));
       if (target.args.size() != item.items().size()) {
         Fail(fmt::format("too {} items to unpack", target.args.size() > item.items().size() ? "few" : "many"));
       }

@@ -4,6 +4,7 @@
 // supported") this must fail too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,32 @@ TEST(JinjaReference, RealChatTemplatesRenderByteIdentically) {
   // Gemma refuses the system turn, Phi-3.5 and others a null tool-call content: some cases
   // raise, but most must render.
   EXPECT_GE(tally.identical, 80);
+}
+
+}  // namespace
+}  // namespace kvl::jinja
+
+namespace kvl::jinja {
+namespace {
+
+// Every other template of the bundle (DeepSeek, Granite, Hermes, Command-R, gpt-oss, ...) over
+// the same conversations: what real templates use beyond the families named above.
+TEST(JinjaReference, EveryBundledTemplateMatchesTheReference) {
+  const testing::Reference& ref = testing::GetReference();
+  if (!ref.skip_reason.empty()) GTEST_SKIP() << ref.skip_reason;
+  std::vector<std::string> files;
+  for (const auto& entry : testing::fs::directory_iterator(ref.templates_dir)) {
+    if (entry.path().extension() == ".jinja") files.push_back(entry.path().filename().string());
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<TemplateSpec> specs;
+  for (const std::string& f : files) specs.push_back({f.c_str(), "<s>", "</s>", true});
+  const std::vector<Case> cases = BuildCases(ref, specs.data(), specs.size());
+  const Tally tally = CompareWithReference(cases);
+  std::printf("%zu templates, %zu cases: %d byte-identical, %d raised in both\n", files.size(), cases.size(),
+              tally.identical, tally.raised_in_both);
+  EXPECT_EQ(tally.identical + tally.raised_in_both, static_cast<int>(cases.size()));
+  EXPECT_GE(tally.identical, static_cast<int>(cases.size()) * 3 / 4);
 }
 
 }  // namespace
