@@ -186,8 +186,10 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
                         "connection threads; 0 = -np + 4")
       ->capture_default_str();
   serve_cmd->add_option("--chat-template", serve.serve.chat_template,
-                        "force a chat template: plain, llama2, chatml, zephyr, mistral, llama3, "
-                        "gemma (default: detected from the model, else plain)");
+                        "force a built-in chat template: plain, llama2, chatml, zephyr, mistral, "
+                        "llama3, gemma (default: the model's own Jinja template)");
+  serve_cmd->add_option("--chat-template-file", serve.serve.chat_template_file,
+                        "render this Jinja chat template instead of the model's");
   serve_cmd->add_option("--max-body", serve.max_body, "largest request body, e.g. 8MiB")
       ->capture_default_str();
   serve_cmd->add_option("--shutdown-grace", serve.serve.shutdown_grace_seconds,
@@ -524,6 +526,9 @@ Status ValidateServeArgs(ServeArgs* args) {
   }
   if (!args->serve.chat_template.empty()) {
     KVL_RETURN_IF_ERROR(ParseChatTemplateName(args->serve.chat_template).status());
+    if (!args->serve.chat_template_file.empty()) {
+      return InvalidArgumentError("--chat-template and --chat-template-file exclude each other");
+    }
   }
   KVL_ASSIGN_OR_RETURN(args->serve.max_body_bytes, ParsePositiveBytes(args->max_body, "--max-body"));
   // Serving runs -np sequences at once, exactly (the engine's default of 16 is not a floor).
