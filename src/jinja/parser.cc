@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
 #include <stdexcept>
@@ -109,16 +110,19 @@ class Parser {
   // block, named with the line it opened on.
   void ParseBlockUntil(std::initializer_list<std::string_view> ends, std::string_view opener,
                        int open_line, std::vector<NodePtr>* out) {
+    open_blocks_.push_back({std::string(opener), open_line, std::string(ClosingTag(ends))});
     while (!IsStatement(ends)) {
       if (current_ >= tokens_.size()) {
         throw ParseError(open_line, fmt::format("'{{% {} %}}' is never closed (expected '{{% {} %}}' "
                                                 "before the end of the template)",
-                                                opener, *ends.begin() == std::string_view("elif")
-                                                            ? std::string_view("endif")
-                                                            : *ends.begin()));
+                                                opener, ClosingTag(ends)));
       }
       out->push_back(ParseAny());
     }
+    open_blocks_.pop_back();
+  }
+  static std::string_view ClosingTag(std::initializer_list<std::string_view> ends) {
+    return *ends.begin() == std::string_view("elif") ? std::string_view("endif") : *ends.begin();
   }
 
   NodePtr ParseAny();
@@ -155,9 +159,16 @@ class Parser {
     return node;
   }
 
+  struct OpenBlock {
+    std::string opener;
+    int line;
+    std::string closer;
+  };
+
   std::vector<Token> tokens_;
   size_t current_ = 0;
   int depth_ = 0;
+  std::vector<OpenBlock> open_blocks_;  // the blocks being parsed, innermost last
 };
 
 NodePtr Parser::ParseAny() {
@@ -244,6 +255,15 @@ NodePtr Parser::ParseStatement() {
     ParseBlockUntil({"endfilter"}, "filter", line, &node->body);
     expect_end("endfilter");
     return node;
+  }
+  static constexpr std::string_view kBlockTags[] = {"endif", "endfor", "endmacro", "endset", "endcall",
+                                                     "endfilter", "elif", "else"};
+  if (std::find(std::begin(kBlockTags), std::end(kBlockTags), name) != std::end(kBlockTags)) {
+    if (open_blocks_.empty()) throw ParseError(line, fmt::format("'{{% {} %}}' outside any block", name));
+    const OpenBlock& open = open_blocks_.back();
+    throw ParseError(line, fmt::format("'{{% {} %}}' does not fit the '{{% {} %}}' opened at line {} (expected "
+                                       "'{{% {} %}}')",
+                                       name, open.opener, open.line, open.closer));
   }
   throw ParseError(line, fmt::format("unknown statement '{{% {} %}}'", name));
 }

@@ -179,6 +179,8 @@ std::string ToJson(const Value& v, const JsonOptions& options, int depth, bool u
     case Value::Kind::kArray:
     case Value::Kind::kObject:
     case Value::Kind::kNamespace: {
+      // The reference's toJSON knows no TupleValue: a tuple does not print.
+      if (v.is_tuple()) throw RenderError("cannot convert a tuple to JSON or text");
       if (depth > 256) throw RenderError("tojson: a value nested deeper than 256 levels");
       const std::string indent_unit = indenting ? std::string(std::max(0, *options.indent), ' ') : "";
       std::string base_padding = "\n";
