@@ -159,15 +159,18 @@ struct LexError : std::runtime_error {
 
 class Lexer {
  public:
-  explicit Lexer(Source source, std::string_view original)
-      : src_(std::move(source)), original_(original) {}
+  explicit Lexer(Source source, std::string_view original) : src_(std::move(source)) {
+    for (size_t i = 0; i < original.size(); ++i) {
+      if (original[i] == '\n') newlines_.push_back(i);
+    }
+  }
 
   std::vector<Token> Run();
   int line() const { return LineAt(pos_); }
+  // The 1-based source line of preprocessed byte `pos`.
   int LineAt(size_t pos) const {
     const size_t offset = src_.offset[std::min(pos, src_.offset.size() - 1)];
-    return 1 + static_cast<int>(std::count(original_.begin(),
-                                           original_.begin() + std::min(offset, original_.size()), '\n'));
+    return 1 + static_cast<int>(std::lower_bound(newlines_.begin(), newlines_.end(), offset) - newlines_.begin());
   }
 
  private:
@@ -182,7 +185,7 @@ class Lexer {
   void SkipLeadingWhitespace();
 
   Source src_;
-  std::string_view original_;
+  std::vector<size_t> newlines_;  // offsets of the source's '\n', for line numbers
   size_t pos_ = 0;
   size_t token_start_ = 0;
   int curly_depth_ = 0;  // inside a {{ }} expression's mapping literals, "}}" closes a mapping
@@ -321,7 +324,7 @@ std::vector<Token> Lexer::Run() {
     }
     bool matched = false;
     for (const auto& [seq, type] : kMappingTable) {
-      if (seq == "}}" && curly_depth_ > 0) continue;
+      if (seq[0] != c || (seq == "}}" && curly_depth_ > 0)) continue;
       if (s().compare(pos_, seq.size(), seq) != 0) continue;
       Push(type, std::string(seq));
       if (type == TokenType::kOpenExpression) curly_depth_ = 0;
