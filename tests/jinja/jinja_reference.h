@@ -71,7 +71,7 @@ inline Reference FindReference() {
     // --ignore-scripts: only the package's files (the jinja dependency and llama.cpp's source
     // bundle) are needed, not its native build.
     const ShellResult npm = Shell("cd '" + prefix.string() +
-                                  "' && timeout 600 npm install --prefix . node-llama-cpp@3.22.1 "
+                                  "' && timeout 600 npm install --prefix . node-llama-cpp@3.22.1 @huggingface/jinja@0.5.11 "
                                   "--ignore-scripts --omit=optional --no-audit --no-fund "
                                   "--loglevel=error --fetch-retries=2 --fetch-timeout=60000");
     if (npm.status != 0) {
