@@ -159,8 +159,10 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       "chat", "interactive chat through the model's chat template (/reset, /stats, /exit)");
   chat_cmd->add_option("-m,--model", chat.engine.model_path, "GGUF model file")->required();
   chat_cmd->add_option("--chat-template", chat.chat_template,
-                       "force a chat template: plain, llama2, chatml, zephyr, mistral, llama3, "
-                       "gemma (default: detected from the model, else plain)");
+                       "force a built-in chat template: plain, llama2, chatml, zephyr, mistral, "
+                       "llama3, gemma (default: the model's own Jinja template)");
+  chat_cmd->add_option("--chat-template-file", chat.chat_template_file,
+                       "render this Jinja chat template instead of the model's");
   chat_cmd->add_option("--system", chat.system, "system message that opens the conversation");
   chat_cmd->add_option("-f,--file", chat.turns_file,
                        "read the user's turns from a file, one per line, print each reply and exit");
@@ -599,6 +601,9 @@ StatusOr<EngineOptions> ChatEngineOptions(const ChatArgs& args) {
 Status ValidateChatArgs(const ChatArgs& args) {
   if (!args.chat_template.empty()) {
     KVL_RETURN_IF_ERROR(ParseChatTemplateName(args.chat_template).status());
+    if (!args.chat_template_file.empty()) {
+      return InvalidArgumentError("--chat-template and --chat-template-file exclude each other");
+    }
   }
   KVL_RETURN_IF_ERROR(
       CheckRange("-n (--n-predict; -1 = until EOS)", args.num_predict, -1, kMaxContextTokens));

@@ -1,6 +1,9 @@
 // ChatFormatter: a model's chat template rendered as Jinja, or a built-in format.
 #include <fmt/format.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "kvl/chat_template.h"
 
 namespace kvl {
@@ -16,6 +19,11 @@ jinja::Value ProbeMessages() {
 }
 
 std::string TextOf(const jinja::Value& v) { return v.is_string() ? v.str() : ""; }
+
+// The text of a special token, or "" where the vocabulary has none.
+std::string TokenText(const Tokenizer& tokenizer, int32_t id) {
+  return id >= 0 && id < tokenizer.vocab_size() ? tokenizer.token_text(id) : "";
+}
 
 }  // namespace
 
@@ -89,6 +97,29 @@ StatusOr<std::string> ChatFormatter::Apply(const ChatInputs& inputs) const {
     out->erase(0, options_.bos_token.size());
   }
   return out;
+}
+
+StatusOr<ChatFormatter> LoadChatFormatter(const Engine& engine, const ChatTemplateChoice& choice,
+                                          std::string* fallback_reason) {
+  fallback_reason->clear();
+  if (!choice.name.empty()) {
+    KVL_ASSIGN_OR_RETURN(ChatTemplate builtin, ParseChatTemplateName(choice.name));
+    return ChatFormatter::Builtin(builtin);
+  }
+  ChatFormatterOptions options;
+  options.bos_token = TokenText(engine.tokenizer(), engine.tokenizer().bos());
+  options.eos_token = TokenText(engine.tokenizer(), engine.tokenizer().eos());
+  // Chat prompts are tokenized with BOS added (Request::add_bos, GenerateRequest's default).
+  options.strip_bos = true;
+  if (!choice.file.empty()) {
+    std::ifstream in(choice.file, std::ios::binary);
+    if (!in) return NotFoundError(fmt::format("cannot read --chat-template-file '{}'", choice.file));
+    std::stringstream source;
+    source << in.rdbuf();
+    return ChatFormatter::FromJinja(source.str(), choice.file, std::move(options));
+  }
+  StatusOr<std::string> gguf = engine.model().file().GetString("tokenizer.chat_template");
+  return ChatFormatter::ForModel(gguf.ok() ? *gguf : "", std::move(options), fallback_reason);
 }
 
 }  // namespace kvl

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvl/engine.h"
 #include "kvl/jinja.h"
 #include "kvl/status.h"
 
@@ -90,5 +91,19 @@ class ChatFormatter {
   ChatFormatterOptions options_;
   std::string description_;
 };
+
+// The chat format a command line asked for: a built-in by name, a Jinja file, or (both empty)
+// the model's own template.
+struct ChatTemplateChoice {
+  std::string name;  // --chat-template
+  std::string file;  // --chat-template-file
+};
+
+// The formatter for `engine`'s model: bos/eos texts from its vocabulary, a leading BOS dropped
+// (the engine adds it). An unknown name, or a file that cannot be read, parsed or rendered, is
+// an error; a GGUF template that fails is not: the built-in its markers name stands in, with
+// *fallback_reason saying why (for the caller to print once).
+StatusOr<ChatFormatter> LoadChatFormatter(const Engine& engine, const ChatTemplateChoice& choice,
+                                          std::string* fallback_reason);
 
 }  // namespace kvl
