@@ -7,6 +7,8 @@
 // npm access the tests that need them skip, saying why.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,8 +55,28 @@ inline fs::path CacheDir() {
   return (ec ? fs::temp_directory_path() : exe.parent_path()) / "npm-jinja";
 }
 
+// Holds an exclusive lock on the cache folder while it lives: ctest runs the tests that need the
+// reference as separate processes, maybe at once, and only one may install and clone.
+class CacheLock {
+ public:
+  CacheLock() {
+    fs::create_directories(CacheDir());
+    fd_ = ::open((CacheDir() / ".lock").c_str(), O_CREAT | O_RDWR, 0644);
+    if (fd_ >= 0) ::flock(fd_, LOCK_EX);
+  }
+  ~CacheLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  CacheLock(const CacheLock&) = delete;
+  CacheLock& operator=(const CacheLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 inline Reference FindReference() {
   Reference ref;
+  CacheLock lock;
   if (Shell("command -v node").status != 0) {
     ref.skip_reason = "node is not installed (apt-get install nodejs npm): no reference renderer";
     return ref;
