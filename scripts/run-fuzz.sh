@@ -125,7 +125,7 @@ templates=build/npm-jinja/llama.cpp/models/templates
 [ -d "$templates" ] && cp "$templates"/*.jinja "$jinja_corpus"/ 2>/dev/null
 log="$out/jinja_fuzz.log"
 echo "fuzz: jinja for ${per_fuzzer}s (log in $log)"
-"$out/jinja_fuzzer" "$jinja_corpus" -max_total_time="$per_fuzzer" -rss_limit_mb=2048 -max_len=16384 \
+"$out/jinja_fuzzer" "$jinja_corpus" -dict=fuzz/jinja.dict -max_total_time="$per_fuzzer" -rss_limit_mb=2048 -max_len=16384 \
   -timeout=10 -artifact_prefix="$out/jinja-" -print_final_stats=1 >"$log" 2>&1
 rc=$?
 runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)

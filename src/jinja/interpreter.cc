@@ -67,9 +67,20 @@ std::string Interpreter::Run(const Program& program, Env& global) {
   try {
     if (ExecBlock(program.body, global, &out) != Flow::kNormal) Fail("'break' or 'continue' outside a loop");
   } catch (const RenderError& e) {
+    ClearNamespaces();
     throw RenderError(fmt::format("template line {}: {}", line_, e.what()));
   }
+  ClearNamespaces();
   return out;
+}
+
+void Interpreter::TrackNamespace(const Value& ns) { namespaces_.push_back(ns); }
+
+void Interpreter::ClearNamespaces() {
+  // A namespace may hold itself (`{% set ns.me = ns %}`): emptied here, the reference cycle
+  // goes and the memory with it. Nothing of a render outlives it but its text.
+  for (Value& ns : namespaces_) ns.map().entries.clear();
+  namespaces_.clear();
 }
 
 Interpreter::Flow Interpreter::ExecBlock(const std::vector<std::unique_ptr<Node>>& body, Env& env,
@@ -281,7 +292,11 @@ void Interpreter::ExecMacro(const Node& node, Env& env) {
 Value Interpreter::ExecCallStatement(const Node& node, Env& env) {
   const Node* call_block = &node;
   Env* defining_env = &env;
-  auto caller_fn = [call_block, defining_env](Interpreter& in, CallArgs& args, Env&) -> Value {
+  // `caller` reads the scope it was defined in, which ends with this statement: a caller kept
+  // past it (stored in a namespace) must fail, not read a scope that is gone.
+  auto alive = std::make_shared<bool>(true);
+  auto caller_fn = [call_block, defining_env, alive](Interpreter& in, CallArgs& args, Env&) -> Value {
+    if (!*alive) in.Fail("caller() called after its call block ended");
     Env scope(defining_env);
     in.BindArguments("None", *call_block, call_block->args, args, scope);
     std::string out;
@@ -295,7 +310,9 @@ Value Interpreter::ExecCallStatement(const Node& node, Env& env) {
   line_ = node.line;
   Env call_env(&env);
   call_env.Set("caller", Value::Function(std::make_shared<Callable>("caller", caller_fn)));
-  return CallValue(fn, args, call_env, node.line);
+  Value result = CallValue(fn, args, call_env, node.line);
+  *alive = false;
+  return result;
 }
 
 CallArgs Interpreter::EvalArguments(const std::vector<std::unique_ptr<Node>>& nodes, Env& env) {

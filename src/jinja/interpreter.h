@@ -62,6 +62,8 @@ class Interpreter {
   const RenderOptions& options() const { return options_; }
   // Refuses a string past the size limit (exponential concatenation).
   void CheckSize(size_t bytes) const;
+  // Each namespace() the render creates, emptied when it ends (see ClearNamespaces).
+  void TrackNamespace(const Value& ns);
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
@@ -85,7 +87,10 @@ class Interpreter {
   Value ApplyFilter(const Value& operand, const Node& filter, Env& env);
   bool ApplyTest(const Node& node, const Value& operand);
 
+  void ClearNamespaces();
+
   const RenderOptions& options_;
+  std::vector<Value> namespaces_;
   int64_t steps_ = 0;
   int call_depth_ = 0;
   int line_ = 0;  // the line being evaluated, for error messages

@@ -174,7 +174,7 @@ Value BuiltinMember(const Value& object, const std::string& name) {
 
 namespace {
 
-Value NamespaceFunction(Interpreter&, CallArgs& args, Env&) {
+Value NamespaceFunction(Interpreter& in, CallArgs& args, Env&) {
   if (args.positional.size() > 1) {
     throw RenderError(fmt::format("namespace expected at most 1 argument, got {}", args.positional.size()));
   }
@@ -199,7 +199,9 @@ Value NamespaceFunction(Interpreter&, CallArgs& args, Env&) {
     }
   }
   for (const auto& [key, value] : args.keywords.entries) entries.Set(key, value);
-  return Value::Namespace(std::move(entries));
+  Value ns = Value::Namespace(std::move(entries));
+  in.TrackNamespace(ns);
+  return ns;
 }
 
 // range() as the reference's utils.range over JavaScript numbers, refused past a million items

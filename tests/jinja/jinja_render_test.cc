@@ -187,6 +187,16 @@ TEST(JinjaErrors, EndlessLoopsRecursionAndRunawayStringsStop) {
   EXPECT_EQ(ErrorOf("{{ " + std::string(5000, '[') + " }}"), "template line 1: nesting deeper than 200 levels");
 }
 
+TEST(JinjaErrors, ACallerKeptPastItsBlockAndASelfHoldingNamespaceAreSafe) {
+  EXPECT_EQ(ErrorOf("{% set ns = namespace() %}{% macro keep() %}{% set ns.c = caller %}{% endmacro %}"
+                    "{% for i in [1] %}{% call keep() %}{{ i }}{% endcall %}{% endfor %}{{ ns.c() }}"),
+            "template line 1: caller() called after its call block ended");
+  // A namespace that holds itself prints as the reference's JSON would recurse: an error, and
+  // (under LeakSanitizer) no leak.
+  EXPECT_EQ(ErrorOf("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns.a }}{{ ns }}"),
+            "template line 1: tojson: a value nested deeper than 256 levels");
+}
+
 TEST(JinjaRender, StrftimeNowFormatsTheGivenTime) {
   RenderOptions options;
   options.now = 1721995200;  // 2024-07-26 12:00 UTC
