@@ -23,8 +23,8 @@ constexpr int64_t kMaxTurnsFileBytes = 64ll << 20;
 
 class ChatSession {
  public:
-  ChatSession(Engine& engine, const ChatArgs& args, ChatFormatter formatter)
-      : engine_(engine), args_(args), formatter_(std::move(formatter)) {
+  ChatSession(Engine& engine, const ChatArgs& args, ChatFormatter tmpl)
+      : engine_(engine), args_(args), template_(std::move(tmpl)) {
     Reset();
   }
 
@@ -72,16 +72,7 @@ class ChatSession {
 
  private:
   Status Reply() {
-    ChatInputs inputs;
-    std::vector<jinja::Value> messages;
-    for (const ChatMessage& m : messages_) {
-      jinja::ValueMap message;
-      message.Set("role", jinja::Value::String(m.role));
-      message.Set("content", jinja::Value::String(m.content));
-      messages.push_back(jinja::Value::Object(std::move(message)));
-    }
-    inputs.messages = jinja::Value::Array(std::move(messages));
-    KVL_ASSIGN_OR_RETURN(std::string prompt, formatter_.Apply(inputs));
+    KVL_ASSIGN_OR_RETURN(std::string prompt, ApplyChatTemplate(template_, messages_));
     GenerateRequest request;
     request.prompt = std::move(prompt);
     request.max_new_tokens = args_.num_predict;
@@ -110,7 +101,7 @@ class ChatSession {
 
   Engine& engine_;
   const ChatArgs& args_;
-  ChatFormatter formatter_;
+  ChatFormatter template_;
   std::vector<ChatMessage> messages_;
 };
 

@@ -189,9 +189,8 @@ jinja::Value MessageValue(const json& m, std::string content_text, bool has_cont
   return jinja::FromJson(copy);
 }
 
-// messages, tools, chat_template_kwargs and add_generation_prompt, rendered through the
-// server's chat template into *prompt.
-std::optional<ApiError> ReadChat(const FieldReader& fields, const ApiContext& context, std::string* prompt) {
+// messages, tools, chat_template_kwargs and add_generation_prompt: what a chat template renders.
+std::optional<ApiError> ReadChatInputs(const FieldReader& fields, ChatInputs* inputs) {
   const json* messages = fields.Find("messages");
   if (messages == nullptr) return BadField("messages", "'messages' is required");
   if (!messages->is_array()) return BadField("messages", "'messages' must be an array");
@@ -199,7 +198,6 @@ std::optional<ApiError> ReadChat(const FieldReader& fields, const ApiContext& co
   if (messages->size() > kMaxMessages) {
     return BadField("messages", fmt::format("at most {} messages", kMaxMessages));
   }
-  ChatInputs inputs;
   std::vector<jinja::Value> values;
   for (size_t i = 0; i < messages->size(); ++i) {
     const json& m = (*messages)[i];
@@ -226,26 +224,37 @@ std::optional<ApiError> ReadChat(const FieldReader& fields, const ApiContext& co
     }
     values.push_back(MessageValue(m, std::move(text), has_content));
   }
-  inputs.messages = jinja::Value::Array(std::move(values));
+  inputs->messages = jinja::Value::Array(std::move(values));
   if (const json* tools = fields.Find("tools")) {
     if (!tools->is_array()) return BadField("tools", "'tools' must be an array");
-    if (!tools->empty()) inputs.tools = jinja::FromJson(*tools);
+    if (!tools->empty()) inputs->tools = jinja::FromJson(*tools);
   }
   if (const json* kwargs = fields.Find("chat_template_kwargs")) {
     if (!kwargs->is_object()) return BadField("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     for (auto it = kwargs->begin(); it != kwargs->end(); ++it) {
-      inputs.kwargs.emplace_back(it.key(), jinja::FromJson(it.value()));
+      inputs->kwargs.emplace_back(it.key(), jinja::FromJson(it.value()));
     }
   }
   if (const json* add = fields.Find("add_generation_prompt")) {
     if (!add->is_boolean()) return BadField("add_generation_prompt", "'add_generation_prompt' must be a boolean");
-    inputs.add_generation_prompt = add->get<bool>();
+    inputs->add_generation_prompt = add->get<bool>();
   }
+  return std::nullopt;
+}
+
+const ChatFormatter& FormatterOf(const ApiContext& context) {
   static const ChatFormatter kPlain = ChatFormatter::Builtin(ChatTemplate::kPlain);
-  StatusOr<std::string> rendered = (context.chat ? *context.chat : kPlain).Apply(inputs);
-  if (!rendered.ok()) return BadField("messages", rendered.status().message());
-  if (rendered->empty()) return BadField("messages", "the messages make an empty prompt");
-  *prompt = std::move(*rendered);
+  return context.chat ? *context.chat : kPlain;
+}
+
+std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext& context,
+                                     Request* request) {
+  ChatInputs chat;
+  if (auto e = ReadChatInputs(fields, &chat)) return e;
+  StatusOr<std::string> prompt = FormatterOf(context).Apply(chat);
+  if (!prompt.ok()) return BadField("messages", prompt.status().message());
+  if (prompt->empty()) return BadField("messages", "the messages make an empty prompt");
+  request->prompt = std::move(*prompt);
   return std::nullopt;
 }
 
@@ -378,7 +387,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     FieldReader fields(doc);
     if (auto e = CheckModel(fields, context)) return e;
     if (auto e = endpoint == Endpoint::kCompletions ? ReadPrompt(fields, &out->request)
-                                                    : ReadChat(fields, context, &out->request.prompt)) {
+                                                    : ReadMessages(fields, context, &out->request)) {
       return e;
     }
     if (auto e = ReadOptions(fields, endpoint, context, out)) return e;
@@ -404,7 +413,12 @@ std::optional<ApiError> ParseApplyTemplateRequest(std::string_view body, const A
   if (doc.is_discarded()) return BadField("", "the body is not valid JSON");
   if (!doc.is_object()) return BadField("", "the body must be a JSON object");
   try {
-    return ReadChat(FieldReader(doc), context, prompt);
+    ChatInputs chat;
+    if (auto e = ReadChatInputs(FieldReader(doc), &chat)) return e;
+    StatusOr<std::string> rendered = FormatterOf(context).Apply(chat);
+    if (!rendered.ok()) return BadField("messages", rendered.status().message());
+    *prompt = std::move(*rendered);
+    return std::nullopt;
   } catch (const json::exception& e) {
     return BadField("", fmt::format("bad request body: {}", e.what()));
   }

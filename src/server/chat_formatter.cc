@@ -99,6 +99,19 @@ StatusOr<std::string> ChatFormatter::Apply(const ChatInputs& inputs) const {
   return out;
 }
 
+StatusOr<std::string> ApplyChatTemplate(const ChatFormatter& formatter, const std::vector<ChatMessage>& messages) {
+  std::vector<jinja::Value> values;
+  for (const ChatMessage& m : messages) {
+    jinja::ValueMap message;
+    message.Set("role", jinja::Value::String(m.role));
+    message.Set("content", jinja::Value::String(m.content));
+    values.push_back(jinja::Value::Object(std::move(message)));
+  }
+  ChatInputs inputs;
+  inputs.messages = jinja::Value::Array(std::move(values));
+  return formatter.Apply(inputs);
+}
+
 StatusOr<ChatFormatter> LoadChatFormatter(const Engine& engine, const ChatTemplateChoice& choice,
                                           std::string* fallback_reason) {
   fallback_reason->clear();

@@ -92,6 +92,9 @@ class ChatFormatter {
   std::string description_;
 };
 
+// `messages` (role and text only) through `formatter`, the assistant's turn opened.
+StatusOr<std::string> ApplyChatTemplate(const ChatFormatter& formatter, const std::vector<ChatMessage>& messages);
+
 // The chat format a command line asked for: a built-in by name, a Jinja file, or (both empty)
 // the model's own template.
 struct ChatTemplateChoice {
