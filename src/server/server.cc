@@ -96,12 +96,12 @@ struct Route {
   std::string_view path;
   std::string_view method;
 };
-constexpr Route kRoutes[] = {{"/health", "GET"},
+constexpr Route kRoutes[] = {{"/apply-template", "POST"},
+                             {"/health", "GET"},
                              {"/metrics", "GET"},
                              {"/v1/models", "GET"},
                              {"/v1/completions", "POST"},
-                             {"/v1/chat/completions", "POST"},
-                             {"/apply-template", "POST"}};
+                             {"/v1/chat/completions", "POST"}};
 
 class OpenAiServer {
  public:
@@ -217,8 +217,8 @@ void OpenAiServer::Dispatch(const httplib::Request& req, httplib::Response& res)
       return res.set_content(metrics_.Render(engine_->Metrics()),
                              "text/plain; version=0.0.4; charset=utf-8");
     }
-    if (req.path == "/v1/models") return HandleModels(res);
     if (req.path == "/apply-template") return HandleApplyTemplate(context_, req, res);
+    if (req.path == "/v1/models") return HandleModels(res);
     HandleCompletion(req.path == "/v1/completions" ? Endpoint::kCompletions
                                                    : Endpoint::kChatCompletions,
                      req, res);
