@@ -135,4 +135,3 @@ if [ $rc -ne 0 ]; then
   exit 1
 fi
 echo "fuzz: cli options: ${runs:-?} runs in ${per_fuzzer} s, no crashes"
-
