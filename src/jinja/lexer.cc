@@ -316,7 +316,8 @@ std::vector<Token> Lexer::Run() {
         std::string num = ConsumeWhile(IsDigit);
         if (!num.empty() && At(pos_) == '.' && IsDigit(At(pos_ + 1))) {
           ++pos_;
-          num += "." + ConsumeWhile(IsDigit);
+          num.push_back('.');
+          num += ConsumeWhile(IsDigit);
         }
         Push(num.empty() ? TokenType::kUnaryOperator : TokenType::kNumericLiteral, std::string(1, c) + num);
         continue;
@@ -347,7 +348,8 @@ std::vector<Token> Lexer::Run() {
       if ((tokens_.empty() || tokens_.back().type != TokenType::kDot) && At(pos_) == '.' &&
           IsDigit(At(pos_ + 1))) {
         ++pos_;
-        num += "." + ConsumeWhile(IsDigit);
+        num.push_back('.');
+        num += ConsumeWhile(IsDigit);
       }
       Push(TokenType::kNumericLiteral, std::move(num));
       continue;
