@@ -34,7 +34,7 @@ enum class NodeKind {
   kUnary,            // text: operator; a
   kBinary,           // text: operator; a, b
   kFilter,           // a: operand; b: filter (identifier or call)
-  kTest,             // a: operand; text: test name; negate
+  kTest,             // a: operand; text: test name; negate; args: the test's argument
   kSelect,           // a: value; b: condition (`a if b` with no else)
   kTernary,          // a: condition; b: if true; c: if false
   kSlice,            // a: start; b: stop; c: step (each may be null)

@@ -165,6 +165,90 @@ Value Unique(const Value& operand) {
   return Value::Array(std::move(out));
 }
 
+// select / reject (test name, its argument): beyond the reference, as Python's Jinja.
+Value SelectItems(const Value& operand, bool select, const CallArgs& args) {
+  const Value test = args.positional.empty() ? Value() : args.positional[0];
+  const Value argument = args.positional.size() > 1 ? args.positional[1] : Value();
+  if (!test.is_undefined() && !test.is_string()) throw RenderError("select/reject: the test must be named by a string");
+  std::vector<Value> out;
+  for (const Value& item : operand.items()) {
+    bool result = item.Truthy();
+    if (test.is_string()) {
+      bool known = false;
+      result = RunTest(test.str(), item, argument, &known);
+      if (!known) throw RenderError(fmt::format("unknown test '{}'", test.str()));
+    }
+    if (result == select) out.push_back(item);
+  }
+  return Value::Array(std::move(out));
+}
+
+// min / max / sum over a list (sum's attribute= and start=): beyond the reference.
+Value Aggregate(const Value& operand, const std::string& name, const CallArgs& args) {
+  const Value* attribute = Keyword(args, "attribute");
+  std::vector<Value> items;
+  for (const Value& item : operand.items()) {
+    items.push_back(attribute && attribute->is_string() ? AttributePath(item, attribute->str()) : item);
+  }
+  if (name == "sum") {
+    const Value start = ArgOr(args, 1, "start", Value::Int(0));
+    bool is_float = start.kind() == Value::Kind::kFloat;
+    double total = start.number();
+    for (const Value& v : items) {
+      if (!v.is_number() && !v.is_bool()) throw RenderError(fmt::format("sum: cannot add a {}", v.TypeName()));
+      total += v.number();
+      is_float = is_float || v.kind() == Value::Kind::kFloat;
+    }
+    return is_float ? Value::Float(total) : Value::Int(total);
+  }
+  if (items.empty()) return Value();
+  size_t best = 0;
+  for (size_t i = 1; i < items.size(); ++i) {
+    const int c = CompareValues(items[i], items[best], false);
+    if (name == "min" ? c < 0 : c > 0) best = i;
+  }
+  return items[best];
+}
+
+// "%s, %d, %.2f, %%" | format(args...): Python's %-formatting for the common directives.
+Value PercentFormat(const std::string& s, const CallArgs& args) {
+  std::string out;
+  size_t next = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    size_t j = i + 1;
+    int precision = -1;
+    if (j < s.size() && s[j] == '.') {
+      size_t k = j + 1;
+      while (k < s.size() && std::isdigit(static_cast<unsigned char>(s[k]))) ++k;
+      precision = std::atoi(s.substr(j + 1, k - j - 1).c_str());
+      j = k;
+    }
+    if (j >= s.size()) throw RenderError("format: the string ends inside a % directive");
+    const char d = s[j];
+    i = j;
+    if (d == '%') {
+      out += '%';
+      continue;
+    }
+    if (next >= args.positional.size()) throw RenderError("format: not enough arguments for the format string");
+    const Value& v = args.positional[next++];
+    if (d == 's') {
+      out += Display(v);
+    } else if (d == 'd' || d == 'i' || d == 'f') {
+      if (!v.is_number() && !v.is_bool()) throw RenderError(fmt::format("format: %{} needs a number, got {}", d, v.TypeName()));
+      out += d == 'f' ? fmt::format("{:.{}f}", v.number(), precision < 0 ? 6 : precision)
+                      : JsNumberToString(std::trunc(v.number()));
+    } else {
+      throw RenderError(fmt::format("format: unsupported directive %{}", d));
+    }
+  }
+  return Value::String(std::move(out));
+}
+
 Value NumberFromString(const std::string& s, bool integer, const Value& fallback) {
   double v = 0;
   const bool ok = integer ? JsParseInt(s, &v) : JsParseFloat(s, &v);
@@ -252,6 +336,8 @@ Value ApplyNamedFilter(Interpreter& in, const Value& operand, const std::string&
     }
     if (name == "string") return Value::String(ToJson(operand, {}, 0, false));
     if (name == "unique") return Unique(operand);
+    if (name == "select" || name == "reject") return SelectItems(operand, name == "select", {});
+    if (name == "min" || name == "max" || name == "sum") return Aggregate(operand, name, {});
     UnknownFilter(name, operand);
   }
   if (operand.is_string()) {
@@ -275,6 +361,7 @@ Value ApplyNamedFilter(Interpreter& in, const Value& operand, const std::string&
     if (name == "int") return Value::Int(std::floor(v));
     if (name == "float") return Value::Float(v);
     if (name == "string") return Value::String(Display(operand));
+    if (name == "round") return Value::Float(std::round(v));
     UnknownFilter(name, operand);
   }
   if (operand.is_object()) {
@@ -339,6 +426,8 @@ Value ApplyCalledFilter(Interpreter& in, const Value& operand, const std::string
     if (name == "sort") return SortFilter(operand, args);
     if (name == "selectattr" || name == "rejectattr") return SelectAttr(operand, name, arg_nodes, args);
     if (name == "map") return MapFilter(operand, args);
+    if (name == "select" || name == "reject") return SelectItems(operand, name == "select", args);
+    if (name == "min" || name == "max" || name == "sum") return Aggregate(operand, name, args);
     UnknownFilter(name, operand);
   }
   if (operand.is_string()) {
@@ -350,12 +439,18 @@ Value ApplyCalledFilter(Interpreter& in, const Value& operand, const std::string
       return Value::String(Indent(operand.str(), static_cast<int64_t>(width.number()), first.Truthy(), blank.Truthy()));
     }
     if (name == "replace") return ReplaceMethod(in, operand.str(), args);
+    if (name == "format") return PercentFormat(operand.str(), args);
     UnknownFilter(name, operand);
   }
   if (operand.is_object()) {
     const Value member = BuiltinMember(operand, name);
     if (member.is_function()) return member.function().Call(in, args, env);
     UnknownFilter(name, operand);
+  }
+  if (operand.is_number() && name == "round") {
+    const Value precision = ArgOr(args, 0, "precision", Value::Int(0));
+    const double scale = std::pow(10.0, precision.number());
+    return Value::Float(std::round(operand.number() * scale) / scale);
   }
   throw RenderError(fmt::format("cannot apply filter '{}' to a {}", name, operand.TypeName()));
 }
@@ -383,6 +478,33 @@ bool RunTest(const std::string& name, const Value& operand, const Value& argumen
   if (name == "defined") return !operand.is_undefined();
   if (name == "undefined") return operand.is_undefined();
   if (name == "equalto" || name == "eq") return StrictEquals(operand, argument);
+  // Tests the reference lacks, as Python's Jinja defines them (reached only through a test
+  // argument, or selectattr/select naming them).
+  if (name == "ne") return !LooseEquals(operand, argument);
+  if (name == "sameas") return operand.SameObject(argument) || (!operand.is_array() && !operand.is_object() &&
+                                                                 !operand.is_namespace() && StrictEquals(operand, argument));
+  if (name == "lt" || name == "le" || name == "gt" || name == "ge") {
+    if (!operand.is_number() || !argument.is_number()) {
+      throw RenderError(fmt::format("test '{}' compares numbers, got {} and {}", name, operand.TypeName(), argument.TypeName()));
+    }
+    const double a = operand.number(), b = argument.number();
+    return name == "lt" ? a < b : name == "le" ? a <= b : name == "gt" ? a > b : a >= b;
+  }
+  if (name == "divisibleby") {
+    if (!operand.is_number() || !argument.is_number() || argument.number() == 0) {
+      throw RenderError("test 'divisibleby' needs a number and a non-zero divisor");
+    }
+    return std::fmod(operand.number(), argument.number()) == 0;
+  }
+  if (name == "in") {
+    if (argument.is_array()) {
+      return std::any_of(argument.items().begin(), argument.items().end(),
+                         [&](const Value& x) { return StrictEquals(x, operand); });
+    }
+    if (argument.is_string() && operand.is_string()) return argument.str().find(operand.str()) != std::string::npos;
+    if (argument.is_object() && operand.is_string()) return argument.map().Find(operand.str()) != nullptr;
+    throw RenderError(fmt::format("test 'in' needs a list, string or mapping, got {}", argument.TypeName()));
+  }
   *known = false;
   return false;
 }

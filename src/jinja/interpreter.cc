@@ -377,7 +377,7 @@ Value Interpreter::Eval(const Node& node, Env& env) {
     case NodeKind::kTest: {
       const Value operand = Eval(*node.a, env);
       line_ = node.line;
-      return Value::Bool(ApplyTest(node, operand) != node.negate);
+      return Value::Bool(ApplyTest(node, operand, env) != node.negate);
     }
     case NodeKind::kSelect: return Eval(*node.b, env).Truthy() ? Eval(*node.a, env) : Value();
     case NodeKind::kTernary: return Eval(*node.a, env).Truthy() ? Eval(*node.b, env) : Eval(*node.c, env);
@@ -554,9 +554,16 @@ Value Interpreter::ApplyFilter(const Value& operand, const Node& filter, Env& en
   return ApplyCalledFilter(*this, operand, filter.a->text, filter.args, args, env);
 }
 
-bool Interpreter::ApplyTest(const Node& node, const Value& operand) {
+bool Interpreter::ApplyTest(const Node& node, const Value& operand, Env& env) {
+  Value argument;
+  if (!node.args.empty()) {
+    CallArgs args = EvalArguments(node.args, env);
+    if (args.positional.size() != 1 || args.has_keywords) Fail(fmt::format("test '{}' takes one argument", node.text));
+    argument = args.positional[0];
+    line_ = node.line;
+  }
   bool known = false;
-  const bool result = RunTest(node.text, operand, Value(), &known);
+  const bool result = RunTest(node.text, operand, argument, &known);
   if (!known) Fail(fmt::format("unknown test '{}'", node.text));
   return result;
 }

@@ -85,7 +85,7 @@ class Interpreter {
   Value EvalCall(const Node& node, Env& env);
   Value EvalObjectLiteral(const Node& node, Env& env);
   Value ApplyFilter(const Value& operand, const Node& filter, Env& env);
-  bool ApplyTest(const Node& node, const Value& operand);
+  bool ApplyTest(const Node& node, const Value& operand, Env& env);
 
   void ClearNamespaces();
 

@@ -92,10 +92,57 @@ Value Split(const std::string& s, const CallArgs& args) {
   return Value::Array(std::move(out));
 }
 
+// str.format(*args, **kwargs): {} / {0} / {name} fields and {{ }} escapes, each value printed
+// as `{{ }}` prints it; format specs are refused. Beyond the reference (which has no format).
+Value FormatMethod(const std::string& s, const CallArgs& args) {
+  std::string out;
+  size_t next_auto = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if ((c == '{' || c == '}') && i + 1 < s.size() && s[i + 1] == c) {
+      out += c;
+      ++i;
+      continue;
+    }
+    if (c == '}') throw RenderError("format(): single '}' in the format string");
+    if (c != '{') {
+      out += c;
+      continue;
+    }
+    const size_t close = s.find('}', i);
+    if (close == std::string::npos) throw RenderError("format(): unclosed '{' in the format string");
+    const std::string field = s.substr(i + 1, close - i - 1);
+    if (field.find_first_of(":!") != std::string::npos) throw RenderError("format(): format specs are not supported");
+    const Value* value = nullptr;
+    if (field.empty() || std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+      const size_t index = field.empty() ? next_auto++ : std::stoul(field.substr(0, 9));
+      if (index < args.positional.size()) value = &args.positional[index];
+    } else {
+      value = args.keywords.Find(field);
+    }
+    if (value == nullptr) throw RenderError(fmt::format("format(): no argument for '{{{}}}'", field));
+    out += Display(*value);
+    i = close;
+  }
+  return Value::String(std::move(out));
+}
+
+// Code points before byte offset `bytes` of `s` (Python's str indices).
+int64_t CodePointIndex(const std::string& s, size_t bytes) {
+  int64_t n = 0;
+  for (size_t pos = 0; pos < bytes;) {
+    NextCodePoint(s, &pos);
+    ++n;
+  }
+  return n;
+}
+
 Value StringMethod(const std::string& s, const std::string& name) {
   if (name == "length") return Value::Int(static_cast<double>(Utf16Length(s)));
   static const char* const kMethods[] = {"upper", "lower", "strip", "title", "capitalize", "rstrip",
-                                         "lstrip", "startswith", "endswith", "split", "replace"};
+                                         "lstrip", "startswith", "endswith", "split", "replace",
+                                         // Beyond the reference, as Python's str has them:
+                                         "format", "join", "count", "find"};
   if (std::find(std::begin(kMethods), std::end(kMethods), name) == std::end(kMethods)) return Value();
   return MakeFunction(name, [s, name](Interpreter& in, CallArgs& args, Env&) -> Value {
     if (name == "upper") return Value::String(AsciiUpper(s));
@@ -108,7 +155,30 @@ Value StringMethod(const std::string& s, const std::string& name) {
     if (name == "startswith") return StartsOrEndsWith(s, args, true, "startswith");
     if (name == "endswith") return StartsOrEndsWith(s, args, false, "endswith");
     if (name == "split") return Split(s, args);
-    return ReplaceMethod(in, s, args);
+    if (name == "replace") return ReplaceMethod(in, s, args);
+    if (name == "format") return FormatMethod(s, args);
+    if (name == "join") {
+      const Value& items = Arg(args, 0);
+      if (!items.is_array()) throw RenderError("join() takes a list");
+      std::string out;
+      for (size_t i = 0; i < items.items().size(); ++i) {
+        out += (i ? s : "") + JoinPart(items.items()[i]);
+        in.CheckSize(out.size());
+      }
+      return Value::String(std::move(out));
+    }
+    const Value& needle = Arg(args, 0);
+    if (!needle.is_string()) throw RenderError(fmt::format("{}() takes a string", name));
+    if (name == "find") {
+      const size_t at = s.find(needle.str());
+      return Value::Int(at == std::string::npos ? -1 : static_cast<double>(CodePointIndex(s, at)));
+    }
+    if (needle.str().empty()) return Value::Int(static_cast<double>(CodePointIndex(s, s.size()) + 1));
+    int64_t count = 0;
+    for (size_t at = s.find(needle.str()); at != std::string::npos; at = s.find(needle.str(), at + needle.str().size())) {
+      ++count;
+    }
+    return Value::Int(static_cast<double>(count));
   });
 }
 

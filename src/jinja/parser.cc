@@ -142,6 +142,8 @@ class Parser {
   NodePtr ParseMultiplicative();
   NodePtr ParsePower();
   NodePtr ParseTest();
+  static bool TakesTestArgument(const std::string& test);
+  bool StartsTestArgument() const;
   NodePtr ParseFilter();
   NodePtr ParseUnarySign();
   NodePtr ParseCallMember();
@@ -450,6 +452,23 @@ NodePtr Parser::ParsePower() {
   return left;
 }
 
+bool Parser::TakesTestArgument(const std::string& test) {
+  static constexpr std::string_view kTests[] = {"equalto", "eq", "ne", "sameas", "divisibleby", "lt",
+                                                "le", "gt", "ge", "in"};
+  return std::find(std::begin(kTests), std::end(kTests), test) != std::end(kTests);
+}
+
+bool Parser::StartsTestArgument() const {
+  if (Is(TokenType::kIdentifier)) {
+    for (std::string_view word : {"else", "or", "and", "if", "is", "not", "in"}) {
+      if (IsIdentifier(word)) return false;
+    }
+    return true;
+  }
+  return Is(TokenType::kStringLiteral) || Is(TokenType::kNumericLiteral) || Is(TokenType::kOpenSquareBracket) ||
+         Is(TokenType::kOpenCurlyBracket);
+}
+
 NodePtr Parser::ParseTest() {
   NodePtr operand = ParseFilter();
   while (IsIdentifier("is")) {
@@ -463,6 +482,14 @@ NodePtr Parser::ParseTest() {
     if (test->kind != NodeKind::kIdentifier) throw ParseError(line, "expected a test name after 'is'");
     node->text = test->text;
     node->a = std::move(operand);
+    // Beyond the reference (which cannot parse them): a test's argument as Python's Jinja takes
+    // it, `is divisibleby(3)` or `is equalto 'x'`. Only where the reference fails to parse, so
+    // what it renders is unchanged.
+    if (Is(TokenType::kOpenParen)) {
+      ParseArgs(false, &node->args);
+    } else if (TakesTestArgument(node->text) && StartsTestArgument()) {
+      node->args.push_back(ParsePrimary());
+    }
     operand = std::move(node);
   }
   return operand;

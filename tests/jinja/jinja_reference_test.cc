@@ -161,7 +161,24 @@ Context ToContext(const ordered_json& context) {
 struct Tally {
   int identical = 0;
   int raised_in_both = 0;
+  int extended = 0;  // the reference lacks a filter or method used; this renders it
 };
+
+// Errors of the reference that name what this renderer adds as Python's Jinja has it (min, max,
+// sum, select, reject, round, format filters; str.format/join/count/find; test arguments).
+bool ReferenceLacksAnExtension(const std::string& error, const std::string& source) {
+  for (const char* lacking : {"filter: min", "filter: max", "filter: sum", "filter: select", "filter: reject",
+                              "filter: round", "filter: format"}) {
+    if (error.find(lacking) != std::string::npos) return true;
+  }
+  // A string method the reference lacks reads as undefined there, and calling it fails.
+  if (error == "Cannot call something that is not a function: got UndefinedValue") {
+    for (const char* method : {".format(", ".join(", ".count(", ".find("}) {
+      if (source.find(method) != std::string::npos) return true;
+    }
+  }
+  return false;
+}
 
 // Renders every case here and with the reference; each mismatch is a test failure.
 Tally CompareWithReference(const std::vector<Case>& cases) {
@@ -182,6 +199,8 @@ Tally CompareWithReference(const std::vector<Case>& cases) {
       if (!out.ok()) continue;
       EXPECT_EQ(*out, ref_text) << c.label;
       tally.identical += *out == ref_text;
+    } else if (out.ok() && ReferenceLacksAnExtension(ref_text, c.source)) {
+      ++tally.extended;
     } else {
       EXPECT_FALSE(out.ok()) << c.label << ": the reference raised '" << ref_text << "', here it rendered:\n"
                              << *out;
@@ -225,9 +244,10 @@ TEST(JinjaReference, EveryBundledTemplateMatchesTheReference) {
   for (const std::string& f : files) specs.push_back({f.c_str(), "<s>", "</s>", true, nullptr});
   const std::vector<Case> cases = BuildCases(ref, specs.data(), specs.size());
   const Tally tally = CompareWithReference(cases);
-  std::printf("%zu templates, %zu cases: %d byte-identical, %d raised in both\n", files.size(), cases.size(),
-              tally.identical, tally.raised_in_both);
-  EXPECT_EQ(tally.identical + tally.raised_in_both, static_cast<int>(cases.size()));
+  std::printf("%zu templates, %zu cases: %d byte-identical, %d raised in both, %d rendered past the reference "
+              "(a filter or method it lacks)\n",
+              files.size(), cases.size(), tally.identical, tally.raised_in_both, tally.extended);
+  EXPECT_EQ(tally.identical + tally.raised_in_both + tally.extended, static_cast<int>(cases.size()));
   EXPECT_GE(tally.identical, static_cast<int>(cases.size()) * 3 / 4);
 }
 

@@ -197,6 +197,24 @@ TEST(JinjaErrors, ACallerKeptPastItsBlockAndASelfHoldingNamespaceAreSafe) {
             "template line 1: tojson: a value nested deeper than 256 levels");
 }
 
+// What the reference lacks (it fails to parse or raises) rendered as Python's Jinja 3.1 does,
+// values printed as the reference prints them (`true`, not Python's `True`): real templates use
+// these (MiniCPM5's `| min`, Hy3's `'...'.format()`).
+TEST(JinjaRender, ExtensionsBeyondTheReferenceFollowPythonJinja) {
+  StatusOr<std::string> out = Render(
+      "{{ '{} and {name}'.format(1, name='x') }}|{{ ', '.join(['a', 'b']) }}|{{ 'banana'.count('an') }}|"
+      "{{ 'héllo'.find('l') }}|{{ [1, 2, 3, 4] | select('odd') | list }}|"
+      "{{ [1, 2, 3, 4] | reject('divisibleby', 2) | list }}|{{ [3, 1, 2] | min }}{{ [3, 1, 2] | max }}"
+      "{{ [1, 2, 3] | sum }}|{{ 2.567 | round(1) }}|{{ '%s is %d' | format('x', 3) }}|"
+      "{{ 6 is divisibleby 3 }}{{ 'a' is in ['a'] }}{{ 2 is gt(1) }}{{ 'x' is equalto 'x' }}");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(*out, "1 and x|a, b|2|2|[1, 3]|[1, 3]|136|2.6|x is 3|truetruetruetrue");
+  // A test followed by a keyword takes no argument: `and`, `else`, `or` still end it.
+  out = Render("{{ 'y' if x is defined and x is equalto 1 else 'n' }}", {{"x", Value::Int(1)}});
+  EXPECT_EQ(*out, "y");
+  EXPECT_EQ(ErrorOf("{{ '{:>5}'.format(1) }}"), "template line 1: format(): format specs are not supported");
+}
+
 TEST(JinjaRender, StrftimeNowFormatsTheGivenTime) {
   RenderOptions options;
   options.now = 1721995200;  // 2024-07-26 12:00 UTC
