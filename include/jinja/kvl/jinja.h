@@ -6,7 +6,9 @@
 // statements (if/elif/else, for with loop.* and else, break/continue, set and block set,
 // macro and call, filter blocks), expressions, filters, tests, string and mapping methods,
 // `tojson` and `raise_exception`. Where the reference throws, this throws too (a Status naming
-// the construct and its line), so a template that fails here fails there.
+// the construct and its line), with one exception: what real templates use that the reference
+// lacks (test arguments, select/reject/min/max/sum/round/format filters, str.format/join/count/
+// find) renders as Python's Jinja renders it.
 //
 // Rendering is bounded: a step limit stops infinite loops and runaway recursion, a depth limit
 // stops deep nesting, and an output limit stops exponential strings; each is an error, never a
