@@ -197,6 +197,8 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   serve_cmd->add_option("--shutdown-grace", serve.serve.shutdown_grace_seconds,
                         "seconds running requests may finish after SIGINT/SIGTERM")
       ->capture_default_str();
+  serve_cmd->add_flag("!--no-webui", serve.serve.webui,
+                      "do not serve the chat page at / (GET /v1/kv/state stays)");
   AddEngineFlags(serve_cmd, &serve.serve.engine, &serve.kv_budget);
 
   InspectArgs& inspect = cmd.inspect;

@@ -498,6 +498,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   e.step_plan.steps.reserve(static_cast<size_t>(options.max_seqs));
   e.step_plan.seqs.reserve(static_cast<size_t>(options.max_seqs));
   e.metrics.SetGauges(e.kv->stats(), e.pager->stats(), 0, 0);
+  const int64_t block_tokens = e.storage->layout().block_tokens;
+  e.metrics.ReservePageMaps(options.max_seqs, e.context_length / block_tokens + 1, block_tokens);
   return engine;
 }
 
@@ -528,6 +530,7 @@ bool Engine::Impl::StepImpl() {
   }
   metrics.SetGauges(kv->stats(), pager->stats(), scheduler->num_running(),
                     scheduler->num_waiting());
+  metrics.SetPageMaps(scheduler->running());
   if (store) {
     std::lock_guard<std::mutex> lock(store_stats_mutex);
     store_stats.resize(store->tiers().size());

@@ -110,8 +110,109 @@ void MetricsRecorder::SetGauges(const KvStats& kv, const KvPagerStats& pager, in
   num_waiting_ = waiting;
 }
 
+void MetricsRecorder::ReservePageMaps(int32_t max_seqs, int64_t max_pages, int64_t block_tokens) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  block_tokens_ = std::max<int64_t>(block_tokens, 1);
+  page_maps_.resize(static_cast<size_t>(max_seqs));
+  ended_maps_.resize(kKvEndedPageMaps);
+  for (KvSequencePageMap& map : page_maps_) map.pages.reserve(static_cast<size_t>(max_pages));
+  for (KvSequencePageMap& map : ended_maps_) map.pages.reserve(static_cast<size_t>(max_pages));
+}
+
+namespace {
+
+KvPageLocation LocationOf(const KvPage& page) {
+  switch (page.fate) {
+    case KvPageFate::kResident:
+      return KvPageLocation::kPool;
+    case KvPageFate::kCompressed:
+      return KvPageLocation::kCompressed;
+    case KvPageFate::kInTier: {
+      const std::string_view tier = page.tier != nullptr ? page.tier->name() : "";
+      if (tier.starts_with("disk")) return KvPageLocation::kDiskTier;
+      if (tier.starts_with("redis")) return KvPageLocation::kRedisTier;
+      return KvPageLocation::kRamTier;
+    }
+    case KvPageFate::kCheckpointed:
+      return KvPageLocation::kCheckpointed;
+    case KvPageFate::kEvicted:
+      return KvPageLocation::kEvicted;
+    case KvPageFate::kDropped:
+      return KvPageLocation::kDropped;
+  }
+  return KvPageLocation::kPool;
+}
+
+}  // namespace
+
+std::string_view KvPageLocationName(KvPageLocation location) {
+  switch (location) {
+    case KvPageLocation::kPool:
+      return "pool";
+    case KvPageLocation::kCompressed:
+      return "compressed";
+    case KvPageLocation::kRamTier:
+      return "ram";
+    case KvPageLocation::kDiskTier:
+      return "disk";
+    case KvPageLocation::kRedisTier:
+      return "redis";
+    case KvPageLocation::kCheckpointed:
+      return "checkpointed";
+    case KvPageLocation::kEvicted:
+      return "evicted";
+    case KvPageLocation::kDropped:
+      return "dropped";
+  }
+  return "unknown";
+}
+
+void MetricsRecorder::SetPageMaps(std::span<const std::unique_ptr<Sequence>> running) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Maps of sequences that stopped running move to the ended ring, swapped (both reserved, so
+  // nothing is allocated). The same sequences in the same order, the usual decode step, skip it.
+  bool same = running.size() == num_page_maps_;
+  for (size_t i = 0; same && i < num_page_maps_; ++i) {
+    same = running[i]->id == page_maps_[i].request;
+  }
+  for (size_t i = 0; !same && i < num_page_maps_ && !ended_maps_.empty(); ++i) {
+    const RequestId id = page_maps_[i].request;
+    if (std::any_of(running.begin(), running.end(), [id](const auto& s) { return s->id == id; })) {
+      continue;
+    }
+    std::swap(ended_maps_[ended_next_], page_maps_[i]);
+    ended_next_ = (ended_next_ + 1) % ended_maps_.size();
+    num_ended_maps_ = std::min(num_ended_maps_ + 1, ended_maps_.size());
+  }
+  // More sequences than reserved cannot run (max_seqs), but a map is never worth a crash.
+  num_page_maps_ = std::min(running.size(), page_maps_.size());
+  for (size_t i = 0; i < num_page_maps_; ++i) {
+    const Sequence& seq = *running[i];
+    KvSequencePageMap& map = page_maps_[i];
+    map.request = seq.id;
+    map.prompt_tokens = seq.num_prompt;
+    map.tokens = static_cast<int64_t>(seq.tokens.size());
+    map.cached_prompt_tokens = std::max<int64_t>(seq.cached_prompt_tokens, 0);
+    map.pages.clear();  // keeps its capacity: no allocation below the reserved page count
+    // The pager's table grows only as far as a page that left the pool: the pages past it that
+    // hold computed K/V are in their pool blocks.
+    const size_t computed_pages =
+        static_cast<size_t>((seq.num_computed + block_tokens_ - 1) / block_tokens_);
+    const std::vector<KvPage>& pages = seq.kv_pages.pages;
+    for (size_t b = 0; b < std::max(computed_pages, pages.size()); ++b) {
+      map.pages.push_back(b < pages.size() ? LocationOf(pages[b]) : KvPageLocation::kPool);
+    }
+  }
+}
+
 void MetricsRecorder::Snapshot(EngineMetrics* m) const {
   std::lock_guard<std::mutex> lock(mutex_);
+  m->kv_sequences.assign(page_maps_.begin(),
+                         page_maps_.begin() + static_cast<std::ptrdiff_t>(num_page_maps_));
+  for (size_t i = 0; i < num_ended_maps_; ++i) {
+    const size_t oldest = (ended_next_ + ended_maps_.size() - num_ended_maps_) % ended_maps_.size();
+    m->kv_sequences_ended.push_back(ended_maps_[(oldest + i) % ended_maps_.size()]);
+  }
   m->kv = kv_stats_;
   m->kv_actions = action_counters_;
   for (size_t a = 0; a < m->kv_actions.size(); ++a) {

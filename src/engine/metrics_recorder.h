@@ -4,7 +4,9 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "kvl/engine.h"
@@ -50,6 +52,13 @@ class MetricsRecorder {
   // Gauges, after each step.
   void SetGauges(const KvStats& kv, const KvPagerStats& pager, int64_t running, int64_t waiting);
 
+  // Room for the page maps of `max_seqs` running sequences of up to `max_pages` pages (of
+  // `block_tokens` tokens) each, so that SetPageMaps allocates nothing in the steady step.
+  void ReservePageMaps(int32_t max_seqs, int64_t max_pages, int64_t block_tokens);
+  // Where each running sequence's pages live, after each step (in admission order). The maps of
+  // sequences no longer running are kept as the ended ones.
+  void SetPageMaps(std::span<const std::unique_ptr<Sequence>> running);
+
   // Everything but requests_submitted (the engine's inbox counts those).
   void Snapshot(EngineMetrics* m) const;
 
@@ -75,6 +84,12 @@ class MetricsRecorder {
   KvPagerStats pager_stats_;
   int64_t num_running_ = 0;
   int64_t num_waiting_ = 0;
+  std::vector<KvSequencePageMap> page_maps_;  // reserved; the first num_page_maps_ are current
+  size_t num_page_maps_ = 0;
+  int64_t block_tokens_ = 1;
+  std::vector<KvSequencePageMap> ended_maps_;  // a ring of kKvEndedPageMaps, reserved
+  size_t ended_next_ = 0;                      // the slot the next ended map takes
+  size_t num_ended_maps_ = 0;
 };
 
 }  // namespace kvl

@@ -55,6 +55,9 @@ struct Sequence {
   Clock::time_point last_token;
   bool finished = false;
   bool stream_failed = false;      // this step read a streamed page that failed its checksum
+  // Steps thrown away since its last token because a KV page outside the pool could not be read:
+  // the progress check (StepRunner) recomputes it without the store, then gives up.
+  int32_t failed_reads_in_a_row = 0;
   // Where each of its KV pages is (pool, slab, tier, checkpoints, dropped); it outlives a
   // preemption, when the kept pages wait in tiers for the resume.
   KvSequencePages kv_pages;

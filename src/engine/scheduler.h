@@ -119,6 +119,8 @@ class Scheduler {
   bool idle() const { return running_.empty() && waiting_.empty(); }
   int64_t num_parked() const { return static_cast<int64_t>(parked_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  // The running sequences, in admission order (read between steps, e.g. for their page maps).
+  const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
 
  private:

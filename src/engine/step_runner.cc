@@ -1,5 +1,7 @@
 #include "step_runner.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -7,6 +9,10 @@
 
 namespace kvl {
 namespace {
+
+// Discarded steps (a KV page that could not be read) a sequence may take in a row before it
+// ends with an error: the first retry recomputes it from its tokens, which reads nothing back.
+constexpr int32_t kMaxFailedReadsInARow = 4;
 
 // The token's log-probability and the k most likely tokens (ties: the lower id first) under the
 // log-softmax of the raw logits, in double: log p(i) = l_i - (m + log sum_j exp(l_j - m)), m the
@@ -236,12 +242,29 @@ void StepRunner::RunBatch(const StepPlan& plan) {
   }
 }
 
+// Progress is checked, not assumed: a sequence whose step was thrown away for a page that could
+// not be read is recomputed from its tokens, and its next admission asks the KV store nothing
+// (a page the store still names could fail the same way again). A sequence that still cannot
+// get one token through after kMaxFailedReadsInARow tries ends with an error that says so,
+// never a retry loop that holds the engine.
 void StepRunner::RecomputeFailedStreams() {
   for (Sequence* seq : to_recompute_) {
     // The sequence is recomputed whole: every computed full page.
     p_.metrics->CountReadFailure(seq->num_computed / block_tokens_);
     seq->stream_failed = false;
-    if (!seq->finished) p_.scheduler->Preempt(*seq);  // a paged sequence: recomputed whole
+    if (seq->finished) continue;
+    if (++seq->failed_reads_in_a_row >= kMaxFailedReadsInARow) {
+      p_.scheduler->Finish(
+          *seq, "error",
+          InternalError(fmt::format(
+              "request {}: its KV pages outside the pool could not be read back {} times in a "
+              "row, also after recomputing them from its tokens; stopped rather than retried "
+              "forever",
+              seq->id, seq->failed_reads_in_a_row)));
+      continue;
+    }
+    p_.scheduler->Preempt(*seq);  // a paged sequence: recomputed whole
+    seq->store_checked = true;    // from its tokens, not from the store that just failed
   }
   to_recompute_.clear();
 }
@@ -373,6 +396,7 @@ void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) 
   }
   seq.tokens.push_back(token);
   ++seq.num_generated;
+  seq.failed_reads_in_a_row = 0;
   p_.metrics->CountGenerated();
   bool stopped = false;
   TokenEvent event;

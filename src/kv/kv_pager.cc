@@ -478,16 +478,16 @@ int64_t KvPager::SaveToStore(SeqId seq, KvTier* tier) {
   const KvSequencePages& s = Bound(seq);
   const size_t bt = static_cast<size_t>(layout_.block_tokens);
   const int64_t full_blocks = manager_.num_tokens(seq) / layout_.block_tokens;
-  // What the tier holds already, asked in one batch (one round trip for Redis).
-  std::vector<PageKey> identity_keys;
+  // What the tier holds whole already, asked in one batch (one round trip for Redis).
+  std::vector<KvContentId> contents;
   for (int64_t b = 0; b < full_blocks; ++b) {
     const KvContentId content = manager_.ContentOf(seq, b);
     if (!content.valid()) break;  // nothing after a page without identity has one
-    identity_keys.push_back(KvStore::IdentityKey(content));
+    contents.push_back(content);
   }
-  const std::vector<bool> held = tier->ContainsAll(identity_keys);
+  const std::vector<bool> held = store_->HoldsWhole(tier, contents);
   int64_t saved = 0;
-  for (int64_t b = 0; b < static_cast<int64_t>(identity_keys.size()); ++b) {
+  for (int64_t b = 0; b < static_cast<int64_t>(contents.size()); ++b) {
     if (held[static_cast<size_t>(b)]) continue;
     const KvContentId content = manager_.ContentOf(seq, b);
     const BlockId block = table[static_cast<size_t>(b)];
@@ -654,10 +654,9 @@ Status KvPager::ReadLayerPages(BlockId block, const KvPage& page, bool residual)
   }
   for (const Status& status : page.tier->Get(reads)) {
     if (status.ok()) continue;
-    // A damaged store page is forgotten, so that it is written afresh rather than found again.
-    if (page.content.valid() && status.code() != StatusCode::kNotFound) {
-      store_->Forget(page.tier, page.content);
-    }
+    // A damaged or partial store page (a layer gone) is forgotten, so that it is written afresh
+    // rather than found again.
+    if (page.content.valid()) store_->Forget(page.tier, page.content);
     return status;
   }
   return Status::Ok();

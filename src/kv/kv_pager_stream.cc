@@ -108,6 +108,8 @@ void KvPager::BeginLayer(int64_t layer) {
     page.in_place_rows = page.tier->PeekPage(LayerKeyOf(page, layer), layer_bytes_);
     if (page.in_place_rows != nullptr) continue;
     page.read_failed = true;
+    // Never found again by a lookup: the sequence is recomputed, not sent back to this page.
+    if (page.content.valid()) store_->Forget(page.tier, page.content);
     if (std::find(failed_.begin(), failed_.end(), st.seq) == failed_.end()) failed_.push_back(st.seq);
     ++stats_.stream_read_failures;
   }
@@ -126,9 +128,7 @@ void KvPager::BeginLayer(int64_t layer) {
       const StagedPage& st = list[static_cast<size_t>(read.stage_indices[i])];
       KvPage& page = PageOf(st);
       page.read_failed = true;
-      if (page.content.valid() && statuses[i].code() != StatusCode::kNotFound) {
-        store_->Forget(page.tier, page.content);
-      }
+      if (page.content.valid()) store_->Forget(page.tier, page.content);
       if (std::find(failed_.begin(), failed_.end(), st.seq) == failed_.end()) failed_.push_back(st.seq);
       ++stats_.stream_read_failures;
     }

@@ -79,16 +79,15 @@ int64_t KvStore::Lookup(std::span<const KvContentId> ids, std::span<const int32_
   for (size_t t = 0; t < tiers_.size() && limit > 0; ++t) {
     KvTier* tier = tiers_[t].tier;
     asked.clear();
-    keys_.clear();
     for (size_t b = 0; b < limit; ++b) {
-      if ((*where)[b] != nullptr) continue;
-      asked.push_back(b);
-      keys_.push_back(IdentityKey(ids[b]));
+      if ((*where)[b] == nullptr) asked.push_back(b);
     }
     if (asked.empty()) break;
     ++stats_[t].lookups;
-    const std::vector<bool> held = tier->ContainsAll(keys_);
-    // Identity pages of the pages the tier says it holds, read in one batch and compared whole.
+    std::vector<KvContentId> asked_ids;
+    for (size_t b : asked) asked_ids.push_back(ids[b]);
+    const std::vector<bool> held = HoldsWhole(tier, asked_ids);
+    // Identity pages of the pages the tier holds whole, read in one batch and compared whole.
     std::vector<size_t> candidates;
     for (size_t i = 0; i < asked.size(); ++i) {
       if (held[i]) candidates.push_back(asked[i]);
@@ -124,6 +123,22 @@ int64_t KvStore::Lookup(std::span<const KvContentId> ids, std::span<const int32_
   return static_cast<int64_t>(found);
 }
 
+std::vector<bool> KvStore::HoldsWhole(KvTier* tier, std::span<const KvContentId> ids) {
+  const size_t per_page = static_cast<size_t>(layout_.num_layers) + 1;
+  std::vector<PageKey> keys;
+  keys.reserve(ids.size() * per_page);
+  for (KvContentId id : ids) {
+    for (int64_t l = 0; l < layout_.num_layers; ++l) keys.push_back(LayerKey(id, l));
+    keys.push_back(IdentityKey(id));
+  }
+  const std::vector<bool> present = tier->ContainsAll(keys);
+  std::vector<bool> whole(ids.size(), true);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!present[i]) whole[i / per_page] = false;
+  }
+  return whole;
+}
+
 const std::vector<PageKey>& KvStore::AllKeys(KvContentId id) {
   keys_.clear();
   for (int64_t l = 0; l < layout_.num_layers; ++l) keys_.push_back(LayerKey(id, l));
@@ -152,7 +167,7 @@ Status KvStore::Save(KvTier* tier, KvContentId id, std::span<const int32_t> toke
   KVL_CHECK(id.valid());
   const int64_t t = TierIndex(tier);
   KVL_CHECK(t >= 0);
-  if (tier->Contains(IdentityKey(id))) {
+  if (HoldsWhole(tier, std::span(&id, 1))[0]) {
     if (pinned && pins_[{t, id.lo, id.hi}]++ == 0) SetEvictable(tier, id, false);
     return Status::Ok();
   }

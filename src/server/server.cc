@@ -28,6 +28,7 @@
 #include "kvl/chat_template.h"
 #include "server_metrics.h"
 #include "template_routes.h"
+#include "webui_routes.h"
 
 namespace kvl {
 namespace server {
@@ -157,6 +158,11 @@ void OpenAiServer::Configure() {
   http_.set_write_timeout(30, 0);
   http_.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
   auto dispatch = [this](const httplib::Request& req, httplib::Response& res) { Dispatch(req, res); };
+  RegisterWebUiRoutes({options_.webui, options_.api_key,
+                       [this]() -> const Engine* {
+                         return state_.load() == ServerState::kLoading ? nullptr : engine_.get();
+                       }},
+                      &http_);
   http_.Get(".*", dispatch);
   http_.Post(".*", dispatch);
   http_.Put(".*", dispatch);
@@ -468,9 +474,18 @@ Status OpenAiServer::Run() {
     http_.listen_after_bind();
     listener_done = true;
   });
+  // httplib's stop() does nothing until the listener thread has entered its accept loop: a load
+  // that failed at once on a busy CPU stopped a listener not yet started, which then ran forever
+  // (503 "loading model" to every client, the signals blocked). So the stop waits for the loop.
+  auto stop_accepting = [&] {
+    while (!listener_done && !http_.is_running()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    http_.stop();
+  };
   // /health answers 503 while the model loads.
   if (Status loaded = LoadEngine(); !loaded.ok()) {
-    http_.stop();
+    stop_accepting();
     listener.join();
     return loaded;
   }
@@ -486,7 +501,7 @@ Status OpenAiServer::Run() {
              signal_number > 0 ? strsignal(signal_number) : "listener stopped",
              options_.shutdown_grace_seconds);
   state_ = ServerState::kDraining;
-  http_.stop();  // no new connections; running ones finish their current request
+  stop_accepting();  // no new connections; running ones finish their current request
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(options_.shutdown_grace_seconds));

@@ -190,6 +190,44 @@ TEST(KvStoreEvictionTest, CachedPagesGoColdestFirstPinnedOnesNever) {
   EXPECT_EQ(pinned_store.stats(0).errors, 1);
 }
 
+// The tier evicts key by key and a lookup reads (and so warms) only the identity: under pressure
+// a page loses its layers and keeps its identity. Found by its identity alone, such a page sent a
+// sequence to read it in place, fail, be recomputed, and find it again, forever (the livelock of
+// `kvl serve -np 1 --kv-budget 2MiB --kv-tier ram:8MiB`). A page is found only whole, and a
+// partial one is written afresh.
+TEST(KvStoreEvictionTest, APageMissingALayerIsNotFoundAndIsWrittenAfresh) {
+  // Room for 2 pages of 4 tier pages each (3 layers and the identity).
+  auto ram = MakeRamTier({.capacity_bytes = 8 * kLayerBytes});
+  KvStore store(kLayout, kLayerBytes, {{ram.get(), false, 0.1}});
+  const std::vector<int32_t> tokens = Range(0, 3 * kBlock);
+  const std::vector<KvContentId> ids = Chain(tokens, 3);
+  auto tok = [&](int b) { return std::span(tokens).subspan(static_cast<size_t>(b * kBlock), kBlock); };
+  ASSERT_TRUE(SavePage(store, ram.get(), ids[0], tok(0), 0).ok());
+  ASSERT_TRUE(SavePage(store, ram.get(), ids[1], tok(1), 1).ok());
+  // Page 0 looked up: its identity moves to the hot end, its layers stay the coldest keys.
+  std::vector<KvTier*> where;
+  ASSERT_EQ(store.Lookup(std::span(ids).first(1), tok(0), &where), 1);
+  // Other keys need room, a layer at a time, until page 0's layer 0 (the coldest key) goes.
+  for (PageKey key = 12345; ram->Contains(KvStore::LayerKey(ids[0], 0)); ++key) {
+    ASSERT_LT(key, 12345u + 8);
+    ASSERT_TRUE(ram->Put(std::vector<PageWrite>{{key, PageLayer(9, 0)}}).ok());
+  }
+  ASSERT_TRUE(ram->Contains(KvStore::IdentityKey(ids[0])));
+  EXPECT_EQ(store.HoldsWhole(ram.get(), ids), (std::vector<bool>{false, true, false}));
+  EXPECT_EQ(store.Lookup(std::span(ids).first(1), tok(0), &where), 0);
+  // Saved again, it is written whole (not taken as stored because its identity is there).
+  ASSERT_TRUE(SavePage(store, ram.get(), ids[0], tok(0), 0).ok());
+  EXPECT_TRUE(ram->Contains(KvStore::LayerKey(ids[0], 0)));
+  EXPECT_EQ(store.Lookup(std::span(ids).first(1), tok(0), &where), 1);
+  std::vector<std::vector<uint8_t>> read(static_cast<size_t>(kLayout.num_layers),
+                                         std::vector<uint8_t>(static_cast<size_t>(kLayerBytes)));
+  ASSERT_TRUE(store
+                  .Load(ram.get(), ids[0],
+                        [&](int64_t l) -> std::span<uint8_t> { return read[static_cast<size_t>(l)]; })
+                  .ok());
+  EXPECT_EQ(read[0], PageLayer(0, 0));
+}
+
 TEST(RamTierInPlaceTest, PeekHandsOutTheStoredBytesOnlyWhenUncompressed) {
   auto ram = MakeRamTier({.capacity_bytes = 1 << 20});
   auto zstd = MakeRamTier({.capacity_bytes = 1 << 20, .compress = true});

@@ -46,9 +46,11 @@ inline int FreeLoopbackPort() {
 // be taken by another process in between (tests run in parallel).
 class ServerProcess {
  public:
-  explicit ServerProcess(std::vector<std::string> extra_args) {
+  explicit ServerProcess(std::vector<std::string> extra_args)
+      : ServerProcess(Stories260KPath(), std::move(extra_args)) {}
+  ServerProcess(const std::string& model_path, std::vector<std::string> extra_args) {
     static std::atomic<int> count{0};
-    std::vector<std::string> args = {KVL_KVL_BINARY,  "serve", "-m", Stories260KPath(),
+    std::vector<std::string> args = {KVL_KVL_BINARY,  "serve", "-m", model_path,
                                      "--port",        "0",     "-t", "1",
                                      "--no-calibrate"};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
@@ -99,6 +101,10 @@ class ServerProcess {
   // SIGTERM, then the exit status (-1: not an exit, or it took longer than `seconds`).
   int Terminate(int seconds) {
     ::kill(pid_, SIGTERM);
+    return WaitExit(seconds);
+  }
+  // The exit status once the process ends by itself (-1: not an exit, or not within `seconds`).
+  int WaitExit(int seconds) {
     for (int i = 0; i < seconds * 50; ++i) {
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {

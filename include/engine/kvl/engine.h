@@ -212,6 +212,32 @@ struct KvTierMetrics {
   KvPredictionError promote_error;  // per promoted block, over the last 4096
 };
 
+// Where one page of a running request lives now (by block index), for views of the KV memory
+// (`kvl serve`'s /v1/kv/state): the pool, its compressed slabs, a tier, residual checkpoints, or
+// gone (evicted: attention skips it; dropped: recomputed from its tokens at resume).
+enum class KvPageLocation : uint8_t {
+  kPool,
+  kCompressed,
+  kRamTier,
+  kDiskTier,
+  kRedisTier,
+  kCheckpointed,
+  kEvicted,
+  kDropped,
+};
+std::string_view KvPageLocationName(KvPageLocation location);  // "pool", "compressed", "ram"...
+
+inline constexpr int32_t kKvEndedPageMaps = 16;
+
+// One running request's pages, as of the last step.
+struct KvSequencePageMap {
+  RequestId request = 0;
+  int64_t prompt_tokens = 0;
+  int64_t tokens = 0;                  // prompt and generated so far
+  int64_t cached_prompt_tokens = 0;    // found in the prefix cache at its first admission
+  std::vector<KvPageLocation> pages;   // by block index
+};
+
 struct EngineMetrics {
   KvStats kv;
   std::vector<KvTierMetrics> kv_tiers;  // one per --kv-tier, in the order given
@@ -256,6 +282,10 @@ struct EngineMetrics {
   // Over the last (up to 4096) finished requests / generated tokens, in milliseconds.
   double ttft_mean_ms = 0, ttft_p50_ms = 0, ttft_p99_ms = 0;
   double itl_mean_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
+  // The running requests' pages, in admission order, as of the last step; and those of the last
+  // requests that stopped running (up to kKvEndedPageMaps, oldest first), as of their last step.
+  std::vector<KvSequencePageMap> kv_sequences;
+  std::vector<KvSequencePageMap> kv_sequences_ended;
 };
 
 // The single-request convenience API (kvl run, tests).

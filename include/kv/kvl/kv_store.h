@@ -72,7 +72,14 @@ class KvStore {
   int64_t Lookup(std::span<const KvContentId> ids, std::span<const int32_t> tokens,
                  std::vector<KvTier*>* where);
 
-  // Stores a page in `tier` unless the tier holds it already. `layer(l)` gives layer l's bytes.
+  // For each page, whether `tier` holds all of it: every layer and the identity, asked in one
+  // batch. A tier evicts key by key, coldest first, and a lookup reads only the identity (which
+  // stays hot), so under pressure a page's layers go while its identity stays: such a page is
+  // not held, and finding it by its identity alone made a sequence read it in place, fail, be
+  // recomputed, find it again, forever.
+  std::vector<bool> HoldsWhole(KvTier* tier, std::span<const KvContentId> ids);
+
+  // Stores a page in `tier` unless the tier holds it whole already (a partial one is rewritten). `layer(l)` gives layer l's bytes.
   // `pinned`: a running or preempted sequence keeps the page there, so the tier must not evict
   // it until Unpin (a page already stored is pinned in place); else it is cached, evictable.
   Status Save(KvTier* tier, KvContentId id, std::span<const int32_t> tokens,
@@ -86,8 +93,8 @@ class KvStore {
   Status Load(KvTier* tier, KvContentId id,
               const std::function<std::span<uint8_t>(int64_t)>& layer);
 
-  // Erases a page from `tier` (all its tier pages) after a read of it failed its checksum or
-  // I/O, so that the next Save writes it afresh instead of finding the damaged copy.
+  // Erases a page from `tier` (all its tier pages) after a read of it failed (its checksum, I/O,
+  // or a layer no longer there), so that no lookup finds it and the next Save writes it afresh.
   void Forget(KvTier* tier, KvContentId id);
 
   // Counts a promotion from `tier` (the cost model's time beside the measured one).

@@ -23,6 +23,9 @@ struct ServeOptions {
   int64_t max_body_bytes = 8 << 20;
   int keep_alive_seconds = 5;
   double shutdown_grace_seconds = 5;  // running requests may finish this long after a signal
+  // The chat page at GET / and its assets (--no-webui: off). GET /v1/kv/state, the KV memory's
+  // figures the page shows, is served either way: it is API, not page.
+  bool webui = true;
 };
 
 // Listens until SIGINT or SIGTERM, then stops accepting, lets running requests finish for the
