@@ -3,9 +3,10 @@
 # all (default 40), split evenly between the two. Run from the repository root.
 # Exits non-zero if the fuzzer finds a crash, a sanitizer report or a leak; exits 0 with a note
 # where clang++-14 is missing, since libFuzzer needs clang.
+# The Jinja chat-template renderer is fuzzed as well, with an equal share of the time.
 set -uo pipefail
 seconds="${1:-40}"
-per_fuzzer=$(( seconds / 2 > 0 ? seconds / 2 : 1 ))
+per_fuzzer=$(( seconds / 3 > 0 ? seconds / 3 : 1 ))
 out=build-fuzz
 cxx=clang++-14
 if ! command -v "$cxx" >/dev/null 2>&1; then
@@ -50,6 +51,33 @@ if [ $rc -ne 0 ]; then
   exit 1
 fi
 echo "fuzz: gguf: ${runs:-?} runs in ${secs:-$per_fuzzer} s, no crashes"
+
+# The Jinja renderer: any bytes as a template, rendered over a conversation with tools. Seeds: a
+# few templates in the shapes real ones take, and the real ones where the Jinja tests fetched
+# llama.cpp's (build/npm-jinja/llama.cpp/models/templates).
+echo "fuzz: building $out/jinja_fuzzer"
+"$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -Iinclude/base -Iinclude/jinja -Isrc/jinja src/base/*.cc src/jinja/*.cc fuzz/jinja_fuzzer.cc -lfmt \
+  -o "$out/jinja_fuzzer" || { echo "fuzz: build of the jinja fuzzer failed"; exit 1; }
+jinja_corpus="$out/jinja_corpus"
+mkdir -p "$jinja_corpus"
+printf '%s' "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ m.content | trim }}{% elif m.tool_calls %}{% for c in m.tool_calls %}{{ c.function | tojson(indent=2) }}{% endfor %}{% else %}<|{{ m.role }}|>{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}" >"$jinja_corpus/loop"
+printf '%s' "{%- set ns = namespace(n=0, last=none) -%}{%- for m in messages[::-1] if m.content is string -%}{%- set ns.n = ns.n + 1 -%}{%- if loop.first -%}{%- set ns.last = m.content.split('</think>')[-1].lstrip('\n') -%}{%- endif -%}{%- endfor -%}{{ ns.n ~ ':' ~ ns.last }}" >"$jinja_corpus/namespace"
+printf '%s' "{% macro render(v, d=0) %}{% if v is mapping %}{% for k, x in v | items %}{{ k }}={{ render(x, d + 1) }};{% endfor %}{% elif v is iterable and v is not string %}[{{ v | join(',') }}]{% else %}{{ v | string }}{% endif %}{% endmacro %}{% for t in tools %}{{ render(t) }}{% endfor %}{{ tools | selectattr('type', 'equalto', 'function') | map(attribute='function') | list | length }}" >"$jinja_corpus/macro"
+templates=build/npm-jinja/llama.cpp/models/templates
+[ -d "$templates" ] && cp "$templates"/*.jinja "$jinja_corpus"/ 2>/dev/null
+log="$out/jinja_fuzz.log"
+echo "fuzz: jinja for ${per_fuzzer}s (log in $log)"
+"$out/jinja_fuzzer" "$jinja_corpus" -dict=fuzz/jinja.dict -max_total_time="$per_fuzzer" -rss_limit_mb=2048 -max_len=16384 \
+  -timeout=10 -artifact_prefix="$out/jinja-" -print_final_stats=1 >"$log" 2>&1
+rc=$?
+runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+if [ $rc -ne 0 ]; then
+  tail -40 "$log"
+  echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/jinja-*"
+  exit 1
+fi
+echo "fuzz: jinja: ${runs:-?} runs in ${per_fuzzer} s, no crashes"
 
 # The command line: ParseCommandLine (parse and validate, nothing run) over argument vectors
 # split at NUL bytes. Only the option parsers are linked from the layers below the CLI; the

@@ -44,7 +44,8 @@ int ServeCommand(const ServeArgs& args);
 struct ChatArgs {
   EngineOptions engine;
   std::string kv_budget;          // --kv-budget
-  std::string chat_template;      // --chat-template NAME (default: detected from the model)
+  std::string chat_template;      // --chat-template NAME (default: the model's Jinja template)
+  std::string chat_template_file;  // --chat-template-file FILE
   std::string system;             // --system TEXT: a system message first in every prompt
   std::string turns_file;         // -f: one user turn per line, then exit (non-interactive)
   int32_t num_predict = 256;      // -n: tokens per reply at most; -1 = until EOS or the context

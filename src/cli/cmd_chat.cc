@@ -23,8 +23,8 @@ constexpr int64_t kMaxTurnsFileBytes = 64ll << 20;
 
 class ChatSession {
  public:
-  ChatSession(Engine& engine, const ChatArgs& args, ChatTemplate tmpl)
-      : engine_(engine), args_(args), template_(tmpl) {
+  ChatSession(Engine& engine, const ChatArgs& args, ChatFormatter tmpl)
+      : engine_(engine), args_(args), template_(std::move(tmpl)) {
     Reset();
   }
 
@@ -101,7 +101,7 @@ class ChatSession {
 
   Engine& engine_;
   const ChatArgs& args_;
-  ChatTemplate template_;
+  ChatFormatter template_;
   std::vector<ChatMessage> messages_;
 };
 
@@ -163,18 +163,22 @@ int ChatCommand(const ChatArgs& args) {
     return 1;
   }
   Engine& e = **engine;
-  ChatTemplate tmpl = ChatTemplate::kPlain;
-  if (!args.chat_template.empty()) {
-    tmpl = *ParseChatTemplateName(args.chat_template);  // checked when parsed
-  } else {
-    StatusOr<std::string> source = e.model().file().GetString("tokenizer.chat_template");
-    tmpl = DetectChatTemplate(source.ok() ? *source : "");
+  std::string fallback_reason;
+  StatusOr<ChatFormatter> formatter =
+      LoadChatFormatter(e, {args.chat_template, args.chat_template_file}, &fallback_reason);
+  if (!formatter.ok()) {
+    fmt::print(stderr, "kvl: {}\n", formatter.status().ToString());
+    return 1;
+  }
+  if (!fallback_reason.empty()) {
+    fmt::print(stderr, "kvl: {}; using the built-in chat template '{}'\n", fallback_reason,
+               formatter->description());
   }
   const bool interactive = !from_file && isatty(STDIN_FILENO) != 0;
   fmt::print(stderr, "kvl: model {}, context {}, chat template {}{}\n", e.model().config().name,
-             e.context_length(), ChatTemplateName(tmpl),
+             e.context_length(), formatter->description(),
              interactive ? "; /reset, /stats, /exit (or Ctrl-D)" : "");
-  ChatSession chat(e, args, tmpl);
+  ChatSession chat(e, args, std::move(*formatter));
   if (from_file) {
     for (const std::string& line : turns) {
       const LineResult r = HandleLine(chat, line, /*from_file=*/true);

@@ -179,8 +179,10 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       "chat", "interactive chat through the model's chat template (/reset, /stats, /exit)");
   chat_cmd->add_option("-m,--model", chat.engine.model_path, "GGUF model file")->required();
   chat_cmd->add_option("--chat-template", chat.chat_template,
-                       "force a chat template: plain, llama2, chatml, zephyr, mistral, llama3, "
-                       "gemma (default: detected from the model, else plain)");
+                       "force a built-in chat template: plain, llama2, chatml, zephyr, mistral, "
+                       "llama3, gemma (default: the model's own Jinja template)");
+  chat_cmd->add_option("--chat-template-file", chat.chat_template_file,
+                       "render this Jinja chat template instead of the model's");
   chat_cmd->add_option("--system", chat.system, "system message that opens the conversation");
   chat_cmd->add_option("-f,--file", chat.turns_file,
                        "read the user's turns from a file, one per line, print each reply and exit");
@@ -206,8 +208,10 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
                         "connection threads; 0 = -np + 4")
       ->capture_default_str();
   serve_cmd->add_option("--chat-template", serve.serve.chat_template,
-                        "force a chat template: plain, llama2, chatml, zephyr, mistral, llama3, "
-                        "gemma (default: detected from the model, else plain)");
+                        "force a built-in chat template: plain, llama2, chatml, zephyr, mistral, "
+                        "llama3, gemma (default: the model's own Jinja template)");
+  serve_cmd->add_option("--chat-template-file", serve.serve.chat_template_file,
+                        "render this Jinja chat template instead of the model's");
   serve_cmd->add_option("--max-body", serve.max_body, "largest request body, e.g. 8MiB")
       ->capture_default_str();
   serve_cmd->add_option("--shutdown-grace", serve.serve.shutdown_grace_seconds,
@@ -546,6 +550,9 @@ Status ValidateServeArgs(ServeArgs* args) {
   }
   if (!args->serve.chat_template.empty()) {
     KVL_RETURN_IF_ERROR(ParseChatTemplateName(args->serve.chat_template).status());
+    if (!args->serve.chat_template_file.empty()) {
+      return InvalidArgumentError("--chat-template and --chat-template-file exclude each other");
+    }
   }
   KVL_ASSIGN_OR_RETURN(args->serve.max_body_bytes, ParsePositiveBytes(args->max_body, "--max-body"));
   // Serving runs -np sequences at once, exactly (the engine's default of 16 is not a floor).
@@ -621,6 +628,9 @@ StatusOr<EngineOptions> ChatEngineOptions(const ChatArgs& args) {
 Status ValidateChatArgs(const ChatArgs& args) {
   if (!args.chat_template.empty()) {
     KVL_RETURN_IF_ERROR(ParseChatTemplateName(args.chat_template).status());
+    if (!args.chat_template_file.empty()) {
+      return InvalidArgumentError("--chat-template and --chat-template-file exclude each other");
+    }
   }
   KVL_RETURN_IF_ERROR(
       CheckRange("-n (--n-predict; -1 = until EOS)", args.num_predict, -1, kMaxContextTokens));

@@ -11,10 +11,14 @@
 #include <random>
 #include <vector>
 
+#include "kvl/jinja_json.h"
+
 namespace kvl::server {
 namespace {
 
-using nlohmann::json;
+// Ordered: a chat template that prints the tools or a tool call's arguments as JSON prints their
+// keys in the order the client sent them, as the reference renderer does.
+using json = nlohmann::ordered_json;
 
 // JSON nested deeper than this is refused before parsing: no request needs it, and it bounds the
 // parser's and the destructor's work on hostile bodies.
@@ -167,8 +171,26 @@ std::optional<ApiError> ReadContent(const json& content, size_t index, std::stri
   return std::nullopt;
 }
 
-std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext& context,
-                                     Request* request) {
+// One message as the chat template sees it: the client's object with its content as one string
+// (text parts joined) and a tool call's arguments given as a JSON string parsed into a mapping,
+// as templates written for HF transformers expect them.
+jinja::Value MessageValue(const json& m, std::string content_text, bool has_content) {
+  json copy = m;
+  if (has_content) copy["content"] = std::move(content_text);
+  if (copy.contains("tool_calls") && copy["tool_calls"].is_array()) {
+    for (json& call : copy["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+      json& arguments = call["function"]["arguments"];
+      if (!arguments.is_string()) continue;
+      json parsed = json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_object()) arguments = std::move(parsed);
+    }
+  }
+  return jinja::FromJson(copy);
+}
+
+// messages, tools, chat_template_kwargs and add_generation_prompt: what a chat template renders.
+std::optional<ApiError> ReadChatInputs(const FieldReader& fields, ChatInputs* inputs) {
   const json* messages = fields.Find("messages");
   if (messages == nullptr) return BadField("messages", "'messages' is required");
   if (!messages->is_array()) return BadField("messages", "'messages' must be an array");
@@ -176,7 +198,7 @@ std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext
   if (messages->size() > kMaxMessages) {
     return BadField("messages", fmt::format("at most {} messages", kMaxMessages));
   }
-  std::vector<ChatMessage> chat;
+  std::vector<jinja::Value> values;
   for (size_t i = 0; i < messages->size(); ++i) {
     const json& m = (*messages)[i];
     const std::string param = fmt::format("messages[{}]", i);
@@ -185,15 +207,51 @@ std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext
     if (role == m.end() || !role->is_string()) {
       return BadField(param + ".role", fmt::format("'{}.role' must be a string", param));
     }
+    auto tool_calls = m.find("tool_calls");
+    if (tool_calls != m.end() && !tool_calls->is_null() && !tool_calls->is_array()) {
+      return BadField(param + ".tool_calls", fmt::format("'{}.tool_calls' must be an array", param));
+    }
+    const bool calls_tools = tool_calls != m.end() && tool_calls->is_array() && !tool_calls->empty();
     auto content = m.find("content");
-    if (content == m.end() || content->is_null()) {
+    const bool has_content = content != m.end() && !content->is_null();
+    // An assistant turn that only calls tools has no content (null), as OpenAI sends it.
+    if (!has_content && !calls_tools) {
       return BadField(param + ".content", fmt::format("'{}.content' is required", param));
     }
-    ChatMessage message{role->get<std::string>(), ""};
-    if (auto e = ReadContent(*content, i, &message.content)) return e;
-    chat.push_back(std::move(message));
+    std::string text;
+    if (has_content) {
+      if (auto e = ReadContent(*content, i, &text)) return e;
+    }
+    values.push_back(MessageValue(m, std::move(text), has_content));
   }
-  StatusOr<std::string> prompt = ApplyChatTemplate(context.chat_template, chat);
+  inputs->messages = jinja::Value::Array(std::move(values));
+  if (const json* tools = fields.Find("tools")) {
+    if (!tools->is_array()) return BadField("tools", "'tools' must be an array");
+    if (!tools->empty()) inputs->tools = jinja::FromJson(*tools);
+  }
+  if (const json* kwargs = fields.Find("chat_template_kwargs")) {
+    if (!kwargs->is_object()) return BadField("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    for (auto it = kwargs->begin(); it != kwargs->end(); ++it) {
+      inputs->kwargs.emplace_back(it.key(), jinja::FromJson(it.value()));
+    }
+  }
+  if (const json* add = fields.Find("add_generation_prompt")) {
+    if (!add->is_boolean()) return BadField("add_generation_prompt", "'add_generation_prompt' must be a boolean");
+    inputs->add_generation_prompt = add->get<bool>();
+  }
+  return std::nullopt;
+}
+
+const ChatFormatter& FormatterOf(const ApiContext& context) {
+  static const ChatFormatter kPlain = ChatFormatter::Builtin(ChatTemplate::kPlain);
+  return context.chat ? *context.chat : kPlain;
+}
+
+std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext& context,
+                                     Request* request) {
+  ChatInputs chat;
+  if (auto e = ReadChatInputs(fields, &chat)) return e;
+  StatusOr<std::string> prompt = FormatterOf(context).Apply(chat);
   if (!prompt.ok()) return BadField("messages", prompt.status().message());
   if (prompt->empty()) return BadField("messages", "the messages make an empty prompt");
   request->prompt = std::move(*prompt);
@@ -309,6 +367,7 @@ std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const Api
 }  // namespace
 
 std::string ErrorBody(const ApiError& error) {
+  using nlohmann::json;  // sorted keys, as the error bodies always printed them
   json e = {{"message", error.message},
             {"type", error.type},
             {"param", error.param.empty() ? json(nullptr) : json(error.param)},
@@ -339,6 +398,30 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     return BadField("", fmt::format("bad request body: {}", e.what()));
   }
   return std::nullopt;
+}
+
+}  // namespace kvl::server
+
+namespace kvl::server {
+
+std::optional<ApiError> ParseApplyTemplateRequest(std::string_view body, const ApiContext& context,
+                                                  std::string* prompt) {
+  if (NestedTooDeep(body)) {
+    return BadField("", fmt::format("the JSON body is nested deeper than {}", kMaxJsonDepth));
+  }
+  const json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return BadField("", "the body is not valid JSON");
+  if (!doc.is_object()) return BadField("", "the body must be a JSON object");
+  try {
+    ChatInputs chat;
+    if (auto e = ReadChatInputs(FieldReader(doc), &chat)) return e;
+    StatusOr<std::string> rendered = FormatterOf(context).Apply(chat);
+    if (!rendered.ok()) return BadField("messages", rendered.status().message());
+    *prompt = std::move(*rendered);
+    return std::nullopt;
+  } catch (const json::exception& e) {
+    return BadField("", fmt::format("bad request body: {}", e.what()));
+  }
 }
 
 }  // namespace kvl::server

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,7 +27,7 @@ std::string ErrorBody(const ApiError& error);
 struct ApiContext {
   std::string model_name;      // the id /v1/models lists
   std::string model_path;      // also accepted as a model name
-  ChatTemplate chat_template = ChatTemplate::kPlain;
+  std::shared_ptr<const ChatFormatter> chat;  // null: the plain built-in
   int64_t context_length = 0;  // max_tokens may not exceed it
 };
 
@@ -41,5 +42,10 @@ struct CompletionParams {
 // Parses and validates a request body. Never throws.
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint endpoint,
                                                const ApiContext& context, CompletionParams* out);
+
+// POST /apply-template's body ({"messages", "tools", "chat_template_kwargs",
+// "add_generation_prompt"}, as llama-server reads it) rendered into *prompt. Never throws.
+std::optional<ApiError> ParseApplyTemplateRequest(std::string_view body, const ApiContext& context,
+                                                  std::string* prompt);
 
 }  // namespace kvl::server

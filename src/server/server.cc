@@ -27,6 +27,7 @@
 #include "api_response.h"
 #include "kvl/chat_template.h"
 #include "server_metrics.h"
+#include "template_routes.h"
 #include "webui_routes.h"
 
 namespace kvl {
@@ -96,7 +97,8 @@ struct Route {
   std::string_view path;
   std::string_view method;
 };
-constexpr Route kRoutes[] = {{"/health", "GET"},
+constexpr Route kRoutes[] = {{"/apply-template", "POST"},
+                             {"/health", "GET"},
                              {"/metrics", "GET"},
                              {"/v1/models", "GET"},
                              {"/v1/completions", "POST"},
@@ -206,7 +208,7 @@ void OpenAiServer::Dispatch(const httplib::Request& req, httplib::Response& res)
                                                req.path, route->method),
                                    "invalid_request_error", "", "method_not_allowed"});
   }
-  if (!options_.api_key.empty() && req.path.starts_with("/v1/") &&
+  if (!options_.api_key.empty() && (req.path.starts_with("/v1/") || req.path == "/apply-template") &&
       req.get_header_value("Authorization") != "Bearer " + options_.api_key) {
     return SendError(res, ApiError{401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
                                    "invalid_request_error", "", "invalid_api_key"});
@@ -224,6 +226,7 @@ void OpenAiServer::Dispatch(const httplib::Request& req, httplib::Response& res)
       return res.set_content(metrics_.Render(engine_->Metrics()),
                              "text/plain; version=0.0.4; charset=utf-8");
     }
+    if (req.path == "/apply-template") return HandleApplyTemplate(context_, req, res);
     if (req.path == "/v1/models") return HandleModels(res);
     HandleCompletion(req.path == "/v1/completions" ? Endpoint::kCompletions
                                                    : Endpoint::kChatCompletions,
@@ -426,14 +429,9 @@ Status OpenAiServer::LoadEngine() {
   context_.model_name = path.stem().string();
   context_.model_path = options_.engine.model_path;
   context_.context_length = engine_->context_length();
-  if (!options_.chat_template.empty()) {
-    KVL_ASSIGN_OR_RETURN(context_.chat_template, ParseChatTemplateName(options_.chat_template));
-  } else {
-    StatusOr<std::string> source = engine_->model().file().GetString("tokenizer.chat_template");
-    context_.chat_template = DetectChatTemplate(source.ok() ? *source : "");
-  }
+  KVL_ASSIGN_OR_RETURN(context_.chat, LoadChatFormatter(options_, *engine_));
   fmt::print(stderr, "kvl serve: model '{}', context {}, chat template {}\n", context_.model_name,
-             context_.context_length, ChatTemplateName(context_.chat_template));
+             context_.context_length, context_.chat->description());
   engine_->Start();
   return Status::Ok();
 }

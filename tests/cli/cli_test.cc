@@ -621,6 +621,31 @@ TEST(CliChatTest, UnknownChatTemplateFails) {
   EXPECT_NE(r.output.find("unknown chat template 'nope'"), std::string::npos) << r.output;
 }
 
+TEST(CliChatTest, ChatTemplateFileIsRenderedAndBrokenOnesAreNamed) {
+  // A template that frames every user turn: the prompt grows by the frame, turn after turn.
+  const std::string tmpl = WriteTurns(
+      "template", "{% for m in messages %}{% if m.role == 'user' %}Once upon a time, {{ m.content | trim }}."
+                  "{% else %} {{ m.content }}{% endif %}{% endfor %}");
+  const std::string turns = WriteTurns("tmpl_turns", kChatTurns);
+  CommandResult r = RunKvl("chat -m " + testing::Stories260KPath() + " -f " + turns +
+                               " --temp 0 -n 4 -t 1 --chat-template-file " + tmpl,
+                           /*with_stderr=*/true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("chat template jinja (" + tmpl + ")"), std::string::npos) << r.output;
+  EXPECT_EQ(CachedPerTurn(r.output).size(), 3u) << r.output;
+  // Unbalanced: named with its line; and the flag excludes --chat-template.
+  const std::string broken = WriteTurns("broken", "{% if messages %}\n{{ messages[0].content }}");
+  r = RunKvl("chat -m " + testing::Stories260KPath() + " -f " + turns + " --chat-template-file " + broken,
+             /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("template line 1: '{% if %}' is never closed"), std::string::npos) << r.output;
+  r = RunKvl("chat -m " + testing::Stories260KPath() + " --chat-template chatml --chat-template-file " + tmpl,
+             /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("exclude each other"), std::string::npos) << r.output;
+  for (const std::string& f : {tmpl, turns, broken}) std::filesystem::remove(f);
+}
+
 TEST(CliChatTest, BadFlagsAndMissingFilesFail) {
   EXPECT_EQ(RunKvl("chat -m " + testing::Stories260KPath() + " -n -2").exit_code, 1);
   EXPECT_EQ(RunKvl("chat -m " + testing::Stories260KPath() + " --top-p 2").exit_code, 1);

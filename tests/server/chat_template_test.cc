@@ -96,3 +96,69 @@ TEST(ChatTemplateTest, NamesRoundTripAndUnknownNamesAreRefused) {
 
 }  // namespace
 }  // namespace kvl
+
+namespace kvl {
+namespace {
+
+jinja::Value Messages(std::initializer_list<std::pair<const char*, const char*>> turns) {
+  std::vector<jinja::Value> out;
+  for (const auto& [role, content] : turns) {
+    jinja::ValueMap m;
+    m.Set("role", jinja::Value::String(role));
+    m.Set("content", jinja::Value::String(content));
+    out.push_back(jinja::Value::Object(std::move(m)));
+  }
+  return jinja::Value::Array(std::move(out));
+}
+
+TEST(ChatFormatterTest, RendersTheModelsJinjaTemplateAndDropsTheBosTheTokenizerAdds) {
+  const char* kLlama3 =
+      "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+      "{{ m.content | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+  std::string reason;
+  ChatFormatterOptions options{"<|begin_of_text|>", "<|eot_id|>", /*strip_bos=*/false};
+  ChatFormatter f = ChatFormatter::ForModel(kLlama3, options, &reason);
+  EXPECT_TRUE(f.is_jinja());
+  EXPECT_EQ(reason, "");
+  ChatInputs inputs;
+  inputs.messages = Messages({{"user", " Hi \n"}});
+  EXPECT_EQ(*f.Apply(inputs),
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  options.strip_bos = true;
+  f = ChatFormatter::ForModel(kLlama3, options, &reason);
+  EXPECT_EQ(f.Apply(inputs)->rfind("<|start_header_id|>user", 0), 0u);
+}
+
+TEST(ChatFormatterTest, TemplateThatFailsFallsBackToTheBuiltInItsMarkersName) {
+  std::string reason;
+  // `{% include %}` is not a statement chat templates may use: the ChatML built-in stands in.
+  ChatFormatter f = ChatFormatter::ForModel("{% include 'x' %}<|im_start|>", {}, &reason);
+  EXPECT_FALSE(f.is_jinja());
+  EXPECT_EQ(f.description(), "chatml");
+  EXPECT_NE(reason.find("unknown statement '{% include %}'"), std::string::npos) << reason;
+  // One that parses but cannot render a one-message conversation falls back too.
+  f = ChatFormatter::ForModel("{{ messages | frobnicate }}[INST]", {}, &reason);
+  EXPECT_EQ(f.description(), "mistral");
+  EXPECT_NE(reason.find("unknown filter 'frobnicate'"), std::string::npos) << reason;
+  ChatFormatter::ForModel("", {}, &reason);
+  EXPECT_EQ(reason, "the model has no tokenizer.chat_template");
+}
+
+TEST(ChatFormatterTest, ErrorsTheTemplateRaisesNameTheirCause) {
+  StatusOr<ChatFormatter> f = ChatFormatter::FromJinja(
+      "{% if messages | length > 1 %}{{ raise_exception('only one turn, please') }}{% endif %}"
+      "{{ messages[0].content }}",
+      "test.jinja", {});
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ChatInputs inputs;
+  inputs.messages = Messages({{"user", "a"}, {"user", "b"}});
+  StatusOr<std::string> out = f->Apply(inputs);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().message(), "chat template: template line 1: raise_exception: only one turn, please");
+  EXPECT_FALSE(ChatFormatter::FromJinja("{% if x %}", "bad.jinja", {}).ok());
+}
+
+}  // namespace
+}  // namespace kvl

@@ -1,14 +1,20 @@
-// Chat messages -> one prompt string, through the model's chat template. The common templates are
-// recognised by their markers in the GGUF's `tokenizer.chat_template` (as llama.cpp does) and
-// written out here in C++: no Jinja interpreter runs a model's template.
+// Chat messages -> one prompt string, through the model's chat template.
 //
-// A pure function of its inputs; thread-safe.
+// By default the GGUF's own `tokenizer.chat_template` is rendered as Jinja (kvl/jinja.h), as HF
+// transformers and llama.cpp render it. The built-in formats below, recognised by their markers
+// in the template text as llama.cpp does, remain as the fallback for a model without a template
+// or with one that fails to render, and for `--chat-template NAME`.
+//
+// Pure functions and immutable objects; thread-safe.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kvl/engine.h"
+#include "kvl/jinja.h"
 #include "kvl/status.h"
 
 namespace kvl {
@@ -40,5 +46,67 @@ ChatTemplate DetectChatTemplate(std::string_view jinja_source);
 // The prompt for `messages`, ending with the assistant's turn opened (where the template has
 // one). INVALID_ARGUMENT for an unknown role or no messages.
 StatusOr<std::string> ApplyChatTemplate(ChatTemplate t, const std::vector<ChatMessage>& messages);
+
+// What a chat template is rendered with, besides the special tokens' texts.
+struct ChatInputs {
+  // [{role, content, ...}] as the client sent them (tool_calls, tool_call_id, name kept), with
+  // a content given as text parts joined into one string.
+  jinja::Value messages;
+  jinja::Value tools;  // undefined: no tools
+  bool add_generation_prompt = true;
+  jinja::Context kwargs;  // chat_template_kwargs (enable_thinking, ...), passed as variables
+};
+
+struct ChatFormatterOptions {
+  std::string bos_token;  // the texts `bos_token` and `eos_token` print in the template
+  std::string eos_token;
+  // Drop a bos_token the template printed at the start: the tokenizer adds BOS itself, and the
+  // prompt is tokenized as text (llama.cpp drops it for the same reason).
+  bool strip_bos = false;
+};
+
+// A model's chat format: a Jinja template or a built-in one.
+class ChatFormatter {
+ public:
+  static ChatFormatter Builtin(ChatTemplate t);
+  // `source` as Jinja; INVALID_ARGUMENT (naming `origin`, the line and the construct) for one
+  // that does not parse or fails to render a one-message conversation.
+  static StatusOr<ChatFormatter> FromJinja(std::string_view source, std::string_view origin,
+                                           ChatFormatterOptions options);
+  // A model's default: its GGUF template as Jinja, or where it has none or that one fails, the
+  // built-in its markers name, with *fallback_reason saying why (empty when Jinja is used).
+  static ChatFormatter ForModel(std::string_view gguf_template, ChatFormatterOptions options,
+                                std::string* fallback_reason);
+
+  // INVALID_ARGUMENT for messages the template refuses (raise_exception, an error it hits, a
+  // role or tools a built-in cannot write), naming the cause.
+  StatusOr<std::string> Apply(const ChatInputs& inputs) const;
+  // "jinja (<origin>)" or the built-in's name.
+  const std::string& description() const { return description_; }
+  bool is_jinja() const { return jinja_ != nullptr; }
+
+ private:
+  std::shared_ptr<const jinja::Template> jinja_;
+  ChatTemplate builtin_ = ChatTemplate::kPlain;
+  ChatFormatterOptions options_;
+  std::string description_;
+};
+
+// `messages` (role and text only) through `formatter`, the assistant's turn opened.
+StatusOr<std::string> ApplyChatTemplate(const ChatFormatter& formatter, const std::vector<ChatMessage>& messages);
+
+// The chat format a command line asked for: a built-in by name, a Jinja file, or (both empty)
+// the model's own template.
+struct ChatTemplateChoice {
+  std::string name;  // --chat-template
+  std::string file;  // --chat-template-file
+};
+
+// The formatter for `engine`'s model: bos/eos texts from its vocabulary, a leading BOS dropped
+// (the engine adds it). An unknown name, or a file that cannot be read, parsed or rendered, is
+// an error; a GGUF template that fails is not: the built-in its markers name stands in, with
+// *fallback_reason saying why (for the caller to print once).
+StatusOr<ChatFormatter> LoadChatFormatter(const Engine& engine, const ChatTemplateChoice& choice,
+                                          std::string* fallback_reason);
 
 }  // namespace kvl

@@ -1,6 +1,7 @@
 // `kvl serve`: an OpenAI-compatible HTTP server over one Engine. POST /v1/completions and
 // /v1/chat/completions (plain or streamed as server-sent events), GET /v1/models, /health and
-// /metrics (Prometheus text). Sees only the engine's public API.
+// /metrics (Prometheus text), POST /apply-template (the chat prompt a request makes). Sees only
+// the engine's public API.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,8 @@ struct ServeOptions {
   int port = 8080;                 // 0: any free port (printed on stderr)
   std::string api_key;             // empty: no key needed
   int http_threads = 0;            // connection threads; 0: engine max_seqs + 4
-  std::string chat_template;       // empty: detected from the GGUF; else a ChatTemplateName
+  std::string chat_template;       // empty: the GGUF's own (Jinja); else a ChatTemplateName
+  std::string chat_template_file;  // a Jinja chat template to render instead of the GGUF's
   int64_t max_body_bytes = 8 << 20;
   int keep_alive_seconds = 5;
   double shutdown_grace_seconds = 5;  // running requests may finish this long after a signal
