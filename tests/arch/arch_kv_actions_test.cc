@@ -1,0 +1,118 @@
+// The lossless KV actions on every new architecture: under a budget that holds about two of six
+// sequences, pages are demoted to RAM, kept as residual checkpoints or dropped and recomputed
+// from their tokens, and the greedy output equals keep-all bit for bit. The prompts are longer
+// than several of the test shapes' 6-token windows, so the rebuilt pages cross local layers'
+// windows (Gemma) and every architecture's own K path (biases, Q/K norms, fused QKV, LongRoPE).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "kvl/engine.h"
+#include "kvl/model.h"
+#include "kvl/synthetic_model.h"
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+constexpr int64_t kContext = 256;
+constexpr int32_t kSeqs = 6;
+constexpr int32_t kNewTokens = 60;
+
+class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    SynthOptions o;
+    o.shape = FindModelShape(GetParam()).value();
+    o.weight_type = DType::kF32;
+    o.seed = 11;
+    o.output_path = (std::filesystem::temp_directory_path() /
+                     fmt::format("kvl-arch-kv-{}-{}.gguf", GetParam(), ::getpid()))
+                        .string();
+    ASSERT_TRUE(WriteSyntheticModel(o).ok());
+    path_ = o.output_path;
+    const ModelConfig c = Model::Load(path_).value()->config();
+    page_bytes_ = 16 * c.num_layers * c.KvBytesPerTokenPerLayer(DType::kF32);
+    vocab_ = c.vocab_size;
+  }
+  void TearDown() override { std::filesystem::remove(path_); }
+
+  EngineOptions Options(int64_t budget_pages) const {
+    EngineOptions o;
+    o.model_path = path_;
+    o.num_threads = 2;
+    o.context_length = kContext;
+    o.max_seqs = kSeqs;
+    o.kv_budget_bytes = budget_pages * page_bytes_;
+    o.prefix_cache = false;  // resumed pages come from the actions, not the prefix cache
+    o.profile_path = testing::ProcessProfilePath();
+    return o;
+  }
+
+  std::vector<std::vector<int32_t>> RunAll(Engine& e) const {
+    std::vector<std::vector<int32_t>> out(kSeqs);
+    for (int32_t i = 0; i < kSeqs; ++i) {
+      Request r;
+      for (int64_t k = 0; k < 40 + 5 * i; ++k) {
+        r.prompt_ids.push_back(static_cast<int32_t>(3 + (k * 7919 + 101 * i + 13) % (vocab_ - 3)));
+      }
+      r.max_new_tokens = kNewTokens;
+      r.sampling.temperature = 0;
+      r.ignore_eos = true;
+      EXPECT_TRUE(e.Submit(r, [&out, i](const TokenEvent& ev) {
+                     EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
+                     if (ev.token >= 0) out[static_cast<size_t>(i)].push_back(ev.token);
+                   }).ok());
+    }
+    e.RunUntilIdle();
+    return out;
+  }
+
+  std::string path_;
+  int64_t page_bytes_ = 0;
+  int64_t vocab_ = 0;
+};
+
+TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
+  std::vector<std::vector<int32_t>> keep_all;
+  {
+    std::unique_ptr<Engine> e = std::move(Engine::Create(Options(0)).value());
+    keep_all = RunAll(*e);
+    EXPECT_EQ(e->Metrics().preemptions, 0);
+  }
+  for (const auto& out : keep_all) ASSERT_EQ(out.size(), static_cast<size_t>(kNewTokens));
+  struct Case {
+    const char* policy;
+    std::vector<std::string> tiers;
+    KvAction action;
+  };
+  for (const Case& c : {Case{"demote", {"ram:64MiB"}, KvAction::kDemoteRam},
+                        Case{"recompute-residual", {"ram:64MiB"}, KvAction::kRecomputeResidual},
+                        Case{"recompute-tokens", {}, KvAction::kRecomputeTokens}}) {
+    EngineOptions o = Options(16);  // ~2.5 of the six 100-110-token sequences
+    o.kv_policy = c.policy;
+    o.kv_tiers = c.tiers;
+    StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_EQ(RunAll(**e), keep_all) << GetParam() << " " << c.policy;
+    const EngineMetrics m = (*e)->Metrics();
+    EXPECT_GT(m.preemptions, 0) << c.policy;
+    EXPECT_GT(m.kv_actions[static_cast<size_t>(c.action)].pages, 0) << c.policy;
+    EXPECT_GT(m.kv_actions[static_cast<size_t>(c.action)].pages_restored, 0) << c.policy;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ArchKvActionsTest,
+                         ::testing::Values("test-llama3", "test-qwen2", "test-qwen3",
+                                           "test-gemma2", "test-gemma3", "test-phi3"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace kvl
