@@ -13,7 +13,6 @@
 #include "kvl/engine.h"
 #include "kvl/model.h"
 #include "kvl/synthetic_model.h"
-#include "test_paths.h"
 
 namespace kvl {
 namespace {
@@ -36,6 +35,13 @@ class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
     path_ = o.output_path;
     const ModelConfig c = Model::Load(path_).value()->config();
     page_bytes_ = 16 * c.num_layers * c.KvBytesPerTokenPerLayer(DType::kF32);
+    // Prices fixed rather than measured (as tests/engine/fixed_prices.h does for stories260K):
+    // the forced policies decide what leaves; no calibration run per shape.
+    prices_.model.layers = c.num_layers;
+    prices_.recompute_from_residual.call_ms = 1;
+    prices_.recompute_from_tokens.token_layer_ms = 10.0 / (16.0 * static_cast<double>(c.num_layers));
+    prices_.memory_copy_gbps = 10;
+    prices_.ram.read.gbps = prices_.ram.write.gbps = 10;
     vocab_ = c.vocab_size;
   }
   void TearDown() override { std::filesystem::remove(path_); }
@@ -48,7 +54,7 @@ class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
     o.max_seqs = kSeqs;
     o.kv_budget_bytes = budget_pages * page_bytes_;
     o.prefix_cache = false;  // resumed pages come from the actions, not the prefix cache
-    o.profile_path = testing::ProcessProfilePath();
+    o.cost_profile = prices_;
     return o;
   }
 
@@ -74,6 +80,7 @@ class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
   std::string path_;
   int64_t page_bytes_ = 0;
   int64_t vocab_ = 0;
+  MachineProfile prices_;
 };
 
 TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
