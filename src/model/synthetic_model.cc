@@ -265,8 +265,11 @@ int ScalarBytes(GgufValueType t) {
 }
 
 void AppendBytes(std::vector<uint8_t>& out, const void* p, size_t n) {
-  const auto* b = static_cast<const uint8_t*>(p);
-  out.insert(out.end(), b, b + n);
+  // resize + memcpy rather than insert(first, last): g++ 12 warns falsely on the latter
+  // (-Wstringop-overflow).
+  const size_t size = out.size();
+  out.resize(size + n);
+  if (n > 0) std::memcpy(out.data() + size, p, n);
 }
 
 void AppendString(std::vector<uint8_t>& out, std::string_view str) {

@@ -64,7 +64,7 @@ struct SynthOptions {
   std::optional<DType> more_bits_type = std::nullopt;
   // A vocab-only GGUF (llama.cpp's models/ggml-vocab-*.gguf) whose tokenizer.* keys are copied,
   // and whose token count becomes the vocab size; empty: a synthetic SentencePiece-style vocab.
-  std::string vocab_path;
+  std::string vocab_path = {};
 };
 
 // Parses a --type of kvl synth: any supported type name, or "q4_k_m" / "q5_k_m" (Q4_K / Q5_K
