@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -184,6 +185,49 @@ TEST(ArchConfigTest, UnsupportedRopeScalingIsNamed) {
       Model::FromGguf(std::move(GgufFile::FromBuffer(bytes.data(), bytes.size()).value()));
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("yarn"), std::string::npos) << m.status().message();
+}
+
+}  // namespace
+}  // namespace kvl
+
+namespace kvl {
+namespace {
+
+// --vocab copies a real tokenizer: llama.cpp's vocab-only GGUFs, found at $KVL_LLAMA_CPP_DIR/models
+// or /tmp/llama.cpp/models (llama.cpp's source as npm's node-llama-cpp bundles it); skipped
+// where neither holds them.
+TEST(ArchConfigTest, SynthCopiesARealVocabulary) {
+  const char* dir = std::getenv("KVL_LLAMA_CPP_DIR");
+  const std::string vocab =
+      std::string(dir != nullptr ? dir : "/tmp/llama.cpp") + "/models/ggml-vocab-qwen2.gguf";
+  if (!std::filesystem::exists(vocab)) {
+    GTEST_SKIP() << vocab << " is not here (set KVL_LLAMA_CPP_DIR to a llama.cpp checkout)";
+  }
+  SynthOptions o;
+  o.shape = FindModelShape("test-qwen2").value();
+  o.weight_type = DType::kQ8_0;
+  o.vocab_path = vocab;
+  o.output_path = ::testing::TempDir() + "/arch-qwen2-real-vocab.gguf";
+  ASSERT_TRUE(WriteSyntheticModel(o).ok());
+  std::unique_ptr<GgufFile> f = std::move(GgufFile::Open(o.output_path).value());
+  std::unique_ptr<GgufFile> src = std::move(GgufFile::Open(vocab).value());
+  EXPECT_EQ(f->GetString("tokenizer.ggml.pre").value(), src->GetString("tokenizer.ggml.pre").value());
+  EXPECT_EQ(f->GetString("tokenizer.ggml.model").value(), "gpt2");
+  const GgufValue* tokens = f->GetArray("tokenizer.ggml.tokens", GgufValueType::kString).value();
+  const GgufValue* src_tokens = src->GetArray("tokenizer.ggml.tokens", GgufValueType::kString).value();
+  ASSERT_EQ(tokens->array_count, src_tokens->array_count);
+  EXPECT_EQ(tokens->strings, src_tokens->strings);
+  EXPECT_EQ(f->GetArray("tokenizer.ggml.merges", GgufValueType::kString).value()->strings,
+            src->GetArray("tokenizer.ggml.merges", GgufValueType::kString).value()->strings);
+  StatusOr<std::unique_ptr<Model>> m = Model::Load(o.output_path);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->config().vocab_size, static_cast<int64_t>(src_tokens->array_count));
+  std::filesystem::remove(o.output_path);
+
+  o.vocab_path = ::testing::TempDir() + "/no-such-vocab.gguf";
+  Status missing = WriteSyntheticModel(o);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("no-such-vocab.gguf"), std::string::npos) << missing.ToString();
 }
 
 }  // namespace
