@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Produces tests/arch/arch_goldens.h: llama.cpp's greedy continuations (and top-2 gaps) of fixed
-# token-id prompts on the small test shapes of every architecture, in f32, q8_0 and q4_k_m, from
+# token-id prompts on the small test shapes of every architecture, in every weight type kvlattice
+# loads (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k and the q4_k_m mix), from
 # the same seeded `kvl synth` files the test writes. Run once when the shapes or prompts change:
 #
 #   scripts/arch_goldens/make_goldens.sh [LLAMA_CPP_DIR] [KVL_BINARY]
@@ -51,7 +52,7 @@ out="$repo/tests/arch/arch_goldens.h"
   echo "inline const std::vector<ArchGolden>& ArchGoldens() {"
   echo "  static const std::vector<ArchGolden> goldens = {"
   for shape in test-llama3 test-qwen2 test-qwen3 test-gemma2 test-gemma3 test-phi3; do
-    for type in f32 q8_0 q4_k_m; do
+    for type in f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k q4_k_m; do
       file="$work/$shape-$type.gguf"
       "$kvl" synth --shape "$shape" --type "$type" --seed "$seed" -o "$file" 2>/dev/null
       "$work/llama_goldens" "$file" "$shape/$type" "$n_ctx" "$n_gen" "$prompt"

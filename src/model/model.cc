@@ -304,7 +304,9 @@ Status Model::BindWeights() {
   c.vocab_size = embd->dims[1];
   KVL_RETURN_IF_ERROR(matrix("token_embd.weight", c.vocab_size, c.dim, &token_embd_));
   KVL_RETURN_IF_ERROR(vector("output_norm.weight", c.dim, &output_norm_));
-  if (f.FindTensor("output.weight") != nullptr) {
+  // Gemma-2 always ties its output (llama.cpp reads no output.weight for it and refuses a file
+  // that has one); any other architecture may carry its own.
+  if (c.architecture != "gemma2" && f.FindTensor("output.weight") != nullptr) {
     KVL_RETURN_IF_ERROR(matrix("output.weight", c.vocab_size, c.dim, &output_));
   } else {
     c.tied_output = true;

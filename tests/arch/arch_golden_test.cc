@@ -2,9 +2,10 @@
 // seed scripts/arch_goldens/make_goldens.sh used, run from the same token-id prompt as llama.cpp
 // ran them there (tests/arch/arch_goldens.h).
 //  - f32: the 64 greedy ids are llama.cpp's, every one.
-//  - q8_0, q4_k_m: teacher-forced on llama.cpp's continuation, our top-1 is llama.cpp's at every
-//    step where llama.cpp's top-2 gap exceeds kQuantGapTolerance (the two engines quantize the
-//    activations of a quantized matmul differently, so near ties may break either way).
+//  - f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m: teacher-forced on llama.cpp's continuation,
+//    our top-1 is llama.cpp's at every step where llama.cpp's top-2 gap exceeds
+//    kQuantGapTolerance (the two engines round a matmul's inputs differently, so near ties may
+//    break either way).
 // The prompt runs in chunks of 7 tokens, across the test shapes' 6-token windows.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -28,14 +29,18 @@ using testing::ArchGoldens;
 constexpr uint64_t kGoldenSeed = 7;      // make_goldens.sh's
 constexpr int64_t kGoldenContext = 512;  // its n_ctx (Phi-3's long factors: past 64 positions)
 constexpr int64_t kPromptChunk = 7;
-// Measured on these files (make_goldens.sh's, this test's printout): in f32 all 384 greedy steps
-// agree, down to llama.cpp top-2 gaps of 0.003, so the two forward passes agree to well below
-// that. In q8_0 / q4_k_m, 21 of 768 teacher-forced steps picked another top-1, all where
-// llama.cpp's gap was at most 0.075: both engines quantize each matmul's input activations
-// (llama.cpp to q8_0 / q8_K blocks, kvlattice its own int8 rows for the VNNI GEMM), which moves
-// logits of size ~1-5 by a few hundredths. 0.1 sits above every such near tie measured, and
-// far below the gaps of a wrong forward pass (a missing bias or norm moves gaps by units).
-constexpr float kQuantGapTolerance = 0.1f;
+// Measured on these files (make_goldens.sh's; this test prints its figures): in f32 all 384 greedy
+// steps of the six architectures agree, down to llama.cpp top-2 gaps of 0.003, so the two forward
+// passes agree far below that. In the other eight types, 81 of 3072 teacher-forced steps picked
+// another top-1, every one where llama.cpp's gap was at most 0.14 (qwen3 q5_k; all others at most
+// 0.075): both engines round the inputs of each matmul their own way (llama.cpp to f16 rows or
+// q8_0 / q8_K blocks, kvlattice to f32 or its own int8 rows for the VNNI GEMM), which moves
+// logits of size ~1-5 by up to about half that gap each. 0.2 sits above every near tie measured,
+// and far below what a wrong forward pass does: with the sliding window switched off,
+// test-gemma3's f32 greedy id 0 already differs (llama.cpp's gap 1.09) and its quantized runs flip
+// steps with gaps over 1. (test-gemma2's tied, sqrt(dim)-scaled embeddings make its output follow
+// the input token so closely that the window does not show there; the window's code is shared.)
+constexpr float kQuantGapTolerance = 0.2f;
 
 std::string WriteGoldenModel(const ArchGolden& g) {
   SynthOptions options;
