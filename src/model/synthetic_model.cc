@@ -382,11 +382,13 @@ Status WriteSyntheticModel(const SynthOptions& o) {
     if (!traits.supported) {
       return InvalidArgumentError(fmt::format("weight type {} cannot be synthesized", traits.name));
     }
+    // A K-quant of Qwen2.5-0.5B's 896-wide rows is refused, not mixed with fallback types:
+    // llama-quantize makes that mix from an f16 or q8_0 synth.
     for (int64_t cols : {s.dim, s.ffn_dim, q_dim}) {
-      if (cols % 32 != 0) {
+      if (cols % traits.block_elements != 0) {
         return InvalidArgumentError(fmt::format("shape '{}' has rows of {} values, not a multiple "
-                                                "of 32 (the smallest block of any weight type)",
-                                                s.name, cols));
+                                                "of {}'s block of {}",
+                                                s.name, cols, traits.name, traits.block_elements));
       }
     }
   }
@@ -430,11 +432,8 @@ Status WriteSyntheticModel(const SynthOptions& o) {
   }
 
   uint64_t seed = o.seed;
-  // A matrix in the file's type, or in Q8_0 where its rows do not fill the type's blocks (a
-  // K-quant of Qwen2.5-0.5B's 896-wide rows), as llama.cpp's quantizer falls back too.
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, bool more_bits = false) {
-    DType type = more_bits ? o.more_bits_type.value_or(o.weight_type) : o.weight_type;
-    if (cols % Traits(type).block_elements != 0) type = DType::kQ8_0;
+    const DType type = more_bits ? o.more_bits_type.value_or(o.weight_type) : o.weight_type;
     w.AddTensor(name, type, {cols, rows}, RandomMatrix(type, cols, seed++));
   };
   // Norm weights: ones, or uniform in [0.5, 1.5] for the test shapes. Biases: 0 or +-0.5.
