@@ -1,6 +1,6 @@
 // The lossless KV actions on every new architecture: under a budget that holds about two of six
-// sequences, pages are demoted to RAM, kept as residual checkpoints or dropped and recomputed
-// from their tokens, and the greedy output equals keep-all bit for bit. The prompts are longer
+// sequences, pages are demoted to RAM, kept as residual checkpoints (of every layer, or of every
+// other layer with the layers between run again) or dropped and recomputed from their tokens, and the greedy output equals keep-all bit for bit. The prompts are longer
 // than several of the test shapes' 6-token windows, so the rebuilt pages cross local layers'
 // windows (Gemma) and every architecture's own K path (biases, Q/K norms, fused QKV, LongRoPE).
 #include <fmt/format.h>
@@ -95,16 +95,20 @@ TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
     const char* policy;
     std::vector<std::string> tiers;
     KvAction action;
+    int64_t checkpoint_every = 1;  // 2: every other layer's input kept, the others run again
   };
   for (const Case& c : {Case{"demote", {"ram:64MiB"}, KvAction::kDemoteRam},
                         Case{"recompute-residual", {"ram:64MiB"}, KvAction::kRecomputeResidual},
+                        Case{"recompute-residual", {"ram:64MiB"}, KvAction::kRecomputeResidual, 2},
                         Case{"recompute-tokens", {}, KvAction::kRecomputeTokens}}) {
     EngineOptions o = Options(16);  // ~2.5 of the six 100-110-token sequences
     o.kv_policy = c.policy;
     o.kv_tiers = c.tiers;
+    o.kv_checkpoint_every = c.checkpoint_every;
     StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
-    EXPECT_EQ(RunAll(**e), keep_all) << GetParam() << " " << c.policy;
+    EXPECT_EQ(RunAll(**e), keep_all) << GetParam() << " " << c.policy << " every "
+                                     << c.checkpoint_every;
     const EngineMetrics m = (*e)->Metrics();
     EXPECT_GT(m.preemptions, 0) << c.policy;
     EXPECT_GT(m.kv_actions[static_cast<size_t>(c.action)].pages, 0) << c.policy;
