@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "engine/greedy_reply.h"
 #include "kvl/engine.h"
 #include "kvl/model.h"
 #include "kvl/synthetic_model.h"
@@ -114,6 +115,38 @@ TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
     EXPECT_GT(m.kv_actions[static_cast<size_t>(c.action)].pages, 0) << c.policy;
     EXPECT_GT(m.kv_actions[static_cast<size_t>(c.action)].pages_restored, 0) << c.policy;
   }
+}
+
+// The store across requests and processes: a second engine on the same disk tier promotes the
+// prompt's pages (every local and global layer's K/V) instead of computing them, and its reply is
+// the first engine's, which is keep-all's.
+TEST_P(ArchKvActionsTest, StoredPagesServeASecondEngineBitIdentically) {
+  const std::string disk = (std::filesystem::temp_directory_path() /
+                            fmt::format("kvl-arch-store-{}-{}.pages", GetParam(), ::getpid()))
+                               .string();
+  std::filesystem::remove(disk);
+  std::vector<int32_t> prompt;
+  for (int64_t k = 0; k < 100; ++k) {
+    prompt.push_back(static_cast<int32_t>(3 + (k * 613 + 29) % (vocab_ - 3)));
+  }
+  EngineOptions o = Options(0);
+  o.max_seqs = 2;
+  o.prefix_cache = true;  // pages get their content ids, which the store files them under
+  // Recomputing priced above a disk read, so that the store's pages are promoted.
+  o.cost_profile->recompute_from_residual.call_ms = 5;
+  o.cost_profile->recompute_from_tokens.token_layer_ms *= 5;
+  o.cost_profile->disk_buffered.read.gbps = o.cost_profile->disk_buffered.write.gbps = 1;
+  const testing::GreedyReply keep_all = testing::GenerateGreedy(*testing::MakeEngine(o), prompt, 24);
+  o.kv_tiers = {"disk:" + disk + ":64MiB"};
+  const testing::GreedyReply first = testing::GenerateGreedy(*testing::MakeEngine(o), prompt, 24);
+  std::unique_ptr<Engine> second_engine = testing::MakeEngine(o);
+  const testing::GreedyReply second = testing::GenerateGreedy(*second_engine, prompt, 24);
+  std::filesystem::remove(disk);
+  ASSERT_EQ(keep_all.tokens.size(), 24u);
+  EXPECT_EQ(first.tokens, keep_all.tokens);
+  EXPECT_EQ(second.tokens, keep_all.tokens);
+  EXPECT_EQ(first.cached_prompt_tokens, 0);
+  EXPECT_EQ(second.cached_prompt_tokens, (100 - 1) / 16 * 16);  // every full page but the last's
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ArchKvActionsTest,
