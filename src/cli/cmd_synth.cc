@@ -48,8 +48,15 @@ int SynthCommand(const SynthArgs& args) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print(stderr, "kvl: wrote {} ({} {}, {} parameters) in {:.1f} s\n", args.output,
-             shape->name, SynthTypeName(options), FormatParams(SyntheticParameterCount(*shape)), seconds);
+  if (args.vocab.empty()) {
+    fmt::print(stderr, "kvl: wrote {} ({} {}, {} parameters) in {:.1f} s\n", args.output,
+               shape->name, SynthTypeName(options), FormatParams(SyntheticParameterCount(*shape)),
+               seconds);
+  } else {
+    // The vocab file sets the vocab size, and so the embedding's parameters.
+    fmt::print(stderr, "kvl: wrote {} ({} {}, tokenizer of {}) in {:.1f} s\n", args.output,
+               shape->name, SynthTypeName(options), args.vocab, seconds);
+  }
   return 0;
 }
 
