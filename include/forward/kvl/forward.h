@@ -1,7 +1,10 @@
-// The llama transformer forward pass over a batch of tokens that may belong to several sequences.
-// One call = one step: embeddings, then per layer attention and SwiGLU FFN, then logits for the
-// tokens that asked for them. K and V of every token in the batch are written into the KvCache
-// before attention reads it, so a prefill chunk attends to itself causally.
+// The transformer forward pass over a batch of tokens that may belong to several sequences, for
+// llama's block and what qwen2, qwen3, gemma2, gemma3 and phi3 add to it (ModelConfig::arch).
+// One call = one step: embeddings, then per layer attention and a gated FFN (SwiGLU or GeGLU),
+// then logits for the tokens that asked for them. K and V of every token in the batch are written
+// into the KvCache before attention reads it, so a prefill chunk attends to itself causally; a
+// local (sliding-window) layer's token attends only to its window, while every K/V row stays in
+// the cache.
 //
 // Thread-safety: a Forward belongs to one step loop. It preallocates every activation buffer for
 // its largest batch; Run never allocates, but for the attention-mass scratch, sized once for
