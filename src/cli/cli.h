@@ -66,6 +66,7 @@ struct SynthArgs {
   std::string output;
   uint64_t seed = 1234;
   bool list = false;
+  std::string vocab;  // a vocab-only GGUF whose tokenizer is copied (--vocab)
 };
 int SynthCommand(const SynthArgs& args);
 

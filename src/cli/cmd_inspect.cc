@@ -4,11 +4,44 @@
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <string>
+#include <vector>
 
 #include "cli.h"
 #include "kvl/model.h"
 
 namespace kvl::cli {
+
+namespace {
+
+// What the architecture adds to llama's block, in words (kvl inspect's "features" line).
+std::vector<std::string> ArchFeatureNames(const ModelConfig& c) {
+  const ArchFeatures& a = c.arch;
+  std::vector<std::string> out;
+  if (a.qkv_bias) out.push_back("QKV biases");
+  if (a.qk_norm) out.push_back("per-head Q/K RMSNorm");
+  if (a.post_norms) out.push_back("post-attention/FFN norms");
+  if (a.gelu_ffn) out.push_back("GeGLU (tanh GELU)");
+  if (a.fused_qkv) out.push_back("fused QKV and gate-up");
+  if (a.embed_scale != 1.0f) out.push_back(fmt::format("embeddings x {:.4g}", a.embed_scale));
+  if (a.attn_softcap > 0.0f) out.push_back(fmt::format("attention soft-cap {:g}", a.attn_softcap));
+  if (a.final_softcap > 0.0f) out.push_back(fmt::format("logit soft-cap {:g}", a.final_softcap));
+  if (a.sliding_window > 0) {
+    int64_t local = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) local += c.IsLocal(l) ? 1 : 0;
+    out.push_back(fmt::format("sliding window {} on {} of {} layers (local RoPE base {:g})",
+                              a.sliding_window, local, c.num_layers,
+                              a.rope_freq_base_local > 0.0f ? a.rope_freq_base_local : c.rope_freq_base));
+  }
+  if (a.rope_freq_scale != 1.0f) out.push_back(fmt::format("linear RoPE scaling x{:g}", 1.0f / a.rope_freq_scale));
+  if (a.rope_attn_factor != 1.0f) {
+    out.push_back(fmt::format("LongRoPE (original context {}, attention factor {:.4g})",
+                              a.rope_original_context, a.rope_attn_factor));
+  }
+  return out;
+}
+
+}  // namespace
 
 int InspectCommand(const InspectArgs& args) {
   StatusOr<std::unique_ptr<Model>> loaded = Model::Load(args.model_path);
@@ -52,6 +85,12 @@ int InspectCommand(const InspectArgs& args) {
   j["rope_freq_base"] = c.rope_freq_base;
   j["rms_eps"] = c.norm_eps;
   j["tied_output"] = c.tied_output;
+  j["architecture"] = c.architecture;
+  j["features"] = ArchFeatureNames(c);
+  int64_t local_layers = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) local_layers += c.IsLocal(l) ? 1 : 0;
+  j["sliding_window"] = c.arch.sliding_window;
+  j["local_layers"] = local_layers;
   for (const auto& [type, total] : by_type) {
     j["tensor_types"][type] = {{"tensors", total.tensors}, {"bytes", total.bytes}};
   }
@@ -85,6 +124,8 @@ int InspectCommand(const InspectArgs& args) {
   fmt::print("context       {} tokens; RoPE {} base {}; RMSNorm eps {}; output {}\n",
              c.context_length, c.rope_neox ? "neox" : "normal", c.rope_freq_base, c.norm_eps,
              c.tied_output ? "tied to token_embd" : "separate");
+  const std::vector<std::string> features = ArchFeatureNames(c);
+  if (!features.empty()) fmt::print("features      {}\n", fmt::join(features, ", "));
   fmt::print("\ntensor types\n");
   for (const auto& [type, total] : by_type) {
     fmt::print("  {:<6} {:5} tensors {:>12}\n", type, total.tensors, FormatBytes(total.bytes));

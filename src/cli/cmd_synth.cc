@@ -10,12 +10,12 @@ namespace kvl::cli {
 
 int SynthCommand(const SynthArgs& args) {
   if (args.list || args.shape.empty()) {
-    fmt::print("{:<16} {:>6} {:>7} {:>6} {:>9} {:>7} {:>7} {:>10}\n", "shape", "dim", "layers",
-               "heads", "kv heads", "ffn", "vocab", "params");
+    fmt::print("{:<17} {:<7} {:>6} {:>7} {:>6} {:>9} {:>9} {:>7} {:>7} {:>10}\n", "shape", "arch",
+               "dim", "layers", "heads", "kv heads", "head dim", "ffn", "vocab", "params");
     for (const ModelShape& s : KnownModelShapes()) {
-      fmt::print("{:<16} {:>6} {:>7} {:>6} {:>9} {:>7} {:>7} {:>10}\n", s.name, s.dim,
-                 s.num_layers, s.num_heads, s.num_kv_heads, s.ffn_dim, s.vocab_size,
-                 FormatParams(SyntheticParameterCount(s)));
+      fmt::print("{:<17} {:<7} {:>6} {:>7} {:>6} {:>9} {:>9} {:>7} {:>7} {:>10}\n", s.name,
+                 s.architecture, s.dim, s.num_layers, s.num_heads, s.num_kv_heads, s.HeadDim(),
+                 s.ffn_dim, s.vocab_size, FormatParams(SyntheticParameterCount(s)));
     }
     if (!args.list) {
       fmt::print(stderr, "kvl synth: give --shape NAME --type TYPE -o FILE\n");
@@ -29,6 +29,7 @@ int SynthCommand(const SynthArgs& args) {
     return 1;
   }
   SynthOptions options{*shape, DType::kQ8_0, args.seed, args.output};
+  options.vocab_path = args.vocab;
   if (!ParseSynthType(args.type, &options)) {
     fmt::print(stderr,
                "kvl: unknown weight type '{}' (use f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, "
@@ -47,8 +48,15 @@ int SynthCommand(const SynthArgs& args) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print(stderr, "kvl: wrote {} ({} {}, {} parameters) in {:.1f} s\n", args.output,
-             shape->name, SynthTypeName(options), FormatParams(SyntheticParameterCount(*shape)), seconds);
+  if (args.vocab.empty()) {
+    fmt::print(stderr, "kvl: wrote {} ({} {}, {} parameters) in {:.1f} s\n", args.output,
+               shape->name, SynthTypeName(options), FormatParams(SyntheticParameterCount(*shape)),
+               seconds);
+  } else {
+    // The vocab file sets the vocab size, and so the embedding's parameters.
+    fmt::print(stderr, "kvl: wrote {} ({} {}, tokenizer of {}) in {:.1f} s\n", args.output,
+               shape->name, SynthTypeName(options), args.vocab, seconds);
+  }
   return 0;
 }
 

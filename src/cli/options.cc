@@ -240,6 +240,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   CLI::Option* synth_seed_opt =
       synth_cmd->add_option("--seed", synth_seed, "RNG seed (default 1234)");
   synth_cmd->add_flag("--list", synth.list, "list the known shapes");
+  synth_cmd->add_option("--vocab", synth.vocab,
+                        "copy the tokenizer of this vocab-only GGUF (e.g. llama.cpp's "
+                        "models/ggml-vocab-llama-bpe.gguf); its size becomes the vocab size");
 
   BenchArgs& bench = cmd.bench;
   CLI::App* bench_cmd = app.add_subcommand("bench", "llama-bench style prompt and decode speed");

@@ -48,6 +48,8 @@ void Forward::Activations::Allocate(const ModelConfig& c, int64_t n) {
   up.resize(r * static_cast<size_t>(c.ffn_dim));
   rope_cos.resize(r * static_cast<size_t>(c.head_dim / 2));
   rope_sin.resize(r * static_cast<size_t>(c.head_dim / 2));
+  rope_cos_local.resize(r * static_cast<size_t>(c.head_dim / 2));
+  rope_sin_local.resize(r * static_cast<size_t>(c.head_dim / 2));
 }
 
 void TokenBatch::Clear() {
@@ -95,13 +97,17 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
   rebuild_cos_.resize(Elems(b, c.head_dim / 2));
   rebuild_sin_.resize(Elems(b, c.head_dim / 2));
   mass_row_of_token_.resize(static_cast<size_t>(b));
-  // theta_i = base^(-2i/d), in double so positions far out keep their precision.
-  inv_freq_.resize(static_cast<size_t>(c.head_dim / 2));
-  for (int64_t i = 0; i < c.head_dim / 2; ++i) {
-    inv_freq_[static_cast<size_t>(i)] =
-        std::pow(static_cast<double>(c.rope_freq_base), -2.0 * static_cast<double>(i) /
-                                                            static_cast<double>(c.head_dim));
+  // RoPE per layer kind. The frequency factors (Llama-3, LongRoPE) depend on the context the
+  // engine runs with, as llama.cpp picks Phi-3's long set by its context size.
+  rope_global_ = {c.rope_freq_base, c.arch.rope_freq_scale, c.arch.rope_attn_factor,
+                  model.rope_factors(options_.max_context)};
+  rope_local_ = rope_global_;
+  if (c.arch.sliding_window > 0) {
+    if (c.arch.rope_freq_base_local > 0.0f) rope_local_.freq_base = c.arch.rope_freq_base_local;
+    rope_local_.freq_scale = c.arch.rope_freq_scale_local;
   }
+  local_rope_differs_ = rope_local_.freq_base != rope_global_.freq_base ||
+                        rope_local_.freq_scale != rope_global_.freq_scale;
   // Quantized activations for the widest matmul input (dim, q_dim or ffn_dim).
   ops_.Reserve(std::max(b, options_.max_logit_rows),
                std::max({c.dim, c.q_dim(), c.ffn_dim}));
@@ -175,12 +181,24 @@ void Forward::RunLayer(int64_t layer, const TokenBatch& batch, KvCache& kv, Acti
   }
   Attention(layer, batch, kv, a, rebuilding);
   ops::MatMul(ops_, w.wo, a.attn.data(), n, a.proj.data());
-  ops::Add(ops_, a.x.data(), a.proj.data(), n * c.dim);
-  // Feed-forward sublayer: x += W_down (silu(W_gate xn) * W_up xn).
+  AddResidual(w.post_attn_norm, n, a);
+  // Feed-forward sublayer: x += W_down (act(W_gate xn) * W_up xn), act silu or tanh-GELU.
   for (int64_t t = 0; t < n; ++t) {
     ops::RmsNorm(ops_, &a.x[Elems(t, c.dim)], w.ffn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
   }
   FeedForward(w, n, a);
+  AddResidual(w.post_ffn_norm, n, a);
+}
+
+void Forward::AddResidual(const float* post_norm, int64_t n, Activations& a) {
+  const int64_t dim = config_.dim;
+  if (post_norm != nullptr) {
+    for (int64_t t = 0; t < n; ++t) {
+      ops::RmsNorm(ops_, &a.proj[Elems(t, dim)], post_norm, dim, config_.norm_eps,
+                   &a.proj[Elems(t, dim)]);
+    }
+  }
+  ops::Add(ops_, a.x.data(), a.proj.data(), n * dim);
 }
 
 void Forward::Embed(const TokenBatch& batch) {
@@ -189,24 +207,68 @@ void Forward::Embed(const TokenBatch& batch) {
     const int32_t token = batch.tokens[static_cast<size_t>(t)];
     KVL_CHECK(token >= 0 && token < config_.vocab_size);
     const auto* row = static_cast<const uint8_t*>(e.data) + token * e.row_bytes;
-    ops::DequantizeRow(e.type, row, config_.dim, &act_.x[Elems(t, config_.dim)]);
+    float* x = &act_.x[Elems(t, config_.dim)];
+    ops::DequantizeRow(e.type, row, config_.dim, x);
+    if (config_.arch.embed_scale != 1.0f) {
+      for (int64_t i = 0; i < config_.dim; ++i) x[i] *= config_.arch.embed_scale;
+    }
   }
 }
 
-void Forward::AnglesFor(int64_t position, float* cos, float* sin) const {
-  const double pos = static_cast<double>(position);
-  for (int64_t i = 0; i < config_.head_dim / 2; ++i) {
-    const double angle = pos * inv_freq_[static_cast<size_t>(i)];
-    cos[i] = static_cast<float>(std::cos(angle));
-    sin[i] = static_cast<float>(std::sin(angle));
+// The angles as ggml's CPU RoPE computes them (in float, the power of the base as a running
+// product), so that long positions round as llama.cpp's do.
+void Forward::AnglesFor(int64_t position, const RopeParams& rope, float* cos, float* sin) const {
+  const int64_t half = config_.rope_dim / 2;
+  const float theta_scale = std::pow(rope.freq_base, -2.0f / static_cast<float>(config_.rope_dim));
+  float theta = static_cast<float>(position);
+  for (int64_t i = 0; i < half; ++i) {
+    const float factor = rope.factors != nullptr ? rope.factors[i] : 1.0f;
+    const float angle = rope.freq_scale * (theta / factor);
+    cos[i] = std::cos(angle) * rope.attn_factor;
+    sin[i] = std::sin(angle) * rope.attn_factor;
+    theta *= theta_scale;
   }
 }
 
 void Forward::ComputeRopeAngles(const TokenBatch& batch, Activations& a) {
   const int64_t half = config_.head_dim / 2;
   for (int64_t t = 0; t < batch.size(); ++t) {
-    AnglesFor(batch.positions[static_cast<size_t>(t)], &a.rope_cos[Elems(t, half)],
-              &a.rope_sin[Elems(t, half)]);
+    const int64_t pos = batch.positions[static_cast<size_t>(t)];
+    AnglesFor(pos, rope_global_, &a.rope_cos[Elems(t, half)], &a.rope_sin[Elems(t, half)]);
+    if (local_rope_differs_) {
+      AnglesFor(pos, rope_local_, &a.rope_cos_local[Elems(t, half)],
+                &a.rope_sin_local[Elems(t, half)]);
+    }
+  }
+}
+
+void Forward::FinishKv(const LayerWeights& w, float* k, float* v, const float* cos,
+                       const float* sin) const {
+  const ModelConfig& c = config_;
+  if (w.k_bias != nullptr) {
+    ops::Add(ops_, k, w.k_bias, c.kv_dim());
+    ops::Add(ops_, v, w.v_bias, c.kv_dim());
+  }
+  if (w.k_norm != nullptr) {
+    for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+      ops::RmsNorm(ops_, k + h * c.head_dim, w.k_norm, c.head_dim, c.norm_eps, k + h * c.head_dim);
+    }
+  }
+  ops::Rope(ops_, k, c.num_kv_heads, c.head_dim, cos, sin, c.rope_neox);
+}
+
+void Forward::FinishQ(const LayerWeights& w, float* q, const float* cos, const float* sin) const {
+  const ModelConfig& c = config_;
+  if (w.q_bias != nullptr) ops::Add(ops_, q, w.q_bias, c.q_dim());
+  if (w.q_norm != nullptr) {
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      ops::RmsNorm(ops_, q + h * c.head_dim, w.q_norm, c.head_dim, c.norm_eps, q + h * c.head_dim);
+    }
+  }
+  ops::Rope(ops_, q, c.num_heads, c.head_dim, cos, sin, c.rope_neox);
+  if (c.arch.attn_scale_on_q) {
+    const float scale = c.AttentionScale();
+    for (int64_t i = 0; i < c.q_dim(); ++i) q[i] *= scale;
   }
 }
 
@@ -229,9 +291,13 @@ void Forward::StoreRow(const float* row, DType type, void* out) const {
 void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv) {
   const ModelConfig& c = config_;
   const int64_t half = c.head_dim / 2;
+  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+  const bool local = local_rope_differs_ && c.IsLocal(layer);
+  const float* cos = local ? act_.rope_cos_local.data() : act_.rope_cos.data();
+  const float* sin = local ? act_.rope_sin_local.data() : act_.rope_sin.data();
   for (int64_t t = 0; t < batch.size(); ++t) {
-    ops::Rope(ops_, &act_.k[Elems(t, c.kv_dim())], c.num_kv_heads, c.head_dim,
-              &act_.rope_cos[Elems(t, half)], &act_.rope_sin[Elems(t, half)], c.rope_neox);
+    FinishKv(w, &act_.k[Elems(t, c.kv_dim())], &act_.v[Elems(t, c.kv_dim())], cos + t * half,
+             sin + t * half);
     const KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,
                                          batch.positions[static_cast<size_t>(t)]);
     KVL_CHECK_MSG(rows.kind == KvCache::Rows::Kind::kDense, "new K/V rows must be writable");
@@ -273,14 +339,14 @@ void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int6
     for (int64_t t = 0; t < m; ++t) {
       ops::RmsNorm(ops_, checkpoints + (begin + t) * c.dim, w.attn_norm, c.dim, c.norm_eps,
                    &act_.xn[Elems(t, c.dim)]);
-      AnglesFor(positions[begin + t], &rebuild_cos_[Elems(t, half)], &rebuild_sin_[Elems(t, half)]);
+      AnglesFor(positions[begin + t], RopeOf(layer), &rebuild_cos_[Elems(t, half)],
+                &rebuild_sin_[Elems(t, half)]);
     }
     MatMulShared({&w.wk, &w.wv}, act_.xn.data(), m, {act_.k.data(), act_.v.data()});
     for (int64_t t = 0; t < m; ++t) {
       float* k = &act_.k[Elems(t, c.kv_dim())];
-      const float* v = &act_.v[Elems(t, c.kv_dim())];
-      ops::Rope(ops_, k, c.num_kv_heads, c.head_dim, &rebuild_cos_[Elems(t, half)],
-                &rebuild_sin_[Elems(t, half)], c.rope_neox);
+      float* v = &act_.v[Elems(t, c.kv_dim())];
+      FinishKv(w, k, v, &rebuild_cos_[Elems(t, half)], &rebuild_sin_[Elems(t, half)]);
       const int64_t row = (begin + t) * c.kv_dim();
       StoreRow(k, k_type, static_cast<uint8_t*>(k_out) + RowBytes(k_type, row));
       StoreRow(v, v_type, static_cast<uint8_t*>(v_out) + RowBytes(v_type, row));
@@ -329,9 +395,12 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Act
   const ModelConfig& c = config_;
   const int64_t n = batch.size();
   const int64_t half = c.head_dim / 2;
+  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+  const bool local = local_rope_differs_ && c.IsLocal(layer);
+  const float* cos = local ? a.rope_cos_local.data() : a.rope_cos.data();
+  const float* sin = local ? a.rope_sin_local.data() : a.rope_sin.data();
   for (int64_t t = 0; t < n; ++t) {
-    ops::Rope(ops_, &a.q[Elems(t, c.q_dim())], c.num_heads, c.head_dim, &a.rope_cos[Elems(t, half)],
-              &a.rope_sin[Elems(t, half)], c.rope_neox);
+    FinishQ(w, &a.q[Elems(t, c.q_dim())], cos + t * half, sin + t * half);
   }
   if (!rebuilding) {
     RopeAndStoreKv(layer, batch, kv);
@@ -480,7 +549,12 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
   const int64_t first_pos = batch.positions[static_cast<size_t>(block.first_token)];
   const int64_t end_pos = first_pos + block.num_tokens;  // one past the last token's position
   KVL_CHECK(end_pos <= context_capacity_);  // PlanAttentionMass grew the mass scratch
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // Where llama.cpp scales Q (Gemma, Phi-3), FinishQ did; the scores are then taken as they are.
+  const float scale = c.arch.attn_scale_on_q ? 1.0f : c.AttentionScale();
+  // A local layer's token at position p sees (p - window, p]: llama.cpp's sliding-window mask.
+  const int64_t window = c.IsLocal(layer) ? c.arch.sliding_window : 0;
+  const int64_t last_pos = end_pos - 1;
+  const float softcap = c.arch.attn_softcap;
 
   // Row r = token i of the block (r / group), head kv_head * group + r % group. Its output
   // accumulates in place in a.attn.
@@ -505,7 +579,12 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
     }
   }
 
-  for (int64_t begin = 0; begin < end_pos; begin += attn_tile_tokens_) {
+  // Tiles are fixed by position; with a window, those wholly before the first token's window
+  // are skipped, and a token whose window starts inside a tile sees a tile regathered from its
+  // window's first position (so what a row sees depends on its position only).
+  const int64_t first_seen = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+  for (int64_t begin = first_seen / attn_tile_tokens_ * attn_tile_tokens_; begin < end_pos;
+       begin += attn_tile_tokens_) {
     const int64_t end = std::min(begin + attn_tile_tokens_, end_pos);
     const int64_t count = GatherTile(layer, seq, kv_head, begin, end, kv, s);
     if (end < end_pos) {
@@ -513,32 +592,35 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
     }
     if (count == 0) continue;
     // Every token of the block sees the whole tile: one call for all rows. Otherwise (the tiles
-    // that hold the block's own positions) each token sees the gathered rows before it.
-    const bool whole = end <= first_pos + 1;
-    for (int64_t i = 0; i < block.num_tokens; i += whole ? block.num_tokens : 1) {
+    // that hold the block's own positions, or a window's edge) each token sees the gathered rows
+    // in its own range.
+    const bool whole = end <= first_pos + 1 && (window == 0 || begin > last_pos - window);
+    if (whole) {
+      AttendRows(batch, block, kv_head, s, 0, num_rows, count, scale, softcap, mass_rows, any_mass);
+      continue;
+    }
+    bool window_edge = false;
+    for (int64_t i = 0; i < block.num_tokens; ++i) {
+      const int64_t pos = first_pos + i;
       const int64_t visible =
-          whole ? count
-                : std::upper_bound(s.tile_pos.begin(), s.tile_pos.begin() + count, first_pos + i) -
-                      s.tile_pos.begin();
-      if (visible == 0) continue;
-      const size_t r0 = static_cast<size_t>(i * group);
-      ops::AttentionRows rows;
-      rows.num_rows = whole ? num_rows : group;
-      rows.q = &s.q_rows[r0];
-      rows.m = &s.m[r0];
-      rows.l = &s.l[r0];
-      rows.acc = &s.acc_rows[r0];
-      rows.scores = any_mass ? &s.score_rows[r0] : nullptr;
-      ops::AttentionTile(ops_, s.kt, attn_tile_tokens_, s.v_rows.data(), visible, d, scale, rows);
-      if (!any_mass) continue;
-      for (int64_t r = static_cast<int64_t>(r0); r < static_cast<int64_t>(r0) + rows.num_rows; ++r) {
-        const float* scores = s.score_rows[static_cast<size_t>(r)];
-        if (scores == nullptr) continue;
-        const int64_t t = block.first_token + r / group;
-        const int64_t h = kv_head * group + r % group;
-        float* weights = &mass_scratch_[Elems(mass_rows[t] * c.num_heads + h, context_capacity_)];
-        for (int64_t j = 0; j < visible; ++j) weights[s.tile_pos[static_cast<size_t>(j)]] = scores[j];
+          std::upper_bound(s.tile_pos.begin(), s.tile_pos.begin() + count, pos) - s.tile_pos.begin();
+      if (window > 0 && pos - window + 1 > begin) {
+        window_edge |= pos - window + 1 < end;  // its window starts inside: below
+        continue;
       }
+      if (visible == 0) continue;
+      AttendRows(batch, block, kv_head, s, i * group, group, visible, scale, softcap, mass_rows,
+                 any_mass);
+    }
+    if (!window_edge) continue;
+    for (int64_t i = 0; i < block.num_tokens; ++i) {
+      const int64_t pos = first_pos + i;
+      const int64_t lo = pos - window + 1;
+      if (lo <= begin || lo >= end) continue;
+      const int64_t seen = GatherTile(layer, seq, kv_head, lo, std::min(end, pos + 1), kv, s);
+      if (seen == 0) continue;
+      AttendRows(batch, block, kv_head, s, i * group, group, seen, scale, softcap, mass_rows,
+                 any_mass);
     }
   }
 
@@ -553,6 +635,33 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
       float* weights = &mass_scratch_[Elems(mass_rows[t] * c.num_heads + h, context_capacity_)];
       ops::Softmax(ops_, weights, batch.positions[static_cast<size_t>(t)] + 1);
     }
+  }
+}
+
+void Forward::AttendRows(const TokenBatch& batch, const AttentionBlock& block, int64_t kv_head,
+                         AttentionScratch& s, int64_t r0, int64_t num_rows, int64_t visible,
+                         float scale, float softcap, const int64_t* mass_rows, bool any_mass) {
+  const ModelConfig& c = config_;
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const size_t r = static_cast<size_t>(r0);
+  ops::AttentionRows rows;
+  rows.num_rows = num_rows;
+  rows.q = &s.q_rows[r];
+  rows.m = &s.m[r];
+  rows.l = &s.l[r];
+  rows.acc = &s.acc_rows[r];
+  rows.scores = any_mass ? &s.score_rows[r] : nullptr;
+  rows.softcap = softcap;
+  ops::AttentionTile(ops_, s.kt, attn_tile_tokens_, s.v_rows.data(), visible, c.head_dim, scale,
+                     rows);
+  if (!any_mass) return;
+  for (int64_t row = r0; row < r0 + num_rows; ++row) {
+    const float* scores = s.score_rows[static_cast<size_t>(row)];
+    if (scores == nullptr) continue;
+    const int64_t t = block.first_token + row / group;
+    const int64_t h = kv_head * group + row % group;
+    float* weights = &mass_scratch_[Elems(mass_rows[t] * c.num_heads + h, context_capacity_)];
+    for (int64_t j = 0; j < visible; ++j) weights[s.tile_pos[static_cast<size_t>(j)]] = scores[j];
   }
 }
 
@@ -619,9 +728,12 @@ void Forward::MatMulShared(std::initializer_list<const MatrixView*> ws, const fl
 void Forward::FeedForward(const LayerWeights& w, int64_t n, Activations& a) {
   const ModelConfig& c = config_;
   MatMulShared({&w.w_gate, &w.w_up}, a.xn.data(), n, {a.gate.data(), a.up.data()});
-  ops::SwiGlu(ops_, a.gate.data(), a.up.data(), n * c.ffn_dim);
+  if (c.arch.gelu_ffn) {
+    ops::GeGlu(ops_, a.gate.data(), a.up.data(), n * c.ffn_dim);
+  } else {
+    ops::SwiGlu(ops_, a.gate.data(), a.up.data(), n * c.ffn_dim);
+  }
   ops::MatMul(ops_, w.w_down, a.gate.data(), n, a.proj.data());
-  ops::Add(ops_, a.x.data(), a.proj.data(), n * c.dim);
 }
 
 void Forward::Logits(const TokenBatch& batch) {
@@ -636,6 +748,9 @@ void Forward::Logits(const TokenBatch& batch) {
   }
   if (num_logit_rows_ > 0) {
     ops::MatMul(ops_, output_, logit_in_.data(), num_logit_rows_, logits_.data());
+    if (c.arch.final_softcap > 0.0f) {
+      ops::SoftCap(logits_.data(), num_logit_rows_ * c.vocab_size, c.arch.final_softcap);
+    }
   }
 }
 

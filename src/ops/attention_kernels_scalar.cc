@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "kernel_table.h"
+#include "kvl/ops.h"
 #include "kvl/quant.h"
 
 namespace kvl::ops {
@@ -42,10 +43,9 @@ void ScalarAttentionTile(const float* kt, int64_t width, const float* const* v, 
       for (int64_t j = 0; j < count; ++j) p[j] += q[c] * k[j];
     }
     float tile_max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < count; ++j) {
-      p[j] *= scale;
-      tile_max = std::max(tile_max, p[j]);
-    }
+    for (int64_t j = 0; j < count; ++j) p[j] *= scale;
+    if (rows.softcap > 0.0f) SoftCap(p, count, rows.softcap);
+    for (int64_t j = 0; j < count; ++j) tile_max = std::max(tile_max, p[j]);
     if (rows.scores != nullptr && rows.scores[r] != nullptr) {
       std::memcpy(rows.scores[r], p, sizeof(float) * static_cast<size_t>(count));
     }

@@ -595,6 +595,11 @@ void AttentionTile(const OpsContext& ctx, const float* kt, int64_t width, const 
   if (rows.num_rows == 0) return;
   KVL_CHECK(v != nullptr && rows.q != nullptr && rows.m != nullptr && rows.l != nullptr &&
             rows.acc != nullptr);
+  if (rows.softcap > 0.0f) {
+    // Soft-capped scores (Gemma-2) have no SIMD kernel: the scalar one applies the cap.
+    ScalarAttentionTile(kt, width, v, count, head_dim, scale, rows);
+    return;
+  }
   ctx.kernels().attention_tile(kt, width, v, count, head_dim, scale, rows);
 }
 

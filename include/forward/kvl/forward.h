@@ -1,7 +1,10 @@
-// The llama transformer forward pass over a batch of tokens that may belong to several sequences.
-// One call = one step: embeddings, then per layer attention and SwiGLU FFN, then logits for the
-// tokens that asked for them. K and V of every token in the batch are written into the KvCache
-// before attention reads it, so a prefill chunk attends to itself causally.
+// The transformer forward pass over a batch of tokens that may belong to several sequences, for
+// llama's block and what qwen2, qwen3, gemma2, gemma3 and phi3 add to it (ModelConfig::arch).
+// One call = one step: embeddings, then per layer attention and a gated FFN (SwiGLU or GeGLU),
+// then logits for the tokens that asked for them. K and V of every token in the batch are written
+// into the KvCache before attention reads it, so a prefill chunk attends to itself causally; a
+// local (sliding-window) layer's token attends only to its window, while every K/V row stays in
+// the cache.
 //
 // Thread-safety: a Forward belongs to one step loop. It preallocates every activation buffer for
 // its largest batch; Run never allocates, but for the attention-mass scratch, sized once for
@@ -89,13 +92,32 @@ class Forward final : public KvRebuilder {
     std::vector<float> proj;      // [tokens][dim] output of Wo or W_down
     std::vector<float> gate;      // [tokens][ffn_dim]
     std::vector<float> up;        // [tokens][ffn_dim]
-    std::vector<float> rope_cos;  // [tokens][head_dim/2]
+    std::vector<float> rope_cos;  // [tokens][head_dim/2] global layers' angles
     std::vector<float> rope_sin;  // [tokens][head_dim/2]
+    std::vector<float> rope_cos_local;  // [tokens][head_dim/2] local layers' (where they differ)
+    std::vector<float> rope_sin_local;  // [tokens][head_dim/2]
+  };
+  // One layer kind's RoPE: angle_i = freq_scale * p * base^(-2i/rope_dim) / factors[i], computed
+  // in float as ggml does (the power by repeated products), cos and sin times attn_factor.
+  struct RopeParams {
+    float freq_base = 10000.0f;
+    float freq_scale = 1.0f;
+    float attn_factor = 1.0f;
+    const float* factors = nullptr;  // [head_dim/2] or null
   };
 
   void Embed(const TokenBatch& batch);
   void ComputeRopeAngles(const TokenBatch& batch, Activations& a);
-  void AnglesFor(int64_t position, float* cos, float* sin) const;
+  void AnglesFor(int64_t position, const RopeParams& rope, float* cos, float* sin) const;
+  const RopeParams& RopeOf(int64_t layer) const {
+    return config_.IsLocal(layer) ? rope_local_ : rope_global_;
+  }
+  // K and V of one token as the cache stores them: biases, the per-head K norm, RoPE on K.
+  void FinishKv(const LayerWeights& w, float* k, float* v, const float* cos,
+                const float* sin) const;
+  // Q of one token before attention: bias, per-head norm, RoPE, and the scale where llama.cpp
+  // scales Q rather than the scores.
+  void FinishQ(const LayerWeights& w, float* q, const float* cos, const float* sin) const;
   // Tokens of one attention work item: batch tokens [first_token, first_token + num_tokens), of
   // one sequence at consecutive positions.
   struct AttentionBlock {
@@ -135,12 +157,19 @@ class Forward final : public KvRebuilder {
   void AttendBlock(int64_t layer, const TokenBatch& batch, const AttentionBlock& block,
                    int64_t kv_head, KvCache& kv, AttentionScratch& s, Activations& a,
                    const int64_t* mass_rows);
+  // Runs the query rows [r0, r0 + num_rows) of a block over the first `visible` gathered rows of
+  // the thread's tile, copying their scores into the mass scratch where tracked.
+  void AttendRows(const TokenBatch& batch, const AttentionBlock& block, int64_t kv_head,
+                  AttentionScratch& s, int64_t r0, int64_t num_rows, int64_t visible,
+                  float scale, float softcap, const int64_t* mass_rows, bool any_mass);
   void RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv);
   void GrowContextScratch(int64_t positions);
   void PlanAttentionMass(const TokenBatch& batch, KvCache& kv);
   void StoreRow(const float* row, DType type, void* out) const;
   void AccumulateAttentionMass(const TokenBatch& batch, KvCache& kv);
   void FeedForward(const LayerWeights& w, int64_t n, Activations& a);
+  // x += post_norm(proj) (Gemma's post-attention / post-FFN norms), or x += proj.
+  void AddResidual(const float* post_norm, int64_t n, Activations& a);
   void MatMulShared(std::initializer_list<const MatrixView*> ws, const float* x, int64_t n,
                     std::initializer_list<float*> ys);
   void Logits(const TokenBatch& batch);
@@ -166,7 +195,9 @@ class Forward final : public KvRebuilder {
   // AdvanceResidual's: empty until the first call (most engines never rebuild across layers).
   Activations rebuild_act_;
   TokenBatch rebuild_batch_;    // the tokens AdvanceResidual runs, reserved for a chunk
-  std::vector<double> inv_freq_; // [head_dim/2]
+  RopeParams rope_global_;  // every layer's, or the global layers' where local ones differ
+  RopeParams rope_local_;   // the sliding-window layers'
+  bool local_rope_differs_ = false;
   std::vector<float> rebuild_cos_;  // RebuildLayerKv's own RoPE angles (Run's stay intact)
   std::vector<float> rebuild_sin_;
   // Per-position scratch is sized for context_capacity_ positions, the longest sequence seen so

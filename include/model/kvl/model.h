@@ -15,41 +15,84 @@
 
 namespace kvl {
 
+// Where an architecture's block departs from llama's. Every field has llama's value by default,
+// so a llama file sets none of them; each is read from the GGUF keys llama.cpp reads.
+struct ArchFeatures {
+  bool qkv_bias = false;         // qwen2: attn_{q,k,v}.bias added after the projections
+  bool qk_norm = false;          // qwen3, gemma3: per-head RMSNorm of Q and K before RoPE
+  bool post_norms = false;       // gemma2/3: RMSNorm of the attention and FFN outputs
+  bool gelu_ffn = false;         // gemma: GeGLU (tanh GELU as ggml's CPU table) instead of SwiGLU
+  bool fused_qkv = false;        // phi3: one attn_qkv matrix (split into views at load)
+  bool fused_gate_up = false;    // phi3: ffn_up holds gate rows then up rows
+  float embed_scale = 1.0f;      // gemma: embeddings times sqrtf(dim)
+  // Attention logits: q.k * attn_scale, then cap * tanh(s / cap) where attn_softcap > 0.
+  float attn_scale = 0.0f;       // 0: 1/sqrt(head_dim)
+  bool attn_scale_on_q = false;  // gemma, phi3: Q is scaled before the dot product (llama.cpp's order)
+  float attn_softcap = 0.0f;     // gemma2
+  float final_softcap = 0.0f;    // gemma2 (gemma3 where the file says): on the output logits
+  // Sliding-window attention: a local layer's token at position p sees positions (p - window, p].
+  int64_t sliding_window = 0;    // 0: every layer global
+  std::vector<bool> layer_is_local;  // [layer]; empty: none
+  // RoPE: angle_i = freq_scale * p * base^(-2i/rope_dim) / factor_i, cos/sin times attn_factor.
+  float rope_freq_scale = 1.0f;        // linear scaling (1 / rope.scaling.factor), global layers
+  float rope_freq_base_local = 0.0f;   // local layers' base (gemma3); 0: rope_freq_base
+  float rope_freq_scale_local = 1.0f;  // local layers are never scaled (gemma2/3)
+  float rope_attn_factor = 1.0f;       // phi3 LongRoPE: rope.scaling.attn_factor
+  int64_t rope_original_context = 0;   // phi3: long factors when the context exceeds this
+};
+
 struct ModelConfig {
-  std::string architecture;  // "llama"
+  std::string architecture;  // "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"
   std::string name;          // general.name, or the file's stem
   int64_t dim = 0;           // d_model, the residual stream width
   int64_t num_layers = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // == num_heads: MHA; 1: MQA; otherwise GQA
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;      // attention.key_length (== value_length), else dim / heads
   int64_t ffn_dim = 0;
   int64_t vocab_size = 0;
   int64_t context_length = 0;  // what the file claims; the engine may use less
   float norm_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
-  int64_t rope_dim = 0;      // rotated dims per head (== head_dim for llama)
+  int64_t rope_dim = 0;      // rotated dims per head (== head_dim: partial RoPE is refused)
   bool rope_neox = false;    // false: rotate (x[2i], x[2i+1]); true: (x[i], x[i + d/2])
   bool tied_output = false;  // output projection shares token_embd.weight
+  ArchFeatures arch;
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  bool IsLocal(int64_t layer) const {
+    return arch.sliding_window > 0 && !arch.layer_is_local.empty() &&
+           arch.layer_is_local[static_cast<size_t>(layer)];
+  }
+  // The scale of q.k (whichever side llama.cpp applies it on).
+  float AttentionScale() const;
   // K and V of one token in one layer, at `kv_type` (f32/f16/bf16/q8_0/q4_0).
   int64_t KvBytesPerTokenPerLayer(DType kv_type) const;
   // The residual-stream checkpoint of one token in one layer (the layer's input, d_model wide).
   int64_t ResidualBytesPerTokenPerLayer(DType type) const;
 };
 
+// The architectures Model::Load accepts, for error messages: "llama, mistral, qwen2, ...".
+const char* SupportedArchitectures();
+
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim]
   MatrixView wq;                     // [q_dim][dim]
   MatrixView wk;                     // [kv_dim][dim]
   MatrixView wv;                     // [kv_dim][dim]
+  const float* q_bias = nullptr;     // [q_dim]  (qkv_bias)
+  const float* k_bias = nullptr;     // [kv_dim]
+  const float* v_bias = nullptr;     // [kv_dim]
+  const float* q_norm = nullptr;     // [head_dim] (qk_norm)
+  const float* k_norm = nullptr;     // [head_dim]
   MatrixView wo;                     // [dim][q_dim]
+  const float* post_attn_norm = nullptr;  // [dim] (post_norms)
   const float* ffn_norm = nullptr;   // [dim]
   MatrixView w_gate;                 // [ffn_dim][dim]
   MatrixView w_up;                   // [ffn_dim][dim]
   MatrixView w_down;                 // [dim][ffn_dim]
+  const float* post_ffn_norm = nullptr;   // [dim] (post_norms)
 };
 
 class Model {
@@ -67,6 +110,10 @@ class Model {
   const float* output_norm() const { return output_norm_; }          // [dim]
   const MatrixView& output() const { return output_; }               // [vocab][dim]
   const LayerWeights& layer(int64_t l) const { return layers_[static_cast<size_t>(l)]; }
+  // RoPE frequency factors, [rope_dim / 2] dividing each pair's angle, or null: Llama-3's
+  // rope_freqs, or Phi-3's LongRoPE short / long sets (the long one for contexts past
+  // rope_original_context).
+  const float* rope_factors(int64_t context) const;
 
   int64_t num_parameters() const { return num_parameters_; }
   int64_t weight_bytes() const { return weight_bytes_; }
@@ -76,12 +123,17 @@ class Model {
  private:
   Model() = default;
   Status ReadConfig();
+  Status ReadRopeScaling();
+  Status ReadArchFeatures();
   Status BindWeights();
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;
   MatrixView token_embd_;
   const float* output_norm_ = nullptr;
+  const float* rope_freqs_ = nullptr;
+  const float* rope_short_ = nullptr;
+  const float* rope_long_ = nullptr;
   MatrixView output_;
   std::vector<LayerWeights> layers_;
   int64_t num_parameters_ = 0;

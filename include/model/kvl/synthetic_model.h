@@ -27,9 +27,29 @@ struct ModelShape {
   float rope_freq_base;
   float norm_eps;
   bool tied_output;
+  // The architecture and what it adds to llama's block (ModelConfig's ArchFeatures), written
+  // with the keys and tensor names llama.cpp reads. Defaults: a llama file as before.
+  std::string architecture = "llama";  // llama | qwen2 | qwen3 | gemma2 | gemma3 | phi3
+  int64_t head_dim = 0;                // 0: dim / heads; else written as key_length
+  int64_t sliding_window = 0;          // gemma2/3: attention.sliding_window
+  int64_t sliding_window_pattern = 0;  // 0: the architecture's default (gemma2 2, gemma3 6)
+  float attn_softcap = 0.0f;           // gemma2: attn_logit_softcapping
+  float final_softcap = 0.0f;          // gemma2 (gemma3 optional): final_logit_softcapping
+  float rope_freq_base_local = 0.0f;   // gemma3: rope.freq_base_swa (0: not written)
+  float rope_scale_linear = 0.0f;      // rope.scaling.type linear with this factor (0: none)
+  float llama3_rope_factor = 0.0f;     // Llama-3.1 rope_freqs for this factor (0: none)
+  float random_rope_factors = 0.0f;    // test shapes: rope_freqs uniform in [1, this] (0: none)
+  int64_t rope_original_context = 0;   // phi3: LongRoPE long/short factors past this context
+  // Norm weights (and biases) random rather than ones (and zeros), so that a forward pass that
+  // skipped one would differ: the small test shapes set it.
+  bool random_norms = false;
+
+  int64_t HeadDim() const { return head_dim > 0 ? head_dim : dim / num_heads; }
 };
 
-// stories15M, smollm-135m, tinyllama-1.1b, llama-2-7b (and a few more).
+// stories15M, smollm-135m, tinyllama-1.1b, llama-2-7b, the Llama-3 / Qwen2.5 / Qwen3 / Gemma-2 /
+// Gemma-3 / Phi-3 / SmolLM2 / Mistral-Nemo shapes, and small test shapes of each architecture
+// ("test-qwen2", ...) that exercise every feature in a few MiB.
 const std::vector<ModelShape>& KnownModelShapes();
 StatusOr<ModelShape> FindModelShape(const std::string& name);
 
@@ -42,6 +62,9 @@ struct SynthOptions {
   // The "_M" K-quant mixes (llama.cpp's Q4_K_M, Q5_K_M): when set, output.weight and the attn_v /
   // ffn_down of the layers UsesMoreBits picks are written in this type (Q6_K) instead.
   std::optional<DType> more_bits_type = std::nullopt;
+  // A vocab-only GGUF (llama.cpp's models/ggml-vocab-*.gguf) whose tokenizer.* keys are copied,
+  // and whose token count becomes the vocab size; empty: a synthetic SentencePiece-style vocab.
+  std::string vocab_path = {};
 };
 
 // Parses a --type of kvl synth: any supported type name, or "q4_k_m" / "q5_k_m" (Q4_K / Q5_K

@@ -142,6 +142,19 @@ LogitsDivergence CompareLogits(const float* reference, const float* other, int64
 // gate[i] = silu(gate[i]) * up[i].
 void SwiGlu(const OpsContext& ctx, float* gate, const float* up, int64_t n);
 
+// gate[i] = gelu(gate[i]) * up[i], gelu the tanh approximation exactly as ggml computes it on the
+// CPU (its GGML_GELU_FP16 path): 0 at or below -10, x at or above 10, and otherwise the f16 table
+// entry of gelu(f16(x)) (0.5 x (1 + tanhf(sqrt(2/pi) x (1 + 0.044715 x^2))), rounded to f16).
+// One implementation for every ISA: a table lookup per element.
+void GeGlu(const OpsContext& ctx, float* gate, const float* up, int64_t n);
+
+// The tanh GELU of one value as GeGlu computes it (tests and reference code).
+float GeluTanhF16(float x);
+
+// x[i] = cap * tanhf(x[i] * (1 / cap)): Gemma's soft-capping of logits (final or attention), in
+// llama.cpp's order of operations (scale by 1/cap, tanh, scale by cap). cap > 0.
+void SoftCap(float* x, int64_t n, float cap);
+
 // y[i] += x[i].
 void Add(const OpsContext& ctx, float* y, const float* x, int64_t n);
 
@@ -304,6 +317,10 @@ struct AttentionRows {
   // Null, or [num_rows] pointers, each null or where the row's scaled scores s_j (count floats)
   // are written: the attention-mass tracking reads them back.
   float* const* scores = nullptr;
+  // > 0: each scaled score s_j becomes softcap * tanhf(s_j * (1 / softcap)) before the softmax
+  // (Gemma-2's attention soft-capping; the scores written above are the capped ones). Such tiles
+  // run the scalar kernel on every ISA.
+  float softcap = 0.0f;
 };
 
 // One tile for every row of `rows`: keys packed by PackAttentionKeys (kt, width), values v[j] ->
