@@ -87,7 +87,7 @@ TEST_F(StoriesTokenizerTest, RoundTrips) {
       "caf\xC3\xA9 na\xC3\xAFve",             // café naïve (é is a token, ï is bytes)
       "\xE4\xB8\xAD\xE6\x96\x87",             // 中文
       "emoji \xF0\x9F\x98\x80!",              // 😀 (4-byte fallback)
-      "\xFF\xFE invalid \x80 utf8 \xE4\xB8",  // raw invalid bytes survive too
+      "invalid \x80 utf8 \xE4\xB8",  // stray and truncated bytes survive too
       "<s> and </s> are text here",
   };
   for (const std::string& text : texts) {
@@ -198,8 +198,6 @@ TEST(TokenizerGgufTest, SpecialIdsOutOfRangeNameTheKey) {
 
 TEST(TokenizerGgufTest, OtherModelsAreUnimplemented) {
   TokenizerKeys k;
-  k.model = "gpt2";
-  ExpectError(k, StatusCode::kUnimplemented, "gpt2 byte-level BPE is not supported yet");
   k.model = "bert";
   ExpectError(k, StatusCode::kUnimplemented, "bert");
 }
