@@ -69,11 +69,12 @@ class Piece {
 
 bool IsCrOrLf(uint32_t c) { return c == '\r' || c == '\n'; }
 
-// Llama-3's regex with numbers of at most `max_digits`:
+// Llama-3's regex with numbers of at most `max_digits`, words of `word` characters (\p{L}, or
+// [\p{L}\p{M}] for Qwen3.5):
 // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 // \s*[\r\n]+|\s+(?!\S)|\s+
 void SplitLlama3Like(const CodepointText& text, size_t begin, size_t end, size_t max_digits,
-                     std::vector<uint32_t>* out) {
+                     uint16_t word, std::vector<uint32_t>* out) {
   Piece p(text, begin, end, out);
   for (size_t pos = begin; pos < end;) {
     const uint32_t c = p.cpt(pos);
@@ -83,9 +84,9 @@ void SplitLlama3Like(const CodepointText& text, size_t begin, size_t end, size_t
       continue;
     }
     // [^\r\n\p{L}\p{N}]?\p{L}+
-    if (!IsCrOrLf(c) && !(f & kNumber) && ((f & kLetter) || (p.flags(pos + 1) & kLetter))) {
+    if (!IsCrOrLf(c) && !(f & kNumber) && ((f & word) || (p.flags(pos + 1) & word))) {
       ++pos;
-      while (p.flags(pos) & kLetter) ++pos;
+      while (p.flags(pos) & word) ++pos;
       p.Emit(pos);
       continue;
     }
@@ -104,9 +105,10 @@ void SplitLlama3Like(const CodepointText& text, size_t begin, size_t end, size_t
     // <space>?[^\s\p{L}\p{N}]+[\r\n]*  (llama.cpp tests the flags of pos itself for "any code
     // point here", not those after the space)
     uint16_t f2 = c == ' ' ? p.flags(pos + 1) : f;
-    if (!(f2 & (kSpace | kLetter | kNumber)) && f != 0) {
+    const uint16_t not_other = kSpace | word | kNumber;
+    if (!(f2 & not_other) && f != 0) {
       pos += c == ' ';
-      while (!(f2 & (kSpace | kLetter | kNumber)) && f2 != 0) f2 = p.flags(++pos);
+      while (!(f2 & not_other) && f2 != 0) f2 = p.flags(++pos);
       while (IsCrOrLf(p.cpt(pos))) ++pos;
       p.Emit(pos);
       continue;
@@ -150,6 +152,7 @@ const std::vector<PreTokenizerEntry>& PreTokenizerTable() {
       {{"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan",
         "solar-open", "grok-2"},
        {SplitQwen2}},
+      {{"qwen35"}, {SplitQwen35}},
       {{"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
         "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais",
         "trillion", "granite-docling", "exaone4"},
@@ -248,11 +251,15 @@ void SplitGpt2(const CodepointText& text, size_t begin, size_t end, std::vector<
 }
 
 void SplitLlama3(const CodepointText& text, size_t begin, size_t end, std::vector<uint32_t>* out) {
-  SplitLlama3Like(text, begin, end, /*max_digits=*/3, out);
+  SplitLlama3Like(text, begin, end, /*max_digits=*/3, kLetter, out);
 }
 
 void SplitQwen2(const CodepointText& text, size_t begin, size_t end, std::vector<uint32_t>* out) {
-  SplitLlama3Like(text, begin, end, /*max_digits=*/1, out);
+  SplitLlama3Like(text, begin, end, /*max_digits=*/1, kLetter, out);
+}
+
+void SplitQwen35(const CodepointText& text, size_t begin, size_t end, std::vector<uint32_t>* out) {
+  SplitLlama3Like(text, begin, end, /*max_digits=*/1, kLetter | kUnicodeMark, out);
 }
 
 }  // namespace kvl

@@ -45,6 +45,7 @@ void SplitWords(const PreTokenizer& pre, const CodepointText& text, std::vector<
 void SplitGpt2(const CodepointText& text, size_t begin, size_t end, std::vector<uint32_t>* out);
 void SplitLlama3(const CodepointText& text, size_t begin, size_t end, std::vector<uint32_t>* out);
 void SplitQwen2(const CodepointText& text, size_t begin, size_t end, std::vector<uint32_t>* out);
+void SplitQwen35(const CodepointText& text, size_t begin, size_t end, std::vector<uint32_t>* out);
 void SplitDeepseekV3Main(const CodepointText& text, size_t begin, size_t end,
                          std::vector<uint32_t>* out);
 void SplitTekken(const CodepointText& text, size_t begin, size_t end, std::vector<uint32_t>* out);

@@ -162,6 +162,17 @@ std::vector<TokenId> Tokenizer::Encode(std::string_view text, const EncodeOption
 }
 
 void Tokenizer::AppendTokenText(TokenId prev, TokenId id, std::string* out, bool special) const {
+  AppendPiece(id, special, add_space_prefix_ && (prev < 0 || prev == bos_), out);
+}
+
+std::string Tokenizer::TokenPiece(TokenId id, bool special) const {
+  std::string out;
+  AppendPiece(id, special, /*drop_leading_space=*/false, &out);
+  return out;
+}
+
+void Tokenizer::AppendPiece(TokenId id, bool special, bool drop_leading_space,
+                            std::string* out) const {
   if (id < 0 || id >= vocab_size()) return;
   const std::string& text = tokens_[static_cast<size_t>(id)];
   switch (types_[static_cast<size_t>(id)]) {
@@ -203,7 +214,7 @@ void Tokenizer::AppendTokenText(TokenId prev, TokenId id, std::string* out, bool
   size_t pos = 0;
   // Undo the dummy prefix Encode added: the first piece of a text loses its leading space
   // (written as U+2581 or, in some vocabs, as a plain space).
-  if (add_space_prefix_ && (prev < 0 || prev == bos_)) {
+  if (drop_leading_space) {
     if (text.starts_with(kSpaceSymbol)) {
       pos = kSpaceSymbol.size();
     } else if (text.starts_with(' ')) {

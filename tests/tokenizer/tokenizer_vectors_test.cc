@@ -73,7 +73,7 @@ TEST_P(LlamaVectorsTest, EveryVectorMatches) {
 INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaVectorsTest,
                          ::testing::Values("llama-bpe", "qwen2", "phi-3", "llama-spm", "gpt-2",
                                            "starcoder", "deepseek-llm", "deepseek-coder",
-                                           "falcon", "mpt", "refact", "command-r"),
+                                           "falcon", "mpt", "refact", "command-r", "qwen35"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) {

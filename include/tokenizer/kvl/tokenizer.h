@@ -70,6 +70,10 @@ struct EncodeOptions {
   bool parse_special = false;
 };
 
+// True when the text is well-formed UTF-8 (a piece is shown as text only then, as llama-server
+// does, else as its bytes).
+bool IsValidUtf8(std::string_view text);
+
 class Tokenizer {
  public:
   // The merges, byte alphabet and pre-tokenizer of a byte-level BPE vocabulary; opaque outside
@@ -107,6 +111,9 @@ class Tokenizer {
   void AppendTokenText(TokenId prev, TokenId id, std::string* out, bool special = false) const;
   // The text of a whole sequence.
   std::string Decode(const std::vector<TokenId>& ids, bool special = false) const;
+  // One token's text as llama.cpp's token_to_piece gives it: no space dropped at the start,
+  // control and unknown tokens as their text when `special` (llama-tokenize, /tokenize).
+  std::string TokenPiece(TokenId id, bool special = true) const;
 
   // True for the tokens that end a generation: EOS, EOT, EOM and the known end-of-turn texts
   // (<|eot_id|>, <|im_end|>, <end_of_turn>, <|end|>, <|endoftext|>, ...).
@@ -154,6 +161,8 @@ class Tokenizer {
                            std::vector<TokenId>* ids) const;
   void EncodeBytePairs(std::string_view text, std::vector<TokenId>* ids) const;
   void AppendByteFallback(std::string_view piece, std::vector<TokenId>* ids) const;
+  // AppendTokenText without the context: `drop_leading_space` undoes SentencePiece's prefix.
+  void AppendPiece(TokenId id, bool special, bool drop_leading_space, std::string* out) const;
 
   TokenizerModel model_ = TokenizerModel::kSentencePiece;
   std::vector<std::string> tokens_;
