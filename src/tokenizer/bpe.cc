@@ -52,7 +52,8 @@ void FillByteAlphabet(Tokenizer::BpeModel* bpe) {
 
 StatusOr<std::unique_ptr<Tokenizer::BpeModel>> BuildBpeModel(
     const std::vector<std::string>& merges, const std::string& pre,
-    const std::function<TokenId(std::string_view)>& find_token) {
+    const std::function<TokenId(std::string_view)>& find_token,
+    const std::function<void(std::string_view)>& prefetch_token) {
   auto bpe = std::make_unique<Tokenizer::BpeModel>();
   KVL_ASSIGN_OR_RETURN(bpe->pre, PreTokenizerFromName(pre));
   for (int16_t& b : bpe->unicode_to_byte) b = -1;
@@ -63,31 +64,52 @@ StatusOr<std::unique_ptr<Tokenizer::BpeModel>> BuildBpeModel(
     bpe->raw_byte_token[b] = find_token(std::string_view(&raw, 1));
   }
 
-  bpe->merges.reserve(merges.size());
-  std::string merged;
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
+  // Loading is two random lookups per merge and one random insert: the slots of merges a few
+  // ranks ahead are prefetched so that their cache misses overlap (a 150k vocab has as many
+  // merges).
+  constexpr size_t kAhead = 8;
+  const auto split = [&](size_t rank, std::string_view* left, std::string_view* right) {
     const std::string& merge = merges[rank];
-    // The separator is the first space after the first character (a part may itself be a space
-    // in hand-made vocabs, never the first character of the left one).
+    // The separator is the first space after the first character (the left part may start with
+    // a space in hand-made vocabs).
     const size_t space = merge.find(' ', 1);
-    if (space == std::string::npos) {
-      return InvalidArgumentError(fmt::format(
-          "tokenizer.ggml.merges[{}] = '{}' is not two tokens separated by a space", rank, merge));
+    if (space == std::string::npos) return false;
+    *left = std::string_view(merge.data(), space);
+    *right = std::string_view(merge.data() + space + 1, merge.size() - space - 1);
+    return true;
+  };
+  const auto prefetch = [&](size_t rank) {
+    std::string_view left, right;
+    if (rank >= merges.size() || prefetch_token == nullptr || !split(rank, &left, &right)) return;
+    prefetch_token(left);
+    prefetch_token(right);
+  };
+  std::vector<std::pair<TokenId, TokenId>> pairs(merges.size());
+  for (size_t rank = 0; rank < kAhead; ++rank) prefetch(rank);
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    prefetch(rank + kAhead);
+    std::string_view left, right;
+    if (!split(rank, &left, &right)) {
+      return InvalidArgumentError(
+          fmt::format("tokenizer.ggml.merges[{}] = '{}' is not two tokens separated by a space",
+                      rank, merges[rank]));
     }
-    const std::string_view left(merge.data(), space);
-    const std::string_view right(merge.data() + space + 1, merge.size() - space - 1);
-    const TokenId left_id = find_token(left);
-    const TokenId right_id = find_token(right);
-    if (left_id < 0 || right_id < 0) {
+    pairs[rank] = {find_token(left), find_token(right)};
+    if (pairs[rank].first < 0 || pairs[rank].second < 0) {
       return InvalidArgumentError(fmt::format(
           "tokenizer.ggml.merges[{}] = '{}' names '{}', which is not a token of the vocab", rank,
-          merge, left_id < 0 ? left : right));
+          merges[rank], pairs[rank].first < 0 ? left : right));
     }
-    merged.assign(left);
-    merged.append(right);
-    // The first of duplicate merges keeps its rank, as in llama.cpp.
-    bpe->merges.emplace(Tokenizer::BpeModel::PairKey(left_id, right_id),
-                        Tokenizer::BpeModel::Merge{static_cast<int32_t>(rank), find_token(merged)});
+  }
+  bpe->merges.Reserve(pairs.size());
+  for (size_t rank = 0; rank < pairs.size(); ++rank) {
+    if (rank + kAhead < pairs.size()) {
+      bpe->merges.Prefetch(pairs[rank + kAhead].first, pairs[rank + kAhead].second);
+    }
+    // The first of duplicate merges keeps its rank, as in llama.cpp. The merged text's token is
+    // looked up when a merge happens, not here: most merges are never used by a given text.
+    bpe->merges.Insert(pairs[rank].first, pairs[rank].second,
+                       MergeTable::Merge{static_cast<int32_t>(rank)});
   }
   return bpe;
 }
@@ -113,9 +135,9 @@ void Tokenizer::EncodeBytePairs(std::string_view text, std::vector<TokenId>* ids
     const Symbol& l = symbols[static_cast<size_t>(left)];
     const Symbol& r = symbols[static_cast<size_t>(right)];
     if (l.token < 0 || r.token < 0) return;
-    const auto it = bpe.merges.find(BpeModel::PairKey(l.token, r.token));
-    if (it == bpe.merges.end()) return;
-    queue.push({left, right, it->second.rank, l.length + r.length});
+    const MergeTable::Merge* merge = bpe.merges.Find(l.token, r.token);
+    if (merge == nullptr) return;
+    queue.push({left, right, merge->rank, l.length + r.length});
   };
 
   size_t begin = 0;
@@ -158,8 +180,8 @@ void Tokenizer::EncodeBytePairs(std::string_view text, std::vector<TokenId>* ids
       if (left.length == 0 || right.length == 0 || left.length + right.length != bigram.length) {
         continue;  // stale: one side has merged since
       }
-      left.token = bpe.merges.find(BpeModel::PairKey(left.token, right.token))->second.result;
       left.length += right.length;
+      left.token = FindToken(std::string_view(word).substr(left.offset, left.length));
       right.length = 0;
       left.next = right.next;
       if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = bigram.left;

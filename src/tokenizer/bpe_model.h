@@ -3,7 +3,6 @@
 
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 
 #include "kvl/tokenizer.h"
 #include "pretokenizer.h"
@@ -11,18 +10,10 @@
 namespace kvl {
 
 struct Tokenizer::BpeModel {
-  struct Merge {
-    int32_t rank;
-    TokenId result;  // the token of the merged text, or -1
-  };
-  static uint64_t PairKey(TokenId left, TokenId right) {
-    return static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32 | static_cast<uint32_t>(right);
-  }
-
   PreTokenizer pre;
   // (left token, right token) -> rank. Every merge names two tokens (checked at load), so the
   // symbols BPE compares are always tokens, and pairs are found by id, not by text.
-  std::unordered_map<uint64_t, Merge> merges;
+  MergeTable merges;
   // GPT-2's byte-to-unicode alphabet: the UTF-8 of each byte's stand-in character, and back
   // (every stand-in is below U+0144).
   std::string byte_to_unicode[256];
@@ -31,9 +22,11 @@ struct Tokenizer::BpeModel {
   TokenId raw_byte_token[256] = {};   // the token whose text is that single raw byte, or -1
 };
 
-// Builds the merges, alphabet and pre-tokenizer of a byte-level BPE vocabulary.
+// Builds the merges, alphabet and pre-tokenizer of a byte-level BPE vocabulary. find_token gives
+// a text's id (-1: none); prefetch_token, optional, starts loading what find_token will read.
 StatusOr<std::unique_ptr<Tokenizer::BpeModel>> BuildBpeModel(
     const std::vector<std::string>& merges, const std::string& pre,
-    const std::function<TokenId(std::string_view)>& find_token);
+    const std::function<TokenId(std::string_view)>& find_token,
+    const std::function<void(std::string_view)>& prefetch_token = nullptr);
 
 }  // namespace kvl

@@ -102,7 +102,6 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromVocab(TokenizerVocab vocab) 
   tok->add_space_prefix_ = vocab.model == TokenizerModel::kSentencePiece && vocab.add_space_prefix;
 
   for (TokenId& id : tok->byte_tokens_) id = -1;
-  tok->token_to_id_.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     std::string& text = tok->tokens_[i];
     // An empty token would match everywhere; llama.cpp renames it so that it matches nowhere.
@@ -115,25 +114,24 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromVocab(TokenizerVocab vocab) 
       }
       if (tok->byte_tokens_[value] < 0) tok->byte_tokens_[value] = static_cast<TokenId>(i);
     }
-    // Every token's text finds it, of any type, as in llama.cpp (the last of duplicates wins).
-    tok->token_to_id_[text] = static_cast<TokenId>(i);
   }
+  // Every token's text finds it, of any type, as in llama.cpp (the last of duplicates wins).
+  tok->token_index_.Build(&tok->tokens_);
 
   if (vocab.model == TokenizerModel::kBytePairEncoding) {
     const Tokenizer* raw = tok.get();
     KVL_ASSIGN_OR_RETURN(tok->bpe_,
-                         BuildBpeModel(vocab.merges, vocab.pre,
-                                       [raw](std::string_view s) { return raw->FindToken(s); }));
+                         BuildBpeModel(
+                             vocab.merges, vocab.pre,
+                             [raw](std::string_view s) { return raw->FindToken(s); },
+                             [raw](std::string_view s) { raw->token_index_.Prefetch(s); }));
     tok->pre_name_ = tok->bpe_->pre.name;
   }
   KVL_RETURN_IF_ERROR(tok->InitSpecialTokens(vocab.name));
   return tok;
 }
 
-TokenId Tokenizer::FindToken(std::string_view text) const {
-  auto it = token_to_id_.find(text);
-  return it == token_to_id_.end() ? -1 : it->second;
-}
+TokenId Tokenizer::FindToken(std::string_view text) const { return token_index_.Find(text); }
 
 std::vector<TokenId> Tokenizer::Encode(std::string_view text, const EncodeOptions& options) const {
   std::vector<TokenId> ids;

@@ -15,11 +15,11 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "kvl/gguf.h"
 #include "kvl/status.h"
+#include "kvl/token_index.h"
 
 namespace kvl {
 
@@ -139,12 +139,6 @@ class Tokenizer {
   TokenId FindToken(std::string_view text) const;
 
  private:
-  // Lets token_to_id_ be searched with a string_view into the text being encoded, without
-  // building a std::string per lookup.
-  struct StringHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
-  };
   // A piece of the text between special tokens, or a special token (token >= 0).
   struct Fragment {
     size_t offset;
@@ -168,7 +162,7 @@ class Tokenizer {
   std::vector<std::string> tokens_;
   std::vector<float> scores_;
   std::vector<TokenType> types_;
-  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> token_to_id_;
+  TokenIndex token_index_;  // text -> id over tokens_, every type
   TokenId byte_tokens_[256] = {};  // SentencePiece: id of <0xNN>, or -1
   // Special tokens (control, user-defined, unknown), the longest text first.
   std::vector<TokenId> special_tokens_;
