@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <queue>
+#include <unordered_map>
 
 #include "bpe_model.h"
 #include "unicode.h"
@@ -140,6 +141,13 @@ void Tokenizer::EncodeBytePairs(std::string_view text, std::vector<TokenId>* ids
     queue.push({left, right, merge->rank, l.length + r.length});
   };
 
+  // Word cache, for texts long enough to repeat words (a short prompt would only pay for it).
+  constexpr size_t kCacheFromBytes = 4096;
+  constexpr size_t kMaxCachedWords = 1 << 16;
+  const bool use_cache = text.size() >= kCacheFromBytes;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> cache;  // word -> ids span
+  std::vector<TokenId> cache_ids;
+
   size_t begin = 0;
   for (const uint32_t length : words) {
     // Spell the word: its code points back to UTF-8 (a bad byte is now U+FFFD), each byte as
@@ -161,10 +169,27 @@ void Tokenizer::EncodeBytePairs(std::string_view text, std::vector<TokenId>* ids
     begin += length;
     if (symbols.empty()) continue;
     symbols.back().next = -1;
+    // A long text repeats its words: each distinct word is merged once (the merges of a word
+    // depend on the word alone).
+    const size_t ids_before = ids->size();
+    if (use_cache) {
+      if (const auto it = cache.find(word); it != cache.end()) {
+        ids->insert(ids->end(), cache_ids.begin() + it->second.first,
+                    cache_ids.begin() + it->second.first + it->second.second);
+        continue;
+      }
+    }
+    const auto remember = [&] {
+      if (!use_cache || cache.size() >= kMaxCachedWords) return;
+      cache.emplace(word, std::pair<uint32_t, uint32_t>(static_cast<uint32_t>(cache_ids.size()),
+                                                        static_cast<uint32_t>(ids->size() - ids_before)));
+      cache_ids.insert(cache_ids.end(), ids->begin() + static_cast<ptrdiff_t>(ids_before), ids->end());
+    };
 
     if (bpe.pre.ignore_merges) {
       if (const TokenId whole = FindToken(word); whole >= 0) {
         ids->push_back(whole);
+        remember();
         continue;
       }
     }
@@ -202,6 +227,7 @@ void Tokenizer::EncodeBytePairs(std::string_view text, std::vector<TokenId>* ids
         if (id >= 0) ids->push_back(id);
       }
     }
+    remember();
   }
 }
 
