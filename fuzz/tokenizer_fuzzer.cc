@@ -26,6 +26,15 @@ using kvl::Tokenizer;
 using kvl::TokenizerVocab;
 using kvl::TokenType;
 
+std::unique_ptr<Tokenizer> Make(TokenizerVocab v) {
+  auto tok = Tokenizer::FromVocab(std::move(v));
+  if (!tok.ok()) {
+    std::fprintf(stderr, "tokenizer_fuzzer: %s\n", tok.status().ToString().c_str());
+    std::abort();
+  }
+  return std::move(*tok);
+}
+
 std::unique_ptr<Tokenizer> SentencePieceVocab() {
   TokenizerVocab v;
   v.tokens = {"<unk>", "<s>", "</s>", "<|im_start|>", "<user>"};
@@ -43,7 +52,7 @@ std::unique_ptr<Tokenizer> SentencePieceVocab() {
   }
   v.scores.assign(v.tokens.size(), 0.0f);
   for (size_t i = 0; i < v.scores.size(); ++i) v.scores[i] = -static_cast<float>(i % 7);
-  return std::move(*Tokenizer::FromVocab(std::move(v)));
+  return Make(std::move(v));
 }
 
 // GPT-2's alphabet (every byte's stand-in character), a few merges, two special tokens.
@@ -77,7 +86,7 @@ std::unique_ptr<Tokenizer> BytePairVocab(const char* pre) {
   v.bos = v.eos = static_cast<TokenId>(v.tokens.size() - 2);
   v.unk = -1;
   v.add_bos = false;
-  return std::move(*Tokenizer::FromVocab(std::move(v)));
+  return Make(std::move(v));
 }
 
 struct Vocab {

@@ -3,6 +3,7 @@
 // a text at special-token texts, the longest first, before any pre-tokenization.
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 
 #include "kvl/tokenizer.h"
 
@@ -101,6 +102,24 @@ Status Tokenizer::InitSpecialTokens(const std::string& model_name) {
   std::stable_sort(special_tokens_.begin(), special_tokens_.end(), [&](TokenId a, TokenId b) {
     return tokens_[static_cast<size_t>(a)].size() > tokens_[static_cast<size_t>(b)].size();
   });
+  // The index PartitionSpecial scans the text with: special tokens by their first two bytes
+  // (one-byte tokens by their byte).
+  special_prefixes_.clear();
+  for (bool& b : special_first_byte_) b = false;
+  for (auto& list : special_one_byte_) list.clear();
+  for (size_t order = 0; order < special_tokens_.size(); ++order) {
+    const std::string& text = tokens_[static_cast<size_t>(special_tokens_[order])];
+    const auto b0 = static_cast<uint8_t>(text[0]);
+    special_first_byte_[b0] = true;
+    if (text.size() == 1) {
+      special_one_byte_[b0].push_back(static_cast<uint32_t>(order));
+    } else {
+      special_prefixes_.emplace_back(static_cast<uint16_t>(b0 << 8 | static_cast<uint8_t>(text[1])),
+                                     static_cast<uint32_t>(order));
+    }
+  }
+  std::stable_sort(special_prefixes_.begin(), special_prefixes_.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
 
   // Phi-3 strips the spaces after its special tokens (llama.cpp knows it by the model's name),
   // but not after <unk>, <s> and <|endoftext|>.
@@ -124,42 +143,82 @@ Status Tokenizer::InitSpecialTokens(const std::string& model_name) {
 void Tokenizer::PartitionSpecial(std::string_view text, bool parse_special,
                                  std::vector<Fragment>* fragments) const {
   fragments->assign(1, Fragment{0, text.size(), -1});
-  std::vector<Fragment> next;
+  if (special_tokens_.empty()) return;
+  const auto active = [&](size_t order) {
+    const TokenType type = types_[static_cast<size_t>(special_tokens_[order])];
+    return parse_special || (type != TokenType::kControl && type != TokenType::kUnknown);
+  };
+  // Every place a special token's text occurs, found in one pass over the text: a position is
+  // looked at only when its first two bytes start some special token. (Searching the text once
+  // per special token, as llama.cpp does, costs a pass per token: 256 of them for Llama-3.)
+  std::vector<std::pair<uint32_t, size_t>> occurrences;  // (order, position)
+  const auto* bytes = reinterpret_cast<const uint8_t*>(text.data());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const uint8_t b0 = bytes[i];
+    if (!special_first_byte_[b0]) continue;
+    const auto try_order = [&](uint32_t order) {
+      const std::string& needle = tokens_[static_cast<size_t>(special_tokens_[order])];
+      if (needle.size() <= text.size() - i && active(order) &&
+          std::memcmp(needle.data(), text.data() + i, needle.size()) == 0) {
+        occurrences.emplace_back(order, i);
+      }
+    };
+    for (uint32_t order : special_one_byte_[b0]) try_order(order);
+    if (i + 1 >= text.size()) continue;
+    const uint16_t prefix = static_cast<uint16_t>(b0 << 8 | bytes[i + 1]);
+    const auto range = std::equal_range(
+        special_prefixes_.begin(), special_prefixes_.end(), std::pair<uint16_t, uint32_t>(prefix, 0),
+        [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto it = range.first; it != range.second; ++it) try_order(it->second);
+  }
+  if (occurrences.empty()) return;
+  std::stable_sort(occurrences.begin(), occurrences.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+
   // Each special token in turn, the longest first, splits every text fragment left at each of
-  // its occurrences; later (shorter) tokens see only what is left between.
-  for (const TokenId special : special_tokens_) {
-    const TokenType type = types_[static_cast<size_t>(special)];
-    if (!parse_special && (type == TokenType::kControl || type == TokenType::kUnknown)) continue;
-    const std::string& needle = tokens_[static_cast<size_t>(special)];
+  // its occurrences (leftmost first, not overlapping); later (shorter) tokens see only what is
+  // left between, as llama.cpp's tokenizer_st_partition.
+  std::vector<Fragment> next;
+  for (size_t k = 0; k < occurrences.size();) {
+    const uint32_t order = occurrences[k].first;
+    size_t k_end = k;
+    while (k_end < occurrences.size() && occurrences[k_end].first == order) ++k_end;
+    const TokenId special = special_tokens_[order];
+    const size_t length = tokens_[static_cast<size_t>(special)].size();
     const uint8_t strip = strip_[static_cast<size_t>(special)];
-    bool found = false;
     next.clear();
+    size_t o = k;  // the next occurrence to place; occurrences and fragments are both in order
     for (const Fragment& f : *fragments) {
       if (f.token >= 0) {
         next.push_back(f);
         continue;
       }
       const size_t end = f.offset + f.length;
-      const std::string_view scope = text.substr(0, end);
       size_t base = f.offset;
-      while (base < end) {
-        const size_t match = scope.find(needle, base);
-        if (match == std::string_view::npos) break;
-        found = true;
+      while (o < k_end && occurrences[o].second < base) ++o;
+      while (o < k_end && base < end) {
+        const size_t match = occurrences[o].second;
+        if (match + length > end) break;  // past this fragment
+        if (match < base) {
+          ++o;
+          continue;
+        }
         size_t left_end = match;
         if (strip & kStripLeft) {
           while (left_end > base && IsAsciiSpace(text[left_end - 1])) --left_end;
         }
         if (left_end > base) next.push_back({base, left_end - base, -1});
-        next.push_back({match, needle.size(), special});
-        base = match + needle.size();
+        next.push_back({match, length, special});
+        base = match + length;
         if (strip & kStripRight) {
           while (base < end && IsAsciiSpace(text[base])) ++base;
         }
+        ++o;
       }
       if (base < end) next.push_back({base, end - base, -1});
     }
-    if (found) fragments->swap(next);
+    fragments->swap(next);
+    k = k_end;
   }
 }
 

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kvl/gguf.h"
@@ -166,6 +167,11 @@ class Tokenizer {
   TokenId byte_tokens_[256] = {};  // SentencePiece: id of <0xNN>, or -1
   // Special tokens (control, user-defined, unknown), the longest text first.
   std::vector<TokenId> special_tokens_;
+  // special_tokens_' positions ("orders") by their texts' first two bytes, sorted; one-byte
+  // texts by their byte; and which bytes start any special token.
+  std::vector<std::pair<uint16_t, uint32_t>> special_prefixes_;
+  std::vector<uint32_t> special_one_byte_[256];
+  bool special_first_byte_[256] = {};
   std::vector<uint8_t> strip_;  // per token: kStripLeft / kStripRight (spaces beside it)
   std::vector<bool> is_eog_;
   std::vector<TokenId> eog_ids_;
