@@ -18,6 +18,6 @@ timeout 600 npm install --prefix "$dir/npm" --ignore-scripts --no-audit --no-fun
   node-llama-cpp >"$dir/npm.log" 2>&1 || { tail -5 "$dir/npm.log" >&2; exit 3; }
 bundle="$dir/npm/node_modules/node-llama-cpp/llama/gitRelease.bundle"
 [ -f "$bundle" ] || { echo "node-llama-cpp has no llama/gitRelease.bundle" >&2; exit 4; }
-git clone --quiet "$bundle" "$dir/llama.cpp.partial" >&2
+git -c advice.detachedHead=false clone --quiet "$bundle" "$dir/llama.cpp.partial" >&2
 mv "$dir/llama.cpp.partial" "$dir/llama.cpp"
 rm -rf "$dir/npm"
