@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `kvl tokenize` beside llama.cpp's `llama-tokenize` on the same text and vocabularies: both
-# programs end to end (start, vocabulary load, tokenizing, printing the ids), the median of REPS
-# runs each, wall and CPU (user + sys) seconds, and whether the two printed the same ids.
+# programs end to end (start, vocabulary load, tokenizing, printing the ids; both with --no-escape,
+# so that both read the file's bytes as they are), the median of REPS runs each, wall and CPU (user + sys) seconds, and whether the two printed the same ids.
 # Usage: scripts/bench-tokenize.sh KVL LLAMA_TOKENIZE TEXT REPS VOCAB.gguf... (prints a Markdown
 # table, then JSON lines). Make the text with: build/tokenizer_bench --mb 10 --write-text FILE.
 set -euo pipefail
@@ -23,7 +23,7 @@ json=()
 for vocab in "$@"; do
   : >"$tmp/kvl"; : >"$tmp/llama"
   for ((r = 0; r < reps; ++r)); do
-    run "$tmp/kvl.out" "$kvl" tokenize -m "$vocab" -f "$text" --ids >>"$tmp/kvl"
+    run "$tmp/kvl.out" "$kvl" tokenize -m "$vocab" -f "$text" --ids --no-escape >>"$tmp/kvl"
     run "$tmp/llama.out" "$llama" -m "$vocab" -f "$text" --ids --no-escape --log-disable >>"$tmp/llama"
   done
   kw=$(cut -d' ' -f1 "$tmp/kvl" | median); kc=$(cut -d' ' -f2 "$tmp/kvl" | median)

@@ -69,6 +69,9 @@ struct TokenizeArgs {
   bool parse_special = false;  // --parse-special: control-token texts become those tokens
   bool no_bos = false;         // --no-bos: no BOS / EOS even where the vocabulary asks for them
   bool show_count = false;     // --show-count
+  // -e/--escape (default) and --no-escape: \n \r \t \' \" \\ \xNN in the text (from -p or -f)
+  // become those characters, as llama-tokenize does.
+  bool escape = true;
 };
 int TokenizeCommand(const TokenizeArgs& args);
 

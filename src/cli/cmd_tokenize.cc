@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -25,6 +26,43 @@ StatusOr<std::string> ReadText(const TokenizeArgs& args) {
   return text.str();
 }
 
+// llama-tokenize's escapes: \n \r \t \' \" \\ and \xNN (two characters strtol reads as hex);
+// any other backslash stays as it is, with the character after it.
+void ProcessEscapes(std::string* text) {
+  std::string& s = *text;
+  size_t out = 0;
+  for (size_t in = 0; in < s.size(); ++in) {
+    if (s[in] != '\\' || in + 1 >= s.size()) {
+      s[out++] = s[in];
+      continue;
+    }
+    const char c = s[++in];
+    switch (c) {
+      case 'n': s[out++] = '\n'; continue;
+      case 'r': s[out++] = '\r'; continue;
+      case 't': s[out++] = '\t'; continue;
+      case '\'': case '"': case '\\': s[out++] = c; continue;
+      case 'x':
+        if (in + 2 < s.size()) {
+          const char hex[3] = {s[in + 1], s[in + 2], 0};
+          char* end = nullptr;
+          const long value = std::strtol(hex, &end, 16);
+          if (end == hex + 2) {
+            in += 2;
+            s[out++] = static_cast<char>(value);
+            continue;
+          }
+        }
+        break;
+      default:
+        break;
+    }
+    s[out++] = '\\';
+    s[out++] = c;
+  }
+  s.resize(out);
+}
+
 // A piece as JSON: a string where it is valid UTF-8, else its bytes (as llama-server does).
 nlohmann::json PieceJson(const std::string& piece) {
   if (IsValidUtf8(piece)) return piece;
@@ -42,6 +80,7 @@ int TokenizeCommand(const TokenizeArgs& args) {
   };
   StatusOr<std::string> text = ReadText(args);
   if (!text.ok()) return fail(text.status());
+  if (args.escape) ProcessEscapes(&*text);
   StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(args.model_path);
   if (!file.ok()) return fail(file.status());
   StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf(**file);

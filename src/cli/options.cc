@@ -216,6 +216,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   tokenize_cmd->add_flag("--no-bos", tokenize.no_bos,
                          "no BOS (or EOS) even where the vocabulary asks for one");
   tokenize_cmd->add_flag("--show-count", tokenize.show_count, "print the number of tokens");
+  tokenize_cmd->add_flag("-e,--escape,!--no-escape", tokenize.escape,
+                         "process escapes (\\n, \\t, \\xNN, ...) in the text, as llama-tokenize "
+                         "(default: on)");
 
   SynthArgs& synth = cmd.synth;
   CLI::App* synth_cmd =

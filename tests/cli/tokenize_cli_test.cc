@@ -77,6 +77,24 @@ TEST_F(TokenizeCliTest, ReadsAFileWhole) {
   EXPECT_NE(from_file.output, "[1, 403, 407, 261, 378]\n");  // the newlines are tokens too
 }
 
+TEST_F(TokenizeCliTest, ProcessesEscapesAsLlamaTokenizeUnlessAsked) {
+  const std::string m = "tokenize -m " + testing::Stories260KPath() + " --ids --no-bos -p ";
+  const auto escaped = RunKvl(m + "'a\\nb\\x41\\q'", false);
+  auto file = GgufFile::Open(testing::Stories260KPath());
+  ASSERT_TRUE(file.ok());
+  auto tok = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok());
+  const auto ids = [](const std::vector<TokenId>& v) {
+    std::string s = "[";
+    for (TokenId id : v) s += (s.size() > 1 ? ", " : "") + std::to_string(id);
+    return s + "]\n";
+  };
+  EXPECT_EQ(escaped.output, ids((*tok)->Encode("a\nbA\\q", false)));
+  const auto verbatim = RunKvl(m + "'a\\nb\\x41\\q' --no-escape", false);
+  EXPECT_EQ(verbatim.output, ids((*tok)->Encode("a\\nb\\x41\\q", false)));
+  EXPECT_NE(escaped.output, verbatim.output);
+}
+
 TEST_F(TokenizeCliTest, VocabOnlyFileOfAnyArchitecture) {
   const auto r = RunKvl("tokenize -m " + WriteVocabOnly("gpt-2") + " -p 'abab a' --ids", true);
   EXPECT_EQ(r.exit_code, 0) << r.output;
