@@ -26,7 +26,8 @@ uint64_t HashTokenText(std::string_view text) {
 
 uint64_t TokenIndex::Head(std::string_view text) {
   uint64_t head = 0;
-  std::memcpy(&head, text.data(), text.size() < 8 ? text.size() : 8);
+  // An empty view may have no data pointer, which memcpy must not be given.
+  if (!text.empty()) std::memcpy(&head, text.data(), text.size() < 8 ? text.size() : 8);
   return head;
 }
 

@@ -175,6 +175,14 @@ TEST(SpecialTokensTest, EndOfGenerationSetHoldsEosAndEndOfTurnTexts) {
   EXPECT_EQ(tok->type(7), TokenType::kUserDefined);
 }
 
+TEST(SpecialTokensTest, FindTokenOfAnyTextIsSafe) {
+  auto tok = Build("test", TokenType::kControl);
+  EXPECT_EQ(tok->FindToken(""), -1);
+  EXPECT_EQ(tok->FindToken(std::string_view()), -1);
+  EXPECT_EQ(tok->FindToken("<|a|>"), tok->vocab_size() - 5);
+  EXPECT_EQ(tok->FindToken("no such token at all"), -1);
+}
+
 TEST(SpecialTokensTest, AddBosAndAddEosFollowTheVocab) {
   TokenizerVocab v;
   v.tokens = {"<unk>", "<s>", "</s>", "a"};
