@@ -5,10 +5,12 @@ packages=(build-essential cmake ninja-build libfmt-dev libcli11-dev nlohmann-jso
           libgtest-dev libgmock-dev clang-14 libclang-rt-14-dev libxxhash-dev libzstd-dev
           libcpp-httplib-dev lld libhiredis-dev redis-server
           python3-matplotlib  # python3-matplotlib: scripts/plot_turns.py (kvl bench turns --plot)
+          unicode-data        # UnicodeData.txt: scripts/gen_unicode_tables.py (the table is committed)
           chromium)           # chromium: the web page's browser tests (tests/webui)
 # Those tests drive chromium with puppeteer-core from npm; the chat-template tests run the
-# reference renderer (@huggingface/jinja) and the openai client test its SDK under node. A node
-# that brings its own npm (NodeSource's) needs no Debian npm, which would conflict with it.
+# reference renderer (@huggingface/jinja), the tokenizer tests fetch llama.cpp's vocabularies and
+# the openai client test its SDK under node. A node that brings its own npm (NodeSource's) needs
+# no Debian npm, which would conflict with it.
 command -v npm > /dev/null 2>&1 || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Fuzzes the GGUF reader and the kvl command line's option parsing with libFuzzer, for SECONDS in
-# all (default 40), split evenly between the two. Run from the repository root.
+# Fuzzes the GGUF reader, the Jinja chat-template renderer, the kvl command line's option parsing
+# and the tokenizer with libFuzzer, for SECONDS in all (default 40), split evenly between the four.
+# Run from the repository root.
 # Exits non-zero if the fuzzer finds a crash, a sanitizer report or a leak; exits 0 with a note
 # where clang++-14 is missing, since libFuzzer needs clang.
-# The Jinja chat-template renderer is fuzzed as well, with an equal share of the time.
 set -uo pipefail
 seconds="${1:-40}"
-per_fuzzer=$(( seconds / 3 > 0 ? seconds / 3 : 1 ))
+per_fuzzer=$(( seconds / 4 > 0 ? seconds / 4 : 1 ))
 out=build-fuzz
 cxx=clang++-14
 if ! command -v "$cxx" >/dev/null 2>&1; then
@@ -135,3 +135,41 @@ if [ $rc -ne 0 ]; then
   exit 1
 fi
 echo "fuzz: cli options: ${runs:-?} runs in ${per_fuzzer} s, no crashes"
+
+# The tokenizer: encode and decode over hand-made vocabularies and llama.cpp's real ones where
+# they can be fetched (scripts/fetch-llama-vocab.sh; without npm or network, the hand-made ones).
+echo "fuzz: building $out/tokenizer_fuzzer"
+"$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+  -Iinclude/base -Iinclude/gguf -Iinclude/tokenizer -Isrc/tokenizer \
+  src/base/*.cc src/gguf/*.cc src/tokenizer/*.cc fuzz/tokenizer_fuzzer.cc -lfmt \
+  -o "$out/tokenizer_fuzzer" || { echo "fuzz: build of the tokenizer fuzzer failed"; exit 1; }
+vocab_dir="$out/llama-vocab"
+vocabs=""
+if timeout 600 scripts/fetch-llama-vocab.sh "$vocab_dir" >"$out/fetch-vocab.log" 2>&1; then
+  for v in llama-bpe qwen2 phi-3 llama-spm gpt-2 starcoder deepseek-llm command-r; do
+    vocabs="$vocabs:$vocab_dir/llama.cpp/models/ggml-vocab-$v.gguf"
+  done
+else
+  echo "fuzz: llama.cpp's vocab files could not be fetched ($(tail -1 "$out/fetch-vocab.log")): hand-made vocabularies only"
+fi
+tok_corpus="$out/tokenizer_corpus"
+mkdir -p "$tok_corpus"
+# Seeds: byte 0 picks the vocabulary, byte 1 the mode (bit 0 add_special, bit 1 parse_special,
+# bit 7 decode ids).
+printf '\x01\x00Hello world, it'"'"'s 12345 caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87  \n\n\t x' >"$tok_corpus/text"
+printf '\x02\x03<|endoftext|> a<tool>b \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9' >"$tok_corpus/special"
+printf '\x00\x02<s>a\xff\xfe\x80 \xe4\xb8 <|im_start|>' >"$tok_corpus/invalid"
+printf '\x03\x81\x01\x00\x00\x00\xff\xff\xff\x7f\xff\xff\xff\xff\x05\x01\x00\x00' >"$tok_corpus/ids"
+log="$out/tokenizer_fuzz.log"
+echo "fuzz: tokenizer for ${per_fuzzer}s (log in $log)"
+KVL_FUZZ_VOCABS="$vocabs" "$out/tokenizer_fuzzer" "$tok_corpus" -max_total_time="$per_fuzzer" \
+  -rss_limit_mb=4096 -max_len=4096 -timeout=20 -artifact_prefix="$out/tokenizer-" \
+  -print_final_stats=1 >"$log" 2>&1
+rc=$?
+runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+if [ $rc -ne 0 ]; then
+  tail -40 "$log"
+  echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/tokenizer-*"
+  exit 1
+fi
+echo "fuzz: tokenizer: ${runs:-?} runs in ${per_fuzzer} s, no crashes"

@@ -46,6 +46,7 @@ int RunParsed(const ParsedCommand& cmd) {
     case ParsedCommand::Kind::kBenchFrontier: return BenchFrontierCommand(cmd.bench_frontier);
     case ParsedCommand::Kind::kBenchQuality: return BenchQualityCommand(cmd.bench_quality);
     case ParsedCommand::Kind::kCalibrate: return CalibrateCommand(cmd.calibrate);
+    case ParsedCommand::Kind::kTokenize: return TokenizeCommand(cmd.tokenize);
   }
   return 1;
 }

@@ -60,6 +60,22 @@ struct InspectArgs {
 };
 int InspectCommand(const InspectArgs& args);
 
+// kvl tokenize: text to ids with a model's vocabulary alone, in the shape of llama-tokenize.
+struct TokenizeArgs {
+  std::string model_path;   // -m
+  std::string prompt;       // -p
+  std::string prompt_file;  // -f
+  bool ids = false;            // --ids: [1, 2, 3]
+  bool pieces = false;         // --pieces: the pieces as a JSON array (with --ids: id and piece)
+  bool parse_special = false;  // --parse-special: control-token texts become those tokens
+  bool no_bos = false;         // --no-bos: no BOS / EOS even where the vocabulary asks for them
+  bool show_count = false;     // --show-count
+  // -e/--escape (default) and --no-escape: \n \r \t \' \" \\ \xNN in the text (from -p or -f)
+  // become those characters, as llama-tokenize does.
+  bool escape = true;
+};
+int TokenizeCommand(const TokenizeArgs& args);
+
 struct SynthArgs {
   std::string shape;
   std::string type = "q8_0";

@@ -75,6 +75,7 @@ class ChatSession {
     KVL_ASSIGN_OR_RETURN(std::string prompt, ApplyChatTemplate(template_, messages_));
     GenerateRequest request;
     request.prompt = std::move(prompt);
+    request.parse_special = true;  // the template's control tokens are tokens, not text
     request.max_new_tokens = args_.num_predict;
     request.sampling = args_.sampling;
     int64_t printed = 0;

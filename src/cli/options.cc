@@ -227,6 +227,25 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   inspect_cmd->add_flag("--tensors", inspect.show_tensors, "list every tensor");
   inspect_cmd->add_flag("--json", inspect.json, "print JSON instead of text");
 
+  TokenizeArgs& tokenize = cmd.tokenize;
+  CLI::App* tokenize_cmd =
+      app.add_subcommand("tokenize", "text to token ids with a model's vocabulary alone");
+  tokenize_cmd->add_option("-m,--model", tokenize.model_path, "GGUF file (vocab-only is enough)")
+      ->required();
+  CLI::Option* tokenize_prompt = tokenize_cmd->add_option("-p,--prompt", tokenize.prompt, "text");
+  tokenize_cmd->add_option("-f,--file", tokenize.prompt_file, "file whose whole content is the text")
+      ->excludes(tokenize_prompt);
+  tokenize_cmd->add_flag("--ids", tokenize.ids, "print only the ids, as [1, 2, 3]");
+  tokenize_cmd->add_flag("--pieces", tokenize.pieces, "print the pieces as a JSON array");
+  tokenize_cmd->add_flag("--parse-special", tokenize.parse_special,
+                         "control-token texts in the text become those tokens");
+  tokenize_cmd->add_flag("--no-bos", tokenize.no_bos,
+                         "no BOS (or EOS) even where the vocabulary asks for one");
+  tokenize_cmd->add_flag("--show-count", tokenize.show_count, "print the number of tokens");
+  tokenize_cmd->add_flag("-e,--escape,!--no-escape", tokenize.escape,
+                         "process escapes (\\n, \\t, \\xNN, ...) in the text, as llama-tokenize "
+                         "(default: on)");
+
   SynthArgs& synth = cmd.synth;
   CLI::App* synth_cmd =
       app.add_subcommand("synth", "write a random-weight GGUF in the shape of a real model");
@@ -471,6 +490,11 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
     KVL_RETURN_IF_ERROR(ValidateServeArgs(&serve));
   } else if (*inspect_cmd) {
     cmd.kind = ParsedCommand::Kind::kInspect;
+  } else if (*tokenize_cmd) {
+    cmd.kind = ParsedCommand::Kind::kTokenize;
+    if (tokenize.prompt_file.empty() && tokenize_prompt->count() == 0) {
+      return InvalidArgumentError("kvl tokenize: give the text with -p TEXT or -f FILE");
+    }
   } else if (*synth_cmd) {
     cmd.kind = ParsedCommand::Kind::kSynth;
     if (synth_seed_opt->count() > 0) {
@@ -504,7 +528,8 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
     cmd.kind = ParsedCommand::Kind::kCalibrate;
     KVL_RETURN_IF_ERROR(ValidateCalibrateArgs(calibrate));
   } else {
-    return InvalidArgumentError("give a command: run, chat, serve, inspect, synth, bench or calibrate");
+    return InvalidArgumentError(
+        "give a command: run, chat, serve, inspect, tokenize, synth, bench or calibrate");
   }
   return cmd;
 }

@@ -13,7 +13,8 @@ namespace kvl::cli {
 
 struct ParsedCommand {
   enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe,
-                    kBenchTurns, kBenchReplay, kBenchFrontier, kBenchQuality, kCalibrate };
+                    kBenchTurns, kBenchReplay, kBenchFrontier, kBenchQuality, kCalibrate,
+                    kTokenize };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
   RunArgs run;
@@ -28,6 +29,7 @@ struct ParsedCommand {
   BenchFrontierArgs bench_frontier;
   BenchQualityArgs bench_quality;
   CalibrateArgs calibrate;
+  TokenizeArgs tokenize;
 };
 
 // args excludes the program name. INVALID_ARGUMENT with CLI11's message for a syntax error, or

@@ -577,8 +577,10 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
                                             kMaxTopLogprobs, request.top_logprobs));
   }
   auto seq = std::make_unique<Sequence>();
-  seq->tokens = request.prompt_ids.empty() ? e.tokenizer->Encode(request.prompt, request.add_bos)
-                                           : request.prompt_ids;
+  seq->tokens = request.prompt_ids.empty()
+                    ? e.tokenizer->Encode(request.prompt,
+                                          EncodeOptions{request.add_bos, request.parse_special})
+                    : request.prompt_ids;
   if (seq->tokens.empty()) return InvalidArgumentError("the prompt is empty and no BOS was requested");
   const int64_t vocab = e.model->config().vocab_size;
   for (size_t i = 0; i < seq->tokens.size(); ++i) {
@@ -698,7 +700,8 @@ EngineMetrics Engine::Metrics() const {
 StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request, const TokenCallback& on_token) {
   GenerateResult result;
   result.prompt_ids = request.prompt_ids.empty()
-                          ? impl_->tokenizer->Encode(request.prompt, request.add_bos)
+                          ? impl_->tokenizer->Encode(
+                                request.prompt, EncodeOptions{request.add_bos, request.parse_special})
                           : request.prompt_ids;
   Request r;
   r.prompt_ids = result.prompt_ids;  // tokenized once, here

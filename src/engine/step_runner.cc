@@ -390,7 +390,10 @@ void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) 
   if (seq.num_generated == 0) seq.first_token = now;
   seq.last_token = now;
   const Request& r = seq.request;
-  if (!r.ignore_eos && token == p_.tokenizer->eos()) return p_.scheduler->Finish(seq, "eos");
+  // EOS, and every end-of-turn token of the vocabulary (<|eot_id|>, <|im_end|>, ...).
+  if (!r.ignore_eos && p_.tokenizer->IsEndOfGeneration(token)) {
+    return p_.scheduler->Finish(seq, "eos");
+  }
   if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) {
     return p_.scheduler->Finish(seq, "stop");
   }

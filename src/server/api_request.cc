@@ -255,6 +255,7 @@ std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext
   if (!prompt.ok()) return BadField("messages", prompt.status().message());
   if (prompt->empty()) return BadField("messages", "the messages make an empty prompt");
   request->prompt = std::move(*prompt);
+  request->parse_special = true;  // the template's control tokens are tokens, not text
   return std::nullopt;
 }
 

@@ -28,6 +28,7 @@
 #include "kvl/chat_template.h"
 #include "server_metrics.h"
 #include "template_routes.h"
+#include "tokenize_routes.h"
 #include "webui_routes.h"
 
 namespace kvl {
@@ -102,7 +103,9 @@ constexpr Route kRoutes[] = {{"/apply-template", "POST"},
                              {"/metrics", "GET"},
                              {"/v1/models", "GET"},
                              {"/v1/completions", "POST"},
-                             {"/v1/chat/completions", "POST"}};
+                             {"/v1/chat/completions", "POST"},
+                             {kTokenizePath, "POST"},
+                             {kDetokenizePath, "POST"}};
 
 class OpenAiServer {
  public:
@@ -228,6 +231,11 @@ void OpenAiServer::Dispatch(const httplib::Request& req, httplib::Response& res)
     }
     if (req.path == "/apply-template") return HandleApplyTemplate(context_, req, res);
     if (req.path == "/v1/models") return HandleModels(res);
+    if (req.path == kTokenizePath || req.path == kDetokenizePath) {
+      TokenRouteAnswer answer = AnswerTokenRoute(req.path, req.body, engine_->tokenizer());
+      if (answer.error) return SendError(res, *answer.error);
+      return res.set_content(answer.body, "application/json");
+    }
     HandleCompletion(req.path == "/v1/completions" ? Endpoint::kCompletions
                                                    : Endpoint::kChatCompletions,
                      req, res);
@@ -310,7 +318,8 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
   Request& request = params.request;
   const bool logprobs = request.top_logprobs >= 0;
   if (logprobs && request.prompt_ids.empty()) {
-    request.prompt_ids = engine_->tokenizer().Encode(request.prompt, request.add_bos);
+    request.prompt_ids = engine_->tokenizer().Encode(
+        request.prompt, EncodeOptions{request.add_bos, request.parse_special});
   }
   auto decoder = std::make_shared<LogprobDecoder>(
       engine_->tokenizer(), request.prompt_ids.empty() ? -1 : request.prompt_ids.back());

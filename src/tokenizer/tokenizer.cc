@@ -1,44 +1,21 @@
-// SentencePiece BPE as llama.cpp's SPM vocab runs it: escape spaces as U+2581, split the text into
-// UTF-8 characters, then repeatedly merge the adjacent pair with the best score that is itself a
-// token. A priority queue of candidate bigrams makes that O(n log n) in the text length; stale
-// queue entries (whose symbols have since changed) are skipped when popped, as SentencePiece does.
-#include <cstdio>
-#include <queue>
+// Tokenizer: validation of a vocabulary, Encode's outline (special tokens, BOS / EOS, then the
+// model's encoder on each piece of text between special tokens) and decoding. The encoders live
+// in spm.cc and bpe.cc, the special tokens in special_tokens.cc.
+#include "kvl/tokenizer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <string>
 #include <utility>
 
-#include "kvl/tokenizer.h"
+#include "bpe_model.h"
+#include "unicode.h"
 
 namespace kvl {
 namespace {
 
 constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";  // U+2581 ▁
-// What llama.cpp prints for an UNK token (U+2585 ▅), so unknown text stays visible.
-constexpr std::string_view kUnknownText = "\xE2\x96\x85";
-
-// Length of the UTF-8 character starting at text[pos], or 1 for a byte that does not start a
-// valid, complete character (a stray continuation byte, a truncated or overlong sequence). Those
-// bytes become symbols of their own that the byte fallback encodes exactly.
-size_t Utf8CharLength(std::string_view text, size_t pos) {
-  const auto byte = [&](size_t i) { return static_cast<uint8_t>(text[i]); };
-  const uint8_t lead = byte(pos);
-  size_t length;
-  if (lead < 0x80) return 1;
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-  } else {
-    return 1;
-  }
-  if (pos + length > text.size()) return 1;
-  for (size_t i = 1; i < length; ++i) {
-    if ((byte(pos + i) & 0xC0) != 0x80) return 1;
-  }
-  return length;
-}
 
 // Parses "<0xNN>" (upper- or lower-case hex); -1 when the text is not a byte piece.
 int ParseBytePiece(std::string_view text) {
@@ -61,65 +38,47 @@ int ParseBytePiece(std::string_view text) {
   return value;
 }
 
-bool IsPieceType(TokenType type) {
-  return type == TokenType::kNormal || type == TokenType::kUserDefined ||
-         type == TokenType::kUnused || type == TokenType::kUndefined;
+Status IdOutOfRange(std::string_view what, TokenId id, size_t n) {
+  return InvalidArgumentError(
+      fmt::format("{} token id {} is outside the {}-token vocab", what, id, n));
 }
 
-// One symbol of the text being encoded: a span of the escaped text, linked to its neighbours.
-// A merged-away symbol has length 0.
-struct Symbol {
-  int32_t prev;
-  int32_t next;
-  size_t offset;
-  size_t length;
-};
-
-// A candidate merge of symbols left and right (adjacent when queued).
-struct Bigram {
-  int32_t left;
-  int32_t right;
-  float score;
-  size_t length;  // left.length + right.length when queued; a mismatch later means stale
-};
-
-// Highest score first; on equal scores the leftmost pair, as SentencePiece and llama.cpp do.
-struct BigramOrder {
-  bool operator()(const Bigram& a, const Bigram& b) const {
-    if (a.score != b.score) return a.score < b.score;
-    return a.left > b.left;
-  }
-};
-
 }  // namespace
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::~Tokenizer() = default;
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromVocab(TokenizerVocab vocab) {
   const size_t n = vocab.tokens.size();
   if (n == 0) return InvalidArgumentError("tokenizer vocab has no tokens");
   if (n > static_cast<size_t>(INT32_MAX)) return InvalidArgumentError("tokenizer vocab too large");
   if (!vocab.scores.empty() && vocab.scores.size() != n) {
-    return InvalidArgumentError("tokenizer scores have " + std::to_string(vocab.scores.size()) +
-                                " entries for " + std::to_string(n) + " tokens");
+    return InvalidArgumentError(fmt::format("tokenizer scores have {} entries for {} tokens",
+                                            vocab.scores.size(), n));
   }
   if (!vocab.types.empty() && vocab.types.size() != n) {
-    return InvalidArgumentError("tokenizer token types have " + std::to_string(vocab.types.size()) +
-                                " entries for " + std::to_string(n) + " tokens");
+    return InvalidArgumentError(fmt::format("tokenizer token types have {} entries for {} tokens",
+                                            vocab.types.size(), n));
   }
   const auto in_range = [n](TokenId id) { return id >= 0 && static_cast<size_t>(id) < n; };
-  if (!in_range(vocab.bos)) {
-    return InvalidArgumentError("bos token id " + std::to_string(vocab.bos) + " is outside the " +
-                                std::to_string(n) + "-token vocab");
+  const auto check_id = [&](std::string_view what, TokenId id) -> Status {
+    if (id != -1 && !in_range(id)) return IdOutOfRange(what, id, n);
+    return Status::Ok();
+  };
+  KVL_RETURN_IF_ERROR(check_id("bos", vocab.bos));
+  KVL_RETURN_IF_ERROR(check_id("eos", vocab.eos));
+  KVL_RETURN_IF_ERROR(check_id("unknown", vocab.unk));
+  KVL_RETURN_IF_ERROR(check_id("eot", vocab.eot));
+  KVL_RETURN_IF_ERROR(check_id("eom", vocab.eom));
+  if (vocab.add_bos && vocab.bos < 0) {
+    return InvalidArgumentError("the vocab asks for a BOS token (add_bos) but has none");
   }
-  if (!in_range(vocab.eos)) {
-    return InvalidArgumentError("eos token id " + std::to_string(vocab.eos) + " is outside the " +
-                                std::to_string(n) + "-token vocab");
-  }
-  if (vocab.unk != -1 && !in_range(vocab.unk)) {
-    return InvalidArgumentError("unknown token id " + std::to_string(vocab.unk) +
-                                " is outside the " + std::to_string(n) + "-token vocab");
+  if (vocab.add_eos && vocab.eos < 0) {
+    return InvalidArgumentError("the vocab asks for an EOS token (add_eos) but has none");
   }
 
   std::unique_ptr<Tokenizer> tok(new Tokenizer());
+  tok->model_ = vocab.model;
   tok->tokens_ = std::move(vocab.tokens);
   tok->scores_ = std::move(vocab.scores);
   if (tok->scores_.empty()) tok->scores_.assign(n, 0.0f);
@@ -129,143 +88,131 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromVocab(TokenizerVocab vocab) 
     for (size_t i = 0; i < n; ++i) {
       if (ParseBytePiece(tok->tokens_[i]) >= 0) tok->types_[i] = TokenType::kByte;
     }
-    tok->types_[static_cast<size_t>(vocab.bos)] = TokenType::kControl;
-    tok->types_[static_cast<size_t>(vocab.eos)] = TokenType::kControl;
+    if (vocab.bos >= 0) tok->types_[static_cast<size_t>(vocab.bos)] = TokenType::kControl;
+    if (vocab.eos >= 0) tok->types_[static_cast<size_t>(vocab.eos)] = TokenType::kControl;
     if (vocab.unk >= 0) tok->types_[static_cast<size_t>(vocab.unk)] = TokenType::kUnknown;
   }
   tok->bos_ = vocab.bos;
   tok->eos_ = vocab.eos;
+  tok->eot_ = vocab.eot;
+  tok->eom_ = vocab.eom;
   tok->unk_ = vocab.unk;
   tok->add_bos_ = vocab.add_bos;
-  tok->add_space_prefix_ = vocab.add_space_prefix;
+  tok->add_eos_ = vocab.add_eos;
+  tok->add_space_prefix_ = vocab.model == TokenizerModel::kSentencePiece && vocab.add_space_prefix;
 
   for (TokenId& id : tok->byte_tokens_) id = -1;
-  tok->token_to_id_.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    const TokenId id = static_cast<TokenId>(i);
-    const std::string& text = tok->tokens_[i];
-    const TokenType type = tok->types_[i];
-    if (type == TokenType::kByte) {
+    std::string& text = tok->tokens_[i];
+    // An empty token would match everywhere; llama.cpp renames it so that it matches nowhere.
+    if (text.empty()) text = fmt::format("[EMPTY_{}]", i);
+    if (tok->types_[i] == TokenType::kByte) {
       const int value = ParseBytePiece(text);
       if (value < 0) {
-        return InvalidArgumentError("token " + std::to_string(i) + " has type BYTE but its text '" +
-                                    text + "' is not <0xNN>");
+        return InvalidArgumentError(
+            fmt::format("token {} has type BYTE but its text '{}' is not <0xNN>", i, text));
       }
-      if (tok->byte_tokens_[value] < 0) tok->byte_tokens_[value] = id;
-    } else if (IsPieceType(type) && !text.empty()) {
-      tok->token_to_id_.emplace(text, id);  // the first of duplicate pieces wins
+      if (tok->byte_tokens_[value] < 0) tok->byte_tokens_[value] = static_cast<TokenId>(i);
     }
   }
+  // Every token's text finds it, of any type, as in llama.cpp (the last of duplicates wins).
+  tok->token_index_.Build(&tok->tokens_);
+
+  if (vocab.model == TokenizerModel::kBytePairEncoding) {
+    const Tokenizer* raw = tok.get();
+    KVL_ASSIGN_OR_RETURN(tok->bpe_,
+                         BuildBpeModel(
+                             vocab.merges, vocab.pre,
+                             [raw](std::string_view s) { return raw->FindToken(s); },
+                             [raw](std::string_view s) { raw->token_index_.Prefetch(s); }));
+    tok->pre_name_ = tok->bpe_->pre.name;
+  }
+  KVL_RETURN_IF_ERROR(tok->InitSpecialTokens(vocab.name));
   return tok;
 }
 
-TokenId Tokenizer::LookupPiece(std::string_view piece) const {
-  auto it = token_to_id_.find(piece);
-  return it == token_to_id_.end() ? -1 : it->second;
-}
+TokenId Tokenizer::FindToken(std::string_view text) const { return token_index_.Find(text); }
 
-std::vector<TokenId> Tokenizer::Encode(std::string_view text, bool add_bos) const {
+std::vector<TokenId> Tokenizer::Encode(std::string_view text, const EncodeOptions& options) const {
   std::vector<TokenId> ids;
-  if (add_bos) ids.push_back(bos_);
-  if (text.empty()) return ids;
-
-  // SentencePiece's normalization: a dummy-prefix space, then every space as ▁.
-  std::string escaped;
-  escaped.reserve(text.size() + kSpaceSymbol.size() * 8);
-  if (add_space_prefix_) escaped.append(kSpaceSymbol);
-  for (char c : text) {
-    if (c == ' ') {
-      escaped.append(kSpaceSymbol);
+  if (options.add_special && add_bos_) ids.push_back(bos_);
+  std::vector<Fragment> fragments;
+  if (!text.empty()) PartitionSpecial(text, options.parse_special, &fragments);
+  // SentencePiece puts its dummy-prefix space before the text at the start and after each
+  // special token (llama.cpp's "is_prev_special").
+  bool after_special = true;
+  for (const Fragment& f : fragments) {
+    if (f.token >= 0) {
+      ids.push_back(f.token);
+      after_special = true;
+      continue;
+    }
+    const std::string_view piece = text.substr(f.offset, f.length);
+    if (model_ == TokenizerModel::kSentencePiece) {
+      EncodeSentencePiece(piece, add_space_prefix_ && after_special, &ids);
     } else {
-      escaped.push_back(c);
+      EncodeBytePairs(piece, &ids);
     }
+    after_special = false;
   }
-  const std::string_view view(escaped);
-
-  std::vector<Symbol> symbols;
-  symbols.reserve(escaped.size());
-  for (size_t pos = 0; pos < escaped.size();) {
-    const size_t length = Utf8CharLength(view, pos);
-    const auto index = static_cast<int32_t>(symbols.size());
-    symbols.push_back({index - 1, index + 1, pos, length});
-    pos += length;
-  }
-  symbols.back().next = -1;
-
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue;
-  const auto try_add_bigram = [&](int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    const Symbol& l = symbols[static_cast<size_t>(left)];
-    const Symbol& r = symbols[static_cast<size_t>(right)];
-    const TokenId id = LookupPiece(view.substr(l.offset, l.length + r.length));
-    if (id < 0) return;
-    queue.push({left, right, scores_[static_cast<size_t>(id)], l.length + r.length});
-  };
-  for (size_t i = 1; i < symbols.size(); ++i) {
-    try_add_bigram(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
-  }
-
-  while (!queue.empty()) {
-    const Bigram bigram = queue.top();
-    queue.pop();
-    Symbol& left = symbols[static_cast<size_t>(bigram.left)];
-    Symbol& right = symbols[static_cast<size_t>(bigram.right)];
-    // Skip entries made stale by an earlier merge of either side.
-    if (left.length == 0 || right.length == 0 || left.length + right.length != bigram.length) {
-      continue;
-    }
-    left.length += right.length;
-    right.length = 0;
-    left.next = right.next;
-    if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = bigram.left;
-    try_add_bigram(left.prev, bigram.left);
-    try_add_bigram(bigram.left, left.next);
-  }
-
-  for (int32_t i = 0; i >= 0; i = symbols[static_cast<size_t>(i)].next) {
-    const Symbol& symbol = symbols[static_cast<size_t>(i)];
-    const std::string_view piece = view.substr(symbol.offset, symbol.length);
-    const TokenId id = LookupPiece(piece);
-    if (id >= 0) {
-      ids.push_back(id);
-      continue;
-    }
-    bool all_bytes = true;
-    for (char c : piece) all_bytes = all_bytes && byte_tokens_[static_cast<uint8_t>(c)] >= 0;
-    if (all_bytes) {
-      for (char c : piece) ids.push_back(byte_tokens_[static_cast<uint8_t>(c)]);
-    } else if (unk_ >= 0) {
-      ids.push_back(unk_);
-    }
-    // A vocab with neither byte tokens nor UNK has no way to say this piece; it is dropped.
-  }
+  if (options.add_special && add_eos_) ids.push_back(eos_);
   return ids;
 }
 
-void Tokenizer::AppendTokenText(TokenId prev, TokenId id, std::string* out) const {
+void Tokenizer::AppendTokenText(TokenId prev, TokenId id, std::string* out, bool special) const {
+  AppendPiece(id, special, add_space_prefix_ && (prev < 0 || prev == bos_), out);
+}
+
+std::string Tokenizer::TokenPiece(TokenId id, bool special) const {
+  std::string out;
+  AppendPiece(id, special, /*drop_leading_space=*/false, &out);
+  return out;
+}
+
+void Tokenizer::AppendPiece(TokenId id, bool special, bool drop_leading_space,
+                            std::string* out) const {
   if (id < 0 || id >= vocab_size()) return;
   const std::string& text = tokens_[static_cast<size_t>(id)];
   switch (types_[static_cast<size_t>(id)]) {
     case TokenType::kControl:
-      return;
-    case TokenType::kByte:
-      out->push_back(static_cast<char>(ParseBytePiece(text)));
-      return;
     case TokenType::kUnknown:
-      out->append(kUnknownText);
+      if (special) out->append(text);
       return;
     case TokenType::kUserDefined:
       out->append(text);
       return;
-    case TokenType::kNormal:
+    case TokenType::kByte:
+      out->push_back(static_cast<char>(ParseBytePiece(text)));
+      return;
     case TokenType::kUnused:
     case TokenType::kUndefined:
+      return;  // llama.cpp prints nothing for them, as for control tokens
+    case TokenType::kNormal:
       break;
+  }
+  if (model_ == TokenizerModel::kBytePairEncoding) {
+    // Each character of the piece stands for one byte (GPT-2's alphabet); a character outside
+    // it (a hand-made vocab) is copied as it is.
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t length = std::min(Utf8LengthFromLead(text[pos]), text.size() - pos);
+      uint32_t cpt = static_cast<uint8_t>(text[pos]);
+      if (length == 2) cpt = (cpt & 0x1F) << 6 | (static_cast<uint8_t>(text[pos + 1]) & 0x3F);
+      if ((length == 1 && cpt < 0x80) || length == 2) {
+        if (cpt < 0x144 && bpe_->unicode_to_byte[cpt] >= 0) {
+          out->push_back(static_cast<char>(bpe_->unicode_to_byte[cpt]));
+          pos += length;
+          continue;
+        }
+      }
+      out->append(text, pos, length);
+      pos += length;
+    }
+    return;
   }
   size_t pos = 0;
   // Undo the dummy prefix Encode added: the first piece of a text loses its leading space
   // (written as U+2581 or, in some vocabs, as a plain space).
-  if (add_space_prefix_ && (prev < 0 || prev == bos_)) {
+  if (drop_leading_space) {
     if (text.starts_with(kSpaceSymbol)) {
       pos = kSpaceSymbol.size();
     } else if (text.starts_with(' ')) {
@@ -282,17 +229,17 @@ void Tokenizer::AppendTokenText(TokenId prev, TokenId id, std::string* out) cons
   }
 }
 
-std::string Tokenizer::DecodeToken(TokenId prev, TokenId id) const {
+std::string Tokenizer::DecodeToken(TokenId prev, TokenId id, bool special) const {
   std::string out;
-  AppendTokenText(prev, id, &out);
+  AppendTokenText(prev, id, &out, special);
   return out;
 }
 
-std::string Tokenizer::Decode(const std::vector<TokenId>& ids) const {
+std::string Tokenizer::Decode(const std::vector<TokenId>& ids, bool special) const {
   std::string out;
   TokenId prev = -1;
   for (TokenId id : ids) {
-    AppendTokenText(prev, id, &out);
+    AppendTokenText(prev, id, &out, special);
     prev = id;
   }
   return out;

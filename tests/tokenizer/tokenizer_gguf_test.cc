@@ -87,7 +87,7 @@ TEST_F(StoriesTokenizerTest, RoundTrips) {
       "caf\xC3\xA9 na\xC3\xAFve",             // café naïve (é is a token, ï is bytes)
       "\xE4\xB8\xAD\xE6\x96\x87",             // 中文
       "emoji \xF0\x9F\x98\x80!",              // 😀 (4-byte fallback)
-      "\xFF\xFE invalid \x80 utf8 \xE4\xB8",  // raw invalid bytes survive too
+      "invalid \x80 utf8 \xE4\xB8",  // stray and truncated bytes survive too
       "<s> and </s> are text here",
   };
   for (const std::string& text : texts) {
@@ -125,6 +125,22 @@ struct TokenizerKeys {
   bool with_model = true;
 };
 
+// The tokenizer of the metadata written so far. The buffer must outlive the parse only; the
+// tokenizer copies what it keeps.
+StatusOr<std::unique_ptr<Tokenizer>> FromWriter(const GgufWriter& w) {
+  const std::vector<uint8_t> bytes = w.WriteToBuffer();
+  auto file = GgufFile::FromBuffer(bytes.data(), bytes.size());
+  if (!file.ok()) return file.status();
+  return Tokenizer::FromGguf(**file);
+}
+
+void ExpectFailure(const StatusOr<std::unique_ptr<Tokenizer>>& tok, StatusCode code,
+                   const std::string& needle) {
+  ASSERT_FALSE(tok.ok()) << needle;
+  EXPECT_EQ(tok.status().code(), code) << tok.status().ToString();
+  EXPECT_NE(tok.status().message().find(needle), std::string::npos) << tok.status().ToString();
+}
+
 StatusOr<std::unique_ptr<Tokenizer>> FromKeys(const TokenizerKeys& k) {
   GgufWriter w;
   if (k.with_model) w.AddString("tokenizer.ggml.model", k.model);
@@ -144,18 +160,11 @@ StatusOr<std::unique_ptr<Tokenizer>> FromKeys(const TokenizerKeys& k) {
   w.AddUint32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(k.bos));
   w.AddUint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(k.eos));
   w.AddBool("tokenizer.ggml.add_space_prefix", false);
-  // The buffer must outlive the parse only; the tokenizer copies what it keeps.
-  const std::vector<uint8_t> bytes = w.WriteToBuffer();
-  auto file = GgufFile::FromBuffer(bytes.data(), bytes.size());
-  if (!file.ok()) return file.status();
-  return Tokenizer::FromGguf(**file);
+  return FromWriter(w);
 }
 
 void ExpectError(const TokenizerKeys& keys, StatusCode code, const std::string& needle) {
-  auto tok = FromKeys(keys);
-  ASSERT_FALSE(tok.ok()) << needle;
-  EXPECT_EQ(tok.status().code(), code) << tok.status().ToString();
-  EXPECT_NE(tok.status().message().find(needle), std::string::npos) << tok.status().ToString();
+  ExpectFailure(FromKeys(keys), code, needle);
 }
 
 TEST(TokenizerGgufTest, MinimalVocabLoads) {
@@ -198,10 +207,84 @@ TEST(TokenizerGgufTest, SpecialIdsOutOfRangeNameTheKey) {
 
 TEST(TokenizerGgufTest, OtherModelsAreUnimplemented) {
   TokenizerKeys k;
-  k.model = "gpt2";
-  ExpectError(k, StatusCode::kUnimplemented, "gpt2 byte-level BPE is not supported yet");
   k.model = "bert";
   ExpectError(k, StatusCode::kUnimplemented, "bert");
+}
+
+}  // namespace
+}  // namespace kvl
+
+namespace kvl {
+namespace {
+
+// A byte-level BPE tokenizer block; each test breaks one thing.
+struct BpeKeys {
+  std::vector<std::string> tokens = {"a", "b", "ab", "<|endoftext|>"};
+  std::vector<std::string> merges = {"a b"};
+  std::vector<int32_t> types = {1, 1, 1, 3};
+  std::string pre = "gpt-2";
+  bool with_merges = true;
+  int64_t eos = 3;
+};
+
+StatusOr<std::unique_ptr<Tokenizer>> FromBpeKeys(const BpeKeys& k) {
+  GgufWriter w;
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  w.AddString("tokenizer.ggml.pre", k.pre);
+  w.AddStringArray("tokenizer.ggml.tokens", k.tokens);
+  w.AddInt32Array("tokenizer.ggml.token_type", k.types);
+  if (k.with_merges) w.AddStringArray("tokenizer.ggml.merges", k.merges);
+  w.AddUint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(k.eos));
+  return FromWriter(w);
+}
+
+void ExpectBpeError(const BpeKeys& keys, StatusCode code, const std::string& needle) {
+  ExpectFailure(FromBpeKeys(keys), code, needle);
+}
+
+TEST(TokenizerGgufBpeTest, MinimalVocabLoadsWithLlamaCppsDefaults) {
+  auto tok = FromBpeKeys(BpeKeys{});
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  EXPECT_EQ((*tok)->model(), TokenizerModel::kBytePairEncoding);
+  EXPECT_EQ((*tok)->pre_tokenizer(), "gpt-2");
+  EXPECT_FALSE((*tok)->add_bos_default());  // GPT-2 adds no BOS; Llama-3 does
+  EXPECT_EQ((*tok)->Encode("abab", true), (std::vector<TokenId>{2, 2}));
+  EXPECT_TRUE((*tok)->IsEndOfGeneration(3));
+  BpeKeys llama3;
+  llama3.pre = "llama-bpe";
+  auto with_bos = FromBpeKeys(llama3);
+  ASSERT_FALSE(with_bos.ok());  // llama-bpe adds a BOS, and this vocab has no BOS id 11
+  EXPECT_NE(with_bos.status().message().find("bos_token_id"), std::string::npos);
+}
+
+TEST(TokenizerGgufBpeTest, BadMergesTypesAndIdsAreClearErrors) {
+  BpeKeys k;
+  k.merges = {"a c"};
+  ExpectBpeError(k, StatusCode::kInvalidArgument, "tokenizer.ggml.merges[0] = 'a c' names 'c'");
+  k.merges = {"ab"};
+  ExpectBpeError(k, StatusCode::kInvalidArgument, "not two tokens separated by a space");
+  k = BpeKeys{};
+  k.with_merges = false;
+  ExpectBpeError(k, StatusCode::kNotFound, "tokenizer.ggml.merges");
+  k = BpeKeys{};
+  k.types = {1, 1, 1};
+  ExpectBpeError(k, StatusCode::kInvalidArgument, "tokenizer.ggml.token_type");
+  k = BpeKeys{};
+  k.eos = 4;
+  ExpectBpeError(k, StatusCode::kInvalidArgument, "tokenizer.ggml.eos_token_id");
+}
+
+TEST(TokenizerGgufBpeTest, UnknownPreTokenizerIsNamedWithTheSupportedOnes) {
+  BpeKeys k;
+  k.pre = "brand-new-pre";
+  auto tok = FromBpeKeys(k);
+  ASSERT_FALSE(tok.ok());
+  EXPECT_EQ(tok.status().code(), StatusCode::kUnimplemented);
+  const std::string message(tok.status().message());
+  for (const char* name : {"'brand-new-pre'", "llama-bpe", "qwen2", "smollm", "gpt-2", "tekken",
+                           "deepseek-llm", "deepseek-v3", "default"}) {
+    EXPECT_NE(message.find(name), std::string::npos) << name << " in " << message;
+  }
 }
 
 }  // namespace

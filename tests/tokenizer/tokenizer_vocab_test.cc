@@ -102,8 +102,11 @@ TEST(TokenizerVocabTest, UncoveredTextFallsBackToByteTokens) {
   auto tok = Build(MakeVocab({{"a", -1}}, true));
   // 'x' and the two bytes of é (C3 A9) have no piece.
   EXPECT_EQ(Pieces(*tok, "ax\xC3\xA9"), (Strings{"a", "<0x78>", "<0xC3>", "<0xA9>"}));
-  // Invalid UTF-8 bytes are single symbols and fall back to themselves.
-  EXPECT_EQ(Pieces(*tok, "\xFF" "a\x80"), (Strings{"<0xFF>", "a", "<0x80>"}));
+  // Characters are cut by their lead byte alone, as llama.cpp cuts them: a stray continuation
+  // byte is one symbol, and 0xFF (read as a 4-byte lead) takes the rest of the text with it into
+  // one symbol that no piece matches, so all of it falls back to bytes.
+  EXPECT_EQ(Pieces(*tok, "\x80" "a"), (Strings{"<0x80>", "a"}));
+  EXPECT_EQ(Pieces(*tok, "\xFF" "a\x80"), (Strings{"<0xFF>", "<0x61>", "<0x80>"}));
   // A truncated multi-byte sequence at the end is bytes too.
   EXPECT_EQ(Pieces(*tok, "a\xE4\xB8"), (Strings{"a", "<0xE4>", "<0xB8>"}));
 }
@@ -113,12 +116,20 @@ TEST(TokenizerVocabTest, WithoutByteTokensUncoveredCharactersAreUnk) {
   EXPECT_EQ(tok->Encode("axa\xC3\xA9", false), (std::vector<TokenId>{3, 0, 3, 0}));
 }
 
-TEST(TokenizerVocabTest, ControlTokenTextIsPlainText) {
-  // Even with pieces that could spell "<s>", the control token itself is never produced.
-  auto tok = Build(MakeVocab({{"<", -1}, {"s", -1}, {">", -1}, {"<s", -1}}, true));
-  std::vector<TokenId> ids = tok->Encode("<s>", false);
-  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok->bos()), 0);
-  EXPECT_EQ(Pieces(*tok, "<s>"), (Strings{"<s", ">"}));
+TEST(TokenizerVocabTest, ControlTokenTextIsSplitOnlyWhenParsingSpecial) {
+  auto tok = Build(MakeVocab({{"<", -1}, {"s", -1}, {">", -1}}, true));
+  // Plain text: "<s>" is spelled with pieces.
+  EXPECT_EQ(Pieces(*tok, "<s>"), (Strings{"<", "s", ">"}));
+  // parse_special: it is the control token.
+  EXPECT_EQ(tok->Encode(">" "<s>", EncodeOptions{false, true}),
+            (std::vector<TokenId>{tok->FindToken(">"), tok->bos()}));
+}
+
+TEST(TokenizerVocabTest, MergesReachEveryTokenAsLlamaCppDoes) {
+  // llama.cpp's SentencePiece merges any token the pair spells, control tokens included, so
+  // "<s" + ">" becomes <s> even as plain text: kept for exactness with llama.cpp.
+  auto tok = Build(MakeVocab({{"<", -1}, {"s", -1}, {">", -1}, {"<s", -1}}, true, false));
+  EXPECT_EQ(tok->Encode("<s>", false), (std::vector<TokenId>{tok->bos()}));
 }
 
 TEST(TokenizerVocabTest, EncodeAddsBosOnRequestAndEmptyTextIsEmpty) {
@@ -139,9 +150,11 @@ TEST(TokenizerVocabTest, DecodeRules) {
   EXPECT_EQ(tok->DecodeToken(1, hi), "hi");
   EXPECT_EQ(tok->DecodeToken(-1, hi), "hi");
   EXPECT_EQ(tok->Decode({1, space, hi}), " hi");
-  // Control tokens print nothing; UNK prints U+2585; out-of-range ids print nothing.
+  // Control and unknown tokens print nothing unless asked, then their text; out-of-range ids
+  // print nothing.
   EXPECT_EQ(tok->Decode({1, a, 2, 1}), "a");
-  EXPECT_EQ(tok->Decode({a, 0}), "a\xE2\x96\x85");
+  EXPECT_EQ(tok->Decode({a, 0}), "a");
+  EXPECT_EQ(tok->Decode({1, a, 2, 0}, /*special=*/true), "<s>a</s><unk>");
   EXPECT_EQ(tok->DecodeToken(a, 100000), "");
   EXPECT_EQ(tok->DecodeToken(a, -5), "");
   // Byte tokens become raw bytes that assemble a multi-byte character across tokens.
@@ -159,7 +172,9 @@ TEST(TokenizerVocabTest, RoundTripsArbitraryBytes) {
     const int len = static_cast<int>(rng() % 20);
     for (int i = 0; i < len; ++i) {
       const uint32_t r = rng() % 6;
-      text.push_back(r == 0 ? ' ' : r == 1 ? 'a' : r == 2 ? 'b' : static_cast<char>(rng() % 256));
+      // Any byte below 0x80 (a byte above would read as a lead byte that takes the next
+      // characters, spaces included, into byte fallback: see UncoveredTextFallsBackToByteTokens).
+      text.push_back(r == 0 ? ' ' : r == 1 ? 'a' : r == 2 ? 'b' : static_cast<char>(rng() % 128));
     }
     EXPECT_EQ(tok->Decode(tok->Encode(text, true)), text);
     EXPECT_EQ(tok->Decode(tok->Encode(text, false)), text);
@@ -263,7 +278,7 @@ TEST(TokenizerVocabTest, RejectsMalformedVocabs) {
   r = Tokenizer::FromVocab(v);
   EXPECT_NE(r.status().message().find("bos"), std::string::npos) << r.status().message();
   v = MakeVocab({{"a", -1}}, false);
-  v.eos = -1;
+  v.eos = -2;
   r = Tokenizer::FromVocab(v);
   EXPECT_NE(r.status().message().find("eos"), std::string::npos) << r.status().message();
 

@@ -131,6 +131,9 @@ struct Request {
   std::string prompt;               // used when prompt_ids is empty
   std::vector<int32_t> prompt_ids;  // taken as they are (no BOS added)
   bool add_bos = true;              // for a text prompt
+  // Control-token texts in a text prompt become those tokens: on for a rendered chat template,
+  // off for plain completion text (as llama.cpp).
+  bool parse_special = false;
   int32_t max_new_tokens = 128;     // < 0: until a stop or the context is full
   SamplingParams sampling;
   std::vector<std::string> stop_strings;  // generation ends before any of these texts
@@ -293,6 +296,7 @@ struct GenerateRequest {
   std::string prompt;
   std::vector<int32_t> prompt_ids;
   bool add_bos = true;
+  bool parse_special = false;  // as Request::parse_special
   int32_t max_new_tokens = 128;
   SamplingParams sampling;
   bool stop_at_eos = true;

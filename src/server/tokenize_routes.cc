@@ -1,0 +1,123 @@
+#include "tokenize_routes.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+namespace kvl::server {
+namespace {
+
+using nlohmann::json;
+
+ApiError BadRequest(std::string message, std::string param) {
+  return ApiError{400, std::move(message), "invalid_request_error", std::move(param), ""};
+}
+
+std::string Dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// A field that must be a boolean when present.
+std::optional<ApiError> ReadFlag(const json& body, const char* key, bool* value) {
+  if (!body.contains(key)) return std::nullopt;
+  if (!body[key].is_boolean()) return BadRequest(fmt::format("'{}' must be a boolean", key), key);
+  *value = body[key].get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadId(const json& j, const Tokenizer& tok, const char* param,
+                               TokenId* id) {
+  if (!j.is_number_integer()) {
+    return BadRequest(fmt::format("'{}' holds {}, not a token id", param, j.dump()), param);
+  }
+  const int64_t value = j.get<int64_t>();
+  if (value < 0 || value >= tok.vocab_size()) {
+    return BadRequest(fmt::format("token id {} is outside the vocabulary (0..{})", value,
+                                  tok.vocab_size() - 1),
+                      param);
+  }
+  *id = static_cast<TokenId>(value);
+  return std::nullopt;
+}
+
+TokenRouteAnswer Tokenize(const json& body, const Tokenizer& tok) {
+  bool add_special = false, parse_special = true, with_pieces = false;
+  for (const auto& [key, value] : {std::pair{"add_special", &add_special},
+                                   std::pair{"parse_special", &parse_special},
+                                   std::pair{"with_pieces", &with_pieces}}) {
+    if (auto error = ReadFlag(body, key, value)) return {"", error};
+  }
+  std::vector<TokenId> ids;
+  if (body.contains("content")) {
+    const json& content = body["content"];
+    // A string, or a list of strings and ids: only the first element, if a string, gets the
+    // BOS (as llama-server's tokenize_mixed).
+    const auto add_text = [&](const json& text, bool first) {
+      const std::vector<TokenId> part = tok.Encode(
+          text.get_ref<const std::string&>(), EncodeOptions{first && add_special, parse_special});
+      ids.insert(ids.end(), part.begin(), part.end());
+    };
+    if (content.is_string()) {
+      add_text(content, true);
+    } else if (content.is_array()) {
+      bool first = true;
+      for (const json& element : content) {
+        if (element.is_string()) {
+          add_text(element, first);
+        } else {
+          TokenId id;
+          if (auto error = ReadId(element, tok, "content", &id)) return {"", error};
+          ids.push_back(id);
+        }
+        first = false;
+      }
+    } else {
+      return {"", BadRequest("'content' must be a string or a list of strings and token ids",
+                             "content")};
+    }
+  }
+  json tokens = json::array();
+  for (TokenId id : ids) {
+    if (!with_pieces) {
+      tokens.push_back(id);
+      continue;
+    }
+    const std::string piece = tok.TokenPiece(id);
+    json piece_json = piece;
+    if (!IsValidUtf8(piece)) {
+      piece_json = json::array();
+      for (unsigned char c : piece) piece_json.push_back(static_cast<int>(c));
+    }
+    tokens.push_back({{"id", id}, {"piece", std::move(piece_json)}});
+  }
+  return {Dump(json{{"tokens", std::move(tokens)}}), std::nullopt};
+}
+
+TokenRouteAnswer Detokenize(const json& body, const Tokenizer& tok) {
+  std::string content;
+  if (body.contains("tokens")) {
+    if (!body["tokens"].is_array()) {
+      return {"", BadRequest("'tokens' must be a list of token ids", "tokens")};
+    }
+    // Each token's piece as llama-server joins them: control tokens as their text.
+    for (const json& element : body["tokens"]) {
+      TokenId id;
+      if (auto error = ReadId(element, tok, "tokens", &id)) return {"", error};
+      content += tok.TokenPiece(id);
+    }
+  }
+  return {Dump(json{{"content", content}}), std::nullopt};
+}
+
+}  // namespace
+
+TokenRouteAnswer AnswerTokenRoute(std::string_view path, std::string_view body,
+                                  const Tokenizer& tokenizer) {
+  const json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.is_object()) {
+    return {"", BadRequest("the request body must be a JSON object", "")};
+  }
+  return path == kTokenizePath ? Tokenize(parsed, tokenizer) : Detokenize(parsed, tokenizer);
+}
+
+}  // namespace kvl::server
