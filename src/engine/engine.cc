@@ -589,6 +589,12 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
                                               seq->tokens[i], i, vocab));
     }
   }
+  for (const auto& [id, bias] : request.sampling.logit_bias) {
+    if (id >= vocab) {
+      return InvalidArgumentError(
+          fmt::format("logit_bias names token {}, outside the vocabulary [0, {})", id, vocab));
+    }
+  }
   if (static_cast<int64_t>(seq->tokens.size()) >= e.context_length) {
     return OutOfRangeError(fmt::format("the prompt has {} tokens but the context holds {} (-c)",
                                        seq->tokens.size(), e.context_length));

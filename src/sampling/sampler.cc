@@ -4,6 +4,8 @@
 // for one: top-k keeps a k-entry heap in one pass over the logits, and top-p sorts a
 // growing prefix until it holds enough probability mass, so a 128k vocab is not fully sorted
 // per token unless the distribution is nearly flat.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -55,6 +57,13 @@ Status SamplingParams::Validate() const {
     return InvalidArgumentError("repeat_penalty must be a finite value > 0, got " +
                                 std::to_string(repeat_penalty));
   }
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0 || !(bias >= -100.0f && bias <= 100.0f)) {
+      return InvalidArgumentError(fmt::format(
+          "logit_bias: token {} must be a token id >= 0 and its bias in [-100, 100], got {}", id,
+          bias));
+    }
+  }
   if (repeat_last_n < -1) {
     return InvalidArgumentError("repeat_last_n must be >= -1 (-1 = whole history), got " +
                                 std::to_string(repeat_last_n));
@@ -70,6 +79,13 @@ Sampler::Sampler(const SamplingParams& params, int32_t vocab_size)
       penalized_(static_cast<size_t>(vocab_size), 0) {
   KVL_CHECK_MSG(vocab_size > 0, "Sampler needs a non-empty vocabulary");
   KVL_CHECK_MSG(params.Validate().ok(), "SamplingParams must be validated before use");
+  if (!params.logit_bias.empty()) {
+    bias_.assign(static_cast<size_t>(vocab_size), 0.0f);
+    for (const auto& [id, bias] : params.logit_bias) {
+      KVL_CHECK_MSG(id < vocab_size, "logit_bias names a token outside the vocabulary");
+      bias_[static_cast<size_t>(id)] += bias;
+    }
+  }
 }
 
 int32_t Sampler::Argmax(const float* logits, int32_t n) {
@@ -102,7 +118,7 @@ void Sampler::ClearPenalized(const std::vector<int32_t>& history, size_t begin) 
 }
 
 float Sampler::PenalizedLogit(const float* logits, int32_t id) const {
-  const float logit = logits[id];
+  const float logit = bias_.empty() ? logits[id] : logits[id] + bias_[static_cast<size_t>(id)];
   if (!penalized_[static_cast<size_t>(id)]) return logit;
   // A flag per token, not a count: each distinct token is penalized once however often it
   // repeats (llama.cpp's rule).
@@ -235,7 +251,9 @@ int32_t Sampler::Sample(const float* logits, const std::vector<int32_t>& history
 
 int32_t Sampler::SampleMarked(const float* logits) {
   const bool penalty_on = params_.repeat_penalty != 1.0f && params_.repeat_last_n != 0;
-  if (params_.temperature <= 0.0f && !penalty_on) return Argmax(logits, vocab_size_);
+  if (params_.temperature <= 0.0f && !penalty_on && bias_.empty()) {
+    return Argmax(logits, vocab_size_);
+  }
   if (params_.temperature <= 0.0f) {
     int32_t best = 0;
     float best_logit = PenalizedLogit(logits, 0);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -85,7 +86,8 @@ class FieldReader {
     bool in_range = false;
     if (v->is_number_unsigned()) {
       const uint64_t u = v->get<uint64_t>();
-      in_range = hi >= 0 && u <= static_cast<uint64_t>(hi) && (lo <= 0 || u >= static_cast<uint64_t>(lo));
+      in_range =
+          hi >= 0 && u <= static_cast<uint64_t>(hi) && (lo <= 0 || u >= static_cast<uint64_t>(lo));
     } else {
       in_range = v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
     }
@@ -119,8 +121,9 @@ std::optional<ApiError> CheckModel(const FieldReader& fields, const ApiContext& 
   if (!model->is_string()) return BadField("model", "'model' must be a string");
   const std::string& name = model->get_ref<const std::string&>();
   if (name == context.model_name || name == context.model_path) return std::nullopt;
-  return ApiError{404, fmt::format("The model '{}' does not exist; this server serves '{}'", name,
-                                   context.model_name),
+  return ApiError{404,
+                  fmt::format("The model '{}' does not exist; this server serves '{}'", name,
+                              context.model_name),
                   "invalid_request_error", "model", "model_not_found"};
 }
 
@@ -179,7 +182,8 @@ jinja::Value MessageValue(const json& m, std::string content_text, bool has_cont
   if (has_content) copy["content"] = std::move(content_text);
   if (copy.contains("tool_calls") && copy["tool_calls"].is_array()) {
     for (json& call : copy["tool_calls"]) {
-      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+        continue;
       json& arguments = call["function"]["arguments"];
       if (!arguments.is_string()) continue;
       json parsed = json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
@@ -209,9 +213,11 @@ std::optional<ApiError> ReadChatInputs(const FieldReader& fields, ChatInputs* in
     }
     auto tool_calls = m.find("tool_calls");
     if (tool_calls != m.end() && !tool_calls->is_null() && !tool_calls->is_array()) {
-      return BadField(param + ".tool_calls", fmt::format("'{}.tool_calls' must be an array", param));
+      return BadField(param + ".tool_calls",
+                      fmt::format("'{}.tool_calls' must be an array", param));
     }
-    const bool calls_tools = tool_calls != m.end() && tool_calls->is_array() && !tool_calls->empty();
+    const bool calls_tools =
+        tool_calls != m.end() && tool_calls->is_array() && !tool_calls->empty();
     auto content = m.find("content");
     const bool has_content = content != m.end() && !content->is_null();
     // An assistant turn that only calls tools has no content (null), as OpenAI sends it.
@@ -230,13 +236,15 @@ std::optional<ApiError> ReadChatInputs(const FieldReader& fields, ChatInputs* in
     if (!tools->empty()) inputs->tools = jinja::FromJson(*tools);
   }
   if (const json* kwargs = fields.Find("chat_template_kwargs")) {
-    if (!kwargs->is_object()) return BadField("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (!kwargs->is_object())
+      return BadField("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     for (auto it = kwargs->begin(); it != kwargs->end(); ++it) {
       inputs->kwargs.emplace_back(it.key(), jinja::FromJson(it.value()));
     }
   }
   if (const json* add = fields.Find("add_generation_prompt")) {
-    if (!add->is_boolean()) return BadField("add_generation_prompt", "'add_generation_prompt' must be a boolean");
+    if (!add->is_boolean())
+      return BadField("add_generation_prompt", "'add_generation_prompt' must be a boolean");
     inputs->add_generation_prompt = add->get<bool>();
   }
   return std::nullopt;
@@ -291,7 +299,24 @@ std::optional<ApiError> ReadSampling(FieldReader& f, SamplingParams* s) {
   }
   // A seed is any integer that fits 64 bits: negative ones are taken as their two's complement.
   const json* seed = f.Find("seed");
-  if (seed != nullptr && !seed->is_number_integer()) return BadField("seed", "'seed' must be an integer");
+  if (seed != nullptr && !seed->is_number_integer())
+    return BadField("seed", "'seed' must be an integer");
+  // OpenAI's logit_bias: {"token id": bias in [-100, 100]}, added to the logits before sampling.
+  if (const json* bias = f.Find("logit_bias"); bias != nullptr && !bias->is_null()) {
+    if (!bias->is_object()) return BadField("logit_bias", "'logit_bias' must be an object");
+    for (const auto& [key, value] : bias->items()) {
+      int32_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0) {
+        return BadField("logit_bias", fmt::format("logit_bias: '{}' is not a token id", key));
+      }
+      if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
+        return BadField("logit_bias",
+                        fmt::format("logit_bias: the bias of token {} must be in [-100, 100]", id));
+      }
+      s->logit_bias.emplace_back(id, value.get<float>());
+    }
+  }
   for (const char* ignored : {"presence_penalty", "frequency_penalty"}) {
     double unused = 0;
     if (!f.Number(ignored, -2.0, 2.0, false, &unused)) return f.error;
@@ -314,6 +339,31 @@ std::optional<ApiError> ReadSampling(FieldReader& f, SamplingParams* s) {
 
 std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const ApiContext& context,
                                     CompletionParams* out) {
+  // Fields this server does not implement are refused by name, never silently ignored: a client
+  // that asks for JSON output or a suffix must not get plain text and believe it got either.
+  if (const json* format = f.Find("response_format");
+      format != nullptr && !format->is_null() &&
+      !(format->is_object() && format->value("type", "") == "text")) {
+    return BadField("response_format",
+                    "'response_format' (structured output) is not supported by this server; only "
+                    "{\"type\": \"text\"}");
+  }
+  // Tools are rendered into the prompt by the chat template; the reply is not parsed into
+  // tool_calls, so a choice that forces a call cannot be honoured.
+  if (const json* choice = f.Find("tool_choice");
+      choice != nullptr && !choice->is_null() && *choice != "none" && *choice != "auto") {
+    return BadField("tool_choice",
+                    "only 'tool_choice' \"none\" or \"auto\" is supported (replies are not "
+                    "parsed into tool calls)");
+  }
+  if (const json* best_of = f.Find("best_of");
+      best_of != nullptr && !best_of->is_null() && *best_of != 1) {
+    return BadField("best_of", "only 'best_of' = 1 is supported");
+  }
+  if (const json* suffix = f.Find("suffix");
+      suffix != nullptr && !suffix->is_null() && *suffix != "") {
+    return BadField("suffix", "'suffix' (insertion) is not supported by this server");
+  }
   int64_t n = 1;
   if (!f.Integer("n", 1, 1, &n)) {
     return BadField("n", "only 'n' = 1 is supported");
@@ -387,8 +437,9 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   try {
     FieldReader fields(doc);
     if (auto e = CheckModel(fields, context)) return e;
-    if (auto e = endpoint == Endpoint::kCompletions ? ReadPrompt(fields, &out->request)
-                                                    : ReadMessages(fields, context, &out->request)) {
+    if (auto e = endpoint == Endpoint::kCompletions
+                     ? ReadPrompt(fields, &out->request)
+                     : ReadMessages(fields, context, &out->request)) {
       return e;
     }
     if (auto e = ReadOptions(fields, endpoint, context, out)) return e;

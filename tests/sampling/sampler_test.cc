@@ -86,6 +86,32 @@ TEST(SamplingParamsTest, RejectsOutOfRangeNamingTheField) {
   EXPECT_TRUE(p.Validate().ok());
 }
 
+// OpenAI's logit_bias: added to the logit before every filter, greedy included; -100 bans a
+// token in practice, +100 forces it; ids and biases out of range are refused by name.
+TEST(SamplerTest, LogitBiasShiftsGreedyAndSampledChoices) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  EXPECT_EQ(Sampler(greedy, 4).Sample(logits.data(), {}), 1);
+  greedy.logit_bias = {{2, 1.5f}};  // 2 + 1.5 > 3
+  EXPECT_EQ(Sampler(greedy, 4).Sample(logits.data(), {}), 2);
+  greedy.logit_bias = {{2, 0.5f}};  // 2 + 0.5 < 3: still token 1
+  EXPECT_EQ(Sampler(greedy, 4).Sample(logits.data(), {}), 1);
+  SamplingParams sampled;
+  sampled.temperature = 1.0f;
+  sampled.top_k = 0;
+  sampled.top_p = 1.0f;
+  sampled.min_p = 0.0f;
+  sampled.seed = 7;
+  sampled.logit_bias = {{1, -100.0f}, {3, 100.0f}};
+  Sampler s(sampled, 4);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(s.Sample(logits.data(), {}), 3);
+  sampled.logit_bias = {{1, 101.0f}};
+  EXPECT_NE(sampled.Validate().message().find("logit_bias"), std::string::npos);
+  sampled.logit_bias = {{-1, 1.0f}};
+  EXPECT_FALSE(sampled.Validate().ok());
+}
+
 TEST(SamplerTest, ArgmaxTakesLowestIndexOnTies) {
   std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f};
   EXPECT_EQ(Sampler::Argmax(logits.data(), 4), 1);

@@ -151,5 +151,48 @@ TEST(ServeShutdownTest, SigtermPastTheGraceCancelsAStreamWithItsLastFrames) {
   EXPECT_EQ(finish["choices"][0]["finish_reason"], "abort") << finish.dump();
 }
 
+// OpenAI fields: logit_bias is applied; fields this server cannot honour are refused by name
+// (they were silently ignored: a client asking for JSON got prose).
+TEST(ServeOpenAiFieldsTest, LogitBiasIsAppliedAndUnsupportedFieldsAreRefusedByName) {
+  ServerProcess server({});
+  ASSERT_TRUE(server.WaitReady());
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(30, 0);
+  auto completion = [&](json extra) {
+    json body = {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}};
+    if (extra.is_object()) body.update(extra);
+    return PostJson(client, "/v1/completions", body.dump());
+  };
+  // Token 403 is " Once" in stories260K: forced, every token is it.
+  auto forced = completion({{"logit_bias", {{"403", 100}}}});
+  ASSERT_TRUE(forced);
+  ASSERT_EQ(forced->status, 200) << forced->body;
+  const std::string text = json::parse(forced->body)["choices"][0]["text"];
+  auto plain = completion({});
+  ASSERT_TRUE(plain);
+  EXPECT_NE(text, json::parse(plain->body)["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(text.find(" Once Once"), 0u) << text;
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, json>>{{"response_format", {{"type", "json_object"}}},
+                                                 {"best_of", 2},
+                                                 {"suffix", "The end."},
+                                                 {"tool_choice", "required"},
+                                                 {"logit_bias", {{"abc", 1}}},
+                                                 {"logit_bias", {{"5", 1000}}},
+                                                 {"logit_bias", {{"999999", 1}}}}) {
+    auto refused = completion({{field, value}});
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400) << field << ": " << refused->body;
+    EXPECT_NE(refused->body.find(field.substr(0, 8)), std::string::npos) << refused->body;
+  }
+  // The values that ask for nothing are accepted.
+  auto neutral = completion({{"response_format", {{"type", "text"}}},
+                             {"best_of", 1},
+                             {"suffix", ""},
+                             {"tool_choice", "none"}});
+  ASSERT_TRUE(neutral);
+  EXPECT_EQ(neutral->status, 200) << neutral->body;
+}
+
 }  // namespace
 }  // namespace kvl

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kvl/status.h"
@@ -20,6 +21,9 @@ struct SamplingParams {
   float repeat_penalty = 1.0f;  // 1 = off (llama.cpp's --repeat-penalty)
   int32_t repeat_last_n = 64;   // how many recent tokens the penalty looks at; -1 = all, 0 = off
   uint64_t seed = 0xFFFFFFFF;   // llama.cpp's "random" default; any fixed value reproduces a run
+  // Added to a token's logit before any filter (OpenAI's logit_bias: token id -> [-100, 100]).
+  // The ids are checked against the vocabulary where it is known (Engine::Submit).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   // INVALID_ARGUMENT naming the field for values outside their range (negative temperature,
   // top_p outside (0, 1], ...).
@@ -53,7 +57,8 @@ class Sampler {
   // starts in history; ClearPenalized undoes it.
   size_t MarkPenalized(const std::vector<int32_t>& history);
   void ClearPenalized(const std::vector<int32_t>& history, size_t begin);
-  // logits[id] after the repetition penalty (for the tokens MarkPenalized flagged).
+  // logits[id] after the logit bias and the repetition penalty (for the tokens MarkPenalized
+  // flagged).
   float PenalizedLogit(const float* logits, int32_t id) const;
   // Sample() between marking and clearing the penalty flags.
   int32_t SampleMarked(const float* logits);
@@ -76,6 +81,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<Candidate> candidates_;  // preallocated scratch, vocab_size entries
   std::vector<uint8_t> penalized_;     // [vocab_size] 1 for tokens in the penalty window
+  std::vector<float> bias_;            // [vocab_size] logit_bias, or empty when none is given
 };
 
 }  // namespace kvl
