@@ -376,6 +376,7 @@ std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const Api
   }
   out->request.max_new_tokens = static_cast<int32_t>(max_tokens);
   if (!f.Bool("stream", &out->stream)) return f.error;
+  if (!f.Bool("return_token_ids", &out->return_token_ids)) return f.error;
   // vLLM's extension: generate max_tokens even past EOS (load generators want exact counts).
   if (!f.Bool("ignore_eos", &out->request.ignore_eos)) return f.error;
   if (const json* options = f.Find("stream_options")) {

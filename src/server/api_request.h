@@ -37,6 +37,7 @@ struct CompletionParams {
   Request request;  // prompt (or prompt_ids), max tokens, sampling, stops
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  bool return_token_ids = false;  // vLLM's: prompt_token_ids and each choice's token_ids
 };
 
 // Parses and validates a request body. Never throws.

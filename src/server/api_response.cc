@@ -22,11 +22,11 @@ json UsageJson(const Usage& u) {
 
 json Envelope(const ResponseHead& head, bool chunk) {
   const bool chat = head.endpoint == Endpoint::kChatCompletions;
-  return {{"id", head.id},
-          {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                          : "text_completion"},
-          {"created", head.created},
-          {"model", head.model}};
+  return {
+      {"id", head.id},
+      {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+      {"created", head.created},
+      {"model", head.model}};
 }
 
 // A token's UTF-8 bytes as numbers (chat's `bytes`, for text that is not valid UTF-8 alone).
@@ -77,14 +77,17 @@ json LogprobsJson(const ResponseHead& head, const Logprobs& logprobs) {
 
 // One choice of a streamed chunk: a delta for chat, text for completions.
 std::string Chunk(const ResponseHead& head, json delta, std::string_view text,
-                  const json& finish_reason, json logprobs = nullptr) {
+                  const json& finish_reason, json logprobs = nullptr,
+                  const std::vector<int32_t>* token_ids = nullptr, bool prompt_ids = false) {
   json choice = {{"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish_reason}};
   if (head.endpoint == Endpoint::kChatCompletions) {
     choice["delta"] = std::move(delta);
   } else {
     choice["text"] = text;
   }
+  if (head.token_ids && token_ids != nullptr) choice["token_ids"] = *token_ids;
   json body = Envelope(head, /*chunk=*/true);
+  if (head.token_ids && prompt_ids) body["prompt_token_ids"] = head.prompt_token_ids;
   body["choices"] = json::array({std::move(choice)});
   if (head.include_usage) body["usage"] = nullptr;
   return "data: " + Dump(body) + "\n\n";
@@ -101,13 +104,14 @@ std::string_view OpenAiFinishReason(std::string_view r) {
 
 std::string NewResponseId(Endpoint endpoint) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("{}-{:016x}{:08x}", endpoint == Endpoint::kChatCompletions ? "chatcmpl" : "cmpl",
-                     rng(), static_cast<uint32_t>(rng()));
+  return fmt::format("{}-{:016x}{:08x}",
+                     endpoint == Endpoint::kChatCompletions ? "chatcmpl" : "cmpl", rng(),
+                     static_cast<uint32_t>(rng()));
 }
 
 std::string CompletionBody(const ResponseHead& head, std::string_view text,
                            std::string_view finish_reason, const Usage& usage,
-                           const Logprobs& logprobs) {
+                           const Logprobs& logprobs, const std::vector<int32_t>& token_ids) {
   json choice = {
       {"index", 0}, {"logprobs", LogprobsJson(head, logprobs)}, {"finish_reason", finish_reason}};
   if (head.endpoint == Endpoint::kChatCompletions) {
@@ -115,18 +119,23 @@ std::string CompletionBody(const ResponseHead& head, std::string_view text,
   } else {
     choice["text"] = text;
   }
+  if (head.token_ids) choice["token_ids"] = token_ids;
   json body = Envelope(head, /*chunk=*/false);
+  if (head.token_ids) body["prompt_token_ids"] = head.prompt_token_ids;
   body["choices"] = json::array({std::move(choice)});
   body["usage"] = UsageJson(usage);
   return Dump(body);
 }
 
 std::string RoleFrame(const ResponseHead& head) {
-  return Chunk(head, {{"role", "assistant"}, {"content", ""}}, "", nullptr);
+  return Chunk(head, {{"role", "assistant"}, {"content", ""}}, "", nullptr, nullptr, nullptr,
+               /*prompt_ids=*/true);
 }
 
-std::string TextFrame(const ResponseHead& head, std::string_view text, const Logprobs& logprobs) {
-  return Chunk(head, {{"content", text}}, text, nullptr, LogprobsJson(head, logprobs));
+std::string TextFrame(const ResponseHead& head, std::string_view text, const Logprobs& logprobs,
+                      const std::vector<int32_t>& token_ids, bool first) {
+  return Chunk(head, {{"content", text}}, text, nullptr, LogprobsJson(head, logprobs), &token_ids,
+               first && head.endpoint == Endpoint::kCompletions);
 }
 
 std::string FinishFrame(const ResponseHead& head, std::string_view finish_reason) {

@@ -19,6 +19,10 @@ struct ResponseHead {
   std::string model;
   bool include_usage = false;  // streaming: usage null on each chunk, then a usage chunk
   bool logprobs = false;       // choices carry log-probabilities (else "logprobs": null)
+  // vLLM's return_token_ids: the body's prompt_token_ids and each choice's token_ids (streamed:
+  // the prompt's ids on the first frame, each frame's own ids on it).
+  bool token_ids = false;
+  std::vector<int32_t> prompt_token_ids;
 };
 
 struct Usage {
@@ -50,13 +54,16 @@ std::string NewResponseId(Endpoint endpoint);
 // logprob, bytes}]}]}.
 std::string CompletionBody(const ResponseHead& head, std::string_view text,
                            std::string_view finish_reason, const Usage& usage,
-                           const Logprobs& logprobs = {});
+                           const Logprobs& logprobs = {},
+                           const std::vector<int32_t>& token_ids = {});
 
 // "data: {...}\n\n" frames. A chunk carries the role (chat, first frame), text, or a finish
 // reason; the usage frame has no choices.
 std::string RoleFrame(const ResponseHead& head);
+// `first`: the stream's first frame with content (a completion's; chat's comes after the role).
 std::string TextFrame(const ResponseHead& head, std::string_view text,
-                      const Logprobs& logprobs = {});
+                      const Logprobs& logprobs = {}, const std::vector<int32_t>& token_ids = {},
+                      bool first = false);
 std::string FinishFrame(const ResponseHead& head, std::string_view finish_reason);
 std::string UsageFrame(const ResponseHead& head, const Usage& usage);
 std::string ErrorFrame(const ApiError& error);

@@ -86,7 +86,7 @@ struct PendingRequest {
   std::condition_variable cv;
   std::vector<Piece> pieces;  // each token's share, not yet taken
   bool finished = false;
-  TokenEvent last;         // the finished event
+  TokenEvent last;  // the finished event
   Clock::time_point submitted = Clock::now();
   Clock::time_point last_token;
   bool first_token_seen = false;
@@ -98,14 +98,10 @@ struct Route {
   std::string_view path;
   std::string_view method;
 };
-constexpr Route kRoutes[] = {{"/apply-template", "POST"},
-                             {"/health", "GET"},
-                             {"/metrics", "GET"},
-                             {"/v1/models", "GET"},
-                             {"/v1/completions", "POST"},
-                             {"/v1/chat/completions", "POST"},
-                             {kTokenizePath, "POST"},
-                             {kDetokenizePath, "POST"}};
+constexpr Route kRoutes[] = {{"/apply-template", "POST"}, {"/health", "GET"},
+                             {"/metrics", "GET"},         {"/v1/models", "GET"},
+                             {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+                             {kTokenizePath, "POST"},     {kDetokenizePath, "POST"}};
 
 class OpenAiServer {
  public:
@@ -145,9 +141,11 @@ class OpenAiServer {
 };
 
 void OpenAiServer::Configure() {
-  const int threads = options_.http_threads > 0 ? options_.http_threads
-                                                : options_.engine.max_seqs + 4;
-  http_.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  const int threads =
+      options_.http_threads > 0 ? options_.http_threads : options_.engine.max_seqs + 4;
+  http_.new_task_queue = [threads] {
+    return new httplib::ThreadPool(static_cast<size_t>(threads));
+  };
   // Streamed frames are small: without TCP_NODELAY each waits for the delayed ACK of the last.
   http_.set_tcp_nodelay(true);
   // The listening socket gets SO_REUSEADDR (a restarted server binds at once, past TIME_WAIT) but
@@ -163,7 +161,9 @@ void OpenAiServer::Configure() {
   http_.set_read_timeout(30, 0);
   http_.set_write_timeout(30, 0);
   http_.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
-  auto dispatch = [this](const httplib::Request& req, httplib::Response& res) { Dispatch(req, res); };
+  auto dispatch = [this](const httplib::Request& req, httplib::Response& res) {
+    Dispatch(req, res);
+  };
   RegisterWebUiRoutes({options_.webui, options_.api_key,
                        [this]() -> const Engine* {
                          return state_.load() == ServerState::kLoading ? nullptr : engine_.get();
@@ -211,19 +211,21 @@ void OpenAiServer::Dispatch(const httplib::Request& req, httplib::Response& res)
                                                req.path, route->method),
                                    "invalid_request_error", "", "method_not_allowed"});
   }
-  if (!options_.api_key.empty() && (req.path.starts_with("/v1/") || req.path == "/apply-template") &&
+  if (!options_.api_key.empty() &&
+      (req.path.starts_with("/v1/") || req.path == "/apply-template") &&
       req.get_header_value("Authorization") != "Bearer " + options_.api_key) {
-    return SendError(res, ApiError{401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
-                                   "invalid_request_error", "", "invalid_api_key"});
+    return SendError(res,
+                     ApiError{401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
+                              "invalid_request_error", "", "invalid_api_key"});
   }
   try {
     if (req.path == "/health") return HandleHealth(res);
     if (state_.load() != ServerState::kReady) {
-      return SendError(res, ApiError{503,
-                                     state_.load() == ServerState::kLoading
-                                         ? "the model is loading"
-                                         : "the server is shutting down",
-                                     "server_error", "", "unavailable"});
+      return SendError(
+          res, ApiError{503,
+                        state_.load() == ServerState::kLoading ? "the model is loading"
+                                                               : "the server is shutting down",
+                        "server_error", "", "unavailable"});
     }
     if (req.path == "/metrics") {
       return res.set_content(metrics_.Render(engine_->Metrics()),
@@ -236,12 +238,12 @@ void OpenAiServer::Dispatch(const httplib::Request& req, httplib::Response& res)
       if (answer.error) return SendError(res, *answer.error);
       return res.set_content(answer.body, "application/json");
     }
-    HandleCompletion(req.path == "/v1/completions" ? Endpoint::kCompletions
-                                                   : Endpoint::kChatCompletions,
-                     req, res);
+    HandleCompletion(
+        req.path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions, req,
+        res);
   } catch (const std::exception& e) {
-    SendError(res, ApiError{500, fmt::format("internal error: {}", e.what()), "server_error", "",
-                            ""});
+    SendError(res,
+              ApiError{500, fmt::format("internal error: {}", e.what()), "server_error", "", ""});
   }
 }
 
@@ -259,14 +261,13 @@ void OpenAiServer::HandleHealth(httplib::Response& res) {
 }
 
 void OpenAiServer::HandleModels(httplib::Response& res) {
-  const nlohmann::json body = {
-      {"object", "list"},
-      {"data",
-       {{{"id", context_.model_name},
-         {"object", "model"},
-         {"created", static_cast<int64_t>(std::time(nullptr))},
-         {"owned_by", "kvlattice"},
-         {"max_model_len", context_.context_length}}}}};
+  const nlohmann::json body = {{"object", "list"},
+                               {"data",
+                                {{{"id", context_.model_name},
+                                  {"object", "model"},
+                                  {"created", static_cast<int64_t>(std::time(nullptr))},
+                                  {"owned_by", "kvlattice"},
+                                  {"max_model_len", context_.context_length}}}}};
   res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                   "application/json");
 }
@@ -317,12 +318,15 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
   // here to know its last token (the engine takes the ids as they are).
   Request& request = params.request;
   const bool logprobs = request.top_logprobs >= 0;
-  if (logprobs && request.prompt_ids.empty()) {
+  if ((logprobs || params.return_token_ids) && request.prompt_ids.empty()) {
     request.prompt_ids = engine_->tokenizer().Encode(
         request.prompt, EncodeOptions{request.add_bos, request.parse_special});
   }
   auto decoder = std::make_shared<LogprobDecoder>(
       engine_->tokenizer(), request.prompt_ids.empty() ? -1 : request.prompt_ids.back());
+  // Kept before the request moves into the engine.
+  std::vector<int32_t> prompt_token_ids;
+  if (params.return_token_ids) prompt_token_ids = request.prompt_ids;
   auto pending = std::make_shared<PendingRequest>();
   StatusOr<RequestId> id = InternalError("not submitted");
   {
@@ -334,15 +338,16 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
   }
   if (!id.ok()) {
     const std::string param = endpoint == Endpoint::kCompletions ? "prompt" : "messages";
-    return SendError(res, ApiError{400, id.status().message(), "invalid_request_error", param,
-                                   ""});
+    return SendError(res, ApiError{400, id.status().message(), "invalid_request_error", param, ""});
   }
   ResponseHead head{endpoint,
                     NewResponseId(endpoint),
                     static_cast<int64_t>(std::time(nullptr)),
                     context_.model_name,
                     params.include_usage,
-                    logprobs};
+                    logprobs,
+                    params.return_token_ids,
+                    std::move(prompt_token_ids)};
   if (params.stream) return Stream(head, *id, std::move(pending), std::move(decoder), res);
 
   std::unique_lock<std::mutex> lock(pending->mu);
@@ -354,14 +359,16 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
   }
   std::string text;
   Logprobs token_logprobs;
+  std::vector<int32_t> token_ids;
   for (const Piece& piece : pending->pieces) {
     text += piece.text;
+    if (piece.token >= 0) token_ids.push_back(piece.token);
     if (logprobs) decoder->Add(piece, &token_logprobs);
   }
   res.set_content(
       CompletionBody(head, text, OpenAiFinishReason(last.finish_reason),
                      Usage{last.prompt_tokens, last.cached_prompt_tokens, last.generated_tokens},
-                     token_logprobs),
+                     token_logprobs, token_ids),
       "application/json");
 }
 
@@ -370,9 +377,11 @@ void OpenAiServer::Stream(const ResponseHead& head, RequestId id,
                           std::shared_ptr<LogprobDecoder> decoder, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
   auto role_sent = std::make_shared<bool>(false);
+  auto text_sent = std::make_shared<bool>(false);
+  auto held_ids = std::make_shared<std::vector<int32_t>>();
   res.set_chunked_content_provider(
       "text/event-stream",
-      [head, pending, decoder, role_sent](size_t, httplib::DataSink& sink) {
+      [head, pending, decoder, role_sent, text_sent, held_ids](size_t, httplib::DataSink& sink) {
         auto send = [&sink](const std::string& frame) {
           return sink.write(frame.data(), frame.size());
         };
@@ -395,8 +404,15 @@ void OpenAiServer::Stream(const ResponseHead& head, RequestId id,
         for (const Piece& piece : pieces) {
           Logprobs token_logprobs;
           if (head.logprobs) decoder->Add(piece, &token_logprobs);
+          if (piece.token >= 0) held_ids->push_back(piece.token);
           if (piece.text.empty() && token_logprobs.tokens.empty()) continue;
-          if (!send(TextFrame(head, piece.text, token_logprobs))) return false;  // the client left
+          // A token whose text was held back (near a stop string) goes out with the next frame.
+          const bool first = !*text_sent;
+          *text_sent = true;
+          if (!send(TextFrame(head, piece.text, token_logprobs, *held_ids, first))) {
+            return false;  // the client left
+          }
+          held_ids->clear();
         }
         if (!finished) return true;
         const TokenEvent& last = pending->last;

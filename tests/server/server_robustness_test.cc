@@ -194,5 +194,50 @@ TEST(ServeOpenAiFieldsTest, LogitBiasIsAppliedAndUnsupportedFieldsAreRefusedByNa
   EXPECT_EQ(neutral->status, 200) << neutral->body;
 }
 
+// vLLM's return_token_ids: the prompt's ids and the generated ids, plain and streamed, equal to
+// what /tokenize and the engine give.
+TEST(ServeOpenAiFieldsTest, ReturnTokenIdsAnswersThePromptAndGeneratedIds) {
+  ServerProcess server({});
+  ASSERT_TRUE(server.WaitReady());
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(30, 0);
+  const json request = {{"prompt", "Once upon a time"},
+                        {"max_tokens", 12},
+                        {"temperature", 0},
+                        {"return_token_ids", true}};
+  auto plain = PostJson(client, "/v1/completions", request.dump());
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  const json body = json::parse(plain->body);
+  // stories260K's reference (shared/models/README.md): BOS, then "Once upon a time".
+  EXPECT_EQ(body["prompt_token_ids"], json({1, 403, 407, 261, 378})) << body.dump();
+  const std::vector<int32_t> ids = body["choices"][0]["token_ids"];
+  EXPECT_EQ(ids.size(), 12u);
+  auto detok = PostJson(client, "/detokenize", json{{"tokens", ids}}.dump());
+  ASSERT_TRUE(detok);
+  EXPECT_EQ(json::parse(detok->body)["content"], body["choices"][0]["text"]) << detok->body;
+  // Streamed: the same ids, spread over the frames; the prompt's on the first.
+  json streamed = request;
+  streamed["stream"] = true;
+  auto stream = PostJson(client, "/v1/completions", streamed.dump());
+  ASSERT_TRUE(stream);
+  std::vector<int32_t> streamed_ids;
+  json prompt_ids;
+  for (const std::string& frame : testing::SseData(stream->body)) {
+    if (frame == "[DONE]") break;
+    const json chunk = json::parse(frame);
+    if (chunk.contains("prompt_token_ids")) prompt_ids = chunk["prompt_token_ids"];
+    if (chunk["choices"].empty() || !chunk["choices"][0].contains("token_ids")) continue;
+    for (int32_t id : chunk["choices"][0]["token_ids"]) streamed_ids.push_back(id);
+  }
+  EXPECT_EQ(prompt_ids, body["prompt_token_ids"]);
+  EXPECT_EQ(streamed_ids, ids);
+  // Without the field, neither key appears.
+  auto without = PostJson(client, "/v1/completions",
+                          json{{"prompt", "Once upon a time"}, {"max_tokens", 2}}.dump());
+  ASSERT_TRUE(without);
+  EXPECT_EQ(without->body.find("token_ids"), std::string::npos) << without->body;
+}
+
 }  // namespace
 }  // namespace kvl
