@@ -336,6 +336,8 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
                          [this, pending](const TokenEvent& ev) { OnEvent(*pending, ev); });
     if (id.ok()) active_.insert(*id);
   }
+  // The engine's number for the request: the web page's KV view follows exactly its pages.
+  if (id.ok()) res.set_header("X-Request-Id", std::to_string(*id));
   if (!id.ok()) {
     const std::string param = endpoint == Endpoint::kCompletions ? "prompt" : "messages";
     return SendError(res, ApiError{400, id.status().message(), "invalid_request_error", param, ""});

@@ -208,6 +208,8 @@ TEST(ServeOpenAiFieldsTest, ReturnTokenIdsAnswersThePromptAndGeneratedIds) {
   auto plain = PostJson(client, "/v1/completions", request.dump());
   ASSERT_TRUE(plain);
   ASSERT_EQ(plain->status, 200) << plain->body;
+  // The engine's number for the request, which the web page's KV view follows.
+  EXPECT_GT(std::atoi(plain->get_header_value("X-Request-Id").c_str()), 0);
   const json body = json::parse(plain->body);
   // stories260K's reference (shared/models/README.md): BOS, then "Once upon a time".
   EXPECT_EQ(body["prompt_token_ids"], json({1, 403, 407, 261, 378})) << body.dump();

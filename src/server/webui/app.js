@@ -237,6 +237,7 @@ async function reply(conversation) {
   try {
     const result = await streamChat({
       messages, params: requestParams(), apiKey: store.apiKey, signal: controller.signal,
+      onRequestId: (id) => kvView.followRequest(conversation.id, id),
       onText: (piece) => {
         message.content += piece;
         message.stats = {tokens: (message.stats?.tokens ?? 0) + 1, tokens_per_s: null,

@@ -10,7 +10,7 @@ export function authHeaders(apiKey) {
 // aborting `signal` stops the reply (the server cancels the request when the connection closes).
 // Resolves to {text, finish_reason, stopped, stats: {tokens, tokens_per_s, ttft_ms,
 // prompt_tokens, cached_tokens}}; rejects with an Error naming the server's message.
-export async function streamChat({messages, params, apiKey, signal, onText}) {
+export async function streamChat({messages, params, apiKey, signal, onText, onRequestId}) {
   const body = {messages, stream: true, stream_options: {include_usage: true}, ...params};
   const started = performance.now();
   let response;
@@ -32,6 +32,9 @@ export async function streamChat({messages, params, apiKey, signal, onText}) {
     } catch { /* not JSON: keep the status */ }
     throw new Error(message);
   }
+  // The engine's number for this request (X-Request-Id): the KV view follows exactly its pages.
+  const requestId = Number(response.headers.get('X-Request-Id'));
+  if (Number.isInteger(requestId) && requestId > 0) onRequestId?.(requestId);
   let text = '';
   let frames = 0;
   let firstAt = 0;

@@ -79,12 +79,15 @@ export class KvView {
     this.conversationId = conversationId;
     if (this.state) this.renderSequence();
   }
-  // A reply of ours is about to be sent: the engine numbers requests 1, 2, ... as submitted, so
-  // its request is the first one numbered past the count read now (another client submitting in
-  // between could take that number: the view would then show that request's pages).
+  // A reply of ours is about to be sent: until the server names its request (X-Request-Id), the
+  // first one numbered past the count read now stands for it.
   async replyStarted(conversationId) {
     await this.poll();
     this.tracked = {conversationId, firstRequest: (this.state?.requests.submitted ?? 0) + 1};
+  }
+  // The server named the reply's request: only its pages are shown, whatever other clients send.
+  followRequest(conversationId, requestId) {
+    this.tracked = {conversationId, request: requestId};
   }
   async replyEnded() {
     await this.poll();  // its map as its last step left it (the engine keeps the last 16 ended)
@@ -218,9 +221,10 @@ export class KvView {
   // last ended) is kept for the conversation.
   trackSequence() {
     if (!this.tracked) return;
-    const {firstRequest, conversationId} = this.tracked;
-    const running = this.state.sequences.filter((s) => s.request >= firstRequest);
-    const ended = this.state.sequences_ended.filter((s) => s.request >= firstRequest);
+    const {firstRequest, request, conversationId} = this.tracked;
+    const ours = (s) => (request !== undefined ? s.request === request : s.request >= firstRequest);
+    const running = this.state.sequences.filter(ours);
+    const ended = this.state.sequences_ended.filter(ours);
     const all = [...running.map((s) => ({...s, live: true})), ...ended.map((s) => ({...s, live: false}))];
     if (all.length === 0) return;
     this.lastMaps.set(conversationId, all.reduce((a, b) => (b.request < a.request ? b : a)));
