@@ -427,14 +427,22 @@ std::string ErrorBody(const ApiError& error) {
   return json{{"error", std::move(e)}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint endpoint,
-                                               const ApiContext& context, CompletionParams* out) {
+// A request body as a JSON object: refused, never thrown, when it nests too deep, does not parse
+// or is not an object.
+static std::optional<ApiError> ParseJsonObject(std::string_view body, json* doc) {
   if (NestedTooDeep(body)) {
     return BadField("", fmt::format("the JSON body is nested deeper than {}", kMaxJsonDepth));
   }
-  const json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return BadField("", "the body is not valid JSON");
-  if (!doc.is_object()) return BadField("", "the body must be a JSON object");
+  *doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (doc->is_discarded()) return BadField("", "the body is not valid JSON");
+  if (!doc->is_object()) return BadField("", "the body must be a JSON object");
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint endpoint,
+                                               const ApiContext& context, CompletionParams* out) {
+  json doc;
+  if (auto e = ParseJsonObject(body, &doc)) return e;
   try {
     FieldReader fields(doc);
     if (auto e = CheckModel(fields, context)) return e;
@@ -459,12 +467,8 @@ namespace kvl::server {
 
 std::optional<ApiError> ParseApplyTemplateRequest(std::string_view body, const ApiContext& context,
                                                   std::string* prompt) {
-  if (NestedTooDeep(body)) {
-    return BadField("", fmt::format("the JSON body is nested deeper than {}", kMaxJsonDepth));
-  }
-  const json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return BadField("", "the body is not valid JSON");
-  if (!doc.is_object()) return BadField("", "the body must be a JSON object");
+  json doc;
+  if (auto e = ParseJsonObject(body, &doc)) return e;
   try {
     ChatInputs chat;
     if (auto e = ReadChatInputs(FieldReader(doc), &chat)) return e;
