@@ -1,6 +1,7 @@
 // Engine lifecycle and public API: creation, request validation and submission, the loops that
 // drive Step, metrics and the one-request Generate convenience.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -8,8 +9,6 @@
 #include <cmath>
 #include <filesystem>
 #include <thread>
-
-#include <unistd.h>
 
 #include "engine_impl.h"
 #include "kvl/checkpoint_depth.h"
@@ -87,6 +86,10 @@ Status LoadModel(Engine::Impl& e) {
   KVL_ASSIGN_OR_RETURN(e.model, Model::Load(options.model_path));
   KVL_ASSIGN_OR_RETURN(e.tokenizer, Tokenizer::FromGguf(e.model->file()));
   const ModelConfig& c = e.model->config();
+  for (int32_t id = 0; id < e.tokenizer->vocab_size(); ++id) {
+    e.max_piece_bytes = std::max<int64_t>(e.max_piece_bytes,
+                                          static_cast<int64_t>(e.tokenizer->token_text(id).size()));
+  }
   if (e.tokenizer->vocab_size() != c.vocab_size) {
     return DataLossError(fmt::format("{}: the tokenizer has {} tokens but token_embd.weight has {}",
                                      options.model_path, e.tokenizer->vocab_size(), c.vocab_size));
@@ -117,14 +120,15 @@ KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlo
   z.budget_bytes = options.kv_budget_bytes;
   if (z.budget_bytes == 0) {
     const int64_t per_context =
-        layout.block_bytes() * ((e.context_length + options.block_tokens - 1) / options.block_tokens);
+        layout.block_bytes() *
+        ((e.context_length + options.block_tokens - 1) / options.block_tokens);
     // Room for every sequence's whole context, within kDefaultKvBudgetBytes: a longer context
     // pages (or is refused with the budget named), it never reserves memory for what it may use.
     z.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, kDefaultKvBudgetBytes);
   }
   const KvStagingCost staging = KvPager::StagingCost(layout);
-  z.compresses = kv.quality != KvQuality::kLossless ||
-                 (!kv.policy.automatic && !IsLossless(kv.policy.fixed));
+  z.compresses =
+      kv.quality != KvQuality::kLossless || (!kv.policy.automatic && !IsLossless(kv.policy.fixed));
   const bool streams = kv.policy.automatic ? kv.has_tier("ram") || kv.has_tier("disk")
                                            : kv.policy.fixed == KvAction::kDemoteRam ||
                                                  kv.policy.fixed == KvAction::kDemoteDisk ||
@@ -137,11 +141,13 @@ KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlo
       // at every step (a disk tier with O_DIRECT, checkpoints), so one full-context sequence
       // needs about one staged page per page of its context: a fixed quarter of a small budget
       // stopped such a sequence long before the pool and the disk were full.
-      const int64_t context_pages = (e.context_length + layout.block_tokens - 1) / layout.block_tokens;
+      const int64_t context_pages =
+          (e.context_length + layout.block_tokens - 1) / layout.block_tokens;
       const double wanted = static_cast<double>(context_pages * staging.per_page + fixed_bytes) /
                             static_cast<double>(z.budget_bytes);
-      fraction = kv.has_tier("ram") ? kDefaultStreamReserve
-                                    : std::clamp(wanted, kDefaultStreamReserve, kMaxAutoStreamReserve);
+      fraction = kv.has_tier("ram")
+                     ? kDefaultStreamReserve
+                     : std::clamp(wanted, kDefaultStreamReserve, kMaxAutoStreamReserve);
     }
     const double reserve = static_cast<double>(z.budget_bytes) * fraction;
     z.staged_pages = std::max<int64_t>(
@@ -157,7 +163,8 @@ KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlo
 Status LoadCostProfile(Engine::Impl& e, const KvSettings& kv, const std::string& disk_dir,
                        PageCostProfile* prices) {
   PagePriceOptions price_options;
-  price_options.block_tokens = e.options.block_tokens;  // before the pool exists (--kv-checkpoint-every)
+  price_options.block_tokens =
+      e.options.block_tokens;  // before the pool exists (--kv-checkpoint-every)
   price_options.layers = e.model->config().num_layers;
   for (const TierSpec& spec : kv.tiers) {
     if (spec.kind == "disk") price_options.disk_direct = spec.direct_io;
@@ -168,9 +175,8 @@ Status LoadCostProfile(Engine::Impl& e, const KvSettings& kv, const std::string&
   // Between a page's leaving and its return the steps stream the weights and read the pool:
   // where those fit in the last-level cache, a tier page is still there when it is read back.
   // (The checkpoint spacing is chosen before the pool exists: its budget stands for it.)
-  const int64_t pool_bytes =
-      e.storage ? e.storage->num_blocks() * e.storage->layout().block_bytes()
-                : e.options.kv_budget_bytes;
+  const int64_t pool_bytes = e.storage ? e.storage->num_blocks() * e.storage->layout().block_bytes()
+                                       : e.options.kv_budget_bytes;
   price_options.working_set_bytes = e.model->weight_bytes() + pool_bytes;
   if (e.options.cost_profile) {
     FillPagePrices(*e.options.cost_profile, price_options, prices);
@@ -181,7 +187,8 @@ Status LoadCostProfile(Engine::Impl& e, const KvSettings& kv, const std::string&
   profile_options.calibrate = e.options.calibrate;
   profile_options.calibration.disk_dir = disk_dir;  // empty (the temp dir) without a disk tier
   // The page KLDs are measured on the built-in text in this model's tokens.
-  profile_options.calibration.quality_tokens = e.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
+  profile_options.calibration.quality_tokens =
+      e.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
   profile_options.explain = e.options.explain;
   KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
                        ObtainProfile(*e.model, *e.ops, profile_options));
@@ -194,8 +201,8 @@ CheckpointDepthPrices CheckpointPrices(const KvBlockLayout& layout, int64_t dim,
                                        const PageCostProfile& prices) {
   CheckpointDepthPrices p;
   p.num_layers = layout.num_layers;
-  p.page_residual_bytes =
-      static_cast<int64_t>(layout.block_tokens) * layout.num_layers * dim * static_cast<int64_t>(sizeof(float));
+  p.page_residual_bytes = static_cast<int64_t>(layout.block_tokens) * layout.num_layers * dim *
+                          static_cast<int64_t>(sizeof(float));
   p.rebuild_kv_ms = prices.recompute_residual_ms;
   p.recompute_tokens_ms = prices.recompute_tokens_ms;
   return p;
@@ -209,9 +216,9 @@ StatusOr<int64_t> ChooseCheckpointEvery(Engine::Impl& e, const KvSettings& kv,
                                         const KvBlockLayout& layout) {
   const int64_t given = e.options.kv_checkpoint_every;
   if (given > layout.num_layers) {
-    return InvalidArgumentError(fmt::format(
-        "--kv-checkpoint-every {}: the model has {} layers (use 1 to {}, or auto)", given,
-        layout.num_layers, layout.num_layers));
+    return InvalidArgumentError(
+        fmt::format("--kv-checkpoint-every {}: the model has {} layers (use 1 to {}, or auto)",
+                    given, layout.num_layers, layout.num_layers));
   }
   if (layout.residual_dim == 0) return 1;  // no checkpoints are kept: nothing to space out
   if (given > 0) return given;
@@ -223,7 +230,8 @@ StatusOr<int64_t> ChooseCheckpointEvery(Engine::Impl& e, const KvSettings& kv,
   p.memory_price_ms_per_mib = p.rebuild_kv_ms / page_mib;
   p.rebuilds = 1;
   KVL_ASSIGN_OR_RETURN(const CheckpointDepthChoice choice, ChooseCheckpointDepth(p));
-  if (e.options.explain) fmt::print(stderr, "kvl: --kv-checkpoint-every auto:\n{}", choice.Explain());
+  if (e.options.explain)
+    fmt::print(stderr, "kvl: --kv-checkpoint-every auto:\n{}", choice.Explain());
   return choice.every;
 }
 
@@ -291,12 +299,13 @@ double MeasureRemotePromoteMs(const TierSpec& spec, const KvBlockLayout& layout,
   const auto started = std::chrono::steady_clock::now();
   StatusOr<std::unique_ptr<KvTier>> scratch =
       MakeTier(spec, /*page_bytes=*/0, fmt::format("kvl measure {}", ::getpid()));
-  StatusOr<TierCurves> curves =
-      scratch.ok() ? MeasureTierCurves(**scratch, layer_page_bytes, layout.num_layers,
-                                       QuickCalibrateOptions())
-                   : StatusOr<TierCurves>(scratch.status());
+  StatusOr<TierCurves> curves = scratch.ok()
+                                    ? MeasureTierCurves(**scratch, layer_page_bytes,
+                                                        layout.num_layers, QuickCalibrateOptions())
+                                    : StatusOr<TierCurves>(scratch.status());
   if (!curves.ok()) {
-    fmt::print(stderr, "kvl: the redis tier could not be measured ({}); priced at {:.3f} ms a page\n",
+    fmt::print(stderr,
+               "kvl: the redis tier could not be measured ({}); priced at {:.3f} ms a page\n",
                curves.status().ToString(), fallback_ms);
     return fallback_ms;
   }
@@ -329,18 +338,17 @@ void SetUpKvStore(Engine::Impl& e, const KvSettings& kv, const PageCostProfile& 
     for (const TierSpec& spec : kv.tiers) {
       if (spec.kind == "disk") persistent = spec.persistent;
     }
-    tiers.push_back({e.disk_tier.get(), persistent,
-                     ms(prices.disk_read_gbps, prices.disk_latency_ms)});
+    tiers.push_back(
+        {e.disk_tier.get(), persistent, ms(prices.disk_read_gbps, prices.disk_latency_ms)});
   }
   if (e.redis_tier) {
     for (const TierSpec& spec : kv.tiers) {
       if (spec.kind != "redis") continue;
-      const double slowest_local =
-          std::max(ms(prices.ram_gbps, prices.ram_latency_ms),
-                   ms(prices.disk_read_gbps, prices.disk_latency_ms));
-      tiers.push_back({e.redis_tier.get(), true,
-                       MeasureRemotePromoteMs(spec, layout, e.pager->layer_page_bytes(),
-                                              slowest_local)});
+      const double slowest_local = std::max(ms(prices.ram_gbps, prices.ram_latency_ms),
+                                            ms(prices.disk_read_gbps, prices.disk_latency_ms));
+      tiers.push_back(
+          {e.redis_tier.get(), true,
+           MeasureRemotePromoteMs(spec, layout, e.pager->layer_page_bytes(), slowest_local)});
     }
   }
   if (tiers.empty()) return;
@@ -576,17 +584,28 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
     return InvalidArgumentError(fmt::format("top_logprobs must be in [-1, {}], got {}",
                                             kMaxTopLogprobs, request.top_logprobs));
   }
+  // A text far longer than the context is refused before it is tokenized (eight 7 MiB prompts
+  // grew the server by 600 MB of token ids only to be refused): every token covers at most
+  // max_piece_bytes of the text, so the text has at least bytes / max_piece_bytes tokens.
+  if (request.prompt_ids.empty() &&
+      static_cast<int64_t>(request.prompt.size()) > e.context_length * e.max_piece_bytes) {
+    return OutOfRangeError(fmt::format(
+        "the prompt has {} bytes, at least {} tokens, but the context holds {} (-c)",
+        request.prompt.size(), static_cast<int64_t>(request.prompt.size()) / e.max_piece_bytes,
+        e.context_length));
+  }
   auto seq = std::make_unique<Sequence>();
   seq->tokens = request.prompt_ids.empty()
                     ? e.tokenizer->Encode(request.prompt,
                                           EncodeOptions{request.add_bos, request.parse_special})
                     : request.prompt_ids;
-  if (seq->tokens.empty()) return InvalidArgumentError("the prompt is empty and no BOS was requested");
+  if (seq->tokens.empty())
+    return InvalidArgumentError("the prompt is empty and no BOS was requested");
   const int64_t vocab = e.model->config().vocab_size;
   for (size_t i = 0; i < seq->tokens.size(); ++i) {
     if (seq->tokens[i] < 0 || seq->tokens[i] >= vocab) {
-      return InvalidArgumentError(fmt::format("token id {} at index {} is outside the vocabulary [0, {})",
-                                              seq->tokens[i], i, vocab));
+      return InvalidArgumentError(fmt::format(
+          "token id {} at index {} is outside the vocabulary [0, {})", seq->tokens[i], i, vocab));
     }
   }
   for (const auto& [id, bias] : request.sampling.logit_bias) {
@@ -603,9 +622,9 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   KVL_RETURN_IF_ERROR(e.CheckFitsBudget(seq->num_prompt, request.max_new_tokens));
   // Room for what this request can reach, so decode steps never grow it (an unlimited request
   // grows by doubling past kReservedSequenceTokens).
-  const int64_t reach = seq->num_prompt + (request.max_new_tokens >= 0
-                                               ? request.max_new_tokens
-                                               : kReservedSequenceTokens) + 1;
+  const int64_t reach =
+      seq->num_prompt +
+      (request.max_new_tokens >= 0 ? request.max_new_tokens : kReservedSequenceTokens) + 1;
   seq->tokens.reserve(static_cast<size_t>(std::min(e.context_length, reach)));
   seq->prev_token = seq->tokens.back();
   seq->sampler = std::make_unique<Sampler>(request.sampling, static_cast<int32_t>(vocab));
@@ -703,12 +722,14 @@ EngineMetrics Engine::Metrics() const {
   return m;
 }
 
-StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request, const TokenCallback& on_token) {
+StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request,
+                                          const TokenCallback& on_token) {
   GenerateResult result;
-  result.prompt_ids = request.prompt_ids.empty()
-                          ? impl_->tokenizer->Encode(
-                                request.prompt, EncodeOptions{request.add_bos, request.parse_special})
-                          : request.prompt_ids;
+  result.prompt_ids =
+      request.prompt_ids.empty()
+          ? impl_->tokenizer->Encode(request.prompt,
+                                     EncodeOptions{request.add_bos, request.parse_special})
+          : request.prompt_ids;
   Request r;
   r.prompt_ids = result.prompt_ids;  // tokenized once, here
   r.add_bos = request.add_bos;
@@ -737,7 +758,8 @@ StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request, const 
       result.stop_reason = stopped_by_callback ? "callback" : ev.finish_reason;
       result.stats.cached_prompt_tokens = ev.cached_prompt_tokens;
       error = ev.error;
-      if (ev.token < 0 && !ev.text.empty() && on_token && !stopped_by_callback) on_token(-1, ev.text);
+      if (ev.token < 0 && !ev.text.empty() && on_token && !stopped_by_callback)
+        on_token(-1, ev.text);
     }
   };
   KVL_ASSIGN_OR_RETURN(id, Submit(std::move(r), on_event));

@@ -42,6 +42,8 @@ struct Engine::Impl {
   std::unique_ptr<ops::OpsContext> ops;
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
+  // The longest token text: no token covers more bytes of a prompt (Submit's early length check).
+  int64_t max_piece_bytes = 1;
   std::unique_ptr<Forward> forward;
 
   // KV memory: the pool, its tiers, where each page is, and what decides.
