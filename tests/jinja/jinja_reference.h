@@ -9,7 +9,6 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,6 +19,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "run_shell.h"
 
 namespace kvl::jinja::testing {
 
@@ -33,20 +34,15 @@ struct Reference {
   std::string version;      // @huggingface/jinja's
 };
 
+// A command's exit status and what it printed, stderr included (run_shell.h).
 struct ShellResult {
   int status = -1;
   std::string out;
 };
 
 inline ShellResult Shell(const std::string& command) {
-  ShellResult run;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) run.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  const ::kvl::testing::CommandResult run = ::kvl::testing::RunShell(command + " 2>&1");
+  return {run.exit_code, run.output};
 }
 
 inline fs::path CacheDir() {

@@ -143,7 +143,10 @@ std::string StreamThroughSigterm(const std::string& grace, int max_tokens) {
     };
     c.send(req);
   });
-  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // The first bytes of the stream, within 30 s (a request that failed sends none).
+  for (int i = 0; i < 6000 && !started; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_TRUE(started) << server.Log();
   EXPECT_EQ(server.Terminate(/*seconds=*/20), 0) << server.Log();
   client.join();
   return body;

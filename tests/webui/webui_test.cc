@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include "run_shell.h"
 #include "server/server_process.h"
 
 namespace kvl::testing {
@@ -152,17 +153,9 @@ TEST(WebUi, KvStateNeedsTheKeyAndFollowsRequests) {
 // ---- In a real browser ----
 
 std::string RunCommand(const std::string& command, int* exit_code) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    *exit_code = -1;
-    return out;
-  }
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
-  const int status = ::pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
+  const kvl::testing::CommandResult run = kvl::testing::RunShell(command);
+  *exit_code = run.exit_code;
+  return run.output;
 }
 
 // Chromium, node and puppeteer-core (installed with npm into a cache folder of its own, once,
