@@ -78,7 +78,22 @@ void PrintKvPredictionErrors(const EngineMetrics& m) {
   for (const KvTierMetrics& t : m.kv_tiers) line("promote from " + t.name, t.promote_error);
 }
 
+// Speculative decoding (issue 26): what the drafts did.
+void PrintSpecSummary(const EngineMetrics& m) {
+  if (m.spec_seq_steps == 0) return;
+  fmt::print(stderr,
+             "kvl: spec: {} drafted, {} accepted ({:.1f}% acceptance), {:.2f} tokens per "
+             "sequence step ({} of {} steps carried a draft)\n",
+             m.spec_drafted, m.spec_accepted,
+             m.spec_drafted > 0 ? 100.0 * static_cast<double>(m.spec_accepted) /
+                                      static_cast<double>(m.spec_drafted)
+                                : 0.0,
+             static_cast<double>(m.tokens_generated) / static_cast<double>(m.spec_seq_steps),
+             m.spec_draft_steps, m.spec_seq_steps);
+}
+
 void PrintKvSummary(const EngineMetrics& m) {
+  PrintSpecSummary(m);
   PrintKvTiers(m);
   bool acted = false;
   for (const KvActionCounter& c : m.kv_actions) acted |= c.pages > 0;

@@ -86,6 +86,17 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
   cmd->add_option("--cache-type-v", engine->cache_type_v,
                       "KV cache type for values (-ctv): f32 | f16 | bf16 | q8_0 | q4_0")
       ->capture_default_str();
+  // Speculative decoding (issue 26).
+  cmd->add_option("--spec", engine->spec,
+                  "speculative decoding: ngram (prompt lookup), suffix (and recent requests), "
+                  "draft (a small model, -md) or off; drafts are sent only where the cost model "
+                  "says they pay, and the output is plain decoding's")
+      ->capture_default_str();
+  cmd->add_option("--draft-max", engine->draft_max,
+                  "most draft tokens one sequence's step carries")
+      ->capture_default_str();
+  cmd->add_option("--model-draft", engine->draft_model_path,
+                  "draft model for --spec draft (-md), of the model's vocabulary");
   cmd->add_option("-t,--threads", engine->num_threads, "threads; 0 = every core");
   cmd->add_option("-c,--ctx-size", engine->context_length, "context length; 0 = model's");
   cmd->add_option("-b,--batch-size", engine->batch_size, "prompt tokens per step")
@@ -101,7 +112,8 @@ std::vector<std::string> NormalizeArgs(const std::vector<std::string>& in) {
     std::string_view short_name, long_name;
   };
   static constexpr Alias kAliases[] = {
-      {"-np", "--parallel"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}};
+      {"-np", "--parallel"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},
+      {"-md", "--model-draft"}};
   std::vector<std::string> args;
   for (auto it = in.rbegin(); it != in.rend(); ++it) {  // CLI11 wants them reversed
     std::string a = *it;

@@ -466,7 +466,26 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
 
   ForwardOptions fo;
   fo.max_batch_tokens = std::min(options.batch_size, e.context_length);
-  fo.max_logit_rows = options.max_seqs;
+  // --- speculative decoding (issue 26): a decode's draft rows all ask for logits ---
+  KVL_ASSIGN_OR_RETURN(const SpecMode spec_mode, ParseSpecMode(options.spec));
+  if (spec_mode == SpecMode::kDraftModel) {
+    return UnimplementedError("--spec draft (-md): the draft-model drafter is not built yet; "
+                              "use --spec ngram or --spec suffix");
+  }
+  if (spec_mode != SpecMode::kOff) {
+    SpecOptions so;
+    so.mode = spec_mode;
+    so.draft_max = options.draft_max;
+    so.context_length = e.context_length;
+    so.max_batch_tokens = std::min(options.batch_size, e.context_length);
+    so.max_seqs = options.max_seqs;
+    e.speculator = std::make_unique<Speculator>(so);
+  }
+  // --- end speculative decoding ---
+  fo.max_logit_rows =
+      options.max_seqs + (e.speculator ? std::min(e.speculator->max_draft_rows(),
+                                                  std::min(options.batch_size, e.context_length))
+                                       : 0);
   fo.max_context = e.context_length;
   e.forward = std::make_unique<Forward>(*e.model, *e.ops, fo);
   KVL_RETURN_IF_ERROR(SetUpKvLattice(e, kv));
@@ -502,6 +521,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   }
   parts.prices = &e.planner->rules().prices;
   parts.context_length = e.context_length;
+  parts.speculator = e.speculator.get();
   e.runner = std::make_unique<StepRunner>(parts);
   e.step_plan.steps.reserve(static_cast<size_t>(options.max_seqs));
   e.step_plan.seqs.reserve(static_cast<size_t>(options.max_seqs));
@@ -528,6 +548,7 @@ bool Engine::Impl::StepImpl() {
   }
   scheduler->ReleaseFinished();
   if (trace) trace->Step();
+  if (speculator) speculator->Propose(scheduler->running());  // drafts for this step
   const bool has_work = scheduler->Schedule(&step_plan);
   if (has_work) {
     runner->Run(step_plan);
@@ -628,6 +649,7 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   seq->tokens.reserve(static_cast<size_t>(std::min(e.context_length, reach)));
   seq->prev_token = seq->tokens.back();
   seq->sampler = std::make_unique<Sampler>(request.sampling, static_cast<int32_t>(vocab));
+  if (e.speculator) e.speculator->Prepare(*seq);  // speculative decoding (issue 26)
   seq->stop_filter = StopTextFilter(request.stop_strings);
   seq->request = std::move(request);
   seq->on_event = std::move(on_event);

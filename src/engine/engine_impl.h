@@ -25,6 +25,7 @@
 #include "metrics_recorder.h"
 #include "request.h"
 #include "scheduler.h"
+#include "speculator.h"
 #include "step_runner.h"
 
 namespace kvl {
@@ -68,6 +69,7 @@ struct Engine::Impl {
   MetricsRecorder metrics;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<StepRunner> runner;
+  std::unique_ptr<Speculator> speculator;  // speculative decoding (issue 26); null: --spec off
   StepPlan step_plan;  // reused every step
   PromotionPlan promotion_plan;  // reused every step
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "kvl/engine.h"
+#include "spec_drafter.h"
 
 namespace kvl {
 
@@ -51,6 +52,14 @@ Status ValidateEngineOptions(const EngineOptions& o) {
     return InvalidArgumentError(fmt::format(
         "--kv-checkpoint-every must be auto or a layer stride in [1, {}], got {}",
         kMaxCheckpointEvery, o.kv_checkpoint_every));
+  }
+  KVL_RETURN_IF_ERROR(ParseSpecMode(o.spec).status());
+  if (o.draft_max < 1 || o.draft_max > kMaxDraftTokens) {
+    return InvalidArgumentError(fmt::format("--draft-max must be in [1, {}] tokens, got {}",
+                                            kMaxDraftTokens, o.draft_max));
+  }
+  if (o.spec == "draft" && o.draft_model_path.empty()) {
+    return InvalidArgumentError("--spec draft needs a draft model: -md DRAFT.gguf");
   }
   KVL_RETURN_IF_ERROR(ParseKvCacheType(o.cache_type_k).status());
   KVL_RETURN_IF_ERROR(ParseKvCacheType(o.cache_type_v).status());

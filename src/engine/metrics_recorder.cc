@@ -91,6 +91,14 @@ void MetricsRecorder::CountGenerated() {
   ++tokens_generated_;
 }
 
+void MetricsRecorder::CountSpecStep(int64_t drafted, int64_t accepted) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++spec_seq_steps_;
+  if (drafted > 0) ++spec_draft_steps_;
+  spec_drafted_ += drafted;
+  spec_accepted_ += accepted;
+}
+
 void MetricsRecorder::CountStep(int64_t batch_tokens, int64_t batch_seqs, int64_t prefill_tokens) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++num_steps_;
@@ -242,6 +250,10 @@ void MetricsRecorder::Snapshot(EngineMetrics* m) const {
   m->steps = num_steps_;
   m->tokens_prefilled = tokens_prefilled_;
   m->tokens_generated = tokens_generated_;
+  m->spec_seq_steps = spec_seq_steps_;
+  m->spec_draft_steps = spec_draft_steps_;
+  m->spec_drafted = spec_drafted_;
+  m->spec_accepted = spec_accepted_;
   m->mean_batch_tokens =
       num_steps_ ? static_cast<double>(batch_tokens_total_) / static_cast<double>(num_steps_) : 0;
   m->mean_batch_seqs =

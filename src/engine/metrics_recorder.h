@@ -48,6 +48,9 @@ class MetricsRecorder {
   void CountTokenLatency(const Sequence& seq, Clock::time_point now);
   // A token appended to its sequence (not an end-of-sequence or stop token).
   void CountGenerated();
+  // Speculative decoding (issue 26): one sequence's step that sampled, carrying `drafted` draft
+  // tokens of which `accepted` were verified (0, 0: a plain step).
+  void CountSpecStep(int64_t drafted, int64_t accepted);
   void CountStep(int64_t batch_tokens, int64_t batch_seqs, int64_t prefill_tokens);
   // Gauges, after each step.
   void SetGauges(const KvStats& kv, const KvPagerStats& pager, int64_t running, int64_t waiting);
@@ -74,6 +77,7 @@ class MetricsRecorder {
   int64_t num_steps_ = 0;
   int64_t tokens_prefilled_ = 0;
   int64_t tokens_generated_ = 0;
+  int64_t spec_seq_steps_ = 0, spec_draft_steps_ = 0, spec_drafted_ = 0, spec_accepted_ = 0;
   int64_t batch_tokens_total_ = 0;
   int64_t batch_seqs_total_ = 0;
   int64_t last_batch_tokens_ = 0;

@@ -11,6 +11,7 @@
 #include "kvl/engine.h"
 #include "kvl/kv_pager.h"
 #include "kvl/sampling.h"
+#include "spec_state.h"
 
 namespace kvl {
 
@@ -67,6 +68,7 @@ struct Sequence {
   int32_t preemptions = 0;
   // Finished, but its slot and lossy KV are kept for a next turn to continue (Scheduler).
   bool parked = false;
+  SpecSequenceState spec;          // speculative decoding (issue 26): its draft and acceptance
 
   // The finished event (reason, error, counts, the text still held back); marks it finished.
   TokenEvent FinishEvent(const std::string& reason, Status error);

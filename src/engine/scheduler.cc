@@ -155,6 +155,17 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
                             : std::min({remaining - restore, budget,
                                         decode_pass ? remaining : prefill_cap});
       seq->restore_tokens = restore;
+      // --- speculative decoding (issue 26): a decode carries its draft as unverified rows ---
+      seq->spec.in_step = 0;
+      const auto draft = static_cast<int64_t>(seq->spec.draft.size());
+      if (decode_pass && n == 1 && draft > 0 && budget >= 1 + draft) {
+        seq->spec.in_step = draft;
+        plan->steps.push_back({seq->slot, seq->spec.step_tokens, 0, draft});
+        plan->seqs.push_back(seq.get());
+        budget -= 1 + draft;
+        continue;
+      }
+      // --- end speculative decoding ---
       plan->steps.push_back({seq->slot, std::span<const int32_t>(seq->tokens).subspan(
                                             static_cast<size_t>(seq->num_computed),
                                             static_cast<size_t>(restore + n))});
@@ -178,6 +189,7 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
     seq->attach_blocks = attach;
     const int64_t restore = RestorableTokens(*seq, attached, restore_cap);
     seq->restore_tokens = restore;
+    seq->spec.in_step = 0;  // speculative decoding: an admission carries no draft
     const int64_t n = RestoresAhead(*seq, attached + restore)
                           ? 0
                           : std::min({len - attached - restore, budget, prefill_cap});
@@ -273,7 +285,8 @@ bool Scheduler::Schedule(StepPlan* plan) {
     // Recompute is priced against the step's own arithmetic: busy in prefill, idle in decode.
     phase_ = Phase::kDecode;
     for (const KvSeqStep& step : plan->steps) {
-      if (step.tokens.size() > 1) phase_ = Phase::kPrefill;
+      // (A decode carrying a draft is still a decode: speculative decoding, issue 26.)
+      if (static_cast<int64_t>(step.tokens.size()) - step.unverified > 1) phase_ = Phase::kPrefill;
     }
     plan->phase = phase_;
     kv_.Plan(plan->steps, &plan->kv);  // reuses the plan's vectors: no allocation per step

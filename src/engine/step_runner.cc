@@ -141,6 +141,9 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
       }
     }
     const int64_t end = sp.admit ? step_tokens : seq.num_computed + step_tokens;
+    // The step's own tokens: a speculative decode's draft is past seq.tokens (issue 26).
+    const std::span<const int32_t> tokens = plan.steps[i].tokens;
+    const int64_t tokens_from = sp.admit ? 0 : seq.num_computed;
     if (sp.admit && sp.detached_blocks > 0) {
       // Store pages read where the RAM tier holds them: part of the sequence, never copied.
       p_.pager->AttachInPlace(seq.slot, seq.num_computed / block_tokens_, sp.detached_blocks);
@@ -170,7 +173,8 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     if (p_.trace != nullptr) trace_from_[i] = seq.num_computed / block_tokens_;
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
-      batch_.Add(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot, pos == last);
+      // Every row of a draft asks for logits: each is verified (pos > last only for drafts).
+      batch_.Add(tokens[static_cast<size_t>(pos - tokens_from)], pos, seq.slot, pos >= last);
     }
     computed_.push_back({seq.id, seq.num_computed, end});
     if (end - seq.num_computed > 1 || seq.num_computed < seq.num_prompt) {
@@ -219,11 +223,14 @@ void StepRunner::RunBatch(const StepPlan& plan) {
     for (int64_t t = begin; t < end; ++t) {
       if (!batch_.want_logits[static_cast<size_t>(t)]) continue;
       // The sequence whose last token this is: the next one in step order that samples.
-      while (plan.seqs[next_seq]->num_computed !=
-             static_cast<int64_t>(plan.seqs[next_seq]->tokens.size())) {
-        ++next_seq;
-      }
+      while (!SamplesThisStep(*plan.seqs[next_seq])) ++next_seq;
       Sequence* seq = plan.seqs[next_seq++];
+      if (seq->spec.in_step > 0) {  // speculative decoding: its draft's rows follow
+        const int64_t draft_rows = seq->spec.in_step;
+        row = VerifyDraft(*seq, row);
+        t += draft_rows;  // verified with the first
+        continue;
+      }
       if (seq->stream_failed) {
         // A streamed page did not come back intact: this step's output is thrown away and the
         // sequence's KV recomputed from its tokens (the engine never samples from wrong bytes).
@@ -237,6 +244,7 @@ void StepRunner::RunBatch(const StepPlan& plan) {
         continue;
       }
       const float* logits = p_.forward->logits(row++);
+      p_.metrics->CountSpecStep(0, 0);
       AppendToken(*seq, seq->sampler->Sample(logits, seq->tokens), logits);
     }
   }
@@ -319,6 +327,13 @@ void StepRunner::Run(const StepPlan& plan) {
   const Clock::time_point start = Clock::now();
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
   const double forward_ms = MillisecondsBetween(start, Clock::now());
+  if (p_.speculator != nullptr) p_.speculator->ObserveStep(batch_.size(), forward_ms);
+  if (p_.speculator != nullptr) {
+    // A request that ended is what a drafter across requests drafts from (--spec suffix).
+    for (const Sequence* seq : plan.seqs) {
+      if (seq->finished) p_.speculator->Remember(*seq);
+    }
+  }
   if (p_.store != nullptr) SaveUnreachablePages(plan);
   RecomputeFailedStreams();
   if (!pending_recompute_.empty() && batch_.size() > 0) CountRecomputedPages(forward_ms);

@@ -17,6 +17,7 @@
 #include "metrics_recorder.h"
 #include "request.h"
 #include "scheduler.h"
+#include "speculator.h"
 
 namespace kvl {
 
@@ -38,6 +39,7 @@ struct StepRunnerParts {
   // The cost model's per-page prices (may be null): weigh a recomputed page's share of a step.
   const PageCostProfile* prices = nullptr;
   int64_t context_length = 0;
+  Speculator* speculator = nullptr;  // speculative decoding (issue 26); null: --spec off
 };
 
 class StepRunner {
@@ -69,6 +71,14 @@ class StepRunner {
   void TraceReads(const StepPlan& plan);
   // `logits` is the row the token was sampled from (for the log-probabilities it asked for).
   void AppendToken(Sequence& seq, int32_t token, const float* logits);
+  // Speculative decoding (step_runner_spec.cc): the sequence's step carried its draft as rows
+  // from logits row `row` on; samples them in order while they agree with the draft, keeps the
+  // K/V of the verified tokens and cuts the rest (KvManager::TruncateTail). Returns the next row.
+  int64_t VerifyDraft(Sequence& seq, int64_t row);
+  // The sequence is the one whose last token's logits come next: all its rows are in the run.
+  static bool SamplesThisStep(const Sequence& seq) {
+    return seq.num_computed == static_cast<int64_t>(seq.tokens.size()) + seq.spec.in_step;
+  }
 
   StepRunnerParts p_;
   int64_t block_tokens_;
@@ -106,6 +116,9 @@ class StepRunner {
   std::vector<int64_t> trace_outside_;
   std::vector<int64_t> trace_evicted_;
   std::vector<KvPage> promoting_;  // PromoteBack: each page as it was before it came back
+  // VerifyDraft: the tokens sampled from the draft's rows and the rows they came from.
+  std::vector<int32_t> verified_tokens_;
+  std::vector<const float*> verified_logits_;
 };
 
 }  // namespace kvl

@@ -296,6 +296,7 @@ void KvManager::Plan(std::span<const KvSeqStep> steps, KvPlan* out) const {
     s.seq_plan_mark[step.seq] = epoch;
     sp.seq = step.seq;
     sp.tokens.assign(step.tokens.begin(), step.tokens.end());
+    sp.unverified = step.unverified;
     const SeqState& seq = s.seqs[step.seq];
     if (!seq.present) {
       sp.admit = true;
@@ -419,23 +420,11 @@ void KvManager::Commit(const KvPlan& plan) {
     }
     KVL_CHECK(static_cast<int64_t>(seq.table.size()) ==
               BlocksFor(static_cast<int64_t>(seq.tokens.size())));
-    const size_t first_unfilled =
-        std::max(old_tokens / s.block_tokens,
-                 sp.reused.size() + static_cast<size_t>(sp.detached_blocks));
-    const size_t full_blocks = seq.tokens.size() / s.block_tokens;
-    // Content ids of the blocks filled now (the reused ones carry theirs); none once lossy.
-    for (size_t k = seq.content.size(); k < full_blocks; ++k) {
-      const KvContentId parent = k == 0 ? KvContentId{} : seq.content[k - 1];
-      seq.content.push_back(
-          seq.lossy || (k > 0 && !parent.valid())
-              ? KvContentId{}
-              : ChainContentId(parent,
-                               std::span(seq.tokens).subspan(k * s.block_tokens, s.block_tokens),
-                               s.options.model_identity));
-    }
-    if (!seq.lossy) {
-      for (size_t k = first_unfilled; k < full_blocks; ++k) s.RegisterFullBlock(seq, k);
-    }
+    // Blocks with identity already (reused ones carry theirs) are not registered again.
+    const size_t first_unfilled = std::max(
+        seq.content.size(), sp.reused.size() + static_cast<size_t>(sp.detached_blocks));
+    s.IdentifyFullBlocks(seq, static_cast<int64_t>(seq.tokens.size()) - sp.unverified,
+                         first_unfilled);
   }
   s.NotePeak();
   ++s.version;
@@ -457,6 +446,41 @@ void KvManager::Free(SeqId seq_id) {
   seq.tokens.clear();
   seq.content.clear();
   --s.num_seqs;
+  ++s.version;
+}
+
+// Content ids of the full blocks among the first `verified_tokens` that have none yet; the ones
+// from `first_unregistered` on enter the prefix index. None once lossy.
+void KvManager::State::IdentifyFullBlocks(kv_internal::SeqState& seq, int64_t verified_tokens,
+                                          size_t first_unregistered) {
+  const size_t full_blocks = static_cast<size_t>(verified_tokens / block_tokens);
+  for (size_t k = seq.content.size(); k < full_blocks; ++k) {
+    const KvContentId parent = k == 0 ? KvContentId{} : seq.content[k - 1];
+    seq.content.push_back(
+        seq.lossy || (k > 0 && !parent.valid())
+            ? KvContentId{}
+            : ChainContentId(parent, std::span(seq.tokens).subspan(k * block_tokens, block_tokens),
+                             options.model_identity));
+  }
+  if (!seq.lossy) {
+    for (size_t k = first_unregistered; k < full_blocks; ++k) RegisterFullBlock(seq, k);
+  }
+}
+
+void KvManager::TruncateTail(SeqId seq_id, int64_t num_tokens) {
+  State& s = *s_;
+  KVL_CHECK(Contains(seq_id));
+  SeqState& seq = s.seqs[seq_id];
+  KVL_CHECK_MSG(num_tokens >= static_cast<int64_t>(seq.content.size()) * s.block_tokens &&
+                    num_tokens <= static_cast<int64_t>(seq.tokens.size()),
+                "TruncateTail cuts only unverified tokens");
+  const size_t keep = static_cast<size_t>(BlocksFor(num_tokens));
+  for (size_t k = seq.table.size(); k > keep; --k) {  // last to first, as in Free
+    if (seq.table[k - 1] != kNoBlock) s.UnrefBlock(seq.table[k - 1]);
+  }
+  seq.table.resize(std::min(seq.table.size(), keep));
+  seq.tokens.resize(static_cast<size_t>(num_tokens));
+  s.IdentifyFullBlocks(seq, num_tokens, seq.content.size());
   ++s.version;
 }
 

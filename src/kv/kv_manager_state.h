@@ -78,6 +78,10 @@ struct KvManager::State {
   void UnindexContent(BlockId block);
   void AllocateBlock(BlockId block);
   void RegisterFullBlock(const kv_internal::SeqState& seq, size_t k);
+  // Speculative decoding: identities of the full blocks within the verified tokens (Commit,
+  // TruncateTail).
+  void IdentifyFullBlocks(kv_internal::SeqState& seq, int64_t verified_tokens,
+                          size_t first_unregistered);
   bool SameIdentity(BlockId a, BlockId b) const;
   // Block `block_index` of the present sequence `seq`: its table entry, checked to be a full
   // block other than the last, the only ones that leave the pool and come back while it runs.

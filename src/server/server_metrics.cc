@@ -149,6 +149,17 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
          m.requests_waiting);
   Metric(&out, "kvl:num_preemptions_total", "counter", "Sequences preempted.", m.preemptions);
   Metric(&out, "kvl:engine_steps_total", "counter", "Forward steps run.", m.steps);
+  // --- speculative decoding (issue 26) ---
+  Metric(&out, "kvl:spec_draft_tokens_total", "counter", "Draft tokens verified by steps.",
+         m.spec_drafted);
+  Metric(&out, "kvl:spec_accepted_tokens_total", "counter", "Draft tokens accepted.",
+         m.spec_accepted);
+  Metric(&out, "kvl:spec_acceptance_rate", "gauge", "Accepted / drafted tokens (0: none drafted).",
+         m.spec_drafted > 0 ? static_cast<double>(m.spec_accepted) / m.spec_drafted : 0.0);
+  Metric(&out, "kvl:spec_tokens_per_step", "gauge",
+         "Generated tokens per sequence step (1 without speculation).",
+         m.spec_seq_steps > 0 ? static_cast<double>(m.tokens_generated) / m.spec_seq_steps : 0.0);
+  // --- end speculative decoding ---
   Metric(&out, "kvl:prompt_tokens_computed_total", "counter",
          "Prompt tokens computed by the forward pass (prefix hits excluded).", m.tokens_prefilled);
   const double usage = m.kv.blocks_total > 0

@@ -98,6 +98,14 @@ struct EngineOptions {
   // rebuilt by running them for the page's tokens, bit-identical. 0 (`auto`): the s the cost
   // model prices cheapest for this model (kvl/checkpoint_depth.h). At most the model's layers.
   int64_t kv_checkpoint_every = 1;
+  // Speculative decoding (issue 26; src/engine/speculator.h): where drafts come from (--spec):
+  // ngram (prompt lookup in the sequence's own tokens), suffix (that, then an index over recent
+  // requests' tokens), draft (a small model, -md) or off. The cost model sends a draft only where
+  // it pays, so prose the drafter cannot predict runs as plain decoding. Greedy and sampled
+  // outputs are the tokens plain decoding gives (verification samples each row in order).
+  std::string spec = "ngram";
+  int32_t draft_max = 8;              // --draft-max: draft tokens a sequence's step may carry
+  std::string draft_model_path;       // -md
 };
 
 inline constexpr double kDefaultStreamReserve = 0.25;
@@ -109,7 +117,8 @@ inline constexpr int64_t kMaxContextTokens = (1ll << 31) - 1;
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int32_t kMaxSeqs = 4096;
 inline constexpr int32_t kMaxBlockTokens = 4096;
-inline constexpr int64_t kMaxCheckpointEvery = 1 << 16;  // the model's layers bound it further
+inline constexpr int64_t kMaxCheckpointEvery = 1 << 16;
+inline constexpr int32_t kMaxDraftTokens = 32;  // the model's layers bound it further
 
 // Every field in range and consistent with the others (policy vs quality, one tier per kind,
 // known cache types), without loading anything: the one check of engine options, made by
@@ -278,6 +287,13 @@ struct EngineMetrics {
   int64_t steps = 0;
   int64_t tokens_prefilled = 0;     // prompt tokens computed (hits excluded, recompute included)
   int64_t tokens_generated = 0;
+  // Speculative decoding (--spec): sequence steps that sampled (one per sequence per step), those
+  // that carried a draft, the draft tokens sent and those verified. Tokens per step is
+  // tokens_generated / spec_seq_steps; the acceptance rate spec_accepted / spec_drafted.
+  int64_t spec_seq_steps = 0;
+  int64_t spec_draft_steps = 0;
+  int64_t spec_drafted = 0;
+  int64_t spec_accepted = 0;
   double mean_batch_tokens = 0;     // tokens per forward step
   double mean_batch_seqs = 0;       // sequences per forward step
   int64_t last_batch_tokens = 0;

@@ -123,6 +123,10 @@ struct KvSeqStep {
   // (pages read where a tier holds them): holes in the block table from the start, taking no
   // block, as if detached losslessly. Never the block holding the last token.
   int64_t detached_blocks = 0;
+  // Speculative decoding (issue 26): the last `unverified` tokens are a draft the step checks.
+  // Their K/V is written, but a block holding any of them gets no identity (content id, prefix
+  // index) until TruncateTail says how many were verified.
+  int64_t unverified = 0;
 };
 
 struct KvBlockCopy {
@@ -144,6 +148,7 @@ struct KvPlan {
     BlockId cow_dst = kNoBlock;       // ...into this fresh block (also listed in `copies`)
     int64_t blocks_needed = 0;        // fresh blocks this sequence takes: allocated + the COW copy
     std::vector<int32_t> tokens;      // the step's tokens (a copy: Commit appends these)
+    int64_t unverified = 0;           // KvSeqStep::unverified (speculative decoding)
   };
 
   bool fits = false;                  // false: not enough blocks; Commit must not be called
@@ -211,6 +216,11 @@ class KvManager {
   // length): the blocks after them lose this sequence's reference, as in Free. A session a new
   // request continues only as far as their tokens agree (Scheduler's lossy sessions).
   void Truncate(SeqId seq, int64_t num_tokens);
+  // Speculative decoding's rollback (issue 26): `seq` keeps its first `num_tokens` tokens (any
+  // count, at least the tokens it had before the draft), the rejected draft tokens after them
+  // are cut off (blocks past them freed, the last block shortened), and the full blocks within
+  // the verified tokens get their identity (content id, prefix index) as a Commit gives it.
+  void TruncateTail(SeqId seq, int64_t num_tokens);
 
   // Paging a running sequence (the action lattice on live pages). Block `block_index` of `seq`,
   // a full block other than the last, leaves the pool while the sequence goes on: its reference

@@ -1,0 +1,91 @@
+#include "spec_cost.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvl {
+namespace {
+
+// Each new measurement of a row count weighs as much as this many old ones together (a decayed
+// mean: the machine's load moves).
+constexpr double kDecay = 0.9;
+// Measurements of a row count needed before its own mean is trusted over the slope.
+constexpr double kTrustedWeight = 2.0;
+
+}  // namespace
+
+double ExpectedTokens(double acceptance, int64_t k) {
+  double tokens = 1, term = 1;
+  for (int64_t i = 0; i < k; ++i) {
+    term *= acceptance;
+    tokens += term;
+  }
+  return tokens;
+}
+
+StepCostCurve::StepCostCurve(int64_t max_rows, double prior_slope)
+    : ms_(static_cast<size_t>(std::max<int64_t>(max_rows, 2) + 1), 0.0),
+      weight_(ms_.size(), 0.0),
+      prior_slope_(prior_slope) {}
+
+void StepCostCurve::Observe(int64_t rows, double ms) {
+  if (rows < 1 || rows >= static_cast<int64_t>(ms_.size()) || !(ms > 0)) return;
+  const size_t r = static_cast<size_t>(rows);
+  weight_[r] = weight_[r] * kDecay + 1;
+  ms_[r] += (ms - ms_[r]) / weight_[r];
+}
+
+double StepCostCurve::slope() const {
+  if (weight_[1] <= 0) return prior_slope_;
+  // Weighted mean of (T(R) / T(1) - 1) / (R - 1) over the measured row counts.
+  double sum = 0, weight = 0;
+  for (size_t r = 2; r < ms_.size(); ++r) {
+    if (weight_[r] <= 0) continue;
+    sum += weight_[r] * (ms_[r] / ms_[1] - 1) / static_cast<double>(r - 1);
+    weight += weight_[r];
+  }
+  return weight > 0 ? std::max(0.0, sum / weight) : prior_slope_;
+}
+
+double StepCostCurve::Relative(int64_t rows) const {
+  if (rows <= 1) return 1.0;
+  const size_t r = static_cast<size_t>(rows);
+  if (r < ms_.size() && weight_[r] >= kTrustedWeight && weight_[1] >= kTrustedWeight) {
+    return ms_[r] / ms_[1];
+  }
+  return 1.0 + slope() * static_cast<double>(rows - 1);
+}
+
+void ChooseDraftLengths(const StepCostCurve& curve, int64_t base_rows, int64_t base_tokens,
+                        int64_t max_extra_rows, std::vector<SpecCandidate>& candidates,
+                        std::vector<SpecCandidate*>* scratch) {
+  // The best acceptance first: its rows buy the most tokens while the step is cheap.
+  std::vector<SpecCandidate*>& order = *scratch;
+  order.clear();
+  for (SpecCandidate& c : candidates) {
+    c.chosen = 0;
+    if (c.offered > 0) order.push_back(&c);
+  }
+  // (std::sort allocates nothing; ties keep the sequences' order.)
+  std::sort(order.begin(), order.end(), [](const SpecCandidate* a, const SpecCandidate* b) {
+    return a->acceptance != b->acceptance ? a->acceptance > b->acceptance : a < b;
+  });
+  int64_t rows = std::max<int64_t>(base_rows, 1);
+  double tokens = static_cast<double>(std::max<int64_t>(base_tokens, 1));
+  for (SpecCandidate* c : order) {
+    const double rate = tokens / curve.Relative(rows);
+    double best_rate = rate * kMinGain;
+    for (int64_t k = 1; k <= c->offered && k <= max_extra_rows; ++k) {
+      const double r = (tokens + ExpectedTokens(c->acceptance, k) - 1) / curve.Relative(rows + k);
+      if (r > best_rate) {
+        best_rate = r;
+        c->chosen = k;
+      }
+    }
+    rows += c->chosen;
+    max_extra_rows -= c->chosen;
+    tokens += ExpectedTokens(c->acceptance, c->chosen) - 1;
+  }
+}
+
+}  // namespace kvl

@@ -1,0 +1,67 @@
+// Speculative decoding (issue 26): the cost model that decides each step's draft lengths.
+//
+// A step of R rows takes T(R). One sequence's draft of k tokens with per-token acceptance a
+// yields E(k) = 1 + a + a^2 + ... + a^k tokens (the accepted prefix and the target's own next
+// token) for the cost T(R + k) - T(R). The speculator adds drafts sequence by sequence, each at
+// the k that raises the step's tokens per millisecond most, and only where that gain beats
+// kMinGain: a step that is not bandwidth-bound (many sequences batched, a prefill chunk) costs
+// more per extra row, and prose the drafter cannot predict has a low acceptance, so both turn
+// speculation down or off by themselves.
+//
+// T(R) is measured online (StepCostCurve::Observe after each forward run) per row count, and
+// where a row count has not been measured, from the measured steps' slope, or a prior slope
+// until any step with more than one row was measured.
+//
+// Thread-safety: owned by the step loop.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kvl {
+
+// Expected tokens from a draft of k tokens at per-token acceptance `a`: 1 + a + ... + a^k.
+double ExpectedTokens(double acceptance, int64_t k);
+
+// A draft must raise the step's tokens per millisecond by this factor to be sent: the margin
+// covers the curve's noise, so open prose stays at plain decoding's speed.
+inline constexpr double kMinGain = 1.05;
+
+class StepCostCurve {
+ public:
+  // `max_rows`: row counts measured one by one (above: the slope's extrapolation).
+  // `prior_slope`: T(R) / T(1) - 1 per extra row before anything is measured (about what a
+  // bandwidth-bound CPU step costs per extra row; optimistic, so that drafts are tried and the
+  // curve gets its first measurements).
+  explicit StepCostCurve(int64_t max_rows, double prior_slope = 0.02);
+
+  // A forward run of `rows` rows took `ms`.
+  void Observe(int64_t rows, double ms);
+  // T(rows) / T(1): measured, or from the slope.
+  double Relative(int64_t rows) const;
+  // The slope per extra row in use (measured, or the prior).
+  double slope() const;
+  // T(1) in ms (0 until measured).
+  double one_row_ms() const { return ms_[1]; }
+
+ private:
+  std::vector<double> ms_;      // per row count: decayed mean ms (0: none)
+  std::vector<double> weight_;  // per row count: decayed sample weight
+  double prior_slope_;
+};
+
+// One sequence as the cost model sees it: what its drafter offers and how well it has done.
+struct SpecCandidate {
+  int64_t offered = 0;      // draft tokens the drafter proposed (at most the draft limit)
+  double acceptance = 0;    // per-token acceptance rate so far
+  int64_t chosen = 0;       // out: draft tokens the step carries
+};
+
+// Chooses each candidate's draft length for a step whose other rows are `base_rows` (one per
+// decoding sequence, plus any prefill tokens) and that yields `base_tokens` tokens without
+// drafts, within `max_extra_rows` draft rows in all. `scratch` is reused (no allocation per step).
+void ChooseDraftLengths(const StepCostCurve& curve, int64_t base_rows, int64_t base_tokens,
+                        int64_t max_extra_rows, std::vector<SpecCandidate>& candidates,
+                        std::vector<SpecCandidate*>* scratch);
+
+}  // namespace kvl

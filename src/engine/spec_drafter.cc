@@ -1,0 +1,121 @@
+#include "spec_drafter.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace kvl {
+
+StatusOr<SpecMode> ParseSpecMode(std::string_view text) {
+  if (text == "off") return SpecMode::kOff;
+  if (text == "ngram") return SpecMode::kNgram;
+  if (text == "suffix") return SpecMode::kSuffix;
+  if (text == "draft") return SpecMode::kDraftModel;
+  return InvalidArgumentError(
+      fmt::format("--spec must be ngram, suffix, draft or off, got '{}'", text));
+}
+
+std::string_view SpecModeName(SpecMode mode) {
+  switch (mode) {
+    case SpecMode::kOff: return "off";
+    case SpecMode::kNgram: return "ngram";
+    case SpecMode::kSuffix: return "suffix";
+    case SpecMode::kDraftModel: return "draft";
+  }
+  return "?";
+}
+
+namespace {
+
+// How far back prompt lookup scans: a 4k context is a few microseconds, longer ones are capped.
+constexpr int64_t kLookupWindow = 8192;
+
+}  // namespace
+
+int64_t FindEarlierNgram(std::span<const int32_t> context, int32_t n, int64_t window) {
+  const int64_t len = static_cast<int64_t>(context.size());
+  if (len <= n) return -1;
+  const int32_t* tail = context.data() + len - n;
+  const int64_t stop = std::max<int64_t>(0, len - n - window);
+  // Latest first: the nearest repetition is the likeliest to go on the same way.
+  for (int64_t start = len - n - 1; start >= stop; --start) {
+    if (context[static_cast<size_t>(start)] == tail[0] &&
+        std::equal(tail, tail + n, context.data() + start)) {
+      return start + n;
+    }
+  }
+  return -1;
+}
+
+void NgramDrafter::Draft(std::span<const int32_t> context, int32_t max_tokens,
+                         std::vector<int32_t>* draft) {
+  draft->clear();
+  for (int32_t n = kMaxNgram; n >= kMinNgram; --n) {
+    const int64_t after = FindEarlierNgram(context, n, kLookupWindow);
+    if (after < 0) continue;
+    const int64_t end =
+        std::min<int64_t>(static_cast<int64_t>(context.size()), after + max_tokens);
+    draft->assign(context.begin() + after, context.begin() + end);
+    return;
+  }
+}
+
+SuffixDrafter::SuffixDrafter(int64_t capacity_tokens)
+    : capacity_(std::max<int64_t>(capacity_tokens, 64)),
+      ring_(static_cast<size_t>(capacity_), -1) {}
+
+uint64_t SuffixDrafter::NgramKey(std::span<const int32_t> ngram) {
+  // FNV-1a over the ids and the length: distinct n share no key by accident of their zeros.
+  uint64_t h = 1469598103934665603ull ^ ngram.size();
+  for (int32_t t : ngram) {
+    h ^= static_cast<uint32_t>(t);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+bool SuffixDrafter::HoldsAt(int64_t end, std::span<const int32_t> ngram) const {
+  const int64_t n = static_cast<int64_t>(ngram.size());
+  if (end - n < std::max<int64_t>(0, written_ - capacity_) || end > written_) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (RingAt(end - n + i) != ngram[static_cast<size_t>(i)]) return false;
+  }
+  return true;
+}
+
+void SuffixDrafter::Remember(std::span<const int32_t> tokens) {
+  if (static_cast<int64_t>(index_.size()) > 2 * capacity_ * (kMaxNgram - kMinNgram + 1)) {
+    index_.clear();  // mostly stale: the tokens past the ring's reach are forgotten anyway
+  }
+  const int64_t first = written_;
+  for (int32_t t : tokens) ring_[static_cast<size_t>(written_++ % capacity_)] = t;
+  ring_[static_cast<size_t>(written_++ % capacity_)] = -1;
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  for (int64_t end = kMinNgram; end < len; ++end) {  // an n-gram with a token after it
+    for (int32_t n = kMinNgram; n <= kMaxNgram && n <= end; ++n) {
+      index_[NgramKey(tokens.subspan(static_cast<size_t>(end - n), static_cast<size_t>(n)))] =
+          first + end;
+    }
+  }
+}
+
+void SuffixDrafter::Draft(std::span<const int32_t> context, int32_t max_tokens,
+                          std::vector<int32_t>* draft) {
+  own_.Draft(context, max_tokens, draft);
+  if (!draft->empty()) return;
+  for (int32_t n = kMaxNgram; n >= kMinNgram; --n) {
+    if (static_cast<int64_t>(context.size()) < n) continue;
+    const std::span<const int32_t> tail = context.last(static_cast<size_t>(n));
+    const auto it = index_.find(NgramKey(tail));
+    if (it == index_.end() || !HoldsAt(it->second, tail)) continue;
+    for (int64_t at = it->second; at < written_ && static_cast<int32_t>(draft->size()) < max_tokens;
+         ++at) {
+      const int32_t t = RingAt(at);
+      if (t < 0) break;
+      draft->push_back(t);
+    }
+    if (!draft->empty()) return;
+  }
+}
+
+}  // namespace kvl

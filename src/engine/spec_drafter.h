@@ -1,0 +1,78 @@
+// Speculative decoding (issue 26): drafters propose the tokens likely to follow a sequence, for
+// the target model to verify in one step. Two drafters need no second model:
+//  - NgramDrafter (prompt lookup): the sequence's last n tokens (n from kMaxNgram down to
+//    kMinNgram) are looked up earlier in its own prompt and output; what followed the latest
+//    match is the draft. Summaries, edits and answers that quote their document repeat it.
+//  - SuffixDrafter: the same lookup, then an engine-wide index over the tokens of recent
+//    requests (a bounded ring), so a chat's next turn, an agent loop or a second question on the
+//    same document drafts from what was said before.
+// Drafters only propose; the speculator decides how many tokens a step carries and the step
+// runner verifies them, so a wrong draft costs time, never a different output.
+//
+// Thread-safety: owned by the step loop.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kvl/status.h"
+
+namespace kvl {
+
+enum class SpecMode { kOff, kNgram, kSuffix, kDraftModel };
+// "off" | "ngram" | "suffix" | "draft"; INVALID_ARGUMENT naming --spec otherwise.
+StatusOr<SpecMode> ParseSpecMode(std::string_view text);
+std::string_view SpecModeName(SpecMode mode);
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Up to `max_tokens` tokens that may follow `context`, into *draft (cleared first; empty when
+  // the drafter has nothing to offer). Allocates nothing once *draft holds max_tokens.
+  virtual void Draft(std::span<const int32_t> context, int32_t max_tokens,
+                     std::vector<int32_t>* draft) = 0;
+  // A request's tokens (prompt and output) as it ends: what later requests may draft from.
+  virtual void Remember(std::span<const int32_t> tokens) { (void)tokens; }
+};
+
+inline constexpr int32_t kMaxNgram = 4;
+inline constexpr int32_t kMinNgram = 2;
+
+class NgramDrafter : public Drafter {
+ public:
+  void Draft(std::span<const int32_t> context, int32_t max_tokens,
+             std::vector<int32_t>* draft) override;
+};
+
+// Where the last n tokens of `context` occurred before (the latest match, longest n first):
+// the index after the match, or -1. Scans back at most `window` tokens.
+int64_t FindEarlierNgram(std::span<const int32_t> context, int32_t n, int64_t window);
+
+class SuffixDrafter : public Drafter {
+ public:
+  // `capacity_tokens`: the ring of recent requests' tokens (its index is a few entries a token).
+  explicit SuffixDrafter(int64_t capacity_tokens = int64_t{1} << 20);
+  void Draft(std::span<const int32_t> context, int32_t max_tokens,
+             std::vector<int32_t>* draft) override;
+  void Remember(std::span<const int32_t> tokens) override;
+  int64_t tokens_held() const { return std::min<int64_t>(written_, capacity_); }
+
+ private:
+  static uint64_t NgramKey(std::span<const int32_t> ngram);
+  int32_t RingAt(int64_t absolute) const { return ring_[static_cast<size_t>(absolute % capacity_)]; }
+  // Whether the ring still holds `n` tokens ending before `end` that equal `ngram`.
+  bool HoldsAt(int64_t end, std::span<const int32_t> ngram) const;
+
+  NgramDrafter own_;  // the sequence's own tokens come first
+  int64_t capacity_;
+  std::vector<int32_t> ring_;  // -1 separates requests: a draft never runs into the next one
+  int64_t written_ = 0;        // tokens ever written (absolute position of the next)
+  // n-gram key -> the absolute position after its latest occurrence. Bounded: entries that the
+  // ring overwrote are found stale by HoldsAt and the map is rebuilt when it outgrows the ring.
+  std::unordered_map<uint64_t, int64_t> index_;
+};
+
+}  // namespace kvl

@@ -1,0 +1,32 @@
+// Speculative decoding (issue 26): what one sequence carries between the speculator, which drafts
+// before a step, the scheduler, which puts the draft into the step as extra rows, and the step
+// runner, which verifies it. Kept apart from request.h so that the sequence gains one member.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kvl {
+
+struct SpecSequenceState {
+  // The draft the speculator chose for the next step (tokens after the sequence's last one).
+  std::vector<int32_t> draft;
+  // The step's tokens when it carries the draft: the last token, then the draft (the span the
+  // KV plan appends; reserved once, so a step allocates nothing).
+  std::vector<int32_t> step_tokens;
+  // Draft rows in the step being run (0: a plain step). Set by the scheduler as it plans the
+  // step, cleared by the step runner once the draft is verified.
+  int64_t in_step = 0;
+  // Shadow drafting, for the acceptance rate: what the drafter proposed at the last step (all of
+  // it, also where the cost model sent none) and where it starts in the sequence's tokens. The
+  // tokens that really follow are compared with it at the next proposal, so the rate is known
+  // whether or not speculation is on.
+  std::vector<int32_t> shadow;
+  int64_t shadow_at = -1;
+  // Per-token acceptance of this sequence's drafts: draft tokens that matched / compared, decayed
+  // so that the rate follows the text (a quoted passage ends, prose begins).
+  double matched = 0;
+  double compared = 0;
+};
+
+}  // namespace kvl

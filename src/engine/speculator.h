@@ -1,0 +1,65 @@
+// Speculative decoding (issue 26): before each step the speculator asks the drafter what may
+// follow each decoding sequence and lets the cost model (spec_cost.h) choose how many of those
+// tokens the step carries as extra rows (Sequence::spec.draft); the scheduler plans them as
+// unverified tokens and the step runner verifies them (step_runner_spec.cc). After each forward
+// run it measures the step's cost by its rows.
+//
+// Where it lives: Engine::Impl owns it; Engine::Impl::StepImpl calls Propose before
+// Scheduler::Schedule, StepRunner calls ObserveStep and Remember.
+//
+// Thread-safety: owned by the step loop.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "request.h"
+#include "spec_cost.h"
+#include "spec_drafter.h"
+
+namespace kvl {
+
+struct SpecOptions {
+  SpecMode mode = SpecMode::kNgram;
+  int32_t draft_max = 8;          // draft tokens one sequence's step may carry
+  int64_t context_length = 0;
+  int64_t max_batch_tokens = 512;
+  int32_t max_seqs = 16;
+};
+
+class Speculator {
+ public:
+  explicit Speculator(const SpecOptions& options);
+
+  // A new sequence's buffers, reserved once (the steps then allocate nothing).
+  void Prepare(Sequence& seq) const;
+  // Drafts for the running sequences that decode next step: seq.spec.draft, empty where the
+  // drafter has nothing or the cost model says it does not pay.
+  void Propose(std::span<const std::unique_ptr<Sequence>> running);
+  // A forward run of `rows` rows took `ms`.
+  void ObserveStep(int64_t rows, double ms) { curve_.Observe(rows, ms); }
+  // A request ended: its tokens are remembered by a drafter that drafts across requests.
+  void Remember(const Sequence& seq) { drafter_->Remember(seq.tokens); }
+
+  const SpecOptions& options() const { return options_; }
+  const StepCostCurve& curve() const { return curve_; }
+  // The rows a step's logits may need beyond one per sequence.
+  int64_t max_draft_rows() const;
+
+ private:
+  // Compares the last shadow draft with the tokens that followed it: the acceptance rate.
+  void ScoreShadow(Sequence& seq);
+  double AcceptanceOf(const Sequence& seq) const;
+
+  SpecOptions options_;
+  std::unique_ptr<Drafter> drafter_;
+  StepCostCurve curve_;
+  // Engine-wide acceptance, decayed: the prior of a sequence with few drafts of its own.
+  double matched_ = 0, compared_ = 0;
+  std::vector<SpecCandidate> candidates_;  // reused
+  std::vector<SpecCandidate*> order_;      // reused
+  std::vector<Sequence*> drafting_;        // reused
+};
+
+}  // namespace kvl
