@@ -95,6 +95,8 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
   cmd->add_option("--draft-max", engine->draft_max,
                   "most draft tokens one sequence's step carries")
       ->capture_default_str();
+  cmd->add_flag("--spec-force", engine->spec_force,
+                "send every draft, whatever the cost model says (to measure acceptance)");
   cmd->add_option("--model-draft", engine->draft_model_path,
                   "draft model for --spec draft (-md), of the model's vocabulary");
   cmd->add_option("-t,--threads", engine->num_threads, "threads; 0 = every core");

@@ -479,6 +479,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
     so.context_length = e.context_length;
     so.max_batch_tokens = std::min(options.batch_size, e.context_length);
     so.max_seqs = options.max_seqs;
+    so.force = options.spec_force;
     e.speculator = std::make_unique<Speculator>(so);
   }
   // --- end speculative decoding ---

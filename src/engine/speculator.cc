@@ -100,7 +100,15 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
   if (candidates_.empty()) return;
   base_rows = std::min(base_rows, options_.max_batch_tokens);
   const int64_t room = std::min(max_draft_rows(), options_.max_batch_tokens - base_rows);
-  ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_);
+  if (options_.force) {
+    int64_t left = room;
+    for (SpecCandidate& c : candidates_) {
+      c.chosen = std::min(c.offered, left);
+      left -= c.chosen;
+    }
+  } else {
+    ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_);
+  }
   for (size_t i = 0; i < drafting_.size(); ++i) {
     SpecSequenceState& s = drafting_[i]->spec;
     const auto k = static_cast<ptrdiff_t>(candidates_[i].chosen);

@@ -26,6 +26,7 @@ struct SpecOptions {
   int64_t context_length = 0;
   int64_t max_batch_tokens = 512;
   int32_t max_seqs = 16;
+  bool force = false;             // every offered draft is sent (EngineOptions::spec_force)
 };
 
 class Speculator {

@@ -405,6 +405,9 @@ void KvManager::Commit(const KvPlan& plan) {
     } else {
       KVL_CHECK(seq.present);
     }
+    KVL_CHECK_MSG(sp.admit || seq.unverified == 0,
+                  "a step after a draft that TruncateTail did not settle");
+    seq.unverified = sp.unverified;
     const size_t old_tokens = seq.tokens.size();
     // Only the sequence itself may write into its last block.
     KVL_CHECK(old_tokens % s.block_tokens == 0 || s.pool.refcount(seq.table.back()) == 1);
@@ -442,6 +445,7 @@ void KvManager::Free(SeqId seq_id) {
   seq.present = false;
   seq.paged = false;
   seq.lossy = false;
+  seq.unverified = 0;
   seq.table.clear();
   seq.tokens.clear();
   seq.content.clear();
@@ -480,6 +484,7 @@ void KvManager::TruncateTail(SeqId seq_id, int64_t num_tokens) {
   }
   seq.table.resize(std::min(seq.table.size(), keep));
   seq.tokens.resize(static_cast<size_t>(num_tokens));
+  seq.unverified = 0;
   s.IdentifyFullBlocks(seq, num_tokens, seq.content.size());
   ++s.version;
 }

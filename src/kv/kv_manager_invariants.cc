@@ -49,7 +49,9 @@ Status KvManager::CheckInvariants() const {
       }
       ++expected_refs[block];
       const kv_internal::BlockMeta& m = s.meta[block];
-      const bool full = (k + 1) * bt <= seq.tokens.size();
+      // (Blocks holding unverified draft tokens are not full yet: speculative decoding.)
+      const bool full =
+          (k + 1) * bt <= seq.tokens.size() - static_cast<size_t>(seq.unverified);
       if (!full) {
         // A partial block can still be written, so it must not be findable by prefix.
         if (m.full || m.indexed) {

@@ -49,6 +49,9 @@ struct SeqState {
   bool present = false;
   bool paged = false;  // some full block was detached (KvManager::Detach)
   bool lossy = false;  // some block was detached without keeping its exact bytes
+  // Speculative decoding: the last tokens are a draft not yet verified (KvSeqStep::unverified);
+  // the blocks holding them have no identity until TruncateTail.
+  int64_t unverified = 0;
   std::vector<BlockId> table;
   std::vector<int32_t> tokens;
   std::vector<KvContentId> content;  // [full blocks]: each one's content id ({} when none)

@@ -106,6 +106,9 @@ struct EngineOptions {
   std::string spec = "ngram";
   int32_t draft_max = 8;              // --draft-max: draft tokens a sequence's step may carry
   std::string draft_model_path;       // -md
+  // --spec-force: every draft the drafter offers is sent, whatever the cost model says (to
+  // measure acceptance and step costs; tests).
+  bool spec_force = false;
 };
 
 inline constexpr double kDefaultStreamReserve = 0.25;
