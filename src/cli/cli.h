@@ -194,6 +194,22 @@ struct BenchQualityArgs {
 };
 int BenchQualityCommand(const BenchQualityArgs& args);
 
+// `kvl bench spec`: speculative decoding against plain decoding on workloads that repeat their
+// input and on open prose, and the verify step's cost (cmd_bench_spec.cc).
+struct BenchSpecArgs {
+  std::string model_path;        // -m
+  int num_threads = 0;           // -t: 0 = every core
+  std::string spec = "ngram";    // --spec: the drafter compared with plain decoding
+  int32_t draft_max = 8;         // --draft-max
+  int32_t n_gen = 128;           // -n: tokens per workload
+  int64_t depth = 256;           // --depth: context of the step-cost measurement
+  int64_t context_length = 1024; // -c
+  int repetitions = 9;           // -r: step-cost timings (the median is kept)
+  std::string output = "table";  // -o table|json
+  std::string json_path;         // --json FILE
+};
+int BenchSpecCommand(const BenchSpecArgs& args);
+
 struct CalibrateArgs {
   std::string model_path;  // -m: the profile is measured at this model's shapes
   int num_threads = 0;     // -t: 0 = every core

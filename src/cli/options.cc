@@ -451,6 +451,35 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       ->capture_default_str();
   bq_cmd->add_option("--json", bq.json_path, "write every configuration as JSON");
 
+  BenchSpecArgs& bsp = cmd.bench_spec;
+  CLI::App* bsp_cmd = bench_cmd->add_subcommand(
+      "spec", "speculative decoding against plain decoding: acceptance, tokens per step and "
+              "tok/s on workloads that repeat their input and on prose; the verify step's cost");
+  bsp_cmd->add_option("-m,--model", bsp.model_path, "GGUF model file")->required();
+  bsp_cmd->add_option("-t,--threads", bsp.num_threads, "threads; 0 = every core");
+  bsp_cmd->add_option("--spec", bsp.spec, "drafter: ngram | suffix")
+      ->check(CLI::IsMember({"ngram", "suffix"}))
+      ->capture_default_str();
+  bsp_cmd->add_option("--draft-max", bsp.draft_max, "most draft tokens per step")
+      ->check(CLI::Range(1, kMaxDraftTokens))
+      ->capture_default_str();
+  bsp_cmd->add_option("-n,--n-gen", bsp.n_gen, "tokens generated per workload")
+      ->check(CLI::Range(2, 1 << 16))
+      ->capture_default_str();
+  bsp_cmd->add_option("--depth", bsp.depth, "context tokens of the step-cost measurement")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  bsp_cmd->add_option("-c,--ctx-size", bsp.context_length, "engine context")
+      ->check(CLI::Range(int64_t{64}, kMaxContextTokens))
+      ->capture_default_str();
+  bsp_cmd->add_option("-r,--repetitions", bsp.repetitions, "step-cost timings (median kept)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  bsp_cmd->add_option("-o,--output", bsp.output, "table | json")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  bsp_cmd->add_option("--json", bsp.json_path, "write the figures as JSON");
+
   CalibrateArgs& calibrate = cmd.calibrate;
   CLI::App* calibrate_cmd = app.add_subcommand(
       "calibrate", "measure this machine for the KV cost model and write a profile");
@@ -524,6 +553,8 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
       KVL_ASSIGN_OR_RETURN(bs.seed, ParseSeed(bs_seed, "--seed"));
     }
     KVL_RETURN_IF_ERROR(ValidateBenchServeArgs(bs));
+  } else if (*bench_cmd && *bsp_cmd) {
+    cmd.kind = ParsedCommand::Kind::kBenchSpec;
   } else if (*bench_cmd && *bq_cmd) {
     cmd.kind = ParsedCommand::Kind::kBenchQuality;
   } else if (*bench_cmd && *bf_cmd) {

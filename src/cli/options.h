@@ -13,7 +13,7 @@ namespace kvl::cli {
 
 struct ParsedCommand {
   enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe,
-                    kBenchTurns, kBenchReplay, kBenchFrontier, kBenchQuality, kCalibrate,
+                    kBenchTurns, kBenchReplay, kBenchFrontier, kBenchQuality, kBenchSpec, kCalibrate,
                     kTokenize };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
@@ -28,6 +28,7 @@ struct ParsedCommand {
   BenchTurnsArgs bench_turns;
   BenchFrontierArgs bench_frontier;
   BenchQualityArgs bench_quality;
+  BenchSpecArgs bench_spec;
   CalibrateArgs calibrate;
   TokenizeArgs tokenize;
 };

@@ -526,6 +526,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   e.runner = std::make_unique<StepRunner>(parts);
   e.step_plan.steps.reserve(static_cast<size_t>(options.max_seqs));
   e.step_plan.seqs.reserve(static_cast<size_t>(options.max_seqs));
+  if (e.speculator) {
+    // Speculative decoding: a decode may carry 1 + draft_max tokens over new blocks; the reused
+    // plan has room for that from the start, so a longer draft than before allocates nothing.
+    const int64_t step_tokens = int64_t{options.draft_max} + 1;
+    e.step_plan.kv.seqs.resize(static_cast<size_t>(options.max_seqs));
+    for (KvPlan::SeqPlan& sp : e.step_plan.kv.seqs) {
+      sp.tokens.reserve(static_cast<size_t>(step_tokens));
+      sp.allocated.reserve(static_cast<size_t>(e.kv->BlocksFor(step_tokens) + 1));
+    }
+  }
   e.metrics.SetGauges(e.kv->stats(), e.pager->stats(), 0, 0);
   const int64_t block_tokens = e.storage->layout().block_tokens;
   e.metrics.ReservePageMaps(options.max_seqs, e.context_length / block_tokens + 1, block_tokens);

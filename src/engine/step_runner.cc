@@ -55,6 +55,8 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
     b->want_logits.reserve(max_tokens);
   }
   run_seqs_.reserve(max_tokens);
+  verified_tokens_.reserve(kMaxDraftTokens + 1);
+  verified_logits_.reserve(kMaxDraftTokens + 1);
   full_blocks_before_.reserve(max_tokens);
   computed_.reserve(max_tokens);
 }
@@ -177,7 +179,8 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
       batch_.Add(tokens[static_cast<size_t>(pos - tokens_from)], pos, seq.slot, pos >= last);
     }
     computed_.push_back({seq.id, seq.num_computed, end});
-    if (end - seq.num_computed > 1 || seq.num_computed < seq.num_prompt) {
+    // (A decode's draft rows are no prefill: speculative decoding.)
+    if (end - seq.num_computed - seq.spec.in_step > 1 || seq.num_computed < seq.num_prompt) {
       prefill_tokens += end - seq.num_computed;
     }
     seq.num_computed = end;

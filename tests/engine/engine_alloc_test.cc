@@ -50,7 +50,8 @@ TEST(EngineAllocTest, SteadyDecodeOfFourSequencesDoesNotAllocate) {
   for (int i = 0; i < 100; ++i) e.Step();
   const int64_t allocations = counter.Stop();
 
-  EXPECT_EQ(tokens - tokens_before, 400) << "100 steps of 4 decoding sequences";
+  // At least a token a step each (speculative decoding, on by default, may verify more).
+  EXPECT_GE(tokens - tokens_before, 400) << "100 steps of 4 decoding sequences";
   EXPECT_EQ(finished, 0);
   EXPECT_EQ(allocations, 0) << "heap allocations in 100 steady decode steps";
 }

@@ -27,6 +27,9 @@ EngineOptions PressureOptions(const std::string& trace_path) {
   o.model_path = testing::Stories260KPath();
   o.num_threads = 2;
   o.context_length = 256;
+  // One token a step: the trace's steps-left forecast is exact then, and the two engines of the
+  // feedback test make the same decisions (speculation's draft lengths follow measured times).
+  o.spec = "off";
   o.max_seqs = 8;
   o.kv_budget_bytes = 40 * kPageBytes;  // about three of the eight sequences
   o.kv_policy = "demote";

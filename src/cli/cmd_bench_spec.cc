@@ -1,0 +1,299 @@
+// kvl bench spec: speculative decoding (issue 26) against plain decoding.
+//  1. Workloads through the engine, greedy, each run twice on fresh engines (--spec off, then the
+//     chosen mode): tokens per second of decoding, acceptance, tokens per sequence step, and
+//     whether the tokens are identical (they must be). Workloads that repeat their input (retell
+//     a given text, answer from a given document, a chat's second turn quoting its first) and
+//     open prose, where the cost model must turn speculation off.
+//  2. The verify step's cost on the model: a forward step of 1 + k rows against one row, at a
+//     context of --depth tokens (on a synthetic shape, `kvl synth`, this is the side of the
+//     trade that is real; its acceptance is not, random weights predict nothing), and per
+//     workload the projected speedup: tokens per step x T(1) / T(1 + mean draft).
+// Prints a table, or JSON (-o json, --json FILE).
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "cli.h"
+#include "kvl/forward.h"
+#include "kvl/kv_cache.h"
+#include "kvl/thread_pool.h"
+
+namespace kvl::cli {
+namespace {
+
+using BenchClock = std::chrono::steady_clock;
+
+// A text the workloads repeat (TinyStories' register, so stories260K predicts it as it would).
+constexpr const char* kStory =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park "
+    "with her big red ball. One day, Lily saw a little dog under a tree. The dog was sad because "
+    "he lost his bone. Lily said, \"Do not be sad, little dog. I will help you find your bone.\" "
+    "They looked under the tree and behind the slide. At last, Lily found the bone in the sand. "
+    "The dog was so happy that he wagged his tail and licked her face. Lily and the dog became "
+    "best friends, and they played in the park every day.";
+
+struct Workload {
+  std::string name;
+  std::string prompt;
+  bool second_turn = false;  // the prompt is followed by the first turn's reply and a quote of it
+};
+
+std::vector<Workload> Workloads() {
+  const std::string story = kStory;
+  return {
+      {"retell", story + "\nTell the story again.\n" + story.substr(0, 60), false},
+      {"document-qa",
+       story + "\nQuestion: What did Lily find?\nAnswer: At last, Lily found the bone in the sand. "
+               "The dog was",
+       false},
+      {"chat-quote", story + "\nWhat happened next?\n", true},
+      {"prose", "Once upon a time", false},
+  };
+}
+
+struct RunResult {
+  std::vector<int32_t> tokens;
+  double decode_ms = 0;  // first token to last
+  EngineMetrics metrics;
+};
+
+// One greedy request on `e`; the time from its first token to its last.
+StatusOr<RunResult> RunOnce(Engine& e, const std::string& prompt, int32_t n) {
+  Request r;
+  r.prompt = prompt;
+  r.max_new_tokens = n;
+  r.sampling.temperature = 0;
+  r.ignore_eos = true;
+  RunResult out;
+  BenchClock::time_point first, last;
+  Status error;
+  KVL_RETURN_IF_ERROR(e.Submit(r, [&](const TokenEvent& ev) {
+                        if (!ev.error.ok()) error = ev.error;
+                        if (ev.token < 0) return;
+                        last = BenchClock::now();
+                        if (out.tokens.empty()) first = last;
+                        out.tokens.push_back(ev.token);
+                      }).status());
+  e.RunUntilIdle();
+  KVL_RETURN_IF_ERROR(error);
+  out.decode_ms = std::chrono::duration<double, std::milli>(last - first).count();
+  return out;
+}
+
+// The workload's request(s) on a fresh engine; for a second turn, the first turn's reply is
+// part of the second prompt and only the second turn is measured.
+StatusOr<RunResult> RunWorkload(const EngineOptions& options, const Workload& w, int32_t n) {
+  KVL_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(options));
+  std::string prompt = w.prompt;
+  if (w.second_turn) {
+    KVL_ASSIGN_OR_RETURN(RunResult first, RunOnce(*e, prompt, n));
+    const std::string reply = e->tokenizer().Decode(first.tokens);
+    prompt += reply + "\nSay that again.\n" + reply.substr(0, reply.size() / 4);
+  }
+  const EngineMetrics before = e->Metrics();
+  KVL_ASSIGN_OR_RETURN(RunResult out, RunOnce(*e, prompt, n));
+  out.metrics = e->Metrics();
+  // The measured turn's own counts.
+  out.metrics.spec_drafted -= before.spec_drafted;
+  out.metrics.spec_accepted -= before.spec_accepted;
+  out.metrics.spec_seq_steps -= before.spec_seq_steps;
+  out.metrics.spec_draft_steps -= before.spec_draft_steps;
+  out.metrics.tokens_generated -= before.tokens_generated;
+  return out;
+}
+
+struct WorkloadFigures {
+  std::string name;
+  double plain_tps = 0, spec_tps = 0;
+  double acceptance = 0, tokens_per_step = 0, mean_draft = 0;
+  int64_t drafted = 0, accepted = 0;
+  int64_t tokens = 0, seq_steps = 0, draft_steps = 0;
+  bool identical = false;
+};
+
+// Median ms of a forward step of `rows` rows of one sequence at positions depth..depth+rows-1.
+double StepMs(Forward& forward, KvCache& cache, int64_t depth, int64_t rows, int repetitions) {
+  TokenBatch batch;
+  for (int64_t i = 0; i < rows; ++i) batch.Add(static_cast<int32_t>(3 + i), depth + i, 0, true);
+  std::vector<double> ms;
+  for (int r = 0; r < repetitions + 1; ++r) {
+    const BenchClock::time_point start = BenchClock::now();
+    forward.Run(batch, cache);
+    const double t = std::chrono::duration<double, std::milli>(BenchClock::now() - start).count();
+    if (r > 0) ms.push_back(t);  // the first run warms the caches
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int BenchSpecCommand(const BenchSpecArgs& args) {
+  auto fail = [](const Status& s) {
+    fmt::print(stderr, "kvl bench spec: {}\n", s.ToString());
+    return 1;
+  };
+  EngineOptions base;
+  base.model_path = args.model_path;
+  base.num_threads = args.num_threads;
+  base.max_seqs = 1;
+  base.context_length = args.context_length;
+  base.draft_max = args.draft_max;
+  base.calibrate = false;  // KV prices play no part here
+  EngineOptions spec = base;
+  spec.spec = args.spec;
+  base.spec = "off";
+  if (Status s = ValidateEngineOptions(spec); !s.ok()) return fail(s);
+
+  // 1. The verify step's cost on this model.
+  StatusOr<std::unique_ptr<Model>> model = Model::Load(args.model_path);
+  if (!model.ok()) return fail(model.status());
+  const ModelConfig& c = (*model)->config();
+  const int threads = args.num_threads > 0
+                          ? args.num_threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  StatusOr<std::unique_ptr<ThreadPool>> pool = ThreadPool::Create(threads);
+  if (!pool.ok()) return fail(pool.status());
+  ops::OpsContext ctx(ops::BestIsa(), pool->get());
+  const int64_t max_rows = 1 + args.draft_max;
+  ForwardOptions fo;
+  fo.max_batch_tokens = std::max<int64_t>(max_rows, 64);
+  fo.max_logit_rows = max_rows;
+  fo.max_context = args.depth + fo.max_batch_tokens;
+  Forward forward(**model, ctx, fo);
+  StatusOr<std::unique_ptr<ContiguousKvCache>> cache =
+      ContiguousKvCache::Create(c.num_layers, c.kv_dim(), 1, fo.max_context);
+  if (!cache.ok()) return fail(cache.status());
+  // The context the step attends to: depth tokens, in chunks.
+  for (int64_t pos = 0; pos < args.depth; pos += fo.max_batch_tokens) {
+    TokenBatch fill;
+    for (int64_t p = pos; p < std::min(args.depth, pos + fo.max_batch_tokens); ++p) {
+      fill.Add(static_cast<int32_t>(3 + p % 100), p, 0, false);
+    }
+    forward.Run(fill, **cache);
+  }
+  std::vector<std::pair<int64_t, double>> step_ms;  // rows, ms
+  for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, max_rows}) {
+    if (rows > max_rows || (!step_ms.empty() && step_ms.back().first == rows)) continue;
+    step_ms.push_back({rows, StepMs(forward, **cache, args.depth, rows, args.repetitions)});
+  }
+  const double one_row_ms = step_ms.front().second;
+  auto relative = [&](double rows) {  // T(rows) / T(1), linear between the measured points
+    for (size_t i = 1; i < step_ms.size(); ++i) {
+      if (rows <= static_cast<double>(step_ms[i].first)) {
+        const auto [r0, t0] = step_ms[i - 1];
+        const auto [r1, t1] = step_ms[i];
+        const double f = (rows - static_cast<double>(r0)) / static_cast<double>(r1 - r0);
+        return (t0 + f * (t1 - t0)) / one_row_ms;
+      }
+    }
+    return step_ms.back().second / one_row_ms;
+  };
+
+  // 2. The workloads, plain then speculative.
+  std::vector<WorkloadFigures> figures;
+  for (const Workload& w : Workloads()) {
+    StatusOr<RunResult> plain = RunWorkload(base, w, args.n_gen);
+    if (!plain.ok()) return fail(plain.status());
+    StatusOr<RunResult> sped = RunWorkload(spec, w, args.n_gen);
+    if (!sped.ok()) return fail(sped.status());
+    WorkloadFigures f;
+    f.name = w.name;
+    const auto tps = [](const RunResult& r) {
+      return r.decode_ms > 0 ? 1000.0 * static_cast<double>(r.tokens.size() - 1) / r.decode_ms : 0;
+    };
+    f.plain_tps = tps(*plain);
+    f.spec_tps = tps(*sped);
+    const EngineMetrics& m = sped->metrics;
+    f.drafted = m.spec_drafted;
+    f.accepted = m.spec_accepted;
+    f.acceptance = m.spec_drafted > 0 ? static_cast<double>(m.spec_accepted) / m.spec_drafted : 0;
+    f.tokens_per_step = m.spec_seq_steps > 0
+                            ? static_cast<double>(m.tokens_generated) / m.spec_seq_steps
+                            : 1.0;
+    f.mean_draft = m.spec_draft_steps > 0
+                       ? static_cast<double>(m.spec_drafted) / m.spec_draft_steps
+                       : 0.0;
+    f.tokens = m.tokens_generated;
+    f.seq_steps = m.spec_seq_steps;
+    f.draft_steps = m.spec_draft_steps;
+    f.identical = plain->tokens == sped->tokens;
+    figures.push_back(f);
+  }
+
+  nlohmann::json j;
+  j["model"] = c.name;
+  j["model_path"] = args.model_path;
+  j["threads"] = threads;
+  j["spec"] = args.spec;
+  j["draft_max"] = args.draft_max;
+  j["n_gen"] = args.n_gen;
+  j["depth"] = args.depth;
+  for (const auto& [rows, ms] : step_ms) {
+    j["step_ms"].push_back({{"rows", rows}, {"ms", ms}, {"relative", ms / one_row_ms}});
+  }
+  bool all_identical = true;
+  for (const WorkloadFigures& f : figures) {
+    // The workload's steps priced in one-row steps of this model: plain steps at 1, verify
+    // steps (drafts of the mean length) at T(1 + mean draft) / T(1).
+    const double step_units = static_cast<double>(f.seq_steps - f.draft_steps) +
+                              static_cast<double>(f.draft_steps) * relative(1.0 + f.mean_draft);
+    const double steps_projected =
+        step_units > 0 ? static_cast<double>(f.tokens) / step_units : 1.0;
+    all_identical &= f.identical;
+    j["workloads"].push_back({{"name", f.name},
+                              {"plain_tok_s", f.plain_tps},
+                              {"spec_tok_s", f.spec_tps},
+                              {"speedup", f.plain_tps > 0 ? f.spec_tps / f.plain_tps : 0},
+                              {"drafted", f.drafted},
+                              {"accepted", f.accepted},
+                              {"acceptance", f.acceptance},
+                              {"tokens_per_step", f.tokens_per_step},
+                              {"mean_draft", f.mean_draft},
+                              {"projected_speedup_at_this_step_cost", steps_projected},
+                              {"identical_tokens", f.identical}});
+  }
+  if (args.output == "json") {
+    fmt::print("{}\n", j.dump(1));
+  } else {
+    fmt::print("kvl bench spec: {} ({} threads, {} kernels), --spec {}, --draft-max {}, {} tokens "
+               "per workload, greedy\n\n",
+               c.name, threads, ops::IsaName(ctx.isa()), args.spec, args.draft_max, args.n_gen);
+    fmt::print("step cost at a context of {} tokens (median of {}):\n", args.depth,
+               args.repetitions);
+    fmt::print("| rows | ms | x one row |\n|---:|---:|---:|\n");
+    for (const auto& [rows, ms] : step_ms) {
+      fmt::print("| {} | {:.3f} | {:.3f} |\n", rows, ms, ms / one_row_ms);
+    }
+    fmt::print("\n| workload | plain tok/s | spec tok/s | speedup | drafted | accepted | "
+               "acceptance | tokens/step | mean draft | projected x | identical |\n"
+               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for (size_t i = 0; i < figures.size(); ++i) {
+      const WorkloadFigures& f = figures[i];
+      fmt::print("| {} | {:.1f} | {:.1f} | {:.2f}x | {} | {} | {:.1f}% | {:.2f} | {:.2f} | "
+                 "{:.2f} | {} |\n",
+                 f.name, f.plain_tps, f.spec_tps, f.plain_tps > 0 ? f.spec_tps / f.plain_tps : 0,
+                 f.drafted, f.accepted, 100 * f.acceptance, f.tokens_per_step, f.mean_draft,
+                 j["workloads"][i]["projected_speedup_at_this_step_cost"].get<double>(),
+                 f.identical ? "yes" : "NO");
+    }
+    fmt::print("\nprojected x: tokens per step x T(1) / T(1 + mean draft), this model's step "
+               "cost with the workload's acceptance\n");
+  }
+  if (!args.json_path.empty()) {
+    std::ofstream file(args.json_path);
+    file << j.dump(1) << "\n";
+    if (!file) return fail(IoError(fmt::format("cannot write {}", args.json_path)));
+  }
+  if (!all_identical) {
+    fmt::print(stderr, "kvl bench spec: speculative tokens differ from plain decoding's\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace kvl::cli
