@@ -1,0 +1,119 @@
+// Speculative decoding's parts without a model: the drafters (prompt lookup, the suffix index
+// over recent requests) and the cost model that decides the draft lengths.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "engine/spec_cost.h"
+#include "engine/spec_drafter.h"
+
+namespace kvl {
+namespace {
+
+TEST(NgramDrafterTest, DraftsWhatFollowedTheLatestLongestMatch) {
+  NgramDrafter d;
+  std::vector<int32_t> draft;
+  // "1 2 3" occurs twice before the tail; the latest occurrence is followed by 7 8.
+  const std::vector<int32_t> context = {1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 6, 1, 2, 3};
+  d.Draft(context, 4, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{7, 8, 6, 1}));
+  d.Draft(context, 2, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{7, 8}));
+  // A 4-gram match wins over a later 2-gram one.
+  const std::vector<int32_t> longer = {5, 6, 7, 8, 40, 41, 7, 8, 50, 5, 6, 7, 8};
+  d.Draft(longer, 2, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{40, 41}));
+  // Nothing repeats: no draft.
+  d.Draft(std::vector<int32_t>{1, 2, 3, 4, 5, 6}, 4, &draft);
+  EXPECT_TRUE(draft.empty());
+}
+
+TEST(SuffixDrafterTest, DraftsFromRecentRequestsAndStopsAtTheirEnd) {
+  SuffixDrafter d(1000);
+  std::vector<int32_t> draft;
+  d.Remember(std::vector<int32_t>{10, 11, 12, 13, 14, 15});
+  // The sequence's own tokens have no match; the earlier request has "11 12".
+  d.Draft(std::vector<int32_t>{99, 98, 11, 12}, 8, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{13, 14, 15}));  // not past the request's end
+  // Its own tokens come first.
+  d.Draft(std::vector<int32_t>{11, 12, 70, 71, 11, 12}, 2, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{70, 71}));
+}
+
+TEST(SuffixDrafterTest, ForgetsWhatTheRingOverwrote) {
+  SuffixDrafter d(64);  // the smallest ring
+  std::vector<int32_t> draft;
+  d.Remember(std::vector<int32_t>{500, 501, 502, 503});
+  std::vector<int32_t> filler(100);
+  for (size_t i = 0; i < filler.size(); ++i) filler[i] = static_cast<int32_t>(1000 + i);
+  d.Remember(filler);  // overwrites the first request
+  EXPECT_LE(d.tokens_held(), 64);
+  d.Draft(std::vector<int32_t>{7, 500, 501}, 4, &draft);
+  EXPECT_TRUE(draft.empty());
+  d.Draft(std::vector<int32_t>{7, 1090, 1091}, 4, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{1092, 1093, 1094, 1095}));
+}
+
+TEST(SpecCostTest, ExpectedTokensIsTheGeometricSum) {
+  EXPECT_DOUBLE_EQ(ExpectedTokens(0.5, 0), 1.0);
+  EXPECT_DOUBLE_EQ(ExpectedTokens(0.5, 3), 1.875);
+  EXPECT_DOUBLE_EQ(ExpectedTokens(1.0, 8), 9.0);
+}
+
+StepCostCurve CurveWithSlope(double slope, int64_t max_rows = 64) {
+  StepCostCurve curve(max_rows);
+  for (int i = 0; i < 8; ++i) {
+    for (int64_t rows = 1; rows <= max_rows; ++rows) {
+      curve.Observe(rows, 10.0 * (1.0 + slope * static_cast<double>(rows - 1)));
+    }
+  }
+  return curve;
+}
+
+TEST(SpecCostTest, TheCurveFollowsWhatWasMeasured) {
+  StepCostCurve curve(16);
+  EXPECT_NEAR(curve.Relative(9), 1.0 + 8 * 0.02, 1e-9);  // the prior before any measurement
+  for (int i = 0; i < 4; ++i) {
+    curve.Observe(1, 10.0);
+    curve.Observe(5, 14.0);
+  }
+  EXPECT_NEAR(curve.Relative(5), 1.4, 1e-9);          // measured
+  EXPECT_NEAR(curve.Relative(9), 1.0 + 8 * 0.1, 1e-9);  // from the measured slope
+}
+
+TEST(SpecCostTest, DraftsWhereTheyPayAndNotWhereTheyDoNot) {
+  std::vector<SpecCandidate*> scratch;
+  // Bandwidth-bound (3% per extra row): a likely draft is sent, and long.
+  const StepCostCurve cheap = CurveWithSlope(0.03);
+  std::vector<SpecCandidate> c = {{8, 0.8, 0}};
+  ChooseDraftLengths(cheap, 1, 1, 64, c, &scratch);
+  EXPECT_GE(c[0].chosen, 4);
+  // Prose the drafter cannot predict: nothing is sent.
+  c = {{8, 0.05, 0}};
+  ChooseDraftLengths(cheap, 1, 1, 64, c, &scratch);
+  EXPECT_EQ(c[0].chosen, 0);
+  // Compute-bound rows (each extra row costs a whole step): nothing pays either.
+  const StepCostCurve dear = CurveWithSlope(1.0);
+  c = {{8, 0.8, 0}};
+  ChooseDraftLengths(dear, 1, 1, 64, c, &scratch);
+  EXPECT_EQ(c[0].chosen, 0);
+  // Many sequences in the step: the same draft is sent shorter than alone, or not at all.
+  const StepCostCurve moderate = CurveWithSlope(0.1);
+  c = {{8, 0.7, 0}};
+  ChooseDraftLengths(moderate, 1, 1, 64, c, &scratch);
+  const int64_t alone = c[0].chosen;
+  std::vector<SpecCandidate> many(16, SpecCandidate{8, 0.7, 0});
+  ChooseDraftLengths(moderate, 16, 16, 64, many, &scratch);
+  EXPECT_GT(alone, 0);
+  EXPECT_LT(many[15].chosen, alone);
+  // Within the rows the step has left.
+  std::vector<SpecCandidate> capped(4, SpecCandidate{8, 0.9, 0});
+  ChooseDraftLengths(cheap, 4, 4, 10, capped, &scratch);
+  int64_t rows = 0;
+  for (const SpecCandidate& x : capped) rows += x.chosen;
+  EXPECT_LE(rows, 10);
+  EXPECT_GT(rows, 0);
+}
+
+}  // namespace
+}  // namespace kvl
