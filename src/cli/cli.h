@@ -205,6 +205,7 @@ struct BenchSpecArgs {
   int64_t depth = 256;           // --depth: context of the step-cost measurement
   int64_t context_length = 1024; // -c
   int repetitions = 9;           // -r: step-cost timings (the median is kept)
+  int runs = 3;                  // --runs: runs of each workload, plain and speculative in turn
   std::string output = "table";  // -o table|json
   std::string json_path;         // --json FILE
 };

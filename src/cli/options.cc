@@ -475,6 +475,10 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   bsp_cmd->add_option("-r,--repetitions", bsp.repetitions, "step-cost timings (median kept)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  bsp_cmd->add_option("--runs", bsp.runs, "runs of each workload, plain and speculative in turn "
+                                          "(the median tok/s is kept)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   bsp_cmd->add_option("-o,--output", bsp.output, "table | json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
