@@ -206,6 +206,7 @@ struct BenchSpecArgs {
   int64_t context_length = 1024; // -c
   int repetitions = 9;           // -r: step-cost timings (the median is kept)
   int runs = 3;                  // --runs: runs of each workload, plain and speculative in turn
+  bool steps_only = false;       // --steps-only: the step cost alone, no workloads
   std::string output = "table";  // -o table|json
   std::string json_path;         // --json FILE
 };

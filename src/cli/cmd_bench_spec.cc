@@ -197,6 +197,7 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
   // 2. The workloads, plain then speculative.
   std::vector<WorkloadFigures> figures;
   for (const Workload& w : Workloads()) {
+    if (args.steps_only) break;
     // Plain and speculative runs take turns (--runs each), so that a load that comes and goes
     // slows both alike; the median tok/s of each is kept.
     const auto tps = [](const RunResult& r) {

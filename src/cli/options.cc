@@ -479,6 +479,7 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
                                           "(the median tok/s is kept)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  bsp_cmd->add_flag("--steps-only", bsp.steps_only, "measure the step cost alone (no workloads)");
   bsp_cmd->add_option("-o,--output", bsp.output, "table | json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
