@@ -177,7 +177,8 @@ TEST(CliTest, PromotionBackIsOnByDefaultAndNoKvPromoteBackTurnsItOff) {
                           " -p 'Once upon a time' -p 'The little dog' -p 'Lily wanted to' "
                           "-p 'The cat sat on' -np 4 -n 200 --temp 0 -t 1 -c 256 "
                           "--kv-budget 400KiB --kv-policy auto --kv-tier ram:64MiB "
-                          "--no-prefix-cache --no-calibrate";
+                          "--no-prefix-cache --no-calibrate --spec off";
+  // (--spec off: a token a step, the pacing at which pages leave and come back here.)
   const std::string line = "pages of running sequences brought back into the pool";
   CommandResult on = RunKvl(run, /*with_stderr=*/true);
   ASSERT_EQ(on.exit_code, 0) << on.output;

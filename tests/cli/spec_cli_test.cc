@@ -1,0 +1,58 @@
+// Speculative decoding from the command line (issue 26): the flags, kvl run's summary line, and
+// kvl bench spec's JSON (identical tokens on every workload).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "run_command.h"
+#include "test_paths.h"
+
+namespace kvl {
+namespace {
+
+using testing::CommandResult;
+using testing::RunKvl;
+
+TEST(SpecCliTest, RunPrintsTheDraftsAndGivesPlainDecodingsText) {
+  const std::string run = "run -m " + testing::Stories260KPath() +
+                          " -p 'Lily and Ben went to the park. Lily and Ben went to the park. Lily "
+                          "and Ben' -n 64 --temp 0 -t 1 --no-calibrate";
+  CommandResult spec = RunKvl(run + " --spec ngram --spec-force --draft-max 4", true);
+  ASSERT_EQ(spec.exit_code, 0) << spec.output;
+  EXPECT_NE(spec.output.find("kvl: spec: "), std::string::npos) << spec.output;
+  EXPECT_EQ(spec.output.find("kvl: spec: 0 drafted"), std::string::npos) << spec.output;
+  EXPECT_EQ(RunKvl(run + " --spec ngram --spec-force", false).output,
+            RunKvl(run + " --spec off", false).output);
+}
+
+TEST(SpecCliTest, BadSpecFlagsAreRefusedByName) {
+  const std::string run = "run -m " + testing::Stories260KPath() + " -n 4 --no-calibrate";
+  CommandResult bad = RunKvl(run + " --spec sometimes", true);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--spec"), std::string::npos) << bad.output;
+  CommandResult zero = RunKvl(run + " --draft-max 0", true);
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_NE(zero.output.find("--draft-max"), std::string::npos) << zero.output;
+  CommandResult draft = RunKvl(run + " --spec draft", true);
+  EXPECT_NE(draft.exit_code, 0);
+  EXPECT_NE(draft.output.find("-md"), std::string::npos) << draft.output;
+}
+
+TEST(SpecCliTest, BenchSpecReportsEveryWorkloadWithIdenticalTokens) {
+  CommandResult r = RunKvl("bench spec -m " + testing::Stories260KPath() +
+                               " -t 1 -n 32 --runs 1 -r 1 --depth 32 -o json",
+                           false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j["workloads"].size(), 4u);
+  for (const auto& w : j["workloads"]) {
+    EXPECT_TRUE(w["identical_tokens"].get<bool>()) << w["name"];
+    EXPECT_GT(w["plain_tok_s"].get<double>(), 0) << w["name"];
+  }
+  ASSERT_GE(j["step_ms"].size(), 2u);
+  EXPECT_EQ(j["step_ms"][0]["rows"].get<int>(), 1);
+}
+
+}  // namespace
+}  // namespace kvl
