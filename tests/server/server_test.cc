@@ -375,11 +375,15 @@ TEST_F(ServerTest, MetricsAreValidPrometheusText) {
         "kvl:e2e_request_latency_seconds", "kvl:kv_cache_usage_perc",
         "kvl:prefix_cache_queries_total", "kvl:prefix_cache_hits_total", "kvl:kv_pages_total",
         "kvl:kv_bytes_total", "kvl:kv_checksum_failures_total",
-        "kvl:kv_pages_promoted_back_total"}) {
+        "kvl:kv_pages_promoted_back_total",
+        // speculative decoding (issue 26)
+        "kvl:spec_draft_tokens_total", "kvl:spec_accepted_tokens_total",
+        "kvl:spec_acceptance_rate", "kvl:spec_tokens_per_step"}) {
     EXPECT_TRUE(check.types.count(family)) << family;
   }
   EXPECT_EQ(check.types.at("kvl:time_to_first_token_seconds"), "histogram");
   EXPECT_GT(Metric("kvl:generation_tokens_total"), 0);
+  EXPECT_GE(Metric("kvl:spec_tokens_per_step"), 1.0);  // a token a step at least
 }
 
 // Each --kv-tier is exported as its own series, labelled tier="<name>".
