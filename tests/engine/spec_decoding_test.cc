@@ -83,7 +83,9 @@ class SpecDecodingTest : public ::testing::TestWithParam<Case> {};
 TEST_P(SpecDecodingTest, GivesPlainDecodingsTokens) {
   const Case c = GetParam();
   std::unique_ptr<Engine> plain = MakeEngine("off", c.max_seqs);
-  std::unique_ptr<Engine> spec = MakeEngine(c.spec, c.max_seqs);
+  // Every draft sent (--spec-force): the cost model's choices follow measured step times, and
+  // the counts below must not depend on the machine's load.
+  std::unique_ptr<Engine> spec = MakeEngine(c.spec, c.max_seqs, 8, 16, /*force=*/true);
   ASSERT_TRUE(plain && spec);
   const auto want = RunAll(*plain, Prompts(), c.temperature);
   for (const auto& ids : want) ASSERT_EQ(ids.size(), 120u);
@@ -112,7 +114,7 @@ INSTANTIATE_TEST_SUITE_P(
 // the same tokens, with a block size that splits drafts across blocks.
 TEST(SpecDecodingKvTest, VerifiedPagesAreFoundAgainAndGiveTheSameTokens) {
   std::unique_ptr<Engine> plain = MakeEngine("off", 1, 8, 4);
-  std::unique_ptr<Engine> spec = MakeEngine("ngram", 1, 8, 4);
+  std::unique_ptr<Engine> spec = MakeEngine("ngram", 1, 8, 4, /*force=*/true);
   ASSERT_TRUE(plain && spec);
   const std::vector<std::string> prompts = Prompts();
   const auto want = RunAll(*plain, {prompts.back()}, 0.0f, 60);
