@@ -540,7 +540,7 @@ TEST_F(RedisTierTest, TheServersLruEvictsAndEvictedPagesAreMisses) {
 
 // Pages the server's LRU evicted and nobody reads again are never found gone: without a bound,
 // what the tier believes stored grew with every page it ever wrote (a server writing through to
-// Redis for hours grew by ~64 bytes a page; the soak, scripts/soak, saw its RSS climb).
+// Redis grew by some 64 bytes for each; scripts/soak saw its RSS climb in a straight line).
 TEST_F(RedisTierTest, WhatItBelievesStoredStaysWithinTheServersMaxmemory) {
   ASSERT_TRUE(server_.Start(FreeLoopbackPort(), {"--maxmemory", "8mb", "--maxmemory-policy",
                                                  "allkeys-lru"}))
