@@ -22,6 +22,7 @@
 
 #include "kvl/calibration.h"
 #include "kvl/kv_manager.h"
+#include "kvl/kv_memory.h"  // kDefaultStreamReserve
 #include "kvl/kv_policy.h"
 #include "kvl/kv_tier.h"  // ParseByteSize, tier specs
 #include "kvl/model.h"
@@ -99,9 +100,6 @@ struct EngineOptions {
   // model prices cheapest for this model (kvl/checkpoint_depth.h). At most the model's layers.
   int64_t kv_checkpoint_every = 1;
 };
-
-inline constexpr double kDefaultStreamReserve = 0.25;
-inline constexpr double kMaxAutoStreamReserve = 0.5;
 
 // Limits of what EngineOptions may ask for: positions are int32, and a thread or a sequence slot
 // costs memory whether used or not.
