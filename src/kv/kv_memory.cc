@@ -161,6 +161,13 @@ Status KvMemory::CreatePool(KvPriceSource* prices) {
   }
   KVL_ASSIGN_OR_RETURN(kvo.layout.checkpoint_every, ChooseCheckpointEvery(prices, kvo.layout));
   KvPoolSizing z = SizeKvPool(o, kvo.layout);
+  if (o.pool_blocks > 0) {
+    const KvStagingCost staging = KvPager::StagingCost(kvo.layout);
+    z.staged_pages = o.staged_pages;
+    z.staging_bytes = (z.compresses ? staging.fixed : 0) + staging.restore +
+                      z.staged_pages * staging.per_page;
+    z.budget_bytes = o.pool_blocks * kvo.layout.block_bytes() + z.staging_bytes;
+  }
   if (o.policy.automatic && kvo.layout.residual_dim > 0 &&
       (z.budget_bytes - z.staging_bytes) / kvo.layout.block_bytes() < kMinBlocksWithCheckpoints) {
     // Checkpoints are an option `auto` may take, never a reason for a budget to stop working:
@@ -345,6 +352,91 @@ std::vector<const KvTier*> KvMemory::tiers() const {
     if (tier != nullptr) out.push_back(tier);
   }
   return out;
+}
+
+void KvMemory::FindInStore(std::span<const int32_t> tokens, int64_t cached_tokens,
+                           KvSequencePages* sequence_pages) {
+  if (!store_) return;
+  const int64_t block_tokens = layout().block_tokens;
+  std::vector<KvPage>& pages = sequence_pages->pages;
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  const int64_t first = cached_tokens / block_tokens;
+  int64_t last = (len - 1) / block_tokens;  // the page with the last token is computed
+  // A resumed sequence brings back what its preemption kept; the store is asked for the pages
+  // before the first of those.
+  for (int64_t b = first; b < last && static_cast<size_t>(b) < pages.size(); ++b) {
+    if (pages[static_cast<size_t>(b)].awaiting_restore) {
+      last = b;
+      break;
+    }
+  }
+  if (first >= last) return;
+  manager_->ContentChain(tokens, last, &content_ids_);
+  // Pages still in the pool but out of the prefix index's reach (an earlier page of the chain
+  // went to a tier) join the store first, so the walk through the tiers finds them.
+  for (int64_t b = first; b < last; ++b) {
+    const BlockId block = manager_->FindContent(content_ids_[static_cast<size_t>(b)]);
+    if (block != kNoBlock) pager_->SaveBlockToStore(block, content_ids_[static_cast<size_t>(b)]);
+  }
+  const int64_t found =
+      store_->Lookup(std::span(content_ids_).subspan(static_cast<size_t>(first)),
+                     tokens.subspan(static_cast<size_t>(first * block_tokens)), &found_in_);
+  const BringBackFeedback* corrections = feedback();
+  for (int64_t i = 0; i < found; ++i) {
+    KvTier* tier = found_in_[static_cast<size_t>(i)];
+    const int64_t tier_index = store_->TierIndex(tier);
+    // Named by where the page is (a zstd RAM tier is RAM too); Redis has no action of its own.
+    const KvAction action =
+        tier->kind() == TierKind::kRam ? KvAction::kDemoteRam : KvAction::kDemoteDisk;
+    const BringBackPrice promote =
+        CorrectedPrice(corrections, FeedbackKey(action, tier),
+                       store_->tiers()[static_cast<size_t>(tier_index)].promote_ms);
+    const BringBackPrice recompute =
+        CorrectedPrice(corrections, static_cast<size_t>(KvAction::kRecomputeTokens),
+                       RecomputeTokensMs(rules().prices, (first + i) * block_tokens));
+    // The cheapest way back: a tier slower than recomputing the page from its tokens is not used
+    // (nor anything after it: the pages after a recomputed one are computed with it).
+    if (promote.predicted_ms >= recompute.predicted_ms) break;
+    const size_t b = static_cast<size_t>(first + i);
+    if (pages.size() <= b) pages.resize(b + 1);
+    KvPage& page = pages[b];
+    page.fate = KvPageFate::kInTier;
+    page.action = action;
+    page.predicted_ms = promote.predicted_ms;
+    page.model_ms = promote.model_ms;
+    page.tier = tier;
+    page.content = content_ids_[b];
+    page.awaiting_restore = true;
+    // Held until it is promoted: the tier must not evict it for another page meanwhile.
+    store_->Pin(tier, page.content);
+    page.store_pin = true;
+  }
+}
+
+void KvMemory::CommitStep(const KvPlan& plan) {
+  for (const KvPlan::SeqPlan& sp : plan.seqs) {
+    for (BlockId block : sp.allocated) {
+      if (trace_) trace_->LeaveReused(manager_->FreeBlockContent(block));
+      pager_->SpillFreeBlock(block);
+    }
+    if (sp.cow_dst != kNoBlock) {
+      if (trace_) trace_->LeaveReused(manager_->FreeBlockContent(sp.cow_dst));
+      pager_->SpillFreeBlock(sp.cow_dst);
+    }
+  }
+  manager_->Commit(plan);
+  for (const KvBlockCopy& copy : plan.copies) storage_->CopyBlock(copy.src, copy.dst);
+}
+
+void KvMemory::Release(SeqId slot) {
+  if (!manager_->Contains(slot)) return;
+  if (store_) {
+    for (const KvStoreTier& t : store_->tiers()) {
+      if (t.durable) pager_->SaveToStore(slot, t.tier);
+    }
+  }
+  pager_->DropSequence(slot);
+  manager_->Free(slot);
 }
 
 void KvMemory::PublishStoreStats() {

@@ -54,6 +54,10 @@ struct KvMemoryOptions {
   // Tables reserved at admission (a longer sequence grows them by doubling).
   int64_t max_seq_tokens = 0;
   int64_t budget_bytes = 0;     // 0: every sequence's context, up to kDefaultKvBudgetBytes
+  // > 0: the pool has exactly this many blocks and `staged_pages` pages are staged beside it,
+  // instead of both being cut from budget_bytes (a pool sized by hand: tests, replays).
+  int64_t pool_blocks = 0;
+  int64_t staged_pages = 0;
   double stream_reserve = 0;    // share of the budget staging pages outside the pool; 0: auto
   int64_t checkpoint_every = 1;  // 0: auto (the cost model's cheapest)
   bool prefix_cache = true;      // the KV store needs it (pages are filed by prefix)
@@ -130,6 +134,23 @@ class KvMemory {
   // Where no page of a running sequence may leave the pool, a request must fit it whole.
   bool pages_running_sequences() const { return rules().pages_running_sequences; }
 
+  // Admission: marks the pages of a waiting prompt (`tokens`, its page table `pages`) that the KV
+  // store holds past the pool's cached prefix (`cached_tokens`) as awaiting restore, as far as
+  // promoting them is cheaper than recomputing them from their tokens: each hit priced by the
+  // cost model for its tier, corrected by what bring-backs measured, against the corrected price
+  // of recomputing the page at its depth. Pages are pinned in their tier until promoted.
+  void FindInStore(std::span<const int32_t> tokens, int64_t cached_tokens,
+                   KvSequencePages* pages);
+  // Applies a step's block plan before its forward pass: cached blocks the plan gives new
+  // contents go to the KV store first (and to the trace as leaving), the plan is committed
+  // (refused if made against an older state), and shared blocks are copied for copy-on-write.
+  void CommitStep(const KvPlan& plan);
+
+  // A finished sequence (or a parked session giving its slot back) leaves the pool: its pages
+  // are written through to the store's durable tiers, so a restart or another process finds
+  // them, and its blocks and pages outside the pool are let go.
+  void Release(SeqId slot);
+
   // The store's counters copied for StoreStats (step thread, once per step).
   void PublishStoreStats();
   // What the store did with each tier as of the last PublishStoreStats (any thread), and the
@@ -164,6 +185,9 @@ class KvMemory {
   std::unique_ptr<KvPressurePlanner> planner_;
   BringBackFeedback feedback_{kNumFeedbackKeys};
   std::unique_ptr<KvTraceWriter> trace_;
+
+  std::vector<KvContentId> content_ids_;  // FindInStore's, reused
+  std::vector<KvTier*> found_in_;
 
   mutable std::mutex store_stats_mutex_;
   std::vector<KvStoreTierStats> store_stats_;
