@@ -764,7 +764,7 @@ Status ValidateBenchTurnsArgs(const BenchTurnsArgs& args) {
   }
   if (!args.redis.empty() && args.redis != "auto") {
     KVL_ASSIGN_OR_RETURN(const TierSpec spec, ParseTierSpec(args.redis));
-    if (spec.kind != "redis") {
+    if (spec.kind != TierKind::kRedis) {
       return InvalidArgumentError(fmt::format(
           "--redis must be redis://HOST:PORT[/NAMESPACE] or auto, got '{}'", args.redis));
     }

@@ -88,6 +88,7 @@ class RedisTier final : public KvTier {
   Status Connect() { return connection_.Connect(); }
 
   std::string_view name() const override { return "redis"; }
+  TierKind kind() const override { return TierKind::kRedis; }
 
   Status Put(std::span<const PageWrite> pages) override {
     for (const PageWrite& page : pages) {

@@ -638,7 +638,7 @@ TEST(RedisTierSpecTest, GoodSpecs) {
   for (const Case& c : cases) {
     auto spec = ParseTierSpec(c.spec);
     ASSERT_TRUE(spec.ok()) << c.spec << ": " << spec.status().ToString();
-    EXPECT_EQ(spec->kind, "redis") << c.spec;
+    EXPECT_EQ(spec->kind, TierKind::kRedis) << c.spec;
     EXPECT_EQ(spec->host, c.host) << c.spec;
     EXPECT_EQ(spec->port, c.port) << c.spec;
     EXPECT_EQ(spec->name_space, c.name_space) << c.spec;
@@ -647,7 +647,7 @@ TEST(RedisTierSpecTest, GoodSpecs) {
   // The other kinds are unchanged.
   auto disk = ParseTierSpec("disk:/tmp/redis://x:1G");
   ASSERT_TRUE(disk.ok()) << disk.status().ToString();
-  EXPECT_EQ(disk->kind, "disk");
+  EXPECT_EQ(disk->kind, TierKind::kDisk);
   EXPECT_EQ(disk->path, "/tmp/redis://x");
 }
 
