@@ -3,11 +3,10 @@
 // POST /apply-template.
 #pragma once
 
-#include <httplib.h>
-
 #include <memory>
 
 #include "api_request.h"
+#include "http_transport.h"
 #include "kvl/chat_template.h"
 #include "kvl/engine.h"
 #include "kvl/server.h"
@@ -21,6 +20,6 @@ StatusOr<std::shared_ptr<const ChatFormatter>> LoadChatFormatter(const ServeOpti
 
 // POST /apply-template: {"messages": [...]} -> {"prompt": "..."}, the text a chat completion
 // would run on (llama-server's endpoint); an error the template raises is a 400 naming it.
-void HandleApplyTemplate(const ApiContext& context, const httplib::Request& req, httplib::Response& res);
+HttpResponse AnswerApplyTemplate(const ApiContext& context, std::string_view body);
 
 }  // namespace kvl::server
