@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -33,8 +35,6 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
-#include <algorithm>
-#include <array>
 #include <cctype>
 #include <chrono>
 #include <future>
@@ -128,8 +128,9 @@ class Exchange : public HttpResponder, public std::enable_shared_from_this<Excha
     std::lock_guard<std::mutex> lock(mu_);
     if (answer_ != Answer::kNone) return;
     answer_ = Answer::kComplete;
-    std::string bytes = SerializeHead(r, version_, keep_alive_, shared_.options.headers_on_every_response,
-                                      fmt::format("Content-Length: {}\r\n", r.body.size()));
+    std::string bytes =
+        SerializeHead(r, version_, keep_alive_, shared_.options.headers_on_every_response,
+                      fmt::format("Content-Length: {}\r\n", r.body.size()));
     if (!head_only_) bytes += r.body;
     Post(std::move(bytes), true);
   }
@@ -345,7 +346,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       try {
         shared.handler(request, responder);
       } catch (const std::exception& e) {
-        responder->Send(shared.options.error_response(500, fmt::format("internal error: {}", e.what())));
+        responder->Send(
+            shared.options.error_response(500, fmt::format("internal error: {}", e.what())));
       }
     };
     if (shared_.options.run_inline && shared_.options.run_inline(*request)) {
@@ -360,19 +362,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Watch() {
     if (watching_ || buffer_.size() >= kMaxReadAhead) return;
     watching_ = true;
-    socket_.async_read_some(
-        buffer_.prepare(16 << 10), [self = shared_from_this()](beast::error_code ec, size_t n) {
-          self->watching_ = false;
-          if (self->phase_ == Phase::kClosed || self->phase_ == Phase::kClosing) return;
-          if (!ec) self->buffer_.commit(n);
-          if (self->phase_ == Phase::kHandling) {
-            if (ec) return self->Close();
-            return self->Watch();
-          }
-          // The answer is out: the read was cancelled for the next request, or brought its bytes.
-          if (ec && ec != asio::error::operation_aborted) return self->Close();
-          self->WaitForRequest();
-        });
+    socket_.async_read_some(buffer_.prepare(16 << 10),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->watching_ = false;
+                              if (self->phase_ == Phase::kClosed || self->phase_ == Phase::kClosing)
+                                return;
+                              if (!ec) self->buffer_.commit(n);
+                              if (self->phase_ == Phase::kHandling) {
+                                if (ec) return self->Close();
+                                return self->Watch();
+                              }
+                              // The answer is out: the read was cancelled for the next request, or
+                              // brought its bytes.
+                              if (ec && ec != asio::error::operation_aborted) return self->Close();
+                              self->WaitForRequest();
+                            });
   }
 
   // Writes what is queued, in one gather write at a time; when the answer is complete and out,
@@ -393,15 +397,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     write_timer_.async_wait([self = shared_from_this(), deadline](beast::error_code ec) {
       if (!ec && deadline == self->write_deadline_) self->Close();
     });
-    asio::async_write(socket_, buffers,
-                      [self = shared_from_this()](beast::error_code ec, size_t) {
-                        ++self->write_deadline_;
-                        self->write_timer_.cancel();
-                        self->writing_.clear();
-                        if (self->phase_ == Phase::kClosed) return;
-                        if (ec) return self->Close();
-                        self->Pump();
-                      });
+    asio::async_write(socket_, buffers, [self = shared_from_this()](beast::error_code ec, size_t) {
+      ++self->write_deadline_;
+      self->write_timer_.cancel();
+      self->writing_.clear();
+      if (self->phase_ == Phase::kClosed) return;
+      if (ec) return self->Close();
+      self->Pump();
+    });
   }
 
   void AnswerWritten() {
@@ -462,11 +465,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void ArmReadDeadline(double seconds, Expire expire) {
     const uint64_t deadline = ++read_deadline_;
     read_timer_.expires_after(Seconds(seconds));
-    read_timer_.async_wait(
-        [self = shared_from_this(), deadline, expire](beast::error_code ec) {
-          if (ec || deadline != self->read_deadline_ || self->phase_ == Phase::kClosed) return;
-          expire(*self);
-        });
+    read_timer_.async_wait([self = shared_from_this(), deadline, expire](beast::error_code ec) {
+      if (ec || deadline != self->read_deadline_ || self->phase_ == Phase::kClosed) return;
+      expire(*self);
+    });
   }
 
   tcp::socket socket_;
@@ -483,17 +485,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::string> writing_;  // the write in flight
   asio::steady_timer read_timer_;
   asio::steady_timer write_timer_;
-  uint64_t read_deadline_ = 0;   // the armed read deadline's number; bumped to disarm
+  uint64_t read_deadline_ = 0;  // the armed read deadline's number; bumped to disarm
   uint64_t write_deadline_ = 0;
   std::array<char, 4096> scratch_;
 };
 
 void Exchange::Post(std::string bytes, bool last) {
   if (!connection_) return;
-  asio::post(shared_.io, [connection = connection_, self = shared_from_this(),
-                          bytes = std::move(bytes), last]() mutable {
-    connection->Deliver(self.get(), std::move(bytes), last);
-  });
+  asio::post(shared_.io,
+             [connection = connection_, self = shared_from_this(), bytes = std::move(bytes),
+              last]() mutable { connection->Deliver(self.get(), std::move(bytes), last); });
 }
 
 }  // namespace

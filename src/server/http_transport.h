@@ -63,8 +63,8 @@ using HttpHandler =
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;  // 0: any free port (Listen returns it)
-  int64_t max_body_bytes = 8 << 20;  // Content-Length and chunked bodies alike, as they arrive
+  int port = 0;                         // 0: any free port (Listen returns it)
+  int64_t max_body_bytes = 8 << 20;     // Content-Length and chunked bodies alike, as they arrive
   int64_t max_header_bytes = 32 << 10;  // the request line and every header together
   int max_header_count = 100;
   int max_target_bytes = 8 << 10;
@@ -72,9 +72,9 @@ struct HttpServerOptions {
   // From a request's first byte to its last: a client that trickles its headers or body is cut
   // off (408) after this, however steadily it sends.
   double request_seconds = 30;
-  double write_seconds = 30;       // one write to a client that does not read
+  double write_seconds = 30;            // one write to a client that does not read
   int64_t max_unsent_bytes = 16 << 20;  // a stream's bytes waiting for a slow client
-  int worker_threads = 4;          // handlers run here, never on the I/O thread...
+  int worker_threads = 4;               // handlers run here, never on the I/O thread...
   // ...except those this says to run inline (cheap ones that must answer under any load).
   std::function<bool(const HttpRequest&)> run_inline;
   std::vector<HttpHeader> headers_on_every_response;  // e.g. CORS

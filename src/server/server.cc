@@ -210,11 +210,10 @@ void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpRe
   }
   const std::string_view method = req.method == "HEAD" ? "GET" : std::string_view(req.method);
   if (method != route->method) {
-    HttpResponse response = ErrorResponse(
-        ApiError{405,
-                 fmt::format("Method {} not allowed on {}; use {}", req.method, req.path,
-                             route->method),
-                 "invalid_request_error", "", "method_not_allowed"});
+    HttpResponse response = ErrorResponse(ApiError{
+        405,
+        fmt::format("Method {} not allowed on {}; use {}", req.method, req.path, route->method),
+        "invalid_request_error", "", "method_not_allowed"});
     response.headers.push_back({"Allow", std::string(route->method)});
     return out->Send(std::move(response));
   }
@@ -235,7 +234,9 @@ void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpRe
                          "server_error", "", "unavailable"});
     }
     if (req.path == "/metrics") {
-      return out->Send(HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", {},
+      return out->Send(HttpResponse{200,
+                                    "text/plain; version=0.0.4; charset=utf-8",
+                                    {},
                                     metrics_.Render(engine_->Metrics())});
     }
     if (req.path == "/apply-template") {
@@ -397,11 +398,11 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
   }
   if (live->stream) {
     // The engine's number for the request: the web page's KV view follows exactly its pages.
-    out->StartStream(HttpResponse{200,
-                                  "text/event-stream",
-                                  {{"Cache-Control", "no-cache"},
-                                   {"X-Request-Id", std::to_string(*id)}},
-                                  ""});
+    out->StartStream(
+        HttpResponse{200,
+                     "text/event-stream",
+                     {{"Cache-Control", "no-cache"}, {"X-Request-Id", std::to_string(*id)}},
+                     ""});
     if (endpoint == Endpoint::kChatCompletions) out->Write(RoleFrame(live->head));
   }
   live_lock.unlock();
@@ -460,10 +461,8 @@ Status OpenAiServer::Run() {
     KVL_RETURN_IF_ERROR(ParseChatTemplateName(options_.chat_template).status());
   }
   http_ = std::make_unique<HttpServer>(
-      TransportOptions(),
-      [this](std::shared_ptr<const HttpRequest> req, std::shared_ptr<HttpResponder> out) {
-        Dispatch(*req, out);
-      });
+      TransportOptions(), [this](std::shared_ptr<const HttpRequest> req,
+                                 std::shared_ptr<HttpResponder> out) { Dispatch(*req, out); });
   StatusOr<int> port = http_->Listen();
   if (!port.ok()) return port.status();
   fmt::print(stderr, "kvl serve: listening on http://{}:{}\n", options_.host, *port);
@@ -481,8 +480,7 @@ Status OpenAiServer::Run() {
     const timespec tick{0, 200 * 1000 * 1000};
     signal_number = sigtimedwait(&signals, nullptr, &tick);
   }
-  fmt::print(stderr, "kvl serve: {}, shutting down (grace {} s)\n",
-             strsignal(signal_number),
+  fmt::print(stderr, "kvl serve: {}, shutting down (grace {} s)\n", strsignal(signal_number),
              options_.shutdown_grace_seconds);
   // Draining: new requests get 503 while the running ones (streams included) go on for the
   // grace period. The transport is stopped only after that: stopping closes every connection.

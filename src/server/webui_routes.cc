@@ -171,11 +171,10 @@ HttpResponse WebUiRoutes::KvState(const HttpRequest& request) const {
   }
   const double now_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
-  return HttpResponse{
-      200,
-      "application/json",
-      {{"Cache-Control", "no-store"}},
-      KvStateJson(engine->Metrics(), engine->options().block_tokens, now_ms)};
+  return HttpResponse{200,
+                      "application/json",
+                      {{"Cache-Control", "no-store"}},
+                      KvStateJson(engine->Metrics(), engine->options().block_tokens, now_ms)};
 }
 
 }  // namespace kvl::server

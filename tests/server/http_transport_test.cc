@@ -1,6 +1,7 @@
 // `kvl serve`'s HTTP layer against what a hostile or old client sends: bodies and headers past
 // the limits, slow and idle connections, pipelining, HTTP/1.0, CORS, and clients that leave
 // before their answer. Raw sockets, so that the bytes on the wire are exactly the test's.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
@@ -8,8 +9,6 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
 
 #include <atomic>
 #include <chrono>
@@ -92,9 +91,10 @@ class RawConnection {
 };
 
 std::string Post(std::string_view path, std::string_view body, std::string_view extra = "") {
-  return fmt::format("POST {} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{}"
-                     "Content-Length: {}\r\n\r\n{}",
-                     path, extra, body.size(), body);
+  return fmt::format(
+      "POST {} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{}"
+      "Content-Length: {}\r\n\r\n{}",
+      path, extra, body.size(), body);
 }
 
 int CountOf(const std::string& text, std::string_view what) {
@@ -131,16 +131,17 @@ TEST(HttpTransportTest, AChunkedBodyOverMaxBodyIsRefusedAsItArrives) {
   ServerProcess server({"--max-body", "64KiB"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   RawConnection c(server.port());
-  ASSERT_TRUE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                     "\r\nTransfer-Encoding: chunked\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+             "\r\nTransfer-Encoding: chunked\r\n\r\n"));
   const std::string chunk(16 << 10, ' ');
   // 256 KiB, four times the limit, and no last chunk: a server that waits for the whole body
   // never answers.
   for (int i = 0; i < 16; ++i) {
     if (!c.Send(fmt::format("{:x}\r\n{}\r\n", chunk.size(), chunk))) break;
   }
-  const std::string answer = c.ReadUntil(
-      [](const std::string& s) { return s.find("}}") != std::string::npos; }, 10);
+  const std::string answer =
+      c.ReadUntil([](const std::string& s) { return s.find("}}") != std::string::npos; }, 10);
   EXPECT_TRUE(answer.starts_with("HTTP/1.1 413")) << answer.substr(0, 300);
   EXPECT_NE(answer.find("the request body exceeds 65536 bytes"), std::string::npos) << answer;
 }
@@ -151,8 +152,7 @@ TEST(HttpTransportTest, HeadersOverTheLimitAreRefusedWith431) {
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   {
     RawConnection c(server.port());
-    c.Send("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(200 << 10, 'a') +
-           "\r\n\r\n");
+    c.Send("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(200 << 10, 'a') + "\r\n\r\n");
     EXPECT_TRUE(c.ReadAll(10).starts_with("HTTP/1.1 431"));
   }
   {
@@ -207,6 +207,29 @@ TEST(HttpTransportTest, IdleKeepAliveConnectionsDoNotDelayHealth) {
   EXPECT_LT(health, 2.0);
 }
 
+// Eight long requests at -np 2 (six of them queued) used to hold every connection thread: a
+// new client's /health waited 17 s. Neither /health nor /metrics waits for them now.
+TEST(HttpTransportTest, LongRequestsDoNotDelayHealthOrMetrics) {
+  ServerProcess server({"-np", "2"});
+  ASSERT_TRUE(server.WaitReady()) << server.Log();
+  std::vector<std::unique_ptr<RawConnection>> busy;
+  for (int i = 0; i < 8; ++i) {
+    busy.push_back(std::make_unique<RawConnection>(server.port()));
+    busy.back()->Send(Post("/v1/completions",
+                           R"({"prompt":"Once upon","max_tokens":480,"ignore_eos":true,)"
+                           R"("logprobs":5,"stream":true})"));
+  }
+  busy.front()->ReadUntil([](const std::string& s) { return s.find("data: {") != s.npos; }, 20);
+  const double health = HealthSeconds(server.port());
+  const Clock::time_point start = Clock::now();
+  const double running = Metric(server.port(), "kvl:num_requests_running");
+  const double metrics = SecondsSince(start);
+  EXPECT_GE(health, 0);
+  EXPECT_LT(health, 2.0);
+  EXPECT_GE(running, 0);
+  EXPECT_LT(metrics, 2.0);
+}
+
 // Two requests sent at once on one connection get two answers, in order.
 TEST(HttpTransportTest, PipelinedRequestsGetBothAnswersInOrder) {
   ServerProcess server({});
@@ -230,9 +253,10 @@ TEST(HttpTransportTest, Http10GetsNoChunkedEncoding) {
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   const std::string body = R"({"prompt":"Once upon","max_tokens":6,"stream":true})";
   RawConnection stream(server.port());
-  stream.Send(fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
-                          "Content-Length: {}\r\n\r\n{}",
-                          body.size(), body));
+  stream.Send(
+      fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                  "Content-Length: {}\r\n\r\n{}",
+                  body.size(), body));
   const std::string streamed = stream.ReadAll(20);
   EXPECT_TRUE(streamed.starts_with("HTTP/1.0 200")) << streamed.substr(0, 200);
   EXPECT_EQ(streamed.find("chunked"), std::string::npos) << streamed.substr(0, 300);
@@ -343,13 +367,13 @@ TEST(HttpTransportTest, AQueuedRequestWhoseClientLeftNeverRuns) {
   running.ReadUntil([](const std::string& s) { return s.find("data: {") != s.npos; }, 20);
   {
     RawConnection queued(server.port());
-    queued.Send(Post("/v1/completions",
-                     R"({"prompt":"Twice upon","max_tokens":200,"ignore_eos":true})"));
+    queued.Send(
+        Post("/v1/completions", R"({"prompt":"Twice upon","max_tokens":200,"ignore_eos":true})"));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_TRUE(WaitForCancels(server.port(), 1)) << server.Log();
-  const std::string rest = running.ReadUntil(
-      [](const std::string& s) { return s.find("data: [DONE]") != s.npos; }, 60);
+  const std::string rest =
+      running.ReadUntil([](const std::string& s) { return s.find("data: [DONE]") != s.npos; }, 60);
   EXPECT_NE(rest.find("\"finish_reason\":\"length\""), std::string::npos);
   // Only the running request's tokens were generated (the queued one was cancelled before it
   // was admitted, or at worst right after).
