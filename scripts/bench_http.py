@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Two `kvl serve` binaries (say, main's and a branch's) under `kvl bench serve`, alternated.
 
-Each round starts each server in turn (same model, flags and client), runs the bench at every
-concurrency, plain and streamed, and stops it; the table gives each configuration's median over
-the rounds. Alternating rounds spreads the machine's other load over both binaries alike.
+Both servers run side by side (same model, flags and client); each round measures every
+concurrency, plain and streamed, on one server then the other, back to back, the order swapped
+each round. The table gives each configuration's median over the rounds.
 
   scripts/bench_http.py --old /tmp/kvl-main-src/build/kvl --new build/kvl \
       -m ../shared/models/stories260K.gguf [--rounds 3] [-n 200] [--clients 1,4,16]
@@ -72,22 +72,27 @@ def main():
     a = p.parse_args()
     clients = [int(c) for c in a.clients.split(",")]
     runs = {}  # (binary, stream, clients) -> [result]
-    for r in range(a.rounds):
-        order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
-        for name in order:
-            proc, port, log = start_server(getattr(a, name), a.model, a.server_args.split())
-            try:
-                for stream in (False, True):
-                    for c in clients:
+    # Both servers run side by side (the idle one costs nothing) and every cell is measured on
+    # one then the other, back to back, the order swapped each round: the machine's other load
+    # falls on both alike.
+    servers = {name: start_server(getattr(a, name), a.model, a.server_args.split())
+               for name in ("old", "new")}
+    try:
+        for r in range(a.rounds):
+            order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
+            for stream in (False, True):
+                for c in clients:
+                    for name in order:
                         # The bench client is the new binary's for both servers.
-                        res = bench(a.new, port, c, stream, a.n)
+                        res = bench(a.new, servers[name][1], c, stream, a.n)
                         if res["requests_failed"]:
-                            print(f"warning: {name} {c} clients: {res['requests_failed']} failed",
-                                  file=sys.stderr)
+                            print(f"warning: {name} {c} clients: {res['requests_failed']} "
+                                  "failed", file=sys.stderr)
                         runs.setdefault((name, stream, c), []).append(res)
-            finally:
-                stop_server(proc, log)
-        print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+            print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
+    finally:
+        for proc, _, log in servers.values():
+            stop_server(proc, log)
 
     def med(name, stream, c, key, sub=None):
         vals = [x[key][sub] if sub else x[key] for x in runs[(name, stream, c)]]
@@ -105,7 +110,7 @@ def main():
                 cells += [f"{med('old', stream, c, key, 'median'):.2f}",
                           f"{med('new', stream, c, key, 'median'):.2f}"]
             print(f"| {'stream' if stream else 'plain'} | {c} | " + " | ".join(cells) + " |")
-    print(f"\n{a.rounds} rounds alternated, {a.n} requests per cell, 64 prompt words, "
+    print(f"\n{a.rounds} rounds, cells alternated, {a.n} requests per cell, 64 prompt words, "
           f"64 tokens, server flags: {a.server_args}; medians over the rounds.")
 
 
