@@ -49,7 +49,7 @@ std::string_view HttpRequest::Header(std::string_view name) const {
   for (const HttpHeader& h : headers) {
     if (h.name.size() == name.size() &&
         std::equal(h.name.begin(), h.name.end(), name.begin(),
-                   [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
+                   [](unsigned char a, unsigned char b) { return std::tolower(a) == std::tolower(b); })) {
       return h.value;
     }
   }

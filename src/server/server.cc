@@ -35,6 +35,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Requests whose body is at most this are handled on the transport's I/O thread.
+constexpr size_t kInlineBodyBytes = 16 << 10;
+
 double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -168,8 +171,14 @@ HttpServerOptions OpenAiServer::TransportOptions() {
   o.keep_alive_seconds = options_.keep_alive_seconds;
   o.request_seconds = options_.request_timeout_seconds;
   if (options_.http_threads > 0) o.worker_threads = options_.http_threads;
-  // /health answers on the I/O thread itself: no queue of handlers can delay it.
-  o.run_inline = [](const HttpRequest& req) { return req.path == "/health"; };
+  // /health answers on the I/O thread itself: no queue of handlers can delay it. So does every
+  // request with a small body: its handler (parse, tokenize, submit) takes well under a
+  // millisecond, less than two thread hand-offs cost on a loaded machine. Large bodies (long
+  // prompts to tokenize, templates to render) go to the workers, so that no handler holds the
+  // I/O thread for long.
+  o.run_inline = [](const HttpRequest& req) {
+    return req.path == "/health" || req.body.size() <= kInlineBodyBytes;
+  };
   if (!options_.cors_origin.empty()) {
     o.headers_on_every_response.push_back({"Access-Control-Allow-Origin", options_.cors_origin});
     // A named origin is one answer among possible others: caches must key on the Origin.
