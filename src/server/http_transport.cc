@@ -1,4 +1,4 @@
-// HTTP/1.x on Boost.Beast's parser over one Boost.Asio I/O thread (epoll): a connection, idle,
+// HTTP/1.x on Boost.Beast's parser over a few Boost.Asio I/O threads (epoll): a connection, idle,
 // trickling its request or waiting for the engine, costs a socket and a few buffers, never a
 // thread. Handlers run on a small worker pool (or inline, for /health) and answer through an
 // Exchange, whose bytes the I/O thread writes in order.
@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -37,7 +38,6 @@
 #include <boost/beast/http/string_body.hpp>
 #include <cctype>
 #include <chrono>
-#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -47,9 +47,10 @@ namespace kvl::server {
 
 std::string_view HttpRequest::Header(std::string_view name) const {
   for (const HttpHeader& h : headers) {
-    if (h.name.size() == name.size() &&
-        std::equal(h.name.begin(), h.name.end(), name.begin(),
-                   [](unsigned char a, unsigned char b) { return std::tolower(a) == std::tolower(b); })) {
+    if (h.name.size() == name.size() && std::equal(h.name.begin(), h.name.end(), name.begin(),
+                                                   [](unsigned char a, unsigned char b) {
+                                                     return std::tolower(a) == std::tolower(b);
+                                                   })) {
       return h.value;
     }
   }
@@ -77,19 +78,26 @@ constexpr double kLingerSeconds = 1;
 
 class Connection;
 
-// What the I/O thread needs from the server: shared by every connection.
+// What the I/O threads need from the server: shared by every connection.
 struct Shared {
   HttpServerOptions options;
   HttpHandler handler;
-  asio::io_context io;
+  // One event loop per I/O thread; a connection lives on one of them, so that its state is
+  // touched by one thread only.
+  std::vector<std::unique_ptr<asio::io_context>> loops;
   asio::thread_pool workers;
-  std::unordered_set<std::shared_ptr<Connection>> live;  // I/O thread only
-  bool stopping = false;                                 // I/O thread only
+  std::mutex live_mu;
+  std::unordered_set<std::shared_ptr<Connection>> live;  // under live_mu
+  std::atomic<bool> stopping{false};
 
   Shared(HttpServerOptions o, HttpHandler h)
       : options(std::move(o)),
         handler(std::move(h)),
-        workers(static_cast<size_t>(std::max(1, options.worker_threads))) {}
+        workers(static_cast<size_t>(std::max(1, options.worker_threads))) {
+    for (int i = 0; i < std::max(1, options.io_threads); ++i) {
+      loops.push_back(std::make_unique<asio::io_context>());
+    }
+  }
 };
 
 // The status line and headers of an answer, through the blank line. `framing`: the
@@ -217,8 +225,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(tcp::socket socket, Shared& shared)
       : socket_(std::move(socket)),
         shared_(shared),
-        read_timer_(shared.io),
-        write_timer_(shared.io) {}
+        read_timer_(socket_.get_executor()),
+        write_timer_(socket_.get_executor()) {}
+
+  asio::any_io_executor executor() { return socket_.get_executor(); }
 
   void Start() { WaitForRequest(); }
 
@@ -233,6 +243,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     beast::error_code ignored;
     socket_.close(ignored);
     if (std::shared_ptr<Exchange> exchange = std::move(exchange_)) exchange->Finish(false);
+    std::lock_guard<std::mutex> lock(shared_.live_mu);
     shared_.live.erase(shared_from_this());
   }
 
@@ -492,7 +503,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
 void Exchange::Post(std::string bytes, bool last) {
   if (!connection_) return;
-  asio::post(shared_.io,
+  asio::post(connection_->executor(),
              [connection = connection_, self = shared_from_this(), bytes = std::move(bytes),
               last]() mutable { connection->Deliver(self.get(), std::move(bytes), last); });
 }
@@ -503,8 +514,8 @@ class HttpServer::Impl {
  public:
   Impl(HttpServerOptions options, HttpHandler handler)
       : shared_(std::move(options), std::move(handler)),
-        acceptor_(shared_.io),
-        accept_retry_(shared_.io) {}
+        acceptor_(*shared_.loops.front()),
+        accept_retry_(*shared_.loops.front()) {}
 
   StatusOr<int> Listen() {
     // Connections cost a descriptor each, not a thread: allow as many as the system lets us.
@@ -515,7 +526,7 @@ class HttpServer::Impl {
     }
     const HttpServerOptions& o = shared_.options;
     beast::error_code ec;
-    tcp::resolver resolver(shared_.io);
+    tcp::resolver resolver(*shared_.loops.front());
     const auto endpoints = resolver.resolve(o.host, std::to_string(o.port), ec);
     if (ec || endpoints.empty()) {
       return IoError(fmt::format("cannot listen on {}:{}: {}", o.host, o.port, ec.message()));
@@ -535,30 +546,35 @@ class HttpServer::Impl {
 
   void Start() {
     Accept();
-    io_thread_ = std::thread([this] { shared_.io.run(); });
+    for (const auto& loop : shared_.loops) {
+      guards_.push_back(asio::make_work_guard(*loop));
+      threads_.emplace_back([&loop = *loop] { loop.run(); });
+    }
   }
 
   void Stop() {
-    if (!io_thread_.joinable()) return;
-    std::promise<void> closed;
-    asio::post(shared_.io, [this, &closed] {
-      shared_.stopping = true;
-      beast::error_code ignored;
-      acceptor_.close(ignored);
-      accept_retry_.cancel();
-      const auto live = shared_.live;  // Close erases from the set
-      for (const std::shared_ptr<Connection>& c : live) c->Close();
-      closed.set_value();
-    });
-    closed.get_future().wait();
-    shared_.io.stop();
-    io_thread_.join();
+    if (threads_.empty()) return;
+    shared_.stopping = true;
+    for (const auto& loop : shared_.loops) loop->stop();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+    // No I/O thread runs any more: the listener and the connections are closed from here.
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+    std::unordered_set<std::shared_ptr<Connection>> live;
+    {
+      std::lock_guard<std::mutex> lock(shared_.live_mu);
+      live = shared_.live;  // Close erases from the set
+    }
+    for (const std::shared_ptr<Connection>& c : live) c->Close();
     shared_.workers.join();
   }
 
  private:
   void Accept() {
-    acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
+    // Connections are dealt to the event loops in turn.
+    asio::io_context& loop = *shared_.loops[next_loop_++ % shared_.loops.size()];
+    acceptor_.async_accept(loop, [this](beast::error_code ec, tcp::socket socket) {
       if (!acceptor_.is_open()) return;
       if (ec) {
         // Out of descriptors, most likely: try again shortly rather than spin.
@@ -572,8 +588,11 @@ class HttpServer::Impl {
       // Streamed frames are small: without TCP_NODELAY each waits for the last one's ACK.
       socket.set_option(tcp::no_delay(true), ignored);
       auto connection = std::make_shared<Connection>(std::move(socket), shared_);
-      shared_.live.insert(connection);
-      connection->Start();
+      {
+        std::lock_guard<std::mutex> lock(shared_.live_mu);
+        shared_.live.insert(connection);
+      }
+      asio::post(connection->executor(), [connection] { connection->Start(); });
       Accept();
     });
   }
@@ -581,7 +600,9 @@ class HttpServer::Impl {
   Shared shared_;
   tcp::acceptor acceptor_;
   asio::steady_timer accept_retry_;
-  std::thread io_thread_;
+  size_t next_loop_ = 0;  // the acceptor's thread only
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards_;
+  std::vector<std::thread> threads_;
 };
 
 HttpServer::HttpServer(HttpServerOptions options, HttpHandler handler)

@@ -74,7 +74,10 @@ struct HttpServerOptions {
   double request_seconds = 30;
   double write_seconds = 30;            // one write to a client that does not read
   int64_t max_unsent_bytes = 16 << 20;  // a stream's bytes waiting for a slow client
-  int worker_threads = 4;               // handlers run here, never on the I/O thread...
+  // Event loops, each on its thread, among which connections are dealt. More than one keeps a
+  // CPU-starved machine (the threads' share of it) from slowing every client at once.
+  int io_threads = 2;
+  int worker_threads = 4;  // handlers run here, never on an I/O thread...
   // ...except those this says to run inline (cheap ones that must answer under any load).
   std::function<bool(const HttpRequest&)> run_inline;
   std::vector<HttpHeader> headers_on_every_response;  // e.g. CORS
