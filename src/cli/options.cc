@@ -205,7 +205,7 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   serve_cmd->add_option("--parallel", serve.parallel, "sequences served at once (-np)")
       ->capture_default_str();
   serve_cmd->add_option("--threads-http", serve.serve.http_threads,
-                        "threads that run request handlers; 0 = 4 (connections cost no thread)")
+                        "threads for the handlers of large requests; 0 = 4 (connections cost no thread)")
       ->capture_default_str();
   serve_cmd->add_option("--chat-template", serve.serve.chat_template,
                         "force a built-in chat template: plain, llama2, chatml, zephyr, mistral, "

@@ -217,7 +217,7 @@ class Exchange : public HttpResponder, public std::enable_shared_from_this<Excha
   std::function<void(bool)> done_;
 };
 
-// One client connection, touched only on the I/O thread. It reads a request (under the limits
+// One client connection, touched only by its event loop's thread. It reads a request (under the limits
 // and the receive deadline), hands it to a handler, watches the socket while the handler works
 // and writes the answer, then reads the next request (already buffered, when pipelined).
 class Connection : public std::enable_shared_from_this<Connection> {

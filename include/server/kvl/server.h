@@ -17,8 +17,9 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0: any free port (printed on stderr)
   std::string api_key;             // empty: no key needed
-  // Threads that run request handlers (parsing, tokenizing, templates); connections cost none.
-  // 0: 4.
+  // Threads that run the handlers of requests with large bodies (long prompts to tokenize,
+  // templates to render); smaller ones run on the transport's event loops, and connections
+  // cost no thread. 0: 4.
   int http_threads = 0;
   std::string chat_template;       // empty: the GGUF's own (Jinja); else a ChatTemplateName
   std::string chat_template_file;  // a Jinja chat template to render instead of the GGUF's
