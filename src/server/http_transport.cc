@@ -1,17 +1,20 @@
 // HTTP/1.x on Boost.Beast's parser over a few Boost.Asio I/O threads (epoll): a connection, idle,
 // trickling its request or waiting for the engine, costs a socket and a few buffers, never a
-// thread. Handlers run on a small worker pool (or inline, for /health) and answer through an
-// Exchange, whose bytes the I/O thread writes in order.
+// thread. Handlers run on the connection's loop (/health, small bodies) or on a small worker
+// pool (large bodies) and answer through an Exchange, whose bytes the loop writes in order.
 //
-// Why Beast/Asio (libboost-dev, Debian 12), after probes of it and of libmicrohttpd 0.9.75:
+// Why Beast/Asio (libboost-dev, already on Debian 12 build machines), after probing it (the
+// tests in tests/server/http_transport_test.cc) and reading libmicrohttpd 0.9.75's documented
+// behaviour (not installed here, so not probed):
 // - Limits are the parser's own: header_limit bounds the request line and headers together,
 //   body_limit is checked against Content-Length at the header (413 before any body is read)
 //   and against each chunk as it arrives, so a chunked body over --max-body is refused without
 //   being buffered. The overall receive deadline is a timer of ours from the first byte to the
 //   last; libmicrohttpd's timeout is an idle timeout that a slowloris client resets forever.
 // - A request waiting for the engine keeps a read posted on its socket, so a client that closes
-//   or resets is noticed at once, in any engine state, streaming or not. libmicrohttpd polls no
-//   suspended connection: a client gone while its request is queued is seen only on resume.
+//   or resets is noticed at once, in any engine state, streaming or not. libmicrohttpd does not
+//   poll a suspended connection: a client gone while its request waits is seen only on resume.
+//   The price: a client that half-closes (shutdown(SHUT_WR)) after its request is taken as gone.
 // - Pipelined requests stay in the connection's buffer and are read one after the other, each
 //   answered in order; an HTTP/1.0 request gets a 1.0 answer (Content-Length, or a stream that
 //   the closed connection ends) because the framing is written here, not by a library default.
