@@ -4,6 +4,11 @@ JOBS ?= $(shell nproc)
 KVL_MODEL ?= ../shared/models/stories260K.gguf
 FUZZ_SECONDS ?= 40
 
+# ccache, where installed, keeps rebuilds of unchanged sources cheap; CCACHE_BASEDIR makes its keys
+# relative to this checkout, so another clone of the same sources hits the same cache.
+LAUNCHER := $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+export CCACHE_BASEDIR := $(CURDIR)
+
 .PHONY: all deps build run test fuzz sanitize bench plots clean
 
 all: build
@@ -12,7 +17,7 @@ deps:
 	@bash scripts/install-deps.sh
 
 $(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(LAUNCHER)
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -31,7 +36,7 @@ test: build
 # (which run the sanitized kvl binary). Any report fails the run.
 SANITIZED_TESTS = test_kv test_gguf test_engine test_cli test_server
 sanitize: deps
-	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVL_SANITIZE=ON
+	cmake -S . -B $(BUILD)-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVL_SANITIZE=ON $(LAUNCHER)
 	cmake --build $(BUILD)-asan -j $(JOBS) --target $(SANITIZED_TESTS) kvl
 	@bash scripts/run-sanitized-tests.sh $(BUILD)-asan $(SANITIZED_TESTS)
 

@@ -13,16 +13,20 @@ if ! command -v "$cxx" >/dev/null 2>&1; then
   echo "fuzz: $cxx not found, skipping the fuzzers (install clang-14 and libclang-rt-14-dev)"
   exit 0
 fi
+# ccache, where installed, keeps the fuzzers' per-file compiles of unchanged sources cheap
+# (calls naming several sources at once are not cached: they simply run).
+compiler=("$cxx")
+command -v ccache >/dev/null 2>&1 && compiler=(ccache "$cxx")
 mkdir -p "$out"
 sources=(src/base/*.cc src/gguf/*.cc)
 flags=(-std=c++20 -g -Iinclude/base -Iinclude/gguf -Isrc/gguf)
 
 echo "fuzz: building $out/gguf_fuzzer"
 # The fuzzer and its seed writer build side by side (the machine has two cores).
-"$cxx" "${flags[@]}" -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+"${compiler[@]}" "${flags[@]}" -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   "${sources[@]}" fuzz/gguf_fuzzer.cc -lfmt -o "$out/gguf_fuzzer" &
 fuzzer_build=$!
-"$cxx" "${flags[@]}" -O1 -DKVL_GGUF_FUZZ_SEEDS "${sources[@]}" fuzz/gguf_fuzzer.cc -lfmt \
+"${compiler[@]}" "${flags[@]}" -O1 -DKVL_GGUF_FUZZ_SEEDS "${sources[@]}" fuzz/gguf_fuzzer.cc -lfmt \
   -o "$out/gguf_seeds" || { wait "$fuzzer_build"; echo "fuzz: build of the seed writer failed"; exit 1; }
 wait "$fuzzer_build" || { echo "fuzz: build of the fuzzer failed"; exit 1; }
 
@@ -56,7 +60,7 @@ echo "fuzz: gguf: ${runs:-?} runs in ${secs:-$per_fuzzer} s, no crashes"
 # few templates in the shapes real ones take, and the real ones where the Jinja tests fetched
 # llama.cpp's (build/npm-jinja/llama.cpp/models/templates).
 echo "fuzz: building $out/jinja_fuzzer"
-"$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+"${compiler[@]}" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -Iinclude/base -Iinclude/jinja -Isrc/jinja src/base/*.cc src/jinja/*.cc fuzz/jinja_fuzzer.cc -lfmt \
   -o "$out/jinja_fuzzer" || { echo "fuzz: build of the jinja fuzzer failed"; exit 1; }
 jinja_corpus="$out/jinja_corpus"
@@ -99,7 +103,7 @@ for src in "${cli_sources[@]}"; do
   if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
     # Two compiles at a time; a failed one leaves no object, which the check below names.
     [ "${#compiles[@]}" -ge 2 ] && { wait "${compiles[0]}"; compiles=("${compiles[@]:1}"); }
-    { "$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
+    { "${compiler[@]}" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
         -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
         -Isrc/cli -c "$src" -o "$obj" || rm -f "$obj"; } &
     compiles+=($!)
@@ -109,7 +113,7 @@ wait
 for i in "${!cli_sources[@]}"; do
   [ -f "${cli_objs[$i]}" ] || { echo "fuzz: build of ${cli_sources[$i]} failed"; exit 1; }
 done
-"$cxx" -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections \
+"${compiler[@]}" -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections \
   -Wl,--unresolved-symbols=ignore-all "${cli_objs[@]}" -lfmt -o "$out/cli_options_fuzzer" || {
   echo "fuzz: link of the CLI fuzzer failed"; exit 1; }
 cli_corpus="$out/cli_corpus"
@@ -139,7 +143,7 @@ echo "fuzz: cli options: ${runs:-?} runs in ${per_fuzzer} s, no crashes"
 # The tokenizer: encode and decode over hand-made vocabularies and llama.cpp's real ones where
 # they can be fetched (scripts/fetch-llama-vocab.sh; without npm or network, the hand-made ones).
 echo "fuzz: building $out/tokenizer_fuzzer"
-"$cxx" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+"${compiler[@]}" -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -Iinclude/base -Iinclude/gguf -Iinclude/tokenizer -Isrc/tokenizer \
   src/base/*.cc src/gguf/*.cc src/tokenizer/*.cc fuzz/tokenizer_fuzzer.cc -lfmt \
   -o "$out/tokenizer_fuzzer" || { echo "fuzz: build of the tokenizer fuzzer failed"; exit 1; }

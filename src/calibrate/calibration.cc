@@ -16,12 +16,14 @@
 #include <fstream>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <random>
 #include <tuple>
 
 #include "calibration_internal.h"
 #include "kvl/kv_quality.h"
 #include "kvl/kv_tier.h"  // ParseByteSize
+#include "kvl/machine_load.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/thread_pool.h"
@@ -51,6 +53,24 @@ double Percentile(std::vector<double> values, double p) {
   const double rank = std::ceil(p / 100.0 * static_cast<double>(values.size()));
   const size_t index = static_cast<size_t>(std::max(1.0, rank)) - 1;
   return values[std::min(index, values.size() - 1)];
+}
+
+namespace {
+thread_local SampleSpreadLog* open_spread_log = nullptr;
+}  // namespace
+
+SampleSpreadLog::SampleSpreadLog() : outer_(open_spread_log) { open_spread_log = this; }
+SampleSpreadLog::~SampleSpreadLog() { open_spread_log = outer_; }
+
+void SampleSpreadLog::Record(const std::vector<double>& samples) {
+  if (open_spread_log == nullptr || samples.size() < 3) return;
+  const auto [fastest, slowest] = std::minmax_element(samples.begin(), samples.end());
+  const double median = Median(samples);
+  if (median > 0) open_spread_log->spreads_.push_back((*slowest - *fastest) / median);
+}
+
+double SampleSpreadLog::MedianSpread() const {
+  return spreads_.empty() ? 0.0 : Median(spreads_);
 }
 
 StageProgress::StageProgress(const CalibrationProgress& progress, std::string_view stage,
@@ -343,6 +363,10 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   double load[1] = {0};
   if (::getloadavg(load, 1) == 1 && std::isfinite(load[0]) && load[0] >= 0)
     p.load_average = load[0];
+  // How busy the rest of the machine was while this ran, and how steady the samples came out
+  // (MeasuredUnderLoad judges the two).
+  const std::optional<CpuTicks> ticks_at_start = ReadCpuTicks();
+  calibration_internal::SampleSpreadLog spreads;
 
   // A context of its own on the caller's pool: its scratch holds the 128-token batches measured
   // here, and the caller's stays sized for the caller's batches.
@@ -417,6 +441,9 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
     p.kld_tokens = quality_tokens;
     quality_stage.Finish();
   }
+  const std::optional<CpuTicks> ticks_at_end = ReadCpuTicks();
+  if (ticks_at_start && ticks_at_end) p.others_cpu_share = OthersCpuShare(*ticks_at_start, *ticks_at_end);
+  p.sample_spread = spreads.MedianSpread();
   return p;
 }
 

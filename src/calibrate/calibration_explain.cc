@@ -66,6 +66,16 @@ std::string PointsOf(const TransferCurve& c) {
 
 }  // namespace
 
+bool MeasuredUnderLoad(const MachineProfile& p) {
+  return p.source == kProfileSourceMeasured &&
+         (p.others_cpu_share > kBusyOthersCpuShare || p.sample_spread > kBusySampleSpread);
+}
+
+std::string LoadDescription(const MachineProfile& p) {
+  return fmt::format("other processes took {:.0f}% of the CPU, samples spread {:.0f}%",
+                     100 * p.others_cpu_share, 100 * p.sample_spread);
+}
+
 std::string ExplainProfile(const MachineProfile& p) {
   const bool measured = p.source == kProfileSourceMeasured;
   // Where a measured profile's number came from, or the assumption of an analytic one.
@@ -79,6 +89,14 @@ std::string ExplainProfile(const MachineProfile& p) {
     out += fmt::format("  {:<28} {}\n  {:<28}   {}\n", input, value, "", source);
   };
   out += fmt::format("cost model inputs ({} profile, {}):\n", p.source, p.timestamp);
+  if (measured) {
+    line("machine load while measured", LoadDescription(p),
+         MeasuredUnderLoad(p)
+             ? fmt::format("busy (above {:.0f}% or {:.0f}%): the rates below are slow for a quiet "
+                           "machine; measured again when a run finds it quiet",
+                           100 * kBusyOthersCpuShare, 100 * kBusySampleSpread)
+             : std::string("quiet enough: /proc/stat less this process, and the timed samples"));
+  }
   std::string idle_values, idle_timings;
   const DecodeIdleCurve& idle = p.decode_idle;
   for (int i = 0; i < idle.num_points; ++i) {

@@ -61,6 +61,26 @@ class StageProgress {
   int64_t done_steps_ = 0;
 };
 
+// The relative spread of each timed measurement's samples, (slowest - fastest) / median, kept while
+// a log is open on this thread (Calibrate opens one for its run): how steady the machine was as
+// the measurements saw it. Logs nest; the innermost open one records.
+class SampleSpreadLog {
+ public:
+  SampleSpreadLog();
+  ~SampleSpreadLog();
+  SampleSpreadLog(const SampleSpreadLog&) = delete;
+  SampleSpreadLog& operator=(const SampleSpreadLog&) = delete;
+
+  // Adds the spread of `samples` (at least 3 of them: fewer say nothing) to the open log, if any.
+  static void Record(const std::vector<double>& samples);
+  // The median spread recorded; 0 with none.
+  double MedianSpread() const;
+
+ private:
+  std::vector<double> spreads_;
+  SampleSpreadLog* outer_;
+};
+
 // Runs fn once as a warm-up, then `repetitions` samples, each calling fn until at least
 // min_sample_seconds have passed, and returns the median seconds per call. Samples are bounded by
 // time rather than by a call count fixed up front: on a busy machine one call's time swings
@@ -84,6 +104,7 @@ double MedianSecondsPerCall(int repetitions, double min_sample_seconds, StagePro
     samples.push_back(elapsed / static_cast<double>(calls));
     progress.Step();
   }
+  SampleSpreadLog::Record(samples);
   return Median(std::move(samples));
 }
 

@@ -67,7 +67,9 @@ Json ToJson(const MachineProfile& p) {
                   {"isa", p.isa},
                   {"threads", p.threads},
                   {"cache_bytes", p.cache_bytes},
-                  {"load_average", p.load_average}};
+                  {"load_average", p.load_average},
+                  {"others_cpu_share", p.others_cpu_share},
+                  {"sample_spread", p.sample_spread}};
   const CalibrationModel& m = p.model;
   j["model"] = {
       {"name", m.name},
@@ -297,6 +299,11 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   KVL_RETURN_IF_ERROR(machine.Int("threads", 1, &p.threads));
   KVL_RETURN_IF_ERROR(machine.Int("cache_bytes", 0, &p.cache_bytes));
   KVL_RETURN_IF_ERROR(machine.NonNegative("load_average", &p.load_average));
+  // Recorded since version 5 was first written: absent means not recorded (0).
+  if (machine.Has("others_cpu_share"))
+    KVL_RETURN_IF_ERROR(machine.NonNegative("others_cpu_share", &p.others_cpu_share));
+  if (machine.Has("sample_spread"))
+    KVL_RETURN_IF_ERROR(machine.NonNegative("sample_spread", &p.sample_spread));
 
   KVL_ASSIGN_OR_RETURN(FieldReader model, top.Object("model"));
   CalibrationModel& m = p.model;

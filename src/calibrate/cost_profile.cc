@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "calibration_internal.h"
+#include "kvl/machine_load.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/thread_pool.h"
@@ -199,8 +200,16 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
   const std::string path =
       options.path.empty() ? DefaultProfilePath(ProfileKey(model, ctx)) : options.path;
   FILE* out = options.messages;
+  // Whether the machine is quiet now, for a profile measured while it was not.
+  auto quiet_now = [&]() {
+    const std::optional<double> share = options.current_others_cpu_share
+                                            ? options.current_others_cpu_share()
+                                            : MeasureOthersCpuShare(0.25);
+    return share.has_value() && *share <= kBusyOthersCpuShare;
+  };
 
   StatusOr<MachineProfile> loaded = LoadProfile(path);
+  bool remeasure_busy = false;
   if (loaded.ok()) {
     Status usable = CheckProfileModel(*loaded, model, path);
     const std::string other_machine = ProfileMachineMismatch(*loaded, ctx);
@@ -213,24 +222,38 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
         usable = InvalidArgumentError(fmt::format("profile '{}': {}", path, other_machine));
       }
     }
-    if (usable.ok()) {
+    // A profile measured on a busy machine prices everything slow; once the machine is quiet it
+    // is measured again (a user's file is left as given, with a word).
+    remeasure_busy = usable.ok() && MeasuredUnderLoad(*loaded) && !users_path &&
+                     options.calibrate && quiet_now();
+    if (usable.ok() && !remeasure_busy) {
       Say(out, "cost profile {} ({}, {}){}", path, loaded->source, loaded->timestamp,
           DefaultsNote(*loaded));
+      if (MeasuredUnderLoad(*loaded)) {
+        Say(out, "note: this profile was measured on a busy machine ({}): its prices are slow "
+            "for a quiet one; `kvl calibrate -m MODEL{}` measures it again",
+            LoadDescription(*loaded), users_path ? " -o " + path : std::string());
+      }
       SayExplanation(out, *loaded, options.explain);
       return loaded;
     }
-    loaded = usable;
+    if (!remeasure_busy) loaded = usable;
   }
   const Status& problem = loaded.status();
-  const bool missing = problem.code() == StatusCode::kNotFound;
-  if (!missing && users_path) {
+  const bool missing = !remeasure_busy && problem.code() == StatusCode::kNotFound;
+  if (!remeasure_busy && !missing && users_path) {
     return Status(problem.code(),
                   fmt::format("{}; the file is left as it is: fix or remove it, or measure this "
                               "machine into it with `kvl calibrate -m MODEL -o {}`",
                               problem.message(), path));
   }
-  const std::string why = missing ? fmt::format("no cost profile at {}", path)
-                                  : fmt::format("unusable cost profile: {}", problem.message());
+  const std::string why =
+      remeasure_busy
+          ? fmt::format("cost profile {} was measured on a busy machine ({}) and the machine is "
+                        "quiet now",
+                        path, LoadDescription(*loaded))
+      : missing ? fmt::format("no cost profile at {}", path)
+                : fmt::format("unusable cost profile: {}", problem.message());
 
   if (!options.calibrate) {
     Say(out, "{}: using analytic defaults from the model's shape, not measured{} (run `kvl "
@@ -243,19 +266,35 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
 
   // A user's path must take the result: find out before spending the time.
   if (users_path) KVL_RETURN_IF_ERROR(CheckProfileWritable(path));
-  Say(out, "{}: measuring this machine{} ({}calibration, about {} s)...", why,
-      missing ? "" : " to replace it", options.calibration.quick ? "quick " : "",
-      EstimateCalibrationSeconds(model, ctx, options.calibration));
-  auto stage_start = std::chrono::steady_clock::now();
-  const CalibrationProgress progress = [&](std::string_view stage, double fraction) {
-    const auto now = std::chrono::steady_clock::now();
-    if (fraction == 0.0) stage_start = now;
-    if (fraction < 1.0) return;
-    Say(out, "  {:<10} done in {:.1f} s", stage,
-        std::chrono::duration<double>(now - stage_start).count());
+  auto measure = [&](const std::string& reason,
+                     std::string_view action) -> StatusOr<MachineProfile> {
+    Say(out, "{}: measuring this machine{} ({}calibration, about {} s)...", reason, action,
+        options.calibration.quick ? "quick " : "",
+        EstimateCalibrationSeconds(model, ctx, options.calibration));
+    auto stage_start = std::chrono::steady_clock::now();
+    const CalibrationProgress progress = [&](std::string_view stage, double fraction) {
+      const auto now = std::chrono::steady_clock::now();
+      if (fraction == 0.0) stage_start = now;
+      if (fraction < 1.0) return;
+      Say(out, "  {:<10} done in {:.1f} s", stage,
+          std::chrono::duration<double>(now - stage_start).count());
+    };
+    return Calibrate(model, ctx, options.calibration, progress);
   };
   KVL_ASSIGN_OR_RETURN(MachineProfile profile,
-                       Calibrate(model, ctx, options.calibration, progress));
+                       measure(why, missing ? "" : remeasure_busy ? " again" : " to replace it"));
+  // Busy while measuring but quiet now: the load was passing, so once more.
+  if (MeasuredUnderLoad(profile) && quiet_now()) {
+    KVL_ASSIGN_OR_RETURN(
+        profile, measure(fmt::format("the machine was busy while measuring ({}) and is quiet now",
+                                     LoadDescription(profile)),
+                         " again"));
+  }
+  if (MeasuredUnderLoad(profile)) {
+    Say(out, "note: measured on a busy machine ({}): the prices are slow for a quiet one; the "
+        "profile is measured again when a run finds the machine quiet",
+        LoadDescription(profile));
+  }
 
   const Status saved = SaveProfile(profile, path);
   if (saved.ok()) {

@@ -9,7 +9,8 @@
 //   d-evict     the same budget, cold pages evicted, no tier
 //   d-compress  the same budget, cold pages compressed to int8, no tier
 // Per turn: wall time, TTFT, decode speed, prompt / cached / prefilled / promoted tokens, the
-// pool's peak bytes, each tier's hits and traffic, pages per KV action, and the reply against
+// pool's peak bytes, the process's anonymous resident memory grown since turn 1 began (the RAM a
+// RAM tier holds is the same DRAM; the mapped weights are not counted), each tier's hits and traffic, pages per KV action, and the reply against
 // b's (token-exact for the lossless configs, leading agreement for the lossy ones). Prints a table
 // per config and a summary, writes JSON (--json), and draws time and resident KV per turn
 // (--plot, through scripts/plot_turns.py).
@@ -32,6 +33,7 @@
 #include "cli.h"
 #include "kvl/engine.h"
 #include "kvl/model.h"
+#include "kvl/process_memory.h"
 #include "kvl/tokenizer.h"
 
 namespace kvl::cli {
@@ -123,6 +125,10 @@ struct TierTurn {
   double promote_ms = 0;
 };
 
+// Steps between two readings of the process's memory: a reading (/proc/self/status) costs tens of
+// microseconds, a step of a tiny model not many more.
+constexpr int64_t kRssSampleSteps = 16;
+
 struct TurnRecord {
   int32_t turn = 0;  // from 1
   int64_t prompt_tokens = 0;
@@ -135,6 +141,11 @@ struct TurnRecord {
   int64_t pool_bytes_peak = 0;   // the most pool bytes in use between steps of this turn
   int64_t resident_bytes = 0;    // that plus the pager's buffers outside the pool
   int64_t resident_peak_so_far = 0;  // EngineMetrics::kv_resident_bytes_peak after the turn
+  // The process itself (kvl/process_memory.h): its anonymous resident memory (heap, pool, RAM
+  // tiers; not the mapped weights) at its most over the turn, sampled every kRssSampleSteps
+  // steps and at the end, and the weights' file pages resident at the end.
+  int64_t rss_anon_peak_bytes = 0;
+  int64_t rss_file_bytes = 0;
   int64_t layers_streamed = 0;   // layer pages attention read from tiers
   double stream_wait_ms = 0;
   int64_t preemptions = 0;
@@ -153,6 +164,9 @@ struct ConfigRun {
   int64_t pool_bytes = 0;     // the pool's size
   int64_t staging_bytes = 0;  // the pager's buffers outside the pool
   int64_t resident_peak = 0;  // EngineMetrics::kv_resident_bytes_peak at the end
+  // The process's anonymous resident memory once the engine is made and warm, before turn 1:
+  // what a turn's figure grows from.
+  int64_t rss_anon_start_bytes = 0;
   std::vector<TurnRecord> turns;
   std::string error;          // why the run stopped early
 };
@@ -268,9 +282,17 @@ Status RunTurn(Engine& engine, const std::vector<int32_t>& history, int32_t repl
     }
   };
   KVL_RETURN_IF_ERROR(engine.Submit(std::move(r), on_event).status());
-  while (engine.Step()) {
+  auto sample_rss = [&] {
+    if (const std::optional<ProcessMemory> m = ReadProcessMemory()) {
+      rec->rss_anon_peak_bytes = std::max(rec->rss_anon_peak_bytes, m->rss_anon_bytes);
+      rec->rss_file_bytes = m->rss_file_bytes;
+    }
+  };
+  for (int64_t step = 0; engine.Step(); ++step) {
     rec->pool_bytes_peak = std::max(rec->pool_bytes_peak, engine.kv_manager().stats().kv_bytes_used);
+    if (step % kRssSampleSteps == 0) sample_rss();
   }
+  sample_rss();
   KVL_RETURN_IF_ERROR(error);
   auto ms = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
@@ -325,20 +347,21 @@ void PrintConfigHeader(const ConfigRun& run) {
   fmt::print("budget {}, pool {}, buffers outside the pool {}\n\n",
              run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "default (whole conversation)",
              FormatBytes(run.pool_bytes), FormatBytes(run.staging_bytes));
-  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8} | {:>8} | {:>7} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
+  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8} | {:>8} | {:>7} | {:>11} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
              "turn", "prompt", "cached", "prefill", "promoted", "wall ms", "TTFT ms", "tok/s",
-             "resident", "tiers: hits, +in -out", "pages per action", "reply");
-  fmt::print("| {:->4} | {:->6} | {:->6} | {:->7} | {:->8} | {:->8} | {:->8} | {:->7} | {:->11} | {:-<32} | {:-<22} | {:->5} |\n",
-             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+             "resident", "RSS anon +", "tiers: hits, +in -out", "pages per action", "reply");
+  fmt::print("| {:->4} | {:->6} | {:->6} | {:->7} | {:->8} | {:->8} | {:->8} | {:->7} | {:->11} | {:->11} | {:-<32} | {:-<22} | {:->5} |\n",
+             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   (void)FlushStdout();
 }
 
 // Each row as its turn ends, so that a long run shows how far it got.
 void PrintTurnRow(const ConfigRun& run, const TurnRecord& r) {
-  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
+  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>11} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
              r.turn, r.prompt_tokens, r.cached_tokens, r.prefilled_tokens, r.promoted_tokens,
-             r.wall_ms, r.ttft_ms, r.decode_tok_s, FormatBytes(r.resident_bytes), TiersText(r),
-             ActionsText(r), ReplyText(run, r));
+             r.wall_ms, r.ttft_ms, r.decode_tok_s, FormatBytes(r.resident_bytes),
+             FormatBytes(std::max<int64_t>(0, r.rss_anon_peak_bytes - run.rss_anon_start_bytes)),
+             TiersText(r), ActionsText(r), ReplyText(run, r));
   (void)FlushStdout();
 }
 
@@ -365,6 +388,7 @@ StatusOr<ConfigRun> RunConfig(const TurnsConfig& config, const EngineOptions& op
   }
   EngineMetrics before = engine->Metrics();
   run.staging_bytes = before.kv_stream_staging_bytes;
+  if (const std::optional<ProcessMemory> m = ReadProcessMemory()) run.rss_anon_start_bytes = m->rss_anon_bytes;
   PrintConfigHeader(run);
   std::vector<int32_t> history;
   for (size_t t = 0; t < conv.user.size(); ++t) {
@@ -513,6 +537,7 @@ nlohmann::json TurnJson(const TurnRecord& r) {
           {"ttft_ms", r.ttft_ms}, {"decode_tok_s", r.decode_tok_s},
           {"pool_bytes_peak", r.pool_bytes_peak}, {"resident_bytes", r.resident_bytes},
           {"resident_peak_so_far", r.resident_peak_so_far},
+          {"rss_anon_peak_bytes", r.rss_anon_peak_bytes}, {"rss_file_bytes", r.rss_file_bytes},
           {"layers_streamed", r.layers_streamed}, {"stream_wait_ms", r.stream_wait_ms},
           {"preemptions", r.preemptions}, {"actions", actions}, {"tiers", tiers},
           {"finish_reason", r.finish_reason}, {"identical", r.identical},
@@ -534,6 +559,7 @@ nlohmann::json RunJson(const ConfigRun& run, const ConfigRun& b) {
           {"pool_bytes", run.pool_bytes},
           {"staging_bytes", run.staging_bytes},
           {"resident_peak", run.resident_peak},
+          {"rss_anon_start_bytes", run.rss_anon_start_bytes},
           {"error", run.error},
           {"summary",
            {{"turn1_ms", s.first_ms}, {"turn2_ms", s.second_ms}, {"last_ms", s.last_ms},

@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "cli.h"
 #include "kvl/calibration.h"
 #include "kvl/kv_quality.h"
+#include "kvl/machine_load.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/thread_pool.h"
@@ -57,8 +59,8 @@ class ProgressDisplay {
 
 void PrintTable(const MachineProfile& p, const std::string& profile_path) {
   const CalibrationModel& m = p.model;
-  fmt::print("machine       {} threads, {} kernels ({}), load average {:.2f}\n", p.threads, p.isa,
-             p.cpu_features, p.load_average);
+  fmt::print("machine       {} threads, {} kernels ({}), load average {:.2f}; {}\n", p.threads,
+             p.isa, p.cpu_features, p.load_average, LoadDescription(p));
   fmt::print("model         {}: dim {}, {} layers, {} heads / {} kv heads x {}, ffn {}, {}\n",
              m.name, m.dim, m.layers, m.heads, m.kv_heads, m.head_dim, m.ffn_dim, m.weight_type);
   fmt::print("KV f32        {} per token per layer; residual checkpoint {}\n",
@@ -194,20 +196,33 @@ int CalibrateCommand(const CalibrateArgs& args) {
 
   fmt::print(stderr, "kvl calibrate: {}{}\n", args.model_path, args.quick ? " (quick)" : "");
   ProgressDisplay display;
-  StatusOr<MachineProfile> profile =
-      Calibrate(**model, ctx, options,
-                [&](std::string_view stage, double fraction) { display.Update(stage, fraction); });
+  auto measure = [&] {
+    return Calibrate(**model, ctx, options, [&](std::string_view stage, double fraction) {
+      display.Update(stage, fraction);
+    });
+  };
+  StatusOr<MachineProfile> profile = measure();
+  // Busy while measuring but quiet now: the load was passing, so once more.
+  if (profile.ok() && MeasuredUnderLoad(*profile)) {
+    const std::optional<double> others_now = MeasureOthersCpuShare(0.25);
+    if (others_now && *others_now <= kBusyOthersCpuShare) {
+      fmt::print(stderr, "\nkvl calibrate: the machine was busy ({}) and is quiet now: measuring "
+                 "again\n", LoadDescription(*profile));
+      profile = measure();
+    }
+  }
   if (!profile.ok()) {
     fmt::print(stderr, "\nkvl: {}\n", profile.status().ToString());
     return 1;
   }
   const Status saved = SaveProfile(*profile, path);
   fmt::print(stderr, "\n");
-  if (profile->load_average > 0.5) {
+  if (MeasuredUnderLoad(*profile)) {
     fmt::print(stderr,
-               "kvl calibrate: warning: load average was {:.2f}: other processes were using the "
-               "cores, so the rates are low; calibrate again on a quiet machine\n\n",
-               profile->load_average);
+               "kvl calibrate: warning: measured on a busy machine ({}; load average {:.2f}): "
+               "the rates are low; calibrate again on a quiet machine (a run that finds the "
+               "machine quiet measures a default-path profile again by itself)\n\n",
+               LoadDescription(*profile), profile->load_average);
   }
   PrintTable(*profile, path);
   if (args.explain) fmt::print("\n{}", ExplainProfile(*profile));

@@ -7,22 +7,15 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <thread>
 
 #include "engine_impl.h"
-#include "kvl/checkpoint_depth.h"
 #include "kvl/cost_profile.h"
 #include "kvl/kv_quality.h"
 
 namespace kvl {
 namespace {
 
-// The default KV budget when none is given: every sequence's context, up to this.
-constexpr int64_t kDefaultKvBudgetBytes = 1ll << 30;
-// `auto` keeps residual checkpoints in the pool's blocks only where the pool still holds this
-// many blocks with them.
-constexpr int64_t kMinBlocksWithCheckpoints = 16;
 // Tokens a sequence's vectors are reserved for up front (tables, token ids).
 constexpr int64_t kReservedSequenceTokens = 1 << 16;
 
@@ -57,29 +50,6 @@ uint64_t ModelIdentity(const Model& model) {
   return h;
 }
 
-// --kv-policy, --kv-quality and --kv-tier, parsed once before the pool's layout is decided.
-struct KvSettings {
-  KvPolicyChoice policy;
-  KvQuality quality = KvQuality::kLossless;
-  std::vector<TierSpec> tiers;
-
-  bool has_tier(std::string_view kind) const {
-    return std::any_of(tiers.begin(), tiers.end(),
-                       [kind](const TierSpec& t) { return t.kind == kind; });
-  }
-};
-
-StatusOr<KvSettings> ParseKvSettings(const EngineOptions& options) {
-  KvSettings s;
-  KVL_ASSIGN_OR_RETURN(s.policy, ParseKvPolicy(options.kv_policy));
-  KVL_ASSIGN_OR_RETURN(s.quality, ParseKvQuality(options.kv_quality));
-  for (const std::string& text : options.kv_tiers) {
-    KVL_ASSIGN_OR_RETURN(TierSpec spec, ParseTierSpec(text));
-    s.tiers.push_back(std::move(spec));
-  }
-  return s;
-}
-
 Status LoadModel(Engine::Impl& e) {
   const EngineOptions& options = e.options;
   KVL_ASSIGN_OR_RETURN(ops::Isa isa, ChooseIsa(options.isa));
@@ -103,341 +73,101 @@ Status LoadModel(Engine::Impl& e) {
   return Status::Ok();
 }
 
-// How the budget splits between the pool and the pager's buffers outside it.
-struct KvPoolSizing {
-  int64_t budget_bytes = 0;   // all of it
-  int64_t staged_pages = 0;   // pages that can be streamed or rebuilt at once
-  int64_t staging_bytes = 0;  // the pager's buffers: out of the budget
-  bool compresses = false;    // pages may be compressed: the codec's scratch is reserved
-};
+// The machine's prices for the KV layer (kvl/cost_profile.h): the calibration profile of this
+// model on this machine; without one, a quick calibration on the engine's own model and pool,
+// announced on stderr and saved where it says; with --no-calibrate, analytic defaults.
+class EnginePriceSource final : public KvPriceSource {
+ public:
+  explicit EnginePriceSource(const Engine::Impl& e) : e_(e) {}
 
-// The budget covers what the pager holds outside the pool too: its fixed buffers whenever pages
-// can leave the pool, and the staging of pages streamed from tiers (or rebuilt from checkpoints)
-// every step, a fraction of the budget, where running pages can go to a tier.
-KvPoolSizing SizeKvPool(const Engine::Impl& e, const KvSettings& kv, const KvBlockLayout& layout) {
-  const EngineOptions& options = e.options;
-  KvPoolSizing z;
-  z.budget_bytes = options.kv_budget_bytes;
-  if (z.budget_bytes == 0) {
-    const int64_t per_context =
-        layout.block_bytes() *
-        ((e.context_length + options.block_tokens - 1) / options.block_tokens);
-    // Room for every sequence's whole context, within kDefaultKvBudgetBytes: a longer context
-    // pages (or is refused with the budget named), it never reserves memory for what it may use.
-    z.budget_bytes = std::min<int64_t>(per_context * options.max_seqs, kDefaultKvBudgetBytes);
-  }
-  const KvStagingCost staging = KvPager::StagingCost(layout);
-  z.compresses =
-      kv.quality != KvQuality::kLossless || (!kv.policy.automatic && !IsLossless(kv.policy.fixed));
-  const bool streams = kv.policy.automatic ? kv.has_tier("ram") || kv.has_tier("disk")
-                                           : kv.policy.fixed == KvAction::kDemoteRam ||
-                                                 kv.policy.fixed == KvAction::kDemoteDisk ||
-                                                 kv.policy.fixed == KvAction::kRecomputeResidual;
-  const int64_t fixed_bytes = (z.compresses ? staging.fixed : 0) + staging.restore;
-  if (streams) {
-    double fraction = options.kv_stream_reserve;
-    if (fraction == 0) {
-      // Auto. Without a RAM tier every page a running sequence keeps outside the pool is staged
-      // at every step (a disk tier with O_DIRECT, checkpoints), so one full-context sequence
-      // needs about one staged page per page of its context: a fixed quarter of a small budget
-      // stopped such a sequence long before the pool and the disk were full.
-      const int64_t context_pages =
-          (e.context_length + layout.block_tokens - 1) / layout.block_tokens;
-      const double wanted = static_cast<double>(context_pages * staging.per_page + fixed_bytes) /
-                            static_cast<double>(z.budget_bytes);
-      fraction = kv.has_tier("ram")
-                     ? kDefaultStreamReserve
-                     : std::clamp(wanted, kDefaultStreamReserve, kMaxAutoStreamReserve);
+  Status PagePrices(const Query& query, PageCostProfile* prices) override {
+    PagePriceOptions price_options;
+    price_options.block_tokens = query.block_tokens;
+    price_options.layers = e_.model->config().num_layers;
+    price_options.disk_direct = query.disk_direct;
+    price_options.ram_compressed = query.ram_compressed;
+    // A resumed sequence recomputes its dropped pages in forward calls of the engine's batch
+    // size.
+    price_options.recompute_batch_tokens =
+        std::min<int64_t>(e_.options.batch_size, e_.context_length);
+    price_options.working_set_bytes = e_.model->weight_bytes() + query.pool_bytes;
+    if (e_.options.cost_profile) {
+      FillPagePrices(*e_.options.cost_profile, price_options, prices);
+      return Status::Ok();
     }
-    const double reserve = static_cast<double>(z.budget_bytes) * fraction;
-    z.staged_pages = std::max<int64_t>(
-        1, static_cast<int64_t>(reserve - static_cast<double>(fixed_bytes)) / staging.per_page);
-  }
-  z.staging_bytes = fixed_bytes + z.staged_pages * staging.per_page;
-  return z;
-}
-
-// The per-page prices of the measured machine (kvl/cost_profile.h): the calibration profile of
-// this model on this machine; without one, a quick calibration on the engine's own model and
-// pool, announced on stderr and saved where it says; with --no-calibrate, analytic defaults.
-Status LoadCostProfile(Engine::Impl& e, const KvSettings& kv, const std::string& disk_dir,
-                       PageCostProfile* prices) {
-  PagePriceOptions price_options;
-  price_options.block_tokens =
-      e.options.block_tokens;  // before the pool exists (--kv-checkpoint-every)
-  price_options.layers = e.model->config().num_layers;
-  for (const TierSpec& spec : kv.tiers) {
-    if (spec.kind == "disk") price_options.disk_direct = spec.direct_io;
-    if (spec.kind == "ram") price_options.ram_compressed = spec.compress;
-  }
-  // A resumed sequence recomputes its dropped pages in forward calls of the engine's batch size.
-  price_options.recompute_batch_tokens = std::min<int64_t>(e.options.batch_size, e.context_length);
-  // Between a page's leaving and its return the steps stream the weights and read the pool:
-  // where those fit in the last-level cache, a tier page is still there when it is read back.
-  // (The checkpoint spacing is chosen before the pool exists: its budget stands for it.)
-  const int64_t pool_bytes = e.storage ? e.storage->num_blocks() * e.storage->layout().block_bytes()
-                                       : e.options.kv_budget_bytes;
-  price_options.working_set_bytes = e.model->weight_bytes() + pool_bytes;
-  if (e.options.cost_profile) {
-    FillPagePrices(*e.options.cost_profile, price_options, prices);
+    ProfileOptions profile_options;
+    profile_options.path = e_.options.profile_path;
+    profile_options.calibrate = e_.options.calibrate;
+    profile_options.calibration.disk_dir = query.disk_dir;
+    // The page KLDs are measured on the built-in text in this model's tokens.
+    profile_options.calibration.quality_tokens =
+        e_.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
+    profile_options.explain = e_.options.explain;
+    KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
+                         ObtainProfile(*e_.model, *e_.ops, profile_options));
+    FillPagePrices(profile, price_options, prices);
     return Status::Ok();
   }
-  ProfileOptions profile_options;
-  profile_options.path = e.options.profile_path;
-  profile_options.calibrate = e.options.calibrate;
-  profile_options.calibration.disk_dir = disk_dir;  // empty (the temp dir) without a disk tier
-  // The page KLDs are measured on the built-in text in this model's tokens.
-  profile_options.calibration.quality_tokens =
-      e.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
-  profile_options.explain = e.options.explain;
-  KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
-                       ObtainProfile(*e.model, *e.ops, profile_options));
-  FillPagePrices(profile, price_options, prices);
-  return Status::Ok();
-}
 
-// The prices of checkpoints every s layers for one page of this model (kvl/checkpoint_depth.h).
-CheckpointDepthPrices CheckpointPrices(const KvBlockLayout& layout, int64_t dim,
-                                       const PageCostProfile& prices) {
-  CheckpointDepthPrices p;
-  p.num_layers = layout.num_layers;
-  p.page_residual_bytes = static_cast<int64_t>(layout.block_tokens) * layout.num_layers * dim *
-                          static_cast<int64_t>(sizeof(float));
-  p.rebuild_kv_ms = prices.recompute_residual_ms;
-  p.recompute_tokens_ms = prices.recompute_tokens_ms;
-  return p;
-}
-
-// --kv-checkpoint-every: the stride given, or (auto) the one the cost model prices cheapest. A
-// page kept as checkpoints is rebuilt at every step that reads it, so `auto` prices one rebuild
-// against the memory the checkpoints hold, at what a MiB of the pool saves per step when it holds
-// a page (K/V and checkpoints) instead of that page being rebuilt from checkpoints.
-StatusOr<int64_t> ChooseCheckpointEvery(Engine::Impl& e, const KvSettings& kv,
-                                        const KvBlockLayout& layout) {
-  const int64_t given = e.options.kv_checkpoint_every;
-  if (given > layout.num_layers) {
-    return InvalidArgumentError(
-        fmt::format("--kv-checkpoint-every {}: the model has {} layers (use 1 to {}, or auto)",
-                    given, layout.num_layers, layout.num_layers));
+  // Measured through a tier of its own (its own key scope, erased after), as calibration
+  // measures RAM and disk.
+  StatusOr<double> MeasureRemoteReadMs(const TierSpec& spec, int64_t layer_page_bytes,
+                                       int64_t layers) override {
+    const auto started = std::chrono::steady_clock::now();
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> scratch,
+                         MakeTier(spec, /*page_bytes=*/0, fmt::format("kvl measure {}", ::getpid())));
+    KVL_ASSIGN_OR_RETURN(const TierCurves curves,
+                         MeasureTierCurves(*scratch, layer_page_bytes, layers,
+                                           QuickCalibrateOptions()));
+    const double ms = curves.read.Ms(layers, layer_page_bytes);
+    fmt::print(stderr,
+               "kvl: redis tier measured in {:.2f} s: a page ({} x {} bytes) read in {:.3f} ms "
+               "({:.3f} ms + {:.2f} GB/s)\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+               layers, layer_page_bytes, ms,
+               curves.read.call_ms + curves.read.page_ms * static_cast<double>(layers),
+               curves.read.EffectiveGbps(layers * layer_page_bytes));
+    return ms;
   }
-  if (layout.residual_dim == 0) return 1;  // no checkpoints are kept: nothing to space out
-  if (given > 0) return given;
-  PageCostProfile prices;
-  KVL_RETURN_IF_ERROR(LoadCostProfile(e, kv, /*disk_dir=*/"", &prices));
-  CheckpointDepthPrices p = CheckpointPrices(layout, e.model->config().dim, prices);
-  const double page_mib =
-      static_cast<double>(layout.kv_bytes() + p.page_residual_bytes) / static_cast<double>(1 << 20);
-  p.memory_price_ms_per_mib = p.rebuild_kv_ms / page_mib;
-  p.rebuilds = 1;
-  KVL_ASSIGN_OR_RETURN(const CheckpointDepthChoice choice, ChooseCheckpointDepth(p));
-  if (e.options.explain)
-    fmt::print(stderr, "kvl: --kv-checkpoint-every auto:\n{}", choice.Explain());
-  return choice.every;
-}
 
-// The paged pool sized from the budget, its storage, the pager and the forward pass's view.
-Status CreateKvPool(Engine::Impl& e, const KvSettings& kv) {
+ private:
+  const Engine::Impl& e_;
+};
+
+// The KV layer, from the engine's options and the model's shape.
+Status CreateKvMemory(Engine::Impl& e) {
   const EngineOptions& options = e.options;
   const ModelConfig& c = e.model->config();
-  KvManagerOptions kvo;
-  kvo.layout.block_tokens = options.block_tokens;
-  kvo.layout.num_layers = c.num_layers;
-  kvo.layout.kv_dim = c.kv_dim();
-  KVL_ASSIGN_OR_RETURN(kvo.layout.k_type, ParseKvCacheType(options.cache_type_k));
-  KVL_ASSIGN_OR_RETURN(kvo.layout.v_type, ParseKvCacheType(options.cache_type_v));
-  if (KeepsResidualCheckpoints(kv.policy, kv.has_tier("ram"), c.dim, c.kv_dim())) {
-    kvo.layout.residual_dim = c.dim;
-  }
-  KVL_ASSIGN_OR_RETURN(kvo.layout.checkpoint_every, ChooseCheckpointEvery(e, kv, kvo.layout));
-  KvPoolSizing z = SizeKvPool(e, kv, kvo.layout);
-  if (kv.policy.automatic && kvo.layout.residual_dim > 0 &&
-      (z.budget_bytes - z.staging_bytes) / kvo.layout.block_bytes() < kMinBlocksWithCheckpoints) {
-    // Checkpoints are an option `auto` may take, never a reason for a budget to stop working:
-    // where they would leave the pool too few blocks, the pool keeps K/V only.
-    kvo.layout.residual_dim = 0;
-    kvo.layout.checkpoint_every = 1;
-    z = SizeKvPool(e, kv, kvo.layout);
-  }
-  if (z.budget_bytes - z.staging_bytes < kvo.layout.block_bytes()) {
-    return ResourceExhaustedError(fmt::format(
-        "--kv-budget {} bytes holds no KV block of {} bytes once {} bytes are set aside for the "
-        "pages that leave the pool ({} staged pages; --kv-stream-reserve {})",
-        z.budget_bytes, kvo.layout.block_bytes(), z.staging_bytes, z.staged_pages,
-        options.kv_stream_reserve == 0 ? std::string("auto")
-                                       : fmt::format("{}", options.kv_stream_reserve)));
-  }
-  kvo.budget_bytes = z.budget_bytes - z.staging_bytes;
-  kvo.model_identity = ModelIdentity(*e.model);
-  kvo.enable_prefix_cache = options.prefix_cache;
-  kvo.max_seqs = options.max_seqs;
+  KvMemoryOptions o;
+  o.block_tokens = options.block_tokens;
+  o.num_layers = c.num_layers;
+  o.kv_dim = c.kv_dim();
+  o.dim = c.dim;
+  KVL_ASSIGN_OR_RETURN(o.k_type, ParseKvCacheType(options.cache_type_k));
+  KVL_ASSIGN_OR_RETURN(o.v_type, ParseKvCacheType(options.cache_type_v));
+  o.model_identity = ModelIdentity(*e.model);
+  o.context_length = e.context_length;
+  o.max_seqs = options.max_seqs;
   // Tables reserved at admission, so steps never grow them (up to a bound: a longer sequence
   // grows its tables by doubling, not one reservation for a huge -c).
-  kvo.max_seq_tokens = std::min<int64_t>(e.context_length, kReservedSequenceTokens);
-  KVL_ASSIGN_OR_RETURN(e.kv, KvManager::Create(kvo));
-  KVL_ASSIGN_OR_RETURN(e.storage, KvBlockStorage::Create(kvo.layout, e.kv->num_blocks()));
-  e.pager = std::make_unique<KvPager>(*e.kv, *e.storage, options.max_seqs, e.context_length);
-  e.pager->ReserveStaging(z.staged_pages, z.compresses);
-  e.cache = std::make_unique<PagedKvCache>(*e.kv, *e.storage, e.pager.get());
-  return Status::Ok();
-}
-
-// What a persistent tier's pages belong to: pages written for another model, layout or cache
-// type read as a miss in the next run, never as K/V of this one.
-std::string TierIdentity(const Engine::Impl& e) {
-  const KvBlockLayout& l = e.storage->layout();
-  return fmt::format("model {:016x} block_tokens {} layers {} kv_dim {} residual_dim {} k {} v {}",
-                     ModelIdentity(*e.model), l.block_tokens, l.num_layers, l.kv_dim,
-                     l.residual_dim, DTypeName(l.k_type), DTypeName(l.v_type));
-}
-
-// The price of promoting one page from the Redis tier: the server is measured now, through a
-// tier of its own (its own key scope, erased after), as calibration measures RAM and disk; a
-// profile cannot hold it (the server may be another machine, and another one next run). Where
-// the measurement fails, the tier is priced like the slowest local one and the engine says so.
-double MeasureRemotePromoteMs(const TierSpec& spec, const KvBlockLayout& layout,
-                              int64_t layer_page_bytes, double fallback_ms) {
-  const auto started = std::chrono::steady_clock::now();
-  StatusOr<std::unique_ptr<KvTier>> scratch =
-      MakeTier(spec, /*page_bytes=*/0, fmt::format("kvl measure {}", ::getpid()));
-  StatusOr<TierCurves> curves = scratch.ok()
-                                    ? MeasureTierCurves(**scratch, layer_page_bytes,
-                                                        layout.num_layers, QuickCalibrateOptions())
-                                    : StatusOr<TierCurves>(scratch.status());
-  if (!curves.ok()) {
-    fmt::print(stderr,
-               "kvl: the redis tier could not be measured ({}); priced at {:.3f} ms a page\n",
-               curves.status().ToString(), fallback_ms);
-    return fallback_ms;
+  o.max_seq_tokens = std::min<int64_t>(e.context_length, kReservedSequenceTokens);
+  o.budget_bytes = options.kv_budget_bytes;
+  o.stream_reserve = options.kv_stream_reserve;
+  o.checkpoint_every = options.kv_checkpoint_every;
+  o.prefix_cache = options.prefix_cache;
+  KVL_ASSIGN_OR_RETURN(o.policy, ParseKvPolicy(options.kv_policy));
+  KVL_ASSIGN_OR_RETURN(o.quality, ParseKvQuality(options.kv_quality));
+  for (const std::string& text : options.kv_tiers) {
+    KVL_ASSIGN_OR_RETURN(TierSpec spec, ParseTierSpec(text));
+    o.tiers.push_back(std::move(spec));
   }
-  const double ms = curves->read.Ms(layout.num_layers, layer_page_bytes);
-  fmt::print(stderr,
-             "kvl: redis tier measured in {:.2f} s: a page ({} x {} bytes) read in {:.3f} ms "
-             "({:.3f} ms + {:.2f} GB/s)\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
-             layout.num_layers, layer_page_bytes, ms,
-             curves->read.call_ms + curves->read.page_ms * static_cast<double>(layout.num_layers),
-             curves->read.EffectiveGbps(layout.num_layers * layer_page_bytes));
-  return ms;
-}
-
-// The KV store over every tier, fastest first, each with its price per page brought back. Off
-// without the prefix cache (there is no prefix identity to file pages under).
-void SetUpKvStore(Engine::Impl& e, const KvSettings& kv, const PageCostProfile& prices) {
-  const KvBlockLayout& layout = e.storage->layout();
-  if (!e.options.prefix_cache || !KvStore::Fits(layout, e.pager->layer_page_bytes())) return;
-  const double bytes = static_cast<double>(prices.kv_bytes);
-  auto ms = [&](double gbps, double latency_ms) {
-    return latency_ms + (gbps > 0 ? bytes / (gbps * 1e6) : 0.0);
-  };
-  std::vector<KvStoreTier> tiers;
-  if (e.ram_tier) {
-    tiers.push_back({e.ram_tier.get(), false, ms(prices.ram_gbps, prices.ram_latency_ms)});
-  }
-  if (e.disk_tier) {
-    bool persistent = true;
-    for (const TierSpec& spec : kv.tiers) {
-      if (spec.kind == "disk") persistent = spec.persistent;
-    }
-    tiers.push_back(
-        {e.disk_tier.get(), persistent, ms(prices.disk_read_gbps, prices.disk_latency_ms)});
-  }
-  if (e.redis_tier) {
-    for (const TierSpec& spec : kv.tiers) {
-      if (spec.kind != "redis") continue;
-      const double slowest_local = std::max(ms(prices.ram_gbps, prices.ram_latency_ms),
-                                            ms(prices.disk_read_gbps, prices.disk_latency_ms));
-      tiers.push_back(
-          {e.redis_tier.get(), true,
-           MeasureRemotePromoteMs(spec, layout, e.pager->layer_page_bytes(), slowest_local)});
-    }
-  }
-  if (tiers.empty()) return;
-  e.store = std::make_unique<KvStore>(layout, e.pager->layer_page_bytes(), std::move(tiers));
-  e.pager->set_store(e.store.get());
-}
-
-// The lattice: tiers, what may be done to a page and at what price, the planner that decides.
-Status SetUpKvLattice(Engine::Impl& e, const KvSettings& kv) {
-  std::string disk_dir;
-  for (const TierSpec& spec : kv.tiers) {
-    // Tier pages are one layer of K and V (KvPager), so a step streams exactly one layer.
-    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier,
-                         MakeTier(spec, e.pager->layer_page_bytes(), TierIdentity(e)));
-    if (const auto* disk = dynamic_cast<const DiskKvTier*>(tier.get())) {
-      fmt::print(stderr, "kvl: disk tier {}: {}\n", spec.path, disk->open_note());
-    }
-    (spec.kind == "disk"    ? e.disk_tier
-     : spec.kind == "redis" ? e.redis_tier
-                            : e.ram_tier) = std::move(tier);
-    if (spec.kind == "disk") disk_dir = std::filesystem::path(spec.path).parent_path().string();
-  }
-  e.pager->set_tiers({e.ram_tier.get(), e.disk_tier.get()});
-  e.pager->set_rebuilder(e.forward.get(), e.cache.get());
-
-  const KvBlockLayout& layout = e.storage->layout();
-  const CompressedSlabs& slabs = e.pager->slabs();
-  KvPagingSetup setup;
-  setup.policy = kv.policy;
-  setup.quality = kv.quality;
-  setup.has_ram_tier = e.ram_tier != nullptr;
-  setup.has_disk_tier = e.disk_tier != nullptr;
-  setup.has_checkpoints = layout.residual_dim > 0;
-  setup.int8_fits = slabs.slots_per_slab(KvCodecType::kInt8) >= layout.num_layers;
-  setup.int4_fits = slabs.slots_per_slab(KvCodecType::kInt4) >= layout.num_layers;
-  setup.block_tokens = layout.block_tokens;
-  setup.sink_tokens = e.options.kv_sink_tokens;
-  setup.recent_tokens = e.options.kv_recent_tokens;
-  setup.explain = e.options.explain;
-  PageCostProfile prices;
-  prices.kv_bytes = layout.kv_bytes();
-  // Checkpoints of every checkpoint_every-th layer (--kv-checkpoint-every).
-  prices.residual_bytes = static_cast<int64_t>(layout.block_tokens) *
-                          CheckpointLayersKept(layout.num_layers, layout.checkpoint_every) *
-                          e.model->config().dim * static_cast<int64_t>(sizeof(float));
-  prices.int8_page_bytes = slabs.slot_bytes(KvCodecType::kInt8) * layout.num_layers;
-  prices.int4_page_bytes = slabs.slot_bytes(KvCodecType::kInt4) * layout.num_layers;
-  // The rules are checked before anything is measured: a policy that cannot run fails at once.
-  KVL_ASSIGN_OR_RETURN(KvPagingRules rules, MakeKvPagingRules(setup, prices));
-  // Without a tier only recompute-from-tokens needs a price (to report its prediction); the other
-  // policies have nothing to choose among.
-  const bool needs_profile =
-      e.ram_tier || e.disk_tier || e.redis_tier ||
-      (!kv.policy.automatic && kv.policy.fixed == KvAction::kRecomputeTokens);
-  if (needs_profile) {
-    KVL_RETURN_IF_ERROR(LoadCostProfile(e, kv, disk_dir, &rules.prices));
-    // A page rebuilt from checkpoints every s layers also runs the layers between them.
-    rules.prices.recompute_residual_ms =
-        PriceCheckpointDepth(CheckpointPrices(layout, e.model->config().dim, rules.prices),
-                             layout.checkpoint_every)
-            .rebuild_ms;
-  }
-  e.pager->set_track_attention(rules.pages_running_sequences);
-  SetUpKvStore(e, kv, rules.prices);
-  e.planner = std::make_unique<KvPressurePlanner>(rules, *e.kv, *e.pager);
-  return Status::Ok();
-}
-
-// --kv-trace: the trace file, its header carrying the pool's size and the cost model's price of
-// bringing one page back per action (as a resumed sequence's prefill pays it), so that a replay
-// prices misses as the engine would.
-Status OpenKvTrace(Engine::Impl& e) {
-  if (e.options.kv_trace_path.empty()) return Status::Ok();
-  const KvPagingRules& rules = e.planner->rules();
-  KvTraceHeader header;
-  header.block_tokens = rules.block_tokens;
-  header.pool_blocks = e.kv->num_blocks();
-  header.sink_tokens = rules.sink_tokens;
-  header.recent_tokens = rules.recent_tokens;
-  KvPolicyOptions po;
-  po.quality = rules.quality;
-  po.phase = Phase::kPrefill;
-  const KvDecision d = ChooseKvAction(PageHistory{}, rules.prices, po);
-  for (int a = 0; a < kNumKvActions; ++a) {
-    const bool available = (rules.prices.available_actions >> a) & 1u;
-    header.price_ms[static_cast<size_t>(a)] =
-        available ? d.costs[static_cast<size_t>(a)].bring_back_ms : -1.0;
-  }
-  KVL_ASSIGN_OR_RETURN(e.trace, KvTraceWriter::Open(e.options.kv_trace_path, header));
+  o.sink_tokens = options.kv_sink_tokens;
+  o.recent_tokens = options.kv_recent_tokens;
+  o.feedback = options.kv_feedback;
+  o.explain = options.explain;
+  o.trace_path = options.kv_trace_path;
+  EnginePriceSource prices(e);
+  KVL_ASSIGN_OR_RETURN(e.memory, KvMemory::Create(o, &prices));
   return Status::Ok();
 }
 
@@ -448,9 +178,9 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 Engine::~Engine() {
   Stop();
   if (impl_->scheduler) impl_->scheduler->ReleaseParkedSessions();  // the step loop has stopped
-  if (impl_->trace) {
+  if (impl_->memory) {
     // The one place a failed trace write surfaces: the run itself went on without it.
-    const Status s = impl_->trace->Close();
+    const Status s = impl_->memory->CloseTrace();
     if (!s.ok()) fmt::print(stderr, "kvl: {}\n", s.message());
   }
 }
@@ -461,8 +191,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   Impl& e = *engine->impl_;
   e.options = options;
   KVL_RETURN_IF_ERROR(LoadModel(e));
-  KVL_ASSIGN_OR_RETURN(KvSettings kv, ParseKvSettings(options));
-  KVL_RETURN_IF_ERROR(CreateKvPool(e, kv));
+  KVL_RETURN_IF_ERROR(CreateKvMemory(e));
+  KvMemory& kv = *e.memory;
 
   ForwardOptions fo;
   fo.max_batch_tokens = std::min(options.batch_size, e.context_length);
@@ -489,9 +219,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
                                        : 0);
   fo.max_context = e.context_length;
   e.forward = std::make_unique<Forward>(*e.model, *e.ops, fo);
-  KVL_RETURN_IF_ERROR(SetUpKvLattice(e, kv));
-
-  KVL_RETURN_IF_ERROR(OpenKvTrace(e));
+  kv.set_rebuilder(e.forward.get());
 
   SchedulerOptions so;
   so.max_batch_tokens = fo.max_batch_tokens;
@@ -499,28 +227,13 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   so.keep_lossy_sessions = options.prefix_cache;
   so.context_length = e.context_length;
   so.promote_back = options.kv_promote_back;
-  e.scheduler = std::make_unique<Scheduler>(so, *e.kv, *e.pager, *e.planner, e.metrics);
-  if (e.store) e.scheduler->set_store(e.store.get(), e.planner->rules().prices);
-  e.scheduler->set_trace(e.trace.get());
-  if (options.kv_feedback) {
-    e.planner->set_feedback(&e.feedback);
-    e.scheduler->set_feedback(&e.feedback);
-  }
+  e.scheduler = std::make_unique<Scheduler>(so, kv, e.metrics);
   StepRunnerParts parts;
   parts.scheduler = e.scheduler.get();
-  parts.kv = e.kv.get();
-  parts.storage = e.storage.get();
-  parts.pager = e.pager.get();
-  parts.store = e.store.get();
-  parts.cache = e.cache.get();
+  parts.memory = &kv;
   parts.forward = e.forward.get();
   parts.tokenizer = e.tokenizer.get();
   parts.metrics = &e.metrics;
-  parts.trace = e.trace.get();
-  if (options.kv_feedback) {
-    parts.feedback = &e.feedback;
-  }
-  parts.prices = &e.planner->rules().prices;
   parts.context_length = e.context_length;
   parts.speculator = e.speculator.get();
   e.runner = std::make_unique<StepRunner>(parts);
@@ -533,11 +246,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
     e.step_plan.kv.seqs.resize(static_cast<size_t>(options.max_seqs));
     for (KvPlan::SeqPlan& sp : e.step_plan.kv.seqs) {
       sp.tokens.reserve(static_cast<size_t>(step_tokens));
-      sp.allocated.reserve(static_cast<size_t>(e.kv->BlocksFor(step_tokens) + 1));
+      sp.allocated.reserve(static_cast<size_t>(kv.manager().BlocksFor(step_tokens) + 1));
     }
   }
-  e.metrics.SetGauges(e.kv->stats(), e.pager->stats(), 0, 0);
-  const int64_t block_tokens = e.storage->layout().block_tokens;
+  e.metrics.SetGauges(kv.manager().stats(), kv.pager().stats(), 0, 0);
+  const int64_t block_tokens = kv.layout().block_tokens;
   e.metrics.ReservePageMaps(options.max_seqs, e.context_length / block_tokens + 1, block_tokens);
   return engine;
 }
@@ -558,7 +271,7 @@ bool Engine::Impl::StepImpl() {
     cancels.clear();
   }
   scheduler->ReleaseFinished();
-  if (trace) trace->Step();
+  if (memory->trace() != nullptr) memory->trace()->Step();
   if (speculator) speculator->Propose(scheduler->running());  // drafts for this step
   const bool has_work = scheduler->Schedule(&step_plan);
   if (has_work) {
@@ -568,14 +281,10 @@ bool Engine::Impl::StepImpl() {
     scheduler->PlanPromotions(&promotion_plan);
     runner->PromoteBack(promotion_plan);
   }
-  metrics.SetGauges(kv->stats(), pager->stats(), scheduler->num_running(),
+  metrics.SetGauges(memory->manager().stats(), memory->pager().stats(), scheduler->num_running(),
                     scheduler->num_waiting());
   metrics.SetPageMaps(scheduler->running());
-  if (store) {
-    std::lock_guard<std::mutex> lock(store_stats_mutex);
-    store_stats.resize(store->tiers().size());
-    for (size_t t = 0; t < store_stats.size(); ++t) store_stats[t] = store->stats(t);
-  }
+  memory->PublishStoreStats();
   return has_work || !scheduler->idle();
 }
 
@@ -585,14 +294,14 @@ bool Engine::Impl::StepImpl() {
 // lattice pages running sequences, the pool bounds nothing up front; a sequence that still
 // outgrows it ends with its text so far and finish reason "length" (Scheduler::FinishTooBig).
 Status Engine::Impl::CheckFitsBudget(int64_t prompt_tokens, int32_t max_new_tokens) const {
-  if (planner->rules().pages_running_sequences) return Status::Ok();
-  const int64_t block_tokens = kv->options().layout.block_tokens;
-  const int64_t capacity = kv->num_blocks() * block_tokens;
+  if (memory->pages_running_sequences()) return Status::Ok();
+  const int64_t block_tokens = memory->layout().block_tokens;
+  const int64_t capacity = memory->capacity_tokens();
   const std::string budget = fmt::format(
       "the KV budget ({}: a pool of {} blocks of {} tokens, at most {} tokens of one sequence)",
       options.kv_budget_bytes > 0 ? fmt::format("--kv-budget {} bytes", options.kv_budget_bytes)
                                   : std::string("the default"),
-      kv->num_blocks(), block_tokens, capacity);
+      memory->num_blocks(), block_tokens, capacity);
   if (prompt_tokens > capacity) {
     return InvalidArgumentError(fmt::format(
         "the prompt has {} tokens but {} cannot hold them; raise --kv-budget, or let pages of "
@@ -718,9 +427,9 @@ EngineMetrics Engine::Metrics() const {
     m.requests_submitted = e.requests_submitted;
   }
   e.metrics.Snapshot(&m);
-  m.kv_checkpoint_every = e.storage->layout().checkpoint_every;
-  for (const KvTier* tier : {e.ram_tier.get(), e.disk_tier.get(), e.redis_tier.get()}) {
-    if (tier == nullptr) continue;
+  m.kv_checkpoint_every = e.memory->layout().checkpoint_every;
+  const std::vector<KvStoreTierStats> store_stats = e.memory->StoreStats();
+  for (const KvTier* tier : e.memory->tiers()) {
     const TierStats t = tier->stats();
     KvTierMetrics& tm = m.kv_tiers.emplace_back();
     tm.name = std::string(tier->name());
@@ -734,22 +443,19 @@ EngineMetrics Engine::Metrics() const {
     tm.checksum_failures = t.checksum_failures;
     tm.evictions = t.evictions;
     tm.errors = t.errors;
-    if (e.store) {
-      // What the store did with this tier (lookups, hits, promotions), as of the last step.
-      const int64_t index = e.store->TierIndex(tier);
-      std::lock_guard<std::mutex> lock(e.store_stats_mutex);
-      if (index >= 0 && static_cast<size_t>(index) < e.store_stats.size()) {
-        const KvStoreTierStats& st = e.store_stats[static_cast<size_t>(index)];
-        tm.lookups = st.lookups;
-        tm.hit_blocks = st.hit_blocks;
-        tm.hit_tokens = st.hit_blocks * e.storage->layout().block_tokens;
-        tm.blocks_promoted = st.blocks_promoted;
-        tm.blocks_in_place = st.blocks_in_place;
-        tm.promote_ms_predicted = st.promote_ms_predicted;
-        tm.promote_ms_measured = st.promote_ms_measured;
-        tm.promote_error = e.metrics.PromotionError(index);
-        tm.errors = std::max(tm.errors, st.errors);  // the same failures, seen from both sides
-      }
+    // What the store did with this tier (lookups, hits, promotions), as of the last step.
+    const int64_t index = e.memory->StoreTierIndex(tier);
+    if (index >= 0 && static_cast<size_t>(index) < store_stats.size()) {
+      const KvStoreTierStats& st = store_stats[static_cast<size_t>(index)];
+      tm.lookups = st.lookups;
+      tm.hit_blocks = st.hit_blocks;
+      tm.hit_tokens = st.hit_blocks * e.memory->layout().block_tokens;
+      tm.blocks_promoted = st.blocks_promoted;
+      tm.blocks_in_place = st.blocks_in_place;
+      tm.promote_ms_predicted = st.promote_ms_predicted;
+      tm.promote_ms_measured = st.promote_ms_measured;
+      tm.promote_error = e.metrics.PromotionError(index);
+      tm.errors = std::max(tm.errors, st.errors);  // the same failures, seen from both sides
     }
   }
   return m;
@@ -811,6 +517,6 @@ const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::context_length() const { return impl_->context_length; }
 ops::Isa Engine::isa() const { return impl_->ops->isa(); }
 int Engine::num_threads() const { return impl_->pool->num_threads(); }
-const KvManager& Engine::kv_manager() const { return *impl_->kv; }
+const KvManager& Engine::kv_manager() const { return impl_->memory->manager(); }
 
 }  // namespace kvl

@@ -2,8 +2,8 @@
 // between threads: requests arrive in the inbox from any thread; the step loop moves them to the
 // scheduler, which plans a step, and the step runner carries it out.
 //
-//   Submit -> inbox -> Scheduler (admission, chunking, KV pressure via KvPressurePlanner and
-//   KvPager) -> StepPlan -> StepRunner (commit, restores, Forward, sampling, events)
+//   Submit -> inbox -> Scheduler (admission, chunking, KV pressure through KvMemory's parts)
+//   -> StepPlan -> StepRunner (commit, restores, Forward, sampling, events)
 //   -> MetricsRecorder (read by Metrics() from any thread)
 #pragma once
 
@@ -17,10 +17,7 @@
 
 #include "kvl/engine.h"
 #include "kvl/forward.h"
-#include "kvl/kv_pager.h"
-#include "kvl/kv_pressure.h"
-#include "kvl/kv_tier.h"
-#include "kvl/kv_trace.h"
+#include "kvl/kv_memory.h"
 #include "kvl/thread_pool.h"
 #include "metrics_recorder.h"
 #include "request.h"
@@ -47,23 +44,8 @@ struct Engine::Impl {
   int64_t max_piece_bytes = 1;
   std::unique_ptr<Forward> forward;
 
-  // KV memory: the pool, its tiers, where each page is, and what decides.
-  std::unique_ptr<KvManager> kv;
-  std::unique_ptr<KvBlockStorage> storage;
-  std::unique_ptr<KvTier> ram_tier;
-  std::unique_ptr<KvTier> disk_tier;
-  std::unique_ptr<KvTier> redis_tier;  // the KV store's only: running pages never go there
-  std::unique_ptr<KvStore> store;  // pages kept across requests, in the tiers
-  // The store's counters as of the last step, for Metrics() on other threads.
-  mutable std::mutex store_stats_mutex;
-  std::vector<KvStoreTierStats> store_stats;
-  std::unique_ptr<KvPager> pager;
-  std::unique_ptr<PagedKvCache> cache;
-  std::unique_ptr<KvPressurePlanner> planner;
-  // The cost model's bring-back times against the measured ones, by FeedbackKey (step thread
-  // only).
-  BringBackFeedback feedback{kNumFeedbackKeys};
-  std::unique_ptr<KvTraceWriter> trace;  // --kv-trace; null when off
+  // KV memory: the pool, its tiers, the store, where each page is, and what decides.
+  std::unique_ptr<KvMemory> memory;
 
   // The step loop's parts.
   MetricsRecorder metrics;

@@ -71,13 +71,13 @@ Status ValidateEngineOptions(const EngineOptions& o) {
         "--kv-policy {} is lossy but --kv-quality lossless asks for no loss: drop one of them",
         o.kv_policy));
   }
-  std::vector<std::string> kinds;
+  std::vector<TierKind> kinds;
   for (const std::string& text : o.kv_tiers) {
     KVL_ASSIGN_OR_RETURN(const TierSpec spec, ParseTierSpec(text));
     if (std::find(kinds.begin(), kinds.end(), spec.kind) != kinds.end()) {
       return InvalidArgumentError(fmt::format(
           "--kv-tier {}: a {} tier is already given; there is at most one tier of each kind",
-          text, spec.kind));
+          text, TierKindName(spec.kind)));
     }
     kinds.push_back(spec.kind);
   }

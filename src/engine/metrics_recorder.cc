@@ -136,9 +136,15 @@ KvPageLocation LocationOf(const KvPage& page) {
     case KvPageFate::kCompressed:
       return KvPageLocation::kCompressed;
     case KvPageFate::kInTier: {
-      const std::string_view tier = page.tier != nullptr ? page.tier->name() : "";
-      if (tier.starts_with("disk")) return KvPageLocation::kDiskTier;
-      if (tier.starts_with("redis")) return KvPageLocation::kRedisTier;
+      if (page.tier == nullptr) return KvPageLocation::kRamTier;
+      switch (page.tier->kind()) {
+        case TierKind::kDisk:
+          return KvPageLocation::kDiskTier;
+        case TierKind::kRedis:
+          return KvPageLocation::kRedisTier;
+        case TierKind::kRam:
+          return KvPageLocation::kRamTier;
+      }
       return KvPageLocation::kRamTier;
     }
     case KvPageFate::kCheckpointed:

@@ -63,7 +63,6 @@ struct Sequence {
   // preemption, when the kept pages wait in tiers for the resume.
   KvSequencePages kv_pages;
   int64_t restore_tokens = 0;      // this step: tokens to promote instead of compute
-  int64_t attach_blocks = 0;       // this admission: store pages read in place, not promoted
   bool store_checked = false;      // its prompt was looked up in the KV store
   int32_t preemptions = 0;
   // Finished, but its slot and lossy KV are kept for a next turn to continue (Scheduler).

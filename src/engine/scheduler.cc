@@ -22,14 +22,15 @@ constexpr int64_t kMaxPromotionsPerStep = 4;
 
 }  // namespace
 
-Scheduler::Scheduler(const SchedulerOptions& options, KvManager& kv, KvPager& pager,
-                     KvPressurePlanner& planner, MetricsRecorder& metrics)
+Scheduler::Scheduler(const SchedulerOptions& options, KvMemory& memory, MetricsRecorder& metrics)
     : options_(options),
-      kv_(kv),
-      pager_(pager),
-      planner_(planner),
+      memory_(memory),
+      kv_(memory.manager()),
+      pager_(memory.pager()),
+      planner_(memory.planner()),
       metrics_(metrics),
-      block_tokens_(kv.options().layout.block_tokens) {
+      trace_(memory.trace()),
+      block_tokens_(memory.layout().block_tokens) {
   for (SeqId s = options.max_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
   running_.reserve(static_cast<size_t>(options.max_seqs));
   planned_running_.reserve(static_cast<size_t>(options.max_seqs));
@@ -82,61 +83,6 @@ int64_t Scheduler::RestorableTokens(const Sequence& seq, int64_t from, int64_t c
   return restore;
 }
 
-void Scheduler::FindInStore(Sequence& seq, int64_t cached_tokens) {
-  seq.store_checked = true;
-  std::vector<KvPage>& pages = seq.kv_pages.pages;
-  const int64_t len = static_cast<int64_t>(seq.tokens.size());
-  const int64_t first = cached_tokens / block_tokens_;
-  int64_t last = (len - 1) / block_tokens_;  // the page with the last token is computed
-  // A resumed sequence brings back what its preemption kept; the store is asked for the pages
-  // before the first of those.
-  for (int64_t b = first; b < last && static_cast<size_t>(b) < pages.size(); ++b) {
-    if (pages[static_cast<size_t>(b)].awaiting_restore) {
-      last = b;
-      break;
-    }
-  }
-  if (first >= last) return;
-  kv_.ContentChain(seq.tokens, last, &content_ids_);
-  // Pages still in the pool but out of the prefix index's reach (an earlier page of the chain
-  // went to a tier) join the store first, so the walk through the tiers finds them.
-  for (int64_t b = first; b < last; ++b) {
-    const BlockId block = kv_.FindContent(content_ids_[static_cast<size_t>(b)]);
-    if (block != kNoBlock) pager_.SaveBlockToStore(block, content_ids_[static_cast<size_t>(b)]);
-  }
-  const int64_t found = store_->Lookup(
-      std::span(content_ids_).subspan(static_cast<size_t>(first)),
-      std::span(seq.tokens).subspan(static_cast<size_t>(first * block_tokens_)), &found_in_);
-  for (int64_t i = 0; i < found; ++i) {
-    KvTier* tier = found_in_[static_cast<size_t>(i)];
-    const int64_t tier_index = store_->TierIndex(tier);
-    // Named by where the page is (a zstd RAM tier is RAM too); Redis has no action of its own.
-    const KvAction action =
-        tier->name().starts_with("ram") ? KvAction::kDemoteRam : KvAction::kDemoteDisk;
-    const double model_ms = store_->tiers()[static_cast<size_t>(tier_index)].promote_ms;
-    const double promote_ms = model_ms * CorrectionFor(feedback_, FeedbackKey(action, tier));
-    const double recompute_ms =
-        RecomputeTokensMs(recompute_prices_, (first + i) * block_tokens_) *
-        CorrectionFor(feedback_, static_cast<size_t>(KvAction::kRecomputeTokens));
-    // The cheapest way back: a tier slower than recomputing the page from its tokens is not used
-    // (nor anything after it: the pages after a recomputed one are computed with it).
-    if (promote_ms >= recompute_ms) break;
-    const size_t b = static_cast<size_t>(first + i);
-    if (pages.size() <= b) pages.resize(b + 1);
-    KvPage& page = pages[b];
-    page.fate = KvPageFate::kInTier;
-    page.action = action;
-    page.predicted_ms = promote_ms;
-    page.model_ms = model_ms;
-    page.tier = tier;
-    page.content = content_ids_[b];
-    page.awaiting_restore = true;
-    // Held until it is promoted: the tier must not evict it for another page meanwhile.
-    store_->Pin(tier, page.content);
-    page.store_pin = true;
-  }
-}
-
 size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t restore_cap,
                             StepPlan* plan) {
   plan->steps.clear();
@@ -180,13 +126,15 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
     if (admissions >= free_slots_.size()) break;  // the other slots hold parked sessions
     const int64_t len = static_cast<int64_t>(seq->tokens.size());
     const int64_t cached = kv_.MatchPrefix(seq->tokens);
-    if (store_ != nullptr && !seq->store_checked) FindInStore(*seq, cached);
+    if (!seq->store_checked) {
+      seq->store_checked = true;
+      memory_.FindInStore(seq->tokens, cached, &seq->kv_pages);
+    }
     // Pages kept at a preemption or found in the store right after the cached prefix are
     // promoted instead of computed.
     // Store pages in a RAM tier are read where they lie; the rest are promoted.
     const int64_t attach = InPlaceBlocks(*seq, cached);
     const int64_t attached = cached + attach * block_tokens_;
-    seq->attach_blocks = attach;
     const int64_t restore = RestorableTokens(*seq, attached, restore_cap);
     seq->restore_tokens = restore;
     seq->spec.in_step = 0;  // speculative decoding: an admission carries no draft
@@ -524,16 +472,7 @@ void Scheduler::Preempt(Sequence& seq) {
 }
 
 void Scheduler::ReleaseSlot(Sequence& seq) {
-  if (kv_.Contains(seq.slot)) {
-    // Durable tiers get the request's pages now, so a restart or another process finds them.
-    if (store_ != nullptr) {
-      for (const KvStoreTier& t : store_->tiers()) {
-        if (t.durable) pager_.SaveToStore(seq.slot, t.tier);
-      }
-    }
-    pager_.DropSequence(seq.slot);
-    kv_.Free(seq.slot);
-  }
+  memory_.Release(seq.slot);
   free_slots_.push_back(seq.slot);
   seq.slot = -1;
 }

@@ -24,10 +24,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kvl/kv_manager.h"
-#include "kvl/kv_pager.h"
-#include "kvl/kv_pressure.h"
-#include "kvl/kv_trace.h"
+#include "kvl/kv_memory.h"
 #include "metrics_recorder.h"
 #include "request.h"
 
@@ -69,24 +66,8 @@ struct StepPlan {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerOptions& options, KvManager& kv, KvPager& pager,
-            KvPressurePlanner& planner, MetricsRecorder& metrics);
-
-  // The KV store (nullptr: none) and the prices of recomputing a page from its tokens
-  // (RecomputeTokensMs: more for a page deeper in the prompt): a prompt's pages found in the
-  // store are promoted when that is cheaper, and a finished request's pages are written through
-  // to the store's durable tiers.
-  void set_store(KvStore* store, const PageCostProfile& prices) {
-    store_ = store;
-    recompute_prices_ = prices;
-  }
-
-  // Corrections of the store's promotion prices and of recompute from tokens by measured times
-  // (by FeedbackKey); nullptr: the profile's prices as they are.
-  void set_feedback(const BringBackFeedback* feedback) { feedback_ = feedback; }
-
-  // --kv-trace: pages that leave the pool are written to `trace` (nullptr: none).
-  void set_trace(KvTraceWriter* trace) { trace_ = trace; }
+  // `memory`'s pool, pager, planner, store and trace are the ones it schedules over.
+  Scheduler(const SchedulerOptions& options, KvMemory& memory, MetricsRecorder& metrics);
 
   // A new request joins the back of the waiting queue.
   void Enqueue(std::unique_ptr<Sequence> seq);
@@ -137,9 +118,6 @@ class Scheduler {
   // Pages awaiting restore from `from` on (a multiple of block_tokens) in a tier attention reads
   // in place: an admission attaches them where they lie instead of copying them into the pool.
   int64_t InPlaceBlocks(const Sequence& seq, int64_t from) const;
-  // Marks the pages of a waiting prompt that the KV store holds past the pool's cached prefix as
-  // awaiting restore, as far as promoting them is cheaper than recomputing them.
-  void FindInStore(Sequence& seq, int64_t cached_tokens);
   // Waiting requests that continue a parked session take its slot and KV and run; then parked
   // sessions give their slots back to the requests still waiting for one.
   void AdoptParkedSessions();
@@ -162,10 +140,12 @@ class Scheduler {
   void FinishTooBig(Sequence& seq, bool prompt_only);
 
   SchedulerOptions options_;
+  KvMemory& memory_;
   KvManager& kv_;
   KvPager& pager_;
   KvPressurePlanner& planner_;
   MetricsRecorder& metrics_;
+  KvTraceWriter* trace_;  // --kv-trace; null when off
   int64_t block_tokens_;
 
   std::deque<std::unique_ptr<Sequence>> waiting_;   // not admitted (new or preempted), FIFO
@@ -174,13 +154,7 @@ class Scheduler {
   std::vector<SeqId> free_slots_;
   Phase phase_ = Phase::kDecode;                    // of the step being planned
   KvPagePlan page_plan_;                            // reused
-  KvStore* store_ = nullptr;
-  PageCostProfile recompute_prices_;
-  const BringBackFeedback* feedback_ = nullptr;
-  std::vector<KvContentId> content_ids_;            // reused by FindInStore
-  std::vector<KvTier*> found_in_;
   std::vector<KvPlannedSeq> planned_running_;       // reused
-  KvTraceWriter* trace_ = nullptr;
   int64_t steps_since_pressure_ = 0;  // Schedule calls since relief or a preemption
 };
 

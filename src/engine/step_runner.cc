@@ -46,7 +46,16 @@ void FillLogprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, 
 }  // namespace
 
 StepRunner::StepRunner(const StepRunnerParts& parts)
-    : p_(parts), block_tokens_(parts.kv->options().layout.block_tokens) {
+    : p_(parts),
+      kv_(&parts.memory->manager()),
+      storage_(&parts.memory->storage()),
+      pager_(&parts.memory->pager()),
+      store_(parts.memory->store()),
+      cache_(&parts.memory->cache()),
+      trace_(parts.memory->trace()),
+      feedback_(parts.memory->feedback()),
+      prices_(&parts.memory->rules().prices),
+      block_tokens_(parts.memory->layout().block_tokens) {
   const size_t max_tokens = static_cast<size_t>(p_.forward->options().max_batch_tokens);
   for (TokenBatch* b : {&batch_, &part_}) {
     b->tokens.reserve(max_tokens);
@@ -69,31 +78,33 @@ int64_t StepRunner::RestorePages(Sequence& seq) {
   // sequence preempted early was priced before anything had been measured).
   for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
     KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
-    page.predicted_ms = page.model_ms * CorrectionFor(p_.feedback, FeedbackKey(page.action, page.tier));
+    page.predicted_ms =
+        CorrectedPrice(feedback_, FeedbackKey(page.action, page.tier), page.model_ms)
+            .predicted_ms;
   }
   // Each page is timed on its own: one restore may read pages of several tiers.
   const int64_t restored =
-      p_.pager->RestorePages(seq.slot, first_block, num_blocks, &restore_page_ms_);
+      pager_->RestorePages(seq.slot, first_block, num_blocks, &restore_page_ms_);
   if (restored < num_blocks) p_.metrics->CountReadFailure(num_blocks - restored);
   for (int64_t b = first_block; b < first_block + restored; ++b) {
     const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
     const double page_ms = restore_page_ms_[static_cast<size_t>(b - first_block)];
     CountBroughtBack(seq.id, b, page, page_ms);
     // A store page found by the admission's lookup: one of the tier's hits, promoted.
-    if (page.content.valid() && p_.store != nullptr) {
-      p_.store->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
-      p_.metrics->CountPromoted(p_.store->TierIndex(page.tier), page.predicted_ms, page_ms);
+    if (page.content.valid() && store_ != nullptr) {
+      store_->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
+      p_.metrics->CountPromoted(store_->TierIndex(page.tier), page.predicted_ms, page_ms);
     }
   }
-  restored_.FeedTo(p_.feedback);
+  restored_.FeedTo(feedback_);
   return restored * block_tokens_;
 }
 
 void StepRunner::CountBroughtBack(RequestId request, int64_t block, const KvPage& page,
                                   double page_ms) {
   p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
-  if (p_.trace != nullptr) {
-    p_.trace->Back(request, block, static_cast<int>(page.action), page.predicted_ms, page_ms);
+  if (trace_ != nullptr) {
+    trace_->Back(request, block, static_cast<int>(page.action), page.predicted_ms, page_ms);
   }
   restored_.Add(FeedbackKey(page.action, page.tier), page.model_ms, page_ms);
 }
@@ -104,10 +115,10 @@ void StepRunner::PromoteBack(PromotionPlan& plan) {
   // The pager makes each page resident: what it was (its tier, its prices) is kept for the count.
   promoting_.clear();
   for (const KvPageAction& a : actions) {
-    promoting_.push_back(p_.pager->pages(a.seq).pages[static_cast<size_t>(a.block_index)]);
+    promoting_.push_back(pager_->pages(a.seq).pages[static_cast<size_t>(a.block_index)]);
     promoting_.back().predicted_ms = a.predicted_ms;  // corrected as it is brought back
   }
-  p_.pager->PromoteBack(plan.pages);
+  pager_->PromoteBack(plan.pages);
   for (size_t i = 0; i < actions.size(); ++i) {
     // A failed read leaves the page in its tier: nothing is recomputed.
     if (actions[i].failed) p_.metrics->CountReadFailure(0);
@@ -115,20 +126,20 @@ void StepRunner::PromoteBack(PromotionPlan& plan) {
     CountBroughtBack(plan.requests[i], actions[i].block_index, promoting_[i],
                      actions[i].measured_ms);
   }
-  restored_.FeedTo(p_.feedback);
+  restored_.FeedTo(feedback_);
 }
 
 int64_t StepRunner::FillBatch(const StepPlan& plan) {
   batch_.Clear();
   computed_.clear();
-  if (p_.trace != nullptr) trace_from_.assign(plan.seqs.size(), 0);
+  if (trace_ != nullptr) trace_from_.assign(plan.seqs.size(), 0);
   int64_t prefill_tokens = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     Sequence& seq = *plan.seqs[i];
     const KvPlan::SeqPlan& sp = plan.kv.seqs[i];
     const int64_t step_tokens = static_cast<int64_t>(plan.steps[i].tokens.size());
     if (sp.admit) {
-      p_.pager->StartSequence(seq.slot, &seq.kv_pages);
+      pager_->StartSequence(seq.slot, &seq.kv_pages);
       seq.num_computed = sp.num_cached_tokens;
       // Pages dropped at the preemption are recomputed from their tokens, by this step and the
       // prefill chunks after it.
@@ -136,9 +147,10 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
         const KvPage& page = seq.kv_pages.pages[b];
         if (page.fate == KvPageFate::kDropped) {
           // As for a restore: the price expected when the page is recomputed.
-          const double expected =
-              page.model_ms * CorrectionFor(p_.feedback, static_cast<size_t>(KvAction::kRecomputeTokens));
-          pending_recompute_.push_back({seq.id, static_cast<int64_t>(b), expected, page.model_ms});
+          const BringBackPrice price = CorrectedPrice(
+              feedback_, static_cast<size_t>(KvAction::kRecomputeTokens), page.model_ms);
+          pending_recompute_.push_back(
+              {seq.id, static_cast<int64_t>(b), price.predicted_ms, price.model_ms});
         }
       }
     }
@@ -148,15 +160,14 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     const int64_t tokens_from = sp.admit ? 0 : seq.num_computed;
     if (sp.admit && sp.detached_blocks > 0) {
       // Store pages read where the RAM tier holds them: part of the sequence, never copied.
-      p_.pager->AttachInPlace(seq.slot, seq.num_computed / block_tokens_, sp.detached_blocks);
+      pager_->AttachInPlace(seq.slot, seq.num_computed / block_tokens_, sp.detached_blocks);
       seq.num_computed += sp.detached_blocks * block_tokens_;
-      if (p_.store != nullptr) {
+      if (store_ != nullptr) {
         const KvPage& page =
             seq.kv_pages.pages[static_cast<size_t>(seq.num_computed / block_tokens_ - 1)];
-        p_.store->CountInPlace(page.tier, sp.detached_blocks);
+        store_->CountInPlace(page.tier, sp.detached_blocks);
       }
     }
-    seq.attach_blocks = 0;
     if (seq.restore_tokens > 0) {
       const int64_t restored = RestorePages(seq);
       seq.num_computed += restored;
@@ -171,8 +182,8 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     if (sp.admit && seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = seq.num_computed;
     // Pages restored, or computed where a restore stopped or the prefix cache held them, are let
     // go from their tier at once: a page awaiting restore is never also in the pool.
-    p_.pager->SettleRestoredPages(seq.slot);
-    if (p_.trace != nullptr) trace_from_[i] = seq.num_computed / block_tokens_;
+    pager_->SettleRestoredPages(seq.slot);
+    if (trace_ != nullptr) trace_from_[i] = seq.num_computed / block_tokens_;
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
       // Every row of a draft asks for logits: each is verified (pos > last only for drafts).
@@ -209,15 +220,15 @@ void StepRunner::RunBatch(const StepPlan& plan) {
     for (int32_t id : run->seq_ids) {
       if (run_seqs_.empty() || run_seqs_.back() != id) run_seqs_.push_back(id);
     }
-    p_.pager->BeginStep(run_seqs_);
-    p_.forward->Run(*run, *p_.cache);
-    for (SeqId failed : p_.pager->EndStep()) {
+    pager_->BeginStep(run_seqs_);
+    p_.forward->Run(*run, *cache_);
+    for (SeqId failed : pager_->EndStep()) {
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
         Sequence* seq = plan.seqs[i];
         if (seq->slot == failed && !seq->stream_failed) {
           seq->stream_failed = true;
           // What this step wrote is wrong: never findable by prefix or in the store.
-          p_.kv->DropIdentity(seq->slot, full_blocks_before_[i]);
+          kv_->DropIdentity(seq->slot, full_blocks_before_[i]);
           to_recompute_.push_back(seq);
         }
       }
@@ -283,14 +294,14 @@ void StepRunner::RecomputeFailedStreams() {
 void StepRunner::TraceReads(const StepPlan& plan) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const Sequence& seq = *plan.seqs[i];
-    if (seq.slot < 0 || !p_.kv->Contains(seq.slot)) continue;
-    const int64_t full_blocks = p_.kv->num_tokens(seq.slot) / block_tokens_;
+    if (seq.slot < 0 || !kv_->Contains(seq.slot)) continue;
+    const int64_t full_blocks = kv_->num_tokens(seq.slot) / block_tokens_;
     trace_contents_.clear();
     trace_outside_.clear();
     trace_evicted_.clear();
     for (int64_t b = 0; b < full_blocks; ++b) {
-      trace_contents_.push_back(p_.kv->ContentOf(seq.slot, b));
-      switch (p_.pager->FateOf(seq.slot, b)) {
+      trace_contents_.push_back(kv_->ContentOf(seq.slot, b));
+      switch (pager_->FateOf(seq.slot, b)) {
         case KvPageFate::kInTier:
         case KvPageFate::kCheckpointed:
           trace_outside_.push_back(b);  // streamed, read in place, or rebuilt
@@ -302,29 +313,17 @@ void StepRunner::TraceReads(const StepPlan& plan) {
           break;  // in the pool, compressed or not
       }
     }
-    p_.trace->Read(seq.id, trace_contents_, trace_from_[i], trace_outside_, trace_evicted_,
+    trace_->Read(seq.id, trace_contents_, trace_from_[i], trace_outside_, trace_evicted_,
                    seq.MaxStepsLeft(p_.context_length) - 1);
   }
 }
 
 void StepRunner::Run(const StepPlan& plan) {
-  // Cached blocks the plan reuses for new contents go to the KV store first.
-  for (const KvPlan::SeqPlan& sp : plan.kv.seqs) {
-    for (BlockId block : sp.allocated) {
-      if (p_.trace != nullptr) p_.trace->LeaveReused(p_.kv->FreeBlockContent(block));
-      p_.pager->SpillFreeBlock(block);
-    }
-    if (sp.cow_dst != kNoBlock) {
-      if (p_.trace != nullptr) p_.trace->LeaveReused(p_.kv->FreeBlockContent(sp.cow_dst));
-      p_.pager->SpillFreeBlock(sp.cow_dst);
-    }
-  }
-  p_.kv->Commit(plan.kv);
-  for (const KvBlockCopy& copy : plan.kv.copies) p_.storage->CopyBlock(copy.src, copy.dst);
+  p_.memory->CommitStep(plan.kv);
   full_blocks_before_.clear();
   for (const Sequence* seq : plan.seqs) full_blocks_before_.push_back(seq->num_computed / block_tokens_);
   const int64_t prefill_tokens = FillBatch(plan);
-  if (p_.trace != nullptr) TraceReads(plan);
+  if (trace_ != nullptr) TraceReads(plan);
   // The forward run alone is what a page recomputed from its tokens is a share of (the restores
   // and store writes around it are timed and checked on their own).
   const Clock::time_point start = Clock::now();
@@ -337,7 +336,7 @@ void StepRunner::Run(const StepPlan& plan) {
       if (seq->finished) p_.speculator->Remember(*seq);
     }
   }
-  if (p_.store != nullptr) SaveUnreachablePages(plan);
+  if (store_ != nullptr) SaveUnreachablePages(plan);
   RecomputeFailedStreams();
   if (!pending_recompute_.empty() && batch_.size() > 0) CountRecomputedPages(forward_ms);
   p_.metrics->CountStep(batch_.size(), static_cast<int64_t>(plan.seqs.size()), prefill_tokens);
@@ -346,7 +345,7 @@ void StepRunner::Run(const StepPlan& plan) {
 // What one token at `position` weighs in a forward run: the cost model's time for it, or 1
 // without prices (a split by tokens).
 double StepRunner::TokenWeight(int64_t position) const {
-  const double ms = p_.prices != nullptr ? RecomputeTokenMs(*p_.prices, position) : 0.0;
+  const double ms = prices_ != nullptr ? RecomputeTokenMs(*prices_, position) : 0.0;
   return ms > 0 ? ms : 1.0;
 }
 
@@ -381,24 +380,24 @@ void StepRunner::CountRecomputedPages(double forward_ms) {
     if (!done && seen) pending_recompute_[kept++] = page;
   }
   pending_recompute_.resize(kept);
-  recomputed_.FeedTo(p_.feedback);
+  recomputed_.FeedTo(feedback_);
 }
 
 void StepRunner::SaveUnreachablePages(const StepPlan& plan) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const Sequence& seq = *plan.seqs[i];
-    if (seq.finished || seq.slot < 0 || !p_.kv->Contains(seq.slot) || !p_.kv->IsPaged(seq.slot)) {
+    if (seq.finished || seq.slot < 0 || !kv_->Contains(seq.slot) || !kv_->IsPaged(seq.slot)) {
       continue;  // a sequence with no page outside the pool is all within the index's reach
     }
-    const int64_t full = p_.kv->num_tokens(seq.slot) / block_tokens_;
+    const int64_t full = kv_->num_tokens(seq.slot) / block_tokens_;
     if (full <= full_blocks_before_[i]) continue;
     // The blocks the pool's prefix index reaches (at most all but the last token's).
-    const std::vector<int32_t>& tokens = p_.kv->tokens(seq.slot);
+    const std::vector<int32_t>& tokens = kv_->tokens(seq.slot);
     const int64_t reachable =
-        p_.kv->MatchPrefix(std::span(tokens).first(static_cast<size_t>(
+        kv_->MatchPrefix(std::span(tokens).first(static_cast<size_t>(
             std::min<int64_t>(static_cast<int64_t>(tokens.size()), full * block_tokens_ + 1)))) /
         block_tokens_;
-    p_.pager->SaveUnreachablePages(seq.slot, std::max(full_blocks_before_[i], reachable), full);
+    pager_->SaveUnreachablePages(seq.slot, std::max(full_blocks_before_[i], reachable), full);
   }
 }
 

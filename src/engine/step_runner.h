@@ -9,10 +9,7 @@
 #include <vector>
 
 #include "kvl/forward.h"
-#include "kvl/kv_manager.h"
-#include "kvl/kv_pager.h"
-#include "kvl/kv_policy.h"
-#include "kvl/kv_trace.h"
+#include "kvl/kv_memory.h"
 #include "kvl/tokenizer.h"
 #include "metrics_recorder.h"
 #include "request.h"
@@ -24,20 +21,10 @@ namespace kvl {
 // What a step runs on (none owned).
 struct StepRunnerParts {
   Scheduler* scheduler = nullptr;
-  KvManager* kv = nullptr;
-  KvBlockStorage* storage = nullptr;
-  KvPager* pager = nullptr;
-  KvStore* store = nullptr;  // may be null
-  PagedKvCache* cache = nullptr;
+  KvMemory* memory = nullptr;  // the pool, pager, store, trace and price feedback
   Forward* forward = nullptr;
   const Tokenizer* tokenizer = nullptr;
   MetricsRecorder* metrics = nullptr;
-  KvTraceWriter* trace = nullptr;  // --kv-trace; may be null
-  // Where measured bring-back times are fed back to the cost model, by FeedbackKey (may be
-  // null: not fed).
-  BringBackFeedback* feedback = nullptr;
-  // The cost model's per-page prices (may be null): weigh a recomputed page's share of a step.
-  const PageCostProfile* prices = nullptr;
   int64_t context_length = 0;
   Speculator* speculator = nullptr;  // speculative decoding (issue 26); null: --spec off
 };
@@ -81,6 +68,18 @@ class StepRunner {
   }
 
   StepRunnerParts p_;
+  // KvMemory's parts.
+  KvManager* kv_;
+  KvBlockStorage* storage_;
+  KvPager* pager_;
+  KvStore* store_;  // may be null
+  PagedKvCache* cache_;
+  KvTraceWriter* trace_;  // --kv-trace; may be null
+  // Where measured bring-back times are fed back to the cost model, by FeedbackKey (null: not
+  // fed).
+  BringBackFeedback* feedback_;
+  // The cost model's per-page prices: weigh a recomputed page's share of a step.
+  const PageCostProfile* prices_;
   int64_t block_tokens_;
   TokenBatch batch_;
   TokenBatch part_;                      // one chunk of batch_ when it exceeds one run

@@ -96,6 +96,7 @@ class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
   }
 
   std::string_view name() const override { return name_; }
+  TierKind kind() const override { return TierKind::kDisk; }
   const std::string& open_note() const override { return open_note_; }
   int64_t pages_reloaded() const override { return pages_reloaded_; }
   std::vector<PageKey> Keys() const override;

@@ -565,7 +565,7 @@ void KvPager::ForgetPreemptedPages(KvSequencePages& pages) {
 }
 
 size_t FeedbackKey(KvAction action, const KvTier* tier) {
-  if (tier != nullptr && tier->name().starts_with("redis")) return kRemoteTierFeedbackKey;
+  if (tier != nullptr && tier->kind() == TierKind::kRedis) return kRemoteTierFeedbackKey;
   return static_cast<size_t>(action);
 }
 

@@ -338,8 +338,10 @@ void KvPressurePlanner::PlanPromotion(std::span<const KvPlannedSeq> running,
     a.seq = c.seq.slot;
     a.block_index = c.block_index;
     a.action = page.action;
-    a.model_ms = page.model_ms;
-    a.predicted_ms = page.model_ms * CorrectionFor(feedback_, FeedbackKey(page.action, page.tier));
+    const BringBackPrice price =
+        CorrectedPrice(feedback_, FeedbackKey(page.action, page.tier), page.model_ms);
+    a.model_ms = price.model_ms;
+    a.predicted_ms = price.predicted_ms;
     plan->actions.push_back(a);
   }
 }
@@ -363,8 +365,11 @@ void KvPressurePlanner::PlanPreemption(const KvPlannedSeq& seq, int64_t num_comp
       a.seq = seq.slot;
       a.block_index = b;
       a.action = KvAction::kRecomputeTokens;
-      a.model_ms = RecomputeTokensMs(rules_.prices, b * rules_.block_tokens);
-      a.predicted_ms = a.model_ms * CorrectionFor(feedback_, static_cast<size_t>(KvAction::kRecomputeTokens));
+      const BringBackPrice price =
+          CorrectedPrice(feedback_, static_cast<size_t>(KvAction::kRecomputeTokens),
+                         RecomputeTokensMs(rules_.prices, b * rules_.block_tokens));
+      a.model_ms = price.model_ms;
+      a.predicted_ms = price.predicted_ms;
     } else {
       a = Decide(seq, b, /*running=*/false, phase, /*staging_room=*/false, memory_price);
     }

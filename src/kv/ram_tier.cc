@@ -63,6 +63,7 @@ class RamTier final : public KvTier {
   ~RamTier() override { worker_.Stop(); }  // finish GetAsync work before the map goes away
 
   std::string_view name() const override { return name_; }
+  TierKind kind() const override { return TierKind::kRam; }
 
   Status Put(std::span<const PageWrite> pages) override {
     try {

@@ -11,6 +11,7 @@
 
 #include <bit>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -87,6 +88,7 @@ class RedisTier final : public KvTier {
   Status Connect() { return connection_.Connect(); }
 
   std::string_view name() const override { return "redis"; }
+  TierKind kind() const override { return TierKind::kRedis; }
 
   Status Put(std::span<const PageWrite> pages) override {
     for (const PageWrite& page : pages) {
@@ -328,6 +330,10 @@ class RedisTier final : public KvTier {
       if (results[i].ok()) {
         ++gets_;
         bytes_read_ += static_cast<int64_t>(pages[i].out.size());
+        // Read, so recently used for the server's LRU.
+        if (auto it = stored_.find(pages[i].key); it != stored_.end()) {
+          NoteStoredLocked(pages[i].key, it->second.bytes);
+        }
         continue;
       }
       // Never leave bytes in out that a caller might take for the page.
@@ -335,6 +341,7 @@ class RedisTier final : public KvTier {
       if (results[i].code() == StatusCode::kDataLoss) ++checksum_failures_;
       if (results[i].code() == StatusCode::kNotFound) ForgetLocked(pages[i].key);
     }
+    ForgetEvictedLocked();
     return results;
   }
 
@@ -343,22 +350,51 @@ class RedisTier final : public KvTier {
     std::lock_guard<std::mutex> lock(mutex_);
     for (size_t i : stored) {
       const int64_t bytes = static_cast<int64_t>(sizeof(ValueHeader) + pages[i].bytes.size());
-      auto [it, inserted] = stored_.try_emplace(pages[i].key, bytes);
-      if (!inserted) stored_bytes_ -= it->second;
-      it->second = bytes;
-      stored_bytes_ += bytes;
+      NoteStoredLocked(pages[i].key, bytes);
       ++puts_;
       bytes_written_ += static_cast<int64_t>(pages[i].bytes.size());
     }
     write_ops_ += round_trips;
     if (failed) ++errors_;
+    ForgetEvictedLocked();
+  }
+
+  void NoteStoredLocked(PageKey key, int64_t bytes) const {
+    auto [it, inserted] = stored_.try_emplace(key);
+    if (!inserted) stored_bytes_ -= it->second.bytes;
+    it->second = {bytes, ++use_serial_};
+    stored_bytes_ += bytes;
+    use_order_.push_back({key, use_serial_});
   }
 
   void ForgetLocked(PageKey key) const {
     auto it = stored_.find(key);
     if (it == stored_.end()) return;
-    stored_bytes_ -= it->second;
+    stored_bytes_ -= it->second.bytes;
     stored_.erase(it);
+  }
+
+  // The server evicts by its own maxmemory policy and says nothing of which keys went, so what
+  // this process believes stored would otherwise grow with every page it ever wrote (a page
+  // that is never read again is never found gone). More value bytes than maxmemory cannot all
+  // be held: the least recently written or read are forgotten until they could (the server's
+  // LRU is approximate, so a page forgotten here may still be there, and the count a little
+  // low). use_order_ lists every use (a page used again is listed again; an entry whose serial
+  // is no longer the page's is stale), compacted when stale entries outnumber the pages.
+  void ForgetEvictedLocked() const {
+    const int64_t maxmemory = counters_.maxmemory.load(std::memory_order_relaxed);
+    while (maxmemory > 0 && stored_bytes_ > maxmemory && !use_order_.empty()) {
+      const auto [key, serial] = use_order_.front();
+      use_order_.pop_front();
+      auto it = stored_.find(key);
+      if (it != stored_.end() && it->second.serial == serial) ForgetLocked(key);
+    }
+    if (use_order_.size() > 2 * stored_.size() + 1024) {
+      std::erase_if(use_order_, [this](const std::pair<PageKey, uint64_t>& use) {
+        auto it = stored_.find(use.first);
+        return it == stored_.end() || it->second.serial != use.second;
+      });
+    }
   }
 
   void CountError() {
@@ -376,9 +412,17 @@ class RedisTier final : public KvTier {
   RedisConnection async_connection_;    // GetAsync work, on worker_'s thread
 
   mutable std::mutex mutex_;
-  // What this process stored and has not erased or found gone: key -> value bytes.
-  mutable std::unordered_map<PageKey, int64_t> stored_;  // guarded by mutex_
-  mutable int64_t stored_bytes_ = 0;                      // guarded by mutex_
+  // What this process stored and has not erased, found gone or known evicted: key -> value
+  // bytes and the serial of its last write or read; use_order_ is their order
+  // (ForgetEvictedLocked).
+  struct StoredValue {
+    int64_t bytes = 0;
+    uint64_t serial = 0;
+  };
+  mutable std::unordered_map<PageKey, StoredValue> stored_;           // guarded by mutex_
+  mutable std::deque<std::pair<PageKey, uint64_t>> use_order_;        // guarded by mutex_
+  mutable int64_t stored_bytes_ = 0;                                  // guarded by mutex_
+  mutable uint64_t use_serial_ = 0;                                   // guarded by mutex_
   int64_t puts_ = 0, gets_ = 0, bytes_written_ = 0, bytes_read_ = 0;  // guarded by mutex_
   int64_t write_ops_ = 0, read_ops_ = 0, checksum_failures_ = 0;      // guarded by mutex_
   mutable int64_t errors_ = 0;                                        // guarded by mutex_

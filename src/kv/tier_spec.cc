@@ -82,7 +82,7 @@ StatusOr<TierSpec> ParseRedisSpec(std::string_view text) {
     return bad("a user name or password is not supported");
   }
   TierSpec spec;
-  spec.kind = "redis";
+  spec.kind = TierKind::kRedis;
   std::string_view host = authority, port;
   bool has_port = false;
   if (authority.starts_with('[')) {
@@ -224,7 +224,7 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
       return InvalidArgumentError(
           fmt::format("tier spec '{}': expected ram:SIZE[:zstd], e.g. ram:256MiB", text));
     }
-    spec.kind = "ram";
+    spec.kind = TierKind::kRam;
     KVL_ASSIGN_OR_RETURN(spec.capacity_bytes, size_of(parts[1]));
     if (parts.size() == 3) {
       if (Lower(parts[2]) != "zstd") {
@@ -256,7 +256,7 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
           "disk:/tmp/kv.pages:4GiB",
           text));
     }
-    spec.kind = "disk";
+    spec.kind = TierKind::kDisk;
     KVL_ASSIGN_OR_RETURN(spec.capacity_bytes, size_of(parts[last - 1]));
     const size_t path_begin = parts[0].size() + 1;
     const size_t path_end = static_cast<size_t>(parts[last - 1].data() - text.data()) - 1;
@@ -272,10 +272,10 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
 
 StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes,
                                            std::string_view identity) {
-  if (spec.kind == "ram") {
+  if (spec.kind == TierKind::kRam) {
     return MakeRamTier({.capacity_bytes = spec.capacity_bytes, .compress = spec.compress});
   }
-  if (spec.kind == "disk") {
+  if (spec.kind == TierKind::kDisk) {
     KVL_ASSIGN_OR_RETURN(std::unique_ptr<DiskKvTier> disk,
                          MakeDiskTier({.path = spec.path,
                                        .capacity_bytes = spec.capacity_bytes,
@@ -285,16 +285,24 @@ StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_by
                                        .identity = std::string(identity)}));
     return std::unique_ptr<KvTier>(std::move(disk));
   }
-  if (spec.kind == "redis") {
-    return MakeRedisTier({.host = spec.host,
-                          .port = spec.port,
-                          .name_space = spec.name_space,
-                          .identity = std::string(identity),
-                          .page_bytes = page_bytes,
-                          .ttl_seconds = spec.ttl_seconds});
+  return MakeRedisTier({.host = spec.host,
+                        .port = spec.port,
+                        .name_space = spec.name_space,
+                        .identity = std::string(identity),
+                        .page_bytes = page_bytes,
+                        .ttl_seconds = spec.ttl_seconds});
+}
+
+std::string_view TierKindName(TierKind kind) {
+  switch (kind) {
+    case TierKind::kRam:
+      return "ram";
+    case TierKind::kDisk:
+      return "disk";
+    case TierKind::kRedis:
+      return "redis";
   }
-  return InvalidArgumentError(
-      fmt::format("unknown tier kind '{}' (use ram, disk or redis)", spec.kind));
+  return "?";
 }
 
 }  // namespace kvl

@@ -122,8 +122,17 @@ TEST(ObtainProfileTest, MissingProfileIsMeasuredAnnouncedAndSaved) {
   ASSERT_TRUE(found.ok()) << found.status().ToString();
   EXPECT_EQ(*found, *p);
   const std::string found_text = again.Text();
-  EXPECT_EQ(found_text.find('\n'), found_text.size() - 1) << found_text;
-  EXPECT_TRUE(Contains(found_text, path)) << found_text;
+  // One line, and a second only to say the profile was measured on a busy machine (the test
+  // machine may well be; the user's file is used as given then).
+  const size_t first_end = found_text.find('\n');
+  EXPECT_TRUE(Contains(found_text.substr(0, first_end), path)) << found_text;
+  const std::string rest = found_text.substr(first_end + 1);
+  if (MeasuredUnderLoad(*p)) {
+    EXPECT_TRUE(Contains(rest, "note: this profile was measured on a busy machine")) << found_text;
+    EXPECT_EQ(rest.find('\n'), rest.size() - 1) << found_text;
+  } else {
+    EXPECT_EQ(rest, "") << found_text;
+  }
   EXPECT_FALSE(Contains(found_text, "measuring")) << found_text;
 }
 
@@ -302,6 +311,79 @@ TEST(ObtainProfileTest, AUsersPathThatCannotBeWrittenFailsBeforeMeasuring) {
   ASSERT_FALSE(p.ok());
   EXPECT_TRUE(Contains(p.status().message(), "is not a directory")) << p.status().ToString();
   EXPECT_FALSE(Contains(messages.Text(), "measuring")) << messages.Text();
+}
+
+// A profile measured while others took most of the CPU, at a default path.
+std::string WriteBusyProfileAtADefaultPath(const std::string& dir) {
+  MachineProfile busy = SomeValidProfile();
+  busy.others_cpu_share = 0.8;
+  busy.sample_spread = 0.1;
+  busy.timestamp = "2020-01-01T00:00:00Z";
+  const std::string path = dir + "/profile.json";
+  KVL_CHECK(SaveProfile(busy, path).ok());
+  return path;
+}
+
+ProfileOptions AtADefaultPath(const std::string& path, FILE* messages, double others_now) {
+  ProfileOptions o = Options(path, messages);
+  o.path_from_user = false;
+  o.current_others_cpu_share = [others_now] { return std::optional<double>(others_now); };
+  return o;
+}
+
+TEST(ObtainProfileTest, ABusyProfileIsMeasuredAgainOnceTheMachineIsQuiet) {
+  const std::string path = WriteBusyProfileAtADefaultPath(FreshDir("busy-quiet"));
+  Messages messages;
+  StatusOr<MachineProfile> p = Obtain(AtADefaultPath(path, messages.file(), 0.05));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::string text = messages.Text();
+  EXPECT_TRUE(Contains(text, "cost profile " + path + " was measured on a busy machine (other "
+                             "processes took 80% of the CPU, samples spread 10%) and the machine "
+                             "is quiet now: measuring this machine again"))
+      << text;
+  EXPECT_NE(p->timestamp, "2020-01-01T00:00:00Z");
+  StatusOr<MachineProfile> saved = LoadProfile(path);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(*saved, *p);
+}
+
+TEST(ObtainProfileTest, ABusyProfileIsUsedWithANoteWhileTheMachineIsStillBusy) {
+  const std::string path = WriteBusyProfileAtADefaultPath(FreshDir("busy-busy"));
+  Messages messages;
+  StatusOr<MachineProfile> p = Obtain(AtADefaultPath(path, messages.file(), 0.9));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::string text = messages.Text();
+  EXPECT_EQ(p->timestamp, "2020-01-01T00:00:00Z");
+  EXPECT_TRUE(Contains(text, "note: this profile was measured on a busy machine (other processes "
+                             "took 80% of the CPU"))
+      << text;
+  EXPECT_FALSE(Contains(text, "measuring")) << text;
+
+  // A user's file is used as given even on a quiet machine, with the command that re-measures it.
+  Messages users;
+  ProfileOptions o = AtADefaultPath(path, users.file(), 0.0);
+  o.path_from_user = true;
+  StatusOr<MachineProfile> kept = Obtain(o);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ(kept->timestamp, "2020-01-01T00:00:00Z");
+  EXPECT_TRUE(Contains(users.Text(), "kvl calibrate -m MODEL -o " + path)) << users.Text();
+}
+
+TEST(ObtainProfileTest, AProfileWithoutLoadFieldsReadsAsQuiet) {
+  const std::string path = FreshDir("no-load-fields") + "/profile.json";
+  ASSERT_TRUE(SaveProfile(SomeValidProfile(), path).ok());
+  nlohmann::json j = nlohmann::json::parse(ReadFile(path));
+  j["machine"].erase("others_cpu_share");
+  j["machine"].erase("sample_spread");
+  WriteFile(path, j.dump());
+  StatusOr<MachineProfile> p = LoadProfile(path);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->others_cpu_share, 0);
+  EXPECT_FALSE(MeasuredUnderLoad(*p));
+
+  j["machine"]["others_cpu_share"] = -0.1;
+  WriteFile(path, j.dump());
+  EXPECT_FALSE(LoadProfile(path).ok());
 }
 
 TEST(CheckProfileWritableTest, RefusesWhatSaveProfileCouldNotOrShouldNotReplace) {

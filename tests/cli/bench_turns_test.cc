@@ -79,8 +79,13 @@ TEST_F(BenchTurnsTest, EveryConfigRunsAndLosslessRepliesEqualKeepAll) {
     ASSERT_NE(c, nullptr) << name;
     EXPECT_EQ((*c)["error"], "") << name;
     ASSERT_EQ((*c)["turns"].size(), 4u) << name;
+    EXPECT_GT((*c)["rss_anon_start_bytes"].get<int64_t>(), 0) << name;
     for (const nlohmann::json& t : (*c)["turns"]) {
       EXPECT_EQ(t["reply"].size(), 32u) << name;
+      // The process's own memory, read from the kernel each turn: the heap and pool are
+      // anonymous, the mapped model file pages.
+      EXPECT_GT(t["rss_anon_peak_bytes"].get<int64_t>(), 0) << name;
+      EXPECT_GT(t["rss_file_bytes"].get<int64_t>(), 0) << name;
       const double agreement = t["agreement"].get<double>();
       EXPECT_TRUE(agreement >= 0 && agreement <= 1) << name;
     }

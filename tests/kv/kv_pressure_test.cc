@@ -25,6 +25,7 @@ class FailingReadsTier final : public KvTier {
   bool fail_reads = false;
 
   std::string_view name() const override { return inner_->name(); }
+  TierKind kind() const override { return inner_->kind(); }
   Status Put(std::span<const PageWrite> pages) override { return inner_->Put(pages); }
   std::vector<Status> Get(std::span<const PageRead> pages) override {
     std::vector<Status> statuses = inner_->Get(pages);

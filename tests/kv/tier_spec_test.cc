@@ -36,7 +36,7 @@ TEST(ParseByteSizeTest, Units) {
 TEST(ParseTierSpecTest, GoodSpecs) {
   auto ram = ParseTierSpec("ram:256MiB");
   ASSERT_TRUE(ram.ok()) << ram.status().ToString();
-  EXPECT_EQ(ram->kind, "ram");
+  EXPECT_EQ(ram->kind, TierKind::kRam);
   EXPECT_EQ(ram->capacity_bytes, 256ll << 20);
   EXPECT_FALSE(ram->compress);
 
@@ -47,7 +47,7 @@ TEST(ParseTierSpecTest, GoodSpecs) {
 
   auto disk = ParseTierSpec("disk:/tmp/kv.pages:4GiB");
   ASSERT_TRUE(disk.ok()) << disk.status().ToString();
-  EXPECT_EQ(disk->kind, "disk");
+  EXPECT_EQ(disk->kind, TierKind::kDisk);
   EXPECT_EQ(disk->path, "/tmp/kv.pages");
   EXPECT_EQ(disk->capacity_bytes, 4ll << 30);
   EXPECT_FALSE(disk->direct_io);

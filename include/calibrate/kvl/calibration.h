@@ -214,6 +214,12 @@ struct MachineProfile {
   // The 1-minute load average when calibration started: well above 0 means other processes
   // competed for the cores and the rates below are low (re-run on a quiet machine).
   double load_average = 0;
+  // While calibration ran: the share of the machine's CPU time other processes took
+  // (kvl/machine_load.h), and the median relative spread of the timed samples, (slowest -
+  // fastest) / median per measurement. MeasuredUnderLoad judges them. Both 0 in profiles written
+  // before they were recorded.
+  double others_cpu_share = 0;
+  double sample_spread = 0;
 
   CalibrationModel model;
 
@@ -280,6 +286,16 @@ struct MachineProfile {
 
   bool operator==(const MachineProfile&) const = default;
 };
+
+// A profile whose rates were measured while the machine was busy: others took more than
+// kBusyOthersCpuShare of its CPU time, or the samples spread more than kBusySampleSpread. Such
+// rates are slow for the machine once it is quiet (recomputes priced 69-117% too slow on the
+// TinyLlama shape), so ObtainProfile measures again when it finds the machine quiet.
+inline constexpr double kBusyOthersCpuShare = 0.25;
+inline constexpr double kBusySampleSpread = 0.5;
+bool MeasuredUnderLoad(const MachineProfile& profile);
+// "other processes took 62% of the CPU, samples spread 71%": why MeasuredUnderLoad said so.
+std::string LoadDescription(const MachineProfile& profile);
 
 // Every input of the cost model, one line each: its value and how it was measured, or that it
 // is a named default and why (`kvl calibrate --explain`, and the engine's profile message).

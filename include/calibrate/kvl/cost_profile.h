@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "kvl/calibration.h"
@@ -32,6 +34,9 @@ struct ProfileOptions {
   // Also say, input by input, how each was measured or that it is a named default
   // (ExplainProfile); without it one line names the defaults in use, if any.
   bool explain = false;
+  // The share of the CPU other processes take now (MeasureOthersCpuShare over a quarter of a
+  // second when empty; nullopt: unknown). Consulted only about a profile MeasuredUnderLoad.
+  std::function<std::optional<double>()> current_others_cpu_share;
 };
 
 // The profile for `model` on this machine, as ProfileOptions describes:
@@ -39,7 +44,10 @@ struct ProfileOptions {
 //   missing (or unusable at a default path) and calibrate -> measured now with ctx's pool,
 //     announced with an estimate of the time and a line per stage, saved to the path (a failed
 //     save at a default path is a warning: the profile is used for this run only);
-//   missing and !calibrate -> AnalyticProfile, announced, nothing written.
+//   missing and !calibrate -> AnalyticProfile, announced, nothing written;
+//   a profile MeasuredUnderLoad (found at a default path, or just measured) while the machine is
+//     quiet now and calibrate -> measured again (once), with a line saying why; while it is still
+//     busy (or at a user's path) -> used, with a line saying its prices are slow.
 // Errors: an unusable user-named profile (its load error, naming the file and the field);
 // a user-named path that cannot be written (before measuring); a calibration error.
 StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,

@@ -1,10 +1,12 @@
 // The engine: serves many requests at once over one model. Requests are submitted from any thread;
 // a step loop (the caller's thread in RunUntilIdle, or a background thread after Start) owns the
-// model, the paged KV manager and the forward pass, and each step runs one batched forward over
-// the decodes of every running sequence plus chunks of prompts (continuous batching with chunked
-// prefill). When the KV budget runs out the scheduler preempts the most recently admitted
-// sequence (its blocks are freed, it is requeued and recomputed later; its full blocks usually
-// come back from the prefix cache).
+// model, the KV memory (kvl/kv_memory.h: the paged pool, its tiers and store, and what decides)
+// and the forward pass, and each step runs one batched forward over the decodes of every running
+// sequence plus chunks of prompts (continuous batching with chunked prefill). When the KV budget
+// runs out, the running sequences' coldest pages leave the pool as the KV policy prices them
+// (compressed, kept in a tier, kept as checkpoints, evicted); only then is the most recently
+// admitted sequence preempted, its pages kept or dropped, and it resumes later with the kept
+// ones brought back and the rest recomputed.
 //
 // Thread-safety: Submit, Cancel and Metrics may be called from any thread. Step/RunUntilIdle must
 // not run concurrently with each other or with a background loop. Event callbacks run on the step
@@ -22,6 +24,7 @@
 
 #include "kvl/calibration.h"
 #include "kvl/kv_manager.h"
+#include "kvl/kv_memory.h"  // kDefaultStreamReserve
 #include "kvl/kv_policy.h"
 #include "kvl/kv_tier.h"  // ParseByteSize, tier specs
 #include "kvl/model.h"
@@ -41,6 +44,8 @@ struct EngineOptions {
   int64_t kv_budget_bytes = 0;      // 0: room for max_seqs full contexts, capped at 1 GiB
   int32_t block_tokens = 16;
   int32_t max_seqs = 16;            // sequences running at once
+  // Full blocks are found again by their tokens (a prefix index), and pages are kept across
+  // requests in the tiers (the KV store); off: every prompt is computed.
   bool prefix_cache = true;
   // Element type of cached keys / values (-ctk / -ctv): f32 | f16 | bf16. Half types halve the
   // pool's bytes per token; attention widens them in registers.
@@ -103,16 +108,16 @@ struct EngineOptions {
   // requests' tokens), draft (a small model, -md) or off. The cost model sends a draft only where
   // it pays, so prose the drafter cannot predict runs as plain decoding. Greedy and sampled
   // outputs are the tokens plain decoding gives (verification samples each row in order).
-  std::string spec = "ngram";
+  // Off by default: on stories260K under load, prose and a self-quoting chat measured 0.92x and
+  // 0.89x of plain decoding with ngram, below the 0.97x floor (docs/BENCHMARKS.md); a user who
+  // knows the workload repeats its input turns it on.
+  std::string spec = "off";
   int32_t draft_max = 8;              // --draft-max: draft tokens a sequence's step may carry
   std::string draft_model_path;       // -md
   // --spec-force: every draft the drafter offers is sent, whatever the cost model says (to
   // measure acceptance and step costs; tests).
   bool spec_force = false;
 };
-
-inline constexpr double kDefaultStreamReserve = 0.25;
-inline constexpr double kMaxAutoStreamReserve = 0.5;
 
 // Limits of what EngineOptions may ask for: positions are int32, and a thread or a sequence slot
 // costs memory whether used or not.

@@ -7,10 +7,12 @@
 //           + quality penalty of a (lossy actions only)            (ms-equivalent)
 //
 // Every input is measured (kvl calibrate's curves, evaluated for this page's tokens, layers and
-// position by FillPagePrices in kvl/cost_profile.h) or observed (the page's access history, the
-// pool's pressure); nothing here knows about the model beyond byte counts, so the policy is
-// unit-testable with no model bytes. Where a profile has no measurement, the named defaults
-// below stand in, and `kvl calibrate --explain` says so.
+// position by FillPagePrices in kvl/cost_profile.h, then each bring-back time corrected by what
+// the engine measured since: KvPolicyOptions::feedback, kvl/kv_price_feedback.h) or observed
+// (the page's access history, the pool's pressure); nothing here knows about the model beyond
+// byte counts, so the policy is unit-testable with no model bytes. Where a profile has no
+// measurement, the named defaults (kDefaultInt8Kld, ...) stand in, and `kvl calibrate --explain`
+// says so.
 // Thread-safety: pure functions.
 #pragma once
 

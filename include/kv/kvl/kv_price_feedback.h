@@ -56,6 +56,19 @@ inline double CorrectionFor(const BringBackFeedback* feedback, size_t key) {
   return feedback != nullptr ? feedback->Scale(key) : 1.0;
 }
 
+// A page's bring-back price: what the cost model says, and what the engine expects once the
+// model is corrected by what was measured (the one that is checked and reported).
+struct BringBackPrice {
+  double model_ms = 0;      // the profile's alone, before the measured correction
+  double predicted_ms = 0;  // corrected
+};
+
+// The one place a model price is corrected: `model_ms` times `key`'s scale in `feedback`.
+inline BringBackPrice CorrectedPrice(const BringBackFeedback* feedback, size_t key,
+                                     double model_ms) {
+  return {model_ms, model_ms * CorrectionFor(feedback, key)};
+}
+
 // The pages one bring-back event brought back (one restore call, one step's recompute), per
 // key: one observation per key and event (the sum of its pages' measured times against the sum
 // of their model times), not one per page, so that a single large event does not fill the window.

@@ -56,10 +56,16 @@ struct TierStats {
   int64_t reconnects = 0;
 };
 
+// What a tier is, which decides how the engine uses it (a RAM tier is read in place, a disk or
+// Redis tier outlives the process, Redis has no policy action of its own).
+enum class TierKind : uint8_t { kRam, kDisk, kRedis };
+std::string_view TierKindName(TierKind kind);  // "ram" | "disk" | "redis"
+
 class KvTier {
  public:
   virtual ~KvTier() = default;
-  virtual std::string_view name() const = 0;  // "ram", "disk", ...
+  virtual std::string_view name() const = 0;  // "ram", "disk", "ram (zstd)", ...
+  virtual TierKind kind() const = 0;
 
   // Stores the pages (replacing a page with the same key). RESOURCE_EXHAUSTED when they do not
   // fit; then none of them is stored.
@@ -214,7 +220,7 @@ StatusOr<std::unique_ptr<KvTier>> MakeRedisTier(const RedisTierOptions& options)
 // "redis://HOST[:PORT][/NAMESPACE][?ttl=SECONDS]" as given to --kv-tier. A disk tier is
 // persistent unless ":scratch" is given. A redis HOST may be an IPv6 address in brackets.
 struct TierSpec {
-  std::string kind;  // "ram" | "disk" | "redis"
+  TierKind kind = TierKind::kRam;
   std::string path;
   int64_t capacity_bytes = 0;
   bool compress = false;

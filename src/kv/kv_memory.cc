@@ -1,0 +1,458 @@
+// KvMemory's creation: the pool sized from the budget, the checkpoint spacing, the tiers, the
+// prices, the KV store and the planner, each decided once here (kvl/kv_memory.h).
+#include "kvl/kv_memory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "kvl/checkpoint_depth.h"
+
+namespace kvl {
+namespace {
+
+// `auto` keeps residual checkpoints in the pool's blocks only where the pool still holds this
+// many blocks with them.
+constexpr int64_t kMinBlocksWithCheckpoints = 16;
+
+// How the budget splits between the pool and the pager's buffers outside it.
+struct KvPoolSizing {
+  int64_t budget_bytes = 0;   // all of it
+  int64_t staged_pages = 0;   // pages that can be streamed or rebuilt at once
+  int64_t staging_bytes = 0;  // the pager's buffers: out of the budget
+  bool compresses = false;    // pages may be compressed: the codec's scratch is reserved
+};
+
+bool HasTier(const KvMemoryOptions& o, TierKind kind) {
+  return std::any_of(o.tiers.begin(), o.tiers.end(),
+                     [kind](const TierSpec& t) { return t.kind == kind; });
+}
+
+// The budget covers what the pager holds outside the pool too: its fixed buffers whenever pages
+// can leave the pool, and the staging of pages streamed from tiers (or rebuilt from checkpoints)
+// every step, a fraction of the budget, where running pages can go to a tier.
+KvPoolSizing SizeKvPool(const KvMemoryOptions& o, const KvBlockLayout& layout) {
+  KvPoolSizing z;
+  z.budget_bytes = o.budget_bytes;
+  if (z.budget_bytes == 0) {
+    const int64_t per_context =
+        layout.block_bytes() * ((o.context_length + o.block_tokens - 1) / o.block_tokens);
+    // Room for every sequence's whole context, within kDefaultKvBudgetBytes: a longer context
+    // pages (or is refused with the budget named), it never reserves memory for what it may use.
+    z.budget_bytes = std::min<int64_t>(per_context * o.max_seqs, kDefaultKvBudgetBytes);
+  }
+  const KvStagingCost staging = KvPager::StagingCost(layout);
+  z.compresses =
+      o.quality != KvQuality::kLossless || (!o.policy.automatic && !IsLossless(o.policy.fixed));
+  const bool has_ram = HasTier(o, TierKind::kRam);
+  const bool streams = o.policy.automatic ? has_ram || HasTier(o, TierKind::kDisk)
+                                          : o.policy.fixed == KvAction::kDemoteRam ||
+                                                o.policy.fixed == KvAction::kDemoteDisk ||
+                                                o.policy.fixed == KvAction::kRecomputeResidual;
+  const int64_t fixed_bytes = (z.compresses ? staging.fixed : 0) + staging.restore;
+  if (streams) {
+    double fraction = o.stream_reserve;
+    if (fraction == 0) {
+      // Auto. Without a RAM tier every page a running sequence keeps outside the pool is staged
+      // at every step (a disk tier with O_DIRECT, checkpoints), so one full-context sequence
+      // needs about one staged page per page of its context: a fixed quarter of a small budget
+      // stopped such a sequence long before the pool and the disk were full.
+      const int64_t context_pages =
+          (o.context_length + layout.block_tokens - 1) / layout.block_tokens;
+      const double wanted = static_cast<double>(context_pages * staging.per_page + fixed_bytes) /
+                            static_cast<double>(z.budget_bytes);
+      fraction = has_ram ? kDefaultStreamReserve
+                         : std::clamp(wanted, kDefaultStreamReserve, kMaxAutoStreamReserve);
+    }
+    const double reserve = static_cast<double>(z.budget_bytes) * fraction;
+    z.staged_pages = std::max<int64_t>(
+        1, static_cast<int64_t>(reserve - static_cast<double>(fixed_bytes)) / staging.per_page);
+  }
+  z.staging_bytes = fixed_bytes + z.staged_pages * staging.per_page;
+  return z;
+}
+
+// The prices of checkpoints every s layers for one page of this model (kvl/checkpoint_depth.h).
+CheckpointDepthPrices CheckpointPrices(const KvBlockLayout& layout, int64_t dim,
+                                       const PageCostProfile& prices) {
+  CheckpointDepthPrices p;
+  p.num_layers = layout.num_layers;
+  p.page_residual_bytes = static_cast<int64_t>(layout.block_tokens) * layout.num_layers * dim *
+                          static_cast<int64_t>(sizeof(float));
+  p.rebuild_kv_ms = prices.recompute_residual_ms;
+  p.recompute_tokens_ms = prices.recompute_tokens_ms;
+  return p;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<KvMemory>> KvMemory::Create(const KvMemoryOptions& options,
+                                                     KvPriceSource* prices) {
+  std::unique_ptr<KvMemory> memory(new KvMemory());
+  memory->options_ = options;
+  KVL_RETURN_IF_ERROR(memory->CreatePool(prices));
+  KVL_RETURN_IF_ERROR(memory->CreateLattice(prices));
+  KVL_RETURN_IF_ERROR(memory->OpenTrace());
+  return memory;
+}
+
+KvMemory::~KvMemory() = default;
+
+bool KvMemory::has_tier(TierKind kind) const { return HasTier(options_, kind); }
+
+Status KvMemory::LoadPrices(KvPriceSource* source, const std::string& disk_dir,
+                            PageCostProfile* prices) {
+  if (source == nullptr) {
+    return InternalError("the KV policy needs the machine's prices, and no price source was given");
+  }
+  KvPriceSource::Query query;
+  query.block_tokens = options_.block_tokens;  // before the pool exists (--kv-checkpoint-every)
+  for (const TierSpec& spec : options_.tiers) {
+    if (spec.kind == TierKind::kDisk) query.disk_direct = spec.direct_io;
+    if (spec.kind == TierKind::kRam) query.ram_compressed = spec.compress;
+  }
+  // Between a page's leaving and its return the steps stream the weights and read the pool:
+  // where those fit in the last-level cache, a tier page is still there when it is read back.
+  // (The checkpoint spacing is chosen before the pool exists: its budget stands for it.)
+  query.pool_bytes =
+      storage_ ? storage_->num_blocks() * storage_->layout().block_bytes() : options_.budget_bytes;
+  query.disk_dir = disk_dir;
+  return source->PagePrices(query, prices);
+}
+
+// --kv-checkpoint-every: the stride given, or (auto) the one the cost model prices cheapest. A
+// page kept as checkpoints is rebuilt at every step that reads it, so `auto` prices one rebuild
+// against the memory the checkpoints hold, at what a MiB of the pool saves per step when it holds
+// a page (K/V and checkpoints) instead of that page being rebuilt from checkpoints.
+StatusOr<int64_t> KvMemory::ChooseCheckpointEvery(KvPriceSource* source,
+                                                  const KvBlockLayout& layout) {
+  const int64_t given = options_.checkpoint_every;
+  if (given > layout.num_layers) {
+    return InvalidArgumentError(
+        fmt::format("--kv-checkpoint-every {}: the model has {} layers (use 1 to {}, or auto)",
+                    given, layout.num_layers, layout.num_layers));
+  }
+  if (layout.residual_dim == 0) return 1;  // no checkpoints are kept: nothing to space out
+  if (given > 0) return given;
+  PageCostProfile prices;
+  KVL_RETURN_IF_ERROR(LoadPrices(source, /*disk_dir=*/"", &prices));
+  CheckpointDepthPrices p = CheckpointPrices(layout, options_.dim, prices);
+  const double page_mib =
+      static_cast<double>(layout.kv_bytes() + p.page_residual_bytes) / static_cast<double>(1 << 20);
+  p.memory_price_ms_per_mib = p.rebuild_kv_ms / page_mib;
+  p.rebuilds = 1;
+  KVL_ASSIGN_OR_RETURN(const CheckpointDepthChoice choice, ChooseCheckpointDepth(p));
+  if (options_.explain) fmt::print(stderr, "kvl: --kv-checkpoint-every auto:\n{}", choice.Explain());
+  return choice.every;
+}
+
+// The paged pool sized from the budget, its storage, the pager and the forward pass's view.
+Status KvMemory::CreatePool(KvPriceSource* prices) {
+  const KvMemoryOptions& o = options_;
+  KvManagerOptions kvo;
+  kvo.layout.block_tokens = o.block_tokens;
+  kvo.layout.num_layers = o.num_layers;
+  kvo.layout.kv_dim = o.kv_dim;
+  kvo.layout.k_type = o.k_type;
+  kvo.layout.v_type = o.v_type;
+  if (KeepsResidualCheckpoints(o.policy, has_tier(TierKind::kRam), o.dim, o.kv_dim)) {
+    kvo.layout.residual_dim = o.dim;
+  }
+  KVL_ASSIGN_OR_RETURN(kvo.layout.checkpoint_every, ChooseCheckpointEvery(prices, kvo.layout));
+  KvPoolSizing z = SizeKvPool(o, kvo.layout);
+  if (o.pool_blocks > 0) {
+    const KvStagingCost staging = KvPager::StagingCost(kvo.layout);
+    z.staged_pages = o.staged_pages;
+    z.staging_bytes = (z.compresses ? staging.fixed : 0) + staging.restore +
+                      z.staged_pages * staging.per_page;
+    z.budget_bytes = o.pool_blocks * kvo.layout.block_bytes() + z.staging_bytes;
+  }
+  if (o.policy.automatic && kvo.layout.residual_dim > 0 &&
+      (z.budget_bytes - z.staging_bytes) / kvo.layout.block_bytes() < kMinBlocksWithCheckpoints) {
+    // Checkpoints are an option `auto` may take, never a reason for a budget to stop working:
+    // where they would leave the pool too few blocks, the pool keeps K/V only.
+    kvo.layout.residual_dim = 0;
+    kvo.layout.checkpoint_every = 1;
+    z = SizeKvPool(o, kvo.layout);
+  }
+  if (z.budget_bytes - z.staging_bytes < kvo.layout.block_bytes()) {
+    return ResourceExhaustedError(fmt::format(
+        "--kv-budget {} bytes holds no KV block of {} bytes once {} bytes are set aside for the "
+        "pages that leave the pool ({} staged pages; --kv-stream-reserve {})",
+        z.budget_bytes, kvo.layout.block_bytes(), z.staging_bytes, z.staged_pages,
+        o.stream_reserve == 0 ? std::string("auto") : fmt::format("{}", o.stream_reserve)));
+  }
+  kvo.budget_bytes = z.budget_bytes - z.staging_bytes;
+  kvo.model_identity = o.model_identity;
+  kvo.enable_prefix_cache = o.prefix_cache;
+  kvo.max_seqs = o.max_seqs;
+  kvo.max_seq_tokens = o.max_seq_tokens;
+  KVL_ASSIGN_OR_RETURN(manager_, KvManager::Create(kvo));
+  KVL_ASSIGN_OR_RETURN(storage_, KvBlockStorage::Create(kvo.layout, manager_->num_blocks()));
+  pager_ = std::make_unique<KvPager>(*manager_, *storage_, o.max_seqs, o.context_length);
+  pager_->ReserveStaging(z.staged_pages, z.compresses);
+  cache_ = std::make_unique<PagedKvCache>(*manager_, *storage_, pager_.get());
+  return Status::Ok();
+}
+
+// What a persistent tier's pages belong to: pages written for another model, layout or cache
+// type read as a miss in the next run, never as K/V of this one.
+std::string KvMemory::TierIdentity() const {
+  const KvBlockLayout& l = storage_->layout();
+  return fmt::format("model {:016x} block_tokens {} layers {} kv_dim {} residual_dim {} k {} v {}",
+                     options_.model_identity, l.block_tokens, l.num_layers, l.kv_dim,
+                     l.residual_dim, DTypeName(l.k_type), DTypeName(l.v_type));
+}
+
+// The lattice: tiers, what may be done to a page and at what price, the planner that decides.
+Status KvMemory::CreateLattice(KvPriceSource* source) {
+  std::string disk_dir;
+  for (const TierSpec& spec : options_.tiers) {
+    // Tier pages are one layer of K and V (KvPager), so a step streams exactly one layer.
+    KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier,
+                         MakeTier(spec, pager_->layer_page_bytes(), TierIdentity()));
+    if (const auto* disk = dynamic_cast<const DiskKvTier*>(tier.get())) {
+      fmt::print(stderr, "kvl: disk tier {}: {}\n", spec.path, disk->open_note());
+    }
+    switch (spec.kind) {
+      case TierKind::kRam:
+        ram_tier_ = std::move(tier);
+        break;
+      case TierKind::kDisk:
+        disk_tier_ = std::move(tier);
+        disk_dir = std::filesystem::path(spec.path).parent_path().string();
+        break;
+      case TierKind::kRedis:
+        redis_tier_ = std::move(tier);
+        break;
+    }
+  }
+  pager_->set_tiers({ram_tier_.get(), disk_tier_.get()});
+
+  const KvBlockLayout& layout = storage_->layout();
+  const CompressedSlabs& slabs = pager_->slabs();
+  KvPagingSetup setup;
+  setup.policy = options_.policy;
+  setup.quality = options_.quality;
+  setup.has_ram_tier = ram_tier_ != nullptr;
+  setup.has_disk_tier = disk_tier_ != nullptr;
+  setup.has_checkpoints = layout.residual_dim > 0;
+  setup.int8_fits = slabs.slots_per_slab(KvCodecType::kInt8) >= layout.num_layers;
+  setup.int4_fits = slabs.slots_per_slab(KvCodecType::kInt4) >= layout.num_layers;
+  setup.block_tokens = layout.block_tokens;
+  setup.sink_tokens = options_.sink_tokens;
+  setup.recent_tokens = options_.recent_tokens;
+  setup.explain = options_.explain;
+  PageCostProfile prices;
+  prices.kv_bytes = layout.kv_bytes();
+  // Checkpoints of every checkpoint_every-th layer (--kv-checkpoint-every).
+  prices.residual_bytes = static_cast<int64_t>(layout.block_tokens) *
+                          CheckpointLayersKept(layout.num_layers, layout.checkpoint_every) *
+                          options_.dim * static_cast<int64_t>(sizeof(float));
+  prices.int8_page_bytes = slabs.slot_bytes(KvCodecType::kInt8) * layout.num_layers;
+  prices.int4_page_bytes = slabs.slot_bytes(KvCodecType::kInt4) * layout.num_layers;
+  // The rules are checked before anything is measured: a policy that cannot run fails at once.
+  KVL_ASSIGN_OR_RETURN(KvPagingRules rules, MakeKvPagingRules(setup, prices));
+  // Without a tier only recompute-from-tokens needs a price (to report its prediction); the other
+  // policies have nothing to choose among.
+  const bool needs_profile =
+      ram_tier_ || disk_tier_ || redis_tier_ ||
+      (!options_.policy.automatic && options_.policy.fixed == KvAction::kRecomputeTokens);
+  if (needs_profile) {
+    KVL_RETURN_IF_ERROR(LoadPrices(source, disk_dir, &rules.prices));
+    // A page rebuilt from checkpoints every s layers also runs the layers between them.
+    rules.prices.recompute_residual_ms =
+        PriceCheckpointDepth(CheckpointPrices(layout, options_.dim, rules.prices),
+                             layout.checkpoint_every)
+            .rebuild_ms;
+  }
+  pager_->set_track_attention(rules.pages_running_sequences);
+  CreateStore(rules.prices, source);
+  planner_ = std::make_unique<KvPressurePlanner>(rules, *manager_, *pager_);
+  if (options_.feedback) planner_->set_feedback(&feedback_);
+  return Status::Ok();
+}
+
+// The KV store over every tier, fastest first, each with its price per page brought back. Off
+// without the prefix cache (there is no prefix identity to file pages under).
+void KvMemory::CreateStore(const PageCostProfile& prices, KvPriceSource* source) {
+  const KvBlockLayout& layout = storage_->layout();
+  if (!options_.prefix_cache || !KvStore::Fits(layout, pager_->layer_page_bytes())) return;
+  const double bytes = static_cast<double>(prices.kv_bytes);
+  auto ms = [&](double gbps, double latency_ms) {
+    return latency_ms + (gbps > 0 ? bytes / (gbps * 1e6) : 0.0);
+  };
+  std::vector<KvStoreTier> tiers;
+  // A tier is durable where it outlives the process: a persistent disk file, a Redis server.
+  if (ram_tier_) {
+    tiers.push_back({ram_tier_.get(), false, ms(prices.ram_gbps, prices.ram_latency_ms)});
+  }
+  if (disk_tier_) {
+    bool persistent = true;
+    for (const TierSpec& spec : options_.tiers) {
+      if (spec.kind == TierKind::kDisk) persistent = spec.persistent;
+    }
+    tiers.push_back(
+        {disk_tier_.get(), persistent, ms(prices.disk_read_gbps, prices.disk_latency_ms)});
+  }
+  if (redis_tier_) {
+    for (const TierSpec& spec : options_.tiers) {
+      if (spec.kind != TierKind::kRedis) continue;
+      // The server is measured now (a profile cannot hold it: it may be another machine, and
+      // another one next run); where that fails it is priced like the slowest local tier.
+      const double slowest_local = std::max(ms(prices.ram_gbps, prices.ram_latency_ms),
+                                            ms(prices.disk_read_gbps, prices.disk_latency_ms));
+      StatusOr<double> measured =
+          source != nullptr
+              ? source->MeasureRemoteReadMs(spec, pager_->layer_page_bytes(), layout.num_layers)
+              : StatusOr<double>(InternalError("no price source"));
+      if (!measured.ok()) {
+        fmt::print(stderr,
+                   "kvl: the redis tier could not be measured ({}); priced at {:.3f} ms a page\n",
+                   measured.status().ToString(), slowest_local);
+      }
+      tiers.push_back({redis_tier_.get(), true, measured.ok() ? *measured : slowest_local});
+    }
+  }
+  if (tiers.empty()) return;
+  store_ = std::make_unique<KvStore>(layout, pager_->layer_page_bytes(), std::move(tiers));
+  pager_->set_store(store_.get());
+}
+
+// --kv-trace: the trace file, its header carrying the pool's size and the cost model's price of
+// bringing one page back per action (as a resumed sequence's prefill pays it), so that a replay
+// prices misses as the engine would.
+Status KvMemory::OpenTrace() {
+  if (options_.trace_path.empty()) return Status::Ok();
+  const KvPagingRules& r = rules();
+  KvTraceHeader header;
+  header.block_tokens = r.block_tokens;
+  header.pool_blocks = manager_->num_blocks();
+  header.sink_tokens = r.sink_tokens;
+  header.recent_tokens = r.recent_tokens;
+  KvPolicyOptions po;
+  po.quality = r.quality;
+  po.phase = Phase::kPrefill;
+  const KvDecision d = ChooseKvAction(PageHistory{}, r.prices, po);
+  for (int a = 0; a < kNumKvActions; ++a) {
+    const bool available = (r.prices.available_actions >> a) & 1u;
+    header.price_ms[static_cast<size_t>(a)] =
+        available ? d.costs[static_cast<size_t>(a)].bring_back_ms : -1.0;
+  }
+  KVL_ASSIGN_OR_RETURN(trace_, KvTraceWriter::Open(options_.trace_path, header));
+  return Status::Ok();
+}
+
+Status KvMemory::CloseTrace() { return trace_ ? trace_->Close() : Status::Ok(); }
+
+std::vector<const KvTier*> KvMemory::tiers() const {
+  std::vector<const KvTier*> out;
+  for (const KvTier* tier : {ram_tier_.get(), disk_tier_.get(), redis_tier_.get()}) {
+    if (tier != nullptr) out.push_back(tier);
+  }
+  return out;
+}
+
+void KvMemory::FindInStore(std::span<const int32_t> tokens, int64_t cached_tokens,
+                           KvSequencePages* sequence_pages) {
+  if (!store_) return;
+  const int64_t block_tokens = layout().block_tokens;
+  std::vector<KvPage>& pages = sequence_pages->pages;
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  const int64_t first = cached_tokens / block_tokens;
+  int64_t last = (len - 1) / block_tokens;  // the page with the last token is computed
+  // A resumed sequence brings back what its preemption kept; the store is asked for the pages
+  // before the first of those.
+  for (int64_t b = first; b < last && static_cast<size_t>(b) < pages.size(); ++b) {
+    if (pages[static_cast<size_t>(b)].awaiting_restore) {
+      last = b;
+      break;
+    }
+  }
+  if (first >= last) return;
+  manager_->ContentChain(tokens, last, &content_ids_);
+  // Pages still in the pool but out of the prefix index's reach (an earlier page of the chain
+  // went to a tier) join the store first, so the walk through the tiers finds them.
+  for (int64_t b = first; b < last; ++b) {
+    const BlockId block = manager_->FindContent(content_ids_[static_cast<size_t>(b)]);
+    if (block != kNoBlock) pager_->SaveBlockToStore(block, content_ids_[static_cast<size_t>(b)]);
+  }
+  const int64_t found =
+      store_->Lookup(std::span(content_ids_).subspan(static_cast<size_t>(first)),
+                     tokens.subspan(static_cast<size_t>(first * block_tokens)), &found_in_);
+  const BringBackFeedback* corrections = feedback();
+  for (int64_t i = 0; i < found; ++i) {
+    KvTier* tier = found_in_[static_cast<size_t>(i)];
+    const int64_t tier_index = store_->TierIndex(tier);
+    // Named by where the page is (a zstd RAM tier is RAM too); Redis has no action of its own.
+    const KvAction action =
+        tier->kind() == TierKind::kRam ? KvAction::kDemoteRam : KvAction::kDemoteDisk;
+    const BringBackPrice promote =
+        CorrectedPrice(corrections, FeedbackKey(action, tier),
+                       store_->tiers()[static_cast<size_t>(tier_index)].promote_ms);
+    const BringBackPrice recompute =
+        CorrectedPrice(corrections, static_cast<size_t>(KvAction::kRecomputeTokens),
+                       RecomputeTokensMs(rules().prices, (first + i) * block_tokens));
+    // The cheapest way back: a tier slower than recomputing the page from its tokens is not used
+    // (nor anything after it: the pages after a recomputed one are computed with it).
+    if (promote.predicted_ms >= recompute.predicted_ms) break;
+    const size_t b = static_cast<size_t>(first + i);
+    if (pages.size() <= b) pages.resize(b + 1);
+    KvPage& page = pages[b];
+    page.fate = KvPageFate::kInTier;
+    page.action = action;
+    page.predicted_ms = promote.predicted_ms;
+    page.model_ms = promote.model_ms;
+    page.tier = tier;
+    page.content = content_ids_[b];
+    page.awaiting_restore = true;
+    // Held until it is promoted: the tier must not evict it for another page meanwhile.
+    store_->Pin(tier, page.content);
+    page.store_pin = true;
+  }
+}
+
+void KvMemory::CommitStep(const KvPlan& plan) {
+  for (const KvPlan::SeqPlan& sp : plan.seqs) {
+    for (BlockId block : sp.allocated) {
+      if (trace_) trace_->LeaveReused(manager_->FreeBlockContent(block));
+      pager_->SpillFreeBlock(block);
+    }
+    if (sp.cow_dst != kNoBlock) {
+      if (trace_) trace_->LeaveReused(manager_->FreeBlockContent(sp.cow_dst));
+      pager_->SpillFreeBlock(sp.cow_dst);
+    }
+  }
+  manager_->Commit(plan);
+  for (const KvBlockCopy& copy : plan.copies) storage_->CopyBlock(copy.src, copy.dst);
+}
+
+void KvMemory::Release(SeqId slot) {
+  if (!manager_->Contains(slot)) return;
+  if (store_) {
+    for (const KvStoreTier& t : store_->tiers()) {
+      if (t.durable) pager_->SaveToStore(slot, t.tier);
+    }
+  }
+  pager_->DropSequence(slot);
+  manager_->Free(slot);
+}
+
+void KvMemory::PublishStoreStats() {
+  if (!store_) return;
+  std::lock_guard<std::mutex> lock(store_stats_mutex_);
+  store_stats_.resize(store_->tiers().size());
+  for (size_t t = 0; t < store_stats_.size(); ++t) store_stats_[t] = store_->stats(t);
+}
+
+std::vector<KvStoreTierStats> KvMemory::StoreStats() const {
+  std::lock_guard<std::mutex> lock(store_stats_mutex_);
+  return store_stats_;
+}
+
+int64_t KvMemory::StoreTierIndex(const KvTier* tier) const {
+  return store_ ? store_->TierIndex(tier) : -1;
+}
+
+}  // namespace kvl
