@@ -35,6 +35,7 @@ EngineOptions Options(const std::string& quality, int64_t budget_pages) {
 struct Reply {
   std::vector<int32_t> tokens;
   int64_t lossy_pages = -1;  // -1: never finished
+  int64_t cached_prompt_tokens = -1;
 };
 
 // About 100 tokens of story openings; `first` picks which one leads, so the two differ.
@@ -56,7 +57,10 @@ StatusOr<RequestId> Submit(Engine& e, const std::string& prompt,
   return e.Submit(r, [out](const TokenEvent& ev) {
     EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
     if (ev.token >= 0) out->tokens.push_back(ev.token);
-    if (ev.finished) out->lossy_pages = ev.kv_lossy_pages;
+    if (ev.finished) {
+      out->lossy_pages = ev.kv_lossy_pages;
+      out->cached_prompt_tokens = ev.cached_prompt_tokens;
+    }
   });
 }
 
@@ -117,6 +121,37 @@ TEST(KvQualityRequestTest, ALosslessRequestBesideAnAggressiveOneKeepsEveryPageEx
   // The aggressive request paid for the memory instead.
   EXPECT_GT(mixed.aggressive.lossy_pages, 0);
   EXPECT_GT(mixed.aggressive_lossy_at_end, 0);
+}
+
+// A page two requests share through the prefix cache never leaves the pool while both hold it,
+// so the strictest holder's quality wins: the lossless request that computed the prefix keeps
+// every page exact although the aggressive one reading the same pages lets its own be compressed.
+TEST(KvQualityRequestTest, PagesSharedWithAnAggressiveRequestStayExactForTheLosslessOne) {
+  const std::string shared = Prompt(0);
+  Reply alone;
+  {
+    std::unique_ptr<Engine> e = std::move(Engine::Create(Options("lossless", 0)).value());
+    ASSERT_TRUE(Submit(*e, shared + " Tom", std::nullopt, &alone).ok());
+    e->RunUntilIdle();
+  }
+  ASSERT_EQ(alone.tokens.size(), static_cast<size_t>(kNewTokens));
+
+  EngineOptions o = Options("aggressive", 18);
+  o.prefix_cache = true;
+  std::unique_ptr<Engine> e = std::move(Engine::Create(o).value());
+  Reply lossless, aggressive;
+  ASSERT_TRUE(Submit(*e, shared + " Tom", KvQuality::kLossless, &lossless).ok());
+  // Its prompt computed (a first token out), its full pages are in the prefix index.
+  while (lossless.tokens.empty() && e->Step()) {
+  }
+  ASSERT_FALSE(lossless.tokens.empty());
+  ASSERT_TRUE(Submit(*e, shared + " Sue", KvQuality::kAggressive, &aggressive).ok());
+  e->RunUntilIdle();
+  ASSERT_EQ(aggressive.tokens.size(), static_cast<size_t>(kNewTokens));
+  EXPECT_GE(aggressive.cached_prompt_tokens, 32);  // the two really shared pages
+  EXPECT_GT(aggressive.lossy_pages, 0);            // and the budget took the aggressive one's
+  EXPECT_EQ(lossless.lossy_pages, 0);
+  EXPECT_EQ(lossless.tokens, alone.tokens);
 }
 
 TEST(KvQualityRequestTest, ALosslessEngineRefusesALossyRequestNamingWhy) {
