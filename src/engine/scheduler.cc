@@ -439,7 +439,8 @@ void Scheduler::PreemptAt(size_t running_index) {
   steps_since_pressure_ = 0;
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
-  planner_.PlanPreemption({seq->slot, seq->id, -1, seq->kv_quality}, seq->num_computed, phase_, &page_plan_);
+  planner_.PlanPreemption({seq->slot, seq->id, -1, seq->kv_quality}, seq->num_computed, phase_,
+                          &page_plan_);
   pager_.Preempt(seq->slot, page_plan_);
   planner_.NoteFailedActions(page_plan_);
   const int64_t bytes = kv_.options().layout.kv_bytes();
