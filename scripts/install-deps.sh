@@ -5,6 +5,7 @@ packages=(build-essential cmake ninja-build libfmt-dev libcli11-dev nlohmann-jso
           libgtest-dev libgmock-dev ccache clang-14 libclang-rt-14-dev libxxhash-dev libzstd-dev
           libcpp-httplib-dev lld libhiredis-dev redis-server
           python3             # python3 (its standard library): scripts/soak, the serve soak (ctest)
+          libboost-dev        # libboost-dev: Boost.Beast/Asio, kvl serve's HTTP transport
           python3-matplotlib  # python3-matplotlib: scripts/plot_turns.py (kvl bench turns --plot)
           unicode-data        # UnicodeData.txt: scripts/gen_unicode_tables.py (the table is committed)
           chromium)           # chromium: the web page's browser tests (tests/webui)

@@ -205,7 +205,7 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   serve_cmd->add_option("--parallel", serve.parallel, "sequences served at once (-np)")
       ->capture_default_str();
   serve_cmd->add_option("--threads-http", serve.serve.http_threads,
-                        "connection threads; 0 = -np + 4")
+                        "threads for the handlers of large requests; 0 = 4 (connections cost no thread)")
       ->capture_default_str();
   serve_cmd->add_option("--chat-template", serve.serve.chat_template,
                         "force a built-in chat template: plain, llama2, chatml, zephyr, mistral, "
@@ -214,6 +214,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
                         "render this Jinja chat template instead of the model's");
   serve_cmd->add_option("--max-body", serve.max_body, "largest request body, e.g. 8MiB")
       ->capture_default_str();
+  serve_cmd->add_option("--cors-origin", serve.serve.cors_origin,
+                        "let browsers on this origin (e.g. https://app.example, or *) call the "
+                        "API: CORS headers and preflights (default: off)");
   serve_cmd->add_option("--shutdown-grace", serve.serve.shutdown_grace_seconds,
                         "seconds running requests may finish after SIGINT/SIGTERM")
       ->capture_default_str();
@@ -569,6 +572,30 @@ StatusOr<EngineOptions> RunEngineOptions(const RunArgs& args) {
   return EngineOptionsFor(args.engine, args.parallel, args.kv_budget);
 }
 
+namespace {
+
+// --cors-origin is sent back as a header value: "*" or a scheme://host[:port] origin, nothing
+// that could end the header line or name a path.
+Status CheckCorsOrigin(const std::string& origin) {
+  if (origin.empty() || origin == "*") return Status::Ok();
+  const bool http = origin.starts_with("http://") || origin.starts_with("https://");
+  const size_t host_at = origin.find("://") + 3;
+  bool clean = http && host_at < origin.size();
+  for (size_t i = 0; clean && i < origin.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(origin[i]);
+    clean = c > 0x20 && c < 0x7f && !(i >= host_at && c == '/');
+  }
+  if (!clean) {
+    return InvalidArgumentError(fmt::format(
+        "--cors-origin '{}' is not an origin: give * or scheme://host[:port], e.g. "
+        "https://app.example",
+        origin));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ValidateServeArgs(ServeArgs* args) {
   KVL_RETURN_IF_ERROR(CheckRange("-np (--parallel)", args->parallel, 1, kMaxSeqs));
   KVL_RETURN_IF_ERROR(CheckRange("--port", args->serve.port, 0, 65535));
@@ -583,6 +610,7 @@ Status ValidateServeArgs(ServeArgs* args) {
     }
   }
   KVL_ASSIGN_OR_RETURN(args->serve.max_body_bytes, ParsePositiveBytes(args->max_body, "--max-body"));
+  KVL_RETURN_IF_ERROR(CheckCorsOrigin(args->serve.cors_origin));
   // Serving runs -np sequences at once, exactly (the engine's default of 16 is not a floor).
   EngineOptions engine = args->serve.engine;
   engine.max_seqs = args->parallel;

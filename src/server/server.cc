@@ -1,19 +1,16 @@
-// The HTTP side of `kvl serve`: cpp-httplib with a fixed pool of connection threads, one catch-all
-// handler per method that routes, authenticates and answers every error as OpenAI's error JSON,
-// and the engine's background step loop behind it. Engine events are handed to the connection
-// thread that waits for them through one small queue per request.
+// The HTTP side of `kvl serve`: one handler that routes, authenticates and answers every error as
+// OpenAI's error JSON, over the event-driven transport (http_transport.h), and the engine's
+// background step loop behind it. A completion holds no thread while it waits: the engine's
+// thread turns each event into the answer's bytes and hands them to the request's responder.
 #include "kvl/server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/socket.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -25,6 +22,7 @@
 
 #include "api_request.h"
 #include "api_response.h"
+#include "http_transport.h"
 #include "kvl/chat_template.h"
 #include "server_metrics.h"
 #include "template_routes.h"
@@ -37,8 +35,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Connections the kernel queues before the listener accepts them (capped by net.core.somaxconn).
-constexpr int kListenBacklog = 1024;
+// Requests whose body is at most this are handled on the transport's I/O thread.
+constexpr size_t kInlineBodyBytes = 16 << 10;
 
 double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -80,13 +78,26 @@ class LogprobDecoder {
   int64_t offset_ = 0;
 };
 
-// One request's events, filled by the engine's thread and drained by its connection's thread.
-struct PendingRequest {
+// One submitted completion: what its answer needs, from submission to the last event. The
+// engine's thread fills it event by event, under `mu` (held also while the request is submitted
+// and its stream started, so that no event overtakes the stream's head).
+struct LiveRequest {
+  LiveRequest(ResponseHead h, bool streamed, std::shared_ptr<HttpResponder> responder,
+              const Tokenizer& tokenizer, int32_t prompt_last_token)
+      : head(std::move(h)),
+        stream(streamed),
+        out(std::move(responder)),
+        decoder(tokenizer, prompt_last_token) {}
+
   std::mutex mu;
-  std::condition_variable cv;
-  std::vector<Piece> pieces;  // each token's share, not yet taken
-  bool finished = false;
-  TokenEvent last;  // the finished event
+  const ResponseHead head;
+  const bool stream;
+  const std::shared_ptr<HttpResponder> out;
+  LogprobDecoder decoder;
+  std::atomic<bool> finished{false};  // the engine sent its last event
+  std::vector<Piece> pieces;          // a plain answer's, until the last event
+  std::vector<int32_t> held_ids;      // a stream's token ids whose text was held back
+  bool text_sent = false;             // a stream's first frame with content went out
   Clock::time_point submitted = Clock::now();
   Clock::time_point last_token;
   bool first_token_seen = false;
@@ -103,20 +114,29 @@ constexpr Route kRoutes[] = {{"/apply-template", "POST"}, {"/health", "GET"},
                              {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
                              {kTokenizePath, "POST"},     {kDetokenizePath, "POST"}};
 
+HttpResponse JsonResponse(std::string body) {
+  return HttpResponse{200, "application/json", {}, std::move(body)};
+}
+
 class OpenAiServer {
  public:
-  explicit OpenAiServer(const ServeOptions& options) : options_(options) {}
+  explicit OpenAiServer(const ServeOptions& options)
+      : options_(options),
+        webui_({options_.webui, options_.api_key, [this]() -> const Engine* {
+                  return state_.load() == ServerState::kLoading ? nullptr : engine_.get();
+                }}) {}
   Status Run();
 
  private:
-  void Configure();
-  void Dispatch(const httplib::Request& req, httplib::Response& res);
-  void HandleHealth(httplib::Response& res);
-  void HandleModels(httplib::Response& res);
-  void HandleCompletion(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void OnEvent(PendingRequest& p, const TokenEvent& ev);
-  void Stream(const ResponseHead& head, RequestId id, std::shared_ptr<PendingRequest> p,
-              std::shared_ptr<LogprobDecoder> decoder, httplib::Response& res);
+  HttpServerOptions TransportOptions();
+  void Dispatch(const HttpRequest& req, const std::shared_ptr<HttpResponder>& out);
+  HttpResponse Health() const;
+  HttpResponse Models() const;
+  HttpResponse Preflight(const HttpRequest& req) const;
+  void HandleCompletion(Endpoint endpoint, const HttpRequest& req,
+                        const std::shared_ptr<HttpResponder>& out);
+  void OnEvent(LiveRequest& r, const TokenEvent& ev);
+  void StreamPiece(LiveRequest& r, const Piece& piece);
   void Forget(RequestId id);
   Status LoadEngine();
   void CancelAll();
@@ -124,143 +144,143 @@ class OpenAiServer {
   // gone), or at `deadline`.
   void WaitUntilAnswered(Clock::time_point deadline);
 
-  static void SendError(httplib::Response& res, const ApiError& error) {
-    res.status = error.http_status;
-    res.set_content(ErrorBody(error), "application/json");
+  // Every error answer goes through here, to be counted.
+  HttpResponse ErrorResponse(const ApiError& error) {
+    metrics_.CountHttpError(error.http_status);
+    return HttpResponse{error.http_status, "application/json", {}, ErrorBody(error)};
   }
+  void SendError(HttpResponder& out, const ApiError& error) { out.Send(ErrorResponse(error)); }
 
   ServeOptions options_;
-  httplib::Server http_;
+  // Declared before the engine, so destroyed after it: the engine's callbacks hold responders.
+  std::unique_ptr<HttpServer> http_;
   std::atomic<ServerState> state_{ServerState::kLoading};
   std::unique_ptr<Engine> engine_;  // set before state_ becomes kReady
   ApiContext context_;
   ServerMetrics metrics_;
+  WebUiRoutes webui_;
   std::mutex active_mu_;
   std::set<RequestId> active_;  // submitted and not yet answered: cancelled at shutdown
-  int listen_fd_ = -1;          // the listening socket, once bound
 };
 
-void OpenAiServer::Configure() {
-  const int threads =
-      options_.http_threads > 0 ? options_.http_threads : options_.engine.max_seqs + 4;
-  http_.new_task_queue = [threads] {
-    return new httplib::ThreadPool(static_cast<size_t>(threads));
+HttpServerOptions OpenAiServer::TransportOptions() {
+  HttpServerOptions o;
+  o.host = options_.host;
+  o.port = options_.port;
+  o.max_body_bytes = options_.max_body_bytes;
+  o.keep_alive_seconds = options_.keep_alive_seconds;
+  o.request_seconds = options_.request_timeout_seconds;
+  if (options_.http_threads > 0) o.worker_threads = options_.http_threads;
+  // /health answers on the I/O thread itself: no queue of handlers can delay it. So does every
+  // request with a small body: its handler (parse, tokenize, submit) takes well under a
+  // millisecond, less than two thread hand-offs cost on a loaded machine. Large bodies (long
+  // prompts to tokenize, templates to render) go to the workers, so that no handler holds the
+  // I/O thread for long.
+  o.run_inline = [](const HttpRequest& req) {
+    return req.path == "/health" || req.body.size() <= kInlineBodyBytes;
   };
-  // Streamed frames are small: without TCP_NODELAY each waits for the delayed ACK of the last.
-  http_.set_tcp_nodelay(true);
-  // The listening socket gets SO_REUSEADDR (a restarted server binds at once, past TIME_WAIT) but
-  // not httplib's default SO_REUSEPORT, under which a second server started on the same port binds
-  // too and silently takes part of the connections. Its fd is kept to widen the backlog (Run).
-  http_.set_socket_options([this](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    listen_fd_ = sock;
-  });
-  http_.set_keep_alive_max_count(1000);
-  http_.set_keep_alive_timeout(options_.keep_alive_seconds);
-  http_.set_read_timeout(30, 0);
-  http_.set_write_timeout(30, 0);
-  http_.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
-  auto dispatch = [this](const httplib::Request& req, httplib::Response& res) {
-    Dispatch(req, res);
+  if (!options_.cors_origin.empty()) {
+    o.headers_on_every_response.push_back({"Access-Control-Allow-Origin", options_.cors_origin});
+    // A named origin is one answer among possible others: caches must key on the Origin.
+    if (options_.cors_origin != "*") o.headers_on_every_response.push_back({"Vary", "Origin"});
+  }
+  o.error_response = [this](int status, const std::string& message) {
+    return ErrorResponse(ApiError{status, message, "invalid_request_error", "", ""});
   };
-  RegisterWebUiRoutes({options_.webui, options_.api_key,
-                       [this]() -> const Engine* {
-                         return state_.load() == ServerState::kLoading ? nullptr : engine_.get();
-                       }},
-                      &http_);
-  http_.Get(".*", dispatch);
-  http_.Post(".*", dispatch);
-  http_.Put(".*", dispatch);
-  http_.Patch(".*", dispatch);
-  http_.Delete(".*", dispatch);
-  http_.Options(".*", dispatch);
-  // Errors httplib answers itself (a body over the limit, a malformed request line) get an
-  // OpenAI error body too; every error response is counted here.
-  http_.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
-    metrics_.CountHttpError(res.status);
-    if (!res.body.empty()) return;
-    std::string message = fmt::format("HTTP error {}", res.status);
-    if (res.status == 400) message = "malformed HTTP request";
-    if (res.status == 413) {
-      message = fmt::format("the request body exceeds {} bytes", options_.max_body_bytes);
-    }
-    if (res.status == 414) message = "the request URI is too long";
-    SendError(res, ApiError{res.status, message, "invalid_request_error", "", ""});
-  });
-  http_.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        SendError(res, ApiError{500, "internal error", "server_error", "", ""});
-      });
+  return o;
 }
 
-void OpenAiServer::Dispatch(const httplib::Request& req, httplib::Response& res) {
+// A browser's CORS preflight (with --cors-origin): which methods and headers the real request
+// may use. The allowed origin itself is on every response.
+HttpResponse OpenAiServer::Preflight(const HttpRequest& req) const {
+  std::string headers(req.Header("Access-Control-Request-Headers"));
+  if (headers.empty()) headers = "Authorization, Content-Type";
+  return HttpResponse{204,
+                      "",
+                      {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                       {"Access-Control-Allow-Headers", headers},
+                       {"Access-Control-Max-Age", "86400"}},
+                      ""};
+}
+
+void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpResponder>& out) {
+  if (req.method == "OPTIONS" && !options_.cors_origin.empty()) return out->Send(Preflight(req));
+  if (std::optional<HttpResponse> page = webui_.Answer(req)) {
+    if (page->status >= 400) metrics_.CountHttpError(page->status);
+    return out->Send(std::move(*page));
+  }
   const Route* route = nullptr;
   for (const Route& r : kRoutes) {
     if (r.path == req.path) route = &r;
   }
   if (route == nullptr) {
-    return SendError(res, ApiError{404, fmt::format("Invalid URL ({} {})", req.method, req.path),
-                                   "invalid_request_error", "", "not_found"});
+    return SendError(*out, ApiError{404, fmt::format("Invalid URL ({} {})", req.method, req.path),
+                                    "invalid_request_error", "", "not_found"});
   }
   const std::string_view method = req.method == "HEAD" ? "GET" : std::string_view(req.method);
   if (method != route->method) {
-    res.set_header("Allow", std::string(route->method));
-    return SendError(res, ApiError{405,
-                                   fmt::format("Method {} not allowed on {}; use {}", req.method,
-                                               req.path, route->method),
-                                   "invalid_request_error", "", "method_not_allowed"});
+    HttpResponse response = ErrorResponse(ApiError{
+        405,
+        fmt::format("Method {} not allowed on {}; use {}", req.method, req.path, route->method),
+        "invalid_request_error", "", "method_not_allowed"});
+    response.headers.push_back({"Allow", std::string(route->method)});
+    return out->Send(std::move(response));
   }
   if (!options_.api_key.empty() &&
       (req.path.starts_with("/v1/") || req.path == "/apply-template") &&
-      req.get_header_value("Authorization") != "Bearer " + options_.api_key) {
-    return SendError(res,
+      req.Header("Authorization") != "Bearer " + options_.api_key) {
+    return SendError(*out,
                      ApiError{401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
                               "invalid_request_error", "", "invalid_api_key"});
   }
   try {
-    if (req.path == "/health") return HandleHealth(res);
+    if (req.path == "/health") return out->Send(Health());
     if (state_.load() != ServerState::kReady) {
       return SendError(
-          res, ApiError{503,
-                        state_.load() == ServerState::kLoading ? "the model is loading"
-                                                               : "the server is shutting down",
-                        "server_error", "", "unavailable"});
+          *out, ApiError{503,
+                         state_.load() == ServerState::kLoading ? "the model is loading"
+                                                                : "the server is shutting down",
+                         "server_error", "", "unavailable"});
     }
     if (req.path == "/metrics") {
-      return res.set_content(metrics_.Render(engine_->Metrics()),
-                             "text/plain; version=0.0.4; charset=utf-8");
+      return out->Send(HttpResponse{200,
+                                    "text/plain; version=0.0.4; charset=utf-8",
+                                    {},
+                                    metrics_.Render(engine_->Metrics())});
     }
-    if (req.path == "/apply-template") return HandleApplyTemplate(context_, req, res);
-    if (req.path == "/v1/models") return HandleModels(res);
+    if (req.path == "/apply-template") {
+      HttpResponse answer = AnswerApplyTemplate(context_, req.body);
+      if (answer.status >= 400) metrics_.CountHttpError(answer.status);
+      return out->Send(std::move(answer));
+    }
+    if (req.path == "/v1/models") return out->Send(Models());
     if (req.path == kTokenizePath || req.path == kDetokenizePath) {
       TokenRouteAnswer answer = AnswerTokenRoute(req.path, req.body, engine_->tokenizer());
-      if (answer.error) return SendError(res, *answer.error);
-      return res.set_content(answer.body, "application/json");
+      if (answer.error) return SendError(*out, *answer.error);
+      return out->Send(JsonResponse(std::move(answer.body)));
     }
     HandleCompletion(
         req.path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions, req,
-        res);
+        out);
   } catch (const std::exception& e) {
-    SendError(res,
+    SendError(*out,
               ApiError{500, fmt::format("internal error: {}", e.what()), "server_error", "", ""});
   }
 }
 
-void OpenAiServer::HandleHealth(httplib::Response& res) {
+HttpResponse OpenAiServer::Health() const {
   switch (state_.load()) {
     case ServerState::kReady:
-      return res.set_content(R"({"status":"ok"})", "application/json");
+      return JsonResponse(R"({"status":"ok"})");
     case ServerState::kLoading:
-      res.status = 503;
-      return res.set_content(R"({"status":"loading model"})", "application/json");
+      return HttpResponse{503, "application/json", {}, R"({"status":"loading model"})"};
     case ServerState::kDraining:
-      res.status = 503;
-      return res.set_content(R"({"status":"shutting down"})", "application/json");
+      break;
   }
+  return HttpResponse{503, "application/json", {}, R"({"status":"shutting down"})"};
 }
 
-void OpenAiServer::HandleModels(httplib::Response& res) {
+HttpResponse OpenAiServer::Models() const {
   const nlohmann::json body = {{"object", "list"},
                                {"data",
                                 {{{"id", context_.model_name},
@@ -268,39 +288,77 @@ void OpenAiServer::HandleModels(httplib::Response& res) {
                                   {"created", static_cast<int64_t>(std::time(nullptr))},
                                   {"owned_by", "kvlattice"},
                                   {"max_model_len", context_.context_length}}}}};
-  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                  "application/json");
+  return JsonResponse(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
-void OpenAiServer::OnEvent(PendingRequest& p, const TokenEvent& ev) {
+// One frame per token (a token whose text is held back near a stop string sends a frame only
+// for its log-probabilities, and its id goes out with the next frame).
+void OpenAiServer::StreamPiece(LiveRequest& r, const Piece& piece) {
+  Logprobs token_logprobs;
+  if (r.head.logprobs) r.decoder.Add(piece, &token_logprobs);
+  if (piece.token >= 0) r.held_ids.push_back(piece.token);
+  if (piece.text.empty() && token_logprobs.tokens.empty()) return;
+  const bool first = !r.text_sent;
+  r.text_sent = true;
+  r.out->Write(TextFrame(r.head, piece.text, token_logprobs, r.held_ids, first));
+  r.held_ids.clear();
+}
+
+void OpenAiServer::OnEvent(LiveRequest& r, const TokenEvent& ev) {
   const Clock::time_point now = Clock::now();
-  // Counted before the waiting thread can answer: a client that reads /metrics right after its
-  // response finds its request there.
+  // Counted before the answer goes out: a client that reads /metrics right after its response
+  // finds its request there.
   if (ev.finished) {
-    metrics_.ObserveFinished(SecondsBetween(p.submitted, now), ev.prompt_tokens,
+    metrics_.ObserveFinished(SecondsBetween(r.submitted, now), ev.prompt_tokens,
                              ev.cached_prompt_tokens, ev.generated_tokens,
                              std::string(OpenAiFinishReason(ev.finish_reason)));
   }
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    if (ev.token >= 0) {
-      if (!p.first_token_seen) {
-        metrics_.ObserveTimeToFirstToken(SecondsBetween(p.submitted, now));
-      } else {
-        metrics_.ObserveInterTokenLatency(SecondsBetween(p.last_token, now));
-      }
-      p.first_token_seen = true;
-      p.last_token = now;
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (ev.token >= 0) {
+    if (!r.first_token_seen) {
+      metrics_.ObserveTimeToFirstToken(SecondsBetween(r.submitted, now));
+    } else {
+      metrics_.ObserveInterTokenLatency(SecondsBetween(r.last_token, now));
     }
-    if (!ev.text.empty() || ev.token >= 0) {
-      p.pieces.push_back(Piece{ev.text, ev.token, ev.logprob, ev.top_logprobs});
-    }
-    if (ev.finished) {
-      p.finished = true;
-      p.last = ev;
+    r.first_token_seen = true;
+    r.last_token = now;
+  }
+  if (!ev.text.empty() || ev.token >= 0) {
+    Piece piece{ev.text, ev.token, ev.logprob, ev.top_logprobs};
+    if (r.stream) {
+      StreamPiece(r, piece);
+    } else {
+      r.pieces.push_back(std::move(piece));
     }
   }
-  p.cv.notify_all();
+  if (!ev.finished) return;
+  r.finished = true;
+  const bool failed = ev.finish_reason == "error";
+  const ApiError error{500, ev.error.message(), "server_error", "", ""};
+  const Usage usage{ev.prompt_tokens, ev.cached_prompt_tokens, ev.generated_tokens};
+  if (r.stream) {
+    if (failed) {
+      r.out->Write(ErrorFrame(error));
+    } else {
+      r.out->Write(FinishFrame(r.head, OpenAiFinishReason(ev.finish_reason)));
+      if (r.head.include_usage) r.out->Write(UsageFrame(r.head, usage));
+    }
+    r.out->Write(std::string(kDoneFrame));
+    return r.out->End();
+  }
+  if (failed) return SendError(*r.out, error);
+  std::string text;
+  Logprobs token_logprobs;
+  std::vector<int32_t> token_ids;
+  for (const Piece& piece : r.pieces) {
+    text += piece.text;
+    if (piece.token >= 0) token_ids.push_back(piece.token);
+    if (r.head.logprobs) r.decoder.Add(piece, &token_logprobs);
+  }
+  HttpResponse answer = JsonResponse(CompletionBody(
+      r.head, text, OpenAiFinishReason(ev.finish_reason), usage, token_logprobs, token_ids));
+  answer.headers.push_back({"X-Request-Id", std::to_string(ev.request)});
+  r.out->Send(std::move(answer));
 }
 
 void OpenAiServer::Forget(RequestId id) {
@@ -308,11 +366,11 @@ void OpenAiServer::Forget(RequestId id) {
   active_.erase(id);
 }
 
-void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& req,
-                                    httplib::Response& res) {
+void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
+                                    const std::shared_ptr<HttpResponder>& out) {
   CompletionParams params;
   if (auto error = ParseCompletionRequest(req.body, endpoint, context_, &params)) {
-    return SendError(res, *error);
+    return SendError(*out, *error);
   }
   // Log-probabilities name each token's text after the one before it: the prompt is tokenized
   // here to know its last token (the engine takes the ids as they are).
@@ -322,132 +380,51 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const httplib::Request& r
     request.prompt_ids = engine_->tokenizer().Encode(
         request.prompt, EncodeOptions{request.add_bos, request.parse_special});
   }
-  auto decoder = std::make_shared<LogprobDecoder>(
-      engine_->tokenizer(), request.prompt_ids.empty() ? -1 : request.prompt_ids.back());
+  const int32_t prompt_last_token = request.prompt_ids.empty() ? -1 : request.prompt_ids.back();
   // Kept before the request moves into the engine.
   std::vector<int32_t> prompt_token_ids;
   if (params.return_token_ids) prompt_token_ids = request.prompt_ids;
-  auto pending = std::make_shared<PendingRequest>();
+  auto live = std::make_shared<LiveRequest>(
+      ResponseHead{endpoint, NewResponseId(endpoint), static_cast<int64_t>(std::time(nullptr)),
+                   context_.model_name, params.include_usage, logprobs, params.return_token_ids,
+                   std::move(prompt_token_ids)},
+      params.stream, out, engine_->tokenizer(), prompt_last_token);
+  // Held until the stream's head is out: the engine's first event waits for it.
+  std::unique_lock<std::mutex> live_lock(live->mu);
   StatusOr<RequestId> id = InternalError("not submitted");
   {
     // Registered under the lock, so a shutdown's CancelAll sees every submitted request.
     std::lock_guard<std::mutex> lock(active_mu_);
     id = engine_->Submit(std::move(params.request),
-                         [this, pending](const TokenEvent& ev) { OnEvent(*pending, ev); });
+                         [this, live](const TokenEvent& ev) { OnEvent(*live, ev); });
     if (id.ok()) active_.insert(*id);
   }
-  // The engine's number for the request: the web page's KV view follows exactly its pages.
-  if (id.ok()) res.set_header("X-Request-Id", std::to_string(*id));
   if (!id.ok()) {
+    live_lock.unlock();
     const std::string param = endpoint == Endpoint::kCompletions ? "prompt" : "messages";
-    return SendError(res, ApiError{400, id.status().message(), "invalid_request_error", param, ""});
+    return SendError(*out,
+                     ApiError{400, id.status().message(), "invalid_request_error", param, ""});
   }
-  ResponseHead head{endpoint,
-                    NewResponseId(endpoint),
-                    static_cast<int64_t>(std::time(nullptr)),
-                    context_.model_name,
-                    params.include_usage,
-                    logprobs,
-                    params.return_token_ids,
-                    std::move(prompt_token_ids)};
-  if (params.stream) return Stream(head, *id, std::move(pending), std::move(decoder), res);
-
-  std::unique_lock<std::mutex> lock(pending->mu);
-  pending->cv.wait(lock, [&] { return pending->finished; });
-  Forget(*id);
-  const TokenEvent& last = pending->last;
-  if (last.finish_reason == "error") {
-    return SendError(res, ApiError{500, last.error.message(), "server_error", "", ""});
+  if (live->stream) {
+    // The engine's number for the request: the web page's KV view follows exactly its pages.
+    out->StartStream(
+        HttpResponse{200,
+                     "text/event-stream",
+                     {{"Cache-Control", "no-cache"}, {"X-Request-Id", std::to_string(*id)}},
+                     ""});
+    if (endpoint == Endpoint::kChatCompletions) out->Write(RoleFrame(live->head));
   }
-  std::string text;
-  Logprobs token_logprobs;
-  std::vector<int32_t> token_ids;
-  for (const Piece& piece : pending->pieces) {
-    text += piece.text;
-    if (piece.token >= 0) token_ids.push_back(piece.token);
-    if (logprobs) decoder->Add(piece, &token_logprobs);
-  }
-  res.set_content(
-      CompletionBody(head, text, OpenAiFinishReason(last.finish_reason),
-                     Usage{last.prompt_tokens, last.cached_prompt_tokens, last.generated_tokens},
-                     token_logprobs, token_ids),
-      "application/json");
-}
-
-void OpenAiServer::Stream(const ResponseHead& head, RequestId id,
-                          std::shared_ptr<PendingRequest> pending,
-                          std::shared_ptr<LogprobDecoder> decoder, httplib::Response& res) {
-  res.set_header("Cache-Control", "no-cache");
-  auto role_sent = std::make_shared<bool>(false);
-  auto text_sent = std::make_shared<bool>(false);
-  auto held_ids = std::make_shared<std::vector<int32_t>>();
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [head, pending, decoder, role_sent, text_sent, held_ids](size_t, httplib::DataSink& sink) {
-        auto send = [&sink](const std::string& frame) {
-          return sink.write(frame.data(), frame.size());
-        };
-        if (!*role_sent) {
-          *role_sent = true;
-          if (head.endpoint == Endpoint::kChatCompletions && !send(RoleFrame(head))) return false;
-        }
-        std::vector<Piece> pieces;
-        bool finished = false;
-        {
-          std::unique_lock<std::mutex> lock(pending->mu);
-          // A bounded wait, so a provider never blocks a shutdown forever.
-          pending->cv.wait_for(lock, std::chrono::milliseconds(200),
-                               [&] { return pending->finished || !pending->pieces.empty(); });
-          pieces.swap(pending->pieces);
-          finished = pending->finished;
-        }
-        // One frame per token (a token whose text is held back near a stop string sends a frame
-        // only for its log-probabilities).
-        for (const Piece& piece : pieces) {
-          Logprobs token_logprobs;
-          if (head.logprobs) decoder->Add(piece, &token_logprobs);
-          if (piece.token >= 0) held_ids->push_back(piece.token);
-          if (piece.text.empty() && token_logprobs.tokens.empty()) continue;
-          // A token whose text was held back (near a stop string) goes out with the next frame.
-          const bool first = !*text_sent;
-          *text_sent = true;
-          if (!send(TextFrame(head, piece.text, token_logprobs, *held_ids, first))) {
-            return false;  // the client left
-          }
-          held_ids->clear();
-        }
-        if (!finished) return true;
-        const TokenEvent& last = pending->last;
-        if (last.finish_reason == "error") {
-          if (!send(ErrorFrame(ApiError{500, last.error.message(), "server_error", "", ""}))) {
-            return false;
-          }
-        } else {
-          if (!send(FinishFrame(head, OpenAiFinishReason(last.finish_reason)))) return false;
-          if (head.include_usage &&
-              !send(UsageFrame(head, Usage{last.prompt_tokens, last.cached_prompt_tokens,
-                                           last.generated_tokens}))) {
-            return false;
-          }
-        }
-        if (!send(std::string(kDoneFrame))) return false;
-        sink.done();
-        return true;
-      },
-      // Called when the response ends, written or not: a client that went away cancels its
-      // request at once, so its sequence stops and its KV pages are freed or cached.
-      [this, id, pending](bool) {
-        bool finished;
-        {
-          std::lock_guard<std::mutex> lock(pending->mu);
-          finished = pending->finished;
-        }
-        if (!finished) {
-          engine_->Cancel(id);
-          metrics_.CountDisconnectCancel();
-        }
-        Forget(id);
-      });
+  live_lock.unlock();
+  // When the exchange ends with the request still running, its client is gone (closed, reset,
+  // or stopped reading), whatever the request's state: it is cancelled at once, so that its
+  // sequence stops and its KV pages are freed or cached.
+  out->OnDone([this, id = *id, live](bool) {
+    if (!live->finished.load()) {
+      engine_->Cancel(id);
+      metrics_.CountDisconnectCancel();
+    }
+    Forget(id);
+  });
 }
 
 Status OpenAiServer::LoadEngine() {
@@ -493,58 +470,30 @@ Status OpenAiServer::Run() {
   if (!options_.chat_template.empty()) {
     KVL_RETURN_IF_ERROR(ParseChatTemplateName(options_.chat_template).status());
   }
-  Configure();
-  int port = options_.port;
-  if (port == 0) {
-    port = http_.bind_to_any_port(options_.host);
-  } else if (!http_.bind_to_port(options_.host, port)) {
-    port = -1;
-  }
-  if (port < 0) {
-    return IoError(fmt::format("cannot listen on {}:{}", options_.host, options_.port));
-  }
-  // cpp-httplib as Debian builds it listens with a backlog of 5: sixteen clients connecting at
-  // once overflow it, and each dropped SYN is retried by the client 1 s later (then 3 s, 7 s...),
-  // which showed as 1 s outliers in TTFT and in the 16-client test. listen() on the bound socket
-  // only resizes its queue.
-  if (listen_fd_ >= 0 && ::listen(listen_fd_, kListenBacklog) != 0) {
-    fmt::print(stderr, "kvl serve: cannot widen the listen backlog: {}\n", strerror(errno));
-  }
-  fmt::print(stderr, "kvl serve: listening on http://{}:{}\n", options_.host, port);
-  std::atomic<bool> listener_done{false};
-  std::thread listener([&] {
-    http_.listen_after_bind();
-    listener_done = true;
-  });
-  // httplib's stop() does nothing until the listener thread has entered its accept loop: a load
-  // that failed at once on a busy CPU stopped a listener not yet started, which then ran forever
-  // (503 "loading model" to every client, the signals blocked). So the stop waits for the loop.
-  auto stop_accepting = [&] {
-    while (!listener_done && !http_.is_running()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    http_.stop();
-  };
+  http_ = std::make_unique<HttpServer>(
+      TransportOptions(), [this](std::shared_ptr<const HttpRequest> req,
+                                 std::shared_ptr<HttpResponder> out) { Dispatch(*req, out); });
+  StatusOr<int> port = http_->Listen();
+  if (!port.ok()) return port.status();
+  fmt::print(stderr, "kvl serve: listening on http://{}:{}\n", options_.host, *port);
+  http_->Start();
   // /health answers 503 while the model loads.
   if (Status loaded = LoadEngine(); !loaded.ok()) {
-    stop_accepting();
-    listener.join();
+    http_->Stop();
     return loaded;
   }
   state_ = ServerState::kReady;
   fmt::print(stderr, "kvl serve: ready\n");
 
   int signal_number = 0;
-  while (signal_number <= 0 && !listener_done) {
+  while (signal_number <= 0) {
     const timespec tick{0, 200 * 1000 * 1000};
     signal_number = sigtimedwait(&signals, nullptr, &tick);
   }
-  fmt::print(stderr, "kvl serve: {}, shutting down (grace {} s)\n",
-             signal_number > 0 ? strsignal(signal_number) : "listener stopped",
+  fmt::print(stderr, "kvl serve: {}, shutting down (grace {} s)\n", strsignal(signal_number),
              options_.shutdown_grace_seconds);
   // Draining: new requests get 503 while the running ones (streams included) go on for the
-  // grace period. The listener is stopped only after that: httplib's stop() also ends every
-  // chunked response at its next write, which cut streams without their finish frame and [DONE].
+  // grace period. The transport is stopped only after that: stopping closes every connection.
   state_ = ServerState::kDraining;
   const Clock::time_point deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -554,8 +503,7 @@ Status OpenAiServer::Run() {
   // frame (reason "abort") and [DONE], a plain request its text so far.
   CancelAll();
   WaitUntilAnswered(Clock::now() + std::chrono::seconds(2));
-  stop_accepting();
-  listener.join();
+  http_->Stop();
   engine_->Stop();
   fmt::print(stderr, "kvl serve: stopped\n");
   return Status::Ok();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -17,16 +18,28 @@ constexpr std::string_view kContentSecurityPolicy =
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-void ServeAsset(const WebUiAsset& asset, httplib::Response& res) {
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Content-Type-Options", "nosniff");
-  res.set_header("Content-Security-Policy", std::string(kContentSecurityPolicy));
-  res.set_content(asset.body.data(), asset.body.size(), std::string(asset.content_type));
+HttpResponse AssetResponse(const WebUiAsset& asset) {
+  return HttpResponse{200,
+                      std::string(asset.content_type),
+                      {{"Cache-Control", "no-cache"},
+                       {"X-Content-Type-Options", "nosniff"},
+                       {"Content-Security-Policy", std::string(kContentSecurityPolicy)}},
+                      std::string(asset.body)};
 }
 
-void SendError(httplib::Response& res, const ApiError& error) {
-  res.status = error.http_status;
-  res.set_content(ErrorBody(error), "application/json");
+HttpResponse ErrorResponse(const ApiError& error) {
+  return HttpResponse{error.http_status, "application/json", {}, ErrorBody(error)};
+}
+
+// An asset name as the page links them: letters, digits and "_.-" only.
+bool IsAssetName(std::string_view name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') {
+      return false;
+    }
+  }
+  return true;
 }
 
 nlohmann::json PredictionErrorJson(const KvPredictionError& e) {
@@ -123,43 +136,45 @@ std::string KvStateJson(const EngineMetrics& m, int64_t block_tokens, double now
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-void RegisterWebUiRoutes(WebUiRoutesOptions options, httplib::Server* http) {
-  if (options.serve_page) {
-    auto serve = [](std::string_view path, httplib::Response& res) {
-      const WebUiAsset* asset = FindWebUiAsset(path);
-      if (asset == nullptr) {
-        return SendError(res, ApiError{404, fmt::format("no web page asset {}", path),
-                                       "invalid_request_error", "", "not_found"});
-      }
-      ServeAsset(*asset, res);
-    };
-    http->Get("/", [serve](const httplib::Request&, httplib::Response& res) {
-      serve("index.html", res);
-    });
-    http->Get("/webui/([A-Za-z0-9_.-]+)",
-              [serve](const httplib::Request& req, httplib::Response& res) {
-                serve(req.matches[1].str(), res);
-              });
+std::optional<HttpResponse> WebUiRoutes::Answer(const HttpRequest& request) const {
+  if (request.method != "GET" && request.method != "HEAD") return std::nullopt;
+  if (request.path == "/v1/kv/state") return KvState(request);
+  if (!options_.serve_page) return std::nullopt;
+  std::string_view asset_name;
+  constexpr std::string_view kAssetPrefix = "/webui/";
+  if (request.path == "/") {
+    asset_name = "index.html";
+  } else if (request.path.starts_with(kAssetPrefix) &&
+             IsAssetName(std::string_view(request.path).substr(kAssetPrefix.size()))) {
+    asset_name = std::string_view(request.path).substr(kAssetPrefix.size());
+  } else {
+    return std::nullopt;
   }
-  const auto start = std::chrono::steady_clock::now();
-  http->Get("/v1/kv/state", [options, start](const httplib::Request& req, httplib::Response& res) {
-    if (!options.api_key.empty() &&
-        req.get_header_value("Authorization") != "Bearer " + options.api_key) {
-      return SendError(
-          res, ApiError{401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
-                        "invalid_request_error", "", "invalid_api_key"});
-    }
-    const Engine* engine = options.engine();
-    if (engine == nullptr) {
-      return SendError(res,
-                       ApiError{503, "the model is loading", "server_error", "", "unavailable"});
-    }
-    const double now_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    res.set_header("Cache-Control", "no-store");
-    res.set_content(KvStateJson(engine->Metrics(), engine->options().block_tokens, now_ms),
-                    "application/json");
-  });
+  const WebUiAsset* asset = FindWebUiAsset(asset_name);
+  if (asset == nullptr) {
+    return ErrorResponse(ApiError{404, fmt::format("no web page asset {}", asset_name),
+                                  "invalid_request_error", "", "not_found"});
+  }
+  return AssetResponse(*asset);
+}
+
+HttpResponse WebUiRoutes::KvState(const HttpRequest& request) const {
+  if (!options_.api_key.empty() &&
+      request.Header("Authorization") != "Bearer " + options_.api_key) {
+    return ErrorResponse(ApiError{401,
+                                  "Incorrect or missing API key (send Authorization: Bearer KEY)",
+                                  "invalid_request_error", "", "invalid_api_key"});
+  }
+  const Engine* engine = options_.engine();
+  if (engine == nullptr) {
+    return ErrorResponse(ApiError{503, "the model is loading", "server_error", "", "unavailable"});
+  }
+  const double now_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count();
+  return HttpResponse{200,
+                      "application/json",
+                      {{"Cache-Control", "no-store"}},
+                      KvStateJson(engine->Metrics(), engine->options().block_tokens, now_ms)};
 }
 
 }  // namespace kvl::server

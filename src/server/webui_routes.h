@@ -2,12 +2,13 @@
 // and GET /v1/kv/state, the KV memory's figures as JSON that the page polls.
 #pragma once
 
-#include <httplib.h>
-
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "http_transport.h"
 #include "kvl/engine.h"
 
 namespace kvl::server {
@@ -19,9 +20,20 @@ struct WebUiRoutesOptions {
   std::function<const Engine*()> engine;
 };
 
-// Registers the routes on `http`; call it before the server's catch-all handlers, which httplib
-// tries after these.
-void RegisterWebUiRoutes(WebUiRoutesOptions options, httplib::Server* http);
+// GET (or HEAD) /, /webui/ASSET and /v1/kv/state. Thread-safe.
+class WebUiRoutes {
+ public:
+  explicit WebUiRoutes(WebUiRoutesOptions options)
+      : options_(std::move(options)), start_(std::chrono::steady_clock::now()) {}
+  // The answer when `request` is one of these routes; nullopt for any other (the server's own).
+  std::optional<HttpResponse> Answer(const HttpRequest& request) const;
+
+ private:
+  HttpResponse KvState(const HttpRequest& request) const;
+
+  WebUiRoutesOptions options_;
+  std::chrono::steady_clock::time_point start_;  // the state's clock starts with the server
+};
 
 // The state endpoint's body: the pool's blocks by state, each tier, the prefix cache, the page
 // actions with predicted and measured bring-back times, and each running request's page map.

@@ -337,6 +337,8 @@ TEST(CliTest, OptionsOutOfRangeOrContradictoryAreErrors) {
       {"bench" + m + "-p 16 --prefix -1", "--prefix"},
       {"synth --shape tiny-test --seed 99999999999999999999 -o /tmp/x.gguf", "--seed"},
       {"calibrate -t -1" + m, "-t"},
+      {"serve" + m + "--cors-origin https://app.example/path", "--cors-origin"},
+      {"serve" + m + "--cors-origin app.example", "--cors-origin"},
   };
   for (const Case& c : cases) {
     CommandResult out = RunKvl(c.args);

@@ -17,11 +17,19 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0: any free port (printed on stderr)
   std::string api_key;             // empty: no key needed
-  int http_threads = 0;            // connection threads; 0: engine max_seqs + 4
+  // Threads that run the handlers of requests with large bodies (long prompts to tokenize,
+  // templates to render); smaller ones run on the transport's event loops, and connections
+  // cost no thread. 0: 4.
+  int http_threads = 0;
   std::string chat_template;       // empty: the GGUF's own (Jinja); else a ChatTemplateName
   std::string chat_template_file;  // a Jinja chat template to render instead of the GGUF's
   int64_t max_body_bytes = 8 << 20;
   int keep_alive_seconds = 5;
+  // From a request's first byte to its last: a client that trickles it (slowloris) is cut off.
+  double request_timeout_seconds = 30;
+  // The origin browsers may call the API from ("*": any), sent as Access-Control-Allow-Origin
+  // on every response, with CORS preflights (OPTIONS) answered. Empty: no CORS (the default).
+  std::string cors_origin;
   double shutdown_grace_seconds = 5;  // running requests may finish this long after a signal
   // The chat page at GET / and its assets (--no-webui: off). GET /v1/kv/state, the KV memory's
   // figures the page shows, is served either way: it is API, not page.
