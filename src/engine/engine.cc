@@ -325,6 +325,16 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
     return InvalidArgumentError(fmt::format("top_logprobs must be in [-1, {}], got {}",
                                             kMaxTopLogprobs, request.top_logprobs));
   }
+  // Refused rather than served with buffers the budget never counted: compressing a page takes
+  // the codec's scratch, reserved only where the engine itself may compress.
+  const KvQuality kv_quality = request.kv_quality.value_or(e.memory->rules().quality);
+  if (kv_quality != KvQuality::kLossless && !e.memory->accepts_lossy_requests()) {
+    return InvalidArgumentError(fmt::format(
+        "kv_quality '{}' lets this request's KV pages be compressed, but the engine was started "
+        "lossless and reserved no buffers for compressed pages: start it with --kv-quality "
+        "balanced or aggressive (a request may still ask for lossless there)",
+        KvQualityName(kv_quality)));
+  }
   // A text far longer than the context is refused before it is tokenized (eight 7 MiB prompts
   // grew the server by 600 MB of token ids only to be refused): every token covers at most
   // max_piece_bytes of the text, so the text has at least bytes / max_piece_bytes tokens.
@@ -360,6 +370,7 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
                                        seq->tokens.size(), e.context_length));
   }
   seq->num_prompt = static_cast<int64_t>(seq->tokens.size());
+  seq->kv_quality = kv_quality;
   KVL_RETURN_IF_ERROR(e.CheckFitsBudget(seq->num_prompt, request.max_new_tokens));
   // Room for what this request can reach, so decode steps never grow it (an unlimited request
   // grows by doubling past kReservedSequenceTokens).
@@ -515,6 +526,7 @@ const Model& Engine::model() const { return *impl_->model; }
 const Tokenizer& Engine::tokenizer() const { return *impl_->tokenizer; }
 const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::context_length() const { return impl_->context_length; }
+bool Engine::accepts_lossy_kv() const { return impl_->memory->accepts_lossy_requests(); }
 ops::Isa Engine::isa() const { return impl_->ops->isa(); }
 int Engine::num_threads() const { return impl_->pool->num_threads(); }
 const KvManager& Engine::kv_manager() const { return impl_->memory->manager(); }

@@ -59,6 +59,7 @@ TokenEvent Sequence::FinishEvent(const std::string& reason, Status error) {
   event.prompt_tokens = num_prompt;
   event.cached_prompt_tokens = std::max<int64_t>(0, cached_prompt_tokens);
   event.generated_tokens = num_generated;
+  event.kv_lossy_pages = kv_lossy_pages;
   return event;
 }
 

@@ -65,6 +65,9 @@ struct Sequence {
   int64_t restore_tokens = 0;      // this step: tokens to promote instead of compute
   bool store_checked = false;      // its prompt was looked up in the KV store
   int32_t preemptions = 0;
+  // Its request's kv_quality, or the engine's where the request left it unset.
+  KvQuality kv_quality = KvQuality::kLossless;
+  int64_t kv_lossy_pages = 0;      // its pages compressed or evicted so far
   // Finished, but its slot and lossy KV are kept for a next turn to continue (Scheduler).
   bool parked = false;
   SpecSequenceState spec;          // speculative decoding (issue 26): its draft and acceptance

@@ -171,9 +171,10 @@ int64_t Scheduler::ContinuableTokens(const Sequence& session, const Sequence& se
 void Scheduler::AdoptParkedSessions() {
   for (auto it = waiting_.begin(); it != waiting_.end() && !parked_.empty();) {
     Sequence& seq = **it;
-    // Only a new request: a preempted one has its own pages to come back to.
+    // Only a new request: a preempted one has its own pages to come back to. A lossless one
+    // never continues a session: its pages are approximate.
     if (seq.slot >= 0 || seq.preemptions > 0 || seq.cached_prompt_tokens >= 0 ||
-        seq.tokens.size() < 2) {
+        seq.tokens.size() < 2 || seq.kv_quality == KvQuality::kLossless) {
       ++it;
       continue;
     }
@@ -347,7 +348,13 @@ void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
 void Scheduler::CountAppliedActions(const KvPagePlan& plan) {
   const int64_t bytes = kv_.options().layout.kv_bytes();
   for (const KvPageAction& a : plan.actions) {
-    if (a.applied) metrics_.CountPageAction(a.action, bytes);
+    if (!a.applied) continue;
+    metrics_.CountPageAction(a.action, bytes);
+    if (IsLossless(a.action)) continue;
+    // Per request too, so a caller can see whose pages lost precision (TokenEvent).
+    for (const auto& seq : running_) {
+      if (seq->slot == a.seq) ++seq->kv_lossy_pages;
+    }
   }
 }
 
@@ -378,7 +385,7 @@ bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
   planned_running_.clear();
   for (auto& seq : running_) {
     if (seq->slot >= 0 && kv_.Contains(seq->slot)) {
-      planned_running_.push_back({seq->slot, seq->id, StepsLeft(*seq)});
+      planned_running_.push_back({seq->slot, seq->id, StepsLeft(*seq), seq->kv_quality});
     }
   }
   steps_since_pressure_ = 0;
@@ -423,7 +430,7 @@ void Scheduler::PlanPromotions(PromotionPlan* plan) {
   for (const auto& seq : running_) {
     if (seq->finished || seq->slot < 0 || !kv_.Contains(seq->slot)) continue;
     const int64_t steps_left = StepsLeft(*seq);
-    planned_running_.push_back({seq->slot, seq->id, steps_left});
+    planned_running_.push_back({seq->slot, seq->id, steps_left, seq->kv_quality});
     // What it adds within the next block_tokens steps: the tokens not in the pool yet (a
     // prompt's rest, the token just sampled), then one a step while it runs.
     const int64_t in_pool = kv_.num_tokens(seq->slot);
@@ -445,7 +452,8 @@ void Scheduler::PreemptAt(size_t running_index) {
   steps_since_pressure_ = 0;
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
-  planner_.PlanPreemption({seq->slot, seq->id}, seq->num_computed, phase_, &page_plan_);
+  planner_.PlanPreemption({seq->slot, seq->id, -1, seq->kv_quality}, seq->num_computed, phase_,
+                          &page_plan_);
   pager_.Preempt(seq->slot, page_plan_);
   planner_.NoteFailedActions(page_plan_);
   const int64_t bytes = kv_.options().layout.kv_bytes();

@@ -192,6 +192,7 @@ Status KvMemory::CreatePool(KvPriceSource* prices) {
   KVL_ASSIGN_OR_RETURN(storage_, KvBlockStorage::Create(kvo.layout, manager_->num_blocks()));
   pager_ = std::make_unique<KvPager>(*manager_, *storage_, o.max_seqs, o.context_length);
   pager_->ReserveStaging(z.staged_pages, z.compresses);
+  compresses_ = z.compresses;
   cache_ = std::make_unique<PagedKvCache>(*manager_, *storage_, pager_.get());
   return Status::Ok();
 }

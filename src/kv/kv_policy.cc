@@ -57,6 +57,15 @@ StatusOr<KvQuality> ParseKvQuality(std::string_view text) {
       fmt::format("--kv-quality '{}': use lossless, balanced or aggressive", text));
 }
 
+std::string_view KvQualityName(KvQuality quality) {
+  switch (quality) {
+    case KvQuality::kLossless: return "lossless";
+    case KvQuality::kBalanced: return "balanced";
+    case KvQuality::kAggressive: return "aggressive";
+  }
+  return "?";
+}
+
 StatusOr<KvPolicyChoice> ParseKvPolicy(std::string_view text) {
   struct Name {
     std::string_view name;

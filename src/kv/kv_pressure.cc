@@ -118,7 +118,7 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
                                        bool running, Phase phase, bool staging_room,
                                        double memory_price_ms_per_mib) const {
   KvPolicyOptions o;
-  o.quality = rules_.quality;
+  o.quality = QualityOf(seq);
   o.phase = phase;
   o.memory_price_ms_per_mib = memory_price_ms_per_mib;
   o.feedback = feedback_;
@@ -181,7 +181,9 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
 }
 
 // Full pages of the running sequences, other than the last block, whose fate is one of `fates`
-// (resident pages only where this sequence alone holds the block); where `movable_only`, only
+// (resident pages only where this sequence alone holds the block: a page that requests share
+// through the prefix cache never leaves the pool while more than one holds it, so where their
+// kv_quality differs the strictest holder wins); where `movable_only`, only
 // those outside the attention sinks and the recent window (the pages that may leave the pool).
 void KvPressurePlanner::CollectCandidates(std::span<const KvPlannedSeq> running, uint32_t fates,
                                           bool movable_only) {
@@ -227,6 +229,10 @@ void KvPressurePlanner::SortLeavingFirst() {
                      if (KvPageLeavesFirst(b.forecast, a.forecast)) return false;
                      return a.mass < b.mass;
                    });
+}
+
+KvQuality KvPressurePlanner::QualityOf(const KvPlannedSeq& seq) const {
+  return seq.quality.value_or(rules_.quality);
 }
 
 void KvPressurePlanner::NoteFailedActions(const KvPagePlan& plan) {
@@ -277,6 +283,10 @@ void KvPressurePlanner::PlanCompressedEviction(std::span<const KvPlannedSeq> run
   StartPlan(blocks_short, plan);
   if (!rules_.pages_running_sequences) return;
   CollectCandidates(running, FateBit(KvPageFate::kCompressed), /*movable_only=*/true);
+  // A lossless sequence never had a page compressed (Decide); should one ever hold a compressed
+  // page, losing it for good is still not this sequence's to accept.
+  std::erase_if(candidates_,
+                [this](const Candidate& c) { return QualityOf(c.seq) == KvQuality::kLossless; });
   SortLeavingFirst();
   // A compressed page takes a fraction of a block, so freeing blocks_short blocks takes more
   // pages than that: all of them are planned, coldest first, and applying stops when enough

@@ -115,6 +115,32 @@ class FieldReader {
   const json& object_;
 };
 
+// kvlattice's extension (as vLLM accepts its own): the request's tolerance for loss in its KV
+// pages, "lossless" | "balanced" | "aggressive". Absent or null: the server's --kv-quality.
+std::optional<ApiError> ReadKvQuality(const FieldReader& fields, const ApiContext& context,
+                                      Request* request) {
+  const json* v = fields.Find("kv_quality");
+  if (v == nullptr) return std::nullopt;
+  const std::string_view text = v->is_string() ? v->get_ref<const std::string&>() : "";
+  if (!v->is_string() || text.empty() || !ParseKvQuality(text).ok()) {
+    // What was sent, cut short: a hostile body may send megabytes here.
+    std::string sent = v->dump(-1, ' ', false, json::error_handler_t::replace);
+    if (sent.size() > 40) sent = sent.substr(0, 40) + "...";
+    return BadField("kv_quality", fmt::format("'kv_quality' must be \"lossless\", \"balanced\" "
+                                              "or \"aggressive\", got {}",
+                                              sent));
+  }
+  request->kv_quality = *ParseKvQuality(text);
+  if (*request->kv_quality != KvQuality::kLossless && !context.accepts_lossy_kv) {
+    return BadField("kv_quality",
+                    fmt::format("'kv_quality' \"{}\" lets KV pages be compressed, but this server "
+                                "was started lossless (no buffers reserved for compressed pages); "
+                                "start it with --kv-quality balanced or aggressive",
+                                text));
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> CheckModel(const FieldReader& fields, const ApiContext& context) {
   const json* model = fields.Find("model");
   if (model == nullptr) return std::nullopt;  // the one model served
@@ -379,6 +405,7 @@ std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const Api
   if (!f.Bool("return_token_ids", &out->return_token_ids)) return f.error;
   // vLLM's extension: generate max_tokens even past EOS (load generators want exact counts).
   if (!f.Bool("ignore_eos", &out->request.ignore_eos)) return f.error;
+  if (std::optional<ApiError> e = ReadKvQuality(f, context, &out->request)) return e;
   if (const json* options = f.Find("stream_options")) {
     if (!options->is_object()) {
       return BadField("stream_options", "'stream_options' must be an object");

@@ -29,6 +29,9 @@ struct ApiContext {
   std::string model_path;      // also accepted as a model name
   std::shared_ptr<const ChatFormatter> chat;  // null: the plain built-in
   int64_t context_length = 0;  // max_tokens may not exceed it
+  // The engine reserved buffers for compressed pages (Engine::accepts_lossy_kv): a request may
+  // ask for kv_quality balanced or aggressive.
+  bool accepts_lossy_kv = true;
 };
 
 enum class Endpoint { kCompletions, kChatCompletions };

@@ -433,6 +433,7 @@ Status OpenAiServer::LoadEngine() {
   context_.model_name = path.stem().string();
   context_.model_path = options_.engine.model_path;
   context_.context_length = engine_->context_length();
+  context_.accepts_lossy_kv = engine_->accepts_lossy_kv();
   KVL_ASSIGN_OR_RETURN(context_.chat, LoadChatFormatter(options_, *engine_));
   fmt::print(stderr, "kvl serve: model '{}', context {}, chat template {}\n", context_.model_name,
              context_.context_length, context_.chat->description());

@@ -161,6 +161,13 @@ struct Request {
   // in double, with this many most likely tokens beside it (0 to kMaxTopLogprobs). -1: none,
   // and the step computes nothing for this request.
   int32_t top_logprobs = -1;
+  // This request's tolerance for loss in its KV pages; unset: the engine's (--kv-quality, or
+  // what a fixed lossy --kv-policy implies). Under pressure a lossless request's pages are never
+  // compressed or evicted, whatever runs beside it; a balanced or aggressive one's may be. A page
+  // shared through the prefix cache never leaves the pool while more than one request holds it,
+  // so the strictest holder wins. A lossy quality needs an engine that reserved the codec's
+  // buffers (accepts_lossy_kv()); an engine started lossless refuses it (INVALID_ARGUMENT).
+  std::optional<KvQuality> kv_quality;
 };
 
 // One event per generated token; the last event of a request has finished = true (and may carry
@@ -176,6 +183,9 @@ struct TokenEvent {
   int64_t prompt_tokens = 0;          // on the finished event
   int64_t cached_prompt_tokens = 0;   // prompt tokens found in the prefix cache (first admission)
   int64_t generated_tokens = 0;       // on the finished event
+  // On the finished event: this request's pages compressed or evicted while it ran (0 for a
+  // lossless request).
+  int64_t kv_lossy_pages = 0;
   // When the request asked for them (top_logprobs >= 0), on each event with a token: its
   // log-probability and the request's number of most likely tokens, most likely first.
   float logprob = 0;
@@ -375,6 +385,8 @@ class Engine {
   const Tokenizer& tokenizer() const;
   const EngineOptions& options() const;
   int64_t context_length() const;
+  // Whether a request may ask for a lossy kv_quality (Request::kv_quality).
+  bool accepts_lossy_kv() const;
   ops::Isa isa() const;
   int num_threads() const;
   const KvManager& kv_manager() const;

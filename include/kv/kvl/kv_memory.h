@@ -133,6 +133,10 @@ class KvMemory {
   int64_t capacity_tokens() const { return num_blocks() * layout().block_tokens; }
   // Where no page of a running sequence may leave the pool, a request must fit it whole.
   bool pages_running_sequences() const { return rules().pages_running_sequences; }
+  // The codec's buffers were reserved from the budget (the engine's quality or policy may
+  // compress pages), so a request may ask for a lossy kv_quality. An engine started lossless
+  // reserved none, and refuses such requests rather than take memory the budget did not count.
+  bool accepts_lossy_requests() const { return compresses_; }
 
   // Admission: marks the pages of a waiting prompt (`tokens`, its page table `pages`) that the KV
   // store holds past the pool's cached prefix (`cached_tokens`) as awaiting restore, as far as
@@ -174,6 +178,7 @@ class KvMemory {
   StatusOr<int64_t> ChooseCheckpointEvery(KvPriceSource* source, const KvBlockLayout& layout);
 
   KvMemoryOptions options_;
+  bool compresses_ = false;  // the codec's staging is reserved
   std::unique_ptr<KvManager> manager_;
   std::unique_ptr<KvBlockStorage> storage_;
   std::unique_ptr<KvPager> pager_;

@@ -43,6 +43,7 @@ bool IsLossless(KvAction action);
 
 enum class KvQuality { kLossless, kBalanced, kAggressive };
 StatusOr<KvQuality> ParseKvQuality(std::string_view text);  // lossless | balanced | aggressive
+std::string_view KvQualityName(KvQuality quality);           // "lossless" ...
 
 // --kv-policy: auto, or one fixed action for comparisons and tests.
 struct KvPolicyChoice {

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "kvl/kv_manager.h"
@@ -79,6 +80,10 @@ struct KvPlannedSeq {
   // The most steps it may still take, the next one included (its max_tokens, its context); each
   // reads all its pages. -1: unknown.
   int64_t steps_left = -1;
+  // Its request's tolerance for loss (Request::kv_quality); unset: the rules' (the engine's).
+  // Relief prices this sequence's pages with it, so a lossless request's pages are never
+  // compressed or evicted whatever runs beside it.
+  std::optional<KvQuality> quality;
 };
 
 class KvPressurePlanner {
@@ -102,7 +107,8 @@ class KvPressurePlanner {
   // running sequences.
   void PlanRelief(std::span<const KvPlannedSeq> running, int64_t blocks_short, Phase phase,
                   KvPagePlan* plan);
-  // The last resort: compressed pages evicted, coldest first.
+  // The last resort: compressed pages evicted, coldest first (never a lossless sequence's: it
+  // has none, and this keeps it so).
   void PlanCompressedEviction(std::span<const KvPlannedSeq> running, int64_t blocks_short,
                               KvPagePlan* plan);
   // Between steps, with `blocks_to_spare` blocks the coming steps will not need: up to that many
@@ -142,6 +148,8 @@ class KvPressurePlanner {
     KvReuseForecast forecast;
   };
   // `fates`: a bit per KvPageFate the pages may have (FateBit).
+  // The sequence's request's quality, or the engine's.
+  KvQuality QualityOf(const KvPlannedSeq& seq) const;
   void CollectCandidates(std::span<const KvPlannedSeq> running, uint32_t fates, bool movable_only);
   void SortLeavingFirst();
   bool EarlierPagesInPool(const Candidate& c, const KvPagePlan& plan) const;
