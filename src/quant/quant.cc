@@ -185,4 +185,24 @@ void DequantizeRow(DType type, const void* row, int64_t n, float* out) {
   }
 }
 
+void Q5_0ToQ8_0(const void* q5_0, int64_t blocks, void* q8_0) {
+  const auto* in = static_cast<const BlockQ5_0*>(q5_0);
+  auto* out = static_cast<BlockQ8_0*>(q8_0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const BlockQ5_0& src = in[b];
+    BlockQ8_0& dst = out[b];
+    const uint32_t high_bits = static_cast<uint32_t>(src.qh[0]) |
+                               static_cast<uint32_t>(src.qh[1]) << 8 |
+                               static_cast<uint32_t>(src.qh[2]) << 16 |
+                               static_cast<uint32_t>(src.qh[3]) << 24;
+    dst.d = src.d;
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int low = (src.qs[j] & 0x0F) | ((high_bits >> j) & 1) << 4;
+      const int high = (src.qs[j] >> 4) | ((high_bits >> (j + kQK / 2)) & 1) << 4;
+      dst.qs[j] = static_cast<int8_t>(low - 16);
+      dst.qs[j + kQK / 2] = static_cast<int8_t>(high - 16);
+    }
+  }
+}
+
 }  // namespace kvl::quant

@@ -170,3 +170,36 @@ TEST(QuantTest, ZeroBlocksStayZero) {
 
 }  // namespace
 }  // namespace kvl::quant
+
+namespace kvl::quant {
+namespace {
+
+// Q5_0 rewritten as Q8_0 keeps every value: random blocks (every qh bit pattern and nibble
+// occurs) decoded from the format's definition, written out here, against the Q8_0 dequantizer.
+TEST(Q5_0ToQ8_0Test, KeepsEveryValueOfTheDefinition) {
+  constexpr int kBlocks = 64;
+  std::mt19937 rng(25);
+  std::vector<BlockQ5_0> q5(kBlocks);
+  for (BlockQ5_0& b : q5) {
+    b.d = Fp32ToFp16(std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng));
+    for (uint8_t& x : b.qh) x = static_cast<uint8_t>(rng());
+    for (uint8_t& x : b.qs) x = static_cast<uint8_t>(rng());
+  }
+  std::vector<BlockQ8_0> q8(kBlocks);
+  Q5_0ToQ8_0(q5.data(), kBlocks, q8.data());
+  std::vector<float> got(kBlocks * kQK);
+  DequantizeRow(DType::kQ8_0, q8.data(), kBlocks * kQK, got.data());
+  for (int b = 0; b < kBlocks; ++b) {
+    const uint32_t qh = q5[b].qh[0] | q5[b].qh[1] << 8 | q5[b].qh[2] << 16 |
+                        static_cast<uint32_t>(q5[b].qh[3]) << 24;
+    for (int i = 0; i < kQK; ++i) {
+      const int nibble = i < 16 ? q5[b].qs[i] & 0xF : q5[b].qs[i - 16] >> 4;
+      const int q = nibble + 16 * static_cast<int>((qh >> i) & 1);
+      const float want = static_cast<float>(q - 16) * Fp16ToFp32(q5[b].d);
+      ASSERT_EQ(got[static_cast<size_t>(b * kQK + i)], want) << "block " << b << " value " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvl::quant

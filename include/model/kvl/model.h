@@ -138,6 +138,9 @@ class Model {
   std::vector<LayerWeights> layers_;
   int64_t num_parameters_ = 0;
   int64_t weight_bytes_ = 0;
+  // Weights that cannot be read in place from the file: Q5_0 matrices rewritten as Q8_0
+  // (quant::Q5_0ToQ8_0). The views above point into these buffers.
+  std::vector<std::vector<uint8_t>> converted_weights_;
 };
 
 }  // namespace kvl

@@ -27,6 +27,22 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 
+// value[i] = (q[i] - 16) * fp16(d), q[i] a 5-bit integer: its low 4 bits in qs (i < 16: the low
+// nibble of qs[i]; above: the high nibble of qs[i - 16]) and its fifth bit bit i of qh (little
+// endian).
+struct BlockQ5_0 {
+  uint16_t d;  // fp16 scale
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+
+// Rewrites `blocks` Q5_0 blocks as Q8_0 blocks of exactly the same values (same scale, q - 16 in
+// [-16, 15] fits int8), so Q5_0 weights run on the Q8_0 kernels. llama-quantize writes Q5_0 for
+// the Q4_K tensors of a Q4_K_M file whose rows are not a multiple of 256 (Qwen2.5-0.5B's 896,
+// Gemma-3-1B's 1152).
+void Q5_0ToQ8_0(const void* q5_0, int64_t blocks, void* q8_0);
+
 // IEEE binary16 <-> binary32 with round-to-nearest-even; inf, nan and subnormals preserved.
 float Fp16ToFp32(uint16_t h);
 uint16_t Fp32ToFp16(float f);
