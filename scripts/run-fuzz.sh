@@ -92,7 +92,8 @@ objs="$out/cli_obj"
 mkdir -p "$objs"
 includes=()
 for d in include/*; do includes+=("-I$d"); done
-cli_sources=(src/base/*.cc src/cli/options.cc src/engine/engine_options.cc src/kv/tier_spec.cc
+cli_sources=(src/base/*.cc src/cli/options.cc src/engine/engine_options.cc src/engine/spec_drafter.cc
+             src/kv/tier_spec.cc
              src/kv/kv_policy.cc src/kv/kv_block_storage.cc src/sampling/sampler.cc
              fuzz/cli_options_fuzzer.cc)
 cli_objs=()
@@ -100,14 +101,14 @@ compiles=()
 for src in "${cli_sources[@]}"; do
   obj="$objs/$(echo "$src" | tr / _).o"
   cli_objs+=("$obj")
-  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
-    # Two compiles at a time; a failed one leaves no object, which the check below names.
-    [ "${#compiles[@]}" -ge 2 ] && { wait "${compiles[0]}"; compiles=("${compiles[@]:1}"); }
-    { "${compiler[@]}" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
-        -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
-        -Isrc/cli -c "$src" -o "$obj" || rm -f "$obj"; } &
-    compiles+=($!)
-  fi
+  # Compiled every time (a changed header would leave an older object stale; ccache, where
+  # installed, makes the unchanged ones cheap).
+  # Two compiles at a time; a failed one leaves no object, which the check below names.
+  [ "${#compiles[@]}" -ge 2 ] && { wait "${compiles[0]}"; compiles=("${compiles[@]:1}"); }
+  { "${compiler[@]}" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
+      -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
+      -Isrc/cli -c "$src" -o "$obj" || rm -f "$obj"; } &
+  compiles+=($!)
 done
 wait
 for i in "${!cli_sources[@]}"; do
