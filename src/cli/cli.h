@@ -2,8 +2,10 @@
 // where one exists. Each subcommand lives in its own file; this header is what main() needs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvl/engine.h"
@@ -11,6 +13,12 @@
 #include "kvl/server.h"
 
 namespace kvl::cli {
+
+// A command's -t: the threads asked for, or every core for 0.
+inline int ThreadsOrEveryCore(int requested) {
+  return requested > 0 ? requested
+                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 int Main(int argc, char** argv);
 

@@ -596,9 +596,7 @@ int BenchFrontierCommand(const BenchFrontierArgs& args) {
                c.context_length);
   }
 
-  const int threads = args.num_threads > 0
-                          ? args.num_threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = ThreadsOrEveryCore(args.num_threads);
   StatusOr<std::unique_ptr<ThreadPool>> pool = ThreadPool::Create(threads);
   if (!pool.ok()) return fail(pool.status());
   ops::OpsContext ctx(ops::BestIsa(), pool->get());

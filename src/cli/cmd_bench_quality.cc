@@ -157,9 +157,7 @@ int BenchQualityCommand(const BenchQualityArgs& args) {
       std::min<int64_t>(static_cast<int64_t>(texts[0].size()),
                         c.context_length > 0 ? c.context_length : INT64_MAX);
 
-  const int threads = args.num_threads > 0
-                          ? args.num_threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = ThreadsOrEveryCore(args.num_threads);
   StatusOr<std::unique_ptr<ThreadPool>> pool = ThreadPool::Create(threads);
   if (!pool.ok()) return fail(pool.status());
   ops::OpsContext ctx(ops::BestIsa(), pool->get());

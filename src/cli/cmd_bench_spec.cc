@@ -153,9 +153,7 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
   StatusOr<std::unique_ptr<Model>> model = Model::Load(args.model_path);
   if (!model.ok()) return fail(model.status());
   const ModelConfig& c = (*model)->config();
-  const int threads = args.num_threads > 0
-                          ? args.num_threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = ThreadsOrEveryCore(args.num_threads);
   StatusOr<std::unique_ptr<ThreadPool>> pool = ThreadPool::Create(threads);
   if (!pool.ok()) return fail(pool.status());
   ops::OpsContext ctx(ops::BestIsa(), pool->get());

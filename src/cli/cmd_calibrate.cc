@@ -165,9 +165,7 @@ int CalibrateCommand(const CalibrateArgs& args) {
     fmt::print(stderr, "kvl: {}\n", model.status().ToString());
     return 1;
   }
-  const int threads = args.num_threads > 0
-                          ? args.num_threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = ThreadsOrEveryCore(args.num_threads);
   StatusOr<std::unique_ptr<ThreadPool>> pool = ThreadPool::Create(threads);
   if (!pool.ok()) {
     fmt::print(stderr, "kvl calibrate: {}\n", pool.status().ToString());
