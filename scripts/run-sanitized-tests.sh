@@ -5,17 +5,20 @@ set -uo pipefail
 build="$1"
 shift
 # allocator_may_return_null: tests ask for impossible sizes on purpose and expect a clean error.
-export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:allocator_may_return_null=1"
-export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+# Every report goes to a file of its own under $reports, from the test binaries and from the kvl
+# processes they start (a `kvl serve` whose stderr the test captures would otherwise hide its
+# report: the test sees only a connection that closed).
+reports="$build/sanitizer-reports"
+rm -rf "$reports"
+mkdir -p "$reports"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:allocator_may_return_null=1:log_path=$reports/asan"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan"
 status=0
-# Left out here, run in the plain build's ctest: KvQualityFieldTest's requests get no answer from the
-# sanitized kvl serve (no sanitizer report; not yet understood, found at the end of a session).
-excluded='-KvQualityFieldTest.*'
 pids=()
 names=()
 for t in "$@"; do
   log="$build/$t.sanitized.log"
-  (cd "$build" && "./$t" --gtest_brief=1 "--gtest_filter=$excluded" >"$(basename "$log")" 2>&1) &
+  (cd "$build" && "./$t" --gtest_brief=1 >"$(basename "$log")" 2>&1) &
   pids+=($!)
   names+=("$t")
   # Two at a time: the machine has two cores.
@@ -30,5 +33,11 @@ for i in "${!pids[@]}"; do
 done
 for t in "$@"; do
   echo "sanitize: $t: $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$build/$t.sanitized.log" | tr '\n' ' ')"
+done
+for report in "$reports"/*; do
+  [ -e "$report" ] || continue
+  echo "sanitize: a sanitizer report ($report):"
+  head -60 "$report"
+  status=1
 done
 exit $status

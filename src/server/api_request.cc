@@ -121,7 +121,10 @@ std::optional<ApiError> ReadKvQuality(const FieldReader& fields, const ApiContex
                                       Request* request) {
   const json* v = fields.Find("kv_quality");
   if (v == nullptr) return std::nullopt;
-  const std::string_view text = v->is_string() ? v->get_ref<const std::string&>() : "";
+  // Both branches string_view: a ternary of `const std::string&` and "" would make a temporary
+  // std::string copy, and the view would outlive it (ASan: stack-use-after-scope).
+  const std::string_view text =
+      v->is_string() ? std::string_view(v->get_ref<const std::string&>()) : std::string_view();
   if (!v->is_string() || text.empty() || !ParseKvQuality(text).ok()) {
     // What was sent, cut short: a hostile body may send megabytes here.
     std::string sent = v->dump(-1, ' ', false, json::error_handler_t::replace);
