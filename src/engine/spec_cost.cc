@@ -51,14 +51,16 @@ double StepCostCurve::Relative(int64_t rows) const {
   if (rows <= 1) return 1.0;
   const size_t r = static_cast<size_t>(rows);
   if (r < ms_.size() && weight_[r] >= kTrustedWeight && weight_[1] >= kTrustedWeight) {
-    return ms_[r] / ms_[1];
+    // A step with more rows never costs less than one row: a noisy measurement (a cold first
+    // step, the machine's load) must not make drafts that nobody accepts look free.
+    return std::max(1.0, ms_[r] / ms_[1]);
   }
   return 1.0 + slope() * static_cast<double>(rows - 1);
 }
 
 void ChooseDraftLengths(const StepCostCurve& curve, int64_t base_rows, int64_t base_tokens,
                         int64_t max_extra_rows, std::vector<SpecCandidate>& candidates,
-                        std::vector<SpecCandidate*>* scratch) {
+                        std::vector<SpecCandidate*>* scratch, double draft_cost) {
   // The best acceptance first: its rows buy the most tokens while the step is cheap.
   std::vector<SpecCandidate*>& order = *scratch;
   order.clear();
@@ -72,17 +74,23 @@ void ChooseDraftLengths(const StepCostCurve& curve, int64_t base_rows, int64_t b
   });
   int64_t rows = std::max<int64_t>(base_rows, 1);
   double tokens = static_cast<double>(std::max<int64_t>(base_tokens, 1));
+  double drafting = 0;  // the chosen drafts' own cost, relative to a one-row step
   for (SpecCandidate* c : order) {
-    const double rate = tokens / curve.Relative(rows);
+    const double base = curve.Relative(rows);
+    const double rate = tokens / (base + drafting);
     double best_rate = rate * kMinGain;
     for (int64_t k = 1; k <= c->offered && k <= max_extra_rows; ++k) {
-      const double r = (tokens + ExpectedTokens(c->acceptance, k) - 1) / curve.Relative(rows + k);
+      // (More rows never cost less, whatever the noise in the curve's means.)
+      const double cost = std::max(base, curve.Relative(rows + k)) + drafting +
+                          draft_cost * static_cast<double>(k);
+      const double r = (tokens + ExpectedTokens(c->acceptance, k) - 1) / cost;
       if (r > best_rate) {
         best_rate = r;
         c->chosen = k;
       }
     }
     rows += c->chosen;
+    drafting += draft_cost * static_cast<double>(c->chosen);
     max_extra_rows -= c->chosen;
     tokens += ExpectedTokens(c->acceptance, c->chosen) - 1;
   }

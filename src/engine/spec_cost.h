@@ -59,9 +59,11 @@ struct SpecCandidate {
 
 // Chooses each candidate's draft length for a step whose other rows are `base_rows` (one per
 // decoding sequence, plus any prefill tokens) and that yields `base_tokens` tokens without
-// drafts, within `max_extra_rows` draft rows in all. `scratch` is reused (no allocation per step).
+// drafts, within `max_extra_rows` draft rows in all. `draft_cost`: what drafting one token costs
+// on top of its row, relative to a one-row step (a draft model's pass; 0 for a lookup). `scratch`
+// is reused (no allocation per step).
 void ChooseDraftLengths(const StepCostCurve& curve, int64_t base_rows, int64_t base_tokens,
                         int64_t max_extra_rows, std::vector<SpecCandidate>& candidates,
-                        std::vector<SpecCandidate*>* scratch);
+                        std::vector<SpecCandidate*>* scratch, double draft_cost = 0);
 
 }  // namespace kvl

@@ -27,6 +27,14 @@ enum class SpecMode { kOff, kNgram, kSuffix, kDraftModel };
 StatusOr<SpecMode> ParseSpecMode(std::string_view text);
 std::string_view SpecModeName(SpecMode mode);
 
+// One sequence's part of a DraftAll.
+struct DraftRequest {
+  int32_t key = 0;  // the sequence's slot: where a drafter with state per sequence keeps it
+  std::span<const int32_t> context;
+  int32_t max_tokens = 0;
+  std::vector<int32_t>* draft = nullptr;  // out
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -34,8 +42,18 @@ class Drafter {
   // the drafter has nothing to offer). Allocates nothing once *draft holds max_tokens.
   virtual void Draft(std::span<const int32_t> context, int32_t max_tokens,
                      std::vector<int32_t>* draft) = 0;
+  // Every decoding sequence's draft at once (a draft model runs them in one batched pass per
+  // token); by default one Draft each.
+  virtual void DraftAll(std::span<const DraftRequest> requests) {
+    for (const DraftRequest& r : requests) Draft(r.context, r.max_tokens, r.draft);
+  }
   // A request's tokens (prompt and output) as it ends: what later requests may draft from.
   virtual void Remember(std::span<const int32_t> tokens) { (void)tokens; }
+  // The sequence under `key` ended: whatever the drafter keeps for it may go.
+  virtual void Forget(int32_t key) { (void)key; }
+  // Whether a draft costs compute worth weighing (a draft model's passes) rather than a lookup:
+  // the speculator then asks for only as many tokens as the cost model would send.
+  virtual bool costly() const { return false; }
 };
 
 inline constexpr int32_t kMaxNgram = 4;

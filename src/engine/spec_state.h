@@ -27,6 +27,9 @@ struct SpecSequenceState {
   // so that the rate follows the text (a quoted passage ends, prose begins).
   double matched = 0;
   double compared = 0;
+  // A draft model's steps since it last drafted for this sequence: where the cost model sends
+  // nothing, it drafts a short probe every kProbeEvery steps only (speculator.cc).
+  int64_t steps_since_draft = 0;
 };
 
 }  // namespace kvl

@@ -1,6 +1,7 @@
 #include "speculator.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace kvl {
 namespace {
@@ -12,17 +13,43 @@ constexpr double kAcceptDecay = 0.97;
 constexpr double kPriorTokens = 4;
 // Before anything was compared at all: optimistic, so that drafts are tried and measured.
 constexpr double kFirstPrior = 0.6;
+// A costly drafter (a draft model) that the cost model keeps off drafts a probe of this many
+// tokens every kProbeEvery steps of a sequence, as a shadow: the acceptance stays measured, so
+// drafting comes back where the text turns predictable, at a small share of a step's cost.
+constexpr int64_t kProbeEvery = 16;
+constexpr int64_t kProbeTokens = 2;
+// A draft's time per token weighs as much as this many older ones together (a decayed mean).
+constexpr double kDraftCostDecay = 0.9;
+
+std::unique_ptr<Drafter> MakeLookupDrafter(SpecMode mode) {
+  if (mode == SpecMode::kSuffix) return std::make_unique<SuffixDrafter>();
+  return std::make_unique<NgramDrafter>();
+}
 
 }  // namespace
 
-Speculator::Speculator(const SpecOptions& options)
+Speculator::Speculator(const SpecOptions& options, std::unique_ptr<Drafter> drafter)
     : options_(options),
-      drafter_(options.mode == SpecMode::kSuffix ? std::unique_ptr<Drafter>(new SuffixDrafter())
-                                                 : std::unique_ptr<Drafter>(new NgramDrafter())),
+      drafter_(drafter != nullptr ? std::move(drafter) : MakeLookupDrafter(options.mode)),
       curve_(options.max_batch_tokens) {
   candidates_.reserve(static_cast<size_t>(options.max_seqs));
   order_.reserve(static_cast<size_t>(options.max_seqs));
   drafting_.reserve(static_cast<size_t>(options.max_seqs));
+  requests_.reserve(static_cast<size_t>(options.max_seqs));
+}
+
+double Speculator::DraftCostRelative() const {
+  const double one_row = curve_.one_row_ms();
+  return one_row > 0 && draft_weight_ > 0 ? draft_ms_ / one_row : 0.0;
+}
+
+void Speculator::PlanCostlyDrafts(int64_t base_rows, int64_t base_tokens, int64_t room) {
+  if (options_.force) {
+    for (SpecCandidate& c : candidates_) c.chosen = c.offered;
+    return;
+  }
+  ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_,
+                     DraftCostRelative());
 }
 
 int64_t Speculator::max_draft_rows() const {
@@ -91,22 +118,61 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
       limit = std::min<int64_t>(limit, seq.request.max_new_tokens - seq.num_generated - 1);
     }
     if (limit <= 0) continue;
-    drafter_->Draft(seq.tokens, static_cast<int32_t>(limit), &seq.spec.shadow);
-    if (seq.spec.shadow.empty()) continue;
-    seq.spec.shadow_at = len;
-    candidates_.push_back({static_cast<int64_t>(seq.spec.shadow.size()), AcceptanceOf(seq), 0});
+    // (The candidate offers the limit for now: a costly drafter is asked for what the cost
+    // model would send of it; a lookup offers what it finds.)
+    candidates_.push_back({limit, AcceptanceOf(seq), 0});
     drafting_.push_back(&seq);
   }
   if (candidates_.empty()) return;
   base_rows = std::min(base_rows, options_.max_batch_tokens);
   const int64_t room = std::min(max_draft_rows(), options_.max_batch_tokens - base_rows);
+  const bool costly = drafter_->costly();
+  if (costly) PlanCostlyDrafts(base_rows, base_tokens, room);
+
+  requests_.clear();
+  for (size_t i = 0; i < drafting_.size(); ++i) {
+    Sequence& seq = *drafting_[i];
+    int64_t ask = candidates_[i].offered;
+    if (costly) {
+      ask = candidates_[i].chosen;
+      if (ask == 0 && ++seq.spec.steps_since_draft >= kProbeEvery) {
+        ask = std::min(kProbeTokens, candidates_[i].offered);
+      }
+      if (ask > 0) seq.spec.steps_since_draft = 0;
+    }
+    if (ask > 0) {
+      requests_.push_back({seq.slot, seq.tokens, static_cast<int32_t>(ask), &seq.spec.shadow});
+    }
+  }
+  if (requests_.empty()) return;
+  const auto started = std::chrono::steady_clock::now();
+  drafter_->DraftAll(requests_);
+  if (costly) {
+    int64_t drafted = 0;
+    for (const DraftRequest& r : requests_) drafted += static_cast<int64_t>(r.draft->size());
+    if (drafted > 0) {
+      const double ms = std::chrono::duration<double, std::milli>(
+                            std::chrono::steady_clock::now() - started).count();
+      draft_weight_ = draft_weight_ * kDraftCostDecay + 1;
+      draft_ms_ += (ms / static_cast<double>(drafted) - draft_ms_) / draft_weight_;
+    }
+  }
+
+  for (size_t i = 0; i < drafting_.size(); ++i) {
+    Sequence& seq = *drafting_[i];
+    SpecCandidate& c = candidates_[i];
+    const auto offered = static_cast<int64_t>(seq.spec.shadow.size());
+    if (offered > 0) seq.spec.shadow_at = static_cast<int64_t>(seq.tokens.size());
+    c.offered = offered;
+    c.chosen = std::min(c.chosen, offered);  // a costly drafter's plan (a probe sends nothing)
+  }
   if (options_.force) {
     int64_t left = room;
     for (SpecCandidate& c : candidates_) {
       c.chosen = std::min(c.offered, left);
       left -= c.chosen;
     }
-  } else {
+  } else if (!costly) {
     ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_);
   }
   for (size_t i = 0; i < drafting_.size(); ++i) {
