@@ -35,27 +35,47 @@ void StepCostCurve::Observe(int64_t rows, double ms) {
   ms_[r] += (ms - ms_[r]) / weight_[r];
 }
 
+bool StepCostCurve::measured(int64_t rows) const {
+  return rows >= 1 && rows < static_cast<int64_t>(ms_.size()) &&
+         weight_[static_cast<size_t>(rows)] >= kTrustedWeight;
+}
+
+int64_t StepCostCurve::reference() const {
+  for (int64_t r = 1; r < static_cast<int64_t>(ms_.size()); ++r) {
+    if (measured(r)) return r;
+  }
+  return 0;
+}
+
+double StepCostCurve::reference_ms() const {
+  const int64_t ref = reference();
+  return ref > 0 ? ms_[static_cast<size_t>(ref)] : 0.0;
+}
+
 double StepCostCurve::slope() const {
-  if (weight_[1] <= 0) return prior_slope_;
-  // Weighted mean of (T(R) / T(1) - 1) / (R - 1) over the measured row counts.
+  const int64_t ref = reference();
+  if (ref == 0) return prior_slope_;
+  // Weighted mean of (T(R) / T(ref) - 1) / (R - ref) over the row counts measured above ref.
+  const double ref_ms = ms_[static_cast<size_t>(ref)];
   double sum = 0, weight = 0;
-  for (size_t r = 2; r < ms_.size(); ++r) {
+  for (size_t r = static_cast<size_t>(ref) + 1; r < ms_.size(); ++r) {
     if (weight_[r] <= 0) continue;
-    sum += weight_[r] * (ms_[r] / ms_[1] - 1) / static_cast<double>(r - 1);
+    sum += weight_[r] * (ms_[r] / ref_ms - 1) / static_cast<double>(r - static_cast<size_t>(ref));
     weight += weight_[r];
   }
   return weight > 0 ? std::max(0.0, sum / weight) : prior_slope_;
 }
 
 double StepCostCurve::Relative(int64_t rows) const {
-  if (rows <= 1) return 1.0;
-  const size_t r = static_cast<size_t>(rows);
-  if (r < ms_.size() && weight_[r] >= kTrustedWeight && weight_[1] >= kTrustedWeight) {
-    // A step with more rows never costs less than one row: a noisy measurement (a cold first
-    // step, the machine's load) must not make drafts that nobody accepts look free.
-    return std::max(1.0, ms_[r] / ms_[1]);
+  const int64_t ref = std::max<int64_t>(reference(), 1);
+  if (rows == ref) return 1.0;
+  if (measured(rows) && measured(ref)) {
+    const double ratio = ms_[static_cast<size_t>(rows)] / ms_[static_cast<size_t>(ref)];
+    // A step with more rows never costs less: a noisy measurement (a cold first step, the
+    // machine's load) must not make drafts that nobody accepts look free.
+    return rows > ref ? std::max(1.0, ratio) : std::min(1.0, ratio);
   }
-  return 1.0 + slope() * static_cast<double>(rows - 1);
+  return std::max(0.1, 1.0 + slope() * static_cast<double>(rows - ref));
 }
 
 void ChooseDraftLengths(const StepCostCurve& curve, int64_t base_rows, int64_t base_tokens,

@@ -8,9 +8,11 @@
 // more per extra row, and prose the drafter cannot predict has a low acceptance, so both turn
 // speculation down or off by themselves.
 //
-// T(R) is measured online (StepCostCurve::Observe after each forward run) per row count, and
-// where a row count has not been measured, from the measured steps' slope, or a prior slope
-// until any step with more than one row was measured.
+// T(R) is measured online (StepCostCurve::Observe after each step: the engine's whole step,
+// drafting aside, since on a small model the engine's own work per step outweighs the forward
+// pass) per row count, relative to the fewest rows measured, and where a row count has not
+// been measured, from the measured steps' slope, or a prior slope until any step with more rows
+// was measured.
 //
 // Thread-safety: owned by the step loop.
 #pragma once
@@ -35,14 +37,19 @@ class StepCostCurve {
   // curve gets its first measurements).
   explicit StepCostCurve(int64_t max_rows, double prior_slope = 0.02);
 
-  // A forward run of `rows` rows took `ms`.
+  // A step of `rows` rows took `ms`.
   void Observe(int64_t rows, double ms);
-  // T(rows) / T(1): measured, or from the slope.
+  // Whether `rows` rows were measured often enough for their own mean to be used.
+  bool measured(int64_t rows) const;
+  // The row count the curve is relative to: the fewest measured (one row alone; the batch's rows
+  // when sequences decode together), or 0 before any.
+  int64_t reference() const;
+  // T(rows) / T(reference()): measured, or from the slope (the prior before any measurement).
   double Relative(int64_t rows) const;
   // The slope per extra row in use (measured, or the prior).
   double slope() const;
-  // T(1) in ms (0 until measured).
-  double one_row_ms() const { return ms_[1]; }
+  // T(reference()) in ms (0 until measured).
+  double reference_ms() const;
 
  private:
   std::vector<double> ms_;      // per row count: decayed mean ms (0: none)

@@ -39,7 +39,7 @@ struct DraftModelOptions {
   int64_t context_length = 0;   // the target's context (the draft needs one as long)
   int32_t draft_max = 8;        // draft tokens per sequence and step
   int64_t max_batch_tokens = 512;  // rows of one draft pass (catch-up runs in chunks)
-  int32_t block_tokens = 4;     // the draft pool's block: a rollback recomputes less than one
+  int32_t block_tokens = 16;    // the draft pool's block (attention reads a block per run)
   // The draft pool's bytes: at most this, less where every slot's whole context fits in less.
   int64_t budget_bytes = int64_t{256} << 20;
 };

@@ -20,6 +20,10 @@ constexpr int64_t kProbeEvery = 16;
 constexpr int64_t kProbeTokens = 2;
 // A draft's time per token weighs as much as this many older ones together (a decayed mean).
 constexpr double kDraftCostDecay = 0.9;
+// Every this many steps, and while the step's rows without drafts were not measured, a step goes
+// without drafts: the cost of a draft's rows is only known against the step without them (a
+// sequence whose drafts are always taken would otherwise never measure it again).
+constexpr int64_t kMeasureEvery = 32;
 
 std::unique_ptr<Drafter> MakeLookupDrafter(SpecMode mode) {
   if (mode == SpecMode::kSuffix) return std::make_unique<SuffixDrafter>();
@@ -39,8 +43,8 @@ Speculator::Speculator(const SpecOptions& options, std::unique_ptr<Drafter> draf
 }
 
 double Speculator::DraftCostRelative() const {
-  const double one_row = curve_.one_row_ms();
-  return one_row > 0 && draft_weight_ > 0 ? draft_ms_ / one_row : 0.0;
+  const double reference = curve_.reference_ms();
+  return reference > 0 && draft_weight_ > 0 ? draft_ms_ / reference : 0.0;
 }
 
 void Speculator::PlanCostlyDrafts(int64_t base_rows, int64_t base_tokens, int64_t room) {
@@ -127,6 +131,10 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
   base_rows = std::min(base_rows, options_.max_batch_tokens);
   const int64_t room = std::min(max_draft_rows(), options_.max_batch_tokens - base_rows);
   const bool costly = drafter_->costly();
+  // A measuring step sends no drafts (a lookup's shadow draft still scores the acceptance).
+  const bool measuring =
+      !options_.force && (++steps_ % kMeasureEvery == 0 || !curve_.measured(base_rows));
+  if (measuring && costly) return;  // (and the draft model does not run)
   if (costly) PlanCostlyDrafts(base_rows, base_tokens, room);
 
   requests_.clear();
@@ -172,6 +180,8 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
       c.chosen = std::min(c.offered, left);
       left -= c.chosen;
     }
+  } else if (measuring) {
+    for (SpecCandidate& c : candidates_) c.chosen = 0;
   } else if (!costly) {
     ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_);
   }

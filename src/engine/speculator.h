@@ -71,6 +71,7 @@ class Speculator {
   StepCostCurve curve_;
   // Engine-wide acceptance, decayed: the prior of a sequence with few drafts of its own.
   double matched_ = 0, compared_ = 0;
+  int64_t steps_ = 0;  // Propose calls that had drafting candidates
   // A costly drafter's measured time per drafted token (decayed mean, ms).
   double draft_ms_ = 0, draft_weight_ = 0;
   std::vector<SpecCandidate> candidates_;  // reused

@@ -54,6 +54,9 @@ class DraftModelDrafterTest : public ::testing::Test {
     o.path = testing::Stories260KPath();
     o.max_seqs = 4;
     o.context_length = 256;
+    // Small blocks: a rollback that reaches into a full block lets the slot go and admits it
+    // again (through the draft pool's prefix cache), one that does not cuts the last block.
+    o.block_tokens = 4;
     StatusOr<std::unique_ptr<DraftModelDrafter>> d = DraftModelDrafter::Create(o, *vocab_, *ops_);
     EXPECT_TRUE(d.ok()) << d.status().ToString();
     return d.ok() ? std::move(d).value() : nullptr;
