@@ -66,36 +66,58 @@ void Speculator::Prepare(Sequence& seq) const {
   seq.spec.draft.reserve(n);
   seq.spec.step_tokens.reserve(n);
   seq.spec.shadow.reserve(n);
+  seq.spec.pending.reserve(n);
 }
 
 void Speculator::ScoreShadow(Sequence& seq) {
   SpecSequenceState& s = seq.spec;
-  if (s.shadow_at < 0 || s.shadow.empty()) return;
-  const int64_t known = static_cast<int64_t>(seq.tokens.size()) - s.shadow_at;
-  int64_t matched = 0;
-  bool missed = false;
-  for (int64_t i = 0; i < known && i < static_cast<int64_t>(s.shadow.size()); ++i) {
-    if (seq.tokens[static_cast<size_t>(s.shadow_at + i)] != s.shadow[static_cast<size_t>(i)]) {
-      missed = true;
-      break;
-    }
-    ++matched;
-  }
-  const int64_t compared = matched + (missed ? 1 : 0);
-  for (int64_t i = 0; i < compared; ++i) {
-    const double hit = i < matched ? 1.0 : 0.0;
-    s.matched = s.matched * kAcceptDecay + hit;
-    s.compared = s.compared * kAcceptDecay + 1;
-    matched_ = matched_ * kAcceptDecay + hit;
-    compared_ = compared_ * kAcceptDecay + 1;
+  // The draft being scored stays until each of its tokens is known or one missed: a plain step
+  // makes one token known, and scoring only that would measure the first token's acceptance,
+  // above a long draft's (the tokens further on follow less often).
+  if (s.pending.empty() && s.shadow_at >= 0 && !s.shadow.empty()) {
+    s.pending.swap(s.shadow);
+    s.pending_at = s.shadow_at;
+    s.pending_scored = 0;
+    s.pending_kind = s.shadow_kind;
   }
   s.shadow.clear();
   s.shadow_at = -1;
+  if (s.pending.empty()) return;
+  const int64_t known = std::min(static_cast<int64_t>(seq.tokens.size()) - s.pending_at,
+                                 static_cast<int64_t>(s.pending.size()));
+  bool resolved = known == static_cast<int64_t>(s.pending.size());
+  for (int64_t i = s.pending_scored; i < known; ++i) {
+    const bool hit =
+        seq.tokens[static_cast<size_t>(s.pending_at + i)] == s.pending[static_cast<size_t>(i)];
+    s.matched = s.matched * kAcceptDecay + (hit ? 1.0 : 0.0);
+    s.compared = s.compared * kAcceptDecay + 1;
+    matched_ = matched_ * kAcceptDecay + (hit ? 1.0 : 0.0);
+    compared_ = compared_ * kAcceptDecay + 1;
+    const auto k = static_cast<size_t>(s.pending_kind);
+    kind_matched_[k] = kind_matched_[k] * kAcceptDecay + (hit ? 1.0 : 0.0);
+    kind_compared_[k] = kind_compared_[k] * kAcceptDecay + 1;
+    if (!hit) {
+      resolved = true;
+      break;
+    }
+  }
+  s.pending_scored = known;
+  if (resolved) {
+    s.pending.clear();
+    s.pending_at = -1;
+  }
 }
 
-double Speculator::AcceptanceOf(const Sequence& seq) const {
-  const double prior = compared_ > 0 ? matched_ / compared_ : kFirstPrior;
-  return (seq.spec.matched + kPriorTokens * prior) / (seq.spec.compared + kPriorTokens);
+double Speculator::AcceptanceOf(const Sequence& seq, int32_t kind) const {
+  const double engine = compared_ > 0 ? matched_ / compared_ : kFirstPrior;
+  const auto k = static_cast<size_t>(kind);
+  const double of_kind =
+      (kind_matched_[k] + kPriorTokens * engine) / (kind_compared_[k] + kPriorTokens);
+  const double own =
+      (seq.spec.matched + kPriorTokens * of_kind) / (seq.spec.compared + kPriorTokens);
+  // The sequence's own rate says how well its text is predicted now (a quote ends, prose
+  // begins); the kind's says how far this draft's match is to be trusted.
+  return 0.5 * (own + of_kind);
 }
 
 void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
@@ -124,7 +146,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     if (limit <= 0) continue;
     // (The candidate offers the limit for now: a costly drafter is asked for what the cost
     // model would send of it; a lookup offers what it finds.)
-    candidates_.push_back({limit, AcceptanceOf(seq), 0});
+    candidates_.push_back({limit, AcceptanceOf(seq, 0), 0});
     drafting_.push_back(&seq);
   }
   if (candidates_.empty()) return;
@@ -149,7 +171,8 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
       if (ask > 0) seq.spec.steps_since_draft = 0;
     }
     if (ask > 0) {
-      requests_.push_back({seq.slot, seq.tokens, static_cast<int32_t>(ask), &seq.spec.shadow});
+      requests_.push_back({seq.slot, seq.tokens, static_cast<int32_t>(ask), &seq.spec.shadow,
+                           &seq.spec.shadow_kind});
     }
   }
   if (requests_.empty()) return;
@@ -173,6 +196,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     if (offered > 0) seq.spec.shadow_at = static_cast<int64_t>(seq.tokens.size());
     c.offered = offered;
     c.chosen = std::min(c.chosen, offered);  // a costly drafter's plan (a probe sends nothing)
+    if (!costly && offered > 0) c.acceptance = AcceptanceOf(seq, seq.spec.shadow_kind);
   }
   if (options_.force) {
     int64_t left = room;

@@ -58,7 +58,9 @@ class Speculator {
  private:
   // Compares the last shadow draft with the tokens that followed it: the acceptance rate.
   void ScoreShadow(Sequence& seq);
-  double AcceptanceOf(const Sequence& seq) const;
+  // The per-token acceptance expected of a draft of `kind` for this sequence: its own rate,
+  // with the kind's engine-wide rate as the prior and beside it.
+  double AcceptanceOf(const Sequence& seq, int32_t kind) const;
   // A costly drafter (a draft model): the tokens to ask it for per candidate, from the cost
   // model with the drafting's own cost, or a short probe now and then where it sends none (so
   // that the acceptance keeps being measured).
@@ -71,6 +73,9 @@ class Speculator {
   StepCostCurve curve_;
   // Engine-wide acceptance, decayed: the prior of a sequence with few drafts of its own.
   double matched_ = 0, compared_ = 0;
+  // The same per draft kind (a long match is followed more often than a short one).
+  double kind_matched_[kDraftKinds] = {};
+  double kind_compared_[kDraftKinds] = {};
   int64_t steps_ = 0;  // Propose calls that had drafting candidates
   // A costly drafter's measured time per drafted token (decayed mean, ms).
   double draft_ms_ = 0, draft_weight_ = 0;
