@@ -6,10 +6,7 @@
 namespace kvl {
 namespace {
 
-// Each new measurement of a row count weighs as much as this many old ones together (a decayed
-// mean: the machine's load moves).
-constexpr double kDecay = 0.9;
-// Measurements of a row count needed before its own mean is trusted over the slope.
+// Measurements of a row count needed before its own figure is trusted over the slope.
 constexpr double kTrustedWeight = 2.0;
 
 }  // namespace
@@ -26,13 +23,18 @@ double ExpectedTokens(double acceptance, int64_t k) {
 StepCostCurve::StepCostCurve(int64_t max_rows, double prior_slope)
     : ms_(static_cast<size_t>(std::max<int64_t>(max_rows, 2) + 1), 0.0),
       weight_(ms_.size(), 0.0),
+      window_(ms_.size() * kWindow, 0.0),
+      next_(ms_.size(), 0),
       prior_slope_(prior_slope) {}
 
 void StepCostCurve::Observe(int64_t rows, double ms) {
   if (rows < 1 || rows >= static_cast<int64_t>(ms_.size()) || !(ms > 0)) return;
   const size_t r = static_cast<size_t>(rows);
-  weight_[r] = weight_[r] * kDecay + 1;
-  ms_[r] += (ms - ms_[r]) / weight_[r];
+  double* window = &window_[r * kWindow];
+  window[next_[r]] = ms;
+  next_[r] = static_cast<uint8_t>((next_[r] + 1) % kWindow);
+  weight_[r] = std::min<double>(weight_[r] + 1, kWindow);
+  ms_[r] = *std::min_element(window, window + static_cast<size_t>(weight_[r]));
 }
 
 bool StepCostCurve::measured(int64_t rows) const {

@@ -10,13 +10,14 @@
 //
 // T(R) is measured online (StepCostCurve::Observe after each step: the engine's whole step,
 // drafting aside, since on a small model the engine's own work per step outweighs the forward
-// pass) per row count, relative to the fewest rows measured, and where a row count has not
+// pass) per row count, as the least of its recent measurements, relative to the fewest rows measured, and where a row count has not
 // been measured, from the measured steps' slope, or a prior slope until any step with more rows
 // was measured.
 //
 // Thread-safety: owned by the step loop.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -52,8 +53,14 @@ class StepCostCurve {
   double reference_ms() const;
 
  private:
-  std::vector<double> ms_;      // per row count: decayed mean ms (0: none)
-  std::vector<double> weight_;  // per row count: decayed sample weight
+  // The last kWindow measurements of each row count, and their minimum: a step's time on a
+  // loaded machine is its cost plus whatever the scheduler took from it, which a mean would
+  // charge to the rows (preempted steps of any size look alike, and drafts look free).
+  static constexpr size_t kWindow = 16;
+  std::vector<double> ms_;      // per row count: the window's minimum ms (0: none)
+  std::vector<double> weight_;  // per row count: measurements in the window
+  std::vector<double> window_;  // [row count][kWindow] ms
+  std::vector<uint8_t> next_;   // per row count: the window's next slot
   double prior_slope_;
 };
 
