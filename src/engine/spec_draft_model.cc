@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "kvl/sampling.h"
 
@@ -209,11 +210,19 @@ void DraftModelDrafter::DraftAll(std::span<const DraftRequest> requests) {
       logit_owner.push_back(&r);
     }
     if (steps_.empty()) return;
+    const auto started = std::chrono::steady_clock::now();
     if (!RunBatch()) {  // no room in the pool: the drafts stay as long as they are
       batch_.Clear();
       return;
     }
     run();
+    // As the step cost curve does: the least recent time, what the pass costs without the
+    // machine's load on top.
+    pass_window_[passes_++ % kPassWindow] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+            .count();
+    const size_t filled = std::min(passes_, kPassWindow);
+    pass_ms_ = *std::min_element(pass_window_, pass_window_ + filled);
   }
 }
 

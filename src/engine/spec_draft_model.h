@@ -58,6 +58,10 @@ class DraftModelDrafter final : public Drafter {
   void DraftAll(std::span<const DraftRequest> requests) override;
   void Forget(int32_t key) override;
   bool costly() const override { return true; }
+  // The least of the last draft passes' times (one token for every sequence drafting): a
+  // draft token's cost; the catch-up (a whole prompt, the first time) is paid once, not per
+  // token.
+  double pass_ms() const override { return pass_ms_; }
 
   // Tokens the draft pool holds for a sequence slot (tests).
   int64_t tokens_held(int32_t key) const;
@@ -91,6 +95,10 @@ class DraftModelDrafter final : public Drafter {
   std::vector<int64_t> last_used_;  // [slot] the call that last drafted for it
   std::vector<bool> busy_;          // [slot] drafting in this call
   int64_t calls_ = 0;
+  static constexpr size_t kPassWindow = 16;
+  double pass_window_[kPassWindow] = {};  // the last draft passes' ms
+  size_t passes_ = 0;
+  double pass_ms_ = 0;
 };
 
 }  // namespace kvl

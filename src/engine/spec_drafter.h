@@ -67,6 +67,8 @@ class Drafter {
   // Whether a draft costs compute worth weighing (a draft model's passes) rather than a lookup:
   // the speculator then asks for only as many tokens as the cost model would send.
   virtual bool costly() const { return false; }
+  // A costly drafter's time per draft token in ms, its catch-up aside (0 until measured).
+  virtual double pass_ms() const { return 0; }
 };
 
 class NgramDrafter : public Drafter {

@@ -34,9 +34,10 @@ struct SpecSequenceState {
   // so that the rate follows the text (a quoted passage ends, prose begins).
   double matched = 0;
   double compared = 0;
-  // A draft model's steps since it last drafted for this sequence: where the cost model sends
-  // nothing, it drafts a short probe every kProbeEvery steps only (speculator.cc).
+  // A draft model's steps since it last drafted for this sequence, and how many steps apart its
+  // probes are while the cost model sends nothing (speculator.cc: kProbeEvery, doubling).
   int64_t steps_since_draft = 0;
+  int64_t probe_every = 16;
 };
 
 }  // namespace kvl

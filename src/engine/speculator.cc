@@ -1,7 +1,6 @@
 #include "speculator.h"
 
 #include <algorithm>
-#include <chrono>
 
 namespace kvl {
 namespace {
@@ -14,12 +13,13 @@ constexpr double kPriorTokens = 4;
 // Before anything was compared at all: optimistic, so that drafts are tried and measured.
 constexpr double kFirstPrior = 0.6;
 // A costly drafter (a draft model) that the cost model keeps off drafts a probe of this many
-// tokens every kProbeEvery steps of a sequence, as a shadow: the acceptance stays measured, so
-// drafting comes back where the text turns predictable, at a small share of a step's cost.
+// tokens, as a shadow, kProbeEvery steps after its last draft, then twice as far apart each time
+// (up to kMaxProbeEvery) while the cost model keeps sending nothing: the acceptance stays
+// measured, so drafting comes back where the text turns predictable, and a draft model that does
+// not pay costs a probe's passes (its catch-up and one token) every few hundred steps.
 constexpr int64_t kProbeEvery = 16;
+constexpr int64_t kMaxProbeEvery = 512;
 constexpr int64_t kProbeTokens = 2;
-// A draft's time per token weighs as much as this many older ones together (a decayed mean).
-constexpr double kDraftCostDecay = 0.9;
 // Every this many steps, and while the step's rows without drafts were not measured, a step goes
 // without drafts: the cost of a draft's rows is only known against the step without them (a
 // sequence whose drafts are always taken would otherwise never measure it again).
@@ -40,11 +40,20 @@ Speculator::Speculator(const SpecOptions& options, std::unique_ptr<Drafter> draf
   order_.reserve(static_cast<size_t>(options.max_seqs));
   drafting_.reserve(static_cast<size_t>(options.max_seqs));
   requests_.reserve(static_cast<size_t>(options.max_seqs));
+  perfect_.reserve(1);
 }
 
 double Speculator::DraftCostRelative() const {
   const double reference = curve_.reference_ms();
-  return reference > 0 && draft_weight_ > 0 ? draft_ms_ / reference : 0.0;
+  return reference > 0 ? drafter_->pass_ms() / reference : 0.0;
+}
+
+bool Speculator::CouldPay(int64_t base_rows, int64_t base_tokens, int64_t room) {
+  if (drafter_->pass_ms() <= 0) return true;  // its cost is not known yet
+  perfect_.assign(1, SpecCandidate{options_.draft_max, 1.0, 0});
+  ChooseDraftLengths(curve_, base_rows, base_tokens, room, perfect_, &order_,
+                     DraftCostRelative());
+  return perfect_[0].chosen > 0;
 }
 
 void Speculator::PlanCostlyDrafts(int64_t base_rows, int64_t base_tokens, int64_t room) {
@@ -164,11 +173,15 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     Sequence& seq = *drafting_[i];
     int64_t ask = candidates_[i].offered;
     if (costly) {
+      SpecSequenceState& s = seq.spec;
       ask = candidates_[i].chosen;
-      if (ask == 0 && ++seq.spec.steps_since_draft >= kProbeEvery) {
+      if (ask > 0) {
+        s.probe_every = kProbeEvery;
+      } else if (++s.steps_since_draft >= s.probe_every && CouldPay(base_rows, base_tokens, room)) {
         ask = std::min(kProbeTokens, candidates_[i].offered);
+        s.probe_every = std::min(2 * s.probe_every, kMaxProbeEvery);
       }
-      if (ask > 0) seq.spec.steps_since_draft = 0;
+      if (ask > 0) s.steps_since_draft = 0;
     }
     if (ask > 0) {
       requests_.push_back({seq.slot, seq.tokens, static_cast<int32_t>(ask), &seq.spec.shadow,
@@ -176,18 +189,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     }
   }
   if (requests_.empty()) return;
-  const auto started = std::chrono::steady_clock::now();
   drafter_->DraftAll(requests_);
-  if (costly) {
-    int64_t drafted = 0;
-    for (const DraftRequest& r : requests_) drafted += static_cast<int64_t>(r.draft->size());
-    if (drafted > 0) {
-      const double ms = std::chrono::duration<double, std::milli>(
-                            std::chrono::steady_clock::now() - started).count();
-      draft_weight_ = draft_weight_ * kDraftCostDecay + 1;
-      draft_ms_ += (ms / static_cast<double>(drafted) - draft_ms_) / draft_weight_;
-    }
-  }
 
   for (size_t i = 0; i < drafting_.size(); ++i) {
     Sequence& seq = *drafting_[i];

@@ -65,8 +65,12 @@ class Speculator {
   // model with the drafting's own cost, or a short probe now and then where it sends none (so
   // that the acceptance keeps being measured).
   void PlanCostlyDrafts(int64_t base_rows, int64_t base_tokens, int64_t room);
-  // Draft ms per drafted token relative to a one-row step (0 until measured).
+  // A costly drafter's time per draft token relative to the curve's reference step (0 until
+  // measured).
   double DraftCostRelative() const;
+  // Whether a costly drafter's draft could pay at all (every token accepted) at its measured
+  // cost: where it could not, no probe is worth its passes.
+  bool CouldPay(int64_t base_rows, int64_t base_tokens, int64_t room);
 
   SpecOptions options_;
   std::unique_ptr<Drafter> drafter_;
@@ -77,8 +81,7 @@ class Speculator {
   double kind_matched_[kDraftKinds] = {};
   double kind_compared_[kDraftKinds] = {};
   int64_t steps_ = 0;  // Propose calls that had drafting candidates
-  // A costly drafter's measured time per drafted token (decayed mean, ms).
-  double draft_ms_ = 0, draft_weight_ = 0;
+  std::vector<SpecCandidate> perfect_;   // CouldPay's one candidate, reused
   std::vector<SpecCandidate> candidates_;  // reused
   std::vector<SpecCandidate*> order_;      // reused
   std::vector<Sequence*> drafting_;        // reused
