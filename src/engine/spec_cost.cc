@@ -11,6 +11,14 @@ constexpr double kTrustedWeight = 2.0;
 
 }  // namespace
 
+double MedianOfWindow(const double* values, size_t n) {
+  double sorted[kCostWindow];
+  n = std::min(n, kCostWindow);
+  std::copy(values, values + n, sorted);
+  std::nth_element(sorted, sorted + n / 2, sorted + n);
+  return sorted[n / 2];
+}
+
 double ExpectedTokens(double acceptance, int64_t k) {
   double tokens = 1, term = 1;
   for (int64_t i = 0; i < k; ++i) {
@@ -23,18 +31,18 @@ double ExpectedTokens(double acceptance, int64_t k) {
 StepCostCurve::StepCostCurve(int64_t max_rows, double prior_slope)
     : ms_(static_cast<size_t>(std::max<int64_t>(max_rows, 2) + 1), 0.0),
       weight_(ms_.size(), 0.0),
-      window_(ms_.size() * kWindow, 0.0),
+      window_(ms_.size() * kCostWindow, 0.0),
       next_(ms_.size(), 0),
       prior_slope_(prior_slope) {}
 
 void StepCostCurve::Observe(int64_t rows, double ms) {
   if (rows < 1 || rows >= static_cast<int64_t>(ms_.size()) || !(ms > 0)) return;
   const size_t r = static_cast<size_t>(rows);
-  double* window = &window_[r * kWindow];
+  double* window = &window_[r * kCostWindow];
   window[next_[r]] = ms;
-  next_[r] = static_cast<uint8_t>((next_[r] + 1) % kWindow);
-  weight_[r] = std::min<double>(weight_[r] + 1, kWindow);
-  ms_[r] = *std::min_element(window, window + static_cast<size_t>(weight_[r]));
+  next_[r] = static_cast<uint8_t>((next_[r] + 1) % kCostWindow);
+  weight_[r] = std::min<double>(weight_[r] + 1, kCostWindow);
+  ms_[r] = MedianOfWindow(window, static_cast<size_t>(weight_[r]));
 }
 
 bool StepCostCurve::measured(int64_t rows) const {

@@ -10,7 +10,7 @@
 //
 // T(R) is measured online (StepCostCurve::Observe after each step: the engine's whole step,
 // drafting aside, since on a small model the engine's own work per step outweighs the forward
-// pass) per row count, as the least of its recent measurements, relative to the fewest rows measured, and where a row count has not
+// pass) per row count, as the median of its recent measurements, relative to the fewest rows measured, and where a row count has not
 // been measured, from the measured steps' slope, or a prior slope until any step with more rows
 // was measured.
 //
@@ -22,6 +22,13 @@
 #include <vector>
 
 namespace kvl {
+
+// A cost is the median of its last kCostWindow measurements: on a loaded machine a step's time
+// is its cost plus whatever the scheduler took from it, in a heavy tail that a mean charges to
+// whatever ran then (preempted steps of any size look alike); the least one would leave out
+// what every pass pays under that load (a draft model's passes more than one step).
+inline constexpr size_t kCostWindow = 16;
+double MedianOfWindow(const double* values, size_t n);
 
 // Expected tokens from a draft of k tokens at per-token acceptance `a`: 1 + a + ... + a^k.
 double ExpectedTokens(double acceptance, int64_t k);
@@ -53,13 +60,10 @@ class StepCostCurve {
   double reference_ms() const;
 
  private:
-  // The last kWindow measurements of each row count, and their minimum: a step's time on a
-  // loaded machine is its cost plus whatever the scheduler took from it, which a mean would
-  // charge to the rows (preempted steps of any size look alike, and drafts look free).
-  static constexpr size_t kWindow = 16;
-  std::vector<double> ms_;      // per row count: the window's minimum ms (0: none)
+  // The last kCostWindow measurements of each row count, and their median.
+  std::vector<double> ms_;      // per row count: the window's median ms (0: none)
   std::vector<double> weight_;  // per row count: measurements in the window
-  std::vector<double> window_;  // [row count][kWindow] ms
+  std::vector<double> window_;  // [row count][kCostWindow] ms
   std::vector<uint8_t> next_;   // per row count: the window's next slot
   double prior_slope_;
 };

@@ -216,13 +216,11 @@ void DraftModelDrafter::DraftAll(std::span<const DraftRequest> requests) {
       return;
     }
     run();
-    // As the step cost curve does: the least recent time, what the pass costs without the
-    // machine's load on top.
-    pass_window_[passes_++ % kPassWindow] =
+    // As the step cost curve does: the median of the recent passes.
+    pass_window_[passes_++ % kCostWindow] =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
             .count();
-    const size_t filled = std::min(passes_, kPassWindow);
-    pass_ms_ = *std::min_element(pass_window_, pass_window_ + filled);
+    pass_ms_ = MedianOfWindow(pass_window_, std::min(passes_, kCostWindow));
   }
 }
 

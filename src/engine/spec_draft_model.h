@@ -29,6 +29,7 @@
 #include "kvl/ops.h"
 #include "kvl/status.h"
 #include "kvl/tokenizer.h"
+#include "spec_cost.h"
 #include "spec_drafter.h"
 
 namespace kvl {
@@ -58,7 +59,7 @@ class DraftModelDrafter final : public Drafter {
   void DraftAll(std::span<const DraftRequest> requests) override;
   void Forget(int32_t key) override;
   bool costly() const override { return true; }
-  // The least of the last draft passes' times (one token for every sequence drafting): a
+  // The median of the last draft passes' times (one token for every sequence drafting): a
   // draft token's cost; the catch-up (a whole prompt, the first time) is paid once, not per
   // token.
   double pass_ms() const override { return pass_ms_; }
@@ -95,8 +96,7 @@ class DraftModelDrafter final : public Drafter {
   std::vector<int64_t> last_used_;  // [slot] the call that last drafted for it
   std::vector<bool> busy_;          // [slot] drafting in this call
   int64_t calls_ = 0;
-  static constexpr size_t kPassWindow = 16;
-  double pass_window_[kPassWindow] = {};  // the last draft passes' ms
+  double pass_window_[kCostWindow] = {};  // the last draft passes' ms
   size_t passes_ = 0;
   double pass_ms_ = 0;
 };

@@ -98,6 +98,20 @@ TEST(SpecCostTest, TheCurveIsRelativeToTheFewestRowsMeasured) {
   EXPECT_GT(curve.Relative(6), 1.0);
 }
 
+// A step the machine's scheduler stalled does not move the curve: a row count's figure is the
+// median of its recent steps.
+TEST(SpecCostTest, AStalledStepDoesNotMoveTheCurve) {
+  StepCostCurve curve(16);
+  for (int i = 0; i < 8; ++i) {
+    curve.Observe(1, 10.0);
+    curve.Observe(5, 14.0);
+  }
+  curve.Observe(1, 100.0);  // preempted
+  curve.Observe(5, 90.0);
+  EXPECT_NEAR(curve.Relative(5), 1.4, 1e-9);
+  EXPECT_DOUBLE_EQ(curve.reference_ms(), 10.0);
+}
+
 // A draft model's own passes are part of a draft's price: a draft as dear as the target is not
 // worth its tokens even when every token is accepted, a cheap one is.
 TEST(SpecCostTest, TheDraftsOwnCostIsWeighed) {
