@@ -309,7 +309,8 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
       const WorkloadFigures& f = figures[i];
       fmt::print("| {} | {} | {:.1f} | {:.1f} | {:.2f}x | {} | {} | {:.1f}% | {:.2f} | {:.2f} | "
                  "{:.2f} | {} |\n",
-                 f.name, f.drafter, f.plain_tps, f.spec_tps, f.plain_tps > 0 ? f.spec_tps / f.plain_tps : 0,
+                 f.name, f.drafter, f.plain_tps, f.spec_tps,
+                 f.plain_tps > 0 ? f.spec_tps / f.plain_tps : 0,
                  f.drafted, f.accepted, 100 * f.acceptance, f.tokens_per_step, f.mean_draft,
                  j["workloads"][i]["projected_speedup_at_this_step_cost"].get<double>(),
                  f.identical ? "yes" : "NO");

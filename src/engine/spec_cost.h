@@ -10,9 +10,9 @@
 //
 // T(R) is measured online (StepCostCurve::Observe after each step: the engine's whole step,
 // drafting aside, since on a small model the engine's own work per step outweighs the forward
-// pass) per row count, as the median of its recent measurements, relative to the fewest rows measured, and where a row count has not
-// been measured, from the measured steps' slope, or a prior slope until any step with more rows
-// was measured.
+// pass) per row count, as the median of its recent measurements, relative to the fewest rows
+// measured; where a row count has not been measured, from the measured steps' slope, or a prior
+// slope until any step with more rows was measured.
 //
 // Thread-safety: owned by the step loop.
 #pragma once

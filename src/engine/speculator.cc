@@ -177,7 +177,8 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
       ask = candidates_[i].chosen;
       if (ask > 0) {
         s.probe_every = kProbeEvery;
-      } else if (++s.steps_since_draft >= s.probe_every && CouldPay(base_rows, base_tokens, room)) {
+      } else if (++s.steps_since_draft >= s.probe_every &&
+                 CouldPay(base_rows, base_tokens, room)) {
         ask = std::min(kProbeTokens, candidates_[i].offered);
         s.probe_every = std::min(2 * s.probe_every, kMaxProbeEvery);
       }
