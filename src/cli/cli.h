@@ -208,6 +208,7 @@ struct BenchSpecArgs {
   std::string model_path;        // -m
   int num_threads = 0;           // -t: 0 = every core
   std::string spec = "ngram";    // --spec: the drafter compared with plain decoding
+  std::string draft_model;       // -md: rows of --spec draft with this draft model beside them
   int32_t draft_max = 8;         // --draft-max
   int32_t n_gen = 128;           // -n: tokens per workload
   int64_t depth = 256;           // --depth: context of the step-cost measurement

@@ -1,6 +1,7 @@
 // kvl bench spec: speculative decoding (issue 26) against plain decoding.
-//  1. Workloads through the engine, greedy, each run twice on fresh engines (--spec off, then the
-//     chosen mode): tokens per second of decoding, acceptance, tokens per sequence step, and
+//  1. Workloads through the engine, greedy, each run on fresh engines (--spec off, then the
+//     chosen mode, then --spec draft where -md names a draft model): tokens per second of
+//     decoding, acceptance, tokens per sequence step, and
 //     whether the tokens are identical (they must be). Workloads that repeat their input (retell
 //     a given text, answer from a given document, a chat's second turn quoting its first) and
 //     open prose, where the cost model must turn speculation off.
@@ -108,6 +109,7 @@ StatusOr<RunResult> RunWorkload(const EngineOptions& options, const Workload& w,
 
 struct WorkloadFigures {
   std::string name;
+  std::string drafter;  // the --spec mode
   double plain_tps = 0, spec_tps = 0;
   double acceptance = 0, tokens_per_step = 0, mean_draft = 0;
   int64_t drafted = 0, accepted = 0;
@@ -144,10 +146,18 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
   base.context_length = args.context_length;
   base.draft_max = args.draft_max;
   base.calibrate = false;  // KV prices play no part here
-  EngineOptions spec = base;
-  spec.spec = args.spec;
+  // The speculative configurations, each compared with plain decoding.
+  std::vector<EngineOptions> specs(1, base);
+  specs[0].spec = args.spec;
+  if (!args.draft_model.empty()) {
+    specs.push_back(base);
+    specs.back().spec = "draft";
+    specs.back().draft_model_path = args.draft_model;
+  }
   base.spec = "off";
-  if (Status s = ValidateEngineOptions(spec); !s.ok()) return fail(s);
+  for (const EngineOptions& spec : specs) {
+    if (Status s = ValidateEngineOptions(spec); !s.ok()) return fail(s);
+  }
 
   // 1. The verify step's cost on this model.
   StatusOr<std::unique_ptr<Model>> model = Model::Load(args.model_path);
@@ -201,40 +211,48 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
     const auto tps = [](const RunResult& r) {
       return r.decode_ms > 0 ? 1000.0 * static_cast<double>(r.tokens.size() - 1) / r.decode_ms : 0;
     };
-    std::vector<double> plain_tps, spec_tps;
+    std::vector<double> plain_tps;
+    std::vector<std::vector<double>> spec_tps(specs.size());
     StatusOr<RunResult> plain = InvalidArgumentError("no run");
-    StatusOr<RunResult> sped = InvalidArgumentError("no run");
+    std::vector<RunResult> sped(specs.size());
     for (int run = 0; run < args.runs; ++run) {
       plain = RunWorkload(base, w, args.n_gen);
       if (!plain.ok()) return fail(plain.status());
-      sped = RunWorkload(spec, w, args.n_gen);
-      if (!sped.ok()) return fail(sped.status());
       plain_tps.push_back(tps(*plain));
-      spec_tps.push_back(tps(*sped));
+      for (size_t i = 0; i < specs.size(); ++i) {
+        StatusOr<RunResult> r = RunWorkload(specs[i], w, args.n_gen);
+        if (!r.ok()) return fail(r.status());
+        spec_tps[i].push_back(tps(*r));
+        sped[i] = std::move(r).value();
+      }
     }
     const auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    WorkloadFigures f;
-    f.name = w.name;
-    f.plain_tps = median(plain_tps);
-    f.spec_tps = median(spec_tps);
-    const EngineMetrics& m = sped->metrics;
-    f.drafted = m.spec_drafted;
-    f.accepted = m.spec_accepted;
-    f.acceptance = m.spec_drafted > 0 ? static_cast<double>(m.spec_accepted) / m.spec_drafted : 0;
-    f.tokens_per_step = m.spec_seq_steps > 0
-                            ? static_cast<double>(m.tokens_generated) / m.spec_seq_steps
-                            : 1.0;
-    f.mean_draft = m.spec_draft_steps > 0
-                       ? static_cast<double>(m.spec_drafted) / m.spec_draft_steps
-                       : 0.0;
-    f.tokens = m.tokens_generated;
-    f.seq_steps = m.spec_seq_steps;
-    f.draft_steps = m.spec_draft_steps;
-    f.identical = plain->tokens == sped->tokens;
-    figures.push_back(f);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      WorkloadFigures f;
+      f.name = w.name;
+      f.drafter = specs[i].spec;
+      f.plain_tps = median(plain_tps);
+      f.spec_tps = median(spec_tps[i]);
+      const EngineMetrics& m = sped[i].metrics;
+      f.drafted = m.spec_drafted;
+      f.accepted = m.spec_accepted;
+      f.acceptance =
+          m.spec_drafted > 0 ? static_cast<double>(m.spec_accepted) / m.spec_drafted : 0;
+      f.tokens_per_step = m.spec_seq_steps > 0
+                              ? static_cast<double>(m.tokens_generated) / m.spec_seq_steps
+                              : 1.0;
+      f.mean_draft = m.spec_draft_steps > 0
+                         ? static_cast<double>(m.spec_drafted) / m.spec_draft_steps
+                         : 0.0;
+      f.tokens = m.tokens_generated;
+      f.seq_steps = m.spec_seq_steps;
+      f.draft_steps = m.spec_draft_steps;
+      f.identical = plain->tokens == sped[i].tokens;
+      figures.push_back(f);
+    }
   }
 
   nlohmann::json j;
@@ -242,6 +260,7 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
   j["model_path"] = args.model_path;
   j["threads"] = threads;
   j["spec"] = args.spec;
+  j["draft_model"] = args.draft_model;
   j["draft_max"] = args.draft_max;
   j["n_gen"] = args.n_gen;
   j["depth"] = args.depth;
@@ -258,6 +277,7 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
         step_units > 0 ? static_cast<double>(f.tokens) / step_units : 1.0;
     all_identical &= f.identical;
     j["workloads"].push_back({{"name", f.name},
+                              {"drafter", f.drafter},
                               {"plain_tok_s", f.plain_tps},
                               {"spec_tok_s", f.spec_tps},
                               {"speedup", f.plain_tps > 0 ? f.spec_tps / f.plain_tps : 0},
@@ -281,14 +301,16 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
     for (const auto& [rows, ms] : step_ms) {
       fmt::print("| {} | {:.3f} | {:.3f} |\n", rows, ms, ms / one_row_ms);
     }
-    fmt::print("\n| workload | plain tok/s | spec tok/s | speedup | drafted | accepted | "
+    if (!args.draft_model.empty()) fmt::print("draft model (--spec draft): {}\n", args.draft_model);
+    fmt::print("\n| workload | drafter | plain tok/s | spec tok/s | speedup | drafted | accepted | "
                "acceptance | tokens/step | mean draft | projected x | identical |\n"
-               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for (size_t i = 0; i < figures.size(); ++i) {
       const WorkloadFigures& f = figures[i];
-      fmt::print("| {} | {:.1f} | {:.1f} | {:.2f}x | {} | {} | {:.1f}% | {:.2f} | {:.2f} | "
+      fmt::print("| {} | {} | {:.1f} | {:.1f} | {:.2f}x | {} | {} | {:.1f}% | {:.2f} | {:.2f} | "
                  "{:.2f} | {} |\n",
-                 f.name, f.plain_tps, f.spec_tps, f.plain_tps > 0 ? f.spec_tps / f.plain_tps : 0,
+                 f.name, f.drafter, f.plain_tps, f.spec_tps,
+                 f.plain_tps > 0 ? f.spec_tps / f.plain_tps : 0,
                  f.drafted, f.accepted, 100 * f.acceptance, f.tokens_per_step, f.mean_draft,
                  j["workloads"][i]["projected_speedup_at_this_step_cost"].get<double>(),
                  f.identical ? "yes" : "NO");

@@ -463,6 +463,8 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   bsp_cmd->add_option("--spec", bsp.spec, "drafter: ngram | suffix")
       ->check(CLI::IsMember({"ngram", "suffix"}))
       ->capture_default_str();
+  bsp_cmd->add_option("--model-draft", bsp.draft_model,
+                      "draft model (-md): its rows (--spec draft) beside the drafter's");
   bsp_cmd->add_option("--draft-max", bsp.draft_max, "most draft tokens per step")
       ->check(CLI::Range(1, kMaxDraftTokens))
       ->capture_default_str();

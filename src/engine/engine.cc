@@ -198,10 +198,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   fo.max_batch_tokens = std::min(options.batch_size, e.context_length);
   // --- speculative decoding (issue 26): a decode's draft rows all ask for logits ---
   KVL_ASSIGN_OR_RETURN(const SpecMode spec_mode, ParseSpecMode(options.spec));
-  if (spec_mode == SpecMode::kDraftModel) {
-    return UnimplementedError("--spec draft (-md): the draft-model drafter is not built yet; "
-                              "use --spec ngram or --spec suffix");
-  }
   if (spec_mode != SpecMode::kOff) {
     SpecOptions so;
     so.mode = spec_mode;
@@ -210,7 +206,17 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
     so.max_batch_tokens = std::min(options.batch_size, e.context_length);
     so.max_seqs = options.max_seqs;
     so.force = options.spec_force;
-    e.speculator = std::make_unique<Speculator>(so);
+    std::unique_ptr<Drafter> drafter;  // null: the speculator's own lookup drafter
+    if (spec_mode == SpecMode::kDraftModel) {
+      DraftModelOptions dm;
+      dm.path = options.draft_model_path;
+      dm.max_seqs = options.max_seqs;
+      dm.context_length = e.context_length;
+      dm.draft_max = options.draft_max;
+      dm.max_batch_tokens = so.max_batch_tokens;
+      KVL_ASSIGN_OR_RETURN(drafter, DraftModelDrafter::Create(dm, *e.tokenizer, *e.ops));
+    }
+    e.speculator = std::make_unique<Speculator>(so, std::move(drafter));
   }
   // --- end speculative decoding ---
   fo.max_logit_rows =
@@ -273,6 +279,9 @@ bool Engine::Impl::StepImpl() {
   scheduler->ReleaseFinished();
   if (memory->trace() != nullptr) memory->trace()->Step();
   if (speculator) speculator->Propose(scheduler->running());  // drafts for this step
+  // The step's cost by its rows, drafting aside: what a draft's extra rows cost, the engine's
+  // own work included (on a small model it outweighs the forward pass).
+  const auto step_start = std::chrono::steady_clock::now();
   const bool has_work = scheduler->Schedule(&step_plan);
   if (has_work) {
     runner->Run(step_plan);
@@ -285,6 +294,11 @@ bool Engine::Impl::StepImpl() {
                     scheduler->num_waiting());
   metrics.SetPageMaps(scheduler->running());
   memory->PublishStoreStats();
+  if (speculator && has_work && runner->last_rows() > 0) {
+    speculator->ObserveStep(runner->last_rows(),
+                            std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - step_start).count());
+  }
   return has_work || !scheduler->idle();
 }
 

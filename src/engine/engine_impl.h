@@ -22,6 +22,7 @@
 #include "metrics_recorder.h"
 #include "request.h"
 #include "scheduler.h"
+#include "spec_draft_model.h"
 #include "speculator.h"
 #include "step_runner.h"
 

@@ -61,6 +61,10 @@ Status ValidateEngineOptions(const EngineOptions& o) {
   if (o.spec == "draft" && o.draft_model_path.empty()) {
     return InvalidArgumentError("--spec draft needs a draft model: -md DRAFT.gguf");
   }
+  if (o.spec != "draft" && !o.draft_model_path.empty()) {
+    return InvalidArgumentError(fmt::format(
+        "-md {} drafts only with --spec draft (got --spec {})", o.draft_model_path, o.spec));
+  }
   KVL_RETURN_IF_ERROR(ParseKvCacheType(o.cache_type_k).status());
   KVL_RETURN_IF_ERROR(ParseKvCacheType(o.cache_type_v).status());
   KVL_ASSIGN_OR_RETURN(const KvPolicyChoice policy, ParseKvPolicy(o.kv_policy));

@@ -6,13 +6,18 @@
 namespace kvl {
 namespace {
 
-// Each new measurement of a row count weighs as much as this many old ones together (a decayed
-// mean: the machine's load moves).
-constexpr double kDecay = 0.9;
-// Measurements of a row count needed before its own mean is trusted over the slope.
+// Measurements of a row count needed before its own figure is trusted over the slope.
 constexpr double kTrustedWeight = 2.0;
 
 }  // namespace
+
+double MedianOfWindow(const double* values, size_t n) {
+  double sorted[kCostWindow];
+  n = std::min(n, kCostWindow);
+  std::copy(values, values + n, sorted);
+  std::nth_element(sorted, sorted + n / 2, sorted + n);
+  return sorted[n / 2];
+}
 
 double ExpectedTokens(double acceptance, int64_t k) {
   double tokens = 1, term = 1;
@@ -26,39 +31,66 @@ double ExpectedTokens(double acceptance, int64_t k) {
 StepCostCurve::StepCostCurve(int64_t max_rows, double prior_slope)
     : ms_(static_cast<size_t>(std::max<int64_t>(max_rows, 2) + 1), 0.0),
       weight_(ms_.size(), 0.0),
+      window_(ms_.size() * kCostWindow, 0.0),
+      next_(ms_.size(), 0),
       prior_slope_(prior_slope) {}
 
 void StepCostCurve::Observe(int64_t rows, double ms) {
   if (rows < 1 || rows >= static_cast<int64_t>(ms_.size()) || !(ms > 0)) return;
   const size_t r = static_cast<size_t>(rows);
-  weight_[r] = weight_[r] * kDecay + 1;
-  ms_[r] += (ms - ms_[r]) / weight_[r];
+  double* window = &window_[r * kCostWindow];
+  window[next_[r]] = ms;
+  next_[r] = static_cast<uint8_t>((next_[r] + 1) % kCostWindow);
+  weight_[r] = std::min<double>(weight_[r] + 1, kCostWindow);
+  ms_[r] = MedianOfWindow(window, static_cast<size_t>(weight_[r]));
+}
+
+bool StepCostCurve::measured(int64_t rows) const {
+  return rows >= 1 && rows < static_cast<int64_t>(ms_.size()) &&
+         weight_[static_cast<size_t>(rows)] >= kTrustedWeight;
+}
+
+int64_t StepCostCurve::reference() const {
+  for (int64_t r = 1; r < static_cast<int64_t>(ms_.size()); ++r) {
+    if (measured(r)) return r;
+  }
+  return 0;
+}
+
+double StepCostCurve::reference_ms() const {
+  const int64_t ref = reference();
+  return ref > 0 ? ms_[static_cast<size_t>(ref)] : 0.0;
 }
 
 double StepCostCurve::slope() const {
-  if (weight_[1] <= 0) return prior_slope_;
-  // Weighted mean of (T(R) / T(1) - 1) / (R - 1) over the measured row counts.
+  const int64_t ref = reference();
+  if (ref == 0) return prior_slope_;
+  // Weighted mean of (T(R) / T(ref) - 1) / (R - ref) over the row counts measured above ref.
+  const double ref_ms = ms_[static_cast<size_t>(ref)];
   double sum = 0, weight = 0;
-  for (size_t r = 2; r < ms_.size(); ++r) {
+  for (size_t r = static_cast<size_t>(ref) + 1; r < ms_.size(); ++r) {
     if (weight_[r] <= 0) continue;
-    sum += weight_[r] * (ms_[r] / ms_[1] - 1) / static_cast<double>(r - 1);
+    sum += weight_[r] * (ms_[r] / ref_ms - 1) / static_cast<double>(r - static_cast<size_t>(ref));
     weight += weight_[r];
   }
   return weight > 0 ? std::max(0.0, sum / weight) : prior_slope_;
 }
 
 double StepCostCurve::Relative(int64_t rows) const {
-  if (rows <= 1) return 1.0;
-  const size_t r = static_cast<size_t>(rows);
-  if (r < ms_.size() && weight_[r] >= kTrustedWeight && weight_[1] >= kTrustedWeight) {
-    return ms_[r] / ms_[1];
+  const int64_t ref = std::max<int64_t>(reference(), 1);
+  if (rows == ref) return 1.0;
+  if (measured(rows) && measured(ref)) {
+    const double ratio = ms_[static_cast<size_t>(rows)] / ms_[static_cast<size_t>(ref)];
+    // A step with more rows never costs less: a noisy measurement (a cold first step, the
+    // machine's load) must not make drafts that nobody accepts look free.
+    return rows > ref ? std::max(1.0, ratio) : std::min(1.0, ratio);
   }
-  return 1.0 + slope() * static_cast<double>(rows - 1);
+  return std::max(0.1, 1.0 + slope() * static_cast<double>(rows - ref));
 }
 
 void ChooseDraftLengths(const StepCostCurve& curve, int64_t base_rows, int64_t base_tokens,
                         int64_t max_extra_rows, std::vector<SpecCandidate>& candidates,
-                        std::vector<SpecCandidate*>* scratch) {
+                        std::vector<SpecCandidate*>* scratch, double draft_cost) {
   // The best acceptance first: its rows buy the most tokens while the step is cheap.
   std::vector<SpecCandidate*>& order = *scratch;
   order.clear();
@@ -72,17 +104,23 @@ void ChooseDraftLengths(const StepCostCurve& curve, int64_t base_rows, int64_t b
   });
   int64_t rows = std::max<int64_t>(base_rows, 1);
   double tokens = static_cast<double>(std::max<int64_t>(base_tokens, 1));
+  double drafting = 0;  // the chosen drafts' own cost, relative to a one-row step
   for (SpecCandidate* c : order) {
-    const double rate = tokens / curve.Relative(rows);
+    const double base = curve.Relative(rows);
+    const double rate = tokens / (base + drafting);
     double best_rate = rate * kMinGain;
     for (int64_t k = 1; k <= c->offered && k <= max_extra_rows; ++k) {
-      const double r = (tokens + ExpectedTokens(c->acceptance, k) - 1) / curve.Relative(rows + k);
+      // (More rows never cost less, whatever the noise in the curve's means.)
+      const double cost = std::max(base, curve.Relative(rows + k)) + drafting +
+                          draft_cost * static_cast<double>(k);
+      const double r = (tokens + ExpectedTokens(c->acceptance, k) - 1) / cost;
       if (r > best_rate) {
         best_rate = r;
         c->chosen = k;
       }
     }
     rows += c->chosen;
+    drafting += draft_cost * static_cast<double>(c->chosen);
     max_extra_rows -= c->chosen;
     tokens += ExpectedTokens(c->acceptance, c->chosen) - 1;
   }

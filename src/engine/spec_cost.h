@@ -8,17 +8,27 @@
 // more per extra row, and prose the drafter cannot predict has a low acceptance, so both turn
 // speculation down or off by themselves.
 //
-// T(R) is measured online (StepCostCurve::Observe after each forward run) per row count, and
-// where a row count has not been measured, from the measured steps' slope, or a prior slope
-// until any step with more than one row was measured.
+// T(R) is measured online (StepCostCurve::Observe after each step: the engine's whole step,
+// drafting aside, since on a small model the engine's own work per step outweighs the forward
+// pass) per row count, as the median of its recent measurements, relative to the fewest rows
+// measured; where a row count has not been measured, from the measured steps' slope, or a prior
+// slope until any step with more rows was measured.
 //
 // Thread-safety: owned by the step loop.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace kvl {
+
+// A cost is the median of its last kCostWindow measurements: on a loaded machine a step's time
+// is its cost plus whatever the scheduler took from it, in a heavy tail that a mean charges to
+// whatever ran then (preempted steps of any size look alike); the least one would leave out
+// what every pass pays under that load (a draft model's passes more than one step).
+inline constexpr size_t kCostWindow = 16;
+double MedianOfWindow(const double* values, size_t n);
 
 // Expected tokens from a draft of k tokens at per-token acceptance `a`: 1 + a + ... + a^k.
 double ExpectedTokens(double acceptance, int64_t k);
@@ -35,18 +45,26 @@ class StepCostCurve {
   // curve gets its first measurements).
   explicit StepCostCurve(int64_t max_rows, double prior_slope = 0.02);
 
-  // A forward run of `rows` rows took `ms`.
+  // A step of `rows` rows took `ms`.
   void Observe(int64_t rows, double ms);
-  // T(rows) / T(1): measured, or from the slope.
+  // Whether `rows` rows were measured often enough for their own mean to be used.
+  bool measured(int64_t rows) const;
+  // The row count the curve is relative to: the fewest measured (one row alone; the batch's rows
+  // when sequences decode together), or 0 before any.
+  int64_t reference() const;
+  // T(rows) / T(reference()): measured, or from the slope (the prior before any measurement).
   double Relative(int64_t rows) const;
   // The slope per extra row in use (measured, or the prior).
   double slope() const;
-  // T(1) in ms (0 until measured).
-  double one_row_ms() const { return ms_[1]; }
+  // T(reference()) in ms (0 until measured).
+  double reference_ms() const;
 
  private:
-  std::vector<double> ms_;      // per row count: decayed mean ms (0: none)
-  std::vector<double> weight_;  // per row count: decayed sample weight
+  // The last kCostWindow measurements of each row count, and their median.
+  std::vector<double> ms_;      // per row count: the window's median ms (0: none)
+  std::vector<double> weight_;  // per row count: measurements in the window
+  std::vector<double> window_;  // [row count][kCostWindow] ms
+  std::vector<uint8_t> next_;   // per row count: the window's next slot
   double prior_slope_;
 };
 
@@ -59,9 +77,11 @@ struct SpecCandidate {
 
 // Chooses each candidate's draft length for a step whose other rows are `base_rows` (one per
 // decoding sequence, plus any prefill tokens) and that yields `base_tokens` tokens without
-// drafts, within `max_extra_rows` draft rows in all. `scratch` is reused (no allocation per step).
+// drafts, within `max_extra_rows` draft rows in all. `draft_cost`: what drafting one token costs
+// on top of its row, relative to a one-row step (a draft model's pass; 0 for a lookup). `scratch`
+// is reused (no allocation per step).
 void ChooseDraftLengths(const StepCostCurve& curve, int64_t base_rows, int64_t base_tokens,
                         int64_t max_extra_rows, std::vector<SpecCandidate>& candidates,
-                        std::vector<SpecCandidate*>* scratch);
+                        std::vector<SpecCandidate*>* scratch, double draft_cost = 0);
 
 }  // namespace kvl

@@ -50,12 +50,14 @@ int64_t FindEarlierNgram(std::span<const int32_t> context, int32_t n, int64_t wi
 void NgramDrafter::Draft(std::span<const int32_t> context, int32_t max_tokens,
                          std::vector<int32_t>* draft) {
   draft->clear();
+  last_kind_ = 0;
   for (int32_t n = kMaxNgram; n >= kMinNgram; --n) {
     const int64_t after = FindEarlierNgram(context, n, kLookupWindow);
     if (after < 0) continue;
     const int64_t end =
         std::min<int64_t>(static_cast<int64_t>(context.size()), after + max_tokens);
     draft->assign(context.begin() + after, context.begin() + end);
+    last_kind_ = n;
     return;
   }
 }
@@ -102,6 +104,7 @@ void SuffixDrafter::Remember(std::span<const int32_t> tokens) {
 void SuffixDrafter::Draft(std::span<const int32_t> context, int32_t max_tokens,
                           std::vector<int32_t>* draft) {
   own_.Draft(context, max_tokens, draft);
+  last_kind_ = own_.last_kind();
   if (!draft->empty()) return;
   for (int32_t n = kMaxNgram; n >= kMinNgram; --n) {
     if (static_cast<int64_t>(context.size()) < n) continue;
@@ -114,7 +117,10 @@ void SuffixDrafter::Draft(std::span<const int32_t> context, int32_t max_tokens,
       if (t < 0) break;
       draft->push_back(t);
     }
-    if (!draft->empty()) return;
+    if (!draft->empty()) {
+      last_kind_ = kMaxNgram + n;
+      return;
+    }
   }
 }
 

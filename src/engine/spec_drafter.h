@@ -27,6 +27,22 @@ enum class SpecMode { kOff, kNgram, kSuffix, kDraftModel };
 StatusOr<SpecMode> ParseSpecMode(std::string_view text);
 std::string_view SpecModeName(SpecMode mode);
 
+inline constexpr int32_t kMaxNgram = 4;
+inline constexpr int32_t kMinNgram = 2;
+// What a draft came from, so that the acceptance is kept per kind (a 4-token match is followed
+// more often than a 2-token one): 0 a model or unknown, n a match of n tokens in the sequence's
+// own tokens, kMaxNgram + n one in the recent requests' ring.
+inline constexpr int32_t kDraftKinds = 2 * kMaxNgram + 1;
+
+// One sequence's part of a DraftAll.
+struct DraftRequest {
+  int32_t key = 0;  // the sequence's slot: where a drafter with state per sequence keeps it
+  std::span<const int32_t> context;
+  int32_t max_tokens = 0;
+  std::vector<int32_t>* draft = nullptr;  // out
+  int32_t* kind = nullptr;                // out, where given: the draft's kind
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -34,17 +50,35 @@ class Drafter {
   // the drafter has nothing to offer). Allocates nothing once *draft holds max_tokens.
   virtual void Draft(std::span<const int32_t> context, int32_t max_tokens,
                      std::vector<int32_t>* draft) = 0;
+  // Every decoding sequence's draft at once (a draft model runs them in one batched pass per
+  // token); by default one Draft each.
+  virtual void DraftAll(std::span<const DraftRequest> requests) {
+    for (const DraftRequest& r : requests) {
+      Draft(r.context, r.max_tokens, r.draft);
+      if (r.kind != nullptr) *r.kind = last_kind();
+    }
+  }
+  // The kind of the last Draft's draft (kDraftKinds).
+  virtual int32_t last_kind() const { return 0; }
   // A request's tokens (prompt and output) as it ends: what later requests may draft from.
   virtual void Remember(std::span<const int32_t> tokens) { (void)tokens; }
+  // The sequence under `key` ended: whatever the drafter keeps for it may go.
+  virtual void Forget(int32_t key) { (void)key; }
+  // Whether a draft costs compute worth weighing (a draft model's passes) rather than a lookup:
+  // the speculator then asks for only as many tokens as the cost model would send.
+  virtual bool costly() const { return false; }
+  // A costly drafter's time per draft token in ms, its catch-up aside (0 until measured).
+  virtual double pass_ms() const { return 0; }
 };
-
-inline constexpr int32_t kMaxNgram = 4;
-inline constexpr int32_t kMinNgram = 2;
 
 class NgramDrafter : public Drafter {
  public:
   void Draft(std::span<const int32_t> context, int32_t max_tokens,
              std::vector<int32_t>* draft) override;
+  int32_t last_kind() const override { return last_kind_; }
+
+ private:
+  int32_t last_kind_ = 0;
 };
 
 // Where the last n tokens of `context` occurred before (the latest match, longest n first):
@@ -58,6 +92,7 @@ class SuffixDrafter : public Drafter {
   void Draft(std::span<const int32_t> context, int32_t max_tokens,
              std::vector<int32_t>* draft) override;
   void Remember(std::span<const int32_t> tokens) override;
+  int32_t last_kind() const override { return last_kind_; }
   int64_t tokens_held() const { return std::min<int64_t>(written_, capacity_); }
 
  private:
@@ -67,6 +102,7 @@ class SuffixDrafter : public Drafter {
   bool HoldsAt(int64_t end, std::span<const int32_t> ngram) const;
 
   NgramDrafter own_;  // the sequence's own tokens come first
+  int32_t last_kind_ = 0;
   int64_t capacity_;
   std::vector<int32_t> ring_;  // -1 separates requests: a draft never runs into the next one
   int64_t written_ = 0;        // tokens ever written (absolute position of the next)

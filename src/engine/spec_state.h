@@ -23,10 +23,21 @@ struct SpecSequenceState {
   // whether or not speculation is on.
   std::vector<int32_t> shadow;
   int64_t shadow_at = -1;
+  int32_t shadow_kind = 0;  // what it came from (kDraftKinds in spec_drafter.h)
+  // The shadow draft being scored, until each of its tokens is known or one missed (a later
+  // shadow waits: one draft at a time is scored, whole), and how many of its tokens were.
+  std::vector<int32_t> pending;
+  int64_t pending_at = -1;
+  int64_t pending_scored = 0;
+  int32_t pending_kind = 0;
   // Per-token acceptance of this sequence's drafts: draft tokens that matched / compared, decayed
   // so that the rate follows the text (a quoted passage ends, prose begins).
   double matched = 0;
   double compared = 0;
+  // A draft model's steps since it last drafted for this sequence, and how many steps apart its
+  // probes are while the cost model sends nothing (speculator.cc: kProbeEvery, doubling).
+  int64_t steps_since_draft = 0;
+  int64_t probe_every = 16;
 };
 
 }  // namespace kvl

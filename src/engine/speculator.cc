@@ -12,17 +12,57 @@ constexpr double kAcceptDecay = 0.97;
 constexpr double kPriorTokens = 4;
 // Before anything was compared at all: optimistic, so that drafts are tried and measured.
 constexpr double kFirstPrior = 0.6;
+// A costly drafter (a draft model) that the cost model keeps off drafts a probe of this many
+// tokens, as a shadow, kProbeEvery steps after its last draft, then twice as far apart each time
+// (up to kMaxProbeEvery) while the cost model keeps sending nothing: the acceptance stays
+// measured, so drafting comes back where the text turns predictable, and a draft model that does
+// not pay costs a probe's passes (its catch-up and one token) every few hundred steps.
+constexpr int64_t kProbeEvery = 16;
+constexpr int64_t kMaxProbeEvery = 512;
+constexpr int64_t kProbeTokens = 2;
+// Every this many steps, and while the step's rows without drafts were not measured, a step goes
+// without drafts: the cost of a draft's rows is only known against the step without them (a
+// sequence whose drafts are always taken would otherwise never measure it again).
+constexpr int64_t kMeasureEvery = 32;
+
+std::unique_ptr<Drafter> MakeLookupDrafter(SpecMode mode) {
+  if (mode == SpecMode::kSuffix) return std::make_unique<SuffixDrafter>();
+  return std::make_unique<NgramDrafter>();
+}
 
 }  // namespace
 
-Speculator::Speculator(const SpecOptions& options)
+Speculator::Speculator(const SpecOptions& options, std::unique_ptr<Drafter> drafter)
     : options_(options),
-      drafter_(options.mode == SpecMode::kSuffix ? std::unique_ptr<Drafter>(new SuffixDrafter())
-                                                 : std::unique_ptr<Drafter>(new NgramDrafter())),
+      drafter_(drafter != nullptr ? std::move(drafter) : MakeLookupDrafter(options.mode)),
       curve_(options.max_batch_tokens) {
   candidates_.reserve(static_cast<size_t>(options.max_seqs));
   order_.reserve(static_cast<size_t>(options.max_seqs));
   drafting_.reserve(static_cast<size_t>(options.max_seqs));
+  requests_.reserve(static_cast<size_t>(options.max_seqs));
+  perfect_.reserve(1);
+}
+
+double Speculator::DraftCostRelative() const {
+  const double reference = curve_.reference_ms();
+  return reference > 0 ? drafter_->pass_ms() / reference : 0.0;
+}
+
+bool Speculator::CouldPay(int64_t base_rows, int64_t base_tokens, int64_t room) {
+  if (drafter_->pass_ms() <= 0) return true;  // its cost is not known yet
+  perfect_.assign(1, SpecCandidate{options_.draft_max, 1.0, 0});
+  ChooseDraftLengths(curve_, base_rows, base_tokens, room, perfect_, &order_,
+                     DraftCostRelative());
+  return perfect_[0].chosen > 0;
+}
+
+void Speculator::PlanCostlyDrafts(int64_t base_rows, int64_t base_tokens, int64_t room) {
+  if (options_.force) {
+    for (SpecCandidate& c : candidates_) c.chosen = c.offered;
+    return;
+  }
+  ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_,
+                     DraftCostRelative());
 }
 
 int64_t Speculator::max_draft_rows() const {
@@ -35,36 +75,58 @@ void Speculator::Prepare(Sequence& seq) const {
   seq.spec.draft.reserve(n);
   seq.spec.step_tokens.reserve(n);
   seq.spec.shadow.reserve(n);
+  seq.spec.pending.reserve(n);
 }
 
 void Speculator::ScoreShadow(Sequence& seq) {
   SpecSequenceState& s = seq.spec;
-  if (s.shadow_at < 0 || s.shadow.empty()) return;
-  const int64_t known = static_cast<int64_t>(seq.tokens.size()) - s.shadow_at;
-  int64_t matched = 0;
-  bool missed = false;
-  for (int64_t i = 0; i < known && i < static_cast<int64_t>(s.shadow.size()); ++i) {
-    if (seq.tokens[static_cast<size_t>(s.shadow_at + i)] != s.shadow[static_cast<size_t>(i)]) {
-      missed = true;
-      break;
-    }
-    ++matched;
-  }
-  const int64_t compared = matched + (missed ? 1 : 0);
-  for (int64_t i = 0; i < compared; ++i) {
-    const double hit = i < matched ? 1.0 : 0.0;
-    s.matched = s.matched * kAcceptDecay + hit;
-    s.compared = s.compared * kAcceptDecay + 1;
-    matched_ = matched_ * kAcceptDecay + hit;
-    compared_ = compared_ * kAcceptDecay + 1;
+  // The draft being scored stays until each of its tokens is known or one missed: a plain step
+  // makes one token known, and scoring only that would measure the first token's acceptance,
+  // above a long draft's (the tokens further on follow less often).
+  if (s.pending.empty() && s.shadow_at >= 0 && !s.shadow.empty()) {
+    s.pending.swap(s.shadow);
+    s.pending_at = s.shadow_at;
+    s.pending_scored = 0;
+    s.pending_kind = s.shadow_kind;
   }
   s.shadow.clear();
   s.shadow_at = -1;
+  if (s.pending.empty()) return;
+  const int64_t known = std::min(static_cast<int64_t>(seq.tokens.size()) - s.pending_at,
+                                 static_cast<int64_t>(s.pending.size()));
+  bool resolved = known == static_cast<int64_t>(s.pending.size());
+  for (int64_t i = s.pending_scored; i < known; ++i) {
+    const bool hit =
+        seq.tokens[static_cast<size_t>(s.pending_at + i)] == s.pending[static_cast<size_t>(i)];
+    s.matched = s.matched * kAcceptDecay + (hit ? 1.0 : 0.0);
+    s.compared = s.compared * kAcceptDecay + 1;
+    matched_ = matched_ * kAcceptDecay + (hit ? 1.0 : 0.0);
+    compared_ = compared_ * kAcceptDecay + 1;
+    const auto k = static_cast<size_t>(s.pending_kind);
+    kind_matched_[k] = kind_matched_[k] * kAcceptDecay + (hit ? 1.0 : 0.0);
+    kind_compared_[k] = kind_compared_[k] * kAcceptDecay + 1;
+    if (!hit) {
+      resolved = true;
+      break;
+    }
+  }
+  s.pending_scored = known;
+  if (resolved) {
+    s.pending.clear();
+    s.pending_at = -1;
+  }
 }
 
-double Speculator::AcceptanceOf(const Sequence& seq) const {
-  const double prior = compared_ > 0 ? matched_ / compared_ : kFirstPrior;
-  return (seq.spec.matched + kPriorTokens * prior) / (seq.spec.compared + kPriorTokens);
+double Speculator::AcceptanceOf(const Sequence& seq, int32_t kind) const {
+  const double engine = compared_ > 0 ? matched_ / compared_ : kFirstPrior;
+  const auto k = static_cast<size_t>(kind);
+  const double of_kind =
+      (kind_matched_[k] + kPriorTokens * engine) / (kind_compared_[k] + kPriorTokens);
+  const double own =
+      (seq.spec.matched + kPriorTokens * of_kind) / (seq.spec.compared + kPriorTokens);
+  // The sequence's own rate says how well its text is predicted now (a quote ends, prose
+  // begins); the kind's says how far this draft's match is to be trusted.
+  return 0.5 * (own + of_kind);
 }
 
 void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
@@ -91,22 +153,63 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
       limit = std::min<int64_t>(limit, seq.request.max_new_tokens - seq.num_generated - 1);
     }
     if (limit <= 0) continue;
-    drafter_->Draft(seq.tokens, static_cast<int32_t>(limit), &seq.spec.shadow);
-    if (seq.spec.shadow.empty()) continue;
-    seq.spec.shadow_at = len;
-    candidates_.push_back({static_cast<int64_t>(seq.spec.shadow.size()), AcceptanceOf(seq), 0});
+    // (The candidate offers the limit for now: a costly drafter is asked for what the cost
+    // model would send of it; a lookup offers what it finds.)
+    candidates_.push_back({limit, AcceptanceOf(seq, 0), 0});
     drafting_.push_back(&seq);
   }
   if (candidates_.empty()) return;
   base_rows = std::min(base_rows, options_.max_batch_tokens);
   const int64_t room = std::min(max_draft_rows(), options_.max_batch_tokens - base_rows);
+  const bool costly = drafter_->costly();
+  // A measuring step sends no drafts (a lookup's shadow draft still scores the acceptance).
+  const bool measuring =
+      !options_.force && (++steps_ % kMeasureEvery == 0 || !curve_.measured(base_rows));
+  if (measuring && costly) return;  // (and the draft model does not run)
+  if (costly) PlanCostlyDrafts(base_rows, base_tokens, room);
+
+  requests_.clear();
+  for (size_t i = 0; i < drafting_.size(); ++i) {
+    Sequence& seq = *drafting_[i];
+    int64_t ask = candidates_[i].offered;
+    if (costly) {
+      SpecSequenceState& s = seq.spec;
+      ask = candidates_[i].chosen;
+      if (ask > 0) {
+        s.probe_every = kProbeEvery;
+      } else if (++s.steps_since_draft >= s.probe_every &&
+                 CouldPay(base_rows, base_tokens, room)) {
+        ask = std::min(kProbeTokens, candidates_[i].offered);
+        s.probe_every = std::min(2 * s.probe_every, kMaxProbeEvery);
+      }
+      if (ask > 0) s.steps_since_draft = 0;
+    }
+    if (ask > 0) {
+      requests_.push_back({seq.slot, seq.tokens, static_cast<int32_t>(ask), &seq.spec.shadow,
+                           &seq.spec.shadow_kind});
+    }
+  }
+  if (requests_.empty()) return;
+  drafter_->DraftAll(requests_);
+
+  for (size_t i = 0; i < drafting_.size(); ++i) {
+    Sequence& seq = *drafting_[i];
+    SpecCandidate& c = candidates_[i];
+    const auto offered = static_cast<int64_t>(seq.spec.shadow.size());
+    if (offered > 0) seq.spec.shadow_at = static_cast<int64_t>(seq.tokens.size());
+    c.offered = offered;
+    c.chosen = std::min(c.chosen, offered);  // a costly drafter's plan (a probe sends nothing)
+    if (!costly && offered > 0) c.acceptance = AcceptanceOf(seq, seq.spec.shadow_kind);
+  }
   if (options_.force) {
     int64_t left = room;
     for (SpecCandidate& c : candidates_) {
       c.chosen = std::min(c.offered, left);
       left -= c.chosen;
     }
-  } else {
+  } else if (measuring) {
+    for (SpecCandidate& c : candidates_) c.chosen = 0;
+  } else if (!costly) {
     ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_);
   }
   for (size_t i = 0; i < drafting_.size(); ++i) {

@@ -31,17 +31,24 @@ struct SpecOptions {
 
 class Speculator {
  public:
-  explicit Speculator(const SpecOptions& options);
+  // `drafter`: the draft-model drafter for SpecMode::kDraftModel (the engine loads it); the
+  // other modes build their own (null).
+  explicit Speculator(const SpecOptions& options, std::unique_ptr<Drafter> drafter = nullptr);
 
   // A new sequence's buffers, reserved once (the steps then allocate nothing).
   void Prepare(Sequence& seq) const;
   // Drafts for the running sequences that decode next step: seq.spec.draft, empty where the
   // drafter has nothing or the cost model says it does not pay.
   void Propose(std::span<const std::unique_ptr<Sequence>> running);
-  // A forward run of `rows` rows took `ms`.
+  // A step of `rows` rows took `ms`, drafting aside (from the schedule to its events: the
+  // engine's own work per step is what speculation saves on a small model).
   void ObserveStep(int64_t rows, double ms) { curve_.Observe(rows, ms); }
-  // A request ended: its tokens are remembered by a drafter that drafts across requests.
-  void Remember(const Sequence& seq) { drafter_->Remember(seq.tokens); }
+  // A request ended: its tokens are remembered by a drafter that drafts across requests, and
+  // what a drafter keeps for its slot goes.
+  void Remember(const Sequence& seq) {
+    drafter_->Remember(seq.tokens);
+    drafter_->Forget(seq.slot);
+  }
 
   const SpecOptions& options() const { return options_; }
   const StepCostCurve& curve() const { return curve_; }
@@ -51,16 +58,34 @@ class Speculator {
  private:
   // Compares the last shadow draft with the tokens that followed it: the acceptance rate.
   void ScoreShadow(Sequence& seq);
-  double AcceptanceOf(const Sequence& seq) const;
+  // The per-token acceptance expected of a draft of `kind` for this sequence: its own rate,
+  // with the kind's engine-wide rate as the prior and beside it.
+  double AcceptanceOf(const Sequence& seq, int32_t kind) const;
+  // A costly drafter (a draft model): the tokens to ask it for per candidate, from the cost
+  // model with the drafting's own cost, or a short probe now and then where it sends none (so
+  // that the acceptance keeps being measured).
+  void PlanCostlyDrafts(int64_t base_rows, int64_t base_tokens, int64_t room);
+  // A costly drafter's time per draft token relative to the curve's reference step (0 until
+  // measured).
+  double DraftCostRelative() const;
+  // Whether a costly drafter's draft could pay at all (every token accepted) at its measured
+  // cost: where it could not, no probe is worth its passes.
+  bool CouldPay(int64_t base_rows, int64_t base_tokens, int64_t room);
 
   SpecOptions options_;
   std::unique_ptr<Drafter> drafter_;
   StepCostCurve curve_;
   // Engine-wide acceptance, decayed: the prior of a sequence with few drafts of its own.
   double matched_ = 0, compared_ = 0;
+  // The same per draft kind (a long match is followed more often than a short one).
+  double kind_matched_[kDraftKinds] = {};
+  double kind_compared_[kDraftKinds] = {};
+  int64_t steps_ = 0;  // Propose calls that had drafting candidates
+  std::vector<SpecCandidate> perfect_;   // CouldPay's one candidate, reused
   std::vector<SpecCandidate> candidates_;  // reused
   std::vector<SpecCandidate*> order_;      // reused
   std::vector<Sequence*> drafting_;        // reused
+  std::vector<DraftRequest> requests_;     // reused
 };
 
 }  // namespace kvl

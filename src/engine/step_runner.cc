@@ -329,7 +329,6 @@ void StepRunner::Run(const StepPlan& plan) {
   const Clock::time_point start = Clock::now();
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
   const double forward_ms = MillisecondsBetween(start, Clock::now());
-  if (p_.speculator != nullptr) p_.speculator->ObserveStep(batch_.size(), forward_ms);
   if (p_.speculator != nullptr) {
     // A request that ended is what a drafter across requests drafts from (--spec suffix).
     for (const Sequence* seq : plan.seqs) {

@@ -38,6 +38,8 @@ class StepRunner {
   // (KvPager::PromoteBack), each checked against its predicted bring-back time as a resume's
   // restore is (metrics, --kv-trace, the feedback).
   void PromoteBack(PromotionPlan& plan);
+  // Rows the last Run computed (the speculator's step cost curve is by rows).
+  int64_t last_rows() const { return batch_.size(); }
 
  private:
   // A resumed sequence's kept pages promoted (or rebuilt) into its fresh blocks; returns the

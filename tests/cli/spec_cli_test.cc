@@ -26,6 +26,20 @@ TEST(SpecCliTest, RunPrintsTheDraftsAndGivesPlainDecodingsText) {
             RunKvl(run + " --spec off", false).output);
 }
 
+// A draft model from the command line: -md with --spec draft, stories260K drafting for itself.
+TEST(SpecCliTest, RunWithADraftModelGivesPlainDecodingsText) {
+  const std::string run = "run -m " + testing::Stories260KPath() +
+                          " -p 'Once upon a time' -n 64 --temp 0 -t 1 --no-calibrate";
+  const std::string draft = " --spec draft -md " + testing::Stories260KPath() + " --spec-force";
+  CommandResult spec = RunKvl(run + draft, true);
+  ASSERT_EQ(spec.exit_code, 0) << spec.output;
+  EXPECT_NE(spec.output.find("(100.0% acceptance)"), std::string::npos) << spec.output;
+  EXPECT_EQ(RunKvl(run + draft, false).output, RunKvl(run + " --spec off", false).output);
+  CommandResult alone = RunKvl(run + " -md " + testing::Stories260KPath(), true);
+  EXPECT_NE(alone.exit_code, 0);
+  EXPECT_NE(alone.output.find("--spec draft"), std::string::npos) << alone.output;
+}
+
 TEST(SpecCliTest, BadSpecFlagsAreRefusedByName) {
   const std::string run = "run -m " + testing::Stories260KPath() + " -n 4 --no-calibrate";
   CommandResult bad = RunKvl(run + " --spec sometimes", true);
@@ -52,6 +66,25 @@ TEST(SpecCliTest, BenchSpecReportsEveryWorkloadWithIdenticalTokens) {
   }
   ASSERT_GE(j["step_ms"].size(), 2u);
   EXPECT_EQ(j["step_ms"][0]["rows"].get<int>(), 1);
+}
+
+TEST(SpecCliTest, BenchSpecAddsTheDraftModelsRows) {
+  CommandResult r = RunKvl("bench spec -m " + testing::Stories260KPath() + " -md " +
+                               testing::Stories260KPath() +
+                               " -t 1 -n 32 --runs 1 -r 1 --depth 32 -o json",
+                           false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j["workloads"].size(), 8u);  // four workloads, ngram and draft
+  int draft_rows = 0;
+  for (const auto& w : j["workloads"]) {
+    EXPECT_TRUE(w["identical_tokens"].get<bool>()) << w["name"] << " " << w["drafter"];
+    if (w["drafter"] != "draft") continue;
+    ++draft_rows;
+    // Drafting for itself, every draft token the model sends is its own next token.
+    if (w["drafted"].get<int>() > 0) EXPECT_DOUBLE_EQ(w["acceptance"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(draft_rows, 4);
 }
 
 }  // namespace

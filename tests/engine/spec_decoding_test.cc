@@ -4,6 +4,7 @@
 // and, over many seeds, the distribution of the first sampled tokens is plain sampling's.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -15,8 +16,9 @@ namespace {
 
 std::unique_ptr<Engine> MakeEngine(const std::string& spec, int32_t max_seqs,
                                    int32_t draft_max = 8, int32_t block_tokens = 16,
-                                   bool force = false) {
+                                   bool force = false, const std::string& draft_model = "") {
   EngineOptions o;
+  o.draft_model_path = draft_model;
   o.model_path = testing::Stories260KPath();
   o.num_threads = 2;
   o.context_length = 512;
@@ -136,23 +138,75 @@ TEST(SpecDecodingKvTest, VerifiedPagesAreFoundAgainAndGiveTheSameTokens) {
 }
 
 // Sampling with drafts keeps the target distribution. The seeds differ between the runs (so this
-// is not the identity above again): the histograms of each of the first sampled positions over
-// 2000 seeds must be within a total-variation distance that two samples of one distribution stay
-// under (printed beside it: plain decoding with two sets of seeds).
+// is not the identity above again): at each of the first sampled positions that drafts reach,
+// the tokens of 2000 requests with drafts and of 2000 without are compared by Pearson's
+// chi-square test of homogeneity, against its 0.999 quantile. Under the hypothesis that both
+// follow one distribution the statistic exceeds that bound with probability 0.001 per position
+// (the seeds are fixed, so the outcome is too: no flakiness from one run to the next); a rule
+// that took the draft token more often than p(d) moves the draft token's bin by hundreds of
+// counts, a statistic in the hundreds (printed: the same test between two seed sets of plain
+// decoding, and between plain decoding and a draft that is always taken).
 constexpr int kSeeds = 2000;
 constexpr int kPositions = 3;  // position 0 comes from the prompt's step: no draft
-// Two samples of one distribution stay under this (measured: plain/plain 0.058 and 0.070;
-// plain/spec 0.077 and 0.084); a rule that always took the draft token moves a position by
-// the probability of the other tokens, ~0.3 here.
-constexpr double kMaxVariation = 0.1;
 
-TEST(SpecDecodingStatsTest, SampledTokensFollowTheTargetDistribution) {
+using Histogram = std::map<int32_t, int>;
+
+struct ChiSquare {
+  double statistic = 0;
+  int df = 0;
+  double bound = 0;  // the 0.999 quantile for df
+};
+
+// Two samples of kSeeds tokens each. Tokens seen fewer than 10 times in both together (an
+// expected count under 5 in each) are pooled into one bin, as the test's approximation needs.
+ChiSquare Homogeneity(const Histogram& a, const Histogram& b) {
+  std::map<int32_t, std::pair<int, int>> both;
+  for (const auto& [token, n] : a) both[token].first += n;
+  for (const auto& [token, n] : b) both[token].second += n;
+  ChiSquare c;
+  int pooled_a = 0, pooled_b = 0, bins = 0;
+  auto add = [&](int x, int y) {
+    c.statistic += static_cast<double>(x - y) * (x - y) / (x + y);  // equal sample sizes
+    ++bins;
+  };
+  for (const auto& [token, counts] : both) {
+    if (counts.first + counts.second >= 10) {
+      add(counts.first, counts.second);
+    } else {
+      pooled_a += counts.first;
+      pooled_b += counts.second;
+    }
+  }
+  if (pooled_a + pooled_b > 0) add(pooled_a, pooled_b);
+  c.df = std::max(1, bins - 1);
+  // Wilson-Hilferty: chi2_q(df) ~ df (1 - 2/(9 df) + z sqrt(2/(9 df)))^3, z(0.999) = 3.0902.
+  const double v = 2.0 / (9.0 * c.df);
+  c.bound = c.df * std::pow(1 - v + 3.0902 * std::sqrt(v), 3);
+  return c;
+}
+
+// For scale (printed): a rule that always took the likeliest token.
+Histogram AlwaysTaken(const Histogram& h) {
+  int32_t top = -1;
+  for (const auto& [token, n] : h) {
+    if (top < 0 || n > h.at(top)) top = token;
+  }
+  Histogram wrong;
+  wrong[top] = kSeeds;
+  return wrong;
+}
+
+class SpecSamplingStatsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SpecSamplingStatsTest, SampledTokensFollowTheTargetDistribution) {
+  const std::string mode = GetParam();
   const std::string prompt =
       "Lily and Ben went to the park. They saw a big red ball. Lily and Ben went to the park. "
       "They saw a big";
-  auto histograms = [&](const std::string& mode, uint64_t first_seed, int64_t* drafted) {
-    std::unique_ptr<Engine> e = MakeEngine(mode, 16, 4, 16, /*force=*/true);
-    std::vector<std::map<int32_t, int>> h(kPositions);
+  auto histograms = [&](const std::string& spec, uint64_t first_seed, int64_t* drafted) {
+    const std::string draft_model = spec == "draft" ? testing::Stories260KPath() : "";
+    std::unique_ptr<Engine> e = MakeEngine(spec, 16, 4, 16, /*force=*/true, draft_model);
+    std::vector<Histogram> h(kPositions);
     for (int s = 0; s < kSeeds; ++s) {
       // Room for drafts after the histogram's positions (a draft stops at max_tokens).
       Request r = MakeRequest(prompt, 1.0f, first_seed + static_cast<uint64_t>(s), 5);
@@ -165,27 +219,26 @@ TEST(SpecDecodingStatsTest, SampledTokensFollowTheTargetDistribution) {
     *drafted = e->Metrics().spec_drafted;
     return h;
   };
-  int64_t drafted_plain = 0, drafted_spec = 0, drafted_other = 0;
-  const auto plain = histograms("off", 1, &drafted_plain);
-  const auto other = histograms("off", 200001, &drafted_other);
-  const auto spec = histograms("ngram", 100001, &drafted_spec);
+  // Plain decoding's histograms are the same for every drafter: computed once.
+  static int64_t drafted_plain = 0, drafted_other = 0;
+  static const auto plain = histograms("off", 1, &drafted_plain);
+  static const auto other = histograms("off", 200001, &drafted_other);
+  int64_t drafted_spec = 0;
+  const auto spec = histograms(mode, 100001, &drafted_spec);
   EXPECT_GT(drafted_spec, kSeeds / 2);  // most requests verified drafts
-  auto tv = [](const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
-    std::map<int32_t, double> diff;
-    for (const auto& [token, n] : a) diff[token] += n;
-    for (const auto& [token, n] : b) diff[token] -= n;
-    double sum = 0;
-    for (const auto& [token, d] : diff) sum += std::abs(d);
-    return sum / (2.0 * kSeeds);
-  };
   for (size_t p = 1; p < kPositions; ++p) {
-    const double noise = tv(plain[p], other[p]);
-    const double spec_tv = tv(plain[p], spec[p]);
-    std::printf("position %zu: total variation plain/plain %.3f, plain/spec %.3f\n", p, noise,
-                spec_tv);
-    EXPECT_LT(spec_tv, kMaxVariation) << "position " << p;
+    const ChiSquare noise = Homogeneity(plain[p], other[p]);
+    const ChiSquare wrong = Homogeneity(plain[p], AlwaysTaken(plain[p]));
+    const ChiSquare c = Homogeneity(plain[p], spec[p]);
+    std::printf("position %zu: chi-square plain/plain %.1f (df %d), plain/%s %.1f (df %d, bound "
+                "%.1f), plain/always-taken %.1f\n",
+                p, noise.statistic, noise.df, mode.c_str(), c.statistic, c.df, c.bound,
+                wrong.statistic);
+    EXPECT_LT(c.statistic, c.bound) << "position " << p;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Drafters, SpecSamplingStatsTest, ::testing::Values("ngram", "draft"));
 
 TEST(SpecDecodingOptionsTest, BadFlagsAreRefusedByName) {
   EngineOptions o;
@@ -198,6 +251,9 @@ TEST(SpecDecodingOptionsTest, BadFlagsAreRefusedByName) {
   o.draft_max = 8;
   o.spec = "draft";
   EXPECT_NE(ValidateEngineOptions(o).message().find("-md"), std::string::npos);
+  o.spec = "ngram";
+  o.draft_model_path = testing::Stories260KPath();
+  EXPECT_NE(ValidateEngineOptions(o).message().find("--spec draft"), std::string::npos);
 }
 
 }  // namespace

@@ -81,6 +81,49 @@ TEST(SpecCostTest, TheCurveFollowsWhatWasMeasured) {
   EXPECT_NEAR(curve.Relative(9), 1.0 + 8 * 0.1, 1e-9);  // from the measured slope
 }
 
+// Sequences decoding together never make a one-row step: the curve is relative to the fewest
+// rows it measured, and a step with more rows never costs less than that one.
+TEST(SpecCostTest, TheCurveIsRelativeToTheFewestRowsMeasured) {
+  StepCostCurve curve(32);
+  for (int i = 0; i < 3; ++i) {
+    curve.Observe(4, 10.0);
+    curve.Observe(8, 12.0);
+    curve.Observe(12, 9.0);  // a noisy measurement below the base step's
+  }
+  EXPECT_EQ(curve.reference(), 4);
+  EXPECT_DOUBLE_EQ(curve.reference_ms(), 10.0);
+  EXPECT_NEAR(curve.Relative(8), 1.2, 1e-9);
+  EXPECT_NEAR(curve.Relative(12), 1.0, 1e-9);
+  EXPECT_FALSE(curve.measured(6));
+  EXPECT_GT(curve.Relative(6), 1.0);
+}
+
+// A step the machine's scheduler stalled does not move the curve: a row count's figure is the
+// median of its recent steps.
+TEST(SpecCostTest, AStalledStepDoesNotMoveTheCurve) {
+  StepCostCurve curve(16);
+  for (int i = 0; i < 8; ++i) {
+    curve.Observe(1, 10.0);
+    curve.Observe(5, 14.0);
+  }
+  curve.Observe(1, 100.0);  // preempted
+  curve.Observe(5, 90.0);
+  EXPECT_NEAR(curve.Relative(5), 1.4, 1e-9);
+  EXPECT_DOUBLE_EQ(curve.reference_ms(), 10.0);
+}
+
+// A draft model's own passes are part of a draft's price: a draft as dear as the target is not
+// worth its tokens even when every token is accepted, a cheap one is.
+TEST(SpecCostTest, TheDraftsOwnCostIsWeighed) {
+  std::vector<SpecCandidate*> scratch;
+  const StepCostCurve cheap = CurveWithSlope(0.03);
+  std::vector<SpecCandidate> c = {{8, 0.95, 0}};
+  ChooseDraftLengths(cheap, 1, 1, 64, c, &scratch, /*draft_cost=*/1.0);
+  EXPECT_EQ(c[0].chosen, 0);
+  ChooseDraftLengths(cheap, 1, 1, 64, c, &scratch, /*draft_cost=*/0.05);
+  EXPECT_GE(c[0].chosen, 4);
+}
+
 TEST(SpecCostTest, DraftsWhereTheyPayAndNotWhereTheyDoNot) {
   std::vector<SpecCandidate*> scratch;
   // Bandwidth-bound (3% per extra row): a likely draft is sent, and long.
