@@ -20,7 +20,6 @@
 
 #include <algorithm>
 
-#include "amx.h"
 #include "kernel_table.h"
 
 #pragma GCC optimize("fp-contract=off")  // see kernels_avx512.cc
@@ -145,16 +144,8 @@ void MatMulPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, 
 }  // namespace
 
 void Avx512MatMulPackedTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-  // Several tokens per weight read go to the tile unit where there is one (amx.h): the same
-  // outputs, bit for bit, at a fraction of the instructions. Q4_0 stays here.
-  const bool amx = t1 - t0 >= kAmxMinTokens && a.w.type != DType::kQ4_0 && AmxEnabled();
-  if (IsKQuant(a.w.type)) {
-    return amx ? AmxKQuantPackedTile(a, r0, r1, t0, t1) : Avx512KQuantPackedTile(a, r0, r1, t0, t1);
-  }
-  if (a.w.type == DType::kQ8_0) {
-    return amx ? AmxQ8PackedTile(a, r0, r1, t0, t1)
-               : MatMulPackedTileT<DType::kQ8_0>(a, r0, r1, t0, t1);
-  }
+  if (IsKQuant(a.w.type)) return Avx512KQuantPackedTile(a, r0, r1, t0, t1);
+  if (a.w.type == DType::kQ8_0) return MatMulPackedTileT<DType::kQ8_0>(a, r0, r1, t0, t1);
   MatMulPackedTileT<DType::kQ4_0>(a, r0, r1, t0, t1);
 }
 
