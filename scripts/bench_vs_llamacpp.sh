@@ -15,6 +15,10 @@
 #   KVL_ARGS ["-ctk f16 -ctv f16"]: extra kvl bench flags; the default gives kvl llama-bench's
 #     f16 KV cache (kvl's own default is f32)
 #   LD_LIBRARY_PATH: set it to llama.cpp's library folder when its default build cannot run here
+#   QUIET_LOAD [""]: when set, each unit first waits until the 1-minute load average is below it
+#     (at most QUIET_WAIT [900] seconds, then runs anyway and says so): on a shared machine
+#     llama.cpp's spinning threads lose far more than kvl's to a busy core, so a ratio taken at
+#     load 10 measures preemption, not kernels
 #
 # The machine may be shared: each round runs the two engines one after the other, alternating
 # which goes first, and the table gives each engine's median over the rounds, the load average
@@ -37,6 +41,8 @@ ROUNDS=${ROUNDS:-3}
 DEEP=${DEEP:-"gemma-3-1b:8192"}
 LLAMA_ARGS=${LLAMA_ARGS:-}
 KVL_ARGS=${KVL_ARGS:-"-ctk f16 -ctv f16"}
+QUIET_LOAD=${QUIET_LOAD:-}
+QUIET_WAIT=${QUIET_WAIT:-900}
 QUANTIZE=$(dirname "$LLAMA_BENCH")/llama-quantize
 [[ -x "$KVL" ]] || { echo "no kvl at $KVL (build it: cmake --build build --target kvl)" >&2; exit 2; }
 mkdir -p "$MODEL_DIR"
@@ -57,6 +63,19 @@ depth_of() {  # SHAPE -> DEEP's depth for it, or nothing
   local pair
   for pair in $DEEP; do [[ "${pair%%:*}" == "$1" ]] && echo "${pair##*:}"; done
   return 0
+}
+
+wait_for_quiet() {  # returns at once unless QUIET_LOAD is set
+  [[ -n "$QUIET_LOAD" ]] || return 0
+  local waited=0
+  while python3 -c "import sys; sys.exit(0 if float(open('/proc/loadavg').read().split()[0]) >= $QUIET_LOAD else 1)"; do
+    if ((waited >= QUIET_WAIT)); then
+      echo "  load still $(cut -d' ' -f1 /proc/loadavg) after ${waited} s: running anyway" >&2
+      return 0
+    fi
+    sleep 10
+    waited=$((waited + 10))
+  done
 }
 
 # One unit: one engine on one file, pp PROMPT and tg GEN (and tg GEN at the depth), one repetition
@@ -94,6 +113,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
       model=$(make_model "$shape" "$type")
       if ((round % 2)); then order="llama kvl"; else order="kvl llama"; fi
       for engine in $order; do
+        wait_for_quiet
         echo "round $round: $engine $shape $type (load $(cut -d' ' -f1 /proc/loadavg))" >&2
         SECONDS=0
         # An engine that cannot run a file (an unsupported tensor type, say) leaves its cells

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -56,6 +58,49 @@ TEST(ActivationsTest, GeGluIsGeluOfGateTimesUpOnEveryIsa) {
     GeGlu(ctx, out.data(), up.data(), static_cast<int64_t>(out.size()));
     for (size_t i = 0; i < out.size(); ++i) {
       ASSERT_EQ(out[i], GeluTanhF16(gate[i]) * up[i]) << IsaName(isa) << " " << i;
+    }
+  }
+}
+
+// Long rows over two threads (several chunks, a partial last one) with the values where a
+// conversion could differ: f16 rounding ties, f16 subnormals, values beyond f16's range (only
+// outside (-10, 10)), the edges +-10, infinities and NaN; bit for bit the scalar definition.
+TEST(ActivationsTest, GeGluMatchesScalarBitsOnLongRowsAndEdgeValues) {
+  ThreadPool pool(2);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  const int64_t n = 6912 + 37;  // Gemma-3-1B's FFN, and a partial chunk
+  std::vector<float> gate(static_cast<size_t>(n)), up(static_cast<size_t>(n));
+  for (size_t i = 0; i < gate.size(); ++i) {
+    gate[i] = dist(rng);
+    up[i] = dist(rng);
+  }
+  const float edges[] = {-10.0f,
+                         10.0f,
+                         std::nextafter(-10.0f, 0.0f),
+                         std::nextafter(10.0f, 0.0f),
+                         1.0f + 1.0f / 2048.0f,  // halfway between two f16 values: ties to even
+                         1.0f + 3.0f / 2048.0f,
+                         3.0e-6f,  // f16 subnormal
+                         -3.0e-8f,  // below f16's smallest subnormal
+                         1e6f,
+                         -1e6f,
+                         INFINITY,
+                         -INFINITY,
+                         NAN,
+                         0.0f,
+                         -0.0f};
+  for (size_t i = 0; i < std::size(edges); ++i) gate[1000 * i + 3] = edges[i];
+  for (Isa isa : RunnableIsas()) {
+    OpsContext ctx(isa, &pool);
+    std::vector<float> out = gate;
+    GeGlu(ctx, out.data(), up.data(), n);
+    for (size_t i = 0; i < out.size(); ++i) {
+      const float want = GeluTanhF16(gate[i]) * up[i];
+      uint32_t got_bits, want_bits;
+      std::memcpy(&got_bits, &out[i], 4);
+      std::memcpy(&want_bits, &want, 4);
+      ASSERT_EQ(got_bits, want_bits) << IsaName(isa) << " " << i << " gate " << gate[i];
     }
   }
 }

@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "kvl/ops.h"
 #include "kvl/quant.h"
+#include "ops/kernel_table.h"
 
 namespace kvl::ops {
 namespace {
@@ -82,6 +84,24 @@ TEST_F(VectorOpsTest, MatchScalar) {
         // Deterministic for a given ISA and size.
         EXPECT_EQ(Dot(ctx, x.data(), y0.data(), n), Dot(ctx, x.data(), y0.data(), n));
       }
+    }
+  }
+}
+
+// SwiGlu over the pool in chunks gives every element the bits one call of the ISA's kernel over
+// the whole row gives (prefill rows of tokens x FFN values span several chunks; the last is
+// partial and ends in the kernel's tail).
+TEST(VectorOpsThreadsTest, SwiGluSplitOverThreadsIsOneCall) {
+  ThreadPool pool(2);
+  for (Isa isa : RunnableIsas()) {
+    OpsContext ctx(isa, &pool);
+    for (int64_t n : {int64_t{16384 * 3 + 13}, int64_t{16384 * 2}, int64_t{40000 + 7}}) {
+      const std::vector<float> g = RandomVec(n, 11, 30.0f), up = RandomVec(n, 12);
+      std::vector<float> split = g, whole = g;
+      SwiGlu(ctx, split.data(), up.data(), n);
+      ctx.kernels().swiglu(whole.data(), up.data(), n);
+      ASSERT_EQ(std::memcmp(split.data(), whole.data(), sizeof(float) * static_cast<size_t>(n)), 0)
+          << IsaName(isa) << " n " << n;
     }
   }
 }
