@@ -279,6 +279,12 @@ bool Scheduler::Schedule(StepPlan* plan) {
       restore_cap = largest_restore / 2 / block_tokens_ * block_tokens_;
       continue;
     }
+    // Before a sequence is stopped as too big, the tier pages waiting sequences hold give way:
+    // pinned, they filled the RAM tier, so a running sequence's pages had to go to slower tiers
+    // and through the few staging buffers, and a sequence the budget holds alone was stopped.
+    if ((admissions == 1 && running_.empty()) || (admissions == 0 && running_.size() == 1)) {
+      if (ReleaseWaitingTierPages()) continue;
+    }
     if (admissions == 1 && running_.empty()) {
       // Alone in an empty pool and still too big: it can never run.
       FinishTooBig(*waiting_.front(), /*prompt_only=*/true);
@@ -300,6 +306,22 @@ bool Scheduler::Schedule(StepPlan* plan) {
     ReleaseFinished();
     max_admissions = waiting_.size();
   }
+}
+
+bool Scheduler::ReleaseWaitingTierPages() {
+  bool released = false;
+  for (const std::unique_ptr<Sequence>& seq : waiting_) {
+    const bool holds = std::any_of(seq->kv_pages.pages.begin(), seq->kv_pages.pages.end(),
+                                   [](const KvPage& page) {
+                                     return page.fate == KvPageFate::kInTier ||
+                                            page.fate == KvPageFate::kCheckpointed;
+                                   });
+    if (!holds) continue;
+    pager_.ForgetPreemptedPages(seq->kv_pages);
+    seq->store_checked = false;
+    released = true;
+  }
+  return released;
 }
 
 void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {

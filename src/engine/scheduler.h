@@ -136,6 +136,11 @@ class Scheduler {
   // The plan's pages that left the pool, to the trace; `request` is the preempted sequence's id
   // (relief: -1, the owners are the running sequences).
   void TraceLeaving(const KvPagePlan& plan, KvTraceCause cause, RequestId request);
+  // Waiting sequences let go of the tier pages they hold (kept at their preemption, or found in
+  // the store for their admission): store pages become cached ones a tier may evict, the rest
+  // are erased, and each such sequence asks the store again at its admission. True when one held
+  // any.
+  bool ReleaseWaitingTierPages();
   // Finishes the sequence that can never fit this pool with an error naming the budget.
   void FinishTooBig(Sequence& seq, bool prompt_only);
 

@@ -80,6 +80,8 @@ class RawConnection {
     ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
     Close();
   }
+  // Closes the sending side only (a FIN): the client still reads, as some HTTP/1.0 clients do.
+  void ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
   void Close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -121,8 +123,6 @@ double Metric(int port, const std::string& line_prefix) {
   if (pos == std::string::npos) return -1;
   return std::stod(res->body.substr(pos + line_prefix.size() + 2));
 }
-
-bool HasHeaderEnd(const std::string& s) { return s.find("\r\n\r\n") != std::string::npos; }
 
 // A chunked body used to skip --max-body: it was buffered whole (up to 100 MiB) and only then
 // refused. Now the limit applies to each chunk as it arrives: past the limit the server answers
@@ -385,6 +385,38 @@ TEST(HttpTransportTest, AQueuedRequestWhoseClientLeftNeverRuns) {
   // Only the running request's tokens were generated (the queued one was cancelled before it
   // was admitted, or at worst right after).
   EXPECT_LT(Metric(server.port(), "kvl:generation_tokens_total"), kRunningTokens + 50);
+}
+
+// A client that closes its sending side after its request (shutdown(SHUT_WR), as some HTTP/1.0
+// clients do) still reads: it gets its whole answer, plain or streamed, with nothing added to
+// the bytes. The FIN used to be taken as a client gone: its request was cancelled and the
+// connection closed unanswered. (A client that closes its socket is still noticed at once:
+// AQueuedRequestWhoseClientLeftNeverRuns.)
+TEST(HttpTransportTest, AHalfClosedClientStillGetsItsAnswer) {
+  ServerProcess server({"-np", "1"});
+  ASSERT_TRUE(server.WaitReady()) << server.Log();
+  const std::string body = R"({"prompt":"Once upon","max_tokens":40,"ignore_eos":true})";
+  RawConnection plain(server.port());
+  plain.Send(fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                         "Content-Length: {}\r\n\r\n{}",
+                         body.size(), body));
+  plain.ShutdownWrite();
+  const std::string answer = plain.ReadAll(60);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.0 200 OK\r\n")) << answer;
+  EXPECT_NE(answer.find(R"("finish_reason":"length")"), std::string::npos) << answer;
+  EXPECT_NE(answer.find(R"("completion_tokens":40)"), std::string::npos) << answer;
+
+  const std::string stream_body =
+      R"({"prompt":"Once upon","max_tokens":40,"ignore_eos":true,"stream":true})";
+  RawConnection streamed(server.port());
+  streamed.Send(Post("/v1/completions", stream_body));
+  streamed.ShutdownWrite();
+  const std::string frames = streamed.ReadAll(60);
+  EXPECT_TRUE(frames.starts_with("HTTP/1.1 200 OK\r\n")) << frames.substr(0, 200);
+  EXPECT_NE(frames.find(R"("finish_reason":"length")"), std::string::npos) << frames;
+  EXPECT_TRUE(frames.ends_with("data: [DONE]\n\n\r\n0\r\n\r\n")) << frames;
+  EXPECT_EQ(Metric(server.port(), "kvl:request_disconnect_cancels_total"), 0);
+  EXPECT_EQ(Metric(server.port(), "kvl:request_success_total{finished_reason=\"length\"}"), 2);
 }
 
 }  // namespace
