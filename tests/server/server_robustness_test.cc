@@ -115,6 +115,37 @@ TEST(ServeAdmissionTest, ARequestTheBudgetCanNeverHoldIsRefusedAtOnce) {
   EXPECT_EQ(json::parse(served->body)["usage"]["completion_tokens"], 300);
 }
 
+// Where pages of running sequences move (the lossless lattice with a RAM tier), the admission
+// check used to admit everything: a request longer than the pool, the staging buffers and the
+// RAM tier together ran until it outgrew them and ended late. It is refused at once too, naming
+// what bounds it; what fits is served.
+TEST(ServeAdmissionTest, ARequestPastWhatPagingCanReachIsRefusedAtOnce) {
+  ServerProcess server({"-np", "1", "-c", "2048", "--kv-budget", "200KiB", "--kv-tier",
+                        "ram:100KiB"});
+  ASSERT_TRUE(server.WaitReady()) << server.Log();
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(60, 0);
+  json prompt = json::array();
+  for (int i = 0; i < 100; ++i) prompt.push_back(3 + i);
+  auto refused =
+      PostJson(client, "/v1/completions",
+               json{{"prompt", prompt}, {"max_tokens", 1000}, {"temperature", 0}}.dump());
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  const std::string message = json::parse(refused->body)["error"]["message"];
+  EXPECT_NE(message.find("KV budget"), std::string::npos) << message;
+  EXPECT_NE(message.find("read in place from RAM"), std::string::npos) << message;
+  EXPECT_NE(message.find("100 tokens"), std::string::npos) << message;
+  EXPECT_NE(message.find("max_tokens (1000)"), std::string::npos) << message;
+  auto served = PostJson(
+      client, "/v1/completions",
+      json{{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}}
+          .dump());
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 200) << served->body;
+  EXPECT_EQ(json::parse(served->body)["usage"]["completion_tokens"], 40);
+}
+
 // `scripts/soak --kv-budget 400KiB` ended requests with a late 500 ("its pages streamed from
 // tiers fill the staging"): the RAM tier filled with pages pinned for waiting requests (kept at
 // their preemption, or found in the store for an admission that then waited), so a running
