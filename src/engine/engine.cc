@@ -311,9 +311,8 @@ Status Engine::Impl::CheckFitsBudget(int64_t prompt_tokens, int32_t max_new_toke
       if (tier->reads_in_place()) in_place += tier->stats().capacity_bytes / layout.kv_bytes();
     }
     capacity += (staged + in_place) * block_tokens;
-    beyond_pool = fmt::format(", {} pages streamed from tiers at once and {} read in place from "
-                              "RAM",
-                              staged, in_place);
+    beyond_pool = fmt::format(
+        ", {} pages streamed from tiers at once and {} read in place from RAM", staged, in_place);
   }
   const std::string budget = fmt::format(
       "the KV budget ({}: a pool of {} blocks of {} tokens{}, at most {} tokens of one "

@@ -448,8 +448,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void AnswerWritten() {
     std::shared_ptr<Exchange> exchange = std::move(exchange_);
-    const bool keep_alive =
-        exchange->keep_alive() && !shared_.stopping && !client_done_sending_;
+    const bool keep_alive = exchange->keep_alive() && !shared_.stopping && !client_done_sending_;
     exchange->Finish(true);
     if (!keep_alive) {
       phase_ = Phase::kClosing;

@@ -99,9 +99,9 @@ struct LiveRequest {
   std::atomic<bool> finished{false};  // the engine sent its last event
 
   std::mutex mu;
-  std::vector<Piece> arrived;         // under mu: handed over, not yet drained
-  std::optional<TokenEvent> last;     // under mu: the finishing event, until drained
-  bool drain_posted = false;          // under mu
+  std::vector<Piece> arrived;      // under mu: handed over, not yet drained
+  std::optional<TokenEvent> last;  // under mu: the finishing event, until drained
+  bool drain_posted = false;       // under mu
 
   // The drain's own (one drain runs at a time, on the I/O thread).
   LogprobDecoder decoder;

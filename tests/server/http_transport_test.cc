@@ -254,8 +254,7 @@ TEST(HttpTransportTest, HealthAndMetricsAnswerUnderStreamsAndSlowloris) {
         RawConnection c(server.port());
         c.Send(Post("/v1/completions",
                     R"({"prompt":"Once upon","max_tokens":200,"ignore_eos":true,"stream":true})"));
-        c.ReadUntil([&](const std::string& s) { return !loaded || s.ends_with("0\r\n\r\n"); },
-                    60);
+        c.ReadUntil([&](const std::string& s) { return !loaded || s.ends_with("0\r\n\r\n"); }, 60);
       }
     });
   }
@@ -456,9 +455,10 @@ TEST(HttpTransportTest, AHalfClosedClientStillGetsItsAnswer) {
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   const std::string body = R"({"prompt":"Once upon","max_tokens":40,"ignore_eos":true})";
   RawConnection plain(server.port());
-  plain.Send(fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
-                         "Content-Length: {}\r\n\r\n{}",
-                         body.size(), body));
+  plain.Send(
+      fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                  "Content-Length: {}\r\n\r\n{}",
+                  body.size(), body));
   plain.ShutdownWrite();
   const std::string answer = plain.ReadAll(60);
   EXPECT_TRUE(answer.starts_with("HTTP/1.0 200 OK\r\n")) << answer;
