@@ -405,13 +405,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // urgent (out-of-band) byte tells them apart without a byte in the answer: a socket still
   // open takes it aside (a reader never sees it in the stream unless it asks for SO_OOBINLINE),
   // a closed one answers any data with a reset, which the wait below sees at once. A client
-  // that closes later still is noticed at the next write the reset breaks.
+  // that closes later still is noticed at the next write the reset breaks. One probe per
+  // connection: a second urgent byte would push the first, unread, into the stream. Requests the
+  // client pipelined before its FIN are still answered, one after the other.
   void OnClientDoneSending() {
-    client_done_sending_ = true;
-    beast::error_code ignored;
-    socket_.non_blocking(true, ignored);  // never wait here for room in a full send buffer
-    const char probe = 0;
-    socket_.send(asio::buffer(&probe, 1), tcp::socket::message_out_of_band, ignored);
+    if (!client_done_sending_) {
+      client_done_sending_ = true;
+      beast::error_code ignored;
+      socket_.non_blocking(true, ignored);  // never wait here for room in a full send buffer
+      const char probe = 0;
+      socket_.send(asio::buffer(&probe, 1), tcp::socket::message_out_of_band, ignored);
+    }
     socket_.async_wait(tcp::socket::wait_error,
                        [self = shared_from_this()](const beast::error_code& ec) {
                          if (!ec && self->phase_ == Phase::kHandling) self->Close();
@@ -448,7 +452,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void AnswerWritten() {
     std::shared_ptr<Exchange> exchange = std::move(exchange_);
-    const bool keep_alive = exchange->keep_alive() && !shared_.stopping && !client_done_sending_;
+    const bool keep_alive = exchange->keep_alive() && !shared_.stopping &&
+                            (!client_done_sending_ || buffer_.size() > 0);
     exchange->Finish(true);
     if (!keep_alive) {
       phase_ = Phase::kClosing;

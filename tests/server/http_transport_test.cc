@@ -474,8 +474,16 @@ TEST(HttpTransportTest, AHalfClosedClientStillGetsItsAnswer) {
   EXPECT_TRUE(frames.starts_with("HTTP/1.1 200 OK\r\n")) << frames.substr(0, 200);
   EXPECT_NE(frames.find(R"("finish_reason":"length")"), std::string::npos) << frames;
   EXPECT_TRUE(frames.ends_with("data: [DONE]\n\n\r\n0\r\n\r\n")) << frames;
+  // Requests pipelined before the FIN are each answered, in order, before the server closes.
+  RawConnection pipelined(server.port());
+  pipelined.Send(Post("/v1/completions", body) + "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+  pipelined.ShutdownWrite();
+  const std::string answers = pipelined.ReadAll(60);
+  EXPECT_EQ(CountOf(answers, "HTTP/1.1 200 OK\r\n"), 2) << answers;
+  EXPECT_LT(answers.find("text_completion"), answers.find("\"owned_by\"")) << answers;
+
   EXPECT_EQ(Metric(server.port(), "kvl:request_disconnect_cancels_total"), 0);
-  EXPECT_EQ(Metric(server.port(), "kvl:request_success_total{finished_reason=\"length\"}"), 2);
+  EXPECT_EQ(Metric(server.port(), "kvl:request_success_total{finished_reason=\"length\"}"), 3);
 }
 
 }  // namespace
