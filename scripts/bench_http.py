@@ -7,6 +7,15 @@ each round. The table gives each configuration's median over the rounds.
 
   scripts/bench_http.py --old /tmp/kvl-main-src/build/kvl --new build/kvl \
       -m ../shared/models/stories260K.gguf [--rounds 3] [-n 200] [--clients 1,4,16]
+
+With --health SECONDS it measures instead how fast /health and /metrics answer under load: 16
+streaming clients (`kvl bench serve --stream`) and 8 slowloris connections (a header byte every
+half second) on each server in turn, while a probe opens a fresh connection for GET /health and
+GET /metrics every 50 ms; it prints p50, p99 and the worst of each (--old is optional there).
+
+On a machine shared with others' builds, their load decides the figures more than either server
+does; a session of its own at a higher autogroup priority takes less of it:
+  setsid bash -c 'echo -10 > /proc/self/autogroup; exec scripts/bench_http.py ...'
 """
 import argparse
 import json
@@ -60,16 +69,109 @@ def bench(client, port, clients, stream, n):
     return json.loads(out)
 
 
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def slowloris(port, count, stop):
+    """`count` connections that send a request's head one byte every half second, never ending."""
+    import socket
+    import threading
+
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nX-Slow: " + \
+        b"a" * 4096
+
+    def trickle():
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), 5) as s:
+                    for byte in head:
+                        if stop.wait(0.5):
+                            return
+                        s.sendall(bytes([byte]))
+            except OSError:
+                pass  # cut off by the server's receive deadline: start again
+
+    threads = [threading.Thread(target=trickle, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def probe_seconds(port, path):
+    """Seconds for GET `path` on a fresh connection (None: no 200 within 10 s)."""
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            r.read()
+            if r.status != 200:
+                return None
+    except OSError:
+        return None
+    return time.monotonic() - start
+
+
+def health_under_load(name, binary, a):
+    """p50/p99/max of /health and /metrics while 16 clients stream and 8 trickle headers."""
+    import threading
+
+    proc, port, log = start_server(binary, a.model, a.server_args.split())
+    stop = threading.Event()
+    load = subprocess.Popen([a.new, "bench", "serve", "--port", str(port), "-n", "100000",
+                             "--concurrency", "16", "--prompt-tokens", "64", "--max-tokens",
+                             "64", "--stream", "-o", "json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    slowloris(port, 8, stop)
+    samples = {"/health": [], "/metrics": []}
+    failures = 0
+    try:
+        time.sleep(1)  # the streams under way
+        end = time.monotonic() + a.health
+        while time.monotonic() < end:
+            for path in samples:
+                t = probe_seconds(port, path)
+                if t is None:
+                    failures += 1
+                else:
+                    samples[path].append(t * 1000)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        load.send_signal(signal.SIGTERM)
+        load.wait()
+        stop_server(proc, log)
+    for path, ms in samples.items():
+        print(f"| {name} | {path} | {len(ms)} | {statistics.median(ms):.2f} | "
+              f"{percentile(ms, 0.99):.2f} | {max(ms):.2f} |")
+    if failures:
+        print(f"warning: {name}: {failures} probes got no 200 within 10 s", file=sys.stderr)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--old", required=True)
+    p.add_argument("--old")
     p.add_argument("--new", required=True)
     p.add_argument("-m", "--model", required=True)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("-n", type=int, default=200)
     p.add_argument("--clients", default="1,4,16")
     p.add_argument("--server-args", default="-np 16 -t 1 --no-calibrate")
+    p.add_argument("--health", type=float, default=0,
+                   help="seconds of /health and /metrics probes under load, instead of throughput")
     a = p.parse_args()
+    if a.health > 0:
+        print("| server | path | probes | p50 ms | p99 ms | max ms |")
+        print("|---|---|---|---|---|---|")
+        for name in ("old", "new"):
+            if getattr(a, name):
+                health_under_load(name, getattr(a, name), a)
+        print(f"\n16 streaming clients (64 prompt words, 64 tokens) and 8 slowloris connections, "
+              f"a fresh connection per probe every 50 ms for {a.health:.0f} s; server flags: "
+              f"{a.server_args}")
+        return
+    if not a.old:
+        p.error("--old is needed to compare throughput")
     clients = [int(c) for c in a.clients.split(",")]
     runs = {}  # (binary, stream, clients) -> [result]
     # Both servers run side by side (the idle one costs nothing) and every cell is measured on

@@ -307,15 +307,33 @@ bool Engine::Impl::StepImpl() {
 // outgrown and end late (and an SDK retries a 5xx twice, wasting the work three times). Where the
 // lattice pages running sequences, the pool bounds nothing up front; a sequence that still
 // outgrows it ends with its text so far and finish reason "length" (Scheduler::FinishTooBig).
+//
+// Where pages of running sequences move losslessly, a sequence still has to reach every page at
+// each step: in the pool, streamed from a tier through the staging buffers, or read in place from
+// an uncompressed RAM tier. A request longer than all of that together is refused as well. A
+// lossy policy may evict pages, so nothing bounds a sequence there.
 Status Engine::Impl::CheckFitsBudget(int64_t prompt_tokens, int32_t max_new_tokens) const {
-  if (memory->pages_running_sequences()) return Status::Ok();
-  const int64_t block_tokens = memory->layout().block_tokens;
-  const int64_t capacity = memory->capacity_tokens();
+  const KvBlockLayout& layout = memory->layout();
+  const int64_t block_tokens = layout.block_tokens;
+  int64_t capacity = memory->capacity_tokens();
+  std::string beyond_pool;
+  if (memory->pages_running_sequences()) {
+    if (memory->rules().quality != KvQuality::kLossless) return Status::Ok();
+    const int64_t staged = memory->pager().staging_capacity_pages();
+    int64_t in_place = 0;
+    for (const KvTier* tier : memory->tiers()) {
+      if (tier->reads_in_place()) in_place += tier->stats().capacity_bytes / layout.kv_bytes();
+    }
+    capacity += (staged + in_place) * block_tokens;
+    beyond_pool = fmt::format(
+        ", {} pages streamed from tiers at once and {} read in place from RAM", staged, in_place);
+  }
   const std::string budget = fmt::format(
-      "the KV budget ({}: a pool of {} blocks of {} tokens, at most {} tokens of one sequence)",
+      "the KV budget ({}: a pool of {} blocks of {} tokens{}, at most {} tokens of one "
+      "sequence)",
       options.kv_budget_bytes > 0 ? fmt::format("--kv-budget {} bytes", options.kv_budget_bytes)
                                   : std::string("the default"),
-      memory->num_blocks(), block_tokens, capacity);
+      memory->num_blocks(), block_tokens, beyond_pool, capacity);
   if (prompt_tokens > capacity) {
     return InvalidArgumentError(fmt::format(
         "the prompt has {} tokens but {} cannot hold them; raise --kv-budget, or let pages of "
@@ -412,8 +430,11 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
 }
 
 void Engine::Cancel(RequestId id) {
-  std::lock_guard<std::mutex> lock(impl_->inbox_mutex);
-  impl_->cancel_requests.insert(id);
+  {
+    std::lock_guard<std::mutex> lock(impl_->inbox_mutex);
+    impl_->cancel_requests.insert(id);
+  }
+  impl_->inbox_cv.notify_one();  // an idle step loop takes it now
 }
 
 bool Engine::Step() { return impl_->StepImpl(); }
@@ -429,8 +450,9 @@ void Engine::Start() {
   e.loop = std::thread([&e] {
     while (e.loop_running.load()) {
       if (e.StepImpl()) continue;
+      // Idle: asleep until Submit, Cancel or Stop notifies (no poll to wait out).
       std::unique_lock<std::mutex> lock(e.inbox_mutex);
-      e.inbox_cv.wait_for(lock, std::chrono::milliseconds(50), [&e] {
+      e.inbox_cv.wait(lock, [&e] {
         return !e.inbox.empty() || !e.cancel_requests.empty() || !e.loop_running.load();
       });
     }
@@ -439,7 +461,11 @@ void Engine::Start() {
 
 void Engine::Stop() {
   Impl& e = *impl_;
-  if (!e.loop_running.exchange(false)) return;
+  {
+    // Under the lock: the loop cannot be between its check and its wait, so the wake is not lost.
+    std::lock_guard<std::mutex> lock(e.inbox_mutex);
+    if (!e.loop_running.exchange(false)) return;
+  }
   e.inbox_cv.notify_all();
   if (e.loop.joinable()) e.loop.join();
 }

@@ -264,6 +264,10 @@ bool Scheduler::Schedule(StepPlan* plan) {
     }
     // Running sequences' coldest pages leave the pool (the lattice) before anything is
     // preempted.
+    // A full RAM tier sends running sequences' pages to slower tiers, through the few staging
+    // buffers: pages waiting sequences hold there give way first (they are recomputed, or found
+    // in the store again, at their admission).
+    if (admissions == 0 && RamTierFull() && ReleaseWaitingTierPages(/*ram_only=*/true)) continue;
     if (RelievePressure(blocks_short, phase_)) continue;
     if (planner_.rules().pages_running_sequences && prefill_cap > block_tokens_) {
       prefill_cap = std::max<int64_t>(block_tokens_, prefill_cap / 2);
@@ -278,6 +282,12 @@ bool Scheduler::Schedule(StepPlan* plan) {
     if (largest_restore > block_tokens_) {
       restore_cap = largest_restore / 2 / block_tokens_ * block_tokens_;
       continue;
+    }
+    // Before a sequence is stopped as too big, the tier pages waiting sequences hold give way:
+    // pinned, they filled the RAM tier, so a running sequence's pages had to go to slower tiers
+    // and through the few staging buffers, and a sequence the budget holds alone was stopped.
+    if ((admissions == 1 && running_.empty()) || (admissions == 0 && running_.size() == 1)) {
+      if (ReleaseWaitingTierPages(/*ram_only=*/false)) continue;
     }
     if (admissions == 1 && running_.empty()) {
       // Alone in an empty pool and still too big: it can never run.
@@ -300,6 +310,34 @@ bool Scheduler::Schedule(StepPlan* plan) {
     ReleaseFinished();
     max_admissions = waiting_.size();
   }
+}
+
+bool Scheduler::RamTierFull() const {
+  for (const KvTier* tier : memory_.tiers()) {
+    if (tier->kind() != TierKind::kRam) continue;
+    const TierStats stats = tier->stats();
+    return stats.bytes_used + kv_.options().layout.kv_bytes() > stats.capacity_bytes;
+  }
+  return false;
+}
+
+bool Scheduler::ReleaseWaitingTierPages(bool ram_only) {
+  bool released = false;
+  for (const std::unique_ptr<Sequence>& seq : waiting_) {
+    const bool holds = std::any_of(
+        seq->kv_pages.pages.begin(), seq->kv_pages.pages.end(), [ram_only](const KvPage& page) {
+          return (page.fate == KvPageFate::kInTier || page.fate == KvPageFate::kCheckpointed) &&
+                 (!ram_only || page.tier->kind() == TierKind::kRam);
+        });
+    if (!holds) continue;
+    pager_.ForgetPreemptedPages(seq->kv_pages);
+    // Asking the store again at once would pin the same RAM pages again, step after step: the
+    // sequence computes what the prefix cache lacks instead. The last resort (a sequence about
+    // to be stopped) lets it ask again.
+    seq->store_checked = ram_only;
+    released = true;
+  }
+  return released;
 }
 
 void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {

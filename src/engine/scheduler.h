@@ -136,6 +136,13 @@ class Scheduler {
   // The plan's pages that left the pool, to the trace; `request` is the preempted sequence's id
   // (relief: -1, the owners are the running sequences).
   void TraceLeaving(const KvPagePlan& plan, KvTraceCause cause, RequestId request);
+  // Waiting sequences let go of the tier pages they hold (kept at their preemption, or found in
+  // the store for their admission): store pages become cached ones a tier may evict, the rest
+  // are erased. `ram_only`: only the sequences holding pages in the RAM tier. True when one held
+  // any.
+  bool ReleaseWaitingTierPages(bool ram_only);
+  // The RAM tier (if any) has no room for one more page without evicting.
+  bool RamTierFull() const;
   // Finishes the sequence that can never fit this pool with an error naming the budget.
   void FinishTooBig(Sequence& seq, bool prompt_only);
 

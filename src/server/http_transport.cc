@@ -14,7 +14,8 @@
 // - A request waiting for the engine keeps a read posted on its socket, so a client that closes
 //   or resets is noticed at once, in any engine state, streaming or not. libmicrohttpd does not
 //   poll a suspended connection: a client gone while its request waits is seen only on resume.
-//   The price: a client that half-closes (shutdown(SHUT_WR)) after its request is taken as gone.
+//   A FIN alone does not end the request: a client that half-closes (shutdown(SHUT_WR)) after
+//   its request still gets its answer (see OnClientDoneSending for how a closed one is told).
 // - Pipelined requests stay in the connection's buffer and are read one after the other, each
 //   answered in order; an HTTP/1.0 request gets a 1.0 answer (Content-Length, or a stream that
 //   the closed connection ends) because the framing is written here, not by a library default.
@@ -98,7 +99,9 @@ struct Shared {
         handler(std::move(h)),
         workers(static_cast<size_t>(std::max(1, options.worker_threads))) {
     for (int i = 0; i < std::max(1, options.io_threads); ++i) {
-      loops.push_back(std::make_unique<asio::io_context>());
+      // Concurrency hint 1: one thread runs each loop, so a post from that thread (a handler's
+      // answer, a drain of engine events) joins the loop's private queue without a wake-up.
+      loops.push_back(std::make_unique<asio::io_context>(1));
     }
   }
 };
@@ -182,6 +185,8 @@ class Exchange : public HttpResponder, public std::enable_shared_from_this<Excha
     lock.unlock();
     done(written);
   }
+
+  void Run(std::function<void()> task) override;
 
   // I/O thread: the exchange is over, its answer written whole or its client gone.
   void Finish(bool written) {
@@ -383,6 +388,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                 return;
                               if (!ec) self->buffer_.commit(n);
                               if (self->phase_ == Phase::kHandling) {
+                                if (ec == asio::error::eof) return self->OnClientDoneSending();
                                 if (ec) return self->Close();
                                 return self->Watch();
                               }
@@ -391,6 +397,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
                               if (ec && ec != asio::error::operation_aborted) return self->Close();
                               self->WaitForRequest();
                             });
+  }
+
+  // The client's end of the connection closed while its request is handled. It may have closed
+  // only its sending side (shutdown(SHUT_WR) after its request, as some HTTP/1.0 clients do),
+  // still waiting for the answer, or closed the socket and left: the FIN looks the same. One
+  // urgent (out-of-band) byte tells them apart without a byte in the answer: a socket still
+  // open takes it aside (a reader never sees it in the stream unless it asks for SO_OOBINLINE),
+  // a closed one answers any data with a reset, which the wait below sees at once. A client
+  // that closes later still is noticed at the next write the reset breaks. One probe per
+  // connection: a second urgent byte would push the first, unread, into the stream. Requests the
+  // client pipelined before its FIN are still answered, one after the other.
+  void OnClientDoneSending() {
+    if (!client_done_sending_) {
+      client_done_sending_ = true;
+      beast::error_code ignored;
+      socket_.non_blocking(true, ignored);  // never wait here for room in a full send buffer
+      const char probe = 0;
+      socket_.send(asio::buffer(&probe, 1), tcp::socket::message_out_of_band, ignored);
+    }
+    socket_.async_wait(tcp::socket::wait_error,
+                       [self = shared_from_this()](const beast::error_code& ec) {
+                         if (!ec && self->phase_ == Phase::kHandling) self->Close();
+                       });
   }
 
   // Writes what is queued, in one gather write at a time; when the answer is complete and out,
@@ -423,7 +452,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void AnswerWritten() {
     std::shared_ptr<Exchange> exchange = std::move(exchange_);
-    const bool keep_alive = exchange->keep_alive() && !shared_.stopping;
+    const bool keep_alive = exchange->keep_alive() && !shared_.stopping &&
+                            (!client_done_sending_ || buffer_.size() > 0);
     exchange->Finish(true);
     if (!keep_alive) {
       phase_ = Phase::kClosing;
@@ -494,6 +524,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool answer_complete_ = false;
   bool watching_ = false;
   bool lingering_ = false;
+  bool client_done_sending_ = false;  // its FIN came while a request was handled
   std::vector<std::string> unsent_;  // queued, not yet written
   size_t unsent_bytes_ = 0;
   std::vector<std::string> writing_;  // the write in flight
@@ -509,6 +540,11 @@ void Exchange::Post(std::string bytes, bool last) {
   asio::post(connection_->executor(),
              [connection = connection_, self = shared_from_this(), bytes = std::move(bytes),
               last]() mutable { connection->Deliver(self.get(), std::move(bytes), last); });
+}
+
+void Exchange::Run(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (connection_) asio::post(connection_->executor(), std::move(task));
 }
 
 }  // namespace

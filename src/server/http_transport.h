@@ -56,6 +56,10 @@ class HttpResponder {
   // which is noticed while the request is still being handled, not only at a write. Runs at once
   // (on the calling thread) if the exchange is already over; else on the I/O thread.
   virtual void OnDone(std::function<void(bool written)> done) = 0;
+  // Runs `task` on the I/O thread that writes this exchange's bytes, after what was posted
+  // before it; tasks run one at a time, in call order. Dropped once the exchange is over. For
+  // the work of turning events into bytes, kept off the thread that produces the events.
+  virtual void Run(std::function<void()> task) = 0;
 };
 
 using HttpHandler =

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -79,8 +80,11 @@ class LogprobDecoder {
 };
 
 // One submitted completion: what its answer needs, from submission to the last event. The
-// engine's thread fills it event by event, under `mu` (held also while the request is submitted
-// and its stream started, so that no event overtakes the stream's head).
+// engine's thread only hands each event over (under `mu`, held also while the request is
+// submitted and its stream started, so that no event overtakes the stream's head); turning them
+// into bytes is the drain's work, on the connection's I/O thread, so that the one thread that
+// steps every sequence formats no JSON (and a client whose thread lags gets its frames in one
+// write).
 struct LiveRequest {
   LiveRequest(ResponseHead h, bool streamed, std::shared_ptr<HttpResponder> responder,
               const Tokenizer& tokenizer, int32_t prompt_last_token)
@@ -89,15 +93,24 @@ struct LiveRequest {
         out(std::move(responder)),
         decoder(tokenizer, prompt_last_token) {}
 
-  std::mutex mu;
   const ResponseHead head;
   const bool stream;
   const std::shared_ptr<HttpResponder> out;
-  LogprobDecoder decoder;
   std::atomic<bool> finished{false};  // the engine sent its last event
+
+  std::mutex mu;
+  std::vector<Piece> arrived;      // under mu: handed over, not yet drained
+  std::optional<TokenEvent> last;  // under mu: the finishing event, until drained
+  bool drain_posted = false;       // under mu
+
+  // The drain's own (one drain runs at a time, on the I/O thread).
+  LogprobDecoder decoder;
+  std::vector<Piece> draining;
   std::vector<Piece> pieces;          // a plain answer's, until the last event
   std::vector<int32_t> held_ids;      // a stream's token ids whose text was held back
   bool text_sent = false;             // a stream's first frame with content went out
+
+  // The engine's thread's own.
   Clock::time_point submitted = Clock::now();
   Clock::time_point last_token;
   bool first_token_seen = false;
@@ -135,8 +148,10 @@ class OpenAiServer {
   HttpResponse Preflight(const HttpRequest& req) const;
   void HandleCompletion(Endpoint endpoint, const HttpRequest& req,
                         const std::shared_ptr<HttpResponder>& out);
-  void OnEvent(LiveRequest& r, const TokenEvent& ev);
-  void StreamPiece(LiveRequest& r, const Piece& piece);
+  void OnEvent(const std::shared_ptr<LiveRequest>& live, const TokenEvent& ev);
+  void Drain(LiveRequest& r);
+  void AppendFrame(LiveRequest& r, const Piece& piece, std::string* frames);
+  void Answer(LiveRequest& r, const TokenEvent& last, std::string frames);
   void Forget(RequestId id);
   Status LoadEngine();
   void CancelAll();
@@ -293,18 +308,20 @@ HttpResponse OpenAiServer::Models() const {
 
 // One frame per token (a token whose text is held back near a stop string sends a frame only
 // for its log-probabilities, and its id goes out with the next frame).
-void OpenAiServer::StreamPiece(LiveRequest& r, const Piece& piece) {
+void OpenAiServer::AppendFrame(LiveRequest& r, const Piece& piece, std::string* frames) {
   Logprobs token_logprobs;
   if (r.head.logprobs) r.decoder.Add(piece, &token_logprobs);
   if (piece.token >= 0) r.held_ids.push_back(piece.token);
   if (piece.text.empty() && token_logprobs.tokens.empty()) return;
   const bool first = !r.text_sent;
   r.text_sent = true;
-  r.out->Write(TextFrame(r.head, piece.text, token_logprobs, r.held_ids, first));
+  *frames += TextFrame(r.head, piece.text, token_logprobs, r.held_ids, first);
   r.held_ids.clear();
 }
 
-void OpenAiServer::OnEvent(LiveRequest& r, const TokenEvent& ev) {
+// The engine's thread: timings, then the event handed to the drain.
+void OpenAiServer::OnEvent(const std::shared_ptr<LiveRequest>& live, const TokenEvent& ev) {
+  LiveRequest& r = *live;
   const Clock::time_point now = Clock::now();
   // Counted before the answer goes out: a client that reads /metrics right after its response
   // finds its request there.
@@ -313,7 +330,6 @@ void OpenAiServer::OnEvent(LiveRequest& r, const TokenEvent& ev) {
                              ev.cached_prompt_tokens, ev.generated_tokens,
                              std::string(OpenAiFinishReason(ev.finish_reason)));
   }
-  std::lock_guard<std::mutex> lock(r.mu);
   if (ev.token >= 0) {
     if (!r.first_token_seen) {
       metrics_.ObserveTimeToFirstToken(SecondsBetween(r.submitted, now));
@@ -323,27 +339,63 @@ void OpenAiServer::OnEvent(LiveRequest& r, const TokenEvent& ev) {
     r.first_token_seen = true;
     r.last_token = now;
   }
+  std::lock_guard<std::mutex> lock(r.mu);
   if (!ev.text.empty() || ev.token >= 0) {
-    Piece piece{ev.text, ev.token, ev.logprob, ev.top_logprobs};
+    r.arrived.push_back(Piece{ev.text, ev.token, ev.logprob, ev.top_logprobs});
+  }
+  if (ev.finished) {
+    r.last = ev;
+    r.finished = true;
+  }
+  // A plain answer waits for the last event: nothing to write before it.
+  if (!r.drain_posted && (r.stream || ev.finished)) {
+    r.drain_posted = true;
+    r.out->Run([this, live] { Drain(*live); });
+  }
+}
+
+// The I/O thread: every event handed over since the last drain, as one write.
+void OpenAiServer::Drain(LiveRequest& r) {
+  std::optional<TokenEvent> last;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.draining.swap(r.arrived);
+    last.swap(r.last);
+    r.drain_posted = false;
+  }
+  std::string frames;
+  for (Piece& piece : r.draining) {
     if (r.stream) {
-      StreamPiece(r, piece);
+      AppendFrame(r, piece, &frames);
     } else {
       r.pieces.push_back(std::move(piece));
     }
   }
-  if (!ev.finished) return;
-  r.finished = true;
-  const bool failed = ev.finish_reason == "error";
-  const ApiError error{500, ev.error.message(), "server_error", "", ""};
-  const Usage usage{ev.prompt_tokens, ev.cached_prompt_tokens, ev.generated_tokens};
+  r.draining.clear();
+  if (last) return Answer(r, *last, std::move(frames));
+  if (!frames.empty()) r.out->Write(std::move(frames));
+}
+
+// The last event: a stream's closing frames, or the whole plain answer.
+void OpenAiServer::Answer(LiveRequest& r, const TokenEvent& last, std::string frames) {
+  const bool failed = last.finish_reason == "error";
+  // A request the KV budget cannot hold (a resumed prompt that no longer fits, found only once
+  // it ran) is the request's size, as a prompt past the context is: a 400, which clients' SDKs
+  // do not retry (they retry a 5xx twice, doing the same work three times).
+  const ApiError error =
+      last.error.code() == StatusCode::kResourceExhausted
+          ? ApiError{400, last.error.message(), "invalid_request_error", "", "kv_budget_exceeded"}
+          : ApiError{500, last.error.message(), "server_error", "", ""};
+  const Usage usage{last.prompt_tokens, last.cached_prompt_tokens, last.generated_tokens};
   if (r.stream) {
     if (failed) {
-      r.out->Write(ErrorFrame(error));
+      frames += ErrorFrame(error);
     } else {
-      r.out->Write(FinishFrame(r.head, OpenAiFinishReason(ev.finish_reason)));
-      if (r.head.include_usage) r.out->Write(UsageFrame(r.head, usage));
+      frames += FinishFrame(r.head, OpenAiFinishReason(last.finish_reason));
+      if (r.head.include_usage) frames += UsageFrame(r.head, usage);
     }
-    r.out->Write(std::string(kDoneFrame));
+    frames += kDoneFrame;
+    r.out->Write(std::move(frames));
     return r.out->End();
   }
   if (failed) return SendError(*r.out, error);
@@ -356,8 +408,8 @@ void OpenAiServer::OnEvent(LiveRequest& r, const TokenEvent& ev) {
     if (r.head.logprobs) r.decoder.Add(piece, &token_logprobs);
   }
   HttpResponse answer = JsonResponse(CompletionBody(
-      r.head, text, OpenAiFinishReason(ev.finish_reason), usage, token_logprobs, token_ids));
-  answer.headers.push_back({"X-Request-Id", std::to_string(ev.request)});
+      r.head, text, OpenAiFinishReason(last.finish_reason), usage, token_logprobs, token_ids));
+  answer.headers.push_back({"X-Request-Id", std::to_string(last.request)});
   r.out->Send(std::move(answer));
 }
 
@@ -396,7 +448,7 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
     // Registered under the lock, so a shutdown's CancelAll sees every submitted request.
     std::lock_guard<std::mutex> lock(active_mu_);
     id = engine_->Submit(std::move(params.request),
-                         [this, live](const TokenEvent& ev) { OnEvent(*live, ev); });
+                         [this, live](const TokenEvent& ev) { OnEvent(live, ev); });
     if (id.ok()) active_.insert(*id);
   }
   if (!id.ok()) {

@@ -483,10 +483,12 @@ TEST(CliTest, SignalsLeaveNoTemporaryFiles) {
   const std::string model = testing::Stories260KPath();
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     const std::string dir = ScratchDir("signal-run");
-    const pid_t pid = SpawnKvl({"run", "-m", model, "-np", "8", "-n", "2000", "-c", "2048", "-t",
-                                "1", "--no-calibrate", "--kv-tier", "disk:" + dir + "/tier.kv:64MiB:scratch",
-                                "--kv-budget", "256KiB", "--kv-policy", "demote-disk",
-                                "--kv-recent", "16"});
+    const pid_t pid =
+        SpawnKvl({"run", "-m", model, "-np", "8", "-n", "2000", "-c", "2048", "-t", "1",
+                  "--no-calibrate", "--kv-tier", "disk:" + dir + "/tier.kv:64MiB:scratch",
+                  // Room for one 2000-token sequence in the pool and the staging
+                  // (else refused at once), not for eight.
+                  "--kv-budget", "4MiB", "--kv-policy", "demote-disk", "--kv-recent", "16"});
     ASSERT_GT(pid, 0);
     ASSERT_TRUE(WaitForFile(dir, "tier.kv")) << sig;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // into the generation

@@ -19,7 +19,9 @@ constexpr int64_t kPageBytes = 16 * 1280;
 // The sequence followed: it ends first by its max_tokens, so relief sends its pages out first
 // (fewest steps left); the other one is cancelled midway, which frees the pool.
 constexpr int32_t kFollowedTokens = 300;
-constexpr int32_t kOtherTokens = 1000;
+// Within what one sequence can reach in the smallest case (a pool of 24 blocks and 8 staged
+// pages: 512 tokens), or the engine refuses it at Submit.
+constexpr int32_t kOtherTokens = 480;
 constexpr int32_t kCancelAt = 200;  // tokens of the followed sequence when the other goes
 
 EngineOptions Options(int64_t budget_pages) {

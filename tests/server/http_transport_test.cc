@@ -10,8 +10,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,6 +82,8 @@ class RawConnection {
     ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
     Close();
   }
+  // Closes the sending side only (a FIN): the client still reads, as some HTTP/1.0 clients do.
+  void ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
   void Close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -121,8 +125,6 @@ double Metric(int port, const std::string& line_prefix) {
   if (pos == std::string::npos) return -1;
   return std::stod(res->body.substr(pos + line_prefix.size() + 2));
 }
-
-bool HasHeaderEnd(const std::string& s) { return s.find("\r\n\r\n") != std::string::npos; }
 
 // A chunked body used to skip --max-body: it was buffered whole (up to 100 MiB) and only then
 // refused. Now the limit applies to each chunk as it arrives: past the limit the server answers
@@ -235,6 +237,62 @@ TEST(HttpTransportTest, LongRequestsDoNotDelayHealthOrMetrics) {
   EXPECT_LT(health, 2.0);
   EXPECT_GE(running, 0);
   EXPECT_LT(metrics, 2.0);
+}
+
+// /health and /metrics under everything at once: sixteen streams being read as they come and
+// eight slowloris connections. Twenty probes of each on fresh connections, their p50 and p99
+// printed (scripts/bench_http.py --health measures them longer). The old server's /health took
+// 214 ms at the median here, 0.95 s at the worst.
+TEST(HttpTransportTest, HealthAndMetricsAnswerUnderStreamsAndSlowloris) {
+  ServerProcess server({"-np", "16"});
+  ASSERT_TRUE(server.WaitReady()) << server.Log();
+  std::atomic<bool> loaded{true};
+  std::vector<std::thread> streams;
+  for (int i = 0; i < 16; ++i) {
+    streams.emplace_back([&] {
+      while (loaded) {
+        RawConnection c(server.port());
+        c.Send(Post("/v1/completions",
+                    R"({"prompt":"Once upon","max_tokens":200,"ignore_eos":true,"stream":true})"));
+        c.ReadUntil([&](const std::string& s) { return !loaded || s.ends_with("0\r\n\r\n"); }, 60);
+      }
+    });
+  }
+  std::vector<std::unique_ptr<RawConnection>> slow;
+  for (int i = 0; i < 8; ++i) {
+    slow.push_back(std::make_unique<RawConnection>(server.port()));
+    slow.back()->Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
+  }
+  std::thread trickle([&] {
+    while (loaded) {
+      for (auto& c : slow) c->Send("X");
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::vector<double> health_ms, metrics_ms;
+  for (int i = 0; i < 20; ++i) {
+    health_ms.push_back(HealthSeconds(server.port()) * 1000);
+    const Clock::time_point start = Clock::now();
+    const double running = Metric(server.port(), "kvl:num_requests_running");
+    metrics_ms.push_back(running >= 0 ? SecondsSince(start) * 1000 : -1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double generated = Metric(server.port(), "kvl:generation_tokens_total");
+  loaded = false;
+  trickle.join();
+  for (std::thread& t : streams) t.join();
+  for (std::vector<double>* ms : {&health_ms, &metrics_ms}) {
+    std::sort(ms->begin(), ms->end());
+    std::printf("%s: p50 %.2f ms, p99 %.2f ms\n", ms == &health_ms ? "/health" : "/metrics",
+                (*ms)[ms->size() / 2], ms->back());
+    EXPECT_GE(ms->front(), 0);  // every probe answered
+    // The median within the issue's 100 ms (the old server's /health: 214 ms), the worst
+    // within a bound a loaded machine keeps.
+    EXPECT_LT((*ms)[ms->size() / 2], 100);
+    EXPECT_LT(ms->back(), 2000);
+  }
+  EXPECT_GT(generated, 0);  // the streams were really running
 }
 
 // Two requests sent at once on one connection get two answers, in order.
@@ -385,6 +443,47 @@ TEST(HttpTransportTest, AQueuedRequestWhoseClientLeftNeverRuns) {
   // Only the running request's tokens were generated (the queued one was cancelled before it
   // was admitted, or at worst right after).
   EXPECT_LT(Metric(server.port(), "kvl:generation_tokens_total"), kRunningTokens + 50);
+}
+
+// A client that closes its sending side after its request (shutdown(SHUT_WR), as some HTTP/1.0
+// clients do) still reads: it gets its whole answer, plain or streamed, with nothing added to
+// the bytes. The FIN used to be taken as a client gone: its request was cancelled and the
+// connection closed unanswered. (A client that closes its socket is still noticed at once:
+// AQueuedRequestWhoseClientLeftNeverRuns.)
+TEST(HttpTransportTest, AHalfClosedClientStillGetsItsAnswer) {
+  ServerProcess server({"-np", "1"});
+  ASSERT_TRUE(server.WaitReady()) << server.Log();
+  const std::string body = R"({"prompt":"Once upon","max_tokens":40,"ignore_eos":true})";
+  RawConnection plain(server.port());
+  plain.Send(
+      fmt::format("POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                  "Content-Length: {}\r\n\r\n{}",
+                  body.size(), body));
+  plain.ShutdownWrite();
+  const std::string answer = plain.ReadAll(60);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.0 200 OK\r\n")) << answer;
+  EXPECT_NE(answer.find(R"("finish_reason":"length")"), std::string::npos) << answer;
+  EXPECT_NE(answer.find(R"("completion_tokens":40)"), std::string::npos) << answer;
+
+  const std::string stream_body =
+      R"({"prompt":"Once upon","max_tokens":40,"ignore_eos":true,"stream":true})";
+  RawConnection streamed(server.port());
+  streamed.Send(Post("/v1/completions", stream_body));
+  streamed.ShutdownWrite();
+  const std::string frames = streamed.ReadAll(60);
+  EXPECT_TRUE(frames.starts_with("HTTP/1.1 200 OK\r\n")) << frames.substr(0, 200);
+  EXPECT_NE(frames.find(R"("finish_reason":"length")"), std::string::npos) << frames;
+  EXPECT_TRUE(frames.ends_with("data: [DONE]\n\n\r\n0\r\n\r\n")) << frames;
+  // Requests pipelined before the FIN are each answered, in order, before the server closes.
+  RawConnection pipelined(server.port());
+  pipelined.Send(Post("/v1/completions", body) + "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+  pipelined.ShutdownWrite();
+  const std::string answers = pipelined.ReadAll(60);
+  EXPECT_EQ(CountOf(answers, "HTTP/1.1 200 OK\r\n"), 2) << answers;
+  EXPECT_LT(answers.find("text_completion"), answers.find("\"owned_by\"")) << answers;
+
+  EXPECT_EQ(Metric(server.port(), "kvl:request_disconnect_cancels_total"), 0);
+  EXPECT_EQ(Metric(server.port(), "kvl:request_success_total{finished_reason=\"length\"}"), 3);
 }
 
 }  // namespace

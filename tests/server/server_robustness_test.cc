@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -112,6 +113,95 @@ TEST(ServeAdmissionTest, ARequestTheBudgetCanNeverHoldIsRefusedAtOnce) {
   ASSERT_TRUE(served);
   EXPECT_EQ(served->status, 200) << served->body;
   EXPECT_EQ(json::parse(served->body)["usage"]["completion_tokens"], 300);
+}
+
+// Where pages of running sequences move (the lossless lattice with a RAM tier), the admission
+// check used to admit everything: a request longer than the pool, the staging buffers and the
+// RAM tier together ran until it outgrew them and ended late. It is refused at once too, naming
+// what bounds it; what fits is served.
+TEST(ServeAdmissionTest, ARequestPastWhatPagingCanReachIsRefusedAtOnce) {
+  ServerProcess server(
+      {"-np", "1", "-c", "2048", "--kv-budget", "200KiB", "--kv-tier", "ram:100KiB"});
+  ASSERT_TRUE(server.WaitReady()) << server.Log();
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(60, 0);
+  json prompt = json::array();
+  for (int i = 0; i < 100; ++i) prompt.push_back(3 + i);
+  auto refused =
+      PostJson(client, "/v1/completions",
+               json{{"prompt", prompt}, {"max_tokens", 1000}, {"temperature", 0}}.dump());
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  const std::string message = json::parse(refused->body)["error"]["message"];
+  EXPECT_NE(message.find("KV budget"), std::string::npos) << message;
+  EXPECT_NE(message.find("read in place from RAM"), std::string::npos) << message;
+  EXPECT_NE(message.find("100 tokens"), std::string::npos) << message;
+  EXPECT_NE(message.find("max_tokens (1000)"), std::string::npos) << message;
+  auto served = PostJson(
+      client, "/v1/completions",
+      json{{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}}
+          .dump());
+  ASSERT_TRUE(served);
+  EXPECT_EQ(served->status, 200) << served->body;
+  EXPECT_EQ(json::parse(served->body)["usage"]["completion_tokens"], 40);
+}
+
+// `scripts/soak --kv-budget 400KiB` ended requests with a late 500 ("its pages streamed from
+// tiers fill the staging"): the RAM tier filled with pages pinned for waiting requests (kept at
+// their preemption, or found in the store for an admission that then waited), so a running
+// request's pages went to the disk tier, through the few staging buffers, and a request the
+// budget holds alone was stopped. Those pages now give way: every request runs to its
+// max_tokens, with the text of a server whose budget holds everything.
+TEST(ServeAdmissionTest, PagesHeldForWaitingRequestsGiveWayToRunningOnes) {
+  const std::string disk =
+      ::testing::TempDir() + "kvl_give_way_" + std::to_string(::getpid()) + ".pages";
+  ServerProcess server({"-np", "4", "-c", "512", "--kv-budget", "300KiB", "--kv-tier", "ram:600KiB",
+                        "--kv-tier", "disk:" + disk + ":16MiB"});
+  ServerProcess reference({"-np", "4", "-c", "512", "--kv-budget", "16MiB"});
+  ASSERT_TRUE(server.WaitReady()) << server.Log();
+  ASSERT_TRUE(reference.WaitReady()) << reference.Log();
+  // Long token-id prompts that share a prefix: pages go to the tiers and are found there again.
+  std::mt19937 rng(4);
+  auto pick = [&rng](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  std::vector<int> prefix(460);
+  for (int& id : prefix) id = pick(3, 510);
+  std::vector<json> requests;
+  for (int i = 0; i < 40; ++i) {
+    const int length = pick(250, 439);
+    json prompt(std::vector<int>(prefix.begin(), prefix.begin() + pick(0, length - 1)));
+    while (static_cast<int>(prompt.size()) < length) prompt.push_back(pick(3, 510));
+    requests.push_back({{"prompt", prompt},
+                        {"max_tokens", std::min(500 - length, 60)},
+                        {"temperature", 0},
+                        {"ignore_eos", true}});
+  }
+  // Eight clients at once, five rounds.
+  std::vector<std::string> answers(requests.size());
+  for (size_t round = 0; round < requests.size(); round += 8) {
+    std::vector<std::thread> clients;
+    for (size_t i = round; i < round + 8; ++i) {
+      clients.emplace_back([&, i] {
+        httplib::Client client("127.0.0.1", server.port());
+        client.set_read_timeout(120, 0);
+        auto res = PostJson(client, "/v1/completions", requests[i].dump());
+        answers[i] = res ? std::to_string(res->status) + " " + res->body : "no answer";
+      });
+    }
+    for (std::thread& t : clients) t.join();
+  }
+  httplib::Client client("127.0.0.1", reference.port());
+  client.set_read_timeout(120, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(answers[i].starts_with("200 ")) << "request " << i << ": " << answers[i];
+    const json body = json::parse(answers[i].substr(4));
+    EXPECT_EQ(body["usage"]["completion_tokens"], requests[i]["max_tokens"])
+        << "request " << i << " cut short: " << body.dump();
+    auto expected = PostJson(client, "/v1/completions", requests[i].dump());
+    ASSERT_TRUE(expected);
+    EXPECT_EQ(body["choices"][0]["text"], json::parse(expected->body)["choices"][0]["text"])
+        << "request " << i;
+  }
+  std::remove(disk.c_str());
 }
 
 // A stream running when SIGTERM comes: within the grace period it runs to its end; past it, it
