@@ -54,6 +54,7 @@ Status ValidateBenchServeArgs(const BenchServeArgs& args);
 Status ValidateBenchReplayArgs(const BenchReplayArgs& args);
 Status ValidateBenchTurnsArgs(const BenchTurnsArgs& args);
 Status ValidateBenchFrontierArgs(const BenchFrontierArgs& args);
+Status ValidateBenchQualityArgs(const BenchQualityArgs& args);
 Status ValidateCalibrateArgs(const CalibrateArgs& args);
 Status ValidateSynthArgs(const SynthArgs& args);
 
