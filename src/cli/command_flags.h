@@ -41,6 +41,7 @@ CommandFlags DeclareBenchTurnsFlags(CLI::App* bench, BenchTurnsArgs* args);
 CommandFlags DeclareBenchFrontierFlags(CLI::App* bench, BenchFrontierArgs* args);
 CommandFlags DeclareBenchQualityFlags(CLI::App* bench, BenchQualityArgs* args);
 CommandFlags DeclareBenchSpecFlags(CLI::App* bench, BenchSpecArgs* args);
+CommandFlags DeclareBenchLatticeFlags(CLI::App* bench, BenchLatticeArgs* args);
 
 // A seed flag taken as text (CLI11 saturates integers past 2^64 silently; ParseSeed does not).
 // The returned step sets *seed from the text when the flag was given.

@@ -92,6 +92,7 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   commands.push_back(DeclareBenchFrontierFlags(bench.app, &cmd.bench_frontier));
   commands.push_back(DeclareBenchQualityFlags(bench.app, &cmd.bench_quality));
   commands.push_back(DeclareBenchSpecFlags(bench.app, &cmd.bench_spec));
+  commands.push_back(DeclareBenchLatticeFlags(bench.app, &cmd.bench_lattice));
   commands.push_back(bench);
   commands.push_back(DeclareCalibrateFlags(&app, &cmd.calibrate));
 
