@@ -362,7 +362,7 @@ def lattice(out, path):
         ax.set_ylim(-5, 105)
         ax.grid(True, alpha=0.3)
         ax.set_title(f'{w["name"]}: {w["description"]}', fontsize=8)
-    axes[0][-1].legend(fontsize=7, loc="lower left")
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(f'kvl bench lattice: {os.path.basename(data.get("model", ""))} '
                  f'({data.get("model_name", "")}), auto against each fixed KV policy', fontsize=10)
     fig.tight_layout()

@@ -47,6 +47,9 @@ CommandFlags DeclareBenchLatticeFlags(CLI::App* bench, BenchLatticeArgs* bl) {
       ->capture_default_str();
   cmd->add_option("--long-tokens", bl->long_tokens, "tokens each long generation makes")
       ->capture_default_str();
+  cmd->add_option("--runs", bl->runs, "runs of each cell, each in a fresh engine (the median "
+                                      "by tok/s is kept)")
+      ->capture_default_str();
   cmd->add_option("--json", bl->json_path, "write every cell as JSON (scripts/plots.py lattice)");
   std::function<Status()> seed = AddSeedFlag(cmd, "--seed", "the scripted texts' seed (default 1)",
                                              &bl->seed);
@@ -106,6 +109,7 @@ Status ValidateBenchLatticeArgs(const BenchLatticeArgs& args) {
   KVL_RETURN_IF_ERROR(CheckRange("--question-tokens", args.question_tokens, 4, kMaxTokens));
   KVL_RETURN_IF_ERROR(CheckRange("--long-seqs", args.long_seqs, 1, 256));
   KVL_RETURN_IF_ERROR(CheckRange("--long-tokens", args.long_tokens, 1, kMaxTokens));
+  KVL_RETURN_IF_ERROR(CheckRange("--runs", args.runs, 1, 100));
   KVL_RETURN_IF_ERROR(CheckOutputFile("--json", args.json_path));
   EngineOptions engine = args.engine;
   engine.max_seqs = std::max(args.chats, args.long_seqs);

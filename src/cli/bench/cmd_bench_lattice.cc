@@ -2,14 +2,15 @@
 // per page) against each fixed KV policy, at budgets of 1/8, 1/4 and 1/2 (--budgets) of
 // keep-all's peak resident KV, on three workloads (lattice_workloads.h): eight concurrent chats,
 // requests sharing long prefixes (RAG-like), long generations. Every cell is a fresh engine
-// running the workload's script to its end. Per cell: output tok/s over the whole workload, TTFT
-// p50 / p99 over its requests, top-1 agreement with keep-all (the replies' leading agreement,
-// greedy decoding) and, for lossy cells, the KL divergence from keep-all's next-token
-// distributions (over each reply's positions before its first difference, from the top-20
-// log-probabilities both runs report). Keep-all runs twice: the reference, and a repeat whose
-// agreement with it must be 1 (the engine is deterministic) and whose speed shows the run-to-run
-// spread. A table per workload, with `auto`'s verdict against the best fixed policy of equal or
-// better quality, and JSON (--json) that scripts/plots.py draws as a Pareto figure per workload.
+// running the workload's script to its end (--runs times; the median run by tok/s). Per cell:
+// output tok/s over the whole workload, TTFT p50 / p99 over its requests, top-1 agreement with
+// keep-all (the replies' leading agreement, greedy decoding) and, for lossy cells, the KL
+// divergence from keep-all's next-token distributions (over each reply's positions up to its
+// first difference, from the top-20 log-probabilities both runs report). Keep-all runs twice:
+// the reference, and a repeat whose agreement with it must be 1 (the engine is deterministic)
+// and whose speed shows the run-to-run spread. A table per workload, with `auto`'s verdict
+// against the best fixed policy of equal or better quality, and JSON (--json) that
+// scripts/plots.py draws as a Pareto panel per workload.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -178,6 +179,19 @@ Cell RunCell(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::
     cell.action_pages[a] = after.kv_actions[a].pages - before.kv_actions[a].pages;
   }
   return cell;
+}
+
+// The cell --runs times, each in a fresh engine: the run of median tok/s, whole (its TTFTs and
+// replies with it), so that one run slowed by the machine's other work does not decide a cell.
+Cell RunCellMedian(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::string& policy,
+                   double fraction, int64_t budget_bytes, int64_t tier_bytes) {
+  std::vector<Cell> runs;
+  for (int32_t i = 0; i < args.runs; ++i) {
+    runs.push_back(RunCell(args, w, policy, fraction, budget_bytes, tier_bytes));
+    if (!runs.back().error.empty()) return std::move(runs.back());
+  }
+  std::sort(runs.begin(), runs.end(), [](const Cell& a, const Cell& b) { return a.tok_s < b.tok_s; });
+  return std::move(runs[runs.size() / 2]);
 }
 
 // Quality against keep-all: per request, leading agreement; per position before the first
@@ -357,6 +371,7 @@ int BenchLatticeCommand(const BenchLatticeArgs& args) {
                         {"num_layers", mc.num_layers},
                         {"kv_dim", mc.kv_dim()},
                         {"threads", args.engine.num_threads},
+                        {"runs", args.runs},
                         {"budgets", args.budgets},
                         {"policies", args.policies},
                         {"workloads", nlohmann::json::array()}};
@@ -364,13 +379,13 @@ int BenchLatticeCommand(const BenchLatticeArgs& args) {
   for (const std::string& name : args.workloads) {
     const LatticeWorkload w =
         MakeLatticeWorkload(name, args, **tokenizer, args.engine.block_tokens);
-    Cell reference = RunCell(args, w, "keep-all", 0, 0, 0);
+    Cell reference = RunCellMedian(args, w, "keep-all", 0, 0, 0);
     if (!reference.error.empty()) {
       fmt::print(stderr, "kvl: workload {}: keep-all failed: {}\n", name, reference.error);
       reference_failed = true;
       continue;
     }
-    Cell repeat = RunCell(args, w, "keep-all (repeat)", 0, 0, 0);
+    Cell repeat = RunCellMedian(args, w, "keep-all (repeat)", 0, 0, 0);
     CompareWithReference(reference, &repeat);
     // The tier holds the whole workload's pages (or residuals) several times over.
     const int64_t tier_bytes = 8 * reference.resident_peak + (64ll << 20);
@@ -381,7 +396,7 @@ int BenchLatticeCommand(const BenchLatticeArgs& args) {
           1, static_cast<int64_t>(static_cast<double>(reference.resident_peak) * fraction));
       for (const std::string& policy : args.policies) {
         fmt::print(stderr, "kvl: {} at 1/{:.0f}: {} ...\n", name, 1 / fraction, policy);
-        Cell cell = RunCell(args, w, policy, fraction, budget, tier_bytes);
+        Cell cell = RunCellMedian(args, w, policy, fraction, budget, tier_bytes);
         CompareWithReference(reference, &cell);
         cells.push_back(std::move(cell));
       }
