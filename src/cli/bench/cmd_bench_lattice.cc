@@ -347,17 +347,13 @@ nlohmann::json VerdictJson(const Verdict& v) {
 
 int BenchLatticeCommand(const BenchLatticeArgs& args) {
   // The model once here, for its tokenizer and shape; each cell loads its own engine.
-  StatusOr<std::unique_ptr<Model>> model = Model::Load(args.engine.model_path);
-  if (!model.ok()) {
-    fmt::print(stderr, "kvl: {}\n", model.status().ToString());
+  StatusOr<BenchModel> loaded = LoadBenchModel(args.engine.model_path);
+  if (!loaded.ok()) {
+    fmt::print(stderr, "kvl: {}\n", loaded.status().ToString());
     return 1;
   }
-  StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf((*model)->file());
-  if (!tokenizer.ok()) {
-    fmt::print(stderr, "kvl: {}\n", tokenizer.status().ToString());
-    return 1;
-  }
-  const ModelConfig& mc = (*model)->config();
+  const Tokenizer* tokenizer = loaded->tokenizer.get();
+  const ModelConfig& mc = loaded->model->config();
   fmt::print("kvl bench lattice: model {} ({}, {} layers, kv_dim {}); budgets {} of keep-all's "
              "peak; policies {}\n",
              std::filesystem::path(args.engine.model_path).filename().string(), mc.name,
@@ -378,7 +374,7 @@ int BenchLatticeCommand(const BenchLatticeArgs& args) {
   bool reference_failed = false;
   for (const std::string& name : args.workloads) {
     const LatticeWorkload w =
-        MakeLatticeWorkload(name, args, **tokenizer, args.engine.block_tokens);
+        MakeLatticeWorkload(name, args, *tokenizer, args.engine.block_tokens);
     Cell reference = RunCellMedian(args, w, "keep-all", 0, 0, 0);
     if (!reference.error.empty()) {
       fmt::print(stderr, "kvl: workload {}: keep-all failed: {}\n", name, reference.error);

@@ -603,19 +603,15 @@ int BenchTurnsCommand(const BenchTurnsArgs& args) {
   if (args.restart) return BenchRestart(args);
 
   // The model once here, for its tokenizer and shape; each config loads its own engine.
-  StatusOr<std::unique_ptr<Model>> model = Model::Load(args.engine.model_path);
-  if (!model.ok()) {
-    fmt::print(stderr, "kvl: {}\n", model.status().ToString());
+  StatusOr<BenchModel> loaded = LoadBenchModel(args.engine.model_path);
+  if (!loaded.ok()) {
+    fmt::print(stderr, "kvl: {}\n", loaded.status().ToString());
     return 1;
   }
-  StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf((*model)->file());
-  if (!tokenizer.ok()) {
-    fmt::print(stderr, "kvl: {}\n", tokenizer.status().ToString());
-    return 1;
-  }
-  const ModelConfig& mc = (*model)->config();
+  const Tokenizer* tokenizer = loaded->tokenizer.get();
+  const ModelConfig& mc = loaded->model->config();
   const Conversation conv = ScriptConversation(
-      **tokenizer, {args.turns, args.user_min, args.user_max, args.reply_tokens, args.seed});
+      *tokenizer, {args.turns, args.user_min, args.user_max, args.reply_tokens, args.seed});
   const int64_t block = args.engine.block_tokens;
   const int64_t context = args.engine.context_length > 0
                               ? args.engine.context_length

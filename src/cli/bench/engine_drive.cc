@@ -37,6 +37,13 @@ StatusOr<std::vector<DrivenReply>> DriveRequests(
   return replies;
 }
 
+StatusOr<BenchModel> LoadBenchModel(const std::string& path) {
+  BenchModel m;
+  KVL_ASSIGN_OR_RETURN(m.model, Model::Load(path));
+  KVL_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::FromGguf(m.model->file()));
+  return m;
+}
+
 Status WarmUpEngine(Engine& engine, int32_t id_a, int32_t id_b) {
   Request warm;
   warm.prompt_ids = {engine.tokenizer().bos(), id_a, id_b};

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "kvl/engine.h"
+#include "kvl/model.h"
+#include "kvl/tokenizer.h"
 #include "kvl/status.h"
 
 namespace kvl::cli {
@@ -32,6 +34,14 @@ struct DrivenReply {
 StatusOr<std::vector<DrivenReply>> DriveRequests(
     Engine& engine, std::vector<Request> requests,
     const std::function<void(int64_t step)>& after_step = {});
+
+// A model loaded once for its shape and tokenizer, by a bench that scripts its workload before it
+// makes its engines (each engine loads its own).
+struct BenchModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+StatusOr<BenchModel> LoadBenchModel(const std::string& path);
 
 // One short untimed request (BOS and two ids of the workload), so that the weights are paged in
 // before anything is timed; it fills no block, so it caches nothing.
