@@ -27,6 +27,7 @@
 #include "kvl/engine.h"
 #include "kvl/model.h"
 #include "kvl/tokenizer.h"
+#include "reply_agreement.h"  // src/cli/bench: the benches' one LeadingAgreement
 
 namespace {
 
@@ -146,14 +147,6 @@ kvl::StatusOr<PolicyRun> RunPolicy(const BenchArgs& args, const std::string& pol
   run.budget_bytes = run.metrics.kv.kv_bytes_total;
   run.budget_blocks = run.metrics.kv.blocks_total;
   return run;
-}
-
-// The fraction of `reference` that `run` reproduces before their first difference.
-double LeadingAgreement(const std::vector<int32_t>& run, const std::vector<int32_t>& reference) {
-  if (reference.empty()) return 0;
-  const auto [mismatch, unused] =
-      std::mismatch(run.begin(), run.end(), reference.begin(), reference.end());
-  return static_cast<double>(mismatch - run.begin()) / static_cast<double>(reference.size());
 }
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -299,7 +292,7 @@ int main(int argc, char** argv) {
   const auto reference = std::find_if(runs.begin(), runs.end(),
                                       [](const PolicyRun& r) { return r.policy == "keep-all"; });
   if (reference != runs.end()) {
-    for (PolicyRun& r : runs) r.agree = LeadingAgreement(r.tokens, reference->tokens);
+    for (PolicyRun& r : runs) r.agree = kvl::cli::LeadingAgreement(r.tokens, reference->tokens);
   }
 
   if (args.output == "md") {

@@ -8,6 +8,8 @@ Usage:
   plots.py throughput OUT.png BENCH.json [...]  `kvl bench -o json`: tok/s per test
   plots.py quality OUT.png QUALITY.json         `kvl bench quality --json`: KLD against the
                                                bytes each KV representation keeps
+  plots.py lattice OUT.png LATTICE.json         `kvl bench lattice --json`: a Pareto panel per
+                                               workload, agreement with keep-all against tok/s
   plots.py all DATA_DIR IMAGES_DIR              every *.json in DATA_DIR to IMAGES_DIR/<name>.png,
                                                and each DATA_DIR/*llama_bench*/ directory of
                                                side-by-side runs to IMAGES_DIR/<dir>.png
@@ -320,12 +322,61 @@ def quality(out, path):
 
 
 # ----------------------------------------------------------------------------------------------
+# kvl bench lattice
 
-def kind_of(path):
-    """frontier, quality, turns or throughput, from the JSON's own shape; None for anything else."""
+LATTICE_COLORS = {"auto": "#d62728", "keep": "#7f7f7f", "compress": "#e0a030",
+                  "compress-int4": "#8c564b", "demote": "#4a7fc1",
+                  "recompute-residual": "#4c9f70", "recompute-tokens": "#bcbd22",
+                  "evict": "#9467bd"}
+LATTICE_MARKERS = ["v", "s", "o", "D", "^"]  # one per budget, smallest first
+
+
+def lattice(out, path):
+    """A Pareto panel per workload: quality (agreement with keep-all) against output tok/s, a
+    colour per policy and a marker per budget; keep-all as a star. Up and right is better."""
     with open(path) as f:
         data = json.load(f)
-    if isinstance(data, dict) and data.get("bench") in ("frontier", "quality"):
+    workloads = data["workloads"]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5), squeeze=False)
+    budgets = sorted(data["budgets"])
+    for ax, w in zip(axes[0], workloads):
+        ref = w["reference"]
+        ax.scatter([ref["tok_s"]], [100 * ref["agreement"]], marker="*", s=220, color="black",
+                   zorder=4, label="keep-all")
+        for policy, color in LATTICE_COLORS.items():
+            for i, b in enumerate(budgets):
+                cells = [c for c in w["cells"] if c["policy"] == policy
+                         and c["budget_fraction"] == b and not c["error"]]
+                if not cells:
+                    continue
+                ax.scatter([c["tok_s"] for c in cells], [100 * c["agreement"] for c in cells],
+                           marker=LATTICE_MARKERS[i % len(LATTICE_MARKERS)], s=70 if policy == "auto" else 45,
+                           color=color, edgecolors="black" if policy == "auto" else "none",
+                           zorder=3 if policy == "auto" else 2,
+                           label=policy if i == 0 else None)
+        for i, b in enumerate(budgets):
+            ax.scatter([], [], marker=LATTICE_MARKERS[i % len(LATTICE_MARKERS)], color="grey",
+                       label=f"budget 1/{round(1 / b)}")
+        ax.set_xlabel("output tok/s")
+        ax.set_ylabel("top-1 agreement with keep-all (%)")
+        ax.set_ylim(-5, 105)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(f'{w["name"]}: {w["description"]}', fontsize=8)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle(f'kvl bench lattice: {os.path.basename(data.get("model", ""))} '
+                 f'({data.get("model_name", "")}), auto against each fixed KV policy', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+
+def kind_of(path):
+    """frontier, quality, lattice, turns or throughput, from the JSON's own shape; None for anything else."""
+    with open(path) as f:
+        data = json.load(f)
+    if isinstance(data, dict) and data.get("bench") in ("frontier", "quality", "lattice"):
         return data["bench"]
     if isinstance(data, dict) and "configs" in data:
         return "turns"
@@ -348,19 +399,20 @@ def everything(data_dir, images_dir):
         if kind is None:
             print(f"plots.py: {path}: not a JSON kind this script draws, skipped", file=sys.stderr)
             continue
-        DRAW[kind](out, path if kind in ("frontier", "quality") else [path])
+        DRAW[kind](out, path if kind in ("frontier", "quality", "lattice") else [path])
         print(f"plots.py: {kind:<10} {path} -> {out}")
         drawn += 1
     return 0 if drawn > 0 else 2
 
 
-DRAW = {"frontier": frontier, "quality": quality, "turns": turns, "throughput": throughput}
+DRAW = {"frontier": frontier, "quality": quality, "turns": turns, "throughput": throughput,
+        "lattice": lattice}
 
 
 def main(argv):
     if len(argv) >= 4 and argv[1] == "all":
         return everything(argv[2], argv[3])
-    if len(argv) == 4 and argv[1] in ("frontier", "quality"):
+    if len(argv) == 4 and argv[1] in ("frontier", "quality", "lattice"):
         DRAW[argv[1]](argv[2], argv[3])
         return 0
     if len(argv) >= 4 and argv[1] in ("turns", "throughput"):

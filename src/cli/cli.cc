@@ -46,6 +46,7 @@ int RunParsed(const ParsedCommand& cmd) {
     case ParsedCommand::Kind::kBenchFrontier: return BenchFrontierCommand(cmd.bench_frontier);
     case ParsedCommand::Kind::kBenchQuality: return BenchQualityCommand(cmd.bench_quality);
     case ParsedCommand::Kind::kBenchSpec: return BenchSpecCommand(cmd.bench_spec);
+    case ParsedCommand::Kind::kBenchLattice: return BenchLatticeCommand(cmd.bench_lattice);
     case ParsedCommand::Kind::kCalibrate: return CalibrateCommand(cmd.calibrate);
     case ParsedCommand::Kind::kTokenize: return TokenizeCommand(cmd.tokenize);
   }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_lattice.h"
 #include "cli.h"
 #include "kvl/status.h"
 
@@ -13,7 +14,8 @@ namespace kvl::cli {
 
 struct ParsedCommand {
   enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe,
-                    kBenchTurns, kBenchReplay, kBenchFrontier, kBenchQuality, kBenchSpec, kCalibrate,
+                    kBenchTurns, kBenchReplay, kBenchFrontier, kBenchQuality, kBenchSpec, kBenchLattice,
+                    kCalibrate,
                     kTokenize };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
@@ -29,6 +31,7 @@ struct ParsedCommand {
   BenchFrontierArgs bench_frontier;
   BenchQualityArgs bench_quality;
   BenchSpecArgs bench_spec;
+  BenchLatticeArgs bench_lattice;
   CalibrateArgs calibrate;
   TokenizeArgs tokenize;
 };
@@ -54,6 +57,8 @@ Status ValidateBenchServeArgs(const BenchServeArgs& args);
 Status ValidateBenchReplayArgs(const BenchReplayArgs& args);
 Status ValidateBenchTurnsArgs(const BenchTurnsArgs& args);
 Status ValidateBenchFrontierArgs(const BenchFrontierArgs& args);
+Status ValidateBenchQualityArgs(const BenchQualityArgs& args);
+Status ValidateBenchLatticeArgs(const BenchLatticeArgs& args);
 Status ValidateCalibrateArgs(const CalibrateArgs& args);
 Status ValidateSynthArgs(const SynthArgs& args);
 

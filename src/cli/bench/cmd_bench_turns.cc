@@ -30,6 +30,8 @@
 #include <vector>
 
 #include "bench_turns.h"
+#include "engine_drive.h"
+#include "reply_agreement.h"
 #include "cli.h"
 #include "kvl/engine.h"
 #include "kvl/model.h"
@@ -38,8 +40,6 @@
 
 namespace kvl::cli {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Simple story words, so that small story models tokenize them into few, familiar tokens.
 constexpr const char* kWords[] = {
@@ -84,35 +84,6 @@ std::vector<TurnsConfig> ExpandConfigs(const std::vector<std::string>& names) {
   std::vector<TurnsConfig> configs;
   for (const std::string& n : order) configs.push_back(kKnown.at(n));  // validated when parsed
   return configs;
-}
-
-// The scripted conversation: user messages as token ids, BOS at the start of the first.
-struct Conversation {
-  std::vector<std::vector<int32_t>> user;
-  int64_t total_tokens = 0;  // BOS, every user message and every reply
-};
-
-// Each user message is "User: <scripted words>\nAssistant:", cut to a length drawn uniformly from
-// [user_min, user_max] tokens; the seed and the turn decide it.
-Conversation ScriptConversation(const Tokenizer& tokenizer, const BenchTurnsArgs& args) {
-  Conversation c;
-  const std::vector<int32_t> head = tokenizer.Encode("User:", false);
-  const std::vector<int32_t> tail = tokenizer.Encode("\nAssistant:", false);
-  for (int32_t t = 0; t < args.turns; ++t) {
-    std::mt19937_64 rng(args.seed * 1000003u + static_cast<uint64_t>(t));
-    std::uniform_int_distribution<int32_t> length(args.user_min, args.user_max);
-    const int64_t n = length(rng);
-    std::vector<int32_t> ids;
-    if (t == 0) ids.push_back(tokenizer.bos());
-    ids.insert(ids.end(), head.begin(), head.end());
-    const int64_t words = std::max<int64_t>(1, n - static_cast<int64_t>(head.size() + tail.size()));
-    const std::vector<int32_t> body = ScriptedTokens(tokenizer, words, &rng);
-    ids.insert(ids.end(), body.begin(), body.end());
-    ids.insert(ids.end(), tail.begin(), tail.end());
-    c.total_tokens += static_cast<int64_t>(ids.size()) + args.reply_tokens;
-    c.user.push_back(std::move(ids));
-  }
-  return c;
 }
 
 // One tier over one turn: what it holds after the turn, and its traffic during it.
@@ -215,13 +186,6 @@ EngineOptions OptionsFor(const TurnsConfig& config, const BenchTurnsArgs& args,
   return o;
 }
 
-double LeadingAgreement(const std::vector<int32_t>& run, const std::vector<int32_t>& reference) {
-  if (reference.empty()) return 1;
-  const auto [mismatch, unused] =
-      std::mismatch(run.begin(), run.end(), reference.begin(), reference.end());
-  return static_cast<double>(mismatch - run.begin()) / static_cast<double>(reference.size());
-}
-
 void FillTurnDeltas(const EngineMetrics& before, const EngineMetrics& after, int32_t block_tokens,
                     TurnRecord* rec) {
   rec->prefilled_tokens = after.tokens_prefilled - before.tokens_prefilled;
@@ -264,43 +228,30 @@ Status RunTurn(Engine& engine, const std::vector<int32_t>& history, int32_t repl
   r.max_new_tokens = reply_tokens;
   r.ignore_eos = true;
   r.sampling.temperature = 0;
-  const Clock::time_point start = Clock::now();
-  Clock::time_point first = start, last = start;
-  Status error;
-  auto on_event = [&](const TokenEvent& ev) {
-    const Clock::time_point now = Clock::now();
-    if (ev.token >= 0) {
-      if (rec->reply.empty()) first = now;
-      last = now;
-      rec->reply.push_back(ev.token);
-    }
-    if (ev.finished) {
-      last = now;
-      rec->finish_reason = ev.finish_reason;
-      rec->cached_tokens = ev.cached_prompt_tokens;
-      error = ev.error;
-    }
-  };
-  KVL_RETURN_IF_ERROR(engine.Submit(std::move(r), on_event).status());
   auto sample_rss = [&] {
     if (const std::optional<ProcessMemory> m = ReadProcessMemory()) {
       rec->rss_anon_peak_bytes = std::max(rec->rss_anon_peak_bytes, m->rss_anon_bytes);
       rec->rss_file_bytes = m->rss_file_bytes;
     }
   };
-  for (int64_t step = 0; engine.Step(); ++step) {
-    rec->pool_bytes_peak = std::max(rec->pool_bytes_peak, engine.kv_manager().stats().kv_bytes_used);
-    if (step % kRssSampleSteps == 0) sample_rss();
-  }
+  std::vector<Request> requests;
+  requests.push_back(std::move(r));
+  KVL_ASSIGN_OR_RETURN(std::vector<DrivenReply> replies,
+                       DriveRequests(engine, std::move(requests), [&](int64_t step) {
+                         rec->pool_bytes_peak = std::max(
+                             rec->pool_bytes_peak, engine.kv_manager().stats().kv_bytes_used);
+                         if (step % kRssSampleSteps == 0) sample_rss();
+                       }));
   sample_rss();
-  KVL_RETURN_IF_ERROR(error);
-  auto ms = [](Clock::time_point a, Clock::time_point b) {
-    return std::chrono::duration<double, std::milli>(b - a).count();
-  };
+  DrivenReply& reply = replies.front();
+  rec->reply = std::move(reply.tokens);
+  rec->finish_reason = reply.finish_reason;
+  rec->cached_tokens = reply.cached_prompt_tokens;
+  KVL_RETURN_IF_ERROR(reply.error);
   rec->prompt_tokens = static_cast<int64_t>(history.size());
-  rec->wall_ms = ms(start, last);
-  rec->ttft_ms = ms(start, first);
-  const double decode_ms = ms(first, last);
+  rec->wall_ms = reply.end_ms;
+  rec->ttft_ms = rec->reply.empty() ? 0 : reply.ttft_ms;
+  const double decode_ms = reply.end_ms - reply.ttft_ms;
   rec->decode_tok_s =
       rec->reply.size() > 1 && decode_ms > 0 ? 1000.0 * static_cast<double>(rec->reply.size() - 1) / decode_ms : 0;
   return Status::Ok();
@@ -377,15 +328,7 @@ StatusOr<ConfigRun> RunConfig(const TurnsConfig& config, const EngineOptions& op
   KVL_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
   run.pool_bytes = engine->kv_manager().stats().kv_bytes_total;
   // One short untimed request pages the weights in; it fills no block, so it caches nothing.
-  {
-    Request warm;
-    warm.prompt_ids = {engine->tokenizer().bos(), conv.user[0][1], conv.user[0][2]};
-    warm.max_new_tokens = 2;
-    warm.ignore_eos = true;
-    warm.sampling.temperature = 0;
-    KVL_RETURN_IF_ERROR(engine->Submit(std::move(warm), [](const TokenEvent&) {}).status());
-    engine->RunUntilIdle();
-  }
+  KVL_RETURN_IF_ERROR(WarmUpEngine(*engine, conv.user[0][1], conv.user[0][2]));
   EngineMetrics before = engine->Metrics();
   run.staging_bytes = before.kv_stream_staging_bytes;
   if (const std::optional<ProcessMemory> m = ReadProcessMemory()) run.rss_anon_start_bytes = m->rss_anon_bytes;
@@ -620,6 +563,27 @@ void DrawPlot(const BenchTurnsArgs& args, const std::string& json_path) {
 
 }  // namespace
 
+Conversation ScriptConversation(const Tokenizer& tokenizer, const ConversationScript& args) {
+  Conversation c;
+  const std::vector<int32_t> head = tokenizer.Encode("User:", false);
+  const std::vector<int32_t> tail = tokenizer.Encode("\nAssistant:", false);
+  for (int32_t t = 0; t < args.turns; ++t) {
+    std::mt19937_64 rng(args.seed * 1000003u + static_cast<uint64_t>(t));
+    std::uniform_int_distribution<int32_t> length(args.user_min, args.user_max);
+    const int64_t n = length(rng);
+    std::vector<int32_t> ids;
+    if (t == 0) ids.push_back(tokenizer.bos());
+    ids.insert(ids.end(), head.begin(), head.end());
+    const int64_t words = std::max<int64_t>(1, n - static_cast<int64_t>(head.size() + tail.size()));
+    const std::vector<int32_t> body = ScriptedTokens(tokenizer, words, &rng);
+    ids.insert(ids.end(), body.begin(), body.end());
+    ids.insert(ids.end(), tail.begin(), tail.end());
+    c.total_tokens += static_cast<int64_t>(ids.size()) + args.reply_tokens;
+    c.user.push_back(std::move(ids));
+  }
+  return c;
+}
+
 std::vector<int32_t> ScriptedTokens(const Tokenizer& tokenizer, int64_t num_tokens,
                                     std::mt19937_64* rng) {
   std::uniform_int_distribution<size_t> pick(0, std::size(kWords) - 1);
@@ -639,18 +603,15 @@ int BenchTurnsCommand(const BenchTurnsArgs& args) {
   if (args.restart) return BenchRestart(args);
 
   // The model once here, for its tokenizer and shape; each config loads its own engine.
-  StatusOr<std::unique_ptr<Model>> model = Model::Load(args.engine.model_path);
-  if (!model.ok()) {
-    fmt::print(stderr, "kvl: {}\n", model.status().ToString());
+  StatusOr<BenchModel> loaded = LoadBenchModel(args.engine.model_path);
+  if (!loaded.ok()) {
+    fmt::print(stderr, "kvl: {}\n", loaded.status().ToString());
     return 1;
   }
-  StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromGguf((*model)->file());
-  if (!tokenizer.ok()) {
-    fmt::print(stderr, "kvl: {}\n", tokenizer.status().ToString());
-    return 1;
-  }
-  const ModelConfig& mc = (*model)->config();
-  const Conversation conv = ScriptConversation(**tokenizer, args);
+  const Tokenizer* tokenizer = loaded->tokenizer.get();
+  const ModelConfig& mc = loaded->model->config();
+  const Conversation conv = ScriptConversation(
+      *tokenizer, {args.turns, args.user_min, args.user_max, args.reply_tokens, args.seed});
   const int64_t block = args.engine.block_tokens;
   const int64_t context = args.engine.context_length > 0
                               ? args.engine.context_length

@@ -1,0 +1,430 @@
+// kvl bench lattice: the lattice's claim measured end to end. `auto` (the cost model choosing
+// per page) against each fixed KV policy, at budgets of 1/8, 1/4 and 1/2 (--budgets) of
+// keep-all's peak resident KV, on three workloads (lattice_workloads.h): eight concurrent chats,
+// requests sharing long prefixes (RAG-like), long generations. Every cell is a fresh engine
+// running the workload's script to its end (--runs times; the median run by tok/s). Per cell:
+// output tok/s over the whole workload, TTFT p50 / p99 over its requests, top-1 agreement with
+// keep-all (the replies' leading agreement, greedy decoding) and, for lossy cells, the KL
+// divergence from keep-all's next-token distributions (over each reply's positions up to its
+// first difference, from the top-20 log-probabilities both runs report). Keep-all runs twice:
+// the reference, and a repeat whose agreement with it must be 1 (the engine is deterministic)
+// and whose speed shows the run-to-run spread. A table per workload, with `auto`'s verdict
+// against the best fixed policy of equal or better quality, and JSON (--json) that
+// scripts/plots.py draws as a Pareto panel per workload.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench_lattice.h"
+#include "cli.h"
+#include "engine_drive.h"
+#include "kvl/engine.h"
+#include "kvl/model.h"
+#include "kvl/tokenizer.h"
+#include "lattice_workloads.h"
+#include "reply_agreement.h"
+
+namespace kvl::cli {
+namespace {
+
+// One cell: a workload under one KV configuration.
+struct Cell {
+  std::string policy;          // "keep-all", "keep-all (repeat)", or a --kv-policy value
+  double budget_fraction = 0;  // 0: keep-all (the engine's own pool)
+  int64_t budget_bytes = 0;
+  double wall_ms = 0;
+  int64_t generated = 0;
+  double tok_s = 0;
+  double ttft_p50_ms = 0, ttft_p99_ms = 0;
+  double agreement = 0;        // mean over requests of LeadingAgreement with keep-all's reply
+  int64_t identical = 0;       // replies equal to keep-all's
+  int64_t requests = 0;
+  double kld = 0;              // mean over the positions compared
+  int64_t kld_positions = 0;
+  int64_t resident_peak = 0;
+  int64_t preemptions = 0;
+  std::array<int64_t, kNumKvActions> action_pages{};
+  std::string error;           // why the cell stopped early
+  // Kept for the comparisons, not written out.
+  std::vector<std::vector<int32_t>> prompts;   // per request, in script order
+  std::vector<DrivenReply> replies;
+};
+
+// Fixed policies that move pages to a tier get a RAM tier large enough for the whole workload;
+// `auto` gets the same tier (and may compress: balanced quality), so that every action is open
+// to it. The RAM tier is memory outside the budget: what the budget bounds is the pool.
+bool UsesRamTier(const std::string& policy) {
+  return policy == "auto" || policy == "demote" || policy == "recompute-residual";
+}
+
+EngineOptions CellOptions(const BenchLatticeArgs& args, const LatticeWorkload& w,
+                          const std::string& policy, int64_t budget_bytes, int64_t tier_bytes) {
+  EngineOptions o = args.engine;
+  o.context_length = w.context;
+  o.max_seqs = w.concurrency;
+  o.prefix_cache = true;
+  o.kv_budget_bytes = budget_bytes;  // 0 (keep-all): room for every sequence's whole context
+  o.kv_tiers.clear();
+  o.kv_quality = "";
+  o.kv_policy = policy.starts_with("keep-all") ? "keep" : policy;
+  if (policy == "auto") o.kv_quality = "balanced";
+  if (UsesRamTier(policy)) o.kv_tiers = {fmt::format("ram:{}", tier_bytes)};
+  return o;
+}
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(values.size())));
+  return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+// KL(keep-all || cell) at one position, over keep-all's top tokens: a token missing from the
+// cell's list is given the cell's smallest listed log-probability, the most it can have.
+double TopLogprobKld(const std::vector<TokenLogprob>& ref, const std::vector<TokenLogprob>& run) {
+  if (ref.empty() || run.empty()) return 0;
+  double kld = 0;
+  for (const TokenLogprob& r : ref) {
+    float run_lp = run.back().logprob;
+    for (const TokenLogprob& x : run) {
+      if (x.token == r.token) {
+        run_lp = x.logprob;
+        break;
+      }
+    }
+    kld += std::exp(static_cast<double>(r.logprob)) * (static_cast<double>(r.logprob) - run_lp);
+  }
+  return std::max(0.0, kld);
+}
+
+// The workload's script under one configuration, in a fresh engine. An engine that cannot be
+// made, or a request that fails, ends the cell with `error` set.
+Cell RunCell(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::string& policy,
+             double fraction, int64_t budget_bytes, int64_t tier_bytes) {
+  using Clock = std::chrono::steady_clock;
+  Cell cell;
+  cell.policy = policy;
+  cell.budget_fraction = fraction;
+  cell.budget_bytes = budget_bytes;
+  StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(CellOptions(args, w, policy, budget_bytes, tier_bytes));
+  if (!engine.ok()) {
+    cell.error = engine.status().ToString();
+    return cell;
+  }
+  const std::vector<int32_t>& first = w.rounds[0][0].append;
+  if (Status s = WarmUpEngine(**engine, first[1 % first.size()], first[2 % first.size()]); !s.ok()) {
+    cell.error = s.ToString();
+    return cell;
+  }
+  const EngineMetrics before = (*engine)->Metrics();
+  std::map<int32_t, std::vector<int32_t>> history;  // per stream
+  std::vector<double> ttfts;
+  for (const std::vector<ScriptedRequest>& round : w.rounds) {
+    std::vector<Request> requests;
+    for (const ScriptedRequest& s : round) {
+      std::vector<int32_t>& h = history[s.stream];
+      h.insert(h.end(), s.append.begin(), s.append.end());
+      Request r;
+      r.prompt_ids = h;
+      r.max_new_tokens = s.max_new_tokens;
+      r.ignore_eos = true;
+      r.sampling.temperature = 0;
+      r.top_logprobs = kMaxTopLogprobs;
+      cell.prompts.push_back(h);
+      requests.push_back(std::move(r));
+    }
+    const Clock::time_point start = Clock::now();
+    StatusOr<std::vector<DrivenReply>> replies = DriveRequests(**engine, std::move(requests));
+    cell.wall_ms += std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (!replies.ok()) {
+      cell.error = replies.status().ToString();
+      break;
+    }
+    for (size_t i = 0; i < round.size(); ++i) {
+      DrivenReply& reply = (*replies)[i];
+      if (!reply.error.ok() && cell.error.empty()) cell.error = reply.error.ToString();
+      // EOS is ignored: a shorter reply is a sequence the budget could not hold to its end
+      // (the engine says so on stderr), and a cell that did less work is no comparison.
+      if (cell.error.empty() && static_cast<int32_t>(reply.tokens.size()) < round[i].max_new_tokens) {
+        cell.error = fmt::format("a request stopped at {} of {} tokens (finish reason {}): the "
+                                 "budget could not hold it",
+                                 reply.tokens.size(), round[i].max_new_tokens, reply.finish_reason);
+      }
+      ttfts.push_back(reply.ttft_ms);
+      cell.generated += static_cast<int64_t>(reply.tokens.size());
+      std::vector<int32_t>& h = history[round[i].stream];
+      h.insert(h.end(), reply.tokens.begin(), reply.tokens.end());
+      cell.replies.push_back(std::move(reply));
+    }
+    if (!cell.error.empty()) break;
+  }
+  const EngineMetrics after = (*engine)->Metrics();
+  cell.requests = static_cast<int64_t>(cell.replies.size());
+  cell.tok_s = cell.wall_ms > 0 ? 1000.0 * static_cast<double>(cell.generated) / cell.wall_ms : 0;
+  cell.ttft_p50_ms = Percentile(ttfts, 0.50);
+  cell.ttft_p99_ms = Percentile(ttfts, 0.99);
+  cell.resident_peak = after.kv_resident_bytes_peak;
+  cell.preemptions = after.preemptions - before.preemptions;
+  for (size_t a = 0; a < cell.action_pages.size(); ++a) {
+    cell.action_pages[a] = after.kv_actions[a].pages - before.kv_actions[a].pages;
+  }
+  return cell;
+}
+
+// The cell --runs times, each in a fresh engine: the run of median tok/s, whole (its TTFTs and
+// replies with it), so that one run slowed by the machine's other work does not decide a cell.
+Cell RunCellMedian(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::string& policy,
+                   double fraction, int64_t budget_bytes, int64_t tier_bytes) {
+  std::vector<Cell> runs;
+  for (int32_t i = 0; i < args.runs; ++i) {
+    runs.push_back(RunCell(args, w, policy, fraction, budget_bytes, tier_bytes));
+    if (!runs.back().error.empty()) return std::move(runs.back());
+  }
+  std::sort(runs.begin(), runs.end(), [](const Cell& a, const Cell& b) { return a.tok_s < b.tok_s; });
+  return std::move(runs[runs.size() / 2]);
+}
+
+// Quality against keep-all: per request, leading agreement; per position before the first
+// difference where the prompts were the same (a chat whose earlier reply differed asks another
+// question), the KL divergence of the next-token distributions.
+void CompareWithReference(const Cell& reference, Cell* cell) {
+  double agreement = 0, kld = 0;
+  int64_t positions = 0;
+  const size_t n = std::min(cell->replies.size(), reference.replies.size());
+  for (size_t i = 0; i < n; ++i) {
+    const DrivenReply& ref = reference.replies[i];
+    const DrivenReply& run = cell->replies[i];
+    agreement += LeadingAgreement(run.tokens, ref.tokens);
+    cell->identical += run.tokens == ref.tokens ? 1 : 0;
+    if (cell->prompts[i] != reference.prompts[i]) continue;
+    const size_t common = std::min({ref.top_logprobs.size(), run.top_logprobs.size(),
+                                    ref.tokens.size(), run.tokens.size()});
+    for (size_t p = 0; p < common; ++p) {
+      kld += TopLogprobKld(ref.top_logprobs[p], run.top_logprobs[p]);
+      ++positions;
+      if (run.tokens[p] != ref.tokens[p]) break;  // the histories part here
+    }
+  }
+  // Requests that never ran (the cell stopped early) count as no agreement.
+  cell->agreement = reference.replies.empty()
+                        ? 0
+                        : agreement / static_cast<double>(reference.replies.size());
+  cell->kld = positions > 0 ? kld / static_cast<double>(positions) : 0;
+  cell->kld_positions = positions;
+}
+
+std::string ActionsText(const Cell& c) {
+  std::string out;
+  for (int a = 0; a < kNumKvActions; ++a) {
+    const int64_t n = c.action_pages[static_cast<size_t>(a)];
+    if (n == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} {}", KvActionName(static_cast<KvAction>(a)), n);
+  }
+  return out.empty() ? "-" : out;
+}
+
+// `auto` at one budget against the fixed policies of equal or better quality there (agreement
+// at least auto's, KLD at most auto's): the best of them by tok/s, and whether auto is within 5%
+// of it; and whether auto beats every fixed policy that completed, whatever its quality.
+struct Verdict {
+  double budget_fraction = 0;
+  std::string best_policy;   // empty: no fixed policy of equal or better quality completed
+  double best_tok_s = 0;
+  double auto_tok_s = 0;
+  double ratio = 0;          // auto / best
+  bool within_5pct = false;
+  bool strictly_best = false;
+};
+
+Verdict JudgeAuto(const std::vector<Cell>& cells, double fraction) {
+  Verdict v;
+  v.budget_fraction = fraction;
+  const Cell* automatic = nullptr;
+  for (const Cell& c : cells) {
+    if (c.policy == "auto" && c.budget_fraction == fraction) automatic = &c;
+  }
+  if (automatic == nullptr || !automatic->error.empty()) return v;
+  v.auto_tok_s = automatic->tok_s;
+  v.strictly_best = true;
+  for (const Cell& c : cells) {
+    if (c.budget_fraction != fraction || c.policy == "auto" || !c.error.empty()) continue;
+    if (c.tok_s >= automatic->tok_s) v.strictly_best = false;
+    const bool as_good = c.agreement >= automatic->agreement - 1e-9 && c.kld <= automatic->kld + 1e-12;
+    if (as_good && c.tok_s > v.best_tok_s) {
+      v.best_tok_s = c.tok_s;
+      v.best_policy = c.policy;
+    }
+  }
+  v.ratio = v.best_tok_s > 0 ? v.auto_tok_s / v.best_tok_s : 0;
+  v.within_5pct = v.best_policy.empty() || v.ratio >= 0.95;
+  return v;
+}
+
+void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const Cell& repeat,
+                        const std::vector<Cell>& cells, const std::vector<Verdict>& verdicts) {
+  fmt::print("\n### {}: {}\n", w.name, w.description);
+  fmt::print("{} requests, {} tokens generated per cell; keep-all's peak resident KV {}\n\n",
+             w.requests, w.generated_tokens, FormatBytes(reference.resident_peak));
+  fmt::print("| {:>6} | {:<18} | {:>8} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>7} | {:<34} |\n",
+             "budget", "policy", "tok/s", "vs ref", "TTFT p50", "TTFT p99", "agreement",
+             "identical", "KLD", "preempt", "pages per action");
+  fmt::print("| {:->6} | {:-<18} | {:->8} | {:->7} | {:->9} | {:->9} | {:->9} | {:->9} | {:->9} | {:->7} | {:-<34} |\n",
+             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+  auto row = [&](const Cell& c) {
+    const std::string budget =
+        c.budget_fraction > 0 ? fmt::format("1/{:.0f}", 1 / c.budget_fraction) : "all";
+    if (!c.error.empty()) {
+      fmt::print("| {:>6} | {:<18} | failed: {} |\n", budget, c.policy, c.error);
+      return;
+    }
+    fmt::print("| {:>6} | {:<18} | {:>8.1f} | {:>6.2f}x | {:>9.1f} | {:>9.1f} | {:>8.1f}% | {:>9} | {:>9.2e} | {:>7} | {:<34} |\n",
+               budget, c.policy, c.tok_s, reference.tok_s > 0 ? c.tok_s / reference.tok_s : 0,
+               c.ttft_p50_ms, c.ttft_p99_ms, 100 * c.agreement,
+               fmt::format("{}/{}", c.identical, c.requests), c.kld, c.preemptions,
+               ActionsText(c));
+  };
+  row(reference);
+  row(repeat);
+  for (const Cell& c : cells) row(c);
+  fmt::print("\n| {:>6} | {:<40} | {:>10} | {:>10} |\n", "budget",
+             "auto vs the best fixed policy of equal or better quality", "auto / best",
+             "best of all");
+  fmt::print("| {:->6} | {:-<40} | {:->10} | {:->10} |\n", ":", ":", ":", ":");
+  for (const Verdict& v : verdicts) {
+    const std::string budget = fmt::format("1/{:.0f}", 1 / v.budget_fraction);
+    if (v.auto_tok_s <= 0) {
+      fmt::print("| {:>6} | {:<40} | {:>10} | {:>10} |\n", budget, "auto did not complete", "-", "-");
+      continue;
+    }
+    const std::string against =
+        v.best_policy.empty()
+            ? "no fixed policy reached auto's quality"
+            : fmt::format("{} ({:.1f} tok/s){}", v.best_policy, v.best_tok_s,
+                          v.within_5pct ? "" : ": auto more than 5% slower");
+    fmt::print("| {:>6} | {:<40} | {:>10} | {:>10} |\n", budget, against,
+               v.best_policy.empty() ? "-" : fmt::format("{:.2f}", v.ratio),
+               v.strictly_best ? "auto" : "-");
+  }
+  (void)FlushStdout();
+}
+
+nlohmann::json CellJson(const Cell& c) {
+  nlohmann::json actions = nlohmann::json::object();
+  for (int a = 0; a < kNumKvActions; ++a) {
+    const int64_t n = c.action_pages[static_cast<size_t>(a)];
+    if (n != 0) actions[std::string(KvActionName(static_cast<KvAction>(a)))] = n;
+  }
+  return {{"policy", c.policy},         {"budget_fraction", c.budget_fraction},
+          {"budget_bytes", c.budget_bytes}, {"wall_ms", c.wall_ms},
+          {"generated_tokens", c.generated}, {"tok_s", c.tok_s},
+          {"ttft_p50_ms", c.ttft_p50_ms}, {"ttft_p99_ms", c.ttft_p99_ms},
+          {"agreement", c.agreement},   {"identical", c.identical},
+          {"requests", c.requests},     {"kld", c.kld},
+          {"kld_positions", c.kld_positions}, {"resident_peak", c.resident_peak},
+          {"preemptions", c.preemptions}, {"actions", actions},
+          {"error", c.error}};
+}
+
+nlohmann::json VerdictJson(const Verdict& v) {
+  return {{"budget_fraction", v.budget_fraction}, {"best_policy", v.best_policy},
+          {"best_tok_s", v.best_tok_s},           {"auto_tok_s", v.auto_tok_s},
+          {"ratio", v.ratio},                     {"within_5pct", v.within_5pct},
+          {"strictly_best", v.strictly_best}};
+}
+
+}  // namespace
+
+int BenchLatticeCommand(const BenchLatticeArgs& args) {
+  // The model once here, for its tokenizer and shape; each cell loads its own engine.
+  StatusOr<BenchModel> loaded = LoadBenchModel(args.engine.model_path);
+  if (!loaded.ok()) {
+    fmt::print(stderr, "kvl: {}\n", loaded.status().ToString());
+    return 1;
+  }
+  const Tokenizer* tokenizer = loaded->tokenizer.get();
+  const ModelConfig& mc = loaded->model->config();
+  fmt::print("kvl bench lattice: model {} ({}, {} layers, kv_dim {}); budgets {} of keep-all's "
+             "peak; policies {}\n",
+             std::filesystem::path(args.engine.model_path).filename().string(), mc.name,
+             mc.num_layers, mc.kv_dim(), fmt::join(args.budgets, ", "),
+             fmt::join(args.policies, ", "));
+  (void)FlushStdout();
+
+  nlohmann::json out = {{"bench", "lattice"},
+                        {"model", args.engine.model_path},
+                        {"model_name", mc.name},
+                        {"num_layers", mc.num_layers},
+                        {"kv_dim", mc.kv_dim()},
+                        {"threads", args.engine.num_threads},
+                        {"runs", args.runs},
+                        {"budgets", args.budgets},
+                        {"policies", args.policies},
+                        {"workloads", nlohmann::json::array()}};
+  bool reference_failed = false;
+  for (const std::string& name : args.workloads) {
+    const LatticeWorkload w =
+        MakeLatticeWorkload(name, args, *tokenizer, args.engine.block_tokens);
+    Cell reference = RunCellMedian(args, w, "keep-all", 0, 0, 0);
+    if (!reference.error.empty()) {
+      fmt::print(stderr, "kvl: workload {}: keep-all failed: {}\n", name, reference.error);
+      reference_failed = true;
+      continue;
+    }
+    Cell repeat = RunCellMedian(args, w, "keep-all (repeat)", 0, 0, 0);
+    CompareWithReference(reference, &repeat);
+    // The tier holds the whole workload's pages (or residuals) several times over.
+    const int64_t tier_bytes = 8 * reference.resident_peak + (64ll << 20);
+    std::vector<Cell> cells;
+    std::vector<Verdict> verdicts;
+    for (double fraction : args.budgets) {
+      const int64_t budget = std::max<int64_t>(
+          1, static_cast<int64_t>(static_cast<double>(reference.resident_peak) * fraction));
+      for (const std::string& policy : args.policies) {
+        fmt::print(stderr, "kvl: {} at 1/{:.0f}: {} ...\n", name, 1 / fraction, policy);
+        Cell cell = RunCellMedian(args, w, policy, fraction, budget, tier_bytes);
+        CompareWithReference(reference, &cell);
+        cells.push_back(std::move(cell));
+      }
+      verdicts.push_back(JudgeAuto(cells, fraction));
+    }
+    CompareWithReference(reference, &reference);
+    PrintWorkloadTable(w, reference, repeat, cells, verdicts);
+    nlohmann::json wj = {{"name", w.name},
+                         {"description", w.description},
+                         {"requests", w.requests},
+                         {"generated_tokens", w.generated_tokens},
+                         {"concurrency", w.concurrency},
+                         {"context", w.context},
+                         {"keep_all_peak_bytes", reference.resident_peak},
+                         {"tier_bytes", tier_bytes},
+                         {"reference", CellJson(reference)},
+                         {"repeat", CellJson(repeat)},
+                         {"cells", nlohmann::json::array()},
+                         {"auto_verdicts", nlohmann::json::array()}};
+    for (const Cell& c : cells) wj["cells"].push_back(CellJson(c));
+    for (const Verdict& v : verdicts) wj["auto_verdicts"].push_back(VerdictJson(v));
+    out["workloads"].push_back(std::move(wj));
+  }
+  if (!args.json_path.empty()) {
+    std::ofstream f(args.json_path);
+    f << out.dump(1) << "\n";
+    if (!f.good()) {
+      fmt::print(stderr, "kvl: cannot write {}\n", args.json_path);
+      return 1;
+    }
+  }
+  return reference_failed ? 1 : 0;
+}
+
+}  // namespace kvl::cli

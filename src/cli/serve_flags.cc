@@ -1,0 +1,88 @@
+// `kvl serve`'s flags and their validation (the command itself: cmd_serve.cc).
+#include <fmt/format.h>
+
+#include "command_flags.h"
+#include "kvl/chat_template.h"
+
+namespace kvl::cli {
+
+CommandFlags DeclareServeFlags(CLI::App* app, ServeArgs* serve) {
+  CLI::App* cmd =
+      app->add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, /metrics)");
+  cmd->add_option("-m,--model", serve->serve.engine.model_path, "GGUF model file")->required();
+  cmd->add_option("--host", serve->serve.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", serve->serve.port, "port to listen on; 0 = any free port")
+      ->capture_default_str();
+  cmd->add_option("--api-key", serve->serve.api_key,
+                  "require 'Authorization: Bearer KEY' on /v1/ routes");
+  cmd->add_option("--parallel", serve->parallel, "sequences served at once (-np)")
+      ->capture_default_str();
+  cmd->add_option("--threads-http", serve->serve.http_threads,
+                  "threads for the handlers of large requests; 0 = 4 (connections cost no thread)")
+      ->capture_default_str();
+  cmd->add_option("--chat-template", serve->serve.chat_template,
+                  "force a built-in chat template: plain, llama2, chatml, zephyr, mistral, "
+                  "llama3, gemma (default: the model's own Jinja template)");
+  cmd->add_option("--chat-template-file", serve->serve.chat_template_file,
+                  "render this Jinja chat template instead of the model's");
+  cmd->add_option("--max-body", serve->max_body, "largest request body, e.g. 8MiB")
+      ->capture_default_str();
+  cmd->add_option("--cors-origin", serve->serve.cors_origin,
+                  "let browsers on this origin (e.g. https://app.example, or *) call the "
+                  "API: CORS headers and preflights (default: off)");
+  cmd->add_option("--shutdown-grace", serve->serve.shutdown_grace_seconds,
+                  "seconds running requests may finish after SIGINT/SIGTERM")
+      ->capture_default_str();
+  cmd->add_flag("!--no-webui", serve->serve.webui,
+                "do not serve the chat page at / (GET /v1/kv/state stays)");
+  AddEngineFlags(cmd, &serve->serve.engine, &serve->kv_budget);
+  return {cmd, ParsedCommand::Kind::kServe, [serve] { return ValidateServeArgs(serve); }};
+}
+
+namespace {
+
+// --cors-origin is sent back as a header value: "*" or a scheme://host[:port] origin, nothing
+// that could end the header line or name a path.
+Status CheckCorsOrigin(const std::string& origin) {
+  if (origin.empty() || origin == "*") return Status::Ok();
+  const bool http = origin.starts_with("http://") || origin.starts_with("https://");
+  const size_t host_at = origin.find("://") + 3;
+  bool clean = http && host_at < origin.size();
+  for (size_t i = 0; clean && i < origin.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(origin[i]);
+    clean = c > 0x20 && c < 0x7f && !(i >= host_at && c == '/');
+  }
+  if (!clean) {
+    return InvalidArgumentError(fmt::format(
+        "--cors-origin '{}' is not an origin: give * or scheme://host[:port], e.g. "
+        "https://app.example",
+        origin));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateServeArgs(ServeArgs* args) {
+  KVL_RETURN_IF_ERROR(CheckRange("-np (--parallel)", args->parallel, 1, kMaxSeqs));
+  KVL_RETURN_IF_ERROR(CheckRange("--port", args->serve.port, 0, 65535));
+  KVL_RETURN_IF_ERROR(CheckRange("--threads-http", args->serve.http_threads, 0, 1024));
+  if (!(args->serve.shutdown_grace_seconds >= 0 && args->serve.shutdown_grace_seconds <= 3600)) {
+    return InvalidArgumentError("--shutdown-grace must be in [0, 3600] seconds");
+  }
+  if (!args->serve.chat_template.empty()) {
+    KVL_RETURN_IF_ERROR(ParseChatTemplateName(args->serve.chat_template).status());
+    if (!args->serve.chat_template_file.empty()) {
+      return InvalidArgumentError("--chat-template and --chat-template-file exclude each other");
+    }
+  }
+  KVL_ASSIGN_OR_RETURN(args->serve.max_body_bytes, ParsePositiveBytes(args->max_body, "--max-body"));
+  KVL_RETURN_IF_ERROR(CheckCorsOrigin(args->serve.cors_origin));
+  // Serving runs -np sequences at once, exactly (the engine's default of 16 is not a floor).
+  EngineOptions engine = args->serve.engine;
+  engine.max_seqs = args->parallel;
+  KVL_ASSIGN_OR_RETURN(args->serve.engine, EngineOptionsFor(engine, args->parallel, args->kv_budget));
+  return Status::Ok();
+}
+
+}  // namespace kvl::cli
