@@ -44,6 +44,7 @@ class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
     prices_.memory_copy_gbps = 10;
     prices_.ram.read.gbps = prices_.ram.write.gbps = 10;
     vocab_ = c.vocab_size;
+    windowed_ = c.arch.sliding_window > 0;
   }
   void TearDown() override { std::filesystem::remove(path_); }
 
@@ -81,13 +82,16 @@ class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
   std::string path_;
   int64_t page_bytes_ = 0;
   int64_t vocab_ = 0;
+  bool windowed_ = false;
   MachineProfile prices_;
 };
 
 TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
   std::vector<std::vector<int32_t>> keep_all;
   {
-    std::unique_ptr<Engine> e = std::move(Engine::Create(Options(0)).value());
+    EngineOptions o = Options(0);
+    o.kv_window_release = false;  // keep-all: every layer's K/V in the pool's blocks
+    std::unique_ptr<Engine> e = std::move(Engine::Create(o).value());
     keep_all = RunAll(*e);
     EXPECT_EQ(e->Metrics().preemptions, 0);
   }
@@ -114,6 +118,17 @@ TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
     EXPECT_GT(m.preemptions, 0) << c.policy;
     EXPECT_GT(m.kv_actions[static_cast<size_t>(c.action)].pages, 0) << c.policy;
     EXPECT_GT(m.kv_actions[static_cast<size_t>(c.action)].pages_restored, 0) << c.policy;
+    if (windowed_) {
+      // Sliding-window shapes run with their local layers' K/V released (one window per
+      // sequence), except under partial-depth checkpoints (rebuilding the layers between two
+      // checkpoints runs the local layers over their old windows), and a resumed sequence's
+      // window came back exactly: rebuilt from checkpoints or from its tokens.
+      EXPECT_EQ(m.kv_window_ring_bytes > 0, c.checkpoint_every == 1) << c.policy;
+      if (c.checkpoint_every == 1 && c.action != KvAction::kRecomputeTokens) {
+        EXPECT_GT(m.kv_window_rebuilds_from_residuals + m.kv_window_rebuilds_from_tokens, 0)
+            << c.policy;
+      }
+    }
   }
 }
 
@@ -136,7 +151,10 @@ TEST_P(ArchKvActionsTest, StoredPagesServeASecondEngineBitIdentically) {
   o.cost_profile->recompute_from_residual.call_ms = 5;
   o.cost_profile->recompute_from_tokens.token_layer_ms *= 5;
   o.cost_profile->disk_buffered.read.gbps = o.cost_profile->disk_buffered.write.gbps = 1;
-  const testing::GreedyReply keep_all = testing::GenerateGreedy(*testing::MakeEngine(o), prompt, 24);
+  EngineOptions keep = o;
+  keep.kv_window_release = false;  // keep-all: every layer's K/V in the pool's blocks
+  const testing::GreedyReply keep_all =
+      testing::GenerateGreedy(*testing::MakeEngine(keep), prompt, 24);
   o.kv_tiers = {"disk:" + disk + ":64MiB"};
   const testing::GreedyReply first = testing::GenerateGreedy(*testing::MakeEngine(o), prompt, 24);
   std::unique_ptr<Engine> second_engine = testing::MakeEngine(o);
@@ -147,6 +165,9 @@ TEST_P(ArchKvActionsTest, StoredPagesServeASecondEngineBitIdentically) {
   EXPECT_EQ(second.tokens, keep_all.tokens);
   EXPECT_EQ(first.cached_prompt_tokens, 0);
   EXPECT_EQ(second.cached_prompt_tokens, (100 - 1) / 16 * 16);  // every full page but the last's
+  // On a sliding-window shape the promoted pages hold the global layers only: the second engine
+  // rebuilt the last window's local K/V from the prompt's tokens.
+  if (windowed_) EXPECT_EQ(second_engine->Metrics().kv_window_rebuilds_from_tokens, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ArchKvActionsTest,
