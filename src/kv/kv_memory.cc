@@ -201,9 +201,15 @@ Status KvMemory::CreatePool(KvPriceSource* prices) {
   if (z.budget_bytes - z.staging_bytes < kvo.layout.block_bytes()) {
     return ResourceExhaustedError(fmt::format(
         "--kv-budget {} bytes holds no KV block of {} bytes once {} bytes are set aside for the "
-        "pages that leave the pool ({} staged pages; --kv-stream-reserve {})",
-        z.budget_bytes, kvo.layout.block_bytes(), z.staging_bytes, z.staged_pages,
-        o.stream_reserve == 0 ? std::string("auto") : fmt::format("{}", o.stream_reserve)));
+        "pages that leave the pool ({} staged pages; --kv-stream-reserve {}){}",
+        z.budget_bytes, kvo.layout.block_bytes(), z.staging_bytes - ring_bytes, z.staged_pages,
+        o.stream_reserve == 0 ? std::string("auto") : fmt::format("{}", o.stream_reserve),
+        ring_bytes == 0
+            ? std::string()
+            : fmt::format(" and {} bytes for the sliding-window layers' rings ({} sequences x "
+                          "{} rows: window - 1 + -b {})",
+                          ring_bytes, o.max_seqs, o.window.ring_tokens(),
+                          o.window.max_run_tokens)));
   }
   kvo.budget_bytes = z.budget_bytes - z.staging_bytes;
   // A page of a windowed pool carries scratch local layers: its content ids (and the store's and
