@@ -10,7 +10,7 @@
 
 #include <filesystem>
 
-#include "engine/greedy_reply.h"
+#include "engine/greedy_reply.h"  // testing::MakeEngine
 #include "kvl/engine.h"
 #include "kvl/model.h"
 #include "kvl/synthetic_model.h"
@@ -63,6 +63,9 @@ class WindowReleaseTest : public ::testing::TestWithParam<const char*> {
   // Turn k's prompt: the history (every earlier prompt and reply) and a new user message.
   struct Chat {
     std::vector<std::vector<int32_t>> replies;
+    // Each generated token's log-probability: the log-softmax of every logit, so a window row
+    // off by one bit anywhere shows here even where the greedy token does not change.
+    std::vector<std::vector<float>> logprobs;
     std::vector<int64_t> history;  // per turn: the tokens before its new message
     std::vector<int64_t> cached;
     EngineMetrics metrics;
@@ -79,10 +82,28 @@ class WindowReleaseTest : public ::testing::TestWithParam<const char*> {
         prompt.push_back(
             static_cast<int32_t>(3 + (k * 7919 + 131 * turn + 17) % (config_.vocab_size - 3)));
       }
-      const testing::GreedyReply reply = testing::GenerateGreedy(*e, prompt, kReplyTokens);
-      chat.replies.push_back(reply.tokens);
-      chat.cached.push_back(reply.cached_prompt_tokens);
-      prompt.insert(prompt.end(), reply.tokens.begin(), reply.tokens.end());
+      Request r;
+      r.prompt_ids = prompt;
+      r.max_new_tokens = kReplyTokens;
+      r.sampling.temperature = 0;
+      r.ignore_eos = true;
+      r.top_logprobs = 0;
+      std::vector<int32_t> reply;
+      std::vector<float> logprobs;
+      int64_t cached = -1;
+      EXPECT_TRUE(e->Submit(r, [&](const TokenEvent& ev) {
+                     EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
+                     if (ev.token >= 0) {
+                       reply.push_back(ev.token);
+                       logprobs.push_back(ev.logprob);
+                     }
+                     if (ev.finished) cached = ev.cached_prompt_tokens;
+                   }).ok());
+      e->RunUntilIdle();
+      chat.replies.push_back(reply);
+      chat.logprobs.push_back(logprobs);
+      chat.cached.push_back(cached);
+      prompt.insert(prompt.end(), reply.begin(), reply.end());
     }
     chat.metrics = e->Metrics();
     return chat;
@@ -101,6 +122,7 @@ TEST_P(WindowReleaseTest, ChatReusesItsHistoryWithOneWindowOfLocalKv) {
   const Chat windowed = RunChat(Options(true));
   ASSERT_EQ(windowed.replies.size(), static_cast<size_t>(kTurns));
   EXPECT_EQ(windowed.replies, keep_all.replies);
+  EXPECT_EQ(windowed.logprobs, keep_all.logprobs);
   const int64_t window = config_.arch.sliding_window;
   int64_t local = 0;
   for (int64_t l = 0; l < config_.num_layers; ++l) local += config_.IsLocal(l) ? 1 : 0;
@@ -146,6 +168,7 @@ TEST_P(WindowReleaseTest, WindowsRebuiltFromCheckpointsMatchKeepAll) {
   const Chat windowed = RunChat(release);
   ASSERT_EQ(windowed.replies.size(), static_cast<size_t>(kTurns));
   EXPECT_EQ(windowed.replies, keep_all.replies);
+  EXPECT_EQ(windowed.logprobs, keep_all.logprobs);
   EXPECT_EQ(windowed.metrics.kv_window_rebuilds_from_residuals, kTurns - 1);
   EXPECT_EQ(windowed.metrics.kv_window_rebuilds_from_tokens, 0);
 }
