@@ -114,10 +114,20 @@ void PrintKvSummary(const EngineMetrics& m) {
              "layer pages streamed back, {:.2f} ms waited; {} rebuilt from checkpoints ({} run "
              "whole between checkpoints every {} layers) in {:.2f} ms\n",
              FormatBytes(m.kv_resident_bytes_peak),
-             FormatBytes(m.kv.kv_bytes_total + m.kv_stream_staging_bytes),
+             FormatBytes(m.kv.kv_bytes_total + m.kv_stream_staging_bytes + m.kv_window_ring_bytes),
              FormatBytes(m.kv.kv_bytes_peak), FormatBytes(m.kv.kv_bytes_total),
              FormatBytes(m.kv_stream_staging_bytes), m.kv_layers_streamed, m.kv_stream_wait_ms,
              m.kv_layers_rebuilt, m.kv_layers_advanced, m.kv_checkpoint_every, m.kv_rebuild_ms);
+  if (m.kv_window_ring_bytes > 0) {
+    fmt::print(stderr,
+               "kvl: kv sliding-window layers: the pool keeps the global layers, rings of one "
+               "window per sequence keep the local ones ({}); {} cached prefixes had their window "
+               "rebuilt ({} from checkpoints, {} from {} tokens)\n",
+               FormatBytes(m.kv_window_ring_bytes),
+               m.kv_window_rebuilds_from_residuals + m.kv_window_rebuilds_from_tokens,
+               m.kv_window_rebuilds_from_residuals, m.kv_window_rebuilds_from_tokens,
+               m.kv_window_tokens_rebuilt);
+  }
   if (m.kv_pages_promoted_back > 0) {
     fmt::print(stderr,
                "kvl: kv {} pages of running sequences brought back into the pool once it had "
