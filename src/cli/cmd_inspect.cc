@@ -98,6 +98,14 @@ int InspectCommand(const InspectArgs& args) {
     const int64_t per_layer = c.KvBytesPerTokenPerLayer(t);
     j["kv_bytes_per_token"][std::string(DTypeName(t))] = {
         {"per_layer", per_layer}, {"total", per_layer * c.num_layers}};
+    if (local_layers > 0) {
+      // Sliding-window release (kvl/kv_window_release.h): the pool keeps the global layers per
+      // token, each sequence its local layers' last window.
+      j["kv_bytes_per_token"][std::string(DTypeName(t))]["pooled"] =
+          per_layer * (c.num_layers - local_layers);
+      j["kv_bytes_per_token"][std::string(DTypeName(t))]["window_per_sequence"] =
+          per_layer * local_layers * (c.arch.sliding_window - 1);
+    }
   }
   for (DType t : residual_types) {
     const int64_t per_layer = c.ResidualBytesPerTokenPerLayer(t);
@@ -135,6 +143,19 @@ int InspectCommand(const InspectArgs& args) {
     const int64_t per_layer = c.KvBytesPerTokenPerLayer(t);
     fmt::print("  {:<6}               {:>10} B  {:>14} B\n", DTypeName(t), per_layer,
                per_layer * c.num_layers);
+  }
+  if (local_layers > 0) {
+    fmt::print("\nsliding-window release: the pool keeps the {} global of {} layers per token; each "
+               "sequence keeps its {} local layers' last window ({} rows) plus one forward run's "
+               "rows (-b)\n",
+               c.num_layers - local_layers, c.num_layers, local_layers, c.arch.sliding_window - 1);
+    fmt::print("  type    pooled per token   window per sequence\n");
+    for (DType t : kv_types) {
+      const int64_t per_layer = c.KvBytesPerTokenPerLayer(t);
+      fmt::print("  {:<6} {:>15} B {:>19} B\n", DTypeName(t),
+                 per_layer * (c.num_layers - local_layers),
+                 per_layer * local_layers * (c.arch.sliding_window - 1));
+    }
   }
   fmt::print("\nresidual checkpoint per token per layer        all layers\n");
   for (DType t : residual_types) {

@@ -95,6 +95,16 @@ void PrintSpecSummary(const EngineMetrics& m) {
 void PrintKvSummary(const EngineMetrics& m) {
   PrintSpecSummary(m);
   PrintKvTiers(m);
+  if (m.kv_window_ring_bytes > 0) {
+    fmt::print(stderr,
+               "kvl: kv sliding-window layers: the pool keeps the global layers, rings of one "
+               "window per sequence keep the local ones ({}); {} cached prefixes had their window "
+               "rebuilt ({} from checkpoints, {} from {} tokens)\n",
+               FormatBytes(m.kv_window_ring_bytes),
+               m.kv_window_rebuilds_from_residuals + m.kv_window_rebuilds_from_tokens,
+               m.kv_window_rebuilds_from_residuals, m.kv_window_rebuilds_from_tokens,
+               m.kv_window_tokens_rebuilt);
+  }
   bool acted = false;
   for (const KvActionCounter& c : m.kv_actions) acted |= c.pages > 0;
   if (!acted) return PrintKvPredictionErrors(m);  // pages promoted from the store, if any
@@ -114,7 +124,7 @@ void PrintKvSummary(const EngineMetrics& m) {
              "layer pages streamed back, {:.2f} ms waited; {} rebuilt from checkpoints ({} run "
              "whole between checkpoints every {} layers) in {:.2f} ms\n",
              FormatBytes(m.kv_resident_bytes_peak),
-             FormatBytes(m.kv.kv_bytes_total + m.kv_stream_staging_bytes),
+             FormatBytes(m.kv.kv_bytes_total + m.kv_stream_staging_bytes + m.kv_window_ring_bytes),
              FormatBytes(m.kv.kv_bytes_peak), FormatBytes(m.kv.kv_bytes_total),
              FormatBytes(m.kv_stream_staging_bytes), m.kv_layers_streamed, m.kv_stream_wait_ms,
              m.kv_layers_rebuilt, m.kv_layers_advanced, m.kv_checkpoint_every, m.kv_rebuild_ms);

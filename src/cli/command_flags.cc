@@ -101,6 +101,9 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
   cmd->add_flag("!--no-kv-promote-back", engine->kv_promote_back,
                 "leave a running sequence's pages that went to a tier (or to checkpoints) there "
                 "until it ends, instead of bringing them back into the pool when blocks free up");
+  cmd->add_flag("!--no-kv-window-release", engine->kv_window_release,
+                "on a sliding-window model (Gemma-2/3), keep every layer's K/V in the pool instead "
+                "of the global layers' there and one window of the local layers' per sequence");
   cmd->add_flag("--explain", engine->explain, "print every KV decision with its cost terms");
   cmd->add_option("--kv-trace", engine->kv_trace_path,
                   "write a page-access trace here (replay it with kvl bench replay)");

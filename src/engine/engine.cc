@@ -166,6 +166,11 @@ Status CreateKvMemory(Engine::Impl& e) {
   o.feedback = options.kv_feedback;
   o.explain = options.explain;
   o.trace_path = options.kv_trace_path;
+  // Sliding-window layers: one forward run writes at most a batch of one sequence's tokens.
+  o.window.window = c.arch.sliding_window;
+  for (int64_t l = 0; l < c.num_layers; ++l) o.window.layer_is_local.push_back(c.IsLocal(l));
+  o.window.max_run_tokens = std::min(options.batch_size, e.context_length);
+  o.window_release = options.kv_window_release;
   EnginePriceSource prices(e);
   KVL_ASSIGN_OR_RETURN(e.memory, KvMemory::Create(o, &prices));
   return Status::Ok();
@@ -256,6 +261,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
     }
   }
   e.metrics.SetGauges(kv.manager().stats(), kv.pager().stats(), 0, 0);
+  if (kv.window() != nullptr) e.metrics.SetWindowGauges(kv.window()->stats());
   const int64_t block_tokens = kv.layout().block_tokens;
   e.metrics.ReservePageMaps(options.max_seqs, e.context_length / block_tokens + 1, block_tokens);
   return engine;
@@ -292,6 +298,7 @@ bool Engine::Impl::StepImpl() {
   }
   metrics.SetGauges(memory->manager().stats(), memory->pager().stats(), scheduler->num_running(),
                     scheduler->num_waiting());
+  if (memory->window() != nullptr) metrics.SetWindowGauges(memory->window()->stats());
   metrics.SetPageMaps(scheduler->running());
   memory->PublishStoreStats();
   if (speculator && has_work && runner->last_rows() > 0) {

@@ -109,6 +109,11 @@ void MetricsRecorder::CountStep(int64_t batch_tokens, int64_t batch_seqs, int64_
   batch_seqs_total_ += batch_seqs;
 }
 
+void MetricsRecorder::SetWindowGauges(const KvWindowStats& window) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  window_stats_ = window;
+}
+
 void MetricsRecorder::SetGauges(const KvStats& kv, const KvPagerStats& pager, int64_t running,
                                 int64_t waiting) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -246,7 +251,12 @@ void MetricsRecorder::Snapshot(EngineMetrics* m) const {
   m->kv_stream_staging_bytes = pager_stats_.staging_bytes;
   m->kv_staging_capacity_pages = pager_stats_.staging_capacity_pages;
   // Staging is allocated once, before the first step, so the peak is the pool's plus staging.
-  m->kv_resident_bytes_peak = kv_stats_.kv_bytes_peak + pager_stats_.staging_bytes;
+  m->kv_resident_bytes_peak =
+      kv_stats_.kv_bytes_peak + pager_stats_.staging_bytes + window_stats_.ring_bytes;
+  m->kv_window_ring_bytes = window_stats_.ring_bytes;
+  m->kv_window_rebuilds_from_residuals = window_stats_.rebuilds_from_residuals;
+  m->kv_window_rebuilds_from_tokens = window_stats_.rebuilds_from_tokens;
+  m->kv_window_tokens_rebuilt = window_stats_.tokens_rebuilt;
   m->kv_layers_streamed = pager_stats_.layers_streamed;
   m->kv_stream_wait_ms = pager_stats_.stream_wait_ms;
   m->requests_finished = requests_finished_;

@@ -54,6 +54,8 @@ class MetricsRecorder {
   void CountStep(int64_t batch_tokens, int64_t batch_seqs, int64_t prefill_tokens);
   // Gauges, after each step.
   void SetGauges(const KvStats& kv, const KvPagerStats& pager, int64_t running, int64_t waiting);
+  // The window rings' bytes and rebuilds (kvl/kv_window_release.h), beside SetGauges.
+  void SetWindowGauges(const KvWindowStats& window);
 
   // Room for the page maps of `max_seqs` running sequences of up to `max_pages` pages (of
   // `block_tokens` tokens) each, so that SetPageMaps allocates nothing in the steady step.
@@ -86,6 +88,7 @@ class MetricsRecorder {
   SampleWindow itl_ms_;
   KvStats kv_stats_;
   KvPagerStats pager_stats_;
+  KvWindowStats window_stats_;
   int64_t num_running_ = 0;
   int64_t num_waiting_ = 0;
   std::vector<KvSequencePageMap> page_maps_;  // reserved; the first num_page_maps_ are current

@@ -62,6 +62,7 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
     b->positions.reserve(max_tokens);
     b->seq_ids.reserve(max_tokens);
     b->want_logits.reserve(max_tokens);
+    b->window_rebuild.reserve(max_tokens);
   }
   run_seqs_.reserve(max_tokens);
   verified_tokens_.reserve(kMaxDraftTokens + 1);
@@ -140,6 +141,7 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     const int64_t step_tokens = static_cast<int64_t>(plan.steps[i].tokens.size());
     if (sp.admit) {
       pager_->StartSequence(seq.slot, &seq.kv_pages);
+      if (p_.memory->window() != nullptr) p_.memory->window()->StartSequence(seq.slot);
       seq.num_computed = sp.num_cached_tokens;
       // Pages dropped at the preemption are recomputed from their tokens, by this step and the
       // prefill chunks after it.
@@ -184,6 +186,7 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     // go from their tier at once: a page awaiting restore is never also in the pool.
     pager_->SettleRestoredPages(seq.slot);
     if (trace_ != nullptr) trace_from_[i] = seq.num_computed / block_tokens_;
+    RebuildWindow(seq);
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
       // Every row of a draft asks for logits: each is verified (pos > last only for drafts).
@@ -212,7 +215,12 @@ void StepRunner::RunBatch(const StepPlan& plan) {
       part_.Clear();
       for (int64_t t = begin; t < end; ++t) {
         const size_t k = static_cast<size_t>(t);
-        part_.Add(batch_.tokens[k], batch_.positions[k], batch_.seq_ids[k], batch_.want_logits[k]);
+        if (batch_.rebuilds_window(t)) {
+          part_.AddWindowRebuild(batch_.tokens[k], batch_.positions[k], batch_.seq_ids[k]);
+        } else {
+          part_.Add(batch_.tokens[k], batch_.positions[k], batch_.seq_ids[k],
+                    batch_.want_logits[k]);
+        }
       }
       run = &part_;
     }
@@ -220,6 +228,7 @@ void StepRunner::RunBatch(const StepPlan& plan) {
     for (int32_t id : run->seq_ids) {
       if (run_seqs_.empty() || run_seqs_.back() != id) run_seqs_.push_back(id);
     }
+    ClaimWindowRows(*run);
     pager_->BeginStep(run_seqs_);
     p_.forward->Run(*run, *cache_);
     for (SeqId failed : pager_->EndStep()) {
@@ -261,6 +270,40 @@ void StepRunner::RunBatch(const StepPlan& plan) {
       p_.metrics->CountSpecStep(0, 0);
       AppendToken(*seq, seq->sampler->Sample(logits, seq->tokens), logits);
     }
+  }
+}
+
+void StepRunner::RebuildWindow(const Sequence& seq) {
+  KvWindowRelease* window = p_.memory->window();
+  const int64_t n = seq.num_computed;
+  if (window == nullptr || window->HoldsWindow(seq.slot, n)) return;
+  KvWindowRebuildPrices prices;
+  prices.residual_page_ms = prices_->recompute_residual_ms;
+  prices.tokens_page_ms = prices_->recompute_tokens_ms;
+  prices.block_tokens = block_tokens_;
+  prices.num_layers = kv_->options().layout.num_layers;
+  const bool residuals = window->ResidualsCover(*kv_, *storage_, seq.slot, n);
+  if (window->ChooseWindowRebuild(n, residuals, prices) == KvWindowRebuild::kFromResiduals) {
+    window->RebuildFromResiduals(*kv_, *storage_, *p_.forward, seq.slot, n);
+    return;
+  }
+  const int64_t from = window->RebuildStart(n);
+  for (int64_t pos = from; pos < n; ++pos) {
+    batch_.AddWindowRebuild(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot);
+  }
+  window->CountTokenRebuild(n - from);
+}
+
+void StepRunner::ClaimWindowRows(const TokenBatch& run) {
+  KvWindowRelease* window = p_.memory->window();
+  if (window == nullptr) return;
+  for (int64_t t = 0; t < run.size();) {
+    const SeqId seq = run.seq_ids[static_cast<size_t>(t)];
+    int64_t end = t + 1;
+    while (end < run.size() && run.seq_ids[static_cast<size_t>(end)] == seq) ++end;
+    window->ClaimRun(seq, run.positions[static_cast<size_t>(t)],
+                     run.positions[static_cast<size_t>(end - 1)] + 1);
+    t = end;
   }
 }
 

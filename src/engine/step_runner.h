@@ -52,6 +52,12 @@ class StepRunner {
   // Adds the tokens each sequence computes this step to batch_.
   int64_t FillBatch(const StepPlan& plan);
   void RunBatch(const StepPlan& plan);
+  // Sliding-window layers (kvl/kv_window_release.h): a sequence about to compute from a prefix
+  // whose local layers' rows it does not hold gets the last window's rows back first, from the
+  // pool's checkpoints or by running its receptive field's tokens ahead of its own in batch_.
+  void RebuildWindow(const Sequence& seq);
+  // Before a forward run: each sequence's positions in it become its window ring's rows.
+  void ClaimWindowRows(const TokenBatch& run);
   void RecomputeFailedStreams();
   // Pages a step filled that the pool's prefix index cannot reach (a page before them is in a
   // tier) go to the KV store too, so the next turn finds the whole chain.

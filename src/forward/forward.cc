@@ -57,6 +57,7 @@ void TokenBatch::Clear() {
   positions.clear();
   seq_ids.clear();
   want_logits.clear();
+  window_rebuild.clear();
 }
 
 void TokenBatch::Add(int32_t token, int64_t position, int32_t seq_id, bool logits) {
@@ -64,6 +65,12 @@ void TokenBatch::Add(int32_t token, int64_t position, int32_t seq_id, bool logit
   positions.push_back(position);
   seq_ids.push_back(seq_id);
   want_logits.push_back(logits);
+  window_rebuild.push_back(false);
+}
+
+void TokenBatch::AddWindowRebuild(int32_t token, int64_t position, int32_t seq_id) {
+  Add(token, position, seq_id, /*logits=*/false);
+  window_rebuild.back() = true;
 }
 
 namespace {
@@ -155,6 +162,7 @@ void Forward::Run(const TokenBatch& batch, KvCache& kv) {
     // cache keeps one: at every layer, or every s-th).
     for (int64_t t = 0; t < n; ++t) {
       const size_t i = static_cast<size_t>(t);
+      if (batch.rebuilds_window(t)) continue;  // its checkpoints are kept already, exact
       if (float* checkpoint = kv.ResidualAt(batch.seq_ids[i], l, batch.positions[i])) {
         std::memcpy(checkpoint, &act_.x[Elems(t, c.dim)], sizeof(float) * static_cast<size_t>(c.dim));
       }
@@ -295,7 +303,11 @@ void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv
   const bool local = local_rope_differs_ && c.IsLocal(layer);
   const float* cos = local ? act_.rope_cos_local.data() : act_.rope_cos.data();
   const float* sin = local ? act_.rope_sin_local.data() : act_.rope_sin.data();
+  const bool global = !c.IsLocal(layer);
   for (int64_t t = 0; t < batch.size(); ++t) {
+    // A window rebuild's global rows are the cached ones, exact; its own would not be (its
+    // hidden state is exact only inside its receptive field).
+    if (global && batch.rebuilds_window(t)) continue;
     FinishKv(w, &act_.k[Elems(t, c.kv_dim())], &act_.v[Elems(t, c.kv_dim())], cos + t * half,
              sin + t * half);
     const KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,

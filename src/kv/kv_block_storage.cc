@@ -7,6 +7,7 @@
 #include <new>
 
 #include "kvl/kv_manager.h"
+#include "kvl/kv_window_release.h"
 
 namespace kvl {
 
@@ -40,8 +41,25 @@ StatusOr<std::unique_ptr<KvBlockStorage>> KvBlockStorage::Create(const KvBlockLa
   }
 }
 
+void KvBlockLayout::SetWindowedLayers(const std::vector<bool>& windowed) {
+  KVL_CHECK(static_cast<int64_t>(windowed.size()) == num_layers);
+  block_layer.assign(windowed.size(), -1);
+  int32_t next = 0;
+  for (size_t l = 0; l < windowed.size(); ++l) {
+    if (!windowed[l]) block_layer[l] = next++;
+  }
+}
+
+int64_t KvBlockLayout::block_layers() const {
+  if (block_layer.empty()) return num_layers;
+  return std::count_if(block_layer.begin(), block_layer.end(), [](int32_t i) { return i >= 0; });
+}
+
 KvBlockStorage::KvBlockStorage(const KvBlockLayout& layout, int64_t num_blocks)
     : layout_(layout), num_blocks_(num_blocks) {
+  if (layout.block_layers() < layout.num_layers) {
+    windowed_scratch_.resize(static_cast<size_t>(layout.layer_k_bytes() + layout.layer_v_bytes()));
+  }
   // 64-byte aligned blocks: compressed-page slabs (kv_codec) want their layers on cache lines.
   const size_t block = static_cast<size_t>(AlignedBlockBytes(layout));
   const size_t total = block * static_cast<size_t>(num_blocks);
@@ -60,7 +78,17 @@ uint8_t* KvBlockStorage::bytes(BlockId block) {
 }
 
 uint8_t* KvBlockStorage::key_bytes(BlockId block, int64_t layer) {
-  return bytes(block) + layer * (layout_.layer_k_bytes() + layout_.layer_v_bytes());
+  if (layout_.block_layer.empty()) {
+    return bytes(block) + layer * (layout_.layer_k_bytes() + layout_.layer_v_bytes());
+  }
+  const int32_t index = layout_.block_layer[static_cast<size_t>(layer)];
+  if (index < 0) {
+    // A windowed layer: its rows live in the window ring. Copies of the page (tiers, the store,
+    // compressed slabs) carry this scratch layer instead, which nothing reads back for attention.
+    KVL_CHECK(block >= 0 && block < num_blocks_);
+    return windowed_scratch_.data();
+  }
+  return bytes(block) + index * (layout_.layer_k_bytes() + layout_.layer_v_bytes());
 }
 
 uint8_t* KvBlockStorage::value_bytes(BlockId block, int64_t layer) {
@@ -97,6 +125,7 @@ PagedKvCache::PagedKvCache(const KvManager& manager, KvBlockStorage& storage,
             a.kv_dim == b.kv_dim && a.residual_dim == b.residual_dim &&
             a.checkpoint_every == b.checkpoint_every);
   KVL_CHECK(storage.num_blocks() >= manager.num_blocks());
+  KVL_CHECK(a.block_layer == b.block_layer);
 }
 
 int64_t PagedKvCache::kv_dim() const { return storage_.layout().kv_dim; }
@@ -109,6 +138,10 @@ KvCache::Rows PagedKvCache::RowsAt(int32_t seq, int64_t layer, int64_t pos) {
   KVL_CHECK(layer >= 0 && layer < layout.num_layers);
   KVL_CHECK(pos >= 0 && pos < manager_.num_tokens(seq));
   const int64_t block_index = pos / layout.block_tokens;
+  if (!layout.in_block(layer)) {
+    KVL_CHECK_MSG(window_ != nullptr, "a windowed layer without its window ring");
+    return window_->RowsAt(seq, layer, pos);
+  }
   const BlockId block = table[static_cast<size_t>(block_index)];
   const int64_t offset = pos % layout.block_tokens;
   if (block == kNoBlock) {

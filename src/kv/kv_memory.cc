@@ -32,7 +32,10 @@ bool HasTier(const KvMemoryOptions& o, TierKind kind) {
 // The budget covers what the pager holds outside the pool too: its fixed buffers whenever pages
 // can leave the pool, and the staging of pages streamed from tiers (or rebuilt from checkpoints)
 // every step, a fraction of the budget, where running pages can go to a tier.
-KvPoolSizing SizeKvPool(const KvMemoryOptions& o, const KvBlockLayout& layout) {
+// `ring_bytes`: the window rings, set aside beside the pool (counted in staging_bytes by the
+// caller).
+KvPoolSizing SizeKvPool(const KvMemoryOptions& o, const KvBlockLayout& layout,
+                        int64_t ring_bytes) {
   KvPoolSizing z;
   z.budget_bytes = o.budget_bytes;
   if (z.budget_bytes == 0) {
@@ -40,7 +43,8 @@ KvPoolSizing SizeKvPool(const KvMemoryOptions& o, const KvBlockLayout& layout) {
         layout.block_bytes() * ((o.context_length + o.block_tokens - 1) / o.block_tokens);
     // Room for every sequence's whole context, within kDefaultKvBudgetBytes: a longer context
     // pages (or is refused with the budget named), it never reserves memory for what it may use.
-    z.budget_bytes = std::min<int64_t>(per_context * o.max_seqs, kDefaultKvBudgetBytes);
+    z.budget_bytes =
+        std::min<int64_t>(per_context * o.max_seqs + ring_bytes, kDefaultKvBudgetBytes);
   }
   const KvStagingCost staging = KvPager::StagingCost(layout);
   z.compresses =
@@ -65,12 +69,22 @@ KvPoolSizing SizeKvPool(const KvMemoryOptions& o, const KvBlockLayout& layout) {
       fraction = has_ram ? kDefaultStreamReserve
                          : std::clamp(wanted, kDefaultStreamReserve, kMaxAutoStreamReserve);
     }
-    const double reserve = static_cast<double>(z.budget_bytes) * fraction;
+    const double reserve = static_cast<double>(z.budget_bytes - ring_bytes) * fraction;
     z.staged_pages = std::max<int64_t>(
         1, static_cast<int64_t>(reserve - static_cast<double>(fixed_bytes)) / staging.per_page);
   }
   z.staging_bytes = fixed_bytes + z.staged_pages * staging.per_page;
   return z;
+}
+
+// Salt of a windowed pool's model identity (KvMemory::CreatePool).
+constexpr uint64_t kWindowedIdentitySalt = 0x57494e444f57ull;  // "WINDOW"
+
+// Whether the pool's local layers go to window rings: a window, local layers, release on, and
+// no partial-depth checkpoints (rebuilding the layers between two of them reads old windows).
+bool ReleasesWindow(const KvMemoryOptions& o, const KvBlockLayout& layout) {
+  if (!o.window_release || !o.window.releases()) return false;
+  return layout.residual_dim == 0 || layout.checkpoint_every == 1;
 }
 
 // The prices of checkpoints every s layers for one page of this model (kvl/checkpoint_depth.h).
@@ -135,6 +149,8 @@ StatusOr<int64_t> KvMemory::ChooseCheckpointEvery(KvPriceSource* source,
   }
   if (layout.residual_dim == 0) return 1;  // no checkpoints are kept: nothing to space out
   if (given > 0) return given;
+  // A windowed pool rebuilds from checkpoints of every layer only (ReleasesWindow).
+  if (options_.window_release && options_.window.releases()) return 1;
   PageCostProfile prices;
   KVL_RETURN_IF_ERROR(LoadPrices(source, /*disk_dir=*/"", &prices));
   CheckpointDepthPrices p = CheckpointPrices(layout, options_.dim, prices);
@@ -160,31 +176,46 @@ Status KvMemory::CreatePool(KvPriceSource* prices) {
     kvo.layout.residual_dim = o.dim;
   }
   KVL_ASSIGN_OR_RETURN(kvo.layout.checkpoint_every, ChooseCheckpointEvery(prices, kvo.layout));
-  KvPoolSizing z = SizeKvPool(o, kvo.layout);
+  // Hook (issue 25): the local layers leave the blocks for the window rings.
+  const bool windowed = ReleasesWindow(o, kvo.layout);
+  if (windowed) kvo.layout.SetWindowedLayers(o.window.layer_is_local);
+  const int64_t ring_bytes = windowed ? WindowRingBytes(o.window, kvo.layout, o.max_seqs) : 0;
+  KvPoolSizing z = SizeKvPool(o, kvo.layout, ring_bytes);
   if (o.pool_blocks > 0) {
     const KvStagingCost staging = KvPager::StagingCost(kvo.layout);
     z.staged_pages = o.staged_pages;
     z.staging_bytes = (z.compresses ? staging.fixed : 0) + staging.restore +
                       z.staged_pages * staging.per_page;
-    z.budget_bytes = o.pool_blocks * kvo.layout.block_bytes() + z.staging_bytes;
+    z.budget_bytes = o.pool_blocks * kvo.layout.block_bytes() + z.staging_bytes + ring_bytes;
   }
+  z.staging_bytes += ring_bytes;  // outside the pool, within the budget, as the pager's buffers
   if (o.policy.automatic && kvo.layout.residual_dim > 0 &&
       (z.budget_bytes - z.staging_bytes) / kvo.layout.block_bytes() < kMinBlocksWithCheckpoints) {
     // Checkpoints are an option `auto` may take, never a reason for a budget to stop working:
     // where they would leave the pool too few blocks, the pool keeps K/V only.
     kvo.layout.residual_dim = 0;
     kvo.layout.checkpoint_every = 1;
-    z = SizeKvPool(o, kvo.layout);
+    z = SizeKvPool(o, kvo.layout, ring_bytes);
+    z.staging_bytes += ring_bytes;
   }
   if (z.budget_bytes - z.staging_bytes < kvo.layout.block_bytes()) {
     return ResourceExhaustedError(fmt::format(
         "--kv-budget {} bytes holds no KV block of {} bytes once {} bytes are set aside for the "
-        "pages that leave the pool ({} staged pages; --kv-stream-reserve {})",
-        z.budget_bytes, kvo.layout.block_bytes(), z.staging_bytes, z.staged_pages,
-        o.stream_reserve == 0 ? std::string("auto") : fmt::format("{}", o.stream_reserve)));
+        "pages that leave the pool ({} staged pages; --kv-stream-reserve {}){}",
+        z.budget_bytes, kvo.layout.block_bytes(), z.staging_bytes - ring_bytes, z.staged_pages,
+        o.stream_reserve == 0 ? std::string("auto") : fmt::format("{}", o.stream_reserve),
+        ring_bytes == 0
+            ? std::string()
+            : fmt::format(" and {} bytes for the sliding-window layers' rings ({} sequences x "
+                          "{} rows: window - 1 + -b {})",
+                          ring_bytes, o.max_seqs, o.window.ring_tokens(),
+                          o.window.max_run_tokens)));
   }
   kvo.budget_bytes = z.budget_bytes - z.staging_bytes;
-  kvo.model_identity = o.model_identity;
+  // A page of a windowed pool carries scratch local layers: its content ids (and the store's and
+  // a persistent tier's pages) are never those of a pool that keeps every layer.
+  if (windowed) options_.model_identity ^= kWindowedIdentitySalt;
+  kvo.model_identity = options_.model_identity;
   kvo.enable_prefix_cache = o.prefix_cache;
   kvo.max_seqs = o.max_seqs;
   kvo.max_seq_tokens = o.max_seq_tokens;
@@ -194,6 +225,10 @@ Status KvMemory::CreatePool(KvPriceSource* prices) {
   pager_->ReserveStaging(z.staged_pages, z.compresses);
   compresses_ = z.compresses;
   cache_ = std::make_unique<PagedKvCache>(*manager_, *storage_, pager_.get());
+  if (windowed) {
+    KVL_ASSIGN_OR_RETURN(window_, KvWindowRelease::Create(o.window, kvo.layout, o.max_seqs));
+    cache_->set_window(window_.get());
+  }
   return Status::Ok();
 }
 

@@ -432,6 +432,9 @@ bool KvPager::RebuildBlockFromCheckpoints(SeqId seq, BlockId block, int64_t bloc
   }
   const size_t residual_bytes = static_cast<size_t>(checkpoint_layer_bytes_);
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
+    // A windowed layer's rows live in its sequence's window ring (kvl/kv_window_release.h), and
+    // its scratch layer in the block stays as every copy of it reads it (zeros).
+    if (!layout_.in_block(l)) continue;
     const bool checkpoint = layout_.is_checkpoint_layer(l);
     const float* input = checkpoint ? storage_.residuals(block, l) : restore_residual_.data();
     rebuilder_->RebuildLayerKv(l, input, block_positions_.data(), bt, layout_.k_type,

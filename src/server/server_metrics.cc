@@ -170,6 +170,15 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
   Metric(&out, "kvl:kv_cache_total_bytes", "gauge", "KV pool bytes.", m.kv.kv_bytes_total);
   Metric(&out, "kvl:kv_resident_bytes_peak", "gauge", "Most resident KV bytes at any time.",
          m.kv_resident_bytes_peak);
+  // Sliding-window layers (kvl/kv_window_release.h): the local layers' rings, outside the pool.
+  Metric(&out, "kvl:kv_window_ring_bytes", "gauge",
+         "Bytes of the sliding-window layers' rings (one window and one run per sequence).",
+         m.kv_window_ring_bytes);
+  Metric(&out, "kvl:kv_window_rebuilds_total", "counter",
+         "Cached prefixes whose last window of local-layer K/V was rebuilt.",
+         m.kv_window_rebuilds_from_residuals + m.kv_window_rebuilds_from_tokens);
+  Metric(&out, "kvl:kv_window_tokens_rebuilt_total", "counter",
+         "Tokens run to rebuild windows of local-layer K/V.", m.kv_window_tokens_rebuilt);
   Metric(&out, "kvl:prefix_cache_queries_total", "counter",
          "Prompt tokens looked up in the prefix cache.", m.kv.prefix_query_tokens);
   Metric(&out, "kvl:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",

@@ -21,6 +21,7 @@ namespace {
 constexpr int64_t kContext = 256;
 constexpr int32_t kSeqs = 6;
 constexpr int32_t kNewTokens = 60;
+constexpr int64_t kRunTokens = 64;  // -b on sliding-window shapes: their rings hold 64 + 5 rows
 
 class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
  protected:
@@ -35,7 +36,15 @@ class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
     ASSERT_TRUE(WriteSyntheticModel(o).ok());
     path_ = o.output_path;
     const ModelConfig c = Model::Load(path_).value()->config();
-    page_bytes_ = 16 * c.num_layers * c.KvBytesPerTokenPerLayer(DType::kF32);
+    // A sliding-window shape's pool pages hold its global layers only; its local layers' rows
+    // sit in one ring per sequence (window - 1 + kRunTokens rows), set aside from the budget.
+    int64_t local = 0;
+    for (int64_t l = 0; l < c.num_layers; ++l) local += c.IsLocal(l) ? 1 : 0;
+    full_page_bytes_ = 16 * c.num_layers * c.KvBytesPerTokenPerLayer(DType::kF32);
+    page_bytes_ = 16 * (c.num_layers - local) * c.KvBytesPerTokenPerLayer(DType::kF32);
+    ring_bytes_ = local == 0 ? 0
+                             : kSeqs * (c.arch.sliding_window - 1 + kRunTokens) * local *
+                                   c.KvBytesPerTokenPerLayer(DType::kF32);
     // Prices fixed rather than measured (as tests/engine/fixed_prices.h does for stories260K):
     // the forced policies decide what leaves; no calibration run per shape.
     prices_.model.layers = c.num_layers;
@@ -44,16 +53,21 @@ class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
     prices_.memory_copy_gbps = 10;
     prices_.ram.read.gbps = prices_.ram.write.gbps = 10;
     vocab_ = c.vocab_size;
+    windowed_ = c.arch.sliding_window > 0;
   }
   void TearDown() override { std::filesystem::remove(path_); }
 
-  EngineOptions Options(int64_t budget_pages) const {
+  // `released`: a sliding-window shape's local layers leave the pool (the rings are set aside
+  // beside `budget_pages` pages of `page_bytes`).
+  EngineOptions Options(int64_t budget_pages, int64_t page_bytes = 0, bool released = true) const {
     EngineOptions o;
     o.model_path = path_;
     o.num_threads = 2;
     o.context_length = kContext;
     o.max_seqs = kSeqs;
-    o.kv_budget_bytes = budget_pages * page_bytes_;
+    if (ring_bytes_ > 0) o.batch_size = kRunTokens;
+    // 0: the default budget (every sequence's whole context).
+    o.kv_budget_bytes = budget_pages == 0 ? 0 : budget_pages * page_bytes + (released ? ring_bytes_ : 0);
     o.prefix_cache = false;  // resumed pages come from the actions, not the prefix cache
     o.cost_profile = prices_;
     return o;
@@ -79,15 +93,20 @@ class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
   }
 
   std::string path_;
-  int64_t page_bytes_ = 0;
+  int64_t full_page_bytes_ = 0;  // every layer's K/V of 16 tokens
+  int64_t page_bytes_ = 0;       // what a pool page holds with the local layers released
+  int64_t ring_bytes_ = 0;
   int64_t vocab_ = 0;
+  bool windowed_ = false;
   MachineProfile prices_;
 };
 
 TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
   std::vector<std::vector<int32_t>> keep_all;
   {
-    std::unique_ptr<Engine> e = std::move(Engine::Create(Options(0)).value());
+    EngineOptions o = Options(0);
+    o.kv_window_release = false;  // keep-all: every layer's K/V in the pool's blocks
+    std::unique_ptr<Engine> e = std::move(Engine::Create(o).value());
     keep_all = RunAll(*e);
     EXPECT_EQ(e->Metrics().preemptions, 0);
   }
@@ -102,7 +121,13 @@ TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
                         Case{"recompute-residual", {"ram:64MiB"}, KvAction::kRecomputeResidual},
                         Case{"recompute-residual", {"ram:64MiB"}, KvAction::kRecomputeResidual, 2},
                         Case{"recompute-tokens", {}, KvAction::kRecomputeTokens}}) {
-    EngineOptions o = Options(16);  // ~2.5 of the six 100-110-token sequences
+    // ~2.5 of the six 100-110-token sequences' K/V (with the local layers released: their
+    // global layers'); where checkpoints are kept, as many bytes as before the release (the
+    // checkpoints of every layer stay in the blocks). Partial-depth checkpoints keep every layer.
+    const bool released = c.checkpoint_every == 1;
+    const bool checkpoints = c.action == KvAction::kRecomputeResidual;
+    EngineOptions o =
+        Options(16, checkpoints || !released ? full_page_bytes_ : page_bytes_, released);
     o.kv_policy = c.policy;
     o.kv_tiers = c.tiers;
     o.kv_checkpoint_every = c.checkpoint_every;
@@ -114,6 +139,17 @@ TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
     EXPECT_GT(m.preemptions, 0) << c.policy;
     EXPECT_GT(m.kv_actions[static_cast<size_t>(c.action)].pages, 0) << c.policy;
     EXPECT_GT(m.kv_actions[static_cast<size_t>(c.action)].pages_restored, 0) << c.policy;
+    if (windowed_) {
+      // Sliding-window shapes run with their local layers' K/V released (one window per
+      // sequence), except under partial-depth checkpoints (rebuilding the layers between two
+      // checkpoints runs the local layers over their old windows), and a resumed sequence's
+      // window came back exactly: rebuilt from checkpoints or from its tokens.
+      EXPECT_EQ(m.kv_window_ring_bytes > 0, c.checkpoint_every == 1) << c.policy;
+      if (c.checkpoint_every == 1 && c.action != KvAction::kRecomputeTokens) {
+        EXPECT_GT(m.kv_window_rebuilds_from_residuals + m.kv_window_rebuilds_from_tokens, 0)
+            << c.policy;
+      }
+    }
   }
 }
 
@@ -136,7 +172,10 @@ TEST_P(ArchKvActionsTest, StoredPagesServeASecondEngineBitIdentically) {
   o.cost_profile->recompute_from_residual.call_ms = 5;
   o.cost_profile->recompute_from_tokens.token_layer_ms *= 5;
   o.cost_profile->disk_buffered.read.gbps = o.cost_profile->disk_buffered.write.gbps = 1;
-  const testing::GreedyReply keep_all = testing::GenerateGreedy(*testing::MakeEngine(o), prompt, 24);
+  EngineOptions keep = o;
+  keep.kv_window_release = false;  // keep-all: every layer's K/V in the pool's blocks
+  const testing::GreedyReply keep_all =
+      testing::GenerateGreedy(*testing::MakeEngine(keep), prompt, 24);
   o.kv_tiers = {"disk:" + disk + ":64MiB"};
   const testing::GreedyReply first = testing::GenerateGreedy(*testing::MakeEngine(o), prompt, 24);
   std::unique_ptr<Engine> second_engine = testing::MakeEngine(o);
@@ -147,6 +186,11 @@ TEST_P(ArchKvActionsTest, StoredPagesServeASecondEngineBitIdentically) {
   EXPECT_EQ(second.tokens, keep_all.tokens);
   EXPECT_EQ(first.cached_prompt_tokens, 0);
   EXPECT_EQ(second.cached_prompt_tokens, (100 - 1) / 16 * 16);  // every full page but the last's
+  // On a sliding-window shape the promoted pages hold the global layers only: the second engine
+  // rebuilt the last window's local K/V from the prompt's tokens.
+  if (windowed_) {
+    EXPECT_EQ(second_engine->Metrics().kv_window_rebuilds_from_tokens, 1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ArchKvActionsTest,

@@ -103,6 +103,10 @@ struct EngineOptions {
   // rebuilt by running them for the page's tokens, bit-identical. 0 (`auto`): the s the cost
   // model prices cheapest for this model (kvl/checkpoint_depth.h). At most the model's layers.
   int64_t kv_checkpoint_every = 1;
+  // Sliding-window models (Gemma-2/3): the pool's blocks keep the global layers' K/V only and
+  // each sequence its local layers' last window (kvl/kv_window_release.h), lossless; a cached
+  // prefix gets its last window rebuilt exactly. false: every layer's K/V stays in the blocks.
+  bool kv_window_release = true;
   // Speculative decoding (issue 26; src/engine/speculator.h): where drafts come from (--spec):
   // ngram (prompt lookup in the sequence's own tokens), suffix (that, then an index over recent
   // requests' tokens), draft (a small model, -md) or off. The cost model sends a draft only where
@@ -291,6 +295,13 @@ struct EngineMetrics {
   double kv_rebuild_ms = 0;          // time spent rebuilding them, total
   int64_t kv_compressed_bytes = 0;   // slab slots in use (inside kv.kv_bytes_used)
   int64_t kv_stream_staging_bytes = 0;  // buffers outside the pool, reserved from the budget
+  // Sliding-window layers (EngineOptions::kv_window_release): the local layers' rings (outside
+  // the pool, within the budget and kv_resident_bytes_peak; 0: none), and the windows a cached
+  // prefix had rebuilt: from checkpoints, or from tokens (tokens run for it, total).
+  int64_t kv_window_ring_bytes = 0;
+  int64_t kv_window_rebuilds_from_residuals = 0;
+  int64_t kv_window_rebuilds_from_tokens = 0;
+  int64_t kv_window_tokens_rebuilt = 0;
   int64_t kv_staging_capacity_pages = 0;  // pages that can be streamed or rebuilt at once
   // The most resident KV at any time: pool blocks in use (compressed slabs included) plus every
   // buffer outside the pool. Within kv_budget_bytes.

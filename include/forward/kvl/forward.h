@@ -3,8 +3,9 @@
 // One call = one step: embeddings, then per layer attention and a gated FFN (SwiGLU or GeGLU),
 // then logits for the tokens that asked for them. K and V of every token in the batch are written
 // into the KvCache before attention reads it, so a prefill chunk attends to itself causally; a
-// local (sliding-window) layer's token attends only to its window, while every K/V row stays in
-// the cache.
+// local (sliding-window) layer's token attends only to its window; rows the cache no longer holds
+// (a paged cache releases local layers' rows older than every window: kvl/kv_window_release.h)
+// read as dropped, which the window's mask had excluded anyway.
 //
 // Thread-safety: a Forward belongs to one step loop. It preallocates every activation buffer for
 // its largest batch; Run never allocates, but for the attention-mass scratch, sized once for
@@ -34,9 +35,17 @@ struct TokenBatch {
   std::vector<int64_t> positions;  // position of each token in its sequence
   std::vector<int32_t> seq_ids;    // KvCache sequence slot of each token
   std::vector<bool> want_logits;   // logits rows come out in batch order of these
+  // [token] true: run only to rebuild its sequence's sliding-window layers' K/V
+  // (kvl/kv_window_release.h): its global layers' K/V and its checkpoints are in the cache
+  // already, exact, and are neither written nor replaced; it asks for no logits.
+  std::vector<bool> window_rebuild;
 
   void Clear();
   void Add(int32_t token, int64_t position, int32_t seq_id, bool logits);
+  void AddWindowRebuild(int32_t token, int64_t position, int32_t seq_id);
+  bool rebuilds_window(int64_t t) const {
+    return static_cast<size_t>(t) < window_rebuild.size() && window_rebuild[static_cast<size_t>(t)];
+  }
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 

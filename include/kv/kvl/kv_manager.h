@@ -38,6 +38,7 @@ namespace kvl {
 
 using BlockId = int32_t;
 using SeqId = int32_t;
+class KvWindowRelease;  // kvl/kv_window_release.h
 inline constexpr BlockId kNoBlock = -1;
 
 // Hash of one full block given its parent's hash (model_identity for the first block) and its
@@ -57,6 +58,19 @@ struct KvBlockLayout {
   DType k_type = DType::kF32;
   DType v_type = DType::kF32;
   int64_t checkpoint_every = 1;  // s: checkpoints at layers 0, s, 2s, ... (1: every layer)
+  // Where each layer's K/V sits in a block: [layer] -> its index among the block's layers, or -1
+  // for a sliding-window layer whose rows a KvWindowRelease ring keeps instead (its K/V in a
+  // block, a tier page or the KV store is a scratch layer nobody reads). Empty: every layer, in
+  // order. Set by SetWindowedLayers.
+  std::vector<int32_t> block_layer = {};
+
+  // Takes the layers `windowed` marks ([layer]) out of the blocks.
+  void SetWindowedLayers(const std::vector<bool>& windowed);
+  bool in_block(int64_t layer) const {
+    return block_layer.empty() || block_layer[static_cast<size_t>(layer)] >= 0;
+  }
+  // The layers a block holds K/V of.
+  int64_t block_layers() const;
 
   // Layers whose input is kept as a checkpoint: ceil(num_layers / s).
   int64_t checkpoint_layers() const { return (num_layers + checkpoint_every - 1) / checkpoint_every; }
@@ -71,7 +85,7 @@ struct KvBlockLayout {
   int64_t layer_k_bytes() const { return block_tokens * k_row_bytes(); }
   int64_t layer_v_bytes() const { return block_tokens * v_row_bytes(); }
   int64_t residual_floats() const { return checkpoint_layers() * block_tokens * residual_dim; }
-  int64_t kv_bytes() const { return num_layers * (layer_k_bytes() + layer_v_bytes()); }
+  int64_t kv_bytes() const { return block_layers() * (layer_k_bytes() + layer_v_bytes()); }
   int64_t residual_bytes() const { return residual_floats() * static_cast<int64_t>(sizeof(float)); }
   int64_t block_bytes() const { return kv_bytes() + residual_bytes(); }
 };
@@ -325,6 +339,9 @@ class KvBlockStorage {
   KvBlockLayout layout_;
   int64_t num_blocks_;
   std::unique_ptr<uint8_t[], FreeAligned> data_;
+  // One layer's K then V rows handed out for every windowed layer of every block (a page's
+  // local layers written to or read from a tier land here; nothing reads them for attention).
+  std::vector<uint8_t> windowed_scratch_;
 };
 
 // Rows of one layer of a block from row `offset` on, K at `k` and V at `v` (bytes laid out as the
@@ -349,6 +366,9 @@ class PagedKvCache final : public KvCache {
  public:
   PagedKvCache(const KvManager& manager, KvBlockStorage& storage,
                KvDetachedPages* detached = nullptr);
+  // The ring that holds the windowed layers' rows (KvBlockLayout::block_layer), set before the
+  // first step where the layout has any.
+  void set_window(KvWindowRelease* window) { window_ = window; }
   int64_t kv_dim() const override;
   int64_t num_layers() const override;
   Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override;
@@ -361,6 +381,7 @@ class PagedKvCache final : public KvCache {
   const KvManager& manager_;
   KvBlockStorage& storage_;
   KvDetachedPages* detached_;
+  KvWindowRelease* window_ = nullptr;
 };
 
 }  // namespace kvl

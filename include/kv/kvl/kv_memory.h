@@ -29,6 +29,7 @@
 #include "kvl/kv_store.h"
 #include "kvl/kv_tier.h"
 #include "kvl/kv_trace.h"
+#include "kvl/kv_window_release.h"
 #include "kvl/status.h"
 
 namespace kvl {
@@ -61,6 +62,13 @@ struct KvMemoryOptions {
   double stream_reserve = 0;    // share of the budget staging pages outside the pool; 0: auto
   int64_t checkpoint_every = 1;  // 0: auto (the cost model's cheapest)
   bool prefix_cache = true;      // the KV store needs it (pages are filed by prefix)
+  // Sliding-window layers (kvl/kv_window_release.h): where the model has a window and local
+  // layers and `window_release` is on, the blocks hold the global layers' K/V only and each slot
+  // keeps its local layers' last window in a ring (released as it turns: lossless). Off where
+  // partial-depth checkpoints are kept (rebuilding the layers between two checkpoints runs the
+  // local layers over their old windows).
+  KvWindowShape window;
+  bool window_release = true;
 
   KvPolicyChoice policy;
   KvQuality quality = KvQuality::kLossless;
@@ -122,6 +130,9 @@ class KvMemory {
   KvPressurePlanner& planner() { return *planner_; }
   const KvPagingRules& rules() const { return planner_->rules(); }
   KvStore* store() { return store_.get(); }
+  // The local layers' rings; null where the pool keeps every layer in its blocks.
+  KvWindowRelease* window() { return window_.get(); }
+  const KvWindowRelease* window() const { return window_.get(); }
   KvTraceWriter* trace() { return trace_.get(); }
   // The measured corrections; null with --no-kv-feedback.
   BringBackFeedback* feedback() { return options_.feedback ? &feedback_ : nullptr; }
@@ -183,6 +194,7 @@ class KvMemory {
   std::unique_ptr<KvBlockStorage> storage_;
   std::unique_ptr<KvPager> pager_;
   std::unique_ptr<PagedKvCache> cache_;
+  std::unique_ptr<KvWindowRelease> window_;
   std::unique_ptr<KvTier> ram_tier_;
   std::unique_ptr<KvTier> disk_tier_;
   std::unique_ptr<KvTier> redis_tier_;  // the KV store's only: running pages never go there

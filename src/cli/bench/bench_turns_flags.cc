@@ -54,6 +54,8 @@ CommandFlags DeclareBenchTurnsFlags(CLI::App* bench, BenchTurnsArgs* bt) {
   AddCacheTypeFlags(cmd, &bt->engine);
   AddKvProfileFlags(cmd, &bt->engine);
   AddKvReserveFlags(cmd, &bt->engine);
+  cmd->add_flag("!--no-kv-window-release", bt->engine.kv_window_release,
+                "sliding-window models: every layer's K/V in the pool (no local release)");
   return {cmd, ParsedCommand::Kind::kBenchTurns, [bt, seed]() -> Status {
             KVL_RETURN_IF_ERROR(seed());
             return ValidateBenchTurnsArgs(*bt);
