@@ -131,7 +131,7 @@ std::string ExplainProfile(const MachineProfile& p) {
                          "per row ({}); a page's price in decode is its rows' share",
                          kStepRebuildRows, rebuild_timings));
   line("recompute from residual", Describe(p.recompute_from_residual),
-       how("Forward::RebuildLayerKv (the pager's rebuild) per layer, " +
+       how("Forward::RebuildLayerKv (a restore's rebuild, on its own) per layer, " +
            PointsOf(p.recompute_from_residual)));
   line("recompute from tokens", Describe(p.recompute_from_tokens),
        how("Forward::Run of the page's tokens after `position` tokens of context, " +

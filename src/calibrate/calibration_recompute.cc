@@ -2,7 +2,7 @@
 // timed at a grid of shapes (tokens x layers, tokens x position) and fitted (calibration_fit.cc).
 //
 // Both are timed through the forward pass itself, so they cost what the pager and a resumed
-// sequence really pay: Forward::RebuildLayerKv (the pager's KvRebuilder) for checkpoints, and
+// sequence really pay: Forward::RebuildLayerKv (a rebuild on its own, as a restore pays) for checkpoints, and
 // Forward::Run of the page's tokens after `position` tokens of context for tokens. The context's
 // K/V rows are zeros: attention's time does not depend on their values, only on how many there
 // are, so the context costs nothing to set up.
