@@ -131,8 +131,9 @@ void PrintFrontierTables(const FrontierReport& r, const MachineProfile& profile)
   fmt::print("threads   {}, pages after {} tokens of context, median of up to {} runs\n",
              r.threads, r.position, r.repetitions);
   fmt::print("decode    step {:.2f} ms vs {:.3f} ms per token in a 128-token run: idle fraction "
-             "{:.2f} (decode recompute = measured x {:.2f}; the profile's curve gives {:.2f} there)\n",
-             r.decode_step_ms, r.prefill_token_ms, r.idle_fraction, 1.0 - r.idle_fraction,
+             "{:.2f} (reported only; the profile's curve gives {:.2f}). Decode recompute = the "
+             "step's time with the page riding in it less without it, measured\n",
+             r.decode_step_ms, r.prefill_token_ms, r.idle_fraction,
              profile.decode_idle.FractionAt(r.position));
   fmt::print("tiers     ");
   for (size_t i = 0; i < r.tier_names.size(); ++i) {
