@@ -241,9 +241,12 @@ nlohmann::json FrontierJson(const FrontierReport& r, const MachineProfile& profi
                  {"prefill_ms_per_token", r.prefill_token_ms},
                  {"idle_fraction", r.idle_fraction},
                  {"model_idle_fraction", profile.decode_idle.FractionAt(r.position)},
-                 {"how", "decode recompute = measured recompute (the rebuild, not the checkpoint "
-                         "read) x (1 - idle); idle = 1 - (ms per token of a 128-token run) / (ms "
-                         "of a 1-token run); transfers are not discounted"}};
+                 {"how", "decode recompute = the 1-token step's time with the page riding in "
+                         "it less its time without (residual: the checkpoint read plus the page's "
+                         "rows in the step's K and V matmuls; tokens: the page's tokens in the "
+                         "step's batch, times the share of the run before the depth); idle = 1 - "
+                         "(ms per token of a 128-token run) / (ms of a 1-token run), reported "
+                         "only; transfers cost the same in both phases"}};
   j["profile"] = {{"source", profile.source}, {"timestamp", profile.timestamp}};
   // The Redis server's read curve, measured at the start (MeasureTierCurves), where one was.
   if (r.redis_read != nullptr) {

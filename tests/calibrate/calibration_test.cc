@@ -83,8 +83,14 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
     EXPECT_NEAR(p.decode_idle.FractionAt(d.context),
                 std::clamp(1 - d.batch_ms_per_token / d.step_ms, 0.0, 1.0), 1e-12);
     most_idle = std::max(most_idle, p.decode_idle.FractionAt(d.context));
+    // The same step with rebuilt rows riding in it: measured at every context (a sample can
+    // come out faster than the step alone on a busy machine; the per-row price clamps at 0).
+    EXPECT_EQ(d.rebuild_rows, kStepRebuildRows) << d.context;
+    EXPECT_TRUE(PositiveFinite(d.step_with_rebuild_ms)) << d.context;
+    EXPECT_GE(d.RebuildRowMs(), 0) << d.context;
   }
   EXPECT_GT(most_idle, 0.2);
+  EXPECT_GE(p.decode_idle.RebuildRowMsAt(0), 0);
   // Curves, each fitted to points of several shapes, pricing a page above 0 ms.
   for (const RecomputeCurve* c : {&p.recompute_from_residual, &p.recompute_from_tokens}) {
     EXPECT_GE(c->points.size(), 5u);
