@@ -393,7 +393,8 @@ void FrontierBench::MeasureIdleFraction() {
 
 Status FrontierBench::Run(const MachineProfile& profile) {
   ForwardOptions fo;
-  fo.max_batch_tokens = std::max<int64_t>(max_tokens(), 128);
+  // The largest page, and the decode step after it with the page's tokens in its batch.
+  fo.max_batch_tokens = std::max<int64_t>(max_tokens() + 1, 128);
   fo.max_logit_rows = 1;
   // The decode step after the largest page: one more position.
   fo.max_context = args_.position + fo.max_batch_tokens + 1;
