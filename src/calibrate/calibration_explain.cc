@@ -108,8 +108,10 @@ std::string ExplainProfile(const MachineProfile& p) {
   line("decode idle fraction",
        idle.num_points > 0 ? idle_values + " tokens of context" : std::string("0"),
        !measured || idle.num_points == 0
-           ? std::string("default: 0, nothing is hidden under decode (no calibration ran)")
-           : fmt::format("measured: 1 - Forward::Run ms per token of a {}-token batch / ms of a "
+           ? std::string("default: 0 (no calibration ran); reported only, no price uses it")
+           : fmt::format("reported only, no price uses it (a rebuild in decode is priced by the "
+                         "line below); measured: 1 - Forward::Run ms per token of a {}-token "
+                         "batch / ms of a "
                          "1-token step, both after that context ({}); between the contexts both "
                          "timings are interpolated linearly, beyond them held",
                          kIdlePrefillTokens, idle_timings));

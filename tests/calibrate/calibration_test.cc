@@ -336,9 +336,10 @@ TEST(CalibrationTest, DecodeIdleCurveAndKneeRoundTrip) {
   const std::string path = TempPath("idle-curve.json");
   MachineProfile p = TinyProfile();
   p.decode_idle = DecodeIdleCurve{};
-  ASSERT_TRUE(p.decode_idle.Add({16, 0.17, 0.073}));
-  ASSERT_TRUE(p.decode_idle.Add({72, 0.25, 0.072}));
-  ASSERT_TRUE(p.decode_idle.Add({128, 0.31, 0.071}));
+  // With the step's time beside 64 rebuilt rows riding in it (optional in the file).
+  ASSERT_TRUE(p.decode_idle.Add({16, 0.17, 0.073, 64, 0.234}));
+  ASSERT_TRUE(p.decode_idle.Add({72, 0.25, 0.072, 64, 0.314}));
+  ASSERT_TRUE(p.decode_idle.Add({128, 0.31, 0.071, 64, 0.374}));
   p.ram.read.knee_bytes = 8 << 20;
   p.ram.read.large_gbps = 4.5;
   ASSERT_TRUE(SaveProfile(p, path).ok());
@@ -352,6 +353,8 @@ TEST(CalibrationTest, DecodeIdleCurveAndKneeRoundTrip) {
             std::string::npos)
       << explained;
   EXPECT_NE(explained.find("Forward::Run ms per token of a 128-token batch"), std::string::npos);
+  EXPECT_NE(explained.find("0.0010 ms at 16, 0.0010 ms at 72"), std::string::npos) << explained;
+  EXPECT_NE(explained.find("0.170 -> 0.234 ms with 64 rows at 16"), std::string::npos) << explained;
   EXPECT_NE(explained.find("up to 8.0 MiB per call, at 4.50 GB/s beyond"), std::string::npos)
       << explained;
   std::filesystem::remove(path);

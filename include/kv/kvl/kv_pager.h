@@ -388,7 +388,7 @@ class KvPager final : public KvDetachedPages {
   CompressedSlabs slabs_;
   KvTiers tiers_;
   KvRebuilder* rebuilder_ = nullptr;
-  KvCache* cache_ = nullptr;  // what AdvanceResidual attends over (set_rebuilder)
+  KvCache* cache_ = nullptr;  // what a restore's layers between checkpoints attend over
   KvStore* store_ = nullptr;
   std::vector<KvSequencePages*> bound_;  // [max_seqs]: the page table of each admitted slot
   uint64_t next_page_id_ = 1;
