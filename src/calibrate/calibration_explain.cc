@@ -108,13 +108,32 @@ std::string ExplainProfile(const MachineProfile& p) {
   line("decode idle fraction",
        idle.num_points > 0 ? idle_values + " tokens of context" : std::string("0"),
        !measured || idle.num_points == 0
-           ? std::string("default: 0, nothing is hidden under decode (no calibration ran)")
-           : fmt::format("measured: 1 - Forward::Run ms per token of a {}-token batch / ms of a "
+           ? std::string("default: 0 (no calibration ran); reported only, no price uses it")
+           : fmt::format("reported only, no price uses it (a rebuild in decode is priced by the "
+                         "line below); measured: 1 - Forward::Run ms per token of a {}-token "
+                         "batch / ms of a "
                          "1-token step, both after that context ({}); between the contexts both "
                          "timings are interpolated linearly, beyond them held",
                          kIdlePrefillTokens, idle_timings));
+  std::string rebuild_values, rebuild_timings;
+  for (int i = 0; i < idle.num_points; ++i) {
+    const DecodeIdlePoint& d = idle.points[static_cast<size_t>(i)];
+    rebuild_values += fmt::format("{}{:.4f} ms at {}", i > 0 ? ", " : "", d.RebuildRowMs(), d.context);
+    rebuild_timings += fmt::format("{}{:.3f} -> {:.3f} ms with {} rows at {}", i > 0 ? ", " : "",
+                                   d.step_ms, d.step_with_rebuild_ms, d.rebuild_rows, d.context);
+  }
+  const bool rebuild_measured = idle.RebuildRowMsAt(0) >= 0;
+  line("rebuilt row in a decode step",
+       rebuild_measured ? rebuild_values + " tokens of context" : std::string("not measured"),
+       !rebuild_measured
+           ? std::string("not measured (no calibration ran, or an older profile): a page rebuilt "
+                         "from checkpoints in decode is priced as a rebuild of its own")
+           : fmt::format("measured: a 1-token Forward::Run with and without {} rows of pages "
+                         "rebuilt from checkpoints riding in it (KvLayerRebuild), the difference "
+                         "per row ({}); a page's price in decode is its rows' share",
+                         kStepRebuildRows, rebuild_timings));
   line("recompute from residual", Describe(p.recompute_from_residual),
-       how("Forward::RebuildLayerKv (the pager's rebuild) per layer, " +
+       how("Forward::RebuildLayerKv (a restore's rebuild, on its own) per layer, " +
            PointsOf(p.recompute_from_residual)));
   line("recompute from tokens", Describe(p.recompute_from_tokens),
        how("Forward::Run of the page's tokens after `position` tokens of context, " +

@@ -92,10 +92,15 @@ Json ToJson(const MachineProfile& p) {
   Json idle = Json::array();
   for (int i = 0; i < p.decode_idle.num_points; ++i) {
     const DecodeIdlePoint& d = p.decode_idle.points[static_cast<size_t>(i)];
-    idle.push_back({{"context", d.context},
-                    {"step_ms", d.step_ms},
-                    {"batch_ms_per_token", d.batch_ms_per_token},
-                    {"idle_fraction", d.Fraction()}});
+    Json point = {{"context", d.context},
+                  {"step_ms", d.step_ms},
+                  {"batch_ms_per_token", d.batch_ms_per_token},
+                  {"idle_fraction", d.Fraction()}};
+    if (d.rebuild_rows > 0) {
+      point["rebuild_rows"] = d.rebuild_rows;
+      point["step_with_rebuild_ms"] = d.step_with_rebuild_ms;
+    }
+    idle.push_back(std::move(point));
   }
   j["decode"] = {{"batch_tokens", kIdlePrefillTokens}, {"points", idle}};
   j["recompute"] = {{"from_residual", ToJson(p.recompute_from_residual)},
@@ -340,7 +345,12 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   KVL_RETURN_IF_ERROR(ReadPoints(decode, [](const FieldReader& r, DecodeIdlePoint* d) -> Status {
     KVL_RETURN_IF_ERROR(r.Int("context", 0, &d->context));
     KVL_RETURN_IF_ERROR(r.Positive("step_ms", &d->step_ms));
-    return r.Positive("batch_ms_per_token", &d->batch_ms_per_token);
+    KVL_RETURN_IF_ERROR(r.Positive("batch_ms_per_token", &d->batch_ms_per_token));
+    // Measured since a later build of version 5: absent means not measured (priced as a rebuild
+    // of its own).
+    if (!r.Has("rebuild_rows")) return Status::Ok();
+    KVL_RETURN_IF_ERROR(r.Int("rebuild_rows", 1, &d->rebuild_rows));
+    return r.Positive("step_with_rebuild_ms", &d->step_with_rebuild_ms);
   }, &idle));
   for (size_t i = 0; i < idle.size(); ++i) {
     if (!p.decode_idle.Add(idle[i])) {

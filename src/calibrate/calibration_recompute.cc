@@ -2,7 +2,7 @@
 // timed at a grid of shapes (tokens x layers, tokens x position) and fitted (calibration_fit.cc).
 //
 // Both are timed through the forward pass itself, so they cost what the pager and a resumed
-// sequence really pay: Forward::RebuildLayerKv (the pager's KvRebuilder) for checkpoints, and
+// sequence really pay: Forward::RebuildLayerKv (a rebuild on its own, as a restore pays) for checkpoints, and
 // Forward::Run of the page's tokens after `position` tokens of context for tokens. The context's
 // K/V rows are zeros: attention's time does not depend on their values, only on how many there
 // are, so the context costs nothing to set up.
@@ -22,6 +22,42 @@
 
 namespace kvl::calibration_internal {
 namespace {
+
+// The calibration's context cache, handing a forward run kStepRebuildRows rows to rebuild at
+// every layer (random checkpoints; rows written to scratch), as the pager does in a step.
+class RebuildRowsCache final : public KvCache {
+ public:
+  RebuildRowsCache(ContiguousKvCache& kv, const ModelConfig& c)
+      : kv_(kv),
+        input_(RandomFloats(static_cast<size_t>(kStepRebuildRows * c.dim), 3)),
+        k_(static_cast<size_t>(kStepRebuildRows * c.kv_dim())),
+        v_(k_.size()) {
+    for (int64_t t = 0; t < kStepRebuildRows; ++t) {
+      positions_.push_back(t);
+      seqs_.push_back(0);
+    }
+  }
+  int64_t kv_dim() const override { return kv_.kv_dim(); }
+  int64_t num_layers() const override { return kv_.num_layers(); }
+  Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override { return kv_.RowsAt(seq, layer, pos); }
+  KvLayerRebuild BeginLayer(int64_t layer) override {
+    KvLayerRebuild r;
+    r.rows = kStepRebuildRows;
+    r.positions = positions_.data();
+    r.seq_ids = seqs_.data();
+    r.input = input_.data();
+    r.k_out = k_.data();
+    r.v_out = v_.data();
+    return r;
+  }
+
+ private:
+  ContiguousKvCache& kv_;
+  std::vector<float> input_;
+  std::vector<float> k_, v_;
+  std::vector<int64_t> positions_;
+  std::vector<int32_t> seqs_;
+};
 
 // Tokens per page and positions the grids span (the 16..4096).
 constexpr int64_t kGridTokens[] = {16, 64, 256, 1024, 4096};
@@ -111,7 +147,7 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
   const int idle_samples = SamplesFor(idle_batch, o);
   int64_t max_tokens = kIdlePrefillTokens;
   int64_t max_positions = idle_contexts.back() + kIdlePrefillTokens;
-  int64_t samples = 2 * idle_samples * static_cast<int64_t>(idle_contexts.size());
+  int64_t samples = 3 * idle_samples * static_cast<int64_t>(idle_contexts.size());
   for (const auto* plan : {&residual_plan, &token_plan}) {
     for (const PlannedPoint& p : *plan) {
       max_tokens = std::max(max_tokens, p.shape.tokens);
@@ -125,6 +161,7 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
   fo.max_batch_tokens = max_tokens;
   fo.max_logit_rows = 1;
   fo.max_context = max_positions;
+  fo.max_rebuild_rows = kStepRebuildRows;
   ops::OpsContext forward_ctx(ctx.isa(), &pool);
   Forward forward(model, forward_ctx, fo);
 
@@ -166,21 +203,25 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
 
   // (c) The compute a decode step leaves idle: one token against a prefill batch, per token,
   // both after each context.
-  auto run_ms = [&](int64_t tokens, int64_t context) {
+  // (d) The same step with rebuilt rows riding in it (the pager's rebuild in the step).
+  RebuildRowsCache rebuilding(*cache, c);
+  auto run_ms = [&](int64_t tokens, int64_t context, KvCache& kv) {
     batch.Clear();
     for (int64_t t = 0; t < tokens; ++t) {
       batch.Add(static_cast<int32_t>((t * 7 + 1) % c.vocab_size), context + t, 0, false);
     }
     return 1e3 * MedianSecondsPerCall(idle_samples, o.min_sample_seconds, stage,
-                                      [&] { forward.Run(batch, *cache); });
+                                      [&] { forward.Run(batch, kv); });
   };
   RecomputeCurves curves;
   for (int64_t context : idle_contexts) {
     DecodeIdlePoint point;
     point.context = context;
-    point.step_ms = run_ms(1, context);
+    point.step_ms = run_ms(1, context, *cache);
+    point.rebuild_rows = kStepRebuildRows;
+    point.step_with_rebuild_ms = run_ms(1, context, rebuilding);
     point.batch_ms_per_token =
-        run_ms(kIdlePrefillTokens, context) / static_cast<double>(kIdlePrefillTokens);
+        run_ms(kIdlePrefillTokens, context, *cache) / static_cast<double>(kIdlePrefillTokens);
     KVL_CHECK(curves.decode_idle.Add(point));
   }
   stage.Finish();

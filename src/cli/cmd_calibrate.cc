@@ -79,13 +79,18 @@ void PrintTable(const MachineProfile& p, const std::string& profile_path) {
   fmt::print("\n\n");
 
   // By the step's context: 1 - ms per token of a 128-token forward run / ms of a 1-token step.
-  fmt::print("| decode idle fraction | context | 1-token step ms | {}-token run ms/token |\n",
-             kIdlePrefillTokens);
-  fmt::print("|----------------------|---------|-----------------|------------------------|\n");
+  // And the same step with kStepRebuildRows rows of pages rebuilt from checkpoints riding in it:
+  // the rebuild's marginal price in the step, per row.
+  fmt::print("| decode idle fraction | context | 1-token step ms | {}-token run ms/token | "
+             "with {} rebuilt rows ms | ms per rebuilt row |\n",
+             kIdlePrefillTokens, kStepRebuildRows);
+  fmt::print("|----------------------|---------|-----------------|------------------------|"
+             "------------------------|--------------------|\n");
   for (int i = 0; i < p.decode_idle.num_points; ++i) {
     const DecodeIdlePoint& d = p.decode_idle.points[static_cast<size_t>(i)];
-    fmt::print("| {:>20.3f} | {:>7} | {:>15.4f} | {:>22.4f} |\n", d.Fraction(), d.context,
-               d.step_ms, d.batch_ms_per_token);
+    fmt::print("| {:>20.3f} | {:>7} | {:>15.4f} | {:>22.4f} | {:>22.4f} | {:>18.5f} |\n",
+               d.Fraction(), d.context, d.step_ms, d.batch_ms_per_token, d.step_with_rebuild_ms,
+               d.RebuildRowMs());
   }
   fmt::print("\n");
 

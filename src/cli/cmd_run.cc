@@ -121,8 +121,9 @@ void PrintKvSummary(const EngineMetrics& m) {
   PrintKvPredictionErrors(m);
   fmt::print(stderr,
              "kvl: kv resident peak {} of {} (pool {} of {}, buffers for pages leaving it {}); {} "
-             "layer pages streamed back, {:.2f} ms waited; {} rebuilt from checkpoints ({} run "
-             "whole between checkpoints every {} layers) in {:.2f} ms\n",
+             "layer pages streamed back, {:.2f} ms waited; {} rebuilt from checkpoints inside the steps "
+             "({} run whole between checkpoints every {} layers); pages rebuilt on their own "
+             "(restores) {:.2f} ms\n",
              FormatBytes(m.kv_resident_bytes_peak),
              FormatBytes(m.kv.kv_bytes_total + m.kv_stream_staging_bytes + m.kv_window_ring_bytes),
              FormatBytes(m.kv.kv_bytes_peak), FormatBytes(m.kv.kv_bytes_total),

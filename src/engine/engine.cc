@@ -229,6 +229,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
                                                   std::min(options.batch_size, e.context_length))
                                        : 0);
   fo.max_context = e.context_length;
+  // Pages kept as checkpoints are rebuilt inside each step that reads them, as extra rows of its
+  // run: at most the pages the pager can stage at once.
+  if (kv.layout().residual_dim > 0) {
+    fo.max_rebuild_rows = kv.pager().staging_capacity_pages() * kv.layout().block_tokens;
+  }
   e.forward = std::make_unique<Forward>(*e.model, *e.ops, fo);
   kv.set_rebuilder(e.forward.get());
 

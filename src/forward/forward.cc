@@ -34,22 +34,27 @@ void Forward::AttentionScratch::Allocate(int64_t tile_tokens, int64_t head_dim, 
   tile_scores.resize(static_cast<size_t>(rows * tile_tokens));
 }
 
-void Forward::Activations::Allocate(const ModelConfig& c, int64_t n) {
-  rows = n;
-  const size_t r = static_cast<size_t>(n);
-  x.resize(r * static_cast<size_t>(c.dim));
-  xn.resize(r * static_cast<size_t>(c.dim));
-  q.resize(r * static_cast<size_t>(c.q_dim()));
-  k.resize(r * static_cast<size_t>(c.kv_dim()));
-  v.resize(r * static_cast<size_t>(c.kv_dim()));
-  attn.resize(r * static_cast<size_t>(c.q_dim()));
-  proj.resize(r * static_cast<size_t>(c.dim));
-  gate.resize(r * static_cast<size_t>(c.ffn_dim));
-  up.resize(r * static_cast<size_t>(c.ffn_dim));
-  rope_cos.resize(r * static_cast<size_t>(c.head_dim / 2));
-  rope_sin.resize(r * static_cast<size_t>(c.head_dim / 2));
-  rope_cos_local.resize(r * static_cast<size_t>(c.head_dim / 2));
-  rope_sin_local.resize(r * static_cast<size_t>(c.head_dim / 2));
+void Forward::Activations::Reserve(const ModelConfig& c, int64_t n, int64_t n_full) {
+  // Grown, never shrunk: a run's rows keep their contents (Run embeds before it learns the rows
+  // the cache rebuilds).
+  const auto grow = [](std::vector<float>& v, int64_t row_count, int64_t width) {
+    const size_t size = static_cast<size_t>(row_count * width);
+    if (v.size() < size) v.resize(size);
+  };
+  rows = std::max(rows, n);
+  full_rows = std::max(full_rows, n_full);
+  grow(x, full_rows, c.dim);
+  grow(xn, rows, c.dim);
+  grow(q, full_rows, c.q_dim());
+  grow(k, rows, c.kv_dim());
+  grow(v, rows, c.kv_dim());
+  grow(attn, full_rows, c.q_dim());
+  grow(proj, full_rows, c.dim);
+  grow(gate, full_rows, c.ffn_dim);
+  grow(up, full_rows, c.ffn_dim);
+  for (std::vector<float>* angles : {&rope_cos, &rope_sin, &rope_cos_local, &rope_sin_local}) {
+    grow(*angles, rows, c.head_dim / 2);
+  }
 }
 
 void TokenBatch::Clear() {
@@ -87,23 +92,17 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
     : model_(model), config_(model.config()), ops_(ops), options_(options) {
   const ModelConfig& c = config_;
   const int64_t b = options_.max_batch_tokens;
-  act_.Allocate(c, b);
-  rebuild_batch_.tokens.reserve(static_cast<size_t>(b));
-  rebuild_batch_.positions.reserve(static_cast<size_t>(b));
-  rebuild_batch_.seq_ids.reserve(static_cast<size_t>(b));
-  rebuild_batch_.want_logits.reserve(static_cast<size_t>(b));
   context_capacity_ = std::min<int64_t>(options_.max_context, kInitialContextCapacity);
+  ReserveRows(b + options_.max_rebuild_rows, b);
   attn_tile_tokens_ = ops::AttentionTileTokens(c.head_dim);
   const int64_t group = c.num_heads / c.num_kv_heads;
   attn_block_tokens_ = std::max<int64_t>(1, kAttentionRowsPerItem / group);
-  attn_blocks_.reserve(static_cast<size_t>(b));
   attn_scratch_.resize(static_cast<size_t>(ops.pool()->num_threads()));
   for (AttentionScratch& s : attn_scratch_) s.Allocate(attn_tile_tokens_, c.head_dim, attn_block_tokens_ * group);
   logit_in_.resize(Elems(options_.max_logit_rows, c.dim));
   logits_.resize(Elems(options_.max_logit_rows, c.vocab_size));
   rebuild_cos_.resize(Elems(b, c.head_dim / 2));
   rebuild_sin_.resize(Elems(b, c.head_dim / 2));
-  mass_row_of_token_.resize(static_cast<size_t>(b));
   // RoPE per layer kind. The frequency factors (Llama-3, LongRoPE) depend on the context the
   // engine runs with, as llama.cpp picks Phi-3's long set by its context size.
   rope_global_ = {c.rope_freq_base, c.arch.rope_freq_scale, c.arch.rope_attn_factor,
@@ -115,9 +114,8 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
   }
   local_rope_differs_ = rope_local_.freq_base != rope_global_.freq_base ||
                         rope_local_.freq_scale != rope_global_.freq_scale;
-  // Quantized activations for the widest matmul input (dim, q_dim or ffn_dim).
-  ops_.Reserve(std::max(b, options_.max_logit_rows),
-               std::max({c.dim, c.q_dim(), c.ffn_dim}));
+  // Quantized activations for the logits' input too (ReserveRows covers the layers').
+  ops_.Reserve(options_.max_logit_rows, c.dim);
   PackWeights();
 }
 
@@ -148,6 +146,21 @@ const float* Forward::logits(int64_t row) const {
   return logits_.data() + row * config_.vocab_size;
 }
 
+void Forward::ReserveRows(int64_t rows, int64_t full_rows) {
+  const ModelConfig& c = config_;
+  act_.Reserve(c, rows, full_rows);
+  // Quantized activations: K and V read dim columns for every row; the rows that run the whole
+  // layer also feed Wo (q_dim) and W_down (ffn_dim).
+  ops_.Reserve(act_.rows, c.dim);
+  ops_.Reserve(act_.full_rows, std::max({c.dim, c.q_dim(), c.ffn_dim}));
+  const size_t n = static_cast<size_t>(act_.rows);
+  attn_blocks_.reserve(n);
+  mass_row_of_token_.resize(std::max(mass_row_of_token_.size(), n));
+  for (auto* v : {&rows_batch_.tokens, &rows_batch_.seq_ids}) v->reserve(n);
+  rows_batch_.positions.reserve(n);
+  rows_batch_.want_logits.reserve(n);
+}
+
 void Forward::Run(const TokenBatch& batch, KvCache& kv) {
   const ModelConfig& c = config_;
   const int64_t n = batch.size();
@@ -155,47 +168,129 @@ void Forward::Run(const TokenBatch& batch, KvCache& kv) {
   KVL_CHECK(kv.kv_dim() == c.kv_dim() && kv.num_layers() == c.num_layers);
 
   Embed(batch);
-  ComputeRopeAngles(batch, act_);
   PlanAttentionMass(batch, kv);  // the same tokens feed the accumulators on every layer
+  RunLayers(batch, &kv, nullptr);
+  Logits(batch);
+}
+
+void Forward::Rebuild(KvRebuildSource& source, KvCache* kv) {
+  KVL_CHECK(kv == nullptr ||
+            (kv->kv_dim() == config_.kv_dim() && kv->num_layers() == config_.num_layers));
+  num_mass_rows_ = 0;  // rebuilt rows feed no accumulator
+  RunLayers(empty_batch_, kv, &source);
+}
+
+// The step's tokens (`batch`, possibly none) and the rows the cache (or `source`) rebuilds, layer
+// by layer: the rebuild work of a layer is asked for before the layer computes anything, so its
+// rows join the layer's own matmuls.
+void Forward::RunLayers(const TokenBatch& batch, KvCache* kv, KvRebuildSource* source) {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.size();
+  bool carried = false;  // the rebuilt rows' input of this layer is in act_.x
   for (int64_t l = 0; l < c.num_layers; ++l) {
     // The layer's input is the residual checkpoint K and V can be rebuilt from later (where the
     // cache keeps one: at every layer, or every s-th).
     for (int64_t t = 0; t < n; ++t) {
       const size_t i = static_cast<size_t>(t);
       if (batch.rebuilds_window(t)) continue;  // its checkpoints are kept already, exact
-      if (float* checkpoint = kv.ResidualAt(batch.seq_ids[i], l, batch.positions[i])) {
+      if (float* checkpoint = kv->ResidualAt(batch.seq_ids[i], l, batch.positions[i])) {
         std::memcpy(checkpoint, &act_.x[Elems(t, c.dim)], sizeof(float) * static_cast<size_t>(c.dim));
       }
     }
-    RunLayer(l, batch, kv, act_, /*rebuilding=*/false);
+    const KvLayerRebuild rebuild = source != nullptr ? source->Layer(l) : kv->BeginLayer(l);
+    if (l == 0 || (rebuild.rows > 0 && rows_batch_.tokens.empty())) {
+      PlanRows(batch, rebuild);
+    } else {
+      // The rows of the first layer that rebuilds any, at every later layer or none (a page
+      // missing only its first layers: the frontier bench's depths; a sliding-window model's
+      // local layers, whose rows live in the window rings).
+      KVL_CHECK_MSG(rebuild.rows == 0 || rebuild.rows == rows_batch_.size() - n,
+                    "a run's rebuilt rows must be the same at every layer that rebuilds");
+    }
+    KVL_CHECK_MSG(rebuild.rows == 0 || rebuild.input != nullptr || carried,
+                  "a rebuilt row's layer input is neither a checkpoint nor carried");
+    KVL_CHECK(!rebuild.advance || kv != nullptr);
+    RunLayer(l, batch, kv, rebuild);
+    carried = rebuild.advance;
   }
-  Logits(batch);
 }
 
-void Forward::RunLayer(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a,
-                       bool rebuilding) {
+// The run's rows: the step's tokens, then the rebuilt ones (no token id, no logits), with their
+// RoPE angles, computed once for every layer.
+void Forward::PlanRows(const TokenBatch& batch, const KvLayerRebuild& rebuild) {
+  const int64_t n = batch.size();
+  const int64_t m = rebuild.rows;
+  KVL_CHECK(m >= 0);
+  if (n + m > act_.rows) ReserveRows(n + m, act_.full_rows);  // beyond max_rebuild_rows
+  rows_batch_.Clear();
+  if (m == 0) {
+    ComputeRopeAngles(batch, act_);
+    return;
+  }
+  int64_t longest = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const size_t i = static_cast<size_t>(t);
+    if (batch.rebuilds_window(t)) {
+      rows_batch_.AddWindowRebuild(batch.tokens[i], batch.positions[i], batch.seq_ids[i]);
+    } else {
+      rows_batch_.Add(batch.tokens[i], batch.positions[i], batch.seq_ids[i], batch.want_logits[i]);
+    }
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    rows_batch_.Add(/*token=*/0, rebuild.positions[i], rebuild.seq_ids[i], /*logits=*/false);
+    mass_row_of_token_[static_cast<size_t>(n + i)] = -1;
+    longest = std::max(longest, rebuild.positions[i] + 1);
+  }
+  if (longest > context_capacity_) GrowContextScratch(longest);
+  ComputeRopeAngles(rows_batch_, act_);
+}
+
+// One transformer layer: act_.x from the layer's input to its output for the step's n tokens and
+// the rebuilt rows that advance; the other rebuilt rows only get their K and V, computed in the
+// same K and V matmuls as the step's.
+void Forward::RunLayer(int64_t layer, const TokenBatch& batch, KvCache* kv,
+                       const KvLayerRebuild& rebuild) {
   const ModelConfig& c = config_;
   const LayerWeights& w = layers_[static_cast<size_t>(layer)];
   const int64_t n = batch.size();
+  const int64_t m = rebuild.rows;
+  const int64_t all = n + m;                            // rows that get K and V
+  const int64_t full = rebuild.advance ? all : n;       // rows that run the whole layer
+  if (full > act_.full_rows) ReserveRows(act_.rows, full);
+  const TokenBatch& rows = m > 0 ? rows_batch_ : batch;
+  Activations& a = act_;
   // Attention sublayer: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
-  for (int64_t t = 0; t < n; ++t) {
-    ops::RmsNorm(ops_, &a.x[Elems(t, c.dim)], w.attn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
+  for (int64_t t = 0; t < all; ++t) {
+    float* x = &a.x[Elems(t, c.dim)];
+    if (t >= n && rebuild.input != nullptr) {
+      // A rebuilt row at a checkpoint layer starts from its checkpoint.
+      const float* input = rebuild.input + (t - n) * c.dim;
+      if (!rebuild.advance) {
+        ops::RmsNorm(ops_, input, w.attn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
+        continue;
+      }
+      std::memcpy(x, input, sizeof(float) * static_cast<size_t>(c.dim));
+    }
+    ops::RmsNorm(ops_, x, w.attn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
   }
-  if (rebuilding) {
-    // MatMulGroup gives each matrix exactly what it gives in a group: Q alone is Run's Q.
-    MatMulShared({&w.wq}, a.xn.data(), n, {a.q.data()});
-  } else {
-    MatMulShared({&w.wq, &w.wk, &w.wv}, a.xn.data(), n, {a.q.data(), a.k.data(), a.v.data()});
-  }
-  Attention(layer, batch, kv, a, rebuilding);
-  ops::MatMul(ops_, w.wo, a.attn.data(), n, a.proj.data());
-  AddResidual(w.post_attn_norm, n, a);
+  // Q only for the rows that attend; K and V for every row (MatMulGroup gives each matrix what it
+  // gives alone, whatever the others' rows).
+  const MatrixView qkv[] = {w.wq, w.wk, w.wv};
+  float* const outs[] = {a.q.data(), a.k.data(), a.v.data()};
+  const int64_t counts[] = {full, all, all};
+  ops::MatMulGroup(ops_, qkv, a.xn.data(), counts, outs);
+  StoreKv(layer, rows, n, kv, rebuild);
+  if (full == 0) return;
+  const TokenBatch& attending = rebuild.advance ? rows : batch;
+  Attention(layer, attending, *kv, a);
+  ops::MatMul(ops_, w.wo, a.attn.data(), full, a.proj.data());
+  AddResidual(w.post_attn_norm, full, a);
   // Feed-forward sublayer: x += W_down (act(W_gate xn) * W_up xn), act silu or tanh-GELU.
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = 0; t < full; ++t) {
     ops::RmsNorm(ops_, &a.x[Elems(t, c.dim)], w.ffn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
   }
-  FeedForward(w, n, a);
-  AddResidual(w.post_ffn_norm, n, a);
+  FeedForward(w, full, a);
+  AddResidual(w.post_ffn_norm, full, a);
 }
 
 void Forward::AddResidual(const float* post_norm, int64_t n, Activations& a) {
@@ -294,9 +389,10 @@ void Forward::StoreRow(const float* row, DType type, void* out) const {
   }
 }
 
-// Rotates Run's K by each token's position and stores its K and V into the cache (narrowed to the
-// cache's element type).
-void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv) {
+// Rotates K by each row's position and stores K and V (narrowed to the cache's element type): the
+// step's n tokens into the cache, the rebuilt rows where the cache asked for them.
+void Forward::StoreKv(int64_t layer, const TokenBatch& rows, int64_t n, KvCache* kv,
+                      const KvLayerRebuild& rebuild) {
   const ModelConfig& c = config_;
   const int64_t half = c.head_dim / 2;
   const LayerWeights& w = layers_[static_cast<size_t>(layer)];
@@ -304,19 +400,24 @@ void Forward::RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv
   const float* cos = local ? act_.rope_cos_local.data() : act_.rope_cos.data();
   const float* sin = local ? act_.rope_sin_local.data() : act_.rope_sin.data();
   const bool global = !c.IsLocal(layer);
-  for (int64_t t = 0; t < batch.size(); ++t) {
+  for (int64_t t = 0; t < n + rebuild.rows; ++t) {
     // A window rebuild's global rows are the cached ones, exact; its own would not be (its
     // hidden state is exact only inside its receptive field).
-    if (global && batch.rebuilds_window(t)) continue;
-    FinishKv(w, &act_.k[Elems(t, c.kv_dim())], &act_.v[Elems(t, c.kv_dim())], cos + t * half,
-             sin + t * half);
-    const KvCache::Rows rows = kv.RowsAt(batch.seq_ids[static_cast<size_t>(t)], layer,
-                                         batch.positions[static_cast<size_t>(t)]);
-    KVL_CHECK_MSG(rows.kind == KvCache::Rows::Kind::kDense, "new K/V rows must be writable");
-    StoreRow(&act_.k[Elems(t, c.kv_dim())], rows.type,
-             RowData(rows.type, rows.k, rows.k_half, rows.k_q));
-    StoreRow(&act_.v[Elems(t, c.kv_dim())], rows.v_type,
-             RowData(rows.v_type, rows.v, rows.v_half, rows.v_q));
+    if (t < n && global && rows.rebuilds_window(t)) continue;
+    float* k = &act_.k[Elems(t, c.kv_dim())];
+    float* v = &act_.v[Elems(t, c.kv_dim())];
+    FinishKv(w, k, v, cos + t * half, sin + t * half);
+    if (t >= n) {
+      const int64_t row = (t - n) * c.kv_dim();
+      StoreRow(k, rebuild.k_type, static_cast<uint8_t*>(rebuild.k_out) + RowBytes(rebuild.k_type, row));
+      StoreRow(v, rebuild.v_type, static_cast<uint8_t*>(rebuild.v_out) + RowBytes(rebuild.v_type, row));
+      continue;
+    }
+    const KvCache::Rows out = kv->RowsAt(rows.seq_ids[static_cast<size_t>(t)], layer,
+                                         rows.positions[static_cast<size_t>(t)]);
+    KVL_CHECK_MSG(out.kind == KvCache::Rows::Kind::kDense, "new K/V rows must be writable");
+    StoreRow(k, out.type, RowData(out.type, out.k, out.k_half, out.k_q));
+    StoreRow(v, out.v_type, RowData(out.v_type, out.v, out.v_half, out.v_q));
   }
 }
 
@@ -334,7 +435,7 @@ void Forward::RebuildKvFromResiduals(const TokenBatch& batch, KvCache& kv) {
       ops::RmsNorm(ops_, checkpoint, w.attn_norm, c.dim, c.norm_eps, &act_.xn[Elems(t, c.dim)]);
     }
     MatMulShared({&w.wk, &w.wv}, act_.xn.data(), n, {act_.k.data(), act_.v.data()});
-    RopeAndStoreKv(l, batch, kv);
+    StoreKv(l, batch, n, &kv, KvLayerRebuild{});
   }
 }
 
@@ -366,44 +467,15 @@ void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int6
   }
 }
 
-// The rebuilt tokens go through RunLayer as a batch of their own: every operation there is
-// batch-invariant (matmuls, per-row norms and RoPE, attention tiles fixed by position, per-element
-// adds), so each token's next-layer input is bit-identical to the one Run computed for it in
-// whatever prefill chunk or decode step it was first seen. Runs in chunks of max_batch_tokens (the
-// quantized-activation scratch of ops_ is reserved for that many rows).
-void Forward::AdvanceResidual(int64_t layer, float* residual, const int32_t* seq_ids,
-                              const int64_t* positions, int64_t n, KvCache& kv) {
-  const ModelConfig& c = config_;
-  KVL_CHECK(layer >= 0 && layer < c.num_layers && n > 0);
-  const int64_t chunk = options_.max_batch_tokens;
-  if (rebuild_act_.rows < std::min(n, chunk)) rebuild_act_.Allocate(c, std::min(n, chunk));
-  const size_t row_bytes = sizeof(float) * static_cast<size_t>(c.dim);
-  for (int64_t begin = 0; begin < n; begin += chunk) {
-    const int64_t m = std::min(chunk, n - begin);
-    rebuild_batch_.Clear();
-    int64_t longest = 0;
-    for (int64_t t = begin; t < begin + m; ++t) {
-      rebuild_batch_.Add(/*token=*/0, positions[t], seq_ids[t], /*logits=*/false);
-      longest = std::max(longest, positions[t] + 1);
-    }
-    if (longest > context_capacity_) GrowContextScratch(longest);
-    std::memcpy(rebuild_act_.x.data(), residual + begin * c.dim, row_bytes * static_cast<size_t>(m));
-    ComputeRopeAngles(rebuild_batch_, rebuild_act_);
-    RunLayer(layer, rebuild_batch_, kv, rebuild_act_, /*rebuilding=*/true);
-    std::memcpy(residual + begin * c.dim, rebuild_act_.x.data(), row_bytes * static_cast<size_t>(m));
-  }
-}
-
-// Rotates q and k, stores k and v in the cache, then computes softmax(q k^T / sqrt(d)) v for
-// every (token, head) over the positions the token sees, as a tiled online softmax
-// (ops::AttentionTile): work items are (run of up to attn_block_tokens_ consecutive positions of
-// one sequence, KV head), and each item visits the sequence's K/V once, in tiles of
-// attn_tile_tokens_ positions aligned to multiples of the tile size, for all of its query rows
-// (the GQA group's heads x the run's positions). Tiles are fixed by position and each row's
-// arithmetic depends only on its own q and the rows it sees, so batching, chunking, threads and
-// how the cache splits its rows into runs never change a result.
-void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a,
-                        bool rebuilding) {
+// Computes softmax(q k^T / sqrt(d)) v for every (token, head) of `batch` over the positions the
+// token sees, as a tiled online softmax (ops::AttentionTile), after rotating q: work items are
+// (run of up to attn_block_tokens_ consecutive positions of one sequence, KV head), and each item
+// visits the sequence's K/V once, in tiles of attn_tile_tokens_ positions aligned to multiples of
+// the tile size, for all of its query rows (the GQA group's heads x the run's positions). Tiles
+// are fixed by position and each row's arithmetic depends only on its own q and the rows it sees,
+// so batching, chunking, threads and how the cache splits its rows into runs never change a
+// result. Every K/V row of the layer the batch reads is stored before (StoreKv).
+void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a) {
   const ModelConfig& c = config_;
   const int64_t n = batch.size();
   const int64_t half = c.head_dim / 2;
@@ -414,22 +486,17 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Act
   for (int64_t t = 0; t < n; ++t) {
     FinishQ(w, &a.q[Elems(t, c.q_dim())], cos + t * half, sin + t * half);
   }
-  if (!rebuilding) {
-    RopeAndStoreKv(layer, batch, kv);
-    kv.BeginLayer(layer);  // streamed pages of this layer are in place from here on
-  }
 
-  // A rebuild runs inside Run's BeginLayer, before Run plans its own blocks below.
   PlanAttentionBlocks(batch);
   const int64_t num_blocks = static_cast<int64_t>(attn_blocks_.size());
-  const int64_t* mass_rows = rebuilding ? nullptr : mass_row_of_token_.data();
+  const int64_t* mass_rows = mass_row_of_token_.data();
   // The longest items (the latest positions) first, so no thread is left with one at the end.
   ops_.pool()->ParallelFor(num_blocks * c.num_kv_heads, [&](int64_t task, int thread) {
     const int64_t block = num_blocks - 1 - task / c.num_kv_heads;
     AttendBlock(layer, batch, attn_blocks_[static_cast<size_t>(block)], task % c.num_kv_heads,
                 kv, attn_scratch_[static_cast<size_t>(thread)], a, mass_rows);
   });
-  if (!rebuilding && num_mass_rows_ > 0) AccumulateAttentionMass(batch, kv);
+  if (num_mass_rows_ > 0) AccumulateAttentionMass(batch, kv);
 }
 
 // Runs of consecutive batch tokens of one sequence at consecutive positions, split every

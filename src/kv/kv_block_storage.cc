@@ -188,8 +188,8 @@ StatusOr<DType> ParseKvCacheType(std::string_view text) {
       text));
 }
 
-void PagedKvCache::BeginLayer(int64_t layer) {
-  if (detached_ != nullptr) detached_->BeginLayer(layer);
+KvLayerRebuild PagedKvCache::BeginLayer(int64_t layer) {
+  return detached_ != nullptr ? detached_->BeginLayer(layer) : KvLayerRebuild{};
 }
 
 float* PagedKvCache::AttentionMass(int32_t seq) {

@@ -39,7 +39,8 @@ KvStagingCost KvPager::StagingCost(const KvBlockLayout& layout) {
   if (layout.residual_dim > 0) cost.per_page += 2 * checkpoint_layer_bytes + layer_bytes;
   if (layout.residual_dim > 0 && layout.checkpoint_every > 1) {
     // The residual carried between checkpoint layers, per page rebuilt at a step and for a
-    // page being restored.
+    // page being restored: the forward pass carries it in its activations now (the extra rows
+    // of its run), still paid from the budget, since the pages' rebuild is what needs it.
     cost.per_page += checkpoint_layer_bytes;
     cost.restore = checkpoint_layer_bytes;
   }
@@ -69,12 +70,7 @@ void KvPager::ReserveStaging(int64_t max_staged_pages, bool compresses) {
   size(rebuilt_k_, checkpoints ? pages * static_cast<size_t>(layout_.layer_k_bytes()) : 0);
   size(rebuilt_v_, checkpoints ? pages * static_cast<size_t>(layout_.layer_v_bytes()) : 0);
   size(rebuilt_positions_, checkpoints ? pages * static_cast<size_t>(layout_.block_tokens) : 0);
-  const bool strided = checkpoints && layout_.checkpoint_every > 1;
-  size(rebuilt_seq_ids_, strided ? pages * static_cast<size_t>(layout_.block_tokens) : 0);
-  size(rebuilt_residual_,
-       strided ? pages * static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) : 0);
-  size(restore_residual_,
-       strided ? static_cast<size_t>(layout_.block_tokens * layout_.residual_dim) : 0);
+  size(rebuilt_seq_ids_, checkpoints ? pages * static_cast<size_t>(layout_.block_tokens) : 0);
   block_seq_ids_.resize(static_cast<size_t>(layout_.block_tokens));
   streamed_.reserve(pages);
   rebuilt_.reserve(pages);
@@ -97,8 +93,7 @@ void KvPager::ReserveStaging(int64_t max_staged_pages, bool compresses) {
       stage_[0].capacity() + stage_[1].capacity() + checkpoint_stage_[0].capacity() +
       checkpoint_stage_[1].capacity() + rebuilt_k_.capacity() + rebuilt_v_.capacity() +
       encode_scratch_.capacity() +
-      sizeof(float) * (widen_scratch_[0].capacity() + widen_scratch_[1].capacity() +
-                       rebuilt_residual_.capacity() + restore_residual_.capacity()));
+      sizeof(float) * (widen_scratch_[0].capacity() + widen_scratch_[1].capacity()));
 }
 
 // One layer's K or V rows as f32 (the codec's input): the rows themselves for an f32 cache, else
@@ -430,22 +425,37 @@ bool KvPager::RebuildBlockFromCheckpoints(SeqId seq, BlockId block, int64_t bloc
     block_positions_[static_cast<size_t>(t)] = block_index * bt + t;
     block_seq_ids_[static_cast<size_t>(t)] = seq;
   }
-  const size_t residual_bytes = static_cast<size_t>(checkpoint_layer_bytes_);
-  for (int64_t l = 0; l < layout_.num_layers; ++l) {
-    // A windowed layer's rows live in its sequence's window ring (kvl/kv_window_release.h), and
-    // its scratch layer in the block stays as every copy of it reads it (zeros).
-    if (!layout_.in_block(l)) continue;
-    const bool checkpoint = layout_.is_checkpoint_layer(l);
-    const float* input = checkpoint ? storage_.residuals(block, l) : restore_residual_.data();
-    rebuilder_->RebuildLayerKv(l, input, block_positions_.data(), bt, layout_.k_type,
-                               storage_.key_bytes(block, l), layout_.v_type,
-                               storage_.value_bytes(block, l));
-    if (l + 1 < layout_.num_layers && !layout_.is_checkpoint_layer(l + 1)) {
-      if (checkpoint) std::memcpy(restore_residual_.data(), input, residual_bytes);
-      rebuilder_->AdvanceResidual(l, restore_residual_.data(), block_seq_ids_.data(),
-                                  block_positions_.data(), bt, *cache_);
+  // Each layer's K and V go straight into the block's rows, from its checkpoints there.
+  class BlockSource final : public KvRebuildSource {
+   public:
+    BlockSource(KvPager& pager, BlockId block) : pager_(pager), block_(block) {}
+    KvLayerRebuild Layer(int64_t layer) override {
+      const KvBlockLayout& layout = pager_.layout_;
+      KvLayerRebuild r;
+      // A windowed layer's rows live in its sequence's window ring (kvl/kv_window_release.h):
+      // nothing of it is rebuilt into the block.
+      if (!layout.in_block(layer)) return r;
+      r.rows = layout.block_tokens;
+      r.positions = pager_.block_positions_.data();
+      r.seq_ids = pager_.block_seq_ids_.data();
+      if (layout.is_checkpoint_layer(layer)) r.input = pager_.storage_.residuals(block_, layer);
+      r.advance = layer + 1 < layout.num_layers && !layout.is_checkpoint_layer(layer + 1);
+      r.k_type = layout.k_type;
+      r.k_out = pager_.storage_.key_bytes(block_, layer);
+      r.v_type = layout.v_type;
+      r.v_out = pager_.storage_.value_bytes(block_, layer);
+      return r;
     }
-  }
+
+   private:
+    KvPager& pager_;
+    BlockId block_;
+  };
+  BlockSource source(*this, block);
+  const auto start = std::chrono::steady_clock::now();
+  rebuilder_->Rebuild(source, cache_);
+  // Only rebuilds on their own are timed here: those inside a step are part of its run.
+  stats_.rebuild_ms += MillisecondsSince(start);
   return true;
 }
 

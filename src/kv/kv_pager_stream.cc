@@ -1,6 +1,8 @@
 // KvPager's per-step stream: the pages of a step's sequences that live outside the pool (K/V in
 // a tier, or residual checkpoints) staged layer by layer for attention, each layer's reads issued
-// while the previous layer computes, and the rows attention reads (RowsAt). The pager's page
+// while the previous layer computes; the pages to rebuild handed to the forward pass layer by
+// layer, which computes them inside the step (KvLayerRebuild); and the rows attention reads
+// (RowsAt). The pager's page
 // fates and transfers are in kv_pager.cc.
 #include <chrono>
 #include <cstring>
@@ -46,12 +48,11 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
   if (streamed_.empty() && rebuilt_.empty() && in_place_.empty()) return;
   KVL_CHECK_MSG(static_cast<int64_t>(streamed_.size() + rebuilt_.size()) <= staging_capacity_pages_,
                 "more pages staged than the reserved staging holds");
-  const bool strided = layout_.checkpoint_every > 1;
   for (size_t i = 0; i < rebuilt_.size(); ++i) {
     for (int64_t t = 0; t < layout_.block_tokens; ++t) {
       const size_t row = i * static_cast<size_t>(layout_.block_tokens) + static_cast<size_t>(t);
       rebuilt_positions_[row] = rebuilt_[i].block_index * layout_.block_tokens + t;
-      if (strided) rebuilt_seq_ids_[row] = rebuilt_[i].seq;
+      rebuilt_seq_ids_[row] = rebuilt_[i].seq;
     }
   }
   pending_layer_[0] = pending_layer_[1] = -1;
@@ -100,7 +101,7 @@ void KvPager::IssueLayerRead(int64_t layer) {
   }
 }
 
-void KvPager::BeginLayer(int64_t layer) {
+KvLayerRebuild KvPager::BeginLayer(int64_t layer) {
   // Pages read in place: this layer's rows where the tier holds them. A page the tier no longer
   // has (evicted to make room for another) reads as dropped, and its sequence is recomputed.
   for (const StagedPage& st : in_place_) {
@@ -114,7 +115,7 @@ void KvPager::BeginLayer(int64_t layer) {
     ++stats_.stream_read_failures;
   }
   stats_.layers_streamed += static_cast<int64_t>(in_place_.size());
-  if (streamed_.empty() && rebuilt_.empty()) return;
+  if (streamed_.empty() && rebuilt_.empty()) return {};
   const int buffer = static_cast<int>(layer % 2);
   KVL_CHECK_MSG(pending_layer_[buffer] == layer, "layers must be begun in order");
   const auto start = std::chrono::steady_clock::now();
@@ -137,36 +138,37 @@ void KvPager::BeginLayer(int64_t layer) {
   const auto read_done = std::chrono::steady_clock::now();
   stats_.stream_wait_ms += std::chrono::duration<double, std::milli>(read_done - start).count();
   stats_.layers_streamed += static_cast<int64_t>(streamed_.size());
-  if (!rebuilt_.empty()) {
-    RebuildStagedLayer(layer, buffer);
-    stats_.rebuild_ms += MillisecondsSince(read_done);
-  }
+  const KvLayerRebuild rebuild = RebuildOfLayer(layer, buffer);
   // The next layer streams in while this one computes.
   if (layer + 1 < layout_.num_layers) IssueLayerRead(layer + 1);
+  return rebuild;
 }
 
-// Every rebuilt page's K and V of this layer in one batch (a failed page rebuilds from whatever
-// its buffer holds, but reads as dropped and its step is discarded), from the layer's checkpoints
-// or the residual carried from the layer before. Where the next layer has no checkpoint, this
-// layer is then run for the pages' tokens: attention at this layer sees every earlier position,
-// and every page of the step's sequences has its rows of this layer in place by now (resident,
-// streamed, read in place, or rebuilt just above), so no page waits on another.
-void KvPager::RebuildStagedLayer(int64_t layer, int buffer) {
-  const int64_t n = static_cast<int64_t>(rebuilt_.size()) * layout_.block_tokens;
-  const bool checkpoint = layout_.is_checkpoint_layer(layer);
-  const float* input = checkpoint ? reinterpret_cast<const float*>(checkpoint_stage_[buffer].data())
-                                  : rebuilt_residual_.data();
-  rebuilder_->RebuildLayerKv(layer, input, rebuilt_positions_.data(), n, layout_.k_type,
-                             rebuilt_k_.data(), layout_.v_type, rebuilt_v_.data());
-  stats_.layers_rebuilt += static_cast<int64_t>(rebuilt_.size());
-  if (layer + 1 == layout_.num_layers || layout_.is_checkpoint_layer(layer + 1)) return;
-  if (checkpoint) {
-    std::memcpy(rebuilt_residual_.data(), input,
-                static_cast<size_t>(rebuilt_.size()) * static_cast<size_t>(checkpoint_layer_bytes_));
+// Every rebuilt page's rows of this layer, for the forward pass to compute in the step (a failed
+// page is computed from whatever its buffer holds, but reads as dropped and its step is
+// discarded): from the layer's checkpoints, or from the residual the forward pass carried from the
+// layer before. Where the next layer has no checkpoint the forward pass runs this layer whole for
+// the pages' tokens: attention at this layer sees every earlier position, and every page of the
+// step's sequences has its rows of this layer in place by then (resident, streamed, read in place,
+// or rebuilt in the same layer), so no page waits on another.
+KvLayerRebuild KvPager::RebuildOfLayer(int64_t layer, int buffer) {
+  KvLayerRebuild r;
+  // A windowed layer's rows live in the window rings (kvl/kv_window_release.h), not the pages.
+  if (rebuilt_.empty() || !layout_.in_block(layer)) return r;
+  r.rows = static_cast<int64_t>(rebuilt_.size()) * layout_.block_tokens;
+  r.positions = rebuilt_positions_.data();
+  r.seq_ids = rebuilt_seq_ids_.data();
+  if (layout_.is_checkpoint_layer(layer)) {
+    r.input = reinterpret_cast<const float*>(checkpoint_stage_[buffer].data());
   }
-  rebuilder_->AdvanceResidual(layer, rebuilt_residual_.data(), rebuilt_seq_ids_.data(),
-                              rebuilt_positions_.data(), n, *cache_);
-  stats_.layers_advanced += static_cast<int64_t>(rebuilt_.size());
+  r.advance = layer + 1 < layout_.num_layers && !layout_.is_checkpoint_layer(layer + 1);
+  r.k_type = layout_.k_type;
+  r.k_out = rebuilt_k_.data();
+  r.v_type = layout_.v_type;
+  r.v_out = rebuilt_v_.data();
+  stats_.layers_rebuilt += static_cast<int64_t>(rebuilt_.size());
+  if (r.advance) stats_.layers_advanced += static_cast<int64_t>(rebuilt_.size());
+  return r;
 }
 
 std::span<const SeqId> KvPager::EndStep() {

@@ -120,6 +120,28 @@ double DecodeIdlePoint::Fraction() const {
   return step_ms > 0 ? std::clamp(1.0 - batch_ms_per_token / step_ms, 0.0, 1.0) : 0.0;
 }
 
+double DecodeIdlePoint::RebuildRowMs() const {
+  if (rebuild_rows <= 0 || step_with_rebuild_ms <= 0) return -1;
+  return std::max(0.0, (step_with_rebuild_ms - step_ms) / static_cast<double>(rebuild_rows));
+}
+
+double DecodeIdleCurve::RebuildRowMsAt(int64_t context) const {
+  if (num_points == 0) return -1;
+  for (int i = 0; i < num_points; ++i) {
+    if (points[static_cast<size_t>(i)].RebuildRowMs() < 0) return -1;
+  }
+  const DecodeIdlePoint& first = points[0];
+  const DecodeIdlePoint& last = points[static_cast<size_t>(num_points - 1)];
+  if (context <= first.context) return first.RebuildRowMs();
+  if (context >= last.context) return last.RebuildRowMs();
+  size_t hi = 1;
+  while (points[hi].context < context) ++hi;
+  const DecodeIdlePoint& a = points[hi - 1];
+  const DecodeIdlePoint& b = points[hi];
+  const double w = static_cast<double>(context - a.context) / static_cast<double>(b.context - a.context);
+  return a.RebuildRowMs() + w * (b.RebuildRowMs() - a.RebuildRowMs());
+}
+
 bool DecodeIdleCurve::Add(const DecodeIdlePoint& point) {
   if (num_points == kMaxDecodeIdlePoints) return false;
   if (num_points > 0 && point.context <= points[static_cast<size_t>(num_points - 1)].context) {
@@ -169,13 +191,19 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
   const double reuse = ReuseProbability(page);
   const QualityPrices prices = PricesFor(o);
   const bool lossless_only = o.quality == KvQuality::kLossless;
-  // Recompute competes with the step's own arithmetic only where that arithmetic is busy: in a
-  // decode step this fraction of it is hidden (costs nothing, though it still takes its time).
-  // The fraction grows with the context the step attends over (DecodeIdleCurve).
+  // A page of a running sequence kept as checkpoints is rebuilt inside each decode step that
+  // reads it, as extra rows of the step's K and V matmuls: it costs the step what the calibration
+  // measured those rows to add at the step's context, not a rebuild of its own. (With checkpoints
+  // every s > 1 layers the rows also run the layers between, which this prices as K/V rows: an
+  // underestimate.) A page recomputed from its tokens runs as a prefill chunk at resume: nothing
+  // of it is hidden.
   const int64_t step_context =
       o.step_context >= 0 ? o.step_context : page.first_position + p.block_tokens;
-  const double hidden_fraction =
-      o.phase == Phase::kDecode ? p.decode_idle.FractionAt(step_context) : 0.0;
+  const double rebuild_row_ms =
+      o.phase == Phase::kDecode ? p.decode_idle.RebuildRowMsAt(step_context) : -1.0;
+  const double in_step_rebuild_ms = rebuild_row_ms >= 0 && p.block_tokens > 0
+                                        ? rebuild_row_ms * static_cast<double>(p.block_tokens)
+                                        : -1.0;
   const double kv = static_cast<double>(p.kv_bytes);
   const double residual = static_cast<double>(p.residual_bytes);
   const double ram_write_gbps = p.ram_write_gbps > 0 ? p.ram_write_gbps : p.ram_gbps;
@@ -223,11 +251,12 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         if (!p.has_ram_tier) c.why_not = "no RAM tier for the checkpoints";
         c.now_ms = TransferMs(residual, ram_write_gbps, ram_write_latency_ms);
         c.bring_back_ms = TransferMs(residual, p.ram_gbps, p.ram_latency_ms) + p.recompute_residual_ms;
-        c.hidden_ms = p.recompute_residual_ms * hidden_fraction;
+        if (in_step_rebuild_ms >= 0) {
+          c.hidden_ms = std::max(0.0, p.recompute_residual_ms - in_step_rebuild_ms);
+        }
         break;
       case KvAction::kRecomputeTokens:
         c.bring_back_ms = RecomputeTokensMs(p, page.first_position);
-        c.hidden_ms = c.bring_back_ms * hidden_fraction;
         break;
       case KvAction::kEvict:
         if (page.is_sink) c.why_not = "attention sink";

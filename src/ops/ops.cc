@@ -236,8 +236,19 @@ void MatMul(OpsContext& ctx, const MatrixView& w, const float* x, int64_t n_toke
 
 void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x, int64_t n_tokens,
                  std::span<float* const> ys) {
-  KVL_CHECK(!ws.empty() && ws.size() == ys.size() && ws.size() <= kMaxGroup);
-  KVL_CHECK(x != nullptr && n_tokens >= 0);
+  KVL_CHECK(ws.size() <= kMaxGroup);
+  int64_t counts[kMaxGroup];
+  std::fill(counts, counts + ws.size(), n_tokens);
+  MatMulGroup(ctx, ws, x, std::span<const int64_t>(counts, ws.size()), ys);
+}
+
+void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x,
+                 std::span<const int64_t> token_counts, std::span<float* const> ys) {
+  KVL_CHECK(!ws.empty() && ws.size() == ys.size() && ws.size() <= kMaxGroup &&
+            token_counts.size() == ws.size());
+  KVL_CHECK(x != nullptr);
+  const int64_t n_tokens = *std::max_element(token_counts.begin(), token_counts.end());
+  KVL_CHECK(*std::min_element(token_counts.begin(), token_counts.end()) >= 0);
   const int64_t cols = ws[0].cols;
   // Quantized weights share one quantization of x; float weights read x itself.
   const bool any_quantized =
@@ -285,17 +296,17 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
 
   // Tasks are (matrix, row chunk, token tile) triples, token tile major within a matrix so a
   // thread's consecutive tasks reuse the same activations. The reduction dimension is never split.
-  const int64_t n_token_tiles = (n_tokens + kTokenTile - 1) / kTokenTile;
   int64_t row_chunk[kMaxGroup], n_row_chunks[kMaxGroup], first_task[kMaxGroup + 1];
   first_task[0] = 0;
   for (size_t m = 0; m < ws.size(); ++m) {
+    const int64_t n_token_tiles = (token_counts[m] + kTokenTile - 1) / kTokenTile;
     args[m].w = ws[m];
     args[m].y = ys[m];
     const bool quantized = IsQuantized(ws[m].type);
     args[m].x = quantized ? nullptr : x;
     args[m].acts = acts;
     args[m].act_stride = quantized ? stride : 0;
-    row_chunk[m] = RowChunk(n_tokens, ws[m].rows, pool.num_threads(),
+    row_chunk[m] = RowChunk(std::max<int64_t>(token_counts[m], 1), ws[m].rows, pool.num_threads(),
                             ws[m].layout == MatrixLayout::kPacked);
     n_row_chunks[m] = (ws[m].rows + row_chunk[m] - 1) / row_chunk[m];
     first_task[m + 1] = first_task[m] + n_row_chunks[m] * n_token_tiles;
@@ -311,7 +322,7 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
                               : IsKQuant(ws[m].type)                  ? kquant_tile
                                                                       : k.matmul_tile;
     tile(args[m], rc * row_chunk[m], std::min(ws[m].rows, (rc + 1) * row_chunk[m]),
-         tt * kTokenTile, std::min(n_tokens, (tt + 1) * kTokenTile));
+         tt * kTokenTile, std::min(token_counts[m], (tt + 1) * kTokenTile));
   });
 }
 

@@ -83,8 +83,14 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
     EXPECT_NEAR(p.decode_idle.FractionAt(d.context),
                 std::clamp(1 - d.batch_ms_per_token / d.step_ms, 0.0, 1.0), 1e-12);
     most_idle = std::max(most_idle, p.decode_idle.FractionAt(d.context));
+    // The same step with rebuilt rows riding in it: measured at every context (a sample can
+    // come out faster than the step alone on a busy machine; the per-row price clamps at 0).
+    EXPECT_EQ(d.rebuild_rows, kStepRebuildRows) << d.context;
+    EXPECT_TRUE(PositiveFinite(d.step_with_rebuild_ms)) << d.context;
+    EXPECT_GE(d.RebuildRowMs(), 0) << d.context;
   }
   EXPECT_GT(most_idle, 0.2);
+  EXPECT_GE(p.decode_idle.RebuildRowMsAt(0), 0);
   // Curves, each fitted to points of several shapes, pricing a page above 0 ms.
   for (const RecomputeCurve* c : {&p.recompute_from_residual, &p.recompute_from_tokens}) {
     EXPECT_GE(c->points.size(), 5u);
@@ -330,9 +336,10 @@ TEST(CalibrationTest, DecodeIdleCurveAndKneeRoundTrip) {
   const std::string path = TempPath("idle-curve.json");
   MachineProfile p = TinyProfile();
   p.decode_idle = DecodeIdleCurve{};
-  ASSERT_TRUE(p.decode_idle.Add({16, 0.17, 0.073}));
-  ASSERT_TRUE(p.decode_idle.Add({72, 0.25, 0.072}));
-  ASSERT_TRUE(p.decode_idle.Add({128, 0.31, 0.071}));
+  // With the step's time beside 64 rebuilt rows riding in it (optional in the file).
+  ASSERT_TRUE(p.decode_idle.Add({16, 0.17, 0.073, 64, 0.234}));
+  ASSERT_TRUE(p.decode_idle.Add({72, 0.25, 0.072, 64, 0.314}));
+  ASSERT_TRUE(p.decode_idle.Add({128, 0.31, 0.071, 64, 0.374}));
   p.ram.read.knee_bytes = 8 << 20;
   p.ram.read.large_gbps = 4.5;
   ASSERT_TRUE(SaveProfile(p, path).ok());
@@ -346,6 +353,8 @@ TEST(CalibrationTest, DecodeIdleCurveAndKneeRoundTrip) {
             std::string::npos)
       << explained;
   EXPECT_NE(explained.find("Forward::Run ms per token of a 128-token batch"), std::string::npos);
+  EXPECT_NE(explained.find("0.0010 ms at 16, 0.0010 ms at 72"), std::string::npos) << explained;
+  EXPECT_NE(explained.find("0.170 -> 0.234 ms with 64 rows at 16"), std::string::npos) << explained;
   EXPECT_NE(explained.find("up to 8.0 MiB per call, at 4.50 GB/s beyond"), std::string::npos)
       << explained;
   std::filesystem::remove(path);

@@ -57,7 +57,7 @@ class MassOnlyPages final : public KvDetachedPages {
     KVL_CHECK_MSG(false, "no page is detached in this test");
     return {};
   }
-  void BeginLayer(int64_t) override {}
+  KvLayerRebuild BeginLayer(int64_t) override { return {}; }
   float* AttentionMass(int32_t seq) override {
     return &mass_[static_cast<size_t>(seq * kMaxContext)];
   }

@@ -26,8 +26,11 @@ PageCostProfile Mha() {
   p.disk_write_gbps = 1;
   p.disk_latency_ms = 0.1;
   p.has_disk_tier = true;
-  // As calibrate measures it on a machine whose decode matmuls run at half the prefill rate.
-  p.decode_idle = DecodeIdleCurve::Flat(0.5);
+  // As calibrate measures it: 64 rebuilt rows riding in a decode step add half of what the
+  // page's separate rebuild takes (its weights already stream for the step).
+  p.decode_idle = DecodeIdleCurve{};
+  p.decode_idle.Add({0, 1.0, 0.5, 64, 1.0 + 64 * (0.5 * 0.05 / 16)});
+  p.block_tokens = 16;
   return p;
 }
 
@@ -164,7 +167,7 @@ TEST(KvPolicyTest, MeasuredCorrectionsScaleBringBackAndCanChangeTheChoice) {
   const KvDecision after = ChooseKvAction(warm, Mha(), o);
   const KvActionCost& is = CostOf(after, KvAction::kRecomputeResidual);
   EXPECT_DOUBLE_EQ(is.bring_back_ms, 2 * was.bring_back_ms);
-  EXPECT_DOUBLE_EQ(is.hidden_ms, 2 * was.hidden_ms);  // the same work, hidden in the same share
+  EXPECT_DOUBLE_EQ(is.hidden_ms, 2 * was.hidden_ms);  // the same work, in the step in the same share
   EXPECT_DOUBLE_EQ(is.model_bring_back_ms, was.bring_back_ms);
   // Actions without measurements keep the profile's price.
   EXPECT_DOUBLE_EQ(CostOf(after, KvAction::kDemoteRam).bring_back_ms,
@@ -174,37 +177,41 @@ TEST(KvPolicyTest, MeasuredCorrectionsScaleBringBackAndCanChangeTheChoice) {
   EXPECT_NE(after.Explain().find("x 2.00 measured"), std::string::npos) << after.Explain();
 }
 
-TEST(KvPolicyTest, PrefillPricesRecomputeHigherThanDecode) {
+TEST(KvPolicyTest, DecodePricesARebuildAtItsMarginalCostInTheStep) {
   KvPolicyOptions o;
   o.memory_price_ms_per_mib = 50;
   PageHistory hot = ColdPage();
   hot.steps_since_access = 0;
   PageCostProfile p = Mha();
-  p.decode_idle = DecodeIdleCurve::Flat(0.6);  // the same at every context
-  // Both recomputes hide part of their arithmetic under decode's weight streaming: it lowers
-  // their cost, not the time they take (the prediction the engine checks); moving bytes
-  // (demotion) costs the same in either phase.
-  for (KvAction a : {KvAction::kRecomputeResidual, KvAction::kRecomputeTokens}) {
+  // A page rebuilt from checkpoints rides in the decode step that reads it: it costs what its
+  // rows add to that step (measured), which lowers its cost, not the time a rebuild of its own
+  // takes (the prediction the engine checks at a restore); moving bytes (demotion) and
+  // recomputing from tokens (a prefill chunk at resume) cost the same in either phase.
+  o.phase = Phase::kDecode;
+  const KvActionCost decode = CostOf(ChooseKvAction(hot, p, o), KvAction::kRecomputeResidual);
+  o.phase = Phase::kPrefill;
+  const KvActionCost prefill = CostOf(ChooseKvAction(hot, p, o), KvAction::kRecomputeResidual);
+  EXPECT_LT(decode.total_ms, prefill.total_ms);
+  EXPECT_EQ(decode.bring_back_ms, prefill.bring_back_ms);
+  EXPECT_NEAR(decode.hidden_ms, 0.5 * p.recompute_residual_ms, 1e-12);
+  EXPECT_EQ(prefill.hidden_ms, 0);
+  for (KvAction a : {KvAction::kDemoteRam, KvAction::kRecomputeTokens}) {
     o.phase = Phase::kDecode;
-    const KvActionCost decode = CostOf(ChooseKvAction(hot, p, o), a);
+    const KvActionCost in_decode = CostOf(ChooseKvAction(hot, p, o), a);
     o.phase = Phase::kPrefill;
-    const KvActionCost prefill = CostOf(ChooseKvAction(hot, p, o), a);
-    EXPECT_LT(decode.total_ms, prefill.total_ms) << KvActionName(a);
-    EXPECT_EQ(decode.bring_back_ms, prefill.bring_back_ms) << KvActionName(a);
-    EXPECT_GT(decode.hidden_ms, 0) << KvActionName(a);
-    EXPECT_EQ(prefill.hidden_ms, 0) << KvActionName(a);
+    EXPECT_EQ(in_decode.total_ms, CostOf(ChooseKvAction(hot, p, o), a).total_ms) << KvActionName(a);
+    EXPECT_EQ(in_decode.hidden_ms, 0) << KvActionName(a);
   }
-  o.phase = Phase::kDecode;
-  const KvActionCost demote_decode = CostOf(ChooseKvAction(hot, p, o), KvAction::kDemoteRam);
-  o.phase = Phase::kPrefill;
-  const KvActionCost demote_prefill = CostOf(ChooseKvAction(hot, p, o), KvAction::kDemoteRam);
-  EXPECT_EQ(demote_decode.total_ms, demote_prefill.total_ms);
-  // Measured as nothing hidden: the phases price alike.
+  // Rows that cost the step more than a rebuild of its own: nothing hidden, never a surcharge.
   p.decode_idle = DecodeIdleCurve{};
+  p.decode_idle.Add({0, 1.0, 0.5, 64, 1.0 + 64 * (2 * p.recompute_residual_ms / 16)});
   o.phase = Phase::kDecode;
-  const double none_decode = CostOf(ChooseKvAction(hot, p, o), KvAction::kRecomputeTokens).total_ms;
+  EXPECT_EQ(CostOf(ChooseKvAction(hot, p, o), KvAction::kRecomputeResidual).hidden_ms, 0);
+  // Not measured (a profile of version 5, idle fractions only): priced as a rebuild of its own.
+  p.decode_idle = DecodeIdleCurve::Flat(0.6);
+  const double unmeasured = CostOf(ChooseKvAction(hot, p, o), KvAction::kRecomputeResidual).total_ms;
   o.phase = Phase::kPrefill;
-  EXPECT_EQ(none_decode, CostOf(ChooseKvAction(hot, p, o), KvAction::kRecomputeTokens).total_ms);
+  EXPECT_EQ(unmeasured, CostOf(ChooseKvAction(hot, p, o), KvAction::kRecomputeResidual).total_ms);
 }
 
 TEST(KvPolicyTest, DecodeIdleCurveInterpolatesItsTimingsAndHoldsTheEnds) {
@@ -233,40 +240,40 @@ TEST(KvPolicyTest, DecodeIdleCurveInterpolatesItsTimingsAndHoldsTheEnds) {
   EXPECT_FALSE(curve.Add({2048, 4.0, 0.3}));
   EXPECT_DOUBLE_EQ(DecodeIdleCurve::Flat(0.25).FractionAt(7), 0.25);
   EXPECT_DOUBLE_EQ(DecodeIdleCurve::Flat(0.25).FractionAt(70000), 0.25);
+  EXPECT_EQ(curve.RebuildRowMsAt(100), -1);  // step times without rebuilt rows: not measured
 }
 
-TEST(KvPolicyTest, DecodeHidesTheIdleFractionAtTheStepsContext) {
+TEST(KvPolicyTest, DecodePricesARebuildAtTheStepsContext) {
   PageCostProfile p = Mha();
   p.block_tokens = 16;
+  p.recompute_residual_ms = 1.0;
   p.decode_idle = DecodeIdleCurve{};
-  ASSERT_TRUE(p.decode_idle.Add({16, 1.0, 0.5}));    // idle 0.5 at a short context
-  ASSERT_TRUE(p.decode_idle.Add({512, 1.0, 0.1}));   // idle 0.9 at a long one
+  // 64 rows add 0.64 ms to a step at a short context, 0.32 ms at a long one (its attention, not
+  // the rows, grows: the rows' share of the step's arithmetic shrinks).
+  ASSERT_TRUE(p.decode_idle.Add({16, 1.0, 0.5, 64, 1.64}));
+  ASSERT_TRUE(p.decode_idle.Add({512, 2.0, 0.1, 64, 2.32}));
+  EXPECT_DOUBLE_EQ(p.decode_idle.RebuildRowMsAt(16), 0.01);
+  EXPECT_DOUBLE_EQ(p.decode_idle.RebuildRowMsAt(264), 0.0075);  // interpolated
   KvPolicyOptions o;
   o.phase = Phase::kDecode;
   PageHistory page = ColdPage();
   page.first_position = 0;
-  auto hidden_share = [&](KvAction a) {
-    // Of the recompute itself (a residual restore also reads the checkpoints: not hidden).
-    const KvActionCost c = CostOf(ChooseKvAction(page, p, o), a);
-    return c.hidden_ms /
-           (a == KvAction::kRecomputeResidual ? p.recompute_residual_ms : c.bring_back_ms);
+  auto in_step_ms = [&] {
+    const KvActionCost c = CostOf(ChooseKvAction(page, p, o), KvAction::kRecomputeResidual);
+    return p.recompute_residual_ms - c.hidden_ms;  // what the page's rows cost the step
   };
-  for (KvAction a : {KvAction::kRecomputeResidual, KvAction::kRecomputeTokens}) {
-    // The step's context given: the fraction there, wherever the page sits.
-    o.step_context = 16;
-    EXPECT_NEAR(hidden_share(a), 0.5, 1e-12) << KvActionName(a);
-    o.step_context = 512;
-    EXPECT_NEAR(hidden_share(a), 0.9, 1e-12) << KvActionName(a);
-    o.step_context = 264;  // halfway: step 1.0, batch 0.3
-    EXPECT_NEAR(hidden_share(a), 0.7, 1e-12) << KvActionName(a);
-    // Unknown: the page's end, the least context of a step that reads all of it.
-    o.step_context = -1;
-    page.first_position = 0;
-    EXPECT_NEAR(hidden_share(a), 0.5, 1e-12) << KvActionName(a);
-    page.first_position = 496;
-    EXPECT_NEAR(hidden_share(a), 0.9, 1e-12) << KvActionName(a);
-    page.first_position = 0;
-  }
+  // The step's context given: the price there, wherever the page sits.
+  o.step_context = 16;
+  EXPECT_NEAR(in_step_ms(), 0.16, 1e-12);
+  o.step_context = 512;
+  EXPECT_NEAR(in_step_ms(), 0.08, 1e-12);
+  o.step_context = 264;
+  EXPECT_NEAR(in_step_ms(), 0.12, 1e-12);
+  // Unknown: the page's end, the least context of a step that reads all of it.
+  o.step_context = -1;
+  EXPECT_NEAR(in_step_ms(), 0.16, 1e-12);
+  page.first_position = 496;
+  EXPECT_NEAR(in_step_ms(), 0.08, 1e-12);
 }
 
 TEST(KvPolicyTest, RecomputeFromTokensPricesThePagesPositionAndItsShareOfTheCall) {

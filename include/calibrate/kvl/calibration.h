@@ -57,6 +57,10 @@ inline constexpr int64_t kCalibrationPageTokens = 16;
 inline constexpr int64_t kIdlePrefillTokens = 128;
 inline constexpr int64_t kIdleShortContextTokens = 16;
 inline constexpr int64_t kIdleLongContextTokens = 1024;
+// Rows of pages rebuilt from checkpoints that ride in the decode step timed at each of those
+// contexts (4 pages of 16 tokens): the step's time with them against without them is the
+// rebuild's marginal price in the step (DecodeIdlePoint::RebuildRowMs).
+inline constexpr int64_t kStepRebuildRows = 64;
 // Those contexts for a model of `context_length` tokens (0: unknown), increasing, no repeats.
 std::vector<int64_t> DecodeIdleContexts(int64_t context_length);
 
@@ -230,7 +234,9 @@ struct MachineProfile {
   // pass over the weights, at the memory's pace (and pays every per-step cost for one token); a
   // batch shows what the same cores do when arithmetic is the limit. The difference is the
   // compute recompute could use for free; it grows with the context, since a step's attention
-  // over the context is arithmetic the batch spreads over its tokens. No points: nothing hidden
+  // over the context is arithmetic the batch spreads over its tokens. The same 1-token step is
+  // also timed with kStepRebuildRows rebuilt rows riding in it: what the engine's rebuilds in the
+  // step really cost, and the only thing the policy prices them by. No points: nothing hidden
   // (the analytic defaults assume none).
   DecodeIdleCurve decode_idle;
 

@@ -7,10 +7,17 @@
 // (a paged cache releases local layers' rows older than every window: kvl/kv_window_release.h)
 // read as dropped, which the window's mask had excluded anyway.
 //
+// The pages a cache rebuilds from residual checkpoints are rows of the same run (KvCache::
+// BeginLayer hands over each layer's): extra rows of each layer's K and V projections, and, where
+// the next layer keeps no checkpoint, extra rows of the whole layer, so the forward pass never
+// runs a batch of its own inside a step.
+//
 // Thread-safety: a Forward belongs to one step loop. It preallocates every activation buffer for
-// its largest batch; Run never allocates, but for the attention-mass scratch, sized once for
-// max_logit_rows at the first Run whose cache tracks attention mass, and AdvanceResidual's own
-// activations, sized at its first call (pages kept as checkpoints every s > 1 layers).
+// its largest batch and max_rebuild_rows rebuilt rows; Run never allocates, but for the
+// attention-mass scratch, sized once for max_logit_rows at the first Run whose cache tracks
+// attention mass, and for rows past what was reserved (more rebuilt rows than max_rebuild_rows,
+// or rebuilt rows that run whole layers: checkpoints every s > 1 layers), grown once to the most
+// seen.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +34,9 @@ struct ForwardOptions {
   int64_t max_batch_tokens = 512;  // tokens per Run (a longer prompt is run in chunks)
   int64_t max_logit_rows = 64;     // tokens per Run that may ask for logits
   int64_t max_context = 2048;      // longest sequence attention must cover
+  // Rows a run may rebuild for its cache (KvLayerRebuild) beside its tokens: the engine passes
+  // the pager's staging capacity in tokens.
+  int64_t max_rebuild_rows = 0;
 };
 
 // The tokens of one step. All vectors have the same length (n_tokens).
@@ -54,8 +64,13 @@ class Forward final : public KvRebuilder {
   Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions& options);
 
   // Runs one step. Token ids and positions must be valid (checked: the engine validates user
-  // input before it gets here). Afterwards logits(i) is the i-th row that asked for logits.
+  // input before it gets here). Afterwards logits(i) is the i-th row that asked for logits. The
+  // cache's rebuild work (KvCache::BeginLayer) runs inside the step, as extra rows.
   void Run(const TokenBatch& batch, KvCache& kv);
+
+  // KvRebuilder: `source`'s rows alone through every layer (pages restored between steps), by the
+  // same code as a step's rebuilt rows.
+  void Rebuild(KvRebuildSource& source, KvCache* kv) override;
 
   // Rebuilds the K and V of every token of `batch` (sequence, position; token ids and logits flags
   // are ignored) on every layer from the residual checkpoints the cache holds, and writes them
@@ -65,19 +80,11 @@ class Forward final : public KvRebuilder {
 
   // K and V of `n` tokens on one layer, rebuilt from their checkpoints (checkpoints: [n][dim] f32,
   // positions: [n]) exactly as Run computed and stored them, written as [n][kv_dim] rows of
-  // k_type / v_type (f32, f16, bf16, q8_0 or q4_0) to k_out / v_out. Made to be called from
-  // KvCache::BeginLayer while Run is inside that layer's attention: it only touches buffers the
-  // layer no longer needs there (act_.xn, act_.k, act_.v, the activation scratch) and RoPE angles
-  // of its own.
+  // k_type / v_type (f32, f16, bf16, q8_0 or q4_0) to k_out / v_out. A rebuild on its own,
+  // outside any step (never called while Run is inside a layer): what calibration and the
+  // frontier bench time as the separate price of one layer's rebuild.
   void RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions, int64_t n,
-                      DType k_type, void* k_out, DType v_type, void* v_out) override;
-
-  // Runs one layer for `n` tokens being rebuilt (KvRebuilder::AdvanceResidual): residual [n][dim]
-  // goes from the layer's input to the next layer's, by exactly Run's operations for those
-  // tokens. Its own activations (allocated at the first call, grown to the largest n up to
-  // max_batch_tokens rows), so that it can run inside KvCache::BeginLayer of a Run.
-  void AdvanceResidual(int64_t layer, float* residual, const int32_t* seq_ids,
-                       const int64_t* positions, int64_t n, KvCache& kv) override;
+                      DType k_type, void* k_out, DType v_type, void* v_out);
 
   const float* logits(int64_t row) const;  // [vocab]
   int64_t num_logit_rows() const { return num_logit_rows_; }
@@ -88,10 +95,13 @@ class Forward final : public KvRebuilder {
   double pack_seconds() const { return pack_seconds_; }
 
  private:
-  // The activations of one pass over up to `rows` tokens: Run's, and AdvanceResidual's own.
+  // The activations of one run: `rows` rows get K and V (the step's tokens, then the rebuilt
+  // ones), the first `full_rows` of them run the whole layer (x, q, attn, proj, gate, up).
   struct Activations {
-    void Allocate(const ModelConfig& c, int64_t rows);
+    // Grows to at least n rows and n_full full rows, keeping the contents.
+    void Reserve(const ModelConfig& c, int64_t n, int64_t n_full);
     int64_t rows = 0;
+    int64_t full_rows = 0;
     std::vector<float> x;         // [tokens][dim] residual stream
     std::vector<float> xn;        // [tokens][dim] normalized input of the current sublayer
     std::vector<float> q;         // [tokens][q_dim]
@@ -149,14 +159,18 @@ class Forward final : public KvRebuilder {
     std::vector<float> tile_scores;    // [rows][tile]
   };
 
-  // One transformer layer for the batch's tokens: a.x from the layer's input to its output.
-  // `rebuilding`: the tokens' K/V of this layer are in kv already (AdvanceResidual), so they are
-  // neither computed nor stored, the cache is not asked to begin the layer, and no attention
-  // mass is gathered.
-  void RunLayer(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a,
-                bool rebuilding);
-  void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a,
-                 bool rebuilding);
+  // Room for `rows` rows of which `full_rows` run whole layers (activations, quantized inputs,
+  // attention work items, the rows' batch).
+  void ReserveRows(int64_t rows, int64_t full_rows);
+  // Every layer for the step's tokens (`batch`, may be empty) and the rebuilt rows that the cache
+  // (source == nullptr) or `source` hands over at each layer.
+  void RunLayers(const TokenBatch& batch, KvCache* kv, KvRebuildSource* source);
+  // rows_batch_ and the RoPE angles of the run's rows, at its first layer.
+  void PlanRows(const TokenBatch& batch, const KvLayerRebuild& rebuild);
+  void RunLayer(int64_t layer, const TokenBatch& batch, KvCache* kv, const KvLayerRebuild& rebuild);
+  void StoreKv(int64_t layer, const TokenBatch& rows, int64_t n, KvCache* kv,
+               const KvLayerRebuild& rebuild);
+  void Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Activations& a);
   void PlanAttentionBlocks(const TokenBatch& batch);
   int64_t GatherTile(int64_t layer, int32_t seq, int64_t kv_head, int64_t begin, int64_t end,
                      KvCache& kv, AttentionScratch& s) const;
@@ -171,7 +185,6 @@ class Forward final : public KvRebuilder {
   void AttendRows(const TokenBatch& batch, const AttentionBlock& block, int64_t kv_head,
                   AttentionScratch& s, int64_t r0, int64_t num_rows, int64_t visible,
                   float scale, float softcap, const int64_t* mass_rows, bool any_mass);
-  void RopeAndStoreKv(int64_t layer, const TokenBatch& batch, KvCache& kv);
   void GrowContextScratch(int64_t positions);
   void PlanAttentionMass(const TokenBatch& batch, KvCache& kv);
   void StoreRow(const float* row, DType type, void* out) const;
@@ -200,10 +213,11 @@ class Forward final : public KvRebuilder {
   size_t packed_bytes_ = 0;
   double pack_seconds_ = 0.0;
 
-  Activations act_;             // Run's, sized for max_batch_tokens rows
-  // AdvanceResidual's: empty until the first call (most engines never rebuild across layers).
-  Activations rebuild_act_;
-  TokenBatch rebuild_batch_;    // the tokens AdvanceResidual runs, reserved for a chunk
+  // Sized for max_batch_tokens + max_rebuild_rows rows, max_batch_tokens of them full.
+  Activations act_;
+  // The run's rows where it rebuilds any: the step's tokens, then the rebuilt rows (reserved).
+  TokenBatch rows_batch_;
+  const TokenBatch empty_batch_;  // Rebuild's step tokens: none
   RopeParams rope_global_;  // every layer's, or the global layers' where local ones differ
   RopeParams rope_local_;   // the sliding-window layers'
   bool local_rope_differs_ = false;

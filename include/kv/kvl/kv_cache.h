@@ -17,6 +17,32 @@ namespace kvl {
 // token at a time, and read by ops::DotRowsQuant / AxpyRowsQuant.
 inline bool IsQuantKvType(DType type) { return type == DType::kQ8_0 || type == DType::kQ4_0; }
 
+// One layer's share of the pages a cache rebuilds from residual checkpoints in a forward run:
+// `rows` tokens whose K and V of the layer are computed as extra rows of the run's own K and V
+// projection matmuls (so the layer's weights stream from memory once for the step and the
+// pages) and written to k_out / v_out, before the layer's attention reads them. The tokens and
+// their count are the same at every layer of one run.
+//  - input: the rows' layer input, [rows][dim] f32 (their residual checkpoints of this layer), or
+//    nullptr at a layer without checkpoints, whose input the forward pass carried from the layer
+//    before (`advance` was set there).
+//  - advance: the next layer keeps no checkpoints, so this layer runs whole for these rows
+//    (attention over their sequences, the FFN) as for a prefill chunk's, to give the next layer
+//    its input. Every row they attend to at this layer must be readable in the cache by then:
+//    earlier positions in the pool, streamed, or among this layer's rebuilt rows.
+// Rebuilt rows are bit-identical to the ones the forward pass stored when the tokens were first
+// run: the kernels are batch-invariant, and the rows go through the same operations.
+struct KvLayerRebuild {
+  int64_t rows = 0;
+  const int64_t* positions = nullptr;  // [rows]
+  const int32_t* seq_ids = nullptr;    // [rows] sequence slot of each row
+  const float* input = nullptr;        // [rows][dim], or nullptr: carried
+  bool advance = false;
+  DType k_type = DType::kF32;
+  void* k_out = nullptr;  // [rows][kv_dim] at k_type
+  DType v_type = DType::kF32;
+  void* v_out = nullptr;  // [rows][kv_dim] at v_type
+};
+
 class KvCache {
  public:
   // A run of consecutive positions [pos, pos + count) of one sequence and layer, in one of three
@@ -57,10 +83,11 @@ class KvCache {
   // the cache offers them.
   virtual float* ResidualAt(int32_t seq, int64_t layer, int64_t pos) { return nullptr; }
 
-  // Called by the forward pass before each layer's attention reads rows, so a cache that streams
-  // pages from a slower tier can have that layer's rows in place (and fetch the next layer's
-  // meanwhile). Rows of `layer` are only read after this returns.
-  virtual void BeginLayer(int64_t layer) {}
+  // The forward pass calls this at the start of each layer, before it computes anything there:
+  // a cache that streams pages from a slower tier has that layer's rows in place when it returns
+  // (and fetches the next layer's meanwhile), and hands over the layer's rebuild work, which the
+  // forward pass runs as extra rows of the layer's own K and V projections (KvLayerRebuild).
+  virtual KvLayerRebuild BeginLayer(int64_t layer) { return {}; }
 
   // Per-position attention-mass accumulators of a sequence ([positions] floats), or nullptr when
   // the cache does not track attention. The forward pass adds, for each token that asks for
@@ -68,25 +95,23 @@ class KvCache {
   virtual float* AttentionMass(int32_t seq) { return nullptr; }
 };
 
-// What rebuilds a page's K and V from its residual checkpoints (the forward pass does), for
-// caches that keep pages as checkpoints.
+// Rebuild work outside a forward run (a page restored at resume or promoted back between steps):
+// each layer's rows, asked for in layer order.
+class KvRebuildSource {
+ public:
+  virtual ~KvRebuildSource() = default;
+  virtual KvLayerRebuild Layer(int64_t layer) = 0;
+};
+
+// What rebuilds pages' K and V from their residual checkpoints (the forward pass does), for
+// caches that keep pages as checkpoints and rebuild them between steps. Inside a step the cache
+// hands the rebuild to the forward pass's own run instead (KvCache::BeginLayer).
 class KvRebuilder {
  public:
   virtual ~KvRebuilder() = default;
-  // K and V of n tokens of one layer from their checkpoints ([n][residual_dim] f32; positions
-  // [n]) as [n][kv_dim] rows of k_type / v_type written to k_out / v_out, bit-identical to what
-  // the forward pass stored for those tokens.
-  virtual void RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions,
-                              int64_t n, DType k_type, void* k_out, DType v_type,
-                              void* v_out) = 0;
-  // Runs layer `layer` (attention over `kv` at that layer, the FFN, the residual adds) for n
-  // tokens of sequences seq_ids [n] at positions [n] whose layer input is residual [n][dim],
-  // leaving the next layer's input there: what the forward pass computed for those tokens, bit
-  // for bit, so the layers between two checkpoints of a page can be rebuilt from the first. Every
-  // row those tokens attend to at this layer (theirs and every earlier position's) must be
-  // readable in `kv` at the exact bytes the forward pass read.
-  virtual void AdvanceResidual(int64_t layer, float* residual, const int32_t* seq_ids,
-                               const int64_t* positions, int64_t n, KvCache& kv) = 0;
+  // Runs `source`'s layers, in order, for its rows alone: their K and V written where each layer
+  // says, the layers that advance attending over `kv` (which may be nullptr where none does).
+  virtual void Rebuild(KvRebuildSource& source, KvCache* kv) = 0;
 };
 
 // One contiguous f32 buffer per sequence slot: [seq][layer][pos][kv_dim] for K and for V.

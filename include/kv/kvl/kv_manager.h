@@ -355,7 +355,8 @@ class KvDetachedPages {
   // Rows of block `block_index` of `seq` from row `offset` on (to the block's end).
   virtual KvCache::Rows RowsAt(int32_t seq, int64_t block_index, int64_t layer,
                                int64_t offset) = 0;
-  virtual void BeginLayer(int64_t layer) = 0;
+  // KvCache::BeginLayer.
+  virtual KvLayerRebuild BeginLayer(int64_t layer) = 0;
   virtual float* AttentionMass(int32_t seq) = 0;
 };
 
@@ -373,7 +374,7 @@ class PagedKvCache final : public KvCache {
   int64_t num_layers() const override;
   Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override;
   float* ResidualAt(int32_t seq, int64_t layer, int64_t pos) override;
-  void BeginLayer(int64_t layer) override;
+  KvLayerRebuild BeginLayer(int64_t layer) override;
   float* AttentionMass(int32_t seq) override;
   void set_detached_pages(KvDetachedPages* detached) { detached_ = detached; }
 

@@ -8,10 +8,11 @@
 //     it, each layer prefetched while the previous one computes (or read where an uncompressed
 //     RAM tier holds it),
 //   - kept as residual checkpoints in the RAM tier, from which every step that reads the page
-//     rebuilds its K and V (one RmsNorm, two projections and RoPE per layer, bit-identical); with
-//     checkpoints every s > 1 layers (KvBlockLayout::checkpoint_every) the layers between two
-//     checkpoints get their inputs by running the layer before for the page's tokens
-//     (KvRebuilder::AdvanceResidual), over the K/V of that layer the step has in place (so those
+//     rebuilds its K and V inside the step's own forward run (extra rows of each layer's K and V
+//     projections: KvLayerRebuild, bit-identical); with checkpoints every s > 1 layers
+//     (KvBlockLayout::checkpoint_every) the layers between two checkpoints get their inputs by
+//     running the layer before for the page's tokens as extra rows of the step's batch, over the
+//     K/V of that layer the step has in place (so those
 //     layers depend on the earlier pages: bit-identical while they are lossless; under a lossy
 //     action on an earlier page they carry its error, as anything computed after it does),
 //   - evicted (attention gives its tokens no weight).
@@ -204,8 +205,10 @@ class KvPager final : public KvDetachedPages {
   // The KV store: a demoted page with a content id is filed there (shared, kept after the
   // sequence ends) instead of under a private key. nullptr: none.
   void set_store(KvStore* store) { store_ = store; }
-  // `cache`: the forward pass's view of this pool (PagedKvCache over it and this pager), which
-  // the layers between checkpoints attend over; needed where checkpoint_every > 1.
+  // The rebuilder rebuilds pages restored or promoted back between steps (inside a step the
+  // forward pass rebuilds what BeginLayer hands it). `cache`: the forward pass's view of this
+  // pool (PagedKvCache over it and this pager), which the layers between checkpoints attend
+  // over; needed where checkpoint_every > 1.
   void set_rebuilder(KvRebuilder* rebuilder, KvCache* cache = nullptr) {
     rebuilder_ = rebuilder;
     cache_ = cache;
@@ -295,7 +298,7 @@ class KvPager final : public KvDetachedPages {
 
   // KvDetachedPages.
   KvCache::Rows RowsAt(int32_t seq, int64_t block_index, int64_t layer, int64_t offset) override;
-  void BeginLayer(int64_t layer) override;
+  KvLayerRebuild BeginLayer(int64_t layer) override;
   float* AttentionMass(int32_t seq) override;
 
   // The page table bound to a slot.
@@ -365,9 +368,8 @@ class KvPager final : public KvDetachedPages {
   // block's checkpoints are stale, and marked so.
   enum class BringBack { kDone, kReadFailed, kNeedsEarlierPages };
   BringBack BringIntoBlock(SeqId seq, int64_t block_index, BlockId block, KvPage& page);
-  // The K/V of one layer of every page rebuilt this step, and the next layer's inputs where that
-  // layer has no checkpoint.
-  void RebuildStagedLayer(int64_t layer, int buffer);
+  // This step's rebuild work at one layer (staged checkpoints in `buffer`), for the forward pass.
+  KvLayerRebuild RebuildOfLayer(int64_t layer, int buffer);
   // Layers of a page in its tier pages: every layer, or the checkpoint layers (`residual`).
   bool InTierPage(int64_t layer, bool residual) const {
     return !residual || layout_.is_checkpoint_layer(layer);
@@ -386,7 +388,7 @@ class KvPager final : public KvDetachedPages {
   CompressedSlabs slabs_;
   KvTiers tiers_;
   KvRebuilder* rebuilder_ = nullptr;
-  KvCache* cache_ = nullptr;  // what AdvanceResidual attends over (set_rebuilder)
+  KvCache* cache_ = nullptr;  // what a restore's layers between checkpoints attend over
   KvStore* store_ = nullptr;
   std::vector<KvSequencePages*> bound_;  // [max_seqs]: the page table of each admitted slot
   uint64_t next_page_id_ = 1;
@@ -401,7 +403,6 @@ class KvPager final : public KvDetachedPages {
   std::vector<PageKey> erase_list_;
   std::vector<int64_t> block_positions_;  // [block_tokens]: positions of a page being rebuilt
   std::vector<int32_t> block_seq_ids_;    // [block_tokens]: its sequence, per token
-  std::vector<float> restore_residual_;   // [block_tokens][residual_dim]: its carried residual
 
   // This step's streamed pages and their double-buffered layer staging; rebuilt pages, their
   // double-buffered checkpoints and the K / V rows rebuilt from them for the current layer.
@@ -411,10 +412,7 @@ class KvPager final : public KvDetachedPages {
   std::vector<StagedPage> rebuilt_;
   std::vector<uint8_t> checkpoint_stage_[2];
   std::vector<int64_t> rebuilt_positions_;
-  std::vector<int32_t> rebuilt_seq_ids_;  // [pages][block_tokens] (checkpoints every s > 1)
-  // [pages][block_tokens][residual_dim]: the input of the current layer of each rebuilt page
-  // where that layer has no checkpoint (checkpoints every s > 1), carried from the layer before.
-  std::vector<float> rebuilt_residual_;
+  std::vector<int32_t> rebuilt_seq_ids_;  // [pages][block_tokens]
   std::vector<uint8_t> rebuilt_k_;
   std::vector<uint8_t> rebuilt_v_;
   struct PendingRead {

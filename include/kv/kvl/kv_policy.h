@@ -61,16 +61,23 @@ enum class Phase { kPrefill, kDecode };
 inline constexpr double kDefaultInt8Kld = 1e-4;
 inline constexpr double kDefaultInt4Kld = 5e-3;
 
-// Decode's idle arithmetic, measured after `context` tokens of context: a 1-token step takes
-// step_ms, a batch of many tokens (kvl calibrate: 128) batch_ms_per_token per token at the same
-// context. The batch shows what the cores do when arithmetic is the limit; the step leaves
-// 1 - batch_ms_per_token / step_ms of that idle.
+// A decode step measured after `context` tokens of context: one decode row takes step_ms, and
+// step_with_rebuild_ms with rebuild_rows rows of pages rebuilt from checkpoints riding in it (the
+// extra rows of its K and V matmuls, KvLayerRebuild); a batch of many tokens (kvl calibrate: 128)
+// takes batch_ms_per_token per token at the same context. The difference of the two step times
+// is what a rebuild costs in the step it rides in: its marginal price, measured, not assumed.
+// The batch shows what the cores do when arithmetic is the limit; the step leaves
+// 1 - batch_ms_per_token / step_ms of that idle (reported, no longer a discount on any price).
 struct DecodeIdlePoint {
   int64_t context = 0;
   double step_ms = 0;
   double batch_ms_per_token = 0;
+  int64_t rebuild_rows = 0;          // 0: not measured (a profile of version 5)
+  double step_with_rebuild_ms = 0;
 
   double Fraction() const;  // clamped to [0, 1]; 0 without a step time
+  // Milliseconds one rebuilt row adds to the step (at least 0); -1 where not measured.
+  double RebuildRowMs() const;
   bool operator==(const DecodeIdlePoint&) const = default;
 };
 
@@ -87,8 +94,11 @@ struct DecodeIdleCurve {
 
   // Appends a point at a context above the last one's; false when full or out of order.
   bool Add(const DecodeIdlePoint& point);
-  // The fraction at `context`; 0 without points (nothing hidden).
+  // The fraction at `context`; 0 without points.
   double FractionAt(int64_t context) const;
+  // The marginal milliseconds of one rebuilt row in a decode step at `context`, interpolated as
+  // the step times are; -1 where no point measured it.
+  double RebuildRowMsAt(int64_t context) const;
   // One point: `fraction` at every context (tests, and profiles that measure no curve).
   static DecodeIdleCurve Flat(double fraction);
   bool operator==(const DecodeIdleCurve&) const = default;
@@ -128,10 +138,12 @@ struct PageCostProfile {
   double disk_write_latency_ms = 0; // of writing one; 0: as reading
   bool has_disk_tier = false;
   bool has_ram_tier = true;
-  // Decode leaves arithmetic idle: this fraction of recompute time is hidden under the weight
-  // streaming of a decode step (no points: nothing hidden, as in prefill), evaluated at the
-  // step's context (KvPolicyOptions::step_context). It lowers the action's cost, not its
-  // predicted bring-back time (which is what the engine measures and checks).
+  // The decode step's measured times, with and without rebuilt rows riding in it: a page of a
+  // running sequence kept as checkpoints is rebuilt inside every step that reads it, at the
+  // marginal price RebuildRowMsAt(step context) per row, not at recompute_residual_ms; the
+  // difference lowers the action's cost (hidden_ms), not its predicted bring-back time (what
+  // the engine measures and checks when a page is restored on its own). Without the measurement
+  // (an older profile) nothing is hidden.
   DecodeIdleCurve decode_idle;
   // Actions the caller can carry out (bit i = KvAction i); the others are priced but not allowed.
   uint32_t available_actions = 0xFF;
@@ -158,9 +170,9 @@ struct KvPolicyOptions {
   // MemoryPriceMsPerMib); 0: no pressure, keeping is free.
   double memory_price_ms_per_mib = 0;
   double quality_price_ms_per_kld = 0; // 0: the quality preset's default
-  // Tokens the decode step that would hide a recompute attends over (the sequence's length): the
-  // context the decode idle fraction is evaluated at. -1: unknown, taken as the page's end
-  // (first_position + block_tokens), the least context of a step that reads the whole page.
+  // Tokens the decode step a rebuild rides in attends over (the sequence's length): the context
+  // its marginal price is evaluated at. -1: unknown, taken as the page's end (first_position +
+  // block_tokens), the least context of a step that reads the whole page.
   int64_t step_context = -1;
   // Corrections of the model's bring-back times by what the engine measured (keyed by
   // KvAction); null: the model's times as they are.
@@ -174,7 +186,7 @@ struct KvActionCost {
   double reuse_probability = 0;
   double bring_back_ms = 0;     // predicted wall time to bring the page back (checked by the engine)
   double model_bring_back_ms = 0;  // the same from the profile alone, before the feedback's correction
-  double hidden_ms = 0;         // of which decode's idle arithmetic absorbs (costs nothing)
+  double hidden_ms = 0;         // of which a decode step's own run absorbs (its rows ride there)
   double now_ms = 0;
   double resident_bytes = 0;
   double memory_cost_ms = 0;

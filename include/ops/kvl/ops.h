@@ -117,6 +117,11 @@ PackedMatrix PackMatrix(Isa isa, const MatrixView& w, ThreadPool* pool = nullptr
 inline constexpr size_t kMaxGroup = 4;
 void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x, int64_t n_tokens,
                  std::span<float* const> ys);
+// The same, each matrix over its own first n_tokens[m] rows of x (a step's Q for its tokens beside
+// K and V for those and for the rows of the pages it rebuilds); x is quantized once, for the most
+// rows. A matrix given 0 rows is skipped.
+void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x,
+                 std::span<const int64_t> n_tokens, std::span<float* const> ys);
 
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i]. out may alias x.
 void RmsNorm(const OpsContext& ctx, const float* x, const float* weight, int64_t n, float eps,

@@ -131,8 +131,9 @@ void PrintFrontierTables(const FrontierReport& r, const MachineProfile& profile)
   fmt::print("threads   {}, pages after {} tokens of context, median of up to {} runs\n",
              r.threads, r.position, r.repetitions);
   fmt::print("decode    step {:.2f} ms vs {:.3f} ms per token in a 128-token run: idle fraction "
-             "{:.2f} (decode recompute = measured x {:.2f}; the profile's curve gives {:.2f} there)\n",
-             r.decode_step_ms, r.prefill_token_ms, r.idle_fraction, 1.0 - r.idle_fraction,
+             "{:.2f} (reported only; the profile's curve gives {:.2f}). Decode recompute = the "
+             "step's time with the page riding in it less without it, measured\n",
+             r.decode_step_ms, r.prefill_token_ms, r.idle_fraction,
              profile.decode_idle.FractionAt(r.position));
   fmt::print("tiers     ");
   for (size_t i = 0; i < r.tier_names.size(); ++i) {
@@ -240,9 +241,12 @@ nlohmann::json FrontierJson(const FrontierReport& r, const MachineProfile& profi
                  {"prefill_ms_per_token", r.prefill_token_ms},
                  {"idle_fraction", r.idle_fraction},
                  {"model_idle_fraction", profile.decode_idle.FractionAt(r.position)},
-                 {"how", "decode recompute = measured recompute (the rebuild, not the checkpoint "
-                         "read) x (1 - idle); idle = 1 - (ms per token of a 128-token run) / (ms "
-                         "of a 1-token run); transfers are not discounted"}};
+                 {"how", "decode recompute = the 1-token step's time with the page riding in "
+                         "it less its time without (residual: the checkpoint read plus the page's "
+                         "rows in the step's K and V matmuls; tokens: the page's tokens in the "
+                         "step's batch, times the share of the run before the depth); idle = 1 - "
+                         "(ms per token of a 128-token run) / (ms of a 1-token run), reported "
+                         "only; transfers cost the same in both phases"}};
   j["profile"] = {{"source", profile.source}, {"timestamp", profile.timestamp}};
   // The Redis server's read curve, measured at the start (MeasureTierCurves), where one was.
   if (r.redis_read != nullptr) {

@@ -14,11 +14,14 @@
 //   transfer: the d layer pages of K then V rows (the pager's tier page format) read back from
 //     the tier in one Get, as ReadLayerPages does at a restore.
 // Phases: prefill is these times (the step's arithmetic is busy: nothing hides recompute).
-// Decode leaves arithmetic idle while a step streams the weights; the bench measures that idle
-// fraction as the policy defines it, 1 - (time per token of a 128-token Run) / (time of a
-// 1-token Run), and charges recompute x (1 - idle); a transfer costs the same in both phases.
-// The fraction grows with the context, so it is measured at --position, and the model's is its
-// curve there; --position is clamped to the model's context less that 128-token run.
+// Decode: the page rides in a 1-token decode step after it, as the engine runs it, and costs the
+// difference of the step's time with and without it, measured: recompute-residual as the
+// checkpoint read plus the page's rows in the first d layers' K and V matmuls (KvLayerRebuild,
+// handed over as the pager does), recompute-tokens as the page's tokens added to the step's
+// batch (the whole run's difference, times the share of the run the prefill timing puts before
+// depth d). A transfer costs the same in both phases. The idle fraction (1 - time per token of a
+// 128-token Run / time of a 1-token Run) is still measured and reported, no longer charged;
+// --position is clamped to the model's context less that 128-token run.
 // This file measures and predicts; the tables, crossovers and JSON are bench_frontier_report.cc.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -152,8 +155,34 @@ class LayerClockCache final : public KvCache {
     }
     return inner_->ResidualAt(seq, layer, pos);
   }
+  // Runs after this hand the page's rows to the forward pass at layers [0, depth), from their
+  // checkpoints ([layer][rows][dim]), as the pager does for a page it rebuilds in the step; depth
+  // 0: none.
+  void SetRebuild(int64_t depth, int64_t rows, int64_t dim, const int64_t* positions,
+                  const float* checkpoints, float* k_out, float* v_out) {
+    rebuild_depth_ = depth;
+    rebuild_dim_ = dim;
+    rebuild_.rows = rows;
+    rebuild_.positions = positions;
+    rebuild_seqs_.assign(static_cast<size_t>(rows), 0);
+    rebuild_.seq_ids = rebuild_seqs_.data();
+    rebuild_.k_out = k_out;
+    rebuild_.v_out = v_out;
+    checkpoints_ = checkpoints;
+  }
+  KvLayerRebuild BeginLayer(int64_t layer) override {
+    if (layer >= rebuild_depth_) return {};
+    KvLayerRebuild r = rebuild_;
+    r.input = checkpoints_ + layer * r.rows * rebuild_dim_;
+    return r;
+  }
 
  private:
+  int64_t rebuild_depth_ = 0;
+  int64_t rebuild_dim_ = 0;
+  KvLayerRebuild rebuild_;
+  std::vector<int32_t> rebuild_seqs_;
+  const float* checkpoints_ = nullptr;
   std::unique_ptr<ContiguousKvCache> inner_;
   std::vector<double> layer_start_ms_;  // [layer]
   int64_t next_layer_ = 0;
@@ -364,9 +393,12 @@ void FrontierBench::MeasureIdleFraction() {
 
 Status FrontierBench::Run(const MachineProfile& profile) {
   ForwardOptions fo;
-  fo.max_batch_tokens = std::max<int64_t>(max_tokens(), 128);
+  // The largest page, and the decode step after it with the page's tokens in its batch.
+  fo.max_batch_tokens = std::max<int64_t>(max_tokens() + 1, 128);
   fo.max_logit_rows = 1;
-  fo.max_context = args_.position + fo.max_batch_tokens;
+  // The decode step after the largest page: one more position.
+  fo.max_context = args_.position + fo.max_batch_tokens + 1;
+  fo.max_rebuild_rows = max_tokens();
   forward_ = std::make_unique<Forward>(model_, ctx_, fo);
   KVL_ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> inner,
                        ContiguousKvCache::Create(c_.num_layers, c_.kv_dim(), 1, fo.max_context,
@@ -485,6 +517,37 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
   }
   checkpoint_tier.reset();
 
+  // Decode: the page rides in a 1-token step after it. Each sample runs steps for at least
+  // kMinStepSampleMs (a small model's step is a fraction of a millisecond) and takes the mean.
+  constexpr double kMinStepSampleMs = 10;
+  const TokenBatch step = PageBatch(1, args_.position + t, c_.vocab_size);
+  TokenBatch step_with_page = PageBatch(t, args_.position, c_.vocab_size);
+  step_with_page.Add(step.tokens[0], args_.position + t, 0, false);
+  auto mean_step_ms = [&](const TokenBatch& b) {
+    const double t0 = NowMs();
+    int64_t steps = 0;
+    do {
+      forward_->Run(b, *cache_);
+      ++steps;
+    } while (NowMs() - t0 < kMinStepSampleMs);
+    return (NowMs() - t0) / static_cast<double>(steps);
+  };
+  // [depth]: the rebuild's share of the step, then the tokens' (whole run) last.
+  const std::vector<double> in_step_ms = MedianSamples(args_.repetitions, [&] {
+    cache_->SetRebuild(0, 0, 0, nullptr, nullptr, nullptr, nullptr);
+    const double alone = mean_step_ms(step);
+    std::vector<double> s;
+    for (int64_t d : report_.sweep.depths) {
+      cache_->SetRebuild(d, t, c_.dim, positions.data(),
+                         reinterpret_cast<const float*>(checkpoints.data()), k_out.data(),
+                         v_out.data());
+      s.push_back(std::max(0.0, mean_step_ms(step) - alone));
+    }
+    cache_->SetRebuild(0, 0, 0, nullptr, nullptr, nullptr, nullptr);
+    s.push_back(std::max(0.0, mean_step_ms(step_with_page) - alone));
+    return s;
+  });
+
   // Transfer back from each tier.
   std::vector<uint8_t> read_back(kv_pages.size());
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
@@ -514,10 +577,11 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
         p.phase = phase;
         p.page_tokens = t;
         p.depth = d;
-        // Decode: the recompute's arithmetic runs where the step's would idle (see the top).
-        const double compute = phase == Phase::kDecode ? 1.0 - report_.idle_fraction : 1.0;
-        p.measured[kResidual] = read_ms[di] + rebuild_ms[di] * compute;
-        p.measured[kTokens] = tokens_ms[di] * compute;
+        // Decode: what the page adds to the step it rides in (see the top).
+        const bool decode = phase == Phase::kDecode;
+        const double run_share = tokens_ms[di] / tokens_ms[nd - 1];
+        p.measured[kResidual] = read_ms[di] + (decode ? in_step_ms[di] : rebuild_ms[di]);
+        p.measured[kTokens] = decode ? in_step_ms[nd] * run_share : tokens_ms[di];
         p.measured[kTransfer] = transfer_ms[di];
         p.residual_read_ms = read_ms[di];
         p.rebuild_ms = rebuild_ms[di];
