@@ -135,36 +135,64 @@ bool KvWindowRelease::ResidualsCover(const KvManager& manager, KvBlockStorage& s
 
 void KvWindowRelease::RebuildFromResiduals(const KvManager& manager, KvBlockStorage& storage,
                                            KvRebuilder& rebuilder, SeqId seq, int64_t n) {
-  const KvBlockLayout& layout = storage.layout();
   const int64_t first = std::max<int64_t>(0, n - shape_.window + 1);
   const int64_t count = n - first;
-  const int64_t dim = layout.residual_dim;
   ClaimRun(seq, first, n);
   if (count == 0) return;
-  checkpoints_.resize(static_cast<size_t>(count * dim));
-  positions_.resize(static_cast<size_t>(count));
-  const std::vector<BlockId>& table = manager.block_table(seq);
-  for (int64_t l = 0; l < layout.num_layers; ++l) {
-    if (!IsLocal(l)) continue;
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t pos = first + i;
-      const BlockId block = table[static_cast<size_t>(pos / layout.block_tokens)];
-      std::memcpy(&checkpoints_[static_cast<size_t>(i * dim)],
-                  storage.residuals(block, l) + (pos % layout.block_tokens) * dim,
-                  sizeof(float) * static_cast<size_t>(dim));
-      positions_[static_cast<size_t>(i)] = pos;
+
+  // One run of ring rows [begin, begin + rows): each local layer's K and V from its checkpoints
+  // (every layer keeps them here), written straight into the ring; the global layers rebuild
+  // nothing (their rows are the pool's, exact).
+  class RingRunSource final : public KvRebuildSource {
+   public:
+    RingRunSource(KvWindowRelease& release, const KvManager& manager, KvBlockStorage& storage,
+                  SeqId seq, int64_t begin, int64_t rows)
+        : release_(release), manager_(manager), storage_(storage), seq_(seq), begin_(begin),
+          rows_(rows), seq_ids_(static_cast<size_t>(rows), seq) {}
+    KvLayerRebuild Layer(int64_t l) override {
+      KvLayerRebuild r;
+      if (!release_.IsLocal(l)) return r;
+      const KvBlockLayout& layout = storage_.layout();
+      const int64_t dim = layout.residual_dim;
+      release_.checkpoints_.resize(static_cast<size_t>(rows_ * dim));
+      release_.positions_.resize(static_cast<size_t>(rows_));
+      const std::vector<BlockId>& table = manager_.block_table(seq_);
+      for (int64_t i = 0; i < rows_; ++i) {
+        const int64_t pos = begin_ + i;
+        const BlockId block = table[static_cast<size_t>(pos / layout.block_tokens)];
+        std::memcpy(&release_.checkpoints_[static_cast<size_t>(i * dim)],
+                    storage_.residuals(block, l) + (pos % layout.block_tokens) * dim,
+                    sizeof(float) * static_cast<size_t>(dim));
+        release_.positions_[static_cast<size_t>(i)] = pos;
+      }
+      const int64_t local = release_.local_index_[static_cast<size_t>(l)];
+      r.rows = rows_;
+      r.positions = release_.positions_.data();
+      r.seq_ids = seq_ids_.data();
+      r.input = release_.checkpoints_.data();
+      r.k_type = layout.k_type;
+      r.k_out = release_.KeyRow(seq_, local, begin_);
+      r.v_type = layout.v_type;
+      r.v_out = release_.ValueRow(seq_, local, begin_);
+      release_.stats_.rows_rebuilt += rows_;
+      return r;
     }
-    // The ring's rows are contiguous up to its end: at most two runs.
-    const int64_t local = local_index_[static_cast<size_t>(l)];
-    for (int64_t i = 0; i < count;) {
-      const int64_t pos = first + i;
-      const int64_t m = std::min(count - i, ring_tokens_ - pos % ring_tokens_);
-      rebuilder.RebuildLayerKv(l, &checkpoints_[static_cast<size_t>(i * dim)],
-                               &positions_[static_cast<size_t>(i)], m, layout.k_type,
-                               KeyRow(seq, local, pos), layout.v_type, ValueRow(seq, local, pos));
-      i += m;
-    }
-    stats_.rows_rebuilt += count;
+
+   private:
+    KvWindowRelease& release_;
+    const KvManager& manager_;
+    KvBlockStorage& storage_;
+    SeqId seq_;
+    int64_t begin_, rows_;
+    std::vector<int32_t> seq_ids_;
+  };
+  // The ring's rows are contiguous up to its end: at most two runs.
+  for (int64_t i = 0; i < count;) {
+    const int64_t pos = first + i;
+    const int64_t m = std::min(count - i, ring_tokens_ - pos % ring_tokens_);
+    RingRunSource source(*this, manager, storage, seq, pos, m);
+    rebuilder.Rebuild(source, nullptr);
+    i += m;
   }
   ++stats_.rebuilds_from_residuals;
 }
