@@ -112,9 +112,9 @@ struct EngineOptions {
   // requests' tokens), draft (a small model, -md) or off. The cost model sends a draft only where
   // it pays, so prose the drafter cannot predict runs as plain decoding. Greedy and sampled
   // outputs are the tokens plain decoding gives (verification samples each row in order).
-  // Off by default: on stories260K under load, prose and a self-quoting chat measured 0.92x and
-  // 0.89x of plain decoding with ngram, below the 0.97x floor (docs/BENCHMARKS.md); a user who
-  // knows the workload repeats its input turns it on.
+  // Off by default: on stories260K on a loaded machine, prose measured 0.72-1.24x of plain
+  // decoding with ngram over six runs, so the 0.97x floor is not shown (docs/BENCHMARKS.md); a
+  // user who knows the workload repeats its input turns it on.
   std::string spec = "off";
   int32_t draft_max = 8;              // --draft-max: draft tokens a sequence's step may carry
   std::string draft_model_path;       // -md
