@@ -14,11 +14,14 @@ mkdir -p "$reports"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:allocator_may_return_null=1:log_path=$reports/asan"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$reports/ubsan"
 status=0
+# Left to the plain build's ctest: a load test whose streams must produce tokens while /health is
+# probed; the sanitized server is too slow to generate any in its window.
+excluded='-HttpTransportTest.HealthAndMetricsAnswerUnderStreamsAndSlowloris'
 pids=()
 names=()
 for t in "$@"; do
   log="$build/$t.sanitized.log"
-  (cd "$build" && "./$t" --gtest_brief=1 >"$(basename "$log")" 2>&1) &
+  (cd "$build" && "./$t" --gtest_brief=1 "--gtest_filter=$excluded" >"$(basename "$log")" 2>&1) &
   pids+=($!)
   names+=("$t")
   # Two at a time: the machine has two cores.
