@@ -69,6 +69,14 @@ TEST(ServeLoadTest, AFailedLoadExitsNonzeroWithTheErrorEveryTime) {
   std::remove(model.c_str());
 }
 
+// A greedy completion of a token-id prompt, to max_tokens when `ignore_eos`.
+httplib::Result CompleteIds(httplib::Client& client, const json& prompt, int max_tokens,
+                            bool ignore_eos = false) {
+  json body{{"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}};
+  if (ignore_eos) body["ignore_eos"] = true;
+  return PostJson(client, "/v1/completions", body.dump());
+}
+
 // A prompt far past the context is refused before it is tokenized (8 prompts of 7 MiB grew the
 // server from 171 to 773 MB of token ids, only to be refused).
 TEST(ServeAdmissionTest, AHugePromptIsRefusedBeforeItIsTokenized) {
@@ -95,9 +103,7 @@ TEST(ServeAdmissionTest, ARequestTheBudgetCanNeverHoldIsRefusedAtOnce) {
   client.set_read_timeout(30, 0);
   json prompt = json::array();
   for (int i = 0; i < 500; ++i) prompt.push_back(3 + i % 500);
-  auto refused =
-      PostJson(client, "/v1/completions",
-               json{{"prompt", prompt}, {"max_tokens", 1000}, {"temperature", 0}}.dump());
+  auto refused = CompleteIds(client, prompt, 1000);
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 400) << refused->body;
   const std::string message = json::parse(refused->body)["error"]["message"];
@@ -106,10 +112,7 @@ TEST(ServeAdmissionTest, ARequestTheBudgetCanNeverHoldIsRefusedAtOnce) {
   EXPECT_NE(message.find("max_tokens (1000)"), std::string::npos) << message;
   // 51 blocks of 16 tokens: 816 of one sequence, 316 after the prompt.
   EXPECT_NE(message.find("at most 316 tokens"), std::string::npos) << message;
-  auto served = PostJson(
-      client, "/v1/completions",
-      json{{"prompt", prompt}, {"max_tokens", 300}, {"temperature", 0}, {"ignore_eos", true}}
-          .dump());
+  auto served = CompleteIds(client, prompt, 300, /*ignore_eos=*/true);
   ASSERT_TRUE(served);
   EXPECT_EQ(served->status, 200) << served->body;
   EXPECT_EQ(json::parse(served->body)["usage"]["completion_tokens"], 300);
@@ -127,9 +130,7 @@ TEST(ServeAdmissionTest, ARequestPastWhatPagingCanReachIsRefusedAtOnce) {
   client.set_read_timeout(60, 0);
   json prompt = json::array();
   for (int i = 0; i < 100; ++i) prompt.push_back(3 + i);
-  auto refused =
-      PostJson(client, "/v1/completions",
-               json{{"prompt", prompt}, {"max_tokens", 1000}, {"temperature", 0}}.dump());
+  auto refused = CompleteIds(client, prompt, 1000);
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 400) << refused->body;
   const std::string message = json::parse(refused->body)["error"]["message"];
@@ -137,10 +138,7 @@ TEST(ServeAdmissionTest, ARequestPastWhatPagingCanReachIsRefusedAtOnce) {
   EXPECT_NE(message.find("read in place from RAM"), std::string::npos) << message;
   EXPECT_NE(message.find("100 tokens"), std::string::npos) << message;
   EXPECT_NE(message.find("max_tokens (1000)"), std::string::npos) << message;
-  auto served = PostJson(
-      client, "/v1/completions",
-      json{{"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}, {"ignore_eos", true}}
-          .dump());
+  auto served = CompleteIds(client, prompt, 40, /*ignore_eos=*/true);
   ASSERT_TRUE(served);
   EXPECT_EQ(served->status, 200) << served->body;
   EXPECT_EQ(json::parse(served->body)["usage"]["completion_tokens"], 40);

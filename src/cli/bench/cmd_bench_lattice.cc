@@ -52,7 +52,7 @@ struct Cell {
   int64_t kld_positions = 0;
   int64_t resident_peak = 0;
   int64_t preemptions = 0;
-  std::array<int64_t, kNumKvActions> action_pages{};
+  ActionPages action_pages{};
   std::string error;           // why the cell stopped early
   // Kept for the comparisons, not written out.
   std::vector<std::vector<int32_t>> prompts;   // per request, in script order
@@ -175,9 +175,7 @@ Cell RunCell(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::
   cell.ttft_p99_ms = Percentile(ttfts, 0.99);
   cell.resident_peak = after.kv_resident_bytes_peak;
   cell.preemptions = after.preemptions - before.preemptions;
-  for (size_t a = 0; a < cell.action_pages.size(); ++a) {
-    cell.action_pages[a] = after.kv_actions[a].pages - before.kv_actions[a].pages;
-  }
+  cell.action_pages = ActionPagesBetween(before, after);
   return cell;
 }
 
@@ -221,17 +219,6 @@ void CompareWithReference(const Cell& reference, Cell* cell) {
                         : agreement / static_cast<double>(reference.replies.size());
   cell->kld = positions > 0 ? kld / static_cast<double>(positions) : 0;
   cell->kld_positions = positions;
-}
-
-std::string ActionsText(const Cell& c) {
-  std::string out;
-  for (int a = 0; a < kNumKvActions; ++a) {
-    const int64_t n = c.action_pages[static_cast<size_t>(a)];
-    if (n == 0) continue;
-    if (!out.empty()) out += ", ";
-    out += fmt::format("{} {}", KvActionName(static_cast<KvAction>(a)), n);
-  }
-  return out.empty() ? "-" : out;
 }
 
 // `auto` at one budget against the fixed policies of equal or better quality there (agreement
@@ -292,7 +279,7 @@ void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const C
                budget, c.policy, c.tok_s, reference.tok_s > 0 ? c.tok_s / reference.tok_s : 0,
                c.ttft_p50_ms, c.ttft_p99_ms, 100 * c.agreement,
                fmt::format("{}/{}", c.identical, c.requests), c.kld, c.preemptions,
-               ActionsText(c));
+               ActionPagesText(c.action_pages));
   };
   row(reference);
   row(repeat);
@@ -320,11 +307,7 @@ void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const C
 }
 
 nlohmann::json CellJson(const Cell& c) {
-  nlohmann::json actions = nlohmann::json::object();
-  for (int a = 0; a < kNumKvActions; ++a) {
-    const int64_t n = c.action_pages[static_cast<size_t>(a)];
-    if (n != 0) actions[std::string(KvActionName(static_cast<KvAction>(a)))] = n;
-  }
+  const nlohmann::json actions = ActionPagesJson(c.action_pages);
   return {{"policy", c.policy},         {"budget_fraction", c.budget_fraction},
           {"budget_bytes", c.budget_bytes}, {"wall_ms", c.wall_ms},
           {"generated_tokens", c.generated}, {"tok_s", c.tok_s},

@@ -120,7 +120,7 @@ struct TurnRecord {
   int64_t layers_streamed = 0;   // layer pages attention read from tiers
   double stream_wait_ms = 0;
   int64_t preemptions = 0;
-  std::array<int64_t, kNumKvActions> action_pages{};
+  ActionPages action_pages{};
   std::vector<TierTurn> tiers;
   std::vector<int32_t> reply;
   std::string finish_reason;
@@ -193,9 +193,7 @@ void FillTurnDeltas(const EngineMetrics& before, const EngineMetrics& after, int
   rec->layers_streamed = after.kv_layers_streamed - before.kv_layers_streamed;
   rec->stream_wait_ms = after.kv_stream_wait_ms - before.kv_stream_wait_ms;
   rec->resident_peak_so_far = after.kv_resident_bytes_peak;
-  for (size_t a = 0; a < rec->action_pages.size(); ++a) {
-    rec->action_pages[a] = after.kv_actions[a].pages - before.kv_actions[a].pages;
-  }
+  rec->action_pages = ActionPagesBetween(before, after);
   for (size_t i = 0; i < after.kv_tiers.size(); ++i) {
     const KvTierMetrics& x = after.kv_tiers[i];
     const KvTierMetrics y = i < before.kv_tiers.size() ? before.kv_tiers[i] : KvTierMetrics{};
@@ -257,17 +255,6 @@ Status RunTurn(Engine& engine, const std::vector<int32_t>& history, int32_t repl
   return Status::Ok();
 }
 
-std::string ActionsText(const TurnRecord& rec) {
-  std::string out;
-  for (int a = 0; a < kNumKvActions; ++a) {
-    const int64_t n = rec.action_pages[static_cast<size_t>(a)];
-    if (n == 0) continue;
-    if (!out.empty()) out += ", ";
-    out += fmt::format("{} {}", KvActionName(static_cast<KvAction>(a)), n);
-  }
-  return out.empty() ? "-" : out;
-}
-
 // "5.8M", "192K": the table's tier column stays narrow.
 std::string ShortBytes(int64_t n) {
   const double b = static_cast<double>(n);
@@ -312,7 +299,7 @@ void PrintTurnRow(const ConfigRun& run, const TurnRecord& r) {
              r.turn, r.prompt_tokens, r.cached_tokens, r.prefilled_tokens, r.promoted_tokens,
              r.wall_ms, r.ttft_ms, r.decode_tok_s, FormatBytes(r.resident_bytes),
              FormatBytes(std::max<int64_t>(0, r.rss_anon_peak_bytes - run.rss_anon_start_bytes)),
-             TiersText(r), ActionsText(r), ReplyText(run, r));
+             TiersText(r), ActionPagesText(r.action_pages), ReplyText(run, r));
   (void)FlushStdout();
 }
 
@@ -459,11 +446,7 @@ void PrintTierCosts(const std::vector<ConfigRun>& runs) {
 }
 
 nlohmann::json TurnJson(const TurnRecord& r) {
-  nlohmann::json actions = nlohmann::json::object();
-  for (int a = 0; a < kNumKvActions; ++a) {
-    const int64_t n = r.action_pages[static_cast<size_t>(a)];
-    if (n != 0) actions[std::string(KvActionName(static_cast<KvAction>(a)))] = n;
-  }
+  const nlohmann::json actions = ActionPagesJson(r.action_pages);
   nlohmann::json tiers = nlohmann::json::array();
   for (const TierTurn& t : r.tiers) {
     tiers.push_back({{"name", t.name}, {"bytes_used", t.bytes_used}, {"pages", t.pages},

@@ -1,5 +1,9 @@
 #include "engine_drive.h"
 
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 
 namespace kvl::cli {
@@ -53,6 +57,32 @@ Status WarmUpEngine(Engine& engine, int32_t id_a, int32_t id_b) {
   KVL_RETURN_IF_ERROR(engine.Submit(std::move(warm), [](const TokenEvent&) {}).status());
   engine.RunUntilIdle();
   return Status::Ok();
+}
+
+ActionPages ActionPagesBetween(const EngineMetrics& before, const EngineMetrics& after) {
+  ActionPages pages{};
+  for (size_t a = 0; a < pages.size(); ++a) {
+    pages[a] = after.kv_actions[a].pages - before.kv_actions[a].pages;
+  }
+  return pages;
+}
+
+std::string ActionPagesText(const ActionPages& pages) {
+  std::string out;
+  for (size_t a = 0; a < pages.size(); ++a) {
+    if (pages[a] == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} {}", KvActionName(static_cast<KvAction>(a)), pages[a]);
+  }
+  return out.empty() ? "-" : out;
+}
+
+nlohmann::json ActionPagesJson(const ActionPages& pages) {
+  nlohmann::json actions = nlohmann::json::object();
+  for (size_t a = 0; a < pages.size(); ++a) {
+    if (pages[a] != 0) actions[std::string(KvActionName(static_cast<KvAction>(a)))] = pages[a];
+  }
+  return actions;
 }
 
 }  // namespace kvl::cli

@@ -4,10 +4,13 @@
 // steps (the pool's bytes, the process's memory).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "kvl/engine.h"
 #include "kvl/model.h"
@@ -46,5 +49,13 @@ StatusOr<BenchModel> LoadBenchModel(const std::string& path);
 // One short untimed request (BOS and two ids of the workload), so that the weights are paged in
 // before anything is timed; it fills no block, so it caches nothing.
 Status WarmUpEngine(Engine& engine, int32_t id_a, int32_t id_b);
+
+// Pages each KV action took (indexed by KvAction) between two snapshots of the engine's metrics,
+// and how a bench shows them: "demote 3, evict 1" ("-" for none), or a JSON object of the
+// actions that took any.
+using ActionPages = std::array<int64_t, kNumKvActions>;
+ActionPages ActionPagesBetween(const EngineMetrics& before, const EngineMetrics& after);
+std::string ActionPagesText(const ActionPages& pages);
+nlohmann::json ActionPagesJson(const ActionPages& pages);
 
 }  // namespace kvl::cli
