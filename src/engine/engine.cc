@@ -246,10 +246,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
     e.step_plan.kv.seqs.resize(static_cast<size_t>(options.max_seqs));
     for (KvPlan::SeqPlan& sp : e.step_plan.kv.seqs) {
       sp.tokens.reserve(static_cast<size_t>(step_tokens));
-      sp.allocated.reserve(static_cast<size_t>(kv.manager().BlocksFor(step_tokens) + 1));
+      sp.allocated.reserve(static_cast<size_t>(kv.BlocksFor(step_tokens) + 1));
     }
   }
-  e.metrics.SetGauges(kv.manager().stats(), kv.pager().stats(), 0, 0);
+  const KvMemoryStats stats = kv.stats();
+  e.metrics.SetGauges(stats.pool, stats.pages, 0, 0);
   const int64_t block_tokens = kv.layout().block_tokens;
   e.metrics.ReservePageMaps(options.max_seqs, e.context_length / block_tokens + 1, block_tokens);
   return engine;
@@ -271,7 +272,7 @@ bool Engine::Impl::StepImpl() {
     cancels.clear();
   }
   scheduler->ReleaseFinished();
-  if (memory->trace() != nullptr) memory->trace()->Step();
+  memory->NoteStep();
   if (speculator) speculator->Propose(scheduler->running());  // drafts for this step
   const bool has_work = scheduler->Schedule(&step_plan);
   if (has_work) {
@@ -281,8 +282,8 @@ bool Engine::Impl::StepImpl() {
     scheduler->PlanPromotions(&promotion_plan);
     runner->PromoteBack(promotion_plan);
   }
-  metrics.SetGauges(memory->manager().stats(), memory->pager().stats(), scheduler->num_running(),
-                    scheduler->num_waiting());
+  const KvMemoryStats kv = memory->stats();
+  metrics.SetGauges(kv.pool, kv.pages, scheduler->num_running(), scheduler->num_waiting());
   metrics.SetPageMaps(scheduler->running());
   memory->PublishStoreStats();
   return has_work || !scheduler->idle();

@@ -53,7 +53,7 @@ struct Engine::Impl {
   std::unique_ptr<StepRunner> runner;
   std::unique_ptr<Speculator> speculator;  // speculative decoding (issue 26); null: --spec off
   StepPlan step_plan;  // reused every step
-  PromotionPlan promotion_plan;  // reused every step
+  KvPagePlan promotion_plan;  // reused every step
 
   // Submission side, guarded by inbox_mutex.
   mutable std::mutex inbox_mutex;

@@ -62,7 +62,6 @@ struct Sequence {
   // Where each of its KV pages is (pool, slab, tier, checkpoints, dropped); it outlives a
   // preemption, when the kept pages wait in tiers for the resume.
   KvSequencePages kv_pages;
-  int64_t restore_tokens = 0;      // this step: tokens to promote instead of compute
   bool store_checked = false;      // its prompt was looked up in the KV store
   int32_t preemptions = 0;
   // Its request's kv_quality, or the engine's where the request left it unset.

@@ -297,6 +297,7 @@ void KvManager::Plan(std::span<const KvSeqStep> steps, KvPlan* out) const {
     sp.seq = step.seq;
     sp.tokens.assign(step.tokens.begin(), step.tokens.end());
     sp.unverified = step.unverified;
+    sp.restore_tokens = step.restore_tokens;
     const SeqState& seq = s.seqs[step.seq];
     if (!seq.present) {
       sp.admit = true;

@@ -465,6 +465,9 @@ void KvPager::SettleRestoredPages(SeqId seq) {
   const std::vector<BlockId>& table = manager_.block_table(seq);
   for (size_t b = 0; b < s.pages.size() && b < table.size(); ++b) {
     KvPage& page = s.pages[b];
+    // A page dropped at a preemption that has its block again is recomputed into it by this step
+    // (or found by prefix): resident from now on, and a candidate for relief like any other.
+    if (page.fate == KvPageFate::kDropped && table[b] != kNoBlock) MakeResident(page);
     if (!page.awaiting_restore) continue;
     KVL_CHECK(table[b] != kNoBlock);
     LetGoTierPage(page);

@@ -127,6 +127,10 @@ struct KvSeqStep {
   // Their K/V is written, but a block holding any of them gets no identity (content id, prefix
   // index) until TruncateTail says how many were verified.
   int64_t unverified = 0;
+  // The first `restore_tokens` of `tokens` (whole pages) are not computed: pages kept at a
+  // preemption or found in the KV store are promoted into their blocks (KvMemory::Apply). The
+  // manager only carries the number through to the plan.
+  int64_t restore_tokens = 0;
 };
 
 struct KvBlockCopy {
@@ -143,6 +147,7 @@ struct KvPlan {
     int64_t num_cached_tokens = 0;    // admission: leading tokens found in the prefix cache
     std::vector<BlockId> reused;      // admission: cached blocks taken (refcount + 1)
     int64_t detached_blocks = 0;      // admission: holes after them (KvSeqStep::detached_blocks)
+    int64_t restore_tokens = 0;       // KvSeqStep::restore_tokens: promoted, not computed
     std::vector<BlockId> allocated;   // fresh blocks appended to the block table, in order
     BlockId cow_src = kNoBlock;       // the shared last block that is replaced by a copy...
     BlockId cow_dst = kNoBlock;       // ...into this fresh block (also listed in `copies`)

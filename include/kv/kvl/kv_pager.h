@@ -125,11 +125,22 @@ struct KvPageAction {
   bool applied = false;     // set by KvPager when it was carried out
   bool failed = false;      // set by KvPager when it was tried and could not be (a full tier)
   double measured_ms = 0;   // set by KvPager::PromoteBack: the time an applied one took
+  int64_t request = -1;     // the request the page belongs to (set by KvMemory's plans)
+};
+
+// Why a page plan was made, which says how KvMemory::Apply carries it out.
+enum class KvPagePlanKind : uint8_t {
+  kRelief,              // running sequences' pages leave the pool (KvPager::Apply)
+  kCompressedEviction,  // relief's last resort: compressed pages evicted (KvPager::Apply)
+  kPreemption,          // every full page of one sequence saved or dropped (KvPager::Preempt)
+  kPromotion,           // pages of running sequences come back (KvPager::PromoteBack)
 };
 
 // Page actions planned against one state of the KvManager; applying them is the only way a page
 // changes fate, and a plan made against an older state is refused (as KvManager::Commit does).
 struct KvPagePlan {
+  KvPagePlanKind kind = KvPagePlanKind::kRelief;
+  SeqId preempted = -1;               // kPreemption: the sequence that leaves the pool
   std::vector<KvPageAction> actions;  // applied in order
   // Applying stops once this many blocks went back to the pool (0: apply every action). The
   // planner cannot know exactly what a page frees (a compressed page may open a slab first).
