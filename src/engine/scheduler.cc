@@ -48,8 +48,7 @@ bool Scheduler::RestoresAhead(const Sequence& seq, int64_t from) const {
 }
 
 int64_t Scheduler::RestorableTokens(const Sequence& seq, int64_t from, int64_t cap) const {
-  return memory_.RestorableTokens(seq.kv_pages, static_cast<int64_t>(seq.tokens.size()), from,
-                                  cap);
+  return memory_.RestorableTokens(seq.kv_pages, static_cast<int64_t>(seq.tokens.size()), from, cap);
 }
 
 size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t restore_cap,
@@ -65,10 +64,10 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
       // than the pool goes in chunks, the pool paging older pages out as it fills).
       const int64_t restore =
           decode_pass ? 0 : RestorableTokens(*seq, seq->num_computed, restore_cap);
-      const int64_t n = RestoresAhead(*seq, seq->num_computed + restore)
-                            ? 0
-                            : std::min({remaining - restore, budget,
-                                        decode_pass ? remaining : prefill_cap});
+      const int64_t n =
+          RestoresAhead(*seq, seq->num_computed + restore)
+              ? 0
+              : std::min({remaining - restore, budget, decode_pass ? remaining : prefill_cap});
       // --- speculative decoding (issue 26): a decode carries its draft as unverified rows ---
       seq->spec.in_step = 0;
       const auto draft = static_cast<int64_t>(seq->spec.draft.size());
@@ -80,11 +79,11 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
         continue;
       }
       // --- end speculative decoding ---
-      plan->steps.push_back({seq->slot,
-                             std::span<const int32_t>(seq->tokens).subspan(
-                                 static_cast<size_t>(seq->num_computed),
-                                 static_cast<size_t>(restore + n)),
-                             0, 0, restore});
+      plan->steps.push_back(
+          {seq->slot,
+           std::span<const int32_t>(seq->tokens)
+               .subspan(static_cast<size_t>(seq->num_computed), static_cast<size_t>(restore + n)),
+           0, 0, restore});
       plan->seqs.push_back(seq.get());
       budget -= n;
     }
@@ -107,10 +106,10 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
                           ? 0
                           : std::min({len - attached - restore, budget, prefill_cap});
     const SeqId slot = free_slots_[free_slots_.size() - 1 - admissions];
-    plan->steps.push_back({slot,
-                           std::span<const int32_t>(seq->tokens).first(
-                               static_cast<size_t>(attached + restore + n)),
-                           a.in_place_blocks, 0, restore});
+    plan->steps.push_back(
+        {slot,
+         std::span<const int32_t>(seq->tokens).first(static_cast<size_t>(attached + restore + n)),
+         a.in_place_blocks, 0, restore});
     plan->seqs.push_back(seq.get());
     budget -= n;
     ++admissions;
@@ -264,8 +263,7 @@ bool Scheduler::Schedule(StepPlan* plan) {
 }
 
 void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
-  const std::string why =
-      memory_.WhyTooBig(prompt_only, static_cast<int64_t>(seq.tokens.size()));
+  const std::string why = memory_.WhyTooBig(prompt_only, static_cast<int64_t>(seq.tokens.size()));
   if (!prompt_only && seq.num_generated > 0) {
     // It ran as far as the budget goes: the text so far is the answer, cut as max_tokens would
     // cut it, never thrown away as a late error.

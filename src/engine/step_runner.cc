@@ -60,6 +60,28 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
   full_blocks_before_.reserve(max_tokens);
   computed_.reserve(max_tokens);
   kv_seqs_.reserve(max_tokens);
+  plan_.steps.reserve(static_cast<size_t>(p_.max_seqs));
+  plan_.seqs.reserve(static_cast<size_t>(p_.max_seqs));
+  if (p_.draft_max > 0) {
+    // Speculative decoding: a decode may carry 1 + draft_max tokens over new blocks; the reused
+    // plan has room for that from the start, so a longer draft than before allocates nothing.
+    const int64_t step_tokens = p_.draft_max + 1;
+    plan_.kv.seqs.resize(static_cast<size_t>(p_.max_seqs));
+    for (KvPlan::SeqPlan& sp : plan_.kv.seqs) {
+      sp.tokens.reserve(static_cast<size_t>(step_tokens));
+      sp.allocated.reserve(static_cast<size_t>(memory_.BlocksFor(step_tokens) + 1));
+    }
+  }
+}
+
+bool StepRunner::Step() {
+  if (!p_.scheduler->Schedule(&plan_)) return false;
+  Run(plan_);
+  p_.scheduler->ReleaseFinished();
+  // Between steps: pages that left the pool come back while it has blocks to spare.
+  p_.scheduler->PlanPromotions(&promotion_);
+  PromoteBack(promotion_);
+  return true;
 }
 
 void StepRunner::CountApplied() {
@@ -284,7 +306,8 @@ void StepRunner::CountRecomputedPages(double forward_ms) {
 void StepRunner::SaveUnreachablePages(const StepPlan& plan) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const Sequence& seq = *plan.seqs[i];
-    if (!seq.finished && seq.slot >= 0) memory_.FileUnreachablePages(seq.slot, full_blocks_before_[i]);
+    if (!seq.finished && seq.slot >= 0)
+      memory_.FileUnreachablePages(seq.slot, full_blocks_before_[i]);
   }
 }
 

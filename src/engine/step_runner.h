@@ -27,12 +27,18 @@ struct StepRunnerParts {
   MetricsRecorder* metrics = nullptr;
   int64_t context_length = 0;
   Speculator* speculator = nullptr;  // speculative decoding (issue 26); null: --spec off
+  int32_t max_seqs = 16;             // sequences in one step (the reused plans are sized for them)
+  int64_t draft_max = 0;  // draft tokens a decode may carry (speculative decoding; 0: off)
 };
 
 class StepRunner {
  public:
   explicit StepRunner(const StepRunnerParts& parts);
 
+  // One step of the loop: the scheduler plans who runs and how many tokens, the plan runs,
+  // finished requests leave, and pages come back into the pool between steps. False when there
+  // was nothing to run.
+  bool Step();
   void Run(const StepPlan& plan);
   // Between steps: the planned pages of running sequences brought back into the pool
   // (KvMemory::Apply), each checked against its predicted bring-back time as a resume's restore
@@ -62,6 +68,8 @@ class StepRunner {
 
   StepRunnerParts p_;
   KvMemory& memory_;
+  StepPlan plan_;         // reused every step
+  KvPagePlan promotion_;  // reused every step
   int64_t block_tokens_;
   std::vector<KvStepSeq> kv_seqs_;  // per sequence of the step, for KvMemory::Apply
   KvApplied applied_;               // what applying the step (or a promotion) did
@@ -91,7 +99,7 @@ class StepRunner {
   void CountRecomputedPages(double forward_ms);
   double TokenWeight(int64_t position) const;
   std::vector<int64_t> full_blocks_before_;   // per sequence of the step: full pages before it
-  std::string piece_;                    // the text of the token being appended, reused
+  std::string piece_;                         // the text of the token being appended, reused
   // VerifyDraft: the tokens sampled from the draft's rows and the rows they came from.
   std::vector<int32_t> verified_tokens_;
   std::vector<const float*> verified_logits_;

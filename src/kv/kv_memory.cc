@@ -447,8 +447,8 @@ int64_t KvMemory::InPlaceBlocks(const KvSequencePages& sequence_pages, int64_t l
   return blocks;
 }
 
-int64_t KvMemory::RestorableTokens(const KvSequencePages& sequence_pages, int64_t len,
-                                   int64_t from, int64_t cap) const {
+int64_t KvMemory::RestorableTokens(const KvSequencePages& sequence_pages, int64_t len, int64_t from,
+                                   int64_t cap) const {
   const int64_t block_tokens = layout().block_tokens;
   if (from % block_tokens != 0) return 0;
   const std::vector<KvPage>& pages = sequence_pages.pages;
@@ -527,8 +527,8 @@ void KvMemory::Apply(const KvPlan& plan, std::span<const KvStepSeq> seqs, KvAppl
   if (trace_) TraceReads(plan, seqs, *out);
 }
 
-int64_t KvMemory::RestorePages(SeqId slot, const KvStepSeq& seq, int64_t first_block,
-                               int64_t count, KvApplied* out) {
+int64_t KvMemory::RestorePages(SeqId slot, const KvStepSeq& seq, int64_t first_block, int64_t count,
+                               KvApplied* out) {
   // The bring-back time checked is the one expected as the page comes back: the price the model
   // gave when the page left, corrected by what restores measured since (a sequence preempted
   // early was priced before anything had been measured).
@@ -621,15 +621,15 @@ void KvMemory::TruncateTail(SeqId slot, int64_t tokens) {
   if (manager_->Contains(slot)) manager_->TruncateTail(slot, tokens);
 }
 
-void KvMemory::PlanRelief(std::span<const KvPlannedSeq> running, int64_t blocks_short,
-                          Phase phase, KvPagePlan* plan) {
+void KvMemory::PlanRelief(std::span<const KvPlannedSeq> running, int64_t blocks_short, Phase phase,
+                          KvPagePlan* plan) {
   planner_->PlanRelief(running, blocks_short, phase, plan);
   plan->kind = KvPagePlanKind::kRelief;
   NameOwners(running, plan);
 }
 
-void KvMemory::PlanCompressedEviction(std::span<const KvPlannedSeq> running,
-                                      int64_t blocks_short, KvPagePlan* plan) {
+void KvMemory::PlanCompressedEviction(std::span<const KvPlannedSeq> running, int64_t blocks_short,
+                                      KvPagePlan* plan) {
   planner_->PlanCompressedEviction(running, blocks_short, plan);
   plan->kind = KvPagePlanKind::kCompressedEviction;
   NameOwners(running, plan);
@@ -752,14 +752,15 @@ std::string KvMemory::WhyTooBig(bool prompt_only, int64_t tokens) const {
     holds += fmt::format(" in the pool, and {:.1f} KiB of buffers for pages leaving it",
                          static_cast<double>(pages.staging_bytes) / 1024.0);
     if (pager_->staging_capacity_pages() > 0) {
-      holds += fmt::format(" ({} pages streamed from tiers at once)",
-                           pager_->staging_capacity_pages());
+      holds +=
+          fmt::format(" ({} pages streamed from tiers at once)", pager_->staging_capacity_pages());
     }
   }
   std::string hint;
   if (!prompt_only && !rules().pages_running_sequences) {
-    hint = ", or let its pages move: --kv-policy auto with --kv-tier ram:SIZE (lossless) or "
-           "with --kv-quality balanced";
+    hint =
+        ", or let its pages move: --kv-policy auto with --kv-tier ram:SIZE (lossless) or "
+        "with --kv-quality balanced";
   } else if (!prompt_only && pager_->staging_capacity_pages() > 0 &&
              pager_->staged_pages_held() >= pager_->staging_capacity_pages()) {
     hint = fmt::format(
@@ -767,8 +768,9 @@ std::string KvMemory::WhyTooBig(bool prompt_only, int64_t tokens) const {
         "--kv-stream-reserve, or let pages be compressed: --kv-quality balanced)",
         pager_->staged_pages_held());
   } else if (!prompt_only) {
-    hint = "; the attention sinks, the recent window and the page being written stay in the "
-           "pool (--kv-sink, --kv-recent)";
+    hint =
+        "; the attention sinks, the recent window and the page being written stay in the "
+        "pool (--kv-sink, --kv-recent)";
   }
   if (!pager_->last_tier_error().ok()) {
     hint += "; the last page that could not go to a tier: " + pager_->last_tier_error().message();
