@@ -25,8 +25,8 @@
 // preemption; the pager binds it to a pool slot while the sequence is admitted.
 //
 // The KvManager only sees a hole in the block table (Detach); the pager hands attention the rows
-// of pages that left the pool (KvDetachedPages) and keeps the attention mass each position got,
-// which the planner reads as a page's heat.
+// of pages that left the pool (KvDetachedPages), and its access tracker (kvl/kv_access_tracker.h)
+// keeps the attention mass each position got, which the planner reads as a page's heat.
 //
 // Tier pages are one layer each (K rows then V rows at the cache's element type, or one layer of
 // checkpoints), so a step can fetch exactly the layer it is about to read.
@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "kvl/compressed_slabs.h"
+#include "kvl/kv_access_tracker.h"
 #include "kvl/kv_codec.h"
 #include "kvl/kv_manager.h"
 #include "kvl/kv_policy.h"
@@ -223,7 +224,7 @@ class KvPager final : public KvDetachedPages {
   }
   // Attention mass is only gathered when some policy reads it (it costs a pass over the
   // attention weights of each sequence's newest token per layer).
-  void set_track_attention(bool on) { track_attention_ = on; }
+  void set_track_attention(bool on) { access_.set_enabled(on); }
   // The tier an action keeps a page in (demote: its tier; recompute-residual: RAM, for the
   // checkpoints); nullptr for actions that keep nothing in a tier.
   KvTier* TierFor(KvAction action) const;
@@ -278,7 +279,8 @@ class KvPager final : public KvDetachedPages {
   void AttachInPlace(SeqId seq, int64_t first_block, int64_t num_blocks);
   // After a restore: pages awaiting restore whose blocks are now in the pool (restored, or
   // computed because the restore stopped or the prefix cache held them) are let go from their
-  // tier and resident again. Pages past the sequence's blocks keep waiting for a later chunk.
+  // tier and resident again, and so are pages dropped at a preemption that have their block again
+  // (recomputed by this step). Pages past the sequence's blocks keep waiting for a later chunk.
   void SettleRestoredPages(SeqId seq);
   // Saves every full page of `seq` with a content id into the store's `tier` (write-through to
   // a durable tier when a request ends): pages in the pool, and pages read in place from another
@@ -402,9 +404,7 @@ class KvPager final : public KvDetachedPages {
   std::vector<KvSequencePages*> bound_;  // [max_seqs]: the page table of each admitted slot
   uint64_t next_page_id_ = 1;
   int64_t staging_capacity_pages_ = 0;
-  bool track_attention_ = false;
-  // Updates each full page's KvPageAccess from the mass the last step added (BeginStep).
-  void NoteReads(KvSequencePages& s, int64_t full_blocks, int64_t tokens);
+  KvAccessTracker access_;  // attention mass and access history (kvl/kv_access_tracker.h)
   std::vector<uint8_t> encode_scratch_;
   std::vector<float> widen_scratch_[2];
   std::vector<PageWrite> write_list_;  // one tier transfer's layer pages, reused
