@@ -9,11 +9,20 @@
 #include <vector>
 
 #include "kvl/engine.h"
-#include "kvl/kv_pager.h"
+#include "kvl/kv_memory.h"  // KvSequencePages, KvPageFate, KvStats
 #include "kvl/sampling.h"
 #include "spec_state.h"
 
 namespace kvl {
+
+// Why a request ended; FinishReasonName is TokenEvent::finish_reason's text.
+enum class FinishReason : uint8_t { kEos, kStop, kLength, kContext, kCancelled, kError };
+std::string_view FinishReasonName(FinishReason reason);
+// It ran to a natural end (eos, stop, length): no error, not cancelled, not cut by the context.
+inline bool Completed(FinishReason reason) {
+  return reason == FinishReason::kEos || reason == FinishReason::kStop ||
+         reason == FinishReason::kLength;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -72,7 +81,7 @@ struct Sequence {
   SpecSequenceState spec;          // speculative decoding (issue 26): its draft and acceptance
 
   // The finished event (reason, error, counts, the text still held back); marks it finished.
-  TokenEvent FinishEvent(const std::string& reason, Status error);
+  TokenEvent FinishEvent(FinishReason reason, Status error);
   // The most steps it may still take, the next one included: a token a step until max_tokens or
   // the context is reached (an EOS or a stop string may end it sooner). What the KV reuse
   // forecast knows of a running sequence's future reads.

@@ -36,10 +36,10 @@ void Scheduler::Enqueue(std::unique_ptr<Sequence> seq) { waiting_.push_back(std:
 
 void Scheduler::Cancel(const std::unordered_set<RequestId>& ids) {
   for (auto& seq : running_) {
-    if (ids.count(seq->id)) Finish(*seq, "cancelled");
+    if (ids.count(seq->id)) Finish(*seq, FinishReason::kCancelled);
   }
   for (auto& seq : waiting_) {
-    if (ids.count(seq->id)) Finish(*seq, "cancelled");
+    if (ids.count(seq->id)) Finish(*seq, FinishReason::kCancelled);
   }
 }
 
@@ -269,10 +269,10 @@ void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
     // cut it, never thrown away as a late error.
     fmt::print(stderr, "kvl: request {} stopped at {} tokens (finish reason length): {}\n", seq.id,
                seq.tokens.size(), why);
-    Finish(seq, "length");
+    Finish(seq, FinishReason::kLength);
     return;
   }
-  Finish(seq, "error", ResourceExhaustedError(why));
+  Finish(seq, FinishReason::kError, ResourceExhaustedError(why));
 }
 
 void Scheduler::CountAppliedActions(const KvPagePlan& plan) {
@@ -371,10 +371,9 @@ void Scheduler::ReleaseSlot(Sequence& seq) {
   seq.slot = -1;
 }
 
-void Scheduler::Finish(Sequence& seq, const std::string& reason, Status error) {
+void Scheduler::Finish(Sequence& seq, FinishReason reason, Status error) {
   if (seq.finished) return;
-  const bool completed =
-      error.ok() && (reason == "eos" || reason == "stop" || reason == "length");
+  const bool completed = error.ok() && Completed(reason);
   const TokenEvent event = seq.FinishEvent(reason, std::move(error));
   if (seq.slot >= 0) {
     seq.parked = options_.keep_lossy_sessions && completed && memory_.Contains(seq.slot) &&

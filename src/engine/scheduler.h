@@ -84,7 +84,7 @@ class Scheduler {
   void Preempt(Sequence& seq);
   // Ends a request: its KV leaves the pool (or the tiers, if it was waiting), its last event is
   // sent. It leaves the queues at the next ReleaseFinished.
-  void Finish(Sequence& seq, const std::string& reason, Status error = Status::Ok());
+  void Finish(Sequence& seq, FinishReason reason, Status error = Status::Ok());
   void ReleaseFinished();
   // Every parked session lets its KV go as a finished request's does (durable tiers get its exact
   // pages): at shutdown, so that a restart finds what a parked session held.

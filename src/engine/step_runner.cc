@@ -203,7 +203,7 @@ void StepRunner::RunBatch(const StepPlan& plan) {
       if (seq->request.max_new_tokens == 0) {
         // Nothing to generate: the prompt is in the cache (a later request can reuse it).
         ++row;
-        p_.scheduler->Finish(*seq, "length");
+        p_.scheduler->Finish(*seq, FinishReason::kLength);
         continue;
       }
       const float* logits = p_.forward->logits(row++);
@@ -226,7 +226,7 @@ void StepRunner::RecomputeFailedStreams() {
     if (seq->finished) continue;
     if (++seq->failed_reads_in_a_row >= kMaxFailedReadsInARow) {
       p_.scheduler->Finish(
-          *seq, "error",
+          *seq, FinishReason::kError,
           InternalError(fmt::format(
               "request {}: its KV pages outside the pool could not be read back {} times in a "
               "row, also after recomputing them from its tokens; stopped rather than retried "
@@ -319,10 +319,10 @@ void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) 
   const Request& r = seq.request;
   // EOS, and every end-of-turn token of the vocabulary (<|eot_id|>, <|im_end|>, ...).
   if (!r.ignore_eos && p_.tokenizer->IsEndOfGeneration(token)) {
-    return p_.scheduler->Finish(seq, "eos");
+    return p_.scheduler->Finish(seq, FinishReason::kEos);
   }
   if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) {
-    return p_.scheduler->Finish(seq, "stop");
+    return p_.scheduler->Finish(seq, FinishReason::kStop);
   }
   seq.tokens.push_back(token);
   ++seq.num_generated;
@@ -340,12 +340,12 @@ void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) 
   }
   seq.prev_token = token;
   if (seq.on_event) seq.on_event(event);
-  if (stopped) return p_.scheduler->Finish(seq, "stop");
+  if (stopped) return p_.scheduler->Finish(seq, FinishReason::kStop);
   if (r.max_new_tokens >= 0 && seq.num_generated >= r.max_new_tokens) {
-    return p_.scheduler->Finish(seq, "length");
+    return p_.scheduler->Finish(seq, FinishReason::kLength);
   }
   if (static_cast<int64_t>(seq.tokens.size()) >= p_.context_length) {
-    p_.scheduler->Finish(seq, "context");
+    p_.scheduler->Finish(seq, FinishReason::kContext);
   }
 }
 

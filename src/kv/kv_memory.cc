@@ -501,13 +501,13 @@ void KvMemory::Apply(const KvPlan& plan, std::span<const KvStepSeq> seqs, KvAppl
              CorrectedPrice(feedback(), static_cast<size_t>(KvAction::kRecomputeTokens),
                             page.model_ms)});
       }
-      if (sp.detached_blocks > 0) {
+      if (sp.in_place_blocks > 0) {
         // Store pages read where the RAM tier holds them: part of the sequence, never copied.
-        pager_->AttachInPlace(sp.seq, computed / block_tokens, sp.detached_blocks);
-        computed += sp.detached_blocks * block_tokens;
+        pager_->ReadInPlace(sp.seq, computed / block_tokens, sp.in_place_blocks);
+        computed += sp.in_place_blocks * block_tokens;
         if (store_) {
           const KvPage& page = seq.pages->pages[static_cast<size_t>(computed / block_tokens - 1)];
-          store_->CountInPlace(page.tier, sp.detached_blocks);
+          store_->CountInPlace(page.tier, sp.in_place_blocks);
         }
       }
     }

@@ -434,7 +434,7 @@ bool KvPager::RebuildBlockFromCheckpoints(SeqId seq, BlockId block, int64_t bloc
   return true;
 }
 
-void KvPager::AttachInPlace(SeqId seq, int64_t first_block, int64_t num_blocks) {
+void KvPager::ReadInPlace(SeqId seq, int64_t first_block, int64_t num_blocks) {
   KvSequencePages& s = Bound(seq);
   const std::vector<BlockId>& table = manager_.block_table(seq);
   for (int64_t b = first_block; b < first_block + num_blocks; ++b) {

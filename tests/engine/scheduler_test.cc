@@ -119,11 +119,11 @@ class SchedulerHarness {
       Sequence& seq = *plan_.seqs[i];
       const KvPlan::SeqPlan& sp = plan_.kv.seqs[i];
       const int64_t n = static_cast<int64_t>(plan_.steps[i].tokens.size());
-      if (sp.admit) in_place_pages_ += sp.detached_blocks;
+      if (sp.admit) in_place_pages_ += sp.in_place_blocks;
       seq.num_computed = sp.admit ? n : seq.num_computed + n;
       if (seq.num_computed != static_cast<int64_t>(seq.tokens.size())) continue;
       if (seq.num_generated == seq.request.max_new_tokens) {
-        scheduler_->Finish(seq, "length");
+        scheduler_->Finish(seq, FinishReason::kLength);
         continue;
       }
       seq.tokens.push_back(kNextToken);

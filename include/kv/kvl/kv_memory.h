@@ -103,7 +103,7 @@ class KvPriceSource {
 // tier holds them, then pages promoted into fresh blocks, then the tokens it computes.
 struct KvAdmission {
   int64_t cached_tokens = 0;
-  int64_t in_place_blocks = 0;  // KvSeqStep::detached_blocks
+  int64_t in_place_blocks = 0;  // KvSeqStep::in_place_blocks
   int64_t restore_tokens = 0;   // KvSeqStep::restore_tokens
 };
 
