@@ -53,23 +53,24 @@ uint64_t ModelIdentity(const Model& model) {
 Status LoadModel(Engine::Impl& e) {
   const EngineOptions& options = e.options;
   KVL_ASSIGN_OR_RETURN(ops::Isa isa, ChooseIsa(options.isa));
-  KVL_ASSIGN_OR_RETURN(e.model, Model::Load(options.model_path));
-  KVL_ASSIGN_OR_RETURN(e.tokenizer, Tokenizer::FromGguf(e.model->file()));
-  const ModelConfig& c = e.model->config();
-  for (int32_t id = 0; id < e.tokenizer->vocab_size(); ++id) {
-    e.max_piece_bytes = std::max<int64_t>(e.max_piece_bytes,
-                                          static_cast<int64_t>(e.tokenizer->token_text(id).size()));
+  KVL_ASSIGN_OR_RETURN(e.model.weights, Model::Load(options.model_path));
+  KVL_ASSIGN_OR_RETURN(e.model.tokenizer, Tokenizer::FromGguf(e.model.weights->file()));
+  const ModelConfig& c = e.model.weights->config();
+  for (int32_t id = 0; id < e.model.tokenizer->vocab_size(); ++id) {
+    e.model.max_piece_bytes = std::max<int64_t>(
+        e.model.max_piece_bytes, static_cast<int64_t>(e.model.tokenizer->token_text(id).size()));
   }
-  if (e.tokenizer->vocab_size() != c.vocab_size) {
+  if (e.model.tokenizer->vocab_size() != c.vocab_size) {
     return DataLossError(fmt::format("{}: the tokenizer has {} tokens but token_embd.weight has {}",
-                                     options.model_path, e.tokenizer->vocab_size(), c.vocab_size));
+                                     options.model_path, e.model.tokenizer->vocab_size(),
+                                     c.vocab_size));
   }
-  e.context_length = options.context_length > 0 ? options.context_length
-                                                : std::min<int64_t>(c.context_length, 4096);
+  e.model.context_length = options.context_length > 0 ? options.context_length
+                                                      : std::min<int64_t>(c.context_length, 4096);
   int threads = options.num_threads;
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  KVL_ASSIGN_OR_RETURN(e.pool, ThreadPool::Create(threads));
-  e.ops = std::make_unique<ops::OpsContext>(isa, e.pool.get());
+  KVL_ASSIGN_OR_RETURN(e.model.pool, ThreadPool::Create(threads));
+  e.model.ops = std::make_unique<ops::OpsContext>(isa, e.model.pool.get());
   return Status::Ok();
 }
 
@@ -83,14 +84,14 @@ class EnginePriceSource final : public KvPriceSource {
   Status PagePrices(const Query& query, PageCostProfile* prices) override {
     PagePriceOptions price_options;
     price_options.block_tokens = query.block_tokens;
-    price_options.layers = e_.model->config().num_layers;
+    price_options.layers = e_.model.weights->config().num_layers;
     price_options.disk_direct = query.disk_direct;
     price_options.ram_compressed = query.ram_compressed;
     // A resumed sequence recomputes its dropped pages in forward calls of the engine's batch
     // size.
     price_options.recompute_batch_tokens =
-        std::min<int64_t>(e_.options.batch_size, e_.context_length);
-    price_options.working_set_bytes = e_.model->weight_bytes() + query.pool_bytes;
+        std::min<int64_t>(e_.options.batch_size, e_.model.context_length);
+    price_options.working_set_bytes = e_.model.weights->weight_bytes() + query.pool_bytes;
     if (e_.options.cost_profile) {
       FillPagePrices(*e_.options.cost_profile, price_options, prices);
       return Status::Ok();
@@ -101,10 +102,10 @@ class EnginePriceSource final : public KvPriceSource {
     profile_options.calibration.disk_dir = query.disk_dir;
     // The page KLDs are measured on the built-in text in this model's tokens.
     profile_options.calibration.quality_tokens =
-        e_.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
+        e_.model.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
     profile_options.explain = e_.options.explain;
     KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
-                         ObtainProfile(*e_.model, *e_.ops, profile_options));
+                         ObtainProfile(*e_.model.weights, *e_.model.ops, profile_options));
     FillPagePrices(profile, price_options, prices);
     return Status::Ok();
   }
@@ -137,7 +138,7 @@ class EnginePriceSource final : public KvPriceSource {
 // The KV layer, from the engine's options and the model's shape.
 Status CreateKvMemory(Engine::Impl& e) {
   const EngineOptions& options = e.options;
-  const ModelConfig& c = e.model->config();
+  const ModelConfig& c = e.model.weights->config();
   KvMemoryOptions o;
   o.block_tokens = options.block_tokens;
   o.num_layers = c.num_layers;
@@ -145,12 +146,12 @@ Status CreateKvMemory(Engine::Impl& e) {
   o.dim = c.dim;
   KVL_ASSIGN_OR_RETURN(o.k_type, ParseKvCacheType(options.cache_type_k));
   KVL_ASSIGN_OR_RETURN(o.v_type, ParseKvCacheType(options.cache_type_v));
-  o.model_identity = ModelIdentity(*e.model);
-  o.context_length = e.context_length;
+  o.model_identity = ModelIdentity(*e.model.weights);
+  o.context_length = e.model.context_length;
   o.max_seqs = options.max_seqs;
   // Tables reserved at admission, so steps never grow them (up to a bound: a longer sequence
   // grows its tables by doubling, not one reservation for a huge -c).
-  o.max_seq_tokens = std::min<int64_t>(e.context_length, kReservedSequenceTokens);
+  o.max_seq_tokens = std::min<int64_t>(e.model.context_length, kReservedSequenceTokens);
   o.budget_bytes = options.kv_budget_bytes;
   o.stream_reserve = options.kv_stream_reserve;
   o.checkpoint_every = options.kv_checkpoint_every;
@@ -169,7 +170,7 @@ Status CreateKvMemory(Engine::Impl& e) {
   // Sliding-window layers: one forward run writes at most a batch of one sequence's tokens.
   o.window.window = c.arch.sliding_window;
   for (int64_t l = 0; l < c.num_layers; ++l) o.window.layer_is_local.push_back(c.IsLocal(l));
-  o.window.max_run_tokens = std::min(options.batch_size, e.context_length);
+  o.window.max_run_tokens = std::min(options.batch_size, e.model.context_length);
   o.window_release = options.kv_window_release;
   EnginePriceSource prices(e);
   KVL_ASSIGN_OR_RETURN(e.memory, KvMemory::Create(o, &prices));
@@ -200,15 +201,15 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   KvMemory& kv = *e.memory;
 
   ForwardOptions fo;
-  fo.max_batch_tokens = std::min(options.batch_size, e.context_length);
+  fo.max_batch_tokens = std::min(options.batch_size, e.model.context_length);
   // --- speculative decoding (issue 26): a decode's draft rows all ask for logits ---
   KVL_ASSIGN_OR_RETURN(const SpecMode spec_mode, ParseSpecMode(options.spec));
   if (spec_mode != SpecMode::kOff) {
     SpecOptions so;
     so.mode = spec_mode;
     so.draft_max = options.draft_max;
-    so.context_length = e.context_length;
-    so.max_batch_tokens = std::min(options.batch_size, e.context_length);
+    so.context_length = e.model.context_length;
+    so.max_batch_tokens = std::min(options.batch_size, e.model.context_length);
     so.max_seqs = options.max_seqs;
     so.force = options.spec_force;
     std::unique_ptr<Drafter> drafter;  // null: the speculator's own lookup drafter
@@ -216,94 +217,66 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
       DraftModelOptions dm;
       dm.path = options.draft_model_path;
       dm.max_seqs = options.max_seqs;
-      dm.context_length = e.context_length;
+      dm.context_length = e.model.context_length;
       dm.draft_max = options.draft_max;
       dm.max_batch_tokens = so.max_batch_tokens;
-      KVL_ASSIGN_OR_RETURN(drafter, DraftModelDrafter::Create(dm, *e.tokenizer, *e.ops));
+      KVL_ASSIGN_OR_RETURN(drafter, DraftModelDrafter::Create(dm, *e.model.tokenizer, *e.model.ops));
     }
     e.speculator = std::make_unique<Speculator>(so, std::move(drafter));
   }
   // --- end speculative decoding ---
-  fo.max_logit_rows =
-      options.max_seqs + (e.speculator ? std::min(e.speculator->max_draft_rows(),
-                                                  std::min(options.batch_size, e.context_length))
-                                       : 0);
-  fo.max_context = e.context_length;
+  fo.max_logit_rows = options.max_seqs +
+                      (e.speculator ? std::min(e.speculator->max_draft_rows(),
+                                               std::min(options.batch_size, e.model.context_length))
+                                    : 0);
+  fo.max_context = e.model.context_length;
   // Pages kept as checkpoints are rebuilt inside each step that reads them, as extra rows of its
   // run: at most the pages the pager can stage at once.
   if (kv.layout().residual_dim > 0) {
-    fo.max_rebuild_rows = kv.pager().staging_capacity_pages() * kv.layout().block_tokens;
+    fo.max_rebuild_rows = kv.staging_capacity_pages() * kv.layout().block_tokens;
   }
-  e.forward = std::make_unique<Forward>(*e.model, *e.ops, fo);
+  e.forward = std::make_unique<Forward>(*e.model.weights, *e.model.ops, fo);
   kv.set_rebuilder(e.forward.get());
 
   SchedulerOptions so;
   so.max_batch_tokens = fo.max_batch_tokens;
   so.max_seqs = options.max_seqs;
   so.keep_lossy_sessions = options.prefix_cache;
-  so.context_length = e.context_length;
+  so.context_length = e.model.context_length;
   so.promote_back = options.kv_promote_back;
   e.scheduler = std::make_unique<Scheduler>(so, kv, e.metrics);
   StepRunnerParts parts;
   parts.scheduler = e.scheduler.get();
   parts.memory = &kv;
   parts.forward = e.forward.get();
-  parts.tokenizer = e.tokenizer.get();
+  parts.tokenizer = e.model.tokenizer.get();
   parts.metrics = &e.metrics;
-  parts.context_length = e.context_length;
+  parts.context_length = e.model.context_length;
   parts.speculator = e.speculator.get();
+  parts.max_seqs = options.max_seqs;
+  parts.draft_max = e.speculator ? options.draft_max : 0;
   e.runner = std::make_unique<StepRunner>(parts);
-  e.step_plan.steps.reserve(static_cast<size_t>(options.max_seqs));
-  e.step_plan.seqs.reserve(static_cast<size_t>(options.max_seqs));
-  if (e.speculator) {
-    // Speculative decoding: a decode may carry 1 + draft_max tokens over new blocks; the reused
-    // plan has room for that from the start, so a longer draft than before allocates nothing.
-    const int64_t step_tokens = int64_t{options.draft_max} + 1;
-    e.step_plan.kv.seqs.resize(static_cast<size_t>(options.max_seqs));
-    for (KvPlan::SeqPlan& sp : e.step_plan.kv.seqs) {
-      sp.tokens.reserve(static_cast<size_t>(step_tokens));
-      sp.allocated.reserve(static_cast<size_t>(kv.manager().BlocksFor(step_tokens) + 1));
-    }
-  }
-  e.metrics.SetGauges(kv.manager().stats(), kv.pager().stats(), 0, 0);
-  if (kv.window() != nullptr) e.metrics.SetWindowGauges(kv.window()->stats());
+  const KvMemoryStats stats = kv.stats();
+  e.metrics.SetGauges(stats.pool, stats.pages, 0, 0);
+  if (const KvWindowStats* window = kv.window_stats()) e.metrics.SetWindowGauges(*window);
   const int64_t block_tokens = kv.layout().block_tokens;
-  e.metrics.ReservePageMaps(options.max_seqs, e.context_length / block_tokens + 1, block_tokens);
+  e.metrics.ReservePageMaps(options.max_seqs, e.model.context_length / block_tokens + 1,
+                            block_tokens);
   return engine;
 }
 
-void Engine::Impl::TakeInbox() {
-  std::lock_guard<std::mutex> lock(inbox_mutex);
-  while (!inbox.empty()) {
-    scheduler->Enqueue(std::move(inbox.front()));
-    inbox.pop_front();
-  }
-  cancels.swap(cancel_requests);
-}
-
 bool Engine::Impl::StepImpl() {
-  TakeInbox();
-  if (!cancels.empty()) {
-    scheduler->Cancel(cancels);
-    cancels.clear();
-  }
+  inbox.Drain(*scheduler);
   scheduler->ReleaseFinished();
-  if (memory->trace() != nullptr) memory->trace()->Step();
+  memory->NoteStep();
   if (speculator) speculator->Propose(scheduler->running());  // drafts for this step
   // The step's cost by its rows, drafting aside: what a draft's extra rows cost, the engine's
   // own work included (on a small model it outweighs the forward pass).
   const auto step_start = std::chrono::steady_clock::now();
-  const bool has_work = scheduler->Schedule(&step_plan);
-  if (has_work) {
-    runner->Run(step_plan);
-    scheduler->ReleaseFinished();
-    // Between steps: pages that left the pool come back while it has blocks to spare.
-    scheduler->PlanPromotions(&promotion_plan);
-    runner->PromoteBack(promotion_plan);
-  }
-  metrics.SetGauges(memory->manager().stats(), memory->pager().stats(), scheduler->num_running(),
-                    scheduler->num_waiting());
-  if (memory->window() != nullptr) metrics.SetWindowGauges(memory->window()->stats());
+  const bool has_work = runner->Step();
+  const KvMemoryStats kv = memory->stats();
+  metrics.SetGauges(kv.pool, kv.pages, scheduler->num_running(), scheduler->num_waiting());
+  if (const KvWindowStats* window = memory->window_stats()) metrics.SetWindowGauges(*window);
   metrics.SetPageMaps(scheduler->running());
   memory->PublishStoreStats();
   if (speculator && has_work && runner->last_rows() > 0) {
@@ -331,7 +304,7 @@ Status Engine::Impl::CheckFitsBudget(int64_t prompt_tokens, int32_t max_new_toke
   std::string beyond_pool;
   if (memory->pages_running_sequences()) {
     if (memory->rules().quality != KvQuality::kLossless) return Status::Ok();
-    const int64_t staged = memory->pager().staging_capacity_pages();
+    const int64_t staged = memory->staging_capacity_pages();
     int64_t in_place = 0;
     for (const KvTier* tier : memory->tiers()) {
       if (tier->reads_in_place()) in_place += tier->stats().capacity_bytes / layout.kv_bytes();
@@ -382,21 +355,22 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   // A text far longer than the context is refused before it is tokenized (eight 7 MiB prompts
   // grew the server by 600 MB of token ids only to be refused): every token covers at most
   // max_piece_bytes of the text, so the text has at least bytes / max_piece_bytes tokens.
-  if (request.prompt_ids.empty() &&
-      static_cast<int64_t>(request.prompt.size()) > e.context_length * e.max_piece_bytes) {
-    return OutOfRangeError(fmt::format(
-        "the prompt has {} bytes, at least {} tokens, but the context holds {} (-c)",
-        request.prompt.size(), static_cast<int64_t>(request.prompt.size()) / e.max_piece_bytes,
-        e.context_length));
+  if (request.prompt_ids.empty() && static_cast<int64_t>(request.prompt.size()) >
+                                        e.model.context_length * e.model.max_piece_bytes) {
+    return OutOfRangeError(
+        fmt::format("the prompt has {} bytes, at least {} tokens, but the context holds {} (-c)",
+                    request.prompt.size(),
+                    static_cast<int64_t>(request.prompt.size()) / e.model.max_piece_bytes,
+                    e.model.context_length));
   }
   auto seq = std::make_unique<Sequence>();
   seq->tokens = request.prompt_ids.empty()
-                    ? e.tokenizer->Encode(request.prompt,
-                                          EncodeOptions{request.add_bos, request.parse_special})
+                    ? e.model.tokenizer->Encode(
+                          request.prompt, EncodeOptions{request.add_bos, request.parse_special})
                     : request.prompt_ids;
   if (seq->tokens.empty())
     return InvalidArgumentError("the prompt is empty and no BOS was requested");
-  const int64_t vocab = e.model->config().vocab_size;
+  const int64_t vocab = e.model.weights->config().vocab_size;
   for (size_t i = 0; i < seq->tokens.size(); ++i) {
     if (seq->tokens[i] < 0 || seq->tokens[i] >= vocab) {
       return InvalidArgumentError(fmt::format(
@@ -409,9 +383,9 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
           fmt::format("logit_bias names token {}, outside the vocabulary [0, {})", id, vocab));
     }
   }
-  if (static_cast<int64_t>(seq->tokens.size()) >= e.context_length) {
+  if (static_cast<int64_t>(seq->tokens.size()) >= e.model.context_length) {
     return OutOfRangeError(fmt::format("the prompt has {} tokens but the context holds {} (-c)",
-                                       seq->tokens.size(), e.context_length));
+                                       seq->tokens.size(), e.model.context_length));
   }
   seq->num_prompt = static_cast<int64_t>(seq->tokens.size());
   seq->kv_quality = kv_quality;
@@ -421,7 +395,7 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   const int64_t reach =
       seq->num_prompt +
       (request.max_new_tokens >= 0 ? request.max_new_tokens : kReservedSequenceTokens) + 1;
-  seq->tokens.reserve(static_cast<size_t>(std::min(e.context_length, reach)));
+  seq->tokens.reserve(static_cast<size_t>(std::min(e.model.context_length, reach)));
   seq->prev_token = seq->tokens.back();
   seq->sampler = std::make_unique<Sampler>(request.sampling, static_cast<int32_t>(vocab));
   if (e.speculator) e.speculator->Prepare(*seq);  // speculative decoding (issue 26)
@@ -429,25 +403,10 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   seq->request = std::move(request);
   seq->on_event = std::move(on_event);
   seq->submitted = Clock::now();
-  RequestId id;
-  {
-    std::lock_guard<std::mutex> lock(e.inbox_mutex);
-    id = e.next_request_id++;
-    seq->id = id;
-    e.inbox.push_back(std::move(seq));
-    ++e.requests_submitted;
-  }
-  e.inbox_cv.notify_one();
-  return id;
+  return e.inbox.Push(std::move(seq));
 }
 
-void Engine::Cancel(RequestId id) {
-  {
-    std::lock_guard<std::mutex> lock(impl_->inbox_mutex);
-    impl_->cancel_requests.insert(id);
-  }
-  impl_->inbox_cv.notify_one();  // an idle step loop takes it now
-}
+void Engine::Cancel(RequestId id) { impl_->inbox.Cancel(id); }  // wakes an idle step loop
 
 bool Engine::Step() { return impl_->StepImpl(); }
 
@@ -458,37 +417,27 @@ void Engine::RunUntilIdle() {
 
 void Engine::Start() {
   Impl& e = *impl_;
-  if (e.loop_running.exchange(true)) return;
-  e.loop = std::thread([&e] {
-    while (e.loop_running.load()) {
+  if (e.loop.running.exchange(true)) return;
+  e.loop.thread = std::thread([&e] {
+    while (e.loop.running.load()) {
       if (e.StepImpl()) continue;
-      // Idle: asleep until Submit, Cancel or Stop notifies (no poll to wait out).
-      std::unique_lock<std::mutex> lock(e.inbox_mutex);
-      e.inbox_cv.wait(lock, [&e] {
-        return !e.inbox.empty() || !e.cancel_requests.empty() || !e.loop_running.load();
-      });
+      // Idle: asleep until Submit, Cancel or Stop wakes it (no poll to wait out).
+      e.inbox.Wait();
     }
   });
 }
 
 void Engine::Stop() {
   Impl& e = *impl_;
-  {
-    // Under the lock: the loop cannot be between its check and its wait, so the wake is not lost.
-    std::lock_guard<std::mutex> lock(e.inbox_mutex);
-    if (!e.loop_running.exchange(false)) return;
-  }
-  e.inbox_cv.notify_all();
-  if (e.loop.joinable()) e.loop.join();
+  if (!e.loop.running.exchange(false)) return;
+  e.inbox.Wake();  // a wake before the loop's wait is kept: the wait returns at once
+  if (e.loop.thread.joinable()) e.loop.thread.join();
 }
 
 EngineMetrics Engine::Metrics() const {
   const Impl& e = *impl_;
   EngineMetrics m;
-  {
-    std::lock_guard<std::mutex> lock(e.inbox_mutex);
-    m.requests_submitted = e.requests_submitted;
-  }
+  m.requests_submitted = e.inbox.requests_submitted();
   e.metrics.Snapshot(&m);
   m.kv_checkpoint_every = e.memory->layout().checkpoint_every;
   const std::vector<KvStoreTierStats> store_stats = e.memory->StoreStats();
@@ -529,8 +478,8 @@ StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request,
   GenerateResult result;
   result.prompt_ids =
       request.prompt_ids.empty()
-          ? impl_->tokenizer->Encode(request.prompt,
-                                     EncodeOptions{request.add_bos, request.parse_special})
+          ? impl_->model.tokenizer->Encode(request.prompt,
+                                           EncodeOptions{request.add_bos, request.parse_special})
           : request.prompt_ids;
   Request r;
   r.prompt_ids = result.prompt_ids;  // tokenized once, here
@@ -574,13 +523,13 @@ StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request,
   return result;
 }
 
-const Model& Engine::model() const { return *impl_->model; }
-const Tokenizer& Engine::tokenizer() const { return *impl_->tokenizer; }
+const Model& Engine::model() const { return *impl_->model.weights; }
+const Tokenizer& Engine::tokenizer() const { return *impl_->model.tokenizer; }
 const EngineOptions& Engine::options() const { return impl_->options; }
-int64_t Engine::context_length() const { return impl_->context_length; }
+int64_t Engine::context_length() const { return impl_->model.context_length; }
 bool Engine::accepts_lossy_kv() const { return impl_->memory->accepts_lossy_requests(); }
-ops::Isa Engine::isa() const { return impl_->ops->isa(); }
-int Engine::num_threads() const { return impl_->pool->num_threads(); }
+ops::Isa Engine::isa() const { return impl_->model.ops->isa(); }
+int Engine::num_threads() const { return impl_->model.pool->num_threads(); }
 const KvManager& Engine::kv_manager() const { return impl_->memory->manager(); }
 
 }  // namespace kvl

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kvl/engine.h"
-#include "kvl/kv_pager.h"
+#include "kvl/kv_memory.h"  // KvSequencePages, KvPageFate, KvStats
 #include "prediction_error.h"
 #include "request.h"
 

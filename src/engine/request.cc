@@ -46,14 +46,32 @@ int64_t Sequence::MaxStepsLeft(int64_t context_tokens) const {
   return left;
 }
 
-TokenEvent Sequence::FinishEvent(const std::string& reason, Status error) {
+std::string_view FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kContext:
+      return "context";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "error";
+}
+
+TokenEvent Sequence::FinishEvent(FinishReason reason, Status error) {
   finished = true;
   TokenEvent event;
   event.request = id;
   event.finished = true;
-  event.finish_reason = reason;
+  event.finish_reason = std::string(FinishReasonName(reason));
   event.error = std::move(error);
-  if (reason != "stop") event.text = stop_filter.Flush();
+  if (reason != FinishReason::kStop) event.text = stop_filter.Flush();
   event.time_to_first_token_ms =
       num_generated > 0 ? MillisecondsBetween(submitted, first_token) : 0.0;
   event.prompt_tokens = num_prompt;

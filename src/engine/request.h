@@ -9,11 +9,20 @@
 #include <vector>
 
 #include "kvl/engine.h"
-#include "kvl/kv_pager.h"
+#include "kvl/kv_memory.h"  // KvSequencePages, KvPageFate, KvStats
 #include "kvl/sampling.h"
 #include "spec_state.h"
 
 namespace kvl {
+
+// Why a request ended; FinishReasonName is TokenEvent::finish_reason's text.
+enum class FinishReason : uint8_t { kEos, kStop, kLength, kContext, kCancelled, kError };
+std::string_view FinishReasonName(FinishReason reason);
+// It ran to a natural end (eos, stop, length): no error, not cancelled, not cut by the context.
+inline bool Completed(FinishReason reason) {
+  return reason == FinishReason::kEos || reason == FinishReason::kStop ||
+         reason == FinishReason::kLength;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -62,7 +71,6 @@ struct Sequence {
   // Where each of its KV pages is (pool, slab, tier, checkpoints, dropped); it outlives a
   // preemption, when the kept pages wait in tiers for the resume.
   KvSequencePages kv_pages;
-  int64_t restore_tokens = 0;      // this step: tokens to promote instead of compute
   bool store_checked = false;      // its prompt was looked up in the KV store
   int32_t preemptions = 0;
   // Its request's kv_quality, or the engine's where the request left it unset.
@@ -73,7 +81,7 @@ struct Sequence {
   SpecSequenceState spec;          // speculative decoding (issue 26): its draft and acceptance
 
   // The finished event (reason, error, counts, the text still held back); marks it finished.
-  TokenEvent FinishEvent(const std::string& reason, Status error);
+  TokenEvent FinishEvent(FinishReason reason, Status error);
   // The most steps it may still take, the next one included: a token a step until max_tokens or
   // the context is reached (an EOS or a stop string may end it sooner). What the KV reuse
   // forecast knows of a running sequence's future reads.

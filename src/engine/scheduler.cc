@@ -25,11 +25,7 @@ constexpr int64_t kMaxPromotionsPerStep = 4;
 Scheduler::Scheduler(const SchedulerOptions& options, KvMemory& memory, MetricsRecorder& metrics)
     : options_(options),
       memory_(memory),
-      kv_(memory.manager()),
-      pager_(memory.pager()),
-      planner_(memory.planner()),
       metrics_(metrics),
-      trace_(memory.trace()),
       block_tokens_(memory.layout().block_tokens) {
   for (SeqId s = options.max_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
   running_.reserve(static_cast<size_t>(options.max_seqs));
@@ -40,28 +36,11 @@ void Scheduler::Enqueue(std::unique_ptr<Sequence> seq) { waiting_.push_back(std:
 
 void Scheduler::Cancel(const std::unordered_set<RequestId>& ids) {
   for (auto& seq : running_) {
-    if (ids.count(seq->id)) Finish(*seq, "cancelled");
+    if (ids.count(seq->id)) Finish(*seq, FinishReason::kCancelled);
   }
   for (auto& seq : waiting_) {
-    if (ids.count(seq->id)) Finish(*seq, "cancelled");
+    if (ids.count(seq->id)) Finish(*seq, FinishReason::kCancelled);
   }
-}
-
-int64_t Scheduler::InPlaceBlocks(const Sequence& seq, int64_t from) const {
-  if (from % block_tokens_ != 0) return 0;
-  const int64_t len = static_cast<int64_t>(seq.tokens.size());
-  const std::vector<KvPage>& pages = seq.kv_pages.pages;
-  int64_t blocks = 0;
-  for (size_t b = static_cast<size_t>(from / block_tokens_); b < pages.size(); ++b) {
-    const KvPage& page = pages[b];
-    if (!page.awaiting_restore || !page.content.valid() || !page.store_pin ||
-        page.fate != KvPageFate::kInTier || !page.tier->reads_in_place() ||
-        from + (blocks + 1) * block_tokens_ > len - 1) {
-      break;
-    }
-    ++blocks;
-  }
-  return blocks;
 }
 
 bool Scheduler::RestoresAhead(const Sequence& seq, int64_t from) const {
@@ -69,18 +48,7 @@ bool Scheduler::RestoresAhead(const Sequence& seq, int64_t from) const {
 }
 
 int64_t Scheduler::RestorableTokens(const Sequence& seq, int64_t from, int64_t cap) const {
-  if (from % block_tokens_ != 0) return 0;
-  const int64_t len = static_cast<int64_t>(seq.tokens.size());
-  const std::vector<KvPage>& pages = seq.kv_pages.pages;
-  int64_t restore = 0;
-  for (size_t b = static_cast<size_t>(from / block_tokens_); b < pages.size(); ++b) {
-    if (!pages[b].awaiting_restore || from + restore + block_tokens_ > len - 1 ||
-        restore + block_tokens_ > cap) {
-      break;
-    }
-    restore += block_tokens_;
-  }
-  return restore;
+  return memory_.RestorableTokens(seq.kv_pages, static_cast<int64_t>(seq.tokens.size()), from, cap);
 }
 
 size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t restore_cap,
@@ -96,11 +64,10 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
       // than the pool goes in chunks, the pool paging older pages out as it fills).
       const int64_t restore =
           decode_pass ? 0 : RestorableTokens(*seq, seq->num_computed, restore_cap);
-      const int64_t n = RestoresAhead(*seq, seq->num_computed + restore)
-                            ? 0
-                            : std::min({remaining - restore, budget,
-                                        decode_pass ? remaining : prefill_cap});
-      seq->restore_tokens = restore;
+      const int64_t n =
+          RestoresAhead(*seq, seq->num_computed + restore)
+              ? 0
+              : std::min({remaining - restore, budget, decode_pass ? remaining : prefill_cap});
       // --- speculative decoding (issue 26): a decode carries its draft as unverified rows ---
       seq->spec.in_step = 0;
       const auto draft = static_cast<int64_t>(seq->spec.draft.size());
@@ -112,9 +79,11 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
         continue;
       }
       // --- end speculative decoding ---
-      plan->steps.push_back({seq->slot, std::span<const int32_t>(seq->tokens).subspan(
-                                            static_cast<size_t>(seq->num_computed),
-                                            static_cast<size_t>(restore + n))});
+      plan->steps.push_back(
+          {seq->slot,
+           std::span<const int32_t>(seq->tokens)
+               .subspan(static_cast<size_t>(seq->num_computed), static_cast<size_t>(restore + n)),
+           0, 0, restore});
       plan->seqs.push_back(seq.get());
       budget -= n;
     }
@@ -125,27 +94,22 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
     if (running_.size() + admissions >= static_cast<size_t>(options_.max_seqs)) break;
     if (admissions >= free_slots_.size()) break;  // the other slots hold parked sessions
     const int64_t len = static_cast<int64_t>(seq->tokens.size());
-    const int64_t cached = kv_.MatchPrefix(seq->tokens);
-    if (!seq->store_checked) {
-      seq->store_checked = true;
-      memory_.FindInStore(seq->tokens, cached, &seq->kv_pages);
-    }
-    // Pages kept at a preemption or found in the store right after the cached prefix are
-    // promoted instead of computed.
-    // Store pages in a RAM tier are read where they lie; the rest are promoted.
-    const int64_t attach = InPlaceBlocks(*seq, cached);
-    const int64_t attached = cached + attach * block_tokens_;
-    const int64_t restore = RestorableTokens(*seq, attached, restore_cap);
-    seq->restore_tokens = restore;
+    // The pool's prefix, the store's pages read in place, then pages kept at a preemption or
+    // found in the store, promoted instead of computed (the store is asked once per admission).
+    const KvAdmission a =
+        memory_.PlanAdmission(seq->tokens, &seq->kv_pages, !seq->store_checked, restore_cap);
+    seq->store_checked = true;
+    const int64_t attached = a.cached_tokens + a.in_place_blocks * block_tokens_;
+    const int64_t restore = a.restore_tokens;
     seq->spec.in_step = 0;  // speculative decoding: an admission carries no draft
     const int64_t n = RestoresAhead(*seq, attached + restore)
                           ? 0
                           : std::min({len - attached - restore, budget, prefill_cap});
     const SeqId slot = free_slots_[free_slots_.size() - 1 - admissions];
-    plan->steps.push_back({slot,
-                           std::span<const int32_t>(seq->tokens).first(
-                               static_cast<size_t>(attached + restore + n)),
-                           attach});
+    plan->steps.push_back(
+        {slot,
+         std::span<const int32_t>(seq->tokens).first(static_cast<size_t>(attached + restore + n)),
+         a.in_place_blocks, 0, restore});
     plan->seqs.push_back(seq.get());
     budget -= n;
     ++admissions;
@@ -188,18 +152,14 @@ void Scheduler::AdoptParkedSessions() {
       }
     }
     // Exact pages the prefix cache holds win over as many approximate ones.
-    if (best_tokens == 0 || best_tokens <= kv_.MatchPrefix(seq.tokens)) {
+    if (best_tokens == 0 || best_tokens <= memory_.MatchPrefix(seq.tokens)) {
       ++it;
       continue;
     }
     Sequence& session = *parked_[best];
-    if (best_tokens < session.num_computed) {
-      kv_.Truncate(session.slot, best_tokens);
-      pager_.Truncate(session.slot, best_tokens / block_tokens_);
-    }
     seq.slot = session.slot;
     seq.kv_pages = std::move(session.kv_pages);
-    pager_.Rebind(seq.slot, &seq.kv_pages);
+    memory_.Continue(seq.slot, best_tokens, &seq.kv_pages);
     seq.num_computed = best_tokens;
     seq.cached_prompt_tokens = best_tokens;
     seq.store_checked = true;
@@ -224,7 +184,7 @@ bool Scheduler::Schedule(StepPlan* plan) {
   ++steps_since_pressure_;
   AdoptParkedSessions();
   size_t max_admissions = waiting_.size();
-  planner_.ClearFailedActions();
+  memory_.ForgetFailedActions();
   // Prefill chunks shrink when a sequence pages through a pool smaller than one chunk.
   int64_t prefill_cap = options_.max_batch_tokens;
   int64_t restore_cap = std::numeric_limits<int64_t>::max();
@@ -238,7 +198,7 @@ bool Scheduler::Schedule(StepPlan* plan) {
       if (static_cast<int64_t>(step.tokens.size()) - step.unverified > 1) phase_ = Phase::kPrefill;
     }
     plan->phase = phase_;
-    kv_.Plan(plan->steps, &plan->kv);  // reuses the plan's vectors: no allocation per step
+    memory_.PlanStep(plan->steps, &plan->kv);  // reuses the plan's vectors: no allocation per step
     if (plan->kv.fits) {
       // Admissions become running sequences, in order, with the slots the plan used.
       for (size_t a = 0; a < admissions; ++a) {
@@ -269,15 +229,15 @@ bool Scheduler::Schedule(StepPlan* plan) {
     // in the store again, at their admission).
     if (admissions == 0 && RamTierFull() && ReleaseWaitingTierPages(/*ram_only=*/true)) continue;
     if (RelievePressure(blocks_short, phase_)) continue;
-    if (planner_.rules().pages_running_sequences && prefill_cap > block_tokens_) {
+    if (memory_.pages_running_sequences() && prefill_cap > block_tokens_) {
       prefill_cap = std::max<int64_t>(block_tokens_, prefill_cap / 2);
       continue;
     }
     // Restores larger than the pool go in chunks (computing nothing until the last one, so no
     // page the store holds is computed instead), the pool paging older pages out in between.
     int64_t largest_restore = 0;
-    for (const Sequence* seq : plan->seqs) {
-      largest_restore = std::max(largest_restore, seq->restore_tokens);
+    for (const KvSeqStep& step : plan->steps) {
+      largest_restore = std::max(largest_restore, step.restore_tokens);
     }
     if (largest_restore > block_tokens_) {
       restore_cap = largest_restore / 2 / block_tokens_ * block_tokens_;
@@ -316,7 +276,7 @@ bool Scheduler::RamTierFull() const {
   for (const KvTier* tier : memory_.tiers()) {
     if (tier->kind() != TierKind::kRam) continue;
     const TierStats stats = tier->stats();
-    return stats.bytes_used + kv_.options().layout.kv_bytes() > stats.capacity_bytes;
+    return stats.bytes_used + memory_.layout().kv_bytes() > stats.capacity_bytes;
   }
   return false;
 }
@@ -330,7 +290,7 @@ bool Scheduler::ReleaseWaitingTierPages(bool ram_only) {
                  (!ram_only || page.tier->kind() == TierKind::kRam);
         });
     if (!holds) continue;
-    pager_.ForgetPreemptedPages(seq->kv_pages);
+    memory_.ReleaseWaiting(seq->kv_pages);
     // Asking the store again at once would pin the same RAM pages again, step after step: the
     // sequence computes what the prefix cache lacks instead. The last resort (a sequence about
     // to be stopped) lets it ask again.
@@ -341,50 +301,20 @@ bool Scheduler::ReleaseWaitingTierPages(bool ram_only) {
 }
 
 void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
-  // What the budget holds, and why the pages that could have left the pool did not.
-  std::string holds = fmt::format("{} blocks of {} tokens", kv_.num_blocks(), block_tokens_);
-  const int64_t staging_bytes = pager_.stats().staging_bytes;
-  if (staging_bytes > 0) {
-    holds += fmt::format(" in the pool, and {:.1f} KiB of buffers for pages leaving it",
-                         static_cast<double>(staging_bytes) / 1024.0);
-    if (pager_.staging_capacity_pages() > 0) {
-      holds += fmt::format(" ({} pages streamed from tiers at once)",
-                           pager_.staging_capacity_pages());
-    }
-  }
-  std::string hint;
-  if (!prompt_only && !planner_.rules().pages_running_sequences) {
-    hint = ", or let its pages move: --kv-policy auto with --kv-tier ram:SIZE (lossless) or "
-           "with --kv-quality balanced";
-  } else if (!prompt_only && pager_.staging_capacity_pages() > 0 &&
-             pager_.staged_pages_held() >= pager_.staging_capacity_pages()) {
-    hint = fmt::format(
-        "; its {} pages streamed from tiers fill the staging reserved for them (raise "
-        "--kv-stream-reserve, or let pages be compressed: --kv-quality balanced)",
-        pager_.staged_pages_held());
-  } else if (!prompt_only) {
-    hint = "; the attention sinks, the recent window and the page being written stay in the "
-           "pool (--kv-sink, --kv-recent)";
-  }
-  if (!pager_.last_tier_error().ok()) {
-    hint += "; the last page that could not go to a tier: " + pager_.last_tier_error().message();
-  }
-  const std::string why =
-      fmt::format("the KV budget ({}) cannot hold {} of {} tokens; raise --kv-budget{}", holds,
-                  prompt_only ? "a prompt" : "a sequence", seq.tokens.size(), hint);
+  const std::string why = memory_.WhyTooBig(prompt_only, static_cast<int64_t>(seq.tokens.size()));
   if (!prompt_only && seq.num_generated > 0) {
     // It ran as far as the budget goes: the text so far is the answer, cut as max_tokens would
     // cut it, never thrown away as a late error.
     fmt::print(stderr, "kvl: request {} stopped at {} tokens (finish reason length): {}\n", seq.id,
                seq.tokens.size(), why);
-    Finish(seq, "length");
+    Finish(seq, FinishReason::kLength);
     return;
   }
-  Finish(seq, "error", ResourceExhaustedError(why));
+  Finish(seq, FinishReason::kError, ResourceExhaustedError(why));
 }
 
 void Scheduler::CountAppliedActions(const KvPagePlan& plan) {
-  const int64_t bytes = kv_.options().layout.kv_bytes();
+  const int64_t bytes = memory_.layout().kv_bytes();
   for (const KvPageAction& a : plan.actions) {
     if (!a.applied) continue;
     metrics_.CountPageAction(a.action, bytes);
@@ -396,25 +326,6 @@ void Scheduler::CountAppliedActions(const KvPagePlan& plan) {
   }
 }
 
-void Scheduler::TraceLeaving(const KvPagePlan& plan, KvTraceCause cause, RequestId request) {
-  for (const KvPageAction& a : plan.actions) {
-    if (cause == KvTraceCause::kRelief && !a.applied) continue;
-    RequestId owner = request;
-    if (owner < 0) {
-      for (const KvPlannedSeq& s : planned_running_) {
-        if (s.slot == a.seq) owner = s.request_id;
-      }
-    }
-    // A preempted page another sequence shares stays in the pool for that one.
-    const std::vector<BlockId>& table = kv_.block_table(a.seq);
-    const size_t b = static_cast<size_t>(a.block_index);
-    if (b < table.size() && table[b] != kNoBlock && kv_.refcount(table[b]) > 1) continue;
-    trace_->Leave(owner, a.block_index,
-                  static_cast<int>(a.applied ? a.action : KvAction::kRecomputeTokens), cause,
-                  a.predicted_ms);
-  }
-}
-
 int64_t Scheduler::StepsLeft(const Sequence& seq) const {
   return options_.context_length > 0 ? seq.MaxStepsLeft(options_.context_length) : -1;
 }
@@ -422,88 +333,63 @@ int64_t Scheduler::StepsLeft(const Sequence& seq) const {
 bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
   planned_running_.clear();
   for (auto& seq : running_) {
-    if (seq->slot >= 0 && kv_.Contains(seq->slot)) {
+    if (seq->slot >= 0 && memory_.Contains(seq->slot)) {
       planned_running_.push_back({seq->slot, seq->id, StepsLeft(*seq), seq->kv_quality});
     }
   }
   steps_since_pressure_ = 0;
-  planner_.PlanRelief(planned_running_, blocks_short, phase, &page_plan_);
-  const int64_t applied = pager_.Apply(page_plan_);
-  planner_.NoteFailedActions(page_plan_);  // planned again, a failed page takes another action
+  memory_.PlanRelief(planned_running_, blocks_short, phase, &page_plan_);
+  const int64_t applied = memory_.Apply(page_plan_);
   if (applied > 0 || std::any_of(page_plan_.actions.begin(), page_plan_.actions.end(),
                                  [](const KvPageAction& a) { return a.failed; })) {
     CountAppliedActions(page_plan_);
-    if (trace_ != nullptr) TraceLeaving(page_plan_, KvTraceCause::kRelief, -1);
     return true;
   }
   // Nothing resident could go: compressed pages are evicted, the last resort.
-  planner_.PlanCompressedEviction(planned_running_, blocks_short, &page_plan_);
-  if (pager_.Apply(page_plan_) == 0) return false;
+  memory_.PlanCompressedEviction(planned_running_, blocks_short, &page_plan_);
+  if (memory_.Apply(page_plan_) == 0) return false;
   CountAppliedActions(page_plan_);
-  if (trace_ != nullptr) TraceLeaving(page_plan_, KvTraceCause::kRelief, -1);
-  if (planner_.rules().explain) {
-    for (const KvPageAction& a : page_plan_.actions) {
-      if (!a.applied) continue;
-      const auto owner = std::find_if(planned_running_.begin(), planned_running_.end(),
-                                      [&a](const KvPlannedSeq& s) { return s.slot == a.seq; });
-      fmt::print(stderr,
-                 "kvl: explain: request {} compressed page {} -> evict (the pool holds only "
-                 "compressed pages)\n",
-                 owner->request_id, a.block_index);
-    }
-  }
   return true;
 }
 
-void Scheduler::PlanPromotions(PromotionPlan* plan) {
-  plan->pages.actions.clear();
-  plan->requests.clear();
-  const KvPagerStats pages = pager_.stats();
-  if (!options_.promote_back || pages.streamed_pages + pages.rebuilt_pages == 0 ||
-      !waiting_.empty() || steps_since_pressure_ <= kPromoteQuietSteps) {
+void Scheduler::PlanPromotions(KvPagePlan* plan) {
+  plan->actions.clear();
+  if (!options_.promote_back || !memory_.HoldsPagesOutsidePool() || !waiting_.empty() ||
+      steps_since_pressure_ <= kPromoteQuietSteps) {
     return;
   }
   planned_running_.clear();
   int64_t blocks_needed = 0;
   for (const auto& seq : running_) {
-    if (seq->finished || seq->slot < 0 || !kv_.Contains(seq->slot)) continue;
+    if (seq->finished || seq->slot < 0 || !memory_.Contains(seq->slot)) continue;
     const int64_t steps_left = StepsLeft(*seq);
     planned_running_.push_back({seq->slot, seq->id, steps_left, seq->kv_quality});
     // What it adds within the next block_tokens steps: the tokens not in the pool yet (a
     // prompt's rest, the token just sampled), then one a step while it runs.
-    const int64_t in_pool = kv_.num_tokens(seq->slot);
+    const int64_t in_pool = memory_.num_tokens(seq->slot);
     const int64_t steps = steps_left >= 0 ? std::min(steps_left, block_tokens_) : block_tokens_;
     const int64_t to_add = static_cast<int64_t>(seq->tokens.size()) - in_pool + steps;
-    blocks_needed += kv_.BlocksFor(in_pool + to_add) - kv_.BlocksFor(in_pool);
+    blocks_needed += memory_.BlocksFor(in_pool + to_add) - memory_.BlocksFor(in_pool);
   }
-  const int64_t margin = std::max<int64_t>(1, kv_.num_blocks() / kPromoteMarginPoolFraction);
-  const int64_t spare = kv_.stats().blocks_free - blocks_needed - margin;
-  planner_.PlanPromotion(planned_running_, spare, kMaxPromotionsPerStep, &plan->pages);
-  for (const KvPageAction& a : plan->pages.actions) {
-    for (const KvPlannedSeq& s : planned_running_) {
-      if (s.slot == a.seq) plan->requests.push_back(s.request_id);
-    }
-  }
+  const int64_t margin = std::max<int64_t>(1, memory_.num_blocks() / kPromoteMarginPoolFraction);
+  const int64_t spare = memory_.stats().pool.blocks_free - blocks_needed - margin;
+  memory_.PlanPromotion(planned_running_, spare, kMaxPromotionsPerStep, plan);
 }
 
 void Scheduler::PreemptAt(size_t running_index) {
   steps_since_pressure_ = 0;
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
-  planner_.PlanPreemption({seq->slot, seq->id, -1, seq->kv_quality}, seq->num_computed, phase_,
-                          &page_plan_);
-  pager_.Preempt(seq->slot, page_plan_);
-  planner_.NoteFailedActions(page_plan_);
-  const int64_t bytes = kv_.options().layout.kv_bytes();
+  memory_.PlanPreemption({seq->slot, seq->id, -1, seq->kv_quality}, seq->num_computed, phase_,
+                         &page_plan_);
+  memory_.Apply(page_plan_);  // the pages saved or dropped, the blocks let go
+  const int64_t bytes = memory_.layout().kv_bytes();
   for (const KvPageAction& a : page_plan_.actions) {
     metrics_.CountPageAction(a.applied ? a.action : KvAction::kRecomputeTokens, bytes);
   }
-  if (trace_ != nullptr) TraceLeaving(page_plan_, KvTraceCause::kPreempt, seq->id);
-  kv_.Free(seq->slot);
   free_slots_.push_back(seq->slot);
   seq->slot = -1;
   seq->num_computed = 0;
-  seq->restore_tokens = 0;
   seq->store_checked = false;
   ++seq->preemptions;
   waiting_.push_front(std::move(seq));
@@ -523,17 +409,16 @@ void Scheduler::ReleaseSlot(Sequence& seq) {
   seq.slot = -1;
 }
 
-void Scheduler::Finish(Sequence& seq, const std::string& reason, Status error) {
+void Scheduler::Finish(Sequence& seq, FinishReason reason, Status error) {
   if (seq.finished) return;
-  const bool completed =
-      error.ok() && (reason == "eos" || reason == "stop" || reason == "length");
+  const bool completed = error.ok() && Completed(reason);
   const TokenEvent event = seq.FinishEvent(reason, std::move(error));
   if (seq.slot >= 0) {
-    seq.parked = options_.keep_lossy_sessions && completed && kv_.Contains(seq.slot) &&
-                 kv_.IsLossy(seq.slot);
+    seq.parked = options_.keep_lossy_sessions && completed && memory_.Contains(seq.slot) &&
+                 memory_.IsLossy(seq.slot);
     if (!seq.parked) ReleaseSlot(seq);
   } else {
-    pager_.ForgetPreemptedPages(seq.kv_pages);  // a preempted request cancelled while waiting
+    memory_.ReleaseWaiting(seq.kv_pages);  // a preempted request cancelled while waiting
   }
   if (seq.on_event) seq.on_event(event);
   metrics_.CountFinished();

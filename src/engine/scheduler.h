@@ -13,7 +13,7 @@
 // smaller than one chunk); then the most recently admitted running sequence is preempted (its
 // pages demoted, checkpointed or dropped, and it is requeued at the front of the waiting queue).
 // Between steps, once the pool has blocks to spare again, running sequences' pages that left it
-// losslessly come back (PlanPromotions; StepRunner::PromoteBack carries them out).
+// losslessly come back (PlanPromotions; StepRunner::PromoteBack applies the plan through KvMemory).
 //
 // Thread-safety: owned by the step loop.
 #pragma once
@@ -49,13 +49,6 @@ struct SchedulerOptions {
   bool promote_back = true;
 };
 
-// Pages of running sequences to bring back into the pool between steps: planned by
-// Scheduler::PlanPromotions, carried out by StepRunner::PromoteBack.
-struct PromotionPlan {
-  KvPagePlan pages;
-  std::vector<RequestId> requests;  // per action: the request the page belongs to
-};
-
 // One step's work: a KV plan that fits, and per sequence the tokens it computes.
 struct StepPlan {
   KvPlan kv;
@@ -66,7 +59,7 @@ struct StepPlan {
 
 class Scheduler {
  public:
-  // `memory`'s pool, pager, planner, store and trace are the ones it schedules over.
+  // Every KV question and every change to a page goes through `memory` (plan, then apply).
   Scheduler(const SchedulerOptions& options, KvMemory& memory, MetricsRecorder& metrics);
 
   // A new request joins the back of the waiting queue.
@@ -84,14 +77,14 @@ class Scheduler {
   // preemption, and never the blocks the running sequences will take within the next
   // block_tokens steps (the rest of their prompts, one token a step) plus a margin, so that a
   // page brought back is not what the next step's relief sends out again.
-  void PlanPromotions(PromotionPlan* plan);
+  void PlanPromotions(KvPagePlan* plan);
 
   // Preempts a running sequence (its pages saved or dropped, as the KV planner decides); it goes
   // to the front of the waiting queue.
   void Preempt(Sequence& seq);
   // Ends a request: its KV leaves the pool (or the tiers, if it was waiting), its last event is
   // sent. It leaves the queues at the next ReleaseFinished.
-  void Finish(Sequence& seq, const std::string& reason, Status error = Status::Ok());
+  void Finish(Sequence& seq, FinishReason reason, Status error = Status::Ok());
   void ReleaseFinished();
   // Every parked session lets its KV go as a finished request's does (durable tiers get its exact
   // pages): at shutdown, so that a restart finds what a parked session held.
@@ -109,15 +102,11 @@ class Scheduler {
   // returns how many admissions it took.
   size_t FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t restore_cap,
                    StepPlan* plan);
-  // Tokens from position `from` that pages awaiting restore cover (whole pages, never the one
-  // holding the last token), at most `cap`.
+  // Tokens from position `from` that pages awaiting restore cover, at most `cap`.
   int64_t RestorableTokens(const Sequence& seq, int64_t from, int64_t cap) const;
   // Whether pages awaiting restore start at `from`: a chunk that stops before them computes
   // nothing, so that they are promoted by the next chunk rather than computed.
   bool RestoresAhead(const Sequence& seq, int64_t from) const;
-  // Pages awaiting restore from `from` on (a multiple of block_tokens) in a tier attention reads
-  // in place: an admission attaches them where they lie instead of copying them into the pool.
-  int64_t InPlaceBlocks(const Sequence& seq, int64_t from) const;
   // Waiting requests that continue a parked session take its slot and KV and run; then parked
   // sessions give their slots back to the requests still waiting for one.
   void AdoptParkedSessions();
@@ -133,13 +122,10 @@ class Scheduler {
   bool RelievePressure(int64_t blocks_short, Phase phase);
   void PreemptAt(size_t running_index);
   void CountAppliedActions(const KvPagePlan& plan);
-  // The plan's pages that left the pool, to the trace; `request` is the preempted sequence's id
-  // (relief: -1, the owners are the running sequences).
-  void TraceLeaving(const KvPagePlan& plan, KvTraceCause cause, RequestId request);
   // Waiting sequences let go of the tier pages they hold (kept at their preemption, or found in
-  // the store for their admission): store pages become cached ones a tier may evict, the rest
-  // are erased. `ram_only`: only the sequences holding pages in the RAM tier. True when one held
-  // any.
+  // the store for their admission; KvMemory::ReleaseWaiting): store pages become cached ones a
+  // tier may evict, the rest are erased. `ram_only`: only the sequences holding pages in the RAM
+  // tier. True when one held any.
   bool ReleaseWaitingTierPages(bool ram_only);
   // The RAM tier (if any) has no room for one more page without evicting.
   bool RamTierFull() const;
@@ -148,11 +134,7 @@ class Scheduler {
 
   SchedulerOptions options_;
   KvMemory& memory_;
-  KvManager& kv_;
-  KvPager& pager_;
-  KvPressurePlanner& planner_;
   MetricsRecorder& metrics_;
-  KvTraceWriter* trace_;  // --kv-trace; null when off
   int64_t block_tokens_;
 
   std::deque<std::unique_ptr<Sequence>> waiting_;   // not admitted (new or preempted), FIFO

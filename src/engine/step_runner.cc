@@ -46,16 +46,7 @@ void FillLogprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, 
 }  // namespace
 
 StepRunner::StepRunner(const StepRunnerParts& parts)
-    : p_(parts),
-      kv_(&parts.memory->manager()),
-      storage_(&parts.memory->storage()),
-      pager_(&parts.memory->pager()),
-      store_(parts.memory->store()),
-      cache_(&parts.memory->cache()),
-      trace_(parts.memory->trace()),
-      feedback_(parts.memory->feedback()),
-      prices_(&parts.memory->rules().prices),
-      block_tokens_(parts.memory->layout().block_tokens) {
+    : p_(parts), memory_(*parts.memory), block_tokens_(parts.memory->layout().block_tokens) {
   const size_t max_tokens = static_cast<size_t>(p_.forward->options().max_batch_tokens);
   for (TokenBatch* b : {&batch_, &part_}) {
     b->tokens.reserve(max_tokens);
@@ -69,123 +60,80 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
   verified_logits_.reserve(kMaxDraftTokens + 1);
   full_blocks_before_.reserve(max_tokens);
   computed_.reserve(max_tokens);
-}
-
-int64_t StepRunner::RestorePages(Sequence& seq) {
-  const int64_t first_block = seq.num_computed / block_tokens_;
-  const int64_t num_blocks = seq.restore_tokens / block_tokens_;
-  // The bring-back time checked is the one the engine expects as it brings the page back: the
-  // price the model gave when the page left, corrected by what restores measured since (a
-  // sequence preempted early was priced before anything had been measured).
-  for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
-    KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
-    page.predicted_ms =
-        CorrectedPrice(feedback_, FeedbackKey(page.action, page.tier), page.model_ms)
-            .predicted_ms;
-  }
-  // Each page is timed on its own: one restore may read pages of several tiers.
-  const int64_t restored =
-      pager_->RestorePages(seq.slot, first_block, num_blocks, &restore_page_ms_);
-  if (restored < num_blocks) p_.metrics->CountReadFailure(num_blocks - restored);
-  for (int64_t b = first_block; b < first_block + restored; ++b) {
-    const KvPage& page = seq.kv_pages.pages[static_cast<size_t>(b)];
-    const double page_ms = restore_page_ms_[static_cast<size_t>(b - first_block)];
-    CountBroughtBack(seq.id, b, page, page_ms);
-    // A store page found by the admission's lookup: one of the tier's hits, promoted.
-    if (page.content.valid() && store_ != nullptr) {
-      store_->CountPromoted(page.tier, 1, page.predicted_ms, page_ms);
-      p_.metrics->CountPromoted(store_->TierIndex(page.tier), page.predicted_ms, page_ms);
+  kv_seqs_.reserve(max_tokens);
+  plan_.steps.reserve(static_cast<size_t>(p_.max_seqs));
+  plan_.seqs.reserve(static_cast<size_t>(p_.max_seqs));
+  if (p_.draft_max > 0) {
+    // Speculative decoding: a decode may carry 1 + draft_max tokens over new blocks; the reused
+    // plan has room for that from the start, so a longer draft than before allocates nothing.
+    const int64_t step_tokens = p_.draft_max + 1;
+    plan_.kv.seqs.resize(static_cast<size_t>(p_.max_seqs));
+    for (KvPlan::SeqPlan& sp : plan_.kv.seqs) {
+      sp.tokens.reserve(static_cast<size_t>(step_tokens));
+      sp.allocated.reserve(static_cast<size_t>(memory_.BlocksFor(step_tokens) + 1));
     }
   }
-  restored_.FeedTo(feedback_);
-  return restored * block_tokens_;
 }
 
-void StepRunner::CountBroughtBack(RequestId request, int64_t block, const KvPage& page,
-                                  double page_ms) {
-  p_.metrics->CountRestored(page.action, page.predicted_ms, page_ms);
-  if (trace_ != nullptr) {
-    trace_->Back(request, block, static_cast<int>(page.action), page.predicted_ms, page_ms);
-  }
-  restored_.Add(FeedbackKey(page.action, page.tier), page.model_ms, page_ms);
+bool StepRunner::Step() {
+  if (!p_.scheduler->Schedule(&plan_)) return false;
+  Run(plan_);
+  p_.scheduler->ReleaseFinished();
+  // Between steps: pages that left the pool come back while it has blocks to spare.
+  p_.scheduler->PlanPromotions(&promotion_);
+  PromoteBack(promotion_);
+  return true;
 }
 
-void StepRunner::PromoteBack(PromotionPlan& plan) {
-  std::vector<KvPageAction>& actions = plan.pages.actions;
-  if (actions.empty()) return;
-  // The pager makes each page resident: what it was (its tier, its prices) is kept for the count.
-  promoting_.clear();
-  for (const KvPageAction& a : actions) {
-    promoting_.push_back(pager_->pages(a.seq).pages[static_cast<size_t>(a.block_index)]);
-    promoting_.back().predicted_ms = a.predicted_ms;  // corrected as it is brought back
+void StepRunner::CountApplied() {
+  for (int64_t pages : applied_.read_failures) p_.metrics->CountReadFailure(pages);
+  for (const KvBroughtBack& page : applied_.brought_back) {
+    p_.metrics->CountRestored(page.action, page.predicted_ms, page.measured_ms);
+    // A store page found by the admission's lookup: one of the tier's hits, promoted. (A running
+    // sequence's page promoted back is no hit of a KV store lookup.)
+    if (page.store_tier >= 0) {
+      p_.metrics->CountPromoted(page.store_tier, page.predicted_ms, page.measured_ms);
+    }
   }
-  pager_->PromoteBack(plan.pages);
-  for (size_t i = 0; i < actions.size(); ++i) {
-    // A failed read leaves the page in its tier: nothing is recomputed.
-    if (actions[i].failed) p_.metrics->CountReadFailure(0);
-    if (!actions[i].applied) continue;
-    CountBroughtBack(plan.requests[i], actions[i].block_index, promoting_[i],
-                     actions[i].measured_ms);
-  }
-  restored_.FeedTo(feedback_);
+}
+
+void StepRunner::PromoteBack(KvPagePlan& plan) {
+  if (plan.actions.empty()) return;
+  memory_.Apply(plan, &applied_);
+  CountApplied();
 }
 
 int64_t StepRunner::FillBatch(const StepPlan& plan) {
   batch_.Clear();
   computed_.clear();
-  if (trace_ != nullptr) trace_from_.assign(plan.seqs.size(), 0);
+  kv_seqs_.clear();
+  for (Sequence* seq : plan.seqs) {
+    kv_seqs_.push_back({&seq->kv_pages, seq->id, seq->MaxStepsLeft(p_.context_length) - 1});
+  }
+  memory_.Apply(plan.kv, kv_seqs_, &applied_);
+  CountApplied();
+  for (const KvRecomputedPage& page : applied_.recomputed) {
+    pending_recompute_.push_back(
+        {page.request, page.block, page.price.predicted_ms, page.price.model_ms});
+  }
   int64_t prefill_tokens = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     Sequence& seq = *plan.seqs[i];
     const KvPlan::SeqPlan& sp = plan.kv.seqs[i];
     const int64_t step_tokens = static_cast<int64_t>(plan.steps[i].tokens.size());
-    if (sp.admit) {
-      pager_->StartSequence(seq.slot, &seq.kv_pages);
-      if (p_.memory->window() != nullptr) p_.memory->window()->StartSequence(seq.slot);
-      seq.num_computed = sp.num_cached_tokens;
-      // Pages dropped at the preemption are recomputed from their tokens, by this step and the
-      // prefill chunks after it.
-      for (size_t b = 0; b < seq.kv_pages.pages.size(); ++b) {
-        const KvPage& page = seq.kv_pages.pages[b];
-        if (page.fate == KvPageFate::kDropped) {
-          // As for a restore: the price expected when the page is recomputed.
-          const BringBackPrice price = CorrectedPrice(
-              feedback_, static_cast<size_t>(KvAction::kRecomputeTokens), page.model_ms);
-          pending_recompute_.push_back(
-              {seq.id, static_cast<int64_t>(b), price.predicted_ms, price.model_ms});
-        }
-      }
-    }
     const int64_t end = sp.admit ? step_tokens : seq.num_computed + step_tokens;
     // The step's own tokens: a speculative decode's draft is past seq.tokens (issue 26).
     const std::span<const int32_t> tokens = plan.steps[i].tokens;
     const int64_t tokens_from = sp.admit ? 0 : seq.num_computed;
-    if (sp.admit && sp.detached_blocks > 0) {
-      // Store pages read where the RAM tier holds them: part of the sequence, never copied.
-      pager_->AttachInPlace(seq.slot, seq.num_computed / block_tokens_, sp.detached_blocks);
-      seq.num_computed += sp.detached_blocks * block_tokens_;
-      if (store_ != nullptr) {
-        const KvPage& page =
-            seq.kv_pages.pages[static_cast<size_t>(seq.num_computed / block_tokens_ - 1)];
-        store_->CountInPlace(page.tier, sp.detached_blocks);
-      }
-    }
-    if (seq.restore_tokens > 0) {
-      const int64_t restored = RestorePages(seq);
-      seq.num_computed += restored;
-      seq.restore_tokens = 0;
-      // A prompt promoted in chunks: the later chunks count as cached too (first pass only).
-      if (!sp.admit && seq.preemptions == 0 && seq.cached_prompt_tokens >= 0) {
-        seq.cached_prompt_tokens += restored;
-      }
+    seq.num_computed = applied_.computed_from[i];
+    const int64_t restored = applied_.restored_tokens[i];
+    // A prompt promoted in chunks: the later chunks count as cached too (first pass only).
+    if (restored > 0 && !sp.admit && seq.preemptions == 0 && seq.cached_prompt_tokens >= 0) {
+      seq.cached_prompt_tokens += restored;
     }
     // The prompt's cached part, as usage reports it: the pool's prefix and the pages promoted
     // from the KV store at the first admission.
     if (sp.admit && seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = seq.num_computed;
-    // Pages restored, or computed where a restore stopped or the prefix cache held them, are let
-    // go from their tier at once: a page awaiting restore is never also in the pool.
-    pager_->SettleRestoredPages(seq.slot);
-    if (trace_ != nullptr) trace_from_[i] = seq.num_computed / block_tokens_;
     RebuildWindow(seq);
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
@@ -229,15 +177,15 @@ void StepRunner::RunBatch(const StepPlan& plan) {
       if (run_seqs_.empty() || run_seqs_.back() != id) run_seqs_.push_back(id);
     }
     ClaimWindowRows(*run);
-    pager_->BeginStep(run_seqs_);
-    p_.forward->Run(*run, *cache_);
-    for (SeqId failed : pager_->EndStep()) {
+    memory_.BeginForward(run_seqs_);
+    p_.forward->Run(*run, memory_.forward_cache());
+    for (SeqId failed : memory_.EndForward()) {
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
         Sequence* seq = plan.seqs[i];
         if (seq->slot == failed && !seq->stream_failed) {
           seq->stream_failed = true;
           // What this step wrote is wrong: never findable by prefix or in the store.
-          kv_->DropIdentity(seq->slot, full_blocks_before_[i]);
+          memory_.DiscardWrites(seq->slot, full_blocks_before_[i]);
           to_recompute_.push_back(seq);
         }
       }
@@ -263,7 +211,7 @@ void StepRunner::RunBatch(const StepPlan& plan) {
       if (seq->request.max_new_tokens == 0) {
         // Nothing to generate: the prompt is in the cache (a later request can reuse it).
         ++row;
-        p_.scheduler->Finish(*seq, "length");
+        p_.scheduler->Finish(*seq, FinishReason::kLength);
         continue;
       }
       const float* logits = p_.forward->logits(row++);
@@ -274,35 +222,20 @@ void StepRunner::RunBatch(const StepPlan& plan) {
 }
 
 void StepRunner::RebuildWindow(const Sequence& seq) {
-  KvWindowRelease* window = p_.memory->window();
   const int64_t n = seq.num_computed;
-  if (window == nullptr || window->HoldsWindow(seq.slot, n)) return;
-  KvWindowRebuildPrices prices;
-  prices.residual_page_ms = prices_->recompute_residual_ms;
-  prices.tokens_page_ms = prices_->recompute_tokens_ms;
-  prices.block_tokens = block_tokens_;
-  prices.num_layers = kv_->options().layout.num_layers;
-  const bool residuals = window->ResidualsCover(*kv_, *storage_, seq.slot, n);
-  if (window->ChooseWindowRebuild(n, residuals, prices) == KvWindowRebuild::kFromResiduals) {
-    window->RebuildFromResiduals(*kv_, *storage_, *p_.forward, seq.slot, n);
-    return;
-  }
-  const int64_t from = window->RebuildStart(n);
+  const int64_t from = memory_.RestoreWindow(seq.slot, n);
   for (int64_t pos = from; pos < n; ++pos) {
     batch_.AddWindowRebuild(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot);
   }
-  window->CountTokenRebuild(n - from);
 }
 
 void StepRunner::ClaimWindowRows(const TokenBatch& run) {
-  KvWindowRelease* window = p_.memory->window();
-  if (window == nullptr) return;
   for (int64_t t = 0; t < run.size();) {
     const SeqId seq = run.seq_ids[static_cast<size_t>(t)];
     int64_t end = t + 1;
     while (end < run.size() && run.seq_ids[static_cast<size_t>(end)] == seq) ++end;
-    window->ClaimRun(seq, run.positions[static_cast<size_t>(t)],
-                     run.positions[static_cast<size_t>(end - 1)] + 1);
+    memory_.ClaimWindowRows(seq, run.positions[static_cast<size_t>(t)],
+                            run.positions[static_cast<size_t>(end - 1)] + 1);
     t = end;
   }
 }
@@ -320,7 +253,7 @@ void StepRunner::RecomputeFailedStreams() {
     if (seq->finished) continue;
     if (++seq->failed_reads_in_a_row >= kMaxFailedReadsInARow) {
       p_.scheduler->Finish(
-          *seq, "error",
+          *seq, FinishReason::kError,
           InternalError(fmt::format(
               "request {}: its KV pages outside the pool could not be read back {} times in a "
               "row, also after recomputing them from its tokens; stopped rather than retried "
@@ -334,39 +267,10 @@ void StepRunner::RecomputeFailedStreams() {
   to_recompute_.clear();
 }
 
-void StepRunner::TraceReads(const StepPlan& plan) {
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const Sequence& seq = *plan.seqs[i];
-    if (seq.slot < 0 || !kv_->Contains(seq.slot)) continue;
-    const int64_t full_blocks = kv_->num_tokens(seq.slot) / block_tokens_;
-    trace_contents_.clear();
-    trace_outside_.clear();
-    trace_evicted_.clear();
-    for (int64_t b = 0; b < full_blocks; ++b) {
-      trace_contents_.push_back(kv_->ContentOf(seq.slot, b));
-      switch (pager_->FateOf(seq.slot, b)) {
-        case KvPageFate::kInTier:
-        case KvPageFate::kCheckpointed:
-          trace_outside_.push_back(b);  // streamed, read in place, or rebuilt
-          break;
-        case KvPageFate::kEvicted:
-          trace_evicted_.push_back(b);
-          break;
-        default:
-          break;  // in the pool, compressed or not
-      }
-    }
-    trace_->Read(seq.id, trace_contents_, trace_from_[i], trace_outside_, trace_evicted_,
-                   seq.MaxStepsLeft(p_.context_length) - 1);
-  }
-}
-
 void StepRunner::Run(const StepPlan& plan) {
-  p_.memory->CommitStep(plan.kv);
   full_blocks_before_.clear();
   for (const Sequence* seq : plan.seqs) full_blocks_before_.push_back(seq->num_computed / block_tokens_);
   const int64_t prefill_tokens = FillBatch(plan);
-  if (trace_ != nullptr) TraceReads(plan);
   // The forward run alone is what a page recomputed from its tokens is a share of (the restores
   // and store writes around it are timed and checked on their own).
   const Clock::time_point start = Clock::now();
@@ -378,7 +282,7 @@ void StepRunner::Run(const StepPlan& plan) {
       if (seq->finished) p_.speculator->Remember(*seq);
     }
   }
-  if (store_ != nullptr) SaveUnreachablePages(plan);
+  SaveUnreachablePages(plan);
   RecomputeFailedStreams();
   if (!pending_recompute_.empty() && batch_.size() > 0) CountRecomputedPages(forward_ms);
   p_.metrics->CountStep(batch_.size(), static_cast<int64_t>(plan.seqs.size()), prefill_tokens);
@@ -387,7 +291,7 @@ void StepRunner::Run(const StepPlan& plan) {
 // What one token at `position` weighs in a forward run: the cost model's time for it, or 1
 // without prices (a split by tokens).
 double StepRunner::TokenWeight(int64_t position) const {
-  const double ms = prices_ != nullptr ? RecomputeTokenMs(*prices_, position) : 0.0;
+  const double ms = memory_.TokenRecomputeMs(position);
   return ms > 0 ? ms : 1.0;
 }
 
@@ -422,24 +326,14 @@ void StepRunner::CountRecomputedPages(double forward_ms) {
     if (!done && seen) pending_recompute_[kept++] = page;
   }
   pending_recompute_.resize(kept);
-  recomputed_.FeedTo(feedback_);
+  memory_.FeedBack(recomputed_);
 }
 
 void StepRunner::SaveUnreachablePages(const StepPlan& plan) {
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const Sequence& seq = *plan.seqs[i];
-    if (seq.finished || seq.slot < 0 || !kv_->Contains(seq.slot) || !kv_->IsPaged(seq.slot)) {
-      continue;  // a sequence with no page outside the pool is all within the index's reach
-    }
-    const int64_t full = kv_->num_tokens(seq.slot) / block_tokens_;
-    if (full <= full_blocks_before_[i]) continue;
-    // The blocks the pool's prefix index reaches (at most all but the last token's).
-    const std::vector<int32_t>& tokens = kv_->tokens(seq.slot);
-    const int64_t reachable =
-        kv_->MatchPrefix(std::span(tokens).first(static_cast<size_t>(
-            std::min<int64_t>(static_cast<int64_t>(tokens.size()), full * block_tokens_ + 1)))) /
-        block_tokens_;
-    pager_->SaveUnreachablePages(seq.slot, std::max(full_blocks_before_[i], reachable), full);
+    if (!seq.finished && seq.slot >= 0)
+      memory_.FileUnreachablePages(seq.slot, full_blocks_before_[i]);
   }
 }
 
@@ -451,10 +345,10 @@ void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) 
   const Request& r = seq.request;
   // EOS, and every end-of-turn token of the vocabulary (<|eot_id|>, <|im_end|>, ...).
   if (!r.ignore_eos && p_.tokenizer->IsEndOfGeneration(token)) {
-    return p_.scheduler->Finish(seq, "eos");
+    return p_.scheduler->Finish(seq, FinishReason::kEos);
   }
   if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) {
-    return p_.scheduler->Finish(seq, "stop");
+    return p_.scheduler->Finish(seq, FinishReason::kStop);
   }
   seq.tokens.push_back(token);
   ++seq.num_generated;
@@ -472,12 +366,12 @@ void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) 
   }
   seq.prev_token = token;
   if (seq.on_event) seq.on_event(event);
-  if (stopped) return p_.scheduler->Finish(seq, "stop");
+  if (stopped) return p_.scheduler->Finish(seq, FinishReason::kStop);
   if (r.max_new_tokens >= 0 && seq.num_generated >= r.max_new_tokens) {
-    return p_.scheduler->Finish(seq, "length");
+    return p_.scheduler->Finish(seq, FinishReason::kLength);
   }
   if (static_cast<int64_t>(seq.tokens.size()) >= p_.context_length) {
-    p_.scheduler->Finish(seq, "context");
+    p_.scheduler->Finish(seq, FinishReason::kContext);
   }
 }
 

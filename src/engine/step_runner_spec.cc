@@ -27,7 +27,7 @@ int64_t StepRunner::VerifyDraft(Sequence& seq, int64_t row) {
     // The step is thrown away (RecomputeFailedStreams preempts the sequence): the draft too.
     // (The last token's row stays, as a plain step's would: the sequence is recomputed whole.)
     seq.num_computed = last_position + 1;
-    if (kv_->Contains(seq.slot)) kv_->TruncateTail(seq.slot, seq.num_computed);
+    memory_.TruncateTail(seq.slot, seq.num_computed);
     spec.draft.clear();
     return row + rows;
   }
@@ -48,7 +48,7 @@ int64_t StepRunner::VerifyDraft(Sequence& seq, int64_t row) {
   // The K/V of the last token and the accepted draft tokens is kept; the rejected rows' is cut
   // before anything can see it (a finishing sequence's pages go to the store at once).
   seq.num_computed = last_position + 1 + accepted;
-  kv_->TruncateTail(seq.slot, seq.num_computed);
+  memory_.TruncateTail(seq.slot, seq.num_computed);
   p_.metrics->CountSpecStep(drafted, accepted);
   spec.draft.clear();
   for (size_t i = 0; i < verified_tokens_.size() && !seq.finished; ++i) {

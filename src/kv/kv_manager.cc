@@ -276,7 +276,7 @@ void KvManager::Plan(std::span<const KvSeqStep> steps, KvPlan* out) const {
   for (KvPlan::SeqPlan& sp : plan.seqs) {
     sp.admit = false;
     sp.num_cached_tokens = 0;
-    sp.detached_blocks = 0;
+    sp.in_place_blocks = 0;
     sp.reused.clear();
     sp.allocated.clear();
     sp.cow_src = kNoBlock;
@@ -297,6 +297,7 @@ void KvManager::Plan(std::span<const KvSeqStep> steps, KvPlan* out) const {
     sp.seq = step.seq;
     sp.tokens.assign(step.tokens.begin(), step.tokens.end());
     sp.unverified = step.unverified;
+    sp.restore_tokens = step.restore_tokens;
     const SeqState& seq = s.seqs[step.seq];
     if (!seq.present) {
       sp.admit = true;
@@ -308,12 +309,12 @@ void KvManager::Plan(std::span<const KvSeqStep> steps, KvPlan* out) const {
         }
       }
       sp.num_cached_tokens = static_cast<int64_t>(sp.reused.size()) * s.block_tokens;
-      sp.detached_blocks = step.detached_blocks;
-      sp.first_new_pos = sp.num_cached_tokens + sp.detached_blocks * s.block_tokens;
+      sp.in_place_blocks = step.in_place_blocks;
+      sp.first_new_pos = sp.num_cached_tokens + sp.in_place_blocks * s.block_tokens;
       KVL_CHECK_MSG(sp.first_new_pos < static_cast<int64_t>(step.tokens.size()),
-                    "detached blocks must leave the block with the last token in the pool");
+                    "blocks read in place must leave the block with the last token in the pool");
       sp.blocks_needed = BlocksFor(static_cast<int64_t>(step.tokens.size())) -
-                         static_cast<int64_t>(sp.reused.size()) - sp.detached_blocks;
+                         static_cast<int64_t>(sp.reused.size()) - sp.in_place_blocks;
       continue;
     }
     const int64_t n = static_cast<int64_t>(seq.tokens.size());
@@ -395,8 +396,8 @@ void KvManager::Commit(const KvPlan& plan) {
         s.RefBlock(block);
         seq.table.push_back(block);
       }
-      for (int64_t d = 0; d < sp.detached_blocks; ++d) seq.table.push_back(kNoBlock);
-      if (sp.detached_blocks > 0) seq.paged = true;  // lossless: identities are kept
+      for (int64_t d = 0; d < sp.in_place_blocks; ++d) seq.table.push_back(kNoBlock);
+      if (sp.in_place_blocks > 0) seq.paged = true;  // lossless: identities are kept
       if (s.options.enable_prefix_cache) {
         ++s.prefix_queries;
         s.prefix_query_tokens += static_cast<int64_t>(sp.tokens.size());
@@ -425,7 +426,7 @@ void KvManager::Commit(const KvPlan& plan) {
               BlocksFor(static_cast<int64_t>(seq.tokens.size())));
     // Blocks with identity already (reused ones carry theirs) are not registered again.
     const size_t first_unfilled = std::max(
-        seq.content.size(), sp.reused.size() + static_cast<size_t>(sp.detached_blocks));
+        seq.content.size(), sp.reused.size() + static_cast<size_t>(sp.in_place_blocks));
     s.IdentifyFullBlocks(seq, static_cast<int64_t>(seq.tokens.size()) - sp.unverified,
                          first_unfilled);
   }

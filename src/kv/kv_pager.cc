@@ -26,7 +26,8 @@ KvPager::KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs,
       checkpoint_layer_bytes_(layout_.block_tokens * layout_.residual_dim *
                               static_cast<int64_t>(sizeof(float))),
       slabs_(manager, storage),
-      bound_(static_cast<size_t>(max_seqs), nullptr) {
+      bound_(static_cast<size_t>(max_seqs), nullptr),
+      access_(layout_.block_tokens, max_context) {
   ReserveStaging(0, /*compresses=*/false);
 }
 
@@ -156,12 +157,7 @@ void KvPager::StartSequence(SeqId seq, KvSequencePages* pages) {
   // it); a longer sequence doubles it at the step that needs more (BeginStep), never the whole
   // context up front.
   const int64_t positions = std::min(max_context_, kInitialPositions);
-  pages->mass.assign(static_cast<size_t>(positions), 0.0f);
-  pages->steps = 0;
-  pages->filled_at_step.clear();
-  pages->filled_at_step.reserve(static_cast<size_t>(manager_.BlocksFor(positions)));
-  pages->access.clear();
-  pages->access.reserve(static_cast<size_t>(manager_.BlocksFor(positions)));
+  access_.Start(*pages, positions);
   pages->pages.reserve(static_cast<size_t>(manager_.BlocksFor(positions)));
 }
 
@@ -204,10 +200,7 @@ void KvPager::DropSequence(SeqId seq) {
   KvSequencePages& s = Bound(seq);
   for (KvPage& page : s.pages) ReleasePage(page);
   s.pages.clear();
-  s.mass.clear();
-  s.filled_at_step.clear();
-  s.access.clear();
-  s.steps = 0;
+  KvAccessTracker::Forget(s);
   bound_[static_cast<size_t>(seq)] = nullptr;
 }
 
@@ -216,9 +209,7 @@ void KvPager::Truncate(SeqId seq, int64_t num_blocks) {
   const auto keep = static_cast<size_t>(num_blocks);
   for (size_t b = keep; b < s.pages.size(); ++b) ReleasePage(s.pages[b]);
   if (s.pages.size() > keep) s.pages.resize(keep);
-  if (s.filled_at_step.size() > keep) s.filled_at_step.resize(keep);
-  const auto positions = std::min(s.mass.size(), static_cast<size_t>(num_blocks * layout_.block_tokens));
-  std::fill(s.mass.begin() + static_cast<ptrdiff_t>(positions), s.mass.end(), 0.0f);
+  access_.Truncate(s, num_blocks);
 }
 
 int64_t KvPager::Apply(KvPagePlan& plan) {
@@ -365,10 +356,7 @@ void KvPager::Preempt(SeqId seq, KvPagePlan& plan) {
     page.in_place = false;  // a preempted page is promoted at the resume, never streamed
     page.awaiting_restore = a.applied;
   }
-  s.mass.clear();
-  s.filled_at_step.clear();
-  s.access.clear();
-  s.steps = 0;
+  KvAccessTracker::Forget(s);
   bound_[static_cast<size_t>(seq)] = nullptr;
 }
 
@@ -459,7 +447,7 @@ bool KvPager::RebuildBlockFromCheckpoints(SeqId seq, BlockId block, int64_t bloc
   return true;
 }
 
-void KvPager::AttachInPlace(SeqId seq, int64_t first_block, int64_t num_blocks) {
+void KvPager::ReadInPlace(SeqId seq, int64_t first_block, int64_t num_blocks) {
   KvSequencePages& s = Bound(seq);
   const std::vector<BlockId>& table = manager_.block_table(seq);
   for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
@@ -478,6 +466,9 @@ void KvPager::SettleRestoredPages(SeqId seq) {
   const std::vector<BlockId>& table = manager_.block_table(seq);
   for (size_t b = 0; b < s.pages.size() && b < table.size(); ++b) {
     KvPage& page = s.pages[b];
+    // A page dropped at a preemption that has its block again is recomputed into it by this step
+    // (or found by prefix): resident from now on, and a candidate for relief like any other.
+    if (page.fate == KvPageFate::kDropped && table[b] != kNoBlock) MakeResident(page);
     if (!page.awaiting_restore) continue;
     KVL_CHECK(table[b] != kNoBlock);
     LetGoTierPage(page);
@@ -691,58 +682,20 @@ void KvPager::EraseTierPage(KvTier* tier, uint64_t page_id, bool residual) {
   tier->Erase(erase_list_);
 }
 
-float* KvPager::AttentionMass(int32_t seq) {
-  std::vector<float>& mass = Bound(seq).mass;
-  return track_attention_ && !mass.empty() ? mass.data() : nullptr;
-}
+float* KvPager::AttentionMass(int32_t seq) { return access_.AttentionMass(Bound(seq)); }
 
 double KvPager::PageMass(SeqId seq, int64_t block_index) const {
-  const KvSequencePages& s = Bound(seq);
-  if (s.mass.empty()) return 0;
-  const int64_t first = block_index * layout_.block_tokens;
-  double sum = 0;
-  const int64_t end = std::min<int64_t>(first + layout_.block_tokens, static_cast<int64_t>(s.mass.size()));
-  for (int64_t p = first; p < end; ++p) sum += s.mass[static_cast<size_t>(p)];
-  const int64_t since = static_cast<size_t>(block_index) < s.filled_at_step.size()
-                            ? s.steps - s.filled_at_step[static_cast<size_t>(block_index)] + 1
-                            : 1;
-  return sum / static_cast<double>(std::max<int64_t>(1, since));
+  return access_.PageMass(Bound(seq), block_index);
 }
 
 int64_t KvPager::steps(SeqId seq) const { return Bound(seq).steps; }
 
-void KvPager::NoteReads(KvSequencePages& s, int64_t full_blocks, int64_t tokens) {
-  if (static_cast<int64_t>(s.access.size()) < full_blocks) {
-    s.access.resize(static_cast<size_t>(full_blocks), KvPageAccess{s.steps, 0, 0});
-  }
-  if (tokens <= 0 || s.mass.empty()) return;
-  // Half of what a uniform spread of one step's mass (1 per step) would give a page.
-  const double threshold =
-      0.5 * static_cast<double>(layout_.block_tokens) / static_cast<double>(tokens);
-  const int64_t bt = layout_.block_tokens;
-  for (int64_t b = 0; b < full_blocks; ++b) {
-    const int64_t end = std::min<int64_t>((b + 1) * bt, static_cast<int64_t>(s.mass.size()));
-    double sum = 0;
-    for (int64_t p = b * bt; p < end; ++p) sum += s.mass[static_cast<size_t>(p)];
-    KvPageAccess& a = s.access[static_cast<size_t>(b)];
-    if (sum - a.mass_seen >= threshold) {
-      a.last_read_step = s.steps;
-      ++a.reads;
-    }
-    a.mass_seen = sum;
-  }
-}
-
 int64_t KvPager::StepsSinceRead(SeqId seq, int64_t block_index) const {
-  const KvSequencePages& s = Bound(seq);
-  if (static_cast<size_t>(block_index) >= s.access.size()) return 0;
-  return s.steps - s.access[static_cast<size_t>(block_index)].last_read_step;
+  return KvAccessTracker::StepsSinceRead(Bound(seq), block_index);
 }
 
 int64_t KvPager::PageReads(SeqId seq, int64_t block_index) const {
-  const KvSequencePages& s = Bound(seq);
-  if (static_cast<size_t>(block_index) >= s.access.size()) return 0;
-  return s.access[static_cast<size_t>(block_index)].reads;
+  return KvAccessTracker::PageReads(Bound(seq), block_index);
 }
 
 KvPagerStats KvPager::stats() const {

@@ -18,19 +18,7 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
   failed_.clear();
   for (SeqId seq : seqs) {
     KvSequencePages& s = Bound(seq);
-    ++s.steps;
-    // Attention mass is written per position by this step's forward pass.
-    const int64_t positions = std::min(max_context_, manager_.num_tokens(seq));
-    if (static_cast<int64_t>(s.mass.size()) < positions) {
-      s.mass.resize(static_cast<size_t>(
-                        std::min(max_context_, std::max(positions, 2 * static_cast<int64_t>(s.mass.size())))),
-                    0.0f);
-    }
-    const int64_t full_blocks = manager_.num_tokens(seq) / layout_.block_tokens;
-    if (static_cast<int64_t>(s.filled_at_step.size()) < full_blocks) {
-      s.filled_at_step.resize(static_cast<size_t>(full_blocks), s.steps);
-    }
-    if (track_attention_) NoteReads(s, full_blocks, positions);
+    access_.BeginStep(s, manager_.num_tokens(seq));
     const size_t blocks = manager_.block_table(seq).size();
     for (size_t b = 0; b < s.pages.size() && b < blocks; ++b) {
       KvPage& page = s.pages[b];

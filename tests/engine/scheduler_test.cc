@@ -80,8 +80,6 @@ class SchedulerHarness {
     o.recent_tokens = s.recent_tokens;
     FixedPrices prices;
     memory_ = std::move(KvMemory::Create(o, &prices).value());
-    kv_ = &memory_->manager();
-    pager_ = &memory_->pager();
     scheduler_ = std::make_unique<Scheduler>(SchedulerOptions{s.max_batch_tokens, s.max_seqs},
                                              *memory_, metrics_);
   }
@@ -111,35 +109,21 @@ class SchedulerHarness {
       last_steps_.push_back({plan_.seqs[i]->id, static_cast<int64_t>(plan_.steps[i].tokens.size()),
                              plan_.kv.seqs[i].admit});
     }
-    memory_->CommitStep(plan_.kv);
+    // The KV side of StepRunner::FillBatch, through the real door: blocks, admissions, store
+    // pages read in place, restores and settling are KvMemory::Apply's.
+    kv_seqs_.clear();
+    for (Sequence* seq : plan_.seqs) kv_seqs_.push_back({&seq->kv_pages, seq->id, -1});
+    memory_->Apply(plan_.kv, kv_seqs_, &applied_);
+    restored_pages_ += static_cast<int64_t>(applied_.brought_back.size());
     for (size_t i = 0; i < plan_.seqs.size(); ++i) {
       Sequence& seq = *plan_.seqs[i];
       const KvPlan::SeqPlan& sp = plan_.kv.seqs[i];
       const int64_t n = static_cast<int64_t>(plan_.steps[i].tokens.size());
-      // The KV side of StepRunner::FillBatch: admission, store pages read in place, restores,
-      // settling.
-      if (sp.admit) {
-        pager_->StartSequence(seq.slot, &seq.kv_pages);
-        seq.num_computed = sp.num_cached_tokens;
-        if (sp.detached_blocks > 0) {
-          pager_->AttachInPlace(seq.slot, seq.num_computed / kBlock, sp.detached_blocks);
-          seq.num_computed += sp.detached_blocks * kBlock;
-          in_place_pages_ += sp.detached_blocks;
-        }
-      }
-      const int64_t end = sp.admit ? n : seq.num_computed + n;
-      if (seq.restore_tokens > 0) {
-        const int64_t restored = pager_->RestorePages(seq.slot, seq.num_computed / kBlock,
-                                                      seq.restore_tokens / kBlock);
-        restored_pages_ += restored;
-        seq.num_computed += restored * kBlock;
-        seq.restore_tokens = 0;
-      }
-      pager_->SettleRestoredPages(seq.slot);
-      seq.num_computed = end;
+      if (sp.admit) in_place_pages_ += sp.in_place_blocks;
+      seq.num_computed = sp.admit ? n : seq.num_computed + n;
       if (seq.num_computed != static_cast<int64_t>(seq.tokens.size())) continue;
       if (seq.num_generated == seq.request.max_new_tokens) {
-        scheduler_->Finish(seq, "length");
+        scheduler_->Finish(seq, FinishReason::kLength);
         continue;
       }
       seq.tokens.push_back(kNextToken);
@@ -165,8 +149,7 @@ class SchedulerHarness {
   int64_t restored_pages() const { return restored_pages_; }
   int64_t in_place_pages() const { return in_place_pages_; }
   Scheduler& scheduler() { return *scheduler_; }
-  KvManager& kv() { return *kv_; }
-  KvPager& pager() { return *pager_; }
+  const KvManager& kv() { return memory_->manager(); }
   EngineMetrics metrics() const {
     EngineMetrics m;
     metrics_.Snapshot(&m);
@@ -175,11 +158,11 @@ class SchedulerHarness {
 
  private:
   std::unique_ptr<KvMemory> memory_;
-  KvManager* kv_ = nullptr;
-  KvPager* pager_ = nullptr;
   MetricsRecorder metrics_;
   std::unique_ptr<Scheduler> scheduler_;
   StepPlan plan_;
+  std::vector<KvStepSeq> kv_seqs_;
+  KvApplied applied_;
   RequestId next_id_ = 1;
   int64_t restored_pages_ = 0;
   int64_t in_place_pages_ = 0;

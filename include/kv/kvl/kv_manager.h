@@ -136,11 +136,15 @@ struct KvSeqStep {
   // Admission only: right after the cached prefix, this many full blocks stay outside the pool
   // (pages read where a tier holds them): holes in the block table from the start, taking no
   // block, as if detached losslessly. Never the block holding the last token.
-  int64_t detached_blocks = 0;
+  int64_t in_place_blocks = 0;
   // Speculative decoding (issue 26): the last `unverified` tokens are a draft the step checks.
   // Their K/V is written, but a block holding any of them gets no identity (content id, prefix
   // index) until TruncateTail says how many were verified.
   int64_t unverified = 0;
+  // The first `restore_tokens` of `tokens` (whole pages) are not computed: pages kept at a
+  // preemption or found in the KV store are promoted into their blocks (KvMemory::Apply). The
+  // manager only carries the number through to the plan.
+  int64_t restore_tokens = 0;
 };
 
 struct KvBlockCopy {
@@ -156,7 +160,8 @@ struct KvPlan {
     int64_t first_new_pos = 0;        // position of the first token the forward pass must compute
     int64_t num_cached_tokens = 0;    // admission: leading tokens found in the prefix cache
     std::vector<BlockId> reused;      // admission: cached blocks taken (refcount + 1)
-    int64_t detached_blocks = 0;      // admission: holes after them (KvSeqStep::detached_blocks)
+    int64_t in_place_blocks = 0;      // admission: holes after them (KvSeqStep::in_place_blocks)
+    int64_t restore_tokens = 0;       // KvSeqStep::restore_tokens: promoted, not computed
     std::vector<BlockId> allocated;   // fresh blocks appended to the block table, in order
     BlockId cow_src = kNoBlock;       // the shared last block that is replaced by a copy...
     BlockId cow_dst = kNoBlock;       // ...into this fresh block (also listed in `copies`)

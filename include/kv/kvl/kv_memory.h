@@ -106,6 +106,65 @@ class KvPriceSource {
                                                int64_t layers) = 0;
 };
 
+// Where a waiting prompt's pages come from when it is admitted (KvMemory::PlanAdmission), in the
+// order a step takes them: the pool's cached prefix, then store pages read in place where a RAM
+// tier holds them, then pages promoted into fresh blocks, then the tokens it computes.
+struct KvAdmission {
+  int64_t cached_tokens = 0;
+  int64_t in_place_blocks = 0;  // KvSeqStep::in_place_blocks
+  int64_t restore_tokens = 0;   // KvSeqStep::restore_tokens
+};
+
+// What KvMemory::Apply needs of each sequence of a step beyond its block plan.
+struct KvStepSeq {
+  KvSequencePages* pages = nullptr;  // the request's page table (bound to the slot at admission)
+  int64_t request = 0;               // for --kv-trace
+  int64_t steps_left = -1;           // for --kv-trace: the most steps it may take after this one
+};
+
+// One page brought back into the pool (a restore at admission, or a promotion between steps),
+// as Apply reports it for the engine's metrics; the trace and the price feedback already have it.
+struct KvBroughtBack {
+  KvAction action = KvAction::kKeep;  // what had put it where it was
+  double predicted_ms = 0;            // the corrected price it was expected at
+  double measured_ms = 0;
+  int64_t store_tier = -1;            // a KV store page found at admission: the store's tier index
+};
+
+// A page an admission recomputes from its tokens (dropped at a preemption), priced as the step
+// that computes it will be measured (StepRunner checks it against that step's time).
+struct KvRecomputedPage {
+  int64_t request = 0;
+  int64_t block = 0;
+  BringBackPrice price;
+};
+
+// What applying a step (or a promotion) did, for the step runner and the metrics.
+struct KvApplied {
+  // Per sequence of the step: the first position the forward pass computes (after the cached
+  // prefix, the pages read in place and the pages restored), and the tokens restored.
+  std::vector<int64_t> computed_from;
+  std::vector<int64_t> restored_tokens;
+  std::vector<KvBroughtBack> brought_back;
+  // One entry per read that failed: the pages it leaves to be recomputed (0: a promotion's page
+  // stays in its tier).
+  std::vector<int64_t> read_failures;
+  std::vector<KvRecomputedPage> recomputed;  // admissions' dropped pages
+  void Clear() {
+    computed_from.clear();
+    restored_tokens.clear();
+    brought_back.clear();
+    read_failures.clear();
+    recomputed.clear();
+  }
+};
+
+// Both sides of the pool's gauges.
+struct KvMemoryStats {
+  KvStats pool;
+  KvPagerStats pages;
+};
+
 class KvMemory {
  public:
   // Sizes and creates everything; `prices` is asked only where a decision needs the machine's
@@ -115,30 +174,28 @@ class KvMemory {
   ~KvMemory();
 
   // The forward pass, which rebuilds K/V from checkpoints (set before the first step).
-  void set_rebuilder(KvRebuilder* rebuilder) { pager_->set_rebuilder(rebuilder, cache_.get()); }
+  void set_rebuilder(KvRebuilder* rebuilder) {
+    rebuilder_ = rebuilder;
+    pager_->set_rebuilder(rebuilder, cache_.get());
+  }
 
   const KvMemoryOptions& options() const { return options_; }
   const KvBlockLayout& layout() const { return storage_->layout(); }
-
-  // The parts, for the step loop.
-  KvManager& manager() { return *manager_; }
-  const KvManager& manager() const { return *manager_; }
-  KvBlockStorage& storage() { return *storage_; }
-  KvPager& pager() { return *pager_; }
-  const KvPager& pager() const { return *pager_; }
-  PagedKvCache& cache() { return *cache_; }
-  KvPressurePlanner& planner() { return *planner_; }
   const KvPagingRules& rules() const { return planner_->rules(); }
-  KvStore* store() { return store_.get(); }
-  // The local layers' rings; null where the pool keeps every layer in its blocks.
-  KvWindowRelease* window() { return window_.get(); }
-  const KvWindowRelease* window() const { return window_.get(); }
-  KvTraceWriter* trace() { return trace_.get(); }
-  // The measured corrections; null with --no-kv-feedback.
-  BringBackFeedback* feedback() { return options_.feedback ? &feedback_ : nullptr; }
+  // The pool's bookkeeping, read only (Engine::kv_manager, invariant checks in tests).
+  const KvManager& manager() const { return *manager_; }
+  // What the forward pass reads and writes K/V through.
+  KvCache& forward_cache() { return *cache_; }
+  // The sliding-window rings' counters (kvl/kv_window_release.h); null where the pool keeps
+  // every layer in its blocks.
+  const KvWindowStats* window_stats() const { return window_ ? &window_->stats() : nullptr; }
   // The tiers that exist: RAM, disk, Redis, in that order.
   std::vector<const KvTier*> tiers() const;
+  KvMemoryStats stats() const { return {manager_->stats(), pager_->stats()}; }
 
+  // Pages of running sequences the pager can stage outside the pool at once (streamed from a
+  // tier or rebuilt from checkpoints within one step).
+  int64_t staging_capacity_pages() const { return pager_->staging_capacity_pages(); }
   // Pool blocks and the most tokens one sequence can hold in them.
   int64_t num_blocks() const { return manager_->num_blocks(); }
   int64_t capacity_tokens() const { return num_blocks() * layout().block_tokens; }
@@ -148,23 +205,111 @@ class KvMemory {
   // compress pages), so a request may ask for a lossy kv_quality. An engine started lossless
   // reserved none, and refuses such requests rather than take memory the budget did not count.
   bool accepts_lossy_requests() const { return compresses_; }
+  // Why a prompt (or a whole sequence) of `tokens` tokens can never fit: what the budget holds
+  // and, for a sequence, why its pages could not leave the pool.
+  std::string WhyTooBig(bool prompt_only, int64_t tokens) const;
 
-  // Admission: marks the pages of a waiting prompt (`tokens`, its page table `pages`) that the KV
-  // store holds past the pool's cached prefix (`cached_tokens`) as awaiting restore, as far as
-  // promoting them is cheaper than recomputing them from their tokens: each hit priced by the
-  // cost model for its tier, corrected by what bring-backs measured, against the corrected price
-  // of recomputing the page at its depth. Pages are pinned in their tier until promoted.
-  void FindInStore(std::span<const int32_t> tokens, int64_t cached_tokens,
-                   KvSequencePages* pages);
-  // Applies a step's block plan before its forward pass: cached blocks the plan gives new
-  // contents go to the KV store first (and to the trace as leaving), the plan is committed
-  // (refused if made against an older state), and shared blocks are copied for copy-on-write.
-  void CommitStep(const KvPlan& plan);
+  // --- Reading the pool (no change) ---
+  int64_t MatchPrefix(std::span<const int32_t> tokens) const {
+    return manager_->MatchPrefix(tokens);
+  }
+  bool Contains(SeqId slot) const { return manager_->Contains(slot); }
+  bool IsLossy(SeqId slot) const { return manager_->IsLossy(slot); }
+  int64_t num_tokens(SeqId slot) const { return manager_->num_tokens(slot); }
+  int64_t BlocksFor(int64_t tokens) const { return manager_->BlocksFor(tokens); }
+  // Tokens from position `from` that pages awaiting restore cover (whole pages, never the one
+  // holding the last of `len` tokens), at most `cap`.
+  int64_t RestorableTokens(const KvSequencePages& pages, int64_t len, int64_t from,
+                           int64_t cap) const;
+  // Running sequences' pages held in a tier or as checkpoints (what a promotion could bring back).
+  bool HoldsPagesOutsidePool() const;
 
+  // --- One step: plan, then apply ---
+  // Admission: where a waiting prompt's pages come from. With `ask_store`, the KV store is asked
+  // first for the pages past the pool's cached prefix (FindInStore: they become awaiting restore
+  // in `pages`, pinned in their tier). Then the store pages at the prefix that a RAM tier holds
+  // are read in place, and the pages awaiting restore after them (at most `restore_cap` tokens)
+  // are promoted.
+  KvAdmission PlanAdmission(std::span<const int32_t> tokens, KvSequencePages* pages,
+                            bool ask_store, int64_t restore_cap);
+  // The step's blocks (KvManager::Plan): reuses the plan's vectors; plan->fits says whether the
+  // pool has them. Changes nothing.
+  void PlanStep(std::span<const KvSeqStep> steps, KvPlan* plan) { manager_->Plan(steps, plan); }
+  // Carries out a step's plan before its forward pass: cached blocks the plan gives new contents
+  // go to the KV store first (and to the trace as leaving), the plan is committed (refused if made
+  // against an older state), shared blocks are copied for copy-on-write; then per sequence (in
+  // `seqs`, one per plan.seqs): an admission binds its page table (and empties its slot's window ring), attaches its store pages read
+  // in place, and every sequence restoring pages promotes them into its fresh blocks (a failed
+  // read stops: the rest is computed); pages now in the pool are let go from their tier; the
+  // step's reads go to --kv-trace. *out says what each sequence computes and what came back.
+  void Apply(const KvPlan& plan, std::span<const KvStepSeq> seqs, KvApplied* out);
+  // Around each forward run of the step: the sequences in the run (their pages outside the pool
+  // are staged layer by layer), then those whose streamed reads failed (their step's output must
+  // be thrown away; what the step wrote from `full_blocks_before` on loses its identity). The
+  // span lives until the next BeginForward.
+  void BeginForward(std::span<const SeqId> slots);
+  std::span<const SeqId> EndForward();
+  // The step wrote wrong K/V for `slot` (a failed streamed read): its blocks from `first_block`
+  // on are never findable by prefix or in the store.
+  void DiscardWrites(SeqId slot, int64_t first_block);
+  // After the forward pass: pages `slot` filled from block `first_block` on that the pool's
+  // prefix index cannot reach (a page before them is in a tier) go to the KV store too, so the
+  // next turn finds the whole chain.
+  void FileUnreachablePages(SeqId slot, int64_t first_block);
+  // Sliding-window layers (kvl/kv_window_release.h), after Apply: `slot`, about to compute from
+  // position `n`, gets back the local layers' rows of the window before n where it does not hold
+  // them (a cached prefix, a restore, a resume), by the cheaper exact way. From the pool's
+  // checkpoints it is done here (through the rebuilder); from tokens, the returned first position
+  // says which tokens the step runs ahead of its own as window-rebuild rows
+  // (TokenBatch::AddWindowRebuild) for [returned, n). Returns n where nothing is to run.
+  int64_t RestoreWindow(SeqId slot, int64_t n);
+  // Before each forward run, per sequence in it: positions [begin, end) of `slot` become its
+  // window ring's rows (the rows they replace are released). Nothing without window release.
+  void ClaimWindowRows(SeqId slot, int64_t begin, int64_t end);
+  // Speculative decoding's rollback (issue 26): `slot` keeps its first `tokens` tokens, the K/V
+  // of the unverified ones after them is cut.
+  void TruncateTail(SeqId slot, int64_t tokens);
+
+  // --- Page fates under pressure, and between steps: plan, then apply ---
+  // Running sequences' pages to free `blocks_short` blocks, coldest first; where none can go,
+  // the last resort (compressed pages evicted). False when nothing can leave the pool.
+  void PlanRelief(std::span<const KvPlannedSeq> running, int64_t blocks_short, Phase phase,
+                  KvPagePlan* plan);
+  void PlanCompressedEviction(std::span<const KvPlannedSeq> running, int64_t blocks_short,
+                              KvPagePlan* plan);
+  // One action per full page of `seq` (its first `num_computed` tokens) as it is preempted.
+  void PlanPreemption(const KvPlannedSeq& seq, int64_t num_computed, Phase phase, KvPagePlan* plan);
+  // Between steps, with `blocks_to_spare` blocks the coming steps will not need: pages of running
+  // sequences to bring back into the pool (at most `max_pages`).
+  void PlanPromotion(std::span<const KvPlannedSeq> running, int64_t blocks_to_spare,
+                     int64_t max_pages, KvPagePlan* plan);
+  // A new step is planned: actions that failed while planning the last one may be tried again.
+  void ForgetFailedActions() { planner_->ClearFailedActions(); }
+  // Carries out a page plan (refused if made against an older state) as its kind says, marks each
+  // action applied or failed, and traces what left or came back; a failed action is not planned
+  // again this step. A preemption also lets the sequence's blocks go (its slot is free after).
+  // A promotion times each page against its predicted price, into *out (may be null otherwise).
+  // Returns the actions applied.
+  int64_t Apply(KvPagePlan& plan, KvApplied* out = nullptr);
+
+  // --- Sequences leaving ---
+  // A lossy session a new request continues: `slot` is cut back to its first `tokens` tokens
+  // and goes on with the new request's page table `pages` (moved from the session's).
+  void Continue(SeqId slot, int64_t tokens, KvSequencePages* pages);
   // A finished sequence (or a parked session giving its slot back) leaves the pool: its pages
   // are written through to the store's durable tiers, so a restart or another process finds
   // them, and its blocks and pages outside the pool are let go.
   void Release(SeqId slot);
+  // A preempted request that ends while waiting (cancelled): its kept pages are erased.
+  void ReleaseWaiting(KvSequencePages& pages);
+
+  // --- Measuring ---
+  // --kv-trace: the next step begins.
+  void NoteStep();
+  // What one token at `position` costs to compute, as the cost model prices it (0: no prices).
+  double TokenRecomputeMs(int64_t position) const;
+  // Measured bring-back times fed back to the prices (nothing with --no-kv-feedback).
+  void FeedBack(BringBackBatch& batch);
 
   // The store's counters copied for StoreStats (step thread, once per step).
   void PublishStoreStats();
@@ -182,6 +327,24 @@ class KvMemory {
   Status CreateLattice(KvPriceSource* prices);
   void CreateStore(const PageCostProfile& prices, KvPriceSource* source);
   Status OpenTrace();
+  // The store's pages of `tokens` past the pool's cached prefix, marked awaiting restore where
+  // promoting them is cheaper than recomputing them.
+  void FindInStore(std::span<const int32_t> tokens, int64_t cached_tokens,
+                   KvSequencePages* pages);
+  // Store pages from `from` on in a tier attention reads in place.
+  int64_t InPlaceBlocks(const KvSequencePages& pages, int64_t len, int64_t from) const;
+  void CommitStep(const KvPlan& plan);
+  // Pages [first_block, first_block + count) of `slot` promoted into their fresh blocks, each
+  // checked against its corrected price; returns the pages restored.
+  int64_t RestorePages(SeqId slot, const KvStepSeq& seq, int64_t first_block, int64_t count,
+                       KvApplied* out);
+  void CountBroughtBack(int64_t request, int64_t block, const KvPage& page, double measured_ms,
+                        int64_t store_tier, KvApplied* out);
+  void TraceReads(const KvPlan& plan, std::span<const KvStepSeq> seqs, const KvApplied& applied);
+  void TraceLeaving(const KvPagePlan& plan);
+  // Each action's request, from the sequences it was planned for.
+  static void NameOwners(std::span<const KvPlannedSeq> seqs, KvPagePlan* plan);
+  BringBackFeedback* feedback() { return options_.feedback ? &feedback_ : nullptr; }
   bool has_tier(TierKind kind) const;
   std::string TierIdentity() const;
   // Prices for pages of this pool (pool_bytes: 0 before the pool exists, the budget then).
@@ -194,7 +357,8 @@ class KvMemory {
   std::unique_ptr<KvBlockStorage> storage_;
   std::unique_ptr<KvPager> pager_;
   std::unique_ptr<PagedKvCache> cache_;
-  std::unique_ptr<KvWindowRelease> window_;
+  std::unique_ptr<KvWindowRelease> window_;  // null: the blocks keep every layer
+  KvRebuilder* rebuilder_ = nullptr;          // the forward pass (set_rebuilder)
   std::unique_ptr<KvTier> ram_tier_;
   std::unique_ptr<KvTier> disk_tier_;
   std::unique_ptr<KvTier> redis_tier_;  // the KV store's only: running pages never go there
@@ -205,6 +369,13 @@ class KvMemory {
 
   std::vector<KvContentId> content_ids_;  // FindInStore's, reused
   std::vector<KvTier*> found_in_;
+  // Apply's, reused.
+  std::vector<double> restore_page_ms_;  // one restore's time per page
+  std::vector<KvPage> promoting_;        // each promoted page as it was before it came back
+  BringBackBatch restored_{kNumFeedbackKeys};
+  std::vector<KvContentId> trace_contents_;
+  std::vector<int64_t> trace_outside_;
+  std::vector<int64_t> trace_evicted_;
 
   mutable std::mutex store_stats_mutex_;
   std::vector<KvStoreTierStats> store_stats_;

@@ -26,8 +26,8 @@
 // preemption; the pager binds it to a pool slot while the sequence is admitted.
 //
 // The KvManager only sees a hole in the block table (Detach); the pager hands attention the rows
-// of pages that left the pool (KvDetachedPages) and keeps the attention mass each position got,
-// which the planner reads as a page's heat.
+// of pages that left the pool (KvDetachedPages), and its access tracker (kvl/kv_access_tracker.h)
+// keeps the attention mass each position got, which the planner reads as a page's heat.
 //
 // Tier pages are one layer each (K rows then V rows at the cache's element type, or one layer of
 // checkpoints), so a step can fetch exactly the layer it is about to read.
@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "kvl/compressed_slabs.h"
+#include "kvl/kv_access_tracker.h"
 #include "kvl/kv_codec.h"
 #include "kvl/kv_manager.h"
 #include "kvl/kv_policy.h"
@@ -126,11 +127,22 @@ struct KvPageAction {
   bool applied = false;     // set by KvPager when it was carried out
   bool failed = false;      // set by KvPager when it was tried and could not be (a full tier)
   double measured_ms = 0;   // set by KvPager::PromoteBack: the time an applied one took
+  int64_t request = -1;     // the request the page belongs to (set by KvMemory's plans)
+};
+
+// Why a page plan was made, which says how KvMemory::Apply carries it out.
+enum class KvPagePlanKind : uint8_t {
+  kRelief,              // running sequences' pages leave the pool (KvPager::Apply)
+  kCompressedEviction,  // relief's last resort: compressed pages evicted (KvPager::Apply)
+  kPreemption,          // every full page of one sequence saved or dropped (KvPager::Preempt)
+  kPromotion,           // pages of running sequences come back (KvPager::PromoteBack)
 };
 
 // Page actions planned against one state of the KvManager; applying them is the only way a page
 // changes fate, and a plan made against an older state is refused (as KvManager::Commit does).
 struct KvPagePlan {
+  KvPagePlanKind kind = KvPagePlanKind::kRelief;
+  SeqId preempted = -1;               // kPreemption: the sequence that leaves the pool
   std::vector<KvPageAction> actions;  // applied in order
   // Applying stops once this many blocks went back to the pool (0: apply every action). The
   // planner cannot know exactly what a page frees (a compressed page may open a slab first).
@@ -215,7 +227,7 @@ class KvPager final : public KvDetachedPages {
   }
   // Attention mass is only gathered when some policy reads it (it costs a pass over the
   // attention weights of each sequence's newest token per layer).
-  void set_track_attention(bool on) { track_attention_ = on; }
+  void set_track_attention(bool on) { access_.set_enabled(on); }
   // The tier an action keeps a page in (demote: its tier; recompute-residual: RAM, for the
   // checkpoints); nullptr for actions that keep nothing in a tier.
   KvTier* TierFor(KvAction action) const;
@@ -266,11 +278,12 @@ class KvPager final : public KvDetachedPages {
   int64_t PromoteBack(KvPagePlan& plan);
   // Admission, after the commit: pages [first_block, first_block + num_blocks) awaiting restore in
   // a tier that attention reads in place stay where they are, as the sequence's pages held in
-  // that tier (the block table has holes there: KvSeqStep::detached_blocks).
-  void AttachInPlace(SeqId seq, int64_t first_block, int64_t num_blocks);
+  // that tier (the block table has holes there: KvSeqStep::in_place_blocks).
+  void ReadInPlace(SeqId seq, int64_t first_block, int64_t num_blocks);
   // After a restore: pages awaiting restore whose blocks are now in the pool (restored, or
   // computed because the restore stopped or the prefix cache held them) are let go from their
-  // tier and resident again. Pages past the sequence's blocks keep waiting for a later chunk.
+  // tier and resident again, and so are pages dropped at a preemption that have their block again
+  // (recomputed by this step). Pages past the sequence's blocks keep waiting for a later chunk.
   void SettleRestoredPages(SeqId seq);
   // Saves every full page of `seq` with a content id into the store's `tier` (write-through to
   // a durable tier when a request ends): pages in the pool, and pages read in place from another
@@ -393,9 +406,7 @@ class KvPager final : public KvDetachedPages {
   std::vector<KvSequencePages*> bound_;  // [max_seqs]: the page table of each admitted slot
   uint64_t next_page_id_ = 1;
   int64_t staging_capacity_pages_ = 0;
-  bool track_attention_ = false;
-  // Updates each full page's KvPageAccess from the mass the last step added (BeginStep).
-  void NoteReads(KvSequencePages& s, int64_t full_blocks, int64_t tokens);
+  KvAccessTracker access_;  // attention mass and access history (kvl/kv_access_tracker.h)
   std::vector<uint8_t> encode_scratch_;
   std::vector<float> widen_scratch_[2];
   std::vector<PageWrite> write_list_;  // one tier transfer's layer pages, reused

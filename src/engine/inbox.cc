@@ -1,0 +1,62 @@
+#include "inbox.h"
+
+#include "scheduler.h"
+
+namespace kvl {
+
+RequestId Inbox::Push(std::unique_ptr<Sequence> seq) {
+  RequestId id;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    id = next_id_++;
+    seq->id = id;
+    queue_.push_back(std::move(seq));
+    ++submitted_;
+  }
+  cv_.notify_one();
+  return id;
+}
+
+void Inbox::Cancel(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancels_.insert(id);
+  }
+  cv_.notify_one();  // an idle step loop takes it now
+}
+
+void Inbox::Drain(Scheduler& scheduler) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (!queue_.empty()) {
+      scheduler.Enqueue(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    draining_.swap(cancels_);
+  }
+  if (!draining_.empty()) {
+    scheduler.Cancel(draining_);
+    draining_.clear();
+  }
+}
+
+void Inbox::Wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [this] { return !queue_.empty() || !cancels_.empty() || woken_; });
+  woken_ = false;
+}
+
+void Inbox::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    woken_ = true;
+  }
+  cv_.notify_all();
+}
+
+int64_t Inbox::requests_submitted() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return submitted_;
+}
+
+}  // namespace kvl
