@@ -192,17 +192,20 @@ TEST(KvTierMoverTest, ACheckpointedPageKeepsOnlyItsCheckpointLayers) {
   PartsHarness h(layout);
   std::unique_ptr<KvTier> ram = MakeRamTier(RamTierOptions{});
   const BlockId block = h.block(1);
-  const std::vector<float> before(h.storage().residuals(block, 2),
-                                  h.storage().residuals(block, 2) + kBlock * layout.residual_dim);
+  // Compared as bytes: the harness's fill is not meant as floats (some are NaN).
+  const size_t checkpoint_bytes = sizeof(float) * kBlock * static_cast<size_t>(layout.residual_dim);
+  auto checkpoint_layer = [&](int64_t layer) {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(h.storage().residuals(block, layer));
+    return std::vector<uint8_t>(bytes, bytes + checkpoint_bytes);
+  };
+  const std::vector<uint8_t> before = checkpoint_layer(2);
   KvPage page;
   ASSERT_TRUE(h.mover().KeepInTier(0, 1, block, ram.get(), /*residual=*/true, &page));
   EXPECT_FALSE(page.in_place);  // checkpoints are rebuilt from, never read as rows
   EXPECT_EQ(ram->stats().pages, 2);
-  std::fill_n(h.storage().residuals(block, 2), kBlock * layout.residual_dim, -1.0f);
+  std::memset(h.storage().residuals(block, 2), 0xAB, checkpoint_bytes);
   ASSERT_TRUE(h.mover().ReadIntoBlock(block, page, /*residual=*/true).ok());
-  EXPECT_EQ(std::vector<float>(h.storage().residuals(block, 2),
-                               h.storage().residuals(block, 2) + kBlock * layout.residual_dim),
-            before);
+  EXPECT_EQ(checkpoint_layer(2), before);
   page.fate = KvPageFate::kCheckpointed;
   h.mover().LetGo(page);
   EXPECT_EQ(ram->stats().pages, 0);
