@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <future>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -16,44 +15,12 @@
 #include "kv/kv_tier_mover.h"
 #include "kvl/kv_page_table.h"
 #include "kvl/kv_tier.h"
+#include "tier_test_util.h"
 
 namespace kvl {
 namespace {
 
 constexpr int32_t kBlock = 4;
-
-// A tier whose reads (synchronous and asynchronous) can be made to fail as a corrupt page's do.
-class FlakyTier final : public KvTier {
- public:
-  explicit FlakyTier(std::unique_ptr<KvTier> inner) : inner_(std::move(inner)) {}
-  bool fail_reads = false;
-
-  std::string_view name() const override { return inner_->name(); }
-  TierKind kind() const override { return inner_->kind(); }
-  Status Put(std::span<const PageWrite> pages) override { return inner_->Put(pages); }
-  std::vector<Status> Get(std::span<const PageRead> pages) override {
-    std::vector<Status> statuses = inner_->Get(pages);
-    if (fail_reads) {
-      for (Status& s : statuses) s = DataLossError("page checksum mismatch (test)");
-    }
-    return statuses;
-  }
-  std::future<std::vector<Status>> GetAsync(std::vector<PageRead> pages) override {
-    std::promise<std::vector<Status>> done;
-    done.set_value(Get(pages));
-    return done.get_future();
-  }
-  void Erase(std::span<const PageKey> keys) override { inner_->Erase(keys); }
-  bool Contains(PageKey key) const override { return inner_->Contains(key); }
-  bool reads_in_place() const override { return inner_->reads_in_place(); }
-  TierStats stats() const override { return inner_->stats(); }
-  const uint8_t* PeekPage(PageKey key, int64_t page_bytes) override {
-    return inner_->PeekPage(key, page_bytes);
-  }
-
- private:
-  std::unique_ptr<KvTier> inner_;
-};
 
 // A pool of `num_blocks` blocks with sequence 0 admitted at `tokens` tokens, its blocks filled
 // with distinct bytes, and the pager's parts over it.
@@ -229,7 +196,7 @@ std::vector<uint8_t> RowsBytes(const KvCache::Rows& rows, const KvBlockLayout& l
 TEST(KvLayerStreamerTest, AFailedReadDropsThePageForItsStepOnly) {
   PartsHarness h(SmallLayout());
   // zstd: not read in place, so the page is staged and prefetched.
-  FlakyTier tier(MakeRamTier(RamTierOptions{.compress = true}));
+  FailingReadsTier tier(MakeRamTier(RamTierOptions{.compress = true}));
   h.streamer().Reserve(2);
   const std::vector<uint8_t> layer0 = LayerRows(h.storage(), h.block(0), 0);
   const std::vector<uint8_t> layer1 = LayerRows(h.storage(), h.block(0), 1);
