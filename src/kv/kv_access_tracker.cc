@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kvl/kv_pager.h"
+#include "kvl/kv_page_table.h"
 
 namespace kvl {
 

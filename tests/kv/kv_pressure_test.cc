@@ -12,42 +12,12 @@
 #include <vector>
 
 #include "kvl/kv_tier.h"
+#include "tier_test_util.h"
 
 namespace kvl {
 namespace {
 
 constexpr int32_t kBlock = 4;
-
-// A RAM tier whose reads can be made to fail as a corrupt page's do (DATA_LOSS).
-class FailingReadsTier final : public KvTier {
- public:
-  explicit FailingReadsTier(std::unique_ptr<KvTier> inner) : inner_(std::move(inner)) {}
-  bool fail_reads = false;
-
-  std::string_view name() const override { return inner_->name(); }
-  TierKind kind() const override { return inner_->kind(); }
-  Status Put(std::span<const PageWrite> pages) override { return inner_->Put(pages); }
-  std::vector<Status> Get(std::span<const PageRead> pages) override {
-    std::vector<Status> statuses = inner_->Get(pages);
-    if (fail_reads) {
-      for (Status& s : statuses) s = DataLossError("page checksum mismatch (test)");
-    }
-    return statuses;
-  }
-  std::future<std::vector<Status>> GetAsync(std::vector<PageRead> pages) override {
-    return inner_->GetAsync(std::move(pages));
-  }
-  void Erase(std::span<const PageKey> keys) override { inner_->Erase(keys); }
-  bool Contains(PageKey key) const override { return inner_->Contains(key); }
-  bool reads_in_place() const override { return inner_->reads_in_place(); }
-  TierStats stats() const override { return inner_->stats(); }
-  const uint8_t* PeekPage(PageKey key, int64_t page_bytes) override {
-    return inner_->PeekPage(key, page_bytes);
-  }
-
- private:
-  std::unique_ptr<KvTier> inner_;
-};
 
 class PlannerHarness {
  public:

@@ -26,26 +26,32 @@
 // preemption; the pager binds it to a pool slot while the sequence is admitted.
 //
 // The KvManager only sees a hole in the block table (Detach); the pager hands attention the rows
-// of pages that left the pool (KvDetachedPages), and its access tracker (kvl/kv_access_tracker.h)
-// keeps the attention mass each position got, which the planner reads as a page's heat.
+// of pages that left the pool (KvDetachedPages).
 //
-// Tier pages are one layer each (K rows then V rows at the cache's element type, or one layer of
-// checkpoints), so a step can fetch exactly the layer it is about to read.
+// The pager decides no fate (the planner does) and is the only code that changes one; the work
+// is split by job among the parts it owns and wires:
+//   - the page table (kvl/kv_page_table.h): each page's fate and lasting state, bound per slot;
+//   - the tier mover (src/kv/kv_tier_mover.h): whole pages between their blocks and the tiers,
+//     and write-through to the KV store;
+//   - the layer streamer (src/kv/kv_layer_streamer.h): a step's staging and prefetch of pages
+//     outside the pool, layer by layer, and the rebuilds from checkpoints;
+//   - the access tracker (kvl/kv_access_tracker.h): the attention mass each position got, which
+//     the planner reads as a page's heat.
+// Compression (the slabs and the codec's scratch) it does itself.
 //
 // Thread-safety: owned by the step loop. RowsAt and AttentionMass are called from the forward's
 // threads between BeginLayer calls, reading only.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <future>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "kvl/compressed_slabs.h"
 #include "kvl/kv_access_tracker.h"
-#include "kvl/kv_codec.h"
 #include "kvl/kv_manager.h"
+#include "kvl/kv_page_table.h"
 #include "kvl/kv_policy.h"
 #include "kvl/kv_store.h"
 #include "kvl/kv_tier.h"
@@ -59,63 +65,6 @@ namespace kvl {
 inline constexpr size_t kRemoteTierFeedbackKey = kNumKvActions;
 inline constexpr size_t kNumFeedbackKeys = kNumKvActions + 1;
 size_t FeedbackKey(KvAction action, const KvTier* tier);
-
-// Where one page is.
-enum class KvPageFate : uint8_t {
-  kResident,      // in its pool block
-  kCompressed,    // int8 / int4 slab slots inside the pool (running sequences)
-  kInTier,        // K/V layer pages in a tier: streamed while running (or promoted back into the
-                  // pool once it has room: PromoteBack), promoted at resume
-  kCheckpointed,  // residual checkpoints in the RAM tier: rebuilt while running (or promoted
-                  // back), and at resume
-  kEvicted,       // gone; attention skips its tokens (running sequences)
-  kDropped,       // gone with a preemption; recomputed from its tokens at resume (lossless)
-};
-
-struct KvPage {
-  KvPageFate fate = KvPageFate::kResident;
-  KvAction action = KvAction::kKeep;  // the action that put the page where it is
-  double predicted_ms = 0;            // the cost model's bring-back time for that action
-  double model_ms = 0;                // the same before the measured correction (BringBackFeedback)
-  KvCodecType codec = KvCodecType::kInt8;
-  std::vector<SlabSlot> slots;        // kCompressed: one per layer
-  KvTier* tier = nullptr;             // kInTier, kCheckpointed
-  uint64_t page_id = 0;               // names its layer pages in the tier
-  // kInTier: the page is the KV store's, filed under its content id (KvStore::LayerKey), and
-  // stays cached there when the sequence lets it go; {}: the pager's own, keyed by page_id and
-  // erased when let go.
-  KvContentId content;
-  bool store_pin = false;             // this page holds a pin on its store page (KvStore::Save)
-  bool in_place = false;              // kInTier in a tier attention reads in place (no staging)
-  const uint8_t* in_place_rows = nullptr;  // this layer's K/V rows in that tier, this step
-  // Promoted from K/V alone: the block's residual checkpoints were not restored, so the page
-  // cannot be kept as checkpoints later. Survives every fate change.
-  bool checkpoint_missing = false;
-  // kInTier / kCheckpointed, outside the sequence's KV until it is promoted into a fresh block:
-  // kept at a preemption, or found in the KV store at admission. Attention never reads it.
-  bool awaiting_restore = false;
-  int64_t stage_index = -1;           // its place in this step's stream buffers
-  bool read_failed = false;           // this step's streamed read failed its checksum or I/O
-};
-
-// One page's access history, from the attention mass its tokens receive: a step "reads" a page
-// when the page gains at least half of a uniform share of that step's attention (block_tokens /
-// tokens of the whole mass); a page rarely read is cold even though every step attends over it.
-struct KvPageAccess {
-  int64_t last_read_step = 0;  // the step it was last read at (or filled at)
-  int64_t reads = 0;           // steps that read it
-  double mass_seen = 0;        // its tokens' accumulated mass when last looked at
-};
-
-// One sequence's pages by block index, and the attention it gave each position.
-struct KvSequencePages {
-  std::vector<KvPage> pages;
-  std::vector<float> mass;              // [max_context]: attention mass per position
-  int64_t steps = 0;                    // steps run since admission
-  std::vector<int64_t> filled_at_step;  // by block index: the step a full page was first seen
-  // By block index: when attention last read the page with weight (KvPager::StepsSinceRead).
-  std::vector<KvPageAccess> access;
-};
 
 // One decision of the planner for one page.
 struct KvPageAction {
@@ -148,12 +97,6 @@ struct KvPagePlan {
   // planner cannot know exactly what a page frees (a compressed page may open a slab first).
   int64_t blocks_to_free = 0;
   uint64_t state_version = 0;         // KvManager::state_version() when planned
-};
-
-// The tiers pages can go to (either may be absent).
-struct KvTiers {
-  KvTier* ram = nullptr;
-  KvTier* disk = nullptr;
 };
 
 // Bytes the pager holds outside the pool, which the KV budget must cover beside it: per page
@@ -192,6 +135,10 @@ struct KvPagerStats {
   int64_t stream_read_failures = 0;  // layer reads that failed their checksum or I/O
 };
 
+// The parts that do the work (src/kv, private to the kv layer).
+class KvLayerStreamer;
+class KvTierMover;
+
 class KvPager final : public KvDetachedPages {
  public:
   KvPager(KvManager& manager, KvBlockStorage& storage, int32_t max_seqs, int64_t max_context);
@@ -204,27 +151,25 @@ class KvPager final : public KvDetachedPages {
   // `compresses`: room to encode a page (int8/int4) and widen half rows for the codec, needed
   // only where pages may be compressed.
   void ReserveStaging(int64_t max_staged_pages, bool compresses);
-  int64_t staging_capacity_pages() const { return staging_capacity_pages_; }
+  int64_t staging_capacity_pages() const;
   // Pages of running sequences held in a tier or as checkpoints that are staged at every step
   // (pages read in place are not).
   int64_t staged_pages_held() const {
-    return stats_.streamed_pages - stats_.in_place_pages + stats_.rebuilt_pages;
+    const KvHeldPages& held = table_.held();
+    return held.streamed - held.in_place + held.rebuilt;
   }
 
   // Where demoted pages and checkpoints go; the rebuilder is needed before any page is kept as
   // checkpoints. Set once, before the first step.
-  void set_tiers(KvTiers tiers) { tiers_ = tiers; }
+  void set_tiers(KvTiers tiers);
   // The KV store: a demoted page with a content id is filed there (shared, kept after the
   // sequence ends) instead of under a private key. nullptr: none.
-  void set_store(KvStore* store) { store_ = store; }
+  void set_store(KvStore* store);
   // The rebuilder rebuilds pages restored or promoted back between steps (inside a step the
   // forward pass rebuilds what BeginLayer hands it). `cache`: the forward pass's view of this
   // pool (PagedKvCache over it and this pager), which the layers between checkpoints attend
   // over; needed where checkpoint_every > 1.
-  void set_rebuilder(KvRebuilder* rebuilder, KvCache* cache = nullptr) {
-    rebuilder_ = rebuilder;
-    cache_ = cache;
-  }
+  void set_rebuilder(KvRebuilder* rebuilder, KvCache* cache = nullptr);
   // Attention mass is only gathered when some policy reads it (it costs a pass over the
   // attention weights of each sequence's newest token per layer).
   void set_track_attention(bool on) { access_.set_enabled(on); }
@@ -237,7 +182,7 @@ class KvPager final : public KvDetachedPages {
   void StartSequence(SeqId seq, KvSequencePages* pages);
   // The sequence in `seq`'s slot goes on as another request (a lossy session a new turn
   // continues): its page table, moved to `pages`, stays bound to the slot.
-  void Rebind(SeqId seq, KvSequencePages* pages);
+  void Rebind(SeqId seq, KvSequencePages* pages) { table_.Rebind(seq, pages); }
   // A sequence leaves for good (finished, cancelled): every page it holds outside the pool is
   // freed (slab slots, tier pages) and the slot unbound.
   void DropSequence(SeqId seq);
@@ -315,128 +260,62 @@ class KvPager final : public KvDetachedPages {
   float* AttentionMass(int32_t seq) override;
 
   // The page table bound to a slot.
-  const KvSequencePages& pages(SeqId seq) const;
-  KvPageFate FateOf(SeqId seq, int64_t block_index) const;
-  bool CheckpointMissing(SeqId seq, int64_t block_index) const;
+  const KvSequencePages& pages(SeqId seq) const { return table_.Bound(seq); }
+  KvPageFate FateOf(SeqId seq, int64_t block_index) const { return table_.FateOf(seq, block_index); }
+  bool CheckpointMissing(SeqId seq, int64_t block_index) const {
+    return table_.CheckpointMissing(seq, block_index);
+  }
   // Mass the page's tokens received per step since it was filled (mean over steps), in [0, 1].
-  double PageMass(SeqId seq, int64_t block_index) const;
+  double PageMass(SeqId seq, int64_t block_index) const {
+    return access_.PageMass(table_.Bound(seq), block_index);
+  }
   // Steps the sequence has run (attention rows accumulated).
-  int64_t steps(SeqId seq) const;
+  int64_t steps(SeqId seq) const { return table_.Bound(seq).steps; }
   // Steps since attention last read the page with weight (KvPageAccess), and how many steps did.
-  int64_t StepsSinceRead(SeqId seq, int64_t block_index) const;
-  int64_t PageReads(SeqId seq, int64_t block_index) const;
+  int64_t StepsSinceRead(SeqId seq, int64_t block_index) const {
+    return KvAccessTracker::StepsSinceRead(table_.Bound(seq), block_index);
+  }
+  int64_t PageReads(SeqId seq, int64_t block_index) const {
+    return KvAccessTracker::PageReads(table_.Bound(seq), block_index);
+  }
 
   KvPagerStats stats() const;
   // Why the last page that could not be saved to a tier was refused (OK when none was): a full
   // tier, or the OS's error (no space, permission).
-  const Status& last_tier_error() const { return last_tier_error_; }
+  const Status& last_tier_error() const;
   const CompressedSlabs& slabs() const { return slabs_; }
-  int64_t layer_page_bytes() const { return layer_bytes_; }
+  int64_t layer_page_bytes() const {
+    return storage_.layout().layer_k_bytes() + storage_.layout().layer_v_bytes();
+  }
 
  private:
-  // A page read into this step's stream buffers (streamed K/V, or checkpoints to rebuild from).
-  struct StagedPage {
-    SeqId seq;
-    int64_t block_index;
-  };
-
-  static double MillisecondsSince(std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-        .count();
-  }
-  static PageKey KeyOf(uint64_t page_id, int64_t layer) {
-    return (page_id << 8) | static_cast<uint64_t>(layer);
-  }
-  // The tier key of one layer of a page held in a tier (the store's, or the pager's own).
-  static PageKey LayerKeyOf(const KvPage& page, int64_t layer) {
-    return page.content.valid() ? KvStore::LayerKey(page.content, layer)
-                                : KeyOf(page.page_id, layer);
-  }
-  // Keeps a running or preempted page in `tier`: in the store when it has a content id and the
-  // store covers the tier, else under a fresh private page id. Fills the page's tier fields.
-  bool KeepInTier(SeqId seq, int64_t block_index, BlockId block, KvTier* tier, bool residual,
-                  KvPage* page);
-  KvSequencePages& Bound(SeqId seq);
-  const KvSequencePages& Bound(SeqId seq) const;
-  KvPage& PageAt(KvSequencePages& s, int64_t block_index);
+  // Page `block_index` of `seq`, resident and this sequence's alone, leaves the pool by `action`.
   bool DetachPage(SeqId seq, int64_t block_index, KvAction action);
+  bool CompressPage(SeqId seq, int64_t block_index, BlockId block, KvAction action, KvPage& page);
   bool EvictCompressedPage(SeqId seq, int64_t block_index);
   // Frees what the page holds outside the pool; the page becomes resident (flags kept).
   void ReleasePage(KvPage& page);
-  static void MakeResident(KvPage& page);
-  // A whole page saved in a tier as one tier page per layer: K/V rows or, when `residual`, the
-  // residual checkpoints; *page_id names the layer pages for ReadLayerPages and EraseTierPage.
-  bool WriteLayerPages(BlockId block, KvTier* tier, bool residual, uint64_t* page_id);
-  std::span<uint8_t> LayerPageSpan(BlockId block, int64_t layer, bool residual);
-  Status ReadLayerPages(BlockId block, const KvPage& page, bool residual);
-  // `residual`: the page's checkpoint layers (only those are in the tier), else every layer.
-  void EraseTierPage(KvTier* tier, uint64_t page_id, bool residual);
-  // Lets go of a page held in a tier: the pager's own pages are erased, the store's stay cached.
-  void LetGoTierPage(const KvPage& page);
-  // False (nothing rebuilt) where the layers between checkpoints cannot be run: an earlier page
-  // of the sequence is out of the pool.
-  bool RebuildBlockFromCheckpoints(SeqId seq, BlockId block, int64_t block_index);
   // Page `block_index` of `seq`, held in a tier or as checkpoints, into `block` (in its table):
   // its K/V read, or its checkpoints read and K/V rebuilt from them. Where only K/V came back the
   // block's checkpoints are stale, and marked so.
   enum class BringBack { kDone, kReadFailed, kNeedsEarlierPages };
   BringBack BringIntoBlock(SeqId seq, int64_t block_index, BlockId block, KvPage& page);
-  // This step's rebuild work at one layer (staged checkpoints in `buffer`), for the forward pass.
-  KvLayerRebuild RebuildOfLayer(int64_t layer, int buffer);
-  // Layers of a page in its tier pages: every layer, or the checkpoint layers (`residual`).
-  bool InTierPage(int64_t layer, bool residual) const {
-    return !residual || layout_.is_checkpoint_layer(layer);
-  }
-  KvPage& PageOf(const StagedPage& st);
-  void IssueLayerRead(int64_t layer);
-  uint8_t* StageData(int64_t layer, int64_t stage_index);
   const float* WidenedLayer(const uint8_t* rows, DType type, int which);
 
   KvManager& manager_;
   KvBlockStorage& storage_;
   KvBlockLayout layout_;
   int64_t max_context_;
-  int64_t layer_bytes_;             // one layer page: K rows then V rows
-  int64_t checkpoint_layer_bytes_;  // one layer of a page's residual checkpoints
   CompressedSlabs slabs_;
-  KvTiers tiers_;
-  KvRebuilder* rebuilder_ = nullptr;
-  KvCache* cache_ = nullptr;  // what a restore's layers between checkpoints attend over
-  KvStore* store_ = nullptr;
-  std::vector<KvSequencePages*> bound_;  // [max_seqs]: the page table of each admitted slot
-  uint64_t next_page_id_ = 1;
-  int64_t staging_capacity_pages_ = 0;
-  KvAccessTracker access_;  // attention mass and access history (kvl/kv_access_tracker.h)
+  KvPageTable table_;
+  KvAccessTracker access_;  // attention mass and access history
+  std::unique_ptr<KvTierMover> mover_;
+  std::unique_ptr<KvLayerStreamer> streamer_;
+  // The codec's scratch: one page encoded before its block goes, half rows widened to f32.
   std::vector<uint8_t> encode_scratch_;
   std::vector<float> widen_scratch_[2];
-  std::vector<PageWrite> write_list_;  // one tier transfer's layer pages, reused
-  std::vector<PageRead> read_list_;
-  std::vector<PageKey> erase_list_;
-  std::vector<int64_t> block_positions_;  // [block_tokens]: positions of a page being rebuilt
-  std::vector<int32_t> block_seq_ids_;    // [block_tokens]: its sequence, per token
-
-  // This step's streamed pages and their double-buffered layer staging; rebuilt pages, their
-  // double-buffered checkpoints and the K / V rows rebuilt from them for the current layer.
-  std::vector<StagedPage> streamed_;
-  std::vector<StagedPage> in_place_;  // streamed pages read where the tier holds them
-  std::vector<uint8_t> stage_[2];
-  std::vector<StagedPage> rebuilt_;
-  std::vector<uint8_t> checkpoint_stage_[2];
-  std::vector<int64_t> rebuilt_positions_;
-  std::vector<int32_t> rebuilt_seq_ids_;  // [pages][block_tokens]
-  std::vector<uint8_t> rebuilt_k_;
-  std::vector<uint8_t> rebuilt_v_;
-  struct PendingRead {
-    std::future<std::vector<Status>> result;
-    bool checkpoints = false;            // rebuilt_ pages' checkpoints, else streamed_ K/V
-    std::vector<int64_t> stage_indices;  // one per page read, in order
-  };
-  std::vector<PendingRead> pending_[2];  // by buffer: one read per tier
-  int64_t pending_layer_[2] = {-1, -1};
-  std::vector<SeqId> failed_;
-
-  KvPagerStats stats_;
-  Status last_tier_error_;
+  int64_t promoted_back_pages_ = 0;
+  int64_t promote_read_failures_ = 0;
 };
 
 }  // namespace kvl

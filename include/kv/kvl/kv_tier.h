@@ -237,6 +237,12 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text);
 // KB/MB/GB/TB (powers of 1000); a fraction is allowed ("1.5GiB"); a bare number is bytes.
 StatusOr<int64_t> ParseByteSize(std::string_view text);
 
+// The tiers a pool's pages can go to while their sequence runs or waits (either may be absent).
+struct KvTiers {
+  KvTier* ram = nullptr;
+  KvTier* disk = nullptr;
+};
+
 // The tier a spec describes; page_bytes is the disk tier's slot payload and identity its
 // DiskTierOptions::identity, and the same for redis (both ignored for ram).
 StatusOr<std::unique_ptr<KvTier>> MakeTier(const TierSpec& spec, int64_t page_bytes,
