@@ -122,12 +122,8 @@ inline void CodePair(const uint8_t* blk, int64_t u, __m512i hb, __m512i* lo, __m
   }
 }
 
-// y[t + j][16 * panel + ...] for j < NT tokens. kStream: the tile streams its panel from DRAM once
-// (decode, kernel_table.h) and prefetches ahead of it in software. A prefill tile does not: its
-// panel is read by every token tile of the task, from L1 / L2 after the first, and the hardware
-// prefetchers keep up with the first one (12 tokens of work per weight byte); the prefetch loop
-// (two instructions per line, 4.5 lines per sub-block) took 5.4% of Qwen3-0.6B Q4_K_M's pp512.
-template <DType T, int NT, bool kStream>
+// y[t + j][16 * panel + ...] for j < NT tokens.
+template <DType T, int NT>
 void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
   constexpr KQuantPanelLayout kL = KQuantPanel(T);
   constexpr int kSub = kSubBlocks<T>;
@@ -151,16 +147,14 @@ void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
     __m512 dsc[kSub];
     SubBlockFactors<T, false>(blk, dsc);
     for (int s = 0; s < kSub; ++s) {
-      if constexpr (kStream) {
-        // Batched decode also prefetches into L2 far ahead (kernel_table.h).
-        const char* here = reinterpret_cast<const char*>(blk);
-        for (int l = s * kLines / kSub; l < (s + 1) * kLines / kSub; ++l) {
-          if constexpr (NT == 1) {
-            _mm_prefetch(here + kPackedPrefetchBytes + 64 * l, _MM_HINT_T0);
-          } else {
-            _mm_prefetch(here + kBatchedPrefetchL1Bytes + 64 * l, _MM_HINT_T0);
-            _mm_prefetch(here + kBatchedPrefetchL2Bytes + 64 * l, _MM_HINT_T1);
-          }
+      // Batched decode also prefetches into L2 far ahead (kernel_table.h).
+      const char* here = reinterpret_cast<const char*>(blk);
+      for (int l = s * kLines / kSub; l < (s + 1) * kLines / kSub; ++l) {
+        if constexpr (NT == 1) {
+          _mm_prefetch(here + kPackedPrefetchBytes + 64 * l, _MM_HINT_T0);
+        } else {
+          _mm_prefetch(here + kBatchedPrefetchL1Bytes + 64 * l, _MM_HINT_T0);
+          _mm_prefetch(here + kBatchedPrefetchL2Bytes + 64 * l, _MM_HINT_T1);
         }
       }
       __m512i hb = _mm512_setzero_si512();
@@ -223,27 +217,26 @@ using PackedTileFn = void (*)(const MatMulArgs&, int64_t, int64_t);
 // rather than 2 x 6 as for Q8_0: the code unpacking (1.5 instructions per code vector for Q4_K,
 // about 4 for Q6_K) is shared by twice the tokens; TinyLlama shapes, 1 thread, M = 64 / 512:
 // Q4_K 460-545 / 440-465 GOPS with 2 x 6, 495-545 / 465-510 with 1 x 12; Q6_K 345-405 / 340-350
-// with 2 x 6, 385-400 / 360-385 with 1 x 12 (1 x 8 and 1 x 10 in between); on the Sapphire Rapids
-// VM of issue 25 (2 threads, loaded machine, best of 4) 2 x 6 and 3 x 4 were no faster either.
-// Decode of up to 8 sequences takes the same tiles with the software prefetch (kStream), each
-// thread streaming one sequential run of weights.
+// with 2 x 6, 385-400 / 360-385 with 1 x 12 (1 x 8 and 1 x 10 in between). On the Sapphire Rapids
+// VM of issue 25 (1 thread, M = 12 / 24, best of 4 on a loaded machine) 1 x 12 stays ahead: Q4_K
+// 250-310 GOPS against 255-297 for 2 x 6 and 231-270 for 3 x 4; Q6_K 185-203 against 173-193 and
+// 144-168. Decode of up to 8 sequences takes the same tiles, each thread streaming one sequential
+// run of weights.
 constexpr int kNT = 12;
 constexpr int kDecodeNT = 8;
 
-template <DType T, bool kStream, int... NT>
+template <DType T, int... NT>
 constexpr std::array<PackedTileFn, sizeof...(NT)> TileTable(std::integer_sequence<int, NT...>) {
-  return {PackedKQuantTile<T, NT + 1, kStream>...};
+  return {PackedKQuantTile<T, NT + 1>...};
 }
 template <DType T>
-constexpr auto kTiles = TileTable<T, false>(std::make_integer_sequence<int, kNT>{});
-template <DType T>
-constexpr auto kDecodeTiles = TileTable<T, true>(std::make_integer_sequence<int, kDecodeNT>{});
+constexpr auto kTiles = TileTable<T>(std::make_integer_sequence<int, kNT>{});
 
 template <DType T>
 void KQuantPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
   ForEachTile<kDecodeNT, 1, kNT>(
       r0 / kPanelRows, PackedPanels(r1), t0, t1,
-      [&](int64_t p, int64_t nt) { kDecodeTiles<T>[nt - 1](a, p, t0); },
+      [&](int64_t p, int64_t nt) { kTiles<T>[nt - 1](a, p, t0); },
       [&](int64_t p, int64_t t, int64_t, int64_t nt) { kTiles<T>[nt - 1](a, p, t); });
 }
 
