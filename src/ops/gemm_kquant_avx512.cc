@@ -217,8 +217,11 @@ using PackedTileFn = void (*)(const MatMulArgs&, int64_t, int64_t);
 // rather than 2 x 6 as for Q8_0: the code unpacking (1.5 instructions per code vector for Q4_K,
 // about 4 for Q6_K) is shared by twice the tokens; TinyLlama shapes, 1 thread, M = 64 / 512:
 // Q4_K 460-545 / 440-465 GOPS with 2 x 6, 495-545 / 465-510 with 1 x 12; Q6_K 345-405 / 340-350
-// with 2 x 6, 385-400 / 360-385 with 1 x 12 (1 x 8 and 1 x 10 in between). Decode of up to 8
-// sequences takes the same tiles, each thread streaming one sequential run of weights.
+// with 2 x 6, 385-400 / 360-385 with 1 x 12 (1 x 8 and 1 x 10 in between). On the Sapphire Rapids
+// VM of issue 25 (1 thread, M = 12 / 24, best of 4 on a loaded machine) 1 x 12 stays ahead: Q4_K
+// 250-310 GOPS against 255-297 for 2 x 6 and 231-270 for 3 x 4; Q6_K 185-203 against 173-193 and
+// 144-168. Decode of up to 8 sequences takes the same tiles, each thread streaming one sequential
+// run of weights.
 constexpr int kNT = 12;
 constexpr int kDecodeNT = 8;
 

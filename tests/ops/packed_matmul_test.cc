@@ -3,6 +3,7 @@
 // batch size, tiling and thread count; an ISA that does not pack leaves the weights as they are.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -10,6 +11,7 @@
 
 #include "kvl/ops.h"
 #include "kvl/quant.h"
+#include "ops/kernel_table.h"
 #include "ops/matmul_test_util.h"
 
 namespace kvl::ops {
@@ -50,10 +52,6 @@ constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_0};
 constexpr DType kKQuantTypes[] = {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 constexpr DType kAllPackedTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,
                                      DType::kQ6_K};
-
-bool IsKQuant(DType type) {
-  return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K;
-}
 
 TEST(PackedMatMulTest, MatchesScalarBitExactOnOddShapes) {
   uint32_t seed = 1;
@@ -141,6 +139,58 @@ TEST(PackedMatMulTest, BatchAndThreadInvariant) {
         }
       }
     }
+  }
+}
+
+// A run of n tokens cut into tiles of at most max: as few tiles as max allows, in order, covering
+// every token once, sizes differing by at most one (64 tokens, max 12: 11, 11, 11, 11, 10, 10).
+TEST(PackedMatMulTest, TokenTilesAreBalanced) {
+  EXPECT_EQ(BalancedTokenTile(64, 12, 0).count, 11);
+  EXPECT_EQ(BalancedTokenTile(64, 12, 5).start, 54);
+  EXPECT_EQ(BalancedTokenTile(64, 12, 5).count, 10);
+  for (int64_t max = 1; max <= 12; ++max) {
+    for (int64_t n = 1; n <= 200; ++n) {
+      const int64_t tiles = (n + max - 1) / max;
+      int64_t next = 0, smallest = max, largest = 0;
+      for (int64_t i = 0; i < tiles; ++i) {
+        const TokenTile t = BalancedTokenTile(n, max, i);
+        ASSERT_EQ(t.start, next) << "n " << n << " max " << max << " tile " << i;
+        next += t.count;
+        smallest = std::min(smallest, t.count);
+        largest = std::max(largest, t.count);
+      }
+      ASSERT_EQ(next, n) << "n " << n << " max " << max;
+      ASSERT_LE(largest, max) << "n " << n << " max " << max;
+      ASSERT_LE(largest - smallest, 1) << "n " << n << " max " << max;
+    }
+  }
+}
+
+// Prefill batches longer than one MatMul task's 64 tokens at a Qwen3-0.6B width (4 super-blocks),
+// whose last task is cut into narrower balanced tiles (13 tokens: 7 + 6; 36: 3 x 12) or is a
+// decode-width run (2 tokens: the streaming tiles), 2 threads: the scalar path's outputs, bit for
+// bit.
+TEST(PackedMatMulTest, KQuantPrefillBatchesMatchScalar) {
+  const Isa isa = BestIsa();
+  uint32_t seed = 300;
+  int packed_cases = 0;
+  for (DType type : kKQuantTypes) {
+    if (!PacksMatrix(isa, type)) continue;
+    const int64_t cols = 1024, rows = 40;
+    const Weights w = MakeWeights(type, rows, cols, ++seed, true);
+    const PackedMatrix packed = PackMatrix(isa, w.view());
+    const int64_t max_tokens = 130;
+    const std::vector<float> x = ExtremeVec(max_tokens * cols, ++seed);
+    const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
+    for (int64_t tokens : {64, 66, 77, 100, 130}) {
+      const std::vector<float> want(ref.begin(), ref.begin() + tokens * rows);
+      ExpectBitIdentical(RunPacked(isa, 2, packed.view(), x.data(), tokens), want,
+                         std::string(DTypeName(type)) + " tokens " + std::to_string(tokens));
+      ++packed_cases;
+    }
+  }
+  if (PacksMatrix(isa, DType::kQ4_K)) {
+    EXPECT_EQ(packed_cases, 15);
   }
 }
 
