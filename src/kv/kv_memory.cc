@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "disk_tier.h"
 #include "kvl/checkpoint_depth.h"
 
 namespace kvl {
@@ -249,7 +250,10 @@ Status KvMemory::CreateLattice(KvPriceSource* source) {
     KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier,
                          MakeTier(spec, pager_->layer_page_bytes(), TierIdentity()));
     if (const auto* disk = dynamic_cast<const DiskKvTier*>(tier.get())) {
-      fmt::print(stderr, "kvl: disk tier {}: {}\n", spec.path, disk->open_note());
+      // How it reads, too: io_uring, or preadv and why (a container may forbid io_uring).
+      const auto* info = dynamic_cast<const kv_internal::DiskTierInfo*>(tier.get());
+      fmt::print(stderr, "kvl: disk tier {}: {}; reads: {}\n", spec.path, disk->open_note(),
+                 info != nullptr ? info->read_path() : "preadv");
     }
     switch (spec.kind) {
       case TierKind::kRam:

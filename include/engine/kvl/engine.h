@@ -393,6 +393,9 @@ class Engine {
                                     const TokenCallback& on_token = {});
 
   const Model& model() const;
+  // The weights the forward pass repacked at load for the ISA's GEMM: anonymous memory that
+  // replaces those tensors' pages of the mapped file (0 where the ISA reads the file's layout).
+  int64_t packed_weight_bytes() const;
   const Tokenizer& tokenizer() const;
   const EngineOptions& options() const;
   int64_t context_length() const;
