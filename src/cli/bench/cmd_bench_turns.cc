@@ -144,6 +144,9 @@ struct ConfigRun {
   // what a turn's figure grows from.
   int64_t rss_anon_start_bytes = 0;
   int64_t packed_weight_bytes = 0;  // Engine::packed_weight_bytes
+  // VmRSS less the weights then too: the process's own memory before any turn's KV (the pool's
+  // untouched blocks are not resident yet), what the turns' figures grow from.
+  int64_t rss_minus_weights_start_bytes = 0;
   int64_t model_file_bytes = 0;     // the weights as the file holds them (Model::weight_bytes)
   std::vector<TurnRecord> turns;
   std::string error;          // why the run stopped early
@@ -224,6 +227,13 @@ void FillTurnDeltas(const EngineMetrics& before, const EngineMetrics& after, int
   }
 }
 
+// The weights this process holds resident: the packed copies (anonymous) and what of the model
+// file is resident (the tensors read in place, the embedding rows looked up).
+int64_t ResidentWeightBytes(const Engine& engine) {
+  return engine.packed_weight_bytes() +
+         ReadMappedFileResidentBytes(engine.options().model_path).value_or(0);
+}
+
 // One turn: the history as one prompt, `reply_tokens` greedy tokens, the pool sampled between
 // steps for the turn's peak.
 Status RunTurn(Engine& engine, const std::vector<int32_t>& history, int32_t reply_tokens,
@@ -239,10 +249,7 @@ Status RunTurn(Engine& engine, const std::vector<int32_t>& history, int32_t repl
     rec->rss_anon_peak_bytes = std::max(rec->rss_anon_peak_bytes, m->rss_anon_bytes);
     rec->rss_file_bytes = m->rss_file_bytes;
     rec->rss_peak_bytes = std::max(rec->rss_peak_bytes, m->rss_bytes);
-    // The weights: the packed copies (anonymous) and what of the model file is resident (the
-    // tensors read in place, the embedding rows looked up).
-    const int64_t weights = engine.packed_weight_bytes() +
-                            ReadMappedFileResidentBytes(engine.options().model_path).value_or(0);
+    const int64_t weights = ResidentWeightBytes(engine);
     if (m->rss_bytes - weights >= rec->rss_minus_weights_peak_bytes) {
       rec->rss_minus_weights_peak_bytes = m->rss_bytes - weights;
       rec->weights_resident_bytes = weights;
@@ -299,10 +306,11 @@ std::string ReplyText(const ConfigRun& run, const TurnRecord& rec) {
 void PrintConfigHeader(const ConfigRun& run) {
   fmt::print("\n### {}: {}\n", run.config.name, run.config.description);
   fmt::print("budget {}, pool {}, buffers outside the pool {}; weights {} in the file, {} of them "
-             "packed at load\n\n",
+             "packed at load; RSS less the weights before turn 1 {}\n\n",
              run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "default (whole conversation)",
              FormatBytes(run.pool_bytes), FormatBytes(run.staging_bytes),
-             FormatBytes(run.model_file_bytes), FormatBytes(run.packed_weight_bytes));
+             FormatBytes(run.model_file_bytes), FormatBytes(run.packed_weight_bytes),
+             FormatBytes(run.rss_minus_weights_start_bytes));
   fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8} | {:>8} | {:>7} | {:>11} | {:>11} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
              "turn", "prompt", "cached", "prefill", "promoted", "wall ms", "TTFT ms", "tok/s",
              "resident", "RSS", "RSS-weights", "tiers: hits, +in -out", "pages per action", "reply");
@@ -336,7 +344,10 @@ StatusOr<ConfigRun> RunConfig(const TurnsConfig& config, const EngineOptions& op
   KVL_RETURN_IF_ERROR(WarmUpEngine(*engine, conv.user[0][1], conv.user[0][2]));
   EngineMetrics before = engine->Metrics();
   run.staging_bytes = before.kv_stream_staging_bytes;
-  if (const std::optional<ProcessMemory> m = ReadProcessMemory()) run.rss_anon_start_bytes = m->rss_anon_bytes;
+  if (const std::optional<ProcessMemory> m = ReadProcessMemory()) {
+    run.rss_anon_start_bytes = m->rss_anon_bytes;
+    run.rss_minus_weights_start_bytes = m->rss_bytes - ResidentWeightBytes(*engine);
+  }
   run.packed_weight_bytes = engine->packed_weight_bytes();
   run.model_file_bytes = engine->model().weight_bytes();
   PrintConfigHeader(run);
@@ -512,6 +523,7 @@ nlohmann::json RunJson(const ConfigRun& run, const ConfigRun& b) {
           {"resident_peak", run.resident_peak},
           {"rss_anon_start_bytes", run.rss_anon_start_bytes},
           {"packed_weight_bytes", run.packed_weight_bytes},
+          {"rss_minus_weights_start_bytes", run.rss_minus_weights_start_bytes},
           {"model_file_bytes", run.model_file_bytes},
           {"error", run.error},
           {"summary",
