@@ -108,7 +108,8 @@ int64_t DiskReadQueue::ReadThroughRing(int fd, std::span<DiskReadRequest> reques
     if (submitted > 0) {
       in_flight += static_cast<unsigned>(submitted);
       ops += submitted;
-      prepared.erase(prepared.begin(), prepared.begin() + std::min<size_t>(prepared.size(), submitted));
+      const size_t taken = std::min(prepared.size(), static_cast<size_t>(submitted));
+      prepared.erase(prepared.begin(), prepared.begin() + static_cast<ptrdiff_t>(taken));
     } else if (submitted < 0 && submitted != -EINTR && submitted != -EAGAIN && submitted != -EBUSY) {
       // What the kernel never took fails with its reason; what is in flight is awaited below, and
       // the ring is then given up for preadv.

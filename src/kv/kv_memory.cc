@@ -562,11 +562,12 @@ void KvMemory::Apply(const KvPlan& plan, std::span<const KvStepSeq> seqs, KvAppl
       if (sp.in_place_blocks > 0) {
         // Store pages read where the RAM tier holds them, or streamed from the disk tier where
         // they lie: part of the sequence, never copied into the pool.
-        pager_->ReadInPlace(sp.seq, computed / block_tokens, sp.in_place_blocks);
+        const int64_t first = computed / block_tokens;
+        pager_->ReadInPlace(sp.seq, first, sp.in_place_blocks);
         computed += sp.in_place_blocks * block_tokens;
-        if (store_) {
-          const KvPage& page = seq.pages->pages[static_cast<size_t>(computed / block_tokens - 1)];
-          store_->CountInPlace(page.tier, sp.in_place_blocks);
+        // Counted per tier: a RAM tier's pages, then a disk tier's.
+        for (int64_t b = first; store_ && b < first + sp.in_place_blocks; ++b) {
+          store_->CountInPlace(seq.pages->pages[static_cast<size_t>(b)].tier, 1);
         }
       }
     }
