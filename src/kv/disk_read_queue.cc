@@ -103,8 +103,11 @@ int64_t DiskReadQueue::ReadThroughRing(int fd, std::span<DiskReadRequest> reques
       prepared.push_back(waiting.front());
       waiting.pop_front();
     }
-    // Submits what was prepared and waits for at least one completion.
-    const int submitted = ring_error == 0 ? io_uring_submit_and_wait(ring, 1) : 0;
+    // Submits what was prepared, then waits for everything in flight: one wake-up per wave of
+    // reads, not one per read (a layer of a hundred pages would wake this thread a hundred times).
+    int submitted = ring_error == 0 && !prepared.empty() ? io_uring_submit(ring) : 0;
+    // Nothing taken and nothing in flight would wait forever: a ring that stalls is given up.
+    if (submitted == 0 && !prepared.empty() && in_flight == 0) submitted = -EIO;
     if (submitted > 0) {
       in_flight += static_cast<unsigned>(submitted);
       ops += submitted;
@@ -120,9 +123,12 @@ int64_t DiskReadQueue::ReadThroughRing(int fd, std::span<DiskReadRequest> reques
       waiting.clear();
     }
     io_uring_cqe* cqe = nullptr;
-    if (ring_error != 0 && in_flight > 0 && io_uring_wait_cqe(ring, &cqe) < 0) {
-      // Reads still in flight could land in buffers after they are reused: never wrong bytes.
-      KVL_CHECK_MSG(false, "io_uring: cannot wait for the reads in flight");
+    if (in_flight > 0) {
+      const int waited = io_uring_wait_cqe_nr(ring, &cqe, in_flight);
+      if (waited < 0 && waited != -EINTR && waited != -EAGAIN) {
+        // Reads still in flight could land in buffers after they are reused: never wrong bytes.
+        KVL_CHECK_MSG(false, "io_uring: cannot wait for the reads in flight");
+      }
     }
     // Every completion that is there.
     while (in_flight > 0 && io_uring_peek_cqe(ring, &cqe) == 0 && cqe != nullptr) {
