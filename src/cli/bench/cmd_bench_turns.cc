@@ -631,10 +631,11 @@ int BenchTurnsCommand(const BenchTurnsArgs& args) {
     fmt::print(stderr, "kvl: {}\n", loaded.status().ToString());
     return 1;
   }
-  const Tokenizer* tokenizer = loaded->tokenizer.get();
-  const ModelConfig& mc = loaded->model->config();
+  const ModelConfig mc = loaded->model->config();
   const Conversation conv = ScriptConversation(
-      *tokenizer, {args.turns, args.user_min, args.user_max, args.reply_tokens, args.seed});
+      *loaded->tokenizer, {args.turns, args.user_min, args.user_max, args.reply_tokens, args.seed});
+  // Let go before any engine runs: the process's memory per turn is the engine's alone.
+  *loaded = BenchModel{};
   const int64_t block = args.engine.block_tokens;
   const int64_t context = args.engine.context_length > 0
                               ? args.engine.context_length
