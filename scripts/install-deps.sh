@@ -4,6 +4,7 @@ set -euo pipefail
 packages=(build-essential cmake ninja-build libfmt-dev libcli11-dev nlohmann-json3-dev
           libgtest-dev libgmock-dev ccache clang-14 libclang-rt-14-dev libxxhash-dev libzstd-dev
           libcpp-httplib-dev lld libhiredis-dev redis-server
+          liburing-dev        # liburing-dev: the disk tier's reads through io_uring (optional at build)
           python3             # python3 (its standard library): scripts/soak, the serve soak (ctest)
           libboost-dev        # libboost-dev: Boost.Beast/Asio, kvl serve's HTTP transport
           python3-matplotlib  # python3-matplotlib: scripts/plot_turns.py (kvl bench turns --plot)

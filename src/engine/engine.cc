@@ -524,6 +524,9 @@ StatusOr<GenerateResult> Engine::Generate(const GenerateRequest& request,
 }
 
 const Model& Engine::model() const { return *impl_->model.weights; }
+int64_t Engine::packed_weight_bytes() const {
+  return static_cast<int64_t>(impl_->forward->packed_bytes());
+}
 const Tokenizer& Engine::tokenizer() const { return *impl_->model.tokenizer; }
 const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::context_length() const { return impl_->model.context_length; }

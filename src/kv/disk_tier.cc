@@ -5,8 +5,11 @@
 //
 // Coalescing is the point of this file. Put sorts the batch by slot and writes each run of
 // consecutive slots with one pwritev; Get sorts its requests by slot and reads each run with one
-// preadv. Buffered I/O scatters straight into the caller's pages (header, page, padding iovecs);
-// O_DIRECT goes through one aligned bounce buffer per run, in chunks of at most 64 MiB.
+// read, all of a Get's reads in flight at once (disk_read_queue.h: io_uring where the kernel
+// allows it, else one preadv after another). A page's layers, put in one batch, sit in one run, so
+// reading them back is one request; one layer of many pages is a request per page, issued
+// together. Buffered I/O scatters straight into the caller's pages (header, page, padding
+// iovecs); O_DIRECT goes through one aligned bounce buffer, in waves of at most 4 MiB of reads.
 //
 // Every read is verified twice: the slot's record must carry the magic, the key, the page size,
 // the file's epoch, the generation the index expects and a matching record checksum, and the page
@@ -33,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "disk_read_queue.h"
 #include "page_checksum.h"
 #include "tier_worker.h"
 #include "kvl/kv_tier.h"
@@ -41,6 +45,8 @@
 namespace kvl {
 namespace {
 
+using kv_internal::AdvanceIovecs;
+using kv_internal::DiskReadRequest;
 using kv_internal::DiskSlotBytes;
 using kv_internal::DiskSlotOffset;
 using kv_internal::kDiskAlignment;
@@ -51,7 +57,10 @@ using kv_internal::PageChecksum;
 using kv_internal::SlotHeader;
 using kv_internal::SlotRecordChecksum;
 
-constexpr int64_t kMaxBounceBytes = 64ll << 20;
+// The O_DIRECT bounce buffer's most: a wave of reads in flight together (one layer of ~100 pages
+// on disk is one wave) and the largest single transfer. It is resident for the tier's life, so it
+// is kept small beside the KV budget it serves.
+constexpr int64_t kMaxBounceBytes = 4ll << 20;
 constexpr int kMaxIovecs = 1024;  // Linux IOV_MAX
 
 struct FreeDeleter {
@@ -63,19 +72,6 @@ AlignedBuffer AllocateAligned(int64_t bytes) {
   void* p = std::aligned_alloc(kDiskAlignment, static_cast<size_t>(bytes));
   KVL_CHECK_MSG(p != nullptr, "out of memory for a disk tier bounce buffer");
   return AlignedBuffer(static_cast<uint8_t*>(p));
-}
-
-// Drops the first `n` bytes from an iovec array in place; returns the new start index.
-int AdvanceIovecs(iovec* iov, int count, int start, size_t n) {
-  while (start < count && n >= iov[start].iov_len) {
-    n -= iov[start].iov_len;
-    ++start;
-  }
-  if (start < count && n > 0) {
-    iov[start].iov_base = static_cast<uint8_t*>(iov[start].iov_base) + n;
-    iov[start].iov_len -= n;
-  }
-  return start;
 }
 
 class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
@@ -104,6 +100,14 @@ class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
   int64_t slot_bytes() const override { return slot_bytes_; }
   int64_t num_slots() const override { return num_slots_; }
   bool direct_io_active() const override { return direct_; }
+  bool io_uring_active() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return read_queue_.io_uring_active();
+  }
+  std::string read_path() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return read_queue_.note();
+  }
   std::optional<int64_t> SlotOf(PageKey key) const override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = index_.find(key);
@@ -150,6 +154,11 @@ class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
     int64_t slot = 0;
     size_t index = 0;  // into the batch
   };
+  // One read of a Get: [begin, end) of its SlotIo list, consecutive slots.
+  struct ReadChunk {
+    size_t begin = 0, end = 0;
+    int64_t slots() const { return static_cast<int64_t>(end - begin); }
+  };
 
   DiskTier(const DiskTierOptions& options, OpenedDiskFile file, std::string name);
 
@@ -194,14 +203,13 @@ class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
 
   // Writes the whole iovec list at `offset`, retrying short writes; counts each syscall.
   Status FullPwritev(iovec* iov, int count, int64_t offset);
-  // Reads into the iovec list at `offset` until it is full or the file ends; returns the bytes
-  // read. Counts each syscall.
-  StatusOr<int64_t> FullPreadv(iovec* iov, int count, int64_t offset);
 
   Status WriteRun(std::span<const SlotIo> run, std::span<const PageWrite> pages,
                   std::span<const SlotHeader> headers);
-  void ReadRun(std::span<const SlotIo> run, std::span<const PageRead> reads,
-               std::span<const SlotEntry> expected, std::vector<Status>& results);
+  // Reads the chunks, all in flight at once, and verifies every page (mutex_ held).
+  void ReadWave(std::span<const ReadChunk> chunks, std::span<const SlotIo> order,
+                std::span<const PageRead> reads, std::span<const SlotEntry> expected,
+                std::vector<Status>& results);
   Status Verify(const SlotHeader& header, std::span<const uint8_t> page, PageKey key, int64_t slot,
                 const SlotEntry& expected, int64_t bytes_available);
 
@@ -234,6 +242,7 @@ class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
   std::vector<uint8_t> discard_;                  // padding sink for buffered reads; mutex_
   AlignedBuffer bounce_;                          // O_DIRECT staging; guarded by mutex_
   int64_t bounce_bytes_ = 0;
+  kv_internal::DiskReadQueue read_queue_;         // guarded by mutex_
 
   // The O_DIRECT staging buffer, grown to at least `bytes` (mutex_ held).
   uint8_t* BounceBuffer(int64_t bytes) {
@@ -283,7 +292,8 @@ DiskTier::DiskTier(const DiskTierOptions& options, OpenedDiskFile file, std::str
       name_(std::move(name)),
       open_note_(std::move(file.note)),
       zeros_(static_cast<size_t>(kDiskAlignment), 0),
-      discard_(static_cast<size_t>(kDiskAlignment)) {
+      discard_(static_cast<size_t>(kDiskAlignment)),
+      read_queue_(options.io_uring) {
   // The index from the records. Pages found at open are evictable, oldest written first.
   std::sort(file.found.begin(), file.found.end(),
             [](const kv_internal::FoundSlot& a, const kv_internal::FoundSlot& b) {
@@ -386,24 +396,6 @@ Status DiskTier::FullPwritev(iovec* iov, int count, int64_t offset) {
     start = AdvanceIovecs(iov, count, start, static_cast<size_t>(n));
   }
   return Status::Ok();
-}
-
-StatusOr<int64_t> DiskTier::FullPreadv(iovec* iov, int count, int64_t offset) {
-  int64_t total = 0;
-  int start = 0;
-  while (start < count) {
-    const ssize_t n = ::preadv(fd_, iov + start, count - start, offset + total);
-    ++stats_.read_ops;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      return IoError(fmt::format("disk tier: read of {} at byte {} failed: {}", path_,
-                                 offset + total, std::strerror(errno)));
-    }
-    if (n == 0) break;  // end of file: the caller finds which slots are incomplete
-    total += n;
-    start = AdvanceIovecs(iov, count, start, static_cast<size_t>(n));
-  }
-  return total;
 }
 
 Status DiskTier::Put(std::span<const PageWrite> pages) {
@@ -551,11 +543,29 @@ std::vector<Status> DiskTier::Get(std::span<const PageRead> reads) {
   }
   std::stable_sort(order.begin(), order.end(),
                    [](const SlotIo& a, const SlotIo& b) { return a.slot < b.slot; });
+  // One read per run of consecutive slots (cut where a run outgrows one transfer), sent in waves
+  // that fit the bounce buffer: every read of a wave is in flight at once.
+  const int64_t max_slots = direct_ ? MaxSlotsPerDirectOp() : kMaxSlotsPerBufferedOp;
+  std::vector<ReadChunk> chunks;
   for (size_t begin = 0; begin < order.size();) {
     size_t end = begin + 1;
-    while (end < order.size() && order[end].slot == order[end - 1].slot + 1) ++end;
-    ReadRun(std::span(order).subspan(begin, end - begin), reads, expected, results);
+    while (end < order.size() && order[end].slot == order[end - 1].slot + 1 &&
+           static_cast<int64_t>(end - begin) < max_slots) {
+      ++end;
+    }
+    chunks.push_back({begin, end});
     begin = end;
+  }
+  for (size_t first = 0; first < chunks.size();) {
+    size_t last = first + 1;
+    int64_t slots = chunks[first].slots();
+    while (last < chunks.size() &&
+           (!direct_ || (slots + chunks[last].slots()) * slot_bytes_ <= kMaxBounceBytes)) {
+      slots += chunks[last].slots();
+      ++last;
+    }
+    ReadWave(std::span(chunks).subspan(first, last - first), order, reads, expected, results);
+    first = last;
   }
   for (const SlotIo& io : order) {
     if (results[io.index].ok()) {
@@ -568,55 +578,64 @@ std::vector<Status> DiskTier::Get(std::span<const PageRead> reads) {
   return results;
 }
 
-void DiskTier::ReadRun(std::span<const SlotIo> run, std::span<const PageRead> reads,
-                       std::span<const SlotEntry> expected, std::vector<Status>& results) {
+void DiskTier::ReadWave(std::span<const ReadChunk> chunks, std::span<const SlotIo> order,
+                        std::span<const PageRead> reads, std::span<const SlotEntry> expected,
+                        std::vector<Status>& results) {
   const int64_t pad = PadBytes();
-  if (!direct_) {
-    std::vector<SlotHeader> headers(std::min<size_t>(run.size(), kMaxSlotsPerBufferedOp));
-    std::vector<iovec> iov;
-    for (size_t begin = 0; begin < run.size(); begin += kMaxSlotsPerBufferedOp) {
-      const size_t end = std::min(run.size(), begin + kMaxSlotsPerBufferedOp);
-      iov.clear();
-      for (size_t j = begin; j < end; ++j) {
-        iov.push_back({&headers[j - begin], kSlotHeaderBytes});
-        iov.push_back({reads[run[j].index].out.data(), reads[run[j].index].out.size()});
-        if (pad > 0) iov.push_back({discard_.data(), static_cast<size_t>(pad)});
-      }
-      StatusOr<int64_t> got = FullPreadv(iov.data(), static_cast<int>(iov.size()),
-                                          DiskSlotOffset(run[begin].slot, slot_bytes_));
-      for (size_t j = begin; j < end; ++j) {
-        const size_t i = run[j].index;
-        if (!got.ok()) {
-          results[i] = got.status();
-          continue;
-        }
-        const int64_t available = *got - static_cast<int64_t>(j - begin) * slot_bytes_;
-        results[i] = Verify(headers[j - begin], reads[i].out, reads[i].key, run[j].slot,
-                            expected[i], available);
-      }
+  int64_t wave_slots = 0;
+  for (const ReadChunk& c : chunks) wave_slots += c.slots();
+  // Where each slot of the wave lands. O_DIRECT: the whole slot in the bounce buffer, one iovec
+  // per read. Buffered: the record in `headers`, the page straight in the caller's buffer.
+  uint8_t* bounce = direct_ ? BounceBuffer(wave_slots * slot_bytes_) : nullptr;
+  std::vector<SlotHeader> headers(direct_ ? 0 : static_cast<size_t>(wave_slots));
+  std::vector<iovec> iov;
+  std::vector<size_t> first_iov(chunks.size());
+  int64_t k = 0;  // the slot's index in the wave
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    first_iov[c] = iov.size();
+    if (direct_) {
+      iov.push_back({bounce + k * slot_bytes_, static_cast<size_t>(chunks[c].slots() * slot_bytes_)});
+      k += chunks[c].slots();
+      continue;
     }
-    return;
+    for (size_t j = chunks[c].begin; j < chunks[c].end; ++j, ++k) {
+      const PageRead& read = reads[order[j].index];
+      iov.push_back({&headers[static_cast<size_t>(k)], kSlotHeaderBytes});
+      iov.push_back({read.out.data(), read.out.size()});
+      if (pad > 0) iov.push_back({discard_.data(), static_cast<size_t>(pad)});
+    }
   }
-  const int64_t chunk_slots = MaxSlotsPerDirectOp();
-  for (size_t begin = 0; begin < run.size(); begin += chunk_slots) {
-    const size_t end = std::min(run.size(), begin + static_cast<size_t>(chunk_slots));
-    const int64_t bytes = static_cast<int64_t>(end - begin) * slot_bytes_;
-    uint8_t* bounce = BounceBuffer(bytes);
-    iovec iov{bounce, static_cast<size_t>(bytes)};
-    StatusOr<int64_t> got = FullPreadv(&iov, 1, DiskSlotOffset(run[begin].slot, slot_bytes_));
-    for (size_t j = begin; j < end; ++j) {
-      const size_t i = run[j].index;
-      if (!got.ok()) {
-        results[i] = got.status();
+  std::vector<DiskReadRequest> requests(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const size_t end = c + 1 < chunks.size() ? first_iov[c + 1] : iov.size();
+    requests[c].iov = iov.data() + first_iov[c];
+    requests[c].iov_count = static_cast<int>(end - first_iov[c]);
+    requests[c].offset = DiskSlotOffset(order[chunks[c].begin].slot, slot_bytes_);
+  }
+  stats_.read_ops += read_queue_.ReadAll(fd_, requests);
+
+  k = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const DiskReadRequest& r = requests[c];
+    for (size_t j = chunks[c].begin; j < chunks[c].end; ++j, ++k) {
+      const size_t i = order[j].index;
+      if (r.error != 0) {
+        results[i] = IoError(fmt::format("disk tier: read of {} at byte {} failed: {}", path_,
+                                         r.offset + r.bytes_read, std::strerror(r.error)));
         continue;
       }
-      const uint8_t* slot = bounce + static_cast<int64_t>(j - begin) * slot_bytes_;
+      // The bytes of this slot that arrived (fewer when the file ends inside it).
+      const int64_t available = r.bytes_read - static_cast<int64_t>(j - chunks[c].begin) * slot_bytes_;
+      if (!direct_) {
+        results[i] = Verify(headers[static_cast<size_t>(k)], reads[i].out, reads[i].key,
+                            order[j].slot, expected[i], available);
+        continue;
+      }
+      const uint8_t* slot = bounce + k * slot_bytes_;
       SlotHeader header;
       std::memcpy(&header, slot, kSlotHeaderBytes);
-      const std::span<const uint8_t> page(slot + kSlotHeaderBytes,
-                                          static_cast<size_t>(page_bytes_));
-      const int64_t available = *got - static_cast<int64_t>(j - begin) * slot_bytes_;
-      results[i] = Verify(header, page, reads[i].key, run[j].slot, expected[i], available);
+      const std::span<const uint8_t> page(slot + kSlotHeaderBytes, static_cast<size_t>(page_bytes_));
+      results[i] = Verify(header, page, reads[i].key, order[j].slot, expected[i], available);
       if (results[i].ok()) std::memcpy(reads[i].out.data(), page.data(), page.size());
     }
   }

@@ -105,6 +105,11 @@ class DiskTierInfo {
   virtual std::optional<int64_t> SlotOf(PageKey key) const = 0;
   // True when the file is open with O_DIRECT (false when asked for but the filesystem refused).
   virtual bool direct_io_active() const = 0;
+  // True when a Get's reads go out together through io_uring (false: one preadv after another,
+  // because it was not asked for, the build has no liburing, or the kernel refused it).
+  virtual bool io_uring_active() const = 0;
+  // How reads are issued, and why: "io_uring", "preadv (io_uring refused: ...)".
+  virtual std::string read_path() const = 0;
 };
 
 }  // namespace kvl::kv_internal

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "disk_tier.h"
 #include "kvl/checkpoint_depth.h"
 
 namespace kvl {
@@ -249,7 +250,10 @@ Status KvMemory::CreateLattice(KvPriceSource* source) {
     KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> tier,
                          MakeTier(spec, pager_->layer_page_bytes(), TierIdentity()));
     if (const auto* disk = dynamic_cast<const DiskKvTier*>(tier.get())) {
-      fmt::print(stderr, "kvl: disk tier {}: {}\n", spec.path, disk->open_note());
+      // How it reads, too: io_uring, or preadv and why (a container may forbid io_uring).
+      const auto* info = dynamic_cast<const kv_internal::DiskTierInfo*>(tier.get());
+      fmt::print(stderr, "kvl: disk tier {}: {}; reads: {}\n", spec.path, disk->open_note(),
+                 info != nullptr ? info->read_path() : "preadv");
     }
     switch (spec.kind) {
       case TierKind::kRam:
@@ -465,17 +469,33 @@ void KvMemory::CommitStep(const KvPlan& plan) {
 }
 
 int64_t KvMemory::InPlaceBlocks(const KvSequencePages& sequence_pages, int64_t len,
-                                int64_t from) const {
+                                int64_t from, int64_t* streamed) const {
+  *streamed = 0;
   const int64_t block_tokens = layout().block_tokens;
   if (from % block_tokens != 0) return 0;
   const std::vector<KvPage>& pages = sequence_pages.pages;
+  // A prompt the pool cannot hold: its store pages on a disk tier stay where they lie and are
+  // streamed like a demoted page, each layer's reads in flight on the tier's worker while the
+  // layer before computes, from the prefill's first step on. Promoted instead, they would all be
+  // read before the prefill starts and most of them demoted again, written back, as it fills
+  // the pool. The staging for streamed pages bounds how many.
+  const int64_t prompt_blocks = (len - from + block_tokens - 1) / block_tokens;
+  const int64_t pool_blocks = manager_->stats().blocks_free - from / block_tokens;
+  int64_t stream_room = 0;
+  if (prompt_blocks > pool_blocks) {
+    stream_room = pager_->staging_capacity_pages() - pager_->staged_pages_held() -
+                  stream_pages_promised_;
+  }
   int64_t blocks = 0;
   for (size_t b = static_cast<size_t>(from / block_tokens); b < pages.size(); ++b) {
     const KvPage& page = pages[b];
     if (!page.awaiting_restore || !page.content.valid() || !page.store_pin ||
-        page.fate != KvPageFate::kInTier || !page.tier->reads_in_place() ||
-        from + (blocks + 1) * block_tokens > len - 1) {
+        page.fate != KvPageFate::kInTier || from + (blocks + 1) * block_tokens > len - 1) {
       break;
+    }
+    if (!page.tier->reads_in_place()) {
+      if (page.tier->kind() != TierKind::kDisk || *streamed >= stream_room) break;
+      ++*streamed;
     }
     ++blocks;
   }
@@ -509,7 +529,9 @@ KvAdmission KvMemory::PlanAdmission(std::span<const int32_t> tokens, KvSequenceP
   const int64_t len = static_cast<int64_t>(tokens.size());
   a.cached_tokens = manager_->MatchPrefix(tokens);
   if (ask_store) FindInStore(tokens, a.cached_tokens, pages);
-  a.in_place_blocks = InPlaceBlocks(*pages, len, a.cached_tokens);
+  int64_t streamed = 0;
+  a.in_place_blocks = InPlaceBlocks(*pages, len, a.cached_tokens, &streamed);
+  stream_pages_promised_ += streamed;
   a.restore_tokens = RestorableTokens(
       *pages, len, a.cached_tokens + a.in_place_blocks * layout().block_tokens, restore_cap);
   return a;
@@ -538,12 +560,14 @@ void KvMemory::Apply(const KvPlan& plan, std::span<const KvStepSeq> seqs, KvAppl
                             page.model_ms)});
       }
       if (sp.in_place_blocks > 0) {
-        // Store pages read where the RAM tier holds them: part of the sequence, never copied.
-        pager_->ReadInPlace(sp.seq, computed / block_tokens, sp.in_place_blocks);
+        // Store pages read where the RAM tier holds them, or streamed from the disk tier where
+        // they lie: part of the sequence, never copied into the pool.
+        const int64_t first = computed / block_tokens;
+        pager_->ReadInPlace(sp.seq, first, sp.in_place_blocks);
         computed += sp.in_place_blocks * block_tokens;
-        if (store_) {
-          const KvPage& page = seq.pages->pages[static_cast<size_t>(computed / block_tokens - 1)];
-          store_->CountInPlace(page.tier, sp.in_place_blocks);
+        // Counted per tier: a RAM tier's pages, then a disk tier's.
+        for (int64_t b = first; store_ && b < first + sp.in_place_blocks; ++b) {
+          store_->CountInPlace(seq.pages->pages[static_cast<size_t>(b)].tier, 1);
         }
       }
     }

@@ -96,9 +96,11 @@ void KvPager::ReadInPlace(SeqId seq, int64_t first_block, int64_t num_blocks) {
   for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
     KvPage& page = s.pages[static_cast<size_t>(b)];
     KVL_CHECK(page.awaiting_restore && page.fate == KvPageFate::kInTier && page.store_pin &&
-              page.tier->reads_in_place() && table[static_cast<size_t>(b)] == kNoBlock);
+              table[static_cast<size_t>(b)] == kNoBlock);
     page.awaiting_restore = false;
-    page.in_place = true;
+    // A RAM tier's page is read where it lies; a disk tier's is streamed into the staging at
+    // each step, as a demoted page is (the admission counted it against the staging's room).
+    page.in_place = page.tier->reads_in_place();
     table_.Hold(page);
   }
 }

@@ -63,6 +63,7 @@ TEST_F(BenchTurnsTest, EveryConfigRunsAndLosslessRepliesEqualKeepAll) {
                           " --plot " + (dir_ / "turns.png").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("### summary"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("RSS-weights"), std::string::npos) << r.output;
   // The plot is drawn, or skipped with a note (no matplotlib): never a failure.
   EXPECT_TRUE(std::filesystem::exists(dir_ / "turns.png") ||
               r.output.find("plot skipped") != std::string::npos)
@@ -80,12 +81,24 @@ TEST_F(BenchTurnsTest, EveryConfigRunsAndLosslessRepliesEqualKeepAll) {
     EXPECT_EQ((*c)["error"], "") << name;
     ASSERT_EQ((*c)["turns"].size(), 4u) << name;
     EXPECT_GT((*c)["rss_anon_start_bytes"].get<int64_t>(), 0) << name;
+    const int64_t model_file_bytes = (*c)["model_file_bytes"].get<int64_t>();
+    EXPECT_GT(model_file_bytes, 0) << name;
     for (const nlohmann::json& t : (*c)["turns"]) {
       EXPECT_EQ(t["reply"].size(), 32u) << name;
       // The process's own memory, read from the kernel each turn: the heap and pool are
       // anonymous, the mapped model file pages.
       EXPECT_GT(t["rss_anon_peak_bytes"].get<int64_t>(), 0) << name;
       EXPECT_GT(t["rss_file_bytes"].get<int64_t>(), 0) << name;
+      // VmRSS and VmRSS less the weights: the weights found resident (the model file's pages,
+      // found by its path in smaps, and any packed copies) are most of the file, since every
+      // tensor was read by then; what is left holds at least the pool's blocks in use (written,
+      // so resident); VmRSS is at least its anonymous part.
+      const int64_t rss = t["rss_peak_bytes"].get<int64_t>();
+      const int64_t weights = t["weights_resident_bytes"].get<int64_t>();
+      const int64_t rest = t["rss_minus_weights_peak_bytes"].get<int64_t>();
+      EXPECT_GE(weights, model_file_bytes / 2) << name << " turn " << t["turn"];
+      EXPECT_GE(rest, t["pool_bytes_peak"].get<int64_t>()) << name << " turn " << t["turn"];
+      EXPECT_GE(rss, t["rss_anon_peak_bytes"].get<int64_t>()) << name << " turn " << t["turn"];
       const double agreement = t["agreement"].get<double>();
       EXPECT_TRUE(agreement >= 0 && agreement <= 1) << name;
     }

@@ -266,6 +266,33 @@ TEST(LongConversationTest, MultiTurnHistoryLongerThanThePoolStaysExact) {
   CheckKvMemory(paged_metrics, o.kv_budget_bytes, "multi-turn demote");
 }
 
+// The same conversation with a direct-I/O disk tier as the only place beside the pool (RAM holds
+// only the budget): from the turn whose history the pool cannot hold, the admission finds the
+// history's pages in the KV store on disk and streams them where they lie (each layer read while
+// the one before computes) instead of promoting them all into the pool first; every reply still
+// equals keep-all's.
+TEST(LongConversationTest, MultiTurnHistoryOnDiskIsStreamedWhereItLiesAndStaysExact) {
+  EngineMetrics keep_metrics, paged_metrics;
+  const auto keep = Conversation(Options(64), &keep_metrics);
+  const std::string disk =
+      ::testing::TempDir() + "/kvl-long-stream-" + std::to_string(getpid()) + ".pages";
+  EngineOptions o = Options(24, 0.5);
+  o.kv_policy = "demote-disk";
+  o.kv_tiers = {"disk:" + disk + ":64MiB:direct:scratch"};
+  o.prefix_cache = true;
+  const auto paged = Conversation(o, &paged_metrics);
+  EXPECT_EQ(paged, keep);
+  CheckKvMemory(paged_metrics, o.kv_budget_bytes, "multi-turn, disk only");
+  ASSERT_EQ(paged_metrics.kv_tiers.size(), 1u);
+  const KvTierMetrics& tier = paged_metrics.kv_tiers[0];
+  EXPECT_GT(tier.blocks_in_place, 0) << "no admission streamed its history from the disk";
+  EXPECT_GT(paged_metrics.kv_layers_streamed, 0);
+  std::printf("[ info ] disk only: %lld blocks found on disk, %lld streamed where they lie, %lld "
+              "promoted\n",
+              static_cast<long long>(tier.hit_blocks), static_cast<long long>(tier.blocks_in_place),
+              static_cast<long long>(tier.blocks_promoted));
+}
+
 // -ctk / -ctv f16 and bf16: pages take half the bytes (twice the blocks in one budget), greedy
 // output stays close to f32, and streaming demoted half pages is as lossless as with f32.
 TEST(LongConversationTest, HalfCacheTypesHalveThePagesAndStreamLosslessly) {

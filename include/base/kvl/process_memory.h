@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace kvl {
@@ -24,5 +25,14 @@ struct ProcessMemory {
 std::optional<ProcessMemory> ParseProcessStatus(std::string_view status);
 // This process now; nullopt where /proc/self/status cannot be read.
 std::optional<ProcessMemory> ReadProcessMemory();
+
+// The resident bytes of every mapping of the file `path` (its "Rss:" lines summed), from the text
+// of /proc/<pid>/smaps: how much of a mapped model file is in memory. `path` must be the absolute,
+// resolved path the kernel prints. 0 when nothing maps it; nullopt when the text is malformed.
+std::optional<int64_t> ParseMappedFileResidentBytes(std::string_view smaps, std::string_view path);
+// This process's resident pages of `path` (resolved to its canonical name); nullopt where
+// /proc/self/smaps cannot be read. Costs a read of every mapping's counters: sample it, do not
+// call it per step.
+std::optional<int64_t> ReadMappedFileResidentBytes(const std::string& path);
 
 }  // namespace kvl

@@ -240,7 +240,9 @@ struct KvTierMetrics {
   // Blocks promoted from this tier into the pool, and the cost model's predicted time for them
   // beside the measured one.
   int64_t blocks_promoted = 0;
-  int64_t blocks_in_place = 0;  // taken where the tier holds them (an uncompressed RAM tier)
+  // Taken where the tier holds them: read in place (an uncompressed RAM tier), or streamed at
+  // each step from a disk tier, for a prompt the pool cannot hold.
+  int64_t blocks_in_place = 0;
   double promote_ms_predicted = 0;
   double promote_ms_measured = 0;
   KvPredictionError promote_error;  // per promoted block, over the last 4096
@@ -393,6 +395,9 @@ class Engine {
                                     const TokenCallback& on_token = {});
 
   const Model& model() const;
+  // The weights the forward pass repacked at load for the ISA's GEMM: anonymous memory that
+  // replaces those tensors' pages of the mapped file (0 where the ISA reads the file's layout).
+  int64_t packed_weight_bytes() const;
   const Tokenizer& tokenizer() const;
   const EngineOptions& options() const;
   int64_t context_length() const;

@@ -228,13 +228,19 @@ class KvMemory {
   // Admission: where a waiting prompt's pages come from. With `ask_store`, the KV store is asked
   // first for the pages past the pool's cached prefix (FindInStore: they become awaiting restore
   // in `pages`, pinned in their tier). Then the store pages at the prefix that a RAM tier holds
-  // are read in place, and the pages awaiting restore after them (at most `restore_cap` tokens)
-  // are promoted.
+  // are read in place (and, for a prompt the pool cannot hold, those a disk tier holds are
+  // streamed where they lie: InPlaceBlocks), and the pages awaiting restore after them (at most
+  // `restore_cap` tokens) are promoted.
   KvAdmission PlanAdmission(std::span<const int32_t> tokens, KvSequencePages* pages,
                             bool ask_store, int64_t restore_cap);
   // The step's blocks (KvManager::Plan): reuses the plan's vectors; plan->fits says whether the
   // pool has them. Changes nothing.
-  void PlanStep(std::span<const KvSeqStep> steps, KvPlan* plan) { manager_->Plan(steps, plan); }
+  // Admissions planned before it are planned again before the next PlanStep, so the staging
+  // they were promised is free again.
+  void PlanStep(std::span<const KvSeqStep> steps, KvPlan* plan) {
+    stream_pages_promised_ = 0;
+    manager_->Plan(steps, plan);
+  }
   // Carries out a step's plan before its forward pass: cached blocks the plan gives new contents
   // go to the KV store first (and to the trace as leaving), the plan is committed (refused if made
   // against an older state), shared blocks are copied for copy-on-write; then per sequence (in
@@ -331,8 +337,11 @@ class KvMemory {
   // promoting them is cheaper than recomputing them.
   void FindInStore(std::span<const int32_t> tokens, int64_t cached_tokens,
                    KvSequencePages* pages);
-  // Store pages from `from` on in a tier attention reads in place.
-  int64_t InPlaceBlocks(const KvSequencePages& pages, int64_t len, int64_t from) const;
+  // Store pages from `from` on in a tier attention reads in place, then (a prompt the pool
+  // cannot hold) on a disk tier, streamed as they lie while the staging has room; *streamed: how
+  // many of them are streamed.
+  int64_t InPlaceBlocks(const KvSequencePages& pages, int64_t len, int64_t from,
+                        int64_t* streamed) const;
   void CommitStep(const KvPlan& plan);
   // Pages [first_block, first_block + count) of `slot` promoted into their fresh blocks, each
   // checked against its corrected price; returns the pages restored.
@@ -371,6 +380,9 @@ class KvMemory {
   std::vector<KvTier*> found_in_;
   // Apply's, reused.
   std::vector<double> restore_page_ms_;  // one restore's time per page
+  // Staging taken by the admissions planned since the last PlanStep (their streamed store pages
+  // join the pager's held pages only when the plan is applied).
+  int64_t stream_pages_promised_ = 0;
   std::vector<KvPage> promoting_;        // each promoted page as it was before it came back
   BringBackBatch restored_{kNumFeedbackKeys};
   std::vector<KvContentId> trace_contents_;

@@ -222,8 +222,9 @@ class KvPager final : public KvDetachedPages {
   // brought back.
   int64_t PromoteBack(KvPagePlan& plan);
   // Admission, after the commit: pages [first_block, first_block + num_blocks) awaiting restore in
-  // a tier that attention reads in place stay where they are, as the sequence's pages held in
-  // that tier (the block table has holes there: KvSeqStep::in_place_blocks).
+  // a tier that attention reads in place, or (a prompt the pool cannot hold) on a disk tier, stay
+  // where they are, as the sequence's pages held in that tier, read in place or streamed (the
+  // block table has holes there: KvSeqStep::in_place_blocks).
   void ReadInPlace(SeqId seq, int64_t first_block, int64_t num_blocks);
   // After a restore: pages awaiting restore whose blocks are now in the pool (restored, or
   // computed because the restore stopped or the prefix cache held them) are let go from their

@@ -135,6 +135,9 @@ struct DiskTierOptions {
   // until they are erased (the Put is RESOURCE_EXHAUSTED when evicting cannot make room); true
   // evicts any page.
   bool evict_lru = false;
+  // A Get's reads all in flight at once through io_uring, where the build has liburing and the
+  // kernel allows it; false (or refused): one preadv after another. The bytes are the same.
+  bool io_uring = true;
 };
 inline constexpr int64_t kMaxDiskTierIdentityBytes = 4032;
 
@@ -157,7 +160,8 @@ class DiskKvTier : public KvTier {
 // round_up(64-byte record + page_bytes, 4096) bytes; each slot's record names its key and
 // carries checksums, so the index is rebuilt at open by reading the records (layout in
 // src/kv/disk_tier.h). stats() counts whole slots in bytes_used and capacity_bytes (the header is
-// outside the capacity), and pwritev/preadv calls in write_ops and read_ops. name() is "disk",
+// outside the capacity), pwritev calls in write_ops and read requests (a run of consecutive slots
+// each, whether issued by preadv or through io_uring) in read_ops. name() is "disk",
 // "disk:direct", or "disk:buffered (O_DIRECT refused: ...)" when the filesystem refuses O_DIRECT.
 //
 // Ownership: the tier creates a new file itself (O_CREAT|O_EXCL, mode 0600), never follows a

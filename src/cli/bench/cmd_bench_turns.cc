@@ -9,9 +9,10 @@
 //   d-evict     the same budget, cold pages evicted, no tier
 //   d-compress  the same budget, cold pages compressed to int8, no tier
 // Per turn: wall time, TTFT, decode speed, prompt / cached / prefilled / promoted tokens, the
-// pool's peak bytes, the process's anonymous resident memory grown since turn 1 began (the RAM a
-// RAM tier holds is the same DRAM; the mapped weights are not counted), each tier's hits and traffic, pages per KV action, and the reply against
-// b's (token-exact for the lossless configs, leading agreement for the lossy ones). Prints a table
+// pool's peak bytes, the process's resident memory (VmRSS) and that less the weights (the packed
+// copies and the model file's resident pages): what the KV cache, its tiers' RAM and everything
+// else the process holds cost, set beside the budget (a RAM tier holds the same DRAM as the pool),
+// each tier's hits and traffic, pages per KV action, and the reply against b's (token-exact for the lossless configs, leading agreement for the lossy ones). Prints a table
 // per config and a summary, writes JSON (--json), and draws time and resident KV per turn
 // (--plot, through scripts/plot_turns.py).
 #include <fmt/format.h>
@@ -112,11 +113,15 @@ struct TurnRecord {
   int64_t pool_bytes_peak = 0;   // the most pool bytes in use between steps of this turn
   int64_t resident_bytes = 0;    // that plus the pager's buffers outside the pool
   int64_t resident_peak_so_far = 0;  // EngineMetrics::kv_resident_bytes_peak after the turn
-  // The process itself (kvl/process_memory.h): its anonymous resident memory (heap, pool, RAM
-  // tiers; not the mapped weights) at its most over the turn, sampled every kRssSampleSteps
-  // steps and at the end, and the weights' file pages resident at the end.
+  // The process itself (kvl/process_memory.h), sampled every kRssSampleSteps steps and at the
+  // end: its anonymous resident memory (heap, pool, RAM tiers, packed weights) at its most, the
+  // file pages resident at the end, VmRSS at its most, and VmRSS less the weights (the packed
+  // copies and the model file's resident pages) at its most, with the weights of that sample.
   int64_t rss_anon_peak_bytes = 0;
   int64_t rss_file_bytes = 0;
+  int64_t rss_peak_bytes = 0;
+  int64_t rss_minus_weights_peak_bytes = 0;
+  int64_t weights_resident_bytes = 0;
   int64_t layers_streamed = 0;   // layer pages attention read from tiers
   double stream_wait_ms = 0;
   int64_t preemptions = 0;
@@ -138,6 +143,11 @@ struct ConfigRun {
   // The process's anonymous resident memory once the engine is made and warm, before turn 1:
   // what a turn's figure grows from.
   int64_t rss_anon_start_bytes = 0;
+  int64_t packed_weight_bytes = 0;  // Engine::packed_weight_bytes
+  // VmRSS less the weights then too: the process's own memory before any turn's KV (the pool's
+  // untouched blocks are not resident yet), what the turns' figures grow from.
+  int64_t rss_minus_weights_start_bytes = 0;
+  int64_t model_file_bytes = 0;     // the weights as the file holds them (Model::weight_bytes)
   std::vector<TurnRecord> turns;
   std::string error;          // why the run stopped early
 };
@@ -217,6 +227,13 @@ void FillTurnDeltas(const EngineMetrics& before, const EngineMetrics& after, int
   }
 }
 
+// The weights this process holds resident: the packed copies (anonymous) and what of the model
+// file is resident (the tensors read in place, the embedding rows looked up).
+int64_t ResidentWeightBytes(const Engine& engine) {
+  return engine.packed_weight_bytes() +
+         ReadMappedFileResidentBytes(engine.options().model_path).value_or(0);
+}
+
 // One turn: the history as one prompt, `reply_tokens` greedy tokens, the pool sampled between
 // steps for the turn's peak.
 Status RunTurn(Engine& engine, const std::vector<int32_t>& history, int32_t reply_tokens,
@@ -227,9 +244,15 @@ Status RunTurn(Engine& engine, const std::vector<int32_t>& history, int32_t repl
   r.ignore_eos = true;
   r.sampling.temperature = 0;
   auto sample_rss = [&] {
-    if (const std::optional<ProcessMemory> m = ReadProcessMemory()) {
-      rec->rss_anon_peak_bytes = std::max(rec->rss_anon_peak_bytes, m->rss_anon_bytes);
-      rec->rss_file_bytes = m->rss_file_bytes;
+    const std::optional<ProcessMemory> m = ReadProcessMemory();
+    if (!m) return;
+    rec->rss_anon_peak_bytes = std::max(rec->rss_anon_peak_bytes, m->rss_anon_bytes);
+    rec->rss_file_bytes = m->rss_file_bytes;
+    rec->rss_peak_bytes = std::max(rec->rss_peak_bytes, m->rss_bytes);
+    const int64_t weights = ResidentWeightBytes(engine);
+    if (m->rss_bytes - weights >= rec->rss_minus_weights_peak_bytes) {
+      rec->rss_minus_weights_peak_bytes = m->rss_bytes - weights;
+      rec->weights_resident_bytes = weights;
     }
   };
   std::vector<Request> requests;
@@ -282,23 +305,26 @@ std::string ReplyText(const ConfigRun& run, const TurnRecord& rec) {
 
 void PrintConfigHeader(const ConfigRun& run) {
   fmt::print("\n### {}: {}\n", run.config.name, run.config.description);
-  fmt::print("budget {}, pool {}, buffers outside the pool {}\n\n",
+  fmt::print("budget {}, pool {}, buffers outside the pool {}; weights {} in the file, {} of them "
+             "packed at load; RSS less the weights before turn 1 {}\n\n",
              run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "default (whole conversation)",
-             FormatBytes(run.pool_bytes), FormatBytes(run.staging_bytes));
-  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8} | {:>8} | {:>7} | {:>11} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
+             FormatBytes(run.pool_bytes), FormatBytes(run.staging_bytes),
+             FormatBytes(run.model_file_bytes), FormatBytes(run.packed_weight_bytes),
+             FormatBytes(run.rss_minus_weights_start_bytes));
+  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8} | {:>8} | {:>7} | {:>11} | {:>11} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
              "turn", "prompt", "cached", "prefill", "promoted", "wall ms", "TTFT ms", "tok/s",
-             "resident", "RSS anon +", "tiers: hits, +in -out", "pages per action", "reply");
-  fmt::print("| {:->4} | {:->6} | {:->6} | {:->7} | {:->8} | {:->8} | {:->8} | {:->7} | {:->11} | {:->11} | {:-<32} | {:-<22} | {:->5} |\n",
-             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+             "resident", "RSS", "RSS-weights", "tiers: hits, +in -out", "pages per action", "reply");
+  fmt::print("| {:->4} | {:->6} | {:->6} | {:->7} | {:->8} | {:->8} | {:->8} | {:->7} | {:->11} | {:->11} | {:->11} | {:-<32} | {:-<22} | {:->5} |\n",
+             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   (void)FlushStdout();
 }
 
 // Each row as its turn ends, so that a long run shows how far it got.
 void PrintTurnRow(const ConfigRun& run, const TurnRecord& r) {
-  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>11} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
+  fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8.1f} | {:>8.1f} | {:>7.1f} | {:>11} | {:>11} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
              r.turn, r.prompt_tokens, r.cached_tokens, r.prefilled_tokens, r.promoted_tokens,
              r.wall_ms, r.ttft_ms, r.decode_tok_s, FormatBytes(r.resident_bytes),
-             FormatBytes(std::max<int64_t>(0, r.rss_anon_peak_bytes - run.rss_anon_start_bytes)),
+             FormatBytes(r.rss_peak_bytes), FormatBytes(r.rss_minus_weights_peak_bytes),
              TiersText(r), ActionPagesText(r.action_pages), ReplyText(run, r));
   (void)FlushStdout();
 }
@@ -318,7 +344,12 @@ StatusOr<ConfigRun> RunConfig(const TurnsConfig& config, const EngineOptions& op
   KVL_RETURN_IF_ERROR(WarmUpEngine(*engine, conv.user[0][1], conv.user[0][2]));
   EngineMetrics before = engine->Metrics();
   run.staging_bytes = before.kv_stream_staging_bytes;
-  if (const std::optional<ProcessMemory> m = ReadProcessMemory()) run.rss_anon_start_bytes = m->rss_anon_bytes;
+  if (const std::optional<ProcessMemory> m = ReadProcessMemory()) {
+    run.rss_anon_start_bytes = m->rss_anon_bytes;
+    run.rss_minus_weights_start_bytes = m->rss_bytes - ResidentWeightBytes(*engine);
+  }
+  run.packed_weight_bytes = engine->packed_weight_bytes();
+  run.model_file_bytes = engine->model().weight_bytes();
   PrintConfigHeader(run);
   std::vector<int32_t> history;
   for (size_t t = 0; t < conv.user.size(); ++t) {
@@ -356,6 +387,7 @@ struct Summary {
   double last_over_b = 0;
   double last_ttft_over_b = 0;  // the turn's TTFT against b's: the history's cost alone
   int64_t resident_max = 0;  // the most resident KV of any turn (pool peak + buffers)
+  int64_t rss_minus_weights_max = 0;  // the process less its weights, at its most over the turns
   int64_t prefilled = 0;
   int32_t identical = 0;
   double agreement_mean = 0;
@@ -380,6 +412,7 @@ Summary Summarize(const ConfigRun& run, const ConfigRun& b) {
     const size_t i = static_cast<size_t>(r.turn - 1);
     if (i < b.turns.size()) s.b_total_ms += b.turns[i].wall_ms;
     s.resident_max = std::max(s.resident_max, r.resident_bytes);
+    s.rss_minus_weights_max = std::max(s.rss_minus_weights_max, r.rss_minus_weights_peak_bytes);
     s.prefilled += r.prefilled_tokens;
     s.identical += r.identical ? 1 : 0;
     s.agreement_mean += r.agreement;
@@ -391,21 +424,21 @@ Summary Summarize(const ConfigRun& run, const ConfigRun& b) {
 void PrintSummary(const std::vector<ConfigRun>& runs, int32_t turns) {
   const ConfigRun& b = runs.front();
   fmt::print("\n### summary\n\n");
-  fmt::print("| {:<10} | {:>11} | {:>12} | {:>10} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>9} |\n",
-             "config", "budget", "max resident", "turn 2 ms",
+  fmt::print("| {:<10} | {:>11} | {:>12} | {:>13} | {:>10} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>9} |\n",
+             "config", "budget", "max resident", "RSS-weights", "turn 2 ms",
              fmt::format("turn {} ms", turns), fmt::format("{}/2", turns),
              fmt::format("{} vs b", turns), fmt::format("TTFT {} vs b", turns), "prefilled",
              "identical", "agreement");
-  fmt::print("| {:-<10} | {:->11} | {:->12} | {:->10} | {:->10} | {:->7} | {:->9} | {:->13} | {:->9} | {:->9} | {:->9} |\n",
-             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+  fmt::print("| {:-<10} | {:->11} | {:->12} | {:->13} | {:->10} | {:->10} | {:->7} | {:->9} | {:->13} | {:->9} | {:->9} | {:->9} |\n",
+             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   for (const ConfigRun& run : runs) {
     const Summary s = Summarize(run, b);
     // A run that stopped early has no last turn to compare: it says where it stopped.
     const bool complete = static_cast<int32_t>(run.turns.size()) == turns;
     const std::string stopped = fmt::format("stop@{}", run.turns.size() + 1);
-    fmt::print("| {:<10} | {:>11} | {:>12} | {:>10.1f} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>8.1f}% |\n",
+    fmt::print("| {:<10} | {:>11} | {:>12} | {:>13} | {:>10.1f} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>8.1f}% |\n",
                run.config.name, run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "-",
-               FormatBytes(s.resident_max), s.second_ms,
+               FormatBytes(s.resident_max), FormatBytes(s.rss_minus_weights_max), s.second_ms,
                complete ? fmt::format("{:.1f}", s.last_ms) : stopped,
                complete ? fmt::format("{:.2f}", s.last_over_second) : "-",
                complete ? fmt::format("{:.2f}", s.last_over_b) : "-",
@@ -464,6 +497,9 @@ nlohmann::json TurnJson(const TurnRecord& r) {
           {"pool_bytes_peak", r.pool_bytes_peak}, {"resident_bytes", r.resident_bytes},
           {"resident_peak_so_far", r.resident_peak_so_far},
           {"rss_anon_peak_bytes", r.rss_anon_peak_bytes}, {"rss_file_bytes", r.rss_file_bytes},
+          {"rss_peak_bytes", r.rss_peak_bytes},
+          {"rss_minus_weights_peak_bytes", r.rss_minus_weights_peak_bytes},
+          {"weights_resident_bytes", r.weights_resident_bytes},
           {"layers_streamed", r.layers_streamed}, {"stream_wait_ms", r.stream_wait_ms},
           {"preemptions", r.preemptions}, {"actions", actions}, {"tiers", tiers},
           {"finish_reason", r.finish_reason}, {"identical", r.identical},
@@ -486,12 +522,16 @@ nlohmann::json RunJson(const ConfigRun& run, const ConfigRun& b) {
           {"staging_bytes", run.staging_bytes},
           {"resident_peak", run.resident_peak},
           {"rss_anon_start_bytes", run.rss_anon_start_bytes},
+          {"packed_weight_bytes", run.packed_weight_bytes},
+          {"rss_minus_weights_start_bytes", run.rss_minus_weights_start_bytes},
+          {"model_file_bytes", run.model_file_bytes},
           {"error", run.error},
           {"summary",
            {{"turn1_ms", s.first_ms}, {"turn2_ms", s.second_ms}, {"last_ms", s.last_ms},
             {"last_over_turn2", s.last_over_second}, {"last_over_b", s.last_over_b},
             {"last_ttft_over_b", s.last_ttft_over_b},
-            {"resident_max", s.resident_max}, {"prefilled_tokens", s.prefilled},
+            {"resident_max", s.resident_max},
+            {"rss_minus_weights_max", s.rss_minus_weights_max}, {"prefilled_tokens", s.prefilled},
             {"replies_identical", s.identical}, {"agreement_mean", s.agreement_mean},
             {"total_ms", s.total_ms}}},
           {"turns", turns}};
@@ -591,10 +631,11 @@ int BenchTurnsCommand(const BenchTurnsArgs& args) {
     fmt::print(stderr, "kvl: {}\n", loaded.status().ToString());
     return 1;
   }
-  const Tokenizer* tokenizer = loaded->tokenizer.get();
-  const ModelConfig& mc = loaded->model->config();
+  const ModelConfig mc = loaded->model->config();
   const Conversation conv = ScriptConversation(
-      *tokenizer, {args.turns, args.user_min, args.user_max, args.reply_tokens, args.seed});
+      *loaded->tokenizer, {args.turns, args.user_min, args.user_max, args.reply_tokens, args.seed});
+  // Let go before any engine runs: the process's memory per turn is the engine's alone.
+  *loaded = BenchModel{};
   const int64_t block = args.engine.block_tokens;
   const int64_t context = args.engine.context_length > 0
                               ? args.engine.context_length
