@@ -8,7 +8,6 @@
 
 #include <gtest/gtest.h>
 
-#include "kvl/kv_policy.h"
 #include "kvl/kv_trace_replay.h"
 
 namespace kvl {
@@ -116,6 +115,30 @@ TEST(KvReuseForecastTest, OnlyPagesIdleAsLongJudgeALongPause) {
   EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 60, 1, 0), 1.0 / 31);
 }
 
+// A bounded history keeps the pauses of the latest revivals only, so an engine's history stays
+// the same size however long it runs: with room for 2, the pause of 1 step recorded first is
+// forgotten, and the mean of the rest (5 and 9 steps) is what is left of a pause.
+TEST(KvReuseForecastTest, ABoundedHistoryForgetsTheOldestPauses) {
+  KvIdleReuseHistory all, latest(2);
+  for (KvIdleReuseHistory* h : {&all, &latest}) {
+    for (int64_t gap : {1, 5, 9}) {
+      h->PageWentIdle(0);
+      h->PageRevived(0, gap);
+    }
+  }
+  EXPECT_EQ(all.revived_pages(), 3);
+  EXPECT_EQ(latest.revived_pages(), 2);
+  EXPECT_DOUBLE_EQ(all.RemainingGapSteps(0), 5.0);
+  EXPECT_DOUBLE_EQ(latest.RemainingGapSteps(0), 7.0);
+  // After a pause of 6 only the 9 is left in both, and a fourth revival pushes out the 5.
+  EXPECT_DOUBLE_EQ(latest.RemainingGapSteps(6), 3.0);
+  latest.PageWentIdle(0);
+  latest.PageRevived(0, 3);
+  EXPECT_EQ(latest.revived_pages(), 2);
+  EXPECT_DOUBLE_EQ(latest.RemainingGapSteps(0), 6.0);  // (3 + 9) / 2
+  EXPECT_DOUBLE_EQ(latest.RemainingGapSteps(4), 5.0);  // 9 - 4
+}
+
 // Two sequences decode side by side under full attention, each reading its 4 pages at every step
 // for 40 steps, with room for 6 of the 8: a cyclic scan. LRU evicts each page just before it is
 // read again and misses every read; Belady keeps a stable set and misses about 2 a step; the
@@ -165,13 +188,6 @@ TEST(KvReuseForecastTest, CyclicScanPolicyWithinTenPercentOfBeladyAndLruIsNot) {
   EXPECT_LE(policy.cost_ms, 1.10 * opt.cost_ms) << policy.misses << " vs " << opt.misses;
   EXPECT_EQ(lru.misses, lru.accesses - lru.cold);  // every read after the first misses
   EXPECT_GT(lru.cost_ms, 1.10 * opt.cost_ms);
-
-  // The recency score the policy replaced (ReuseProbability, ties to the least recent) is LRU
-  // here: every page is read at every step, so it scores them alike.
-  PageHistory read_now, read_last_step;
-  read_last_step.steps_since_access = 1;
-  read_now.accesses = read_last_step.accesses = 10;
-  EXPECT_GT(ReuseProbability(read_now), ReuseProbability(read_last_step));
 }
 
 // Pages nobody reads any more, ranked by the history of idle pages read again: a chat's history
