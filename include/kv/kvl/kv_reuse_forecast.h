@@ -25,6 +25,7 @@
 // the functions are pure.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -76,7 +77,8 @@ class KvIdleReuseHistory {
 
   // Keeps the pauses of the last `max_revivals` revived pages only (0: all), so that a history
   // fed for as long as a server runs stays bounded (an offline replay keeps all).
-  explicit KvIdleReuseHistory(size_t max_revivals = 0) : max_revivals_(max_revivals) {}
+  KvIdleReuseHistory() = default;
+  explicit KvIdleReuseHistory(size_t max_revivals) : max_revivals_(max_revivals) {}
 
   // A page went idle after its read at step `last_read_step`.
   void PageWentIdle(int64_t last_read_step);

@@ -2,12 +2,15 @@
 // through resident sets of N pages under the engine's reuse forecast, LRU, LFU and Belady's optimal
 // (kvl/kv_trace_replay.h), each miss priced as bringing one page back; and the engine's own
 // recorded decisions, priced the same way, at the engine's pool size. A table (or JSON) per
-// capacity: misses, cost, and the regret against the optimal.
+// capacity: misses, cost, and the regret against the optimal. Then the same reads through the
+// engine's own KV manager (ReplayKvTraceThroughManager): its prefix cache reusing idle cached
+// blocks in the forecast's order and least recently freed first, against LRU and Belady.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
@@ -55,6 +58,21 @@ double Regret(double cost, double optimal) {
 
 std::string FormatRegret(double regret) {
   return std::isfinite(regret) ? fmt::format("{:+.1f}%", regret) : std::string("-");
+}
+
+// The most blocks the requests of one step hold at once: their listed pages and a partial page
+// each. The engine's KV manager keeps running sequences' pages in the pool, so it replays a
+// trace only with at least this many.
+int64_t RunningBlocksPeak(std::span<const KvTraceAccess> accesses) {
+  int64_t peak = 0, in_step = 0;
+  for (size_t i = 0; i < accesses.size(); ++i) {
+    const bool new_step = i == 0 || accesses[i].step != accesses[i - 1].step;
+    if (new_step) in_step = 0;
+    const bool new_read = new_step || accesses[i].request != accesses[i - 1].request;
+    in_step += 1 + (new_read ? 1 : 0);
+    peak = std::max(peak, in_step);
+  }
+  return peak;
 }
 
 }  // namespace
@@ -136,7 +154,16 @@ int BenchReplayCommand(const BenchReplayArgs& args) {
     KvReplayResult lru, belady;
   };
   std::vector<EngineRow> engine_rows;
-  for (int64_t capacity : capacities) {
+  // Without --capacity-pages: from the least that holds every step's running requests (where
+  // only idle pages compete, as there) to twice that.
+  const int64_t peak = RunningBlocksPeak(accesses);
+  std::vector<int64_t> engine_capacities = args.capacity_pages;
+  if (engine_capacities.empty()) {
+    engine_capacities = {peak, peak * 5 / 4, peak * 3 / 2, peak * 2};
+    engine_capacities.erase(std::unique(engine_capacities.begin(), engine_capacities.end()),
+                            engine_capacities.end());
+  }
+  for (int64_t capacity : engine_capacities) {
     EngineRow e;
     e.capacity = capacity;
     e.forecast = ReplayKvTraceThroughManager(*trace, accesses, KvIdleBlockOrder::kForecast,
@@ -238,7 +265,9 @@ int BenchReplayCommand(const BenchReplayArgs& args) {
       "\nthrough the engine's KV manager (its prefix cache; idle cached blocks reused in the "
       "forecast's order, or least recently freed first), against LRU and Belady holding one "
       "partial page per running request as the manager does; regret = misses over Belady's; "
-      "reuse: the reads at an admission of pages seen before, and how many found their page\n\n");
+      "reuse: the reads at an admission of pages seen before, and how many found their page; the "
+      "step with the most running requests holds {} blocks\n\n",
+      peak);
   fmt::print(
       "| capacity | engine hits | engine misses | regret | reuse hits / reads | engine LRF hits | "
       "LRF misses | LRF regret | LRU hits | LRU misses | Belady hits | Belady misses |\n");
