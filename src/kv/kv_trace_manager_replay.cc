@@ -89,7 +89,9 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
   std::unordered_map<int64_t, Held> held;  // requests in the manager
   std::vector<SeqId> free_slots;
   for (SeqId s = options.max_seqs; s-- > 0;) free_slots.push_back(s);
-  std::vector<bool> seen(static_cast<size_t>(trace.num_pages), false);
+  // The step each page was first read in (-1: not yet).
+  std::vector<int64_t> first_read(static_cast<size_t>(trace.num_pages), -1);
+  int64_t step = -1;
   std::vector<StepRead> reads;
   std::vector<std::vector<int32_t>> step_tokens;
   std::vector<KvSeqStep> steps;
@@ -103,11 +105,14 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
     held.erase(it);
   };
   // Counts one read of block `b` (page `page`): a hit where it was in the pool, cold where no
-  // policy could have had it, else a miss.
+  // policy could have had it, else a miss. A page first read in this very step by another request
+  // is cold too: two requests admitted together compute their common pages in the same step
+  // (neither finds the other's), whatever the eviction order.
   auto count = [&](int64_t page, bool in_pool, bool at_admission) {
     ++r.accesses;
-    const bool was_seen = seen[static_cast<size_t>(page)];
-    seen[static_cast<size_t>(page)] = true;
+    int64_t& first = first_read[static_cast<size_t>(page)];
+    if (first < 0) first = step;
+    const bool was_seen = first < step;
     if (at_admission && was_seen) {
       ++out.reuse_reads;
       out.reuse_hits += in_pool;
@@ -123,7 +128,7 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
 
   for (size_t i = 0; i < accesses.size();) {
     // The step's reads, one per request.
-    const int64_t step = accesses[i].step;
+    step = accesses[i].step;
     reads.clear();
     while (i < accesses.size() && accesses[i].step == step) {
       size_t end = i;
@@ -149,10 +154,21 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
     for (const StepRead& read : reads) {
       const int64_t blocks = static_cast<int64_t>(read.blocks.size());
       auto it = held.find(read.request);
-      // Fewer blocks than it held: cut back (a session continued only as far as it agrees).
-      if (it != held.end() && blocks < it->second.full_blocks) {
-        release(read.request);
-        it = held.end();
+      // Fewer blocks than it held (a session continued only as far as it agrees), or more that
+      // were read before (a resumed sequence recomputed in chunks, whose later pages may still
+      // be cached): admitted again, so its prefix is looked up as an admission's is.
+      if (it != held.end()) {
+        const int64_t have = it->second.full_blocks;
+        const bool seen_ahead = std::any_of(
+            read.blocks.begin() + std::min(have, blocks), read.blocks.end(),
+            [&](const KvTraceAccess& a) {
+              const int64_t first = first_read[static_cast<size_t>(a.page)];
+              return first >= 0 && first < step;
+            });
+        if (blocks < have || seen_ahead) {
+          release(read.request);
+          it = held.end();
+        }
       }
       std::vector<int32_t>& toks = step_tokens[steps.size()];
       toks.clear();
