@@ -85,7 +85,7 @@ TEST(KvPriceFlagsTest, PricesReachTheEngineAndBadValuesNameTheFlag) {
   EXPECT_DOUBLE_EQ(p.aggressive_ms_per_evicted_mass, 0);
   StatusOr<ParsedCommand> defaults = ParseCommandLine({"serve", "-m", "m.gguf"});
   ASSERT_TRUE(defaults.ok()) << defaults.status().message();
-  EXPECT_EQ(defaults->serve.engine.kv_quality_prices, KvQualityPrices{});
+  EXPECT_EQ(defaults->serve.serve.engine.kv_quality_prices, KvQualityPrices{});
 
   EXPECT_NE(ParseError({"run", "-m", "m.gguf", "--kv-price-evict-balanced", "-3"})
                 .find("--kv-price-evict-balanced must be a finite price >= 0"),
