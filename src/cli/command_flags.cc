@@ -79,6 +79,25 @@ void AddKvReserveFlags(CLI::App* cmd, EngineOptions* engine) {
       ->capture_default_str();
 }
 
+// What a loss of quality is worth (kvl/kv_policy.h KvQualityPrices); ValidateEngineOptions
+// checks the values and names the flag of a bad one.
+void AddKvPriceFlags(CLI::App* cmd, KvQualityPrices* prices) {
+  cmd->add_option("--kv-price-kld-balanced", prices->balanced_ms_per_kld,
+                  "--kv-quality balanced: ms a compressed page may cost per nat of KL divergence "
+                  "it adds")
+      ->capture_default_str();
+  cmd->add_option("--kv-price-kld-aggressive", prices->aggressive_ms_per_kld,
+                  "--kv-quality aggressive: ms per nat of KL divergence")
+      ->capture_default_str();
+  cmd->add_option("--kv-price-evict-balanced", prices->balanced_ms_per_evicted_mass,
+                  "--kv-quality balanced: ms an evicted page costs per unit of the attention "
+                  "mass it would still get")
+      ->capture_default_str();
+  cmd->add_option("--kv-price-evict-aggressive", prices->aggressive_ms_per_evicted_mass,
+                  "--kv-quality aggressive: ms per unit of evicted attention mass")
+      ->capture_default_str();
+}
+
 void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget) {
   cmd->add_option("--kv-budget", *kv_budget,
                   "KV cache memory, e.g. 512MiB (default: enough for -np full contexts, at most "
@@ -94,6 +113,7 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
       ->capture_default_str();
   cmd->add_option("--kv-quality", engine->kv_quality, "lossless | balanced | aggressive")
       ->capture_default_str();
+  AddKvPriceFlags(cmd, &engine->kv_quality_prices);
   AddKvProfileFlags(cmd, engine);
   cmd->add_flag("!--no-kv-feedback", engine->kv_feedback,
                 "price KV actions from the profile alone, without correcting bring-back times "

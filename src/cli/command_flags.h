@@ -61,6 +61,8 @@ void AddCacheTypeFlags(CLI::App* cmd, EngineOptions* engine);
 void AddKvProfileFlags(CLI::App* cmd, EngineOptions* engine);
 // --kv-sink, --kv-recent, --kv-stream-reserve: the pages a budget never touches, and staging.
 void AddKvReserveFlags(CLI::App* cmd, EngineOptions* engine);
+// --kv-price-kld-balanced / -aggressive, --kv-price-evict-balanced / -aggressive.
+void AddKvPriceFlags(CLI::App* cmd, KvQualityPrices* prices);
 // Every engine flag (the groups above and the KV policy, tiers, trace, speculation): run, chat
 // and serve.
 void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget);

@@ -158,6 +158,7 @@ Status CreateKvMemory(Engine::Impl& e) {
   o.prefix_cache = options.prefix_cache;
   KVL_ASSIGN_OR_RETURN(o.policy, ParseKvPolicy(options.kv_policy));
   KVL_ASSIGN_OR_RETURN(o.quality, ParseKvQuality(options.kv_quality));
+  o.quality_prices = options.kv_quality_prices;
   for (const std::string& text : options.kv_tiers) {
     KVL_ASSIGN_OR_RETURN(TierSpec spec, ParseTierSpec(text));
     o.tiers.push_back(std::move(spec));

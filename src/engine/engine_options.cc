@@ -75,6 +75,7 @@ Status ValidateEngineOptions(const EngineOptions& o) {
         "--kv-policy {} is lossy but --kv-quality lossless asks for no loss: drop one of them",
         o.kv_policy));
   }
+  KVL_RETURN_IF_ERROR(o.kv_quality_prices.Validate());
   std::vector<TierKind> kinds;
   for (const std::string& text : o.kv_tiers) {
     KVL_ASSIGN_OR_RETURN(const TierSpec spec, ParseTierSpec(text));

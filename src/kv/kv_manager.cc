@@ -7,11 +7,18 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "block_hash.h"
 #include "kv_manager_state.h"
 
 namespace kvl {
+namespace {
+
+// An epoch no plan has (plan epochs count from 1 up): TakeOrder outside a plan skips no block.
+constexpr uint64_t kNoPlanEpoch = std::numeric_limits<uint64_t>::max();
+
+}  // namespace
 
 using kv_internal::BlockMeta;
 using kv_internal::BlockRef;
@@ -40,7 +47,10 @@ KvManager::State::State(const KvManagerOptions& opts, int32_t num_blocks)
       raw(static_cast<size_t>(num_blocks), 0),
       seqs(static_cast<size_t>(opts.max_seqs)),
       block_plan_mark(static_cast<size_t>(num_blocks), 0),
-      seq_plan_mark(static_cast<size_t>(opts.max_seqs), 0) {}
+      seq_plan_mark(static_cast<size_t>(opts.max_seqs), 0) {
+  idle_candidates.reserve(static_cast<size_t>(num_blocks));
+  take_order.reserve(static_cast<size_t>(num_blocks));
+}
 
 uint64_t KvManager::State::Hash(uint64_t parent_hash, std::span<const int32_t> tokens) const {
   if (options.block_hash_for_testing != nullptr) {
@@ -85,14 +95,85 @@ void KvManager::State::RefBlock(BlockId block) {
     return;
   }
   pool.Acquire(block);  // a cached block revived by a prefix hit
-  if (meta[block].indexed) --num_cached;
+  BlockMeta& m = meta[block];
+  if (m.indexed) {
+    --num_cached;
+    idle_history.PageRevived(m.idle_since, clock);
+    ++m.revivals;
+  }
 }
 
 void KvManager::State::UnrefBlock(BlockId block) {
   // Blocks nobody holds go to the front (reused first) unless they hold a cached prefix; those go
-  // to the back, so among cached blocks the least recently freed is evicted first.
-  const bool cached = meta[block].indexed;
-  if (pool.Unref(block, /*keep_longer=*/cached) && cached) ++num_cached;
+  // to the back (least recently freed last), and become idle pages of the reuse forecast.
+  BlockMeta& m = meta[block];
+  const bool cached = m.indexed;
+  if (pool.Unref(block, /*keep_longer=*/cached) && cached) {
+    ++num_cached;
+    m.idle_since = clock;
+    ++m.idle_periods;
+    idle_history.PageWentIdle(clock);
+  }
+}
+
+KvReuseForecast KvManager::State::IdleForecast(BlockId block) const {
+  const BlockMeta& m = meta[block];
+  KvReuseInput in;
+  in.step = clock;
+  in.idle_steps = clock - m.idle_since;
+  in.idle_periods = m.idle_periods;
+  in.revivals = m.revivals;
+  in.order_in_step = m.chain_index;
+  return ForecastReuse(in, idle_history);
+}
+
+void KvManager::State::TakeOrder(int64_t count, uint64_t epoch,
+                                 std::vector<BlockId>* victims) const {
+  victims->clear();
+  if (count <= 0) return;
+  // The free list holds the uncached blocks first: they cost nothing to take.
+  BlockId b = pool.free_front();
+  for (; b != kNoBlock && !meta[b].indexed; b = pool.next_free(b)) {
+    if (block_plan_mark[b] == epoch) continue;
+    victims->push_back(b);
+    if (static_cast<int64_t>(victims->size()) == count) return;
+  }
+  // Then idle cached blocks, each of which loses a prefix someone may ask for again.
+  const bool forecast = options.idle_block_order == KvIdleBlockOrder::kForecast;
+  idle_candidates.clear();
+  int32_t rank = 0;
+  for (; b != kNoBlock; b = pool.next_free(b), ++rank) {
+    if (block_plan_mark[b] == epoch) continue;
+    IdleCandidate c;
+    c.rank = rank;
+    c.block = b;
+    if (forecast) c.forecast = IdleForecast(b);
+    idle_candidates.push_back(c);
+  }
+  const size_t take = std::min(idle_candidates.size(),
+                               static_cast<size_t>(count) - victims->size());
+  if (forecast) {
+    // The least likely to be read again, and the latest, first (KvPageLeavesFirst); a tie goes
+    // to the least recently freed. A total order: std::partial_sort needs no buffer.
+    std::partial_sort(idle_candidates.begin(),
+                      idle_candidates.begin() + static_cast<std::ptrdiff_t>(take),
+                      idle_candidates.end(), [](const IdleCandidate& x, const IdleCandidate& y) {
+                        if (KvPageLeavesFirst(x.forecast, y.forecast)) return true;
+                        if (KvPageLeavesFirst(y.forecast, x.forecast)) return false;
+                        return x.rank < y.rank;
+                      });
+  }
+  for (size_t i = 0; i < take; ++i) victims->push_back(idle_candidates[i].block);
+}
+
+BlockId KvManager::State::NextFreeBlock() const {
+  const BlockId front = pool.free_front();
+  if (front == kNoBlock || !meta[front].indexed ||
+      options.idle_block_order != KvIdleBlockOrder::kForecast) {
+    return front;
+  }
+  TakeOrder(1, kNoPlanEpoch, &take_order);
+  return take_order.front();
 }
 
 // Drops an index entry; a free block that loses it no longer deserves its place at the back.
@@ -104,6 +185,7 @@ void KvManager::State::Unindex(BlockId block) {
   m.indexed = false;
   if (pool.refcount(block) == 0) {
     --num_cached;
+    idle_history.ForgetIdlePage(m.idle_since);  // never read again as this prefix
     pool.MoveToFront(block);
   }
 }
@@ -167,6 +249,7 @@ void KvManager::State::RegisterFullBlock(const SeqState& seq, size_t k) {
   std::copy(tokens.begin(), tokens.end(),
             block_token_ids.begin() + static_cast<ptrdiff_t>(block * bt));
   m.content = seq.content[k];
+  m.chain_index = static_cast<int32_t>(k);
   IndexContent(block);
   // A parent that left the pool (a lossless detach) gives no instance to chain to: the block is
   // found through the KV store by its content id instead.
@@ -340,15 +423,13 @@ void KvManager::Plan(std::span<const KvSeqStep> steps, KvPlan* out) const {
     return;
   }
 
-  // Pass 2: the fresh blocks, in the order Commit's allocation would take them.
-  BlockId cursor = s.pool.free_front();
+  // Pass 2: the fresh blocks, uncached ones first, then the idle cached blocks in the reuse
+  // forecast's order (State::TakeOrder).
+  s.TakeOrder(plan.blocks_needed, epoch, &s.take_order);
+  size_t taken = 0;
   auto next_fresh = [&]() {
-    while (cursor != kNoBlock && s.block_plan_mark[cursor] == epoch)
-      cursor = s.pool.next_free(cursor);
-    KVL_CHECK(cursor != kNoBlock);
-    const BlockId block = cursor;
-    cursor = s.pool.next_free(cursor);
-    return block;
+    KVL_CHECK(taken < s.take_order.size());
+    return s.take_order[taken++];
   };
   for (KvPlan::SeqPlan& sp : plan.seqs) {
     int64_t fresh = sp.blocks_needed;
@@ -432,6 +513,7 @@ void KvManager::Commit(const KvPlan& plan) {
   }
   s.NotePeak();
   ++s.version;
+  ++s.clock;  // a step ran: idle blocks age by one
 }
 
 void KvManager::Free(SeqId seq_id) {
@@ -548,7 +630,7 @@ BlockId KvManager::Reattach(SeqId seq_id, int64_t block_index) {
   State& s = *s_;
   BlockId& entry = s.PageableEntry(seq_id, block_index);
   KVL_CHECK_MSG(entry == kNoBlock, "block is not detached");
-  const BlockId block = s.pool.free_front();
+  const BlockId block = s.NextFreeBlock();
   if (block == kNoBlock) return kNoBlock;
   s.AllocateBlock(block);
   entry = block;
@@ -569,7 +651,7 @@ void KvManager::RestoreIdentity(SeqId seq_id, int64_t block_index) {
   ++s.version;
 }
 
-BlockId KvManager::next_free_block() const { return s_->pool.free_front(); }
+BlockId KvManager::next_free_block() const { return s_->NextFreeBlock(); }
 
 void KvManager::DropIdentity(SeqId seq_id, int64_t first_block) {
   State& s = *s_;
@@ -647,7 +729,7 @@ int32_t KvManager::refcount(BlockId block) const {
 
 BlockId KvManager::AcquireRawBlock() {
   State& s = *s_;
-  const BlockId block = s.pool.free_front();
+  const BlockId block = s.NextFreeBlock();
   if (block == kNoBlock) return kNoBlock;
   s.AllocateBlock(block);  // evicts a cached prefix it held
   s.raw[block] = 1;

@@ -150,6 +150,11 @@ Status KvManager::CheckInvariants() const {
     return InternalError(
         fmt::format("{} cached free blocks, counter says {}", num_cached, s.num_cached));
   }
+  // Every idle cached block is one idle page of the reuse forecast's history, and no other.
+  if (s.idle_history.idle_pages() != s.num_cached) {
+    return InternalError(fmt::format("{} idle pages in the reuse history, {} cached free blocks",
+                                     s.idle_history.idle_pages(), s.num_cached));
+  }
   if (!s.options.enable_prefix_cache && num_indexed != 0) {
     return InternalError("prefix cache disabled but the index is not empty");
   }

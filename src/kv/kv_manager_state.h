@@ -10,6 +10,7 @@
 #include "block_pool.h"
 #include "prefix_index.h"
 #include "kvl/kv_manager.h"
+#include "kvl/kv_reuse_forecast.h"
 
 namespace kvl {
 
@@ -43,6 +44,15 @@ struct BlockMeta {
   // Its K/V came back from a tier without the residual checkpoints: whoever uses the block
   // (a later prefix hit included) must not rebuild from them.
   bool checkpoints_missing = false;
+  // Its place in its sequence (block k of the chain): among idle blocks the forecast leaves a
+  // tie to the deeper one, whose loss breaks no other block's chain.
+  int32_t chain_index = 0;
+  // Its record as an idle cached block (free, still findable by prefix), for the reuse forecast:
+  // the Commit count when it last went idle, how many times it did, and how many of those ended
+  // in a prefix hit.
+  int64_t idle_since = 0;
+  int32_t idle_periods = 0;
+  int32_t revivals = 0;
 };
 
 struct SeqState {
@@ -58,6 +68,10 @@ struct SeqState {
 };
 
 }  // namespace kv_internal
+
+// The revivals the idle history keeps (the latest): enough to learn a workload's pauses, few
+// enough that recording one stays cheap in a server that runs for weeks.
+inline constexpr size_t kMaxIdleRevivalsKept = 4096;
 
 struct KvManager::State {
   explicit State(const KvManagerOptions& opts, int32_t num_blocks);
@@ -92,6 +106,17 @@ struct KvManager::State {
   kv_internal::BlockRef CanonicalRef(BlockId block) const;
   bool IsStale(BlockId block) const;
 
+  // The reuse forecast of a free cached block (kvl/kv_reuse_forecast.h): an idle page, read
+  // again only by a prefix hit, judged by the survival table of the pool's idle blocks.
+  KvReuseForecast IdleForecast(BlockId block) const;
+  // The next `count` free blocks an allocation takes, skipping those marked in this plan's
+  // `epoch` (revived by its prefix hits), into `victims` (its room reserved: no allocation):
+  // blocks holding no cached prefix first, then the cached ones in options.idle_block_order.
+  // Fewer when fewer are free.
+  void TakeOrder(int64_t count, uint64_t epoch, std::vector<BlockId>* victims) const;
+  // The block the next single allocation takes (Reattach, AcquireRawBlock), or kNoBlock.
+  BlockId NextFreeBlock() const;
+
   KvManagerOptions options;
   int32_t block_tokens;
   kv_internal::BlockPool pool;
@@ -103,6 +128,19 @@ struct KvManager::State {
   // that is still in the pool though its chain passes through a tier.
   kv_internal::PrefixIndex content_index;
   int64_t num_cached = 0;                   // free blocks that are indexed
+  // Commits so far: the step clock the idle blocks' records and their history count in.
+  int64_t clock = 0;
+  // Every cached block that went idle and every prefix hit that revived one: how likely an idle
+  // block is to be read again after the pause it has had (idle_pages() == num_cached).
+  KvIdleReuseHistory idle_history{kMaxIdleRevivalsKept};
+  // Scratch of TakeOrder, reserved for every block.
+  struct IdleCandidate {
+    KvReuseForecast forecast;
+    int32_t rank = 0;  // its place in the free list (least recently freed first)
+    BlockId block = kNoBlock;
+  };
+  mutable std::vector<IdleCandidate> idle_candidates;
+  mutable std::vector<BlockId> take_order;
   std::vector<uint8_t> raw;                 // [block]: lent out by AcquireRawBlock
   int64_t num_raw = 0;
   int64_t peak_used = 0;  // the most blocks in use at once (NotePeak)

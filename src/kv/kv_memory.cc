@@ -284,6 +284,8 @@ Status KvMemory::CreateLattice(KvPriceSource* source) {
   setup.sink_tokens = options_.sink_tokens;
   setup.recent_tokens = options_.recent_tokens;
   setup.explain = options_.explain;
+  setup.quality_prices = options_.quality_prices;
+  if (options_.explain) fmt::print(stderr, "kvl: explain: {}\n", setup.quality_prices.Describe());
   PageCostProfile prices;
   prices.kv_bytes = layout.kv_bytes();
   // Checkpoints of every checkpoint_every-th layer (--kv-checkpoint-every).

@@ -11,23 +11,6 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-// What a lossy action costs in quality, in ms-equivalent per unit of KL divergence, and what
-// losing a page for good costs per unit of its attention mass.
-struct QualityPrices {
-  double per_kld;
-  double per_evicted_mass;
-};
-
-QualityPrices PricesFor(const KvPolicyOptions& o) {
-  switch (o.quality) {
-    case KvQuality::kAggressive:
-      return {o.quality_price_ms_per_kld > 0 ? o.quality_price_ms_per_kld : 1e3, 200.0};
-    case KvQuality::kBalanced:
-    default:
-      return {o.quality_price_ms_per_kld > 0 ? o.quality_price_ms_per_kld : 1e4, 5000.0};
-  }
-}
-
 }  // namespace
 
 std::string_view KvActionName(KvAction action) {
@@ -175,21 +158,85 @@ DecodeIdleCurve DecodeIdleCurve::Flat(double fraction) {
   return curve;
 }
 
+double KvQualityPrices::MsPerKld(KvQuality quality) const {
+  switch (quality) {
+    case KvQuality::kAggressive: return aggressive_ms_per_kld;
+    case KvQuality::kBalanced:
+    case KvQuality::kLossless: break;
+  }
+  return balanced_ms_per_kld;
+}
+
+double KvQualityPrices::MsPerEvictedMass(KvQuality quality) const {
+  switch (quality) {
+    case KvQuality::kAggressive: return aggressive_ms_per_evicted_mass;
+    case KvQuality::kBalanced:
+    case KvQuality::kLossless: break;
+  }
+  return balanced_ms_per_evicted_mass;
+}
+
+Status KvQualityPrices::Validate() const {
+  struct Price {
+    std::string_view flag;
+    double value;
+  };
+  const Price prices[] = {
+      {"--kv-price-kld-balanced", balanced_ms_per_kld},
+      {"--kv-price-kld-aggressive", aggressive_ms_per_kld},
+      {"--kv-price-evict-balanced", balanced_ms_per_evicted_mass},
+      {"--kv-price-evict-aggressive", aggressive_ms_per_evicted_mass},
+  };
+  for (const Price& p : prices) {
+    if (!std::isfinite(p.value) || p.value < 0) {
+      return InvalidArgumentError(
+          fmt::format("{} must be a finite price >= 0 (ms-equivalent), got {}", p.flag, p.value));
+    }
+  }
+  // Aggressive accepts more loss than balanced: pricing a loss higher there would turn the
+  // presets' meaning around.
+  if (aggressive_ms_per_kld > balanced_ms_per_kld) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-price-kld-aggressive ({}) is above --kv-price-kld-balanced ({}): aggressive must "
+        "price a loss no higher than balanced",
+        aggressive_ms_per_kld, balanced_ms_per_kld));
+  }
+  if (aggressive_ms_per_evicted_mass > balanced_ms_per_evicted_mass) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-price-evict-aggressive ({}) is above --kv-price-evict-balanced ({}): aggressive "
+        "must price a loss no higher than balanced",
+        aggressive_ms_per_evicted_mass, balanced_ms_per_evicted_mass));
+  }
+  return Status::Ok();
+}
+
+std::string KvQualityPrices::Describe() const {
+  return fmt::format(
+      "quality prices (ms-equivalent): compressed page per nat of KL divergence: balanced {:g} "
+      "(--kv-price-kld-balanced), aggressive {:g} (--kv-price-kld-aggressive); evicted page per "
+      "unit of attention mass: balanced {:g} (--kv-price-evict-balanced), aggressive {:g} "
+      "(--kv-price-evict-aggressive); lossless allows no loss",
+      balanced_ms_per_kld, aggressive_ms_per_kld, balanced_ms_per_evicted_mass,
+      aggressive_ms_per_evicted_mass);
+}
+
+double ReuseProbability(const KvReuseForecast& forecast) {
+  // Expected reads from now on: a reader's steps left (at least one more read: certain), or an
+  // idle page's revival probability. NaN is no read.
+  return forecast.reads_left > 0 ? std::min(1.0, forecast.reads_left) : 0.0;
+}
+
 double ReuseProbability(const PageHistory& page) {
   if (page.is_sink || page.in_recent_window) return 1.0;
-  // Recency dominates (attention concentrates on recent and heavy-hitter tokens, per H2O);
-  // frequency and accumulated attention mass lift pages that keep being read.
-  const double recency = std::exp(-static_cast<double>(page.steps_since_access) / 32.0);
-  const double frequency = std::min(1.0, static_cast<double>(page.accesses) / 16.0);
-  const double mass = std::min(1.0, page.attention_mass * 8.0);
-  return std::clamp(0.05 + 0.55 * recency + 0.15 * frequency + 0.25 * mass, 0.0, 1.0);
+  return ReuseProbability(page.reuse);
 }
 
 KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
                           const KvPolicyOptions& o) {
   KvDecision d;
   const double reuse = ReuseProbability(page);
-  const QualityPrices prices = PricesFor(o);
+  const double ms_per_kld = o.quality_prices.MsPerKld(o.quality);
+  const double ms_per_evicted_mass = o.quality_prices.MsPerEvictedMass(o.quality);
   const bool lossless_only = o.quality == KvQuality::kLossless;
   // A page of a running sequence kept as checkpoints is rebuilt inside each decode step that
   // reads it, as extra rows of the step's K and V matmuls: it costs the step what the calibration
@@ -231,7 +278,7 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
                                     : kv * ((int8 ? 8.0 : 4.0) / 32.0 + 1.0 / 32.0);
         const double encode_ms = int8 || p.compress_int4_ms <= 0 ? p.compress_ms : p.compress_int4_ms;
         c.now_ms = page.compressed ? 0.0 : encode_ms;
-        c.quality_cost_ms = (int8 ? p.int8_kld : p.int4_kld) * prices.per_kld;
+        c.quality_cost_ms = (int8 ? p.int8_kld : p.int4_kld) * ms_per_kld;
         break;
       }
       case KvAction::kDemoteRam:
@@ -262,7 +309,7 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         if (page.is_sink) c.why_not = "attention sink";
         if (page.in_recent_window) c.why_not = "recent window";
         // Gone for good: the loss is the attention the page would have received.
-        c.quality_cost_ms = reuse * (0.01 + page.attention_mass) * prices.per_evicted_mass;
+        c.quality_cost_ms = reuse * (0.01 + page.attention_mass) * ms_per_evicted_mass;
         break;
     }
     c.model_bring_back_ms = c.bring_back_ms;

@@ -39,6 +39,8 @@ StatusOr<KvPagingRules> MakeKvPagingRules(const KvPagingSetup& setup,
   r.sink_tokens = std::max<int64_t>(0, setup.sink_tokens);
   r.recent_tokens = std::max<int64_t>(0, setup.recent_tokens);
   r.explain = setup.explain;
+  KVL_RETURN_IF_ERROR(setup.quality_prices.Validate());
+  r.quality_prices = setup.quality_prices;
   const KvPolicyChoice& policy = setup.policy;
   if (!policy.automatic && !IsLossless(policy.fixed) && r.quality == KvQuality::kLossless) {
     // A fixed lossy policy says what it wants; the quality preset only steers `auto`. (An
@@ -119,6 +121,7 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
                                        double memory_price_ms_per_mib) const {
   KvPolicyOptions o;
   o.quality = QualityOf(seq);
+  o.quality_prices = rules_.quality_prices;
   o.phase = phase;
   o.memory_price_ms_per_mib = memory_price_ms_per_mib;
   o.feedback = feedback_;
@@ -133,12 +136,16 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
   // slow tier would otherwise leave the pool full with the tier free), nor is an action that
   // already failed in this step.
   costs.available_actions &= ~(Bit(KvAction::kKeep) | failed_actions_);
+  // When the page is read next and how often: the reuse forecast, from the schedule. Its
+  // probability of another read prices every bring-back (kv_policy.h).
+  KvReuseInput reuse;
+  reuse.reads_left = seq.steps_left;
   if (running) {
-    // A running sequence attends over every page at its next step; how much weight it gives a
-    // page is its access history (when attention last read it with weight, how often) and the
-    // attention mass it received.
-    page.steps_since_access = pager_.StepsSinceRead(seq.slot, block_index);
-    page.accesses = pager_.PageReads(seq.slot, block_index);
+    // A running sequence attends over every page at each step it still takes (the next one
+    // included); how much weight it gives this page (the attention mass it received) prices
+    // what losing the page costs.
+    reuse.running_reader = true;
+    reuse.steps_to_read = 0;
     page.attention_mass = pager_.PageMass(seq.slot, block_index);
     // A running page is rebuilt from its checkpoints at every step that reads it; from tokens it
     // cannot be (that would rerun the whole prefix each step).
@@ -154,11 +161,14 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
   } else {
     // The sequence resumes as soon as blocks free up: every one of its pages will be read again
     // (at the resume), however cold it was.
-    page.accesses = std::max<int64_t>(1, pager_.PageReads(seq.slot, block_index));
-    page.steps_since_access = 0;
+    reuse.waiting_reader = true;
+    reuse.steps_to_resume = 1;
     costs.available_actions &=
         ~(Bit(KvAction::kCompressInt8) | Bit(KvAction::kCompressInt4) | Bit(KvAction::kEvict));
   }
+  // Only the running pages' and waiting pages' forecast is asked here: no idle history.
+  static const KvIdleReuseHistory kNoIdlePages;
+  page.reuse = ForecastReuse(reuse, kNoIdlePages);
   if (pager_.CheckpointMissing(seq.slot, block_index)) {
     costs.available_actions &= ~Bit(KvAction::kRecomputeResidual);
   }

@@ -29,6 +29,21 @@ void KvIdleReuseHistory::ForgetIdlePage(int64_t last_read_step) {
 void KvIdleReuseHistory::PageRevived(int64_t last_read_step, int64_t step) {
   ForgetIdlePage(last_read_step);  // no longer idle
   const int64_t gap = std::max<int64_t>(0, step - last_read_step);
+  if (max_revivals_ > 0) {
+    if (recorded_.size() < max_revivals_) {
+      recorded_.push_back(gap);
+    } else {
+      // The oldest pause makes room: its entry leaves the sorted pauses and their sums.
+      const int64_t old = recorded_[oldest_];
+      recorded_[oldest_] = gap;
+      oldest_ = (oldest_ + 1) % max_revivals_;
+      const auto it = std::lower_bound(gaps_.begin(), gaps_.end(), old);
+      const size_t i = static_cast<size_t>(it - gaps_.begin());
+      gaps_.erase(it);
+      gap_sums_.erase(gap_sums_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      for (size_t k = i + 1; k < gap_sums_.size(); ++k) gap_sums_[k] -= static_cast<double>(old);
+    }
+  }
   const auto at = std::upper_bound(gaps_.begin(), gaps_.end(), gap);
   const size_t i = static_cast<size_t>(at - gaps_.begin());
   gaps_.insert(at, gap);

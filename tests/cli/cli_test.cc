@@ -353,6 +353,26 @@ TEST(CliTest, OptionsOutOfRangeOrContradictoryAreErrors) {
   EXPECT_EQ(RunKvl("run" + m + "-n 2 -t 1 --kv-policy compress").exit_code, 0);
 }
 
+// --explain lists the quality prices the run prices lossy actions with, as set by the flags.
+TEST(CliTest, ExplainListsTheQualityPrices) {
+  CommandResult r = RunKvl("run -m " + testing::Stories260KPath() +
+                               " -p 'Once upon a time' -n 2 --temp 0 -t 1 --explain "
+                               "--kv-price-evict-balanced 1234",
+                           /*with_stderr=*/true);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("kvl: explain: quality prices (ms-equivalent)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("balanced 1234 (--kv-price-evict-balanced)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("aggressive 1000 (--kv-price-kld-aggressive)"), std::string::npos)
+      << r.output;
+  // Without --explain nothing is said.
+  CommandResult quiet = RunKvl("run -m " + testing::Stories260KPath() +
+                                   " -p 'Once upon a time' -n 2 --temp 0 -t 1",
+                               /*with_stderr=*/true);
+  EXPECT_EQ(quiet.output.find("quality prices"), std::string::npos) << quiet.output;
+}
+
 TEST(CliTest, ZeroTokensMeansZeroTokens) {
   CommandResult r =
       RunKvl("run -m " + testing::Stories260KPath() + " -p 'Once upon a time' -n 0 --temp 0 -t 1");

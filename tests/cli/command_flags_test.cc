@@ -70,6 +70,37 @@ TEST(BenchTurnsFlagsTest, SharedEngineFlagsReachTheEngineOptions) {
   EXPECT_NE(ParseError({"bench", "turns", "-m", "m.gguf", "--kv-policy", "evict"}), "");
 }
 
+// The quality prices (kvl/kv_policy.h KvQualityPrices) are engine flags of run, chat and serve:
+// each reaches its field, the defaults stand where none is given, and a bad value is refused
+// when parsed, naming its flag.
+TEST(KvPriceFlagsTest, PricesReachTheEngineAndBadValuesNameTheFlag) {
+  StatusOr<ParsedCommand> parsed = ParseCommandLine(
+      {"run", "-m", "m.gguf", "--kv-price-kld-balanced", "2e4", "--kv-price-kld-aggressive",
+       "500", "--kv-price-evict-balanced", "7000", "--kv-price-evict-aggressive", "0"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  const KvQualityPrices& p = parsed->run.engine.kv_quality_prices;
+  EXPECT_DOUBLE_EQ(p.balanced_ms_per_kld, 2e4);
+  EXPECT_DOUBLE_EQ(p.aggressive_ms_per_kld, 500);
+  EXPECT_DOUBLE_EQ(p.balanced_ms_per_evicted_mass, 7000);
+  EXPECT_DOUBLE_EQ(p.aggressive_ms_per_evicted_mass, 0);
+  StatusOr<ParsedCommand> defaults = ParseCommandLine({"serve", "-m", "m.gguf"});
+  ASSERT_TRUE(defaults.ok()) << defaults.status().message();
+  EXPECT_EQ(defaults->serve.serve.engine.kv_quality_prices, KvQualityPrices{});
+
+  EXPECT_NE(ParseError({"run", "-m", "m.gguf", "--kv-price-evict-balanced", "-3"})
+                .find("--kv-price-evict-balanced must be a finite price >= 0"),
+            std::string::npos);
+  EXPECT_NE(ParseError({"run", "-m", "m.gguf", "--kv-price-kld-aggressive", "inf"})
+                .find("--kv-price-kld-aggressive"),
+            std::string::npos);
+  EXPECT_NE(ParseError({"run", "-m", "m.gguf", "--kv-price-kld-balanced", "cheap"})
+                .find("--kv-price-kld-balanced"),
+            std::string::npos);
+  EXPECT_NE(ParseError({"run", "-m", "m.gguf", "--kv-price-evict-aggressive", "6000"})
+                .find("--kv-price-evict-aggressive (6000) is above --kv-price-evict-balanced"),
+            std::string::npos);
+}
+
 TEST(SeedFlagTest, EveryCommandsSeedIsParsedWhole) {
   StatusOr<ParsedCommand> run = ParseCommandLine({"run", "-m", "m.gguf", "-s", "18446744073709551615"});
   ASSERT_TRUE(run.ok()) << run.status().message();

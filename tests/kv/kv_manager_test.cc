@@ -226,6 +226,72 @@ TEST(KvManagerTest, LazyEvictionTakesUncachedFirstThenLeastRecentlyFreed) {
   EXPECT_EQ(m->MatchPrefix(b), 0);
 }
 
+// Idle cached blocks leave in the reuse forecast's order, not least recently freed first: an
+// opening that request after request found again outstays a one-off prompt freed after it. With
+// the old order (kLeastRecentlyFreed) the opening, freed first, is the one evicted, and the next
+// request with it misses.
+TEST(KvManagerTest, ForecastKeepsTheBlockAboutToBeReusedWhereLeastRecentlyFreedEvictsIt) {
+  const std::vector<int32_t> opening = Range(100, 5), one_off = Range(200, 5);
+  const std::vector<int32_t> big = Range(300, 17);  // 5 blocks: 4 uncached free + 1 cached
+  for (KvIdleBlockOrder order : {KvIdleBlockOrder::kForecast, KvIdleBlockOrder::kLeastRecentlyFreed}) {
+    SCOPED_TRACE(order == KvIdleBlockOrder::kForecast ? "forecast" : "least recently freed");
+    KvManagerOptions options = Options(4, 6);
+    options.idle_block_order = order;
+    auto m = Make(options);
+    // Three requests with the opening: the second and third find its block cached.
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(Step(*m, 0, opening).seqs[0].num_cached_tokens, i == 0 ? 0 : 4);
+      m->Free(0);
+    }
+    Step(*m, 1, one_off);
+    m->Free(1);
+    EXPECT_EQ(m->stats().blocks_cached, 2);
+    const BlockId opening_block = PlanOne(*m, 2, opening).seqs[0].reused.at(0);
+    const BlockId one_off_block = PlanOne(*m, 2, one_off).seqs[0].reused.at(0);
+    const KvPlan plan = Step(*m, 2, big);
+    const BlockId evicted = plan.seqs[0].allocated.back();
+    if (order == KvIdleBlockOrder::kForecast) {
+      EXPECT_EQ(evicted, one_off_block);
+      EXPECT_EQ(m->MatchPrefix(opening), 4);
+      EXPECT_EQ(m->MatchPrefix(one_off), 0);
+    } else {
+      EXPECT_EQ(evicted, opening_block);
+      EXPECT_EQ(m->MatchPrefix(opening), 0);
+      EXPECT_EQ(m->MatchPrefix(one_off), 4);
+    }
+    // A single allocation (a page brought back, a compressed-page slab) takes the same block a
+    // plan would: the remaining cached one, in either order.
+    EXPECT_EQ(m->next_free_block(),
+              order == KvIdleBlockOrder::kForecast ? opening_block : one_off_block);
+  }
+}
+
+// next_free_block() (what Reattach and AcquireRawBlock take) and a plan agree on the forecast's
+// choice among idle cached blocks.
+TEST(KvManagerTest, SingleAllocationsTakeTheForecastsChoiceToo) {
+  const std::vector<int32_t> opening = Range(100, 5), one_off = Range(200, 5);
+  auto m = Make(Options(4, 4));
+  for (int i = 0; i < 3; ++i) {
+    Step(*m, 0, opening);
+    m->Free(0);
+  }
+  Step(*m, 1, one_off);
+  m->Free(1);
+  const BlockId one_off_block = PlanOne(*m, 2, one_off).seqs[0].reused.at(0);
+  // Two uncached free blocks go first, then the one-off's block, not the opening's.
+  EXPECT_EQ(PlanOne(*m, 2, Range(300, 9)).seqs[0].allocated.back(), one_off_block);
+  const BlockId first = m->AcquireRawBlock();
+  const BlockId second = m->AcquireRawBlock();
+  EXPECT_EQ(m->stats().blocks_cached, 2);
+  EXPECT_EQ(m->next_free_block(), one_off_block);
+  EXPECT_EQ(m->AcquireRawBlock(), one_off_block);
+  EXPECT_EQ(m->MatchPrefix(opening), 4);
+  EXPECT_TRUE(m->CheckInvariants().ok());
+  m->ReleaseRawBlock(first);
+  m->ReleaseRawBlock(second);
+  EXPECT_TRUE(m->CheckInvariants().ok());
+}
+
 TEST(KvManagerTest, RevivedBlocksCountAgainstTheFreeList) {
   auto m = Make(Options(4, 3));
   const std::vector<int32_t> a = Range(100, 9);

@@ -73,11 +73,12 @@ PageCostProfile Stranded(PageCostProfile p) {
   return p;
 }
 
+// A page unlikely to be read again: an idle one, next read (if at all) far ahead, with a 6%
+// chance of a revival.
 PageHistory ColdPage() {
   PageHistory h;
   h.first_position = 64;
-  h.steps_since_access = 200;
-  h.accesses = 1;
+  h.reuse = {/*next_read_steps=*/200, /*reads_left=*/0.06, /*order_in_step=*/0};
   h.attention_mass = 0.001;
   return h;
 }
@@ -126,7 +127,7 @@ KvPolicyOptions LosslessDecodeUnderPressure() {
 
 PageHistory WarmPage() {
   PageHistory warm = ColdPage();
-  warm.steps_since_access = 4;
+  warm.reuse = {4, 0.55, 0};  // an idle page likelier than not to be found again soon
   return warm;
 }
 
@@ -181,7 +182,7 @@ TEST(KvPolicyTest, DecodePricesARebuildAtItsMarginalCostInTheStep) {
   KvPolicyOptions o;
   o.memory_price_ms_per_mib = 50;
   PageHistory hot = ColdPage();
-  hot.steps_since_access = 0;
+  hot.reuse = {0, 1, 0};  // read at the next step
   PageCostProfile p = Mha();
   // A page rebuilt from checkpoints rides in the decode step that reads it: it costs what its
   // rows add to that step (measured), which lowers its cost, not the time a rebuild of its own
@@ -338,26 +339,105 @@ TEST(KvPolicyTest, DiskNeedsADiskTier) {
   EXPECT_NE(CostOf(d, KvAction::kDemoteDisk).why_not.find("no disk tier"), std::string::npos);
 }
 
-TEST(KvPolicyTest, ReuseProbabilityFallsWithAgeAndRisesWithUse) {
-  PageHistory h = ColdPage();
-  PageHistory sink = ColdPage();
-  sink.is_sink = true;
-  EXPECT_EQ(ReuseProbability(sink), 1.0);
-  // A page just read but neither sink nor recent is less certain than a pinned one; then each
-  // step of age lowers it, and the oldest page still keeps a floor above zero (losing it is
-  // never free).
-  double last = ReuseProbability(sink);
-  for (int64_t age : {0, 8, 32, 128, 1024}) {
-    h.steps_since_access = age;
-    const double p = ReuseProbability(h);
-    EXPECT_LT(p, last) << age;
+// P(reuse) is the reuse forecast's: certain for a page its running or preempted reader will
+// read again, the survival table's revival probability for an idle one (falling with the pause,
+// rising with the page's revivals), never the old constant formula of recency and frequency.
+TEST(KvPolicyTest, ReuseProbabilityComesFromTheForecast) {
+  KvIdleReuseHistory none;
+  KvReuseInput running;
+  running.running_reader = true;
+  running.reads_left = 40;
+  EXPECT_EQ(ReuseProbability(ForecastReuse(running, none)), 1.0);
+  // Its last step behind it, the page is an idle one: read again only by a prefix hit, 1/2 by
+  // an empty history (Laplace's rule).
+  running.reads_left = 0;
+  EXPECT_EQ(ReuseProbability(ForecastReuse(running, none)), 0.5);
+  KvReuseInput waiting;
+  waiting.waiting_reader = true;
+  waiting.reads_left = -1;  // unknown: at least one read at the resume
+  EXPECT_EQ(ReuseProbability(ForecastReuse(waiting, none)), 1.0);
+  // The old formula gave a page just read 0.05 + 0.55 = 0.6, and one read 16 times with an
+  // eighth of the attention 0.05 + 0.55 + 0.15 + 0.25 = 1, whether its sequence had steps left
+  // or not.
+  PageHistory page;
+  EXPECT_EQ(ReuseProbability(page), 1.0);  // the default: read at the next step
+  page.attention_mass = 0.125;
+  page.reuse = ForecastReuse(running, none);
+  EXPECT_EQ(ReuseProbability(page), 0.5);
+
+  // Idle pages: ten went idle at step 0; two were read again after 2 steps, none after longer.
+  KvIdleReuseHistory h;
+  for (int i = 0; i < 10; ++i) h.PageWentIdle(0);
+  h.PageRevived(0, 2);
+  h.PageRevived(0, 2);
+  KvReuseInput idle;
+  idle.step = 50;
+  double last = 1.0;
+  for (int64_t idle_steps : {1, 3, 20, 50}) {
+    idle.idle_steps = idle_steps;
+    const double p = ReuseProbability(ForecastReuse(idle, h));
+    EXPECT_EQ(p, h.RevivalProbability(50, idle_steps, 1, 0)) << idle_steps;
+    EXPECT_LE(p, last) << idle_steps;  // a longer pause: never likelier
     last = p;
   }
-  EXPECT_GT(last, 0.0);
-  PageHistory used = ColdPage();
-  used.accesses = 50;
-  used.attention_mass = 0.2;
-  EXPECT_GT(ReuseProbability(used), ReuseProbability(ColdPage()));
+  idle.idle_steps = 1;
+  const double before_any_revival_ended = ReuseProbability(ForecastReuse(idle, h));
+  idle.idle_steps = 3;
+  EXPECT_LT(ReuseProbability(ForecastReuse(idle, h)), before_any_revival_ended);
+  // A page whose own pauses ended in reads (an opening shared by request after request) is
+  // likelier than one with none.
+  idle.idle_periods = 4;
+  const double never = ReuseProbability(ForecastReuse(idle, h));
+  idle.revivals = 3;
+  EXPECT_GT(ReuseProbability(ForecastReuse(idle, h)), never);
+  // Sinks and the recent window are never acted on: certain.
+  PageHistory sink;
+  sink.reuse = ForecastReuse(idle, h);
+  sink.is_sink = true;
+  EXPECT_EQ(ReuseProbability(sink), 1.0);
+}
+
+// The quality prices are named defaults the engine's flags set: each one reaches the cost terms
+// of its preset, and bad values are refused naming the flag.
+TEST(KvPolicyTest, QualityPricesAreNamedSetAndValidated) {
+  const KvQualityPrices defaults;
+  EXPECT_EQ(defaults.MsPerKld(KvQuality::kBalanced), 1e4);
+  EXPECT_EQ(defaults.MsPerKld(KvQuality::kAggressive), 1e3);
+  EXPECT_EQ(defaults.MsPerEvictedMass(KvQuality::kBalanced), 5000);
+  EXPECT_EQ(defaults.MsPerEvictedMass(KvQuality::kAggressive), 200);
+  EXPECT_TRUE(defaults.Validate().ok());
+  const PageCostProfile p = Stranded(Mha());
+  KvPolicyOptions o;
+  o.quality = KvQuality::kBalanced;
+  const KvDecision d = ChooseKvAction(WarmPage(), p, o);
+  EXPECT_DOUBLE_EQ(CostOf(d, KvAction::kCompressInt8).quality_cost_ms, p.int8_kld * 1e4);
+  EXPECT_DOUBLE_EQ(CostOf(d, KvAction::kEvict).quality_cost_ms, 0.55 * (0.01 + 0.001) * 5000);
+  o.quality_prices.balanced_ms_per_kld = 2e4;
+  o.quality_prices.balanced_ms_per_evicted_mass = 100;
+  const KvDecision set = ChooseKvAction(WarmPage(), p, o);
+  EXPECT_DOUBLE_EQ(CostOf(set, KvAction::kCompressInt8).quality_cost_ms, p.int8_kld * 2e4);
+  EXPECT_DOUBLE_EQ(CostOf(set, KvAction::kEvict).quality_cost_ms, 0.55 * (0.01 + 0.001) * 100);
+  o.quality = KvQuality::kAggressive;  // aggressive's own prices, untouched
+  EXPECT_DOUBLE_EQ(CostOf(ChooseKvAction(WarmPage(), p, o), KvAction::kCompressInt8).quality_cost_ms,
+                   p.int8_kld * 1e3);
+
+  KvQualityPrices bad;
+  bad.aggressive_ms_per_evicted_mass = -1;
+  EXPECT_NE(bad.Validate().message().find("--kv-price-evict-aggressive must be a finite price"),
+            std::string::npos);
+  bad = {};
+  bad.balanced_ms_per_kld = std::numeric_limits<double>::infinity();
+  EXPECT_NE(bad.Validate().message().find("--kv-price-kld-balanced"), std::string::npos);
+  bad = {};
+  bad.aggressive_ms_per_kld = 2e4;  // above balanced's 1e4
+  EXPECT_NE(bad.Validate().message().find("--kv-price-kld-aggressive (20000) is above"),
+            std::string::npos);
+  const std::string line = defaults.Describe();
+  for (const char* flag : {"--kv-price-kld-balanced", "--kv-price-kld-aggressive",
+                           "--kv-price-evict-balanced", "--kv-price-evict-aggressive"}) {
+    EXPECT_NE(line.find(flag), std::string::npos) << flag;
+  }
+  EXPECT_NE(line.find("balanced 5000"), std::string::npos) << line;
 }
 
 TEST(KvPolicyTest, ParsesFlags) {

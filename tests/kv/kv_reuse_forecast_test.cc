@@ -1,14 +1,13 @@
 // The KV reuse forecast: a running page's next read from the schedule, an idle page's from the
 // history of idle pages read again; and replayed, on a hand-built cyclic scan (every running
 // sequence reads all its pages at every step), the policy's cost within 10% of Belady's while
-// LRU's, and the old recency score's, are not; a chat's idle history kept over a one-off's, a
-// conversation's pages judged by conversations' pauses, a preempted sequence's pages kept for its
-// resume.
+// LRU's are not; a chat's idle history kept over a one-off's, a conversation's pages judged by
+// conversations' pauses, a preempted sequence's pages kept for its resume; and a trace replayed
+// through the engine's own KV manager, its idle cached blocks reused in the forecast's order.
 #include "kvl/kv_reuse_forecast.h"
 
 #include <gtest/gtest.h>
 
-#include "kvl/kv_policy.h"
 #include "kvl/kv_trace_replay.h"
 
 namespace kvl {
@@ -116,6 +115,30 @@ TEST(KvReuseForecastTest, OnlyPagesIdleAsLongJudgeALongPause) {
   EXPECT_DOUBLE_EQ(h.RevivalProbability(100, 60, 1, 0), 1.0 / 31);
 }
 
+// A bounded history keeps the pauses of the latest revivals only, so an engine's history stays
+// the same size however long it runs: with room for 2, the pause of 1 step recorded first is
+// forgotten, and the mean of the rest (5 and 9 steps) is what is left of a pause.
+TEST(KvReuseForecastTest, ABoundedHistoryForgetsTheOldestPauses) {
+  KvIdleReuseHistory all, latest(2);
+  for (KvIdleReuseHistory* h : {&all, &latest}) {
+    for (int64_t gap : {1, 5, 9}) {
+      h->PageWentIdle(0);
+      h->PageRevived(0, gap);
+    }
+  }
+  EXPECT_EQ(all.revived_pages(), 3);
+  EXPECT_EQ(latest.revived_pages(), 2);
+  EXPECT_DOUBLE_EQ(all.RemainingGapSteps(0), 5.0);
+  EXPECT_DOUBLE_EQ(latest.RemainingGapSteps(0), 7.0);
+  // After a pause of 6 only the 9 is left in both, and a fourth revival pushes out the 5.
+  EXPECT_DOUBLE_EQ(latest.RemainingGapSteps(6), 3.0);
+  latest.PageWentIdle(0);
+  latest.PageRevived(0, 3);
+  EXPECT_EQ(latest.revived_pages(), 2);
+  EXPECT_DOUBLE_EQ(latest.RemainingGapSteps(0), 6.0);  // (3 + 9) / 2
+  EXPECT_DOUBLE_EQ(latest.RemainingGapSteps(4), 5.0);  // 9 - 4
+}
+
 // Two sequences decode side by side under full attention, each reading its 4 pages at every step
 // for 40 steps, with room for 6 of the 8: a cyclic scan. LRU evicts each page just before it is
 // read again and misses every read; Belady keeps a stable set and misses about 2 a step; the
@@ -165,13 +188,6 @@ TEST(KvReuseForecastTest, CyclicScanPolicyWithinTenPercentOfBeladyAndLruIsNot) {
   EXPECT_LE(policy.cost_ms, 1.10 * opt.cost_ms) << policy.misses << " vs " << opt.misses;
   EXPECT_EQ(lru.misses, lru.accesses - lru.cold);  // every read after the first misses
   EXPECT_GT(lru.cost_ms, 1.10 * opt.cost_ms);
-
-  // The recency score the policy replaced (ReuseProbability, ties to the least recent) is LRU
-  // here: every page is read at every step, so it scores them alike.
-  PageHistory read_now, read_last_step;
-  read_last_step.steps_since_access = 1;
-  read_now.accesses = read_last_step.accesses = 10;
-  EXPECT_GT(ReuseProbability(read_now), ReuseProbability(read_last_step));
 }
 
 // Pages nobody reads any more, ranked by the history of idle pages read again: a chat's history
@@ -255,6 +271,52 @@ TEST(KvReuseForecastTest, APreemptedSequencesPagesWaitForItsResume) {
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(Misses(*t, KvReplayPolicy::kBelady, 5), 0);
   EXPECT_EQ(Misses(*t, KvReplayPolicy::kPolicy, 5), 0);
+}
+
+// The same kind of trace through the engine's own KV manager (ReplayKvTraceThroughManager): an
+// opening (page 0) read by requests 1-3, a one-off (page 1) after them, then request 5's four
+// new pages and its partial page take five of the six blocks, so one of the two idle cached
+// pages must go; request 6 reads the opening again. The manager's forecast order gives up the
+// one-off (never found again) and request 6 hits, as Belady does; least recently freed first
+// gives up the opening, freed earlier, and request 6 misses, as LRU does.
+TEST(KvReuseForecastTest, TheEnginesOwnManagerKeepsTheOpeningItsHistorySaysComesBack) {
+  const StatusOr<KvTrace> t = ParseKvTrace(
+      "kvl-trace 1 block_tokens=16 pool_blocks=6\n"
+      "S 0\nP 0 1 0 -\nR 1 1 0 - - 0\n"
+      "S 1\nP 0 2 0 -\nR 2 1 1 - - 0\n"
+      "S 2\nP 0 3 0 -\nR 3 1 1 - - 0\n"
+      "S 3\nP 1 4 0 -\nR 4 1 0 - - 0\n"
+      "S 4\nP 2 5 0 -\nP 3 5 1 -\nP 4 5 2 -\nP 5 5 3 -\nR 5 4 0 - - 0\n"
+      "S 5\nP 0 6 0 -\nR 6 1 1 - - 0\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::vector<KvTraceAccess> a = KvTraceAccesses(*t);
+  const KvManagerReplayResult forecast =
+      ReplayKvTraceThroughManager(*t, a, KvIdleBlockOrder::kForecast, 6, 2.0);
+  const KvManagerReplayResult lrf =
+      ReplayKvTraceThroughManager(*t, a, KvIdleBlockOrder::kLeastRecentlyFreed, 6, 2.0);
+  for (const KvManagerReplayResult* r : {&forecast, &lrf}) {
+    EXPECT_TRUE(r->fits);
+    EXPECT_EQ(r->replay.accesses, 9);
+    EXPECT_EQ(r->replay.cold, 6);
+    EXPECT_EQ(r->replay.cold + r->replay.hits + r->replay.misses, r->replay.accesses);
+    EXPECT_EQ(r->reuse_reads, 3);  // requests 2, 3 and 6 read the opening seen before
+  }
+  EXPECT_EQ(forecast.replay.policy, "engine");
+  EXPECT_EQ(forecast.replay.misses, 0);
+  EXPECT_EQ(forecast.reuse_hits, 3);
+  EXPECT_EQ(lrf.replay.policy, "engine-lrf");
+  EXPECT_EQ(lrf.replay.misses, 1);
+  EXPECT_EQ(lrf.reuse_hits, 2);
+  EXPECT_DOUBLE_EQ(lrf.replay.cost_ms, 2.0);
+  // The replay's oracle and LRU, holding a partial page per running request as the manager does.
+  KvReplayOptions held;
+  held.capacity_pages = 6;
+  held.partial_pages_per_reader = 1;
+  held.miss_ms = 2.0;
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, held).misses, 0);
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kLru, held).misses, 1);
+  // Four blocks cannot hold request 5's five: the manager says so rather than guess.
+  EXPECT_FALSE(ReplayKvTraceThroughManager(*t, a, KvIdleBlockOrder::kForecast, 4, 2.0).fits);
 }
 
 }  // namespace

@@ -65,6 +65,9 @@ struct EngineOptions {
   // lossless | balanced | aggressive; empty: lossless, unless a fixed lossy --kv-policy asks for
   // more (an explicit "lossless" with a lossy policy is a contradiction and an error).
   std::string kv_quality;
+  // What a lossy action costs per preset (--kv-price-kld-balanced, ...; kvl/kv_policy.h): named
+  // defaults, validated at Create, printed by --explain.
+  KvQualityPrices kv_quality_prices;
   std::string profile_path;           // calibration profile; empty: the default path
   // When the KV cost model needs a profile and none is usable at a default path (or none exists
   // at profile_path): true measures this machine now (a few seconds, announced on stderr) and

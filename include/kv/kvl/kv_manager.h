@@ -15,8 +15,12 @@
 //    block's token ids, model identity). A full block's hash enters the prefix index when its
 //    tokens are committed, and stays findable after its last reference goes (lazy eviction) until
 //    the block is reused for something else.
-//  - Free blocks sit in an intrusive doubly linked list that is the eviction order: blocks that
-//    hold no cached prefix are taken first, then cached ones in least-recently-freed order.
+//  - Free blocks sit in an intrusive doubly linked list: blocks that hold no cached prefix are
+//    taken first (front), then cached ones (back, least recently freed first). Among the cached
+//    ones (idle pages of the prefix cache) the reuse forecast chooses (KvIdleBlockOrder): the
+//    block least likely to be read again by a prefix hit, judged by the pool's own history of
+//    idle blocks and their revivals (kvl/kv_reuse_forecast.h), leaves first. The step clock it
+//    counts in is the number of Commits.
 //  - A block shared by several sequences (prefix hit or Fork) is copied before a sequence writes
 //    into it (copy-on-write); only a partially filled last block can ever be written.
 //
@@ -109,11 +113,21 @@ KvContentId ChainContentId(KvContentId parent, std::span<const int32_t> tokens,
 StatusOr<DType> ParseKvCacheType(std::string_view text);
 
 
+// The order free cached blocks (idle prefix-cache pages) are reused in.
+enum class KvIdleBlockOrder {
+  // The reuse forecast's (KvPageLeavesFirst over ForecastReuse of each idle block): the one read
+  // again farthest ahead, then the least likely; ties to the deeper block of its chain, then the
+  // least recently freed.
+  kForecast,
+  kLeastRecentlyFreed,  // as vLLM's block pool (the comparison in `kvl bench replay`)
+};
+
 struct KvManagerOptions {
   KvBlockLayout layout;
   int64_t budget_bytes = 512ll << 20;  // the pool holds budget_bytes / block_bytes blocks
   uint64_t model_identity = 0;         // seeds every hash chain: no match across models
   bool enable_prefix_cache = true;
+  KvIdleBlockOrder idle_block_order = KvIdleBlockOrder::kForecast;
   int32_t max_seqs = 256;              // sequence ids are 0..max_seqs-1
   // The most tokens one sequence is expected to hold (the engine's max context). An admission
   // reserves its sequence's block table and token list for that many, so the decode steps that
@@ -263,7 +277,8 @@ class KvManager {
   // parent is in the pool). Nothing, for a page that left without one (computed against a lossy
   // context, or after a failed read).
   void RestoreIdentity(SeqId seq, int64_t block_index);
-  // The block the next allocation (Reattach, AcquireRawBlock) takes, or kNoBlock when none is free.
+  // The block the next allocation (Reattach, AcquireRawBlock) takes, or kNoBlock when none is
+  // free: an uncached free block, else the idle cached block the forecast gives up first.
   BlockId next_free_block() const;
   bool IsPaged(SeqId seq) const;
   // The step that filled blocks [first_block, ...) of `seq` was thrown away (a page it read did

@@ -72,6 +72,7 @@ struct KvMemoryOptions {
 
   KvPolicyChoice policy;
   KvQuality quality = KvQuality::kLossless;
+  KvQualityPrices quality_prices;  // what a loss costs (--kv-price-*)
   std::vector<TierSpec> tiers;
   int64_t sink_tokens = 4;
   int64_t recent_tokens = 64;

@@ -9,10 +9,22 @@
 // Every input is measured (kvl calibrate's curves, evaluated for this page's tokens, layers and
 // position by FillPagePrices in kvl/cost_profile.h, then each bring-back time corrected by what
 // the engine measured since: KvPolicyOptions::feedback, kvl/kv_price_feedback.h) or observed
-// (the page's access history, the pool's pressure); nothing here knows about the model beyond
+// (the page's reuse forecast, the pool's pressure); nothing here knows about the model beyond
 // byte counts, so the policy is unit-testable with no model bytes. Where a profile has no
 // measurement, the named defaults (kDefaultInt8Kld, ...) stand in, and `kvl calibrate --explain`
-// says so.
+// says so. What a loss of quality is worth in milliseconds is no measurement but the user's
+// choice: KvQualityPrices, named defaults that the engine's --kv-price-* flags set and its
+// --explain prints.
+//
+// P(reuse), the probability that the page is read again, is the reuse forecast's
+// (kvl/kv_reuse_forecast.h): its expected reads from now on, capped at 1 (ReuseProbability). A
+// page of a running sequence is read at each step its sequence still takes (the scheduler knows
+// how many at most), so under full attention P = 1 while a step is left and 0 after the last; a
+// preempted sequence's page is read for certain when it resumes; a page nobody holds (an idle
+// cached block) is read again only through prefix reuse, with the probability of the engine's
+// survival table of idle pages (KvIdleReuseHistory: of the pages that were idle as long, the
+// share read again, and the page's own record of revivals). The attention a page gets does not
+// lower P (full attention reads every page); it prices what evicting the page loses.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -23,6 +35,7 @@
 #include <string_view>
 
 #include "kvl/kv_price_feedback.h"
+#include "kvl/kv_reuse_forecast.h"
 #include "kvl/status.h"
 
 namespace kvl {
@@ -152,11 +165,40 @@ struct PageCostProfile {
   double int4_kld = kDefaultInt4Kld;
 };
 
+// What lossy actions cost, in milliseconds of time the user would rather spend than lose this
+// much quality, per quality preset (--kv-quality; lossless allows no loss at any price). Named
+// defaults, not measurements: the engine's --kv-price-* flags set them and --explain prints them.
+struct KvQualityPrices {
+  // A compressed page (int8 or int4): ms per nat of the KL divergence its encoding adds to the
+  // next-token distribution (PageCostProfile::int8_kld / int4_kld, measured by kvl calibrate).
+  // At the defaults an int8 page (~1e-4 nats) costs 1 ms (balanced) or 0.1 ms (aggressive).
+  double balanced_ms_per_kld = 1e4;
+  double aggressive_ms_per_kld = 1e3;
+  // An evicted page: ms per unit of attention mass it would still have received, counted as
+  // P(reuse) x (0.01 + its mean attention mass per step), so that even a page attention ignores
+  // costs something to lose. A page holding 10% of the mass costs 550 ms (balanced) or 22 ms
+  // (aggressive).
+  double balanced_ms_per_evicted_mass = 5000;
+  double aggressive_ms_per_evicted_mass = 200;
+
+  // The preset's prices; lossless shows balanced's (its lossy actions are priced, never allowed).
+  double MsPerKld(KvQuality quality) const;
+  double MsPerEvictedMass(KvQuality quality) const;
+  // Each price is finite and >= 0, and aggressive never prices a loss above balanced; the error
+  // names the flag.
+  Status Validate() const;
+  // One line listing the four prices with their flags (--explain).
+  std::string Describe() const;
+  bool operator==(const KvQualityPrices&) const = default;
+};
+
 // What we know of one page's use.
 struct PageHistory {
   int64_t first_position = 0;       // of its first token: the context a recompute attends over
-  int64_t steps_since_access = 0;   // steps since attention last read it with weight
-  int64_t accesses = 0;             // steps in which it was read
+  // When and how often it is read next (kvl/kv_reuse_forecast.h: from the schedule for a running
+  // or preempted sequence's page, from the idle pages' survival table for a cached one). The
+  // default: read at the next step, once at least.
+  KvReuseForecast reuse{0, 1, 0};
   double attention_mass = 0;        // accumulated mean attention weight on its tokens
   bool is_sink = false;             // holds one of the first sink tokens
   bool in_recent_window = false;    // among the newest pages
@@ -169,7 +211,7 @@ struct KvPolicyOptions {
   // What keeping a MiB resident costs, from the pool's pressure (KvPressurePlanner's
   // MemoryPriceMsPerMib); 0: no pressure, keeping is free.
   double memory_price_ms_per_mib = 0;
-  double quality_price_ms_per_kld = 0; // 0: the quality preset's default
+  KvQualityPrices quality_prices;  // what a loss costs under `quality`
   // Tokens the decode step a rebuild rides in attends over (the sequence's length): the context
   // its marginal price is evaluated at. -1: unknown, taken as the page's end (first_position +
   // block_tokens), the least context of a step that reads the whole page.
@@ -200,8 +242,12 @@ struct KvDecision {
   std::string Explain() const;  // one line per action with its cost terms (--explain)
 };
 
-// P(the page is read again soon), from recency, frequency and attention mass.
+// P(the page is read again): 1 for an attention sink or a page of the recent window (never
+// acted on), else ReuseProbability(page.reuse).
 double ReuseProbability(const PageHistory& page);
+// P(at least one more read) from a forecast: its expected reads from now on, capped at 1 (a
+// running or preempted reader with steps left: 1; an idle page: its revival probability).
+double ReuseProbability(const KvReuseForecast& forecast);
 
 // Milliseconds to recompute a page from its tokens at `first_position` (PageCostProfile's
 // formula), and to transfer `bytes` at `gbps` after `latency_ms`.

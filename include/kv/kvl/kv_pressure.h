@@ -46,6 +46,7 @@ struct KvPagingSetup {
   int64_t sink_tokens = 4;       // never acted on (attention sinks)
   int64_t recent_tokens = 64;    // the newest tokens stay resident at full precision
   bool explain = false;          // print every decision with its cost terms to stderr
+  KvQualityPrices quality_prices;  // what a loss costs (--kv-price-*)
 };
 
 struct KvPagingRules {
@@ -57,6 +58,7 @@ struct KvPagingRules {
   int64_t sink_tokens = 4;
   int64_t recent_tokens = 64;
   bool explain = false;
+  KvQualityPrices quality_prices;
   // The policy can act on running sequences' pages (compress, stream, checkpoint, evict); else
   // only preemption moves pages.
   bool pages_running_sequences = false;

@@ -13,16 +13,19 @@
 // history per kind of page where their readers differ (a conversation's next turn comes when its
 // user answers, a shared opening with any request).
 //
-// Two users, one forecast: the pressure planner (kv_pressure.h) orders the running pages it may
-// move, and `kvl bench replay` (kv_trace_replay.h) evaluates the same forecast against LRU, LFU and
-// Belady on recorded traces, idle and waiting pages included. Both order pages with
-// KvPageLeavesFirst. The engine's free cached blocks are still reused least recently freed first
-// (kv_manager.h), not in the forecast's order.
+// Its users: the pressure planner (kv_pressure.h) orders the running pages it may move; the cost
+// model (kv_policy.h) takes a page's probability of another read from it (ReuseProbability); the
+// KV manager (kv_manager.h) reuses its free cached blocks (idle pages of the prefix cache) in
+// its order, the least likely to be read again first, with one KvIdleReuseHistory of its own;
+// and `kvl bench replay` (kv_trace_replay.h) evaluates it against LRU, LFU and Belady on
+// recorded traces, in the replay's model and through the KV manager's own code. All order pages
+// with KvPageLeavesFirst.
 //
 // Thread-safety: KvIdleReuseHistory is not synchronized (one owner, the step loop or a replay);
 // the functions are pure.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -72,6 +75,11 @@ class KvIdleReuseHistory {
   // default, not a measurement).
   static constexpr double kDefaultIdleGapSteps = 16;
 
+  // Keeps the pauses of the last `max_revivals` revived pages only (0: all), so that a history
+  // fed for as long as a server runs stays bounded (an offline replay keeps all).
+  KvIdleReuseHistory() = default;
+  explicit KvIdleReuseHistory(size_t max_revivals) : max_revivals_(max_revivals) {}
+
   // A page went idle after its read at step `last_read_step`.
   void PageWentIdle(int64_t last_read_step);
   // Takes back one PageWentIdle (the page's pause turned out to belong to another history).
@@ -93,6 +101,11 @@ class KvIdleReuseHistory {
   std::vector<int64_t> idle_since_;  // the last reads of the pages idle now, ascending
   std::vector<int64_t> gaps_;        // the pauses of revived pages, ascending
   std::vector<double> gap_sums_;     // gap_sums_[i]: the sum of gaps_[0 .. i-1]
+  // With a bound: the kept pauses in the order they were recorded, a ring whose oldest entry is
+  // at oldest_ once full.
+  size_t max_revivals_ = 0;
+  std::vector<int64_t> recorded_;
+  size_t oldest_ = 0;
 };
 
 KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory& history);

@@ -77,6 +77,29 @@ struct KvReplayResult {
 KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess> accesses,
                              KvReplayPolicy policy, const KvReplayOptions& options);
 
+// The trace's reads through the engine's own KvManager (kvl/kv_manager.h): its prefix cache, and
+// its reuse of free cached blocks in `order` (the reuse forecast's, or least recently freed
+// first), with a pool of `capacity_pages` blocks; no copy of either. Each request that reads in a
+// step is a sequence of the manager (admitted at its first read, with its pages' tokens: every
+// token of page p is p, so requests share a prefix exactly where the trace's content ids say);
+// it grows one token a step, and by whole pages where the trace shows them full; one that a
+// step does not read (finished, or preempted) is freed, its full pages cached, and admitted
+// again when it reads. A read of a page the manager held (a block of the sequence, or found by
+// prefix at its admission) is a hit; the first read of a page anywhere is cold; any other (a
+// page computed again) is a miss. Running sequences' pages never leave the pool here (the
+// engine's pager moves those, KvPressurePlanner's forecast order), so only the idle pages'
+// eviction differs between orders: compare at capacities that hold the running sequences.
+struct KvManagerReplayResult {
+  KvReplayResult replay;    // policy "engine" (forecast order) or "engine-lrf"
+  bool fits = true;         // false: a step's sequences needed more blocks than the pool had
+  int64_t reuse_reads = 0;  // reads at an admission of pages seen before: where reuse can hit
+  int64_t reuse_hits = 0;   // of those, the pages found cached
+};
+KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
+                                                   std::span<const KvTraceAccess> accesses,
+                                                   KvIdleBlockOrder order, int64_t capacity_pages,
+                                                   double miss_ms);
+
 // What the engine's own decisions cost, at its own pool size, priced as the simulated policies'
 // misses are, read from what it did: every page it brought back (B) is a miss; so is a page whose
 // tokens a step computed again after it had been seen (it had left, or the prefix chain to it was

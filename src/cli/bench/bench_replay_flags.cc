@@ -11,7 +11,9 @@ CommandFlags DeclareBenchReplayFlags(CLI::App* bench, BenchReplayArgs* br) {
       "replay", "replay a --kv-trace against the reuse forecast, LRU, LFU and Belady's optimal");
   cmd->add_option("trace", br->trace_path, "trace file (written by --kv-trace)")->required();
   cmd->add_option("--capacity-pages", br->capacity_pages,
-                  "resident set sizes in pages (default: the engine's pool, x1/2, x2)")
+                  "resident set sizes in pages (default: the engine's pool, x1/2, x2; through "
+                  "the engine's KV manager: the most blocks one step's requests hold, x5/4, "
+                  "x3/2, x2)")
       ->delimiter(',');
   cmd->add_option("--miss-ms", br->miss_ms,
                   "price of one missed page (default: the trace's cheapest lossless "

@@ -2,12 +2,15 @@
 // through resident sets of N pages under the engine's reuse forecast, LRU, LFU and Belady's optimal
 // (kvl/kv_trace_replay.h), each miss priced as bringing one page back; and the engine's own
 // recorded decisions, priced the same way, at the engine's pool size. A table (or JSON) per
-// capacity: misses, cost, and the regret against the optimal.
+// capacity: misses, cost, and the regret against the optimal. Then the same reads through the
+// engine's own KV manager (ReplayKvTraceThroughManager): its prefix cache reusing idle cached
+// blocks in the forecast's order and least recently freed first, against LRU and Belady.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
@@ -55,6 +58,21 @@ double Regret(double cost, double optimal) {
 
 std::string FormatRegret(double regret) {
   return std::isfinite(regret) ? fmt::format("{:+.1f}%", regret) : std::string("-");
+}
+
+// The most blocks the requests of one step hold at once: their listed pages and a partial page
+// each. The engine's KV manager keeps running sequences' pages in the pool, so it replays a
+// trace only with at least this many.
+int64_t RunningBlocksPeak(std::span<const KvTraceAccess> accesses) {
+  int64_t peak = 0, in_step = 0;
+  for (size_t i = 0; i < accesses.size(); ++i) {
+    const bool new_step = i == 0 || accesses[i].step != accesses[i - 1].step;
+    if (new_step) in_step = 0;
+    const bool new_read = new_step || accesses[i].request != accesses[i - 1].request;
+    in_step += 1 + (new_read ? 1 : 0);
+    peak = std::max(peak, in_step);
+  }
+  return peak;
 }
 
 }  // namespace
@@ -127,6 +145,39 @@ int BenchReplayCommand(const BenchReplayArgs& args) {
       h.pool_blocks > 0 ? ReplayKvTrace(*trace, accesses, KvReplayPolicy::kPolicy, pinned)
                         : KvReplayResult{};
 
+  // The same reads through the engine's own KV manager, its idle cached blocks reused in the
+  // forecast's order and least recently freed first, against Belady and LRU holding a partial
+  // page per running request as the manager does (ReplayKvTraceThroughManager).
+  struct EngineRow {
+    int64_t capacity = 0;
+    KvManagerReplayResult forecast, lrf;
+    KvReplayResult lru, belady;
+  };
+  std::vector<EngineRow> engine_rows;
+  // Without --capacity-pages: from the least that holds every step's running requests (where
+  // only idle pages compete, as there) to twice that.
+  const int64_t peak = RunningBlocksPeak(accesses);
+  std::vector<int64_t> engine_capacities = args.capacity_pages;
+  if (engine_capacities.empty()) {
+    engine_capacities = {peak, peak * 5 / 4, peak * 3 / 2, peak * 2};
+    engine_capacities.erase(std::unique(engine_capacities.begin(), engine_capacities.end()),
+                            engine_capacities.end());
+  }
+  for (int64_t capacity : engine_capacities) {
+    EngineRow e;
+    e.capacity = capacity;
+    e.forecast = ReplayKvTraceThroughManager(*trace, accesses, KvIdleBlockOrder::kForecast,
+                                             capacity, price->ms);
+    e.lrf = ReplayKvTraceThroughManager(*trace, accesses, KvIdleBlockOrder::kLeastRecentlyFreed,
+                                        capacity, price->ms);
+    KvReplayOptions held = options;
+    held.capacity_pages = capacity;
+    held.partial_pages_per_reader = 1;
+    e.lru = ReplayKvTrace(*trace, accesses, KvReplayPolicy::kLru, held);
+    e.belady = ReplayKvTrace(*trace, accesses, KvReplayPolicy::kBelady, held);
+    engine_rows.push_back(e);
+  }
+
   if (args.output == "json") {
     json out = {{"trace", args.trace_path},     {"steps", steps},
                 {"pages", trace->num_pages},    {"accesses", static_cast<int64_t>(accesses.size())},
@@ -159,6 +210,21 @@ int BenchReplayCommand(const BenchReplayArgs& args) {
       rec["policy_pinned_cost_ms"] = policy_pinned.cost_ms;
     }
     out["recorded"] = rec;
+    out["engine"] = json::array();
+    for (const EngineRow& e : engine_rows) {
+      auto manager_json = [&](const KvManagerReplayResult& m) {
+        json j = row_json(m.replay, Regret(m.replay.cost_ms, e.belady.cost_ms));
+        j["fits"] = m.fits;
+        j["reuse_reads"] = m.reuse_reads;
+        j["reuse_hits"] = m.reuse_hits;
+        return j;
+      };
+      out["engine"].push_back({{"capacity_pages", e.capacity},
+                               {"forecast", manager_json(e.forecast)},
+                               {"least_recently_freed", manager_json(e.lrf)},
+                               {"lru", row_json(e.lru, Regret(e.lru.cost_ms, e.belady.cost_ms))},
+                               {"belady", row_json(e.belady, 0)}});
+    }
     fmt::print("{}\n", out.dump(2));
     return FlushStdout().ok() ? 0 : 1;
   }
@@ -194,6 +260,38 @@ int BenchReplayCommand(const BenchReplayArgs& args) {
         "window ({} pages): {} misses, {:.2f} ms, regret {}\n",
         pinned.pinned_sink_blocks, pinned.pinned_recent_blocks, policy_pinned.misses,
         policy_pinned.cost_ms, FormatRegret(Regret(policy_pinned.cost_ms, belady_full.cost_ms)));
+  }
+  fmt::print(
+      "\nthrough the engine's KV manager (its prefix cache; idle cached blocks reused in the "
+      "forecast's order, or least recently freed first), against LRU and Belady holding one "
+      "partial page per running request as the manager does; regret = misses over Belady's; "
+      "reuse: the reads at an admission of pages seen before, and how many found their page; the "
+      "step with the most running requests holds {} blocks\n\n",
+      peak);
+  fmt::print(
+      "| capacity | engine hits | engine misses | regret | reuse hits / reads | engine LRF hits | "
+      "LRF misses | LRF regret | LRU hits | LRU misses | Belady hits | Belady misses |\n");
+  fmt::print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const EngineRow& e : engine_rows) {
+    auto cell = [&](const KvManagerReplayResult& m, int64_t value) {
+      return m.fits ? fmt::format("{}", value) : std::string("-");
+    };
+    auto regret = [&](const KvManagerReplayResult& m) {
+      return m.fits ? FormatRegret(Regret(m.replay.cost_ms, e.belady.cost_ms)) : std::string("-");
+    };
+    fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", e.capacity,
+               cell(e.forecast, e.forecast.replay.hits), cell(e.forecast, e.forecast.replay.misses),
+               regret(e.forecast),
+               e.forecast.fits
+                   ? fmt::format("{} / {}", e.forecast.reuse_hits, e.forecast.reuse_reads)
+                   : std::string("-"),
+               cell(e.lrf, e.lrf.replay.hits), cell(e.lrf, e.lrf.replay.misses), regret(e.lrf),
+               e.lru.hits, e.lru.misses, e.belady.hits, e.belady.misses);
+  }
+  if (std::any_of(engine_rows.begin(), engine_rows.end(),
+                  [](const EngineRow& e) { return !e.forecast.fits; })) {
+    fmt::print("-: the running requests of some step need more blocks than that capacity (the "
+               "engine would page or preempt them)\n");
   }
   return FlushStdout().ok() ? 0 : 1;
 }
