@@ -207,7 +207,7 @@ int BenchQualityCommand(const BenchQualityArgs& args);
 struct BenchSpecArgs {
   std::string model_path;        // -m
   int num_threads = 0;           // -t: 0 = every core
-  std::string spec = "ngram";    // --spec: the drafter compared with plain decoding
+  std::string spec = "auto";     // --spec: the drafter(s) compared with plain decoding, a,b,...
   std::string draft_model;       // -md: rows of --spec draft with this draft model beside them
   int32_t draft_max = 8;         // --draft-max
   int32_t n_gen = 128;           // -n: tokens per workload
@@ -220,6 +220,8 @@ struct BenchSpecArgs {
   std::string json_path;         // --json FILE
 };
 int BenchSpecCommand(const BenchSpecArgs& args);
+// --spec's list "a,b,..." as its modes, in order.
+std::vector<std::string> SpecModesOf(const std::string& list);
 
 struct CalibrateArgs {
   std::string model_path;  // -m: the profile is measured at this model's shapes

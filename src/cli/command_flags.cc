@@ -138,9 +138,10 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
   AddCacheTypeFlags(cmd, engine);
   // Speculative decoding (issue 26).
   cmd->add_option("--spec", engine->spec,
-                  "speculative decoding: ngram (prompt lookup), suffix (and recent requests), "
-                  "draft (a small model, -md) or off; drafts are sent only where the cost model "
-                  "says they pay, and the output is plain decoding's")
+                  "speculative decoding: auto (the engine's choice: today suffix), ngram (prompt "
+                  "lookup), suffix (and recent requests), draft (a small model, -md) or off; "
+                  "drafts are sent only where the cost model says they pay, and the output is "
+                  "plain decoding's")
       ->capture_default_str();
   cmd->add_option("--draft-max", engine->draft_max, "most draft tokens one sequence's step carries")
       ->capture_default_str();

@@ -33,7 +33,8 @@ StepCostCurve::StepCostCurve(int64_t max_rows, double prior_slope)
       weight_(ms_.size(), 0.0),
       window_(ms_.size() * kCostWindow, 0.0),
       next_(ms_.size(), 0),
-      prior_slope_(prior_slope) {}
+      prior_slope_(prior_slope),
+      slope_(prior_slope) {}
 
 void StepCostCurve::Observe(int64_t rows, double ms) {
   if (rows < 1 || rows >= static_cast<int64_t>(ms_.size()) || !(ms > 0)) return;
@@ -43,6 +44,16 @@ void StepCostCurve::Observe(int64_t rows, double ms) {
   next_[r] = static_cast<uint8_t>((next_[r] + 1) % kCostWindow);
   weight_[r] = std::min<double>(weight_[r] + 1, kCostWindow);
   ms_[r] = MedianOfWindow(window, static_cast<size_t>(weight_[r]));
+  // The reference and the slope change only here: worked out once a step, not at each of the
+  // cost model's many Relative calls.
+  reference_ = 0;
+  for (int64_t row = 1; row < static_cast<int64_t>(ms_.size()); ++row) {
+    if (measured(row)) {
+      reference_ = row;
+      break;
+    }
+  }
+  slope_ = MeasuredSlope();
 }
 
 bool StepCostCurve::measured(int64_t rows) const {
@@ -50,20 +61,13 @@ bool StepCostCurve::measured(int64_t rows) const {
          weight_[static_cast<size_t>(rows)] >= kTrustedWeight;
 }
 
-int64_t StepCostCurve::reference() const {
-  for (int64_t r = 1; r < static_cast<int64_t>(ms_.size()); ++r) {
-    if (measured(r)) return r;
-  }
-  return 0;
-}
-
 double StepCostCurve::reference_ms() const {
   const int64_t ref = reference();
   return ref > 0 ? ms_[static_cast<size_t>(ref)] : 0.0;
 }
 
-double StepCostCurve::slope() const {
-  const int64_t ref = reference();
+double StepCostCurve::MeasuredSlope() const {
+  const int64_t ref = reference_;
   if (ref == 0) return prior_slope_;
   // Weighted mean of (T(R) / T(ref) - 1) / (R - ref) over the row counts measured above ref.
   const double ref_ms = ms_[static_cast<size_t>(ref)];

@@ -51,11 +51,11 @@ class StepCostCurve {
   bool measured(int64_t rows) const;
   // The row count the curve is relative to: the fewest measured (one row alone; the batch's rows
   // when sequences decode together), or 0 before any.
-  int64_t reference() const;
+  int64_t reference() const { return reference_; }
   // T(rows) / T(reference()): measured, or from the slope (the prior before any measurement).
   double Relative(int64_t rows) const;
   // The slope per extra row in use (measured, or the prior).
-  double slope() const;
+  double slope() const { return slope_; }
   // T(reference()) in ms (0 until measured).
   double reference_ms() const;
 
@@ -66,6 +66,12 @@ class StepCostCurve {
   std::vector<double> window_;  // [row count][kCostWindow] ms
   std::vector<uint8_t> next_;   // per row count: the window's next slot
   double prior_slope_;
+  // What Observe last worked out: reference() and slope().
+  int64_t reference_ = 0;
+  double slope_;
+
+  // The weighted mean slope of the row counts measured above the reference (the prior without).
+  double MeasuredSlope() const;
 };
 
 // One sequence as the cost model sees it: what its drafter offers and how well it has done.

@@ -11,8 +11,9 @@ StatusOr<SpecMode> ParseSpecMode(std::string_view text) {
   if (text == "ngram") return SpecMode::kNgram;
   if (text == "suffix") return SpecMode::kSuffix;
   if (text == "draft") return SpecMode::kDraftModel;
+  if (text == "auto") return SpecMode::kAuto;
   return InvalidArgumentError(
-      fmt::format("--spec must be ngram, suffix, draft or off, got '{}'", text));
+      fmt::format("--spec must be auto, ngram, suffix, draft or off, got '{}'", text));
 }
 
 std::string_view SpecModeName(SpecMode mode) {
@@ -21,6 +22,7 @@ std::string_view SpecModeName(SpecMode mode) {
     case SpecMode::kNgram: return "ngram";
     case SpecMode::kSuffix: return "suffix";
     case SpecMode::kDraftModel: return "draft";
+    case SpecMode::kAuto: return "auto";
   }
   return "?";
 }
@@ -54,9 +56,15 @@ void NgramDrafter::Draft(std::span<const int32_t> context, int32_t max_tokens,
   for (int32_t n = kMaxNgram; n >= kMinNgram; --n) {
     const int64_t after = FindEarlierNgram(context, n, kLookupWindow);
     if (after < 0) continue;
-    const int64_t end =
-        std::min<int64_t>(static_cast<int64_t>(context.size()), after + max_tokens);
-    draft->assign(context.begin() + after, context.begin() + end);
+    // What followed the match, and past the context's end the draft itself: a match that ends
+    // at the context's end is a loop of period len - after (a greedy small model repeats a
+    // sentence), whose next turn is the tokens it just drafted.
+    const auto len = static_cast<int64_t>(context.size());
+    for (int64_t i = 0; i < max_tokens; ++i) {
+      const int64_t from = after + i;
+      draft->push_back(from < len ? context[static_cast<size_t>(from)]
+                                  : (*draft)[static_cast<size_t>(from - len)]);
+    }
     last_kind_ = n;
     return;
   }

@@ -2,7 +2,9 @@
 // the target model to verify in one step. Two drafters need no second model:
 //  - NgramDrafter (prompt lookup): the sequence's last n tokens (n from kMaxNgram down to
 //    kMinNgram) are looked up earlier in its own prompt and output; what followed the latest
-//    match is the draft. Summaries, edits and answers that quote their document repeat it.
+//    match is the draft. Summaries, edits and answers that quote their document repeat it. A
+//    match whose continuation reaches the context's end is a loop (a small model repeating a
+//    sentence): the draft goes on around it, as long as asked.
 //  - SuffixDrafter: the same lookup, then an engine-wide index over the tokens of recent
 //    requests (a bounded ring), so a chat's next turn, an agent loop or a second question on the
 //    same document drafts from what was said before.
@@ -22,8 +24,10 @@
 
 namespace kvl {
 
-enum class SpecMode { kOff, kNgram, kSuffix, kDraftModel };
-// "off" | "ngram" | "suffix" | "draft"; INVALID_ARGUMENT naming --spec otherwise.
+// kAuto: the engine's own choice, the mode a default would be: today the lookups of kSuffix
+// (free to draft, so the cost model's gate alone decides whether a step carries a draft).
+enum class SpecMode { kOff, kNgram, kSuffix, kDraftModel, kAuto };
+// "off" | "ngram" | "suffix" | "draft" | "auto"; INVALID_ARGUMENT naming --spec otherwise.
 StatusOr<SpecMode> ParseSpecMode(std::string_view text);
 std::string_view SpecModeName(SpecMode mode);
 

@@ -34,6 +34,19 @@ struct SpecSequenceState {
   // so that the rate follows the text (a quoted passage ends, prose begins).
   double matched = 0;
   double compared = 0;
+  // The last draft verified (StepRunner::VerifyDraft sets it, the next Propose reads it): its
+  // length and how many of its tokens were accepted; and what the step's draft rows were
+  // expected to cost, in this sequence's one-token steps (the speculator sets it as it sends).
+  int64_t verified_drafted = 0;
+  int64_t verified_accepted = 0;
+  double sent_cost = 1;
+  // The gate (speculator.cc): the tokens the sequence's sent drafts returned against what their
+  // steps cost, in plain steps, decayed; while the drafts lose to plain decoding the sequence
+  // sends nothing for `hold` steps, a hold that doubles at each loss in a row.
+  double paid_tokens = 0;
+  double paid_cost = 0;
+  int64_t hold = 0;
+  int64_t backoff = 1;
   // A draft model's steps since it last drafted for this sequence, and how many steps apart its
   // probes are while the cost model sends nothing (speculator.cc: kProbeEvery, doubling).
   int64_t steps_since_draft = 0;

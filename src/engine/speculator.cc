@@ -25,8 +25,18 @@ constexpr int64_t kProbeTokens = 2;
 // sequence whose drafts are always taken would otherwise never measure it again).
 constexpr int64_t kMeasureEvery = 32;
 
+// The gate: a sequence's sent drafts are weighed by what they returned (tokens) against what
+// their steps cost (in plain steps), each decayed by this per verified draft, so the last few
+// drafts decide. While they return less than plain decoding would have, the sequence sends
+// nothing for a hold of 1, 2, 4, ... steps (up to kMaxHold); a paying draft ends the doubling.
+// A lookup's shadow drafts go on being scored meanwhile, so a hold costs no measurement.
+constexpr double kPaidDecay = 0.8;
+constexpr int64_t kMaxHold = 256;
+
 std::unique_ptr<Drafter> MakeLookupDrafter(SpecMode mode) {
-  if (mode == SpecMode::kSuffix) return std::make_unique<SuffixDrafter>();
+  if (mode == SpecMode::kSuffix || mode == SpecMode::kAuto) {
+    return std::make_unique<SuffixDrafter>();
+  }
   return std::make_unique<NgramDrafter>();
 }
 
@@ -40,6 +50,8 @@ Speculator::Speculator(const SpecOptions& options, std::unique_ptr<Drafter> draf
   order_.reserve(static_cast<size_t>(options.max_seqs));
   drafting_.reserve(static_cast<size_t>(options.max_seqs));
   requests_.reserve(static_cast<size_t>(options.max_seqs));
+  held_.reserve(static_cast<size_t>(options.max_seqs));
+  asked_.reserve(static_cast<size_t>(options.max_seqs));
   perfect_.reserve(1);
 }
 
@@ -117,6 +129,33 @@ void Speculator::ScoreShadow(Sequence& seq) {
   }
 }
 
+bool Speculator::Held(SpecSequenceState& s) {
+  if (s.verified_drafted > 0) {
+    s.paid_tokens = s.paid_tokens * kPaidDecay + 1.0 + static_cast<double>(s.verified_accepted);
+    s.paid_cost = s.paid_cost * kPaidDecay + s.sent_cost;
+    s.verified_drafted = 0;
+    if (s.paid_tokens < s.paid_cost) {
+      s.hold = s.backoff;
+      s.backoff = std::min(2 * s.backoff, kMaxHold);
+    } else {
+      s.backoff = 1;
+    }
+  }
+  if (s.hold == 0) return false;
+  --s.hold;
+  return true;
+}
+
+double Speculator::SentCost(int64_t base_rows, int64_t base_tokens, int64_t k,
+                            double draft_cost) const {
+  // This sequence's token in a plain step costs R(base) / base_tokens; its draft adds its rows'
+  // share of the step and the drafting.
+  const double base = curve_.Relative(base_rows);
+  const double extra = std::max(0.0, curve_.Relative(base_rows + k) - base) +
+                       draft_cost * static_cast<double>(k);
+  return 1.0 + static_cast<double>(std::max<int64_t>(base_tokens, 1)) * extra / base;
+}
+
 double Speculator::AcceptanceOf(const Sequence& seq, int32_t kind) const {
   const double engine = compared_ > 0 ? matched_ / compared_ : kFirstPrior;
   const auto k = static_cast<size_t>(kind);
@@ -133,6 +172,8 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
   if (options_.mode == SpecMode::kOff) return;
   candidates_.clear();
   drafting_.clear();
+  held_.clear();
+  asked_.clear();
   int64_t base_rows = 0, base_tokens = 0;
   for (const std::unique_ptr<Sequence>& ptr : running) {
     Sequence& seq = *ptr;
@@ -154,8 +195,11 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     }
     if (limit <= 0) continue;
     // (The candidate offers the limit for now: a costly drafter is asked for what the cost
-    // model would send of it; a lookup offers what it finds.)
-    candidates_.push_back({limit, AcceptanceOf(seq, 0), 0});
+    // model would send of it; a lookup offers what it finds. A sequence the gate holds offers
+    // nothing, yet still drafts as a shadow, so that its acceptance stays measured.)
+    held_.push_back(!options_.force && Held(seq.spec));
+    candidates_.push_back({held_.back() ? 0 : limit, AcceptanceOf(seq, 0), 0});
+    asked_.push_back(limit);
     drafting_.push_back(&seq);
   }
   if (candidates_.empty()) return;
@@ -171,7 +215,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
   requests_.clear();
   for (size_t i = 0; i < drafting_.size(); ++i) {
     Sequence& seq = *drafting_[i];
-    int64_t ask = candidates_[i].offered;
+    int64_t ask = asked_[i];
     if (costly) {
       SpecSequenceState& s = seq.spec;
       ask = candidates_[i].chosen;
@@ -179,7 +223,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
         s.probe_every = kProbeEvery;
       } else if (++s.steps_since_draft >= s.probe_every &&
                  CouldPay(base_rows, base_tokens, room)) {
-        ask = std::min(kProbeTokens, candidates_[i].offered);
+        ask = std::min(kProbeTokens, asked_[i]);
         s.probe_every = std::min(2 * s.probe_every, kMaxProbeEvery);
       }
       if (ask > 0) s.steps_since_draft = 0;
@@ -197,8 +241,8 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     SpecCandidate& c = candidates_[i];
     const auto offered = static_cast<int64_t>(seq.spec.shadow.size());
     if (offered > 0) seq.spec.shadow_at = static_cast<int64_t>(seq.tokens.size());
-    c.offered = offered;
-    c.chosen = std::min(c.chosen, offered);  // a costly drafter's plan (a probe sends nothing)
+    c.offered = held_[i] ? 0 : offered;
+    c.chosen = std::min(c.chosen, c.offered);  // a costly drafter's plan (a probe sends nothing)
     if (!costly && offered > 0) c.acceptance = AcceptanceOf(seq, seq.spec.shadow_kind);
   }
   if (options_.force) {
@@ -212,10 +256,12 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
   } else if (!costly) {
     ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_);
   }
+  const double draft_cost = costly ? DraftCostRelative() : 0.0;
   for (size_t i = 0; i < drafting_.size(); ++i) {
     SpecSequenceState& s = drafting_[i]->spec;
     const auto k = static_cast<ptrdiff_t>(candidates_[i].chosen);
     if (k == 0) continue;
+    s.sent_cost = SentCost(base_rows, base_tokens, k, draft_cost);
     s.draft.assign(s.shadow.begin(), s.shadow.begin() + k);
     s.step_tokens.clear();
     s.step_tokens.push_back(drafting_[i]->tokens.back());

@@ -58,6 +58,12 @@ class Speculator {
  private:
   // Compares the last shadow draft with the tokens that followed it: the acceptance rate.
   void ScoreShadow(Sequence& seq);
+  // The gate: weighs the last draft the sequence sent by what it returned, and says whether
+  // the sequence sends nothing this step (its drafts lost to plain decoding of late).
+  bool Held(SpecSequenceState& s);
+  // What a draft of k tokens costs, in the sequence's plain steps, in a step of `base_rows`
+  // rows that yields `base_tokens` tokens without drafts (the gate's yardstick).
+  double SentCost(int64_t base_rows, int64_t base_tokens, int64_t k, double draft_cost) const;
   // The per-token acceptance expected of a draft of `kind` for this sequence: its own rate,
   // with the kind's engine-wide rate as the prior and beside it.
   double AcceptanceOf(const Sequence& seq, int32_t kind) const;
@@ -85,6 +91,8 @@ class Speculator {
   std::vector<SpecCandidate> candidates_;  // reused
   std::vector<SpecCandidate*> order_;      // reused
   std::vector<Sequence*> drafting_;        // reused
+  std::vector<uint8_t> held_;              // reused: per drafting_, held by the gate
+  std::vector<int64_t> asked_;             // reused: per drafting_, the tokens it may draft
   std::vector<DraftRequest> requests_;     // reused
 };
 

@@ -50,6 +50,8 @@ int64_t StepRunner::VerifyDraft(Sequence& seq, int64_t row) {
   seq.num_computed = last_position + 1 + accepted;
   memory_.TruncateTail(seq.slot, seq.num_computed);
   p_.metrics->CountSpecStep(drafted, accepted);
+  spec.verified_drafted = drafted;  // what the speculator's gate weighs at the next step
+  spec.verified_accepted = accepted;
   spec.draft.clear();
   for (size_t i = 0; i < verified_tokens_.size() && !seq.finished; ++i) {
     AppendToken(seq, verified_tokens_[i], verified_logits_[i]);

@@ -68,6 +68,23 @@ TEST(SpecCliTest, BenchSpecReportsEveryWorkloadWithIdenticalTokens) {
   EXPECT_EQ(j["step_ms"][0]["rows"].get<int>(), 1);
 }
 
+// --spec takes a list: each mode is compared with the same plain runs; a mode it does not know
+// is refused by name.
+TEST(SpecCliTest, BenchSpecComparesEachModeOfAList) {
+  const std::string bench = "bench spec -m " + testing::Stories260KPath() +
+                            " -t 1 -n 16 --runs 1 -r 1 --depth 16 -o json --spec ";
+  CommandResult r = RunKvl(bench + "ngram,auto", false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j["workloads"].size(), 8u);
+  EXPECT_EQ(j["workloads"][0]["drafter"], "ngram");
+  EXPECT_EQ(j["workloads"][1]["drafter"], "auto");
+  EXPECT_EQ(j["workloads"][0]["plain_tok_s"], j["workloads"][1]["plain_tok_s"]);
+  CommandResult bad = RunKvl(bench + "ngram,magic", true);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("'magic'"), std::string::npos) << bad.output;
+}
+
 TEST(SpecCliTest, BenchSpecAddsTheDraftModelsRows) {
   CommandResult r = RunKvl("bench spec -m " + testing::Stories260KPath() + " -md " +
                                testing::Stories260KPath() +
@@ -75,7 +92,7 @@ TEST(SpecCliTest, BenchSpecAddsTheDraftModelsRows) {
                            false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = nlohmann::json::parse(r.output);
-  ASSERT_EQ(j["workloads"].size(), 8u);  // four workloads, ngram and draft
+  ASSERT_EQ(j["workloads"].size(), 8u);  // four workloads, auto (the default) and draft
   int draft_rows = 0;
   for (const auto& w : j["workloads"]) {
     EXPECT_TRUE(w["identical_tokens"].get<bool>()) << w["name"] << " " << w["drafter"];

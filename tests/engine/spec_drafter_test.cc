@@ -28,6 +28,31 @@ TEST(NgramDrafterTest, DraftsWhatFollowedTheLatestLongestMatch) {
   EXPECT_TRUE(draft.empty());
 }
 
+// A match whose continuation reaches the context's end is a loop: the draft goes round it as
+// long as asked (a small model repeating its sentence), not only to the context's end.
+TEST(NgramDrafterTest, DraftsALoopAsLongAsAsked) {
+  NgramDrafter d;
+  std::vector<int32_t> draft;
+  const std::vector<int32_t> context = {9, 1, 2, 3, 4, 1, 2, 3};
+  d.Draft(context, 7, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{4, 1, 2, 3, 4, 1, 2}));
+  EXPECT_EQ(d.last_kind(), 3);
+  // A period of one token.
+  d.Draft(std::vector<int32_t>{5, 7, 7, 7}, 4, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{7, 7, 7, 7}));
+}
+
+TEST(SpecModeTest, AutoIsAModeAndABadNameIsRefused) {
+  const StatusOr<SpecMode> mode = ParseSpecMode("auto");
+  ASSERT_TRUE(mode.ok());
+  EXPECT_EQ(*mode, SpecMode::kAuto);
+  EXPECT_EQ(SpecModeName(SpecMode::kAuto), "auto");
+  const StatusOr<SpecMode> bad = ParseSpecMode("always");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("auto"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("'always'"), std::string::npos);
+}
+
 TEST(SuffixDrafterTest, DraftsFromRecentRequestsAndStopsAtTheirEnd) {
   SuffixDrafter d(1000);
   std::vector<int32_t> draft;

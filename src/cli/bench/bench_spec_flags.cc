@@ -10,8 +10,17 @@ CommandFlags DeclareBenchSpecFlags(CLI::App* bench, BenchSpecArgs* bsp) {
               "tok/s on workloads that repeat their input and on prose; the verify step's cost");
   cmd->add_option("-m,--model", bsp->model_path, "GGUF model file")->required();
   cmd->add_option("-t,--threads", bsp->num_threads, "threads; 0 = every core");
-  cmd->add_option("--spec", bsp->spec, "drafter: ngram | suffix")
-      ->check(CLI::IsMember({"ngram", "suffix"}))
+  cmd->add_option("--spec", bsp->spec,
+                  "drafter: auto | ngram | suffix, or several, comma-separated (each compared "
+                  "with plain decoding in the same runs)")
+      ->check([](const std::string& list) -> std::string {
+        for (const std::string& mode : SpecModesOf(list)) {
+          if (mode != "auto" && mode != "ngram" && mode != "suffix") {
+            return "--spec takes auto, ngram or suffix (comma-separated), got '" + mode + "'";
+          }
+        }
+        return "";
+      })
       ->capture_default_str();
   cmd->add_option("--model-draft", bsp->draft_model,
                   "draft model (-md): its rows (--spec draft) beside the drafter's");

@@ -134,6 +134,16 @@ double StepMs(Forward& forward, KvCache& cache, int64_t depth, int64_t rows, int
 
 }  // namespace
 
+std::vector<std::string> SpecModesOf(const std::string& list) {
+  std::vector<std::string> modes;
+  for (size_t from = 0; from <= list.size();) {
+    const size_t comma = std::min(list.find(',', from), list.size());
+    modes.push_back(list.substr(from, comma - from));
+    from = comma + 1;
+  }
+  return modes;
+}
+
 int BenchSpecCommand(const BenchSpecArgs& args) {
   auto fail = [](const Status& s) {
     fmt::print(stderr, "kvl bench spec: {}\n", s.ToString());
@@ -146,9 +156,13 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
   base.context_length = args.context_length;
   base.draft_max = args.draft_max;
   base.calibrate = false;  // KV prices play no part here
-  // The speculative configurations, each compared with plain decoding.
-  std::vector<EngineOptions> specs(1, base);
-  specs[0].spec = args.spec;
+  // The speculative configurations, each compared with plain decoding (--spec: one mode or a
+  // comma-separated list, run in turn in the same conditions).
+  std::vector<EngineOptions> specs;
+  for (const std::string& mode : SpecModesOf(args.spec)) {
+    specs.push_back(base);
+    specs.back().spec = mode;
+  }
   if (!args.draft_model.empty()) {
     specs.push_back(base);
     specs.back().spec = "draft";
