@@ -249,7 +249,13 @@ TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
   if (!browser.skip.empty()) GTEST_SKIP() << browser.skip;
   ServerProcess server({"--kv-budget", "256KiB", "--kv-tier", "ram:16MiB"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
-  const std::string images = std::string(KVL_SOURCE_DIR) + "/docs/images";
+  // The screenshots go to a temp dir: a test run never rewrites the tree. KVL_SCREENSHOTS_DIR
+  // (say, docs/images) keeps them where the docs show them.
+  const char* wanted = std::getenv("KVL_SCREENSHOTS_DIR");
+  const std::string images = wanted != nullptr && *wanted != '\0'
+                                 ? std::string(wanted)
+                                 : ::testing::TempDir() + "kvl-webui-screenshots-" +
+                                       std::to_string(::getpid());
   std::filesystem::create_directories(images);
   const json r =
       RunPage(browser, server, "chat", "--max-tokens 200 --screenshots '" + images + "'");
