@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kvl/engine.h"
+#include "kvl/kv_trace.h"
 #include "kvl/model.h"
 #include "kvl/tokenizer.h"
 
@@ -160,6 +161,7 @@ int main(int argc, char** argv) {
   o.kv_policy = args.kv_policy;
   o.kv_tiers = args.kv_tiers;
   o.kv_trace_path = args.trace_path;
+  o.kv_trace_opener = kvl::OpenKvTraceFile;
   o.profile_path = args.profile_path;
   o.kv_promote_back = args.kv_promote_back;
   // The budget in pages of this model: one page is 16 tokens of every layer's K and V (f32).

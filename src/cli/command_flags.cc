@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "kvl/engine.h"
+#include "kvl/kv_trace.h"  // OpenKvTraceFile
 
 namespace kvl::cli {
 
@@ -196,6 +197,8 @@ StatusOr<EngineOptions> EngineOptionsFor(EngineOptions options, int32_t parallel
   if (!kv_budget.empty()) {
     KVL_ASSIGN_OR_RETURN(options.kv_budget_bytes, ParsePositiveBytes(kv_budget, "--kv-budget"));
   }
+  // --kv-trace: the CLI links the trace library, the engine does not.
+  if (!options.kv_trace_path.empty()) options.kv_trace_opener = OpenKvTraceFile;
   KVL_RETURN_IF_ERROR(ValidateEngineOptions(options));
   return options;
 }

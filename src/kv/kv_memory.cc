@@ -367,6 +367,11 @@ void KvMemory::CreateStore(const PageCostProfile& prices, KvPriceSource* source)
 // prices misses as the engine would.
 Status KvMemory::OpenTrace() {
   if (options_.trace_path.empty()) return Status::Ok();
+  if (!options_.trace_opener) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-trace {}: this program records no traces (it was given no trace recorder)",
+        options_.trace_path));
+  }
   const KvPagingRules& r = rules();
   KvTraceHeader header;
   header.block_tokens = r.block_tokens;
@@ -382,7 +387,7 @@ Status KvMemory::OpenTrace() {
     header.price_ms[static_cast<size_t>(a)] =
         available ? d.costs[static_cast<size_t>(a)].bring_back_ms : -1.0;
   }
-  KVL_ASSIGN_OR_RETURN(trace_, KvTraceWriter::Open(options_.trace_path, header));
+  KVL_ASSIGN_OR_RETURN(trace_, options_.trace_opener(options_.trace_path, header));
   return Status::Ok();
 }
 

@@ -35,6 +35,7 @@ EngineOptions PressureOptions(const std::string& trace_path) {
   o.kv_policy = "demote";
   o.kv_tiers = {"ram:64MiB"};
   o.kv_trace_path = trace_path;
+  o.kv_trace_opener = OpenKvTraceFile;
   // Without the prefix cache there is no KV store: demoted pages are promoted back into the pool
   // at resume (with it, the RAM tier's pages are read in place and never come back).
   o.prefix_cache = false;
@@ -62,6 +63,19 @@ void ExpectSane(const KvPredictionError& e, const std::string& what) {
   EXPECT_GE(e.median_pct, 0) << what;
   EXPECT_LE(e.median_pct, e.p90_pct) << what;
   EXPECT_GT(e.median_ratio, 0) << what;
+}
+
+// The runtime writes no trace of its own (the trace library is not part of it): a path with no
+// recorder to open it is refused at creation, naming the flag, rather than silently ignored.
+TEST(KvPredictionsTest, ATracePathWithNoRecorderIsRefused) {
+  const std::string trace_path =
+      ::testing::TempDir() + "/kvl-no-recorder-" + std::to_string(getpid()) + ".trace";
+  EngineOptions o = PressureOptions(trace_path);
+  o.kv_trace_opener = nullptr;
+  StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("--kv-trace"), std::string::npos) << e.status().ToString();
+  EXPECT_NE(access(trace_path.c_str(), F_OK), 0);  // no file was created
 }
 
 TEST(KvPredictionsTest, RestoredPagesReportTheirPredictionErrorAndTheTraceAgrees) {

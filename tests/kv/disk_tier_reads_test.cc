@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "kv/disk_read_queue.h"
-#include "kv/disk_tier.h"
+#include "kv/tiers/disk_read_queue.h"
+#include "kv/tiers/disk_tier.h"
 #include "kvl/kv_tier.h"
 #include "tier_test_util.h"
 

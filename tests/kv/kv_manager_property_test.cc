@@ -13,7 +13,7 @@
 #include <set>
 #include <vector>
 
-#include "kv/block_hash.h"
+#include "kv/pool/block_hash.h"
 #include "kv_test_util.h"
 #include "kvl/kv_manager.h"
 

@@ -11,8 +11,8 @@
 #include <numeric>
 #include <vector>
 
-#include "kv/kv_layer_streamer.h"
-#include "kv/kv_tier_mover.h"
+#include "kv/lattice/kv_layer_streamer.h"
+#include "kv/lattice/kv_tier_mover.h"
 #include "kvl/kv_page_table.h"
 #include "kvl/kv_tier.h"
 #include "tier_test_util.h"

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "kv/disk_tier.h"
+#include "kv/tiers/disk_tier.h"
 #include "tier_test_util.h"
 
 namespace kvl {

@@ -1,7 +1,7 @@
 // PrefixIndex (the open-addressing block-hash table) against std::unordered_map under random
 // inserts and erases, with hashes drawn from a small set so probe chains overlap and wrap around
 // the end of the table, which is where backward-shift deletion can go wrong.
-#include "kv/prefix_index.h"
+#include "kv/pool/prefix_index.h"
 
 #include <gtest/gtest.h>
 

@@ -92,6 +92,9 @@ struct EngineOptions {
   // --kv-trace: a page-access trace written here (kvl/kv_trace.h), replayed offline by
   // `kvl bench replay`; empty: none (the step loop only tests a null pointer).
   std::string kv_trace_path;
+  // What records it: the trace library's OpenKvTraceFile (kvl/kv_trace.h), which only programs
+  // that link kvl_kv_trace can give (the CLI does for --kv-trace); none with a path is an error.
+  KvTraceOpener kv_trace_opener;
   int64_t kv_sink_tokens = 4;         // first tokens never acted on (attention sinks)
   int64_t kv_recent_tokens = 64;      // newest tokens kept resident at full precision
   // The fraction of kv_budget_bytes set aside for staging pages of running sequences that live in

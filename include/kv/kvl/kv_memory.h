@@ -1,7 +1,7 @@
 // The one door to the KV layer: the pool, its storage, the tiers, the KV store, the page-fate
 // table (KvPager), the planner that decides under pressure, the measured corrections of its
-// prices and the --kv-trace file, created together from the engine's KV options and the machine's
-// prices, and every decision about them that used to sit in the engine: how the budget splits
+// prices and the --kv-trace recorder, created together from the engine's KV options and the
+// machine's prices, and every decision about them that used to sit in the engine: how the budget splits
 // between the pool and the pages staged outside it, how far apart residual checkpoints are, when
 // `auto` gives checkpoints up for a small budget, which tiers are durable, how a Redis tier is
 // priced when it cannot be measured, and which pages a prompt takes from the KV store rather than
@@ -28,7 +28,7 @@
 #include "kvl/kv_price_feedback.h"
 #include "kvl/kv_store.h"
 #include "kvl/kv_tier.h"
-#include "kvl/kv_trace.h"
+#include "kvl/kv_trace_recorder.h"
 #include "kvl/kv_window_release.h"
 #include "kvl/status.h"
 
@@ -79,6 +79,8 @@ struct KvMemoryOptions {
   bool feedback = true;  // correct bring-back prices by measured times (--kv-feedback)
   bool explain = false;
   std::string trace_path;  // --kv-trace; empty: none
+  // What opens the trace's recorder (the trace library's OpenKvTraceFile); needed with a path.
+  KvTraceOpener trace_opener;
 };
 
 // The default KV budget when none is given: every sequence's context, up to this.
@@ -375,7 +377,7 @@ class KvMemory {
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<KvPressurePlanner> planner_;
   BringBackFeedback feedback_{kNumFeedbackKeys};
-  std::unique_ptr<KvTraceWriter> trace_;
+  std::unique_ptr<KvTraceRecorder> trace_;
 
   std::vector<KvContentId> content_ids_;  // FindInStore's, reused
   std::vector<KvTier*> found_in_;

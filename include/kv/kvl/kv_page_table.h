@@ -6,7 +6,7 @@
 // The record of a sequence's pages (KvSequencePages) is owned by the request, so it outlives a
 // preemption; the table binds it to a pool slot while the sequence is admitted. Nothing in a page
 // record lasts only one step: what a step stages for attention (its place in the stream buffers,
-// a read that failed) is the layer streamer's (src/kv/kv_layer_streamer.h).
+// a read that failed) is the layer streamer's (src/kv/lattice/kv_layer_streamer.h).
 //
 // Thread-safety: owned by the step loop; the forward's threads read it between BeginLayer calls.
 #pragma once

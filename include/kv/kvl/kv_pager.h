@@ -31,9 +31,9 @@
 // The pager decides no fate (the planner does) and is the only code that changes one; the work
 // is split by job among the parts it owns and wires:
 //   - the page table (kvl/kv_page_table.h): each page's fate and lasting state, bound per slot;
-//   - the tier mover (src/kv/kv_tier_mover.h): whole pages between their blocks and the tiers,
+//   - the tier mover (src/kv/lattice/kv_tier_mover.h): whole pages between their blocks and the tiers,
 //     and write-through to the KV store;
-//   - the layer streamer (src/kv/kv_layer_streamer.h): a step's staging and prefetch of pages
+//   - the layer streamer (src/kv/lattice/kv_layer_streamer.h): a step's staging and prefetch of pages
 //     outside the pool, layer by layer, and the rebuilds from checkpoints;
 //   - the access tracker (kvl/kv_access_tracker.h): the attention mass each position got, which
 //     the planner reads as a page's heat.

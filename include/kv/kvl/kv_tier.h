@@ -159,7 +159,7 @@ class DiskKvTier : public KvTier {
 // The file is a header (magic, format version, identity, page size) and fixed slots of
 // round_up(64-byte record + page_bytes, 4096) bytes; each slot's record names its key and
 // carries checksums, so the index is rebuilt at open by reading the records (layout in
-// src/kv/disk_tier.h). stats() counts whole slots in bytes_used and capacity_bytes (the header is
+// src/kv/tiers/disk_tier.h). stats() counts whole slots in bytes_used and capacity_bytes (the header is
 // outside the capacity), pwritev calls in write_ops and read requests (a run of consecutive slots
 // each, whether issued by preadv or through io_uring) in read_ops. name() is "disk",
 // "disk:direct", or "disk:buffered (O_DIRECT refused: ...)" when the filesystem refuses O_DIRECT.

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "block_hash.h"
+#include "pool/block_hash.h"
 
 namespace kvl {
 namespace {

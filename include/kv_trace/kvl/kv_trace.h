@@ -1,4 +1,5 @@
-// A page-access trace of the KV pool. The engine writes one with --kv-trace FILE (KvTraceWriter):
+// A page-access trace of the KV pool. The engine writes one with --kv-trace FILE (KvTraceWriter,
+// KvMemory's recorder: kvl/kv_trace_recorder.h; this library is not part of the runtime):
 // for every step, the pages attention read, the pages that left the pool and by which action, and
 // the pages that came back. `kvl bench replay` reads it (ReadKvTrace) and replays it offline, with
 // no model, against eviction policies (kvl/kv_trace_replay.h).
@@ -50,28 +51,14 @@
 
 #include "kvl/kv_manager.h"
 #include "kvl/kv_policy.h"
+#include "kvl/kv_trace_recorder.h"
 #include "kvl/status.h"
 
 namespace kvl {
 
-// What an L or B line names: a KvAction, or a cached block reused for new contents.
-inline constexpr int kKvTracePoolReuse = kNumKvActions;
+// The names of what an L or B line names (a KvAction, or kKvTracePoolReuse) and of its cause.
 std::string_view KvTraceActionName(int action);
-
-enum class KvTraceCause : uint8_t { kRelief, kPreempt, kReuse };
 std::string_view KvTraceCauseName(KvTraceCause cause);
-
-struct KvTraceHeader {
-  int64_t block_tokens = 16;
-  int64_t pool_blocks = 0;  // the engine's pool, in pages
-  int64_t sink_tokens = 4;
-  int64_t recent_tokens = 64;
-  // The cost model's bring-back time of one page per action (ms); < 0: not available there.
-  std::array<double, kNumKvActions> price_ms{};
-
-  KvTraceHeader() { price_ms.fill(-1); }
-  bool operator==(const KvTraceHeader&) const = default;
-};
 
 struct KvTraceEvent {
   enum class Kind : uint8_t { kStep, kPage, kRead, kLeave, kBack };
@@ -98,32 +85,29 @@ struct KvTrace {
   int64_t num_pages = 0;  // page ids are 0 .. num_pages-1
 };
 
-// Writes a trace as the engine runs. Page ids are given on first sight of a (request, block),
-// shared by every block of the same content id. Write errors are kept and reported by Close.
-class KvTraceWriter {
+// Writes a trace as the engine runs (KvMemory's recorder). Page ids are given on first sight of
+// a (request, block), shared by every block of the same content id; pages not seen before are
+// named first. Write errors are kept and reported by Close.
+class KvTraceWriter final : public KvTraceRecorder {
  public:
   static StatusOr<std::unique_ptr<KvTraceWriter>> Open(const std::string& path,
                                                        const KvTraceHeader& header);
-  ~KvTraceWriter();
+  ~KvTraceWriter() override;
   KvTraceWriter(const KvTraceWriter&) = delete;
   KvTraceWriter& operator=(const KvTraceWriter&) = delete;
 
-  void Step();  // the next step begins
-  // Attention read blocks [0, contents.size()) of `request`; contents[b] is block b's content id
-  // ({} for none); blocks from `computed_from` on were computed in this step; `outside` and
-  // `evicted` list the blocks read from outside the pool and those that were gone (ascending);
-  // `steps_left` is the most steps the request may still take after this one (-1: unknown).
-  // Pages not seen before are named first.
+  // KvTraceRecorder.
+  void Step() override;
   void Read(int64_t request, std::span<const KvContentId> contents, int64_t computed_from,
             std::span<const int64_t> outside = {}, std::span<const int64_t> evicted = {},
-            int64_t steps_left = -1);
-  // A page of a request left the pool (a page never read is not traced).
-  void Leave(int64_t request, int64_t block, int action, KvTraceCause cause, double predicted_ms);
-  // A cached pool block with this content was given new contents.
-  void LeaveReused(KvContentId content);
-  void Back(int64_t request, int64_t block, int action, double predicted_ms, double measured_ms);
+            int64_t steps_left = -1) override;
+  void Leave(int64_t request, int64_t block, int action, KvTraceCause cause,
+             double predicted_ms) override;
+  void LeaveReused(KvContentId content) override;
+  void Back(int64_t request, int64_t block, int action, double predicted_ms,
+            double measured_ms) override;
   // Flushes and closes the file: the first write error, if any.
-  Status Close();
+  Status Close() override;
 
   int64_t steps() const { return step_; }
 
@@ -141,6 +125,10 @@ class KvTraceWriter {
   std::string line_;
   int error_ = 0;  // errno of the first failed write
 };
+
+// A KvTraceOpener that writes the trace to its file (EngineOptions::kv_trace_opener).
+StatusOr<std::unique_ptr<KvTraceRecorder>> OpenKvTraceFile(const std::string& path,
+                                                           const KvTraceHeader& header);
 
 // Parses a trace; INVALID_ARGUMENT naming the line for anything malformed (a page read before it
 // was named, an unknown action, a count out of range).

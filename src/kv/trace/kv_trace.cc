@@ -133,6 +133,12 @@ StatusOr<std::unique_ptr<KvTraceWriter>> KvTraceWriter::Open(const std::string& 
   return w;
 }
 
+StatusOr<std::unique_ptr<KvTraceRecorder>> OpenKvTraceFile(const std::string& path,
+                                                           const KvTraceHeader& header) {
+  KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTraceWriter> writer, KvTraceWriter::Open(path, header));
+  return std::unique_ptr<KvTraceRecorder>(std::move(writer));
+}
+
 KvTraceWriter::~KvTraceWriter() { (void)Close(); }
 
 void KvTraceWriter::Line(const char* text, size_t n) {
