@@ -15,7 +15,7 @@
 
 #include <unistd.h>
 
-#include "kv/disk_tier.h"
+#include "kv/tiers/disk_tier.h"
 #include "kvl/kv_tier.h"
 
 namespace {
