@@ -64,9 +64,20 @@ SampleSpreadLog::~SampleSpreadLog() { open_spread_log = outer_; }
 
 void SampleSpreadLog::Record(const std::vector<double>& samples) {
   if (open_spread_log == nullptr || samples.size() < 3) return;
-  const auto [fastest, slowest] = std::minmax_element(samples.begin(), samples.end());
-  const double median = Median(samples);
-  if (median > 0) open_spread_log->spreads_.push_back((*slowest - *fastest) / median);
+  open_spread_log->spreads_.push_back(SampleSpread(samples));
+}
+
+namespace {
+thread_local const std::atomic<bool>* open_stop_flag = nullptr;
+}  // namespace
+
+StopScope::StopScope(const std::atomic<bool>* flag) : outer_(open_stop_flag) {
+  open_stop_flag = flag;
+}
+StopScope::~StopScope() { open_stop_flag = outer_; }
+
+bool StopRequested() {
+  return open_stop_flag != nullptr && open_stop_flag->load(std::memory_order_relaxed);
 }
 
 double SampleSpreadLog::MedianSpread() const {
@@ -367,6 +378,13 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   // (MeasuredUnderLoad judges the two).
   const std::optional<CpuTicks> ticks_at_start = ReadCpuTicks();
   calibration_internal::SampleSpreadLog spreads;
+  const calibration_internal::StopScope stop_scope(o.stop);
+  // Checked between stages: a stopped calibration returns what nobody will read no sooner.
+  auto stopped = [] {
+    return calibration_internal::StopRequested()
+               ? CancelledError("calibration stopped before it finished")
+               : Status::Ok();
+  };
 
   // A context of its own on the caller's pool: its scratch holds the 128-token batches measured
   // here, and the caller's stays sized for the caller's batches.
@@ -375,6 +393,7 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
               std::max({c.dim, c.q_dim(), c.ffn_dim}));
 
   p.matmul = MeasureMatmul(model, ctx, o, progress);
+  KVL_RETURN_IF_ERROR(stopped());
 
   KVL_ASSIGN_OR_RETURN(const calibration_internal::RecomputeCurves recompute,
                        calibration_internal::MeasureRecomputeCurves(model, pool, ctx, o, p.matmul,
@@ -384,12 +403,14 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   // Whole forward runs, not the matmuls alone: a decode step also pays attention, norms and the
   // step's fixed costs for its one token, which is what recompute can hide behind.
   p.decode_idle = recompute.decode_idle;
+  KVL_RETURN_IF_ERROR(stopped());
 
   const auto [read_gbps, copy_gbps] = MeasureMemory(pool, o, progress);
   p.memory_bytes = static_cast<int64_t>(static_cast<size_t>(o.memory_bytes) / sizeof(uint64_t) *
                                         sizeof(uint64_t));
   p.memory_read_gbps = read_gbps;
   p.memory_copy_gbps = copy_gbps;
+  KVL_RETURN_IF_ERROR(stopped());
 
   StageProgress disk_stage(progress, "disk", o.disk_repetitions + 1);
   calibration_internal::DiskTestOptions disk_options;
@@ -408,6 +429,7 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   p.disk_random_read_direct = disk.random_read_direct;
   p.disk_random_read_median_us = disk.random_read_median_us;
   p.disk_random_read_p99_us = disk.random_read_p99_us;
+  KVL_RETURN_IF_ERROR(stopped());
 
   StageProgress tier_stage(progress, "tiers", calibration_internal::TierStageSteps(o, model));
   KVL_ASSIGN_OR_RETURN(const calibration_internal::TierMeasurement tiers,
@@ -418,10 +440,12 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
   p.disk_buffered = tiers.disk_buffered;
   p.disk_direct_measured = tiers.direct_refused.empty();
   p.disk_direct = p.disk_direct_measured ? tiers.disk_direct : tiers.disk_buffered;
+  KVL_RETURN_IF_ERROR(stopped());
 
   StageProgress compress_stage(progress, "compress", calibration_internal::CompressStageSteps(o));
   std::tie(p.compress_int8, p.compress_int4) = calibration_internal::MeasureCompress(model, o, compress_stage);
   compress_stage.Finish();
+  KVL_RETURN_IF_ERROR(stopped());
 
   // The KLD needs the caller's tokens of the built-in text; without them it stays a named default.
   const int64_t quality_tokens = QualityTokens(model, o, p.matmul.back());
@@ -441,6 +465,7 @@ StatusOr<MachineProfile> Calibrate(const Model& model, ops::OpsContext& model_ct
     p.kld_tokens = quality_tokens;
     quality_stage.Finish();
   }
+  KVL_RETURN_IF_ERROR(stopped());
   const std::optional<CpuTicks> ticks_at_end = ReadCpuTicks();
   if (ticks_at_start && ticks_at_end) p.others_cpu_share = OthersCpuShare(*ticks_at_start, *ticks_at_end);
   p.sample_spread = spreads.MedianSpread();

@@ -188,6 +188,18 @@ std::string ExplainProfile(const MachineProfile& p) {
   line("recency / frequency", "per page",
        "observed: the pager's access history (steps since attention last gave the page weight, "
        "steps that read it)");
+  if (!p.measured_because.empty()) line("measured because", p.measured_because, "a run's reason");
+  std::string corrections;
+  for (const PriceCorrection& c : p.corrections) {
+    corrections += fmt::format("{}{} {:.2f}x ({} events)", corrections.empty() ? "" : ", ", c.key,
+                               c.scale, c.events);
+  }
+  line("bring-back corrections", corrections.empty() ? std::string("none yet") : corrections,
+       "observed: measured / predicted of the pages earlier runs brought back, written back by "
+       "the engine (kvl/profile_corrections.h); a run starts from them");
+  if (!p.remeasure_reason.empty()) {
+    line("measured again next start", p.remeasure_reason, "a run found this profile off");
+  }
   return out;
 }
 

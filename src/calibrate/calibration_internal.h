@@ -3,6 +3,7 @@
 // src/calibrate; the public interface is kvl/calibration.h and kvl/cost_profile.h.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kvl/calibration.h"
+#include "kvl/machine_load.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/status.h"
@@ -81,18 +83,40 @@ class SampleSpreadLog {
   SampleSpreadLog* outer_;
 };
 
+// CalibrateOptions::stop, seen by the timing helpers of the calibrating thread while a scope is
+// open (Calibrate opens one for its run): once the flag is set, MedianSecondsPerCall times nothing
+// more, and Calibrate returns CANCELLED at its next stage.
+class StopScope {
+ public:
+  explicit StopScope(const std::atomic<bool>* flag);
+  ~StopScope();
+  StopScope(const StopScope&) = delete;
+  StopScope& operator=(const StopScope&) = delete;
+
+ private:
+  const std::atomic<bool>* outer_;
+};
+// Whether the open scope's flag is set (false with none open).
+bool StopRequested();
+
 // Runs fn once as a warm-up, then `repetitions` samples, each calling fn until at least
-// min_sample_seconds have passed, and returns the median seconds per call. Samples are bounded by
-// time rather than by a call count fixed up front: on a busy machine one call's time swings
-// widely, and a count sized from a lucky fast call could run for seconds. Steps `progress` once
-// per sample.
+// min_sample_seconds have passed, and returns the seconds per call the samples stand for
+// (QuietSeconds: their median, or where they spread past kBusySampleSpread, the median of the
+// fastest half). Samples are bounded by time rather than by a call count fixed up front: on a
+// busy machine one call's time swings widely, and a count sized from a lucky fast call could run
+// for seconds. A measurement whose samples spread past kBusySampleSpread takes `repetitions`
+// samples more, once, so that the fastest half has more chances to be quiet ones. Steps
+// `progress` once per first-round sample. Once StopRequested, nothing more is timed and the
+// result means nothing (the caller discards the calibration).
 template <typename Fn>
 double MedianSecondsPerCall(int repetitions, double min_sample_seconds, StageProgress& progress,
                             Fn&& fn) {
+  constexpr double kStoppedSeconds = 1e-3;  // any positive time: a stopped result is discarded
+  if (StopRequested()) return kStoppedSeconds;
   fn();
   std::vector<double> samples;
-  samples.reserve(static_cast<size_t>(repetitions));
-  for (int r = 0; r < repetitions; ++r) {
+  samples.reserve(2 * static_cast<size_t>(repetitions));
+  auto take_sample = [&] {
     const double t0 = NowSeconds();
     double elapsed = 0;
     int64_t calls = 0;
@@ -102,10 +126,17 @@ double MedianSecondsPerCall(int repetitions, double min_sample_seconds, StagePro
       elapsed = NowSeconds() - t0;
     } while (elapsed < min_sample_seconds);
     samples.push_back(elapsed / static_cast<double>(calls));
+  };
+  for (int r = 0; r < repetitions && !StopRequested(); ++r) {
+    take_sample();
     progress.Step();
   }
+  if (SampleSpread(samples) > kBusySampleSpread) {
+    for (int r = 0; r < repetitions && !StopRequested(); ++r) take_sample();
+  }
+  if (samples.empty()) return kStoppedSeconds;
   SampleSpreadLog::Record(samples);
-  return Median(std::move(samples));
+  return QuietSeconds(std::move(samples), kBusySampleSpread);
 }
 
 struct DiskMeasurement {

@@ -69,7 +69,10 @@ Json ToJson(const MachineProfile& p) {
                   {"cache_bytes", p.cache_bytes},
                   {"load_average", p.load_average},
                   {"others_cpu_share", p.others_cpu_share},
-                  {"sample_spread", p.sample_spread}};
+                  {"sample_spread", p.sample_spread},
+                  // Derived from the two above (MeasuredUnderLoad), for the reader; not read back.
+                  {"measured_busy", MeasuredUnderLoad(p)}};
+  if (!p.measured_because.empty()) j["measured_because"] = p.measured_because;
   const CalibrationModel& m = p.model;
   j["model"] = {
       {"name", m.name},
@@ -124,6 +127,15 @@ Json ToJson(const MachineProfile& p) {
   j["compress"] = {{"int8", ToJson(p.compress_int8)}, {"int4", ToJson(p.compress_int4)}};
   j["quality"] = {
       {"kld_tokens", p.kld_tokens}, {"int8_kld", p.int8_kld}, {"int4_kld", p.int4_kld}};
+  // What the engine wrote back (kvl/profile_corrections.h), only once it has.
+  if (!p.corrections.empty()) {
+    Json corrections = Json::array();
+    for (const PriceCorrection& c : p.corrections) {
+      corrections.push_back({{"key", c.key}, {"scale", c.scale}, {"events", c.events}});
+    }
+    j["corrections"] = std::move(corrections);
+  }
+  if (!p.remeasure_reason.empty()) j["remeasure_reason"] = p.remeasure_reason;
   return j;
 }
 
@@ -395,6 +407,27 @@ StatusOr<MachineProfile> FromJson(const std::string& file, const Json& j) {
   KVL_RETURN_IF_ERROR(quality.Int("kld_tokens", 0, &p.kld_tokens));
   KVL_RETURN_IF_ERROR(quality.NonNegative("int8_kld", &p.int8_kld));
   KVL_RETURN_IF_ERROR(quality.NonNegative("int4_kld", &p.int4_kld));
+
+  // Written by later builds of version 5 (absent: none): why it was measured, and what the
+  // engine wrote back.
+  if (top.Has("measured_because"))
+    KVL_RETURN_IF_ERROR(top.String("measured_because", true, &p.measured_because));
+  if (top.Has("corrections")) {
+    KVL_ASSIGN_OR_RETURN(const Json* corrections, top.Field("corrections"));
+    if (!corrections->is_array()) return top.Error("corrections", "must be an array");
+    for (size_t i = 0; i < corrections->size(); ++i) {
+      const std::string key = fmt::format("corrections[{}]", i);
+      if (!(*corrections)[i].is_object()) return top.Error(key, "must be an object");
+      const FieldReader r(file, (*corrections)[i], key);
+      PriceCorrection c;
+      KVL_RETURN_IF_ERROR(r.String("key", false, &c.key));
+      KVL_RETURN_IF_ERROR(r.Positive("scale", &c.scale));
+      KVL_RETURN_IF_ERROR(r.Int("events", 0, &c.events));
+      p.corrections.push_back(std::move(c));
+    }
+  }
+  if (top.Has("remeasure_reason"))
+    KVL_RETURN_IF_ERROR(top.String("remeasure_reason", true, &p.remeasure_reason));
   return p;
 }
 

@@ -194,11 +194,15 @@ int64_t EstimateCalibrationSeconds(const Model& model, const ops::OpsContext& ct
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(seconds)));
 }
 
+std::string ProfilePath(const Model& model, const ops::OpsContext& ctx,
+                        const ProfileOptions& options) {
+  return options.path.empty() ? DefaultProfilePath(ProfileKey(model, ctx)) : options.path;
+}
+
 StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
                                        const ProfileOptions& options) {
   const bool users_path = !options.path.empty() && options.path_from_user;
-  const std::string path =
-      options.path.empty() ? DefaultProfilePath(ProfileKey(model, ctx)) : options.path;
+  const std::string path = ProfilePath(model, ctx, options);
   FILE* out = options.messages;
   // Whether the machine is quiet now, for a profile measured while it was not.
   auto quiet_now = [&]() {
@@ -210,6 +214,7 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
 
   StatusOr<MachineProfile> loaded = LoadProfile(path);
   bool remeasure_busy = false;
+  bool remeasure_drift = false;
   if (loaded.ok()) {
     Status usable = CheckProfileModel(*loaded, model, path);
     const std::string other_machine = ProfileMachineMismatch(*loaded, ctx);
@@ -222,11 +227,15 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
         usable = InvalidArgumentError(fmt::format("profile '{}': {}", path, other_machine));
       }
     }
-    // A profile measured on a busy machine prices everything slow; once the machine is quiet it
-    // is measured again (a user's file is left as given, with a word).
-    remeasure_busy = usable.ok() && MeasuredUnderLoad(*loaded) && !users_path &&
-                     options.calibrate && quiet_now();
-    if (usable.ok() && !remeasure_busy) {
+    // A run found one of its measured corrections drifted past the bound
+    // (kvl/profile_corrections.h) and asked for a new measurement at this start. A profile
+    // measured on a busy machine prices everything slow; once the machine is quiet it is measured
+    // again. A user's file is left as given in both cases, with a word.
+    remeasure_drift = usable.ok() && !loaded->remeasure_reason.empty() && !users_path &&
+                      options.calibrate;
+    remeasure_busy = usable.ok() && !remeasure_drift && MeasuredUnderLoad(*loaded) &&
+                     !users_path && options.calibrate && quiet_now();
+    if (usable.ok() && !remeasure_busy && !remeasure_drift) {
       Say(out, "cost profile {} ({}, {}){}", path, loaded->source, loaded->timestamp,
           DefaultsNote(*loaded));
       if (MeasuredUnderLoad(*loaded)) {
@@ -234,21 +243,29 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
             "for a quiet one; `kvl calibrate -m MODEL{}` measures it again",
             LoadDescription(*loaded), users_path ? " -o " + path : std::string());
       }
+      if (!loaded->remeasure_reason.empty()) {
+        Say(out, "note: a run found this profile off ({}); `kvl calibrate -m MODEL{}` measures "
+            "it again",
+            loaded->remeasure_reason, users_path ? " -o " + path : std::string());
+      }
       SayExplanation(out, *loaded, options.explain);
       return loaded;
     }
-    if (!remeasure_busy) loaded = usable;
+    if (!remeasure_busy && !remeasure_drift) loaded = usable;
   }
+  const bool remeasure = remeasure_busy || remeasure_drift;
   const Status& problem = loaded.status();
-  const bool missing = !remeasure_busy && problem.code() == StatusCode::kNotFound;
-  if (!remeasure_busy && !missing && users_path) {
+  const bool missing = !remeasure && problem.code() == StatusCode::kNotFound;
+  if (!remeasure && !missing && users_path) {
     return Status(problem.code(),
                   fmt::format("{}; the file is left as it is: fix or remove it, or measure this "
                               "machine into it with `kvl calibrate -m MODEL -o {}`",
                               problem.message(), path));
   }
   const std::string why =
-      remeasure_busy
+      remeasure_drift ? fmt::format("cost profile {}: a run found it off ({})", path,
+                                    loaded->remeasure_reason)
+      : remeasure_busy
           ? fmt::format("cost profile {} was measured on a busy machine ({}) and the machine is "
                         "quiet now",
                         path, LoadDescription(*loaded))
@@ -282,13 +299,19 @@ StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,
     return Calibrate(model, ctx, options.calibration, progress);
   };
   KVL_ASSIGN_OR_RETURN(MachineProfile profile,
-                       measure(why, missing ? "" : remeasure_busy ? " again" : " to replace it"));
+                       measure(why, missing ? "" : remeasure ? " again" : " to replace it"));
   // Busy while measuring but quiet now: the load was passing, so once more.
   if (MeasuredUnderLoad(profile) && quiet_now()) {
     KVL_ASSIGN_OR_RETURN(
         profile, measure(fmt::format("the machine was busy while measuring ({}) and is quiet now",
                                      LoadDescription(profile)),
                          " again"));
+  }
+  if (remeasure_drift) {
+    profile.measured_because = loaded->remeasure_reason;
+  } else if (remeasure_busy) {
+    profile.measured_because = fmt::format("busy: the last measurement was on a busy machine ({})",
+                                           LoadDescription(*loaded));
   }
   if (MeasuredUnderLoad(profile)) {
     Say(out, "note: measured on a busy machine ({}): the prices are slow for a quiet one; the "

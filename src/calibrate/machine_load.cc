@@ -8,6 +8,8 @@
 #include <string>
 #include <thread>
 
+#include "kvl/status.h"  // KVL_CHECK
+
 namespace kvl {
 namespace {
 
@@ -83,6 +85,28 @@ double OthersCpuShare(const CpuTicks& before, const CpuTicks& after) {
   const int64_t others =
       (after.machine_busy - before.machine_busy) - (after.own - before.own);
   return std::clamp(static_cast<double>(others) / static_cast<double>(total), 0.0, 1.0);
+}
+
+double SampleSpread(std::span<const double> samples) {
+  if (samples.size() < 3) return 0;
+  const auto [fastest, slowest] = std::minmax_element(samples.begin(), samples.end());
+  std::vector<double> sorted(samples.begin(), samples.end());
+  std::sort(sorted.begin(), sorted.end());
+  const size_t mid = sorted.size() / 2;
+  const double median =
+      sorted.size() % 2 == 1 ? sorted[mid] : 0.5 * (sorted[mid - 1] + sorted[mid]);
+  return median > 0 ? (*slowest - *fastest) / median : 0;
+}
+
+double QuietSeconds(std::vector<double> samples, double busy_spread) {
+  KVL_CHECK(!samples.empty());
+  std::sort(samples.begin(), samples.end());
+  // The fastest half where the samples disagree, every sample where they do not.
+  const size_t kept =
+      SampleSpread(samples) > busy_spread ? std::max<size_t>(1, (samples.size() + 1) / 2)
+                                          : samples.size();
+  const size_t mid = kept / 2;
+  return kept % 2 == 1 ? samples[mid] : 0.5 * (samples[mid - 1] + samples[mid]);
 }
 
 std::optional<double> MeasureOthersCpuShare(double seconds) {

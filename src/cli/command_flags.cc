@@ -65,6 +65,11 @@ void AddKvProfileFlags(CLI::App* cmd, EngineOptions* engine) {
   cmd->add_flag("!--no-calibrate", engine->calibrate,
                 "without a profile, price KV actions with analytic defaults instead of "
                 "measuring this machine (nothing is written)");
+  cmd->add_option("--kv-profile-drift", engine->kv_profile_drift,
+                  "a profile at the default path whose measured correction of some action "
+                  "passes this factor either way is measured again (kvl serve: while idle; "
+                  "else at the next start); 0 = never")
+      ->capture_default_str();
 }
 
 void AddKvReserveFlags(CLI::App* cmd, EngineOptions* engine) {

@@ -12,6 +12,7 @@
 #include "engine_impl.h"
 #include "kvl/cost_profile.h"
 #include "kvl/kv_quality.h"
+#include "kvl/machine_load.h"
 
 namespace kvl {
 namespace {
@@ -76,10 +77,12 @@ Status LoadModel(Engine::Impl& e) {
 
 // The machine's prices for the KV layer (kvl/cost_profile.h): the calibration profile of this
 // model on this machine; without one, a quick calibration on the engine's own model and pool,
-// announced on stderr and saved where it says; with --no-calibrate, analytic defaults.
+// announced on stderr and saved where it says; with --no-calibrate, analytic defaults. Obtained
+// once, at the first decision that needs it, and kept in the engine (e.profile) for the rest,
+// and for ProfileKeeper, which may replace it.
 class EnginePriceSource final : public KvPriceSource {
  public:
-  explicit EnginePriceSource(const Engine::Impl& e) : e_(e) {}
+  explicit EnginePriceSource(Engine::Impl& e) : e_(e) {}
 
   Status PagePrices(const Query& query, PageCostProfile* prices) override {
     PagePriceOptions price_options;
@@ -96,17 +99,24 @@ class EnginePriceSource final : public KvPriceSource {
       FillPagePrices(*e_.options.cost_profile, price_options, prices);
       return Status::Ok();
     }
-    ProfileOptions profile_options;
-    profile_options.path = e_.options.profile_path;
-    profile_options.calibrate = e_.options.calibrate;
-    profile_options.calibration.disk_dir = query.disk_dir;
-    // The page KLDs are measured on the built-in text in this model's tokens.
-    profile_options.calibration.quality_tokens =
-        e_.model.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
-    profile_options.explain = e_.options.explain;
-    KVL_ASSIGN_OR_RETURN(const MachineProfile profile,
-                         ObtainProfile(*e_.model.weights, *e_.model.ops, profile_options));
-    FillPagePrices(profile, price_options, prices);
+    if (!e_.profile) {
+      ProfileOptions profile_options;
+      profile_options.path = e_.options.profile_path;
+      profile_options.calibrate = e_.options.calibrate;
+      profile_options.calibration.disk_dir = query.disk_dir;
+      // The page KLDs are measured on the built-in text in this model's tokens.
+      profile_options.calibration.quality_tokens =
+          e_.model.tokenizer->Encode(kKvQualityText, /*add_bos=*/true);
+      profile_options.explain = e_.options.explain;
+      KVL_ASSIGN_OR_RETURN(e_.profile,
+                           ObtainProfile(*e_.model.weights, *e_.model.ops, profile_options));
+      e_.profile_path = ProfilePath(*e_.model.weights, *e_.model.ops, profile_options);
+      e_.profile_disk_dir = query.disk_dir;
+      // Analytic defaults are never written, so there is nothing to keep.
+      e_.profile_at_default_path = e_.options.profile_path.empty() && e_.options.calibrate &&
+                                   e_.profile->source == kProfileSourceMeasured;
+    }
+    FillPagePrices(*e_.profile, price_options, prices);
     return Status::Ok();
   }
 
@@ -132,8 +142,44 @@ class EnginePriceSource final : public KvPriceSource {
   }
 
  private:
-  const Engine::Impl& e_;
+  Engine::Impl& e_;
 };
+
+// Calibrate on a pool of its own (the engine's keeps serving), as the engine's quick
+// calibration measures: ProfileKeeper's measurement, on its worker thread.
+StatusOr<MachineProfile> MeasureOnOwnPool(const Engine::Impl& e,
+                                          const std::vector<int32_t>& quality_tokens,
+                                          const std::atomic<bool>& stop) {
+  KVL_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> pool,
+                       ThreadPool::Create(e.model.pool->num_threads()));
+  ops::OpsContext ctx(e.model.ops->isa(), pool.get());
+  CalibrateOptions o = QuickCalibrateOptions();
+  o.disk_dir = e.profile_disk_dir;
+  o.quality_tokens = quality_tokens;
+  o.stop = &stop;
+  return Calibrate(*e.model.weights, ctx, o, {});
+}
+
+// The keeper of a profile found or saved at a default path (engine_impl.h).
+void CreateProfileKeeper(Engine::Impl& e) {
+  if (!e.profile || !e.profile_at_default_path) return;
+  ProfileKeeperOptions o;
+  o.path = e.profile_path;
+  o.drift_bound = e.options.kv_profile_drift;
+  ProfileKeeperHooks hooks;
+  KvMemory* memory = e.memory.get();
+  hooks.feedback = memory->corrections();
+  hooks.seed = [memory](size_t key, double scale) { memory->SeedCorrection(key, scale); };
+  hooks.measure = [&e, tokens = e.model.tokenizer->Encode(kKvQualityText, /*add_bos=*/true)](
+                      const std::atomic<bool>& stop) { return MeasureOnOwnPool(e, tokens, stop); };
+  hooks.others_cpu_share = [] { return MeasureOthersCpuShare(0.25); };
+  hooks.apply = [&e](const MachineProfile& profile) {
+    e.profile = profile;
+    return e.memory->Reprice(e.prices.get());
+  };
+  hooks.wake = [&e] { e.inbox.Wake(); };
+  e.keeper = std::make_unique<ProfileKeeper>(std::move(o), std::move(hooks), *e.profile);
+}
 
 // The KV layer, from the engine's options and the model's shape.
 Status CreateKvMemory(Engine::Impl& e) {
@@ -174,8 +220,8 @@ Status CreateKvMemory(Engine::Impl& e) {
   for (int64_t l = 0; l < c.num_layers; ++l) o.window.layer_is_local.push_back(c.IsLocal(l));
   o.window.max_run_tokens = std::min(options.batch_size, e.model.context_length);
   o.window_release = options.kv_window_release;
-  EnginePriceSource prices(e);
-  KVL_ASSIGN_OR_RETURN(e.memory, KvMemory::Create(o, &prices));
+  e.prices = std::make_unique<EnginePriceSource>(e);
+  KVL_ASSIGN_OR_RETURN(e.memory, KvMemory::Create(o, e.prices.get()));
   return Status::Ok();
 }
 
@@ -185,6 +231,7 @@ Engine::Engine() : impl_(std::make_unique<Impl>()) {}
 
 Engine::~Engine() {
   Stop();
+  if (impl_->keeper) impl_->keeper->AtStop();  // the corrections written back
   if (impl_->scheduler) impl_->scheduler->ReleaseParkedSessions();  // the step loop has stopped
   if (impl_->memory) {
     // The one place a failed trace write surfaces: the run itself went on without it.
@@ -201,6 +248,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   KVL_RETURN_IF_ERROR(LoadModel(e));
   KVL_RETURN_IF_ERROR(CreateKvMemory(e));
   KvMemory& kv = *e.memory;
+  CreateProfileKeeper(e);
 
   ForwardOptions fo;
   fo.max_batch_tokens = std::min(options.batch_size, e.model.context_length);
@@ -269,6 +317,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
 
 bool Engine::Impl::StepImpl() {
   inbox.Drain(*scheduler);
+  // A measurement of the machine running while idle would time this work: it stops.
+  if (keeper && !scheduler->idle()) keeper->WorkArrived();
   scheduler->ReleaseFinished();
   memory->NoteStep();
   if (speculator) speculator->Propose(scheduler->running());  // drafts for this step
@@ -286,6 +336,7 @@ bool Engine::Impl::StepImpl() {
                             std::chrono::duration<double, std::milli>(
                                 std::chrono::steady_clock::now() - step_start).count());
   }
+  if (keeper) keeper->AfterStep();
   return has_work || !scheduler->idle();
 }
 
@@ -420,11 +471,18 @@ void Engine::RunUntilIdle() {
 void Engine::Start() {
   Impl& e = *impl_;
   if (e.loop.running.exchange(true)) return;
+  if (e.keeper) e.keeper->EnableIdleMeasuring();  // before the loop's first step
   e.loop.thread = std::thread([&e] {
     while (e.loop.running.load()) {
       if (e.StepImpl()) continue;
-      // Idle: asleep until Submit, Cancel or Stop wakes it (no poll to wait out).
-      e.inbox.Wait();
+      // Idle: asleep until Submit, Cancel or Stop wakes it (no poll to wait out), unless the
+      // profile's keeper has work for an idle moment: then after that long without work.
+      const auto idle_work_in = e.keeper ? e.keeper->IdleWorkIn() : std::nullopt;
+      if (!idle_work_in) {
+        e.inbox.Wait();
+      } else if (!e.inbox.WaitFor(*idle_work_in) && e.loop.running.load()) {
+        e.keeper->AtIdle();
+      }
     }
   });
 }
@@ -440,6 +498,13 @@ EngineMetrics Engine::Metrics() const {
   const Impl& e = *impl_;
   EngineMetrics m;
   m.requests_submitted = e.inbox.requests_submitted();
+  if (e.keeper) {
+    const ProfileKeeper::Counts counts = e.keeper->counts();
+    m.profile_measures_started = counts.started;
+    m.profile_measures_finished = counts.finished;
+    m.profile_measures_abandoned = counts.abandoned;
+    m.profile_measuring = counts.running;
+  }
   e.metrics.Snapshot(&m);
   m.kv_checkpoint_every = e.memory->layout().checkpoint_every;
   const std::vector<KvStoreTierStats> store_stats = e.memory->StoreStats();

@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "inbox.h"
@@ -17,6 +19,7 @@
 #include "kvl/kv_memory.h"
 #include "kvl/thread_pool.h"
 #include "metrics_recorder.h"
+#include "profile_keeper.h"
 #include "request.h"
 #include "scheduler.h"
 #include "spec_draft_model.h"
@@ -45,6 +48,14 @@ struct Engine::Impl {
 
   EngineOptions options;
   EngineModel model;
+  // The cost profile the KV layer prices with, once a decision asked for it (EnginePriceSource),
+  // and where it lives; `profile_at_default_path`: found or saved at a default path, the only
+  // kind ProfileKeeper keeps.
+  std::optional<MachineProfile> profile;
+  std::string profile_path;
+  std::string profile_disk_dir;  // where the disk tier's file lives (calibrated there)
+  bool profile_at_default_path = false;
+  std::unique_ptr<KvPriceSource> prices;
   std::unique_ptr<Forward> forward;
   // KV memory: the pool, its tiers, the store, where each page is, and what decides.
   std::unique_ptr<KvMemory> memory;
@@ -53,6 +64,9 @@ struct Engine::Impl {
   std::unique_ptr<StepRunner> runner;
   std::unique_ptr<Speculator> speculator;  // speculative decoding (issue 26); null: --spec off
   Inbox inbox;                             // requests and cancellations from any thread
+  // Writes the measured corrections back into the profile and measures the machine again when
+  // they drift (null: no profile at a default path). Last: its worker reads the model.
+  std::unique_ptr<ProfileKeeper> keeper;
 
   // The background step loop (Start / Stop).
   struct Loop {

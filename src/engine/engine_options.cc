@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kvl/engine.h"
 #include "spec_drafter.h"
@@ -47,6 +48,12 @@ Status ValidateEngineOptions(const EngineOptions& o) {
     return InvalidArgumentError(fmt::format(
         "--kv-stream-reserve must be a fraction of the KV budget in (0, 1), or 0 for auto, got {}",
         o.kv_stream_reserve));
+  }
+  if (!(o.kv_profile_drift == 0 || (o.kv_profile_drift > 1 && std::isfinite(o.kv_profile_drift)))) {
+    return InvalidArgumentError(fmt::format(
+        "--kv-profile-drift must be a factor above 1 (a correction past it either way has the "
+        "profile measured again), or 0 for never, got {}",
+        o.kv_profile_drift));
   }
   if (o.kv_checkpoint_every < 0 || o.kv_checkpoint_every > kMaxCheckpointEvery) {
     return InvalidArgumentError(fmt::format(

@@ -46,6 +46,14 @@ void Inbox::Wait() {
   woken_ = false;
 }
 
+bool Inbox::WaitFor(std::chrono::duration<double> timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const bool woken = cv_.wait_for(
+      lock, timeout, [this] { return !queue_.empty() || !cancels_.empty() || woken_; });
+  woken_ = false;
+  return woken;
+}
+
 void Inbox::Wake() {
   {
     std::lock_guard<std::mutex> lock(mutex_);

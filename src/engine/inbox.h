@@ -4,6 +4,7 @@
 // Thread-safety: every method may be called from any thread, except Drain (the step loop).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -28,6 +29,8 @@ class Inbox {
   // The step loop, idle: returns once a request or a cancellation is queued or Wake is called
   // (no poll: an idle engine sleeps).
   void Wait();
+  // The same for at most `timeout`: false when it passed with nothing queued and no Wake.
+  bool WaitFor(std::chrono::duration<double> timeout);
   // Ends a Wait at once (the loop is stopping); a Wake before the Wait is kept, so the Wait
   // returns at once and no wake is lost between the loop's check and its wait.
   void Wake();

@@ -309,10 +309,40 @@ Status KvMemory::CreateLattice(KvPriceSource* source) {
                              layout.checkpoint_every)
             .rebuild_ms;
   }
+  priced_ = needs_profile;
+  prices_disk_dir_ = disk_dir;
   pager_->set_track_attention(rules.pages_running_sequences);
   CreateStore(rules.prices, source);
   planner_ = std::make_unique<KvPressurePlanner>(rules, *manager_, *pager_);
   if (options_.feedback) planner_->set_feedback(&feedback_);
+  return Status::Ok();
+}
+
+Status KvMemory::Reprice(KvPriceSource* source) {
+  if (!priced_) return Status::Ok();
+  const KvBlockLayout& layout = storage_->layout();
+  // The bytes and the actions allowed stay; LoadPrices replaces the times.
+  PageCostProfile prices = rules().prices;
+  KVL_RETURN_IF_ERROR(LoadPrices(source, prices_disk_dir_, &prices));
+  prices.recompute_residual_ms =
+      PriceCheckpointDepth(CheckpointPrices(layout, options_.dim, prices), layout.checkpoint_every)
+          .rebuild_ms;
+  planner_->set_prices(prices);
+  if (store_) {
+    // The local tiers as CreateStore prices them; a Redis tier keeps the price measured of it.
+    const double bytes = static_cast<double>(prices.kv_bytes);
+    auto ms = [&](double gbps, double latency_ms) {
+      return latency_ms + (gbps > 0 ? bytes / (gbps * 1e6) : 0.0);
+    };
+    for (size_t i = 0; i < store_->tiers().size(); ++i) {
+      const KvTier* tier = store_->tiers()[i].tier;
+      if (tier == ram_tier_.get()) store_->set_promote_ms(i, ms(prices.ram_gbps, prices.ram_latency_ms));
+      if (tier == disk_tier_.get()) {
+        store_->set_promote_ms(i, ms(prices.disk_read_gbps, prices.disk_latency_ms));
+      }
+    }
+  }
+  feedback_ = BringBackFeedback(kNumFeedbackKeys);
   return Status::Ok();
 }
 

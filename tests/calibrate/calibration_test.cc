@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -251,6 +252,34 @@ TEST(CalibrationTest, ProgressReachesOneForEveryStageInOrder) {
   EXPECT_TRUE(fractions_in_range);
   EXPECT_TRUE(monotone);
   for (const auto& [stage, fraction] : last_fraction) EXPECT_EQ(fraction, 1.0) << stage;
+}
+
+// CalibrateOptions::stop, as an engine measuring while idle sets it when a request arrives: the
+// calibration times nothing more and returns CANCELLED at its next stage, never reaching the
+// stages after it.
+TEST(CalibrationTest, AStopAskedForMidwayEndsItAtTheNextStage) {
+  CalibrateOptions o = TinyCalibrateOptions();
+  std::atomic<bool> stop{false};
+  o.stop = &stop;
+  std::vector<std::string> stages;
+  int steps_after_stop = 0;
+  StatusOr<MachineProfile> p = CalibrateStories(o, [&](std::string_view stage, double fraction) {
+    if (stages.empty() || stages.back() != stage) stages.emplace_back(stage);
+    if (stop.load() && fraction > 0 && fraction < 1) ++steps_after_stop;
+    if (stage == "recompute" && fraction == 0.0) stop.store(true);  // the request arrives
+  });
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kCancelled) << p.status().ToString();
+  EXPECT_EQ(stages, (std::vector<std::string>{"matmul", "recompute"}));
+  EXPECT_EQ(steps_after_stop, 0) << "samples were still timed after the stop";
+
+  // Asked before it starts: it measures nothing.
+  std::vector<std::string> none;
+  StatusOr<MachineProfile> q = CalibrateStories(o, [&](std::string_view stage, double fraction) {
+    if (fraction > 0 && fraction < 1) none.emplace_back(stage);
+  });
+  EXPECT_EQ(q.status().code(), StatusCode::kCancelled);
+  EXPECT_TRUE(none.empty());
 }
 
 TEST(CalibrationTest, MeasuresThePassedModelOnItsPoolAndLeavesItsContextAlone) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "calibration_test_util.h"
+#include "kvl/profile_corrections.h"
 
 // In kvl::testing, beside the shared helpers of calibration_test_util.h.
 namespace kvl::testing {
@@ -367,6 +368,52 @@ TEST(ObtainProfileTest, ABusyProfileIsUsedWithANoteWhileTheMachineIsStillBusy) {
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
   EXPECT_EQ(kept->timestamp, "2020-01-01T00:00:00Z");
   EXPECT_TRUE(Contains(users.Text(), "kvl calibrate -m MODEL -o " + path)) << users.Text();
+}
+
+// A run found a correction drifted past the bound and wrote why into the profile
+// (kvl/profile_corrections.h): the next start at a default path measures it again, saying why.
+TEST(ObtainProfileTest, AProfileARunFoundOffIsMeasuredAgainAtTheNextStart) {
+  const std::string path = FreshDir("drifted") + "/profile.json";
+  MachineProfile drifted = SomeValidProfile();
+  drifted.timestamp = "2020-01-01T00:00:00Z";
+  drifted.corrections = {{"recompute-tokens", 1.9, 20}};
+  const std::string reason = DriftReason({"recompute-tokens", 1.9, 20, 1.5});
+  drifted.remeasure_reason = reason;
+  ASSERT_TRUE(SaveProfile(drifted, path).ok());
+
+  Messages messages;
+  StatusOr<MachineProfile> p = Obtain(AtADefaultPath(path, messages.file(), 0.0));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::string text = messages.Text();
+  EXPECT_TRUE(Contains(text, "cost profile " + path + ": a run found it off (" + reason +
+                                 "): measuring this machine again"))
+      << text;
+  EXPECT_NE(p->timestamp, "2020-01-01T00:00:00Z");
+  // A fresh measurement: no corrections of the old prices, no reason left, and why it was made.
+  EXPECT_TRUE(p->corrections.empty());
+  EXPECT_TRUE(p->remeasure_reason.empty());
+  EXPECT_EQ(p->measured_because, reason);
+  EXPECT_TRUE(MeasuredForDrift(*p));
+  StatusOr<MachineProfile> saved = LoadProfile(path);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(*saved, *p);
+}
+
+TEST(ObtainProfileTest, AUsersProfileARunFoundOffIsUsedWithAWord) {
+  const std::string path = FreshDir("drifted-users") + "/profile.json";
+  MachineProfile drifted = SomeValidProfile();
+  drifted.timestamp = "2020-01-01T00:00:00Z";
+  drifted.remeasure_reason = "drift: something";
+  ASSERT_TRUE(SaveProfile(drifted, path).ok());
+  Messages messages;
+  StatusOr<MachineProfile> p = Obtain(Options(path, messages.file()));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->timestamp, "2020-01-01T00:00:00Z");
+  const std::string text = messages.Text();
+  EXPECT_TRUE(Contains(text, "note: a run found this profile off (drift: something); `kvl "
+                             "calibrate -m MODEL -o " + path + "` measures it again"))
+      << text;
+  EXPECT_FALSE(Contains(text, "measuring")) << text;
 }
 
 TEST(ObtainProfileTest, AProfileWithoutLoadFieldsReadsAsQuiet) {

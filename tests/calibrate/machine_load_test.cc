@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "kvl/calibration.h"  // kBusySampleSpread
+
 namespace kvl {
 namespace {
 
@@ -97,6 +99,45 @@ TEST(MachineLoadTest, BusyProcessesAreOthersAndOwnTimeIsOwn) {
   const int64_t own_ticks = after->own - before->own;
   EXPECT_GE(own_ticks, 20);
   EXPECT_LE(own_ticks, after->machine_busy - before->machine_busy + 2);
+}
+
+// Busy detection on the samples alone: timings a few percent apart are a quiet machine's; some
+// samples twice as slow as the rest are others taking the cores during them.
+TEST(SampleSpreadTest, SteadySamplesAreNotFlaggedAndGiveTheirMedian) {
+  const std::vector<double> steady = {1.00, 1.02, 0.99, 1.01, 1.03};
+  EXPECT_NEAR(SampleSpread(steady), (1.03 - 0.99) / 1.01, 1e-12);
+  EXPECT_LE(SampleSpread(steady), kBusySampleSpread);
+  EXPECT_DOUBLE_EQ(QuietSeconds(steady, kBusySampleSpread), 1.01);
+}
+
+TEST(SampleSpreadTest, DisturbedSamplesAreFlaggedAndGiveTheirFastestHalf) {
+  // Three quiet samples near 1.0, three slowed about 2x by a busy loop on the same cores.
+  const std::vector<double> disturbed = {1.0, 2.1, 1.02, 1.9, 0.99, 2.3};
+  const double median = (1.02 + 1.9) / 2;
+  EXPECT_NEAR(SampleSpread(disturbed), (2.3 - 0.99) / median, 1e-12);
+  EXPECT_GT(SampleSpread(disturbed), kBusySampleSpread);
+  // The median would say 1.46; the quiet half says 1.0.
+  EXPECT_DOUBLE_EQ(QuietSeconds(disturbed, kBusySampleSpread), 1.0);
+  // The same samples judged against a looser bound are taken whole.
+  EXPECT_DOUBLE_EQ(QuietSeconds(disturbed, 10.0), median);
+}
+
+TEST(SampleSpreadTest, TooFewSamplesSayNothing) {
+  EXPECT_EQ(SampleSpread(std::vector<double>{1.0, 3.0}), 0);
+  EXPECT_DOUBLE_EQ(QuietSeconds({1.0, 3.0}, kBusySampleSpread), 2.0);
+  EXPECT_DOUBLE_EQ(QuietSeconds({4.0}, kBusySampleSpread), 4.0);
+}
+
+TEST(SampleSpreadTest, AProfileIsBusyByOthersShareOrBySpread) {
+  MachineProfile p;
+  p.others_cpu_share = 0.1;
+  p.sample_spread = 0.2;
+  EXPECT_FALSE(MeasuredUnderLoad(p));
+  p.sample_spread = 0.9;  // the samples disagreed, whoever took the cores
+  EXPECT_TRUE(MeasuredUnderLoad(p));
+  p.sample_spread = 0.2;
+  p.others_cpu_share = 0.6;  // two busy loops on two cores while it measured
+  EXPECT_TRUE(MeasuredUnderLoad(p));
 }
 
 }  // namespace

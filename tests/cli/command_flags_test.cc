@@ -101,6 +101,22 @@ TEST(KvPriceFlagsTest, PricesReachTheEngineAndBadValuesNameTheFlag) {
             std::string::npos);
 }
 
+TEST(KvProfileDriftFlagTest, ReachesTheEngineAndABoundOfOneOrLessIsRefused) {
+  StatusOr<ParsedCommand> defaults = ParseCommandLine({"run", "-m", "m.gguf"});
+  ASSERT_TRUE(defaults.ok()) << defaults.status().message();
+  EXPECT_DOUBLE_EQ(defaults->run.engine.kv_profile_drift, kDefaultProfileDriftBound);
+  StatusOr<ParsedCommand> run = ParseCommandLine({"run", "-m", "m.gguf", "--kv-profile-drift", "2"});
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  EXPECT_DOUBLE_EQ(run->run.engine.kv_profile_drift, 2.0);
+  EXPECT_EQ(ParseError({"run", "-m", "m.gguf", "--kv-profile-drift", "0"}), "");  // never
+  for (const char* bad : {"1", "0.9", "0.5"}) {
+    EXPECT_NE(ParseError({"run", "-m", "m.gguf", "--kv-profile-drift", bad})
+                  .find("--kv-profile-drift must be a factor above 1"),
+              std::string::npos)
+        << bad;
+  }
+}
+
 TEST(SeedFlagTest, EveryCommandsSeedIsParsedWhole) {
   StatusOr<ParsedCommand> run = ParseCommandLine({"run", "-m", "m.gguf", "-s", "18446744073709551615"});
   ASSERT_TRUE(run.ok()) << run.status().message();

@@ -20,6 +20,7 @@ enum class StatusCode {
   kResourceExhausted, // out of blocks, budget, memory
   kIoError,           // the OS said no
   kInternal,
+  kCancelled,         // stopped at the caller's request before it finished
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -50,6 +51,7 @@ inline Status UnimplementedError(std::string m) { return {StatusCode::kUnimpleme
 inline Status ResourceExhaustedError(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
 inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status CancelledError(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
 template <typename T>
 class [[nodiscard]] StatusOr {

@@ -19,6 +19,7 @@
 // time, and nothing else on that pool meanwhile. The profile functions are free of shared state.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -91,6 +92,10 @@ struct CalibrateOptions {
   // is measured teacher-forced on it. Empty: the KLDs stay the named defaults, marked so.
   // (Calibrate has no tokenizer of its own: the caller, which loaded the model, encodes it.)
   std::vector<int32_t> quality_tokens;
+  // Set by another thread to stop a calibration that is no longer wanted (an engine that measures
+  // while idle, when a request arrives): nothing more is timed, and Calibrate returns CANCELLED
+  // at its next stage. Null: it runs to the end.
+  const std::atomic<bool>* stop = nullptr;
 };
 
 struct CalibrationModel {
@@ -202,6 +207,16 @@ struct TierCurves {
   bool operator==(const TierCurves&) const = default;
 };
 
+// One action's measured correction of the profile's bring-back prices (kvl/kv_price_feedback.h):
+// what the engine found the profile's predictions off by, written back into the profile
+// (kvl/profile_corrections.h) so that the next run starts from it.
+struct PriceCorrection {
+  std::string key;     // the action's name (KvActionName), or "redis" for the KV store's Redis tier
+  double scale = 1;    // measured / predicted: the median over the last events
+  int64_t events = 0;  // bring-back events measured since the profile was
+  bool operator==(const PriceCorrection&) const = default;
+};
+
 struct MachineProfile {
   int64_t version = kProfileVersion;
   // kProfileSourceMeasured, or kProfileSourceDefault when every rate below is an assumption
@@ -224,6 +239,19 @@ struct MachineProfile {
   // before they were recorded.
   double others_cpu_share = 0;
   double sample_spread = 0;
+  // Why this profile was measured where a run measured it again ("the correction of
+  // recompute-tokens drifted to 1.82x over 12 events"); empty for a first measurement. A profile
+  // measured again for a drift is not measured again for another one (ProfileKeeper): a drift that
+  // survives a fresh measurement is a cost calibration cannot see, and stays a correction.
+  std::string measured_because;
+
+  // Written back by the engine as it runs (absent in a profile no engine has used): the measured
+  // corrections of this profile's bring-back prices, which the next engine starts from, and why
+  // the next run must measure the machine again (a correction drifted past
+  // --kv-profile-drift), which ObtainProfile does at a default path. Neither is a measurement of
+  // calibration's: Calibrate leaves them empty.
+  std::vector<PriceCorrection> corrections;
+  std::string remeasure_reason;
 
   CalibrationModel model;
 

@@ -39,6 +39,10 @@ struct ProfileOptions {
   std::function<std::optional<double>()> current_others_cpu_share;
 };
 
+// The file ObtainProfile reads and writes for these options: options.path, or the default path.
+std::string ProfilePath(const Model& model, const ops::OpsContext& ctx,
+                        const ProfileOptions& options);
+
 // The profile for `model` on this machine, as ProfileOptions describes:
 //   usable profile at the path -> it, with one line naming it;
 //   missing (or unusable at a default path) and calibrate -> measured now with ctx's pool,
@@ -47,7 +51,10 @@ struct ProfileOptions {
 //   missing and !calibrate -> AnalyticProfile, announced, nothing written;
 //   a profile MeasuredUnderLoad (found at a default path, or just measured) while the machine is
 //     quiet now and calibrate -> measured again (once), with a line saying why; while it is still
-//     busy (or at a user's path) -> used, with a line saying its prices are slow.
+//     busy (or at a user's path) -> used, with a line saying its prices are slow;
+//   a profile a run flagged (its remeasure_reason: a measured correction drifted past the bound,
+//     kvl/profile_corrections.h) at a default path and calibrate -> measured again, with a line
+//     saying why (the new profile's measured_because); at a user's path -> used, with a word.
 // Errors: an unusable user-named profile (its load error, naming the file and the field);
 // a user-named path that cannot be written (before measuring); a calibration error.
 StatusOr<MachineProfile> ObtainProfile(const Model& model, ops::OpsContext& ctx,

@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
+#include <vector>
 
 namespace kvl {
 
@@ -38,5 +40,16 @@ double OthersCpuShare(const CpuTicks& before, const CpuTicks& after);
 // Samples OthersCpuShare over `seconds` of sleep (this process takes nothing meanwhile);
 // nullopt where /proc cannot be read.
 std::optional<double> MeasureOthersCpuShare(double seconds);
+
+// The relative spread of repeated timings of one measurement, (slowest - fastest) / median: how
+// steady the machine was as the measurement saw it. 0 for fewer than 3 samples (too few to say).
+double SampleSpread(std::span<const double> samples);
+
+// The time a measurement stands for. Where its samples agree (spread at most `busy_spread`,
+// kBusySampleSpread) the median. Where they spread further, other processes took the cores
+// during some of them, and each such sample is slow by however long the others ran: the median
+// of the fastest half (the samples least disturbed) stands for the machine once it is quiet.
+// Not empty.
+double QuietSeconds(std::vector<double> samples, double busy_spread);
 
 }  // namespace kvl

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kvl/calibration.h"
+#include "kvl/profile_corrections.h"  // kDefaultProfileDriftBound
 #include "kvl/kv_manager.h"
 #include "kvl/kv_memory.h"  // kDefaultStreamReserve
 #include "kvl/kv_policy.h"
@@ -82,6 +83,11 @@ struct EngineOptions {
   // predicted over the last pages. false (--no-kv-feedback): the profile's prices alone, so that
   // the same profile makes the same decisions whatever the machine's load.
   bool kv_feedback = true;
+  // --kv-profile-drift: a profile at a default path whose measured correction of some action
+  // passes this factor either way is measured again (kvl/profile_corrections.h): while idle in
+  // `kvl serve` (Engine::Start), else at the next start. The corrections themselves are written
+  // back into it as they are measured. 0: never measured again for a drift. Otherwise > 1.
+  double kv_profile_drift = kDefaultProfileDriftBound;
   // A running sequence's pages held in a tier (streamed, or read in place) or as residual
   // checkpoints come back into the pool between steps once it has blocks to spare after what
   // the running sequences need next, read at the most steps still to come first (lossless:
@@ -281,6 +287,13 @@ struct KvSequencePageMap {
 };
 
 struct EngineMetrics {
+  // The cost profile measured again while the engine was idle (EngineOptions::kv_profile_drift,
+  // or a profile measured on a busy machine): started, replaced the profile, stopped by a request
+  // or thrown away; and whether one runs now.
+  int64_t profile_measures_started = 0;
+  int64_t profile_measures_finished = 0;
+  int64_t profile_measures_abandoned = 0;
+  bool profile_measuring = false;
   KvStats kv;
   std::vector<KvTierMetrics> kv_tiers;  // one per --kv-tier, in the order given
   std::array<KvActionCounter, kNumKvActions> kv_actions;  // indexed by KvAction

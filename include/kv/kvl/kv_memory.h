@@ -319,6 +319,22 @@ class KvMemory {
   double TokenRecomputeMs(int64_t position) const;
   // Measured bring-back times fed back to the prices (nothing with --no-kv-feedback).
   void FeedBack(BringBackBatch& batch);
+  // The corrections measured so far, per FeedbackKey (null with --no-kv-feedback).
+  const BringBackFeedback* corrections() const {
+    return options_.feedback ? &feedback_ : nullptr;
+  }
+  // Starts `key`'s correction from one an earlier run measured (kvl/kv_price_feedback.h).
+  void SeedCorrection(size_t key, double scale) {
+    if (options_.feedback) feedback_.Seed(key, scale);
+  }
+  // Whether the prices came from `prices` at creation (a tier, or a policy that reports
+  // recompute predictions): only then is there anything to Reprice.
+  bool priced() const { return priced_; }
+  // The machine was measured again while the engine runs: the planner's and the store's prices
+  // are asked of `source` anew, and the corrections start over (they were measured against the
+  // old prices). The checkpoint spacing and the pool's size stay as created; a page already out
+  // keeps the prediction it left with (checked against it when it comes back).
+  Status Reprice(KvPriceSource* source);
 
   // The store's counters copied for StoreStats (step thread, once per step).
   void PublishStoreStats();
@@ -377,6 +393,8 @@ class KvMemory {
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<KvPressurePlanner> planner_;
   BringBackFeedback feedback_{kNumFeedbackKeys};
+  bool priced_ = false;        // CreateLattice asked the price source (needs_profile)
+  std::string prices_disk_dir_;  // where the disk tier's file lives, for the price source
   std::unique_ptr<KvTraceRecorder> trace_;
 
   std::vector<KvContentId> content_ids_;  // FindInStore's, reused

@@ -93,6 +93,8 @@ class KvPressurePlanner {
   KvPressurePlanner(const KvPagingRules& rules, const KvManager& manager, const KvPager& pager);
 
   const KvPagingRules& rules() const { return rules_; }
+  // The per-page prices, measured again while the engine runs (KvMemory::Reprice).
+  void set_prices(const PageCostProfile& prices) { rules_.prices = prices; }
 
   // Bring-back times corrected by what the engine measured (null: the profile's as they are).
   // The feedback must outlive the planner.

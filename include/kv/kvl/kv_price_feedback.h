@@ -39,16 +39,24 @@ class BringBackFeedback {
   // and the time they took. Pairs without a positive, finite value of both are ignored.
   void Observe(size_t key, double model_ms, double measured_ms);
 
+  // Starts `key` from a correction measured in an earlier run (the profile's, written back by
+  // ProfileKeeper): its scale, clamped, until this run observes an event of its own.
+  void Seed(size_t key, double scale);
+
   // What to multiply `key`'s model prediction by: the median of measured / model over its last
-  // kWindow events, clamped; 1 until kMinSamples events were seen, or for an unknown key.
+  // kWindow events, clamped; until kMinSamples events were seen the seed, else 1 (and 1 for an
+  // unknown key).
   double Scale(size_t key) const { return key < scales_.size() ? scales_[key] : 1.0; }
   size_t samples(size_t key) const { return key < windows_.size() ? windows_[key].size() : 0; }
+  // Events observed under `key` since this feedback was made (not bounded by the window).
+  int64_t events(size_t key) const { return key < events_.size() ? events_[key] : 0; }
   size_t keys() const { return scales_.size(); }
 
  private:
   std::vector<std::vector<double>> windows_;  // ratios, a ring of kWindow per key
   std::vector<size_t> next_;
   std::vector<double> scales_;
+  std::vector<int64_t> events_;
 };
 
 // `feedback`'s scale for `key`; 1 without feedback (--no-kv-feedback).

@@ -61,6 +61,8 @@ class KvStore {
   static PageKey IdentityKey(KvContentId id);
 
   const std::vector<KvStoreTier>& tiers() const { return tiers_; }
+  // A tier's price, measured again while the engine runs (KvMemory::Reprice).
+  void set_promote_ms(size_t tier_index, double ms) { tiers_.at(tier_index).promote_ms = ms; }
   bool empty() const { return tiers_.empty(); }
   // Whether the identity page fits a tier page (at most block_tokens * 4 + 64 bytes): when it
   // does not, the store stays empty.

@@ -6,7 +6,13 @@
 namespace kvl {
 
 BringBackFeedback::BringBackFeedback(size_t keys)
-    : windows_(keys), next_(keys, 0), scales_(keys, 1.0) {}
+    : windows_(keys), next_(keys, 0), scales_(keys, 1.0), events_(keys, 0) {}
+
+void BringBackFeedback::Seed(size_t key, double scale) {
+  if (key >= scales_.size() || !(scale > 0) || !std::isfinite(scale)) return;
+  if (!windows_[key].empty()) return;  // this run's own measurements win
+  scales_[key] = std::clamp(scale, kMinScale, kMaxScale);
+}
 
 void BringBackFeedback::Observe(size_t key, double model_ms, double measured_ms) {
   if (key >= windows_.size()) return;
@@ -14,6 +20,7 @@ void BringBackFeedback::Observe(size_t key, double model_ms, double measured_ms)
       !std::isfinite(measured_ms)) {
     return;
   }
+  ++events_[key];
   std::vector<double>& window = windows_[key];
   const double ratio = measured_ms / model_ms;
   if (window.size() < kWindow) {
