@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "disk_tier.h"
+#include "tiers/disk_tier.h"
 #include "kvl/checkpoint_depth.h"
 
 namespace kvl {
