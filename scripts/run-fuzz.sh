@@ -95,7 +95,7 @@ for d in include/*; do includes+=("-I$d"); done
 # src/cli/*_flags.cc names command_flags.cc too (listing it again links it twice).
 cli_sources=(src/base/*.cc src/cli/options.cc src/cli/*_flags.cc
              src/cli/bench/*_flags.cc src/engine/engine_options.cc src/engine/spec_drafter.cc
-             src/kv/tiers/tier_spec.cc
+             src/kv/tiers/tier_spec.cc src/kv/trace/kv_trace.cc
              src/kv/lattice/kv_policy.cc src/kv/pool/kv_block_storage.cc src/sampling/sampler.cc
              fuzz/cli_options_fuzzer.cc)
 cli_objs=()
