@@ -13,32 +13,14 @@
 #include <string>
 
 #include "calibration_test_util.h"
+#include "captured_messages.h"
 #include "kvl/profile_corrections.h"
 
 // In kvl::testing, beside the shared helpers of calibration_test_util.h.
 namespace kvl::testing {
 namespace {
 
-// Collects what ObtainProfile says, through a real FILE* as the engine's stderr would be.
-class Messages {
- public:
-  Messages() : file_(std::tmpfile()) { KVL_CHECK(file_ != nullptr); }
-  ~Messages() { std::fclose(file_); }
-  FILE* file() { return file_; }
-  std::string Text() {
-    std::fflush(file_);
-    std::rewind(file_);
-    std::string text;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), file_)) > 0) text.append(buf, n);
-    std::fseek(file_, 0, SEEK_END);
-    return text;
-  }
-
- private:
-  FILE* file_;
-};
+using Messages = testing::CapturedMessages;  // what it says, as on the engine's stderr
 
 // Sets an environment variable (or unsets it, for nullopt) for one scope.
 class ScopedEnv {

@@ -25,6 +25,7 @@
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/thread_pool.h"
+#include "captured_messages.h"
 #include "test_paths.h"
 
 namespace kvl {
@@ -32,26 +33,7 @@ namespace {
 
 constexpr size_t kTokensKey = static_cast<size_t>(KvAction::kRecomputeTokens);
 
-// What the keeper says, through a real FILE* as the engine's stderr would be.
-class Messages {
- public:
-  Messages() : file_(std::tmpfile()) { KVL_CHECK(file_ != nullptr); }
-  ~Messages() { std::fclose(file_); }
-  FILE* file() { return file_; }
-  std::string Text() {
-    std::fflush(file_);
-    std::rewind(file_);
-    std::string text;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), file_)) > 0) text.append(buf, n);
-    std::fseek(file_, 0, SEEK_END);
-    return text;
-  }
-
- private:
-  FILE* file_;
-};
+using Messages = testing::CapturedMessages;  // what it says, as on the engine's stderr
 
 bool Contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
