@@ -19,10 +19,13 @@
 // computed once per token by ops.cc. So every output is bit-identical to the scalar path,
 // whatever the tile, the batch, the thread or the ISA. Each (16 rows, token, sub-block) then
 // costs the vpdpbusd of its codes and three float operations (convert, multiply, fused add) on
-// the vector ports they share, plus one for the mins, where the unfused form took six. The two
-// accumulations of Q4_K / Q5_K are independent, so a tile runs them as two passes over its
-// super-blocks, each with all the registers to itself: the dots, then the mins (whose scales the
-// first pass has just brought into cache).
+// the vector ports they share, plus one for the mins, where the unfused form took six (Q6_K also
+// lost its second accumulator pass). Emerald Rapids VM, `matmul_bench 1 --cpu-time`, TinyLlama
+// shapes, M = 64 / 512, best of 4 alternated runs on a loaded machine: Q6_K 143-176 -> 173-227
+// GOPS; Q4_K 208-291 -> 194-296, within the noise (as Q8_0's tile, about 300: bound elsewhere than
+// by its float operations on this core). The two accumulations of Q4_K / Q5_K are independent,
+// so a tile runs them as two passes over its super-blocks, each with all the registers to itself:
+// the dots, then the mins (whose scales the first pass has just brought into cache).
 #include <immintrin.h>
 
 // As in kernels_avx512.cc: GCC 12's cast intrinsics trip -Wuninitialized on their undefined lanes.
