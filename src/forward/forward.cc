@@ -17,6 +17,23 @@ constexpr int64_t kInitialContextCapacity = 4096;
 // chunk still makes many items for the threads.
 constexpr int64_t kAttentionRowsPerItem = 64;
 
+// Runs row(t) for t in [0, n) over the pool, 16 rows a task, when a prefill has enough rows: the
+// per-token norms, RoPE and residual work between the matmuls would otherwise run on one thread
+// while the others wait. Each row's operations are its own, so the split changes no result;
+// decode's few rows run on the caller, where waking the workers would cost more than the rows.
+template <typename RowFn>
+void ForEachRow(ThreadPool& pool, int64_t n, RowFn&& row) {
+  constexpr int64_t kRowsPerTask = 16;
+  if (n < 2 * kRowsPerTask) {
+    for (int64_t t = 0; t < n; ++t) row(t);
+    return;
+  }
+  pool.ParallelFor((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task, int) {
+    const int64_t end = std::min(n, (task + 1) * kRowsPerTask);
+    for (int64_t t = task * kRowsPerTask; t < end; ++t) row(t);
+  });
+}
+
 void Forward::AttentionScratch::Allocate(int64_t tile_tokens, int64_t head_dim, int64_t rows) {
   // 64-byte alignment for the packed keys, which the kernels load whole vectors of.
   kt_storage.assign(static_cast<size_t>(ops::kAttentionTileFloats + 16), 0.0f);
@@ -260,19 +277,19 @@ void Forward::RunLayer(int64_t layer, const TokenBatch& batch, KvCache* kv,
   const TokenBatch& rows = m > 0 ? rows_batch_ : batch;
   Activations& a = act_;
   // Attention sublayer: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
-  for (int64_t t = 0; t < all; ++t) {
+  ForEachRow(*ops_.pool(), all, [&](int64_t t) {
     float* x = &a.x[Elems(t, c.dim)];
     if (t >= n && rebuild.input != nullptr) {
       // A rebuilt row at a checkpoint layer starts from its checkpoint.
       const float* input = rebuild.input + (t - n) * c.dim;
       if (!rebuild.advance) {
         ops::RmsNorm(ops_, input, w.attn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
-        continue;
+        return;
       }
       std::memcpy(x, input, sizeof(float) * static_cast<size_t>(c.dim));
     }
     ops::RmsNorm(ops_, x, w.attn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
-  }
+  });
   // Q only for the rows that attend; K and V for every row (MatMulGroup gives each matrix what it
   // gives alone, whatever the others' rows).
   const MatrixView qkv[] = {w.wq, w.wk, w.wv};
@@ -286,9 +303,9 @@ void Forward::RunLayer(int64_t layer, const TokenBatch& batch, KvCache* kv,
   ops::MatMul(ops_, w.wo, a.attn.data(), full, a.proj.data());
   AddResidual(w.post_attn_norm, full, a);
   // Feed-forward sublayer: x += W_down (act(W_gate xn) * W_up xn), act silu or tanh-GELU.
-  for (int64_t t = 0; t < full; ++t) {
+  ForEachRow(*ops_.pool(), full, [&](int64_t t) {
     ops::RmsNorm(ops_, &a.x[Elems(t, c.dim)], w.ffn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
-  }
+  });
   FeedForward(w, full, a);
   AddResidual(w.post_ffn_norm, full, a);
 }
@@ -296,17 +313,19 @@ void Forward::RunLayer(int64_t layer, const TokenBatch& batch, KvCache* kv,
 void Forward::AddResidual(const float* post_norm, int64_t n, Activations& a) {
   const int64_t dim = config_.dim;
   if (post_norm != nullptr) {
-    for (int64_t t = 0; t < n; ++t) {
+    ForEachRow(*ops_.pool(), n, [&](int64_t t) {
       ops::RmsNorm(ops_, &a.proj[Elems(t, dim)], post_norm, dim, config_.norm_eps,
                    &a.proj[Elems(t, dim)]);
-    }
+    });
   }
-  ops::Add(ops_, a.x.data(), a.proj.data(), n * dim);
+  ForEachRow(*ops_.pool(), n, [&](int64_t t) {
+    ops::Add(ops_, &a.x[Elems(t, dim)], &a.proj[Elems(t, dim)], dim);
+  });
 }
 
 void Forward::Embed(const TokenBatch& batch) {
   const MatrixView& e = model_.token_embedding();
-  for (int64_t t = 0; t < batch.size(); ++t) {
+  ForEachRow(*ops_.pool(), batch.size(), [&](int64_t t) {
     const int32_t token = batch.tokens[static_cast<size_t>(t)];
     KVL_CHECK(token >= 0 && token < config_.vocab_size);
     const auto* row = static_cast<const uint8_t*>(e.data) + token * e.row_bytes;
@@ -315,7 +334,7 @@ void Forward::Embed(const TokenBatch& batch) {
     if (config_.arch.embed_scale != 1.0f) {
       for (int64_t i = 0; i < config_.dim; ++i) x[i] *= config_.arch.embed_scale;
     }
-  }
+  });
 }
 
 // The angles as ggml's CPU RoPE computes them (in float, the power of the base as a running
@@ -335,14 +354,14 @@ void Forward::AnglesFor(int64_t position, const RopeParams& rope, float* cos, fl
 
 void Forward::ComputeRopeAngles(const TokenBatch& batch, Activations& a) {
   const int64_t half = config_.head_dim / 2;
-  for (int64_t t = 0; t < batch.size(); ++t) {
+  ForEachRow(*ops_.pool(), batch.size(), [&](int64_t t) {
     const int64_t pos = batch.positions[static_cast<size_t>(t)];
     AnglesFor(pos, rope_global_, &a.rope_cos[Elems(t, half)], &a.rope_sin[Elems(t, half)]);
     if (local_rope_differs_) {
       AnglesFor(pos, rope_local_, &a.rope_cos_local[Elems(t, half)],
                 &a.rope_sin_local[Elems(t, half)]);
     }
-  }
+  });
 }
 
 void Forward::FinishKv(const LayerWeights& w, float* k, float* v, const float* cos,
@@ -400,13 +419,19 @@ void Forward::StoreKv(int64_t layer, const TokenBatch& rows, int64_t n, KvCache*
   const float* cos = local ? act_.rope_cos_local.data() : act_.rope_cos.data();
   const float* sin = local ? act_.rope_sin_local.data() : act_.rope_sin.data();
   const bool global = !c.IsLocal(layer);
+  // A window rebuild's global rows are the cached ones, exact; its own would not be (its hidden
+  // state is exact only inside its receptive field).
+  const auto skipped = [&](int64_t t) { return t < n && global && rows.rebuilds_window(t); };
+  ForEachRow(*ops_.pool(), n + rebuild.rows, [&](int64_t t) {
+    if (!skipped(t)) {
+      FinishKv(w, &act_.k[Elems(t, c.kv_dim())], &act_.v[Elems(t, c.kv_dim())], cos + t * half,
+               sin + t * half);
+    }
+  });
   for (int64_t t = 0; t < n + rebuild.rows; ++t) {
-    // A window rebuild's global rows are the cached ones, exact; its own would not be (its
-    // hidden state is exact only inside its receptive field).
-    if (t < n && global && rows.rebuilds_window(t)) continue;
-    float* k = &act_.k[Elems(t, c.kv_dim())];
-    float* v = &act_.v[Elems(t, c.kv_dim())];
-    FinishKv(w, k, v, cos + t * half, sin + t * half);
+    if (skipped(t)) continue;
+    const float* k = &act_.k[Elems(t, c.kv_dim())];
+    const float* v = &act_.v[Elems(t, c.kv_dim())];
     if (t >= n) {
       const int64_t row = (t - n) * c.kv_dim();
       StoreRow(k, rebuild.k_type, static_cast<uint8_t*>(rebuild.k_out) + RowBytes(rebuild.k_type, row));
@@ -483,9 +508,9 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Act
   const bool local = local_rope_differs_ && c.IsLocal(layer);
   const float* cos = local ? a.rope_cos_local.data() : a.rope_cos.data();
   const float* sin = local ? a.rope_sin_local.data() : a.rope_sin.data();
-  for (int64_t t = 0; t < n; ++t) {
+  ForEachRow(*ops_.pool(), n, [&](int64_t t) {
     FinishQ(w, &a.q[Elems(t, c.q_dim())], cos + t * half, sin + t * half);
-  }
+  });
 
   PlanAttentionBlocks(batch);
   const int64_t num_blocks = static_cast<int64_t>(attn_blocks_.size());

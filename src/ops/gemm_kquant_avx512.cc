@@ -9,17 +9,23 @@
 // high bits of Q5_K / Q6_K) and used NT times.
 //
 // Exactness: every output gets the float operations of the scalar kernel
-// (kquant_kernels_scalar.cc) in its order, with no fused multiply-add. Per sub-block s in order:
-//   Q4_K / Q5_K: acc += ((d * sc[s]) * dx) * float(dot);  acc_min += (dmin * m[s]) * sums[s];
-//                the output is acc - acc_min;
-//   Q6_K:        acc += ((d * sc[s]) * dx) * float(dot);  acc_off += (d * sc[s]) * sums[s];
-//                the output is acc - 32 * acc_off;
-// dx the activation block's scale, sums[s] = dx * (sum of the sub-block's activations), computed
-// once per token by ops.cc (KQuantActSums). So every output is bit-identical to the scalar path,
-// whatever the tile, the batch, the thread or the ISA. The two accumulations of an output are
-// independent, so a tile runs them as two passes over its super-blocks, each with all the
-// registers to itself: the dots, then the mins (whose scales the first pass has just brought into
-// cache).
+// (kquant_kernels_scalar.cc) in its order, each fused multiply-add an explicit vfmadd. Per
+// sub-block s in order:
+//   Q4_K / Q5_K: acc = fma(d * sc[s], float(dot) * dx, acc);  acc_min = fma(dmin * m[s], sums[s],
+//                acc_min); the output is acc - acc_min;
+//   Q6_K:        acc = fma(d * sc[s], float(dot - 32 * isum[s]) * dx, acc); the output is acc;
+// dx the activation block's scale, sums[s] = dx * (sum of the sub-block's activations) and
+// -32 * isum[s] (Q6_K: the -32 offset of its codes times the sum of the group's 16 activations)
+// computed once per token by ops.cc. So every output is bit-identical to the scalar path,
+// whatever the tile, the batch, the thread or the ISA. Each (16 rows, token, sub-block) then
+// costs the vpdpbusd of its codes and three float operations (convert, multiply, fused add) on
+// the vector ports they share, plus one for the mins, where the unfused form took six (Q6_K also
+// lost its second accumulator pass). Emerald Rapids VM, `matmul_bench 1 --cpu-time`, TinyLlama
+// shapes, M = 64 / 512, best of 4 alternated runs on a loaded machine: Q6_K 143-176 -> 173-227
+// GOPS; Q4_K 208-291 -> 194-296, within the noise (as Q8_0's tile, about 300: bound elsewhere than
+// by its float operations on this core). The two accumulations of Q4_K / Q5_K are independent,
+// so a tile runs them as two passes over its super-blocks, each with all the registers to itself:
+// the dots, then the mins (whose scales the first pass has just brought into cache).
 #include <immintrin.h>
 
 // As in kernels_avx512.cc: GCC 12's cast intrinsics trip -Wuninitialized on their undefined lanes.
@@ -135,9 +141,9 @@ void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
   const int64_t stride = a.act_stride;
   const uint8_t* acts = a.acts + t * stride;
   const auto* dx = reinterpret_cast<const float*>(acts + ActScalesOffset(cols));
-  const auto* sums = reinterpret_cast<const float*>(
-      acts + (T == DType::kQ6_K ? ActKQuantSums16Offset(cols) : ActKQuantSums32Offset(cols)));
-  const int64_t fstride = stride / 4;  // dx and sums rows, in elements (stride is a multiple of 64)
+  const auto* sums = reinterpret_cast<const float*>(acts + ActKQuantSums32Offset(cols));
+  const auto* q6_offsets = reinterpret_cast<const int32_t*>(acts + ActQ6OffsetsOffset(cols));
+  const int64_t fstride = stride / 4;  // dx, sums, offsets rows in elements (stride % 64 == 0)
 
   // Pass 1: acc, sub-block by sub-block.
   __m512 acc[NT];
@@ -159,8 +165,13 @@ void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
       }
       __m512i hb = _mm512_setzero_si512();
       if constexpr (T != DType::kQ4_K) hb = _mm512_load_si512(blk + kL.bits + 64 * s);
+      // Q6_K's dots start from -32 * (sum of the group's activations), a broadcast load rather
+      // than a subtraction on the vector ports.
       __m512i dot[NT];
-      for (int j = 0; j < NT; ++j) dot[j] = _mm512_setzero_si512();
+      for (int j = 0; j < NT; ++j) {
+        dot[j] = T == DType::kQ6_K ? _mm512_set1_epi32(q6_offsets[j * fstride + sb * kSub + s])
+                                   : _mm512_setzero_si512();
+      }
       StaticFor<kLoads>([&](auto v) {
         constexpr int kV = decltype(v)::value;
         const int64_t u = s * kLoads + kV;
@@ -180,22 +191,25 @@ void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
       });
       const int64_t b = sb * 8 + s * 8 / kSub;  // the activation block holding sub-block s
       for (int j = 0; j < NT; ++j) {
-        const __m512 scale = _mm512_mul_ps(dsc[s], _mm512_set1_ps(dx[j * fstride + b]));
-        acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot[j])));
+        const __m512 xd =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(dot[j]), _mm512_set1_ps(dx[j * fstride + b]));
+        acc[j] = _mm512_fmadd_ps(dsc[s], xd, acc[j]);
       }
     }
   }
 
-  // Pass 2: acc_min (Q6_K: acc_off), sub-block by sub-block.
+  // Pass 2 (Q4_K / Q5_K): acc_min, sub-block by sub-block.
   __m512 acc_min[NT];
   for (int j = 0; j < NT; ++j) acc_min[j] = _mm512_setzero_ps();
-  for (int64_t sb = 0; sb < n_sb; ++sb) {
-    __m512 dm[kSub];
-    SubBlockFactors<T, T != DType::kQ6_K>(w + sb * kL.super_bytes, dm);
-    for (int s = 0; s < kSub; ++s) {
-      for (int j = 0; j < NT; ++j) {
-        const __m512 m = _mm512_set1_ps(sums[j * fstride + sb * kSub + s]);
-        acc_min[j] = _mm512_add_ps(acc_min[j], _mm512_mul_ps(dm[s], m));
+  if constexpr (T != DType::kQ6_K) {
+    for (int64_t sb = 0; sb < n_sb; ++sb) {
+      __m512 dm[kSub];
+      SubBlockFactors<T, true>(w + sb * kL.super_bytes, dm);
+      for (int s = 0; s < kSub; ++s) {
+        for (int j = 0; j < NT; ++j) {
+          const __m512 m = _mm512_set1_ps(sums[j * fstride + sb * kSub + s]);
+          acc_min[j] = _mm512_fmadd_ps(dm[s], m, acc_min[j]);
+        }
       }
     }
   }
@@ -205,9 +219,8 @@ void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
   const __mmask16 m =
       r + kPanelRows <= rows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (rows - r)) - 1);
   for (int j = 0; j < NT; ++j) {
-    const __m512 sub =
-        T == DType::kQ6_K ? _mm512_mul_ps(_mm512_set1_ps(32.0f), acc_min[j]) : acc_min[j];
-    _mm512_mask_storeu_ps(a.y + (t + j) * rows + r, m, _mm512_sub_ps(acc[j], sub));
+    const __m512 out = T == DType::kQ6_K ? acc[j] : _mm512_sub_ps(acc[j], acc_min[j]);
+    _mm512_mask_storeu_ps(a.y + (t + j) * rows + r, m, out);
   }
 }
 

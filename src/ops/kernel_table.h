@@ -18,8 +18,10 @@ inline int64_t AlignUp64(int64_t n) { return (n + 63) & ~int64_t{63}; }
 //   [blocks] float scales d = amax / 127 (kept in fp32, unlike llama.cpp's fp16), padded,
 //   [blocks] int32 sums of each block's 32 values (for the packed kernels' unsigned-weight
 //   correction; filled by ops.cc after quantize_acts), padded,
-//   [blocks] and [2 * blocks] floats d * (sum of a 32- / 16-value sub-block) (KQuantActSums, for
-//   the packed K-quant kernels; filled by ops.cc only when a K-quant matrix reads the row), padded.
+//   [blocks] floats d * (sum of a 32-value block) (KQuantActSums, for the packed Q4_K / Q5_K mins)
+//   and [2 * blocks] int32 -32 * (sum of a 16-value half block) (Q6_K's code offset: its integer
+//   dots start from it), both filled by ops.cc only when a packed K-quant matrix reads the row,
+//   padded.
 // Quantization is the same function of a row on every ISA, so the quantized bytes never depend on
 // the ISA, the batch or the thread.
 inline int64_t ActScalesOffset(int64_t cols) { return AlignUp64(cols); }
@@ -27,11 +29,11 @@ inline int64_t ActSumsOffset(int64_t cols) { return AlignUp64(cols) + AlignUp64(
 inline int64_t ActKQuantSums32Offset(int64_t cols) {
   return ActSumsOffset(cols) + AlignUp64(cols / 32 * 4);
 }
-inline int64_t ActKQuantSums16Offset(int64_t cols) {
+inline int64_t ActQ6OffsetsOffset(int64_t cols) {
   return ActKQuantSums32Offset(cols) + AlignUp64(cols / 32 * 4);
 }
 inline int64_t ActRowStride(int64_t cols) {
-  return ActKQuantSums16Offset(cols) + AlignUp64(cols / 16 * 4);
+  return ActQ6OffsetsOffset(cols) + AlignUp64(cols / 16 * 4);
 }
 
 inline bool IsKQuant(DType type) {

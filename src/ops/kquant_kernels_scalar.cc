@@ -1,5 +1,6 @@
 // Reference K-quant MatMul tile (plain C++), the per-token activation sums every ISA shares, and
 // the ISA dispatch of the K-quant tiles. The SIMD tiles are tested against this one.
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
@@ -35,6 +36,9 @@ int Code6(const BlockQ6_K& b, int e) {
   return (i < 2 ? low & 15 : low >> 4) | (b.qh[32 * h + l] >> (2 * i) & 3) << 4;
 }
 
+// Each sub-block's term is one fused multiply-add of its combined weight scale with its integer
+// dot times the activation scale; with fp-contract off, std::fma is the only fusion, so the packed
+// GEMM (gemm_kquant_avx512.cc) reproduces every rounding with vfmadd.
 template <typename Block>
 float DotScaledMin(const uint8_t* row, int64_t cols, const int8_t* x, const float* dx,
                    const float* sums) {
@@ -47,28 +51,29 @@ float DotScaledMin(const uint8_t* row, int64_t cols, const int8_t* x, const floa
     for (int s = 0; s < 8; ++s) {
       int32_t sum = 0;
       for (int l = 0; l < 32; ++l) sum += Code(b, s, l) * x[sb * kQK_K + 32 * s + l];
-      acc += d * static_cast<float>(sm.sc[s]) * dx[8 * sb + s] * static_cast<float>(sum);
-      acc_min += dmin * static_cast<float>(sm.m[s]) * sums[8 * sb + s];
+      acc = std::fma(d * static_cast<float>(sm.sc[s]), static_cast<float>(sum) * dx[8 * sb + s],
+                     acc);
+      acc_min = std::fma(dmin * static_cast<float>(sm.m[s]), sums[8 * sb + s], acc_min);
     }
   }
   return acc - acc_min;
 }
 
-float DotQ6(const uint8_t* row, int64_t cols, const int8_t* x, const float* dx,
-            const float* sums) {
-  float acc = 0.0f, acc_offset = 0.0f;
+// Q6_K's -32 offset is taken off each group's integer dot (sum (q - 32) * x, exact), so a group
+// costs one fused multiply-add like a Q4_K sub-block and no second accumulator.
+float DotQ6(const uint8_t* row, int64_t cols, const int8_t* x, const float* dx) {
+  float acc = 0.0f;
   for (int64_t sb = 0; sb < cols / kQK_K; ++sb) {
     const BlockQ6_K b = LoadBlock<BlockQ6_K>(row, sb);
     const float d = quant::Fp16ToFp32(b.d);
     for (int g = 0; g < 16; ++g) {
       int32_t sum = 0;
-      for (int l = 0; l < 16; ++l) sum += Code6(b, 16 * g + l) * x[sb * kQK_K + 16 * g + l];
-      const float dsc = d * static_cast<float>(b.scales[g]);
-      acc += dsc * dx[8 * sb + g / 2] * static_cast<float>(sum);
-      acc_offset += dsc * sums[16 * sb + g];
+      for (int l = 0; l < 16; ++l) sum += (Code6(b, 16 * g + l) - 32) * x[sb * kQK_K + 16 * g + l];
+      acc = std::fma(d * static_cast<float>(b.scales[g]),
+                     static_cast<float>(sum) * dx[8 * sb + g / 2], acc);
     }
   }
-  return acc - 32.0f * acc_offset;
+  return acc;
 }
 
 }  // namespace
@@ -121,7 +126,7 @@ void ScalarKQuantMatMulTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t
     const uint8_t* acts = a.acts + t * a.act_stride;
     const auto* x = reinterpret_cast<const int8_t*>(acts);
     const auto* dx = reinterpret_cast<const float*>(acts + ActScalesOffset(w.cols));
-    KQuantActSums(w.type, acts, w.cols, sums);
+    if (w.type != DType::kQ6_K) KQuantActSums(w.type, acts, w.cols, sums);  // Q6_K: no mins
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* row = static_cast<const uint8_t*>(w.data) + r * w.row_bytes;
       float y;
@@ -133,7 +138,7 @@ void ScalarKQuantMatMulTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t
           y = DotScaledMin<BlockQ5_K>(row, w.cols, x, dx, sums);
           break;
         default:
-          y = DotQ6(row, w.cols, x, dx, sums);
+          y = DotQ6(row, w.cols, x, dx);
       }
       a.y[t * w.rows + r] = y;
     }

@@ -50,14 +50,14 @@ int64_t RowChunk(int64_t n_tokens, int64_t rows, int num_threads, bool packed) {
 }
 
 // The per-block sums of a quantized activation row (kernel_table.h); plain code, the same
-// integers on every ISA. With kquant, also the scaled sub-block sums of the packed K-quant
-// kernels: dx * float(sum) over 32 and 16 values, the values KQuantActSums gives the row kernels.
+// integers on every ISA. With kquant, also what the packed K-quant kernels read: dx * float(sum)
+// over each 32-value block (the value KQuantActSums gives) and -32 * (sum) over each 16 values.
 void StoreActSums(int64_t cols, bool kquant, uint8_t* row) {
   const auto* q = reinterpret_cast<const int8_t*>(row);
   const auto* dx = reinterpret_cast<const float*>(row + ActScalesOffset(cols));
   auto* sums = reinterpret_cast<int32_t*>(row + ActSumsOffset(cols));
   auto* sums32 = reinterpret_cast<float*>(row + ActKQuantSums32Offset(cols));
-  auto* sums16 = reinterpret_cast<float*>(row + ActKQuantSums16Offset(cols));
+  auto* q6_offsets = reinterpret_cast<int32_t*>(row + ActQ6OffsetsOffset(cols));
   for (int64_t b = 0; b < cols / 32; ++b) {
     int32_t half[2] = {0, 0};
     for (int h = 0; h < 2; ++h) {
@@ -66,8 +66,8 @@ void StoreActSums(int64_t cols, bool kquant, uint8_t* row) {
     sums[b] = half[0] + half[1];
     if (kquant) {
       sums32[b] = dx[b] * static_cast<float>(sums[b]);
-      sums16[2 * b] = dx[b] * static_cast<float>(half[0]);
-      sums16[2 * b + 1] = dx[b] * static_cast<float>(half[1]);
+      q6_offsets[2 * b] = -32 * half[0];
+      q6_offsets[2 * b + 1] = -32 * half[1];
     }
   }
 }

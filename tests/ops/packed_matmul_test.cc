@@ -194,6 +194,38 @@ TEST(PackedMatMulTest, KQuantPrefillBatchesMatchScalar) {
   }
 }
 
+// A whole pp512 chunk at the Qwen3-0.6B width (eight 64-token tasks of balanced tiles), the
+// scalar path's outputs bit for bit, and the same tokens in batches of 1, 5 and 64 (decode,
+// batched decode, one task) taken anywhere in it: each token's outputs, whatever tile width
+// computed them, round the same fused multiply-adds.
+TEST(PackedMatMulTest, KQuantPrefill512MatchesSmallBatches) {
+  const Isa isa = BestIsa();
+  uint32_t seed = 400;
+  int checked = 0;
+  for (DType type : kKQuantTypes) {
+    if (!PacksMatrix(isa, type)) continue;
+    const int64_t cols = 1024, rows = 40, n = 512;
+    const Weights w = MakeWeights(type, rows, cols, ++seed, true);
+    const PackedMatrix packed = PackMatrix(isa, w.view());
+    const std::vector<float> x = ExtremeVec(n * cols, ++seed);
+    const std::vector<float> all = RunPacked(isa, 2, packed.view(), x.data(), n);
+    const std::string name(DTypeName(type));
+    ExpectBitIdentical(all, RunPacked(Isa::kScalar, 1, w.view(), x.data(), n),
+                       name + " 512 tokens vs scalar");
+    for (int64_t m : {1, 5, 64}) {
+      for (int64_t t0 : {int64_t{0}, int64_t{193}, n - m}) {
+        const std::vector<float> y = RunPacked(isa, 2, packed.view(), x.data() + t0 * cols, m);
+        const std::vector<float> want(all.begin() + t0 * rows, all.begin() + (t0 + m) * rows);
+        ExpectBitIdentical(y, want, name + " M " + std::to_string(m) + " at " + std::to_string(t0));
+        ++checked;
+      }
+    }
+  }
+  if (PacksMatrix(isa, DType::kQ4_K)) {
+    EXPECT_EQ(checked, 27);
+  }
+}
+
 // A group mixing packed and unpacked matrices gives each what MatMul gives it alone (a Q4_K_M
 // layer's Q/K/V: packed Q4_K and Q6_K beside each other; Q8_0 and f16 beside them).
 TEST(PackedMatMulTest, GroupMixesLayouts) {
