@@ -43,6 +43,25 @@ double LayerFlopsPerToken(const ModelConfig& c);
 
 // n samples of a standard normal, the same for the same seed (inputs to time kernels on).
 std::vector<float> RandomFloats(size_t n, uint32_t seed);
+// Random residual checkpoints laid out as a restore stages a page's layers, each layer its own
+// page ([layer][tokens][dim]), and the K and V rows rebuilt from them ([layer][tokens][kv_dim]):
+// what a rebuild is timed on, so that each layer's input comes from memory as a restore's does,
+// not from the core's cache, where one page shared by every layer would stay. Holds `rows`
+// (tokens x layers of the largest page set timed) rows.
+class RebuildPages {
+ public:
+  RebuildPages(int64_t rows, const ModelConfig& c, uint32_t seed);
+  // Layer `layer`'s page of a page set of `tokens` tokens per layer.
+  const float* Checkpoints(int64_t layer, int64_t tokens) const;
+  float* K(int64_t layer, int64_t tokens);
+  float* V(int64_t layer, int64_t tokens);
+
+ private:
+  // The first row of that page (KVL_CHECKs that the page fits).
+  int64_t FirstRow(int64_t layer, int64_t tokens) const;
+  int64_t rows_, dim_, kv_dim_;
+  std::vector<float> checkpoints_, k_, v_;
+};
 // Monotonic wall-clock seconds.
 double NowSeconds();
 // Median and nearest-rank percentile (p in [0, 100]) of a non-empty sample.
