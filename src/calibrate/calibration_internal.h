@@ -219,6 +219,16 @@ TierPlan PlanTiers(const CalibrateOptions& o, const Model& model);
 int SamplesFor(const CalibrateOptions& o, int64_t call_bytes);
 // The bytes a cold timing cycles through: at least 1.5 times the last-level cache.
 int64_t WorkingSetBytes(const CalibrateOptions& o);
+// The bytes a warm timing cycles through: twice the core's own cache (L2), so that no page read
+// is still there, as a page read back some time after it was written is not, and at most half
+// the last-level cache, so that every one is still in that. A warm timing that rereads one
+// page set in a loop times the core's own cache instead: `kvl bench frontier` read a 128 KiB
+// RAM-tier page at 4.9 GB/s where such a loop had priced 8.8 GB/s. Unknown sizes (0) are taken
+// as 2 MiB and 32 MiB.
+int64_t WarmSetBytes(int64_t core_cache_bytes, int64_t last_level_cache_bytes);
+// How many of a cold timing's `groups` groups of keys a warm timing of `call_bytes` a call
+// cycles through: enough for warm_set_bytes, at least 1, at most `groups`.
+int64_t WarmGroups(int64_t call_bytes, int64_t warm_set_bytes, int64_t groups);
 // The tiers' write and read curves (calibration_tiers.cc), with scratch files in o.disk_dir;
 // TierStageSteps steps of `stage`.
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model);
