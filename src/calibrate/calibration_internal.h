@@ -47,7 +47,9 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed);
 // page ([layer][tokens][dim]), and the K and V rows rebuilt from them ([layer][tokens][kv_dim]):
 // what a rebuild is timed on, so that each layer's input comes from memory as a restore's does,
 // not from the core's cache, where one page shared by every layer would stay. Holds `rows`
-// (tokens x layers of the largest page set timed) rows.
+// rows (tokens x layers of the largest page set timed, or fewer): a page set of more rows takes
+// the pages in turn, layer l on page l mod (rows / tokens), which is as good where its pages are
+// far past any core's cache.
 class RebuildPages {
  public:
   RebuildPages(int64_t rows, const ModelConfig& c, uint32_t seed);
@@ -57,7 +59,7 @@ class RebuildPages {
   float* V(int64_t layer, int64_t tokens);
 
  private:
-  // The first row of that page (KVL_CHECKs that the page fits).
+  // The first row of that page (KVL_CHECKs that one page fits).
   int64_t FirstRow(int64_t layer, int64_t tokens) const;
   int64_t rows_, dim_, kv_dim_;
   std::vector<float> checkpoints_, k_, v_;

@@ -109,9 +109,8 @@ RebuildPages::RebuildPages(int64_t rows, const ModelConfig& c, uint32_t seed)
       v_(k_.size()) {}
 
 int64_t RebuildPages::FirstRow(int64_t layer, int64_t tokens) const {
-  KVL_CHECK_MSG(layer >= 0 && tokens > 0 && (layer + 1) * tokens <= rows_,
-                "RebuildPages: the page does not fit");
-  return layer * tokens;
+  KVL_CHECK_MSG(layer >= 0 && tokens > 0 && tokens <= rows_, "RebuildPages: the page does not fit");
+  return (layer % (rows_ / tokens)) * tokens;
 }
 
 const float* RebuildPages::Checkpoints(int64_t layer, int64_t tokens) const {
@@ -191,11 +190,16 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
   // [tokens][dim] page of checkpoints in, its [tokens][kv_dim] K and V rows out. Every layer has
   // pages of its own (RebuildPages), as a restore stages them: one page shared by every layer
   // would stay in the core's cache from layer to layer, which no restore's input does.
-  int64_t max_page_rows = 0;  // tokens x layers of the largest point
+  // Up to kRebuildPagesBytes of them: a larger set (4096 tokens x 22 layers of TinyLlama's
+  // checkpoints are 738 MiB) takes its pages in turn, each far past a core's cache already.
+  constexpr int64_t kRebuildPagesBytes = int64_t{64} << 20;
+  int64_t page_rows = 0;  // tokens x layers of the largest point, within kRebuildPagesBytes
+  const int64_t rows_in_bound = kRebuildPagesBytes / (c.dim * static_cast<int64_t>(sizeof(float)));
   for (const PlannedPoint& p : residual_plan) {
-    max_page_rows = std::max(max_page_rows, p.shape.tokens * p.shape.layers);
+    page_rows = std::max(page_rows, std::max(p.shape.tokens,
+                                             std::min(p.shape.tokens * p.shape.layers, rows_in_bound)));
   }
-  RebuildPages pages(max_page_rows, c, 2);
+  RebuildPages pages(page_rows, c, 2);
   std::vector<int64_t> positions(static_cast<size_t>(max_tokens));
   for (int64_t t = 0; t < max_tokens; ++t) positions[static_cast<size_t>(t)] = t;
   std::vector<RecomputePoint> residual_points;

@@ -59,11 +59,20 @@ TEST(RebuildPagesTest, SameSeedSameCheckpoints) {
   EXPECT_NE(std::memcmp(a.Checkpoints(0, 32), other.Checkpoints(0, 32), bytes), 0);
 }
 
-TEST(RebuildPagesDeathTest, APageSetPastTheRoomIsRefused) {
+TEST(RebuildPagesTest, LayersPastTheRoomTakeThePagesInTurn) {
+  const ModelConfig c = SmallShape();
+  RebuildPages pages(64, c, 7);  // room for 2 pages of 32 tokens
+  EXPECT_EQ(pages.Checkpoints(2, 32), pages.Checkpoints(0, 32));
+  EXPECT_EQ(pages.Checkpoints(3, 32), pages.Checkpoints(1, 32));
+  EXPECT_NE(pages.Checkpoints(1, 32), pages.Checkpoints(0, 32));
+  EXPECT_EQ(pages.K(5, 32), pages.K(1, 32));
+}
+
+TEST(RebuildPagesDeathTest, APageLargerThanTheRoomIsRefused) {
   const ModelConfig c = SmallShape();
   RebuildPages pages(64, c, 7);
-  EXPECT_DEATH(pages.Checkpoints(4, 16), "does not fit");  // layers 0..4 of 16 tokens: 80 rows
-  EXPECT_DEATH(pages.K(0, 65), "does not fit");
+  EXPECT_DEATH(pages.Checkpoints(0, 65), "does not fit");
+  EXPECT_DEATH(pages.K(0, 0), "does not fit");
 }
 
 }  // namespace
