@@ -7,7 +7,9 @@
 #            given, as every profile was used before busy profiles were noticed);
 #   with:    the same profile at the default path ($KVL_PROFILE), where kvl notices it was measured
 #            busy, finds the machine quiet and measures it again before pricing.
-# It prints the median |predicted - measured| / measured over every point and way, for both.
+# It prints the median |predicted - measured| / measured over every point and way, for both, and
+# the share of the CPU other processes took while each frontier measured (a comparison made while
+# others ran compares a quiet profile with a busy machine's times: run it again).
 #
 # usage: scripts/bench-busy-profile.sh MODEL.gguf [THREADS] [PAGE_TOKENS]
 #   e.g. scripts/bench-busy-profile.sh /tmp/stories15m-q8_0.gguf 2 16,64,256
@@ -64,7 +66,12 @@ grep -E "kvl: (cost profile|note|.*busy)" "$out/with.log" || true
 python3 - "$out/without.json" "$out/with.json" <<'EOF'
 import json, statistics, sys
 for label, path in zip(("without", "with"), sys.argv[1:]):
-    points = json.load(open(path))["points"]
+    report = json.load(open(path))
+    points = report["points"]
+    # A frontier measured while others ran times a busy machine: its figures are not what a
+    # quiet profile predicts (kvl bench frontier records the share; null where /proc is unread).
+    others = report.get("others_cpu_share")
+    load = "others' CPU share unknown" if others is None else f"others took {100 * others:.0f}% of the CPU meanwhile"
     errors = [abs(e) for p in points for e in p["error_percent"].values()
               if e is not None and e == e]
     by_way = {}
@@ -74,6 +81,6 @@ for label, path in zip(("without", "with"), sys.argv[1:]):
                 by_way.setdefault(way, []).append(abs(e))
     ways = ", ".join(f"{w} {statistics.median(v):.0f}%" for w, v in sorted(by_way.items()))
     print(f"{label:8} median |error| {statistics.median(errors):5.1f}% over {len(errors)} "
-          f"predictions ({ways})")
+          f"predictions ({ways}); {load}")
 EOF
 echo "profiles and JSON in $out"

@@ -43,6 +43,27 @@ double LayerFlopsPerToken(const ModelConfig& c);
 
 // n samples of a standard normal, the same for the same seed (inputs to time kernels on).
 std::vector<float> RandomFloats(size_t n, uint32_t seed);
+// Random residual checkpoints laid out as a restore stages a page's layers, each layer its own
+// page ([layer][tokens][dim]), and the K and V rows rebuilt from them ([layer][tokens][kv_dim]):
+// what a rebuild is timed on, so that each layer's input comes from memory as a restore's does,
+// not from the core's cache, where one page shared by every layer would stay. Holds `rows`
+// rows (tokens x layers of the largest page set timed, or fewer): a page set of more rows takes
+// the pages in turn, layer l on page l mod (rows / tokens), which is as good where its pages are
+// far past any core's cache.
+class RebuildPages {
+ public:
+  RebuildPages(int64_t rows, const ModelConfig& c, uint32_t seed);
+  // Layer `layer`'s page of a page set of `tokens` tokens per layer.
+  const float* Checkpoints(int64_t layer, int64_t tokens) const;
+  float* K(int64_t layer, int64_t tokens);
+  float* V(int64_t layer, int64_t tokens);
+
+ private:
+  // The first row of that page (KVL_CHECKs that one page fits).
+  int64_t FirstRow(int64_t layer, int64_t tokens) const;
+  int64_t rows_, dim_, kv_dim_;
+  std::vector<float> checkpoints_, k_, v_;
+};
 // Monotonic wall-clock seconds.
 double NowSeconds();
 // Median and nearest-rank percentile (p in [0, 100]) of a non-empty sample.
@@ -200,6 +221,16 @@ TierPlan PlanTiers(const CalibrateOptions& o, const Model& model);
 int SamplesFor(const CalibrateOptions& o, int64_t call_bytes);
 // The bytes a cold timing cycles through: at least 1.5 times the last-level cache.
 int64_t WorkingSetBytes(const CalibrateOptions& o);
+// The bytes a warm timing cycles through: twice the core's own cache (L2), so that no page read
+// is still there, as a page read back some time after it was written is not, and at most half
+// the last-level cache, so that every one is still in that. A warm timing that rereads one
+// page set in a loop times the core's own cache instead: `kvl bench frontier` read a 128 KiB
+// RAM-tier page at 4.9 GB/s where such a loop had priced 8.8 GB/s. Unknown sizes (0) are taken
+// as 2 MiB and 32 MiB.
+int64_t WarmSetBytes(int64_t core_cache_bytes, int64_t last_level_cache_bytes);
+// How many of a cold timing's `groups` groups of keys a warm timing of `call_bytes` a call
+// cycles through: enough for warm_set_bytes, at least 1, at most `groups`.
+int64_t WarmGroups(int64_t call_bytes, int64_t warm_set_bytes, int64_t groups);
 // The tiers' write and read curves (calibration_tiers.cc), with scratch files in o.disk_dir;
 // TierStageSteps steps of `stage`.
 int64_t TierStageSteps(const CalibrateOptions& o, const Model& model);

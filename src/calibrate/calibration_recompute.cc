@@ -2,7 +2,8 @@
 // timed at a grid of shapes (tokens x layers, tokens x position) and fitted (calibration_fit.cc).
 //
 // Both are timed through the forward pass itself, so they cost what the pager and a resumed
-// sequence really pay: Forward::RebuildLayerKv (a rebuild on its own, as a restore pays) for checkpoints, and
+// sequence really pay: Forward::RebuildLayerKv (a rebuild on its own, as a restore pays, each
+// layer on its own page of checkpoints, RebuildPages) for checkpoints, and
 // Forward::Run of the page's tokens after `position` tokens of context for tokens. The context's
 // K/V rows are zeros: attention's time does not depend on their values, only on how many there
 // are, so the context costs nothing to set up.
@@ -24,14 +25,12 @@ namespace kvl::calibration_internal {
 namespace {
 
 // The calibration's context cache, handing a forward run kStepRebuildRows rows to rebuild at
-// every layer (random checkpoints; rows written to scratch), as the pager does in a step.
+// every layer, as the pager does in a step: each layer its own page of (random) checkpoints and
+// its own K/V rows out (RebuildPages), not one page shared by every layer.
 class RebuildRowsCache final : public KvCache {
  public:
   RebuildRowsCache(ContiguousKvCache& kv, const ModelConfig& c)
-      : kv_(kv),
-        input_(RandomFloats(static_cast<size_t>(kStepRebuildRows * c.dim), 3)),
-        k_(static_cast<size_t>(kStepRebuildRows * c.kv_dim())),
-        v_(k_.size()) {
+      : kv_(kv), pages_(kStepRebuildRows * c.num_layers, c, 3) {
     for (int64_t t = 0; t < kStepRebuildRows; ++t) {
       positions_.push_back(t);
       seqs_.push_back(0);
@@ -45,16 +44,15 @@ class RebuildRowsCache final : public KvCache {
     r.rows = kStepRebuildRows;
     r.positions = positions_.data();
     r.seq_ids = seqs_.data();
-    r.input = input_.data();
-    r.k_out = k_.data();
-    r.v_out = v_.data();
+    r.input = pages_.Checkpoints(layer, kStepRebuildRows);
+    r.k_out = pages_.K(layer, kStepRebuildRows);
+    r.v_out = pages_.V(layer, kStepRebuildRows);
     return r;
   }
 
  private:
   ContiguousKvCache& kv_;
-  std::vector<float> input_;
-  std::vector<float> k_, v_;
+  RebuildPages pages_;
   std::vector<int64_t> positions_;
   std::vector<int32_t> seqs_;
 };
@@ -101,6 +99,29 @@ std::vector<int64_t> GridLayers(int64_t num_layers) {
 }
 
 }  // namespace
+
+RebuildPages::RebuildPages(int64_t rows, const ModelConfig& c, uint32_t seed)
+    : rows_(rows),
+      dim_(c.dim),
+      kv_dim_(c.kv_dim()),
+      checkpoints_(RandomFloats(static_cast<size_t>(rows * c.dim), seed)),
+      k_(static_cast<size_t>(rows * c.kv_dim())),
+      v_(k_.size()) {}
+
+int64_t RebuildPages::FirstRow(int64_t layer, int64_t tokens) const {
+  KVL_CHECK_MSG(layer >= 0 && tokens > 0 && tokens <= rows_, "RebuildPages: the page does not fit");
+  return (layer % (rows_ / tokens)) * tokens;
+}
+
+const float* RebuildPages::Checkpoints(int64_t layer, int64_t tokens) const {
+  return checkpoints_.data() + FirstRow(layer, tokens) * dim_;
+}
+float* RebuildPages::K(int64_t layer, int64_t tokens) {
+  return k_.data() + FirstRow(layer, tokens) * kv_dim_;
+}
+float* RebuildPages::V(int64_t layer, int64_t tokens) {
+  return v_.data() + FirstRow(layer, tokens) * kv_dim_;
+}
 
 StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool& pool,
                                                  const ops::OpsContext& ctx,
@@ -165,11 +186,20 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
   ops::OpsContext forward_ctx(ctx.isa(), &pool);
   Forward forward(model, forward_ctx, fo);
 
-  // (a) From checkpoints: [tokens][dim] layer inputs in, [tokens][kv_dim] K and V out per layer,
-  // as the pager rebuilds a checkpointed page.
-  const std::vector<float> residual = RandomFloats(static_cast<size_t>(max_tokens * c.dim), 2);
-  std::vector<float> k_out(static_cast<size_t>(max_tokens * c.kv_dim()));
-  std::vector<float> v_out(k_out.size());
+  // (a) From checkpoints, as the pager restores a checkpointed page: per layer, that layer's
+  // [tokens][dim] page of checkpoints in, its [tokens][kv_dim] K and V rows out. Every layer has
+  // pages of its own (RebuildPages), as a restore stages them: one page shared by every layer
+  // would stay in the core's cache from layer to layer, which no restore's input does.
+  // Up to kRebuildPagesBytes of them: a larger set (4096 tokens x 22 layers of TinyLlama's
+  // checkpoints are 738 MiB) takes its pages in turn, each far past a core's cache already.
+  constexpr int64_t kRebuildPagesBytes = int64_t{64} << 20;
+  int64_t page_rows = 0;  // tokens x layers of the largest point, within kRebuildPagesBytes
+  const int64_t rows_in_bound = kRebuildPagesBytes / (c.dim * static_cast<int64_t>(sizeof(float)));
+  for (const PlannedPoint& p : residual_plan) {
+    page_rows = std::max(page_rows, std::max(p.shape.tokens,
+                                             std::min(p.shape.tokens * p.shape.layers, rows_in_bound)));
+  }
+  RebuildPages pages(page_rows, c, 2);
   std::vector<int64_t> positions(static_cast<size_t>(max_tokens));
   for (int64_t t = 0; t < max_tokens; ++t) positions[static_cast<size_t>(t)] = t;
   std::vector<RecomputePoint> residual_points;
@@ -177,8 +207,9 @@ StatusOr<RecomputeCurves> MeasureRecomputeCurves(const Model& model, ThreadPool&
     RecomputePoint p = planned.shape;
     p.ms = 1e3 * MedianSecondsPerCall(SamplesFor(planned, o), o.min_sample_seconds, stage, [&] {
              for (int64_t l = 0; l < p.layers; ++l) {
-               forward.RebuildLayerKv(l, residual.data(), positions.data(), p.tokens, DType::kF32,
-                                      k_out.data(), DType::kF32, v_out.data());
+               forward.RebuildLayerKv(l, pages.Checkpoints(l, p.tokens), positions.data(),
+                                      p.tokens, DType::kF32, pages.K(l, p.tokens), DType::kF32,
+                                      pages.V(l, p.tokens));
              }
            });
     residual_points.push_back(p);

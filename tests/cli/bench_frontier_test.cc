@@ -54,6 +54,12 @@ TEST_F(BenchFrontierTest, EveryPointIsMeasuredAndTheWinnerIsTheFastest) {
   EXPECT_TRUE(j["rebuilt_bit_exact"].get<bool>()) << r.output;
   const double idle = j["decode"]["idle_fraction"].get<double>();
   EXPECT_TRUE(idle >= 0 && idle <= 1) << idle;
+  // The load the points were measured under: the CPU share others took meanwhile (Linux's /proc
+  // is readable here), named in the table too.
+  ASSERT_TRUE(j["others_cpu_share"].is_number()) << j["others_cpu_share"].dump();
+  const double others = j["others_cpu_share"].get<double>();
+  EXPECT_TRUE(others >= 0 && others <= 1) << others;
+  EXPECT_NE(r.output.find("of the CPU while this measured"), std::string::npos) << r.output;
 
   // 2 tiers x 2 phases x 2 page sizes x 2 depths, each exactly once.
   std::set<std::tuple<std::string, std::string, int64_t, int64_t>> seen;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,10 @@ struct FrontierReport {
   double prefill_token_ms = 0;
   double idle_fraction = 0;
   bool rebuilt_bit_exact = true;
+  // The share of the machine's CPU other processes took while the points were measured
+  // (OthersCpuShare); nullopt where /proc could not be read. Predictions from a quiet profile
+  // are compared with a quiet machine's times only where this stays under kBusyOthersCpuShare.
+  std::optional<double> others_cpu_share;
   const TransferCurve* redis_read = nullptr;  // the Redis server's read curve, where one was swept
   std::vector<Point> points;
 };

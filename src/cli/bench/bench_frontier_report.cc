@@ -140,6 +140,13 @@ void PrintFrontierTables(const FrontierReport& r, const MachineProfile& profile)
     fmt::print("{}{} = {}", i ? ", " : "", r.tier_labels[i], r.tier_names[i]);
   }
   fmt::print("\nmodel's profile: {} ({})\n", profile.source, profile.timestamp);
+  if (r.others_cpu_share) {
+    fmt::print("machine   other processes took {:.0f}% of the CPU while this measured{}\n",
+               100 * *r.others_cpu_share,
+               *r.others_cpu_share > kBusyOthersCpuShare
+                   ? ": the times are a busy machine's, not what a quiet profile predicts"
+                   : "");
+  }
   fmt::print("rebuilt K/V bit-exact with the run's: {}\n\n", r.rebuilt_bit_exact ? "yes" : "NO");
 
   for (Phase phase : kPhases) {
@@ -256,6 +263,7 @@ nlohmann::json FrontierJson(const FrontierReport& r, const MachineProfile& profi
                              {"large_gbps", redis.large_gbps}, {"points", redis.points.size()}};
   }
   j["rebuilt_bit_exact"] = r.rebuilt_bit_exact;
+  j["others_cpu_share"] = r.others_cpu_share ? nlohmann::json(*r.others_cpu_share) : nlohmann::json();
   nlohmann::json tiers = nlohmann::json::array();
   for (size_t i = 0; i < r.tier_labels.size(); ++i) {
     tiers.push_back({{"tier", r.tier_labels[i]},

@@ -47,6 +47,7 @@
 #include "kvl/kv_cache.h"
 #include "kvl/kv_policy.h"
 #include "kvl/kv_tier.h"
+#include "kvl/machine_load.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/thread_pool.h"
@@ -414,7 +415,20 @@ Status FrontierBench::Run(const MachineProfile& profile) {
     KVL_ASSIGN_OR_RETURN(remote_curves_, MeasureTierCurves(*scratch, page_bytes, c_.num_layers,
                                                            QuickCalibrateOptions()));
   }
+  // How busy the rest of the machine was while the points were measured: a time taken while
+  // others ran is not what a profile measured on a quiet machine predicts.
+  const std::optional<CpuTicks> before = ReadCpuTicks();
   for (int64_t t : report_.sweep.page_tokens) KVL_RETURN_IF_ERROR(MeasurePageSize(t, profile));
+  const std::optional<CpuTicks> after = ReadCpuTicks();
+  if (before && after) {
+    report_.others_cpu_share = OthersCpuShare(*before, *after);
+    if (*report_.others_cpu_share > kBusyOthersCpuShare) {
+      fmt::print(stderr,
+                 "kvl bench frontier: warning: other processes took {:.0f}% of the CPU while "
+                 "this measured: the times are a busy machine's\n",
+                 100 * *report_.others_cpu_share);
+    }
+  }
   return Status::Ok();
 }
 
