@@ -182,6 +182,8 @@ void StepRunner::RunBatch(const StepPlan& plan) {
     p_.forward->Run(*run, memory_.forward_cache());
     const std::span<const SeqId> failed_streams = memory_.EndForward();
     last_run_ms_ = MillisecondsBetween(run_start, Clock::now());
+    // Priced now, while every sequence of the run still holds its slot (sampling may finish one).
+    last_run_rebuilds_ = memory_.InStepRebuilds();
     for (SeqId failed : failed_streams) {
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
         Sequence* seq = plan.seqs[i];
@@ -350,7 +352,7 @@ void StepRunner::MeasureRebuildsInStep() {
   step.measured_ms = last_run_ms_;
   const double plain_ms = memory_.PlainDecodeStepMs(batch_.positions);
   step.plain_model_ms = plain_ms > 0 ? plain_ms + p_.forward->last_logits_ms() : 0;
-  step.rebuilds = memory_.InStepRebuilds();
+  step.rebuilds = last_run_rebuilds_;
   const std::optional<InStepRebuildMeter::Measured> m = in_step_meter_.Observe(step);
   if (!m) return;
   p_.metrics->CountRebuiltInStep(m->pages, m->predicted_page_ms, m->measured_page_ms);

@@ -114,6 +114,7 @@ class StepRunner {
   InStepRebuildMeter in_step_meter_;
   BringBackBatch in_step_rebuilt_{kNumFeedbackKeys};
   double last_run_ms_ = 0;  // the last forward run, BeginForward to EndForward
+  KvInStepRebuilds last_run_rebuilds_;  // the pages it rebuilt inside, priced
   double TokenWeight(int64_t position) const;
   std::vector<int64_t> full_blocks_before_;   // per sequence of the step: full pages before it
   std::string piece_;                         // the text of the token being appended, reused
