@@ -75,6 +75,7 @@ void PrintKvPredictionErrors(const EngineMetrics& m) {
   for (int a = 0; a < kNumKvActions; ++a) {
     line(KvActionName(static_cast<KvAction>(a)), m.kv_actions[static_cast<size_t>(a)].error);
   }
+  line("recompute-residual in step", m.kv_rebuilt_in_step.error);
   for (const KvTierMetrics& t : m.kv_tiers) line("promote from " + t.name, t.promote_error);
 }
 
@@ -117,6 +118,15 @@ void PrintKvSummary(const EngineMetrics& m) {
                "measured {:.2f} ms\n",
                KvActionName(static_cast<KvAction>(a)), c.pages, c.bytes / kMiB, c.pages_restored,
                c.predicted_ms, c.measured_ms);
+  }
+  const KvActionCounter& in_step = m.kv_rebuilt_in_step;
+  if (in_step.pages_restored > 0) {
+    // Pages kept as checkpoints come back at every decode step that reads them, inside it.
+    fmt::print(stderr,
+               "kvl: kv recompute-residual in step: {} restored in decode steps (a page each step "
+               "it is read): predicted {:.2f} ms, measured {:.2f} ms (the steps' time less their "
+               "calibrated time without the rows)\n",
+               in_step.pages_restored, in_step.predicted_ms, in_step.measured_ms);
   }
   PrintKvPredictionErrors(m);
   fmt::print(stderr,

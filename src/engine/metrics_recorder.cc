@@ -46,6 +46,23 @@ void MetricsRecorder::CountRestored(KvAction action, double predicted_ms, double
   restore_predictions_[static_cast<size_t>(action)].Add(predicted_ms, measured_ms);
 }
 
+void MetricsRecorder::CountRebuiltInStep(int64_t pages, double predicted_page_ms,
+                                         double measured_page_ms) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  rebuilt_in_step_.pages += pages;
+  rebuilt_in_step_.pages_restored += pages;
+  rebuilt_in_step_.predicted_ms += predicted_page_ms * static_cast<double>(pages);
+  rebuilt_in_step_.measured_ms += measured_page_ms * static_cast<double>(pages);
+  for (int64_t i = 0; i < pages; ++i) {
+    rebuilt_in_step_predictions_.Add(predicted_page_ms, measured_page_ms);
+  }
+}
+
+void MetricsRecorder::CountRecomputedBesideDecode() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++recomputed_beside_decode_;
+}
+
 void MetricsRecorder::CountPromoted(int64_t tier_index, double predicted_ms, double measured_ms) {
   if (tier_index < 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
@@ -233,6 +250,9 @@ void MetricsRecorder::Snapshot(EngineMetrics* m) const {
     m->kv_sequences_ended.push_back(ended_maps_[(oldest + i) % ended_maps_.size()]);
   }
   m->kv = kv_stats_;
+  m->kv_rebuilt_in_step = rebuilt_in_step_;
+  m->kv_recomputed_pages_beside_decode = recomputed_beside_decode_;
+  m->kv_rebuilt_in_step.error = rebuilt_in_step_predictions_.Summary();
   m->kv_actions = action_counters_;
   for (size_t a = 0; a < m->kv_actions.size(); ++a) {
     m->kv_actions[a].error = restore_predictions_[a].Summary();

@@ -36,6 +36,11 @@ class MetricsRecorder {
   void CountPageAction(KvAction action, int64_t bytes);
   // Pages brought back after a preemption: what the cost model predicted and what it took.
   void CountRestored(KvAction action, double predicted_ms, double measured_ms);
+  // One decode step's `pages` rebuilt from checkpoints inside it: each page's predicted and
+  // measured marginal time there (InStepRebuildMeter).
+  void CountRebuiltInStep(int64_t pages, double predicted_page_ms, double measured_page_ms);
+  // A page recomputed from its tokens in a step that also carried decode rows.
+  void CountRecomputedBesideDecode();
   // One block promoted from the KV store's tier `tier_index` (KvStore::TierIndex).
   void CountPromoted(int64_t tier_index, double predicted_ms, double measured_ms);
   // The prediction error of the promotions from one store tier.
@@ -72,6 +77,9 @@ class MetricsRecorder {
   std::array<KvActionCounter, kNumKvActions> action_counters_{};
   std::array<PredictionWindow, kNumKvActions> restore_predictions_;  // by KvAction
   std::vector<PredictionWindow> promote_predictions_;                // by store tier index
+  KvActionCounter rebuilt_in_step_{};
+  int64_t recomputed_beside_decode_ = 0;
+  PredictionWindow rebuilt_in_step_predictions_;  // per page and step
   int64_t checksum_failures_ = 0;
   int64_t pages_recomputed_after_failure_ = 0;
   int64_t requests_finished_ = 0;

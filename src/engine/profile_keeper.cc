@@ -13,6 +13,7 @@ namespace kvl {
 
 std::string FeedbackKeyName(size_t key) {
   if (key == kRemoteTierFeedbackKey) return "redis";
+  if (key == kInStepRebuildFeedbackKey) return "recompute-residual-in-step";
   return std::string(KvActionName(static_cast<KvAction>(key)));
 }
 

@@ -38,7 +38,8 @@
 namespace kvl {
 
 // The key names a profile file records corrections under: the action's (KvActionName), "redis"
-// for the KV store's Redis tier (kvl/kv_pager.h's FeedbackKey).
+// for the KV store's Redis tier (kvl/kv_pager.h's FeedbackKey), "recompute-residual-in-step" for
+// rebuilds inside decode steps (kInStepRebuildFeedbackKey).
 std::string FeedbackKeyName(size_t key);
 
 struct ProfileKeeperOptions {

@@ -177,9 +177,14 @@ void StepRunner::RunBatch(const StepPlan& plan) {
       if (run_seqs_.empty() || run_seqs_.back() != id) run_seqs_.push_back(id);
     }
     ClaimWindowRows(*run);
+    const Clock::time_point run_start = Clock::now();
     memory_.BeginForward(run_seqs_);
     p_.forward->Run(*run, memory_.forward_cache());
-    for (SeqId failed : memory_.EndForward()) {
+    const std::span<const SeqId> failed_streams = memory_.EndForward();
+    last_run_ms_ = MillisecondsBetween(run_start, Clock::now());
+    // Priced now, while every sequence of the run still holds its slot (sampling may finish one).
+    last_run_rebuilds_ = memory_.InStepRebuilds();
+    for (SeqId failed : failed_streams) {
       for (size_t i = 0; i < plan.seqs.size(); ++i) {
         Sequence* seq = plan.seqs[i];
         if (seq->slot == failed && !seq->stream_failed) {
@@ -276,6 +281,8 @@ void StepRunner::Run(const StepPlan& plan) {
   const Clock::time_point start = Clock::now();
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
   const double forward_ms = MillisecondsBetween(start, Clock::now());
+  // (Before a preemption below can let a sequence's blocks go.)
+  if (prefill_tokens == 0 && batch_.size() > 0) MeasureRebuildsInStep();
   if (p_.speculator != nullptr) {
     // A request that ended is what a drafter across requests drafts from (--spec suffix).
     for (const Sequence* seq : plan.seqs) {
@@ -303,6 +310,10 @@ void StepRunner::CountRecomputedPages(double forward_ms) {
   // deep decode tokens beside it.
   double step_weight = 0;
   for (int64_t pos : batch_.positions) step_weight += TokenWeight(pos);
+  // A page recomputed from its tokens is a prefill chunk of the step: rows of the same forward
+  // run as the other sequences' decode tokens, never a run of its own.
+  bool beside_decode = false;
+  for (const ComputedRange& r : computed_) beside_decode |= r.to - r.from == 1;
   size_t kept = 0;
   for (const PendingRecompute& page : pending_recompute_) {
     const int64_t first = page.block * block_tokens_;
@@ -317,6 +328,7 @@ void StepRunner::CountRecomputedPages(double forward_ms) {
         const double page_ms = forward_ms * page_weight / step_weight;
         p_.metrics->CountRestored(KvAction::kRecomputeTokens, page.predicted_ms, page_ms);
         recomputed_.Add(static_cast<size_t>(KvAction::kRecomputeTokens), page.model_ms, page_ms);
+        if (beside_decode) p_.metrics->CountRecomputedBesideDecode();
         done = true;
       } else if (r.from > first) {
         done = true;  // split across two steps: its time is not one step's share
@@ -327,6 +339,26 @@ void StepRunner::CountRecomputedPages(double forward_ms) {
   }
   pending_recompute_.resize(kept);
   memory_.FeedBack(recomputed_);
+}
+
+void StepRunner::MeasureRebuildsInStep() {
+  // One row per sequence (no draft, no window rows) in one forward run: the calibrated decode
+  // step applies, and the run's time is the step's.
+  if (batch_.size() != static_cast<int64_t>(run_seqs_.size()) ||
+      batch_.size() > p_.forward->options().max_batch_tokens) {
+    return;
+  }
+  InStepRebuildMeter::Step step;
+  step.measured_ms = last_run_ms_;
+  const double plain_ms = memory_.PlainDecodeStepMs(batch_.positions);
+  step.plain_model_ms = plain_ms > 0 ? plain_ms + p_.forward->last_logits_ms() : 0;
+  step.rebuilds = last_run_rebuilds_;
+  const std::optional<InStepRebuildMeter::Measured> m = in_step_meter_.Observe(step);
+  if (!m) return;
+  p_.metrics->CountRebuiltInStep(m->pages, m->predicted_page_ms, m->measured_page_ms);
+  // One event per step, whatever its page count (kvl/kv_price_feedback.h).
+  in_step_rebuilt_.Add(kInStepRebuildFeedbackKey, m->model_ms, m->measured_ms);
+  memory_.FeedBack(in_step_rebuilt_);
 }
 
 void StepRunner::SaveUnreachablePages(const StepPlan& plan) {

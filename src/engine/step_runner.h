@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "in_step_rebuild_meter.h"
 #include "kvl/forward.h"
 #include "kvl/kv_memory.h"
 #include "kvl/tokenizer.h"
@@ -106,6 +107,14 @@ class StepRunner {
   std::vector<ComputedRange> computed_;
   // Checks the pending recomputes this step covered against the forward run's time (ms).
   void CountRecomputedPages(double forward_ms);
+  // A decode step (one row per sequence, one forward run): the pages it rebuilt from checkpoints
+  // inside, measured against its calibrated time without them (InStepRebuildMeter), to the
+  // metrics and the feedback; a plain one refines the meter's baseline.
+  void MeasureRebuildsInStep();
+  InStepRebuildMeter in_step_meter_;
+  BringBackBatch in_step_rebuilt_{kNumFeedbackKeys};
+  double last_run_ms_ = 0;  // the last forward run, BeginForward to EndForward
+  KvInStepRebuilds last_run_rebuilds_;  // the pages it rebuilt inside, priced
   double TokenWeight(int64_t position) const;
   std::vector<int64_t> full_blocks_before_;   // per sequence of the step: full pages before it
   std::string piece_;                         // the text of the token being appended, reused

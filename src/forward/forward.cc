@@ -187,7 +187,11 @@ void Forward::Run(const TokenBatch& batch, KvCache& kv) {
   Embed(batch);
   PlanAttentionMass(batch, kv);  // the same tokens feed the accumulators on every layer
   RunLayers(batch, &kv, nullptr);
+  const auto logits_start = std::chrono::steady_clock::now();
   Logits(batch);
+  last_logits_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                              logits_start)
+                        .count();
 }
 
 void Forward::Rebuild(KvRebuildSource& source, KvCache* kv) {

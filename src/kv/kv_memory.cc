@@ -860,6 +860,36 @@ double KvMemory::TokenRecomputeMs(int64_t position) const {
   return RecomputeTokenMs(rules().prices, position);
 }
 
+KvInStepRebuilds KvMemory::InStepRebuilds() const {
+  KvInStepRebuilds r;
+  const PageCostProfile& prices = rules().prices;
+  const double correction = InStepRebuildCorrection(corrections());
+  for (SeqId seq : pager_->RebuiltInStep()) {
+    const double model_ms = InStepRebuildMs(prices, manager_->num_tokens(seq));
+    if (model_ms < 0) continue;
+    ++r.pages;
+    r.model_ms += model_ms;
+    r.predicted_ms += model_ms * correction;
+  }
+  return r;
+}
+
+double KvMemory::PlainDecodeStepMs(std::span<const int64_t> contexts) const {
+  const DecodeIdleCurve& curve = rules().prices.decode_idle;
+  if (contexts.empty() || curve.num_points == 0) return 0;
+  const int64_t deepest = *std::max_element(contexts.begin(), contexts.end());
+  double ms = curve.PointAt(deepest).step_ms;
+  bool deepest_counted = false;
+  for (int64_t context : contexts) {
+    if (context == deepest && !deepest_counted) {
+      deepest_counted = true;
+      continue;
+    }
+    ms += curve.PointAt(context).batch_ms_per_token;
+  }
+  return ms;
+}
+
 void KvMemory::FeedBack(BringBackBatch& batch) { batch.FeedTo(feedback()); }
 
 std::string KvMemory::WhyTooBig(bool prompt_only, int64_t tokens) const {

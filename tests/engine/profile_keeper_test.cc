@@ -126,6 +126,34 @@ TEST(ProfileKeeperTest, CorrectionsAreWrittenBackAndTheNextRunStartsFromThem) {
   EXPECT_EQ(now[0].events, 4);
 }
 
+// Rebuilds inside decode steps have a correction of their own, saved under its own name and
+// seeded back into the same key, apart from rebuilds on their own.
+TEST(ProfileKeeperTest, TheInStepRebuildCorrectionRoundTripsUnderItsOwnName) {
+  const std::string path = FreshPath("in-step");
+  ASSERT_TRUE(SaveProfile(MeasuredEarlier(), path).ok());
+  {
+    BringBackFeedback feedback(kNumFeedbackKeys);
+    ProfileKeeperOptions o;
+    o.path = path;
+    o.messages = nullptr;
+    ProfileKeeper keeper(o, FeedbackHooks(&feedback), *LoadProfile(path));
+    feedback.Observe(kInStepRebuildFeedbackKey, 4.0, 5.0);
+    keeper.AtStop();
+  }
+  StatusOr<MachineProfile> saved = LoadProfile(path);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  ASSERT_EQ(saved->corrections.size(), 1u);
+  EXPECT_EQ(saved->corrections[0].key, "recompute-residual-in-step");
+  EXPECT_NEAR(saved->corrections[0].scale, 1.25, 1e-12);
+  BringBackFeedback next(kNumFeedbackKeys);
+  ProfileKeeperOptions o;
+  o.path = path;
+  o.messages = nullptr;
+  ProfileKeeper keeper(o, FeedbackHooks(&next), *saved);
+  EXPECT_NEAR(next.Scale(kInStepRebuildFeedbackKey), 1.25, 1e-12);
+  EXPECT_EQ(next.Scale(static_cast<size_t>(KvAction::kRecomputeResidual)), 1.0);
+}
+
 TEST(ProfileKeeperTest, NothingIsWrittenWhileTheCorrectionsStandStill) {
   const std::string path = FreshPath("still");
   ASSERT_TRUE(SaveProfile(MeasuredEarlier(), path).ok());

@@ -297,6 +297,15 @@ struct EngineMetrics {
   KvStats kv;
   std::vector<KvTierMetrics> kv_tiers;  // one per --kv-tier, in the order given
   std::array<KvActionCounter, kNumKvActions> kv_actions;  // indexed by KvAction
+  // Pages of running sequences rebuilt from residual checkpoints inside decode steps (their rows
+  // ride in the step's K and V matmuls), one count per page and step (pages and pages_restored
+  // alike): what the policy priced them at in the step against the step's time less its
+  // calibrated time without them, split over its pages (decode steps of one forward run only).
+  KvActionCounter kv_rebuilt_in_step;
+  // Of the pages recomputed from their tokens (kv_actions[recompute-tokens].pages_restored),
+  // those whose step also carried decode rows: the recompute rode in the step as a prefill chunk
+  // does, rows of the same forward run.
+  int64_t kv_recomputed_pages_beside_decode = 0;
   // Reads from a tier that failed their checksum or I/O (a resume's promotion, or a step's
   // streamed page), and the pages recomputed from their tokens because of them.
   int64_t kv_checksum_failures = 0;

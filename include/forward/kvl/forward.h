@@ -87,6 +87,10 @@ class Forward final : public KvRebuilder {
                       DType k_type, void* k_out, DType v_type, void* v_out);
 
   const float* logits(int64_t row) const;  // [vocab]
+  // Milliseconds the last Run spent on its logits (the final norm and the output matmul): the
+  // part of an engine's decode step that the calibrated step, which asks for no logits, leaves
+  // out (the engine adds it back to measure rebuilds in the step against the calibrated one).
+  double last_logits_ms() const { return last_logits_ms_; }
   int64_t num_logit_rows() const { return num_logit_rows_; }
   const ForwardOptions& options() const { return options_; }
   // The weights repacked at construction for the ISA's int8 GEMM (ops::PackMatrix): their bytes
@@ -238,6 +242,7 @@ class Forward final : public KvRebuilder {
   std::vector<int64_t> mass_row_of_token_;  // [tokens]: row in mass_scratch_, or -1
   int64_t num_mass_rows_ = 0;               // tokens of this Run that feed attention mass
   std::vector<float> logits_;    // [max_logit_rows][vocab]
+  double last_logits_ms_ = 0;
   int64_t num_logit_rows_ = 0;
 };
 

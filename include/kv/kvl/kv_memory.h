@@ -162,6 +162,14 @@ struct KvApplied {
   }
 };
 
+// The pages a forward run rebuilt from checkpoints inside it (KvLayerRebuild) and what the cost
+// model prices them at in that run: InStepRebuildMs at each page's sequence's context, summed.
+struct KvInStepRebuilds {
+  int64_t pages = 0;
+  double model_ms = 0;      // the profile's alone
+  double predicted_ms = 0;  // corrected by what was measured (InStepRebuildCorrection)
+};
+
 // Both sides of the pool's gauges.
 struct KvMemoryStats {
   KvStats pool;
@@ -317,6 +325,13 @@ class KvMemory {
   void NoteStep();
   // What one token at `position` costs to compute, as the cost model prices it (0: no prices).
   double TokenRecomputeMs(int64_t position) const;
+  // The last forward run's rebuilds inside it, priced (until the next BeginForward); no pages
+  // priced where the profile did not measure a step with rebuilt rows.
+  KvInStepRebuilds InStepRebuilds() const;
+  // What the profile measured a decode step to take with one row per sequence, the sequences'
+  // contexts `contexts` and no rebuilt rows: the step at the deepest context, and each other row
+  // at its context's per-token batch time (DecodeIdleCurve). 0 where it has no step times.
+  double PlainDecodeStepMs(std::span<const int64_t> contexts) const;
   // Measured bring-back times fed back to the prices (nothing with --no-kv-feedback).
   void FeedBack(BringBackBatch& batch);
   // The corrections measured so far, per FeedbackKey (null with --no-kv-feedback).

@@ -63,7 +63,9 @@ namespace kvl {
 // there: the same read at the same price), except a page of a remote tier (Redis), which no
 // action of the policy demotes to and which has a key of its own.
 inline constexpr size_t kRemoteTierFeedbackKey = kNumKvActions;
-inline constexpr size_t kNumFeedbackKeys = kNumKvActions + 1;
+// The last key: rebuilds inside decode steps (kvl/kv_policy.h).
+static_assert(kInStepRebuildFeedbackKey == kRemoteTierFeedbackKey + 1);
+inline constexpr size_t kNumFeedbackKeys = kInStepRebuildFeedbackKey + 1;
 size_t FeedbackKey(KvAction action, const KvTier* tier);
 
 // One decision of the planner for one page.
@@ -254,6 +256,9 @@ class KvPager final : public KvDetachedPages {
   // BeginStep.
   void BeginStep(std::span<const SeqId> seqs);
   std::span<const SeqId> EndStep();
+  // The sequence of each page the last forward run rebuilt from checkpoints inside it (one entry
+  // per page), until the next BeginStep.
+  std::span<const SeqId> RebuiltInStep() const;
 
   // KvDetachedPages.
   KvCache::Rows RowsAt(int32_t seq, int64_t block_index, int64_t layer, int64_t offset) override;

@@ -52,6 +52,11 @@ enum class KvAction {
 };
 inline constexpr int kNumKvActions = 8;
 std::string_view KvActionName(KvAction action);
+// The feedback key (kvl/kv_price_feedback.h) of pages rebuilt from checkpoints inside decode
+// steps: what their rows add to the step they ride in is measured and corrected apart from a
+// rebuild on its own (a restore, kRecomputeResidual's key), which is a different cost. (Key
+// kNumKvActions is the KV store's remote tier's, kvl/kv_pager.h.)
+inline constexpr size_t kInStepRebuildFeedbackKey = kNumKvActions + 1;
 bool IsLossless(KvAction action);
 
 enum class KvQuality { kLossless, kBalanced, kAggressive };
@@ -112,6 +117,9 @@ struct DecodeIdleCurve {
   // The marginal milliseconds of one rebuilt row in a decode step at `context`, interpolated as
   // the step times are; -1 where no point measured it.
   double RebuildRowMsAt(int64_t context) const;
+  // The step and batch times at `context` (step_ms and batch_ms_per_token interpolated, the
+  // rebuilt-rows fields left 0); a zero point without points.
+  DecodeIdlePoint PointAt(int64_t context) const;
   // One point: `fraction` at every context (tests, and profiles that measure no curve).
   static DecodeIdleCurve Flat(double fraction);
   bool operator==(const DecodeIdleCurve&) const = default;
@@ -257,6 +265,16 @@ double RecomputeTokensMs(const PageCostProfile& profile, int64_t first_position)
 // forward run, so that a recomputed page's measured time is its weighted share of the run's.
 double RecomputeTokenMs(const PageCostProfile& profile, int64_t position);
 double TransferMs(double bytes, double gbps, double latency_ms);
+// What one page kept as checkpoints adds to a decode step at `step_context` that rebuilds it
+// inside (its rows ride in the step's K and V matmuls), as ChooseKvAction prices it before any
+// measured correction: its checkpoints read from the RAM tier, and its rows' marginal time in
+// the step (DecodeIdleCurve::RebuildRowMsAt), never more than a rebuild on its own. -1 where the
+// profile did not measure the step with rebuilt rows (nothing rides in the step at a price then).
+double InStepRebuildMs(const PageCostProfile& profile, int64_t step_context);
+// The measured correction of rebuilds in the step (kInStepRebuildFeedbackKey); until any was
+// measured (or seeded from the profile), that of rebuilds on their own: a busy machine slows
+// both. 1 without feedback.
+double InStepRebuildCorrection(const BringBackFeedback* feedback);
 
 KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& profile,
                           const KvPolicyOptions& options);

@@ -48,6 +48,10 @@ class BringBackFeedback {
   // unknown key).
   double Scale(size_t key) const { return key < scales_.size() ? scales_[key] : 1.0; }
   size_t samples(size_t key) const { return key < windows_.size() ? windows_[key].size() : 0; }
+  // Whether `key`'s scale rests on anything: an event of this run, or a seed.
+  bool informed(size_t key) const {
+    return key < seeded_.size() && (seeded_[key] || !windows_[key].empty());
+  }
   // Events observed under `key` since this feedback was made (not bounded by the window).
   int64_t events(size_t key) const { return key < events_.size() ? events_[key] : 0; }
   size_t keys() const { return scales_.size(); }
@@ -57,6 +61,7 @@ class BringBackFeedback {
   std::vector<size_t> next_;
   std::vector<double> scales_;
   std::vector<int64_t> events_;
+  std::vector<bool> seeded_;
 };
 
 // `feedback`'s scale for `key`; 1 without feedback (--no-kv-feedback).

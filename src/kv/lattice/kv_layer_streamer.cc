@@ -67,6 +67,7 @@ void KvLayerStreamer::Reserve(int64_t max_staged_pages) {
   block_seq_ids_.resize(static_cast<size_t>(layout_.block_tokens));
   step_.streamed.reserve(pages);
   step_.rebuilt.reserve(pages);
+  rebuilt_in_step_.reserve(pages);
   step_.in_place.reserve(static_cast<size_t>(manager_.num_blocks()));
   step_.failed.reserve(static_cast<size_t>(table_.max_seqs()));
   stats_.staging_capacity_pages = max_staged_pages;
@@ -89,6 +90,7 @@ void KvLayerStreamer::Stage(std::vector<KvStreamStep::Page>& list, SeqId seq,
 void KvLayerStreamer::BeginStep(std::span<const SeqId> seqs) {
   step_.ClearPages();
   step_.failed.clear();
+  rebuilt_in_step_.clear();
   for (SeqId seq : seqs) {
     const KvSequencePages& s = table_.Bound(seq);
     const size_t blocks = manager_.block_table(seq).size();
@@ -107,6 +109,7 @@ void KvLayerStreamer::BeginStep(std::span<const SeqId> seqs) {
                     stats_.staging_capacity_pages,
                 "more pages staged than the reserved staging holds");
   for (size_t i = 0; i < step_.rebuilt.size(); ++i) {
+    rebuilt_in_step_.push_back(step_.rebuilt[i].seq);
     for (int64_t t = 0; t < layout_.block_tokens; ++t) {
       const size_t row = i * static_cast<size_t>(layout_.block_tokens) + static_cast<size_t>(t);
       rebuilt_positions_[row] = step_.rebuilt[i].block_index * layout_.block_tokens + t;

@@ -90,6 +90,9 @@ class KvLayerStreamer {
   // failed (the span lives until the next BeginStep).
   void BeginStep(std::span<const SeqId> seqs);
   std::span<const SeqId> EndStep();
+  // The sequence of each page the current (after EndStep: the last) forward run rebuilds from
+  // checkpoints inside it, one entry per page: what the engine measures the step's rebuilds by.
+  std::span<const SeqId> rebuilt_in_step() const { return rebuilt_in_step_; }
   // KvCache::BeginLayer: waits for this layer's reads, issues the next layer's, and hands the
   // forward pass the rows it rebuilds at this layer.
   KvLayerRebuild BeginLayer(int64_t layer);
@@ -136,6 +139,7 @@ class KvLayerStreamer {
   std::vector<uint8_t> checkpoint_stage_[2];
   std::vector<int64_t> rebuilt_positions_;
   std::vector<int32_t> rebuilt_seq_ids_;
+  std::vector<SeqId> rebuilt_in_step_;  // [pages] of the step, kept past EndStep
   std::vector<uint8_t> rebuilt_k_;
   std::vector<uint8_t> rebuilt_v_;
   std::vector<PendingRead> pending_[2];  // by buffer: one read per tier

@@ -311,6 +311,8 @@ void KvPager::BeginStep(std::span<const SeqId> seqs) {
 
 std::span<const SeqId> KvPager::EndStep() { return streamer_->EndStep(); }
 
+std::span<const SeqId> KvPager::RebuiltInStep() const { return streamer_->rebuilt_in_step(); }
+
 KvLayerRebuild KvPager::BeginLayer(int64_t layer) { return streamer_->BeginLayer(layer); }
 
 KvCache::Rows KvPager::RowsAt(int32_t seq, int64_t block_index, int64_t layer, int64_t offset) {

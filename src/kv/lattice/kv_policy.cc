@@ -99,6 +99,22 @@ double RecomputeTokenMs(const PageCostProfile& p, int64_t position) {
          static_cast<double>(p.block_tokens);
 }
 
+double InStepRebuildMs(const PageCostProfile& p, int64_t step_context) {
+  const double row_ms = p.decode_idle.RebuildRowMsAt(step_context);
+  if (row_ms < 0 || p.block_tokens <= 0) return -1;
+  const double rows_ms = row_ms * static_cast<double>(p.block_tokens);
+  return TransferMs(static_cast<double>(p.residual_bytes), p.ram_gbps, p.ram_latency_ms) +
+         std::min(p.recompute_residual_ms, rows_ms);
+}
+
+double InStepRebuildCorrection(const BringBackFeedback* feedback) {
+  if (feedback == nullptr) return 1.0;
+  const size_t key = feedback->informed(kInStepRebuildFeedbackKey)
+                         ? kInStepRebuildFeedbackKey
+                         : static_cast<size_t>(KvAction::kRecomputeResidual);
+  return feedback->Scale(key);
+}
+
 double DecodeIdlePoint::Fraction() const {
   return step_ms > 0 ? std::clamp(1.0 - batch_ms_per_token / step_ms, 0.0, 1.0) : 0.0;
 }
@@ -134,23 +150,31 @@ bool DecodeIdleCurve::Add(const DecodeIdlePoint& point) {
   return true;
 }
 
-double DecodeIdleCurve::FractionAt(int64_t context) const {
-  if (num_points == 0) return 0.0;
-  const DecodeIdlePoint& first = points[0];
-  const DecodeIdlePoint& last = points[static_cast<size_t>(num_points - 1)];
-  if (context <= first.context) return first.Fraction();
-  if (context >= last.context) return last.Fraction();
-  size_t hi = 1;
-  while (points[hi].context < context) ++hi;
-  const DecodeIdlePoint& a = points[hi - 1];
-  const DecodeIdlePoint& b = points[hi];
-  const double w = static_cast<double>(context - a.context) / static_cast<double>(b.context - a.context);
+DecodeIdlePoint DecodeIdleCurve::PointAt(int64_t context) const {
   DecodeIdlePoint at;
   at.context = context;
-  at.step_ms = a.step_ms + w * (b.step_ms - a.step_ms);
-  at.batch_ms_per_token = a.batch_ms_per_token + w * (b.batch_ms_per_token - a.batch_ms_per_token);
-  return at.Fraction();
+  if (num_points == 0) return at;
+  const DecodeIdlePoint& first = points[0];
+  const DecodeIdlePoint& last = points[static_cast<size_t>(num_points - 1)];
+  const DecodeIdlePoint* a = &first;
+  const DecodeIdlePoint* b = &first;
+  double w = 0;
+  if (context >= last.context) {
+    a = b = &last;
+  } else if (context > first.context) {
+    size_t hi = 1;
+    while (points[hi].context < context) ++hi;
+    a = &points[hi - 1];
+    b = &points[hi];
+    w = static_cast<double>(context - a->context) / static_cast<double>(b->context - a->context);
+  }
+  at.step_ms = a->step_ms + w * (b->step_ms - a->step_ms);
+  at.batch_ms_per_token =
+      a->batch_ms_per_token + w * (b->batch_ms_per_token - a->batch_ms_per_token);
+  return at;
 }
+
+double DecodeIdleCurve::FractionAt(int64_t context) const { return PointAt(context).Fraction(); }
 
 DecodeIdleCurve DecodeIdleCurve::Flat(double fraction) {
   DecodeIdleCurve curve;
@@ -246,11 +270,8 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
   // of it is hidden.
   const int64_t step_context =
       o.step_context >= 0 ? o.step_context : page.first_position + p.block_tokens;
-  const double rebuild_row_ms =
-      o.phase == Phase::kDecode ? p.decode_idle.RebuildRowMsAt(step_context) : -1.0;
-  const double in_step_rebuild_ms = rebuild_row_ms >= 0 && p.block_tokens > 0
-                                        ? rebuild_row_ms * static_cast<double>(p.block_tokens)
-                                        : -1.0;
+  const double in_step_rebuild_ms =
+      o.phase == Phase::kDecode ? InStepRebuildMs(p, step_context) : -1.0;
   const double kv = static_cast<double>(p.kv_bytes);
   const double residual = static_cast<double>(p.residual_bytes);
   const double ram_write_gbps = p.ram_write_gbps > 0 ? p.ram_write_gbps : p.ram_gbps;
@@ -298,9 +319,6 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         if (!p.has_ram_tier) c.why_not = "no RAM tier for the checkpoints";
         c.now_ms = TransferMs(residual, ram_write_gbps, ram_write_latency_ms);
         c.bring_back_ms = TransferMs(residual, p.ram_gbps, p.ram_latency_ms) + p.recompute_residual_ms;
-        if (in_step_rebuild_ms >= 0) {
-          c.hidden_ms = std::max(0.0, p.recompute_residual_ms - in_step_rebuild_ms);
-        }
         break;
       case KvAction::kRecomputeTokens:
         c.bring_back_ms = RecomputeTokensMs(p, page.first_position);
@@ -315,7 +333,14 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
     c.model_bring_back_ms = c.bring_back_ms;
     const double scale = CorrectionFor(o.feedback, static_cast<size_t>(i));
     c.bring_back_ms *= scale;
-    c.hidden_ms *= scale;
+    if (c.action == KvAction::kRecomputeResidual && in_step_rebuild_ms >= 0) {
+      // In decode the page rides in the step that reads it: it costs what it adds there,
+      // corrected by what the engine measured of rebuilds in the step (StepRunner), the rest of a
+      // rebuild of its own hidden.
+      const double in_step_ms = in_step_rebuild_ms * InStepRebuildCorrection(o.feedback);
+      c.hidden_ms =
+          std::isfinite(c.bring_back_ms) ? std::max(0.0, c.bring_back_ms - in_step_ms) : 0.0;
+    }
     if (lossless_only && !IsLossless(c.action)) c.why_not = "lossy (--kv-quality lossless)";
     if (!(p.available_actions & (1u << i))) c.why_not = "not available here";
     if (!c.why_not.empty()) c.allowed = false;

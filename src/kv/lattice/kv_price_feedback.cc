@@ -6,12 +6,13 @@
 namespace kvl {
 
 BringBackFeedback::BringBackFeedback(size_t keys)
-    : windows_(keys), next_(keys, 0), scales_(keys, 1.0), events_(keys, 0) {}
+    : windows_(keys), next_(keys, 0), scales_(keys, 1.0), events_(keys, 0), seeded_(keys, false) {}
 
 void BringBackFeedback::Seed(size_t key, double scale) {
   if (key >= scales_.size() || !(scale > 0) || !std::isfinite(scale)) return;
   if (!windows_[key].empty()) return;  // this run's own measurements win
   scales_[key] = std::clamp(scale, kMinScale, kMaxScale);
+  seeded_[key] = true;
 }
 
 void BringBackFeedback::Observe(size_t key, double model_ms, double measured_ms) {
