@@ -44,10 +44,12 @@ void StepCostCurve::Observe(int64_t rows, double ms) {
   next_[r] = static_cast<uint8_t>((next_[r] + 1) % kCostWindow);
   weight_[r] = std::min<double>(weight_[r] + 1, kCostWindow);
   ms_[r] = MedianOfWindow(window, static_cast<size_t>(weight_[r]));
+  max_observed_ = std::max(max_observed_, rows);
   // The reference and the slope change only here: worked out once a step, not at each of the
-  // cost model's many Relative calls.
+  // cost model's many Relative calls (and over the row counts seen, not the whole table: a step
+  // of a small model is a fraction of a millisecond).
   reference_ = 0;
-  for (int64_t row = 1; row < static_cast<int64_t>(ms_.size()); ++row) {
+  for (int64_t row = 1; row <= max_observed_; ++row) {
     if (measured(row)) {
       reference_ = row;
       break;
@@ -72,7 +74,7 @@ double StepCostCurve::MeasuredSlope() const {
   // Weighted mean of (T(R) / T(ref) - 1) / (R - ref) over the row counts measured above ref.
   const double ref_ms = ms_[static_cast<size_t>(ref)];
   double sum = 0, weight = 0;
-  for (size_t r = static_cast<size_t>(ref) + 1; r < ms_.size(); ++r) {
+  for (size_t r = static_cast<size_t>(ref) + 1; r <= static_cast<size_t>(max_observed_); ++r) {
     if (weight_[r] <= 0) continue;
     sum += weight_[r] * (ms_[r] / ref_ms - 1) / static_cast<double>(r - static_cast<size_t>(ref));
     weight += weight_[r];

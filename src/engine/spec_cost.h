@@ -69,6 +69,7 @@ class StepCostCurve {
   // What Observe last worked out: reference() and slope().
   int64_t reference_ = 0;
   double slope_;
+  int64_t max_observed_ = 0;  // the most rows of any step observed
 
   // The weighted mean slope of the row counts measured above the reference (the prior without).
   double MeasuredSlope() const;

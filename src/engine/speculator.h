@@ -61,6 +61,10 @@ class Speculator {
   // The gate: weighs the last draft the sequence sent by what it returned, and says whether
   // the sequence sends nothing this step (its drafts lost to plain decoding of late).
   bool Held(SpecSequenceState& s);
+  // Whether a sequence that sends nothing this step (held by the gate, its last draft declined
+  // by the cost model: `idle`; or a measuring step) drafts a shadow for its acceptance: not while
+  // its last one is being scored, and while idle only every few steps.
+  static bool ShadowDue(SpecSequenceState& s, bool idle);
   // What a draft of k tokens costs, in the sequence's plain steps, in a step of `base_rows`
   // rows that yields `base_tokens` tokens without drafts (the gate's yardstick).
   double SentCost(int64_t base_rows, int64_t base_tokens, int64_t k, double draft_cost) const;
