@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace kvl {
@@ -71,8 +72,10 @@ class StepCostCurve {
   double slope_;
   int64_t max_observed_ = 0;  // the most rows of any step observed
 
-  // The weighted mean slope of the row counts measured above the reference (the prior without).
-  double MeasuredSlope() const;
+  // The weighted median slope of the row counts measured above the reference (the prior
+  // without). `slopes_`: its scratch (slope, weight), reserved once.
+  double MeasuredSlope();
+  std::vector<std::pair<double, double>> slopes_;
 };
 
 // One sequence as the cost model sees it: what its drafter offers and how well it has done.

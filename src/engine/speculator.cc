@@ -190,6 +190,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
   held_.clear();
   asked_.clear();
   int64_t base_rows = 0, base_tokens = 0;
+  bool prefill = false;
   for (const std::unique_ptr<Sequence>& ptr : running) {
     Sequence& seq = *ptr;
     seq.spec.draft.clear();
@@ -197,6 +198,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     const int64_t remaining = len - seq.num_computed;
     if (remaining > 1) {
       base_rows += remaining;  // a prefill chunk shares the step (at most the budget)
+      prefill = true;
       continue;
     }
     if (remaining != 1 || seq.finished) continue;
@@ -218,6 +220,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     asked_.push_back(limit);
     drafting_.push_back(&seq);
   }
+  planned_rows_ = prefill ? -1 : base_rows;  // the drafts sent are added below
   if (candidates_.empty()) return;
   base_rows = std::min(base_rows, options_.max_batch_tokens);
   const int64_t room = std::min(max_draft_rows(), options_.max_batch_tokens - base_rows);
@@ -287,6 +290,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     // and then, until one is worth sending (prose pays for no lookup at every step).
     if (!costly && !measuring && candidates_[i].offered > 0) s.declined = k == 0;
     if (k == 0) continue;
+    if (planned_rows_ > 0) planned_rows_ += k;
     s.sent_cost = SentCost(base_rows, base_tokens, k, draft_cost);
     s.draft.assign(s.shadow.begin(), s.shadow.begin() + k);
     s.step_tokens.clear();

@@ -173,6 +173,23 @@ TEST(SpecCostTest, AStalledStepDoesNotMoveTheCurve) {
   EXPECT_DOUBLE_EQ(curve.reference_ms(), 10.0);
 }
 
+// A row count measured once, in a step the machine stalled, does not set the slope that the
+// unmeasured row counts are priced by: a 7x 3-row step beside 2-, 4- and 5-row steps at their
+// cost leaves a 9-row draft at about its real price (a mean of the slopes would put it at 4x,
+// and such drafts would never be sent, nor measured, again).
+TEST(SpecCostTest, OneStalledRowCountDoesNotSetTheSlope) {
+  StepCostCurve curve(16);
+  for (int i = 0; i < 4; ++i) {
+    curve.Observe(1, 10.0);
+    curve.Observe(2, 13.0);
+    curve.Observe(4, 19.0);
+    curve.Observe(5, 22.0);
+  }
+  curve.Observe(3, 70.0);  // preempted, and its row count's only measurement
+  EXPECT_NEAR(curve.slope(), 0.3, 1e-9);
+  EXPECT_NEAR(curve.Relative(9), 1.0 + 8 * 0.3, 1e-9);
+}
+
 // A draft model's own passes are part of a draft's price: a draft as dear as the target is not
 // worth its tokens even when every token is accepted, a cheap one is.
 TEST(SpecCostTest, TheDraftsOwnCostIsWeighed) {

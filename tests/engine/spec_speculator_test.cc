@@ -171,6 +171,24 @@ TEST(SpeculatorTest, FailingDraftsAreHeldWhileAnotherSequenceSucceeds) {
       << "drafted " << o[1].drafted << ", accepted " << o[1].accepted;
 }
 
+// Only the steps the speculator planned (its decoding sequences and their drafts) price the
+// rows: a step that also admitted a request (two rows where one was planned, at an admission's
+// cost) is not taken for a 2-row step's.
+TEST(SpeculatorTest, OnlyPlannedStepsAreMeasured) {
+  Speculator speculator(Options(SpecMode::kAuto));
+  std::vector<std::unique_ptr<Sequence>> running;
+  running.push_back(MakeSequence(speculator, 0, Prose(16, 40, 5), 100));
+  for (int i = 0; i < 4; ++i) {
+    speculator.Propose(running);  // one decoding sequence, nothing drafted yet
+    ASSERT_TRUE(running[0]->spec.draft.empty());
+    speculator.ObserveStep(1, 1.0);
+    speculator.ObserveStep(2, 50.0);  // not what Propose planned: ignored
+  }
+  EXPECT_TRUE(speculator.curve().measured(1));
+  EXPECT_FALSE(speculator.curve().measured(2));
+  EXPECT_DOUBLE_EQ(speculator.curve().slope(), StepCostCurve(2).slope());  // still the prior
+}
+
 // The prompt lookup, counting the sequences it drafts for.
 class CountingDrafter : public NgramDrafter {
  public:
