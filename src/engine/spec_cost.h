@@ -50,6 +50,12 @@ class StepCostCurve {
   void Observe(int64_t rows, double ms);
   // Whether `rows` rows were measured often enough for their own mean to be used.
   bool measured(int64_t rows) const;
+  // The measurements of `rows` rows in the window (0 beyond the table).
+  double measurements(int64_t rows) const {
+    return rows >= 1 && rows < static_cast<int64_t>(weight_.size())
+               ? weight_[static_cast<size_t>(rows)]
+               : 0.0;
+  }
   // The row count the curve is relative to: the fewest measured (one row alone; the batch's rows
   // when sequences decode together), or 0 before any.
   int64_t reference() const { return reference_; }

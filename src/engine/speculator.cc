@@ -38,6 +38,14 @@ constexpr int64_t kMaxHold = 256;
 // prose on stories260K) a lookup every step would show in what a held-back run costs.
 constexpr int64_t kHeldShadowEvery = 4;
 
+// A lookup's draft that the cost model declines although its acceptance is at least this, and
+// whose step's row count was measured fewer than kProbeMeasurements times, is sent anyway, as a
+// probe: a step's cost measured once, on a stalled step, would otherwise price every such draft
+// out for good (what is never sent is never measured again); near-certain drafts lose little if
+// the curve was right.
+constexpr double kProbeAcceptance = 0.9;
+constexpr double kProbeMeasurements = 3;
+
 std::unique_ptr<Drafter> MakeLookupDrafter(SpecMode mode) {
   if (mode == SpecMode::kSuffix || mode == SpecMode::kAuto) {
     return std::make_unique<SuffixDrafter>();
@@ -131,6 +139,17 @@ void Speculator::ScoreShadow(Sequence& seq) {
   if (resolved) {
     s.pending.clear();
     s.pending_at = -1;
+  }
+}
+
+void Speculator::ProbeUnmeasuredRows(int64_t base_rows, int64_t room) {
+  for (SpecCandidate& c : candidates_) {
+    if (c.chosen > 0 || c.offered == 0 || c.offered > room || c.acceptance < kProbeAcceptance) {
+      continue;
+    }
+    if (curve_.measurements(base_rows + c.offered) >= kProbeMeasurements) continue;
+    c.chosen = c.offered;
+    return;  // one probe a step
   }
 }
 
@@ -281,6 +300,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     for (SpecCandidate& c : candidates_) c.chosen = 0;
   } else if (!costly) {
     ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_);
+    ProbeUnmeasuredRows(base_rows, room);
   }
   const double draft_cost = costly ? DraftCostRelative() : 0.0;
   for (size_t i = 0; i < drafting_.size(); ++i) {

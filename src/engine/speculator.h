@@ -81,6 +81,9 @@ class Speculator {
   // model with the drafting's own cost, or a short probe now and then where it sends none (so
   // that the acceptance keeps being measured).
   void PlanCostlyDrafts(int64_t base_rows, int64_t base_tokens, int64_t room);
+  // A lookup's likely draft that the cost model declined goes as a probe where its step's row
+  // count is barely measured (speculator.cc: kProbeAcceptance).
+  void ProbeUnmeasuredRows(int64_t base_rows, int64_t room);
   // A costly drafter's time per draft token relative to the curve's reference step (0 until
   // measured).
   double DraftCostRelative() const;
