@@ -216,12 +216,16 @@ struct BenchSpecArgs {
   int repetitions = 9;           // -r: step-cost timings (the median is kept)
   int runs = 3;                  // --runs: runs of each workload, plain and speculative in turn
   bool steps_only = false;       // --steps-only: the step cost alone, no workloads
+  std::string workloads;         // --workloads a,b,...: only these (empty: every one)
+  bool spec_force = false;       // --spec-force: every offered draft sent (no cost model)
   std::string output = "table";  // -o table|json
   std::string json_path;         // --json FILE
 };
 int BenchSpecCommand(const BenchSpecArgs& args);
 // --spec's list "a,b,..." as its modes, in order.
 std::vector<std::string> SpecModesOf(const std::string& list);
+// Whether `name` is one of `kvl bench spec`'s workloads (--workloads).
+bool IsBenchSpecWorkload(const std::string& name);
 
 struct CalibrateArgs {
   std::string model_path;  // -m: the profile is measured at this model's shapes

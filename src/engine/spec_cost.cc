@@ -34,7 +34,9 @@ StepCostCurve::StepCostCurve(int64_t max_rows, double prior_slope)
       window_(ms_.size() * kCostWindow, 0.0),
       next_(ms_.size(), 0),
       prior_slope_(prior_slope),
-      slope_(prior_slope) {}
+      slope_(prior_slope) {
+  slopes_.reserve(ms_.size());
+}
 
 void StepCostCurve::Observe(int64_t rows, double ms) {
   if (rows < 1 || rows >= static_cast<int64_t>(ms_.size()) || !(ms > 0)) return;
@@ -44,10 +46,12 @@ void StepCostCurve::Observe(int64_t rows, double ms) {
   next_[r] = static_cast<uint8_t>((next_[r] + 1) % kCostWindow);
   weight_[r] = std::min<double>(weight_[r] + 1, kCostWindow);
   ms_[r] = MedianOfWindow(window, static_cast<size_t>(weight_[r]));
+  max_observed_ = std::max(max_observed_, rows);
   // The reference and the slope change only here: worked out once a step, not at each of the
-  // cost model's many Relative calls.
+  // cost model's many Relative calls (and over the row counts seen, not the whole table: a step
+  // of a small model is a fraction of a millisecond).
   reference_ = 0;
-  for (int64_t row = 1; row < static_cast<int64_t>(ms_.size()); ++row) {
+  for (int64_t row = 1; row <= max_observed_; ++row) {
     if (measured(row)) {
       reference_ = row;
       break;
@@ -66,18 +70,29 @@ double StepCostCurve::reference_ms() const {
   return ref > 0 ? ms_[static_cast<size_t>(ref)] : 0.0;
 }
 
-double StepCostCurve::MeasuredSlope() const {
+double StepCostCurve::MeasuredSlope() {
   const int64_t ref = reference_;
   if (ref == 0) return prior_slope_;
-  // Weighted mean of (T(R) / T(ref) - 1) / (R - ref) over the row counts measured above ref.
+  // The weighted median of (T(R) / T(ref) - 1) / (R - ref) over the row counts measured above
+  // ref: a mean would let one preempted step (a row count measured once, at 7x its cost) make
+  // every longer draft look too dear to send, and what is never sent is never measured again.
   const double ref_ms = ms_[static_cast<size_t>(ref)];
-  double sum = 0, weight = 0;
-  for (size_t r = static_cast<size_t>(ref) + 1; r < ms_.size(); ++r) {
+  slopes_.clear();
+  double weight = 0;
+  for (size_t r = static_cast<size_t>(ref) + 1; r <= static_cast<size_t>(max_observed_); ++r) {
     if (weight_[r] <= 0) continue;
-    sum += weight_[r] * (ms_[r] / ref_ms - 1) / static_cast<double>(r - static_cast<size_t>(ref));
+    slopes_.push_back({(ms_[r] / ref_ms - 1) / static_cast<double>(r - static_cast<size_t>(ref)),
+                       weight_[r]});
     weight += weight_[r];
   }
-  return weight > 0 ? std::max(0.0, sum / weight) : prior_slope_;
+  if (slopes_.empty()) return prior_slope_;
+  std::sort(slopes_.begin(), slopes_.end());
+  double below = 0;
+  for (const auto& [slope, w] : slopes_) {
+    below += w;
+    if (below > weight / 2) return std::max(0.0, slope);  // (the upper one of an even split)
+  }
+  return std::max(0.0, slopes_.back().first);
 }
 
 double StepCostCurve::Relative(int64_t rows) const {

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace kvl {
@@ -49,6 +50,12 @@ class StepCostCurve {
   void Observe(int64_t rows, double ms);
   // Whether `rows` rows were measured often enough for their own mean to be used.
   bool measured(int64_t rows) const;
+  // The measurements of `rows` rows in the window (0 beyond the table).
+  double measurements(int64_t rows) const {
+    return rows >= 1 && rows < static_cast<int64_t>(weight_.size())
+               ? weight_[static_cast<size_t>(rows)]
+               : 0.0;
+  }
   // The row count the curve is relative to: the fewest measured (one row alone; the batch's rows
   // when sequences decode together), or 0 before any.
   int64_t reference() const { return reference_; }
@@ -69,9 +76,12 @@ class StepCostCurve {
   // What Observe last worked out: reference() and slope().
   int64_t reference_ = 0;
   double slope_;
+  int64_t max_observed_ = 0;  // the most rows of any step observed
 
-  // The weighted mean slope of the row counts measured above the reference (the prior without).
-  double MeasuredSlope() const;
+  // The weighted median slope of the row counts measured above the reference (the prior
+  // without). `slopes_`: its scratch (slope, weight), reserved once.
+  double MeasuredSlope();
+  std::vector<std::pair<double, double>> slopes_;
 };
 
 // One sequence as the cost model sees it: what its drafter offers and how well it has done.

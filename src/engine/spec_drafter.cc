@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 
 namespace kvl {
 
@@ -31,8 +32,30 @@ namespace {
 
 // How far back prompt lookup scans: a 4k context is a few microseconds, longer ones are capped.
 constexpr int64_t kLookupWindow = 8192;
+// The n-grams the recent requests' ring is indexed by, the longest looked up first.
+constexpr int32_t kRingNgrams[] = {16, 8, 4, 3, 2};
+
+// How many tokens before `after` in `context` equal the context's last ones (up to kLongMatch).
+int64_t OwnMatchLength(std::span<const int32_t> context, int64_t after) {
+  const auto len = static_cast<int64_t>(context.size());
+  int64_t n = 0;
+  while (n < kLongMatch && after - 1 - n >= 0 &&
+         context[static_cast<size_t>(after - 1 - n)] == context[static_cast<size_t>(len - 1 - n)]) {
+    ++n;
+  }
+  return n;
+}
 
 }  // namespace
+
+int32_t DraftKind(bool from_ring, int64_t match_length) {
+  const int64_t bucket = match_length < 4    ? match_length
+                         : match_length < 8  ? 4
+                         : match_length < 16 ? 5
+                                             : 6;
+  return static_cast<int32_t>(std::clamp<int64_t>(bucket, 1, kLengthKinds)) +
+         (from_ring ? kLengthKinds : 0);
+}
 
 int64_t FindEarlierNgram(std::span<const int32_t> context, int32_t n, int64_t window) {
   const int64_t len = static_cast<int64_t>(context.size());
@@ -53,6 +76,7 @@ void NgramDrafter::Draft(std::span<const int32_t> context, int32_t max_tokens,
                          std::vector<int32_t>* draft) {
   draft->clear();
   last_kind_ = 0;
+  last_match_ = 0;
   for (int32_t n = kMaxNgram; n >= kMinNgram; --n) {
     const int64_t after = FindEarlierNgram(context, n, kLookupWindow);
     if (after < 0) continue;
@@ -65,7 +89,8 @@ void NgramDrafter::Draft(std::span<const int32_t> context, int32_t max_tokens,
       draft->push_back(from < len ? context[static_cast<size_t>(from)]
                                   : (*draft)[static_cast<size_t>(from - len)]);
     }
-    last_kind_ = n;
+    last_match_ = OwnMatchLength(context, after);
+    last_kind_ = DraftKind(false, last_match_);
     return;
   }
 }
@@ -93,8 +118,20 @@ bool SuffixDrafter::HoldsAt(int64_t end, std::span<const int32_t> ngram) const {
   return true;
 }
 
+int64_t SuffixDrafter::RingMatchLength(int64_t end, std::span<const int32_t> context) const {
+  const int64_t oldest = std::max<int64_t>(0, written_ - capacity_);
+  const auto len = static_cast<int64_t>(context.size());
+  int64_t n = 0;
+  while (n < kLongMatch && n < len && end - 1 - n >= oldest &&
+         RingAt(end - 1 - n) == context[static_cast<size_t>(len - 1 - n)]) {
+    ++n;  // (a separator, -1, equals no token)
+  }
+  return n;
+}
+
 void SuffixDrafter::Remember(std::span<const int32_t> tokens) {
-  if (static_cast<int64_t>(index_.size()) > 2 * capacity_ * (kMaxNgram - kMinNgram + 1)) {
+  const auto keys_per_token = static_cast<int64_t>(std::size(kRingNgrams));
+  if (static_cast<int64_t>(index_.size()) > 2 * capacity_ * keys_per_token) {
     index_.clear();  // mostly stale: the tokens past the ring's reach are forgotten anyway
   }
   const int64_t first = written_;
@@ -102,7 +139,8 @@ void SuffixDrafter::Remember(std::span<const int32_t> tokens) {
   ring_[static_cast<size_t>(written_++ % capacity_)] = -1;
   const int64_t len = static_cast<int64_t>(tokens.size());
   for (int64_t end = kMinNgram; end < len; ++end) {  // an n-gram with a token after it
-    for (int32_t n = kMinNgram; n <= kMaxNgram && n <= end; ++n) {
+    for (int32_t n : kRingNgrams) {
+      if (n > end) continue;
       index_[NgramKey(tokens.subspan(static_cast<size_t>(end - n), static_cast<size_t>(n)))] =
           first + end;
     }
@@ -113,22 +151,28 @@ void SuffixDrafter::Draft(std::span<const int32_t> context, int32_t max_tokens,
                           std::vector<int32_t>* draft) {
   own_.Draft(context, max_tokens, draft);
   last_kind_ = own_.last_kind();
-  if (!draft->empty()) return;
-  for (int32_t n = kMaxNgram; n >= kMinNgram; --n) {
+  if (index_.empty()) return;
+  // The ring's longest n-gram match: it drafts only where it matched longer than the sequence's
+  // own tokens did (an own match of kLongMatch is as good as any). (A shorter key's latest
+  // occurrence may still match longer than the own one: each key is tried.)
+  const int64_t own_match = own_.last_match();
+  if (own_match >= kLongMatch) return;
+  for (int32_t n : kRingNgrams) {
     if (static_cast<int64_t>(context.size()) < n) continue;
     const std::span<const int32_t> tail = context.last(static_cast<size_t>(n));
     const auto it = index_.find(NgramKey(tail));
     if (it == index_.end() || !HoldsAt(it->second, tail)) continue;
+    const int64_t match = RingMatchLength(it->second, context);
+    if (match <= own_match || it->second >= written_ || RingAt(it->second) < 0) continue;
+    draft->clear();
     for (int64_t at = it->second; at < written_ && static_cast<int32_t>(draft->size()) < max_tokens;
          ++at) {
       const int32_t t = RingAt(at);
       if (t < 0) break;
       draft->push_back(t);
     }
-    if (!draft->empty()) {
-      last_kind_ = kMaxNgram + n;
-      return;
-    }
+    last_kind_ = DraftKind(true, match);
+    return;
   }
 }
 

@@ -5,9 +5,9 @@
 //    match is the draft. Summaries, edits and answers that quote their document repeat it. A
 //    match whose continuation reaches the context's end is a loop (a small model repeating a
 //    sentence): the draft goes on around it, as long as asked.
-//  - SuffixDrafter: the same lookup, then an engine-wide index over the tokens of recent
-//    requests (a bounded ring), so a chat's next turn, an agent loop or a second question on the
-//    same document drafts from what was said before.
+//  - SuffixDrafter: the same lookup and an engine-wide index over the tokens of recent
+//    requests (a bounded ring), the longer match winning, so a chat's next turn, an agent loop
+//    or a second question on the same document drafts from what was said before.
 // Drafters only propose; the speculator decides how many tokens a step carries and the step
 // runner verifies them, so a wrong draft costs time, never a different output.
 //
@@ -33,10 +33,15 @@ std::string_view SpecModeName(SpecMode mode);
 
 inline constexpr int32_t kMaxNgram = 4;
 inline constexpr int32_t kMinNgram = 2;
-// What a draft came from, so that the acceptance is kept per kind (a 4-token match is followed
-// more often than a 2-token one): 0 a model or unknown, n a match of n tokens in the sequence's
-// own tokens, kMaxNgram + n one in the recent requests' ring.
-inline constexpr int32_t kDraftKinds = 2 * kMaxNgram + 1;
+// A match is measured backwards from its n-gram up to this many tokens: a match of 16+ tokens
+// (an agent's task re-issued, a quoted passage) is followed far more often than one of 2.
+inline constexpr int32_t kLongMatch = 32;
+// What a draft came from, so that the acceptance is kept per kind: 0 a model or unknown; else
+// the match's length in buckets (2, 3, 4-7, 8-15, 16+: kinds 2..6) in the sequence's own tokens,
+// and the same plus kLengthKinds for a match in the recent requests' ring.
+inline constexpr int32_t kLengthKinds = 6;
+inline constexpr int32_t kDraftKinds = 2 * kLengthKinds + 1;
+int32_t DraftKind(bool from_ring, int64_t match_length);
 
 // One sequence's part of a DraftAll.
 struct DraftRequest {
@@ -80,15 +85,23 @@ class NgramDrafter : public Drafter {
   void Draft(std::span<const int32_t> context, int32_t max_tokens,
              std::vector<int32_t>* draft) override;
   int32_t last_kind() const override { return last_kind_; }
+  // The last draft's match length, counted backwards up to kLongMatch (0: no draft).
+  int64_t last_match() const { return last_match_; }
 
  private:
   int32_t last_kind_ = 0;
+  int64_t last_match_ = 0;
 };
 
 // Where the last n tokens of `context` occurred before (the latest match, longest n first):
 // the index after the match, or -1. Scans back at most `window` tokens.
 int64_t FindEarlierNgram(std::span<const int32_t> context, int32_t n, int64_t window);
 
+// The lookup of the sequence's own tokens, and an index over the recent requests' tokens (their
+// prompts and outputs, Remember'd as each ends): the draft follows whichever match is longer,
+// counted backwards from the context's end (the sequence's own on a tie). An agent that re-issues
+// a task finds its earlier run's answer behind a match as long as the prompt; a quote within the
+// sequence is found by its own lookup.
 class SuffixDrafter : public Drafter {
  public:
   // `capacity_tokens`: the ring of recent requests' tokens (its index is a few entries a token).
@@ -104,14 +117,19 @@ class SuffixDrafter : public Drafter {
   int32_t RingAt(int64_t absolute) const { return ring_[static_cast<size_t>(absolute % capacity_)]; }
   // Whether the ring still holds `n` tokens ending before `end` that equal `ngram`.
   bool HoldsAt(int64_t end, std::span<const int32_t> ngram) const;
+  // How many tokens before the ring's `end` equal the context's last ones (up to kLongMatch;
+  // never across a request's end or into what the ring overwrote).
+  int64_t RingMatchLength(int64_t end, std::span<const int32_t> context) const;
 
-  NgramDrafter own_;  // the sequence's own tokens come first
+  NgramDrafter own_;  // the sequence's own tokens
   int32_t last_kind_ = 0;
   int64_t capacity_;
   std::vector<int32_t> ring_;  // -1 separates requests: a draft never runs into the next one
   int64_t written_ = 0;        // tokens ever written (absolute position of the next)
-  // n-gram key -> the absolute position after its latest occurrence. Bounded: entries that the
-  // ring overwrote are found stale by HoldsAt and the map is rebuilt when it outgrows the ring.
+  // n-gram key -> the absolute position after its latest occurrence, for the n of kRingNgrams
+  // (the long ones find a re-issued prompt's own earlier run, not the latest request that shares
+  // its last few words). Bounded: entries that the ring overwrote are found stale by HoldsAt and
+  // the map is rebuilt when it outgrows the ring.
   std::unordered_map<uint64_t, int64_t> index_;
 };
 

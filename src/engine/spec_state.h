@@ -47,6 +47,10 @@ struct SpecSequenceState {
   double paid_cost = 0;
   int64_t hold = 0;
   int64_t backoff = 1;
+  // Whether the cost model declined the last draft it weighed, and the steps since the last
+  // shadow draft while held or declined (speculator.cc: kHeldShadowEvery).
+  bool declined = false;
+  int64_t steps_since_shadow = 0;
   // A draft model's steps since it last drafted for this sequence, and how many steps apart its
   // probes are while the cost model sends nothing (speculator.cc: kProbeEvery, doubling).
   int64_t steps_since_draft = 0;

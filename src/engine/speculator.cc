@@ -32,6 +32,19 @@ constexpr int64_t kMeasureEvery = 32;
 // A lookup's shadow drafts go on being scored meanwhile, so a hold costs no measurement.
 constexpr double kPaidDecay = 0.8;
 constexpr int64_t kMaxHold = 256;
+// A sequence held by the gate, or whose last draft the cost model declined, drafts a shadow (for
+// its acceptance, and to find a draft worth sending) once in this many steps, and none while the
+// last one is still being scored: on a model whose step is a fraction of a millisecond (open
+// prose on stories260K) a lookup every step would show in what a held-back run costs.
+constexpr int64_t kHeldShadowEvery = 4;
+
+// A lookup's draft that the cost model declines although its acceptance is at least this, and
+// whose step's row count was measured fewer than kProbeMeasurements times, is sent anyway, as a
+// probe: a step's cost measured once, on a stalled step, would otherwise price every such draft
+// out for good (what is never sent is never measured again); near-certain drafts lose little if
+// the curve was right.
+constexpr double kProbeAcceptance = 0.9;
+constexpr double kProbeMeasurements = 3;
 
 std::unique_ptr<Drafter> MakeLookupDrafter(SpecMode mode) {
   if (mode == SpecMode::kSuffix || mode == SpecMode::kAuto) {
@@ -129,6 +142,27 @@ void Speculator::ScoreShadow(Sequence& seq) {
   }
 }
 
+void Speculator::ProbeUnmeasuredRows(int64_t base_rows, int64_t room) {
+  for (SpecCandidate& c : candidates_) {
+    if (c.chosen > 0 || c.offered == 0 || c.offered > room || c.acceptance < kProbeAcceptance) {
+      continue;
+    }
+    if (curve_.measurements(base_rows + c.offered) >= kProbeMeasurements) continue;
+    c.chosen = c.offered;
+    return;  // one probe a step
+  }
+}
+
+bool Speculator::ShadowDue(SpecSequenceState& s, bool idle) {
+  // The shadow drafted while an earlier one is still being scored would be thrown away
+  // (ScoreShadow scores one draft at a time, whole).
+  if (!s.pending.empty()) return false;
+  if (!idle) return true;
+  if (++s.steps_since_shadow < kHeldShadowEvery) return false;
+  s.steps_since_shadow = 0;
+  return true;
+}
+
 bool Speculator::Held(SpecSequenceState& s) {
   if (s.verified_drafted > 0) {
     s.paid_tokens = s.paid_tokens * kPaidDecay + 1.0 + static_cast<double>(s.verified_accepted);
@@ -175,6 +209,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
   held_.clear();
   asked_.clear();
   int64_t base_rows = 0, base_tokens = 0;
+  bool prefill = false;
   for (const std::unique_ptr<Sequence>& ptr : running) {
     Sequence& seq = *ptr;
     seq.spec.draft.clear();
@@ -182,6 +217,7 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     const int64_t remaining = len - seq.num_computed;
     if (remaining > 1) {
       base_rows += remaining;  // a prefill chunk shares the step (at most the budget)
+      prefill = true;
       continue;
     }
     if (remaining != 1 || seq.finished) continue;
@@ -196,12 +232,14 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     if (limit <= 0) continue;
     // (The candidate offers the limit for now: a costly drafter is asked for what the cost
     // model would send of it; a lookup offers what it finds. A sequence the gate holds offers
-    // nothing, yet still drafts as a shadow, so that its acceptance stays measured.)
-    held_.push_back(!options_.force && Held(seq.spec));
-    candidates_.push_back({held_.back() ? 0 : limit, AcceptanceOf(seq, 0), 0});
+    // nothing, yet drafts a shadow now and then, so that its acceptance stays measured.)
+    const bool held = !options_.force && Held(seq.spec);
+    held_.push_back(held);
+    candidates_.push_back({held ? 0 : limit, held ? 0.0 : AcceptanceOf(seq, 0), 0});
     asked_.push_back(limit);
     drafting_.push_back(&seq);
   }
+  planned_rows_ = prefill ? -1 : base_rows;  // the drafts sent are added below
   if (candidates_.empty()) return;
   base_rows = std::min(base_rows, options_.max_batch_tokens);
   const int64_t room = std::min(max_draft_rows(), options_.max_batch_tokens - base_rows);
@@ -227,6 +265,9 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
         s.probe_every = std::min(2 * s.probe_every, kMaxProbeEvery);
       }
       if (ask > 0) s.steps_since_draft = 0;
+    } else if ((held_[i] || measuring || seq.spec.declined) &&
+               !ShadowDue(seq.spec, held_[i] || seq.spec.declined)) {
+      ask = 0;  // nothing to send, and no shadow wanted: the step does no drafter work
     }
     if (ask > 0) {
       requests_.push_back({seq.slot, seq.tokens, static_cast<int32_t>(ask), &seq.spec.shadow,
@@ -245,6 +286,10 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     c.chosen = std::min(c.chosen, c.offered);  // a costly drafter's plan (a probe sends nothing)
     if (!costly && offered > 0) c.acceptance = AcceptanceOf(seq, seq.spec.shadow_kind);
   }
+  if (std::all_of(candidates_.begin(), candidates_.end(),
+                  [](const SpecCandidate& c) { return c.offered == 0; })) {
+    return;  // shadows only: nothing for the cost model to weigh
+  }
   if (options_.force) {
     int64_t left = room;
     for (SpecCandidate& c : candidates_) {
@@ -255,12 +300,17 @@ void Speculator::Propose(std::span<const std::unique_ptr<Sequence>> running) {
     for (SpecCandidate& c : candidates_) c.chosen = 0;
   } else if (!costly) {
     ChooseDraftLengths(curve_, base_rows, base_tokens, room, candidates_, &order_);
+    ProbeUnmeasuredRows(base_rows, room);
   }
   const double draft_cost = costly ? DraftCostRelative() : 0.0;
   for (size_t i = 0; i < drafting_.size(); ++i) {
     SpecSequenceState& s = drafting_[i]->spec;
     const auto k = static_cast<ptrdiff_t>(candidates_[i].chosen);
+    // A draft the cost model would not send: the next ones are drafted as shadows only, now
+    // and then, until one is worth sending (prose pays for no lookup at every step).
+    if (!costly && !measuring && candidates_[i].offered > 0) s.declined = k == 0;
     if (k == 0) continue;
+    if (planned_rows_ > 0) planned_rows_ += k;
     s.sent_cost = SentCost(base_rows, base_tokens, k, draft_cost);
     s.draft.assign(s.shadow.begin(), s.shadow.begin() + k);
     s.step_tokens.clear();

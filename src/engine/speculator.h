@@ -41,8 +41,14 @@ class Speculator {
   // drafter has nothing or the cost model says it does not pay.
   void Propose(std::span<const std::unique_ptr<Sequence>> running);
   // A step of `rows` rows took `ms`, drafting aside (from the schedule to its events: the
-  // engine's own work per step is what speculation saves on a small model).
-  void ObserveStep(int64_t rows, double ms) { curve_.Observe(rows, ms); }
+  // engine's own work per step is what speculation saves on a small model). Only a step of the
+  // decoding sequences and their drafts, as the last Propose planned it, is measured: a step
+  // that also admits a request or runs a prefill chunk costs what a draft's rows do not (an
+  // admission's lookups, a prompt's attention), and one such step taken for a 2-row step's cost
+  // would make every draft look too dear to send again (nothing sent, nothing measured).
+  void ObserveStep(int64_t rows, double ms) {
+    if (rows == planned_rows_) curve_.Observe(rows, ms);
+  }
   // A request ended: its tokens are remembered by a drafter that drafts across requests, and
   // what a drafter keeps for its slot goes.
   void Remember(const Sequence& seq) {
@@ -61,6 +67,10 @@ class Speculator {
   // The gate: weighs the last draft the sequence sent by what it returned, and says whether
   // the sequence sends nothing this step (its drafts lost to plain decoding of late).
   bool Held(SpecSequenceState& s);
+  // Whether a sequence that sends nothing this step (held by the gate, its last draft declined
+  // by the cost model: `idle`; or a measuring step) drafts a shadow for its acceptance: not while
+  // its last one is being scored, and while idle only every few steps.
+  static bool ShadowDue(SpecSequenceState& s, bool idle);
   // What a draft of k tokens costs, in the sequence's plain steps, in a step of `base_rows`
   // rows that yields `base_tokens` tokens without drafts (the gate's yardstick).
   double SentCost(int64_t base_rows, int64_t base_tokens, int64_t k, double draft_cost) const;
@@ -71,6 +81,9 @@ class Speculator {
   // model with the drafting's own cost, or a short probe now and then where it sends none (so
   // that the acceptance keeps being measured).
   void PlanCostlyDrafts(int64_t base_rows, int64_t base_tokens, int64_t room);
+  // A lookup's likely draft that the cost model declined goes as a probe where its step's row
+  // count is barely measured (speculator.cc: kProbeAcceptance).
+  void ProbeUnmeasuredRows(int64_t base_rows, int64_t room);
   // A costly drafter's time per draft token relative to the curve's reference step (0 until
   // measured).
   double DraftCostRelative() const;
@@ -87,6 +100,9 @@ class Speculator {
   double kind_matched_[kDraftKinds] = {};
   double kind_compared_[kDraftKinds] = {};
   int64_t steps_ = 0;  // Propose calls that had drafting candidates
+  // The rows of the step the last Propose planned: one per decoding sequence and the drafts
+  // sent; -1 where a prefill chunk shares it (ObserveStep).
+  int64_t planned_rows_ = -1;
   std::vector<SpecCandidate> perfect_;   // CouldPay's one candidate, reused
   std::vector<SpecCandidate> candidates_;  // reused
   std::vector<SpecCandidate*> order_;      // reused

@@ -59,7 +59,7 @@ TEST(SpecCliTest, BenchSpecReportsEveryWorkloadWithIdenticalTokens) {
                            false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = nlohmann::json::parse(r.output);
-  ASSERT_EQ(j["workloads"].size(), 4u);
+  ASSERT_EQ(j["workloads"].size(), 8u);
   for (const auto& w : j["workloads"]) {
     EXPECT_TRUE(w["identical_tokens"].get<bool>()) << w["name"];
     EXPECT_GT(w["plain_tok_s"].get<double>(), 0) << w["name"];
@@ -72,7 +72,8 @@ TEST(SpecCliTest, BenchSpecReportsEveryWorkloadWithIdenticalTokens) {
 // is refused by name.
 TEST(SpecCliTest, BenchSpecComparesEachModeOfAList) {
   const std::string bench = "bench spec -m " + testing::Stories260KPath() +
-                            " -t 1 -n 16 --runs 1 -r 1 --depth 16 -o json --spec ";
+                            " -t 1 -n 16 --runs 1 -r 1 --depth 16 -o json "
+                            "--workloads retell,agent-repeat,chat-resubmit,prose --spec ";
   CommandResult r = RunKvl(bench + "ngram,auto", false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = nlohmann::json::parse(r.output);
@@ -83,12 +84,38 @@ TEST(SpecCliTest, BenchSpecComparesEachModeOfAList) {
   CommandResult bad = RunKvl(bench + "ngram,magic", true);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("'magic'"), std::string::npos) << bad.output;
+  CommandResult no_such = RunKvl("bench spec -m " + testing::Stories260KPath() +
+                                     " --workloads retell,poetry",
+                                 true);
+  EXPECT_NE(no_such.exit_code, 0);
+  EXPECT_NE(no_such.output.find("'poetry'"), std::string::npos) << no_such.output;
+}
+
+// The workloads that repeat an earlier request: an agent re-issuing the same task drafts its
+// first run's output from the recent-requests index (--spec auto), nearly all of it accepted;
+// the prompt lookup alone (ngram) has no such index. (--spec-force: every draft is sent, so the
+// counts do not depend on the machine's step times.)
+TEST(SpecCliTest, BenchSpecAgentRepeatDraftsTheEarlierRun) {
+  CommandResult r = RunKvl("bench spec -m " + testing::Stories260KPath() +
+                               " -t 1 -n 64 --runs 1 -r 1 --depth 16 -o json --spec-force "
+                               "--workloads agent-repeat --spec ngram,auto",
+                           false);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j["workloads"].size(), 2u);
+  const nlohmann::json& ngram = j["workloads"][0];
+  const nlohmann::json& suffix = j["workloads"][1];
+  ASSERT_EQ(suffix["drafter"], "auto");
+  EXPECT_TRUE(suffix["identical_tokens"].get<bool>());
+  EXPECT_GT(suffix["tokens_per_step"].get<double>(), 2.0) << suffix.dump();
+  EXPECT_GT(suffix["tokens_per_step"].get<double>(), ngram["tokens_per_step"].get<double>());
 }
 
 TEST(SpecCliTest, BenchSpecAddsTheDraftModelsRows) {
   CommandResult r = RunKvl("bench spec -m " + testing::Stories260KPath() + " -md " +
                                testing::Stories260KPath() +
-                               " -t 1 -n 32 --runs 1 -r 1 --depth 32 -o json",
+                               " -t 1 -n 32 --runs 1 -r 1 --depth 32 -o json "
+                               "--workloads retell,document-qa,chat-quote,prose",
                            false);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json j = nlohmann::json::parse(r.output);

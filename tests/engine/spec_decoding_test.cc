@@ -137,6 +137,28 @@ TEST(SpecDecodingKvTest, VerifiedPagesAreFoundAgainAndGiveTheSameTokens) {
   EXPECT_TRUE(spec->kv_manager().CheckInvariants().ok());
 }
 
+// An agent re-issuing a task it ran: the suffix drafter indexes each request as it ends
+// (prompt and output), so the second run of a prompt drafts the first run's output from the
+// first step on and nearly every draft token is accepted, where the first run (stories260K's
+// prose, which it does not copy) got few. Both give plain decoding's tokens.
+TEST(SpecDecodingSuffixTest, ARepeatedRequestDraftsTheFirstRunsOutput) {
+  std::unique_ptr<Engine> plain = MakeEngine("off", 1);
+  std::unique_ptr<Engine> spec = MakeEngine("auto", 1, 8, 16, /*force=*/true);
+  ASSERT_TRUE(plain && spec);
+  const std::string prompt = "Once upon a time, there was a boy named Tim. He had a red kite.";
+  constexpr int32_t kTokens = 100;
+  const auto want = RunAll(*plain, {prompt}, 0.0f, kTokens);
+  EXPECT_EQ(RunAll(*spec, {prompt}, 0.0f, kTokens), want);
+  const EngineMetrics first = spec->Metrics();
+  EXPECT_EQ(RunAll(*spec, {prompt}, 0.0f, kTokens), want);
+  const EngineMetrics both = spec->Metrics();
+  const int64_t accepted = both.spec_accepted - first.spec_accepted;
+  const int64_t steps = both.spec_seq_steps - first.spec_seq_steps;
+  EXPECT_LT(first.spec_accepted, kTokens / 2);
+  EXPECT_GE(accepted, kTokens - 12) << "in " << steps << " steps";
+  EXPECT_LE(steps, kTokens / 6);  // 8-token drafts: about 9 tokens a step
+}
+
 // Sampling with drafts keeps the target distribution. The seeds differ between the runs (so this
 // is not the identity above again): at each of the first sampled positions that drafts reach,
 // the tokens of 2000 requests with drafts and of 2000 without are compared by Pearson's

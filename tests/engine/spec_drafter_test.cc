@@ -65,6 +65,42 @@ TEST(SuffixDrafterTest, DraftsFromRecentRequestsAndStopsAtTheirEnd) {
   EXPECT_EQ(draft, (std::vector<int32_t>{70, 71}));
 }
 
+// An agent re-issuing a task: the new request's prompt is an earlier request's. Its own tokens
+// offer a short match (the prompt's last two words occurred in it before); the ring holds the
+// whole prompt followed by the earlier run's output, a longer match, and that output is drafted.
+// As the new output goes on, the ring keeps the earlier output's continuation in step.
+TEST(SuffixDrafterTest, AReissuedRequestDraftsTheEarlierRunsOutput) {
+  SuffixDrafter d(1000);
+  std::vector<int32_t> draft;
+  const std::vector<int32_t> prompt = {1, 2, 30, 31, 32, 33, 34, 35, 36, 1, 2};
+  const std::vector<int32_t> output = {50, 51, 52, 53, 54, 55};
+  std::vector<int32_t> earlier = prompt;
+  earlier.insert(earlier.end(), output.begin(), output.end());
+  // Before anything is remembered, the sequence's own short match: what followed "1 2".
+  d.Draft(prompt, 4, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{30, 31, 32, 33}));
+  EXPECT_EQ(d.last_kind(), DraftKind(false, 2));
+  d.Remember(earlier);
+  d.Remember(std::vector<int32_t>{1, 2, 90, 91});  // a later request that ends with "1 2" too
+  d.Draft(prompt, 4, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{50, 51, 52, 53}));
+  EXPECT_EQ(d.last_kind(), DraftKind(true, static_cast<int64_t>(prompt.size())));
+  std::vector<int32_t> going_on = prompt;
+  going_on.insert(going_on.end(), {50, 51});
+  d.Draft(going_on, 8, &draft);
+  EXPECT_EQ(draft, (std::vector<int32_t>{52, 53, 54, 55}));  // up to the earlier request's end
+}
+
+TEST(SuffixDrafterTest, DraftKindsSayTheSourceAndTheMatchLength) {
+  EXPECT_EQ(DraftKind(false, 2), 2);
+  EXPECT_EQ(DraftKind(false, 3), 3);
+  EXPECT_EQ(DraftKind(false, 7), 4);
+  EXPECT_EQ(DraftKind(false, 8), 5);
+  EXPECT_EQ(DraftKind(false, kLongMatch), kLengthKinds);
+  EXPECT_EQ(DraftKind(true, 2), 2 + kLengthKinds);
+  EXPECT_LT(DraftKind(true, kLongMatch), kDraftKinds);
+}
+
 TEST(SuffixDrafterTest, ForgetsWhatTheRingOverwrote) {
   SuffixDrafter d(64);  // the smallest ring
   std::vector<int32_t> draft;
@@ -135,6 +171,23 @@ TEST(SpecCostTest, AStalledStepDoesNotMoveTheCurve) {
   curve.Observe(5, 90.0);
   EXPECT_NEAR(curve.Relative(5), 1.4, 1e-9);
   EXPECT_DOUBLE_EQ(curve.reference_ms(), 10.0);
+}
+
+// A row count measured once, in a step the machine stalled, does not set the slope that the
+// unmeasured row counts are priced by: a 7x 3-row step beside 2-, 4- and 5-row steps at their
+// cost leaves a 9-row draft at about its real price (a mean of the slopes would put it at 4x,
+// and such drafts would never be sent, nor measured, again).
+TEST(SpecCostTest, OneStalledRowCountDoesNotSetTheSlope) {
+  StepCostCurve curve(16);
+  for (int i = 0; i < 4; ++i) {
+    curve.Observe(1, 10.0);
+    curve.Observe(2, 13.0);
+    curve.Observe(4, 19.0);
+    curve.Observe(5, 22.0);
+  }
+  curve.Observe(3, 70.0);  // preempted, and its row count's only measurement
+  EXPECT_NEAR(curve.slope(), 0.3, 1e-9);
+  EXPECT_NEAR(curve.Relative(9), 1.0 + 8 * 0.3, 1e-9);
 }
 
 // A draft model's own passes are part of a draft's price: a draft as dear as the target is not

@@ -171,5 +171,76 @@ TEST(SpeculatorTest, FailingDraftsAreHeldWhileAnotherSequenceSucceeds) {
       << "drafted " << o[1].drafted << ", accepted " << o[1].accepted;
 }
 
+// Only the steps the speculator planned (its decoding sequences and their drafts) price the
+// rows: a step that also admitted a request (two rows where one was planned, at an admission's
+// cost) is not taken for a 2-row step's.
+TEST(SpeculatorTest, OnlyPlannedStepsAreMeasured) {
+  Speculator speculator(Options(SpecMode::kAuto));
+  std::vector<std::unique_ptr<Sequence>> running;
+  running.push_back(MakeSequence(speculator, 0, Prose(16, 40, 5), 100));
+  for (int i = 0; i < 4; ++i) {
+    speculator.Propose(running);  // one decoding sequence, nothing drafted yet
+    ASSERT_TRUE(running[0]->spec.draft.empty());
+    speculator.ObserveStep(1, 1.0);
+    speculator.ObserveStep(2, 50.0);  // not what Propose planned: ignored
+  }
+  EXPECT_TRUE(speculator.curve().measured(1));
+  EXPECT_FALSE(speculator.curve().measured(2));
+  EXPECT_DOUBLE_EQ(speculator.curve().slope(), StepCostCurve(2).slope());  // still the prior
+}
+
+// The prompt lookup, counting the sequences it drafts for.
+class CountingDrafter : public NgramDrafter {
+ public:
+  explicit CountingDrafter(int64_t* drafts) : drafts_(drafts) {}
+  void Draft(std::span<const int32_t> context, int32_t max_tokens,
+             std::vector<int32_t>* draft) override {
+    ++*drafts_;
+    NgramDrafter::Draft(context, max_tokens, draft);
+  }
+
+ private:
+  int64_t* drafts_;
+};
+
+// While the gate holds a sequence back, a step does no drafter work bar a shadow draft now and
+// then (on stories260K a step is a fraction of a millisecond: a lookup every step shows). On
+// prose the gate holds most of the run, so the drafter runs for a small share of the steps; a
+// repeated text is drafted at nearly every step it decodes.
+TEST(SpeculatorTest, HeldBackStepsDoNoDrafterWork) {
+  int64_t drafts = 0;
+  Speculator prose(Options(SpecMode::kNgram), std::make_unique<CountingDrafter>(&drafts));
+  const Outcome o = Simulate(prose, {Prose(64, 6, 1)}, {Prose(1000, 6, 2)}, kComputeBound)[0];
+  EXPECT_EQ(o.tokens, 1000);
+  EXPECT_LT(drafts, o.steps / 3) << "drafted " << o.drafted << " in " << o.steps << " steps";
+  EXPECT_GT(drafts, 0);  // the acceptance is still measured
+  drafts = 0;
+  Speculator loop(Options(SpecMode::kNgram), std::make_unique<CountingDrafter>(&drafts));
+  const Outcome l = Simulate(loop, {Loop(11, 11, 100)}, {Loop(400, 11, 100)}, kComputeBound)[0];
+  EXPECT_GT(drafts, l.steps / 2);
+  EXPECT_GT(l.accepted, 300);
+}
+
+// An agent re-issuing a task: the second run's prompt is the first's, and the suffix drafter's
+// recent-requests index holds the first run's output (the speculator remembers a request as it
+// ends). Its text is prose to the prompt lookup, yet the second run drafts it whole: >= 2x.
+TEST(SpeculatorTest, ASecondRequestDraftsFromTheFirstsOutput) {
+  for (double slope : {kComputeBound, kBandwidthBound}) {
+    Speculator speculator(Options(SpecMode::kAuto));
+    const std::vector<int32_t> prompt = Prose(64, 40, 3);
+    const std::vector<int32_t> answer = Prose(300, 40, 4);
+    const Outcome first = Simulate(speculator, {prompt}, {answer}, slope)[0];
+    Sequence done;
+    done.tokens = prompt;
+    done.tokens.insert(done.tokens.end(), answer.begin(), answer.end());
+    speculator.Remember(done);
+    const Outcome again = Simulate(speculator, {prompt}, {answer}, slope)[0];
+    EXPECT_LT(first.speedup(), 1.3) << "slope " << slope;  // little to draft from its own tokens
+    EXPECT_GE(again.speedup(), 2.0) << "slope " << slope << ": drafted " << again.drafted
+                                    << ", accepted " << again.accepted << " in " << again.steps
+                                    << " steps";
+  }
+}
+
 }  // namespace
 }  // namespace kvl

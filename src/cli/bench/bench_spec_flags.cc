@@ -43,6 +43,18 @@ CommandFlags DeclareBenchSpecFlags(CLI::App* bench, BenchSpecArgs* bsp) {
                                        "(the median tok/s is kept)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  cmd->add_option("--workloads", bsp->workloads,
+                  "only these workloads, comma-separated (retell, document-qa, chat-quote, "
+                  "agent-repeat, agent-nearly, chat-resubmit, edit, prose)")
+      ->check([](const std::string& list) -> std::string {
+        for (const std::string& name : SpecModesOf(list)) {
+          if (!IsBenchSpecWorkload(name)) return "--workloads: no workload '" + name + "'";
+        }
+        return "";
+      });
+  cmd->add_flag("--spec-force", bsp->spec_force,
+                "send every draft the drafter offers (the drafter's acceptance without the cost "
+                "model's choices; tok/s then shows what sending everything costs)");
   cmd->add_flag("--steps-only", bsp->steps_only, "measure the step cost alone (no workloads)");
   cmd->add_option("-o,--output", bsp->output, "table | json")
       ->check(CLI::IsMember({"table", "json"}))

@@ -3,8 +3,11 @@
 //     chosen mode, then --spec draft where -md names a draft model): tokens per second of
 //     decoding, acceptance, tokens per sequence step, and
 //     whether the tokens are identical (they must be). Workloads that repeat their input (retell
-//     a given text, answer from a given document, a chat's second turn quoting its first) and
-//     open prose, where the cost model must turn speculation off.
+//     a given text, answer from a given document, a chat's second turn quoting its first, edit a
+//     given text), that repeat an earlier request (an agent re-issuing a task it ran, or one
+//     whose tool result changed; a chat resubmitting its history and asking for its story
+//     again: the earlier requests are what the suffix drafter's recent-requests index holds),
+//     and open prose, where the cost model must turn speculation off.
 //  2. The verify step's cost on the model: a forward step of 1 + k rows against one row, at a
 //     context of --depth tokens (on a synthetic shape, `kvl synth`, this is the side of the
 //     trade that is real; its acceptance is not, random weights predict nothing), and per
@@ -37,22 +40,49 @@ constexpr const char* kStory =
     "The dog was so happy that he wagged his tail and licked her face. Lily and the dog became "
     "best friends, and they played in the park every day.";
 
+// A workload: the requests before the measured one run on the same engine (what they said is
+// what a drafter across requests drafts from, as a server's recent requests), then the measured
+// request.
 struct Workload {
   std::string name;
   std::string prompt;
-  bool second_turn = false;  // the prompt is followed by the first turn's reply and a quote of it
+  // What runs before the measured request, and how its prompt is made.
+  enum class Before {
+    kNothing,       // the prompt alone
+    kQuoteReply,    // a first turn; the measured turn quotes its reply (chat-quote)
+    kSameRequest,   // the same request ran before (an agent re-issuing a task it ran)
+    kNearlySame,    // a request that differs from the measured one in a few words ran before
+    kResubmit,      // turns that resubmit the history, each asking for the story again
+  } before = Before::kNothing;
+  std::string earlier_prompt;  // kNearlySame: the request that ran before
+
+  Workload(std::string name_, std::string prompt_, Before before_ = Before::kNothing,
+           std::string earlier_prompt_ = "")
+      : name(std::move(name_)),
+        prompt(std::move(prompt_)),
+        before(before_),
+        earlier_prompt(std::move(earlier_prompt_)) {}
 };
 
 std::vector<Workload> Workloads() {
   const std::string story = kStory;
+  // An agent's task: a document, a tool's observation, a question (the same words each time the
+  // loop comes back to it, or an observation that changed).
+  const std::string task = story + "\nTool result: the ball is red.\nQuestion: What did Lily find?"
+                                   "\nAnswer:";
+  const std::string changed_task =
+      story + "\nTool result: the ball is blue.\nQuestion: What did Lily find?\nAnswer:";
   return {
-      {"retell", story + "\nTell the story again.\n" + story.substr(0, 60), false},
+      {"retell", story + "\nTell the story again.\n" + story.substr(0, 60)},
       {"document-qa",
        story + "\nQuestion: What did Lily find?\nAnswer: At last, Lily found the bone in the sand. "
-               "The dog was",
-       false},
-      {"chat-quote", story + "\nWhat happened next?\n", true},
-      {"prose", "Once upon a time", false},
+               "The dog was"},
+      {"chat-quote", story + "\nWhat happened next?\n", Workload::Before::kQuoteReply},
+      {"agent-repeat", task, Workload::Before::kSameRequest},
+      {"agent-nearly", changed_task, Workload::Before::kNearlySame, task},
+      {"chat-resubmit", "Once upon a time", Workload::Before::kResubmit},
+      {"edit", story + "\nThe same story, with the dog named Max:\n" + story.substr(0, 90)},
+      {"prose", "Once upon a time"},
   };
 }
 
@@ -85,15 +115,34 @@ StatusOr<RunResult> RunOnce(Engine& e, const std::string& prompt, int32_t n) {
   return out;
 }
 
-// The workload's request(s) on a fresh engine; for a second turn, the first turn's reply is
-// part of the second prompt and only the second turn is measured.
+// The workload's requests on a fresh engine: those before the measured one (Workload::Before),
+// then the measured request; only its own figures are kept.
 StatusOr<RunResult> RunWorkload(const EngineOptions& options, const Workload& w, int32_t n) {
   KVL_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::Create(options));
   std::string prompt = w.prompt;
-  if (w.second_turn) {
-    KVL_ASSIGN_OR_RETURN(RunResult first, RunOnce(*e, prompt, n));
-    const std::string reply = e->tokenizer().Decode(first.tokens);
-    prompt += reply + "\nSay that again.\n" + reply.substr(0, reply.size() / 4);
+  switch (w.before) {
+    case Workload::Before::kNothing:
+      break;
+    case Workload::Before::kQuoteReply: {
+      KVL_ASSIGN_OR_RETURN(RunResult first, RunOnce(*e, prompt, n));
+      const std::string reply = e->tokenizer().Decode(first.tokens);
+      prompt += reply + "\nSay that again.\n" + reply.substr(0, reply.size() / 4);
+      break;
+    }
+    case Workload::Before::kSameRequest:
+      KVL_RETURN_IF_ERROR(RunOnce(*e, prompt, n).status());
+      break;
+    case Workload::Before::kNearlySame:
+      KVL_RETURN_IF_ERROR(RunOnce(*e, w.earlier_prompt, n).status());
+      break;
+    case Workload::Before::kResubmit:
+      // Two turns, each resubmitting the history so far and asking for the story again; the
+      // third (measured) asks once more.
+      for (int turn = 0; turn < 2; ++turn) {
+        KVL_ASSIGN_OR_RETURN(RunResult reply, RunOnce(*e, prompt, n));
+        prompt += e->tokenizer().Decode(reply.tokens) + "\nTell me that story again.\n" + w.prompt;
+      }
+      break;
   }
   const EngineMetrics before = e->Metrics();
   KVL_ASSIGN_OR_RETURN(RunResult out, RunOnce(*e, prompt, n));
@@ -144,6 +193,11 @@ std::vector<std::string> SpecModesOf(const std::string& list) {
   return modes;
 }
 
+bool IsBenchSpecWorkload(const std::string& name) {
+  const std::vector<Workload> all = Workloads();
+  return std::any_of(all.begin(), all.end(), [&](const Workload& w) { return w.name == name; });
+}
+
 int BenchSpecCommand(const BenchSpecArgs& args) {
   auto fail = [](const Status& s) {
     fmt::print(stderr, "kvl bench spec: {}\n", s.ToString());
@@ -162,11 +216,13 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
   for (const std::string& mode : SpecModesOf(args.spec)) {
     specs.push_back(base);
     specs.back().spec = mode;
+    specs.back().spec_force = args.spec_force;
   }
   if (!args.draft_model.empty()) {
     specs.push_back(base);
     specs.back().spec = "draft";
     specs.back().draft_model_path = args.draft_model;
+    specs.back().spec_force = args.spec_force;
   }
   base.spec = "off";
   for (const EngineOptions& spec : specs) {
@@ -218,8 +274,12 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
 
   // 2. The workloads, plain then speculative.
   std::vector<WorkloadFigures> figures;
+  const std::vector<std::string> chosen = SpecModesOf(args.workloads);
   for (const Workload& w : Workloads()) {
     if (args.steps_only) break;
+    if (!args.workloads.empty() && std::find(chosen.begin(), chosen.end(), w.name) == chosen.end()) {
+      continue;
+    }
     // Plain and speculative runs take turns (--runs each), so that a load that comes and goes
     // slows both alike; the median tok/s of each is kept.
     const auto tps = [](const RunResult& r) {
@@ -276,6 +336,7 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
   j["spec"] = args.spec;
   j["draft_model"] = args.draft_model;
   j["draft_max"] = args.draft_max;
+  j["spec_force"] = args.spec_force;
   j["n_gen"] = args.n_gen;
   j["depth"] = args.depth;
   for (const auto& [rows, ms] : step_ms) {
@@ -306,9 +367,10 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
   if (args.output == "json") {
     fmt::print("{}\n", j.dump(1));
   } else {
-    fmt::print("kvl bench spec: {} ({} threads, {} kernels), --spec {}, --draft-max {}, {} tokens "
-               "per workload, greedy\n\n",
-               c.name, threads, ops::IsaName(ctx.isa()), args.spec, args.draft_max, args.n_gen);
+    fmt::print("kvl bench spec: {} ({} threads, {} kernels), --spec {}{}, --draft-max {}, {} "
+               "tokens per workload, greedy\n\n",
+               c.name, threads, ops::IsaName(ctx.isa()), args.spec,
+               args.spec_force ? " --spec-force" : "", args.draft_max, args.n_gen);
     fmt::print("step cost at a context of {} tokens (median of {}):\n", args.depth,
                args.repetitions);
     fmt::print("| rows | ms | x one row |\n|---:|---:|---:|\n");
