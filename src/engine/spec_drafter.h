@@ -104,8 +104,10 @@ int64_t FindEarlierNgram(std::span<const int32_t> context, int32_t n, int64_t wi
 // sequence is found by its own lookup.
 class SuffixDrafter : public Drafter {
  public:
-  // `capacity_tokens`: the ring of recent requests' tokens (its index is a few entries a token).
-  explicit SuffixDrafter(int64_t capacity_tokens = int64_t{1} << 20);
+  // `capacity_tokens`: the ring of recent requests' tokens. Its index holds up to 2 x 5 entries a
+  // token before it is cleared, some 50 bytes each: 64 Ki tokens (tens of requests) bound it near
+  // 32 MiB for a long-running server, where 1 Mi tokens let it reach half a GiB.
+  explicit SuffixDrafter(int64_t capacity_tokens = int64_t{1} << 16);
   void Draft(std::span<const int32_t> context, int32_t max_tokens,
              std::vector<int32_t>* draft) override;
   void Remember(std::span<const int32_t> tokens) override;
