@@ -175,6 +175,15 @@ Status KvMemory::CreatePool(KvPriceSource* prices) {
   kvo.layout.v_type = o.v_type;
   if (KeepsResidualCheckpoints(o.policy, has_tier(TierKind::kRam), o.dim, o.kv_dim)) {
     kvo.layout.residual_dim = o.dim;
+    // `auto` keeps them only where its prices would ever rebuild a page from them rather than
+    // demote it: else they only take pool room (kvl/kv_pressure.h).
+    if (o.policy.automatic && prices != nullptr) {
+      PageCostProfile p;
+      KVL_RETURN_IF_ERROR(LoadPrices(prices, /*disk_dir=*/"", &p));
+      p.kv_bytes = kvo.layout.kv_bytes();
+      p.residual_bytes = kvo.layout.residual_bytes();
+      if (!ResidualRebuildBeatsDemotion(p)) kvo.layout.residual_dim = 0;
+    }
   }
   KVL_ASSIGN_OR_RETURN(kvo.layout.checkpoint_every, ChooseCheckpointEvery(prices, kvo.layout));
   // Hook (issue 25): the local layers leave the blocks for the window rings.

@@ -240,6 +240,23 @@ TEST(KvPagingRulesTest, FixedPoliciesNeedWhatTheyUseAndLossyOnesOverrideLossless
   EXPECT_FALSE(KeepsResidualCheckpoints(ParseKvPolicy("auto").value(), false, 64, 32));
 }
 
+// `auto`'s checkpoints are kept only where its prices would rebuild a page from them rather than
+// demote it (KvMemory::CreatePool): the same page, the RAM tier fast or slow against the rebuild.
+TEST(KvPressurePlannerTest, CheckpointsAreKeptOnlyWhereARebuildIsPricedBelowDemotion) {
+  PageCostProfile p;
+  p.block_tokens = 16;
+  p.kv_bytes = 16 * 6 * 2 * 288 * 4;      // an MHA page: the checkpoints are half its K+V
+  p.residual_bytes = 16 * 6 * 288 * 4;
+  p.ram_gbps = 10;                        // 221 KB back in 0.022 ms
+  p.recompute_residual_ms = 0.2;          // the rebuild alone takes longer: demotion wins
+  EXPECT_FALSE(ResidualRebuildBeatsDemotion(p));
+  p.ram_gbps = 0.1;                       // 2.2 ms to read K+V back, 1.1 ms for the checkpoints
+  EXPECT_TRUE(ResidualRebuildBeatsDemotion(p));
+  // A tier with no measured bandwidth prices neither way: the shape rule stands.
+  p.ram_gbps = 0;
+  EXPECT_TRUE(ResidualRebuildBeatsDemotion(p));
+}
+
 TEST(KvPressurePlannerTest, MemoryPriceIsTheCheapestWayOutScaledByTheDemandOnThePool) {
   // A RAM tier at 10 GB/s is the cheapest lossless way out: a 256-byte page (4 tokens x 2 layers
   // x 4 channels x K,V x f32) comes back in 256 / 1e7 ms.

@@ -75,6 +75,15 @@ StatusOr<KvPagingRules> MakeKvPagingRules(const KvPagingSetup& setup,
 bool KeepsResidualCheckpoints(const KvPolicyChoice& policy, bool has_ram_tier, int64_t dim,
                               int64_t kv_dim);
 
+// Whether `auto` would ever rebuild a page from its checkpoints: a running page that can leave
+// both ways is priced (ChooseKvAction, lossless, in decode, read again) rebuilt from checkpoints
+// cheaper than demoted to the RAM tier. Where demotion always wins, checkpoints the shape allows
+// would only shrink the pool (a third of each block on an MHA model) for an action never taken,
+// so KvMemory keeps them under `auto` only where this holds. `prices` needs kv_bytes and
+// residual_bytes; its tier flags and available actions are set here. Prices that give no finite
+// time for either way say nothing: then true (the shape rule stands).
+bool ResidualRebuildBeatsDemotion(const PageCostProfile& prices);
+
 // One admitted sequence as the planner sees it.
 struct KvPlannedSeq {
   SeqId slot = 0;

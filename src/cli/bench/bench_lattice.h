@@ -38,7 +38,8 @@ struct BenchLatticeArgs {
   int32_t question_tokens = 16;  // --question-tokens
   int32_t long_seqs = 4;       // --long-seqs: long generations at once
   int32_t long_tokens = 192;   // --long-tokens: tokens each generates
-  int32_t runs = 1;            // --runs: each cell's runs; the median by tok/s is kept
+  int32_t runs = 1;            // --runs: rounds, each running every cell once; the median
+                               // by tok/s is kept
   std::string json_path;       // --json FILE
   uint64_t seed = 1;           // --seed: the scripted texts
 };

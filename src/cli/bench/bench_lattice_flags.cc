@@ -47,8 +47,9 @@ CommandFlags DeclareBenchLatticeFlags(CLI::App* bench, BenchLatticeArgs* bl) {
       ->capture_default_str();
   cmd->add_option("--long-tokens", bl->long_tokens, "tokens each long generation makes")
       ->capture_default_str();
-  cmd->add_option("--runs", bl->runs, "runs of each cell, each in a fresh engine (the median "
-                                      "by tok/s is kept)")
+  cmd->add_option("--runs", bl->runs, "runs of each cell, each in a fresh engine, in rounds "
+                                      "that alternate the cells' order (the median by tok/s is "
+                                      "kept; the range is shown)")
       ->capture_default_str();
   cmd->add_option("--json", bl->json_path, "write every cell as JSON (scripts/plots.py lattice)");
   std::function<Status()> seed = AddSeedFlag(cmd, "--seed", "the scripted texts' seed (default 1)",
@@ -59,6 +60,8 @@ CommandFlags DeclareBenchLatticeFlags(CLI::App* bench, BenchLatticeArgs* bl) {
   AddCacheTypeFlags(cmd, &bl->engine);
   AddKvProfileFlags(cmd, &bl->engine);
   AddKvReserveFlags(cmd, &bl->engine);
+  cmd->add_flag("--explain", bl->engine.explain,
+                "print every KV decision with its cost terms (best with one policy, one budget)");
   return {cmd, ParsedCommand::Kind::kBenchLattice, [bl, seed]() -> Status {
             KVL_RETURN_IF_ERROR(seed());
             return ValidateBenchLatticeArgs(*bl);

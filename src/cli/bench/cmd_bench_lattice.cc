@@ -2,14 +2,19 @@
 // per page) against each fixed KV policy, at budgets of 1/8, 1/4 and 1/2 (--budgets) of
 // keep-all's peak resident KV, on three workloads (lattice_workloads.h): eight concurrent chats,
 // requests sharing long prefixes (RAG-like), long generations. Every cell is a fresh engine
-// running the workload's script to its end (--runs times; the median run by tok/s). Per cell:
+// running the workload's script to its end, --runs times in rounds: each round runs every cell
+// of the workload once, forward in even rounds and backward in odd ones, so that a machine whose
+// load drifts slows no policy more than another; the cell's figures are its median run by tok/s,
+// with the range over the runs and the process CPU time per token (less sensitive than wall
+// time to other processes on a busy machine). Per cell:
 // output tok/s over the whole workload, TTFT p50 / p99 over its requests, top-1 agreement with
 // keep-all (the replies' leading agreement, greedy decoding) and, for lossy cells, the KL
 // divergence from keep-all's next-token distributions (over each reply's positions up to its
 // first difference, from the top-20 log-probabilities both runs report). Keep-all runs twice:
 // the reference, and a repeat whose agreement with it must be 1 (the engine is deterministic)
 // and whose speed shows the run-to-run spread. A table per workload, with `auto`'s verdict
-// against the best fixed policy of equal or better quality, and JSON (--json) that
+// against the best fixed policy of equal or better quality (the ratio of the medians, the range
+// of the ratios within each round, and the ratio of CPU time per token), and JSON (--json) that
 // scripts/plots.py draws as a Pareto panel per workload.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -18,6 +23,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -42,8 +48,12 @@ struct Cell {
   double budget_fraction = 0;  // 0: keep-all (the engine's own pool)
   int64_t budget_bytes = 0;
   double wall_ms = 0;
+  double cpu_ms = 0;           // the process's CPU time over the same spans
   int64_t generated = 0;
   double tok_s = 0;
+  double cpu_tok_s = 0;        // tokens per second of the process's CPU time
+  // Every run's tok/s and CPU tok/s, in round order (RunRounds; one entry for a single run).
+  std::vector<double> run_tok_s, run_cpu_tok_s;
   double ttft_p50_ms = 0, ttft_p99_ms = 0;
   double agreement = 0;        // mean over requests of LeadingAgreement with keep-all's reply
   int64_t identical = 0;       // replies equal to keep-all's
@@ -79,6 +89,13 @@ EngineOptions CellOptions(const BenchLatticeArgs& args, const LatticeWorkload& w
   if (policy == "auto") o.kv_quality = "balanced";
   if (UsesRamTier(policy)) o.kv_tiers = {fmt::format("ram:{}", tier_bytes)};
   return o;
+}
+
+// The process's CPU time (all its threads), in ms.
+double ProcessCpuMs() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return 1e3 * static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_nsec);
 }
 
 double Percentile(std::vector<double> values, double p) {
@@ -144,8 +161,10 @@ Cell RunCell(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::
       requests.push_back(std::move(r));
     }
     const Clock::time_point start = Clock::now();
+    const double cpu_start = ProcessCpuMs();
     StatusOr<std::vector<DrivenReply>> replies = DriveRequests(**engine, std::move(requests));
     cell.wall_ms += std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    cell.cpu_ms += ProcessCpuMs() - cpu_start;
     if (!replies.ok()) {
       cell.error = replies.status().ToString();
       break;
@@ -171,6 +190,9 @@ Cell RunCell(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::
   const EngineMetrics after = (*engine)->Metrics();
   cell.requests = static_cast<int64_t>(cell.replies.size());
   cell.tok_s = cell.wall_ms > 0 ? 1000.0 * static_cast<double>(cell.generated) / cell.wall_ms : 0;
+  cell.cpu_tok_s = cell.cpu_ms > 0 ? 1000.0 * static_cast<double>(cell.generated) / cell.cpu_ms : 0;
+  cell.run_tok_s = {cell.tok_s};
+  cell.run_cpu_tok_s = {cell.cpu_tok_s};
   cell.ttft_p50_ms = Percentile(ttfts, 0.50);
   cell.ttft_p99_ms = Percentile(ttfts, 0.99);
   cell.resident_peak = after.kv_resident_bytes_peak;
@@ -179,17 +201,60 @@ Cell RunCell(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::
   return cell;
 }
 
-// The cell --runs times, each in a fresh engine: the run of median tok/s, whole (its TTFTs and
-// replies with it), so that one run slowed by the machine's other work does not decide a cell.
-Cell RunCellMedian(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::string& policy,
-                   double fraction, int64_t budget_bytes, int64_t tier_bytes) {
-  std::vector<Cell> runs;
-  for (int32_t i = 0; i < args.runs; ++i) {
-    runs.push_back(RunCell(args, w, policy, fraction, budget_bytes, tier_bytes));
-    if (!runs.back().error.empty()) return std::move(runs.back());
+// One cell's configuration, run once per round (RunRounds).
+struct CellSpec {
+  std::string policy;
+  double fraction = 0;
+  int64_t budget_bytes = 0;
+  int64_t tier_bytes = 0;
+};
+
+// A cell's runs in round order made one: the run of median tok/s, whole (its TTFTs and replies
+// with it), so that one run slowed by the machine's other work does not decide a cell, carrying
+// every run's tok/s and CPU tok/s; a run that failed stands for the cell.
+Cell MedianOfRuns(std::vector<Cell> runs) {
+  std::vector<double> tok_s, cpu_tok_s;
+  for (const Cell& r : runs) {
+    if (!r.error.empty()) return r;
+    tok_s.push_back(r.tok_s);
+    cpu_tok_s.push_back(r.cpu_tok_s);
   }
-  std::sort(runs.begin(), runs.end(), [](const Cell& a, const Cell& b) { return a.tok_s < b.tok_s; });
-  return std::move(runs[runs.size() / 2]);
+  std::vector<size_t> order(runs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tok_s[a] < tok_s[b]; });
+  Cell median = std::move(runs[order[order.size() / 2]]);
+  median.run_tok_s = std::move(tok_s);
+  median.run_cpu_tok_s = std::move(cpu_tok_s);
+  std::vector<double> sorted_cpu = median.run_cpu_tok_s;
+  std::sort(sorted_cpu.begin(), sorted_cpu.end());
+  median.cpu_tok_s = sorted_cpu[sorted_cpu.size() / 2];
+  return median;
+}
+
+// Every cell --runs times, each run in a fresh engine, in rounds: a round runs each cell once,
+// forward in even rounds and backward in odd ones. `first` holds runs already made in round 0
+// (keep-all's, which sized the budgets), by cell index. A cell that fails runs no more.
+std::vector<Cell> RunRounds(const BenchLatticeArgs& args, const LatticeWorkload& w,
+                            const std::vector<CellSpec>& specs,
+                            std::map<size_t, Cell> first) {
+  std::vector<std::vector<Cell>> runs(specs.size());
+  for (auto& [i, cell] : first) runs[i].push_back(std::move(cell));
+  for (int32_t round = 0; round < args.runs; ++round) {
+    for (size_t k = 0; k < specs.size(); ++k) {
+      const size_t i = round % 2 == 0 ? k : specs.size() - 1 - k;
+      if (static_cast<int32_t>(runs[i].size()) > round) continue;  // made before the rounds
+      if (!runs[i].empty() && !runs[i].back().error.empty()) continue;
+      const CellSpec& c = specs[i];
+      if (c.fraction > 0) {
+        fmt::print(stderr, "kvl: {} at 1/{:.0f}: {} (run {} of {}) ...\n", w.name,
+                   1 / c.fraction, c.policy, round + 1, args.runs);
+      }
+      runs[i].push_back(RunCell(args, w, c.policy, c.fraction, c.budget_bytes, c.tier_bytes));
+    }
+  }
+  std::vector<Cell> cells;
+  for (std::vector<Cell>& r : runs) cells.push_back(MedianOfRuns(std::move(r)));
+  return cells;
 }
 
 // Quality against keep-all: per request, leading agreement; per position before the first
@@ -229,7 +294,10 @@ struct Verdict {
   std::string best_policy;   // empty: no fixed policy of equal or better quality completed
   double best_tok_s = 0;
   double auto_tok_s = 0;
-  double ratio = 0;          // auto / best
+  double ratio = 0;          // auto / best, of the cells' median tok/s
+  // auto / best within each round (the two runs nearest in time), over the rounds.
+  double round_ratio_min = 0, round_ratio_median = 0, round_ratio_max = 0;
+  double cpu_ratio = 0;      // auto / best, of the median tok/s per second of CPU time
   bool within_5pct = false;
   bool strictly_best = false;
 };
@@ -254,6 +322,24 @@ Verdict JudgeAuto(const std::vector<Cell>& cells, double fraction) {
     }
   }
   v.ratio = v.best_tok_s > 0 ? v.auto_tok_s / v.best_tok_s : 0;
+  const Cell* best = nullptr;
+  for (const Cell& c : cells) {
+    if (c.budget_fraction == fraction && c.policy == v.best_policy) best = &c;
+  }
+  if (best != nullptr) {
+    std::vector<double> ratios;
+    const size_t rounds = std::min(automatic->run_tok_s.size(), best->run_tok_s.size());
+    for (size_t r = 0; r < rounds; ++r) {
+      if (best->run_tok_s[r] > 0) ratios.push_back(automatic->run_tok_s[r] / best->run_tok_s[r]);
+    }
+    if (!ratios.empty()) {
+      std::sort(ratios.begin(), ratios.end());
+      v.round_ratio_min = ratios.front();
+      v.round_ratio_median = ratios[ratios.size() / 2];
+      v.round_ratio_max = ratios.back();
+    }
+    v.cpu_ratio = best->cpu_tok_s > 0 ? automatic->cpu_tok_s / best->cpu_tok_s : 0;
+  }
   v.within_5pct = v.best_policy.empty() || v.ratio >= 0.95;
   return v;
 }
@@ -263,11 +349,11 @@ void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const C
   fmt::print("\n### {}: {}\n", w.name, w.description);
   fmt::print("{} requests, {} tokens generated per cell; keep-all's peak resident KV {}\n\n",
              w.requests, w.generated_tokens, FormatBytes(reference.resident_peak));
-  fmt::print("| {:>6} | {:<18} | {:>8} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>7} | {:<34} |\n",
-             "budget", "policy", "tok/s", "vs ref", "TTFT p50", "TTFT p99", "agreement",
-             "identical", "KLD", "preempt", "pages per action");
-  fmt::print("| {:->6} | {:-<18} | {:->8} | {:->7} | {:->9} | {:->9} | {:->9} | {:->9} | {:->9} | {:->7} | {:-<34} |\n",
-             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+  fmt::print("| {:>6} | {:<18} | {:>8} | {:>13} | {:>9} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>7} | {:<34} |\n",
+             "budget", "policy", "tok/s", "runs' range", "CPU tok/s", "vs ref", "TTFT p50",
+             "TTFT p99", "agreement", "identical", "KLD", "preempt", "pages per action");
+  fmt::print("| {:->6} | {:-<18} | {:->8} | {:->13} | {:->9} | {:->7} | {:->9} | {:->9} | {:->9} | {:->9} | {:->9} | {:->7} | {:-<34} |\n",
+             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   auto row = [&](const Cell& c) {
     const std::string budget =
         c.budget_fraction > 0 ? fmt::format("1/{:.0f}", 1 / c.budget_fraction) : "all";
@@ -275,8 +361,12 @@ void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const C
       fmt::print("| {:>6} | {:<18} | failed: {} |\n", budget, c.policy, c.error);
       return;
     }
-    fmt::print("| {:>6} | {:<18} | {:>8.1f} | {:>6.2f}x | {:>9.1f} | {:>9.1f} | {:>8.1f}% | {:>9} | {:>9.2e} | {:>7} | {:<34} |\n",
-               budget, c.policy, c.tok_s, reference.tok_s > 0 ? c.tok_s / reference.tok_s : 0,
+    const auto [lo, hi] = std::minmax_element(c.run_tok_s.begin(), c.run_tok_s.end());
+    const std::string range =
+        c.run_tok_s.size() > 1 ? fmt::format("{:.0f}-{:.0f}", *lo, *hi) : std::string("-");
+    fmt::print("| {:>6} | {:<18} | {:>8.1f} | {:>13} | {:>9.1f} | {:>6.2f}x | {:>9.1f} | {:>9.1f} | {:>8.1f}% | {:>9} | {:>9.2e} | {:>7} | {:<34} |\n",
+               budget, c.policy, c.tok_s, range, c.cpu_tok_s,
+               reference.tok_s > 0 ? c.tok_s / reference.tok_s : 0,
                c.ttft_p50_ms, c.ttft_p99_ms, 100 * c.agreement,
                fmt::format("{}/{}", c.identical, c.requests), c.kld, c.preemptions,
                ActionPagesText(c.action_pages));
@@ -284,14 +374,16 @@ void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const C
   row(reference);
   row(repeat);
   for (const Cell& c : cells) row(c);
-  fmt::print("\n| {:>6} | {:<40} | {:>10} | {:>10} |\n", "budget",
+  fmt::print("\n| {:>6} | {:<40} | {:>10} | {:>16} | {:>9} | {:>10} |\n", "budget",
              "auto vs the best fixed policy of equal or better quality", "auto / best",
-             "best of all");
-  fmt::print("| {:->6} | {:-<40} | {:->10} | {:->10} |\n", ":", ":", ":", ":");
+             "rounds' range", "CPU time", "best of all");
+  fmt::print("| {:->6} | {:-<40} | {:->10} | {:->16} | {:->9} | {:->10} |\n", ":", ":", ":", ":",
+             ":", ":");
   for (const Verdict& v : verdicts) {
     const std::string budget = fmt::format("1/{:.0f}", 1 / v.budget_fraction);
     if (v.auto_tok_s <= 0) {
-      fmt::print("| {:>6} | {:<40} | {:>10} | {:>10} |\n", budget, "auto did not complete", "-", "-");
+      fmt::print("| {:>6} | {:<40} | {:>10} | {:>16} | {:>9} | {:>10} |\n", budget,
+                 "auto did not complete", "-", "-", "-", "-");
       continue;
     }
     const std::string against =
@@ -299,8 +391,13 @@ void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const C
             ? "no fixed policy reached auto's quality"
             : fmt::format("{} ({:.1f} tok/s){}", v.best_policy, v.best_tok_s,
                           v.within_5pct ? "" : ": auto more than 5% slower");
-    fmt::print("| {:>6} | {:<40} | {:>10} | {:>10} |\n", budget, against,
+    const bool rounds = !v.best_policy.empty() && v.round_ratio_max > 0;
+    fmt::print("| {:>6} | {:<40} | {:>10} | {:>16} | {:>9} | {:>10} |\n", budget, against,
                v.best_policy.empty() ? "-" : fmt::format("{:.2f}", v.ratio),
+               rounds ? fmt::format("{:.2f} ({:.2f}-{:.2f})", v.round_ratio_median,
+                                    v.round_ratio_min, v.round_ratio_max)
+                      : std::string("-"),
+               v.best_policy.empty() || v.cpu_ratio <= 0 ? "-" : fmt::format("{:.2f}", v.cpu_ratio),
                v.strictly_best ? "auto" : "-");
   }
   (void)FlushStdout();
@@ -310,6 +407,8 @@ nlohmann::json CellJson(const Cell& c) {
   const nlohmann::json actions = ActionPagesJson(c.action_pages);
   return {{"policy", c.policy},         {"budget_fraction", c.budget_fraction},
           {"budget_bytes", c.budget_bytes}, {"wall_ms", c.wall_ms},
+          {"cpu_ms", c.cpu_ms},         {"cpu_tok_s", c.cpu_tok_s},
+          {"run_tok_s", c.run_tok_s},   {"run_cpu_tok_s", c.run_cpu_tok_s},
           {"generated_tokens", c.generated}, {"tok_s", c.tok_s},
           {"ttft_p50_ms", c.ttft_p50_ms}, {"ttft_p99_ms", c.ttft_p99_ms},
           {"agreement", c.agreement},   {"identical", c.identical},
@@ -323,6 +422,8 @@ nlohmann::json VerdictJson(const Verdict& v) {
   return {{"budget_fraction", v.budget_fraction}, {"best_policy", v.best_policy},
           {"best_tok_s", v.best_tok_s},           {"auto_tok_s", v.auto_tok_s},
           {"ratio", v.ratio},                     {"within_5pct", v.within_5pct},
+          {"round_ratio_min", v.round_ratio_min}, {"round_ratio_median", v.round_ratio_median},
+          {"round_ratio_max", v.round_ratio_max}, {"cpu_ratio", v.cpu_ratio},
           {"strictly_best", v.strictly_best}};
 }
 
@@ -358,29 +459,40 @@ int BenchLatticeCommand(const BenchLatticeArgs& args) {
   for (const std::string& name : args.workloads) {
     const LatticeWorkload w =
         MakeLatticeWorkload(name, args, *tokenizer, args.engine.block_tokens);
-    Cell reference = RunCellMedian(args, w, "keep-all", 0, 0, 0);
+    // Keep-all's first run sizes the budgets (its peak is the same in every run): it is the
+    // reference's run of round 0.
+    Cell sizing = RunCell(args, w, "keep-all", 0, 0, 0);
+    if (!sizing.error.empty()) {
+      fmt::print(stderr, "kvl: workload {}: keep-all failed: {}\n", name, sizing.error);
+      reference_failed = true;
+      continue;
+    }
+    // The tier holds the whole workload's pages (or residuals) several times over.
+    const int64_t tier_bytes = 8 * sizing.resident_peak + (64ll << 20);
+    std::vector<CellSpec> specs = {{"keep-all", 0, 0, 0}, {"keep-all (repeat)", 0, 0, 0}};
+    for (double fraction : args.budgets) {
+      const int64_t budget = std::max<int64_t>(
+          1, static_cast<int64_t>(static_cast<double>(sizing.resident_peak) * fraction));
+      for (const std::string& policy : args.policies) {
+        specs.push_back({policy, fraction, budget, tier_bytes});
+      }
+    }
+    std::map<size_t, Cell> first;
+    first.emplace(0, std::move(sizing));
+    std::vector<Cell> all = RunRounds(args, w, specs, std::move(first));
+    Cell reference = std::move(all[0]);
+    Cell repeat = std::move(all[1]);
     if (!reference.error.empty()) {
       fmt::print(stderr, "kvl: workload {}: keep-all failed: {}\n", name, reference.error);
       reference_failed = true;
       continue;
     }
-    Cell repeat = RunCellMedian(args, w, "keep-all (repeat)", 0, 0, 0);
     CompareWithReference(reference, &repeat);
-    // The tier holds the whole workload's pages (or residuals) several times over.
-    const int64_t tier_bytes = 8 * reference.resident_peak + (64ll << 20);
-    std::vector<Cell> cells;
+    std::vector<Cell> cells(std::make_move_iterator(all.begin() + 2),
+                            std::make_move_iterator(all.end()));
     std::vector<Verdict> verdicts;
-    for (double fraction : args.budgets) {
-      const int64_t budget = std::max<int64_t>(
-          1, static_cast<int64_t>(static_cast<double>(reference.resident_peak) * fraction));
-      for (const std::string& policy : args.policies) {
-        fmt::print(stderr, "kvl: {} at 1/{:.0f}: {} ...\n", name, 1 / fraction, policy);
-        Cell cell = RunCellMedian(args, w, policy, fraction, budget, tier_bytes);
-        CompareWithReference(reference, &cell);
-        cells.push_back(std::move(cell));
-      }
-      verdicts.push_back(JudgeAuto(cells, fraction));
-    }
+    for (Cell& cell : cells) CompareWithReference(reference, &cell);
+    for (double fraction : args.budgets) verdicts.push_back(JudgeAuto(cells, fraction));
     CompareWithReference(reference, &reference);
     PrintWorkloadTable(w, reference, repeat, cells, verdicts);
     nlohmann::json wj = {{"name", w.name},

@@ -30,6 +30,20 @@ bool KeepsResidualCheckpoints(const KvPolicyChoice& policy, bool has_ram_tier, i
   return has_ram_tier && dim <= 2 * kv_dim;
 }
 
+bool ResidualRebuildBeatsDemotion(const PageCostProfile& prices) {
+  PageCostProfile p = prices;
+  p.has_ram_tier = true;
+  p.available_actions = Bit(KvAction::kDemoteRam) | Bit(KvAction::kRecomputeResidual);
+  KvPolicyOptions o;
+  o.quality = KvQuality::kLossless;
+  o.phase = Phase::kDecode;
+  const KvDecision d = ChooseKvAction(PageHistory{}, p, o);
+  const double rebuild_ms = d.costs[static_cast<size_t>(KvAction::kRecomputeResidual)].total_ms;
+  const double demote_ms = d.costs[static_cast<size_t>(KvAction::kDemoteRam)].total_ms;
+  if (!std::isfinite(rebuild_ms) && !std::isfinite(demote_ms)) return true;
+  return rebuild_ms < demote_ms;
+}
+
 StatusOr<KvPagingRules> MakeKvPagingRules(const KvPagingSetup& setup,
                                           const PageCostProfile& prices) {
   KvPagingRules r;
