@@ -53,16 +53,22 @@ void KvIdleReuseHistory::PageRevived(int64_t last_read_step, int64_t step) {
   for (size_t k = i + 2; k < gap_sums_.size(); ++k) gap_sums_[k] += static_cast<double>(gap);
 }
 
+size_t KvIdleReuseHistory::Shorter(int64_t idle_steps) const {
+  // A pause exactly as long as the wait so far ends in the step being planned, whose reads have
+  // not happened yet: such pages were still to be read after that wait.
+  return static_cast<size_t>(std::lower_bound(gaps_.begin(), gaps_.end(), idle_steps) -
+                             gaps_.begin());
+}
+
 double KvIdleReuseHistory::RevivalProbability(int64_t step, int64_t idle_steps,
                                               int64_t page_idle_periods,
                                               int64_t page_revivals) const {
-  // The pages that were idle for `idle_steps`: those revived after a longer pause, which were
-  // still to be read, and those idle now since at least as long ago. Pages idle for less are left
+  // The pages that were idle for `idle_steps`: those revived after a pause as long or longer,
+  // which were still to be read, and those idle now since at least as long ago. Pages idle for less are left
   // out rather than counted as never read again: counting them would make every long pause look
   // hopeless, the more so the more pages went idle lately, and so rank idle pages by recency
   // alone (LRU's order) whatever the revivals say.
-  const size_t within =
-      static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
+  const size_t within = Shorter(idle_steps);
   const double later = static_cast<double>(gaps_.size() - within);
   const double idle_as_long = static_cast<double>(
       std::upper_bound(idle_since_.begin(), idle_since_.end(), step - idle_steps) -
@@ -84,13 +90,32 @@ double KvIdleReuseHistory::RemainingGapSteps(int64_t idle_steps) const {
   // before, counted the wait a second time with no revival to support it: among such pages it was
   // LRU's order, which loses every request repeated after a pause longer than the pool can hold
   // its pages through (a cyclic reuse of requests, as a scan of pages is within a request).
-  const size_t within =
-      static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
+  const size_t within = Shorter(idle_steps);
   const size_t later = gaps_.size() - within;
   if (later == 0) return kDefaultIdleGapSteps;
   const double sum_later = gap_sums_.back() - gap_sums_[within];
   return std::max(1.0, sum_later / static_cast<double>(later) - static_cast<double>(idle_steps));
 }
+
+namespace {
+
+// The steps an idle page still waits for its next read if it is read again: what the history's
+// pauses longer than its wait leave, and, for a page read again before, what its own pauses
+// leave, weighed as its revival probability weighs them (kHistoryWeightPeriods). A page already
+// idle longer than its own pauses is late on its own record: only the history says.
+double RemainingIdleSteps(const KvReuseInput& page, int64_t idle,
+                          const KvIdleReuseHistory& history) {
+  const double from_history = history.RemainingGapSteps(idle);
+  if (page.revivals <= 0 || page.revival_gap_steps <= 0) return from_history;
+  const double revivals = static_cast<double>(page.revivals);
+  const double own_pause = static_cast<double>(page.revival_gap_steps) / revivals;
+  if (own_pause <= static_cast<double>(idle)) return from_history;
+  const double from_own = own_pause - static_cast<double>(idle);
+  return (revivals * from_own + kHistoryWeightPeriods * from_history) /
+         (revivals + kHistoryWeightPeriods);
+}
+
+}  // namespace
 
 KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory& history) {
   KvReuseForecast f;
@@ -111,7 +136,7 @@ KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory
   // of the usual pause, stretched by how unlikely the revival is.
   const int64_t idle = std::max<int64_t>(0, page.idle_steps);
   const double p = history.RevivalProbability(page.step, idle, page.idle_periods, page.revivals);
-  f.next_read_steps = history.RemainingGapSteps(idle) / p;
+  f.next_read_steps = RemainingIdleSteps(page, idle, history) / p;
   f.reads_left = p;
   return f;
 }
