@@ -314,10 +314,12 @@ TEST(KvManagerTest, AConversationsNewestBlocksOutliveOneOffs) {
       const KvPlan plan = Step(*m, 0, Concat(chat, {7}));
       EXPECT_EQ(plan.seqs[0].num_cached_tokens, static_cast<int64_t>(chat.size()) - 8);
       m->Free(0);
-      // A one-off request after each turn, never read again.
+      // A one-off request after each turn, never read again: two steps (the chat's pause)
+      // between turns, one after the last.
       one_off = Range(next_token, 9);
       next_token += 9;
       Step(*m, 1, one_off);
+      if (turn < 3) Step(*m, 1, {7});
       m->Free(1);
     }
     // 32 chat tokens (8 blocks) and 4 one-offs (2 full blocks each) cached: 16 of 24 blocks.

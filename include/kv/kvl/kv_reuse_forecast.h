@@ -68,12 +68,11 @@ struct KvReuseForecast {
 // soon, given how long it has been idle: from every page that went idle (its last running reader
 // finished or stopped) and the pause of every idle page read again. Conditioning on the pause so
 // far tells a reply's tail, never read again, from a shared opening between two requests. A page
-// idle for t steps is revived with probability (revivals after pauses >= t) / (pages that were
-// idle for t steps), each count with one in two added (Laplace's rule) so that an empty history
-// says 1/2. The pages that were idle for t steps are those revived after pauses of t or more (a
-// pause of t ends in the step being planned, its read still to come) and those idle now for t
-// steps or more, as in a survival table (Kaplan and Meier): a page idle for fewer steps has not
-// reached t yet, and says nothing of whether pages idle that long are read again.
+// idle for t steps is revived with probability (revivals after pauses > t) / (pages that were idle
+// for t steps), each count with one in two added (Laplace's rule) so that an empty history says
+// 1/2. The pages that were idle for t steps are those revived after longer pauses and those idle
+// now for t steps or more, as in a survival table (Kaplan and Meier): a page idle for fewer steps
+// has not reached t yet, and says nothing of whether pages idle that long are read again.
 class KvIdleReuseHistory {
  public:
   // Where no page was revived after a pause as long as a page's: the pause still assumed (a named
@@ -104,9 +103,6 @@ class KvIdleReuseHistory {
   int64_t longest_gap() const { return gaps_.empty() ? 0 : gaps_.back(); }  // 0: none revived
 
  private:
-  // How many revived pages' pauses were shorter than `idle_steps` (ended before such a wait).
-  size_t Shorter(int64_t idle_steps) const;
-
   std::vector<int64_t> idle_since_;  // the last reads of the pages idle now, ascending
   std::vector<int64_t> gaps_;        // the pauses of revived pages, ascending
   std::vector<double> gap_sums_;     // gap_sums_[i]: the sum of gaps_[0 .. i-1]

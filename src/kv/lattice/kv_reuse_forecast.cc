@@ -53,22 +53,16 @@ void KvIdleReuseHistory::PageRevived(int64_t last_read_step, int64_t step) {
   for (size_t k = i + 2; k < gap_sums_.size(); ++k) gap_sums_[k] += static_cast<double>(gap);
 }
 
-size_t KvIdleReuseHistory::Shorter(int64_t idle_steps) const {
-  // A pause exactly as long as the wait so far ends in the step being planned, whose reads have
-  // not happened yet: such pages were still to be read after that wait.
-  return static_cast<size_t>(std::lower_bound(gaps_.begin(), gaps_.end(), idle_steps) -
-                             gaps_.begin());
-}
-
 double KvIdleReuseHistory::RevivalProbability(int64_t step, int64_t idle_steps,
                                               int64_t page_idle_periods,
                                               int64_t page_revivals) const {
-  // The pages that were idle for `idle_steps`: those revived after a pause as long or longer,
-  // which were still to be read, and those idle now since at least as long ago. Pages idle for less are left
+  // The pages that were idle for `idle_steps`: those revived after a longer pause, which were
+  // still to be read, and those idle now since at least as long ago. Pages idle for less are left
   // out rather than counted as never read again: counting them would make every long pause look
   // hopeless, the more so the more pages went idle lately, and so rank idle pages by recency
   // alone (LRU's order) whatever the revivals say.
-  const size_t within = Shorter(idle_steps);
+  const size_t within =
+      static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
   const double later = static_cast<double>(gaps_.size() - within);
   const double idle_as_long = static_cast<double>(
       std::upper_bound(idle_since_.begin(), idle_since_.end(), step - idle_steps) -
@@ -90,7 +84,8 @@ double KvIdleReuseHistory::RemainingGapSteps(int64_t idle_steps) const {
   // before, counted the wait a second time with no revival to support it: among such pages it was
   // LRU's order, which loses every request repeated after a pause longer than the pool can hold
   // its pages through (a cyclic reuse of requests, as a scan of pages is within a request).
-  const size_t within = Shorter(idle_steps);
+  const size_t within =
+      static_cast<size_t>(std::upper_bound(gaps_.begin(), gaps_.end(), idle_steps) - gaps_.begin());
   const size_t later = gaps_.size() - within;
   if (later == 0) return kDefaultIdleGapSteps;
   const double sum_later = gap_sums_.back() - gap_sums_[within];
