@@ -811,7 +811,7 @@ int64_t KvMemory::Apply(KvPagePlan& plan, KvApplied* out) {
       planner_->NoteFailedActions(plan);
       for (const KvPageAction& a : plan.actions) applied += a.applied ? 1 : 0;
       if (trace_) TraceLeaving(plan);
-      manager_->Free(plan.preempted);
+      manager_->Free(plan.preempted, /*resumes=*/true);  // its blocks are read at its resume
       break;
     case KvPagePlanKind::kPromotion: {
       if (plan.actions.empty()) break;

@@ -184,12 +184,13 @@ class PropertyRun {
     ref_[child] = ref_[parent];
   }
 
-  void RandomFree() {
+  // `resumes`: a preemption (its blocks wait for the resume in the reuse forecast).
+  void RandomFree(bool resumes = false) {
     const std::vector<SeqId> present = Present();
     if (present.empty()) return;
     const SeqId seq = present[Uniform(0, static_cast<int>(present.size()) - 1)];
     finished_.push_back(ref_[seq]);
-    manager_->Free(seq);
+    manager_->Free(seq, resumes);
     ref_.erase(seq);
   }
 
@@ -203,7 +204,7 @@ class PropertyRun {
       const std::vector<int32_t> chunk = RandomTokens(2 * config_.block_tokens + 1);
       const KvSeqStep step{seq, chunk};
       if (!Apply({step})) {
-        RandomFree();
+        RandomFree(/*resumes=*/true);
         return;
       }
       CheckAll(-1);

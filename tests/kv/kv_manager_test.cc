@@ -266,6 +266,100 @@ TEST(KvManagerTest, ForecastKeepsTheBlockAboutToBeReusedWhereLeastRecentlyFreedE
   }
 }
 
+// A preempted sequence's blocks (Free with resumes) are read again at its resume: they outlive a
+// finished request's, though freed before them. Least recently freed first gives them up first.
+TEST(KvManagerTest, AResumingSequencesBlocksOutliveAFinishedOnes) {
+  const std::vector<int32_t> preempted = Range(100, 9), finished = Range(200, 9);
+  for (KvIdleBlockOrder order : {KvIdleBlockOrder::kForecast, KvIdleBlockOrder::kLeastRecentlyFreed}) {
+    SCOPED_TRACE(order == KvIdleBlockOrder::kForecast ? "forecast" : "least recently freed");
+    KvManagerOptions options = Options(4, 6);
+    options.idle_block_order = order;
+    auto m = Make(options);
+    Step(*m, 0, preempted);  // 2 full blocks and a partial one each
+    Step(*m, 1, finished);
+    m->Free(0, /*resumes=*/true);
+    m->Free(1);
+    EXPECT_TRUE(m->CheckInvariants().ok());
+    EXPECT_EQ(m->stats().blocks_cached, 4);
+    // 4 blocks: the 2 partial (uncached) ones, then 2 of the 4 cached.
+    Step(*m, 2, Range(300, 13));
+    const bool forecast = order == KvIdleBlockOrder::kForecast;
+    EXPECT_EQ(m->MatchPrefix(preempted), forecast ? 8 : 0);
+    EXPECT_EQ(m->MatchPrefix(finished), forecast ? 0 : 8);
+    // Its resume (once the request that took the blocks is done) finds its whole prefix.
+    m->Free(2);
+    EXPECT_EQ(Step(*m, 0, preempted).seqs[0].num_cached_tokens, forecast ? 8 : 0);
+  }
+}
+
+// A request whose prefix hit takes a finished request's whole chain is a conversation's next
+// turn, and its blocks are judged by the conversations' history: a chat whose every turn so far
+// came back (its earlier blocks revived at each turn) keeps even its newest reply's blocks (idle
+// for the first time, no record of their own) over one-off requests' blocks, of which none was
+// ever read again, though the last one-off was freed after the chat. Least recently freed first
+// gives up the chat's reply once the one-offs freed before the chat are gone.
+TEST(KvManagerTest, AConversationsNewestBlocksOutliveOneOffs) {
+  for (KvIdleBlockOrder order : {KvIdleBlockOrder::kForecast, KvIdleBlockOrder::kLeastRecentlyFreed}) {
+    SCOPED_TRACE(order == KvIdleBlockOrder::kForecast ? "forecast" : "least recently freed");
+    KvManagerOptions options = Options(4, 24);
+    options.idle_block_order = order;
+    auto m = Make(options);
+    std::vector<int32_t> chat;
+    int32_t next_token = 1000;
+    std::vector<int32_t> one_off;
+    for (int turn = 0; turn < 4; ++turn) {
+      // The user's line and the reply: 8 new tokens, 2 blocks; the next token is being decoded.
+      chat = Concat(chat, Range(next_token, 8));
+      next_token += 8;
+      const KvPlan plan = Step(*m, 0, Concat(chat, {7}));
+      EXPECT_EQ(plan.seqs[0].num_cached_tokens, static_cast<int64_t>(chat.size()) - 8);
+      m->Free(0);
+      // A one-off request after each turn, never read again: two steps (the chat's pause)
+      // between turns, one after the last.
+      one_off = Range(next_token, 9);
+      next_token += 9;
+      Step(*m, 1, one_off);
+      if (turn < 3) Step(*m, 1, {7});
+      m->Free(1);
+    }
+    // 32 chat tokens (8 blocks) and 4 one-offs (2 full blocks each) cached: 16 of 24 blocks.
+    EXPECT_EQ(m->stats().blocks_cached, 16);
+    // A request of 15 blocks: the 8 uncached ones, then 7 cached.
+    Step(*m, 2, Range(5000, 57));
+    const bool forecast = order == KvIdleBlockOrder::kForecast;
+    EXPECT_EQ(m->MatchPrefix(Concat(chat, {7})), forecast ? 32 : 28);
+    EXPECT_EQ(m->MatchPrefix(one_off), forecast ? 0 : 8);
+  }
+}
+
+// A block whose parent's block was given new contents can never be found again (a prefix walk
+// starts at the first block): it leaves before any block that can, even one whose record says
+// it is less likely to be read again.
+TEST(KvManagerTest, AnUnreachableBlockLeavesFirst) {
+  auto m = Make(Options(4, 6));
+  const std::vector<int32_t> x = Range(100, 9);  // blocks p, c and a partial one
+  for (int i = 0; i < 3; ++i) {  // c found again twice: a record of reuse
+    Step(*m, 0, x);
+    m->Free(0);
+  }
+  const std::vector<int32_t> one_off = Range(200, 5);  // block z and a partial one
+  Step(*m, 1, one_off);
+  m->Free(1);
+  // Another request with p's tokens revives p, then loses its identity (a page of it came back
+  // damaged): p is freed without a prefix, the first block taken.
+  Step(*m, 2, Concat(Range(100, 4), Range(300, 5)));
+  m->DropIdentity(2, 0);
+  m->Free(2);
+  EXPECT_EQ(m->MatchPrefix(x), 0);
+  EXPECT_EQ(m->stats().blocks_cached, 2);  // c and z
+  // The 4 uncached blocks, p among them: c's parent now holds other tokens.
+  Step(*m, 3, Range(400, 13));
+  // One more block: c, though it was read again twice and z never was.
+  Step(*m, 4, Range(500, 3));
+  EXPECT_EQ(m->MatchPrefix(one_off), 4);
+  EXPECT_EQ(m->stats().blocks_cached, 1);
+}
+
 // next_free_block() (what Reattach and AcquireRawBlock take) and a plan agree on the forecast's
 // choice among idle cached blocks.
 TEST(KvManagerTest, SingleAllocationsTakeTheForecastsChoiceToo) {

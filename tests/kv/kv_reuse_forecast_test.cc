@@ -139,6 +139,38 @@ TEST(KvReuseForecastTest, ABoundedHistoryForgetsTheOldestPauses) {
   EXPECT_DOUBLE_EQ(latest.RemainingGapSteps(4), 5.0);  // 9 - 4
 }
 
+// A page read again after about the same pause each time (a conversation's history at every
+// turn, an opening every other round of a workload) is expected when that pause ends, not after
+// the history's pause: with an empty history (the named default pause, 16 steps, and one in two)
+// a page revived 3 times after 60 steps each, idle for 10, waits (3 x 50 + 2 x 16) / 5 = 36.4
+// more steps if read again. One idle for 50 is nearly due and is kept over one just idle, where
+// the history alone would rank them the other way (the longer wait, the less likely). A page
+// idle past its own pause is late on its own record: the history alone says.
+TEST(KvReuseForecastTest, APageReadAgainAfterTheSamePauseIsExpectedWhenItsPauseEnds) {
+  const KvIdleReuseHistory empty;
+  KvReuseInput periodic;
+  periodic.step = 100;
+  periodic.idle_periods = 4;
+  periodic.revivals = 3;
+  periodic.revival_gap_steps = 3 * 60;
+  periodic.idle_steps = 10;
+  const double p = (3 + 2 * 0.5) / (3 + 2);  // its own record, weighed with the history's 1/2
+  const KvReuseForecast just_idle = ForecastReuse(periodic, empty);
+  EXPECT_DOUBLE_EQ(just_idle.reads_left, p);
+  EXPECT_NEAR(just_idle.next_read_steps, (3 * 50 + 2 * 16) / 5.0 / p, 1e-9);
+  periodic.idle_steps = 50;
+  const KvReuseForecast nearly_due = ForecastReuse(periodic, empty);
+  EXPECT_NEAR(nearly_due.next_read_steps, (3 * 10 + 2 * 16) / 5.0 / p, 1e-9);
+  EXPECT_TRUE(KvPageLeavesFirst(just_idle, nearly_due));
+  // Without its pauses (not known), both wait the history's default pause.
+  periodic.revival_gap_steps = 0;
+  EXPECT_NEAR(ForecastReuse(periodic, empty).next_read_steps, 16 / p, 1e-9);
+  // Idle for 70 steps, past its own 60: the history's default pause only.
+  periodic.revival_gap_steps = 3 * 60;
+  periodic.idle_steps = 70;
+  EXPECT_NEAR(ForecastReuse(periodic, empty).next_read_steps, 16 / p, 1e-9);
+}
+
 // Two sequences decode side by side under full attention, each reading its 4 pages at every step
 // for 40 steps, with room for 6 of the 8: a cyclic scan. LRU evicts each page just before it is
 // read again and misses every read; Belady keeps a stable set and misses about 2 a step; the

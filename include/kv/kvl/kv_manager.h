@@ -240,8 +240,12 @@ class KvManager {
   void Commit(const KvPlan& plan);
 
   // Drops a sequence (finished, cancelled or preempted): its blocks lose a reference; blocks
-  // nobody holds become free, cached full blocks stay findable until reused.
-  void Free(SeqId seq);
+  // nobody holds become free, cached full blocks stay findable until reused. `resumes`: it was
+  // preempted and comes back (its blocks are read again at its resume, so the reuse forecast
+  // keeps them over a finished request's); otherwise its last full block ends a chain, and a
+  // request whose prefix hit takes that chain whole is a conversation's next turn (its blocks
+  // are judged by the conversations' history once it finishes).
+  void Free(SeqId seq, bool resumes = false);
   // Makes `child` share all of `parent`'s blocks (copy-on-write). `child` must be absent, and
   // `parent` must not be paged.
   void Fork(SeqId parent, SeqId child);

@@ -52,6 +52,10 @@ struct KvReuseInput {
   int64_t idle_steps = 0;
   int64_t idle_periods = 1;
   int64_t revivals = 0;
+  // The pauses those revivals ended, summed (0: not known): a page read again after about the
+  // same pause each time (a conversation's history at every turn, an opening every other round)
+  // is expected about that long after its last read again.
+  int64_t revival_gap_steps = 0;
 };
 
 struct KvReuseForecast {
@@ -96,6 +100,7 @@ class KvIdleReuseHistory {
 
   int64_t idle_pages() const { return static_cast<int64_t>(idle_since_.size()); }  // idle now
   int64_t revived_pages() const { return static_cast<int64_t>(gaps_.size()); }
+  int64_t longest_gap() const { return gaps_.empty() ? 0 : gaps_.back(); }  // 0: none revived
 
  private:
   std::vector<int64_t> idle_since_;  // the last reads of the pages idle now, ascending

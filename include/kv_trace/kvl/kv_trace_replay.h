@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kvl/kv_trace.h"
@@ -33,6 +34,9 @@ struct KvTraceAccess {
   int64_t steps_left = -1;  // the most steps its request may still take after this one; -1: unknown
 };
 std::vector<KvTraceAccess> KvTraceAccesses(const KvTrace& trace);
+// The steps at which the engine preempted each request (the steps of its pages' L lines of cause
+// preempt), ascending: [request] -> steps.
+std::unordered_map<int64_t, std::vector<int64_t>> KvTracePreemptions(const KvTrace& trace);
 
 enum class KvReplayPolicy { kPolicy, kLru, kLfu, kBelady };
 std::string_view KvReplayPolicyName(KvReplayPolicy policy);
@@ -83,8 +87,8 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
 // step is a sequence of the manager (admitted at its first read, with its pages' tokens: every
 // token of page p is p, so requests share a prefix exactly where the trace's content ids say);
 // it grows one token a step, and by whole pages where the trace shows them full; one that a
-// step does not read (finished, or preempted) is freed, its full pages cached, and admitted
-// again when it reads. A read of a page the manager held (a block of the sequence, or found by
+// step does not read (finished, or preempted) is freed, its full pages cached (told that it
+// resumes where the trace shows the engine preempted it), and admitted again when it reads. A read of a page the manager held (a block of the sequence, or found by
 // prefix at its admission) is a hit; the first read of a page anywhere is cold; any other (a
 // page computed again) is a miss. Running sequences' pages never leave the pool here (the
 // engine's pager moves those, KvPressurePlanner's forecast order), so only the idle pages'

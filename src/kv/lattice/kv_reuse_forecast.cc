@@ -92,6 +92,26 @@ double KvIdleReuseHistory::RemainingGapSteps(int64_t idle_steps) const {
   return std::max(1.0, sum_later / static_cast<double>(later) - static_cast<double>(idle_steps));
 }
 
+namespace {
+
+// The steps an idle page still waits for its next read if it is read again: what the history's
+// pauses longer than its wait leave, and, for a page read again before, what its own pauses
+// leave, weighed as its revival probability weighs them (kHistoryWeightPeriods). A page already
+// idle longer than its own pauses is late on its own record: only the history says.
+double RemainingIdleSteps(const KvReuseInput& page, int64_t idle,
+                          const KvIdleReuseHistory& history) {
+  const double from_history = history.RemainingGapSteps(idle);
+  if (page.revivals <= 0 || page.revival_gap_steps <= 0) return from_history;
+  const double revivals = static_cast<double>(page.revivals);
+  const double own_pause = static_cast<double>(page.revival_gap_steps) / revivals;
+  if (own_pause <= static_cast<double>(idle)) return from_history;
+  const double from_own = own_pause - static_cast<double>(idle);
+  return (revivals * from_own + kHistoryWeightPeriods * from_history) /
+         (revivals + kHistoryWeightPeriods);
+}
+
+}  // namespace
+
 KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory& history) {
   KvReuseForecast f;
   f.order_in_step = page.order_in_step;
@@ -111,7 +131,7 @@ KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory
   // of the usual pause, stretched by how unlikely the revival is.
   const int64_t idle = std::max<int64_t>(0, page.idle_steps);
   const double p = history.RevivalProbability(page.step, idle, page.idle_periods, page.revivals);
-  f.next_read_steps = history.RemainingGapSteps(idle) / p;
+  f.next_read_steps = RemainingIdleSteps(page, idle, history) / p;
   f.reads_left = p;
   return f;
 }

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "block_hash.h"
@@ -17,11 +18,18 @@ namespace {
 
 // An epoch no plan has (plan epochs count from 1 up): TakeOrder outside a plan skips no block.
 constexpr uint64_t kNoPlanEpoch = std::numeric_limits<uint64_t>::max();
+// A preempted sequence that has waited this many times the longest it may take to come back is
+// taken for cancelled: its blocks are judged as a finished request's. A named default, not a
+// measurement. A resume comes once running sequences free blocks, so a wait is bounded by how
+// long sequences run: the longest wait for a resume seen, the longest a finished sequence ran,
+// or the default pause before either.
+constexpr double kResumeWaitLimit = 4;
 
 }  // namespace
 
 using kv_internal::BlockMeta;
 using kv_internal::BlockRef;
+using kv_internal::IdleKind;
 using kv_internal::SeqState;
 
 KvContentId ChainContentId(KvContentId parent, std::span<const int32_t> tokens,
@@ -49,6 +57,7 @@ KvManager::State::State(const KvManagerOptions& opts, int32_t num_blocks)
       block_plan_mark(static_cast<size_t>(num_blocks), 0),
       seq_plan_mark(static_cast<size_t>(opts.max_seqs), 0) {
   idle_candidates.reserve(static_cast<size_t>(num_blocks));
+  candidate_of_block.assign(static_cast<size_t>(num_blocks), -1);
   take_order.reserve(static_cast<size_t>(num_blocks));
 }
 
@@ -89,7 +98,7 @@ size_t KvManager::State::MatchBlocks(std::span<const int32_t> tokens,
 
 // Mutations of the state that keep the refcounts, the free list, the index and num_cached in
 // step. Every operation that changes the pool goes through them.
-void KvManager::State::RefBlock(BlockId block) {
+void KvManager::State::RefBlock(BlockId block, bool by_conversation) {
   if (pool.refcount(block) > 0) {
     pool.Ref(block);
     return;
@@ -98,8 +107,19 @@ void KvManager::State::RefBlock(BlockId block) {
   BlockMeta& m = meta[block];
   if (m.indexed) {
     --num_cached;
-    idle_history.PageRevived(m.idle_since, clock);
-    ++m.revivals;
+    if (by_conversation && m.idle_kind == IdleKind::kOther) {
+      // A finished request's page that a conversation's next turn read: its pause was the
+      // time its user took to answer, and belongs to the conversations' history.
+      history(IdleKind::kOther).ForgetIdlePage(m.idle_since);
+      history(IdleKind::kConversation).PageWentIdle(m.idle_since);
+      m.idle_kind = IdleKind::kConversation;
+    }
+    history(m.idle_kind).PageRevived(m.idle_since, clock);
+    if (m.idle_kind != IdleKind::kResumes) {
+      // A resume is its own sequence coming back, not a reuse: the page's record is of reuses.
+      ++m.revivals;
+      m.revival_gap_steps += clock - m.idle_since;
+    }
   }
 }
 
@@ -111,8 +131,9 @@ void KvManager::State::UnrefBlock(BlockId block) {
   if (pool.Unref(block, /*keep_longer=*/cached) && cached) {
     ++num_cached;
     m.idle_since = clock;
-    ++m.idle_periods;
-    idle_history.PageWentIdle(clock);
+    m.idle_kind = freeing_kind;
+    if (m.idle_kind != IdleKind::kResumes) ++m.idle_periods;
+    history(m.idle_kind).PageWentIdle(clock);
   }
 }
 
@@ -123,8 +144,34 @@ KvReuseForecast KvManager::State::IdleForecast(BlockId block) const {
   in.idle_steps = clock - m.idle_since;
   in.idle_periods = m.idle_periods;
   in.revivals = m.revivals;
+  in.revival_gap_steps = m.revival_gap_steps;
   in.order_in_step = m.chain_index;
-  return ForecastReuse(in, idle_history);
+  if (IsStale(block)) {
+    // Its parent's block holds something else now: no prefix walk reaches it again.
+    KvReuseForecast never;
+    never.next_read_steps = std::numeric_limits<double>::infinity();
+    never.reads_left = 0;
+    never.order_in_step = m.chain_index;
+    return never;
+  }
+  if (m.idle_kind == IdleKind::kResumes) {
+    // Read at the resume of the sequence it was taken from, as soon as the sequences preempted
+    // before it came back; a preempted request that never comes back (cancelled) is judged as a
+    // finished one's page once it has waited well past every resume seen.
+    const KvIdleReuseHistory& resumes = history(IdleKind::kResumes);
+    const double longest =
+        std::max({static_cast<double>(resumes.longest_gap()), static_cast<double>(longest_run),
+                  KvIdleReuseHistory::kDefaultIdleGapSteps});
+    if (static_cast<double>(in.idle_steps) <= kResumeWaitLimit * longest) {
+      in.waiting_reader = true;
+      in.reads_left = -1;  // its steps left are the scheduler's, not the manager's
+      in.steps_to_resume =
+          static_cast<int64_t>(std::ceil(resumes.RemainingGapSteps(in.idle_steps)));
+      return ForecastReuse(in, resumes);
+    }
+    return ForecastReuse(in, history(IdleKind::kOther));
+  }
+  return ForecastReuse(in, history(m.idle_kind));
 }
 
 void KvManager::State::TakeOrder(int64_t count, uint64_t epoch,
@@ -148,11 +195,13 @@ void KvManager::State::TakeOrder(int64_t count, uint64_t epoch,
     c.rank = rank;
     c.block = b;
     if (forecast) c.forecast = IdleForecast(b);
+    candidate_of_block[b] = static_cast<int32_t>(idle_candidates.size());
     idle_candidates.push_back(c);
   }
   const size_t take = std::min(idle_candidates.size(),
                                static_cast<size_t>(count) - victims->size());
   if (forecast) {
+    LiftParents();
     // The least likely to be read again, and the latest, first (KvPageLeavesFirst); a tie goes
     // to the least recently freed. A total order: std::partial_sort needs no buffer.
     std::partial_sort(idle_candidates.begin(),
@@ -164,6 +213,33 @@ void KvManager::State::TakeOrder(int64_t count, uint64_t epoch,
                       });
   }
   for (size_t i = 0; i < take; ++i) victims->push_back(idle_candidates[i].block);
+}
+
+void KvManager::State::LiftParents() const {
+  // A prefix hit walks a chain from its first block: a block is read again only with its parent,
+  // so its parent is at least as likely to be, and as soon. Each candidate lifts its idle
+  // ancestors to its own forecast where theirs is worse (they keep their place in the chain, so
+  // a tie still takes the deeper block first); a walk stops at an ancestor already as good.
+  for (size_t i = 0; i < idle_candidates.size(); ++i) {
+    size_t child = i;
+    for (;;) {
+      const BlockRef parent = meta[idle_candidates[child].block].parent;
+      if (parent.block == kNoBlock || meta[parent.block].generation != parent.generation) break;
+      const int32_t p = candidate_of_block[parent.block];
+      if (p < 0 || static_cast<size_t>(p) >= idle_candidates.size() ||
+          idle_candidates[static_cast<size_t>(p)].block != parent.block) {
+        break;  // in use (or revived by this plan): not a candidate
+      }
+      if (IsStale(parent.block)) break;  // unreachable itself: nothing to keep it for
+      KvReuseForecast& up = idle_candidates[static_cast<size_t>(p)].forecast;
+      const KvReuseForecast& down = idle_candidates[child].forecast;
+      KvReuseForecast lifted = down;
+      lifted.order_in_step = up.order_in_step;
+      if (!KvPageLeavesFirst(up, lifted)) break;
+      up = lifted;
+      child = static_cast<size_t>(p);
+    }
+  }
 }
 
 BlockId KvManager::State::NextFreeBlock() const {
@@ -185,7 +261,7 @@ void KvManager::State::Unindex(BlockId block) {
   m.indexed = false;
   if (pool.refcount(block) == 0) {
     --num_cached;
-    idle_history.ForgetIdlePage(m.idle_since);  // never read again as this prefix
+    history(m.idle_kind).ForgetIdlePage(m.idle_since);  // never read again as this prefix
     pool.MoveToFront(block);
   }
 }
@@ -473,8 +549,12 @@ void KvManager::Commit(const KvPlan& plan) {
       seq.content.clear();
       seq.content.reserve(static_cast<size_t>(BlocksFor(max_tokens)));
       ++s.num_seqs;
+      seq.admitted_at = s.clock;
+      // A prefix hit that takes a finished sequence's whole chain: a conversation's next turn.
+      seq.conversation = std::any_of(sp.reused.begin(), sp.reused.end(),
+                                     [&](BlockId block) { return s.meta[block].chain_end; });
       for (BlockId block : sp.reused) {
-        s.RefBlock(block);
+        s.RefBlock(block, seq.conversation);
         seq.table.push_back(block);
       }
       for (int64_t d = 0; d < sp.in_place_blocks; ++d) seq.table.push_back(kNoBlock);
@@ -516,16 +596,33 @@ void KvManager::Commit(const KvPlan& plan) {
   ++s.clock;  // a step ran: idle blocks age by one
 }
 
-void KvManager::Free(SeqId seq_id) {
+void KvManager::Free(SeqId seq_id, bool resumes) {
   State& s = *s_;
   KVL_CHECK(Contains(seq_id));
   SeqState& seq = s.seqs[seq_id];
+  if (!resumes) {
+    // A request that finished: its last full block ends a chain a next turn may continue. Its
+    // indexed instance is the one a prefix hit finds.
+    for (auto it = seq.table.rbegin(); it != seq.table.rend(); ++it) {
+      if (*it == kNoBlock) break;  // detached: the chain is not in the pool whole
+      if (!s.meta[*it].full) continue;
+      const BlockId end = s.CanonicalRef(*it).block;
+      if (s.meta[end].indexed) s.meta[end].chain_end = true;
+      break;
+    }
+  }
+  if (!resumes) s.longest_run = std::max(s.longest_run, s.clock - seq.admitted_at);
+  // Its blocks nobody else holds go idle, judged by the history of their kind.
+  s.freeing_kind = resumes ? IdleKind::kResumes
+                           : (seq.conversation ? IdleKind::kConversation : IdleKind::kOther);
   // Last to first: the tail lands nearer the front of the free list than the prefix, so a
   // sequence's tail is evicted before the prefix other requests are likelier to share.
   for (auto it = seq.table.rbegin(); it != seq.table.rend(); ++it) {
     if (*it != kNoBlock) s.UnrefBlock(*it);
   }
+  s.freeing_kind = IdleKind::kOther;
   seq.present = false;
+  seq.conversation = false;
   seq.paged = false;
   seq.lossy = false;
   seq.unverified = 0;
@@ -601,6 +698,8 @@ void KvManager::Fork(SeqId parent, SeqId child) {
   to.table = from.table;
   to.tokens = from.tokens;
   to.content = from.content;
+  to.conversation = from.conversation;
+  to.admitted_at = s.clock;
   for (BlockId block : to.table) s.pool.Ref(block);
   ++s.num_seqs;
   ++s.version;

@@ -150,10 +150,28 @@ Status KvManager::CheckInvariants() const {
     return InternalError(
         fmt::format("{} cached free blocks, counter says {}", num_cached, s.num_cached));
   }
-  // Every idle cached block is one idle page of the reuse forecast's history, and no other.
-  if (s.idle_history.idle_pages() != s.num_cached) {
-    return InternalError(fmt::format("{} idle pages in the reuse history, {} cached free blocks",
-                                     s.idle_history.idle_pages(), s.num_cached));
+  // Every idle cached block is one idle page of the reuse forecast's histories (the one of its
+  // kind), and no other.
+  int64_t idle_pages = 0;
+  for (const KvIdleReuseHistory& h : s.idle_histories) idle_pages += h.idle_pages();
+  if (idle_pages != s.num_cached) {
+    return InternalError(fmt::format("{} idle pages in the reuse histories, {} cached free blocks",
+                                     idle_pages, s.num_cached));
+  }
+  // The forecast's order never gives up an idle block before an idle child that a prefix walk
+  // can still reach through it (State::LiftParents): the next block taken is no such parent.
+  if (s.options.idle_block_order == KvIdleBlockOrder::kForecast) {
+    const BlockId next = s.NextFreeBlock();
+    if (next != kNoBlock && s.meta[next].indexed && !s.IsStale(next)) {
+      for (BlockId b = 0; b < num_blocks; ++b) {
+        const kv_internal::BlockMeta& m = s.meta[b];
+        if (b == next || !m.indexed || s.pool.refcount(b) != 0 || s.IsStale(b)) continue;
+        if (m.parent == s.RefOf(next)) {
+          return InternalError(fmt::format(
+              "idle block {} is taken next though its idle child {} can still be found", next, b));
+        }
+      }
+    }
   }
   if (!s.options.enable_prefix_cache && num_indexed != 0) {
     return InternalError("prefix cache disabled but the index is not empty");

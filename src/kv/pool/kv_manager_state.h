@@ -16,6 +16,20 @@ namespace kvl {
 
 namespace kv_internal {
 
+// Why an idle cached block went idle, which decides the history that judges it
+// (kvl/kv_reuse_forecast.h): who reads it again differs, and so do how likely and how soon.
+enum class IdleKind : uint8_t {
+  // A finished request's page: read again only if a later request shares it (an opening, a
+  // document), which may come any time or never.
+  kOther,
+  // A finished request that continued an earlier one's whole chain (a chat's next turn, which
+  // resubmits the history): read again by its own next turn, when its user answers.
+  kConversation,
+  // A preempted sequence's page: read again, for certain, when it resumes.
+  kResumes,
+};
+inline constexpr size_t kNumIdleKinds = 3;
+
 // Names one block instance: a block id plus how many times it had been allocated. A reference
 // to an instance that has since been reallocated no longer matches the block's generation, so it
 // can never be confused with the block's new contents.
@@ -49,10 +63,15 @@ struct BlockMeta {
   int32_t chain_index = 0;
   // Its record as an idle cached block (free, still findable by prefix), for the reuse forecast:
   // the Commit count when it last went idle, how many times it did, and how many of those ended
-  // in a prefix hit.
+  // in a prefix hit (a preempted sequence's blocks waiting for its resume count in none).
   int64_t idle_since = 0;
   int32_t idle_periods = 0;
   int32_t revivals = 0;
+  int64_t revival_gap_steps = 0;  // the pauses those revivals ended, summed
+  IdleKind idle_kind = IdleKind::kOther;  // the history its current idle period is counted in
+  // The last full block of a finished sequence: a request whose prefix hit reaches it continues
+  // that whole chain (a conversation's next turn).
+  bool chain_end = false;
 };
 
 struct SeqState {
@@ -62,6 +81,10 @@ struct SeqState {
   // Speculative decoding: the last tokens are a draft not yet verified (KvSeqStep::unverified);
   // the blocks holding them have no identity until TruncateTail.
   int64_t unverified = 0;
+  // Its prefix hit took the whole chain of a finished sequence (a block with chain_end): its
+  // blocks are a conversation's when it finishes.
+  bool conversation = false;
+  int64_t admitted_at = 0;  // the step clock at its admission
   std::vector<BlockId> table;
   std::vector<int32_t> tokens;
   std::vector<KvContentId> content;  // [full blocks]: each one's content id ({} when none)
@@ -88,7 +111,8 @@ struct KvManager::State {
 
   // Mutations that keep refcounts, the free list, the index and num_cached in step (see
   // kv_manager.cc). Every operation that changes the pool goes through them.
-  void RefBlock(BlockId block);
+  // `by_conversation`: an admission that continues a finished sequence's whole chain.
+  void RefBlock(BlockId block, bool by_conversation = false);
   void UnrefBlock(BlockId block);
   void Unindex(BlockId block);
   void IndexContent(BlockId block);
@@ -114,6 +138,8 @@ struct KvManager::State {
   // blocks holding no cached prefix first, then the cached ones in options.idle_block_order.
   // Fewer when fewer are free.
   void TakeOrder(int64_t count, uint64_t epoch, std::vector<BlockId>* victims) const;
+  // Gives every idle candidate's idle ancestors a forecast at least as good as its own.
+  void LiftParents() const;
   // The block the next single allocation takes (Reattach, AcquireRawBlock), or kNoBlock.
   BlockId NextFreeBlock() const;
 
@@ -130,9 +156,23 @@ struct KvManager::State {
   int64_t num_cached = 0;                   // free blocks that are indexed
   // Commits so far: the step clock the idle blocks' records and their history count in.
   int64_t clock = 0;
+  // The most steps a sequence ran from its admission to its Free (not a preemption): how long a
+  // preempted one may wait for running ones to finish.
+  int64_t longest_run = 0;
   // Every cached block that went idle and every prefix hit that revived one: how likely an idle
-  // block is to be read again after the pause it has had (idle_pages() == num_cached).
-  KvIdleReuseHistory idle_history{kMaxIdleRevivalsKept};
+  // block is to be read again after the pause it has had. One history per kind of idle block
+  // (their idle_pages() sum to num_cached).
+  KvIdleReuseHistory& history(kv_internal::IdleKind kind) {
+    return idle_histories[static_cast<size_t>(kind)];
+  }
+  const KvIdleReuseHistory& history(kv_internal::IdleKind kind) const {
+    return idle_histories[static_cast<size_t>(kind)];
+  }
+  KvIdleReuseHistory idle_histories[kv_internal::kNumIdleKinds] = {
+      KvIdleReuseHistory(kMaxIdleRevivalsKept), KvIdleReuseHistory(kMaxIdleRevivalsKept),
+      KvIdleReuseHistory(kMaxIdleRevivalsKept)};
+  // The kind the blocks that go idle now get: set by Free for its sequence's blocks.
+  kv_internal::IdleKind freeing_kind = kv_internal::IdleKind::kOther;
   // Scratch of TakeOrder, reserved for every block.
   struct IdleCandidate {
     KvReuseForecast forecast;
@@ -140,6 +180,8 @@ struct KvManager::State {
     BlockId block = kNoBlock;
   };
   mutable std::vector<IdleCandidate> idle_candidates;
+  // [block]: its index in idle_candidates, valid where that entry names the block.
+  mutable std::vector<int32_t> candidate_of_block;
   mutable std::vector<BlockId> take_order;
   std::vector<uint8_t> raw;                 // [block]: lent out by AcquireRawBlock
   int64_t num_raw = 0;

@@ -22,6 +22,7 @@ struct Held {
   SeqId slot = 0;
   int64_t full_blocks = 0;
   int64_t partial_tokens = 0;
+  int64_t last_step = 0;  // the step of its last read
 };
 
 // The synthetic tokens of a replay: every token of page p is p, so that two requests share a
@@ -85,6 +86,15 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
   }
   KvManager& manager = **made;
   const ReplayTokens tokens(accesses, bt);
+  const std::unordered_map<int64_t, std::vector<int64_t>> preempted = KvTracePreemptions(trace);
+  // Whether the engine preempted `request` after its read at `since`, up to the step begun: it
+  // resumes, as the engine tells its manager.
+  auto preempted_since = [&](int64_t request, int64_t since, int64_t now) {
+    const auto it = preempted.find(request);
+    if (it == preempted.end()) return false;
+    const auto after = std::upper_bound(it->second.begin(), it->second.end(), since);
+    return after != it->second.end() && *after <= now;
+  };
 
   std::unordered_map<int64_t, Held> held;  // requests in the manager
   std::vector<SeqId> free_slots;
@@ -98,9 +108,9 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
   std::vector<int64_t> step_request;  // [steps]: whose
   KvPlan plan;
 
-  auto release = [&](int64_t request) {
+  auto release = [&](int64_t request, bool resumes) {
     const auto it = held.find(request);
-    manager.Free(it->second.slot);
+    manager.Free(it->second.slot, resumes);
     free_slots.push_back(it->second.slot);
     held.erase(it);
   };
@@ -143,10 +153,11 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
     // finished or preempted sequence), its full ones cached.
     for (auto it = held.begin(); it != held.end();) {
       const int64_t request = it->first;
+      const int64_t last_step = it->second.last_step;
       ++it;
       const bool reads_now = std::any_of(reads.begin(), reads.end(),
                                          [&](const StepRead& x) { return x.request == request; });
-      if (!reads_now) release(request);
+      if (!reads_now) release(request, preempted_since(request, last_step, step));
     }
     steps.clear();
     step_request.clear();
@@ -166,7 +177,7 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
               return first >= 0 && first < step;
             });
         if (blocks < have || seen_ahead) {
-          release(read.request);
+          release(read.request, /*resumes=*/true);  // admitted again at once
           it = held.end();
         }
       }
@@ -196,6 +207,7 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
         if (toks.empty()) {
           // Nothing to add: its reads are of pages it holds.
           for (const KvTraceAccess& a : read.blocks) count(a.page, true, false);
+          it->second.last_step = step;
           continue;
         }
       }
@@ -226,6 +238,7 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
       const int64_t request = step_request[k];
       if (sp.admit) held[request] = Held{sp.seq, 0, 0};
       Held& h = held[request];
+      h.last_step = step;
       const int64_t n = manager.num_tokens(sp.seq);
       h.full_blocks = n / bt;
       h.partial_tokens = n % bt;

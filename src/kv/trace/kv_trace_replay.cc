@@ -27,6 +27,7 @@ struct ReplayPage {
   bool idle = false;
   int64_t idle_periods = 0;
   int64_t revivals = 0;
+  int64_t revival_gap_steps = 0;  // the pauses those revivals ended, summed
   // A conversation's page: a later request continued a chain holding it from that chain's last
   // page (a chat's next turn resubmits the whole history, reply included), or a request that
   // continued one wrote it. Its idle periods are counted in the conversations' history.
@@ -77,6 +78,7 @@ class ForecastState {
     if (p.idle) {
       p.idle = false;
       ++p.revivals;
+      p.revival_gap_steps += a.step - p.last_step;
       if (p.conversation && !p.idle_in_conversation) {
         // Revived by a conversation's next turn: the pause belongs to that history.
         history(false).ForgetIdlePage(p.last_step);
@@ -149,6 +151,7 @@ class ForecastState {
     in.idle_steps = a.step - p.last_step;
     in.idle_periods = p.idle_periods + (p.idle ? 0 : 1);  // this one, if it is not counted yet
     in.revivals = p.revivals;
+    in.revival_gap_steps = p.revival_gap_steps;
     return ForecastReuse(in, history(p.conversation));
   }
 
@@ -286,8 +289,9 @@ class ForecastState {
   int64_t now_order_ = 0;  // the access being read: its place among the step's reads
 };
 
-// The steps at which each request was preempted: the steps of its pages' L lines of cause preempt.
-std::unordered_map<int64_t, std::vector<int64_t>> PreemptionSteps(const KvTrace& trace) {
+}  // namespace
+
+std::unordered_map<int64_t, std::vector<int64_t>> KvTracePreemptions(const KvTrace& trace) {
   std::unordered_map<int64_t, std::vector<int64_t>> out;
   int64_t step = 0;
   for (const KvTraceEvent& ev : trace.events) {
@@ -298,8 +302,6 @@ std::unordered_map<int64_t, std::vector<int64_t>> PreemptionSteps(const KvTrace&
   }
   return out;
 }
-
-}  // namespace
 
 std::vector<KvTraceAccess> KvTraceAccesses(const KvTrace& trace) {
   std::vector<KvTraceAccess> out;
@@ -363,7 +365,7 @@ KvReplayResult ReplayKvTrace(const KvTrace& trace, std::span<const KvTraceAccess
   std::vector<int64_t> resident;  // page ids; pages[p].slot is the index here
   resident.reserve(static_cast<size_t>(std::max<int64_t>(0, options.capacity_pages)));
 
-  ForecastState forecast(&pages, PreemptionSteps(trace));
+  ForecastState forecast(&pages, KvTracePreemptions(trace));
 
   // The engine's choice: the page its forecast says leaves first. Every resident page is a
   // candidate (the sinks and the recent window are read at their sequence's next step like its
