@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "fixed_prices.h"
+#include "recorded_output.h"
 #include "kvl/checkpoint_depth.h"
 #include "kvl/engine.h"
 #include "test_paths.h"
@@ -30,12 +31,7 @@ EngineOptions Options(int32_t max_seqs, int64_t budget_pages, double stream_rese
   return o;
 }
 
-// What a request produced: its tokens and, per token, its log-probability and the top 5.
-struct Output {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;  // per token: its own, then the top 5's
-  bool operator==(const Output&) const = default;
-};
+using Output = testing::RecordedOutput;
 
 struct Outcome {
   std::vector<Output> outputs;
@@ -56,14 +52,7 @@ Outcome RunPrompts(const EngineOptions& o, size_t num_prompts, int32_t new_token
     r.sampling.temperature = 0;
     r.ignore_eos = true;
     r.top_logprobs = 5;
-    Output& out = run.outputs[i];
-    EXPECT_TRUE(e.Submit(r, [&out](const TokenEvent& ev) {
-                   EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
-                   if (ev.token < 0) return;
-                   out.tokens.push_back(ev.token);
-                   out.logprobs.push_back(ev.logprob);
-                   for (const TokenLogprob& t : ev.top_logprobs) out.logprobs.push_back(t.logprob);
-                 }).ok());
+    EXPECT_TRUE(e.Submit(r, testing::RecordInto(run.outputs[i])).ok());
   }
   e.RunUntilIdle();
   run.metrics = e.Metrics();

@@ -13,6 +13,7 @@
 #include <cstdio>
 
 #include "fixed_prices.h"
+#include "recorded_output.h"
 #include "kvl/engine.h"
 #include "kvl/synthetic_model.h"
 
@@ -24,11 +25,7 @@ constexpr int64_t kLayers = 8;
 constexpr int64_t kPageBytes = 16 * 8 * 1024;
 constexpr int32_t kNewTokens = 200;
 
-struct Output {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;  // per token: its own, then the top 5's
-  bool operator==(const Output&) const = default;
-};
+using Output = testing::RecordedOutput;
 
 struct Outcome {
   Output output;
@@ -47,14 +44,7 @@ Outcome Generate(const EngineOptions& o, int32_t prompt_tokens = 90) {
   r.sampling.temperature = 0;
   r.ignore_eos = true;
   r.top_logprobs = 5;
-  Output& out = run.output;
-  EXPECT_TRUE(e.Submit(r, [&out](const TokenEvent& ev) {
-                 EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
-                 if (ev.token < 0) return;
-                 out.tokens.push_back(ev.token);
-                 out.logprobs.push_back(ev.logprob);
-                 for (const TokenLogprob& t : ev.top_logprobs) out.logprobs.push_back(t.logprob);
-               }).ok());
+  EXPECT_TRUE(e.Submit(r, testing::RecordInto(run.output)).ok());
   e.RunUntilIdle();
   run.metrics = e.Metrics();
   return run;
@@ -156,14 +146,7 @@ TEST(RebuildInStepTest, TokensRecomputedBesideDecodeRowsMatchKeepAll) {
       r.sampling.temperature = 0;
       r.ignore_eos = true;
       r.top_logprobs = 5;
-      Output& out = outs[i];
-      EXPECT_TRUE(e.Submit(r, [&out](const TokenEvent& ev) {
-                     EXPECT_TRUE(ev.error.ok()) << ev.error.ToString();
-                     if (ev.token < 0) return;
-                     out.tokens.push_back(ev.token);
-                     out.logprobs.push_back(ev.logprob);
-                     for (const TokenLogprob& t : ev.top_logprobs) out.logprobs.push_back(t.logprob);
-                   }).ok());
+      EXPECT_TRUE(e.Submit(r, testing::RecordInto(outs[i])).ok());
     }
     e.RunUntilIdle();
     *metrics = e.Metrics();
