@@ -82,6 +82,14 @@ void Observe(BringBackFeedback& feedback, int events, double ratio) {
 }
 
 // Calls AtIdle until the measurement started there has ended and been taken (or 30 s pass).
+// A keeper of the profile at `path` that prints nothing.
+ProfileKeeperOptions SilentOptions(const std::string& path) {
+  ProfileKeeperOptions o;
+  o.path = path;
+  o.messages = nullptr;
+  return o;
+}
+
 void WaitForMeasurement(ProfileKeeper& keeper) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (keeper.counts().running && std::chrono::steady_clock::now() < give_up) {
@@ -96,10 +104,7 @@ TEST(ProfileKeeperTest, CorrectionsAreWrittenBackAndTheNextRunStartsFromThem) {
   ASSERT_TRUE(SaveProfile(MeasuredEarlier(), path).ok());
   {
     BringBackFeedback feedback(kNumFeedbackKeys);
-    ProfileKeeperOptions o;
-    o.path = path;
-    o.messages = nullptr;
-    ProfileKeeper keeper(o, FeedbackHooks(&feedback), *LoadProfile(path));
+    ProfileKeeper keeper(SilentOptions(path), FeedbackHooks(&feedback), *LoadProfile(path));
     Observe(feedback, 3, 1.3);
     keeper.AtStop();
   }
@@ -113,10 +118,7 @@ TEST(ProfileKeeperTest, CorrectionsAreWrittenBackAndTheNextRunStartsFromThem) {
 
   // The next run's prices are corrected from its first page on, and its events add up.
   BringBackFeedback next(kNumFeedbackKeys);
-  ProfileKeeperOptions o;
-  o.path = path;
-  o.messages = nullptr;
-  ProfileKeeper keeper(o, FeedbackHooks(&next), *saved);
+  ProfileKeeper keeper(SilentOptions(path), FeedbackHooks(&next), *saved);
   EXPECT_NEAR(next.Scale(kTokensKey), 1.3, 1e-12);
   EXPECT_EQ(next.Scale(static_cast<size_t>(KvAction::kDemoteRam)), 1.0);
   Observe(next, 1, 1.1);
@@ -133,10 +135,7 @@ TEST(ProfileKeeperTest, TheInStepRebuildCorrectionRoundTripsUnderItsOwnName) {
   ASSERT_TRUE(SaveProfile(MeasuredEarlier(), path).ok());
   {
     BringBackFeedback feedback(kNumFeedbackKeys);
-    ProfileKeeperOptions o;
-    o.path = path;
-    o.messages = nullptr;
-    ProfileKeeper keeper(o, FeedbackHooks(&feedback), *LoadProfile(path));
+    ProfileKeeper keeper(SilentOptions(path), FeedbackHooks(&feedback), *LoadProfile(path));
     feedback.Observe(kInStepRebuildFeedbackKey, 4.0, 5.0);
     keeper.AtStop();
   }
@@ -146,10 +145,7 @@ TEST(ProfileKeeperTest, TheInStepRebuildCorrectionRoundTripsUnderItsOwnName) {
   EXPECT_EQ(saved->corrections[0].key, "recompute-residual-in-step");
   EXPECT_NEAR(saved->corrections[0].scale, 1.25, 1e-12);
   BringBackFeedback next(kNumFeedbackKeys);
-  ProfileKeeperOptions o;
-  o.path = path;
-  o.messages = nullptr;
-  ProfileKeeper keeper(o, FeedbackHooks(&next), *saved);
+  ProfileKeeper keeper(SilentOptions(path), FeedbackHooks(&next), *saved);
   EXPECT_NEAR(next.Scale(kInStepRebuildFeedbackKey), 1.25, 1e-12);
   EXPECT_EQ(next.Scale(static_cast<size_t>(KvAction::kRecomputeResidual)), 1.0);
 }
@@ -159,9 +155,7 @@ TEST(ProfileKeeperTest, NothingIsWrittenWhileTheCorrectionsStandStill) {
   ASSERT_TRUE(SaveProfile(MeasuredEarlier(), path).ok());
   const auto written_at = std::filesystem::last_write_time(path);
   BringBackFeedback feedback(kNumFeedbackKeys);
-  ProfileKeeperOptions o;
-  o.path = path;
-  o.messages = nullptr;
+  ProfileKeeperOptions o = SilentOptions(path);
   o.write_back_seconds = 0;  // every step may write
   ProfileKeeper keeper(o, FeedbackHooks(&feedback), *LoadProfile(path));
   for (int step = 0; step < 5; ++step) keeper.AfterStep();
