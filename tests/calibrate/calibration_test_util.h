@@ -51,12 +51,27 @@ inline CalibrateOptions TinyCalibrateOptions() {
   return o;
 }
 
+inline std::string TempPrefix() { return "kvl-calibration-test-" + std::to_string(::getpid()) + "-"; }
+
 // A path in the temp dir unique to this process and name (ctest runs test binaries in parallel).
 inline std::string TempPath(const std::string& name) {
-  return (std::filesystem::path(::testing::TempDir()) /
-          ("kvl-calibration-test-" + std::to_string(::getpid()) + "-" + name))
-      .string();
+  return (std::filesystem::path(::testing::TempDir()) / (TempPrefix() + name)).string();
 }
+
+// Removes this process's TempPath files when the test program ends, so runs leave nothing behind.
+class TempPathCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir(), ec)) {
+      if (entry.path().filename().string().rfind(TempPrefix(), 0) == 0) {
+        std::filesystem::remove_all(entry.path(), ec);
+      }
+    }
+  }
+};
+inline ::testing::Environment* const kTempPathCleanup =
+    ::testing::AddGlobalTestEnvironment(new TempPathCleanup);
 
 inline void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
@@ -122,7 +123,11 @@ class RedisServerProcess {
   RedisServerProcess() = default;
   RedisServerProcess(const RedisServerProcess&) = delete;
   RedisServerProcess& operator=(const RedisServerProcess&) = delete;
-  ~RedisServerProcess() { Kill(); }
+  // The log stays while the process object lives (a failed start names it), then goes.
+  ~RedisServerProcess() {
+    Kill();
+    RemoveLog();
+  }
 
   // Starts a server on `port` with `extra` arguments (e.g. {"--maxmemory", "8mb"}) and waits
   // until it answers PING. False (with why()) when it exits or stays silent for 10 s.
@@ -140,8 +145,9 @@ class RedisServerProcess {
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
-    const std::string log = dir + "kvl_redis_" + std::to_string(::getpid()) + "_" +
-                            std::to_string(port) + ".log";
+    RemoveLog();
+    log_path_ = dir + "kvl_redis_" + std::to_string(::getpid()) + "_" + std::to_string(port) + ".log";
+    const std::string& log = log_path_;
     pid_ = ::fork();
     if (pid_ == 0) {
       // Only async-signal-safe calls between fork and exec.
@@ -181,6 +187,10 @@ class RedisServerProcess {
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
+  void RemoveLog() {
+    if (!log_path_.empty()) std::remove(log_path_.c_str());
+    log_path_.clear();
+  }
   void Pause() { ::kill(pid_, SIGSTOP); }   // a server that hangs: accepts, never answers
   void Resume() { ::kill(pid_, SIGCONT); }
 
@@ -191,6 +201,7 @@ class RedisServerProcess {
   pid_t pid_ = -1;
   int port_ = 0;
   std::string why_;
+  std::string log_path_;
 };
 
 }  // namespace kvl
