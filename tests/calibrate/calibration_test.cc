@@ -90,7 +90,15 @@ TEST(CalibrationTest, QuickCalibrationGivesPositiveFiniteNumbersEverywhere) {
     EXPECT_TRUE(PositiveFinite(d.step_with_rebuild_ms)) << d.context;
     EXPECT_GE(d.RebuildRowMs(), 0) << d.context;
   }
-  EXPECT_GT(most_idle, 0.2);
+  // A quiet machine shows the step's idle arithmetic (about two thirds on stories260K). Under load
+  // every sample can come out the other way (a parallel ctest beside a build: all points at 0),
+  // and calibration says so of its own profile: there the curve is only required to be measured.
+  if (MeasuredUnderLoad(p)) {
+    fmt::print("measured under load ({}): most idle {:.3f}, not held to 0.2\n", LoadDescription(p),
+               most_idle);
+  } else {
+    EXPECT_GT(most_idle, 0.2);
+  }
   EXPECT_GE(p.decode_idle.RebuildRowMsAt(0), 0);
   // Curves, each fitted to points of several shapes, pricing a page above 0 ms.
   for (const RecomputeCurve* c : {&p.recompute_from_residual, &p.recompute_from_tokens}) {
