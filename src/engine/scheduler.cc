@@ -89,10 +89,18 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
     }
   }
   size_t admissions = 0;
+  const size_t first_admission = plan->steps.size();
   for (auto& seq : waiting_) {
     if (budget == 0 || admissions == max_admissions) break;
     if (running_.size() + admissions >= static_cast<size_t>(options_.max_seqs)) break;
     if (admissions >= free_slots_.size()) break;  // the other slots hold parked sessions
+    // A request that shares pages with one admitted in this step beyond what the pool holds
+    // waits a step: it then finds them cached, where admitted now it would compute them again
+    // in blocks of its own (three requests on a lost opening computed it three times).
+    if (memory_.SharesPagesComputedInStep(seq->tokens,
+                                          std::span(plan->steps).subspan(first_admission))) {
+      break;
+    }
     const int64_t len = static_cast<int64_t>(seq->tokens.size());
     // The pool's prefix, the store's pages read in place, then pages kept at a preemption or
     // found in the store, promoted instead of computed (the store is asked once per admission).

@@ -146,6 +146,38 @@ TEST(BatchingTest, SharedPrefixIsReusedNotRecomputed) {
   EXPECT_EQ(cold_ids, ids[1]);
 }
 
+// Requests submitted together on an opening the pool does not hold compute it once: the first
+// admitted computes it, the others wait a step and find it cached (each computed its own copy
+// before), and every one generates what it generates alone.
+TEST(BatchingTest, RequestsSubmittedTogetherComputeTheirSharedOpeningOnce) {
+  const std::string shared =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park. One day, she saw a big, red ball.";
+  const std::vector<std::string> prompts = {shared + " She wanted", shared + " Her mom said",
+                                            shared + " The dog", "Tom and Sue went to the beach."};
+  const auto alone = RunOneAtATime(prompts);
+  std::unique_ptr<Engine> e = MakeEngine(4, true);
+  std::vector<std::vector<int32_t>> ids(prompts.size());
+  std::vector<TokenEvent> finished(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(e->Submit(Greedy(prompts[i], 10), [&, i](const TokenEvent& ev) {
+                   if (ev.token >= 0) ids[i].push_back(ev.token);
+                   if (ev.finished) finished[i] = ev;
+                 }).ok());
+  }
+  e->RunUntilIdle();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(ids[i], std::vector<int32_t>(alone[i].begin(), alone[i].begin() + 10)) << i;
+  }
+  // The opening's whole pages (its tokens are those of the prompts up to where they part, BOS
+  // first, 32 or more).
+  const auto opening = static_cast<int64_t>(e->tokenizer().Encode(shared, true).size()) / 16 * 16;
+  ASSERT_GE(opening, 32);
+  EXPECT_EQ(finished[0].cached_prompt_tokens, 0);
+  for (size_t i : {1u, 2u}) EXPECT_EQ(finished[i].cached_prompt_tokens, opening) << i;
+  EXPECT_EQ(finished[3].cached_prompt_tokens, 0);  // shares nothing with the others
+}
+
 TEST(BatchingTest, StopsCancellationAndErrors) {
   std::unique_ptr<Engine> e = MakeEngine(4, true);
   // A stop string is never emitted.

@@ -225,6 +225,12 @@ class KvManager {
   // Leading tokens of `tokens` that an admission would find cached (a multiple of block_tokens,
   // at most tokens.size() - 1). No mutation.
   int64_t MatchPrefix(std::span<const int32_t> tokens) const;
+  // Whether an admission of `tokens` beside `admitted` (a step's admissions so far) would compute
+  // a whole page that one of them computes in the same step: a page the pool does not hold yet,
+  // which each would compute into a block of its own, and which it finds cached if it is admitted
+  // a step later (the engine's scheduler waits so; `kvl bench replay` replays it so). No mutation.
+  bool SharesPagesComputedInStep(std::span<const int32_t> tokens,
+                                 std::span<const KvSeqStep> admitted) const;
   // The content ids of the first `num_blocks` full blocks of `tokens` (the chain an admission of
   // those tokens would give them), into *out.
   void ContentChain(std::span<const int32_t> tokens, int64_t num_blocks,

@@ -224,6 +224,10 @@ class KvMemory {
   int64_t MatchPrefix(std::span<const int32_t> tokens) const {
     return manager_->MatchPrefix(tokens);
   }
+  bool SharesPagesComputedInStep(std::span<const int32_t> tokens,
+                                 std::span<const KvSeqStep> admitted) const {
+    return manager_->SharesPagesComputedInStep(tokens, admitted);
+  }
   bool Contains(SeqId slot) const { return manager_->Contains(slot); }
   bool IsLossy(SeqId slot) const { return manager_->IsLossy(slot); }
   int64_t num_tokens(SeqId slot) const { return manager_->num_tokens(slot); }

@@ -402,6 +402,25 @@ int64_t KvManager::MatchPrefix(std::span<const int32_t> tokens) const {
   return static_cast<int64_t>(s_->MatchBlocks(tokens, nullptr)) * s_->block_tokens;
 }
 
+bool KvManager::SharesPagesComputedInStep(std::span<const int32_t> tokens,
+                                          std::span<const KvSeqStep> admitted) const {
+  if (!s_->options.enable_prefix_cache || tokens.empty()) return false;
+  const auto bt = static_cast<int64_t>(s_->block_tokens);
+  // The pages an admission can take from the pool: whole ones, never the last token's.
+  const int64_t usable = (static_cast<int64_t>(tokens.size()) - 1) / bt;
+  int64_t shared = 0;
+  for (const KvSeqStep& step : admitted) {
+    const size_t limit = std::min(step.tokens.size(), tokens.size());
+    const auto agree = static_cast<int64_t>(
+        std::mismatch(step.tokens.begin(), step.tokens.begin() + static_cast<ptrdiff_t>(limit),
+                      tokens.begin())
+            .first -
+        step.tokens.begin());
+    shared = std::max(shared, std::min(agree / bt, usable));
+  }
+  return shared > 0 && shared * bt > MatchPrefix(tokens);
+}
+
 void KvManager::ContentChain(std::span<const int32_t> tokens, int64_t num_blocks,
                              std::vector<KvContentId>* out) const {
   const size_t bt = static_cast<size_t>(s_->block_tokens);

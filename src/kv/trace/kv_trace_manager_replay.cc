@@ -106,6 +106,7 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
   std::vector<std::vector<int32_t>> step_tokens;
   std::vector<KvSeqStep> steps;
   std::vector<int64_t> step_request;  // [steps]: whose
+  std::vector<KvSeqStep> admitted;    // the admissions of the group being planned
   KvPlan plan;
 
   auto release = [&](int64_t request, bool resumes) {
@@ -215,33 +216,47 @@ KvManagerReplayResult ReplayKvTraceThroughManager(const KvTrace& trace,
       steps.push_back(s);
       step_request.push_back(read.request);
     }
-    if (steps.empty()) continue;
-    manager.Plan(steps, &plan);
-    if (!plan.fits) {
-      out.fits = false;  // the running requests need more blocks than the capacity
-      return out;
-    }
-    // What each read found, before the plan's blocks are taken.
-    for (size_t k = 0; k < steps.size(); ++k) {
-      const KvPlan::SeqPlan& sp = plan.seqs[k];
-      const int64_t request = step_request[k];
-      const StepRead& read = *std::find_if(reads.begin(), reads.end(),
-                                           [&](const StepRead& x) { return x.request == request; });
-      const auto it = held.find(request);
-      const int64_t in_pool =
-          sp.admit ? static_cast<int64_t>(sp.reused.size()) : it->second.full_blocks;
-      for (const KvTraceAccess& a : read.blocks) count(a.page, a.block < in_pool, sp.admit);
-    }
-    manager.Commit(plan);
-    for (size_t k = 0; k < steps.size(); ++k) {
-      const KvPlan::SeqPlan& sp = plan.seqs[k];
-      const int64_t request = step_request[k];
-      if (sp.admit) held[request] = Held{sp.seq, 0, 0};
-      Held& h = held[request];
-      h.last_step = step;
-      const int64_t n = manager.num_tokens(sp.seq);
-      h.full_blocks = n / bt;
-      h.partial_tokens = n % bt;
+    // The step in groups, as the engine's scheduler admits them: an admission that would compute
+    // a page another admission of the step computes waits a step (with the admissions after it)
+    // and finds it cached (KvManager::SharesPagesComputedInStep); the trace, recorded before
+    // the scheduler waited so, shows them in one step.
+    for (size_t first = 0; first < steps.size();) {
+      size_t end = first;
+      admitted.clear();
+      for (; end < steps.size(); ++end) {
+        if (held.count(step_request[end])) continue;  // running
+        if (manager.SharesPagesComputedInStep(steps[end].tokens, admitted)) break;
+        admitted.push_back(steps[end]);
+      }
+      const std::span<const KvSeqStep> group(steps.data() + first, end - first);
+      manager.Plan(group, &plan);
+      if (!plan.fits) {
+        out.fits = false;  // the running requests need more blocks than the capacity
+        return out;
+      }
+      // What each read found, before the plan's blocks are taken.
+      for (size_t k = 0; k < group.size(); ++k) {
+        const KvPlan::SeqPlan& sp = plan.seqs[k];
+        const int64_t request = step_request[first + k];
+        const StepRead& read = *std::find_if(
+            reads.begin(), reads.end(), [&](const StepRead& x) { return x.request == request; });
+        const auto it = held.find(request);
+        const int64_t in_pool =
+            sp.admit ? static_cast<int64_t>(sp.reused.size()) : it->second.full_blocks;
+        for (const KvTraceAccess& a : read.blocks) count(a.page, a.block < in_pool, sp.admit);
+      }
+      manager.Commit(plan);
+      for (size_t k = 0; k < group.size(); ++k) {
+        const KvPlan::SeqPlan& sp = plan.seqs[k];
+        const int64_t request = step_request[first + k];
+        if (sp.admit) held[request] = Held{sp.seq, 0, 0};
+        Held& h = held[request];
+        h.last_step = step;
+        const int64_t n = manager.num_tokens(sp.seq);
+        h.full_blocks = n / bt;
+        h.partial_tokens = n % bt;
+      }
+      first = end;
     }
   }
   r.cost_ms = static_cast<double>(r.misses) * miss_ms;
