@@ -266,6 +266,25 @@ TEST(KvReuseForecastTest, APromptRepeatedAfterALongPauseIsNotLostToRecency) {
   EXPECT_EQ(Misses(*t, KvReplayPolicy::kPolicy, 6), 0);
 }
 
+// A page other requests read while one held it (an opening shared by requests run together) is
+// idle for the first time with reads again on its record: more likely to be read again than a
+// one-off prompt's page idle as long, and expected sooner, whatever the history says.
+TEST(KvReuseForecastTest, APageSharedByRequestsRunTogetherOutstaysAOneOffs) {
+  KvIdleReuseHistory history;
+  for (int64_t last_read = 0; last_read < 8; ++last_read) history.PageWentIdle(last_read);
+  KvReuseInput one_off;
+  one_off.step = 20;
+  one_off.idle_steps = 12;
+  KvReuseInput shared = one_off;
+  shared.shared_reads = 2;
+  const KvReuseForecast f_one_off = ForecastReuse(one_off, history);
+  const KvReuseForecast f_shared = ForecastReuse(shared, history);
+  EXPECT_GT(f_shared.reads_left, f_one_off.reads_left);
+  EXPECT_LT(f_shared.next_read_steps, f_one_off.next_read_steps);
+  EXPECT_TRUE(KvPageLeavesFirst(f_one_off, f_shared));
+  EXPECT_FALSE(KvPageLeavesFirst(f_shared, f_one_off));
+}
+
 // A conversation's pages learn from conversations' pauses, apart from other pages': request 3
 // continues request 1's whole chain (pages 0-1, a chat's next turn) after a pause of 10 steps; at
 // step 11 request 4's three new pages need two blocks, and the candidates are the conversation's
@@ -349,6 +368,37 @@ TEST(KvReuseForecastTest, TheEnginesOwnManagerKeepsTheOpeningItsHistorySaysComes
   EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kLru, held).misses, 1);
   // Four blocks cannot hold request 5's five: the manager says so rather than guess.
   EXPECT_FALSE(ReplayKvTraceThroughManager(*t, a, KvIdleBlockOrder::kForecast, 4, 2.0).fits);
+}
+
+// Three requests admitted in one step on an opening the pool lost (page 0: request 1 read it,
+// request 2's six blocks took its block): the manager's replay admits them as the engine's
+// scheduler does, the first alone and the two others a step later (KvManager::
+// SharesPagesComputedInStep), so the opening is computed once and found twice, as LRU counts
+// it. Read in one step each would compute it into a block of its own: three misses.
+TEST(KvReuseForecastTest, TheManagersReplayComputesAnOpeningSharedInOneStepOnce) {
+  const StatusOr<KvTrace> t = ParseKvTrace(
+      "kvl-trace 1 block_tokens=16 pool_blocks=6\n"
+      "S 0\nP 0 1 0 -\nR 1 1 0 - - 0\n"
+      "S 1\nP 1 2 0 -\nP 2 2 1 -\nP 3 2 2 -\nP 4 2 3 -\nP 5 2 4 -\nR 2 5 0 - - 0\n"
+      "S 2\nP 0 3 0 -\nR 3 1 0 - - 0\nP 0 4 0 -\nR 4 1 0 - - 0\nP 0 5 0 -\nR 5 1 0 - - 0\n");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::vector<KvTraceAccess> a = KvTraceAccesses(*t);
+  for (KvIdleBlockOrder order : {KvIdleBlockOrder::kForecast, KvIdleBlockOrder::kLeastRecentlyFreed}) {
+    const KvManagerReplayResult r = ReplayKvTraceThroughManager(*t, a, order, 6, 1.0);
+    EXPECT_TRUE(r.fits);
+    EXPECT_EQ(r.replay.misses, 1);
+    EXPECT_EQ(r.replay.hits, 2);
+    EXPECT_EQ(r.reuse_reads, 3);
+    EXPECT_EQ(r.reuse_hits, 2);
+  }
+  KvReplayOptions held;
+  held.capacity_pages = 6;
+  held.partial_pages_per_reader = 1;
+  held.miss_ms = 1;
+  // LRU lost the opening at step 1 too, and counts one miss; Belady keeps it (the replay's
+  // Belady may leave a running request's page out, which the manager never does).
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kLru, held).misses, 1);
+  EXPECT_EQ(ReplayKvTrace(*t, a, KvReplayPolicy::kBelady, held).misses, 0);
 }
 
 }  // namespace

@@ -56,6 +56,9 @@ struct KvReuseInput {
   // same pause each time (a conversation's history at every turn, an opening every other round)
   // is expected about that long after its last read again.
   int64_t revival_gap_steps = 0;
+  // Reads of it by requests admitted while another held it (a shared opening): reads again it
+  // had without going idle, each counted as an idle period that ended in a revival.
+  int64_t shared_reads = 0;
 };
 
 struct KvReuseForecast {

@@ -130,7 +130,8 @@ KvReuseForecast ForecastReuse(const KvReuseInput& page, const KvIdleReuseHistory
   // Read again only if a later request finds it: the expected wait is what remains
   // of the usual pause, stretched by how unlikely the revival is.
   const int64_t idle = std::max<int64_t>(0, page.idle_steps);
-  const double p = history.RevivalProbability(page.step, idle, page.idle_periods, page.revivals);
+  const double p = history.RevivalProbability(page.step, idle, page.idle_periods + page.shared_reads,
+                                              page.revivals + page.shared_reads);
   f.next_read_steps = RemainingIdleSteps(page, idle, history) / p;
   f.reads_left = p;
   return f;

@@ -101,6 +101,7 @@ size_t KvManager::State::MatchBlocks(std::span<const int32_t> tokens,
 void KvManager::State::RefBlock(BlockId block, bool by_conversation) {
   if (pool.refcount(block) > 0) {
     pool.Ref(block);
+    if (meta[block].full) ++meta[block].shared_reads;
     return;
   }
   pool.Acquire(block);  // a cached block revived by a prefix hit
@@ -145,6 +146,7 @@ KvReuseForecast KvManager::State::IdleForecast(BlockId block) const {
   in.idle_periods = m.idle_periods;
   in.revivals = m.revivals;
   in.revival_gap_steps = m.revival_gap_steps;
+  in.shared_reads = m.shared_reads;
   in.order_in_step = m.chain_index;
   if (IsStale(block)) {
     // Its parent's block holds something else now: no prefix walk reaches it again.
@@ -631,6 +633,7 @@ void KvManager::Free(SeqId seq_id, bool resumes) {
     }
   }
   if (!resumes) s.longest_run = std::max(s.longest_run, s.clock - seq.admitted_at);
+  if (!resumes && seq.conversation) s.InheritChainRecord(seq);
   // Its blocks nobody else holds go idle, judged by the history of their kind.
   s.freeing_kind = resumes ? IdleKind::kResumes
                            : (seq.conversation ? IdleKind::kConversation : IdleKind::kOther);
@@ -650,6 +653,25 @@ void KvManager::Free(SeqId seq_id, bool resumes) {
   seq.content.clear();
   --s.num_seqs;
   ++s.version;
+}
+
+// A conversation's next turn resubmits its whole history, so the pages this turn added (its
+// user's line, its reply) are read again exactly when the pages it continued are: idle for the
+// first time, with no record of their own, they take the record of the deepest page it
+// continued (its pauses, its revivals), rather than look like a one-off prompt's.
+void KvManager::State::InheritChainRecord(const kv_internal::SeqState& seq) {
+  const BlockMeta* record = nullptr;
+  for (BlockId block : seq.table) {
+    if (block == kNoBlock) continue;
+    BlockMeta& m = meta[block];
+    if (m.idle_periods > 0 || m.revivals > 0) {
+      record = &m;  // a page that was idle before: one this turn continued
+    } else if (record != nullptr && m.full && pool.refcount(block) == 1) {
+      m.idle_periods = record->idle_periods;
+      m.revivals = record->revivals;
+      m.revival_gap_steps = record->revival_gap_steps;
+    }
+  }
 }
 
 // Content ids of the full blocks among the first `verified_tokens` that have none yet; the ones

@@ -68,6 +68,10 @@ struct BlockMeta {
   int32_t idle_periods = 0;
   int32_t revivals = 0;
   int64_t revival_gap_steps = 0;  // the pauses those revivals ended, summed
+  // Admissions whose prefix hit found it held by a running sequence (an opening shared by
+  // requests run together): reads again it had without going idle, counted as revivals by the
+  // forecast, so that such a page idle for the first time is told from a one-off prompt's.
+  int32_t shared_reads = 0;
   IdleKind idle_kind = IdleKind::kOther;  // the history its current idle period is counted in
   // The last full block of a finished sequence: a request whose prefix hit reaches it continues
   // that whole chain (a conversation's next turn).
@@ -124,6 +128,8 @@ struct KvManager::State {
   void IdentifyFullBlocks(kv_internal::SeqState& seq, int64_t verified_tokens,
                           size_t first_unregistered);
   bool SameIdentity(BlockId a, BlockId b) const;
+  // Free of a conversation's turn: its new pages take the record of the pages it continued.
+  void InheritChainRecord(const kv_internal::SeqState& seq);
   // Block `block_index` of the present sequence `seq`: its table entry, checked to be a full
   // block other than the last, the only ones that leave the pool and come back while it runs.
   BlockId& PageableEntry(SeqId seq, int64_t block_index);
