@@ -301,9 +301,18 @@ void CompareWithReference(const Cell& reference, Cell* cell) {
   cell->kld_positions = positions;
 }
 
+// Whether two cells made the same page choices: the same pages per action, the same pages brought
+// back, the same preemptions. Then their work differs by what the engine does around the
+// choices (nothing the policy decides), and their tok/s by the machine's run-to-run spread.
+bool SameChoices(const Cell& a, const Cell& b) {
+  return a.action_pages == b.action_pages && a.restored_pages == b.restored_pages &&
+         a.preemptions == b.preemptions;
+}
+
 // `auto` at one budget against the fixed policies of equal or better quality there (agreement
 // at least auto's, KLD at most auto's): the best of them by tok/s, and whether auto is within 5%
-// of it; and whether auto beats every fixed policy that completed, whatever its quality.
+// of it; and whether auto beats every fixed policy that completed, whatever its quality, with
+// choices none of them made.
 struct Verdict {
   double budget_fraction = 0;
   std::string best_policy;   // empty: no fixed policy of equal or better quality completed
@@ -314,7 +323,11 @@ struct Verdict {
   double round_ratio_min = 0, round_ratio_median = 0, round_ratio_max = 0;
   double cpu_ratio = 0;      // auto / best, of the median tok/s per second of CPU time
   bool within_5pct = false;
+  // Faster than every fixed policy that completed, and by other choices: where a fixed policy
+  // made auto's choices page for page (SameChoices), auto being faster is the machine's spread,
+  // not a win of the cost model.
   bool strictly_best = false;
+  std::vector<std::string> same_choices_as;  // the fixed policies that did
   // Why auto is not within 5% of the best, or not strictly best (VerdictNote); empty where it
   // is both.
   std::string note;
@@ -333,6 +346,10 @@ Verdict JudgeAuto(const std::vector<Cell>& cells, double fraction) {
   for (const Cell& c : cells) {
     if (c.budget_fraction != fraction || c.policy == "auto" || !c.error.empty()) continue;
     if (c.tok_s >= automatic->tok_s) v.strictly_best = false;
+    if (SameChoices(c, *automatic)) {
+      v.strictly_best = false;
+      v.same_choices_as.push_back(c.policy);
+    }
     const bool as_good = c.agreement >= automatic->agreement - 1e-9 && c.kld <= automatic->kld + 1e-12;
     if (as_good && c.tok_s > v.best_tok_s) {
       v.best_tok_s = c.tok_s;
@@ -360,14 +377,6 @@ Verdict JudgeAuto(const std::vector<Cell>& cells, double fraction) {
   }
   v.within_5pct = v.best_policy.empty() || v.ratio >= 0.95;
   return v;
-}
-
-// Whether two cells made the same page choices: the same pages per action, the same pages brought
-// back, the same preemptions. Then their work differs by what the engine does around the
-// choices (nothing the policy decides), and their tok/s by the machine's run-to-run spread.
-bool SameChoices(const Cell& a, const Cell& b) {
-  return a.action_pages == b.action_pages && a.restored_pages == b.restored_pages &&
-         a.preemptions == b.preemptions;
 }
 
 // "demote-ram 50 (2 back), recompute-tokens 77 (0 back)": each action's pages and how many of
@@ -440,6 +449,11 @@ std::string VerdictNote(const Verdict& v, const std::vector<Cell>& cells, const 
       faster.push_back(!v.within_5pct && c.policy == v.best_policy
                            ? fmt::format("{} (as said)", named(c))
                            : fmt::format("{}, which {}", named(c), why(c)));
+    }
+    if (!v.same_choices_as.empty()) {
+      faster.push_back(fmt::format("{} made auto's choices page for page, so no speed of "
+                                   "auto's above it is a win of its choices",
+                                   fmt::join(v.same_choices_as, " and ")));
     }
     parts.push_back(fmt::format("not strictly best: {}", fmt::join(faster, "; ")));
   }
@@ -533,7 +547,8 @@ nlohmann::json VerdictJson(const Verdict& v) {
           {"ratio", v.ratio},                     {"within_5pct", v.within_5pct},
           {"round_ratio_min", v.round_ratio_min}, {"round_ratio_median", v.round_ratio_median},
           {"round_ratio_max", v.round_ratio_max}, {"cpu_ratio", v.cpu_ratio},
-          {"strictly_best", v.strictly_best}, {"note", v.note}};
+          {"strictly_best", v.strictly_best}, {"same_choices_as", v.same_choices_as},
+          {"note", v.note}};
 }
 
 }  // namespace
