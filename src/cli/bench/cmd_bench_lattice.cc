@@ -437,23 +437,32 @@ std::string VerdictNote(const Verdict& v, const std::vector<Cell>& cells, const 
   if (!v.within_5pct) {
     for (const Cell& c : cells) {
       if (c.budget_fraction == v.budget_fraction && c.policy == v.best_policy) {
-        parts.push_back(fmt::format("more than 5% slower than {}, which {}", named(c), why(c)));
+        parts.push_back(SameChoices(c, *automatic)
+                            ? fmt::format("more than 5% slower than {}, which made auto's "
+                                          "choices page for page (below)",
+                                          named(c))
+                            : fmt::format("more than 5% slower than {}, which {}", named(c), why(c)));
       }
     }
   }
   if (!v.strictly_best) {
+    // The faster policies with other choices, each with why; those that made auto's choices
+    // once, together: no difference in speed from them says anything of the choices.
     std::vector<std::string> faster;
+    const Cell* twin = nullptr;
     for (const Cell& c : cells) {
       if (c.budget_fraction != v.budget_fraction || c.policy == "auto" || !c.error.empty()) continue;
-      if (c.tok_s < automatic->tok_s) continue;
-      faster.push_back(!v.within_5pct && c.policy == v.best_policy
-                           ? fmt::format("{} (as said)", named(c))
-                           : fmt::format("{}, which {}", named(c), why(c)));
+      if (SameChoices(c, *automatic)) {
+        if (twin == nullptr) twin = &c;
+        continue;
+      }
+      if (c.tok_s >= automatic->tok_s) faster.push_back(fmt::format("{}, which {}", named(c), why(c)));
     }
-    if (!v.same_choices_as.empty()) {
-      faster.push_back(fmt::format("{} made auto's choices page for page, so no speed of "
-                                   "auto's above it is a win of its choices",
-                                   fmt::join(v.same_choices_as, " and ")));
+    if (twin != nullptr) {
+      faster.push_back(fmt::format("{} {}; auto faster or slower than {} is no win or loss of "
+                                   "its choices",
+                                   fmt::join(v.same_choices_as, " and "), why(*twin),
+                                   v.same_choices_as.size() > 1 ? "them" : "it"));
     }
     parts.push_back(fmt::format("not strictly best: {}", fmt::join(faster, "; ")));
   }
