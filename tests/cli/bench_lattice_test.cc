@@ -1,8 +1,9 @@
 // `kvl bench lattice` at a tiny setting on stories260K (the CI smoke test): the JSON has every
 // workload, every (budget, policy) cell with its figures and auto's verdict per budget; keep-all
 // agrees with itself exactly (the engine is deterministic); the lossless policies' replies equal
-// keep-all's; bad lists are errors naming the flag; the plot script draws the JSON. No
-// assertion on time.
+// keep-all's; pages brought back carry measured time; each verdict's closing note says why where
+// auto is not within 5% or not strictly best; bad lists are errors naming the flag; the plot
+// script draws the JSON. No assertion on time.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -68,6 +69,17 @@ TEST_F(BenchLatticeTest, EveryCellIsMeasuredAndKeepAllAgreesWithItself) {
       }
       if (c["error"] != "") continue;
       EXPECT_GE(c["ttft_p99_ms"].get<double>(), c["ttft_p50_ms"].get<double>());
+      // Pages brought back took measured time; none brought back, none.
+      int64_t restored = 0;
+      for (const auto& [action, pages] : c["actions_restored"].items()) {
+        EXPECT_TRUE(c["actions"].contains(action)) << action;
+        restored += pages.get<int64_t>();
+      }
+      if (restored > 0) {
+        EXPECT_GT(c["bring_back_ms"].get<double>(), 0);
+      } else {
+        EXPECT_EQ(c["bring_back_ms"].get<double>(), 0);
+      }
       // Lossless policies give keep-all's replies, token for token, at any budget.
       if (c["policy"] == "keep" || c["policy"] == "demote") {
         EXPECT_EQ(c["identical"].get<int64_t>(), requests);
@@ -80,6 +92,27 @@ TEST_F(BenchLatticeTest, EveryCellIsMeasuredAndKeepAllAgreesWithItself) {
       }
     }
     ASSERT_EQ(w["auto_verdicts"].size(), 2u);
+    // The closing note says why wherever auto is not within 5% of the best policy of its
+    // quality or not strictly best, and is empty where it is both.
+    for (const nlohmann::json& v : w["auto_verdicts"]) {
+      SCOPED_TRACE(v.dump());
+      const std::string note = v["note"].get<std::string>();
+      if (v["auto_tok_s"].get<double>() == 0) {  // at 1/4 this pool is a block or two
+        EXPECT_EQ(note, "auto did not complete");
+        continue;
+      }
+      const bool within = v["within_5pct"].get<bool>();
+      const bool best = v["strictly_best"].get<bool>();
+      EXPECT_EQ(note.empty(), within && best);
+      // A fixed policy that made auto's choices page for page leaves auto no strict win.
+      if (!v["same_choices_as"].empty()) {
+        EXPECT_FALSE(best);
+      }
+      EXPECT_EQ(note.find("not strictly best: ") != std::string::npos, !best);
+      EXPECT_EQ(note.find("more than 5% slower than " + v["best_policy"].get<std::string>()) !=
+                    std::string::npos,
+                !within);
+    }
   }
 
   const std::string python = testing::PythonWithMatplotlib();

@@ -148,6 +148,48 @@ TEST(KvPolicyTest, ResidualRecomputeDependsOnTheModelsBytes) {
             CostOf(cold, KvAction::kRecomputeTokens).total_ms);
 }
 
+// A preempted sequence's pages leave one by one, each the cheapest way as measured: with the RAM
+// tier measured at 2.4x its profile (the engine's correction on stories15M) and recomputing 16
+// tokens cheap, the sequence's first page is recomputed (no context to attend over) and a deep
+// one demoted (its recompute attends over 1024 earlier tokens): a mix no fixed policy makes.
+TEST(KvPolicyTest, ACorrectedTransferSendsACheapPageToRecomputeAndADeepOneToTheTier) {
+  PageCostProfile p;
+  p.block_tokens = 16;
+  p.kv_bytes = 16 * 6 * 2 * 288 * 4;  // 221 KB: 0.022 ms each way at 10 GB/s
+  p.ram_gbps = 10;
+  p.recompute_tokens_ms = 0.06;
+  p.recompute_tokens_context_ms = 1e-4;  // per earlier token
+  p.has_ram_tier = true;
+  // As the planner offers a preempted page: it must leave (no keep), and losslessly.
+  p.available_actions = (1u << static_cast<int>(KvAction::kDemoteRam)) |
+                        (1u << static_cast<int>(KvAction::kRecomputeTokens));
+  KvPolicyOptions o;
+  o.quality = KvQuality::kLossless;
+  o.phase = Phase::kPrefill;
+  PageHistory first;
+  first.first_position = 0;
+  PageHistory deep;
+  deep.first_position = 1024;
+
+  // On the profile alone the tier wins both: 0.044 ms against 0.06 ms and more.
+  EXPECT_EQ(ChooseKvAction(first, p, o).action, KvAction::kDemoteRam);
+  EXPECT_EQ(ChooseKvAction(deep, p, o).action, KvAction::kDemoteRam);
+
+  BringBackFeedback feedback(kNumKvActions);
+  feedback.Seed(static_cast<size_t>(KvAction::kDemoteRam), 2.4);
+  o.feedback = &feedback;
+  // Corrected, the transfer back costs 0.053 ms (+ 0.022 ms to write): above the first page's
+  // recompute, below the deep page's (0.06 + 0.1024 ms).
+  const KvDecision at_first = ChooseKvAction(first, p, o);
+  EXPECT_EQ(at_first.action, KvAction::kRecomputeTokens) << at_first.Explain();
+  EXPECT_NEAR(CostOf(at_first, KvAction::kDemoteRam).bring_back_ms, 2.4 * 221184 / 1e7, 1e-9);
+  const KvDecision at_deep = ChooseKvAction(deep, p, o);
+  EXPECT_EQ(at_deep.action, KvAction::kDemoteRam) << at_deep.Explain();
+  // A recompute measured slow as well sends the first page back to the tier.
+  feedback.Seed(static_cast<size_t>(KvAction::kRecomputeTokens), 2.0);
+  EXPECT_EQ(ChooseKvAction(first, p, o).action, KvAction::kDemoteRam);
+}
+
 // The engine's measured bring-back times correct the profile's: an action found slower than
 // predicted costs more, and can lose the choice it won on the profile alone.
 TEST(KvPolicyTest, MeasuredCorrectionsScaleBringBackAndCanChangeTheChoice) {

@@ -257,6 +257,25 @@ TEST(KvPressurePlannerTest, CheckpointsAreKeptOnlyWhereARebuildIsPricedBelowDemo
   EXPECT_TRUE(ResidualRebuildBeatsDemotion(p));
 }
 
+// The same choice weighs the engine's measured corrections (seeded from the profile's written-back
+// ones) as the running pool will: a RAM tier measured 3x slower than its profile turns a narrow
+// win of demotion into one of the rebuild, and a rebuild measured 2x slower turns it back.
+TEST(KvPressurePlannerTest, CheckpointsAreKeptWhereTheCorrectedPricesFavourARebuild) {
+  PageCostProfile p;
+  p.block_tokens = 16;
+  p.kv_bytes = 16 * 6 * 2 * 288 * 4;  // 0.022 ms each way at 10 GB/s
+  p.residual_bytes = 16 * 6 * 288 * 4;
+  p.ram_gbps = 10;
+  p.recompute_residual_ms = 0.05;     // 0.011 + 0.011 + 0.05 = 0.072 ms against 0.044 ms
+  EXPECT_FALSE(ResidualRebuildBeatsDemotion(p));
+  BringBackFeedback feedback(kNumKvActions);
+  EXPECT_FALSE(ResidualRebuildBeatsDemotion(p, &feedback));  // no correction yet: the profile's
+  feedback.Seed(static_cast<size_t>(KvAction::kDemoteRam), 3.0);  // 0.066 + 0.022 ms
+  EXPECT_TRUE(ResidualRebuildBeatsDemotion(p, &feedback));
+  feedback.Seed(static_cast<size_t>(KvAction::kRecomputeResidual), 2.0);  // 0.011 + 0.122 ms
+  EXPECT_FALSE(ResidualRebuildBeatsDemotion(p, &feedback));
+}
+
 TEST(KvPressurePlannerTest, MemoryPriceIsTheCheapestWayOutScaledByTheDemandOnThePool) {
   // A RAM tier at 10 GB/s is the cheapest lossless way out: a 256-byte page (4 tokens x 2 layers
   // x 4 channels x K,V x f32) comes back in 256 / 1e7 ms.

@@ -81,8 +81,12 @@ bool KeepsResidualCheckpoints(const KvPolicyChoice& policy, bool has_ram_tier, i
 // would only shrink the pool (a third of each block on an MHA model) for an action never taken,
 // so KvMemory keeps them under `auto` only where this holds. `prices` needs kv_bytes and
 // residual_bytes; its tier flags and available actions are set here. Prices that give no finite
-// time for either way say nothing: then true (the shape rule stands).
-bool ResidualRebuildBeatsDemotion(const PageCostProfile& prices);
+// time for either way say nothing: then true (the shape rule stands). `feedback`: the engine's
+// measured corrections (a profile's written-back ones, seeded), which weigh both ways as
+// ChooseKvAction will weigh them once the pool runs; a RAM tier measured at 2.5x its profile
+// can turn the choice round. Null: the profile's prices as they are.
+bool ResidualRebuildBeatsDemotion(const PageCostProfile& prices,
+                                  const BringBackFeedback* feedback = nullptr);
 
 // One admitted sequence as the planner sees it.
 struct KvPlannedSeq {

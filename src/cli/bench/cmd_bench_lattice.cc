@@ -10,11 +10,14 @@
 // output tok/s over the whole workload, TTFT p50 / p99 over its requests, top-1 agreement with
 // keep-all (the replies' leading agreement, greedy decoding) and, for lossy cells, the KL
 // divergence from keep-all's next-token distributions (over each reply's positions up to its
-// first difference, from the top-20 log-probabilities both runs report). Keep-all runs twice:
+// first difference, from the top-20 log-probabilities both runs report); the pages each action
+// took and how many came back, and the bring-back time the engine measured for them (what the
+// policy's choices cost, beside the run's wall time). Keep-all runs twice:
 // the reference, and a repeat whose agreement with it must be 1 (the engine is deterministic)
 // and whose speed shows the run-to-run spread. A table per workload, with `auto`'s verdict
 // against the best fixed policy of equal or better quality (the ratio of the medians, the range
-// of the ratios within each round, and the ratio of CPU time per token), and JSON (--json) that
+// of the ratios within each round, and the ratio of CPU time per token) and a closing note where
+// auto is not within 5% or not strictly best, saying why (VerdictNote), and JSON (--json) that
 // scripts/plots.py draws as a Pareto panel per workload.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -63,6 +66,12 @@ struct Cell {
   int64_t resident_peak = 0;
   int64_t preemptions = 0;
   ActionPages action_pages{};
+  // Of those pages, the ones brought back (promoted, restored, recomputed at a resume); a page
+  // let go at a preemption that the resume finds in its tier is never brought back.
+  ActionPages restored_pages{};
+  // What bringing them back took, measured by the engine (rebuilds inside decode steps
+  // included): the time the policy's choices cost, beside the run's wall time.
+  double bring_back_ms = 0;
   std::string error;           // why the cell stopped early
   // Kept for the comparisons, not written out.
   std::vector<std::vector<int32_t>> prompts;   // per request, in script order
@@ -198,6 +207,12 @@ Cell RunCell(const BenchLatticeArgs& args, const LatticeWorkload& w, const std::
   cell.resident_peak = after.kv_resident_bytes_peak;
   cell.preemptions = after.preemptions - before.preemptions;
   cell.action_pages = ActionPagesBetween(before, after);
+  for (size_t a = 0; a < cell.restored_pages.size(); ++a) {
+    cell.restored_pages[a] = after.kv_actions[a].pages_restored - before.kv_actions[a].pages_restored;
+    cell.bring_back_ms += after.kv_actions[a].measured_ms - before.kv_actions[a].measured_ms;
+  }
+  cell.bring_back_ms +=
+      after.kv_rebuilt_in_step.measured_ms - before.kv_rebuilt_in_step.measured_ms;
   return cell;
 }
 
@@ -286,9 +301,18 @@ void CompareWithReference(const Cell& reference, Cell* cell) {
   cell->kld_positions = positions;
 }
 
+// Whether two cells made the same page choices: the same pages per action, the same pages brought
+// back, the same preemptions. Then their work differs by what the engine does around the
+// choices (nothing the policy decides), and their tok/s by the machine's run-to-run spread.
+bool SameChoices(const Cell& a, const Cell& b) {
+  return a.action_pages == b.action_pages && a.restored_pages == b.restored_pages &&
+         a.preemptions == b.preemptions;
+}
+
 // `auto` at one budget against the fixed policies of equal or better quality there (agreement
 // at least auto's, KLD at most auto's): the best of them by tok/s, and whether auto is within 5%
-// of it; and whether auto beats every fixed policy that completed, whatever its quality.
+// of it; and whether auto beats every fixed policy that completed, whatever its quality, with
+// choices none of them made.
 struct Verdict {
   double budget_fraction = 0;
   std::string best_policy;   // empty: no fixed policy of equal or better quality completed
@@ -299,7 +323,14 @@ struct Verdict {
   double round_ratio_min = 0, round_ratio_median = 0, round_ratio_max = 0;
   double cpu_ratio = 0;      // auto / best, of the median tok/s per second of CPU time
   bool within_5pct = false;
+  // Faster than every fixed policy that completed, and by other choices: where a fixed policy
+  // made auto's choices page for page (SameChoices), auto being faster is the machine's spread,
+  // not a win of the cost model.
   bool strictly_best = false;
+  std::vector<std::string> same_choices_as;  // the fixed policies that did
+  // Why auto is not within 5% of the best, or not strictly best (VerdictNote); empty where it
+  // is both.
+  std::string note;
 };
 
 Verdict JudgeAuto(const std::vector<Cell>& cells, double fraction) {
@@ -315,6 +346,10 @@ Verdict JudgeAuto(const std::vector<Cell>& cells, double fraction) {
   for (const Cell& c : cells) {
     if (c.budget_fraction != fraction || c.policy == "auto" || !c.error.empty()) continue;
     if (c.tok_s >= automatic->tok_s) v.strictly_best = false;
+    if (SameChoices(c, *automatic)) {
+      v.strictly_best = false;
+      v.same_choices_as.push_back(c.policy);
+    }
     const bool as_good = c.agreement >= automatic->agreement - 1e-9 && c.kld <= automatic->kld + 1e-12;
     if (as_good && c.tok_s > v.best_tok_s) {
       v.best_tok_s = c.tok_s;
@@ -344,16 +379,106 @@ Verdict JudgeAuto(const std::vector<Cell>& cells, double fraction) {
   return v;
 }
 
+// "demote-ram 50 (2 back), recompute-tokens 77 (0 back)": each action's pages and how many of
+// them were brought back.
+std::string ActionsText(const Cell& c) {
+  std::string out;
+  for (size_t a = 0; a < c.action_pages.size(); ++a) {
+    if (c.action_pages[a] == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} {} ({} back)", KvActionName(static_cast<KvAction>(a)),
+                       c.action_pages[a], c.restored_pages[a]);
+  }
+  return out.empty() ? "-" : out;
+}
+
+// The closing note of one budget's verdict: where auto is more than 5% slower than the best fixed
+// policy of its quality, and where it is not strictly best, why, from what the cells measured:
+// the same choices (the gap is the spread keep-all shows against its own repeat), a faster policy
+// that loses quality, or other choices with their measured bring-back times.
+std::string VerdictNote(const Verdict& v, const std::vector<Cell>& cells, const Cell& reference,
+                        const Cell& repeat) {
+  const Cell* automatic = nullptr;
+  for (const Cell& c : cells) {
+    if (c.policy == "auto" && c.budget_fraction == v.budget_fraction && c.error.empty()) {
+      automatic = &c;
+    }
+  }
+  if (automatic == nullptr) return "auto did not complete";
+  const double spread =
+      reference.tok_s > 0 ? 100 * std::abs(repeat.tok_s / reference.tok_s - 1) : 0;
+  const double auto_wall_share =
+      automatic->wall_ms > 0 ? 100 * automatic->bring_back_ms / automatic->wall_ms : 0;
+  // What sets `c` apart from auto, after "which".
+  auto why = [&](const Cell& c) -> std::string {
+    if (c.agreement < automatic->agreement - 1e-9 || c.kld > automatic->kld + 1e-12) {
+      return fmt::format("loses quality (agreement {:.1f}%, KLD {:.2e})", 100 * c.agreement,
+                         c.kld);
+    }
+    const std::string spread_text =
+        fmt::format("the gap is run-to-run spread (keep-all's repeat ran {:.1f}% off keep-all)",
+                    spread);
+    if (SameChoices(c, *automatic)) {
+      return fmt::format("made auto's choices page for page, bringing pages back in {:.1f} ms "
+                         "against auto's {:.1f} ms ({:.1f}% of auto's run): {}",
+                         c.bring_back_ms, automatic->bring_back_ms, auto_wall_share, spread_text);
+    }
+    const bool auto_cheaper = automatic->bring_back_ms <= c.bring_back_ms &&
+                              automatic->preemptions <= c.preemptions;
+    return fmt::format("chose {} with {} preemptions, bringing pages back in {:.1f} ms, against "
+                       "auto's {} with {} preemptions and {:.1f} ms{}",
+                       ActionsText(c), c.preemptions, c.bring_back_ms, ActionsText(*automatic),
+                       automatic->preemptions, automatic->bring_back_ms,
+                       auto_cheaper ? ": auto's choices cost less as measured, " + spread_text
+                                    : std::string());
+  };
+  auto named = [](const Cell& c) { return fmt::format("{} ({:.1f} tok/s)", c.policy, c.tok_s); };
+  std::vector<std::string> parts;
+  if (!v.within_5pct) {
+    for (const Cell& c : cells) {
+      if (c.budget_fraction == v.budget_fraction && c.policy == v.best_policy) {
+        parts.push_back(SameChoices(c, *automatic)
+                            ? fmt::format("more than 5% slower than {}, which made auto's "
+                                          "choices page for page (below)",
+                                          named(c))
+                            : fmt::format("more than 5% slower than {}, which {}", named(c), why(c)));
+      }
+    }
+  }
+  if (!v.strictly_best) {
+    // The faster policies with other choices, each with why; those that made auto's choices
+    // once, together: no difference in speed from them says anything of the choices.
+    std::vector<std::string> faster;
+    const Cell* twin = nullptr;
+    for (const Cell& c : cells) {
+      if (c.budget_fraction != v.budget_fraction || c.policy == "auto" || !c.error.empty()) continue;
+      if (SameChoices(c, *automatic)) {
+        if (twin == nullptr) twin = &c;
+        continue;
+      }
+      if (c.tok_s >= automatic->tok_s) faster.push_back(fmt::format("{}, which {}", named(c), why(c)));
+    }
+    if (twin != nullptr) {
+      faster.push_back(fmt::format("{} {}; auto faster or slower than {} is no win or loss of "
+                                   "its choices",
+                                   fmt::join(v.same_choices_as, " and "), why(*twin),
+                                   v.same_choices_as.size() > 1 ? "them" : "it"));
+    }
+    parts.push_back(fmt::format("not strictly best: {}", fmt::join(faster, "; ")));
+  }
+  return fmt::format("{}", fmt::join(parts, ". "));
+}
+
 void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const Cell& repeat,
                         const std::vector<Cell>& cells, const std::vector<Verdict>& verdicts) {
   fmt::print("\n### {}: {}\n", w.name, w.description);
   fmt::print("{} requests, {} tokens generated per cell; keep-all's peak resident KV {}\n\n",
              w.requests, w.generated_tokens, FormatBytes(reference.resident_peak));
-  fmt::print("| {:>6} | {:<18} | {:>8} | {:>13} | {:>9} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>7} | {:<34} |\n",
+  fmt::print("| {:>6} | {:<18} | {:>8} | {:>13} | {:>9} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} | {:>7} | {:>9} | {:<34} |\n",
              "budget", "policy", "tok/s", "runs' range", "CPU tok/s", "vs ref", "TTFT p50",
-             "TTFT p99", "agreement", "identical", "KLD", "preempt", "pages per action");
-  fmt::print("| {:->6} | {:-<18} | {:->8} | {:->13} | {:->9} | {:->7} | {:->9} | {:->9} | {:->9} | {:->9} | {:->9} | {:->7} | {:-<34} |\n",
-             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
+             "TTFT p99", "agreement", "identical", "KLD", "preempt", "back ms", "pages per action");
+  fmt::print("| {:->6} | {:-<18} | {:->8} | {:->13} | {:->9} | {:->7} | {:->9} | {:->9} | {:->9} | {:->9} | {:->9} | {:->7} | {:->9} | {:-<34} |\n",
+             ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   auto row = [&](const Cell& c) {
     const std::string budget =
         c.budget_fraction > 0 ? fmt::format("1/{:.0f}", 1 / c.budget_fraction) : "all";
@@ -364,12 +489,12 @@ void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const C
     const auto [lo, hi] = std::minmax_element(c.run_tok_s.begin(), c.run_tok_s.end());
     const std::string range =
         c.run_tok_s.size() > 1 ? fmt::format("{:.0f}-{:.0f}", *lo, *hi) : std::string("-");
-    fmt::print("| {:>6} | {:<18} | {:>8.1f} | {:>13} | {:>9.1f} | {:>6.2f}x | {:>9.1f} | {:>9.1f} | {:>8.1f}% | {:>9} | {:>9.2e} | {:>7} | {:<34} |\n",
+    fmt::print("| {:>6} | {:<18} | {:>8.1f} | {:>13} | {:>9.1f} | {:>6.2f}x | {:>9.1f} | {:>9.1f} | {:>8.1f}% | {:>9} | {:>9.2e} | {:>7} | {:>9.1f} | {:<34} |\n",
                budget, c.policy, c.tok_s, range, c.cpu_tok_s,
                reference.tok_s > 0 ? c.tok_s / reference.tok_s : 0,
                c.ttft_p50_ms, c.ttft_p99_ms, 100 * c.agreement,
                fmt::format("{}/{}", c.identical, c.requests), c.kld, c.preemptions,
-               ActionPagesText(c.action_pages));
+               c.bring_back_ms, ActionsText(c));
   };
   row(reference);
   row(repeat);
@@ -400,6 +525,12 @@ void PrintWorkloadTable(const LatticeWorkload& w, const Cell& reference, const C
                v.best_policy.empty() || v.cpu_ratio <= 0 ? "-" : fmt::format("{:.2f}", v.cpu_ratio),
                v.strictly_best ? "auto" : "-");
   }
+  // The goal's closing note: why, where auto is not within 5% or not strictly best.
+  fmt::print("\n");
+  for (const Verdict& v : verdicts) {
+    if (v.note.empty()) continue;
+    fmt::print("- 1/{:.0f}: {}.\n", 1 / v.budget_fraction, v.note);
+  }
   (void)FlushStdout();
 }
 
@@ -415,7 +546,8 @@ nlohmann::json CellJson(const Cell& c) {
           {"requests", c.requests},     {"kld", c.kld},
           {"kld_positions", c.kld_positions}, {"resident_peak", c.resident_peak},
           {"preemptions", c.preemptions}, {"actions", actions},
-          {"error", c.error}};
+          {"actions_restored", ActionPagesJson(c.restored_pages)},
+          {"bring_back_ms", c.bring_back_ms}, {"error", c.error}};
 }
 
 nlohmann::json VerdictJson(const Verdict& v) {
@@ -424,7 +556,8 @@ nlohmann::json VerdictJson(const Verdict& v) {
           {"ratio", v.ratio},                     {"within_5pct", v.within_5pct},
           {"round_ratio_min", v.round_ratio_min}, {"round_ratio_median", v.round_ratio_median},
           {"round_ratio_max", v.round_ratio_max}, {"cpu_ratio", v.cpu_ratio},
-          {"strictly_best", v.strictly_best}};
+          {"strictly_best", v.strictly_best}, {"same_choices_as", v.same_choices_as},
+          {"note", v.note}};
 }
 
 }  // namespace
@@ -492,7 +625,10 @@ int BenchLatticeCommand(const BenchLatticeArgs& args) {
                             std::make_move_iterator(all.end()));
     std::vector<Verdict> verdicts;
     for (Cell& cell : cells) CompareWithReference(reference, &cell);
-    for (double fraction : args.budgets) verdicts.push_back(JudgeAuto(cells, fraction));
+    for (double fraction : args.budgets) {
+      verdicts.push_back(JudgeAuto(cells, fraction));
+      verdicts.back().note = VerdictNote(verdicts.back(), cells, reference, repeat);
+    }
     CompareWithReference(reference, &reference);
     PrintWorkloadTable(w, reference, repeat, cells, verdicts);
     nlohmann::json wj = {{"name", w.name},

@@ -30,13 +30,15 @@ bool KeepsResidualCheckpoints(const KvPolicyChoice& policy, bool has_ram_tier, i
   return has_ram_tier && dim <= 2 * kv_dim;
 }
 
-bool ResidualRebuildBeatsDemotion(const PageCostProfile& prices) {
+bool ResidualRebuildBeatsDemotion(const PageCostProfile& prices,
+                                  const BringBackFeedback* feedback) {
   PageCostProfile p = prices;
   p.has_ram_tier = true;
   p.available_actions = Bit(KvAction::kDemoteRam) | Bit(KvAction::kRecomputeResidual);
   KvPolicyOptions o;
   o.quality = KvQuality::kLossless;
   o.phase = Phase::kDecode;
+  o.feedback = feedback;
   const KvDecision d = ChooseKvAction(PageHistory{}, p, o);
   const double rebuild_ms = d.costs[static_cast<size_t>(KvAction::kRecomputeResidual)].total_ms;
   const double demote_ms = d.costs[static_cast<size_t>(KvAction::kDemoteRam)].total_ms;
