@@ -93,7 +93,7 @@ class KvLayerStreamer {
   // The sequence of each page the current (after EndStep: the last) forward run rebuilds from
   // checkpoints inside it, one entry per page: what the engine measures the step's rebuilds by.
   std::span<const SeqId> rebuilt_in_step() const { return rebuilt_in_step_; }
-  // KvCache::BeginLayer: waits for this layer's reads, issues the next layer's, and hands the
+  // KvCache::BeginLayer: issues the next layer's reads, waits for this layer's, and hands the
   // forward pass the rows it rebuilds at this layer.
   KvLayerRebuild BeginLayer(int64_t layer);
   // Rows of a staged page (held in a tier or as checkpoints) at `layer` from row `offset` on.
