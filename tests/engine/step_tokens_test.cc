@@ -41,7 +41,7 @@ TEST(StepTokensTest, ABudgetCutsTheStepUntilItsScratchFitsAQuarter) {
 }
 
 TEST(StepTokensTest, ATinyBudgetKeepsTheFloor) {
-  EXPECT_EQ(MakeEngine(64 << 10)->step_tokens(), 64);
+  EXPECT_EQ(MakeEngine(64 << 10)->step_tokens(), 128);  // kMinBudgetStepTokens
 }
 
 std::vector<int32_t> GreedyTokens(Engine& e, const std::vector<int32_t>& prompt) {
