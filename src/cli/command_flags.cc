@@ -41,7 +41,9 @@ std::function<Status()> AddSamplingFlags(CLI::App* cmd, SamplingParams* s) {
 void AddComputeFlags(CLI::App* cmd, EngineOptions* engine) {
   cmd->add_option("-t,--threads", engine->num_threads, "threads; 0 = every core");
   cmd->add_option("-c,--ctx-size", engine->context_length, "context length; 0 = model's");
-  cmd->add_option("-b,--batch-size", engine->batch_size, "prompt tokens per step")
+  cmd->add_option("-b,--batch-size", engine->batch_size,
+                  "prompt tokens per step (fewer under --kv-budget, at least 128: the forward "
+                  "pass's scratch fits a quarter of it)")
       ->capture_default_str();
   cmd->add_option("--isa", engine->isa, "kernels: auto | avx512 | avx2 | scalar")
       ->capture_default_str();

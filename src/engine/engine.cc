@@ -225,6 +225,31 @@ Status CreateKvMemory(Engine::Impl& e) {
   return Status::Ok();
 }
 
+// The forward pass's scratch may take at most this share of a KV budget (see StepTokens).
+constexpr int64_t kBudgetShareForScratch = 4;  // a quarter
+// The fewest rows a budget cuts a step to. Each prefill chunk reads every weight once and, where
+// the history's pages are on disk, streams all of them once: a chat turn's new tokens (40-90 in
+// `kvl bench turns`, about 100 in the engine tests' prompts) stay one chunk. On TinyLlama's
+// shape 128 rows hold 11.6 MiB of scratch (512: 46 MiB).
+constexpr int64_t kMinBudgetStepTokens = 128;
+
+// The rows of one forward step: -b, the prefill chunk. Under a KV budget the user holds the
+// process to a memory figure, and the forward pass's scratch grows with these rows (512 rows of
+// TinyLlama's shape hold 45 MiB: more than a quarter of keep-all's KV over 2,400 tokens), so
+// the rows are cut until the scratch fits a quarter of the budget, in whole blocks, never below
+// kMinBudgetStepTokens nor below a decode step of every sequence with its drafts. The kernels are
+// batch-invariant: a smaller chunk computes the same tokens.
+int64_t StepTokens(const EngineOptions& options, const ModelConfig& c, int64_t context) {
+  const int64_t rows = std::min(options.batch_size, context);
+  if (options.kv_budget_bytes <= 0) return rows;
+  const int64_t decode_rows =
+      options.max_seqs * (1 + (options.spec == "off" ? 0 : options.draft_max));
+  const int64_t block = options.block_tokens;
+  const int64_t fit = options.kv_budget_bytes / kBudgetShareForScratch /
+                      Forward::ScratchBytesPerRow(c) / block * block;
+  return std::min(rows, std::max({fit, kMinBudgetStepTokens, decode_rows}));
+}
+
 }  // namespace
 
 Engine::Engine() : impl_(std::make_unique<Impl>()) {}
@@ -251,7 +276,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   CreateProfileKeeper(e);
 
   ForwardOptions fo;
-  fo.max_batch_tokens = std::min(options.batch_size, e.model.context_length);
+  fo.max_batch_tokens = StepTokens(options, e.model.weights->config(), e.model.context_length);
   // --- speculative decoding (issue 26): a decode's draft rows all ask for logits ---
   KVL_ASSIGN_OR_RETURN(const SpecMode spec_mode, ParseSpecMode(options.spec));
   if (spec_mode != SpecMode::kOff) {
@@ -259,7 +284,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
     so.mode = spec_mode;
     so.draft_max = options.draft_max;
     so.context_length = e.model.context_length;
-    so.max_batch_tokens = std::min(options.batch_size, e.model.context_length);
+    so.max_batch_tokens = fo.max_batch_tokens;
     so.max_seqs = options.max_seqs;
     so.force = options.spec_force;
     std::unique_ptr<Drafter> drafter;  // null: the speculator's own lookup drafter
@@ -276,8 +301,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   }
   // --- end speculative decoding ---
   fo.max_logit_rows = options.max_seqs +
-                      (e.speculator ? std::min(e.speculator->max_draft_rows(),
-                                               std::min(options.batch_size, e.model.context_length))
+                      (e.speculator ? std::min(e.speculator->max_draft_rows(), fo.max_batch_tokens)
                                     : 0);
   fo.max_context = e.model.context_length;
   // Pages kept as checkpoints are rebuilt inside each step that reads them, as extra rows of its
@@ -597,6 +621,8 @@ int64_t Engine::packed_weight_bytes() const {
 const Tokenizer& Engine::tokenizer() const { return *impl_->model.tokenizer; }
 const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::context_length() const { return impl_->model.context_length; }
+
+int64_t Engine::step_tokens() const { return impl_->forward->options().max_batch_tokens; }
 bool Engine::accepts_lossy_kv() const { return impl_->memory->accepts_lossy_requests(); }
 ops::Isa Engine::isa() const { return impl_->model.ops->isa(); }
 int Engine::num_threads() const { return impl_->model.pool->num_threads(); }

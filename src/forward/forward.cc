@@ -74,6 +74,26 @@ void Forward::Activations::Reserve(const ModelConfig& c, int64_t n, int64_t n_fu
   }
 }
 
+int64_t Forward::ScratchBytesPerRow(const ModelConfig& c) {
+  // Activations::Reserve's vectors for one full row, then ops::OpsContext::Reserve's int8 row
+  // (one byte a column and a scale a block, at the widest input a matmul reads).
+  const int64_t floats = 3 * c.dim + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.ffn_dim +
+                         4 * (c.head_dim / 2);
+  const int64_t widest = std::max({c.dim, c.q_dim(), c.ffn_dim});
+  return floats * static_cast<int64_t>(sizeof(float)) + widest + widest / 8;
+}
+
+int64_t Forward::activation_bytes() const {
+  const Activations& a = act_;
+  size_t floats = 0;
+  for (const std::vector<float>* v : {&a.x, &a.xn, &a.q, &a.k, &a.v, &a.attn, &a.proj, &a.gate,
+                                      &a.up, &a.rope_cos, &a.rope_sin, &a.rope_cos_local,
+                                      &a.rope_sin_local}) {
+    floats += v->capacity();
+  }
+  return static_cast<int64_t>(floats * sizeof(float));
+}
+
 void TokenBatch::Clear() {
   tokens.clear();
   positions.clear();

@@ -58,7 +58,7 @@ TEST_F(BenchTurnsTest, EveryConfigRunsAndLosslessRepliesEqualKeepAll) {
   const Result r = RunKvl("bench turns -m " + testing::Stories260KPath() +
                           " --turns 4 --reply 32 --user-min 40 --user-max 60"
                           " --budget-fraction 0.6 --kv-stream-reserve 0.5 --no-calibrate -t 1"
-                          " --configs a,b,c-ram,c-disk,d --disk-dir " + dir_.string() +
+                          " --configs a,b,c-ram,c-disk,c-disk-buffered,d --disk-dir " + dir_.string() +
                           " --json " + (dir_ / "turns.json").string() +
                           " --plot " + (dir_ / "turns.png").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -75,7 +75,7 @@ TEST_F(BenchTurnsTest, EveryConfigRunsAndLosslessRepliesEqualKeepAll) {
   const nlohmann::json* b = FindConfig(j, "b");
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  for (const char* name : {"a", "b", "c-ram", "c-disk", "d-balanced", "d-evict"}) {
+  for (const char* name : {"a", "b", "c-ram", "c-disk", "c-disk-buffered", "d-balanced", "d-evict"}) {
     const nlohmann::json* c = FindConfig(j, name);
     ASSERT_NE(c, nullptr) << name;
     EXPECT_EQ((*c)["error"], "") << name;
@@ -104,7 +104,7 @@ TEST_F(BenchTurnsTest, EveryConfigRunsAndLosslessRepliesEqualKeepAll) {
     }
   }
   // Lossless configs: every reply token-exact against keep-all's.
-  for (const char* name : {"a", "b", "c-ram", "c-disk"}) {
+  for (const char* name : {"a", "b", "c-ram", "c-disk", "c-disk-buffered"}) {
     for (const nlohmann::json& t : (*FindConfig(j, name))["turns"]) {
       EXPECT_TRUE(t["identical"].get<bool>()) << name << " turn " << t["turn"];
     }
@@ -112,7 +112,7 @@ TEST_F(BenchTurnsTest, EveryConfigRunsAndLosslessRepliesEqualKeepAll) {
   // The budget configs stay within their budget, which is below what keep-all needed, and they
   // really paged: pages went to a tier and came back (promoted at admission or streamed).
   const int64_t b_peak = (*b)["resident_peak"].get<int64_t>();
-  for (const char* name : {"c-ram", "c-disk"}) {
+  for (const char* name : {"c-ram", "c-disk", "c-disk-buffered"}) {
     const nlohmann::json& c = *FindConfig(j, name);
     const int64_t budget = c["budget_bytes"].get<int64_t>();
     EXPECT_GT(budget, 0) << name;
@@ -125,6 +125,15 @@ TEST_F(BenchTurnsTest, EveryConfigRunsAndLosslessRepliesEqualKeepAll) {
     }
     EXPECT_GT(pages_in, 0) << name;
     EXPECT_GT(Sum(c, "promoted_tokens") + Sum(c, "layers_streamed"), 0) << name;
+    // The step's rows as the engine chose them (a budget may cut them: Engine::step_tokens),
+    // and the RSS at the end, before and after the heap's free pages went back to the OS.
+    const int64_t step = c["step_tokens"].get<int64_t>();
+    EXPECT_GT(step, 0) << name;
+    EXPECT_LE(step, (*b)["step_tokens"].get<int64_t>()) << name;
+    EXPECT_GT(c["rss_minus_weights_end_trimmed_bytes"].get<int64_t>(), 0) << name;
+    EXPECT_LE(c["rss_minus_weights_end_trimmed_bytes"].get<int64_t>(),
+              c["rss_minus_weights_end_bytes"].get<int64_t>() + (1 << 20))
+        << name;
   }
   // No reuse prefills the whole history every turn; keep-all only what is new.
   EXPECT_GT(Sum(*a, "prefilled_tokens"), Sum(*b, "prefilled_tokens"));

@@ -429,6 +429,9 @@ class Engine {
   const Tokenizer& tokenizer() const;
   const EngineOptions& options() const;
   int64_t context_length() const;
+  // Tokens one forward step runs at most (the prefill chunk): -b, or fewer under a KV budget, so
+  // that the forward pass's scratch (its rows x Forward::ScratchBytesPerRow) fits a quarter of it.
+  int64_t step_tokens() const;
   // Whether a request may ask for a lossy kv_quality (Request::kv_quality).
   bool accepts_lossy_kv() const;
   ops::Isa isa() const;

@@ -93,6 +93,13 @@ class Forward final : public KvRebuilder {
   double last_logits_ms() const { return last_logits_ms_; }
   int64_t num_logit_rows() const { return num_logit_rows_; }
   const ForwardOptions& options() const { return options_; }
+  // The scratch one token's row of a run holds (its activations at full width and the quantized
+  // copy the int8 matmuls read): what each row of max_batch_tokens costs resident, so that an
+  // engine held to a memory budget can choose its step's rows (kvl/engine.h).
+  static int64_t ScratchBytesPerRow(const ModelConfig& c);
+  // The activations this pass holds now (reserved for max_batch_tokens rows and the rebuilt
+  // rows, grown only by a run with more): what ScratchBytesPerRow is checked against.
+  int64_t activation_bytes() const;
   // The weights repacked at construction for the ISA's int8 GEMM (ops::PackMatrix): their bytes
   // (0 where the ISA keeps the stored layout) and the seconds packing took.
   size_t packed_bytes() const { return packed_bytes_; }

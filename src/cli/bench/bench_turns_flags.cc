@@ -23,7 +23,8 @@ CommandFlags DeclareBenchTurnsFlags(CLI::App* bench, BenchTurnsArgs* bt) {
   cmd->add_option("--user-max", bt->user_max, "most tokens in a user message")
       ->capture_default_str();
   cmd->add_option("--configs", bt->configs,
-                  "a (no reuse), b (keep-all), c-ram, c-disk (lossless hierarchy at the budget), "
+                  "a (no reuse), b (keep-all), c-ram, c-disk, c-disk-buffered (lossless hierarchy at the "
+                  "budget; c-disk-buffered reads through the OS's page cache), "
                   "d (= d-balanced,d-evict), d-compress; b always runs: it is the reference")
       ->delimiter(',')
       ->capture_default_str();
@@ -75,8 +76,10 @@ Status ValidateBenchTurnsArgs(const BenchTurnsArgs& args) {
     return InvalidArgumentError(
         fmt::format("--budget-fraction must be in (0, 1], got {}", args.budget_fraction));
   }
-  static constexpr std::string_view kConfigs[] = {"a", "b", "c", "c-ram", "c-disk", "d",
-                                                  "d-balanced", "d-evict", "d-compress"};
+  static constexpr std::string_view kConfigs[] = {"a",          "b",          "c",
+                                                  "c-ram",      "c-disk",     "c-disk-buffered",
+                                                  "d",          "d-balanced", "d-evict",
+                                                  "d-compress"};
   for (const std::string& c : args.configs) {
     if (std::find(std::begin(kConfigs), std::end(kConfigs), c) == std::end(kConfigs)) {
       return InvalidArgumentError(fmt::format(

@@ -5,6 +5,8 @@
 //   b           keep-all: the prefix cache and a pool that holds the whole conversation
 //   c-ram       a budget of b's resident peak x --budget-fraction, lossless, RAM + disk tiers
 //   c-disk      the same budget with a direct-I/O disk tier only: RAM holds only the budget
+//   c-disk-buffered  the same with buffered I/O: the OS's page cache (outside the process, not
+//               in its RSS, reclaimable) may hold the file, so reads may come from RAM
 //   d-balanced  the same budget, auto at balanced quality (may compress), RAM + disk tiers
 //   d-evict     the same budget, cold pages evicted, no tier
 //   d-compress  the same budget, cold pages compressed to int8, no tier
@@ -16,6 +18,7 @@
 // per config and a summary, writes JSON (--json), and draws time and resident KV per turn
 // (--plot, through scripts/plot_turns.py).
 #include <fmt/format.h>
+#include <malloc.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -69,6 +72,9 @@ std::vector<TurnsConfig> ExpandConfigs(const std::vector<std::string>& names) {
       {"b", {"b", "keep-all (prefix cache, unbounded pool)", false, true}},
       {"c-ram", {"c-ram", "budget, auto lossless, RAM + disk tiers", true, true}},
       {"c-disk", {"c-disk", "budget, auto lossless, disk tier only (O_DIRECT)", true, true}},
+      {"c-disk-buffered",
+       {"c-disk-buffered", "budget, auto lossless, disk tier only (buffered: the page cache)", true,
+        true}},
       {"d-balanced", {"d-balanced", "budget, auto balanced, RAM + disk tiers", true, false}},
       {"d-evict", {"d-evict", "budget, evict, no tier", true, false}},
       {"d-compress", {"d-compress", "budget, compress int8, no tier", true, false}},
@@ -148,6 +154,11 @@ struct ConfigRun {
   // untouched blocks are not resident yet), what the turns' figures grow from.
   int64_t rss_minus_weights_start_bytes = 0;
   int64_t model_file_bytes = 0;     // the weights as the file holds them (Model::weight_bytes)
+  int64_t step_tokens = 0;          // Engine::step_tokens: the prefill chunk (fewer under a budget)
+  // VmRSS less the weights after the last turn, and again once malloc_trim handed the heap's free
+  // pages back to the OS: the difference is fragmentation, not memory the engine holds.
+  int64_t rss_minus_weights_end_bytes = 0;
+  int64_t rss_minus_weights_end_trimmed_bytes = 0;
   std::vector<TurnRecord> turns;
   std::string error;          // why the run stopped early
 };
@@ -188,6 +199,12 @@ EngineOptions OptionsFor(const TurnsConfig& config, const BenchTurnsArgs& args,
     // O_DIRECT: the pages are read from the device, not from the OS's cache in RAM.
     o.kv_quality = "lossless";
     o.kv_tiers = {fmt::format("disk:{}:{}:direct:scratch", disk_path, disk_bytes)};
+  } else if (config.name == "c-disk-buffered") {
+    // Buffered: the process holds the same budget, but the OS may keep the file's pages in its
+    // cache (machine memory outside this process, given back under pressure) and serve reads
+    // from there.
+    o.kv_quality = "lossless";
+    o.kv_tiers = {disk};
   } else if (config.name == "d-evict") {
     o.kv_policy = "evict";
   } else if (config.name == "d-compress") {
@@ -305,10 +322,10 @@ std::string ReplyText(const ConfigRun& run, const TurnRecord& rec) {
 
 void PrintConfigHeader(const ConfigRun& run) {
   fmt::print("\n### {}: {}\n", run.config.name, run.config.description);
-  fmt::print("budget {}, pool {}, buffers outside the pool {}; weights {} in the file, {} of them "
-             "packed at load; RSS less the weights before turn 1 {}\n\n",
+  fmt::print("budget {}, pool {}, buffers outside the pool {}, {} tokens a step; weights {} in "
+             "the file, {} of them packed at load; RSS less the weights before turn 1 {}\n\n",
              run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "default (whole conversation)",
-             FormatBytes(run.pool_bytes), FormatBytes(run.staging_bytes),
+             FormatBytes(run.pool_bytes), FormatBytes(run.staging_bytes), run.step_tokens,
              FormatBytes(run.model_file_bytes), FormatBytes(run.packed_weight_bytes),
              FormatBytes(run.rss_minus_weights_start_bytes));
   fmt::print("| {:>4} | {:>6} | {:>6} | {:>7} | {:>8} | {:>8} | {:>8} | {:>7} | {:>11} | {:>11} | {:>11} | {:<32} | {:<22} | {:>5} |\n",
@@ -329,6 +346,15 @@ void PrintTurnRow(const ConfigRun& run, const TurnRecord& r) {
   (void)FlushStdout();
 }
 
+// Hands the heap's free pages back to the OS. glibc keeps much of what a freed engine held
+// resident (free chunks inside the heap), and each config runs in this same process after the
+// one before: without this, a config's RSS would carry the last one's garbage.
+void ReleaseFreedHeap() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 // The whole conversation in a fresh engine. Errors creating the engine come back; an error in a
 // turn ends the run there and is kept in `error`.
 StatusOr<ConfigRun> RunConfig(const TurnsConfig& config, const EngineOptions& options,
@@ -338,7 +364,9 @@ StatusOr<ConfigRun> RunConfig(const TurnsConfig& config, const EngineOptions& op
   run.config = config;
   run.options = options;
   run.budget_bytes = options.kv_budget_bytes;
+  ReleaseFreedHeap();  // the engine before this one is gone
   KVL_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options));
+  run.step_tokens = engine->step_tokens();
   run.pool_bytes = engine->kv_manager().stats().kv_bytes_total;
   // One short untimed request pages the weights in; it fills no block, so it caches nothing.
   KVL_RETURN_IF_ERROR(WarmUpEngine(*engine, conv.user[0][1], conv.user[0][2]));
@@ -375,7 +403,19 @@ StatusOr<ConfigRun> RunConfig(const TurnsConfig& config, const EngineOptions& op
     run.turns.push_back(std::move(rec));
   }
   run.resident_peak = engine->Metrics().kv_resident_bytes_peak;
-  fmt::print("\nresident peak {}{}\n", FormatBytes(run.resident_peak),
+  // How much of the RSS's growth over the turns is the heap's free pages (fragmentation the
+  // allocator kept), not memory the engine holds: the same reading after handing them back.
+  if (const std::optional<ProcessMemory> m = ReadProcessMemory()) {
+    run.rss_minus_weights_end_bytes = m->rss_bytes - ResidentWeightBytes(*engine);
+    ReleaseFreedHeap();
+    if (const std::optional<ProcessMemory> t = ReadProcessMemory()) {
+      run.rss_minus_weights_end_trimmed_bytes = t->rss_bytes - ResidentWeightBytes(*engine);
+    }
+  }
+  fmt::print("\nresident peak {}; RSS less the weights at the end {}, {} once the heap's free "
+             "pages are handed back{}\n",
+             FormatBytes(run.resident_peak), FormatBytes(run.rss_minus_weights_end_bytes),
+             FormatBytes(run.rss_minus_weights_end_trimmed_bytes),
              run.error.empty() ? "" : "; stopped at " + run.error);
   return run;
 }
@@ -424,19 +464,19 @@ Summary Summarize(const ConfigRun& run, const ConfigRun& b) {
 void PrintSummary(const std::vector<ConfigRun>& runs, int32_t turns) {
   const ConfigRun& b = runs.front();
   fmt::print("\n### summary\n\n");
-  fmt::print("| {:<10} | {:>11} | {:>12} | {:>13} | {:>10} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>9} |\n",
+  fmt::print("| {:<15} | {:>11} | {:>12} | {:>13} | {:>10} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>9} |\n",
              "config", "budget", "max resident", "RSS-weights", "turn 2 ms",
              fmt::format("turn {} ms", turns), fmt::format("{}/2", turns),
              fmt::format("{} vs b", turns), fmt::format("TTFT {} vs b", turns), "prefilled",
              "identical", "agreement");
-  fmt::print("| {:-<10} | {:->11} | {:->12} | {:->13} | {:->10} | {:->10} | {:->7} | {:->9} | {:->13} | {:->9} | {:->9} | {:->9} |\n",
+  fmt::print("| {:-<15} | {:->11} | {:->12} | {:->13} | {:->10} | {:->10} | {:->7} | {:->9} | {:->13} | {:->9} | {:->9} | {:->9} |\n",
              ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":", ":");
   for (const ConfigRun& run : runs) {
     const Summary s = Summarize(run, b);
     // A run that stopped early has no last turn to compare: it says where it stopped.
     const bool complete = static_cast<int32_t>(run.turns.size()) == turns;
     const std::string stopped = fmt::format("stop@{}", run.turns.size() + 1);
-    fmt::print("| {:<10} | {:>11} | {:>12} | {:>13} | {:>10.1f} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>8.1f}% |\n",
+    fmt::print("| {:<15} | {:>11} | {:>12} | {:>13} | {:>10.1f} | {:>10} | {:>7} | {:>9} | {:>13} | {:>9} | {:>9} | {:>8.1f}% |\n",
                run.config.name, run.budget_bytes > 0 ? FormatBytes(run.budget_bytes) : "-",
                FormatBytes(s.resident_max), FormatBytes(s.rss_minus_weights_max), s.second_ms,
                complete ? fmt::format("{:.1f}", s.last_ms) : stopped,
@@ -463,18 +503,23 @@ void PrintTierCosts(const std::vector<ConfigRun>& runs) {
     }
     if (in + out == 0) continue;
     if (!any) {
-      fmt::print("\n| {:<10} | {:>13} | {:>13} | {:>12} | {:>13} | {:>22} |\n", "config",
-                 "tiers written", "tiers read", "all turns s", "beyond b s",
-                 "read / time beyond b");
-      fmt::print("| {:-<10} | {:->13} | {:->13} | {:->12} | {:->13} | {:->22} |\n", ":", ":", ":",
-                 ":", ":", ":");
+      fmt::print("\n| {:<15} | {:>13} | {:>13} | {:>12} | {:>13} | {:>22} | {:>13} |\n",
+                 "config", "tiers written", "tiers read", "all turns s", "beyond b s",
+                 "read / time beyond b", "stream wait s");
+      fmt::print("| {:-<15} | {:->13} | {:->13} | {:->12} | {:->13} | {:->22} | {:->13} |\n", ":",
+                 ":", ":", ":", ":", ":", ":");
       any = true;
     }
     const double beyond_s = (s.total_ms - s.b_total_ms) / 1000.0;
-    fmt::print("| {:<10} | {:>13} | {:>13} | {:>12.2f} | {:>13.2f} | {:>22} |\n", run.config.name,
-               FormatBytes(in), FormatBytes(out), s.total_ms / 1000.0, beyond_s,
+    // The time the steps waited for streamed layers (KvLayerStreamer: reads not hidden behind
+    // the layer before's compute).
+    double wait_ms = 0;
+    for (const TurnRecord& r : run.turns) wait_ms += r.stream_wait_ms;
+    fmt::print("| {:<15} | {:>13} | {:>13} | {:>12.2f} | {:>13.2f} | {:>22} | {:>13.2f} |\n",
+               run.config.name, FormatBytes(in), FormatBytes(out), s.total_ms / 1000.0, beyond_s,
                beyond_s > 0 ? fmt::format("{:.0f} MB/s", static_cast<double>(out) / beyond_s / 1e6)
-                            : "-");
+                            : "-",
+               wait_ms / 1000.0);
   }
 }
 
@@ -525,6 +570,9 @@ nlohmann::json RunJson(const ConfigRun& run, const ConfigRun& b) {
           {"packed_weight_bytes", run.packed_weight_bytes},
           {"rss_minus_weights_start_bytes", run.rss_minus_weights_start_bytes},
           {"model_file_bytes", run.model_file_bytes},
+          {"step_tokens", run.step_tokens},
+          {"rss_minus_weights_end_bytes", run.rss_minus_weights_end_bytes},
+          {"rss_minus_weights_end_trimmed_bytes", run.rss_minus_weights_end_trimmed_bytes},
           {"error", run.error},
           {"summary",
            {{"turn1_ms", s.first_ms}, {"turn2_ms", s.second_ms}, {"last_ms", s.last_ms},

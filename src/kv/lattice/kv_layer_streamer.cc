@@ -182,6 +182,10 @@ KvLayerRebuild KvLayerStreamer::BeginLayer(int64_t layer) {
   if (step_.streamed.empty() && step_.rebuilt.empty()) return {};
   const int buffer = static_cast<int>(layer % 2);
   KVL_CHECK_MSG(pending_layer_[buffer] == layer, "layers must be begun in order");
+  // The next layer's reads are queued before this one's are waited for: its buffers held the
+  // layer before, which has finished computing, so the tier goes from this layer's reads straight
+  // to the next one's instead of idling until this thread wakes, collects and asks again.
+  if (layer + 1 < layout_.num_layers) IssueLayerRead(layer + 1);
   const auto start = std::chrono::steady_clock::now();
   for (PendingRead& read : pending_[buffer]) {
     const std::vector<Status> statuses = read.result.get();
@@ -197,10 +201,7 @@ KvLayerRebuild KvLayerStreamer::BeginLayer(int64_t layer) {
   const auto read_done = std::chrono::steady_clock::now();
   stats_.stream_wait_ms += std::chrono::duration<double, std::milli>(read_done - start).count();
   stats_.layers_streamed += static_cast<int64_t>(step_.streamed.size());
-  const KvLayerRebuild rebuild = RebuildOfLayer(layer, buffer);
-  // The next layer streams in while this one computes.
-  if (layer + 1 < layout_.num_layers) IssueLayerRead(layer + 1);
-  return rebuild;
+  return RebuildOfLayer(layer, buffer);
 }
 
 // Every rebuilt page's rows of this layer, for the forward pass to compute in the step (a failed

@@ -2,8 +2,9 @@
 // pager's parts (KvPager owns it):
 //   - staging: at BeginStep, the pages of the step's sequences held in a tier or as checkpoints
 //     get a place in the stream buffers (KvStreamStep, this step's alone);
-//   - prefetch: each layer's reads (K/V, or checkpoints at checkpoint layers) are issued while
-//     the layer before computes, one batch per tier, into double buffers;
+//   - prefetch: each layer's reads (K/V, or checkpoints at checkpoint layers) are queued as the
+//     layer before begins, ahead of the wait for that layer's own, so they follow its reads
+//     without a gap and run while it computes; one batch per tier, into double buffers;
 //   - rebuilds: the checkpointed pages' rows of each layer handed to the forward pass, which
 //     computes them inside the step (KvLayerRebuild); and, between steps, a whole block rebuilt
 //     from its checkpoints through the rebuilder (a restore or a promotion back).
@@ -93,7 +94,7 @@ class KvLayerStreamer {
   // The sequence of each page the current (after EndStep: the last) forward run rebuilds from
   // checkpoints inside it, one entry per page: what the engine measures the step's rebuilds by.
   std::span<const SeqId> rebuilt_in_step() const { return rebuilt_in_step_; }
-  // KvCache::BeginLayer: waits for this layer's reads, issues the next layer's, and hands the
+  // KvCache::BeginLayer: issues the next layer's reads, waits for this layer's, and hands the
   // forward pass the rows it rebuilds at this layer.
   KvLayerRebuild BeginLayer(int64_t layer);
   // Rows of a staged page (held in a tier or as checkpoints) at `layer` from row `offset` on.
