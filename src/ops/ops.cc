@@ -13,6 +13,7 @@
 #include "kvl/quant.h"
 #include "kvl/status.h"
 #include "isa_features.h"
+#include "amx.h"
 #include "kernel_table.h"
 #include "kquant_kernels.h"
 
@@ -83,6 +84,12 @@ std::string_view IsaName(Isa isa) {
     default:
       return "scalar";
   }
+}
+
+std::string KernelsName(Isa isa) {
+  std::string name(IsaName(isa));
+  if (isa == Isa::kAvx512 && AmxEnabled()) name += "+amx";
+  return name;
 }
 
 std::string_view CpuFeatureName(CpuFeature feature) {
