@@ -286,7 +286,7 @@ int RunCommand(const RunArgs& args) {
              "kvl: model {} ({}, {}, {} layers, dim {}), {} threads, {} kernels, ctx {}, KV {} in "
              "{} blocks of {} tokens\n",
              c.name, e.model().weight_type_name(), FormatParams(e.model().num_parameters()),
-             c.num_layers, c.dim, e.num_threads(), ops::IsaName(e.isa()), e.context_length(),
+             c.num_layers, c.dim, e.num_threads(), ops::KernelsName(e.isa()), e.context_length(),
              FormatBytes(kv.kv_bytes_total), kv.blocks_total, options->block_tokens);
   if (c.context_length > 0 && e.context_length() > c.context_length) {
     fmt::print(stderr,

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 
+#include "amx.h"
 #include "kernel_table.h"
 
 #pragma GCC optimize("fp-contract=off")  // see kernels_avx512.cc
@@ -144,6 +145,7 @@ void MatMulPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, 
 }  // namespace
 
 void Avx512MatMulPackedTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+  if (AmxTakes(a.w.type, t1 - t0) && AmxEnabled()) return AmxMatMulPackedTile(a, r0, r1, t0, t1);
   if (IsKQuant(a.w.type)) return Avx512KQuantPackedTile(a, r0, r1, t0, t1);
   if (a.w.type == DType::kQ8_0) return MatMulPackedTileT<DType::kQ8_0>(a, r0, r1, t0, t1);
   MatMulPackedTileT<DType::kQ4_0>(a, r0, r1, t0, t1);

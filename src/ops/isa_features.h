@@ -32,6 +32,8 @@ enum class CpuFeature : uint8_t {
   kAvx2,
   kFma,
   kF16c,
+  kAmxTile,
+  kAmxInt8,
   kCount,
 };
 
@@ -81,6 +83,16 @@ constexpr CpuFeatureSet RequiredCpuFeatures(Isa isa) {
               F::kAvx512bw, F::kAvx512vl, F::kAvx512dq, F::kAvx512vnni};
   }
   return {};
+}
+
+// The AMX tiles (gemm_amx.cc) speed up the AVX-512 table's packed int8 GEMM where the CPU has
+// AMX and the kernel grants this process the tile state (amx.h); their file is built for the
+// AVX-512 table's features and these two.
+constexpr CpuFeatureSet AmxCpuFeatures() {
+  CpuFeatureSet s = RequiredCpuFeatures(Isa::kAvx512);
+  s.Add(CpuFeature::kAmxTile);
+  s.Add(CpuFeature::kAmxInt8);
+  return s;
 }
 
 // Every Isa, in increasing order of preference.
@@ -140,6 +152,12 @@ constexpr CpuFeatureSet CompiledCpuFeatures() {
 #ifdef __F16C__
   s.Add(CpuFeature::kF16c);
 #endif
+#ifdef __AMX_TILE__
+  s.Add(CpuFeature::kAmxTile);
+#endif
+#ifdef __AMX_INT8__
+  s.Add(CpuFeature::kAmxInt8);
+#endif
   return s;
 }
 
@@ -151,6 +169,10 @@ constexpr CpuFeatureSet CompiledCpuFeatures() {
 static_assert(CompiledCpuFeatures() == RequiredCpuFeatures(static_cast<Isa>(KVL_ISA_FILE)),
               "the compile flags of this ISA file (CMakeLists.txt) and its feature list "
               "(RequiredCpuFeatures in src/ops/isa_features.h) disagree; change both together");
+#endif
+#ifdef KVL_AMX_FILE
+static_assert(CompiledCpuFeatures() == AmxCpuFeatures(),
+              "the compile flags of the AMX file (CMakeLists.txt) and AmxCpuFeatures() disagree");
 #endif
 
 }  // namespace kvl::ops

@@ -36,7 +36,7 @@ inline int64_t ActRowStride(int64_t cols) {
   return ActQ6OffsetsOffset(cols) + AlignUp64(cols / 16 * 4);
 }
 
-inline bool IsKQuant(DType type) {
+inline constexpr bool IsKQuant(DType type) {
   return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K;
 }
 

@@ -13,6 +13,7 @@
 #include "kvl/quant.h"
 #include "kvl/status.h"
 #include "isa_features.h"
+#include "amx.h"
 #include "kernel_table.h"
 #include "kquant_kernels.h"
 
@@ -85,11 +86,18 @@ std::string_view IsaName(Isa isa) {
   }
 }
 
+std::string KernelsName(Isa isa) {
+  std::string name(IsaName(isa));
+  if (isa == Isa::kAvx512 && AmxEnabled()) name += "+amx";
+  return name;
+}
+
 std::string_view CpuFeatureName(CpuFeature feature) {
   // In CpuFeature order.
   static constexpr std::string_view kNames[] = {
       "AVX512F",    "AVX512BW",   "AVX512VL",   "AVX512DQ", "AVX512CD", "AVX512VNNI",
-      "AVX512BF16", "AVX512VBMI", "AVX512IFMA", "AVX2",     "FMA",      "F16C"};
+      "AVX512BF16", "AVX512VBMI", "AVX512IFMA", "AVX2",     "FMA",      "F16C",
+      "AMX-TILE",   "AMX-INT8"};
   static_assert(std::size(kNames) == static_cast<size_t>(CpuFeature::kCount));
   const auto i = static_cast<size_t>(feature);
   return i < std::size(kNames) ? kNames[i] : "?";
@@ -113,6 +121,8 @@ CpuFeatureSet DetectCpuFeatures() {
   add(__builtin_cpu_supports("avx2"), CpuFeature::kAvx2);
   add(__builtin_cpu_supports("fma"), CpuFeature::kFma);
   add(__builtin_cpu_supports("f16c"), CpuFeature::kF16c);
+  add(__builtin_cpu_supports("amx-tile"), CpuFeature::kAmxTile);
+  add(__builtin_cpu_supports("amx-int8"), CpuFeature::kAmxInt8);
   return s;
 }
 

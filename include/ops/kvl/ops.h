@@ -26,6 +26,10 @@ namespace kvl::ops {
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 std::string_view IsaName(Isa isa);
+// The kernels a context of this isa runs now: IsaName, with "+amx" where the AVX-512 table's
+// packed GEMM uses the AMX tiles (src/ops/amx.h). Cost profiles are keyed on it: the tiles change
+// what a step costs.
+std::string KernelsName(Isa isa);
 // The best path this CPU can run among those compiled in.
 Isa BestIsa();
 // Every path compiled in that this CPU can run (tests check each against kScalar): those whose

@@ -382,7 +382,7 @@ int BenchCommand(const BenchArgs& args) {
       r.model_label = ModelLabel(e.model());
       r.model_bytes = e.model().weight_bytes();
       r.params = e.model().num_parameters();
-      r.backend = fmt::format("CPU ({})", ops::IsaName(e.isa()));
+      r.backend = fmt::format("CPU ({})", ops::KernelsName(e.isa()));
       r.threads = e.num_threads();
       r.type_k = options.cache_type_k;
       r.type_v = options.cache_type_v;

@@ -369,7 +369,7 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
   } else {
     fmt::print("kvl bench spec: {} ({} threads, {} kernels), --spec {}{}, --draft-max {}, {} "
                "tokens per workload, greedy\n\n",
-               c.name, threads, ops::IsaName(ctx.isa()), args.spec,
+               c.name, threads, ops::KernelsName(ctx.isa()), args.spec,
                args.spec_force ? " --spec-force" : "", args.draft_max, args.n_gen);
     fmt::print("step cost at a context of {} tokens (median of {}):\n", args.depth,
                args.repetitions);
