@@ -20,6 +20,7 @@
 
 #include <algorithm>
 
+#include "gemm_amx.h"
 #include "kernel_table.h"
 
 #pragma GCC optimize("fp-contract=off")  // see kernels_avx512.cc
@@ -135,6 +136,16 @@ constexpr PackedTileFn kDecodeTiles[kDecodeNT] = {
 
 template <DType T>
 void MatMulPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+  // Batches of 16 tokens or more: whole groups of 16 on AMX tiles where the CPU has them (the same
+  // outputs, bit for bit), the rest here.
+  if constexpr (T == DType::kQ8_0) {
+    const int64_t amx_end = t0 + (t1 - t0) / kAmxTokens * kAmxTokens;
+    if (amx_end > t0 && a.w.cols / 32 <= kAmxMaxBlocks && AmxInt8Usable()) {
+      AmxPackedTileQ8_0(a, r0 / kPanelRows, PackedPanels(r1), t0, amx_end);
+      t0 = amx_end;
+      if (t0 == t1) return;
+    }
+  }
   ForEachTile<kDecodeNT, kMR, kNT>(
       r0 / kPanelRows, PackedPanels(r1), t0, t1,
       [&](int64_t p, int64_t nt) { kDecodeTiles<T>[nt - 1](a, p, t0); },

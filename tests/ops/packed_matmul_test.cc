@@ -11,6 +11,7 @@
 
 #include "kvl/ops.h"
 #include "kvl/quant.h"
+#include "ops/gemm_amx.h"
 #include "ops/kernel_table.h"
 #include "ops/matmul_test_util.h"
 
@@ -140,6 +141,40 @@ TEST(PackedMatMulTest, BatchAndThreadInvariant) {
       }
     }
   }
+}
+
+// Q8_0 batches of 16 tokens or more, which the AVX-512 table runs on AMX tiles where the CPU has
+// them: the scalar path's outputs bit for bit, with AMX and without (vpdpbusd alone), for odd and
+// even block counts, partial panels, remainders of 1 to 15 tokens after the 16-token groups and
+// several 64-token tasks, on 1 and 2 threads.
+TEST(PackedMatMulTest, AmxTilesMatchScalarBitExact) {
+  const Isa isa = Isa::kAvx512;
+  if (!CheckIsaRunnable(isa).ok()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (!AmxInt8Usable()) GTEST_SKIP() << "no AMX-INT8 on this CPU or OS (vpdpbusd runs every tile)";
+  uint32_t seed = 700;
+  for (int64_t cols : {32, 96, 352, 2048}) {
+    for (int64_t rows : {17, 100, 256}) {
+      const Weights w = MakeWeights(DType::kQ8_0, rows, cols, ++seed, true);
+      const PackedMatrix packed = PackMatrix(isa, w.view());
+      const int64_t max_tokens = 130;
+      const std::vector<float> x = ExtremeVec(max_tokens * cols, ++seed);
+      const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
+      for (int64_t tokens : {16, 17, 31, 32, 48, 64, 65, 130}) {
+        const std::vector<float> want(ref.begin(), ref.begin() + tokens * rows);
+        for (bool amx : {true, false}) {
+          SetAmxInt8Allowed(amx);
+          for (int threads : {1, 2}) {
+            ExpectBitIdentical(RunPacked(isa, threads, packed.view(), x.data(), tokens), want,
+                               std::string(amx ? "amx" : "vpdpbusd") + " rows " +
+                                   std::to_string(rows) + " cols " + std::to_string(cols) +
+                                   " tokens " + std::to_string(tokens) + " threads " +
+                                   std::to_string(threads));
+          }
+        }
+      }
+    }
+  }
+  SetAmxInt8Allowed(true);
 }
 
 // A run of n tokens cut into tiles of at most max: as few tiles as max allows, in order, covering
