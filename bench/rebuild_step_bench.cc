@@ -11,6 +11,7 @@
 //                           [--only=page|step] [--kv=f32|f16|q8_0]
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,18 @@ double NowMs() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+
+// CPU time of the whole process (every thread, spinning workers included): on a machine others
+// load, wall time counts their time slices, this does not.
+double CpuMs() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+}
+
+struct Sample {
+  double wall_ms, cpu_ms;  // per step
+};
 
 // A contiguous cache that hands the forward pass one page to rebuild at every layer, from
 // checkpoints of its own ([layer][rows][dim]), as the pager does for a page riding in the step.
@@ -158,13 +171,13 @@ int Main(int argc, char** argv) {
   // Each sample is the mean of enough steps to fill 20 ms: one preemption moves a single step.
   auto sample = [&](bool with_page) {
     cache.SetRebuild(with_page, page, checkpoints.data(), c.dim);
-    const double t0 = NowMs();
+    const double t0 = NowMs(), c0 = CpuMs();
     int steps = 0;
     do {
       forward.Run(step, cache);
       ++steps;
     } while (NowMs() - t0 < 20);
-    return (NowMs() - t0) / steps;
+    return Sample{(NowMs() - t0) / steps, (CpuMs() - c0) / steps};
   };
   if (!a.only.empty()) {
     // A fixed number of steps, so two profiles compare sample counts step for step.
@@ -177,7 +190,7 @@ int Main(int argc, char** argv) {
   }
   sample(false);
   sample(true);
-  std::vector<double> alone, with_page;
+  std::vector<Sample> alone, with_page;
   for (int r = 0; r < a.rounds; ++r) {
     alone.push_back(sample(false));
     with_page.push_back(sample(true));
@@ -185,15 +198,20 @@ int Main(int argc, char** argv) {
   std::printf("model %s, %d threads, page of %lld rows over %lld layers at position %lld\n",
               a.model.c_str(), a.threads, static_cast<long long>(a.rows),
               static_cast<long long>(c.num_layers), static_cast<long long>(a.position));
-  const double min_alone = *std::min_element(alone.begin(), alone.end());
-  const double min_page = *std::min_element(with_page.begin(), with_page.end());
-  const double med_alone = Median(alone), med_page = Median(with_page);
   std::printf("| measure | step ms | step + page ms | page adds ms | ratio |\n");
   std::printf("|---|---:|---:|---:|---:|\n");
-  std::printf("| min | %.2f | %.2f | %.2f | %.3fx |\n", min_alone, min_page, min_page - min_alone,
-              min_page / min_alone);
-  std::printf("| median | %.2f | %.2f | %.2f | %.3fx |\n", med_alone, med_page,
-              med_page - med_alone, med_page / med_alone);
+  auto row = [&](const char* name, double Sample::*field, bool median) {
+    std::vector<double> x, y;
+    for (const Sample& s : alone) x.push_back(s.*field);
+    for (const Sample& s : with_page) y.push_back(s.*field);
+    const double u = median ? Median(x) : *std::min_element(x.begin(), x.end());
+    const double v = median ? Median(y) : *std::min_element(y.begin(), y.end());
+    std::printf("| %s | %.2f | %.2f | %.2f | %.3fx |\n", name, u, v, v - u, v / u);
+  };
+  row("wall, min", &Sample::wall_ms, false);
+  row("wall, median", &Sample::wall_ms, true);
+  row("cpu (all threads), min", &Sample::cpu_ms, false);
+  row("cpu (all threads), median", &Sample::cpu_ms, true);
   return 0;
 }
 

@@ -139,6 +139,18 @@ inline void ScaleBlock(const int32_t* dots, const uint8_t* scales, const int32_t
   }
 }
 
+// A step's K/V weights come from DRAM: the first token group streams each panel's blocks, and
+// the tile loads have no prefetch of their own, so the next blocks are asked for ahead, as the
+// vpdpbusd kernel does (kernel_table.h: near into L1, far into L2). The later groups find the
+// task's panels in L2.
+inline void PrefetchBlock(const uint8_t* quants) {
+  const char* p = reinterpret_cast<const char*>(quants);
+  for (int line = 0; line < 8; ++line) {
+    _mm_prefetch(p + kBatchedPrefetchL1Bytes + 64 * line, _MM_HINT_T0);
+    _mm_prefetch(p + kBatchedPrefetchL2Bytes + 64 * line, _MM_HINT_T1);
+  }
+}
+
 }  // namespace
 
 bool AmxInt8Usable() {
@@ -167,6 +179,7 @@ void AmxPackedTileQ8_0(const MatMulArgs& a, int64_t p0, int64_t p1, int64_t t0, 
   for (int64_t t = t0; t < t1; t += kAmxTokens) {
     const uint8_t* acts = a.acts + t * stride;
     FillGroupTerms(acts, stride, cols, &terms);
+    const bool first_group = t == t0;  // the one that brings the weights in from memory
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* w = static_cast<const uint8_t*>(a.w.data) + p * panel_bytes;
       // Blocks go in pairs: quants of the even block, of the odd one, then both blocks' scales.
@@ -178,6 +191,7 @@ void AmxPackedTileQ8_0(const MatMulArgs& a, int64_t p0, int64_t p1, int64_t t0, 
       };
       for (int64_t b = 0; b < std::min(nb, kLookahead); ++b) compute(b);
       for (int64_t b = 0; b < nb; ++b) {
+        if (first_group) PrefetchBlock(pair(b) + (b % 2) * kQB);
         if (b + kLookahead < nb) compute(b + kLookahead);
         StoreDots(b, dots[b % 4]);
         ScaleBlock(dots[b % 4], pair(b) + 2 * kQB + (b % 2) * 32, terms.neg_sums[b], terms.dx[b],

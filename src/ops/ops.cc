@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -48,6 +49,80 @@ int64_t RowChunk(int64_t n_tokens, int64_t rows, int num_threads, bool packed) {
   const int64_t chunk = ((rows + parts - 1) / parts + tile - 1) / tile * tile;
   return std::max<int64_t>(16, chunk);
 }
+
+// Which thread runs which of a group's tasks. A group whose matrices have few tokens and many
+// (a decode step's Q, K and V beside the K and V of a page rebuilt in the step: 1 token and 65)
+// has two kinds of task: streaming ones, few tokens against weights read from DRAM, bound by
+// memory, and batched ones, bound by arithmetic. Taken in order, both threads stream together and
+// then compute together, each phase leaving the other resource idle; here the calling thread
+// takes the streaming tasks first and the others the batched ones, so the two run side by side,
+// and either takes the other kind once its own runs out. Groups of one kind run in task order.
+// Which thread computes a task never changes its outputs (the kernels are batch invariant).
+class TaskKinds {
+ public:
+  // Tasks of matrix m are [first_task[m], first_task[m + 1]), token tile major over
+  // n_row_chunks[m] row chunks; a token tile of at most kStreamTokens tokens streams.
+  TaskKinds(std::span<const int64_t> first_task, std::span<const int64_t> n_row_chunks,
+            std::span<const int64_t> token_counts) {
+    for (size_t m = 0; m < token_counts.size(); ++m) {
+      const int64_t last_tile_tokens = (token_counts[m] - 1) % kTokenTile + 1;
+      int64_t begin = first_task[m + 1];
+      if (token_counts[m] <= kStreamTokens) {
+        begin = first_task[m];
+      } else if (last_tile_tokens <= kStreamTokens) {
+        begin = first_task[m + 1] - n_row_chunks[m];
+      }
+      stream_[m] = {begin, first_task[m + 1]};
+      stream_tasks_ += first_task[m + 1] - begin;
+    }
+    num_groups_ = token_counts.size();
+    batched_tasks_ = first_task[num_groups_] - stream_tasks_;
+    first_task_ = first_task;
+  }
+
+  // The task the `claim`-th call runs on `thread`.
+  int64_t Claim(int64_t claim, int thread) const {
+    if (stream_tasks_ == 0 || batched_tasks_ == 0) return claim;
+    const bool streams_first = thread == 0;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const bool stream = streams_first == (attempt == 0);
+      std::atomic<int64_t>& next = stream ? next_stream_ : next_batched_;
+      const int64_t k = next.fetch_add(1, std::memory_order_relaxed);
+      if (k < (stream ? stream_tasks_ : batched_tasks_)) return stream ? NthStream(k) : NthBatched(k);
+    }
+    KVL_CHECK_MSG(false, "MatMul: more task claims than tasks");
+    return 0;
+  }
+
+ private:
+  static constexpr int64_t kStreamTokens = 8;  // the decode tiles' width (kernel_table.h)
+  struct Range {
+    int64_t begin = 0, end = 0;
+  };
+
+  int64_t NthStream(int64_t k) const {
+    for (size_t m = 0; m < num_groups_; ++m) {
+      const int64_t n = stream_[m].end - stream_[m].begin;
+      if (k < n) return stream_[m].begin + k;
+      k -= n;
+    }
+    return -1;
+  }
+  int64_t NthBatched(int64_t k) const {
+    for (size_t m = 0; m < num_groups_; ++m) {
+      const int64_t n = stream_[m].begin - first_task_[m];
+      if (k < n) return first_task_[m] + k;
+      k -= n;
+    }
+    return -1;
+  }
+
+  Range stream_[kMaxGroup];  // per matrix: its streaming tasks, the tail of its range
+  size_t num_groups_ = 0;
+  int64_t stream_tasks_ = 0, batched_tasks_ = 0;
+  std::span<const int64_t> first_task_;
+  mutable std::atomic<int64_t> next_stream_{0}, next_batched_{0};
+};
 
 // The per-block sums of a quantized activation row (kernel_table.h); plain code, the same
 // integers on every ISA. With kquant, also what the packed K-quant kernels read: dx * float(sum)
@@ -312,7 +387,10 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
     first_task[m + 1] = first_task[m] + n_row_chunks[m] * n_token_tiles;
   }
   const MatMulTileFn kquant_tile = KQuantMatMulTile(ctx.isa());
-  pool.ParallelFor(first_task[ws.size()], [&](int64_t task, int) {
+  const TaskKinds kinds(std::span<const int64_t>(first_task, ws.size() + 1),
+                        std::span<const int64_t>(n_row_chunks, ws.size()), token_counts);
+  pool.ParallelFor(first_task[ws.size()], [&](int64_t claim, int thread) {
+    const int64_t task = kinds.Claim(claim, thread);
     size_t m = 0;
     while (task >= first_task[m + 1]) ++m;
     const int64_t local = task - first_task[m];

@@ -285,6 +285,49 @@ TEST(PackedMatMulTest, GroupMixesLayouts) {
   ExpectBitIdentical(y16, RunPacked(isa, 1, f16.view(), x.data(), 21), "f16");
 }
 
+// A group whose matrices take different token counts (a decode step's Q for 1 token beside the K
+// and V of the step and of a page rebuilt in it, 65 tokens) splits into streaming and batched
+// tasks that the threads take in different orders: each matrix still gets, bit for bit, what
+// MatMul gives it alone, on 1, 2 and 3 threads.
+TEST(PackedMatMulTest, GroupWithStreamingAndBatchedTasks) {
+  const Isa isa = BestIsa();
+  const int64_t cols = 256;
+  const Weights wq = MakeWeights(DType::kQ8_0, 300, cols, 21);
+  const Weights wk = MakeWeights(DType::kQ8_0, 70, cols, 22);
+  const Weights wv = MakeWeights(DType::kQ4_0, 70, cols, 23);
+  const PackedMatrix pq = PackMatrix(isa, wq.view()), pk = PackMatrix(isa, wk.view()),
+                     pv = PackMatrix(isa, wv.view());
+  const MatrixView ws[] = {pq.view(), pk.view(), pv.view()};
+  const int64_t max_tokens = 130;
+  const std::vector<float> x = ExtremeVec(max_tokens * cols, 24);
+  const int64_t count_sets[][3] = {{1, 65, 65}, {3, 130, 10}, {0, 20, 9}, {8, 72, 72}};
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    OpsContext ctx(isa, &pool);
+    ctx.Reserve(max_tokens, cols);
+    for (const auto& counts : count_sets) {
+      std::vector<std::vector<float>> ys;
+      float* outs[3];
+      for (size_t m = 0; m < 3; ++m) {
+        // At least one element: a matrix of 0 tokens still gets an output pointer, left as is.
+        ys.emplace_back(static_cast<size_t>(std::max<int64_t>(1, counts[m] * ws[m].rows)), NAN);
+        outs[m] = ys.back().data();
+      }
+      MatMulGroup(ctx, ws, x.data(), std::span<const int64_t>(counts, 3), outs);
+      for (size_t m = 0; m < 3; ++m) {
+        if (counts[m] == 0) {
+          EXPECT_TRUE(std::isnan(ys[m][0])) << "a matrix of 0 tokens got an output";
+          continue;
+        }
+        ExpectBitIdentical(ys[m], RunPacked(isa, 1, ws[m], x.data(), counts[m]),
+                           "matrix " + std::to_string(m) + " of counts " +
+                               std::to_string(counts[0]) + "/" + std::to_string(counts[1]) + "/" +
+                               std::to_string(counts[2]) + ", threads " + std::to_string(threads));
+      }
+    }
+  }
+}
+
 TEST(PackedMatMulTest, SizeAndUnpackedTypes) {
   for (Isa isa : RunnableIsas()) {
     const Weights f16 = MakeWeights(DType::kF16, 16, 64, 3);
