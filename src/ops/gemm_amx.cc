@@ -62,6 +62,8 @@ bool DetectAmxInt8() {
 
 std::atomic<bool> g_amx_allowed{true};
 
+// Token groups that share one pass over the weights (64 tokens: a MatMul task's token tile).
+constexpr int64_t kAmxChunkGroups = 4;
 // Blocks in flight on the tile unit ahead of the one being scaled (at most 3: four C tiles).
 constexpr int64_t kLookahead = 2;
 
@@ -169,38 +171,60 @@ void AmxPackedTileQ8_0(const MatMulArgs& a, int64_t p0, int64_t p1, int64_t t0, 
   const int64_t pair_bytes = PackedPairBytes(DType::kQ8_0);
   const int64_t stride = a.act_stride;
   KVL_CHECK(nb <= kAmxMaxBlocks);
-  // 128 KiB: per thread, not on its stack.
-  thread_local GroupTerms terms;
+  // Per thread, not on its stack: up to 512 KiB.
+  thread_local GroupTerms terms[kAmxChunkGroups];
   // The tiles are configured for this call and released after it, so a thread that is not in
   // here carries no tile state (an 8 KiB save at every context switch otherwise).
   static const TileConfig kConfig;
   _tile_loadconfig(&kConfig);
   alignas(64) int32_t dots[4][kAmxTokens * 16];
-  for (int64_t t = t0; t < t1; t += kAmxTokens) {
-    const uint8_t* acts = a.acts + t * stride;
-    FillGroupTerms(acts, stride, cols, &terms);
-    const bool first_group = t == t0;  // the one that brings the weights in from memory
+  // Chunks of up to kAmxChunkGroups token groups; in a chunk, panels outer and groups inner, so a
+  // panel's weights come from memory once and serve every group from cache, and the next panel's
+  // are prefetched into L2 a few lines per block meanwhile, never waited for.
+  for (int64_t chunk = t0; chunk < t1; chunk += kAmxChunkGroups * kAmxTokens) {
+    const int64_t groups = std::min(kAmxChunkGroups, (t1 - chunk) / kAmxTokens);
+    for (int64_t g = 0; g < groups; ++g) {
+      FillGroupTerms(a.acts + (chunk + g * kAmxTokens) * stride, stride, cols, &terms[g]);
+    }
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* w = static_cast<const uint8_t*>(a.w.data) + p * panel_bytes;
       // Blocks go in pairs: quants of the even block, of the odd one, then both blocks' scales.
       auto pair = [&](int64_t b) { return w + (b / 2) * pair_bytes; };
-      __m512 facc[kAmxTokens];
-      for (__m512& f : facc) f = _mm512_setzero_ps();
-      auto compute = [&](int64_t b) {
-        ComputeDots(b, acts + b * 32, stride, pair(b) + (b % 2) * kQB);
-      };
-      for (int64_t b = 0; b < std::min(nb, kLookahead); ++b) compute(b);
-      for (int64_t b = 0; b < nb; ++b) {
-        if (first_group) PrefetchBlock(pair(b) + (b % 2) * kQB);
-        if (b + kLookahead < nb) compute(b + kLookahead);
-        StoreDots(b, dots[b % 4]);
-        ScaleBlock(dots[b % 4], pair(b) + 2 * kQB + (b % 2) * 32, terms.neg_sums[b], terms.dx[b],
-                   facc);
+      // The next panel's lines spread evenly over this panel's blocks of every group.
+      const char* next_panel = reinterpret_cast<const char*>(w + panel_bytes);
+      const int64_t lines_per_block = (panel_bytes / 64 + nb * groups - 1) / (nb * groups);
+      int64_t prefetched = p + 1 < p1 ? 0 : panel_bytes;  // bytes of the next panel asked for
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t t = chunk + g * kAmxTokens;
+        const uint8_t* acts = a.acts + t * stride;
+        const GroupTerms& tg = terms[g];
+        const bool cold = p == p0 && g == 0;  // the chunk's first panel, not prefetched
+        __m512 facc[kAmxTokens];
+        for (__m512& f : facc) f = _mm512_setzero_ps();
+        auto compute = [&](int64_t b) {
+          ComputeDots(b, acts + b * 32, stride, pair(b) + (b % 2) * kQB);
+        };
+        for (int64_t b = 0; b < std::min(nb, kLookahead); ++b) compute(b);
+        for (int64_t b = 0; b < nb; ++b) {
+          if (cold) PrefetchBlock(pair(b) + (b % 2) * kQB);
+          if (prefetched < panel_bytes) {
+            for (int64_t line = 0; line < lines_per_block; ++line) {
+              _mm_prefetch(next_panel + prefetched + 64 * line, _MM_HINT_T1);
+            }
+            prefetched += 64 * lines_per_block;
+          }
+          if (b + kLookahead < nb) compute(b + kLookahead);
+          StoreDots(b, dots[b % 4]);
+          ScaleBlock(dots[b % 4], pair(b) + 2 * kQB + (b % 2) * 32, tg.neg_sums[b], tg.dx[b],
+                     facc);
+        }
+        const int64_t r = p * kPanelRows;
+        const __mmask16 m = r + kPanelRows <= rows ? __mmask16{0xFFFF}
+                                                   : static_cast<__mmask16>((1u << (rows - r)) - 1);
+        for (int j = 0; j < kAmxTokens; ++j) {
+          _mm512_mask_storeu_ps(a.y + (t + j) * rows + r, m, facc[j]);
+        }
       }
-      const int64_t r = p * kPanelRows;
-      const __mmask16 m =
-          r + kPanelRows <= rows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (rows - r)) - 1);
-      for (int j = 0; j < kAmxTokens; ++j) _mm512_mask_storeu_ps(a.y + (t + j) * rows + r, m, facc[j]);
     }
   }
   _tile_release();
