@@ -32,8 +32,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-
-#include "kvl/status.h"
+#include <vector>
 
 #pragma GCC optimize("fp-contract=off")  // see kernels_avx512.cc
 
@@ -111,19 +110,30 @@ inline void StoreDots(int64_t b, int32_t* out) {
 // reads each as one broadcast operand from memory: -128 * sum(x) over the block (what the
 // unsigned weights' +128 adds to the dot) and the activation scale dx.
 struct GroupTerms {
-  alignas(64) int32_t neg_sums[kAmxMaxBlocks][kAmxTokens];
-  alignas(64) float dx[kAmxMaxBlocks][kAmxTokens];
+  int32_t* neg_sums;  // [nb][kAmxTokens]
+  float* dx;          // [nb][kAmxTokens]
 };
 
-void FillGroupTerms(const uint8_t* acts, int64_t stride, int64_t cols, GroupTerms* terms) {
+// The terms of up to kAmxChunkGroups groups of rows nb blocks wide, in memory of the calling
+// thread that grows to the widest rows it has seen and is then reused: allocated on a thread's
+// first call, not in every thread's static TLS (which glibc zeroes at each thread's start).
+GroupTerms ThreadGroupTerms(int64_t g, int64_t nb) {
+  thread_local std::vector<int32_t> storage;  // [group][neg_sums, dx][nb][kAmxTokens]
+  const size_t group_words = static_cast<size_t>(2 * nb * kAmxTokens);
+  if (storage.size() < kAmxChunkGroups * group_words) storage.resize(kAmxChunkGroups * group_words);
+  int32_t* base = storage.data() + static_cast<size_t>(g) * group_words;
+  return {base, reinterpret_cast<float*>(base + nb * kAmxTokens)};
+}
+
+void FillGroupTerms(const uint8_t* acts, int64_t stride, int64_t cols, const GroupTerms& terms) {
   const int64_t nb = cols / 32;
   for (int64_t j = 0; j < kAmxTokens; ++j) {
     const uint8_t* row = acts + j * stride;
     const auto* dx = reinterpret_cast<const float*>(row + ActScalesOffset(cols));
     const auto* sx = reinterpret_cast<const int32_t*>(row + ActSumsOffset(cols));
     for (int64_t b = 0; b < nb; ++b) {
-      terms->neg_sums[b][j] = -128 * sx[b];
-      terms->dx[b][j] = dx[b];
+      terms.neg_sums[b * kAmxTokens + j] = -128 * sx[b];
+      terms.dx[b * kAmxTokens + j] = dx[b];
     }
   }
 }
@@ -170,9 +180,6 @@ void AmxPackedTileQ8_0(const MatMulArgs& a, int64_t p0, int64_t p1, int64_t t0, 
   const int64_t panel_bytes = PackedPanelBytes(DType::kQ8_0, cols);
   const int64_t pair_bytes = PackedPairBytes(DType::kQ8_0);
   const int64_t stride = a.act_stride;
-  KVL_CHECK(nb <= kAmxMaxBlocks);
-  // Per thread, not on its stack: up to 512 KiB.
-  thread_local GroupTerms terms[kAmxChunkGroups];
   // The tiles are configured for this call and released after it, so a thread that is not in
   // here carries no tile state (an 8 KiB save at every context switch otherwise).
   static const TileConfig kConfig;
@@ -184,7 +191,7 @@ void AmxPackedTileQ8_0(const MatMulArgs& a, int64_t p0, int64_t p1, int64_t t0, 
   for (int64_t chunk = t0; chunk < t1; chunk += kAmxChunkGroups * kAmxTokens) {
     const int64_t groups = std::min(kAmxChunkGroups, (t1 - chunk) / kAmxTokens);
     for (int64_t g = 0; g < groups; ++g) {
-      FillGroupTerms(a.acts + (chunk + g * kAmxTokens) * stride, stride, cols, &terms[g]);
+      FillGroupTerms(a.acts + (chunk + g * kAmxTokens) * stride, stride, cols, ThreadGroupTerms(g, nb));
     }
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* w = static_cast<const uint8_t*>(a.w.data) + p * panel_bytes;
@@ -197,7 +204,7 @@ void AmxPackedTileQ8_0(const MatMulArgs& a, int64_t p0, int64_t p1, int64_t t0, 
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t t = chunk + g * kAmxTokens;
         const uint8_t* acts = a.acts + t * stride;
-        const GroupTerms& tg = terms[g];
+        const GroupTerms tg = ThreadGroupTerms(g, nb);
         const bool cold = p == p0 && g == 0;  // the chunk's first panel, not prefetched
         __m512 facc[kAmxTokens];
         for (__m512& f : facc) f = _mm512_setzero_ps();
@@ -215,8 +222,8 @@ void AmxPackedTileQ8_0(const MatMulArgs& a, int64_t p0, int64_t p1, int64_t t0, 
           }
           if (b + kLookahead < nb) compute(b + kLookahead);
           StoreDots(b, dots[b % 4]);
-          ScaleBlock(dots[b % 4], pair(b) + 2 * kQB + (b % 2) * 32, tg.neg_sums[b], tg.dx[b],
-                     facc);
+          ScaleBlock(dots[b % 4], pair(b) + 2 * kQB + (b % 2) * 32, tg.neg_sums + b * kAmxTokens,
+                     tg.dx + b * kAmxTokens, facc);
         }
         const int64_t r = p * kPanelRows;
         const __mmask16 m = r + kPanelRows <= rows ? __mmask16{0xFFFF}

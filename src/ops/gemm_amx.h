@@ -12,9 +12,6 @@ namespace kvl::ops {
 
 // Tokens per AMX tile: its 16 rows.
 inline constexpr int64_t kAmxTokens = 16;
-// The widest rows the AMX kernel takes, in blocks of 32 (32,768 columns); wider ones stay on
-// vpdpbusd.
-inline constexpr int64_t kAmxMaxBlocks = 1024;
 
 // Whether this process may run AMX-INT8 tiles: the CPU has AMX-TILE and AMX-INT8, the OS enabled
 // tile state (XCR0) and granted it to the process (arch_prctl), and neither SetAmxInt8Allowed nor
@@ -25,7 +22,7 @@ bool AmxInt8Usable();
 void SetAmxInt8Allowed(bool allowed);
 
 // y[t][16 p + i] for panels p in [p0, p1), tokens t in [t0, t1), (t1 - t0) a multiple of
-// kAmxTokens, over packed Q8_0 weights of at most kAmxMaxBlocks blocks a row: every output exactly what the scalar kernel gives (each
+// kAmxTokens, over packed Q8_0 weights: every output exactly what the scalar kernel gives (each
 // block's int32 dot, then acc += float(dot) * (dw * dx) in block order, from 0). Only when
 // AmxInt8Usable().
 void AmxPackedTileQ8_0(const MatMulArgs& a, int64_t p0, int64_t p1, int64_t t0, int64_t t1);

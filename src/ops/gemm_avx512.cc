@@ -140,7 +140,7 @@ void MatMulPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, 
   // outputs, bit for bit), the rest here.
   if constexpr (T == DType::kQ8_0) {
     const int64_t amx_end = t0 + (t1 - t0) / kAmxTokens * kAmxTokens;
-    if (amx_end > t0 && a.w.cols / 32 <= kAmxMaxBlocks && AmxInt8Usable()) {
+    if (amx_end > t0 && AmxInt8Usable()) {
       AmxPackedTileQ8_0(a, r0 / kPanelRows, PackedPanels(r1), t0, amx_end);
       t0 = amx_end;
       if (t0 == t1) return;
