@@ -447,21 +447,22 @@ void Forward::StoreKv(int64_t layer, const TokenBatch& rows, int64_t n, KvCache*
   // state is exact only inside its receptive field).
   const auto skipped = [&](int64_t t) { return t < n && global && rows.rebuilds_window(t); };
   ForEachRow(*ops_.pool(), n + rebuild.rows, [&](int64_t t) {
-    if (!skipped(t)) {
-      FinishKv(w, &act_.k[Elems(t, c.kv_dim())], &act_.v[Elems(t, c.kv_dim())], cos + t * half,
-               sin + t * half);
-    }
-  });
-  for (int64_t t = 0; t < n + rebuild.rows; ++t) {
-    if (skipped(t)) continue;
-    const float* k = &act_.k[Elems(t, c.kv_dim())];
-    const float* v = &act_.v[Elems(t, c.kv_dim())];
+    if (skipped(t)) return;
+    float* k = &act_.k[Elems(t, c.kv_dim())];
+    float* v = &act_.v[Elems(t, c.kv_dim())];
+    FinishKv(w, k, v, cos + t * half, sin + t * half);
     if (t >= n) {
+      // A rebuilt row goes to its own slot of the buffer the cache gave: stored on the thread that
+      // finished it (the step's rows go through the cache, below, on the calling thread).
       const int64_t row = (t - n) * c.kv_dim();
       StoreRow(k, rebuild.k_type, static_cast<uint8_t*>(rebuild.k_out) + RowBytes(rebuild.k_type, row));
       StoreRow(v, rebuild.v_type, static_cast<uint8_t*>(rebuild.v_out) + RowBytes(rebuild.v_type, row));
-      continue;
     }
+  });
+  for (int64_t t = 0; t < n; ++t) {
+    if (skipped(t)) continue;
+    const float* k = &act_.k[Elems(t, c.kv_dim())];
+    const float* v = &act_.v[Elems(t, c.kv_dim())];
     const KvCache::Rows out = kv->RowsAt(rows.seq_ids[static_cast<size_t>(t)], layer,
                                          rows.positions[static_cast<size_t>(t)]);
     KVL_CHECK_MSG(out.kind == KvCache::Rows::Kind::kDense, "new K/V rows must be writable");

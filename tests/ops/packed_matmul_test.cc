@@ -11,6 +11,7 @@
 
 #include "kvl/ops.h"
 #include "kvl/quant.h"
+#include "ops/amx.h"
 #include "ops/kernel_table.h"
 #include "ops/matmul_test_util.h"
 
@@ -142,6 +143,40 @@ TEST(PackedMatMulTest, BatchAndThreadInvariant) {
   }
 }
 
+// Q8_0 batches of 8 tokens or more, which the AVX-512 table runs on AMX tiles where the CPU has
+// them: the scalar path's outputs bit for bit, with AMX and without (vpdpbusd alone), for odd and
+// even block counts, partial panels, remainders of 1 to 15 tokens after the 16-token groups and
+// several 64-token tasks, on 1 and 2 threads.
+TEST(PackedMatMulTest, AmxTilesMatchScalarBitExact) {
+  const Isa isa = Isa::kAvx512;
+  if (!CheckIsaRunnable(isa).ok()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  if (!AmxAvailable()) GTEST_SKIP() << "no AMX-INT8 on this CPU or OS (vpdpbusd runs every tile)";
+  uint32_t seed = 700;
+  for (int64_t cols : {32, 96, 352, 2048}) {
+    for (int64_t rows : {17, 100, 256}) {
+      const Weights w = MakeWeights(DType::kQ8_0, rows, cols, ++seed, true);
+      const PackedMatrix packed = PackMatrix(isa, w.view());
+      const int64_t max_tokens = 130;
+      const std::vector<float> x = ExtremeVec(max_tokens * cols, ++seed);
+      const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
+      for (int64_t tokens : {16, 17, 31, 32, 48, 64, 65, 130}) {
+        const std::vector<float> want(ref.begin(), ref.begin() + tokens * rows);
+        for (bool amx : {true, false}) {
+          SetAmxEnabled(amx);
+          for (int threads : {1, 2}) {
+            ExpectBitIdentical(RunPacked(isa, threads, packed.view(), x.data(), tokens), want,
+                               std::string(amx ? "amx" : "vpdpbusd") + " rows " +
+                                   std::to_string(rows) + " cols " + std::to_string(cols) +
+                                   " tokens " + std::to_string(tokens) + " threads " +
+                                   std::to_string(threads));
+          }
+        }
+      }
+    }
+  }
+  SetAmxEnabled(true);
+}
+
 // A run of n tokens cut into tiles of at most max: as few tiles as max allows, in order, covering
 // every token once, sizes differing by at most one (64 tokens, max 12: 11, 11, 11, 11, 10, 10).
 TEST(PackedMatMulTest, TokenTilesAreBalanced) {
@@ -248,6 +283,49 @@ TEST(PackedMatMulTest, GroupMixesLayouts) {
   ExpectBitIdentical(y4k, RunPacked(Isa::kScalar, 1, q4k.view(), x.data(), 21), "q4_k");
   ExpectBitIdentical(y6k, RunPacked(Isa::kScalar, 1, q6k.view(), x.data(), 21), "q6_k");
   ExpectBitIdentical(y16, RunPacked(isa, 1, f16.view(), x.data(), 21), "f16");
+}
+
+// A group whose matrices take different token counts (a decode step's Q for 1 token beside the K
+// and V of the step and of a page rebuilt in it, 65 tokens) splits into streaming and batched
+// tasks that the threads take in different orders: each matrix still gets, bit for bit, what
+// MatMul gives it alone, on 1, 2 and 3 threads.
+TEST(PackedMatMulTest, GroupWithStreamingAndBatchedTasks) {
+  const Isa isa = BestIsa();
+  const int64_t cols = 256;
+  const Weights wq = MakeWeights(DType::kQ8_0, 300, cols, 21);
+  const Weights wk = MakeWeights(DType::kQ8_0, 70, cols, 22);
+  const Weights wv = MakeWeights(DType::kQ4_0, 70, cols, 23);
+  const PackedMatrix pq = PackMatrix(isa, wq.view()), pk = PackMatrix(isa, wk.view()),
+                     pv = PackMatrix(isa, wv.view());
+  const MatrixView ws[] = {pq.view(), pk.view(), pv.view()};
+  const int64_t max_tokens = 130;
+  const std::vector<float> x = ExtremeVec(max_tokens * cols, 24);
+  const int64_t count_sets[][3] = {{1, 65, 65}, {3, 130, 10}, {0, 20, 9}, {8, 72, 72}};
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    OpsContext ctx(isa, &pool);
+    ctx.Reserve(max_tokens, cols);
+    for (const auto& counts : count_sets) {
+      std::vector<std::vector<float>> ys;
+      float* outs[3];
+      for (size_t m = 0; m < 3; ++m) {
+        // At least one element: a matrix of 0 tokens still gets an output pointer, left as is.
+        ys.emplace_back(static_cast<size_t>(std::max<int64_t>(1, counts[m] * ws[m].rows)), NAN);
+        outs[m] = ys.back().data();
+      }
+      MatMulGroup(ctx, ws, x.data(), std::span<const int64_t>(counts, 3), outs);
+      for (size_t m = 0; m < 3; ++m) {
+        if (counts[m] == 0) {
+          EXPECT_TRUE(std::isnan(ys[m][0])) << "a matrix of 0 tokens got an output";
+          continue;
+        }
+        ExpectBitIdentical(ys[m], RunPacked(isa, 1, ws[m], x.data(), counts[m]),
+                           "matrix " + std::to_string(m) + " of counts " +
+                               std::to_string(counts[0]) + "/" + std::to_string(counts[1]) + "/" +
+                               std::to_string(counts[2]) + ", threads " + std::to_string(threads));
+      }
+    }
+  }
 }
 
 TEST(PackedMatMulTest, SizeAndUnpackedTypes) {
