@@ -149,7 +149,7 @@ MachineProfile NewProfile(const Model& model, const ops::OpsContext& ctx, std::s
   p.source = std::string(source);
   p.timestamp = UtcTimestamp();
   p.cpu_features = ops::CpuFeatureString();
-  p.isa = ops::KernelsName(ctx.isa());
+  p.isa = std::string(ops::IsaName(ctx.isa()));
   p.threads = ContextThreads(ctx);
   p.cache_bytes = LastLevelCacheBytes();
   p.model = DescribeModel(model);

@@ -536,7 +536,7 @@ std::string ProfileKey(const Model& model, const ops::OpsContext& ctx) {
   std::string name = SanitizeFileName(c.name);
   while (!name.empty() && name.back() == '_') name.pop_back();  // "(...)" at the end of a name
   return fmt::format("{}-{}x{}-{}-{}-t{}", name, c.dim, c.num_layers, model.weight_type_name(),
-                     ops::KernelsName(ctx.isa()), calibration_internal::ContextThreads(ctx));
+                     ops::IsaName(ctx.isa()), calibration_internal::ContextThreads(ctx));
 }
 
 // The user's cache folder as the XDG base directory spec says: $XDG_CACHE_HOME only when it is

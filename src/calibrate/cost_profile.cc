@@ -74,7 +74,7 @@ Status CheckProfileModel(const MachineProfile& profile, const Model& model,
 // matmul and recompute about twice what two threads take. "" where they match.
 std::string ProfileMachineMismatch(const MachineProfile& profile, const ops::OpsContext& ctx) {
   const int threads = calibration_internal::ContextThreads(ctx);
-  const std::string isa = ops::KernelsName(ctx.isa());
+  const std::string_view isa = ops::IsaName(ctx.isa());
   if (profile.threads == threads && profile.isa == isa) return "";
   return fmt::format("it was measured with {} kernels on {} thread(s), this run uses {} on {}",
                      profile.isa, profile.threads, isa, threads);

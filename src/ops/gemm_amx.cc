@@ -101,6 +101,25 @@ inline void PrefetchLines(const uint8_t* p, int lines) {
   }
 }
 
+// Runs a panel's n blocks (sub-blocks) through its three stages: block i's codes are unpacked at
+// step i, multiplied at step i + 1 (the tile sets in turn) and finished at step i + depth - 1, so
+// that neither a tile load nor a vector load waits on a store still in flight (neither is
+// forwarded from the store buffer: each would wait for the store to reach the cache).
+template <class Panel>
+void RunStages(Panel& panel, int64_t n, int depth) {
+  for (int64_t step = 0; step < n + depth - 1; ++step) {
+    if (step < n) panel.Unpack(step);
+    if (step >= 1 && step - 1 < n) {
+      if ((step - 1) % 2 == 0) {
+        panel.template Multiply<0>(step - 1);
+      } else {
+        panel.template Multiply<1>(step - 1);
+      }
+    }
+    if (step >= depth - 1) panel.Finish(step - (depth - 1));
+  }
+}
+
 // Q8_0 / Q4_0: y[t + j][16 * panel + ...] for j < NT tokens. Per block, as the VNNI tile:
 // acc += float(dot - C * sum(x)) * (dw * dx).
 template <DType T, int NT>
@@ -119,22 +138,7 @@ class BlockPanel {
   void Run() {
     ConfigureTiles(NT, 32);
     for (int j = 0; j < NT; ++j) acc_[j] = _mm512_setzero_ps();
-    // Block b: its codes are unpacked (Q4_0) at step b, multiplied at step b + 1 and finished at
-    // step b + kDepth - 1, so that neither a tile load nor a vector load waits on a store still
-    // in flight (neither is forwarded from the store buffer: each would wait for the store to
-    // reach the cache).
-    const int64_t nb = a_.w.cols / 32;
-    for (int64_t step = 0; step < nb + kDepth - 1; ++step) {
-      if (step < nb) Unpack(step);
-      if (step >= 1 && step - 1 < nb) {
-        if ((step - 1) % 2 == 0) {
-          Multiply<0>(step - 1);
-        } else {
-          Multiply<1>(step - 1);
-        }
-      }
-      if (step >= kDepth - 1) Finish(step - (kDepth - 1));
-    }
+    RunStages(*this, a_.w.cols / 32, kDepth);
     const int64_t rows = a_.w.rows;
     const int64_t r = panel_ * kPanelRows;
     const __mmask16 m = r + kPanelRows <= rows ? __mmask16{0xFFFF}
@@ -143,6 +147,9 @@ class BlockPanel {
   }
 
  private:
+  template <class Panel>
+  friend void RunStages(Panel& panel, int64_t n, int depth);
+
   static constexpr int kC = T == DType::kQ8_0 ? 128 : 8;  // the codes' offset
   static constexpr int64_t kQB = T == DType::kQ8_0 ? 512 : 256;  // a block's code bytes
   static constexpr int64_t kPairBytes = 2 * kQB + 64;
@@ -218,22 +225,14 @@ class SuperBlockPanel {
   void Run() {
     ConfigureTiles(NT, kSubBytes);
     for (int j = 0; j < NT; ++j) acc_[j] = _mm512_setzero_ps();
-    const int64_t n = a_.w.cols / kQK_K * kSub;  // sub-blocks in a row
-    for (int64_t step = 0; step < n + kDepth - 1; ++step) {
-      if (step < n) Unpack(step);
-      if (step >= 1 && step - 1 < n) {
-        if ((step - 1) % 2 == 0) {
-          Multiply<0>(step - 1);
-        } else {
-          Multiply<1>(step - 1);
-        }
-      }
-      if (step >= kDepth - 1) Finish(step - (kDepth - 1));
-    }
+    RunStages(*this, a_.w.cols / kQK_K * kSub, kDepth);
     StoreKQuantOutputs<T, NT>(a_, panel_, t_, acc_);
   }
 
  private:
+  template <class Panel>
+  friend void RunStages(Panel& panel, int64_t n, int depth);
+
   static constexpr KQuantPanelLayout kL = KQuantPanel(T);
   static constexpr int kSub = kSubBlocks<T>;
   static constexpr int kSubBytes = kQK_K / kSub;  // values (activation bytes) per sub-block

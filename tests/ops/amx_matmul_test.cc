@@ -16,15 +16,6 @@
 namespace kvl::ops {
 namespace {
 
-std::vector<float> RunMatMul(Isa isa, int threads, const MatrixView& w, const float* x, int64_t n) {
-  ThreadPool pool(threads);
-  OpsContext ctx(isa, &pool);
-  ctx.Reserve(n, w.cols);
-  std::vector<float> y(static_cast<size_t>(n * w.rows), NAN);
-  MatMul(ctx, w, x, n, y.data());
-  return y;
-}
-
 // The count of elements whose bits differ (-0 vs +0 or a NaN would count).
 int64_t BitsDiffering(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return -1;
@@ -56,7 +47,7 @@ TEST(AmxMatMulTest, TilesMatchVnniAndScalarBitExact) {
     const int64_t max_tokens = 40;
     std::vector<float> x = RandomVec(max_tokens * cols, ++seed);
     x[7] = 500.0f;  // one saturating block
-    const std::vector<float> ref = RunMatMul(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
+    const std::vector<float> ref = RunPackedMatMul(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
     for (int64_t tokens : {8, 9, 15, 16, 17, 33, 40}) {
       if (!AmxTakes(type, tokens)) continue;
       const std::vector<float> want(ref.begin(), ref.begin() + tokens * rows);
@@ -65,10 +56,10 @@ TEST(AmxMatMulTest, TilesMatchVnniAndScalarBitExact) {
                                  std::to_string(tokens) + " threads " + std::to_string(threads);
         SetAmxEnabled(true);
         ASSERT_TRUE(AmxEnabled());
-        const std::vector<float> amx = RunMatMul(Isa::kAvx512, threads, packed.view(), x.data(), tokens);
+        const std::vector<float> amx = RunPackedMatMul(Isa::kAvx512, threads, packed.view(), x.data(), tokens);
         SetAmxEnabled(false);
         ASSERT_FALSE(AmxEnabled());
-        const std::vector<float> vnni = RunMatMul(Isa::kAvx512, threads, packed.view(), x.data(), tokens);
+        const std::vector<float> vnni = RunPackedMatMul(Isa::kAvx512, threads, packed.view(), x.data(), tokens);
         EXPECT_EQ(BitsDiffering(amx, want), 0) << what << " (AMX against scalar)";
         EXPECT_EQ(BitsDiffering(vnni, want), 0) << what << " (VNNI against scalar)";
         ++amx_cases;

@@ -48,4 +48,16 @@ inline std::vector<float> RandomVec(int64_t n, uint32_t seed) {
   return v;
 }
 
+// MatMul of n tokens of x by w on a fresh pool of `threads` and a context of `isa`; outputs start
+// as NaN, so a row the kernel skipped shows.
+inline std::vector<float> RunPackedMatMul(Isa isa, int threads, const MatrixView& w, const float* x,
+                                          int64_t n) {
+  ThreadPool pool(threads);
+  OpsContext ctx(isa, &pool);
+  ctx.Reserve(n, w.cols);
+  std::vector<float> y(static_cast<size_t>(n * w.rows), NAN);
+  MatMul(ctx, w, x, n, y.data());
+  return y;
+}
+
 }  // namespace kvl::ops

@@ -28,15 +28,6 @@ std::vector<float> ExtremeVec(int64_t n, uint32_t seed) {
   return v;
 }
 
-std::vector<float> RunPacked(Isa isa, int threads, const MatrixView& w, const float* x, int64_t n) {
-  ThreadPool pool(threads);
-  OpsContext ctx(isa, &pool);
-  ctx.Reserve(n, w.cols);
-  std::vector<float> y(static_cast<size_t>(n * w.rows), NAN);
-  MatMul(ctx, w, x, n, y.data());
-  return y;
-}
-
 // Bitwise, so -0 vs +0 or a NaN would show.
 void ExpectBitIdentical(const std::vector<float>& a, const std::vector<float>& b,
                         const std::string& what) {
@@ -66,8 +57,8 @@ TEST(PackedMatMulTest, MatchesScalarBitExactOnOddShapes) {
           ASSERT_EQ(packed.view().layout, MatrixLayout::kPacked);
           for (int64_t tokens : {1, 2, 5, 8, 9, 13, 31}) {
             const std::vector<float> x = ExtremeVec(tokens * cols, ++seed);
-            const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), tokens);
-            ExpectBitIdentical(RunPacked(isa, 2, packed.view(), x.data(), tokens), ref,
+            const std::vector<float> ref = RunPackedMatMul(Isa::kScalar, 1, w.view(), x.data(), tokens);
+            ExpectBitIdentical(RunPackedMatMul(isa, 2, packed.view(), x.data(), tokens), ref,
                                std::string(IsaName(isa)) + " " + std::string(DTypeName(type)) +
                                    " rows " + std::to_string(rows) + " cols " +
                                    std::to_string(cols) + " tokens " + std::to_string(tokens));
@@ -97,10 +88,10 @@ TEST(PackedMatMulTest, KQuantsMatchScalarBitExactOnOddShapes) {
           const int64_t max_tokens = 15;
           const std::vector<float> x = ExtremeVec(max_tokens * cols, ++seed);
           // The scalar path is batch invariant, so the first n tokens' outputs are a prefix.
-          const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
+          const std::vector<float> ref = RunPackedMatMul(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
           for (int64_t tokens : {1, 2, 5, 7, 8, 9, 12, 15}) {
             const std::vector<float> want(ref.begin(), ref.begin() + tokens * rows);
-            ExpectBitIdentical(RunPacked(isa, 2, packed.view(), x.data(), tokens), want,
+            ExpectBitIdentical(RunPackedMatMul(isa, 2, packed.view(), x.data(), tokens), want,
                                std::string(IsaName(isa)) + " " + std::string(DTypeName(type)) +
                                    " rows " + std::to_string(rows) + " cols " +
                                    std::to_string(cols) + " tokens " + std::to_string(tokens));
@@ -127,11 +118,11 @@ TEST(PackedMatMulTest, BatchAndThreadInvariant) {
       const Weights w = MakeWeights(type, rows, cols, ++seed, true);
       const PackedMatrix packed = PackMatrix(isa, w.view());
       const std::vector<float> x = ExtremeVec(64 * cols, ++seed);
-      const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), 64);
+      const std::vector<float> ref = RunPackedMatMul(Isa::kScalar, 1, w.view(), x.data(), 64);
       for (int threads : {1, 2}) {
         for (int64_t n = 1; n <= 64; ++n) {
           for (int64_t t0 : {int64_t{0}, 64 - n}) {  // the batch at the start and at the end
-            const std::vector<float> y = RunPacked(isa, threads, packed.view(), x.data() + t0 * cols, n);
+            const std::vector<float> y = RunPackedMatMul(isa, threads, packed.view(), x.data() + t0 * cols, n);
             const std::vector<float> want(ref.begin() + t0 * rows, ref.begin() + (t0 + n) * rows);
             ExpectBitIdentical(y, want,
                                std::string(DTypeName(type)) + " threads " +
@@ -158,13 +149,13 @@ TEST(PackedMatMulTest, AmxTilesMatchScalarBitExact) {
       const PackedMatrix packed = PackMatrix(isa, w.view());
       const int64_t max_tokens = 130;
       const std::vector<float> x = ExtremeVec(max_tokens * cols, ++seed);
-      const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
+      const std::vector<float> ref = RunPackedMatMul(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
       for (int64_t tokens : {16, 17, 31, 32, 48, 64, 65, 130}) {
         const std::vector<float> want(ref.begin(), ref.begin() + tokens * rows);
         for (bool amx : {true, false}) {
           SetAmxEnabled(amx);
           for (int threads : {1, 2}) {
-            ExpectBitIdentical(RunPacked(isa, threads, packed.view(), x.data(), tokens), want,
+            ExpectBitIdentical(RunPackedMatMul(isa, threads, packed.view(), x.data(), tokens), want,
                                std::string(amx ? "amx" : "vpdpbusd") + " rows " +
                                    std::to_string(rows) + " cols " + std::to_string(cols) +
                                    " tokens " + std::to_string(tokens) + " threads " +
@@ -216,10 +207,10 @@ TEST(PackedMatMulTest, KQuantPrefillBatchesMatchScalar) {
     const PackedMatrix packed = PackMatrix(isa, w.view());
     const int64_t max_tokens = 130;
     const std::vector<float> x = ExtremeVec(max_tokens * cols, ++seed);
-    const std::vector<float> ref = RunPacked(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
+    const std::vector<float> ref = RunPackedMatMul(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
     for (int64_t tokens : {64, 66, 77, 100, 130}) {
       const std::vector<float> want(ref.begin(), ref.begin() + tokens * rows);
-      ExpectBitIdentical(RunPacked(isa, 2, packed.view(), x.data(), tokens), want,
+      ExpectBitIdentical(RunPackedMatMul(isa, 2, packed.view(), x.data(), tokens), want,
                          std::string(DTypeName(type)) + " tokens " + std::to_string(tokens));
       ++packed_cases;
     }
@@ -243,13 +234,13 @@ TEST(PackedMatMulTest, KQuantPrefill512MatchesSmallBatches) {
     const Weights w = MakeWeights(type, rows, cols, ++seed, true);
     const PackedMatrix packed = PackMatrix(isa, w.view());
     const std::vector<float> x = ExtremeVec(n * cols, ++seed);
-    const std::vector<float> all = RunPacked(isa, 2, packed.view(), x.data(), n);
+    const std::vector<float> all = RunPackedMatMul(isa, 2, packed.view(), x.data(), n);
     const std::string name(DTypeName(type));
-    ExpectBitIdentical(all, RunPacked(Isa::kScalar, 1, w.view(), x.data(), n),
+    ExpectBitIdentical(all, RunPackedMatMul(Isa::kScalar, 1, w.view(), x.data(), n),
                        name + " 512 tokens vs scalar");
     for (int64_t m : {1, 5, 64}) {
       for (int64_t t0 : {int64_t{0}, int64_t{193}, n - m}) {
-        const std::vector<float> y = RunPacked(isa, 2, packed.view(), x.data() + t0 * cols, m);
+        const std::vector<float> y = RunPackedMatMul(isa, 2, packed.view(), x.data() + t0 * cols, m);
         const std::vector<float> want(all.begin() + t0 * rows, all.begin() + (t0 + m) * rows);
         ExpectBitIdentical(y, want, name + " M " + std::to_string(m) + " at " + std::to_string(t0));
         ++checked;
@@ -279,10 +270,10 @@ TEST(PackedMatMulTest, GroupMixesLayouts) {
   const MatrixView ws[] = {p8.view(), f16.view(), p4k.view(), p6k.view()};
   float* const ys[] = {y8.data(), y16.data(), y4k.data(), y6k.data()};
   MatMulGroup(ctx, ws, x.data(), 21, ys);
-  ExpectBitIdentical(y8, RunPacked(isa, 1, p8.view(), x.data(), 21), "q8_0");
-  ExpectBitIdentical(y4k, RunPacked(Isa::kScalar, 1, q4k.view(), x.data(), 21), "q4_k");
-  ExpectBitIdentical(y6k, RunPacked(Isa::kScalar, 1, q6k.view(), x.data(), 21), "q6_k");
-  ExpectBitIdentical(y16, RunPacked(isa, 1, f16.view(), x.data(), 21), "f16");
+  ExpectBitIdentical(y8, RunPackedMatMul(isa, 1, p8.view(), x.data(), 21), "q8_0");
+  ExpectBitIdentical(y4k, RunPackedMatMul(Isa::kScalar, 1, q4k.view(), x.data(), 21), "q4_k");
+  ExpectBitIdentical(y6k, RunPackedMatMul(Isa::kScalar, 1, q6k.view(), x.data(), 21), "q6_k");
+  ExpectBitIdentical(y16, RunPackedMatMul(isa, 1, f16.view(), x.data(), 21), "f16");
 }
 
 // A group whose matrices take different token counts (a decode step's Q for 1 token beside the K
@@ -319,7 +310,7 @@ TEST(PackedMatMulTest, GroupWithStreamingAndBatchedTasks) {
           EXPECT_TRUE(std::isnan(ys[m][0])) << "a matrix of 0 tokens got an output";
           continue;
         }
-        ExpectBitIdentical(ys[m], RunPacked(isa, 1, ws[m], x.data(), counts[m]),
+        ExpectBitIdentical(ys[m], RunPackedMatMul(isa, 1, ws[m], x.data(), counts[m]),
                            "matrix " + std::to_string(m) + " of counts " +
                                std::to_string(counts[0]) + "/" + std::to_string(counts[1]) + "/" +
                                std::to_string(counts[2]) + ", threads " + std::to_string(threads));
@@ -367,7 +358,7 @@ TEST(PackedMatMulDeathTest, RefusesAnotherIsasLayout) {
   const Weights w = MakeWeights(DType::kQ8_0, 16, 64, 3);
   const PackedMatrix packed = PackMatrix(BestIsa(), w.view());
   const std::vector<float> x = RandomVec(64, 4);
-  EXPECT_DEATH(RunPacked(Isa::kScalar, 1, packed.view(), x.data(), 1), "packed for another ISA");
+  EXPECT_DEATH(RunPackedMatMul(Isa::kScalar, 1, packed.view(), x.data(), 1), "packed for another ISA");
 }
 
 }  // namespace

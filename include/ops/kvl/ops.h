@@ -26,9 +26,9 @@ namespace kvl::ops {
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 std::string_view IsaName(Isa isa);
-// The kernels a context of this isa runs now: IsaName, with "+amx" where the AVX-512 table's
-// packed GEMM uses the AMX tiles (src/ops/amx.h). Cost profiles are keyed on it: the tiles change
-// what a step costs.
+// What kvl prints as its kernels: IsaName, with "+amx" where the AVX-512 table's packed GEMM uses
+// the AMX tiles (src/ops/amx.h). Profiles stay keyed on IsaName (KVL_AMX=0 on the same machine
+// shares them; the engine's measured corrections follow the step's cost either way).
 std::string KernelsName(Isa isa);
 // The best path this CPU can run among those compiled in.
 Isa BestIsa();
