@@ -1,15 +1,15 @@
-// AMX tiles for the AVX-512 table's packed int8 GEMM (amx.h): Q8_0 / Q4_0 blocks and K-quant
-// sub-blocks as tdpbsud tiles, their float operations on the vector ports as in the VNNI tiles.
+// AMX tiles for the AVX-512 table's packed int8 GEMM (amx.h): Q8_0 / Q4_0 blocks as tdpbsud
+// tiles, their float operations on the vector ports as in the VNNI tiles.
 //
-// One call covers one panel (16 rows) x up to 16 tokens. Per block (Q8_0 / Q4_0) or sub-block
-// (Q4_K / Q5_K), 32 values: A = the tokens' activation bytes of the block (int8, tokens x 32
-// bytes, read where they lie), B = the block's code vectors (unsigned, 8 rows of 64 bytes: Q8_0's
-// straight from the packed weights, the others unpacked to a buffer by the VNNI tiles' own code),
-// C = tdpbsud(A, B): the int32 dot of every (token, row), stored to a buffer. The vector ports then give each dot the float operations of the VNNI tile, in its
+// One call covers one panel (16 rows) x up to 16 tokens. Per 32-value block: A = the tokens'
+// activation bytes of the block (int8, tokens x 32 bytes, read where they lie), B = the block's
+// code vectors (unsigned, 8 rows of 64 bytes: Q8_0's straight from the packed weights, Q4_0's
+// unpacked to a buffer), C = tdpbsud(A, B): the int32 dot of every (token, row), stored to a
+// buffer. The vector ports then give each dot the float operations of the VNNI tile, in its
 // order, so every output is bit-identical to the scalar kernel's.
 //
 // Two sets of tile registers take consecutive blocks in turn, and the vector ports finish one
-// block (K-quants: one super-block) while TMUL multiplies the next.
+// block while TMUL multiplies the next.
 #include <immintrin.h>
 
 // As in kernels_avx512.cc: GCC 12's cast intrinsics trip -Wuninitialized on their undefined lanes.
@@ -21,8 +21,6 @@
 
 #include "amx.h"
 #include "kernel_table.h"
-#include "kquant_codes_avx512.h"
-#include "kquant_kernels.h"
 #include "kvl/status.h"
 
 #pragma GCC optimize("fp-contract=off")  // see kernels_avx512.cc
@@ -31,7 +29,7 @@ namespace kvl::ops {
 namespace {
 
 // Tokens per tile: the rows of an A and a C tile.
-constexpr int kMaxTileTokens = 16;
+constexpr int kMaxTileTokens = static_cast<int>(kAmxMaxTokens);
 
 // Tile registers: set S (0 or 1) uses C = tmm(0 + S) for the dots, A = tmm(2 + S) for the
 // activations and B = tmm(4 + S) for the codes. (GCC's tile intrinsics paste the register number
@@ -206,103 +204,11 @@ class BlockPanel {
   alignas(64) int32_t dots_[kDepth][NT * 16];
 };
 
-// Q4_K / Q5_K: y[t + j][16 * panel + ...] for j < NT tokens. Sub-block by sub-block, as
-// the blocks above: unpacked at step i, multiplied at i + 1, finished at i + kDepth - 1, with
-// acc = fma(d * sc[s], float(dot) * dx, acc) as the VNNI tile; then
-// StoreKQuantOutputs.
-template <DType T, int NT>
-class SuperBlockPanel {
- public:
-  SuperBlockPanel(const MatMulArgs& a, int64_t panel, int64_t t)
-      : a_(a),
-        w_(static_cast<const uint8_t*>(a.w.data) + panel * PackedPanelBytes(T, a.w.cols)),
-        acts_(a.acts + t * a.act_stride),
-        dx_(reinterpret_cast<const float*>(acts_ + ActScalesOffset(a.w.cols))),
-        fstride_(a.act_stride / 4),
-        panel_(panel),
-        t_(t) {}
-
-  void Run() {
-    ConfigureTiles(NT, kSubBytes);
-    for (int j = 0; j < NT; ++j) acc_[j] = _mm512_setzero_ps();
-    RunStages(*this, a_.w.cols / kQK_K * kSub, kDepth);
-    StoreKQuantOutputs<T, NT>(a_, panel_, t_, acc_);
-  }
-
- private:
-  template <class Panel>
-  friend void RunStages(Panel& panel, int64_t n, int depth);
-
-  static constexpr KQuantPanelLayout kL = KQuantPanel(T);
-  static constexpr int kSub = kSubBlocks<T>;
-  static constexpr int kSubBytes = kQK_K / kSub;  // values (activation bytes) per sub-block
-  static constexpr int kLoads = 32 / kSub;        // code loads per sub-block, two vectors each
-  static constexpr int kDepth = 4;                // sub-blocks in flight
-
-  const uint8_t* Block(int64_t sb) const { return w_ + sb * kL.super_bytes; }
-
-  // Sub-block i's code vectors to codes_[i % kDepth]; at a super-block's first, its factors.
-  void Unpack(int64_t i) {
-    const int64_t sb = i / kSub;
-    const int s = static_cast<int>(i % kSub);
-    const uint8_t* blk = Block(sb);
-    if (s == 0) {
-      PrefetchLines(blk, kL.super_bytes / 64);
-      SubBlockFactors<T, false>(blk, dsc_[sb % 2]);
-    }
-    uint8_t* codes = codes_[i % kDepth];
-    __m512i hb = _mm512_setzero_si512();
-    if constexpr (T != DType::kQ4_K) hb = _mm512_load_si512(blk + kL.bits + 64 * s);
-    StaticFor<kLoads>([&](auto v) {
-      constexpr int kV = decltype(v)::value;
-      __m512i lo, hi;
-      CodePair<T, 2 * kV>(blk, s * kLoads + kV, hb, &lo, &hi);
-      _mm512_store_si512(codes + 128 * kV, lo);
-      _mm512_store_si512(codes + 128 * kV + 64, hi);
-    });
-  }
-
-  template <int S>
-  void Multiply(int64_t i) {
-    TileDots<S, kSubBytes * 16, NT * 16>(acts_ + i * kSubBytes, a_.act_stride, codes_[i % kDepth],
-                                         dots_[i % kDepth]);
-  }
-
-  void Finish(int64_t i) {
-    const int64_t sb = i / kSub;
-    const int s = static_cast<int>(i % kSub);
-    const __m512 dsc = dsc_[sb % 2][s];
-    const int64_t b = sb * 8 + s * 8 / kSub;  // the activation block holding sub-block s
-    const int32_t* dots = dots_[i % kDepth];
-    for (int j = 0; j < NT; ++j) {
-      const __m512i dot = _mm512_load_si512(dots + 16 * j);
-      const __m512 xd =
-          _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(dx_[j * fstride_ + b]));
-      acc_[j] = _mm512_fmadd_ps(dsc, xd, acc_[j]);
-    }
-  }
-
-  const MatMulArgs& a_;
-  const uint8_t* w_;
-  const uint8_t* acts_;
-  const float* dx_;
-  const int64_t fstride_;
-  const int64_t panel_, t_;
-  __m512 acc_[NT];
-  __m512 dsc_[2][kSub];  // the factors of two super-blocks in flight
-  alignas(64) uint8_t codes_[kDepth][kSubBytes * 16];
-  alignas(64) int32_t dots_[kDepth][NT * 16];
-};
-
 using PanelFn = void (*)(const MatMulArgs&, int64_t panel, int64_t t);
 
 template <DType T, int NT>
 void RunPanel(const MatMulArgs& a, int64_t panel, int64_t t) {
-  if constexpr (IsKQuant(T)) {
-    SuperBlockPanel<T, NT>(a, panel, t).Run();
-  } else {
-    BlockPanel<T, NT>(a, panel, t).Run();
-  }
+  BlockPanel<T, NT>(a, panel, t).Run();
 }
 
 template <DType T, int... I>
@@ -333,10 +239,6 @@ void AmxMatMulPackedTile(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0
       return AmxPackedTileT<DType::kQ8_0>(a, r0, r1, t0, t1);
     case DType::kQ4_0:
       return AmxPackedTileT<DType::kQ4_0>(a, r0, r1, t0, t1);
-    case DType::kQ4_K:
-      return AmxPackedTileT<DType::kQ4_K>(a, r0, r1, t0, t1);
-    case DType::kQ5_K:
-      return AmxPackedTileT<DType::kQ5_K>(a, r0, r1, t0, t1);
     default:
       KVL_CHECK_MSG(false, "AMX tiles: no kernel for this weight type (AmxTakes says which)");
   }

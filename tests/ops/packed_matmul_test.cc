@@ -134,14 +134,14 @@ TEST(PackedMatMulTest, BatchAndThreadInvariant) {
   }
 }
 
-// Q8_0 batches of 8 tokens or more, which the AVX-512 table runs on AMX tiles where the CPU has
-// them: the scalar path's outputs bit for bit, with AMX and without (vpdpbusd alone), for odd and
-// even block counts, partial panels, remainders of 1 to 15 tokens after the 16-token groups and
-// several 64-token tasks, on 1 and 2 threads.
+// Q8_0 batches, with the AMX tiles turned on (they take 8 to 16 tokens of a task: AmxTakes) and
+// off (vpdpbusd alone): the scalar path's outputs bit for bit, for odd and even block counts,
+// partial panels, and batches beside and beyond the tiles' range, on 1 and 2 threads.
 TEST(PackedMatMulTest, AmxTilesMatchScalarBitExact) {
   const Isa isa = Isa::kAvx512;
   if (!CheckIsaRunnable(isa).ok()) GTEST_SKIP() << "no AVX-512 on this CPU";
   if (!AmxAvailable()) GTEST_SKIP() << "no AMX-INT8 on this CPU or OS (vpdpbusd runs every tile)";
+  const bool was_on = AmxEnabled();
   uint32_t seed = 700;
   for (int64_t cols : {32, 96, 352, 2048}) {
     for (int64_t rows : {17, 100, 256}) {
@@ -150,7 +150,7 @@ TEST(PackedMatMulTest, AmxTilesMatchScalarBitExact) {
       const int64_t max_tokens = 130;
       const std::vector<float> x = ExtremeVec(max_tokens * cols, ++seed);
       const std::vector<float> ref = RunPackedMatMul(Isa::kScalar, 1, w.view(), x.data(), max_tokens);
-      for (int64_t tokens : {16, 17, 31, 32, 48, 64, 65, 130}) {
+      for (int64_t tokens : {8, 9, 16, 17, 31, 32, 48, 64, 65, 130}) {
         const std::vector<float> want(ref.begin(), ref.begin() + tokens * rows);
         for (bool amx : {true, false}) {
           SetAmxEnabled(amx);
@@ -165,7 +165,7 @@ TEST(PackedMatMulTest, AmxTilesMatchScalarBitExact) {
       }
     }
   }
-  SetAmxEnabled(true);
+  SetAmxEnabled(was_on);
 }
 
 // A run of n tokens cut into tiles of at most max: as few tiles as max allows, in order, covering
