@@ -42,11 +42,11 @@ bool AmxAvailable() {
 }
 
 bool AmxTakes(DType type, int64_t n_tokens) {
-  // Where the tiles measured faster with 2 threads on the whole forward pass: the 1 + 8 verify
-  // step and batched decode over Q8_0 / Q4_0 (TinyLlama Q8_0, 9 rows: 1.38-1.42x a one-row step
-  // against 1.51-1.55x). Not prefill: Qwen3-0.6B pp512, 2 threads, measured 273-325 t/s (Q8_0)
-  // with the tiles against 385-389 without, although one thread's matmul_bench had them ahead;
-  // not K-quants (their codes' unpacking to a buffer made 9-token tiles no faster, Q6_K slower).
+  // The verify step and batched decode over Q8_0 / Q4_0, where one thread's matmul_bench had the
+  // tiles 1.2-1.3x ahead (the 2-thread verify step moved both ways: 1.38-1.49x a one-row step
+  // with them, 1.18-1.55x without). Not prefill: Qwen3-0.6B Q8_0 pp512, 2 threads, 273-325 t/s
+  // with the tiles against 385-389 without. Not K-quants: unpacking their codes to a buffer the
+  // tile loads made 9-token tiles no faster, and Q6_K slower.
   return (type == DType::kQ8_0 || type == DType::kQ4_0) && n_tokens >= 8 &&
          n_tokens <= kAmxMaxTokens;
 }

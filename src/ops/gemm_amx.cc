@@ -48,9 +48,8 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
-// Loads the tile shapes of one call. Every call loads them: a configuration cached per thread
-// did not survive between calls (a test's second call on the same thread faulted on tileloadd
-// with the shapes it had cached), and one ldtilecfg per panel is noise beside its blocks.
+// Loads the tile shapes of one call (one panel): an ldtilecfg per panel is noise beside its
+// blocks, and nothing has to track which shapes a thread's tiles hold.
 void ConfigureTiles(int tokens, int block_bytes) {
   TileConfig c;
   for (int s = 0; s < 2; ++s) {
@@ -67,13 +66,13 @@ void ConfigureTiles(int tokens, int block_bytes) {
 }
 
 // dots[j][i] = sum over the block of acts[j * act_stride + k] * code k of row i: tokens x 16
-// int32, with tile set S, from kCodeBytes of codes. GCC's tile intrinsics are asm statements that
+// int32, with tile set S, from a block's 512 bytes of codes. GCC's tile intrinsics are asm statements that
 // name no memory: the empty asm statements around them tell the compiler that the codes written
 // before are read here and the dots read after are written here.
-template <int S, int kCodeBytes, int kDotCount>
+template <int S, int kDotCount>
 inline void TileDots(const uint8_t* acts, int64_t act_stride, const uint8_t* codes,
                      int32_t* dots) {
-  asm volatile("" : : "m"(*reinterpret_cast<const uint8_t(*)[kCodeBytes]>(codes)));
+  asm volatile("" : : "m"(*reinterpret_cast<const uint8_t(*)[512]>(codes)));
   if constexpr (S == 0) {
     _tile_loadd(2, acts, act_stride);
     _tile_loadd(4, codes, 64);
@@ -99,25 +98,6 @@ inline void PrefetchLines(const uint8_t* p, int lines) {
   }
 }
 
-// Runs a panel's n blocks (sub-blocks) through its three stages: block i's codes are unpacked at
-// step i, multiplied at step i + 1 (the tile sets in turn) and finished at step i + depth - 1, so
-// that neither a tile load nor a vector load waits on a store still in flight (neither is
-// forwarded from the store buffer: each would wait for the store to reach the cache).
-template <class Panel>
-void RunStages(Panel& panel, int64_t n, int depth) {
-  for (int64_t step = 0; step < n + depth - 1; ++step) {
-    if (step < n) panel.Unpack(step);
-    if (step >= 1 && step - 1 < n) {
-      if ((step - 1) % 2 == 0) {
-        panel.template Multiply<0>(step - 1);
-      } else {
-        panel.template Multiply<1>(step - 1);
-      }
-    }
-    if (step >= depth - 1) panel.Finish(step - (depth - 1));
-  }
-}
-
 // Q8_0 / Q4_0: y[t + j][16 * panel + ...] for j < NT tokens. Per block, as the VNNI tile:
 // acc += float(dot - C * sum(x)) * (dw * dx).
 template <DType T, int NT>
@@ -136,7 +116,22 @@ class BlockPanel {
   void Run() {
     ConfigureTiles(NT, 32);
     for (int j = 0; j < NT; ++j) acc_[j] = _mm512_setzero_ps();
-    RunStages(*this, a_.w.cols / 32, kDepth);
+    // Block b's codes are unpacked at step b, multiplied at step b + 1 (the tile sets in turn)
+    // and finished at step b + kDepth - 1, so that neither a tile load nor a vector load waits on
+    // a store still in flight (neither is forwarded from the store buffer: each would wait for
+    // the store to reach the cache).
+    const int64_t nb = a_.w.cols / 32;
+    for (int64_t step = 0; step < nb + kDepth - 1; ++step) {
+      if (step < nb) Unpack(step);
+      if (step >= 1 && step - 1 < nb) {
+        if ((step - 1) % 2 == 0) {
+          Multiply<0>(step - 1);
+        } else {
+          Multiply<1>(step - 1);
+        }
+      }
+      if (step >= kDepth - 1) Finish(step - (kDepth - 1));
+    }
     const int64_t rows = a_.w.rows;
     const int64_t r = panel_ * kPanelRows;
     const __mmask16 m = r + kPanelRows <= rows ? __mmask16{0xFFFF}
@@ -145,9 +140,6 @@ class BlockPanel {
   }
 
  private:
-  template <class Panel>
-  friend void RunStages(Panel& panel, int64_t n, int depth);
-
   static constexpr int kC = T == DType::kQ8_0 ? 128 : 8;  // the codes' offset
   static constexpr int64_t kQB = T == DType::kQ8_0 ? 512 : 256;  // a block's code bytes
   static constexpr int64_t kPairBytes = 2 * kQB + 64;
@@ -177,7 +169,7 @@ class BlockPanel {
   template <int S>
   void Multiply(int64_t b) {
     const uint8_t* codes = T == DType::kQ4_0 ? codes_[b % kDepth] : Quants(b);
-    TileDots<S, 512, NT * 16>(acts_ + b * 32, a_.act_stride, codes, dots_[b % kDepth]);
+    TileDots<S, NT * 16>(acts_ + b * 32, a_.act_stride, codes, dots_[b % kDepth]);
   }
 
   void Finish(int64_t b) {
@@ -220,15 +212,9 @@ constexpr auto kPanels = PanelTable<T>(std::make_integer_sequence<int, kMaxTileT
 
 template <DType T>
 void AmxPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-  // Panels outer, so a panel's weights stay in cache for every token tile.
-  const int64_t n = t1 - t0;
-  const int64_t tiles = (n + kMaxTileTokens - 1) / kMaxTileTokens;
-  for (int64_t p = r0 / kPanelRows; p < PackedPanels(r1); ++p) {
-    for (int64_t i = 0; i < tiles; ++i) {
-      const TokenTile tt = BalancedTokenTile(n, kMaxTileTokens, i);
-      kPanels<T>[tt.count - 1](a, p, t0 + tt.start);
-    }
-  }
+  const int64_t n = t1 - t0;  // at most kAmxMaxTokens (AmxTakes): one tile per panel
+  KVL_CHECK(n >= 1 && n <= kAmxMaxTokens);
+  for (int64_t p = r0 / kPanelRows; p < PackedPanels(r1); ++p) kPanels<T>[n - 1](a, p, t0);
 }
 
 }  // namespace
