@@ -63,6 +63,7 @@ void PackedTile(const MatMulArgs& a, int64_t panel, int64_t t) {
   const auto* sx = reinterpret_cast<const int32_t*>(acts + ActSumsOffset(cols));
   const int64_t fstride = stride / 4;  // dx and sx rows, in elements (stride is a multiple of 64)
 
+  StreamAhead* const ahead = a.stream_ahead;  // another task's stream, pulled by wide tiles
   __m512 facc[MR][NT];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NT; ++j) facc[i][j] = _mm512_setzero_ps();
@@ -77,6 +78,9 @@ void PackedTile(const MatMulArgs& a, int64_t panel, int64_t t) {
     const uint8_t* xb = acts + b * 32;
 #pragma GCC unroll 8
     for (int g = 0; g < 8; ++g) {
+      if constexpr (NT > 1) {
+        if (ahead != nullptr) ahead->IssueAt(g);
+      }
       __m512i wv[MR];
       for (int i = 0; i < MR; ++i) {
         const uint8_t* q = quants + i * panel_bytes;
@@ -119,7 +123,7 @@ using PackedTileFn = void (*)(const MatMulArgs&, int64_t, int64_t);
 
 // Prefill: 2 panels (32 rows) x up to 6 tokens: 12 int32 and 12 float accumulators.
 constexpr int kMR = 2;
-constexpr int kNT = 6;
+constexpr int kNT = kPackedTileTokens;
 template <DType T>
 constexpr PackedTileFn kPackedTiles[kMR][kNT] = {
     {PackedTile<T, 1, 1>, PackedTile<T, 1, 2>, PackedTile<T, 1, 3>, PackedTile<T, 1, 4>,

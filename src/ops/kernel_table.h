@@ -102,6 +102,9 @@ inline constexpr int64_t kPackedPrefetchBytes = 8192;
 // M=8 335 -> 543 GOPS, M=4 284 -> 389; M=1 is left as it was (the L2 prefetch cost it ~10%).
 inline constexpr int64_t kBatchedPrefetchL1Bytes = 4096;
 inline constexpr int64_t kBatchedPrefetchL2Bytes = 32768;
+// Tokens per register tile of the AVX-512 Q8_0 / Q4_0 kernels beyond kDecodeNT (gemm_avx512.cc):
+// StreamAhead spreads its lines over the blocks of tiles this wide.
+inline constexpr int kPackedTileTokens = 6;
 
 // Writes row i (< kPanelRows) of a panel from its GGUF row (pack.cc); the panel starts zeroed.
 void PackPanelRow(DType type, const uint8_t* row, int64_t cols, int64_t i, uint8_t* panel);
@@ -142,6 +145,22 @@ inline void ForEachTile(int64_t u0, int64_t u1, int64_t t0, int64_t t1, WideFn&&
   }
 }
 
+// Bytes another task will stream next, pulled into L2 by a call whose arithmetic outlasts its
+// own weights (MatMulGroup pairs such calls with a decode matrix's stream: ops/stream_pairs.h),
+// lines_per_block lines per weight block it computes, spread over the block's 8 steps so the
+// requests reach memory at an even pace. A hint only: no output depends on it.
+struct StreamAhead {
+  const char* next = nullptr;
+  const char* end = nullptr;
+  int64_t lines_per_block = 0;
+  void IssueAt(int step) {  // step < 8 of a block
+    const int64_t count = (lines_per_block * (step + 1)) / 8 - (lines_per_block * step) / 8;
+    for (int64_t i = 0; i < count && next < end; ++i, next += 64) {
+      __builtin_prefetch(next, /*rw=*/0, /*locality=*/2);  // prefetcht1: into L2, not L1
+    }
+  }
+};
+
 // One MatMul call as the tile kernels see it. Exactly one of x / acts is used, by weight type.
 struct MatMulArgs {
   MatrixView w;
@@ -149,6 +168,7 @@ struct MatMulArgs {
   const uint8_t* acts = nullptr;  // [n_tokens][ActRowStride(w.cols)] (Q8_0/Q4_0 weights)
   int64_t act_stride = 0;
   float* y = nullptr;  // [n_tokens][w.rows]
+  StreamAhead* stream_ahead = nullptr;  // see StreamAhead; null: nothing rides along
 };
 
 struct KernelTable {

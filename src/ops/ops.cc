@@ -16,6 +16,7 @@
 #include "amx.h"
 #include "kernel_table.h"
 #include "kquant_kernels.h"
+#include "stream_pairs.h"
 
 namespace kvl::ops {
 namespace {
@@ -320,6 +321,10 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
                             ws[m].layout == MatrixLayout::kPacked);
     n_row_chunks[m] = (ws[m].rows + row_chunk[m] - 1) / row_chunk[m];
     first_task[m + 1] = first_task[m] + n_row_chunks[m] * n_token_tiles;
+  }
+  if (PairsStreamWithArithmetic(ctx.isa(), std::span<const MatMulArgs>(args, ws.size()),
+                                token_counts)) {
+    return RunStreamPairs(pool, k, std::span<const MatMulArgs>(args, ws.size()), token_counts);
   }
   const MatMulTileFn kquant_tile = KQuantMatMulTile(ctx.isa());
   pool.ParallelFor(first_task[ws.size()], [&](int64_t task, int) {
