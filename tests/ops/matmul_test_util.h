@@ -1,9 +1,13 @@
 // Random weight matrices in a stored format and random activations, for the MatMul tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvl/ops.h"
@@ -58,6 +62,18 @@ inline std::vector<float> RunPackedMatMul(Isa isa, int threads, const MatrixView
   std::vector<float> y(static_cast<size_t>(n * w.rows), NAN);
   MatMul(ctx, w, x, n, y.data());
   return y;
+}
+
+// Bitwise, so -0 vs +0 or a NaN would show.
+inline void ExpectBitIdentical(const std::vector<float>& a, const std::vector<float>& b,
+                               const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    uint32_t ua, ub;
+    std::memcpy(&ua, &a[i], 4);
+    std::memcpy(&ub, &b[i], 4);
+    ASSERT_EQ(ua, ub) << what << " element " << i << ": " << a[i] << " vs " << b[i];
+  }
 }
 
 }  // namespace kvl::ops

@@ -28,18 +28,6 @@ std::vector<float> ExtremeVec(int64_t n, uint32_t seed) {
   return v;
 }
 
-// Bitwise, so -0 vs +0 or a NaN would show.
-void ExpectBitIdentical(const std::vector<float>& a, const std::vector<float>& b,
-                        const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    uint32_t ua, ub;
-    std::memcpy(&ua, &a[i], 4);
-    std::memcpy(&ub, &b[i], 4);
-    ASSERT_EQ(ua, ub) << what << " element " << i << ": " << a[i] << " vs " << b[i];
-  }
-}
-
 constexpr DType kQuantTypes[] = {DType::kQ8_0, DType::kQ4_0};
 constexpr DType kKQuantTypes[] = {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 constexpr DType kAllPackedTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K,

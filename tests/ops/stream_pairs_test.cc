@@ -16,17 +16,6 @@
 namespace kvl::ops {
 namespace {
 
-void ExpectBitIdentical(const std::vector<float>& got, const std::vector<float>& want,
-                        const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, &got[i], 4);
-    std::memcpy(&b, &want[i], 4);
-    ASSERT_EQ(a, b) << what << ": element " << i << " " << got[i] << " vs " << want[i];
-  }
-}
-
 // The args MatMulGroup would build, enough for PairsStreamWithArithmetic to judge.
 std::vector<MatMulArgs> ArgsOf(std::span<const MatrixView> ws) {
   std::vector<MatMulArgs> args(ws.size());
