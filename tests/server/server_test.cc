@@ -464,7 +464,10 @@ TEST_F(ServerTest, BenchServeLoadsTheServerPlainAndStreamed) {
     EXPECT_GT(j["output_throughput"].get<double>(), 0);
     EXPECT_GT(j["duration_s"].get<double>(), 0);
     if (*stream) {
-      EXPECT_GT(j["itl_ms"]["mean"].get<double>(), 0);
+      // Frames that reach the client in one read share its arrival time, so on a loaded machine
+      // every gap can be 0 (seen once in 9 runs beside two busy loops); TPOT spans the request.
+      EXPECT_GE(j["itl_ms"]["mean"].get<double>(), 0);
+      EXPECT_LE(j["itl_ms"]["mean"].get<double>(), j["e2e_ms"]["mean"].get<double>());
       EXPECT_GT(j["tpot_ms"]["mean"].get<double>(), 0);
       // TTFT is the first token frame, before the end of the request.
       EXPECT_LT(j["ttft_ms"]["mean"].get<double>(), j["e2e_ms"]["mean"].get<double>());
