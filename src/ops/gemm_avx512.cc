@@ -64,6 +64,7 @@ void PackedTile(const MatMulArgs& a, int64_t panel, int64_t t) {
   const int64_t fstride = stride / 4;  // dx and sx rows, in elements (stride is a multiple of 64)
 
   StreamAhead* const ahead = a.stream_ahead;  // another task's stream, pulled by wide tiles
+  const bool far = NT > 1 || OneTokenPrefetchesIntoL2();  // how the weight stream is prefetched
   __m512 facc[MR][NT];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NT; ++j) facc[i][j] = _mm512_setzero_ps();
@@ -86,7 +87,7 @@ void PackedTile(const MatMulArgs& a, int64_t panel, int64_t t) {
         const uint8_t* q = quants + i * panel_bytes;
         if (T == DType::kQ8_0 || g % 2 == 0) {
           const char* line = reinterpret_cast<const char*>(q + g * 64);
-          if constexpr (NT == 1) {
+          if (!far) {
             _mm_prefetch(line + kPackedPrefetchBytes, _MM_HINT_T0);
           } else {
             _mm_prefetch(line + kBatchedPrefetchL1Bytes, _MM_HINT_T0);

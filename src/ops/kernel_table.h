@@ -102,6 +102,14 @@ inline constexpr int64_t kPackedPrefetchBytes = 8192;
 // M=8 335 -> 543 GOPS, M=4 284 -> 389; M=1 is left as it was (the L2 prefetch cost it ~10%).
 inline constexpr int64_t kBatchedPrefetchL1Bytes = 4096;
 inline constexpr int64_t kBatchedPrefetchL2Bytes = 32768;
+// Whether one-token decode prefetches like batched decode (into L2 far ahead and L1 nearer)
+// rather than into L1 alone, kPackedPrefetchBytes ahead. Which wins depends on the CPU: on Zen 4
+// the L2 prefetch cost one-token decode ~10%; on a 2-vCPU Sapphire Rapids VM it gains it 10-15%
+// (TinyLlama Q8_0 tg64, `kvl bench -t 2 -p 0 -n 64`, alternated: 19.3-20.0 -> 21.7-22.9 t/s,
+// 26.8 GB/s of weights against `membw`'s 26.3; Qwen3-0.6B Q8_0 +5%). Chosen once per process by
+// the CPU's vendor, for the Q8_0 / Q4_0 tiles: the K-quant ones keep L1 alone (on the same VM the
+// change moved Q4_K_M tg64 both ways, TinyLlama -3%, Qwen3-0.6B +5%).
+bool OneTokenPrefetchesIntoL2();
 // Tokens per register tile of the AVX-512 Q8_0 / Q4_0 kernels beyond kDecodeNT (gemm_avx512.cc):
 // StreamAhead spreads its lines over the blocks of tiles this wide.
 inline constexpr int kPackedTileTokens = 6;

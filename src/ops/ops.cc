@@ -127,6 +127,11 @@ CpuFeatureSet DetectCpuFeatures() {
   return s;
 }
 
+bool OneTokenPrefetchesIntoL2() {
+  static const bool far = __builtin_cpu_is("intel");
+  return far;
+}
+
 std::vector<Isa> RunnableIsas(CpuFeatureSet present) {
   std::vector<Isa> isas;
   for (Isa isa : kAllIsas) {

@@ -166,19 +166,33 @@ struct WorkloadFigures {
   bool identical = false;
 };
 
-// Median ms of a forward step of `rows` rows of one sequence at positions depth..depth+rows-1.
-double StepMs(Forward& forward, KvCache& cache, int64_t depth, int64_t rows, int repetitions) {
-  TokenBatch batch;
-  for (int64_t i = 0; i < rows; ++i) batch.Add(static_cast<int32_t>(3 + i), depth + i, 0, true);
-  std::vector<double> ms;
-  for (int r = 0; r < repetitions + 1; ++r) {
-    const BenchClock::time_point start = BenchClock::now();
-    forward.Run(batch, cache);
-    const double t = std::chrono::duration<double, std::milli>(BenchClock::now() - start).count();
-    if (r > 0) ms.push_back(t);  // the first run warms the caches
+// Median ms of a forward step of each of `row_counts` rows of one sequence at positions
+// depth..depth+rows-1. The counts take turns step by step, so that a machine whose speed drifts
+// while they run (others' load, DRAM shared with other VMs) slows each alike: measured one count
+// after another, the ratio of a 9-row step to a 1-row one moved 1.65x to 2.61x between runs.
+std::vector<double> StepMs(Forward& forward, KvCache& cache, int64_t depth,
+                           const std::vector<int64_t>& row_counts, int repetitions) {
+  std::vector<TokenBatch> batches(row_counts.size());
+  for (size_t k = 0; k < row_counts.size(); ++k) {
+    for (int64_t i = 0; i < row_counts[k]; ++i) {
+      batches[k].Add(static_cast<int32_t>(3 + i), depth + i, 0, true);
+    }
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  std::vector<std::vector<double>> ms(row_counts.size());
+  for (int r = 0; r < repetitions + 1; ++r) {
+    for (size_t k = 0; k < row_counts.size(); ++k) {
+      const BenchClock::time_point start = BenchClock::now();
+      forward.Run(batches[k], cache);
+      const double t = std::chrono::duration<double, std::milli>(BenchClock::now() - start).count();
+      if (r > 0) ms[k].push_back(t);  // the first round warms the caches
+    }
+  }
+  std::vector<double> medians;
+  for (std::vector<double>& m : ms) {
+    std::sort(m.begin(), m.end());
+    medians.push_back(m[m.size() / 2]);
+  }
+  return medians;
 }
 
 }  // namespace
@@ -254,11 +268,15 @@ int BenchSpecCommand(const BenchSpecArgs& args) {
     }
     forward.Run(fill, **cache);
   }
-  std::vector<std::pair<int64_t, double>> step_ms;  // rows, ms
+  std::vector<int64_t> row_counts;
   for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, max_rows}) {
-    if (rows > max_rows || (!step_ms.empty() && step_ms.back().first == rows)) continue;
-    step_ms.push_back({rows, StepMs(forward, **cache, args.depth, rows, args.repetitions)});
+    if (rows > max_rows || (!row_counts.empty() && row_counts.back() == rows)) continue;
+    row_counts.push_back(rows);
   }
+  const std::vector<double> medians =
+      StepMs(forward, **cache, args.depth, row_counts, args.repetitions);
+  std::vector<std::pair<int64_t, double>> step_ms;  // rows, ms
+  for (size_t k = 0; k < row_counts.size(); ++k) step_ms.push_back({row_counts[k], medians[k]});
   const double one_row_ms = step_ms.front().second;
   auto relative = [&](double rows) {  // T(rows) / T(1), linear between the measured points
     for (size_t i = 1; i < step_ms.size(); ++i) {
