@@ -132,12 +132,18 @@ constexpr PackedTileFn kPackedTiles[kMR][kNT] = {
     {PackedTile<T, 2, 1>, PackedTile<T, 2, 2>, PackedTile<T, 2, 3>, PackedTile<T, 2, 4>,
      PackedTile<T, 2, 5>, PackedTile<T, 2, 6>},
 };
-// Decode of up to 8 sequences: one panel, so each thread streams one sequential run of weights.
-constexpr int kDecodeNT = 8;
+// Decode of up to 9 rows (8 sequences, or a 1 + 8-row verify step): one panel against every
+// token, so each thread streams one sequential run of weights and reads each weight once. At 9
+// rows the 2 x (5 + 4) tiles read each panel pair twice, the second time from L2 while DRAM
+// idled: TinyLlama Q8_0 from DRAM (`matmul_bench 2 --cold`, alternated twice), M=9 / M=1
+// ffn_gate 1.64-1.70x -> 1.37-1.49x, ffn_down 1.68-1.70x -> 1.33-1.35x; the verify step
+// (`kvl bench spec --steps-only`, 3 alternations) 1.47-1.63x -> 1.41-1.45x.
+constexpr int kDecodeNT = 9;
 template <DType T>
 constexpr PackedTileFn kDecodeTiles[kDecodeNT] = {
     PackedTile<T, 1, 1>, PackedTile<T, 1, 2>, PackedTile<T, 1, 3>, PackedTile<T, 1, 4>,
-    PackedTile<T, 1, 5>, PackedTile<T, 1, 6>, PackedTile<T, 1, 7>, PackedTile<T, 1, 8>};
+    PackedTile<T, 1, 5>, PackedTile<T, 1, 6>, PackedTile<T, 1, 7>, PackedTile<T, 1, 8>,
+    PackedTile<T, 1, 9>};
 
 template <DType T>
 void MatMulPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
