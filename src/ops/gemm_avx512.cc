@@ -132,24 +132,42 @@ constexpr PackedTileFn kPackedTiles[kMR][kNT] = {
     {PackedTile<T, 2, 1>, PackedTile<T, 2, 2>, PackedTile<T, 2, 3>, PackedTile<T, 2, 4>,
      PackedTile<T, 2, 5>, PackedTile<T, 2, 6>},
 };
-// Decode of up to 9 rows (8 sequences, or a 1 + 8-row verify step): one panel against every
-// token, so each thread streams one sequential run of weights and reads each weight once. At 9
-// rows the 2 x (5 + 4) tiles read each panel pair twice, the second time from L2 while DRAM
-// idled: TinyLlama Q8_0 from DRAM (`matmul_bench 2 --cold`, alternated twice), M=9 / M=1
-// ffn_gate 1.64-1.70x -> 1.37-1.49x, ffn_down 1.68-1.70x -> 1.33-1.35x; the verify step
-// (`kvl bench spec --steps-only`, 3 alternations) 1.47-1.63x -> 1.41-1.45x.
+// Decode of up to 9 rows (8 sequences, or a 1 + 8-row verify step): every token against three
+// panels at a time, each panel read once, so the weights stream once while 3 x 9 int32 dots
+// accumulate in registers (GCC keeps the float sums of a 3 x 9 tile on the stack, touched once per
+// block). One row takes one panel at a time (a single sequential stream: two or three panels
+// measured the same or moved tg64 both ways). Before, 2-8 rows took one panel and 9 rows
+// 2 x (5 + 4) tiles, which read each panel pair twice, the second time from L2 while DRAM idled.
+// TinyLlama Q8_0, 2 threads, a step of 9 rows / a one-row step (`kvl bench spec --steps-only
+// -r 11`, three or four alternations each): 1 x k panels, 2 x (5 + 4): 1.45-1.67x; 1 x 9:
+// 1.41-1.50x; 2 x 9: 1.29-1.39x; 3 x 9: 1.18-1.33x; 4 x 9: 1.35-1.44x (its int32 dots no longer
+// fit the registers); 3 x (5 + 4): 1.37-1.59x.
 constexpr int kDecodeNT = 9;
+constexpr int kDecodeMR = 3;
 template <DType T>
 constexpr PackedTileFn kDecodeTiles[kDecodeNT] = {
+    PackedTile<T, 1, 1>, PackedTile<T, 3, 2>, PackedTile<T, 3, 3>, PackedTile<T, 3, 4>,
+    PackedTile<T, 3, 5>, PackedTile<T, 3, 6>, PackedTile<T, 3, 7>, PackedTile<T, 3, 8>,
+    PackedTile<T, 3, 9>};
+// The panels left over at the end of a run, one at a time.
+template <DType T>
+constexpr PackedTileFn kDecodeOnePanel[kDecodeNT] = {
     PackedTile<T, 1, 1>, PackedTile<T, 1, 2>, PackedTile<T, 1, 3>, PackedTile<T, 1, 4>,
     PackedTile<T, 1, 5>, PackedTile<T, 1, 6>, PackedTile<T, 1, 7>, PackedTile<T, 1, 8>,
     PackedTile<T, 1, 9>};
 
 template <DType T>
 void MatMulPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-  ForEachTile<kDecodeNT, kMR, kNT>(
-      r0 / kPanelRows, PackedPanels(r1), t0, t1,
-      [&](int64_t p, int64_t nt) { kDecodeTiles<T>[nt - 1](a, p, t0); },
+  const int64_t n = t1 - t0, p1 = PackedPanels(r1);
+  if (n <= kDecodeNT) {
+    const int64_t step = n == 1 ? 1 : kDecodeMR;
+    int64_t p = r0 / kPanelRows;
+    for (; p + step <= p1; p += step) kDecodeTiles<T>[n - 1](a, p, t0);
+    for (; p < p1; ++p) kDecodeOnePanel<T>[n - 1](a, p, t0);
+    return;
+  }
+  ForEachTile<kDecodeNT, kMR, kNT>(  // n > kDecodeNT: its one-panel branch never runs
+      r0 / kPanelRows, p1, t0, t1, [](int64_t, int64_t) {},
       [&](int64_t p, int64_t t, int64_t mr, int64_t nt) { kPackedTiles<T>[mr - 1][nt - 1](a, p, t); });
 }
 
