@@ -128,8 +128,8 @@ inline void CodePair(const uint8_t* blk, int64_t u, __m512i hb, __m512i* lo, __m
   }
 }
 
-// y[t + j][16 * panel + ...] for j < NT tokens.
-template <DType T, int NT>
+// y[t + j][16 * (panel + i) + ...] for j < NT tokens, i < MR panels.
+template <DType T, int NT, int MR = 1>
 void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
   constexpr KQuantPanelLayout kL = KQuantPanel(T);
   constexpr int kSub = kSubBlocks<T>;
@@ -137,7 +137,8 @@ void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
   constexpr int kLines = kL.super_bytes / 64;
   const int64_t cols = a.w.cols;
   const int64_t n_sb = cols / kQK_K;
-  const uint8_t* w = static_cast<const uint8_t*>(a.w.data) + panel * PackedPanelBytes(T, cols);
+  const int64_t panel_bytes = PackedPanelBytes(T, cols);
+  const uint8_t* w = static_cast<const uint8_t*>(a.w.data) + panel * panel_bytes;
   const int64_t stride = a.act_stride;
   const uint8_t* acts = a.acts + t * stride;
   const auto* dx = reinterpret_cast<const float*>(acts + ActScalesOffset(cols));
@@ -146,81 +147,97 @@ void PackedKQuantTile(const MatMulArgs& a, int64_t panel, int64_t t) {
   const int64_t fstride = stride / 4;  // dx, sums, offsets rows in elements (stride % 64 == 0)
 
   // Pass 1: acc, sub-block by sub-block.
-  __m512 acc[NT];
-  for (int j = 0; j < NT; ++j) acc[j] = _mm512_setzero_ps();
+  __m512 acc[MR][NT];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < n_sb; ++sb) {
-    const uint8_t* blk = w + sb * kL.super_bytes;
-    __m512 dsc[kSub];
-    SubBlockFactors<T, false>(blk, dsc);
+    const uint8_t* blk[MR];
+    __m512 dsc[MR][kSub];
+    for (int i = 0; i < MR; ++i) {
+      blk[i] = w + i * panel_bytes + sb * kL.super_bytes;
+      SubBlockFactors<T, false>(blk[i], dsc[i]);
+    }
     for (int s = 0; s < kSub; ++s) {
       // Batched decode also prefetches into L2 far ahead (kernel_table.h).
-      const char* here = reinterpret_cast<const char*>(blk);
-      for (int l = s * kLines / kSub; l < (s + 1) * kLines / kSub; ++l) {
-        if constexpr (NT == 1) {
-          _mm_prefetch(here + kPackedPrefetchBytes + 64 * l, _MM_HINT_T0);
-        } else {
-          _mm_prefetch(here + kBatchedPrefetchL1Bytes + 64 * l, _MM_HINT_T0);
-          _mm_prefetch(here + kBatchedPrefetchL2Bytes + 64 * l, _MM_HINT_T1);
+      for (int i = 0; i < MR; ++i) {
+        const char* here = reinterpret_cast<const char*>(blk[i]);
+        for (int l = s * kLines / kSub; l < (s + 1) * kLines / kSub; ++l) {
+          if constexpr (NT == 1) {
+            _mm_prefetch(here + kPackedPrefetchBytes + 64 * l, _MM_HINT_T0);
+          } else {
+            _mm_prefetch(here + kBatchedPrefetchL1Bytes + 64 * l, _MM_HINT_T0);
+            _mm_prefetch(here + kBatchedPrefetchL2Bytes + 64 * l, _MM_HINT_T1);
+          }
         }
       }
-      __m512i hb = _mm512_setzero_si512();
-      if constexpr (T != DType::kQ4_K) hb = _mm512_load_si512(blk + kL.bits + 64 * s);
+      __m512i hb[MR];
+      for (int i = 0; i < MR; ++i) {
+        hb[i] = _mm512_setzero_si512();
+        if constexpr (T != DType::kQ4_K) hb[i] = _mm512_load_si512(blk[i] + kL.bits + 64 * s);
+      }
       // Q6_K's dots start from -32 * (sum of the group's activations), a broadcast load rather
       // than a subtraction on the vector ports.
-      __m512i dot[NT];
+      __m512i dot[MR][NT];
       for (int j = 0; j < NT; ++j) {
-        dot[j] = T == DType::kQ6_K ? _mm512_set1_epi32(q6_offsets[j * fstride + sb * kSub + s])
-                                   : _mm512_setzero_si512();
+        const __m512i init = T == DType::kQ6_K
+                                 ? _mm512_set1_epi32(q6_offsets[j * fstride + sb * kSub + s])
+                                 : _mm512_setzero_si512();
+        for (int i = 0; i < MR; ++i) dot[i][j] = init;
       }
       StaticFor<kLoads>([&](auto v) {
         constexpr int kV = decltype(v)::value;
         const int64_t u = s * kLoads + kV;
-        __m512i lo, hi;
-        CodePair<T, 2 * kV>(blk, u, hb, &lo, &hi);
+        __m512i lo[MR], hi[MR];
+        for (int i = 0; i < MR; ++i) CodePair<T, 2 * kV>(blk[i], u, hb[i], &lo[i], &hi[i]);
         const uint8_t* x = acts + sb * kQK_K + 8 * u;  // code vector 2u: elements 8u..8u+3
         for (int j = 0; j < NT; ++j) {
           int32_t four;
           __builtin_memcpy(&four, x + j * stride, 4);
-          dot[j] = _mm512_dpbusd_epi32(dot[j], lo, _mm512_set1_epi32(four));
+          const __m512i xv = _mm512_set1_epi32(four);
+          for (int i = 0; i < MR; ++i) dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], lo[i], xv);
         }
         for (int j = 0; j < NT; ++j) {
           int32_t four;
           __builtin_memcpy(&four, x + j * stride + 4, 4);
-          dot[j] = _mm512_dpbusd_epi32(dot[j], hi, _mm512_set1_epi32(four));
+          const __m512i xv = _mm512_set1_epi32(four);
+          for (int i = 0; i < MR; ++i) dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], hi[i], xv);
         }
       });
       const int64_t b = sb * 8 + s * 8 / kSub;  // the activation block holding sub-block s
       for (int j = 0; j < NT; ++j) {
-        const __m512 xd =
-            _mm512_mul_ps(_mm512_cvtepi32_ps(dot[j]), _mm512_set1_ps(dx[j * fstride + b]));
-        acc[j] = _mm512_fmadd_ps(dsc[s], xd, acc[j]);
-      }
-    }
-  }
-
-  // Pass 2 (Q4_K / Q5_K): acc_min, sub-block by sub-block.
-  __m512 acc_min[NT];
-  for (int j = 0; j < NT; ++j) acc_min[j] = _mm512_setzero_ps();
-  if constexpr (T != DType::kQ6_K) {
-    for (int64_t sb = 0; sb < n_sb; ++sb) {
-      __m512 dm[kSub];
-      SubBlockFactors<T, true>(w + sb * kL.super_bytes, dm);
-      for (int s = 0; s < kSub; ++s) {
-        for (int j = 0; j < NT; ++j) {
-          const __m512 m = _mm512_set1_ps(sums[j * fstride + sb * kSub + s]);
-          acc_min[j] = _mm512_fmadd_ps(dm[s], m, acc_min[j]);
+        const __m512 dxj = _mm512_set1_ps(dx[j * fstride + b]);
+        for (int i = 0; i < MR; ++i) {
+          const __m512 xd = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[i][j]), dxj);
+          acc[i][j] = _mm512_fmadd_ps(dsc[i][s], xd, acc[i][j]);
         }
       }
     }
   }
 
   const int64_t rows = a.w.rows;
-  const int64_t r = panel * kPanelRows;
-  const __mmask16 m =
-      r + kPanelRows <= rows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (rows - r)) - 1);
-  for (int j = 0; j < NT; ++j) {
-    const __m512 out = T == DType::kQ6_K ? acc[j] : _mm512_sub_ps(acc[j], acc_min[j]);
-    _mm512_mask_storeu_ps(a.y + (t + j) * rows + r, m, out);
+  for (int i = 0; i < MR; ++i) {
+    // Pass 2 (Q4_K / Q5_K): acc_min, sub-block by sub-block.
+    __m512 acc_min[NT];
+    for (int j = 0; j < NT; ++j) acc_min[j] = _mm512_setzero_ps();
+    if constexpr (T != DType::kQ6_K) {
+      for (int64_t sb = 0; sb < n_sb; ++sb) {
+        __m512 dm[kSub];
+        SubBlockFactors<T, true>(w + i * panel_bytes + sb * kL.super_bytes, dm);
+        for (int s = 0; s < kSub; ++s) {
+          for (int j = 0; j < NT; ++j) {
+            const __m512 m = _mm512_set1_ps(sums[j * fstride + sb * kSub + s]);
+            acc_min[j] = _mm512_fmadd_ps(dm[s], m, acc_min[j]);
+          }
+        }
+      }
+    }
+    const int64_t r = (panel + i) * kPanelRows;
+    const __mmask16 m = r + kPanelRows <= rows ? __mmask16{0xFFFF}
+                                               : static_cast<__mmask16>((1u << (rows - r)) - 1);
+    for (int j = 0; j < NT; ++j) {
+      const __m512 out = T == DType::kQ6_K ? acc[i][j] : _mm512_sub_ps(acc[i][j], acc_min[j]);
+      _mm512_mask_storeu_ps(a.y + (t + j) * rows + r, m, out);
+    }
   }
 }
 
@@ -233,8 +250,8 @@ using PackedTileFn = void (*)(const MatMulArgs&, int64_t, int64_t);
 // with 2 x 6, 385-400 / 360-385 with 1 x 12 (1 x 8 and 1 x 10 in between). On the Sapphire Rapids
 // VM of issue 25 (1 thread, M = 12 / 24, best of 4 on a loaded machine) 1 x 12 stays ahead: Q4_K
 // 250-310 GOPS against 255-297 for 2 x 6 and 231-270 for 3 x 4; Q6_K 185-203 against 173-193 and
-// 144-168. Decode of up to 8 sequences takes the same tiles, each thread streaming one sequential
-// run of weights.
+// 144-168. One-row decode takes the one-token tile, each thread streaming one sequential run of
+// weights; 2-9 rows take the three-panel tiles below.
 constexpr int kNT = 12;
 constexpr int kDecodeNT = 8;
 
@@ -245,8 +262,30 @@ constexpr std::array<PackedTileFn, sizeof...(NT)> TileTable(std::integer_sequenc
 template <DType T>
 constexpr auto kTiles = TileTable<T>(std::make_integer_sequence<int, kNT>{});
 
+// Decode of 2-9 rows (a few sequences, or a 1 + 8-row verify step): three panels at a time against
+// every token, each token's activation bytes broadcast once for the three. TinyLlama Q4_K_M,
+// 2 threads, a step of k rows / a one-row step (`kvl bench spec --steps-only -r 11`, three
+// alternations), one panel / two / three: 3 rows 1.12-1.15x / 1.03-1.07x / 1.00-1.04x, 5 rows
+// 1.22-1.31x / 1.20-1.26x / 1.12-1.19x, 9 rows 1.70-1.83x / 1.67-1.76x / 1.70-1.75x. (Unlike
+// Q8_0 the 9-row step stays arithmetic-bound: each panel's codes are unpacked for its own dots.)
+constexpr int kDecodeMR = 3;
+constexpr int kDecodeMaxRows = 9;
+template <DType T, int... NT>
+constexpr std::array<PackedTileFn, sizeof...(NT)> DecodeTable(std::integer_sequence<int, NT...>) {
+  return {PackedKQuantTile<T, NT + 1, kDecodeMR>...};
+}
+template <DType T>
+constexpr auto kDecodeTiles = DecodeTable<T>(std::make_integer_sequence<int, kDecodeMaxRows>{});
+
 template <DType T>
 void KQuantPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
+  const int64_t n = t1 - t0, p1 = PackedPanels(r1);
+  if (n >= 2 && n <= kDecodeMaxRows) {
+    int64_t p = r0 / kPanelRows;
+    for (; p + kDecodeMR <= p1; p += kDecodeMR) kDecodeTiles<T>[n - 1](a, p, t0);
+    for (; p < p1; ++p) kTiles<T>[n - 1](a, p, t0);  // the panels left over, one at a time
+    return;
+  }
   ForEachTile<kDecodeNT, 1, kNT>(
       r0 / kPanelRows, PackedPanels(r1), t0, t1,
       [&](int64_t p, int64_t nt) { kTiles<T>[nt - 1](a, p, t0); },
