@@ -144,30 +144,22 @@ constexpr PackedTileFn kPackedTiles[kMR][kNT] = {
 // fit the registers); 3 x (5 + 4): 1.37-1.59x.
 constexpr int kDecodeNT = 9;
 constexpr int kDecodeMR = 3;
+// [mr == 1 ? 0 : 1][n - 1]: one panel (one row, and the panels left over at the end of a run),
+// or kDecodeMR panels.
 template <DType T>
-constexpr PackedTileFn kDecodeTiles[kDecodeNT] = {
-    PackedTile<T, 1, 1>, PackedTile<T, 3, 2>, PackedTile<T, 3, 3>, PackedTile<T, 3, 4>,
-    PackedTile<T, 3, 5>, PackedTile<T, 3, 6>, PackedTile<T, 3, 7>, PackedTile<T, 3, 8>,
-    PackedTile<T, 3, 9>};
-// The panels left over at the end of a run, one at a time.
-template <DType T>
-constexpr PackedTileFn kDecodeOnePanel[kDecodeNT] = {
-    PackedTile<T, 1, 1>, PackedTile<T, 1, 2>, PackedTile<T, 1, 3>, PackedTile<T, 1, 4>,
-    PackedTile<T, 1, 5>, PackedTile<T, 1, 6>, PackedTile<T, 1, 7>, PackedTile<T, 1, 8>,
-    PackedTile<T, 1, 9>};
+constexpr PackedTileFn kDecodeTiles[2][kDecodeNT] = {
+    {PackedTile<T, 1, 1>, PackedTile<T, 1, 2>, PackedTile<T, 1, 3>, PackedTile<T, 1, 4>,
+     PackedTile<T, 1, 5>, PackedTile<T, 1, 6>, PackedTile<T, 1, 7>, PackedTile<T, 1, 8>,
+     PackedTile<T, 1, 9>},
+    {PackedTile<T, 3, 1>, PackedTile<T, 3, 2>, PackedTile<T, 3, 3>, PackedTile<T, 3, 4>,
+     PackedTile<T, 3, 5>, PackedTile<T, 3, 6>, PackedTile<T, 3, 7>, PackedTile<T, 3, 8>,
+     PackedTile<T, 3, 9>}};
 
 template <DType T>
 void MatMulPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-  const int64_t n = t1 - t0, p1 = PackedPanels(r1);
-  if (n <= kDecodeNT) {
-    const int64_t step = n == 1 ? 1 : kDecodeMR;
-    int64_t p = r0 / kPanelRows;
-    for (; p + step <= p1; p += step) kDecodeTiles<T>[n - 1](a, p, t0);
-    for (; p < p1; ++p) kDecodeOnePanel<T>[n - 1](a, p, t0);
-    return;
-  }
-  ForEachTile<kDecodeNT, kMR, kNT>(  // n > kDecodeNT: its one-panel branch never runs
-      r0 / kPanelRows, p1, t0, t1, [](int64_t, int64_t) {},
+  ForEachTile<kDecodeNT, kDecodeMR, kMR, kNT>(
+      r0 / kPanelRows, PackedPanels(r1), t0, t1,
+      [&](int64_t p, int64_t mr, int64_t nt) { kDecodeTiles<T>[mr == 1 ? 0 : 1][nt - 1](a, p, t0); },
       [&](int64_t p, int64_t t, int64_t mr, int64_t nt) { kPackedTiles<T>[mr - 1][nt - 1](a, p, t); });
 }
 

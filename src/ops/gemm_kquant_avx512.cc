@@ -253,7 +253,6 @@ using PackedTileFn = void (*)(const MatMulArgs&, int64_t, int64_t);
 // 144-168. One-row decode takes the one-token tile, each thread streaming one sequential run of
 // weights; 2-9 rows take the three-panel tiles below.
 constexpr int kNT = 12;
-constexpr int kDecodeNT = 8;
 
 template <DType T, int... NT>
 constexpr std::array<PackedTileFn, sizeof...(NT)> TileTable(std::integer_sequence<int, NT...>) {
@@ -269,26 +268,21 @@ constexpr auto kTiles = TileTable<T>(std::make_integer_sequence<int, kNT>{});
 // 1.22-1.31x / 1.20-1.26x / 1.12-1.19x, 9 rows 1.70-1.83x / 1.67-1.76x / 1.70-1.75x. (Unlike
 // Q8_0 the 9-row step stays arithmetic-bound: each panel's codes are unpacked for its own dots.)
 constexpr int kDecodeMR = 3;
-constexpr int kDecodeMaxRows = 9;
+constexpr int kDecodeNT = 9;
 template <DType T, int... NT>
 constexpr std::array<PackedTileFn, sizeof...(NT)> DecodeTable(std::integer_sequence<int, NT...>) {
   return {PackedKQuantTile<T, NT + 1, kDecodeMR>...};
 }
 template <DType T>
-constexpr auto kDecodeTiles = DecodeTable<T>(std::make_integer_sequence<int, kDecodeMaxRows>{});
+constexpr auto kDecodeTiles = DecodeTable<T>(std::make_integer_sequence<int, kDecodeNT>{});
 
 template <DType T>
 void KQuantPackedTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
-  const int64_t n = t1 - t0, p1 = PackedPanels(r1);
-  if (n >= 2 && n <= kDecodeMaxRows) {
-    int64_t p = r0 / kPanelRows;
-    for (; p + kDecodeMR <= p1; p += kDecodeMR) kDecodeTiles<T>[n - 1](a, p, t0);
-    for (; p < p1; ++p) kTiles<T>[n - 1](a, p, t0);  // the panels left over, one at a time
-    return;
-  }
-  ForEachTile<kDecodeNT, 1, kNT>(
+  ForEachTile<kDecodeNT, kDecodeMR, 1, kNT>(
       r0 / kPanelRows, PackedPanels(r1), t0, t1,
-      [&](int64_t p, int64_t nt) { kTiles<T>[nt - 1](a, p, t0); },
+      [&](int64_t p, int64_t mr, int64_t nt) {
+        (mr == 1 ? kTiles<T>[nt - 1] : kDecodeTiles<T>[nt - 1])(a, p, t0);
+      },
       [&](int64_t p, int64_t t, int64_t, int64_t nt) { kTiles<T>[nt - 1](a, p, t); });
 }
 

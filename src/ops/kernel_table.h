@@ -118,8 +118,10 @@ inline constexpr int kPackedTileTokens = 6;
 void PackPanelRow(DType type, const uint8_t* row, int64_t cols, int64_t i, uint8_t* panel);
 
 // Covers units [u0, u1) (weight rows, or panels of rows) x tokens [t0, t1) with a kernel's tiles.
-// Up to kWide tokens (decode of a few sequences): one unit at a time against all of them,
-// wide(u, n_tokens), so a thread streams its weights in one sequential run. Otherwise tiles of up
+// Up to kWide tokens (decode of a few sequences, a verify step): kWideMR units at a time against
+// all of them, wide(u, mr, n_tokens), each unit read once; one token, and the units left over,
+// take one unit at a time (mr = 1), so one-row decode streams its weights in one sequential run
+// per thread. Otherwise tiles of up
 // to MR units x NR tokens, tile(u, t, mr, nr), units outer so a tile's weights stay in cache for
 // every token. The tokens are cut into as few tiles as NR allows, of sizes that differ by at most
 // one (BalancedTokenTile): a prefill task of 64 tokens is 11+11+11+11+10+10 for NR = 12, not
@@ -136,12 +138,16 @@ inline TokenTile BalancedTokenTile(int64_t n, int64_t max, int64_t i) {
   const int64_t base = n / tiles, extra = n % tiles;
   return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
 }
-template <int64_t kWide, int64_t MR, int64_t NR, typename WideFn, typename TileFn>
+template <int64_t kWide, int64_t kWideMR, int64_t MR, int64_t NR, typename WideFn,
+          typename TileFn>
 inline void ForEachTile(int64_t u0, int64_t u1, int64_t t0, int64_t t1, WideFn&& wide,
                         TileFn&& tile) {
   const int64_t n = t1 - t0;
   if (n <= kWide) {
-    for (int64_t u = u0; u < u1; ++u) wide(u, n);
+    const int64_t mr = n == 1 ? 1 : kWideMR;
+    int64_t u = u0;
+    for (; u + mr <= u1; u += mr) wide(u, mr, n);
+    for (; u < u1; ++u) wide(u, int64_t{1}, n);
     return;
   }
   const int64_t tiles = (n + NR - 1) / NR;

@@ -241,8 +241,8 @@ void MatMulTileT(const MatMulArgs& a, int64_t r0, int64_t r1, int64_t t0, int64_
   // same accumulation steps whatever the tile, so this changes no result.
   // The same holds for a few tokens (batched decode of a few sequences): one row at a time, each
   // decoded weight block used for all of them (TinyLlama np4 decode 62 -> 80 tok/s, np8 78 -> 88).
-  ForEachTile<8, kMaxMR, kMaxNR>(
-      r0, r1, t0, t1, [&](int64_t r, int64_t nt) { kWideTiles<T>[nt - 1](a, r, t0); },
+  ForEachTile<8, 1, kMaxMR, kMaxNR>(
+      r0, r1, t0, t1, [&](int64_t r, int64_t, int64_t nt) { kWideTiles<T>[nt - 1](a, r, t0); },
       [&](int64_t r, int64_t t, int64_t mr, int64_t nr) { kTiles<T>[mr - 1][nr - 1](a, r, t); });
 }
 

@@ -329,7 +329,8 @@ void MatMulGroup(OpsContext& ctx, std::span<const MatrixView> ws, const float* x
   }
   if (PairsStreamWithArithmetic(ctx.isa(), std::span<const MatMulArgs>(args, ws.size()),
                                 token_counts)) {
-    return RunStreamPairs(pool, k, std::span<const MatMulArgs>(args, ws.size()), token_counts);
+    return RunStreamPairs(pool, k, std::span<const MatMulArgs>(args, ws.size()), token_counts,
+                          kTokenTile);
   }
   const MatMulTileFn kquant_tile = KQuantMatMulTile(ctx.isa());
   pool.ParallelFor(first_task[ws.size()], [&](int64_t task, int) {

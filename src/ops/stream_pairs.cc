@@ -21,8 +21,6 @@ constexpr int64_t kMinStreamBytes = 256 << 10;
 // 128 KiB 7.7; pieces of 256 KiB (gate and up beside the next layer's K and V) slowed the K and V
 // tiles 2x.
 constexpr int64_t kMaxPieceBytes = 128 << 10;
-// Tokens per arithmetic task: MatMulGroup's token tile (weights and activations share L2).
-constexpr int64_t kTaskTokens = 64;
 
 int64_t PanelsOf(const MatMulArgs& a) { return PackedPanels(a.w.rows); }
 
@@ -68,7 +66,7 @@ bool PairsStreamWithArithmetic(Isa isa, std::span<const MatMulArgs> args,
 }
 
 void RunStreamPairs(ThreadPool& pool, const KernelTable& kernels, std::span<const MatMulArgs> args,
-                    std::span<const int64_t> token_counts) {
+                    std::span<const int64_t> token_counts, int64_t token_tile) {
   std::vector<ArithmeticTask> arithmetic;
   int64_t stream_panels = 0;
   for (size_t m = 0; m < args.size(); ++m) {
@@ -78,10 +76,10 @@ void RunStreamPairs(ThreadPool& pool, const KernelTable& kernels, std::span<cons
     const int64_t tokens = token_counts[m];
     if (tokens == 0 || IsStream(args[m], tokens)) continue;
     const int64_t rows = args[m].w.rows;
-    const int64_t token_tiles = (tokens + kTaskTokens - 1) / kTaskTokens;
+    const int64_t token_tiles = (tokens + token_tile - 1) / token_tile;
     for (int64_t r0 = 0; r0 < rows; r0 += 2 * kPanelRows) {
       for (int64_t i = 0; i < token_tiles; ++i) {
-        const TokenTile tt = BalancedTokenTile(tokens, kTaskTokens, i);
+        const TokenTile tt = BalancedTokenTile(tokens, token_tile, i);
         arithmetic.push_back(
             {m, r0, std::min(rows, r0 + 2 * kPanelRows), tt.start, tt.start + tt.count});
       }
@@ -109,7 +107,7 @@ void RunStreamPairs(ThreadPool& pool, const KernelTable& kernels, std::span<cons
       const ArithmeticTask& task = arithmetic[static_cast<size_t>(i)];
       MatMulArgs a = args[task.m];
       StreamAhead ahead;
-      if (piece != nullptr && IsArithmetic(a, token_counts[task.m])) {
+      if (piece != nullptr) {  // every task is arithmetic here (PairsStreamWithArithmetic)
         const MatMulArgs& s = args[piece->m];
         const int64_t panel_bytes = PackedPanelBytes(s.w.type, s.w.cols);
         ahead.next = static_cast<const char*>(s.w.data) + piece->p0 * panel_bytes;

@@ -24,8 +24,9 @@ namespace kvl::ops {
 bool PairsStreamWithArithmetic(Isa isa, std::span<const MatMulArgs> args,
                                std::span<const int64_t> token_counts);
 
-// Runs every (matrix, row, token) of args in pairs; args are MatMulGroup's, ready to run.
+// Runs every (matrix, row, token) of args in pairs; args are MatMulGroup's, ready to run, and the
+// arithmetic is cut into balanced tiles of at most token_tile tokens (MatMulGroup's token tile).
 void RunStreamPairs(ThreadPool& pool, const KernelTable& kernels, std::span<const MatMulArgs> args,
-                    std::span<const int64_t> token_counts);
+                    std::span<const int64_t> token_counts, int64_t token_tile);
 
 }  // namespace kvl::ops
