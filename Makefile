@@ -1,4 +1,7 @@
 # kvlattice quick start: `make run` and `make test` (both install missing Debian packages first).
+# `make test` is what a user needs to trust a build: the release build and every test through ctest.
+# CI (`.ci/run`, or `make ci`) adds the sanitized build's tests (`make sanitize`) and the fuzzers
+# (`make fuzz`) after it.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 KVL_MODEL ?= ../shared/models/stories260K.gguf
@@ -9,7 +12,7 @@ FUZZ_SECONDS ?= 40
 LAUNCHER := $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 export CCACHE_BASEDIR := $(CURDIR)
 
-.PHONY: all deps build run test fuzz sanitize bench plots clean
+.PHONY: all deps build run test ci fuzz sanitize bench plots clean
 
 all: build
 
@@ -25,11 +28,15 @@ build: deps $(BUILD)/build.ninja
 run: build
 	$(BUILD)/kvl run -m $(KVL_MODEL) -p "Once upon a time" -n 128 --temp 0
 
-# Fuzzing and the sanitizer build first, so that ctest's summary is the last thing printed.
 test: build
-	$(MAKE) --no-print-directory fuzz
-	$(MAKE) --no-print-directory sanitize
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Everything CI runs, in its order: the user's `make test`, then the sanitized tests, then the
+# fuzzers. Each stage fails the run on its own; a failing `make test` stops it before the others.
+ci:
+	$(MAKE) --no-print-directory test
+	$(MAKE) --no-print-directory sanitize
+	$(MAKE) --no-print-directory fuzz
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over the layers that handle user input and memory
 # the most: the KV manager, pager and tiers, the GGUF reader, the engine, the CLI and the server
@@ -52,4 +59,4 @@ plots: deps
 	$(PYTHON) scripts/plots.py all docs/data docs/images
 
 clean:
-	rm -rf $(BUILD) build-fuzz
+	rm -rf $(BUILD) $(BUILD)-asan build-fuzz
