@@ -1,4 +1,5 @@
-// Loading a llama-family model (llama, TinyLlama, SmolLM, Mistral-shaped files) from GGUF.
+// Loading a model from GGUF: its config from the metadata of the architectures below (llama,
+// mistral, qwen2, qwen3, gemma2, gemma3, phi3) and typed views of its weights into the mmap.
 #include "kvl/model.h"
 
 #include <fmt/format.h>

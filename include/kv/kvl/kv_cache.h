@@ -1,6 +1,6 @@
-// Where the forward pass keeps K and V. The forward pass sees only this interface; the engine
-// decides what stands behind it (a contiguous buffer per sequence today, the paged memory
-// hierarchy later).
+// Where the forward pass keeps K and V. The forward pass sees only this interface. In the engine
+// it is KvMemory's PagedKvCache (kvl/kv_manager.h): the paged pool, with the pages that left it
+// reached through the pager; ContiguousKvCache below serves calibration, benchmarks and tests.
 #pragma once
 
 #include <cstdint>

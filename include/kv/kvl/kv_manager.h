@@ -1,7 +1,7 @@
 // kvlattice's KV memory manager: a pool of fixed-size blocks sized from a byte budget, a block
 // table per sequence, a prefix cache over full blocks, and copy-on-write forks. It only does the
-// bookkeeping and describes work (which blocks to copy); the engine carries the work out and the
-// forward pass reads K/V through PagedKvCache. Nothing here knows about the model or the forward
+// bookkeeping and describes work (which blocks to copy); its owner carries the work out (KvMemory,
+// or the speculative draft model's own pool) and the forward pass reads K/V through PagedKvCache. Nothing here knows about the model or the forward
 // pass, so it is unit-testable with zero model bytes.
 //
 // Memory is planned, then committed (as llama.cpp's memory interface does): Plan() says what a
@@ -24,7 +24,7 @@
 //  - A block shared by several sequences (prefix hit or Fork) is copied before a sequence writes
 //    into it (copy-on-write); only a partially filled last block can ever be written.
 //
-// Thread-safety: not thread-safe; the engine's step loop owns the KvManager. PagedKvCache::RowsAt
+// Thread-safety: not thread-safe; its owner calls it from the engine's step loop. PagedKvCache::RowsAt
 // may be called from many threads at once while nothing mutates the manager (during a forward).
 #pragma once
 
@@ -193,7 +193,7 @@ struct KvPlan {
   // One per KvSeqStep, same order. When fits is false, `allocated`, `cow_dst` and `copies` are
   // left empty; everything else (blocks_needed included) is filled in.
   std::vector<SeqPlan> seqs;
-  std::vector<KvBlockCopy> copies;    // the engine copies these (src -> dst) before the forward
+  std::vector<KvBlockCopy> copies;    // the owner copies these (src -> dst) before the forward
   uint64_t state_version = 0;         // Commit checks the manager has not changed since
 };
 
@@ -268,7 +268,7 @@ class KvManager {
   // Paging a running sequence (the action lattice on live pages). Block `block_index` of `seq`,
   // a full block other than the last, leaves the pool while the sequence goes on: its reference
   // is dropped (a block others share stays theirs; a cached one stays findable) and the table
-  // entry becomes kNoBlock. The engine keeps the page elsewhere (compressed, in a slower tier, or
+  // entry becomes kNoBlock. The pager keeps the page elsewhere (compressed, in a slower tier, or
   // nowhere when evicted). A sequence with such a hole is "paged". `lossless`: the page's exact
   // bytes stay readable (a tier, checkpoints), so blocks filled later keep their identity (their
   // content id; in the prefix index too when their parent is still in the pool). Otherwise the
@@ -378,7 +378,7 @@ class KvBlockStorage {
 // layout's cache types say).
 KvCache::Rows DenseRows(const KvBlockLayout& layout, uint8_t* k, uint8_t* v, int64_t offset);
 
-// Where the pages that left the pool live, for PagedKvCache: the engine's pager implements it.
+// Where the pages that left the pool live, for PagedKvCache: KvPager implements it.
 class KvDetachedPages {
  public:
   virtual ~KvDetachedPages() = default;

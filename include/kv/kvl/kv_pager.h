@@ -28,8 +28,10 @@
 // The KvManager only sees a hole in the block table (Detach); the pager hands attention the rows
 // of pages that left the pool (KvDetachedPages).
 //
-// The pager decides no fate (the planner does) and is the only code that changes one; the work
-// is split by job among the parts it owns and wires:
+// The pager decides no fate (KvPressurePlanner does, asked by KvMemory when the scheduler's
+// pressure ladder calls for it) and carries out every planned change of one. The one fate set
+// outside it: KvMemory marks a prompt's pages it found in the KV store as in a tier at admission,
+// to be restored. The work is split by job among the parts it owns and wires:
 //   - the page table (kvl/kv_page_table.h): each page's fate and lasting state, bound per slot;
 //   - the tier mover (src/kv/lattice/kv_tier_mover.h): whole pages between their blocks and the tiers,
 //     and write-through to the KV store;
@@ -149,7 +151,7 @@ class KvPager final : public KvDetachedPages {
   static KvStagingCost StagingCost(const KvBlockLayout& layout);
   // Allocates every buffer outside the pool now, for up to `max_staged_pages` pages streamed or
   // rebuilt at once (0: none; only preemption and compression then). The budget has to hold
-  // them: the engine takes them out of it before it sizes the pool, and nothing grows later.
+  // them: KvMemory::Create takes them out of it before it sizes the pool, and nothing grows later.
   // `compresses`: room to encode a page (int8/int4) and widen half rows for the codec, needed
   // only where pages may be compressed.
   void ReserveStaging(int64_t max_staged_pages, bool compresses);

@@ -1,10 +1,12 @@
-// The cost model corrected by its own checked predictions. Every page the engine brings back is
-// timed (StepRunner) against the bring-back time the model predicted for it; the model's inputs
+// The cost model corrected by its own checked predictions. Every page brought back is timed
+// against the bring-back time the model predicted for it: restores and promotions by the pager,
+// pages recomputed from tokens and rebuilt inside a decode step by the engine's StepRunner (and
+// its InStepRebuildMeter), all fed here through KvMemory (FeedBack). The model's inputs
 // are measured once, by `kvl calibrate`, on a machine whose load, caches and page cache move
 // afterwards, and some costs a calibration cannot see at all (a restore's share of the step's
 // locks and copies, the page mix of this workload). BringBackFeedback keeps, per action (or per
 // KV store tier), the ratio measured / predicted of the last pages, and the planner multiplies
-// that action's predictions by the median over its last events: the prediction the engine then checks and reports is
+// that action's predictions by the median over its last events: the prediction then checked and reported is
 // the corrected one, and the policy weighs the actions at what they cost here and now.
 //
 // The correction learns only from actions the policy takes: one it stops choosing keeps the last
@@ -12,7 +14,7 @@
 // bounded (kMinScale..kMaxScale): a model off by more than that is a calibration to redo, not a
 // factor to learn (`kvl calibrate` says so through the reported error).
 //
-// Thread-safety: none; the engine's step thread owns it.
+// Thread-safety: none; KvMemory owns it and uses it on the engine's step thread.
 #pragma once
 
 #include <array>
