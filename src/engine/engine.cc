@@ -368,7 +368,7 @@ bool Engine::Impl::StepImpl() {
 // sequence may leave it, is refused before any work: it would otherwise run until the pool is
 // outgrown and end late (and an SDK retries a 5xx twice, wasting the work three times). Where the
 // lattice pages running sequences, the pool bounds nothing up front; a sequence that still
-// outgrows it ends with its text so far and finish reason "length" (Scheduler::FinishTooBig).
+// outgrows it ends with its text so far and finish reason "kv_pressure" (Scheduler::FinishTooBig).
 //
 // Where pages of running sequences move losslessly, a sequence still has to reach every page at
 // each step: in the pool, streamed from a tier through the staging buffers, or read in place from

@@ -311,11 +311,11 @@ bool Scheduler::ReleaseWaitingTierPages(bool ram_only) {
 void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
   const std::string why = memory_.WhyTooBig(prompt_only, static_cast<int64_t>(seq.tokens.size()));
   if (!prompt_only && seq.num_generated > 0) {
-    // It ran as far as the budget goes: the text so far is the answer, cut as max_tokens would
-    // cut it, never thrown away as a late error.
-    fmt::print(stderr, "kvl: request {} stopped at {} tokens (finish reason length): {}\n", seq.id,
-               seq.tokens.size(), why);
-    Finish(seq, FinishReason::kLength);
+    // It ran as far as the budget goes: the text so far is the answer, never thrown away as a
+    // late error; its finish reason says the KV budget cut it, not max_tokens.
+    fmt::print(stderr, "kvl: request {} stopped at {} tokens (finish reason kv_pressure): {}\n",
+               seq.id, seq.tokens.size(), why);
+    Finish(seq, FinishReason::kKvPressure);
     return;
   }
   Finish(seq, FinishReason::kError, ResourceExhaustedError(why));

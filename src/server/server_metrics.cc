@@ -238,7 +238,7 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
   Metric(&out, "kvl:generation_tokens_total", "counter", "Generated tokens of finished requests.",
          generation_tokens_);
   Header(&out, "kvl:request_success_total", "counter", "Finished requests, by finish reason.");
-  for (const char* reason : {"stop", "length", "abort", "error"}) {
+  for (const char* reason : {"stop", "length", "abort", "error", "kv_pressure"}) {
     auto it = finished_.find(reason);
     out += fmt::format("kvl:request_success_total{{finished_reason=\"{}\"}} {}\n", reason,
                        it == finished_.end() ? 0 : it->second);

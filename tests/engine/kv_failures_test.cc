@@ -99,20 +99,21 @@ TEST(KvFailuresTest, AFullTierFallsBackToTheNextCheapestActionUnderAuto) {
   EXPECT_GT(compressed, 0) << "demoted " << demoted;
 }
 
-// A sequence that outgrows what the budget and a full tier hold ends where it got to, as
-// max_tokens would end it ("length", its tokens kept), never with a late error that throws the
-// work away; stderr says why, in the tier's own words.
-TEST(KvFailuresTest, AFixedPolicyWithAFullTierEndsAtLengthAndSaysTheTiersReason) {
+// A sequence that outgrows what the budget and a full tier hold ends where it got to, its tokens
+// kept, never with a late error that throws the work away; its finish reason is "kv_pressure",
+// not max_tokens' "length", and stderr says why, in the tier's own words.
+TEST(KvFailuresTest, AFixedPolicyWithAFullTierEndsAtKvPressureAndSaysTheTiersReason) {
   EngineOptions o = Options(24);
   o.kv_tiers = {"ram:" + std::to_string(2 * kPageBytes)};
   o.kv_policy = "demote";
   ::testing::internal::CaptureStderr();
   const Outcome run = Generate(o, 400);
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(run.finish, "length") << run.error.ToString();
+  EXPECT_EQ(run.finish, "kv_pressure") << run.error.ToString();
+  EXPECT_TRUE(run.error.ok()) << run.error.ToString();
   EXPECT_GT(run.tokens.size(), 100u);  // 24 pages and 2 in the tier: about 26 x 16 tokens
   EXPECT_LT(run.tokens.size(), 400u);
-  EXPECT_NE(log.find("finish reason length"), std::string::npos) << log;
+  EXPECT_NE(log.find("finish reason kv_pressure"), std::string::npos) << log;
   EXPECT_NE(log.find("the ram tier"), std::string::npos) << log;
   EXPECT_NE(log.find("free"), std::string::npos) << log;
 }

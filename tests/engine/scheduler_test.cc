@@ -311,7 +311,7 @@ TEST(SchedulerTest, StreamingStopsWhereTheReservedStagingIsFullAndStderrSaysSo) 
   ASSERT_EQ(h.finished().count(a), 1u);
   const TokenEvent& e = h.finished().at(a);
   // As far as the pool and the staging go: 6 blocks of 4 tokens and 2 staged pages.
-  EXPECT_EQ(e.finish_reason, "length") << e.error.ToString();
+  EXPECT_EQ(e.finish_reason, "kv_pressure") << e.error.ToString();
   EXPECT_EQ(e.generated_tokens, 33 - 8);
   EXPECT_EQ(Pages(h.metrics(), KvAction::kDemoteRam), 2);
   EXPECT_NE(log.find("--kv-stream-reserve"), std::string::npos) << log;
@@ -335,8 +335,9 @@ TEST(SchedulerTest, PagesReadInPlaceFromRamNeedNoStagingAndTheSequenceGoesOn) {
 }
 
 // (Engine::Submit refuses such a request up front; the harness submits past it.) A sequence that
-// outgrows the pool ends where it got to, "length" with its tokens, and stderr says how to go on.
-TEST(SchedulerTest, WithoutAnyWayToPageALoneSequenceThatOutgrowsThePoolEndsAtLength) {
+// outgrows the pool ends where it got to with its tokens, finish reason "kv_pressure" (not
+// max_tokens' "length"), and stderr says how to go on.
+TEST(SchedulerTest, WithoutAnyWayToPageALoneSequenceThatOutgrowsThePoolEndsAtKvPressure) {
   PoolSetup s;
   s.num_blocks = 4;
   SchedulerHarness h(s);
@@ -346,7 +347,7 @@ TEST(SchedulerTest, WithoutAnyWayToPageALoneSequenceThatOutgrowsThePoolEndsAtLen
   const std::string log = ::testing::internal::GetCapturedStderr();
   ASSERT_EQ(h.finished().count(a), 1u);
   const TokenEvent& e = h.finished().at(a);
-  EXPECT_EQ(e.finish_reason, "length") << e.error.ToString();
+  EXPECT_EQ(e.finish_reason, "kv_pressure") << e.error.ToString();
   EXPECT_GT(e.generated_tokens, 0);
   EXPECT_LT(e.generated_tokens, 32);
   EXPECT_NE(log.find("--kv-budget"), std::string::npos) << log;

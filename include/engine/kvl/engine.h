@@ -193,7 +193,9 @@ struct TokenEvent {
   int32_t token = -1;
   std::string text;              // printable text released by this token (held back near stops)
   bool finished = false;
-  std::string finish_reason;     // "eos" | "length" | "stop" | "context" | "cancelled" | "error"
+  // "eos" | "length" | "stop" | "context" | "cancelled" | "error" | "kv_pressure" (stopped where
+  // it got to when it outgrew what the KV budget and tiers hold; its tokens so far were sent)
+  std::string finish_reason;
   Status error;                  // set when finish_reason == "error"
   double time_to_first_token_ms = 0;  // on the finished event
   int64_t prompt_tokens = 0;          // on the finished event
