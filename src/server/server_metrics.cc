@@ -149,6 +149,10 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
          m.requests_waiting);
   Metric(&out, "kvl:num_preemptions_total", "counter", "Sequences preempted.", m.preemptions);
   Metric(&out, "kvl:engine_steps_total", "counter", "Forward steps run.", m.steps);
+  Metric(&out, "kvl:watchdog_trips_total", "counter",
+         "Times the engine's step loop was seen stalled (--watchdog-seconds).", m.watchdog_trips);
+  Metric(&out, "kvl:watchdog_stalled_seconds_total", "counter",
+         "Seconds the engine's step loop spent stalled.", m.watchdog_stalled_seconds);
   // --- speculative decoding (issue 26) ---
   Metric(&out, "kvl:spec_draft_tokens_total", "counter", "Draft tokens verified by steps.",
          m.spec_drafted);
