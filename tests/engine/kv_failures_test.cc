@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "kv/small_filesystem.h"
 #include "kvl/engine.h"
 #include "test_paths.h"
 
@@ -116,6 +117,29 @@ TEST(KvFailuresTest, AFixedPolicyWithAFullTierEndsAtKvPressureAndSaysTheTiersRea
   EXPECT_NE(log.find("finish reason kv_pressure"), std::string::npos) << log;
   EXPECT_NE(log.find("the ram tier"), std::string::npos) << log;
   EXPECT_NE(log.find("free"), std::string::npos) << log;
+}
+
+// A full disk is a full tier (issue 37): a disk tier asking for 64 MiB on a filesystem of 256 KiB
+// is shrunk to it at start (stderr names both sizes), and a request that needs more pages out of
+// the pool than that filesystem holds runs to max_tokens with keep-all's tokens: once the disk is
+// full the lossless lattice takes other actions. Never an error, never a cut.
+TEST(KvFailuresTest, ADiskTierOnASmallFilesystemIsShrunkToItAndRequestsStillComplete) {
+  testing::SmallFilesystem fs(::testing::TempDir(), 256 << 10);
+  if (!fs.mounted()) GTEST_SKIP() << "no small filesystem: " << fs.skip_reason();
+  EngineOptions o = Options(24);
+  o.kv_tiers = {"disk:" + fs.dir() + "/pages:64MiB"};
+  const Outcome all = Generate(Options(64), 400);
+  ::testing::internal::CaptureStderr();
+  const Outcome paged = Generate(o, 400);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("shrunk to"), std::string::npos) << log;
+  EXPECT_NE(log.find("bytes free"), std::string::npos) << log;
+  EXPECT_EQ(paged.finish, "length") << paged.error.ToString() << "\n" << log;
+  EXPECT_EQ(paged.tokens, all.tokens);
+  ASSERT_EQ(paged.metrics.kv_tiers.size(), 1u);
+  EXPECT_LE(paged.metrics.kv_tiers[0].capacity_bytes, 256 << 10);
+  EXPECT_GT(paged.metrics.kv_tiers[0].pages_in, 0);
+  EXPECT_EQ(paged.metrics.kv_tiers[0].errors, 0);
 }
 
 }  // namespace
