@@ -40,10 +40,10 @@ StepWatchdogReport StepWatchdog::Check(Clock::time_point now, bool work_queued) 
   r.seconds_since_step = SecondsBetween(last_progress_, now);
   std::string reason;
   if (in_step_ && SecondsBetween(step_started_, now) > limit_seconds_) {
-    reason = fmt::format("a step has been running for {:.0f} s (limit {:g} s)",
+    reason = fmt::format("a step has been running for {:.1f} s (limit {:g} s)",
                          SecondsBetween(step_started_, now), limit_seconds_);
   } else if (!in_step_ && (work_left_ || work_queued) && r.seconds_since_step > limit_seconds_) {
-    reason = fmt::format("requests have waited {:.0f} s with no step (limit {:g} s)",
+    reason = fmt::format("requests have waited {:.1f} s with no step (limit {:g} s)",
                          r.seconds_since_step, limit_seconds_);
   }
   if (!reason.empty()) {
