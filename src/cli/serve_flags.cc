@@ -33,6 +33,10 @@ CommandFlags DeclareServeFlags(CLI::App* app, ServeArgs* serve) {
   cmd->add_option("--shutdown-grace", serve->serve.shutdown_grace_seconds,
                   "seconds running requests may finish after SIGINT/SIGTERM")
       ->capture_default_str();
+  cmd->add_option("--watchdog-seconds", serve->serve.engine.watchdog_seconds,
+                  "/health answers 503 once no engine step has ended for this long while "
+                  "requests wait (or one step has run this long); 0 = no watchdog")
+      ->capture_default_str();
   cmd->add_flag("!--no-webui", serve->serve.webui,
                 "do not serve the chat page at / (GET /v1/kv/state stays)");
   AddEngineFlags(cmd, &serve->serve.engine, &serve->kv_budget);

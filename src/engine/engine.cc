@@ -318,7 +318,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   so.keep_lossy_sessions = options.prefix_cache;
   so.context_length = e.model.context_length;
   so.promote_back = options.kv_promote_back;
+  so.interrupt = e.inbox.interrupt();  // a cancel or a stop reaches a step being planned
   e.scheduler = std::make_unique<Scheduler>(so, kv, e.metrics);
+  e.watchdog = std::make_unique<StepWatchdog>(options.watchdog_seconds);
   StepRunnerParts parts;
   parts.scheduler = e.scheduler.get();
   parts.memory = &kv;
@@ -368,7 +370,7 @@ bool Engine::Impl::StepImpl() {
 // sequence may leave it, is refused before any work: it would otherwise run until the pool is
 // outgrown and end late (and an SDK retries a 5xx twice, wasting the work three times). Where the
 // lattice pages running sequences, the pool bounds nothing up front; a sequence that still
-// outgrows it ends with its text so far and finish reason "length" (Scheduler::FinishTooBig).
+// outgrows it ends with its text so far and finish reason "kv_pressure" (Scheduler::FinishTooBig).
 //
 // Where pages of running sequences move losslessly, a sequence still has to reach every page at
 // each step: in the pool, streamed from a tier through the staging buffers, or read in place from
@@ -495,10 +497,15 @@ void Engine::RunUntilIdle() {
 void Engine::Start() {
   Impl& e = *impl_;
   if (e.loop.running.exchange(true)) return;
+  e.inbox.Resume();
   if (e.keeper) e.keeper->EnableIdleMeasuring();  // before the loop's first step
+  e.watchdog->LoopStarted(Clock::now());
   e.loop.thread = std::thread([&e] {
     while (e.loop.running.load()) {
-      if (e.StepImpl()) continue;
+      e.watchdog->StepStarted(Clock::now());
+      const bool work_left = e.StepImpl();
+      e.watchdog->StepEnded(Clock::now(), work_left);
+      if (work_left) continue;
       // Idle: asleep until Submit, Cancel or Stop wakes it (no poll to wait out), unless the
       // profile's keeper has work for an idle moment: then after that long without work.
       const auto idle_work_in = e.keeper ? e.keeper->IdleWorkIn() : std::nullopt;
@@ -509,13 +516,45 @@ void Engine::Start() {
       }
     }
   });
+  if (e.watchdog->limit_seconds() > 0) {
+    // Checked four times per limit, at most once a second: a stall is counted within a quarter
+    // of the limit of when it began, whoever asks.
+    const auto period = std::chrono::duration<double>(
+        std::clamp(e.watchdog->limit_seconds() / 4, 0.01, 1.0));
+    e.loop.watchdog_thread = std::thread([&e, period] {
+      std::unique_lock<std::mutex> lock(e.loop.watchdog_mutex);
+      int64_t trips_logged = 0;
+      while (e.loop.running.load()) {
+        const StepWatchdogReport r = e.watchdog->Check(Clock::now(), e.inbox.HasQueued());
+        if (r.trips > trips_logged) {
+          fmt::print(stderr, "kvl: watchdog: the step loop is stalled: {}\n", r.reason);
+          trips_logged = r.trips;
+        }
+        e.loop.watchdog_wake.wait_for(lock, period, [&e] { return !e.loop.running.load(); });
+      }
+    });
+  }
 }
 
 void Engine::Stop() {
   Impl& e = *impl_;
   if (!e.loop.running.exchange(false)) return;
-  e.inbox.Wake();  // a wake before the loop's wait is kept: the wait returns at once
+  // A step being planned returns at once, and an idle loop wakes (a wake before the loop's wait
+  // is kept: the wait returns at once).
+  e.inbox.Interrupt();
+  {
+    std::lock_guard<std::mutex> lock(e.loop.watchdog_mutex);
+    e.loop.watchdog_wake.notify_all();
+  }
   if (e.loop.thread.joinable()) e.loop.thread.join();
+  if (e.loop.watchdog_thread.joinable()) e.loop.watchdog_thread.join();
+  e.inbox.Resume();  // Step may be called by hand after Stop
+}
+
+EngineHealth Engine::Health() const {
+  const Impl& e = *impl_;
+  const StepWatchdogReport r = e.watchdog->Check(Clock::now(), e.inbox.HasQueued());
+  return EngineHealth{r.stalled, r.reason, r.seconds_since_step};
 }
 
 EngineMetrics Engine::Metrics() const {
@@ -530,6 +569,9 @@ EngineMetrics Engine::Metrics() const {
     m.profile_measuring = counts.running;
   }
   e.metrics.Snapshot(&m);
+  const StepWatchdogReport watchdog = e.watchdog->Check(Clock::now(), e.inbox.HasQueued());
+  m.watchdog_trips = watchdog.trips;
+  m.watchdog_stalled_seconds = watchdog.stalled_seconds;
   m.kv_checkpoint_every = e.memory->layout().checkpoint_every;
   const std::vector<KvStoreTierStats> store_stats = e.memory->StoreStats();
   for (const KvTier* tier : e.memory->tiers()) {

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +27,7 @@
 #include "spec_draft_model.h"
 #include "speculator.h"
 #include "step_runner.h"
+#include "step_watchdog.h"
 
 namespace kvl {
 
@@ -68,11 +71,16 @@ struct Engine::Impl {
   // they drift (null: no profile at a default path). Last: its worker reads the model.
   std::unique_ptr<ProfileKeeper> keeper;
 
-  // The background step loop (Start / Stop).
+  // The background step loop (Start / Stop), and the watchdog that checks it from a thread of
+  // its own (so that a stall is counted while nobody asks).
   struct Loop {
     std::thread thread;
     std::atomic<bool> running{false};
+    std::thread watchdog_thread;
+    std::mutex watchdog_mutex;
+    std::condition_variable watchdog_wake;  // Stop ends the watchdog thread's wait
   } loop;
+  std::unique_ptr<StepWatchdog> watchdog;
 };
 
 }  // namespace kvl

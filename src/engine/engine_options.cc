@@ -60,6 +60,10 @@ Status ValidateEngineOptions(const EngineOptions& o) {
         "--kv-checkpoint-every must be auto or a layer stride in [1, {}], got {}",
         kMaxCheckpointEvery, o.kv_checkpoint_every));
   }
+  if (!(o.watchdog_seconds >= 0 && o.watchdog_seconds <= 86400)) {
+    return InvalidArgumentError(fmt::format(
+        "--watchdog-seconds must be in [0, 86400] (0: no watchdog), got {}", o.watchdog_seconds));
+  }
   KVL_RETURN_IF_ERROR(ParseSpecMode(o.spec).status());
   if (o.draft_max < 1 || o.draft_max > kMaxDraftTokens) {
     return InvalidArgumentError(fmt::format("--draft-max must be in [1, {}] tokens, got {}",

@@ -22,10 +22,29 @@ void Inbox::Cancel(RequestId id) {
     std::lock_guard<std::mutex> lock(mutex_);
     cancels_.insert(id);
   }
+  interrupt_.store(true);
   cv_.notify_one();  // an idle step loop takes it now
 }
 
+void Inbox::Interrupt() {
+  stopping_.store(true);
+  interrupt_.store(true);
+  Wake();
+}
+
+void Inbox::Resume() {
+  stopping_.store(false);
+  interrupt_.store(false);
+}
+
+bool Inbox::HasQueued() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !queue_.empty() || !cancels_.empty();
+}
+
 void Inbox::Drain(Scheduler& scheduler) {
+  // Cleared before the cancels are taken: one that arrives after sets it again.
+  interrupt_.store(stopping_.load());
   {
     std::lock_guard<std::mutex> lock(mutex_);
     while (!queue_.empty()) {

@@ -4,6 +4,7 @@
 // Thread-safety: every method may be called from any thread, except Drain (the step loop).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -22,8 +23,20 @@ class Inbox {
   // Gives the request its id and queues it; wakes a waiting step loop.
   RequestId Push(std::unique_ptr<Sequence> seq);
   // The request with this id finishes as "cancelled" at the step loop's next Drain; wakes a
-  // waiting step loop (a cancel needs no other request to arrive first).
+  // waiting step loop (a cancel needs no other request to arrive first) and interrupts a step
+  // being planned (interrupt()), so that the cancel is not held up by it.
   void Cancel(RequestId id);
+  // The step loop is stopping: a step being planned returns at once (interrupt() stays set until
+  // Resume), and a waiting loop wakes.
+  void Interrupt();
+  // The step loop starts (again).
+  void Resume();
+  // Set from a Cancel or an Interrupt until the step loop's next Drain: what the scheduler checks
+  // inside its planning loop (SchedulerOptions::interrupt).
+  const std::atomic<bool>* interrupt() const { return &interrupt_; }
+  // Requests or cancellations queued that the step loop has not taken yet (the watchdog's "work
+  // waits").
+  bool HasQueued() const;
   // The step loop: every queued request to the scheduler, then the cancellations asked for.
   void Drain(Scheduler& scheduler);
   // The step loop, idle: returns once a request or a cancellation is queued or Wake is called
@@ -44,6 +57,8 @@ class Inbox {
   RequestId next_id_ = 1;
   int64_t submitted_ = 0;
   bool woken_ = false;
+  std::atomic<bool> interrupt_{false};
+  std::atomic<bool> stopping_{false};  // Interrupt until Resume: Drain keeps interrupt_ set
   std::unordered_set<RequestId> draining_;  // the step loop's copy of cancels_, reused
 };
 

@@ -60,6 +60,8 @@ std::string_view FinishReasonName(FinishReason reason) {
       return "cancelled";
     case FinishReason::kError:
       return "error";
+    case FinishReason::kKvPressure:
+      return "kv_pressure";
   }
   return "error";
 }

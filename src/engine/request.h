@@ -15,8 +15,19 @@
 
 namespace kvl {
 
-// Why a request ended; FinishReasonName is TokenEvent::finish_reason's text.
-enum class FinishReason : uint8_t { kEos, kStop, kLength, kContext, kCancelled, kError };
+// Why a request ended; FinishReasonName is TokenEvent::finish_reason's text. kKvPressure: the
+// sequence outgrew what the KV budget and its tiers could hold and was stopped where it got to,
+// its text so far kept ("kv_pressure": not "length", so that a client can tell a cut from
+// max_tokens and retry with a larger budget or a lossy kv_quality).
+enum class FinishReason : uint8_t {
+  kEos,
+  kStop,
+  kLength,
+  kContext,
+  kCancelled,
+  kError,
+  kKvPressure
+};
 std::string_view FinishReasonName(FinishReason reason);
 // It ran to a natural end (eos, stop, length): no error, not cancelled, not cut by the context.
 inline bool Completed(FinishReason reason) {

@@ -196,7 +196,20 @@ bool Scheduler::Schedule(StepPlan* plan) {
   // Prefill chunks shrink when a sequence pages through a pool smaller than one chunk.
   int64_t prefill_cap = options_.max_batch_tokens;
   int64_t restore_cap = std::numeric_limits<int64_t>::max();
+  // Waiting sequences' tier pages are let go as a last resort before a sequence is stopped as
+  // too big at most twice a call: first they may ask the store again (pages freed elsewhere may
+  // let them in), then they compute instead. Letting them ask again without a bound pinned the
+  // same store pages on every pass, and one Schedule call never returned (issue 37).
+  int last_resort_releases = 0;
+  last_schedule_passes_ = 0;
   for (;;) {
+    ++last_schedule_passes_;
+    if (Interrupted()) {
+      // A cancellation or a stop is waiting: the step loop takes it before planning again.
+      plan->steps.clear();
+      plan->seqs.clear();
+      return false;
+    }
     const size_t admissions = FillSteps(max_admissions, prefill_cap, restore_cap, plan);
     if (plan->steps.empty()) return false;
     // Recompute is priced against the step's own arithmetic: busy in prefill, idle in decode.
@@ -235,7 +248,10 @@ bool Scheduler::Schedule(StepPlan* plan) {
     // A full RAM tier sends running sequences' pages to slower tiers, through the few staging
     // buffers: pages waiting sequences hold there give way first (they are recomputed, or found
     // in the store again, at their admission).
-    if (admissions == 0 && RamTierFull() && ReleaseWaitingTierPages(/*ram_only=*/true)) continue;
+    if (admissions == 0 && RamTierFull() &&
+        ReleaseWaitingTierPages(/*ram_only=*/true, /*ask_store_again=*/false) > 0) {
+      continue;
+    }
     if (RelievePressure(blocks_short, phase_)) continue;
     if (memory_.pages_running_sequences() && prefill_cap > block_tokens_) {
       prefill_cap = std::max<int64_t>(block_tokens_, prefill_cap / 2);
@@ -254,8 +270,13 @@ bool Scheduler::Schedule(StepPlan* plan) {
     // Before a sequence is stopped as too big, the tier pages waiting sequences hold give way:
     // pinned, they filled the RAM tier, so a running sequence's pages had to go to slower tiers
     // and through the few staging buffers, and a sequence the budget holds alone was stopped.
-    if ((admissions == 1 && running_.empty()) || (admissions == 0 && running_.size() == 1)) {
-      if (ReleaseWaitingTierPages(/*ram_only=*/false)) continue;
+    if (last_resort_releases < 2 &&
+        ((admissions == 1 && running_.empty()) || (admissions == 0 && running_.size() == 1))) {
+      const bool ask_store_again = last_resort_releases == 0;
+      if (ReleaseWaitingTierPages(/*ram_only=*/false, ask_store_again) > 0) {
+        ++last_resort_releases;
+        continue;
+      }
     }
     if (admissions == 1 && running_.empty()) {
       // Alone in an empty pool and still too big: it can never run.
@@ -289,21 +310,22 @@ bool Scheduler::RamTierFull() const {
   return false;
 }
 
-bool Scheduler::ReleaseWaitingTierPages(bool ram_only) {
-  bool released = false;
+int64_t Scheduler::ReleaseWaitingTierPages(bool ram_only, bool ask_store_again) {
+  int64_t released = 0;
   for (const std::unique_ptr<Sequence>& seq : waiting_) {
-    const bool holds = std::any_of(
-        seq->kv_pages.pages.begin(), seq->kv_pages.pages.end(), [ram_only](const KvPage& page) {
-          return (page.fate == KvPageFate::kInTier || page.fate == KvPageFate::kCheckpointed) &&
-                 (!ram_only || page.tier->kind() == TierKind::kRam);
-        });
-    if (!holds) continue;
+    int64_t held = 0;
+    bool holds_wanted = false;
+    for (const KvPage& page : seq->kv_pages.pages) {
+      if (page.fate != KvPageFate::kInTier && page.fate != KvPageFate::kCheckpointed) continue;
+      ++held;
+      holds_wanted = holds_wanted || !ram_only || page.tier->kind() == TierKind::kRam;
+    }
+    if (!holds_wanted) continue;
     memory_.ReleaseWaiting(seq->kv_pages);
     // Asking the store again at once would pin the same RAM pages again, step after step: the
-    // sequence computes what the prefix cache lacks instead. The last resort (a sequence about
-    // to be stopped) lets it ask again.
-    seq->store_checked = ram_only;
-    released = true;
+    // sequence computes what the prefix cache lacks instead, unless the caller lets it ask.
+    seq->store_checked = !ask_store_again;
+    released += held;
   }
   return released;
 }
@@ -311,11 +333,11 @@ bool Scheduler::ReleaseWaitingTierPages(bool ram_only) {
 void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
   const std::string why = memory_.WhyTooBig(prompt_only, static_cast<int64_t>(seq.tokens.size()));
   if (!prompt_only && seq.num_generated > 0) {
-    // It ran as far as the budget goes: the text so far is the answer, cut as max_tokens would
-    // cut it, never thrown away as a late error.
-    fmt::print(stderr, "kvl: request {} stopped at {} tokens (finish reason length): {}\n", seq.id,
-               seq.tokens.size(), why);
-    Finish(seq, FinishReason::kLength);
+    // It ran as far as the budget goes: the text so far is the answer, never thrown away as a
+    // late error; its finish reason says the KV budget cut it, not max_tokens.
+    fmt::print(stderr, "kvl: request {} stopped at {} tokens (finish reason kv_pressure): {}\n",
+               seq.id, seq.tokens.size(), why);
+    Finish(seq, FinishReason::kKvPressure);
     return;
   }
   Finish(seq, FinishReason::kError, ResourceExhaustedError(why));

@@ -18,6 +18,7 @@
 // Thread-safety: owned by the step loop.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -47,6 +48,10 @@ struct SchedulerOptions {
   // Running sequences' pages held in a tier or as checkpoints come back into the pool between
   // steps when it has blocks to spare (EngineOptions::kv_promote_back).
   bool promote_back = true;
+  // Set by another thread while a cancellation or a stop waits for the step loop (Inbox): a
+  // Schedule in progress returns with nothing planned, so that the loop takes them at once
+  // rather than after a long planning pass (null: never).
+  const std::atomic<bool>* interrupt = nullptr;
 };
 
 // One step's work: a KV plan that fits, and per sequence the tokens it computes.
@@ -68,8 +73,13 @@ class Scheduler {
   void Cancel(const std::unordered_set<RequestId>& ids);
 
   // Plans the next step into *plan (its vectors reused); admissions become running. False when
-  // there is nothing to run. Requests that can never fit the pool finish with an error here.
+  // there is nothing to run, or when options.interrupt was set. Requests that can never fit the
+  // pool finish with an error here. Every pass of its planning loop either frees something
+  // (pages or blocks, measured), asks for less (an admission fewer, a smaller chunk), preempts or
+  // stops a sequence, so it ends in a bounded number of passes (last_schedule_passes).
   bool Schedule(StepPlan* plan);
+  // Passes of the planning loop the last Schedule took (for tests that bound them).
+  int64_t last_schedule_passes() const { return last_schedule_passes_; }
 
   // After a step: the pages of running sequences to bring back into the pool, into *plan (its
   // vectors reused; empty when none). Only blocks the pool can spare: none while a request
@@ -125,8 +135,10 @@ class Scheduler {
   // Waiting sequences let go of the tier pages they hold (kept at their preemption, or found in
   // the store for their admission; KvMemory::ReleaseWaiting): store pages become cached ones a
   // tier may evict, the rest are erased. `ram_only`: only the sequences holding pages in the RAM
-  // tier. True when one held any.
-  bool ReleaseWaitingTierPages(bool ram_only);
+  // tier. `ask_store_again`: they look their pages up in the store again at their next admission
+  // (otherwise they compute what the prefix cache lacks). Returns the pages let go.
+  int64_t ReleaseWaitingTierPages(bool ram_only, bool ask_store_again);
+  bool Interrupted() const { return options_.interrupt != nullptr && options_.interrupt->load(); }
   // The RAM tier (if any) has no room for one more page without evicting.
   bool RamTierFull() const;
   // Finishes the sequence that can never fit this pool with an error naming the budget.
@@ -145,6 +157,7 @@ class Scheduler {
   KvPagePlan page_plan_;                            // reused
   std::vector<KvPlannedSeq> planned_running_;       // reused
   int64_t steps_since_pressure_ = 0;  // Schedule calls since relief or a preemption
+  int64_t last_schedule_passes_ = 0;
 };
 
 }  // namespace kvl

@@ -99,6 +99,9 @@ std::string_view OpenAiFinishReason(std::string_view r) {
   if (r == "eos" || r == "stop") return "stop";
   if (r == "length" || r == "context") return "length";
   if (r == "cancelled") return "abort";
+  // A sequence stopped where it got to when it outgrew the KV budget and tiers: its own reason,
+  // so that it is not mistaken for max_tokens (OpenAI's clients take any string here).
+  if (r == "kv_pressure") return "kv_pressure";
   return "error";
 }
 

@@ -44,7 +44,8 @@ struct Logprobs {
   int64_t text_offset = 0;  // where the first token starts in the completion's text
 };
 
-// The engine's finish reason as OpenAI names it: stop, length, abort or error.
+// The engine's finish reason as OpenAI names it: stop, length, abort or error; kv_pressure (a
+// sequence cut where it outgrew the KV budget and tiers) is passed through as kvlattice's own.
 std::string_view OpenAiFinishReason(std::string_view engine_reason);
 std::string NewResponseId(Endpoint endpoint);
 

@@ -285,8 +285,13 @@ void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpRe
 
 HttpResponse OpenAiServer::Health() const {
   switch (state_.load()) {
-    case ServerState::kReady:
-      return JsonResponse(R"({"status":"ok"})");
+    case ServerState::kReady: {
+      // The engine's watchdog: a step loop that stopped making progress is unhealthy, with why.
+      const EngineHealth health = engine_->Health();
+      if (!health.stalled) return JsonResponse(R"({"status":"ok"})");
+      return HttpResponse{503, "application/json", {},
+                          nlohmann::json{{"status", "stalled"}, {"reason", health.reason}}.dump()};
+    }
     case ServerState::kLoading:
       return HttpResponse{503, "application/json", {}, R"({"status":"loading model"})"};
     case ServerState::kDraining:

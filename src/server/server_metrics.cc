@@ -149,6 +149,10 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
          m.requests_waiting);
   Metric(&out, "kvl:num_preemptions_total", "counter", "Sequences preempted.", m.preemptions);
   Metric(&out, "kvl:engine_steps_total", "counter", "Forward steps run.", m.steps);
+  Metric(&out, "kvl:watchdog_trips_total", "counter",
+         "Times the engine's step loop was seen stalled (--watchdog-seconds).", m.watchdog_trips);
+  Metric(&out, "kvl:watchdog_stalled_seconds_total", "counter",
+         "Seconds the engine's step loop spent stalled.", m.watchdog_stalled_seconds);
   // --- speculative decoding (issue 26) ---
   Metric(&out, "kvl:spec_draft_tokens_total", "counter", "Draft tokens verified by steps.",
          m.spec_drafted);
@@ -238,7 +242,7 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
   Metric(&out, "kvl:generation_tokens_total", "counter", "Generated tokens of finished requests.",
          generation_tokens_);
   Header(&out, "kvl:request_success_total", "counter", "Finished requests, by finish reason.");
-  for (const char* reason : {"stop", "length", "abort", "error"}) {
+  for (const char* reason : {"stop", "length", "abort", "error", "kv_pressure"}) {
     auto it = finished_.find(reason);
     out += fmt::format("kvl:request_success_total{{finished_reason=\"{}\"}} {}\n", reason,
                        it == finished_.end() ? 0 : it->second);

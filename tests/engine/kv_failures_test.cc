@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
+
+#include "kv/small_filesystem.h"
 #include "kvl/engine.h"
 #include "test_paths.h"
 
@@ -99,22 +102,57 @@ TEST(KvFailuresTest, AFullTierFallsBackToTheNextCheapestActionUnderAuto) {
   EXPECT_GT(compressed, 0) << "demoted " << demoted;
 }
 
-// A sequence that outgrows what the budget and a full tier hold ends where it got to, as
-// max_tokens would end it ("length", its tokens kept), never with a late error that throws the
-// work away; stderr says why, in the tier's own words.
-TEST(KvFailuresTest, AFixedPolicyWithAFullTierEndsAtLengthAndSaysTheTiersReason) {
+// A sequence that outgrows what the budget and a full tier hold ends where it got to, its tokens
+// kept, never with a late error that throws the work away; its finish reason is "kv_pressure",
+// not max_tokens' "length", and stderr says why, in the tier's own words.
+TEST(KvFailuresTest, AFixedPolicyWithAFullTierEndsAtKvPressureAndSaysTheTiersReason) {
   EngineOptions o = Options(24);
   o.kv_tiers = {"ram:" + std::to_string(2 * kPageBytes)};
   o.kv_policy = "demote";
   ::testing::internal::CaptureStderr();
   const Outcome run = Generate(o, 400);
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(run.finish, "length") << run.error.ToString();
+  EXPECT_EQ(run.finish, "kv_pressure") << run.error.ToString();
+  EXPECT_TRUE(run.error.ok()) << run.error.ToString();
   EXPECT_GT(run.tokens.size(), 100u);  // 24 pages and 2 in the tier: about 26 x 16 tokens
   EXPECT_LT(run.tokens.size(), 400u);
-  EXPECT_NE(log.find("finish reason length"), std::string::npos) << log;
+  EXPECT_NE(log.find("finish reason kv_pressure"), std::string::npos) << log;
   EXPECT_NE(log.find("the ram tier"), std::string::npos) << log;
   EXPECT_NE(log.find("free"), std::string::npos) << log;
+}
+
+// A full disk is a full tier (issue 37): a disk tier asking for 64 MiB on a filesystem of 256 KiB
+// is shrunk to it at start (stderr names both sizes), and then serves exactly as a tier of that
+// size on a roomy disk does: the same tokens and the same finish reason for a request that needs
+// more pages out of the pool than either holds (a cut by "kv_pressure" with the text so far, as a
+// full tier gives), never an I/O error on every later write, never an error for the request.
+TEST(KvFailuresTest, ADiskTierOnASmallFilesystemServesAsATierOfThatSize) {
+  testing::SmallFilesystem fs(::testing::TempDir(), 256 << 10);
+  if (!fs.mounted()) GTEST_SKIP() << "no small filesystem: " << fs.skip_reason();
+  EngineOptions small = Options(24);
+  small.kv_tiers = {"disk:" + fs.dir() + "/pages:64MiB"};
+  ::testing::internal::CaptureStderr();
+  const Outcome on_small = Generate(small, 400);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("shrunk to"), std::string::npos) << log;
+  EXPECT_NE(log.find("67112960 bytes but its filesystem has"), std::string::npos) << log;
+  ASSERT_EQ(on_small.metrics.kv_tiers.size(), 1u);
+  const int64_t capacity = on_small.metrics.kv_tiers[0].capacity_bytes;
+  EXPECT_LE(capacity, 256 << 10);
+  EXPECT_GE(capacity, 200 << 10);
+  const std::string roomy_path = ::testing::TempDir() + "/kvl-roomy-" + std::to_string(getpid());
+  EngineOptions roomy = Options(24);
+  roomy.kv_tiers = {"disk:" + roomy_path + ":" + std::to_string(capacity)};  // persistent too
+  const Outcome on_roomy = Generate(roomy, 400);
+  std::remove(roomy_path.c_str());
+  EXPECT_TRUE(on_small.error.ok()) << on_small.error.ToString();
+  EXPECT_NE(on_small.finish, "error");
+  EXPECT_EQ(on_small.finish, on_roomy.finish);
+  EXPECT_EQ(on_small.tokens, on_roomy.tokens);
+  EXPECT_GT(on_small.tokens.size(), 200u);
+  EXPECT_EQ(on_small.metrics.kv_tiers[0].pages_in, on_roomy.metrics.kv_tiers[0].pages_in);
+  EXPECT_GT(on_small.metrics.kv_tiers[0].pages_in, 0);
+  EXPECT_EQ(on_small.metrics.kv_tiers[0].errors, on_roomy.metrics.kv_tiers[0].errors) << log;
 }
 
 }  // namespace

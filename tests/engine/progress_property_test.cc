@@ -253,11 +253,16 @@ TEST(ProgressPropertyTest, EveryRequestFinishesWithinBoundedStepsUnderRandomPres
         ++too_big;
         continue;
       }
-      // max_tokens reached, or as far as the budget goes (its text so far, never an error).
-      EXPECT_EQ(o.reason, "length");
+      // max_tokens reached ("length"), or as far as the budget goes ("kv_pressure": its text so
+      // far, never an error).
       EXPECT_GE(static_cast<int32_t>(o.tokens.size()), 1);
       EXPECT_LE(static_cast<int32_t>(o.tokens.size()), r.max_new_tokens);
-      if (static_cast<int32_t>(o.tokens.size()) < r.max_new_tokens) ++cut_by_budget;
+      if (static_cast<int32_t>(o.tokens.size()) < r.max_new_tokens) {
+        EXPECT_EQ(o.reason, "kv_pressure");
+        ++cut_by_budget;
+      } else {
+        EXPECT_EQ(o.reason, "length");
+      }
       if (trial.lossless && r.max_new_tokens <= 64) {
         // A prefix of the reference where the budget cut it.
         std::vector<int32_t> reference = Reference(*alone, r);

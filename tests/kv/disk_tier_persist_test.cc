@@ -230,8 +230,12 @@ TEST_P(PersistTest, ForeignFilesAreRefusedAndLeftByteIdentical) {
   contents.push_back(noise);
   const std::string text = "my notes\nplease do not truncate me\n";
   contents.emplace_back(text.begin(), text.end());
-  contents.emplace_back();                                      // empty
-  contents.emplace_back(kv_internal::kFileMagic, kv_internal::kFileMagic + 5);  // a near miss
+  // Close to the magic, but three bytes off: not taken for a damaged tier file.
+  contents.emplace_back(kv_internal::kFileMagic, kv_internal::kFileMagic + 8);
+  contents.back()[0] = 'k';
+  contents.back()[1] = 'v';
+  contents.back()[2] = 'l';
+  contents.back().resize(4096 + 64, 0);
   for (const std::vector<uint8_t>& bytes : contents) {
     WriteFile(path_, bytes);
     ExpectRefusedInBothModes(StatusCode::kInvalidArgument,
@@ -242,6 +246,68 @@ TEST_P(PersistTest, ForeignFilesAreRefusedAndLeftByteIdentical) {
     EXPECT_EQ(ReadFile(path_), bytes);
     EXPECT_TRUE(std::filesystem::exists(path_));
   }
+}
+
+// The names beside path_ that a damaged file was renamed to.
+std::vector<std::string> RenamedAside(const std::string& path) {
+  std::vector<std::string> found;
+  const std::filesystem::path p(path);
+  for (const auto& entry : std::filesystem::directory_iterator(p.parent_path())) {
+    if (entry.path().filename().string().starts_with(p.filename().string() + ".damaged-")) {
+      found.push_back(entry.path().string());
+    }
+  }
+  return found;
+}
+
+// A tier file of our own that is damaged where the rule above would refuse it (empty, the magic
+// cut short, the magic damaged while the rest of the header or the first slot is ours) no longer
+// blocks a restart: it is renamed aside byte for byte, the note says so and names the new path,
+// and a fresh tier opens on the path and holds pages.
+TEST_P(PersistTest, ADamagedTierFileIsRenamedAsideAndAFreshOneMade) {
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> damaged;
+  damaged.push_back({"it is empty", {}});
+  damaged.push_back({"shorter than the tier's magic",
+                     std::vector<uint8_t>(kv_internal::kFileMagic, kv_internal::kFileMagic + 5)});
+  {
+    auto tier = Open(Options());
+    WritePages(*tier, 4);
+  }
+  std::vector<uint8_t> whole = ReadFile(path_);
+  ASSERT_GT(whole.size(), 4096u);
+  std::vector<uint8_t> one_byte = whole;
+  one_byte[3] ^= 0x5a;
+  damaged.push_back({"its magic is damaged", one_byte});
+  std::vector<uint8_t> zeroed = whole;
+  std::fill(zeroed.begin(), zeroed.begin() + 8, 0);
+  damaged.push_back({"the rest of its header is the tier's", zeroed});
+  std::vector<uint8_t> header_gone = whole;
+  std::fill(header_gone.begin(), header_gone.begin() + 4096, 0xee);
+  damaged.push_back({"its first slot is the tier's", header_gone});
+  for (const auto& [why, bytes] : damaged) {
+    SCOPED_TRACE(why);
+    for (const std::string& old : RenamedAside(path_)) std::filesystem::remove(old);
+    WriteFile(path_, bytes);
+    auto tier = MakeDiskTier(Options());
+    ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+    const std::vector<std::string> aside = RenamedAside(path_);
+    ASSERT_EQ(aside.size(), 1u);
+    EXPECT_EQ(ReadFile(aside[0]), bytes);  // kept as it was, for whoever looks into it
+    const std::string& note = (*tier)->open_note();
+    EXPECT_NE(note.find("created"), std::string::npos) << note;
+    EXPECT_NE(note.find(why), std::string::npos) << note;
+    EXPECT_NE(note.find("renamed it to " + aside[0]), std::string::npos) << note;
+    EXPECT_EQ((*tier)->stats().pages, 0);
+    const auto pages = WritePages(**tier, 3);
+    ExpectAll(**tier, pages);
+    tier->reset();
+    // The fresh file is the tier's own: the next open reopens it.
+    auto again = Open(Options());
+    EXPECT_NE(again->open_note().find("reopened with 3 pages"), std::string::npos)
+        << again->open_note();
+    EXPECT_EQ(RenamedAside(path_).size(), 1u);
+  }
+  for (const std::string& old : RenamedAside(path_)) std::filesystem::remove(old);
 }
 
 TEST_P(PersistTest, SymbolicLinksAreRefusedAndTheirTargetsUntouched) {

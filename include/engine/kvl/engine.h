@@ -94,6 +94,11 @@ struct EngineOptions {
   // checksum-verified, a failed read leaves the page where it was). false
   // (--no-kv-promote-back): a page that left stays out until its sequence ends.
   bool kv_promote_back = true;
+  // The watchdog (--watchdog-seconds): the step loop started by Start is stalled when a step has
+  // run this long, or work has waited this long with no step ending; Health() then says so and
+  // the metrics count it. 0: no watchdog. A prefill chunk of -b tokens on a large model on a
+  // slow CPU is the longest honest step: a minute leaves it room.
+  double watchdog_seconds = 60;
   bool explain = false;               // print every KV decision with its cost terms to stderr
   // --kv-trace: a page-access trace written here (kvl/kv_trace.h), replayed offline by
   // `kvl bench replay`; empty: none (the step loop only tests a null pointer).
@@ -193,7 +198,9 @@ struct TokenEvent {
   int32_t token = -1;
   std::string text;              // printable text released by this token (held back near stops)
   bool finished = false;
-  std::string finish_reason;     // "eos" | "length" | "stop" | "context" | "cancelled" | "error"
+  // "eos" | "length" | "stop" | "context" | "cancelled" | "error" | "kv_pressure" (stopped where
+  // it got to when it outgrew what the KV budget and tiers hold; its tokens so far were sent)
+  std::string finish_reason;
   Status error;                  // set when finish_reason == "error"
   double time_to_first_token_ms = 0;  // on the finished event
   int64_t prompt_tokens = 0;          // on the finished event
@@ -342,6 +349,10 @@ struct EngineMetrics {
   int64_t requests_finished = 0;
   int64_t requests_running = 0;
   int64_t requests_waiting = 0;
+  // The watchdog (EngineOptions::watchdog_seconds): times the step loop was seen stalled, and
+  // the seconds it spent stalled, in all.
+  int64_t watchdog_trips = 0;
+  double watchdog_stalled_seconds = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
   int64_t tokens_prefilled = 0;     // prompt tokens computed (hits excluded, recompute included)
@@ -364,6 +375,13 @@ struct EngineMetrics {
   // requests that stopped running (up to kKvEndedPageMaps, oldest first), as of their last step.
   std::vector<KvSequencePageMap> kv_sequences;
   std::vector<KvSequencePageMap> kv_sequences_ended;
+};
+
+// Engine::Health: the step loop's watchdog.
+struct EngineHealth {
+  bool stalled = false;
+  std::string reason;             // why, when stalled (what waits and for how long)
+  double seconds_since_step = 0;  // since a step last ended
 };
 
 // The single-request convenience API (kvl run, tests).
@@ -412,9 +430,13 @@ class Engine {
   bool Step();
   // Steps until every submitted request has finished.
   void RunUntilIdle();
-  // A background step loop, for servers. Stop waits for it to exit (pending requests stay queued).
+  // A background step loop, for servers. Stop reaches a step in progress (its planning returns
+  // at once) and waits for the loop to exit (pending requests stay queued).
   void Start();
   void Stop();
+  // Whether the background step loop makes progress (the watchdog; any thread): never stalled
+  // without Start or with watchdog_seconds 0.
+  EngineHealth Health() const;
 
   EngineMetrics Metrics() const;
 

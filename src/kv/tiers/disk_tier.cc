@@ -16,6 +16,13 @@
 // bytes must hash (seeded with the key) to the checksum the index holds, so a stale slot with an
 // intact record fails too. A failure is DATA_LOSS for that page only, and its output is zeroed.
 //
+// A full filesystem is a full tier. At open the tier takes no more slots than the filesystem has
+// room for (disk_tier_file.cc). Should a write still fail for want of space (ENOSPC, EDQUOT:
+// another writer took it), the slots never written may have no disk blocks behind them, so the
+// tier steps aside from them for the rest of its life: it keeps the slots its pages are in, evicts
+// to make room there, and answers RESOURCE_EXHAUSTED like any full tier, never an I/O error that
+// would leave every later Put failing the same way.
+//
 // Thread-safety: one mutex serializes the index, the allocator and all file I/O; checksums of a
 // Put are computed before taking it.
 #include "disk_tier.h"
@@ -137,7 +144,7 @@ class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
     TierStats s = stats_;
     s.pages = static_cast<int64_t>(index_.size());
     s.bytes_used = s.pages * slot_bytes_;
-    s.capacity_bytes = num_slots_ * slot_bytes_;
+    s.capacity_bytes = (num_slots_ - slots_without_space_) * slot_bytes_;
     return s;
   }
 
@@ -201,8 +208,16 @@ class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
     ++stats_.evictions;
   }
 
-  // Writes the whole iovec list at `offset`, retrying short writes; counts each syscall.
+  // Writes the whole iovec list at `offset`, retrying short writes; counts each syscall. A
+  // failure leaves its errno in last_write_errno_.
   Status FullPwritev(iovec* iov, int count, int64_t offset);
+  // Put's work once the batch is checked and hashed (mutex_ held): room made, slots taken, the
+  // pages written and indexed; on a failed write none of the batch's keys is readable.
+  Status PutLocked(std::span<const PageWrite> pages, std::span<const size_t> unique,
+                   std::span<SlotHeader> headers);
+  // The filesystem ran out of space: the free slots (perhaps never written, so with no disk
+  // blocks behind them) are given up; the tier keeps the slots that hold pages.
+  void GiveUpFreeSlotsLocked();
 
   Status WriteRun(std::span<const SlotIo> run, std::span<const PageWrite> pages,
                   std::span<const SlotHeader> headers);
@@ -240,6 +255,9 @@ class DiskTier final : public DiskKvTier, public kv_internal::DiskTierInfo {
   int64_t num_free_slots_ = 0;                    // guarded by mutex_
   TierStats stats_;                               // counters only; guarded by mutex_
   std::vector<uint8_t> discard_;                  // padding sink for buffered reads; mutex_
+  int last_write_errno_ = 0;                      // guarded by mutex_
+  // Slots given up when the filesystem ran out of space (GiveUpFreeSlotsLocked); mutex_.
+  int64_t slots_without_space_ = 0;
   AlignedBuffer bounce_;                          // O_DIRECT staging; guarded by mutex_
   int64_t bounce_bytes_ = 0;
   kv_internal::DiskReadQueue read_queue_;         // guarded by mutex_
@@ -280,7 +298,7 @@ DiskTier::DiskTier(const DiskTierOptions& options, OpenedDiskFile file, std::str
     : path_(options.path),
       page_bytes_(options.page_bytes),
       slot_bytes_(DiskSlotBytes(options.page_bytes)),
-      num_slots_(options.capacity_bytes / DiskSlotBytes(options.page_bytes)),
+      num_slots_(file.num_slots),
       fd_(file.fd),
       persistent_(options.persistent),
       evict_lru_(options.evict_lru),
@@ -389,6 +407,7 @@ Status DiskTier::FullPwritev(iovec* iov, int count, int64_t offset) {
     ++stats_.write_ops;
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
+      last_write_errno_ = n < 0 ? errno : EIO;
       return IoError(fmt::format("disk tier: write of {} at byte {} failed: {}", path_, offset,
                                  n < 0 ? std::strerror(errno) : "no progress"));
     }
@@ -423,6 +442,33 @@ Status DiskTier::Put(std::span<const PageWrite> pages) {
   }
 
   std::lock_guard<std::mutex> lock(mutex_);
+  last_write_errno_ = 0;
+  Status status = PutLocked(pages, unique, headers);
+  if (status.ok() || (last_write_errno_ != ENOSPC && last_write_errno_ != EDQUOT)) return status;
+  // The filesystem is full before the tier is: the tier shrinks to the slots it has written and
+  // tries once more there, evicting as a full tier does.
+  const int64_t given_up = num_free_slots_;
+  GiveUpFreeSlotsLocked();
+  fmt::print(stderr,
+             "kvl: {} tier {}: the filesystem is full ({}): the tier gives up {} slots it had "
+             "not written and holds at most {} pages from now on, evicting to make room\n",
+             name_, path_, std::strerror(last_write_errno_), given_up,
+             num_slots_ - slots_without_space_);
+  last_write_errno_ = 0;
+  status = PutLocked(pages, unique, headers);
+  if (status.ok() || status.code() == StatusCode::kResourceExhausted) return status;
+  return ResourceExhaustedError(fmt::format("{} tier {} is full: its filesystem has no room left ({})",
+                                            name_, path_, status.message()));
+}
+
+void DiskTier::GiveUpFreeSlotsLocked() {
+  slots_without_space_ += num_free_slots_;
+  free_extents_.clear();
+  num_free_slots_ = 0;
+}
+
+Status DiskTier::PutLocked(std::span<const PageWrite> pages, std::span<const size_t> unique,
+                           std::span<SlotHeader> headers) {
   const int64_t needed = static_cast<int64_t>(unique.size());
   // Room: free slots, evictable pages, and the kept pages this batch replaces.
   int64_t replaced_kept = 0;
@@ -434,8 +480,8 @@ Status DiskTier::Put(std::span<const PageWrite> pages) {
   if (needed > room) {
     return ResourceExhaustedError(fmt::format(
         "{} tier {}: {} pages need {} bytes but only {} are free ({} of {} slots of {} bytes)",
-        name_, path_, needed, needed * slot_bytes_, room * slot_bytes_, room, num_slots_,
-        slot_bytes_));
+        name_, path_, needed, needed * slot_bytes_, room * slot_bytes_, room,
+        num_slots_ - slots_without_space_, slot_bytes_));
   }
   // Fresh slots keep the old pages readable until the new ones are on disk; when space is
   // short, the replaced pages' slots are reused first, then the coldest evictable pages'.

@@ -81,6 +81,8 @@ struct FoundSlot {
 // The page file, opened (created, reopened, or started empty) and locked (disk_tier_file.cc).
 struct OpenedDiskFile {
   int fd = -1;  // the caller owns it from here: closing it releases the lock
+  // The slots the tier has: those asked for, or fewer where the filesystem has no room for them.
+  int64_t num_slots = 0;
   uint64_t device = 0, inode = 0;  // what the path named when it was opened
   bool direct = false;
   std::string direct_refused;  // the OS's reason, when O_DIRECT was asked for and refused
@@ -90,7 +92,12 @@ struct OpenedDiskFile {
   TempFileGuard temp_guard;      // scratch files only: removed by the signal cleanup
 };
 // Validates the options that concern the file, then opens it as kv_tier.h's "ownership" says.
-// Records are read only for slots below num_slots; a longer file is cut to num_slots.
+// Records are read only for slots below num_slots; a longer file is cut to num_slots. A tier
+// larger than its filesystem's free space (with what the file holds already) gets the slots that
+// fit, said in the note; none fitting is an error naming both sizes. A file that is the tier's
+// own but damaged where that rule would refuse it (empty, or its magic damaged while the rest of
+// its header, or its first slot, is the tier's) is renamed aside to PATH.damaged-<time>, said in
+// the note, and a fresh file is made.
 StatusOr<OpenedDiskFile> OpenDiskFile(const DiskTierOptions& options, int64_t num_slots);
 
 uint64_t SlotRecordChecksum(const SlotHeader& record);

@@ -4,11 +4,14 @@
 // The order matters. A path is opened without following links and without creating anything;
 // only when nothing is there is a file created, with O_EXCL so that a file appearing meanwhile is
 // never taken over. The lock is taken before the header is read, so two tiers never both decide
-// to start one file empty. A file is changed only once its first bytes are the tier's magic.
+// to start one file empty. A file is changed only once its first bytes are the tier's magic; a
+// file of the tier's own whose magic was damaged (or that is empty) is only renamed aside, never
+// changed or removed, so that a restart needs no one to remove it by hand.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -17,6 +20,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -169,6 +173,88 @@ StatusOr<std::vector<FoundSlot>> ScanSlots(int fd, const std::string& path,
   return kept;
 }
 
+// Why a file whose first bytes are not the tier's magic is still the tier's own, damaged, rather
+// than someone else's file named by mistake (which is never touched): it is empty, its first bytes
+// are the magic cut short, its magic differs in at most two bytes, the rest of its header is the
+// tier's, or its first slot's record is. "" when none holds.
+std::string DamagedTierFileBecause(int fd, const std::vector<uint8_t>& block, int64_t got,
+                                   int64_t file_bytes, const std::string& path) {
+  if (file_bytes == 0) return "it is empty";
+  const int64_t magic_bytes = std::min<int64_t>(got, sizeof kFileMagic);
+  int64_t differ = static_cast<int64_t>(sizeof kFileMagic) - magic_bytes;
+  for (int64_t i = 0; i < magic_bytes; ++i) differ += block[size_t(i)] != kFileMagic[i];
+  if (got < static_cast<int64_t>(sizeof kFileMagic) && differ == int64_t(sizeof kFileMagic) - got) {
+    return "it is shorter than the tier's magic";
+  }
+  if (differ <= 2) return "its magic is damaged";
+  if (got >= static_cast<int64_t>(sizeof(FileHeader))) {
+    FileHeader header;
+    std::memcpy(&header, block.data(), sizeof header);
+    if (header.format_version == kDiskFormatVersion && header.header_bytes == kFileHeaderBytes &&
+        header.page_bytes > 0 && header.page_bytes < (1ull << 40) &&
+        header.slot_bytes == static_cast<uint64_t>(DiskSlotBytes(int64_t(header.page_bytes)))) {
+      return "its magic is damaged (the rest of its header is the tier's)";
+    }
+  }
+  SlotHeader record;
+  const StatusOr<int64_t> read = ReadAt(fd, &record, sizeof record, kFileHeaderBytes, path);
+  if (read.ok() && *read == static_cast<int64_t>(sizeof record) && record.magic == kSlotMagic &&
+      record.record_checksum == SlotRecordChecksum(record)) {
+    return "its header is damaged (its first slot is the tier's)";
+  }
+  return "";
+}
+
+// Renames the file at `path` to PATH.damaged-<UTC time>[-n], a name that holds nothing yet (a
+// file there is never replaced); returns the new name.
+StatusOr<std::string> RenameAside(const std::string& path) {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &utc);
+  for (int n = 0; n < 100; ++n) {
+    const std::string aside = n == 0 ? fmt::format("{}.damaged-{}", path, stamp)
+                                     : fmt::format("{}.damaged-{}-{}", path, stamp, n);
+    if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) == 0) {
+      return aside;
+    }
+    if (errno == EEXIST) continue;
+    if (errno != EINVAL) return OsError("cannot rename aside", path, errno);
+    // A filesystem without RENAME_NOREPLACE: a name nothing holds, then a plain rename.
+    struct stat st;
+    if (::lstat(aside.c_str(), &st) == 0) continue;
+    if (::rename(path.c_str(), aside.c_str()) == 0) return aside;
+    return OsError("cannot rename aside", path, errno);
+  }
+  return IoError(fmt::format("disk tier: cannot rename {} aside: 100 names taken", path));
+}
+
+// The slots the tier gets: `num_slots`, or as many as the filesystem has room for, counting the
+// blocks the file holds already (reused); the note says so. An error naming both sizes where not
+// one slot fits. Unknown free space (fstatvfs failed) takes what was asked.
+StatusOr<int64_t> SlotsThatFit(int fd, const struct stat& st, const std::string& path,
+                               int64_t slot_bytes, int64_t num_slots, std::string* note) {
+  struct statvfs vfs;
+  if (::fstatvfs(fd, &vfs) != 0) return num_slots;
+  const int64_t free_bytes = static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+  const int64_t room = free_bytes + static_cast<int64_t>(st.st_blocks) * 512;
+  const int64_t asked = kFileHeaderBytes + num_slots * slot_bytes;
+  if (asked <= room) return num_slots;
+  const int64_t fit = (room - kFileHeaderBytes) / slot_bytes;
+  if (fit < 1) {
+    return InvalidArgumentError(fmt::format(
+        "disk tier {}: the tier asks for {} bytes but its filesystem has {} bytes free, not one "
+        "slot of {} bytes: free space there, or name a file on another filesystem",
+        path, asked, room, slot_bytes));
+  }
+  *note = fmt::format(
+      "; shrunk to {} slots ({} bytes): the tier asked for {} bytes but its filesystem has {} "
+      "bytes free",
+      fit, kFileHeaderBytes + fit * slot_bytes, asked, room);
+  return fit;
+}
+
 // O_DIRECT on an open descriptor, probed with an aligned rewrite of the header block (its own
 // bytes) because some filesystems accept the flag and refuse the first aligned transfer.
 bool EnableDirectIo(int fd, std::string* refused) {
@@ -195,7 +281,7 @@ uint64_t SlotRecordChecksum(const SlotHeader& record) {
   return XXH3_64bits(&record, offsetof(SlotHeader, record_checksum));
 }
 
-StatusOr<OpenedDiskFile> OpenDiskFile(const DiskTierOptions& options, int64_t num_slots) {
+StatusOr<OpenedDiskFile> OpenDiskFile(const DiskTierOptions& options, int64_t asked_slots) {
   const std::string& path = options.path;
   if (static_cast<int64_t>(options.identity.size()) > kMaxDiskTierIdentityBytes) {
     return InvalidArgumentError(fmt::format("disk tier {}: the identity has {} bytes, at most {}",
@@ -264,6 +350,11 @@ StatusOr<OpenedDiskFile> OpenDiskFile(const DiskTierOptions& options, int64_t nu
   file.device = static_cast<uint64_t>(st.st_dev);
   file.inode = static_cast<uint64_t>(st.st_ino);
   const int64_t slot_bytes = DiskSlotBytes(options.page_bytes);
+  std::string shrunk_note;
+  const StatusOr<int64_t> fit =
+      SlotsThatFit(fd, st, path, slot_bytes, asked_slots, &shrunk_note);
+  if (!fit.ok()) return fail(fit.status());
+  const int64_t num_slots = file.num_slots = *fit;
   std::string start_empty_because;
   if (created) {
     file.note = "created";
@@ -272,6 +363,18 @@ StatusOr<OpenedDiskFile> OpenDiskFile(const DiskTierOptions& options, int64_t nu
     KVL_ASSIGN_OR_RETURN(const int64_t got, ReadAt(fd, block.data(), kFileHeaderBytes, 0, path));
     if (got < static_cast<int64_t>(sizeof kFileMagic) ||
         std::memcmp(block.data(), kFileMagic, sizeof kFileMagic) != 0) {
+      const std::string damaged =
+          DamagedTierFileBecause(fd, block, got, static_cast<int64_t>(st.st_size), path);
+      if (!damaged.empty()) {
+        // The tier's own file, damaged: kept for whoever wants to look at it, out of the way of
+        // a fresh one.
+        KVL_ASSIGN_OR_RETURN(const std::string aside, RenameAside(path));
+        ::close(closer.Release());  // its lock goes with it
+        KVL_ASSIGN_OR_RETURN(OpenedDiskFile fresh, OpenDiskFile(options, asked_slots));
+        fresh.note += fmt::format(" (the file there was damaged: {}; renamed it to {})", damaged,
+                                  aside);
+        return fresh;
+      }
       return InvalidArgumentError(fmt::format(
           "disk tier: {} is not a kvlattice KV tier file (it does not start with the tier's "
           "header), so it is left as it is; name a new path, or remove the file yourself",
@@ -316,6 +419,7 @@ StatusOr<OpenedDiskFile> OpenDiskFile(const DiskTierOptions& options, int64_t nu
     const Status written = WriteAt(fd, block.data(), kFileHeaderBytes, 0, path);
     if (!written.ok()) return fail(written);
   }
+  file.note += shrunk_note;
   if (!options.persistent) file.temp_guard = TempFileGuard(path);
   if (options.direct_io) file.direct = EnableDirectIo(fd, &file.direct_refused);
   const int flags = ::fcntl(fd, F_GETFL);
