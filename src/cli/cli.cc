@@ -49,6 +49,7 @@ int RunParsed(const ParsedCommand& cmd) {
     case ParsedCommand::Kind::kBenchLattice: return BenchLatticeCommand(cmd.bench_lattice);
     case ParsedCommand::Kind::kCalibrate: return CalibrateCommand(cmd.calibrate);
     case ParsedCommand::Kind::kTokenize: return TokenizeCommand(cmd.tokenize);
+    case ParsedCommand::Kind::kPerplexity: return PerplexityCommand(cmd.perplexity);
   }
   return 1;
 }

@@ -84,6 +84,19 @@ struct TokenizeArgs {
 };
 int TokenizeCommand(const TokenizeArgs& args);
 
+// kvl perplexity: a text's perplexity, chunked and scored as llama-perplexity does
+// (cmd_perplexity.cc); the last line printed is "perplexity: X".
+struct PerplexityArgs {
+  std::string model_path;            // -m
+  std::string text_path;             // -f
+  int64_t context_length = 0;        // -c: tokens per chunk; 0 = min(512, the model's context)
+  int64_t batch_size = 512;          // -b: tokens per forward step
+  int num_threads = 0;               // -t: 0 = every core
+  std::string cache_type_k = "f32";  // -ctk
+  std::string cache_type_v = "f32";  // -ctv
+};
+int PerplexityCommand(const PerplexityArgs& args);
+
 struct SynthArgs {
   std::string shape;
   std::string type = "q8_0";

@@ -32,6 +32,7 @@ CommandFlags DeclareChatFlags(CLI::App* app, ChatArgs* args);
 CommandFlags DeclareServeFlags(CLI::App* app, ServeArgs* args);
 CommandFlags DeclareInspectFlags(CLI::App* app, InspectArgs* args);
 CommandFlags DeclareTokenizeFlags(CLI::App* app, TokenizeArgs* args);
+CommandFlags DeclarePerplexityFlags(CLI::App* app, PerplexityArgs* args);
 CommandFlags DeclareSynthFlags(CLI::App* app, SynthArgs* args);
 CommandFlags DeclareCalibrateFlags(CLI::App* app, CalibrateArgs* args);
 CommandFlags DeclareBenchFlags(CLI::App* app, BenchArgs* args);

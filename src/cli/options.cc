@@ -84,6 +84,7 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   commands.push_back(DeclareServeFlags(&app, &cmd.serve));
   commands.push_back(DeclareInspectFlags(&app, &cmd.inspect));
   commands.push_back(DeclareTokenizeFlags(&app, &cmd.tokenize));
+  commands.push_back(DeclarePerplexityFlags(&app, &cmd.perplexity));
   commands.push_back(DeclareSynthFlags(&app, &cmd.synth));
   const CommandFlags bench = DeclareBenchFlags(&app, &cmd.bench);
   commands.push_back(DeclareBenchServeFlags(bench.app, &cmd.bench_serve));
@@ -121,7 +122,8 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
     return cmd;
   }
   return InvalidArgumentError(
-      "give a command: run, chat, serve, inspect, tokenize, synth, bench or calibrate");
+      "give a command: run, chat, serve, inspect, tokenize, perplexity, synth, bench or "
+      "calibrate");
 }
 
 }  // namespace kvl::cli

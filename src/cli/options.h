@@ -16,7 +16,7 @@ struct ParsedCommand {
   enum class Kind { kPrint, kRun, kChat, kServe, kInspect, kSynth, kBench, kBenchServe,
                     kBenchTurns, kBenchReplay, kBenchFrontier, kBenchQuality, kBenchSpec, kBenchLattice,
                     kCalibrate,
-                    kTokenize };
+                    kTokenize, kPerplexity };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
   RunArgs run;
@@ -34,6 +34,7 @@ struct ParsedCommand {
   BenchLatticeArgs bench_lattice;
   CalibrateArgs calibrate;
   TokenizeArgs tokenize;
+  PerplexityArgs perplexity;
 };
 
 // args excludes the program name. INVALID_ARGUMENT with CLI11's message for a syntax error, or
@@ -61,6 +62,7 @@ Status ValidateBenchQualityArgs(const BenchQualityArgs& args);
 Status ValidateBenchLatticeArgs(const BenchLatticeArgs& args);
 Status ValidateCalibrateArgs(const CalibrateArgs& args);
 Status ValidateSynthArgs(const SynthArgs& args);
+Status ValidatePerplexityArgs(const PerplexityArgs& args);
 
 // "12345" -> 12345 over the whole uint64 range; anything else (a sign, 2^64 or more, junk) is an
 // error naming `flag`.
