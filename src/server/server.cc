@@ -172,6 +172,7 @@ class OpenAiServer {
   std::atomic<ServerState> state_{ServerState::kLoading};
   std::unique_ptr<Engine> engine_;  // set before state_ becomes kReady
   ApiContext context_;
+  int64_t max_tokenize_bytes_ = 0;  // set with the engine
   ServerMetrics metrics_;
   WebUiRoutes webui_;
   std::mutex active_mu_;
@@ -270,7 +271,8 @@ void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpRe
     }
     if (req.path == "/v1/models") return out->Send(Models());
     if (req.path == kTokenizePath || req.path == kDetokenizePath) {
-      TokenRouteAnswer answer = AnswerTokenRoute(req.path, req.body, engine_->tokenizer());
+      TokenRouteAnswer answer =
+          AnswerTokenRoute(req.path, req.body, {engine_->tokenizer(), max_tokenize_bytes_});
       if (answer.error) return SendError(*out, *answer.error);
       return out->Send(JsonResponse(std::move(answer.body)));
     }
@@ -485,6 +487,8 @@ Status OpenAiServer::LoadEngine() {
   context_.model_name = path.stem().string();
   context_.model_path = options_.engine.model_path;
   context_.context_length = engine_->context_length();
+  context_.vocab_size = engine_->tokenizer().vocab_size();
+  max_tokenize_bytes_ = TokenizeContentLimit(engine_->tokenizer(), context_.context_length);
   context_.accepts_lossy_kv = engine_->accepts_lossy_kv();
   KVL_ASSIGN_OR_RETURN(context_.chat, LoadChatFormatter(options_, *engine_));
   fmt::print(stderr, "kvl serve: model '{}', context {}, chat template {}\n", context_.model_name,

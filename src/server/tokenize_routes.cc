@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
+#include <algorithm>
+
+#include "json_body.h"
 
 namespace kvl::server {
 namespace {
 
-using nlohmann::json;
+using json = JsonValue;
 
 ApiError BadRequest(std::string message, std::string param) {
   return ApiError{400, std::move(message), "invalid_request_error", std::move(param), ""};
@@ -28,19 +30,34 @@ std::optional<ApiError> ReadFlag(const json& body, const char* key, bool* value)
 std::optional<ApiError> ReadId(const json& j, const Tokenizer& tok, const char* param,
                                TokenId* id) {
   if (!j.is_number_integer()) {
-    return BadRequest(fmt::format("'{}' holds {}, not a token id", param, j.dump()), param);
+    return BadRequest(fmt::format("'{}' holds {}, not a token id", param, DescribeValue(j)),
+                      param);
   }
+  // An unsigned value past int64's range reads as negative here: outside either way.
   const int64_t value = j.get<int64_t>();
   if (value < 0 || value >= tok.vocab_size()) {
-    return BadRequest(fmt::format("token id {} is outside the vocabulary (0..{})", value,
-                                  tok.vocab_size() - 1),
+    return BadRequest(fmt::format("token id {} is outside the vocabulary (0..{})",
+                                  DescribeValue(j), tok.vocab_size() - 1),
                       param);
   }
   *id = static_cast<TokenId>(value);
   return std::nullopt;
 }
 
-TokenRouteAnswer Tokenize(const json& body, const Tokenizer& tok) {
+// The text a /tokenize body holds, in bytes: its string or the strings of its list.
+size_t ContentBytes(const json& content) {
+  if (content.is_string()) return content.get_ref<const std::string&>().size();
+  size_t bytes = 0;
+  if (content.is_array()) {
+    for (const json& element : content) {
+      if (element.is_string()) bytes += element.get_ref<const std::string&>().size();
+    }
+  }
+  return bytes;
+}
+
+TokenRouteAnswer Tokenize(const json& body, const TokenRouteContext& context) {
+  const Tokenizer& tok = context.tokenizer;
   bool add_special = false, parse_special = true, with_pieces = false;
   for (const auto& [key, value] : {std::pair{"add_special", &add_special},
                                    std::pair{"parse_special", &parse_special},
@@ -50,6 +67,17 @@ TokenRouteAnswer Tokenize(const json& body, const Tokenizer& tok) {
   std::vector<TokenId> ids;
   if (body.contains("content")) {
     const json& content = body["content"];
+    // As a prompt is (Engine::Submit): a text with more tokens than the context holds is refused
+    // before it is tokenized, so that no request holds the tokenizer (or memory for its ids)
+    // for long.
+    if (const size_t bytes = ContentBytes(content);
+        static_cast<int64_t>(bytes) > context.max_content_bytes) {
+      return {"", BadRequest(fmt::format("'content' has {} bytes, more than any prompt can hold "
+                                         "(at most {} bytes: the context's tokens at the "
+                                         "longest token's bytes)",
+                                         bytes, context.max_content_bytes),
+                             "content")};
+    }
     // A string, or a list of strings and ids: only the first element, if a string, gets the
     // BOS (as llama-server's tokenize_mixed).
     const auto add_text = [&](const json& text, bool first) {
@@ -111,13 +139,20 @@ TokenRouteAnswer Detokenize(const json& body, const Tokenizer& tok) {
 
 }  // namespace
 
-TokenRouteAnswer AnswerTokenRoute(std::string_view path, std::string_view body,
-                                  const Tokenizer& tokenizer) {
-  const json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded() || !parsed.is_object()) {
-    return {"", BadRequest("the request body must be a JSON object", "")};
+int64_t TokenizeContentLimit(const Tokenizer& tokenizer, int64_t context_length) {
+  size_t longest = 1;
+  for (TokenId id = 0; id < tokenizer.vocab_size(); ++id) {
+    longest = std::max(longest, tokenizer.token_text(id).size());
   }
-  return path == kTokenizePath ? Tokenize(parsed, tokenizer) : Detokenize(parsed, tokenizer);
+  return context_length * static_cast<int64_t>(longest);
+}
+
+TokenRouteAnswer AnswerTokenRoute(std::string_view path, std::string_view body,
+                                  const TokenRouteContext& context) {
+  json parsed;
+  if (std::optional<ApiError> error = ParseJsonBody(body, &parsed)) return {"", error};
+  return path == kTokenizePath ? Tokenize(parsed, context)
+                               : Detokenize(parsed, context.tokenizer);
 }
 
 }  // namespace kvl::server
