@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "api_key.h"
 #include "api_request.h"
 #include "api_response.h"
 #include "http_transport.h"
@@ -135,6 +136,7 @@ class OpenAiServer {
  public:
   explicit OpenAiServer(const ServeOptions& options)
       : options_(options),
+        api_key_(options_.api_key, options_.api_key_open_routes),
         webui_({options_.webui, options_.api_key, [this]() -> const Engine* {
                   return state_.load() == ServerState::kLoading ? nullptr : engine_.get();
                 }}) {}
@@ -174,6 +176,7 @@ class OpenAiServer {
   ApiContext context_;
   int64_t max_tokenize_bytes_ = 0;  // set with the engine
   ServerMetrics metrics_;
+  ApiKeyGate api_key_;
   WebUiRoutes webui_;
   std::mutex active_mu_;
   std::set<RequestId> active_;  // submitted and not yet answered: cancelled at shutdown
@@ -242,13 +245,7 @@ void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpRe
     response.headers.push_back({"Allow", std::string(route->method)});
     return out->Send(std::move(response));
   }
-  if (!options_.api_key.empty() &&
-      (req.path.starts_with("/v1/") || req.path == "/apply-template") &&
-      req.Header("Authorization") != "Bearer " + options_.api_key) {
-    return SendError(*out,
-                     ApiError{401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
-                              "invalid_request_error", "", "invalid_api_key"});
-  }
+  if (!api_key_.Admits(req)) return SendError(*out, MissingApiKeyError());
   try {
     if (req.path == "/health") return out->Send(Health());
     if (state_.load() != ServerState::kReady) {
