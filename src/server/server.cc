@@ -96,6 +96,7 @@ struct LiveRequest {
 
   const ResponseHead head;
   const bool stream;
+  RequestId id = 0;  // the engine's, set under mu before any event is handled
   const std::shared_ptr<HttpResponder> out;
   std::atomic<bool> finished{false};  // the engine sent its last event
 
@@ -110,6 +111,7 @@ struct LiveRequest {
   std::vector<Piece> pieces;          // a plain answer's, until the last event
   std::vector<int32_t> held_ids;      // a stream's token ids whose text was held back
   bool text_sent = false;             // a stream's first frame with content went out
+  bool head_sent = false;             // a stream's 200 and headers went out
 
   // The engine's thread's own.
   Clock::time_point submitted = Clock::now();
@@ -153,6 +155,7 @@ class OpenAiServer {
   void OnEvent(const std::shared_ptr<LiveRequest>& live, const TokenEvent& ev);
   void Drain(LiveRequest& r);
   void AppendFrame(LiveRequest& r, const Piece& piece, std::string* frames);
+  void StartStream(LiveRequest& r);
   void Answer(LiveRequest& r, const TokenEvent& last, std::string frames);
   void Forget(RequestId id);
   Status LoadEngine();
@@ -353,6 +356,29 @@ void OpenAiServer::OnEvent(const std::shared_ptr<LiveRequest>& live, const Token
   }
 }
 
+// A failed request's error: one the KV budget cannot hold (a prompt the scheduler found can
+// never run, or a resumed one that no longer fits) is the request's size, as a prompt past the
+// context is: a 400, which clients' SDKs do not retry (they retry a 5xx twice, doing the same
+// work three times).
+ApiError FailedRequestError(const TokenEvent& last) {
+  if (last.error.code() == StatusCode::kResourceExhausted) {
+    return ApiError{400, last.error.message(), "invalid_request_error", "", "kv_budget_exceeded"};
+  }
+  return ApiError{500, last.error.message(), "server_error", "", ""};
+}
+
+// A stream's 200 and headers, with the engine's number for the request: the web page's KV view
+// follows exactly its pages.
+void OpenAiServer::StartStream(LiveRequest& r) {
+  r.head_sent = true;
+  r.out->StartStream(
+      HttpResponse{200,
+                   "text/event-stream",
+                   {{"Cache-Control", "no-cache"}, {"X-Request-Id", std::to_string(r.id)}},
+                   ""});
+  if (r.head.endpoint == Endpoint::kChatCompletions) r.out->Write(RoleFrame(r.head));
+}
+
 // The I/O thread: every event handed over since the last drain, as one write.
 void OpenAiServer::Drain(LiveRequest& r) {
   std::optional<TokenEvent> last;
@@ -361,6 +387,15 @@ void OpenAiServer::Drain(LiveRequest& r) {
     r.draining.swap(r.arrived);
     last.swap(r.last);
     r.drain_posted = false;
+  }
+  if (r.stream && !r.head_sent) {
+    // A stream's head waits for its first event, as llama-server's does: a request that fails
+    // before its first token (one the scheduler finds the KV budget can never hold) is answered
+    // as the same request unstreamed is, with its 4xx, never with 200 and then an error frame.
+    if (last && last->finish_reason == "error" && r.draining.empty()) {
+      return SendError(*r.out, FailedRequestError(*last));
+    }
+    StartStream(r);
   }
   std::string frames;
   for (Piece& piece : r.draining) {
@@ -378,13 +413,7 @@ void OpenAiServer::Drain(LiveRequest& r) {
 // The last event: a stream's closing frames, or the whole plain answer.
 void OpenAiServer::Answer(LiveRequest& r, const TokenEvent& last, std::string frames) {
   const bool failed = last.finish_reason == "error";
-  // A request the KV budget cannot hold (a resumed prompt that no longer fits, found only once
-  // it ran) is the request's size, as a prompt past the context is: a 400, which clients' SDKs
-  // do not retry (they retry a 5xx twice, doing the same work three times).
-  const ApiError error =
-      last.error.code() == StatusCode::kResourceExhausted
-          ? ApiError{400, last.error.message(), "invalid_request_error", "", "kv_budget_exceeded"}
-          : ApiError{500, last.error.message(), "server_error", "", ""};
+  const ApiError error = FailedRequestError(last);
   const Usage usage{last.prompt_tokens, last.cached_prompt_tokens, last.generated_tokens};
   if (r.stream) {
     if (failed) {
@@ -440,7 +469,7 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
                    context_.model_name, params.include_usage, logprobs, params.return_token_ids,
                    std::move(prompt_token_ids)},
       params.stream, out, engine_->tokenizer(), prompt_last_token);
-  // Held until the stream's head is out: the engine's first event waits for it.
+  // Held until the request's id is recorded: the engine's first event waits for it.
   std::unique_lock<std::mutex> live_lock(live->mu);
   StatusOr<RequestId> id = InternalError("not submitted");
   {
@@ -456,15 +485,7 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
     return SendError(*out,
                      ApiError{400, id.status().message(), "invalid_request_error", param, ""});
   }
-  if (live->stream) {
-    // The engine's number for the request: the web page's KV view follows exactly its pages.
-    out->StartStream(
-        HttpResponse{200,
-                     "text/event-stream",
-                     {{"Cache-Control", "no-cache"}, {"X-Request-Id", std::to_string(*id)}},
-                     ""});
-    if (endpoint == Endpoint::kChatCompletions) out->Write(RoleFrame(live->head));
-  }
+  live->id = *id;
   live_lock.unlock();
   // When the exchange ends with the request still running, its client is gone (closed, reset,
   // or stopped reading), whatever the request's state: it is cancelled at once, so that its
