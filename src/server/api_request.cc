@@ -263,7 +263,7 @@ std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext
   ChatInputs chat;
   if (auto e = ReadChatInputs(fields, &chat)) return e;
   StatusOr<std::string> prompt = FormatterOf(context).Apply(chat);
-  if (!prompt.ok()) return BadField("messages", prompt.status().message());
+  if (!prompt.ok()) return BadField("messages", Truncated(prompt.status().message()));
   if (prompt->empty()) return BadField("messages", "the messages make an empty prompt");
   request->prompt = std::move(*prompt);
   request->parse_special = true;  // the template's control tokens are tokens, not text
@@ -473,7 +473,7 @@ std::optional<ApiError> ParseApplyTemplateRequest(std::string_view body, const A
     ChatInputs chat;
     if (auto e = ReadChatInputs(FieldReader(doc), &chat)) return e;
     StatusOr<std::string> rendered = FormatterOf(context).Apply(chat);
-    if (!rendered.ok()) return BadField("messages", rendered.status().message());
+    if (!rendered.ok()) return BadField("messages", Truncated(rendered.status().message()));
     *prompt = std::move(*rendered);
     return std::nullopt;
   } catch (const json::exception& e) {

@@ -49,12 +49,26 @@ std::optional<JsonValue> ParseNestedJson(std::string_view text) {
   return value;
 }
 
+namespace {
+
+// Where to cut `text` to at most `max_bytes`: back to the start of a UTF-8 character
+// (continuation bytes are 10xxxxxx).
+size_t CutAt(std::string_view text, size_t max_bytes) {
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+  return cut;
+}
+
+}  // namespace
+
+std::string Truncated(std::string_view text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return std::string(text);
+  return fmt::format("{}... ({} bytes)", text.substr(0, CutAt(text, max_bytes)), text.size());
+}
+
 std::string BoundedQuote(std::string_view text, size_t max_bytes) {
   if (text.size() <= max_bytes) return fmt::format("\"{}\"", text);
-  size_t cut = max_bytes;
-  // Back to the start of a UTF-8 character: continuation bytes are 10xxxxxx.
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-  return fmt::format("\"{}...\" ({} bytes)", text.substr(0, cut), text.size());
+  return fmt::format("\"{}...\" ({} bytes)", text.substr(0, CutAt(text, max_bytes)), text.size());
 }
 
 std::string DescribeValue(const JsonValue& value) {

@@ -36,8 +36,12 @@ std::optional<ApiError> ParseJsonBody(std::string_view body, JsonValue* doc);
 // it nests too deep or does not parse. Never throws.
 std::optional<JsonValue> ParseNestedJson(std::string_view text);
 
-// `text` as an error message may quote it: in double quotes, cut after `max_bytes` (at a UTF-8
-// character's start) with the full size said, so a 6 MiB value costs an error body 60 bytes.
+// `text` cut after `max_bytes` (at a UTF-8 character's start) with its full size said, e.g. an
+// error another layer wrote that may quote the request (a template's raise_exception).
+std::string Truncated(std::string_view text, size_t max_bytes = 512);
+
+// `text` as an error message may quote it: in double quotes, Truncated, so a 6 MiB value costs an
+// error body 60 bytes.
 std::string BoundedQuote(std::string_view text, size_t max_bytes = 48);
 
 // What a value is, for "got ..." in an error message: a number or literal as written, a string as

@@ -25,6 +25,7 @@
 #include "api_request.h"
 #include "api_response.h"
 #include "http_transport.h"
+#include "json_body.h"
 #include "kvl/chat_template.h"
 #include "server_metrics.h"
 #include "template_routes.h"
@@ -482,8 +483,8 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
   if (!id.ok()) {
     live_lock.unlock();
     const std::string param = endpoint == Endpoint::kCompletions ? "prompt" : "messages";
-    return SendError(*out,
-                     ApiError{400, id.status().message(), "invalid_request_error", param, ""});
+    return SendError(*out, ApiError{400, Truncated(id.status().message()),
+                                    "invalid_request_error", param, ""});
   }
   live->id = *id;
   live_lock.unlock();

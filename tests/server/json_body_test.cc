@@ -60,6 +60,8 @@ TEST(JsonBodyTest, QuotesAndDescriptionsOfSentValuesAreBounded) {
   EXPECT_EQ(DescribeValue(JsonValue::parse(R"({"a": 1, "b": 2})")), "an object of 2 fields");
   EXPECT_EQ(DescribeValue(JsonValue(huge)).size(), quoted.size());
   EXPECT_EQ(DescribeValue(JsonValue(1.5)), "1.5");
+  EXPECT_EQ(Truncated("short"), "short");
+  EXPECT_EQ(Truncated(huge, 10), "mmmmmmmmmm... (6291456 bytes)");
   EXPECT_EQ(DescribeValue(JsonValue(-5)), "-5");
 }
 
@@ -107,6 +109,26 @@ TEST(ApiRequestBoundsTest, ErrorsQuoteHugeValuesAsSnippets) {
   ASSERT_TRUE(range.has_value());
   EXPECT_EQ(range->param, "temperature");
   EXPECT_LT(ErrorBody(*range).size(), 400u);
+}
+
+// An error the template raises may quote the request: it reaches the client cut short.
+TEST(ApiRequestBoundsTest, ATemplatesErrorQuotingTheRequestIsBounded) {
+  ApiContext context = Context();
+  auto formatter = ChatFormatter::FromJinja(
+      "{% if messages[0].content | length > 10 %}{{ raise_exception(messages[0].content) }}"
+      "{% endif %}{{ messages[0].content }}",
+      "test", {});
+  ASSERT_TRUE(formatter.ok()) << formatter.status().ToString();
+  context.chat = std::make_shared<const ChatFormatter>(std::move(*formatter));
+  const std::string body = R"({"messages": [{"role": "user", "content": ")" +
+                           std::string(1 << 20, 'r') + R"("}]})";
+  CompletionParams params;
+  std::optional<ApiError> error =
+      ParseCompletionRequest(body, Endpoint::kChatCompletions, context, &params);
+  ASSERT_TRUE(error.has_value());
+  EXPECT_EQ(error->param, "messages");
+  EXPECT_LT(ErrorBody(*error).size(), 1024u);
+  EXPECT_NE(error->message.find("rrrr"), std::string::npos) << error->message;
 }
 
 // A tool call's arguments string is JSON the server parses and hands to the template as a
