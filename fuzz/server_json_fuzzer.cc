@@ -45,7 +45,10 @@ std::unique_ptr<kvl::Tokenizer> Vocab() {
     v.tokens.push_back(text);
     v.types.push_back(kvl::TokenType::kByte);
   }
-  for (const char* piece : {"\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab", "aa", "\xC3\xA9"}) {
+  for (const char* piece : {"\xE2\x96\x81", "a", "b",
+                            "\xE2\x96\x81"
+                            "a",
+                            "ab", "aa", "\xC3\xA9"}) {
     v.tokens.push_back(piece);
     v.types.push_back(kvl::TokenType::kNormal);
   }
@@ -98,10 +101,14 @@ class BodyGenerator {
   std::string Value(int depth = 0) {
     if (depth >= kMaxGeneratorDepth) return Scalar();
     switch (in_.ConsumeIntegralInRange<int>(0, 9)) {
-      case 0: return Scalar();
-      case 1: return Number();
-      case 2: return Quote(Text());
-      case 3: return Quote(LongText());
+      case 0:
+        return Scalar();
+      case 1:
+        return Number();
+      case 2:
+        return Quote(Text());
+      case 3:
+        return Quote(LongText());
       case 4: {
         std::string out = "[";
         const int n = in_.ConsumeIntegralInRange<int>(0, 4);
@@ -114,10 +121,14 @@ class BodyGenerator {
         for (int i = 0; i < n; ++i) out += (i ? "," : "") + Quote(Key()) + ":" + Value(depth + 1);
         return out + "}";
       }
-      case 6: return Deep(Value(kMaxGeneratorDepth));
-      case 7: return Quote(Escape(Deep("1")));  // JSON nested deep inside a string
-      case 8: return Quote(Escape(Value(depth + 1)));
-      default: return std::to_string(in_.ConsumeIntegral<int32_t>());
+      case 6:
+        return Deep(Value(kMaxGeneratorDepth));
+      case 7:
+        return Quote(Escape(Deep("1")));  // JSON nested deep inside a string
+      case 8:
+        return Quote(Escape(Value(depth + 1)));
+      default:
+        return std::to_string(in_.ConsumeIntegral<int32_t>());
     }
   }
 
@@ -183,41 +194,71 @@ class BodyGenerator {
 
   std::string Scalar() {
     switch (in_.ConsumeIntegralInRange<int>(0, 3)) {
-      case 0: return "null";
-      case 1: return "true";
-      case 2: return "false";
-      default: return Number();
+      case 0:
+        return "null";
+      case 1:
+        return "true";
+      case 2:
+        return "false";
+      default:
+        return Number();
     }
   }
 
   std::string Number() {
-    static constexpr const char* kEdges[] = {
-        "0", "-0", "1", "-1", "0.5", "1.0", "2", "16", "100", "101", "-100.5", "511", "512",
-        "2147483647", "2147483648", "-2147483649", "9223372036854775807", "9223372036854775808",
-        "-9223372036854775809", "18446744073709551615", "18446744073709551616", "1e308",
-        "1e999", "-1e999", "1e-400", "4.9e-324", "123456789012345678901234567890"};
-    if (in_.ConsumeBool()) return kEdges[in_.ConsumeIntegralInRange<size_t>(0, std::size(kEdges) - 1)];
+    static constexpr const char* kEdges[] = {"0",
+                                             "-0",
+                                             "1",
+                                             "-1",
+                                             "0.5",
+                                             "1.0",
+                                             "2",
+                                             "16",
+                                             "100",
+                                             "101",
+                                             "-100.5",
+                                             "511",
+                                             "512",
+                                             "2147483647",
+                                             "2147483648",
+                                             "-2147483649",
+                                             "9223372036854775807",
+                                             "9223372036854775808",
+                                             "-9223372036854775809",
+                                             "18446744073709551615",
+                                             "18446744073709551616",
+                                             "1e308",
+                                             "1e999",
+                                             "-1e999",
+                                             "1e-400",
+                                             "4.9e-324",
+                                             "123456789012345678901234567890"};
+    if (in_.ConsumeBool())
+      return kEdges[in_.ConsumeIntegralInRange<size_t>(0, std::size(kEdges) - 1)];
     return std::to_string(in_.ConsumeIntegralInRange<int32_t>(-1000, 100000));
   }
 
   std::string Key() {
-    static constexpr const char* kKeys[] = {"role", "content", "type", "text", "function", "name",
-                                            "arguments", "tool_calls", "a", ""};
+    static constexpr const char* kKeys[] = {"role", "content",   "type",       "text", "function",
+                                            "name", "arguments", "tool_calls", "a",    ""};
     return kKeys[in_.ConsumeIntegralInRange<size_t>(0, std::size(kKeys) - 1)];
   }
 
   std::string Text() {
     static constexpr const char* kWords[] = {
-        "user", "assistant", "system", "tool", "text", "lossless", "balanced", "aggressive",
-        "none", "auto", "stories", "/models/stories.gguf", "<s>", "</s>", "\\u0000", "\\ud800",
-        "\\\"", "caf\\u00e9", "aab", "\xC3\xA9", "\xFF\xFE", "\xE2\x96"};
-    if (in_.ConsumeBool()) return kWords[in_.ConsumeIntegralInRange<size_t>(0, std::size(kWords) - 1)];
+        "user",     "assistant",  "system",   "tool",    "text",    "lossless",
+        "balanced", "aggressive", "none",     "auto",    "stories", "/models/stories.gguf",
+        "<s>",      "</s>",       "\\u0000",  "\\ud800", "\\\"",    "caf\\u00e9",
+        "aab",      "\xC3\xA9",   "\xFF\xFE", "\xE2\x96"};
+    if (in_.ConsumeBool())
+      return kWords[in_.ConsumeIntegralInRange<size_t>(0, std::size(kWords) - 1)];
     return Escape(in_.ConsumeRandomLengthString(64));
   }
 
   // Up to 256 KiB of one repeated unit: a long word, a long run of escapes, bad UTF-8.
   std::string LongText() {
-    static constexpr const char* kUnits[] = {"a", "ab", " ", "\xC3\xA9", "\\n", "\\u00e9", "\xFF", "<s>"};
+    static constexpr const char* kUnits[] = {"a",   "ab",      " ",    "\xC3\xA9",
+                                             "\\n", "\\u00e9", "\xFF", "<s>"};
     const std::string unit = kUnits[in_.ConsumeIntegralInRange<size_t>(0, std::size(kUnits) - 1)];
     const size_t length = size_t{1} << in_.ConsumeIntegralInRange<int>(4, 18);
     std::string out;
@@ -285,16 +326,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzedDataProvider in(data + 2, size - 2);
     BodyGenerator generate(in);
     static const std::vector<std::string_view> kCompletionFields = {
-        "prompt", "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-        "stop", "stream", "logit_bias", "kv_quality", "logprobs", "n", "stream_options",
-        "return_token_ids", "ignore_eos", "repetition_penalty", "suffix", "echo", "best_of"};
-    static const std::vector<std::string_view> kChatFields = {
-        "messages", "model", "max_tokens", "max_completion_tokens", "tools", "tool_choice",
-        "chat_template_kwargs", "add_generation_prompt", "logprobs", "top_logprobs",
-        "response_format", "logit_bias", "stop", "stream", "kv_quality"};
+        "prompt",         "model",
+        "max_tokens",     "temperature",
+        "top_p",          "top_k",
+        "min_p",          "seed",
+        "stop",           "stream",
+        "logit_bias",     "kv_quality",
+        "logprobs",       "n",
+        "stream_options", "return_token_ids",
+        "ignore_eos",     "repetition_penalty",
+        "suffix",         "echo",
+        "best_of"};
+    static const std::vector<std::string_view> kChatFields = {"messages",
+                                                              "model",
+                                                              "max_tokens",
+                                                              "max_completion_tokens",
+                                                              "tools",
+                                                              "tool_choice",
+                                                              "chat_template_kwargs",
+                                                              "add_generation_prompt",
+                                                              "logprobs",
+                                                              "top_logprobs",
+                                                              "response_format",
+                                                              "logit_bias",
+                                                              "stop",
+                                                              "stream",
+                                                              "kv_quality"};
     static const std::vector<std::string_view> kTokenizeFields = {
         "content", "add_special", "parse_special", "with_pieces", "tokens"};
-    body = generate.Body(route == 0 ? kCompletionFields
+    body = generate.Body(route == 0   ? kCompletionFields
                          : route <= 2 ? kChatFields
                                       : kTokenizeFields);
     if (data[1] & 1) body = generate.Value();  // any value, not only an object
@@ -304,8 +364,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 0:
     case 1: {
       kvl::server::CompletionParams params;
-      const auto endpoint =
-          route == 0 ? kvl::server::Endpoint::kCompletions : kvl::server::Endpoint::kChatCompletions;
+      const auto endpoint = route == 0 ? kvl::server::Endpoint::kCompletions
+                                       : kvl::server::Endpoint::kChatCompletions;
       if (auto error = kvl::server::ParseCompletionRequest(body, endpoint, context, &params)) {
         CheckError(*error, body);
       }

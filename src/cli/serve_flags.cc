@@ -16,8 +16,9 @@ CommandFlags DeclareServeFlags(CLI::App* app, ServeArgs* serve) {
   cmd->add_option("--host", serve->serve.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", serve->serve.port, "port to listen on; 0 = any free port")
       ->capture_default_str();
-  cmd->add_option("--api-key", serve->serve.api_key,
-                  "require 'Authorization: Bearer KEY' on every route but /health and the web page");
+  cmd->add_option(
+      "--api-key", serve->serve.api_key,
+      "require 'Authorization: Bearer KEY' on every route but /health and the web page");
   cmd->add_option("--api-key-open", serve->serve.api_key_open_routes,
                   "routes that need no key even with --api-key: /metrics, /tokenize, /detokenize "
                   "(comma-separated)")

@@ -291,8 +291,7 @@ std::optional<ApiError> ReadStops(const FieldReader& fields, Request* request) {
 }
 
 // OpenAI's defaults: temperature 1 and top_p 1; top-k and min-p (vLLM's extensions) off.
-std::optional<ApiError> ReadSampling(FieldReader& f, const ApiContext& context,
-                                     SamplingParams* s) {
+std::optional<ApiError> ReadSampling(FieldReader& f, const ApiContext& context, SamplingParams* s) {
   double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
   int64_t top_k = 0;
   if (!f.Number("temperature", 0.0, 100.0, false, &temperature) ||
@@ -318,8 +317,8 @@ std::optional<ApiError> ReadSampling(FieldReader& f, const ApiContext& context,
       // Checked here, not left to the engine, whose refusal could not say which field it was.
       if (context.vocab_size > 0 && id >= context.vocab_size) {
         return BadField("logit_bias",
-                        fmt::format("logit_bias names token {}, outside the vocabulary [0, {})",
-                                    id, context.vocab_size));
+                        fmt::format("logit_bias names token {}, outside the vocabulary [0, {})", id,
+                                    context.vocab_size));
       }
       if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
         return BadField("logit_bias",

@@ -33,8 +33,8 @@ std::optional<ApiError> ParseJsonBody(std::string_view body, JsonValue* doc) {
     return ApiError{400, std::move(message), "invalid_request_error", "", ""};
   };
   if (JsonNestingDepth(body, kMaxJsonDepth) > kMaxJsonDepth) {
-    return bad(fmt::format("the JSON body nests arrays and objects deeper than {} levels",
-                           kMaxJsonDepth));
+    return bad(
+        fmt::format("the JSON body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
   }
   *doc = JsonValue::parse(body, nullptr, /*allow_exceptions=*/false);
   if (doc->is_discarded()) return bad("the request body is not valid JSON");

@@ -483,8 +483,8 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
   if (!id.ok()) {
     live_lock.unlock();
     const std::string param = endpoint == Endpoint::kCompletions ? "prompt" : "messages";
-    return SendError(*out, ApiError{400, Truncated(id.status().message()),
-                                    "invalid_request_error", param, ""});
+    return SendError(
+        *out, ApiError{400, Truncated(id.status().message()), "invalid_request_error", param, ""});
   }
   live->id = *id;
   live_lock.unlock();

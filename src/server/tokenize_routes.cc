@@ -16,9 +16,7 @@ ApiError BadRequest(std::string message, std::string param) {
   return ApiError{400, std::move(message), "invalid_request_error", std::move(param), ""};
 }
 
-std::string Dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 // A field that must be a boolean when present.
 std::optional<ApiError> ReadFlag(const json& body, const char* key, bool* value) {
@@ -31,14 +29,13 @@ std::optional<ApiError> ReadFlag(const json& body, const char* key, bool* value)
 std::optional<ApiError> ReadId(const json& j, const Tokenizer& tok, const char* param,
                                TokenId* id) {
   if (!j.is_number_integer()) {
-    return BadRequest(fmt::format("'{}' holds {}, not a token id", param, DescribeValue(j)),
-                      param);
+    return BadRequest(fmt::format("'{}' holds {}, not a token id", param, DescribeValue(j)), param);
   }
   // An unsigned value past int64's range reads as negative here: outside either way.
   const int64_t value = j.get<int64_t>();
   if (value < 0 || value >= tok.vocab_size()) {
-    return BadRequest(fmt::format("token id {} is outside the vocabulary (0..{})",
-                                  DescribeValue(j), tok.vocab_size() - 1),
+    return BadRequest(fmt::format("token id {} is outside the vocabulary (0..{})", DescribeValue(j),
+                                  tok.vocab_size() - 1),
                       param);
   }
   *id = static_cast<TokenId>(value);
@@ -64,8 +61,7 @@ std::string TokensAnswer(const std::vector<TokenId>& ids, const Tokenizer& tok, 
       piece_json = json::array();
       for (unsigned char c : piece) piece_json.push_back(static_cast<int>(c));
     }
-    fmt::format_to(std::back_inserter(out), R"({{"id":{},"piece":{}}})", ids[i],
-                   Dump(piece_json));
+    fmt::format_to(std::back_inserter(out), R"({{"id":{},"piece":{}}})", ids[i], Dump(piece_json));
   }
   out += "]}";
   return out;
@@ -86,9 +82,9 @@ size_t ContentBytes(const json& content) {
 TokenRouteAnswer Tokenize(const json& body, const TokenRouteContext& context) {
   const Tokenizer& tok = context.tokenizer;
   bool add_special = false, parse_special = true, with_pieces = false;
-  for (const auto& [key, value] : {std::pair{"add_special", &add_special},
-                                   std::pair{"parse_special", &parse_special},
-                                   std::pair{"with_pieces", &with_pieces}}) {
+  for (const auto& [key, value] :
+       {std::pair{"add_special", &add_special}, std::pair{"parse_special", &parse_special},
+        std::pair{"with_pieces", &with_pieces}}) {
     if (auto error = ReadFlag(body, key, value)) return {"", error};
   }
   std::vector<TokenId> ids;
@@ -164,8 +160,7 @@ TokenRouteAnswer AnswerTokenRoute(std::string_view path, std::string_view body,
                                   const TokenRouteContext& context) {
   json parsed;
   if (std::optional<ApiError> error = ParseJsonBody(body, &parsed)) return {"", error};
-  return path == kTokenizePath ? Tokenize(parsed, context)
-                               : Detokenize(parsed, context.tokenizer);
+  return path == kTokenizePath ? Tokenize(parsed, context) : Detokenize(parsed, context.tokenizer);
 }
 
 }  // namespace kvl::server

@@ -21,7 +21,8 @@ using testing::PostJson;
 using testing::ServerProcess;
 
 std::string Nested(int depth) {
-  return std::string(static_cast<size_t>(depth), '[') + std::string(static_cast<size_t>(depth), ']');
+  return std::string(static_cast<size_t>(depth), '[') +
+         std::string(static_cast<size_t>(depth), ']');
 }
 
 bool Alive(const ServerProcess& server) { return ::kill(server.pid(), 0) == 0; }
@@ -71,14 +72,13 @@ TEST(HostileRequestsTest, JsonNestedDeepInsideAToolCallsArgumentsIsAnswered) {
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   httplib::Client client("127.0.0.1", server.port());
   client.set_read_timeout(30, 0);
-  const json body = {
-      {"messages",
-       {{{"role", "user"}, {"content", "Hi"}},
-        {{"role", "assistant"},
-         {"content", nullptr},
-         {"tool_calls",
-          {{{"type", "function"},
-            {"function", {{"name", "f"}, {"arguments", Nested(100000)}}}}}}}}}};
+  const json body = {{"messages",
+                      {{{"role", "user"}, {"content", "Hi"}},
+                       {{"role", "assistant"},
+                        {"content", nullptr},
+                        {"tool_calls",
+                         {{{"type", "function"},
+                           {"function", {{"name", "f"}, {"arguments", Nested(100000)}}}}}}}}}};
   auto res = PostJson(client, "/apply-template", body.dump());
   ASSERT_TRUE(res) << "no answer (did the server crash?)\n" << server.Log();
   EXPECT_LT(res->status, 500) << res->body.substr(0, 300);
@@ -130,8 +130,8 @@ TEST(HostileRequestsTest, TheApiKeyGuardsTokenizeDetokenizeAndMetrics) {
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
   // The lower-case scheme on a completion too (it was refused there).
-  auto completion = Post(client, "/v1/completions", R"({"prompt": "Once", "max_tokens": 2})",
-                         "bearer sekret");
+  auto completion =
+      Post(client, "/v1/completions", R"({"prompt": "Once", "max_tokens": 2})", "bearer sekret");
   ASSERT_TRUE(completion);
   EXPECT_EQ(completion->status, 200) << completion->body;
 }
@@ -168,14 +168,13 @@ TEST(HostileRequestsTest, ErrorBodiesAreBoundedAndNameTheirField) {
   httplib::Client client("127.0.0.1", server.port());
   client.set_read_timeout(30, 0);
   const std::string huge(6 << 20, 'm');
-  auto model = PostJson(client, "/v1/completions",
-                        json{{"prompt", "Once"}, {"model", huge}}.dump());
+  auto model =
+      PostJson(client, "/v1/completions", json{{"prompt", "Once"}, {"model", huge}}.dump());
   ASSERT_TRUE(model);
   EXPECT_EQ(model->status, 404);
   EXPECT_LT(model->body.size(), 400u);
   EXPECT_EQ(ErrorOf(model)["param"], "model");
-  EXPECT_NE(ErrorOf(model)["message"].get<std::string>().find("(6291456 bytes)"),
-            std::string::npos)
+  EXPECT_NE(ErrorOf(model)["message"].get<std::string>().find("(6291456 bytes)"), std::string::npos)
       << model->body;
 
   auto detokenize = PostJson(client, "/detokenize", json{{"tokens", {1, huge}}}.dump());
@@ -210,13 +209,12 @@ TEST(HostileRequestsTest, TokenizeTakesAtMostWhatAPromptCanHold) {
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 400);
   EXPECT_EQ(ErrorOf(refused)["param"], "content");
-  EXPECT_NE(ErrorOf(refused)["message"].get<std::string>().find("4194304 bytes"),
-            std::string::npos)
+  EXPECT_NE(ErrorOf(refused)["message"].get<std::string>().find("4194304 bytes"), std::string::npos)
       << refused->body;
   // A list of strings counts them all.
-  auto list = PostJson(client, "/tokenize",
-                       json{{"content", {std::string(3 << 20, 'a'), 5, std::string(3 << 20, 'b')}}}
-                           .dump());
+  auto list =
+      PostJson(client, "/tokenize",
+               json{{"content", {std::string(3 << 20, 'a'), 5, std::string(3 << 20, 'b')}}}.dump());
   ASSERT_TRUE(list);
   EXPECT_EQ(list->status, 400);
   // 256 tokens of 'a' fit (each is at most the longest token's bytes).
@@ -231,8 +229,8 @@ TEST(HostileRequestsTest, TokenizeTakesAtMostWhatAPromptCanHold) {
 // was a 400, streamed a 200 and then an error frame: now the same 400 either way, and a stream
 // that fits still gets its 200, frames and [DONE].
 TEST(HostileRequestsTest, AStreamTheServerCanNeverHoldGetsItsErrorBeforeAnyHead) {
-  ServerProcess server({"-np", "1", "--kv-policy", "auto", "--kv-quality", "balanced",
-                        "--kv-budget", "64KiB"});
+  ServerProcess server(
+      {"-np", "1", "--kv-policy", "auto", "--kv-quality", "balanced", "--kv-budget", "64KiB"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   httplib::Client client("127.0.0.1", server.port());
   client.set_read_timeout(60, 0);
@@ -256,9 +254,8 @@ TEST(HostileRequestsTest, AStreamTheServerCanNeverHoldGetsItsErrorBeforeAnyHead)
         << (*res)->body;
   }
 
-  const json chat = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
-                     {"max_tokens", 4},
-                     {"stream", true}};
+  const json chat = {
+      {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 4}, {"stream", true}};
   auto fits = PostJson(client, "/v1/chat/completions", chat.dump());
   ASSERT_TRUE(fits);
   EXPECT_EQ(fits->status, 200) << fits->body;

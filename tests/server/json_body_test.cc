@@ -24,15 +24,14 @@ TEST(JsonBodyTest, NestingDepthCountsBracketsOutsideStringsAndStopsPastTheLimit)
   EXPECT_EQ(JsonNestingDepth(R"({"a": [1, {"b": []}]})", 32), 4);
   EXPECT_EQ(JsonNestingDepth(R"({"a": "[[[[{{{{"})", 32), 1);
   EXPECT_EQ(JsonNestingDepth(R"({"a": "\"[[[["})", 32), 1);  // an escaped quote ends no string
-  EXPECT_EQ(JsonNestingDepth(R"(["\\", [[]]])", 32), 3);   // an escaped backslash ends one
+  EXPECT_EQ(JsonNestingDepth(R"(["\\", [[]]])", 32), 3);     // an escaped backslash ends one
   EXPECT_EQ(JsonNestingDepth(Nested(100000), 32), 33);
   EXPECT_EQ(JsonNestingDepth("]]]]][[", 32), 0);  // not JSON, still one bounded pass
 }
 
 TEST(JsonBodyTest, ADeepBodyIsRefusedByItsDepthWithoutParsing) {
   JsonValue doc;
-  std::optional<ApiError> error =
-      ParseJsonBody(R"({"content": )" + Nested(100000) + "}", &doc);
+  std::optional<ApiError> error = ParseJsonBody(R"({"content": )" + Nested(100000) + "}", &doc);
   ASSERT_TRUE(error.has_value());
   EXPECT_EQ(error->http_status, 400);
   EXPECT_NE(error->message.find("deeper than 32"), std::string::npos) << error->message;
@@ -104,8 +103,7 @@ TEST(ApiRequestBoundsTest, ErrorsQuoteHugeValuesAsSnippets) {
   EXPECT_EQ(bias->param, "logit_bias");
   EXPECT_LT(ErrorBody(*bias).size(), 400u);
 
-  std::optional<ApiError> range =
-      ParseCompletion(R"({"prompt": "Once", "temperature": 1e300})");
+  std::optional<ApiError> range = ParseCompletion(R"({"prompt": "Once", "temperature": 1e300})");
   ASSERT_TRUE(range.has_value());
   EXPECT_EQ(range->param, "temperature");
   EXPECT_LT(ErrorBody(*range).size(), 400u);
@@ -120,8 +118,8 @@ TEST(ApiRequestBoundsTest, ATemplatesErrorQuotingTheRequestIsBounded) {
       "test", {});
   ASSERT_TRUE(formatter.ok()) << formatter.status().ToString();
   context.chat = std::make_shared<const ChatFormatter>(std::move(*formatter));
-  const std::string body = R"({"messages": [{"role": "user", "content": ")" +
-                           std::string(1 << 20, 'r') + R"("}]})";
+  const std::string body =
+      R"({"messages": [{"role": "user", "content": ")" + std::string(1 << 20, 'r') + R"("}]})";
   CompletionParams params;
   std::optional<ApiError> error =
       ParseCompletionRequest(body, Endpoint::kChatCompletions, context, &params);

@@ -116,7 +116,9 @@ TEST(TokenizerLongWordTest, AMultiMebibyteWordTokenizesInNearLinearTime) {
   const Tokenizer& tok = *loaded.tokenizer;
 
   // A run of one letter: stories260K has "▁a" and "a" but no "aa", so the count is exact.
-  ASSERT_GE(tok.FindToken("\xE2\x96\x81" "a"), 0);
+  ASSERT_GE(tok.FindToken("\xE2\x96\x81"
+                          "a"),
+            0);
   ASSERT_LT(tok.FindToken("aa"), 0);
   const std::string run(4 << 20, 'a');
   const std::vector<TokenId> run_ids = tok.Encode(run, EncodeOptions{false, false});
