@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the GGUF reader, the Jinja chat-template renderer, the kvl command line's option parsing
 # and the tokenizer with libFuzzer, for SECONDS in all (default 40), split evenly between the four.
+# The server's request parsers (every route's JSON) get an eighth of SECONDS on top.
 # Run from the repository root.
 # Exits non-zero if the fuzzer finds a crash, a sanitizer report or a leak; exits 0 with a note
 # where clang++-14 is missing, since libFuzzer needs clang.
@@ -180,3 +181,57 @@ if [ $rc -ne 0 ]; then
   exit 1
 fi
 echo "fuzz: tokenizer: ${runs:-?} runs in ${per_fuzzer} s, no crashes"
+
+# The server's request parsers (every route's JSON: completions, chat, /apply-template,
+# /tokenize, /detokenize) over bodies a generator builds from the input: deep nesting, long
+# strings, wrong types, huge numbers. A small share of the time (the generator reaches the deep
+# cases at once). Built as the CLI fuzzer is: only what the parsers call is linked.
+server_seconds=$(( seconds / 8 > 0 ? seconds / 8 : 1 ))
+echo "fuzz: building $out/server_json_fuzzer"
+objs="$out/server_obj"
+mkdir -p "$objs"
+server_sources=(src/base/*.cc src/tokenizer/*.cc src/jinja/*.cc
+                src/server/json_body.cc src/server/api_request.cc src/server/tokenize_routes.cc
+                src/server/chat_formatter.cc src/server/chat_template.cc
+                src/kv/lattice/kv_policy.cc src/sampling/sampler.cc fuzz/server_json_fuzzer.cc)
+server_objs=()
+compiles=()
+for src in "${server_sources[@]}"; do
+  obj="$objs/$(echo "$src" | tr / _).o"
+  server_objs+=("$obj")
+  [ "${#compiles[@]}" -ge 2 ] && { wait "${compiles[0]}"; compiles=("${compiles[@]:1}"); }
+  { "${compiler[@]}" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
+      -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
+      -Isrc/server -Isrc/tokenizer -Isrc/jinja -c "$src" -o "$obj" || rm -f "$obj"; } &
+  compiles+=($!)
+done
+wait
+for i in "${!server_sources[@]}"; do
+  [ -f "${server_objs[$i]}" ] || { echo "fuzz: build of ${server_sources[$i]} failed"; exit 1; }
+done
+"${compiler[@]}" -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections \
+  -Wl,--unresolved-symbols=ignore-all "${server_objs[@]}" -lfmt -o "$out/server_json_fuzzer" || {
+  echo "fuzz: link of the server JSON fuzzer failed"; exit 1; }
+server_corpus="$out/server_corpus"
+mkdir -p "$server_corpus"
+# Seeds: byte 0 picks the route (0 completions, 1 chat, 2 /apply-template, 3 /tokenize,
+# 4 /detokenize; +5 with a Jinja template), byte 1 bit 7 sends the rest raw.
+printf '\x00\x80{"prompt": "Once", "max_tokens": 4, "logit_bias": {"600": 1}, "stop": ["a"]}' \
+  >"$server_corpus/completion"
+printf '\x06\x80{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{\\"x\\": [1, {\\"y\\": 2}]}"}}]}], "tools": [{"type": "function"}]}' \
+  >"$server_corpus/chat_tools"
+printf '\x03\x80{"content": ["ab", 3, "aab"], "with_pieces": true}' >"$server_corpus/tokenize"
+printf '\x04\x80{"tokens": [1, 2, 300, 18446744073709551615]}' >"$server_corpus/detokenize"
+printf '\x01\x00\x05\x03\x07\x02\x06\x01\x00\x04\x09' >"$server_corpus/generated"
+log="$out/server_json_fuzz.log"
+echo "fuzz: server JSON for ${server_seconds}s (log in $log)"
+"$out/server_json_fuzzer" "$server_corpus" -max_total_time="$server_seconds" -rss_limit_mb=2048 \
+  -max_len=2048 -timeout=20 -artifact_prefix="$out/server-" -print_final_stats=1 >"$log" 2>&1
+rc=$?
+runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+if [ $rc -ne 0 ]; then
+  tail -40 "$log"
+  echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/server-*"
+  exit 1
+fi
+echo "fuzz: server JSON: ${runs:-?} runs in ${server_seconds} s, no crashes"

@@ -1,6 +1,9 @@
 // `kvl serve`'s flags and their validation (the command itself: cmd_serve.cc).
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
+
 #include "command_flags.h"
 #include "kvl/chat_template.h"
 
@@ -13,8 +16,13 @@ CommandFlags DeclareServeFlags(CLI::App* app, ServeArgs* serve) {
   cmd->add_option("--host", serve->serve.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", serve->serve.port, "port to listen on; 0 = any free port")
       ->capture_default_str();
-  cmd->add_option("--api-key", serve->serve.api_key,
-                  "require 'Authorization: Bearer KEY' on /v1/ routes");
+  cmd->add_option(
+      "--api-key", serve->serve.api_key,
+      "require 'Authorization: Bearer KEY' on every route but /health and the web page");
+  cmd->add_option("--api-key-open", serve->serve.api_key_open_routes,
+                  "routes that need no key even with --api-key: /metrics, /tokenize, /detokenize "
+                  "(comma-separated)")
+      ->delimiter(',');
   cmd->add_option("--parallel", serve->parallel, "sequences served at once (-np)")
       ->capture_default_str();
   cmd->add_option("--threads-http", serve->serve.http_threads,
@@ -82,6 +90,13 @@ Status ValidateServeArgs(ServeArgs* args) {
   }
   KVL_ASSIGN_OR_RETURN(args->serve.max_body_bytes, ParsePositiveBytes(args->max_body, "--max-body"));
   KVL_RETURN_IF_ERROR(CheckCorsOrigin(args->serve.cors_origin));
+  for (const std::string& route : args->serve.api_key_open_routes) {
+    if (std::find(std::begin(kApiKeyOpenableRoutes), std::end(kApiKeyOpenableRoutes), route) ==
+        std::end(kApiKeyOpenableRoutes)) {
+      return InvalidArgumentError(fmt::format(
+          "--api-key-open '{}': only /metrics, /tokenize and /detokenize can be opened", route));
+    }
+  }
   // Serving runs -np sequences at once, exactly (the engine's default of 16 is not a floor).
   EngineOptions engine = args->serve.engine;
   engine.max_seqs = args->parallel;

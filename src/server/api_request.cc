@@ -12,42 +12,16 @@
 #include <random>
 #include <vector>
 
+#include "json_body.h"
 #include "kvl/jinja_json.h"
 
 namespace kvl::server {
 namespace {
 
-// Ordered: a chat template that prints the tools or a tool call's arguments as JSON prints their
-// keys in the order the client sent them, as the reference renderer does.
-using json = nlohmann::ordered_json;
+using json = JsonValue;
 
-// JSON nested deeper than this is refused before parsing: no request needs it, and it bounds the
-// parser's and the destructor's work on hostile bodies.
-constexpr int kMaxJsonDepth = 32;
 constexpr size_t kMaxStops = 16;
 constexpr size_t kMaxMessages = 4096;
-
-bool NestedTooDeep(std::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
 
 ApiError BadField(std::string_view param, std::string message) {
   return ApiError{400, std::move(message), "invalid_request_error", std::string(param), ""};
@@ -73,7 +47,7 @@ class FieldReader {
     const double x = v->get<double>();
     if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
       return Fail(key, fmt::format("'{}' must be in {}{}, {}], got {}", key, lo_open ? "(" : "[",
-                                   lo, hi, v->dump()));
+                                   lo, hi, DescribeValue(*v)));
     }
     *out = x;
     return true;
@@ -92,7 +66,8 @@ class FieldReader {
       in_range = v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
     }
     if (!in_range) {
-      return Fail(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v->dump()));
+      return Fail(key,
+                  fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, DescribeValue(*v)));
     }
     *out = v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
     return true;
@@ -126,12 +101,9 @@ std::optional<ApiError> ReadKvQuality(const FieldReader& fields, const ApiContex
   const std::string_view text =
       v->is_string() ? std::string_view(v->get_ref<const std::string&>()) : std::string_view();
   if (!v->is_string() || text.empty() || !ParseKvQuality(text).ok()) {
-    // What was sent, cut short: a hostile body may send megabytes here.
-    std::string sent = v->dump(-1, ' ', false, json::error_handler_t::replace);
-    if (sent.size() > 40) sent = sent.substr(0, 40) + "...";
     return BadField("kv_quality", fmt::format("'kv_quality' must be \"lossless\", \"balanced\" "
                                               "or \"aggressive\", got {}",
-                                              sent));
+                                              DescribeValue(*v)));
   }
   request->kv_quality = *ParseKvQuality(text);
   if (*request->kv_quality != KvQuality::kLossless && !context.accepts_lossy_kv) {
@@ -151,8 +123,8 @@ std::optional<ApiError> CheckModel(const FieldReader& fields, const ApiContext& 
   const std::string& name = model->get_ref<const std::string&>();
   if (name == context.model_name || name == context.model_path) return std::nullopt;
   return ApiError{404,
-                  fmt::format("The model '{}' does not exist; this server serves '{}'", name,
-                              context.model_name),
+                  fmt::format("The model {} does not exist; this server serves '{}'",
+                              BoundedQuote(name), context.model_name),
                   "invalid_request_error", "model", "model_not_found"};
 }
 
@@ -215,8 +187,10 @@ jinja::Value MessageValue(const json& m, std::string content_text, bool has_cont
         continue;
       json& arguments = call["function"]["arguments"];
       if (!arguments.is_string()) continue;
-      json parsed = json::parse(arguments.get<std::string>(), nullptr, /*allow_exceptions=*/false);
-      if (parsed.is_object()) arguments = std::move(parsed);
+      // Through the body's depth bound: the string may hold JSON nested without limit, which
+      // FromJson below would walk recursively.
+      std::optional<json> parsed = ParseNestedJson(arguments.get_ref<const std::string&>());
+      if (parsed && parsed->is_object()) arguments = std::move(*parsed);
     }
   }
   return jinja::FromJson(copy);
@@ -289,7 +263,7 @@ std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext
   ChatInputs chat;
   if (auto e = ReadChatInputs(fields, &chat)) return e;
   StatusOr<std::string> prompt = FormatterOf(context).Apply(chat);
-  if (!prompt.ok()) return BadField("messages", prompt.status().message());
+  if (!prompt.ok()) return BadField("messages", Truncated(prompt.status().message()));
   if (prompt->empty()) return BadField("messages", "the messages make an empty prompt");
   request->prompt = std::move(*prompt);
   request->parse_special = true;  // the template's control tokens are tokens, not text
@@ -317,7 +291,7 @@ std::optional<ApiError> ReadStops(const FieldReader& fields, Request* request) {
 }
 
 // OpenAI's defaults: temperature 1 and top_p 1; top-k and min-p (vLLM's extensions) off.
-std::optional<ApiError> ReadSampling(FieldReader& f, SamplingParams* s) {
+std::optional<ApiError> ReadSampling(FieldReader& f, const ApiContext& context, SamplingParams* s) {
   double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
   int64_t top_k = 0;
   if (!f.Number("temperature", 0.0, 100.0, false, &temperature) ||
@@ -337,7 +311,14 @@ std::optional<ApiError> ReadSampling(FieldReader& f, SamplingParams* s) {
       int32_t id = -1;
       const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
       if (ec != std::errc() || end != key.data() + key.size() || id < 0) {
-        return BadField("logit_bias", fmt::format("logit_bias: '{}' is not a token id", key));
+        return BadField("logit_bias",
+                        fmt::format("logit_bias: {} is not a token id", BoundedQuote(key)));
+      }
+      // Checked here, not left to the engine, whose refusal could not say which field it was.
+      if (context.vocab_size > 0 && id >= context.vocab_size) {
+        return BadField("logit_bias",
+                        fmt::format("logit_bias names token {}, outside the vocabulary [0, {})", id,
+                                    context.vocab_size));
       }
       if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
         return BadField("logit_bias",
@@ -457,22 +438,10 @@ std::string ErrorBody(const ApiError& error) {
   return json{{"error", std::move(e)}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// A request body as a JSON object: refused, never thrown, when it nests too deep, does not parse
-// or is not an object.
-static std::optional<ApiError> ParseJsonObject(std::string_view body, json* doc) {
-  if (NestedTooDeep(body)) {
-    return BadField("", fmt::format("the JSON body is nested deeper than {}", kMaxJsonDepth));
-  }
-  *doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (doc->is_discarded()) return BadField("", "the body is not valid JSON");
-  if (!doc->is_object()) return BadField("", "the body must be a JSON object");
-  return std::nullopt;
-}
-
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint endpoint,
                                                const ApiContext& context, CompletionParams* out) {
   json doc;
-  if (auto e = ParseJsonObject(body, &doc)) return e;
+  if (auto e = ParseJsonBody(body, &doc)) return e;
   try {
     FieldReader fields(doc);
     if (auto e = CheckModel(fields, context)) return e;
@@ -483,7 +452,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
     }
     if (auto e = ReadOptions(fields, endpoint, context, out)) return e;
     if (auto e = ReadStops(fields, &out->request)) return e;
-    if (auto e = ReadSampling(fields, &out->request.sampling)) return e;
+    if (auto e = ReadSampling(fields, context, &out->request.sampling)) return e;
   } catch (const json::exception& e) {
     // A type this code did not expect; the checks above should make this unreachable.
     return BadField("", fmt::format("bad request body: {}", e.what()));
@@ -498,12 +467,12 @@ namespace kvl::server {
 std::optional<ApiError> ParseApplyTemplateRequest(std::string_view body, const ApiContext& context,
                                                   std::string* prompt) {
   json doc;
-  if (auto e = ParseJsonObject(body, &doc)) return e;
+  if (auto e = ParseJsonBody(body, &doc)) return e;
   try {
     ChatInputs chat;
     if (auto e = ReadChatInputs(FieldReader(doc), &chat)) return e;
     StatusOr<std::string> rendered = FormatterOf(context).Apply(chat);
-    if (!rendered.ok()) return BadField("messages", rendered.status().message());
+    if (!rendered.ok()) return BadField("messages", Truncated(rendered.status().message()));
     *prompt = std::move(*rendered);
     return std::nullopt;
   } catch (const json::exception& e) {

@@ -29,6 +29,7 @@ struct ApiContext {
   std::string model_path;      // also accepted as a model name
   std::shared_ptr<const ChatFormatter> chat;  // null: the plain built-in
   int64_t context_length = 0;  // max_tokens may not exceed it
+  int64_t vocab_size = 0;      // logit_bias may name only its tokens (0: not checked here)
   // The engine reserved buffers for compressed pages (Engine::accepts_lossy_kv): a request may
   // ask for kv_quality balanced or aggressive.
   bool accepts_lossy_kv = true;

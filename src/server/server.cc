@@ -21,9 +21,11 @@
 #include <set>
 #include <thread>
 
+#include "api_key.h"
 #include "api_request.h"
 #include "api_response.h"
 #include "http_transport.h"
+#include "json_body.h"
 #include "kvl/chat_template.h"
 #include "server_metrics.h"
 #include "template_routes.h"
@@ -95,6 +97,7 @@ struct LiveRequest {
 
   const ResponseHead head;
   const bool stream;
+  RequestId id = 0;  // the engine's, set under mu before any event is handled
   const std::shared_ptr<HttpResponder> out;
   std::atomic<bool> finished{false};  // the engine sent its last event
 
@@ -109,6 +112,7 @@ struct LiveRequest {
   std::vector<Piece> pieces;          // a plain answer's, until the last event
   std::vector<int32_t> held_ids;      // a stream's token ids whose text was held back
   bool text_sent = false;             // a stream's first frame with content went out
+  bool head_sent = false;             // a stream's 200 and headers went out
 
   // The engine's thread's own.
   Clock::time_point submitted = Clock::now();
@@ -135,6 +139,7 @@ class OpenAiServer {
  public:
   explicit OpenAiServer(const ServeOptions& options)
       : options_(options),
+        api_key_(options_.api_key, options_.api_key_open_routes),
         webui_({options_.webui, options_.api_key, [this]() -> const Engine* {
                   return state_.load() == ServerState::kLoading ? nullptr : engine_.get();
                 }}) {}
@@ -151,6 +156,7 @@ class OpenAiServer {
   void OnEvent(const std::shared_ptr<LiveRequest>& live, const TokenEvent& ev);
   void Drain(LiveRequest& r);
   void AppendFrame(LiveRequest& r, const Piece& piece, std::string* frames);
+  void StartStream(LiveRequest& r);
   void Answer(LiveRequest& r, const TokenEvent& last, std::string frames);
   void Forget(RequestId id);
   Status LoadEngine();
@@ -172,7 +178,9 @@ class OpenAiServer {
   std::atomic<ServerState> state_{ServerState::kLoading};
   std::unique_ptr<Engine> engine_;  // set before state_ becomes kReady
   ApiContext context_;
+  int64_t max_tokenize_bytes_ = 0;  // set with the engine
   ServerMetrics metrics_;
+  ApiKeyGate api_key_;
   WebUiRoutes webui_;
   std::mutex active_mu_;
   std::set<RequestId> active_;  // submitted and not yet answered: cancelled at shutdown
@@ -241,13 +249,7 @@ void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpRe
     response.headers.push_back({"Allow", std::string(route->method)});
     return out->Send(std::move(response));
   }
-  if (!options_.api_key.empty() &&
-      (req.path.starts_with("/v1/") || req.path == "/apply-template") &&
-      req.Header("Authorization") != "Bearer " + options_.api_key) {
-    return SendError(*out,
-                     ApiError{401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
-                              "invalid_request_error", "", "invalid_api_key"});
-  }
+  if (!api_key_.Admits(req)) return SendError(*out, MissingApiKeyError());
   try {
     if (req.path == "/health") return out->Send(Health());
     if (state_.load() != ServerState::kReady) {
@@ -270,7 +272,8 @@ void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpRe
     }
     if (req.path == "/v1/models") return out->Send(Models());
     if (req.path == kTokenizePath || req.path == kDetokenizePath) {
-      TokenRouteAnswer answer = AnswerTokenRoute(req.path, req.body, engine_->tokenizer());
+      TokenRouteAnswer answer =
+          AnswerTokenRoute(req.path, req.body, {engine_->tokenizer(), max_tokenize_bytes_});
       if (answer.error) return SendError(*out, *answer.error);
       return out->Send(JsonResponse(std::move(answer.body)));
     }
@@ -359,6 +362,29 @@ void OpenAiServer::OnEvent(const std::shared_ptr<LiveRequest>& live, const Token
   }
 }
 
+// A failed request's error: one the KV budget cannot hold (a prompt the scheduler found can
+// never run, or a resumed one that no longer fits) is the request's size, as a prompt past the
+// context is: a 400, which clients' SDKs do not retry (they retry a 5xx twice, doing the same
+// work three times).
+ApiError FailedRequestError(const TokenEvent& last) {
+  if (last.error.code() == StatusCode::kResourceExhausted) {
+    return ApiError{400, last.error.message(), "invalid_request_error", "", "kv_budget_exceeded"};
+  }
+  return ApiError{500, last.error.message(), "server_error", "", ""};
+}
+
+// A stream's 200 and headers, with the engine's number for the request: the web page's KV view
+// follows exactly its pages.
+void OpenAiServer::StartStream(LiveRequest& r) {
+  r.head_sent = true;
+  r.out->StartStream(
+      HttpResponse{200,
+                   "text/event-stream",
+                   {{"Cache-Control", "no-cache"}, {"X-Request-Id", std::to_string(r.id)}},
+                   ""});
+  if (r.head.endpoint == Endpoint::kChatCompletions) r.out->Write(RoleFrame(r.head));
+}
+
 // The I/O thread: every event handed over since the last drain, as one write.
 void OpenAiServer::Drain(LiveRequest& r) {
   std::optional<TokenEvent> last;
@@ -367,6 +393,15 @@ void OpenAiServer::Drain(LiveRequest& r) {
     r.draining.swap(r.arrived);
     last.swap(r.last);
     r.drain_posted = false;
+  }
+  if (r.stream && !r.head_sent) {
+    // A stream's head waits for its first event, as llama-server's does: a request that fails
+    // before its first token (one the scheduler finds the KV budget can never hold) is answered
+    // as the same request unstreamed is, with its 4xx, never with 200 and then an error frame.
+    if (last && last->finish_reason == "error" && r.draining.empty()) {
+      return SendError(*r.out, FailedRequestError(*last));
+    }
+    StartStream(r);
   }
   std::string frames;
   for (Piece& piece : r.draining) {
@@ -384,13 +419,7 @@ void OpenAiServer::Drain(LiveRequest& r) {
 // The last event: a stream's closing frames, or the whole plain answer.
 void OpenAiServer::Answer(LiveRequest& r, const TokenEvent& last, std::string frames) {
   const bool failed = last.finish_reason == "error";
-  // A request the KV budget cannot hold (a resumed prompt that no longer fits, found only once
-  // it ran) is the request's size, as a prompt past the context is: a 400, which clients' SDKs
-  // do not retry (they retry a 5xx twice, doing the same work three times).
-  const ApiError error =
-      last.error.code() == StatusCode::kResourceExhausted
-          ? ApiError{400, last.error.message(), "invalid_request_error", "", "kv_budget_exceeded"}
-          : ApiError{500, last.error.message(), "server_error", "", ""};
+  const ApiError error = FailedRequestError(last);
   const Usage usage{last.prompt_tokens, last.cached_prompt_tokens, last.generated_tokens};
   if (r.stream) {
     if (failed) {
@@ -446,7 +475,7 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
                    context_.model_name, params.include_usage, logprobs, params.return_token_ids,
                    std::move(prompt_token_ids)},
       params.stream, out, engine_->tokenizer(), prompt_last_token);
-  // Held until the stream's head is out: the engine's first event waits for it.
+  // Held until the request's id is recorded: the engine's first event waits for it.
   std::unique_lock<std::mutex> live_lock(live->mu);
   StatusOr<RequestId> id = InternalError("not submitted");
   {
@@ -459,18 +488,10 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
   if (!id.ok()) {
     live_lock.unlock();
     const std::string param = endpoint == Endpoint::kCompletions ? "prompt" : "messages";
-    return SendError(*out,
-                     ApiError{400, id.status().message(), "invalid_request_error", param, ""});
+    return SendError(
+        *out, ApiError{400, Truncated(id.status().message()), "invalid_request_error", param, ""});
   }
-  if (live->stream) {
-    // The engine's number for the request: the web page's KV view follows exactly its pages.
-    out->StartStream(
-        HttpResponse{200,
-                     "text/event-stream",
-                     {{"Cache-Control", "no-cache"}, {"X-Request-Id", std::to_string(*id)}},
-                     ""});
-    if (endpoint == Endpoint::kChatCompletions) out->Write(RoleFrame(live->head));
-  }
+  live->id = *id;
   live_lock.unlock();
   // When the exchange ends with the request still running, its client is gone (closed, reset,
   // or stopped reading), whatever the request's state: it is cancelled at once, so that its
@@ -490,6 +511,8 @@ Status OpenAiServer::LoadEngine() {
   context_.model_name = path.stem().string();
   context_.model_path = options_.engine.model_path;
   context_.context_length = engine_->context_length();
+  context_.vocab_size = engine_->tokenizer().vocab_size();
+  max_tokenize_bytes_ = TokenizeContentLimit(engine_->tokenizer(), context_.context_length);
   context_.accepts_lossy_kv = engine_->accepts_lossy_kv();
   KVL_ASSIGN_OR_RETURN(context_.chat, LoadChatFormatter(options_, *engine_));
   fmt::print(stderr, "kvl serve: model '{}', context {}, chat template {}\n", context_.model_name,

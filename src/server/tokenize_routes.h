@@ -22,7 +22,17 @@ struct TokenRouteAnswer {
   std::string body;            // JSON, when error is empty
   std::optional<ApiError> error;
 };
+struct TokenRouteContext {
+  const Tokenizer& tokenizer;
+  // The most text /tokenize takes: TokenizeContentLimit, as Engine::Submit bounds a prompt.
+  int64_t max_content_bytes = 0;
+};
+// The body goes through ParseJsonBody (json_body.h), as every route's does.
 TokenRouteAnswer AnswerTokenRoute(std::string_view path, std::string_view body,
-                                  const Tokenizer& tokenizer);
+                                  const TokenRouteContext& context);
+
+// The bytes of the longest text that can be a prompt: `context_length` tokens of the vocab's
+// longest token text each. A longer text has more tokens than the context holds.
+int64_t TokenizeContentLimit(const Tokenizer& tokenizer, int64_t context_length);
 
 }  // namespace kvl::server

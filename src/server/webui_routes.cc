@@ -6,6 +6,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "api_key.h"
 #include "api_request.h"
 #include "webui_assets.h"
 
@@ -159,11 +160,8 @@ std::optional<HttpResponse> WebUiRoutes::Answer(const HttpRequest& request) cons
 }
 
 HttpResponse WebUiRoutes::KvState(const HttpRequest& request) const {
-  if (!options_.api_key.empty() &&
-      request.Header("Authorization") != "Bearer " + options_.api_key) {
-    return ErrorResponse(ApiError{401,
-                                  "Incorrect or missing API key (send Authorization: Bearer KEY)",
-                                  "invalid_request_error", "", "invalid_api_key"});
+  if (!options_.api_key.empty() && !CarriesApiKey(request, options_.api_key)) {
+    return ErrorResponse(MissingApiKeyError());
   }
   const Engine* engine = options_.engine();
   if (engine == nullptr) {

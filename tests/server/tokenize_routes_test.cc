@@ -101,6 +101,9 @@ TEST_F(TokenizeRoutesTest, BadBodiesAre400sNamingTheField) {
   int status = 0;
   json error = Post("/tokenize", "not json", &status);
   EXPECT_EQ(status, 400);
+  EXPECT_NE(error["error"]["message"].get<std::string>().find("not valid JSON"), std::string::npos);
+  error = Post("/tokenize", "[1, 2]", &status);
+  EXPECT_EQ(status, 400);
   EXPECT_NE(error["error"]["message"].get<std::string>().find("JSON object"), std::string::npos);
   error = Post("/tokenize", R"({"content": 5})", &status);
   EXPECT_EQ(status, 400);

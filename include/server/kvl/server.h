@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "kvl/engine.h"
 #include "kvl/status.h"
@@ -17,6 +19,9 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0: any free port (printed on stderr)
   std::string api_key;             // empty: no key needed
+  // Routes that need no key even with api_key set (--api-key-open), each one of
+  // kApiKeyOpenableRoutes. /health never needs one; every other route does.
+  std::vector<std::string> api_key_open_routes;
   // Threads that run the handlers of requests with large bodies (long prompts to tokenize,
   // templates to render); smaller ones run on the transport's event loops, and connections
   // cost no thread. 0: 4.
@@ -35,6 +40,11 @@ struct ServeOptions {
   // figures the page shows, is served either way: it is API, not page.
   bool webui = true;
 };
+
+// The routes --api-key-open may open: read-only ones that run no model (a scraper, a token
+// counter). The completions, /apply-template and /v1/kv/state always need the key.
+inline constexpr std::string_view kApiKeyOpenableRoutes[] = {"/metrics", "/tokenize",
+                                                              "/detokenize"};
 
 // Listens until SIGINT or SIGTERM, then stops accepting, lets running requests finish for the
 // grace period (cancelling those still running after it) and returns OK. Errors: the address
