@@ -69,6 +69,25 @@ mkdir -p "$jinja_corpus"
 printf '%s' "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ m.content | trim }}{% elif m.tool_calls %}{% for c in m.tool_calls %}{{ c.function | tojson(indent=2) }}{% endfor %}{% else %}<|{{ m.role }}|>{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}" >"$jinja_corpus/loop"
 printf '%s' "{%- set ns = namespace(n=0, last=none) -%}{%- for m in messages[::-1] if m.content is string -%}{%- set ns.n = ns.n + 1 -%}{%- if loop.first -%}{%- set ns.last = m.content.split('</think>')[-1].lstrip('\n') -%}{%- endif -%}{%- endfor -%}{{ ns.n ~ ':' ~ ns.last }}" >"$jinja_corpus/namespace"
 printf '%s' "{% macro render(v, d=0) %}{% if v is mapping %}{% for k, x in v | items %}{{ k }}={{ render(x, d + 1) }};{% endfor %}{% elif v is iterable and v is not string %}[{{ v | join(',') }}]{% else %}{{ v | string }}{% endif %}{% endmacro %}{% for t in tools %}{{ render(t) }}{% endfor %}{{ tools | selectattr('type', 'equalto', 'function') | map(attribute='function') | list | length }}" >"$jinja_corpus/macro"
+# Generated shapes (fuzz/jinja_fuzzer.cc: 0x01, a 16-bit count, then prefix, open, middle, close
+# and suffix split at NUL, '#' in the prefix and suffix read as the count): operator chains,
+# nesting, and loops that build deep values and large strings, at small counts for the fuzzer to
+# grow (chains of 20k links and values 100k deep are what crashed a recursive evaluator).
+generated() { printf "\x01$2" >"$jinja_corpus/gen_$1"; }
+generated chain_plus '\x00\x40{{ 1\x00\x00\x00+1\x00 }}'
+generated chain_concat '\x00\x40{{ "a"\x00\x00\x00 ~ "b"\x00 }}'
+generated chain_filter '\x00\x40{{ "A"\x00\x00\x00|lower\x00 }}'
+generated chain_and '\x00\x40{{ x\x00\x00\x00 and x < 2\x00 }}'
+generated chain_test '\x00\x40{{ x\x00\x00\x00 is defined\x00 }}'
+generated chain_index '\x00\x40{%% set x = [[1]] %%}{{ x\x00\x00\x00[0]\x00 }}'
+generated nest_parens '\x00\x20{{ \x00(\x00x\x00)\x00 }}'
+generated nest_lists '\x00\x20{{ \x00[\x00x\x00]\x00 | tojson }}'
+generated nest_blocks '\x00\x20\x00{%% if true %%}\x00x\x00{%% endif %%}\x00'
+generated loop_deep_list '\x01\x00{%% set ns = namespace(v=[]) %%}{%% for i in range(#) %%}{%% set ns.v = [ns.v] %%}{%% endfor %%}{{ ns.v | length }}'
+generated loop_deep_method '\x01\x00{%% set ns = namespace(f=none) %%}{%% for i in range(#) %%}{%% set ns.f = {"a": ns.f}.get %%}{%% endfor %%}{{ ns.f("a") is none }}'
+generated loop_big_string '\x00\x08{%% set ns = namespace(s="ab") %%}{%% for i in range(#) %%}{%% set ns.s = ns.s ~ ns.s %%}{%% endfor %%}{{ ns.s | length }}'
+generated loop_big_list '\x00\x08{%% set ns = namespace(l=[1]) %%}{%% for i in range(#) %%}{%% set ns.l = ns.l + [ns.l, ns.l] %%}{%% endfor %%}{{ ns.l | tojson | length }}'
+generated macro_recursion '\x00\x10{%% macro f(n) %%}{%% if n > 0 %%}({{ f(n - 1) }}){%% endif %%}{%% endmacro %%}{{ f(#) }}'
 templates=build/npm-jinja/llama.cpp/models/templates
 [ -d "$templates" ] && cp "$templates"/*.jinja "$jinja_corpus"/ 2>/dev/null
 log="$out/jinja_fuzz.log"

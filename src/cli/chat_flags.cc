@@ -13,6 +13,7 @@ CommandFlags DeclareChatFlags(CLI::App* app, ChatArgs* chat) {
                   "llama3, gemma (default: the model's own Jinja template)");
   cmd->add_option("--chat-template-file", chat->chat_template_file,
                   "render this Jinja chat template instead of the model's");
+  AddChatTemplateLimitFlags(cmd, &chat->chat_template_limits);
   cmd->add_option("--system", chat->system, "system message that opens the conversation");
   cmd->add_option("-f,--file", chat->turns_file,
                   "read the user's turns from a file, one per line, print each reply and exit");
@@ -38,6 +39,7 @@ Status ValidateChatArgs(const ChatArgs& args) {
       return InvalidArgumentError("--chat-template and --chat-template-file exclude each other");
     }
   }
+  KVL_RETURN_IF_ERROR(CheckChatTemplateLimits(args.chat_template_limits));
   KVL_RETURN_IF_ERROR(
       CheckRange("-n (--n-predict; -1 = until EOS)", args.num_predict, -1, kMaxContextTokens));
   KVL_RETURN_IF_ERROR(args.sampling.Validate());

@@ -54,6 +54,7 @@ struct ChatArgs {
   std::string kv_budget;          // --kv-budget
   std::string chat_template;      // --chat-template NAME (default: the model's Jinja template)
   std::string chat_template_file;  // --chat-template-file FILE
+  jinja::RenderOptions chat_template_limits;  // --chat-template-steps, --chat-template-timeout
   std::string system;             // --system TEXT: a system message first in every prompt
   std::string turns_file;         // -f: one user turn per line, then exit (non-interactive)
   int32_t num_predict = 256;      // -n: tokens per reply at most; -1 = until EOS or the context

@@ -166,7 +166,8 @@ int ChatCommand(const ChatArgs& args) {
   Engine& e = **engine;
   std::string fallback_reason;
   StatusOr<ChatFormatter> formatter =
-      LoadChatFormatter(e, {args.chat_template, args.chat_template_file}, &fallback_reason);
+      LoadChatFormatter(e, {args.chat_template, args.chat_template_file, args.chat_template_limits},
+                        &fallback_reason);
   if (!formatter.ok()) {
     fmt::print(stderr, "kvl: {}\n", formatter.status().ToString());
     return 1;

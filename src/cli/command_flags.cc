@@ -160,6 +160,25 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
   AddComputeFlags(cmd, engine);
 }
 
+void AddChatTemplateLimitFlags(CLI::App* cmd, jinja::RenderOptions* limits) {
+  cmd->add_option("--chat-template-steps", limits->max_steps,
+                  "steps each render of a Jinja chat template may take (one per statement, "
+                  "expression and loop iteration, and one per KiB of text or list it works on)")
+      ->capture_default_str();
+  cmd->add_option("--chat-template-timeout", limits->max_seconds,
+                  "seconds each render of a Jinja chat template may take")
+      ->capture_default_str();
+}
+
+Status CheckChatTemplateLimits(const jinja::RenderOptions& limits) {
+  KVL_RETURN_IF_ERROR(
+      CheckRange("--chat-template-steps", limits.max_steps, 1000, int64_t{1} << 53));
+  if (!(limits.max_seconds > 0 && limits.max_seconds <= 3600)) {
+    return InvalidArgumentError("--chat-template-timeout must be in (0, 3600] seconds");
+  }
+  return Status::Ok();
+}
+
 Status CheckRange(std::string_view flag, int64_t value, int64_t lo, int64_t hi) {
   if (value >= lo && value <= hi) return Status::Ok();
   return InvalidArgumentError(fmt::format("{} must be in [{}, {}], got {}", flag, lo, hi, value));

@@ -68,6 +68,12 @@ void AddKvPriceFlags(CLI::App* cmd, KvQualityPrices* prices);
 // and serve.
 void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget);
 
+// --chat-template-steps and --chat-template-timeout (chat and serve): what each render of a Jinja
+// chat template may spend.
+void AddChatTemplateLimitFlags(CLI::App* cmd, jinja::RenderOptions* limits);
+// Those two in range, else an error naming the flag.
+Status CheckChatTemplateLimits(const jinja::RenderOptions& limits);
+
 // `value` in [lo, hi], else an error naming `flag` and the range.
 Status CheckRange(std::string_view flag, int64_t value, int64_t lo, int64_t hi);
 // -o's value among `formats` ("md", "json"), else an error naming them.

@@ -33,6 +33,7 @@ CommandFlags DeclareServeFlags(CLI::App* app, ServeArgs* serve) {
                   "llama3, gemma (default: the model's own Jinja template)");
   cmd->add_option("--chat-template-file", serve->serve.chat_template_file,
                   "render this Jinja chat template instead of the model's");
+  AddChatTemplateLimitFlags(cmd, &serve->serve.chat_template_limits);
   cmd->add_option("--max-body", serve->max_body, "largest request body, e.g. 8MiB")
       ->capture_default_str();
   cmd->add_option("--cors-origin", serve->serve.cors_origin,
@@ -88,6 +89,7 @@ Status ValidateServeArgs(ServeArgs* args) {
       return InvalidArgumentError("--chat-template and --chat-template-file exclude each other");
     }
   }
+  KVL_RETURN_IF_ERROR(CheckChatTemplateLimits(args->serve.chat_template_limits));
   KVL_ASSIGN_OR_RETURN(args->serve.max_body_bytes, ParsePositiveBytes(args->max_body, "--max-body"));
   KVL_RETURN_IF_ERROR(CheckCorsOrigin(args->serve.cors_origin));
   for (const std::string& route : args->serve.api_key_open_routes) {

@@ -44,6 +44,14 @@ enum class NodeKind {
 };
 
 struct Node {
+  Node() = default;
+  // Frees the nodes below with an explicit stack: a template's chains and nesting are bounded
+  // at parse, but a tree refused half-built (or one deeper than any limit) is freed too, and no
+  // depth of it may overflow the stack.
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
   NodeKind kind;
   int line = 0;
   std::string text;
@@ -62,5 +70,9 @@ struct Node {
 struct Program {
   std::vector<std::unique_ptr<Node>> body;
 };
+
+// The first node found deeper than `max_depth` below `body` (the statements at the top are at
+// depth 1), or null. Walks with an explicit stack, so it can be asked of any tree.
+const Node* FindNodeDeeperThan(const std::vector<std::unique_ptr<Node>>& body, int max_depth);
 
 }  // namespace kvl::jinja

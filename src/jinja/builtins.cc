@@ -51,15 +51,19 @@ Value AttributePath(const Value& item, const std::string& path) {
   }
 }
 
-std::string Indent(const std::string& s, int64_t width, bool first, bool blank) {
-  const std::string pad(static_cast<size_t>(std::max<int64_t>(0, width)), ' ');
+std::string Indent(Interpreter& in, const std::string& s, double width, bool first, bool blank) {
+  // Every line gets the padding: the text's size is checked as it grows, the padding's first.
+  const size_t pad = static_cast<size_t>(std::clamp(width, 0.0, static_cast<double>(in.options().max_string_bytes) + 1));
+  in.CheckSize(pad);
   std::string out;
   size_t start = 0;
   for (size_t line = 0;; ++line) {
     const size_t nl = s.find('\n', start);
-    const std::string part = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+    const std::string_view part = std::string_view(s).substr(start, nl == std::string::npos ? std::string::npos : nl - start);
     const bool skip = (!first && line == 0) || (!blank && part.empty());
-    out += (skip ? "" : pad) + part;
+    in.CheckSize(out.size() + (skip ? 0 : pad) + part.size() + 1);
+    out.append(skip ? 0 : pad, ' ');
+    out.append(part);
     if (nl == std::string::npos) return out;
     out += '\n';
     start = nl + 1;
@@ -70,7 +74,8 @@ Value ToJsonFilter(const Value& operand, const CallArgs& args) {
   JsonOptions options;
   const Value indent = Keyword(args, "indent") ? *Keyword(args, "indent") : Value::Null();
   if (indent.kind() != Value::Kind::kInt && !indent.is_null()) throw RenderError("tojson: indent must be an integer");
-  if (indent.kind() == Value::Kind::kInt) options.indent = static_cast<int>(indent.number());
+  // Any indent past a few thousand prints past the string limit; clamped so the cast is defined.
+  if (indent.kind() == Value::Kind::kInt) options.indent = static_cast<int>(std::clamp(indent.number(), -1e6, 1e6));
   const Value* ascii = Keyword(args, "ensure_ascii");
   if (ascii && !ascii->is_bool()) throw RenderError("tojson: ensure_ascii must be a boolean");
   options.ensure_ascii = ascii && ascii->boolean();
@@ -101,6 +106,8 @@ Value SortFilter(const Value& operand, const CallArgs& args) {
     return AttributePath(item, attribute.is_string() ? attribute.str() : JsNumberToString(attribute.number()));
   };
   std::vector<Value> items = operand.items();
+  // n log n comparisons, each of a key as large as an item.
+  CountWork(DataBytes(operand) * static_cast<size_t>(std::ceil(std::log2(items.size() + 1))));
   std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
     const int c = CompareValues(key(a), key(b), case_sensitive.boolean());
     return reverse.boolean() ? c > 0 : c < 0;
@@ -156,6 +163,7 @@ Value MapFilter(const Value& operand, const CallArgs& args) {
 Value Unique(const Value& operand) {
   std::vector<Value> out;
   for (const Value& item : operand.items()) {
+    CountWork(out.size() * sizeof(Value));  // each item is compared with those kept so far
     // Set membership is SameValueZero: === except that NaN equals NaN.
     const bool seen = std::any_of(out.begin(), out.end(), [&](const Value& o) {
       return StrictEquals(o, item) || (o.is_number() && item.is_number() && std::isnan(o.number()) && std::isnan(item.number()));
@@ -211,7 +219,7 @@ Value Aggregate(const Value& operand, const std::string& name, const CallArgs& a
 }
 
 // "%s, %d, %.2f, %%" | format(args...): Python's %-formatting for the common directives.
-Value PercentFormat(const std::string& s, const CallArgs& args) {
+Value PercentFormat(Interpreter& in, const std::string& s, const CallArgs& args) {
   std::string out;
   size_t next = 0;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -224,6 +232,8 @@ Value PercentFormat(const std::string& s, const CallArgs& args) {
     if (j < s.size() && s[j] == '.') {
       size_t k = j + 1;
       while (k < s.size() && std::isdigit(static_cast<unsigned char>(s[k]))) ++k;
+      // A precision prints that many digits: more than three of them is no chat's format.
+      if (k - j - 1 > 3) throw RenderError("format: a precision of more than 999 digits");
       precision = std::atoi(s.substr(j + 1, k - j - 1).c_str());
       j = k;
     }
@@ -245,6 +255,7 @@ Value PercentFormat(const std::string& s, const CallArgs& args) {
     } else {
       throw RenderError(fmt::format("format: unsupported directive %{}", d));
     }
+    in.CheckSize(out.size());
   }
   return Value::String(std::move(out));
 }
@@ -306,7 +317,7 @@ Value ReplaceMethod(Interpreter& in, const std::string& s, const CallArgs& args)
     return Value::String(std::move(out));
   }
   size_t start = 0;
-  for (size_t found; remaining > 0 && (found = s.find(from, start)) != std::string::npos; start = found + from.size()) {
+  for (size_t found; remaining > 0 && (found = FindText(s, from, start)) != std::string::npos; start = found + from.size()) {
     out.append(s, start, found - start);
     out += to;
     --remaining;
@@ -348,7 +359,7 @@ Value ApplyNamedFilter(Interpreter& in, const Value& operand, const std::string&
     if (name == "title") return Value::String(TitleCase(s));
     if (name == "capitalize") return Value::String(Capitalize(s));
     if (name == "trim") return Value::String(std::string(TrimJs(s, true, true)));
-    if (name == "indent") return Value::String(Indent(s, 4, false, false));
+    if (name == "indent") return Value::String(Indent(in, s, 4, false, false));
     if (name == "join" || name == "string") return operand;
     if (name == "int") return NumberFromString(s, true, Value::Int(0));
     if (name == "float") return NumberFromString(s, false, Value::Float(0));
@@ -390,20 +401,27 @@ Value ApplyCalledFilter(Interpreter& in, const Value& operand, const std::string
                         const std::vector<std::unique_ptr<Node>>& arg_nodes, CallArgs& args, Env& env) {
   if (name == "tojson") return ToJsonFilter(operand, args);
   if (name == "join") {
-    std::vector<std::string> parts;
-    if (operand.is_string()) {
-      parts = SplitCodePoints(operand.str());
-    } else if (operand.is_array()) {
-      for (const Value& item : operand.items()) parts.push_back(JoinPart(item));
-    } else {
+    if (!operand.is_string() && !operand.is_array()) {
       throw RenderError(fmt::format("cannot apply filter 'join' to a {}", operand.TypeName()));
     }
     const Value separator = ArgOr(args, 0, "separator", Value::String(""));
     if (!separator.is_string()) throw RenderError("join: separator must be a string");
     std::string out;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      out += (i ? separator.str() : "") + parts[i];
-      in.CheckSize(out.size());
+    auto add = [&](std::string_view part, bool first) {
+      in.CheckSize(out.size() + (first ? 0 : separator.str().size()) + part.size());
+      if (!first) out += separator.str();
+      out += part;
+    };
+    if (operand.is_string()) {
+      // A string joins its code points.
+      const std::string& s = operand.str();
+      for (size_t pos = 0; pos < s.size();) {
+        const size_t start = pos;
+        NextCodePoint(s, &pos);
+        add(std::string_view(s).substr(start, pos - start), start == 0);
+      }
+    } else {
+      for (size_t i = 0; i < operand.items().size(); ++i) add(JoinPart(operand.items()[i]), i == 0);
     }
     return Value::String(std::move(out));
   }
@@ -436,10 +454,10 @@ Value ApplyCalledFilter(Interpreter& in, const Value& operand, const std::string
       if (width.kind() != Value::Kind::kInt) throw RenderError("indent: width must be an integer");
       const Value first = ArgOr(args, 1, "first", Value::Bool(false));
       const Value blank = ArgOr(args, 2, "blank", Value::Bool(false));
-      return Value::String(Indent(operand.str(), static_cast<int64_t>(width.number()), first.Truthy(), blank.Truthy()));
+      return Value::String(Indent(in, operand.str(), width.number(), first.Truthy(), blank.Truthy()));
     }
     if (name == "replace") return ReplaceMethod(in, operand.str(), args);
-    if (name == "format") return PercentFormat(operand.str(), args);
+    if (name == "format") return PercentFormat(in, operand.str(), args);
     UnknownFilter(name, operand);
   }
   if (operand.is_object()) {
@@ -501,7 +519,7 @@ bool RunTest(const std::string& name, const Value& operand, const Value& argumen
       return std::any_of(argument.items().begin(), argument.items().end(),
                          [&](const Value& x) { return StrictEquals(x, operand); });
     }
-    if (argument.is_string() && operand.is_string()) return argument.str().find(operand.str()) != std::string::npos;
+    if (argument.is_string() && operand.is_string()) return FindText(argument.str(), operand.str()) != std::string::npos;
     if (argument.is_object() && operand.is_string()) return argument.map().Find(operand.str()) != nullptr;
     throw RenderError(fmt::format("test 'in' needs a list, string or mapping, got {}", argument.TypeName()));
   }

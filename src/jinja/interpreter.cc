@@ -12,8 +12,10 @@ namespace {
 
 bool IsIdentifierNode(const Node* node) { return node != nullptr && node->kind == NodeKind::kIdentifier; }
 
-// Python-style slicing, as the reference's slice() computes its bounds.
-std::vector<size_t> SliceIndices(int64_t length, const Value& start_v, const Value& stop_v, const Value& step_v) {
+// Python-style slicing, as the reference's slice() computes its bounds: `visit` is called with
+// each index the slice takes, in order.
+template <typename Visit>
+void ForEachSliceIndex(int64_t length, const Value& start_v, const Value& stop_v, const Value& step_v, Visit visit) {
   const double step = step_v.is_undefined() ? 1 : step_v.number();
   const int direction = step > 0 ? 1 : step < 0 ? -1 : 0;
   double start = 0, stop = 0;
@@ -29,12 +31,26 @@ std::vector<size_t> SliceIndices(int64_t length, const Value& start_v, const Val
     start = start < 0 ? std::max(n + start, -1.0) : std::min(start, n - 1);
     stop = stop < -1 ? std::max(n + stop, -1.0) : std::min(stop, n - 1);
   }
-  std::vector<size_t> out;
-  if (direction == 0) return out;
+  if (direction == 0) return;
   for (double i = start; direction * i < direction * stop; i += step) {
-    if (i >= 0 && i < n) out.push_back(static_cast<size_t>(i));
+    if (i >= 0 && i < n) visit(static_cast<size_t>(i));
   }
-  return out;
+}
+
+// The code point at `index` (negative: from the end), as .at() on Array.from(s) gives it.
+Value CodePointAt(const std::string& s, int64_t index) {
+  if (index < 0) {
+    int64_t count = 0;
+    for (size_t pos = 0; pos < s.size(); NextCodePoint(s, &pos)) ++count;
+    index += count;
+    if (index < 0) return Value();
+  }
+  size_t pos = 0;
+  for (int64_t i = 0; i < index && pos < s.size(); ++i) NextCodePoint(s, &pos);
+  if (pos >= s.size()) return Value();
+  const size_t start = pos;
+  NextCodePoint(s, &pos);
+  return Value::String(s.substr(start, pos - start));
 }
 
 }  // namespace
@@ -47,23 +63,42 @@ Value Env::Lookup(const std::string& name) const {
   return Value();
 }
 
+size_t DataBytes(const Value& v) {
+  if (v.is_string()) return v.str().size();
+  if (v.is_array()) return v.items().size() * sizeof(Value);
+  if (v.is_object() || v.is_namespace()) return v.map().entries.size() * sizeof(v.map().entries[0]);
+  return 0;
+}
+
+size_t DataBytes(const CallArgs& args) {
+  size_t bytes = 0;
+  for (const Value& v : args.positional) bytes += DataBytes(v);
+  for (const auto& [key, v] : args.keywords.entries) bytes += DataBytes(v);
+  return bytes;
+}
+
 void Interpreter::Fail(const std::string& message) const { throw RenderError(message); }
 
-void Interpreter::CheckSize(size_t bytes) const {
-  if (bytes > options_.max_string_bytes) {
-    Fail(fmt::format("a string grew past {} bytes (the render's output limit)", options_.max_string_bytes));
+Interpreter::Nested::Nested(Interpreter* in) : in_(in) {
+  const int depth = ++in_->depth_;
+  const uintptr_t here = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  if (depth > kMaxEvalDepth || in_->stack_top_ - here > kMaxStackBytes) {
+    --in_->depth_;
+    in_->Fail(fmt::format("evaluation nested {} levels deep, past the limit of {} levels or {} KiB of "
+                          "stack (runaway recursion, or blocks, expressions and macro calls nested too "
+                          "deeply)",
+                          depth, kMaxEvalDepth, kMaxStackBytes >> 10));
   }
 }
 
 void Interpreter::Step(const Node& node) {
   line_ = node.line;
-  if (++steps_ > options_.max_steps) {
-    Fail(fmt::format("the render passed {} steps (an endless loop or runaway recursion?)", options_.max_steps));
-  }
+  budget_.Step();
 }
 
 std::string Interpreter::Run(const Program& program, Env& global) {
-  std::string out;
+  stack_top_ = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  Output out(budget_);
   try {
     if (ExecBlock(program.body, global, &out) != Flow::kNormal) Fail("'break' or 'continue' outside a loop");
   } catch (const RenderError& e) {
@@ -71,7 +106,7 @@ std::string Interpreter::Run(const Program& program, Env& global) {
     throw RenderError(fmt::format("template line {}: {}", line_, e.what()));
   }
   ClearNamespaces();
-  return out;
+  return out.Take();
 }
 
 void Interpreter::TrackNamespace(const Value& ns) { namespaces_.push_back(ns); }
@@ -84,7 +119,7 @@ void Interpreter::ClearNamespaces() {
 }
 
 Interpreter::Flow Interpreter::ExecBlock(const std::vector<std::unique_ptr<Node>>& body, Env& env,
-                                         std::string* out) {
+                                         Output* out) {
   for (const auto& statement : body) {
     const Flow flow = Exec(*statement, env, out);
     if (flow != Flow::kNormal) return flow;
@@ -92,12 +127,12 @@ Interpreter::Flow Interpreter::ExecBlock(const std::vector<std::unique_ptr<Node>
   return Flow::kNormal;
 }
 
-Interpreter::Flow Interpreter::Exec(const Node& node, Env& env, std::string* out) {
+Interpreter::Flow Interpreter::Exec(const Node& node, Env& env, Output* out) {
+  Nested nested(this);
   Step(node);
   switch (node.kind) {
     case NodeKind::kText:
-      out->append(node.text);
-      CheckSize(out->size());
+      out->Append(node.text);
       return Flow::kNormal;
     case NodeKind::kComment:
       return Flow::kNormal;
@@ -116,20 +151,16 @@ Interpreter::Flow Interpreter::Exec(const Node& node, Env& env, std::string* out
       ExecMacro(node, env);
       return Flow::kNormal;
     case NodeKind::kFilterStatement: {
-      std::string body;
+      Output body(budget_);
       const Flow flow = ExecBlock(node.body, env, &body);
       if (flow != Flow::kNormal) return flow;
       line_ = node.line;
-      out->append(Display(ApplyFilter(Value::String(std::move(body)), *node.a, env)));
-      CheckSize(out->size());
+      out->Append(Display(ApplyFilter(Value::String(body.Take()), *node.a, env)));
       return Flow::kNormal;
     }
     default: {
       const Value v = node.kind == NodeKind::kCallStatement ? ExecCallStatement(node, env) : Eval(node, env);
-      if (!v.is_null() && !v.is_undefined()) {
-        out->append(Display(v));
-        CheckSize(out->size());
-      }
+      if (!v.is_null() && !v.is_undefined()) out->Append(Display(v));
       return Flow::kNormal;
     }
   }
@@ -140,9 +171,9 @@ void Interpreter::ExecSet(const Node& node, Env& env) {
   if (node.b) {
     rhs = Eval(*node.b, env);
   } else {
-    std::string body;
+    Output body(budget_);
     ExecBlock(node.body, env, &body);
-    rhs = Value::String(std::move(body));
+    rhs = Value::String(body.Take());
   }
   line_ = node.line;
   const Node& target = *node.a;
@@ -167,7 +198,7 @@ void Interpreter::ExecSet(const Node& node, Env& env) {
   }
 }
 
-Interpreter::Flow Interpreter::ExecFor(const Node& node, Env& env, std::string* out) {
+Interpreter::Flow Interpreter::ExecFor(const Node& node, Env& env, Output* out) {
   Env scope(&env);
   Value iterable = Eval(*node.b, scope);
   line_ = node.line;
@@ -222,12 +253,11 @@ Interpreter::Flow Interpreter::ExecFor(const Node& node, Env& env, std::string* 
                     {"nextitem", i < length - 1 ? items[i + 1] : Value()}};
     scope.Set("loop", Value::Object(std::move(loop)));
     assign(scope, items[i]);
-    std::string body;
+    Output body(budget_);
     const Flow flow = ExecBlock(node.body, scope, &body);
     if (flow == Flow::kContinue) continue;
     if (flow == Flow::kBreak) break;
-    out->append(body);
-    CheckSize(out->size());
+    out->Append(body.Take());
     no_iteration = false;
   }
   if (no_iteration) return ExecBlock(node.alternate, scope, out);
@@ -274,17 +304,17 @@ void Interpreter::BindArguments(const std::string& display_name, const Node& own
 
 void Interpreter::ExecMacro(const Node& node, Env& env) {
   const Node* macro = &node;
-  auto fn = [macro](Interpreter& in, CallArgs& args, Env& caller) -> Value {
+  auto fn = [macro](Interpreter& in, const Value&, CallArgs& args, Env& caller) -> Value {
     if (++in.call_depth_ > in.options_.max_call_depth) {
       in.Fail(fmt::format("macro '{}' nested more than {} calls deep (runaway recursion?)", macro->text,
                           in.options_.max_call_depth));
     }
     Env scope(&caller);
     in.BindArguments("'" + macro->text + "'", *macro, macro->args, args, scope);
-    std::string out;
+    Output out(in.budget_);
     if (in.ExecBlock(macro->body, scope, &out) != Flow::kNormal) in.Fail("'break' or 'continue' outside a loop");
     --in.call_depth_;
-    return Value::String(std::move(out));
+    return Value::String(out.Take());
   };
   env.Set(node.text, Value::Function(std::make_shared<Callable>(node.text, fn)));
 }
@@ -295,13 +325,13 @@ Value Interpreter::ExecCallStatement(const Node& node, Env& env) {
   // `caller` reads the scope it was defined in, which ends with this statement: a caller kept
   // past it (stored in a namespace) must fail, not read a scope that is gone.
   auto alive = std::make_shared<bool>(true);
-  auto caller_fn = [call_block, defining_env, alive](Interpreter& in, CallArgs& args, Env&) -> Value {
+  auto caller_fn = [call_block, defining_env, alive](Interpreter& in, const Value&, CallArgs& args, Env&) -> Value {
     if (!*alive) in.Fail("caller() called after its call block ended");
     Env scope(defining_env);
     in.BindArguments("None", *call_block, call_block->args, args, scope);
-    std::string out;
+    Output out(in.budget_);
     if (in.ExecBlock(call_block->body, scope, &out) != Flow::kNormal) in.Fail("'break' or 'continue' outside a loop");
-    return Value::String(std::move(out));
+    return Value::String(out.Take());
   };
   const Node& call = *node.a;
   CallArgs args = EvalArguments(call.args, env);
@@ -345,12 +375,16 @@ CallArgs Interpreter::EvalArguments(const std::vector<std::unique_ptr<Node>>& no
 
 Value Interpreter::CallValue(const Value& fn, CallArgs& args, Env& env, int line) {
   if (!fn.is_function()) Fail(fmt::format("cannot call something that is not a function: got {}", fn.TypeName()));
+  // A built-in's work is at most about the size of its receiver and arguments (or of what it
+  // makes, which counts as it is made).
+  budget_.Work(DataBytes(fn.function().receiver()) + DataBytes(args));
   Value result = fn.function().Call(*this, args, env);
   line_ = line;
   return result;
 }
 
 Value Interpreter::Eval(const Node& node, Env& env) {
+  Nested nested(this);
   Step(node);
   switch (node.kind) {
     case NodeKind::kIntLiteral: return Value::Int(node.number);
@@ -419,6 +453,7 @@ Value Interpreter::EvalBinary(const Node& node, Env& env) {
   if (op == "or") return left.Truthy() ? left : Eval(*node.b, env);
   const Value right = Eval(*node.b, env);
   line_ = node.line;
+  budget_.Work(DataBytes(left) + DataBytes(right));
   if (op == "==") return Value::Bool(LooseEquals(left, right));
   if (op == "!=") return Value::Bool(!LooseEquals(left, right));
   const bool membership = op == "in" || op == "not in";
@@ -475,7 +510,7 @@ Value Interpreter::EvalBinary(const Node& node, Env& env) {
     return Value::String(std::move(joined));
   }
   if (left.is_string() && right.is_string() && membership) {
-    const bool found = right.str().find(left.str()) != std::string::npos;
+    const bool found = FindText(right.str(), left.str()) != std::string::npos;
     return Value::Bool(found == (op == "in"));
   }
   if (left.is_string() && right.is_object() && membership) {
@@ -495,16 +530,22 @@ Value Interpreter::EvalSlice(const Value& object, const Node& slice, Env& env) {
       Fail("slice start, stop and step must be integers");
     }
   }
+  budget_.Work(DataBytes(object));
   if (object.is_array()) {
     std::vector<Value> out;
-    for (size_t i : SliceIndices(static_cast<int64_t>(object.items().size()), parts[0], parts[1], parts[2])) {
-      out.push_back(object.items()[i]);
-    }
+    ForEachSliceIndex(static_cast<int64_t>(object.items().size()), parts[0], parts[1], parts[2],
+                      [&](size_t i) { out.push_back(object.items()[i]); });
     return Value::Array(std::move(out));
   }
-  const std::vector<std::string> chars = SplitCodePoints(object.str());
+  // Where each code point starts (and the end), held against the render's bytes while in use.
+  const std::string& text = object.str();
+  const ScratchBytes scratch(budget_, (text.size() + 1) * sizeof(uint32_t));
+  std::vector<uint32_t> starts;
+  for (size_t pos = 0; pos < text.size(); NextCodePoint(text, &pos)) starts.push_back(static_cast<uint32_t>(pos));
+  starts.push_back(static_cast<uint32_t>(text.size()));
   std::string out;
-  for (size_t i : SliceIndices(static_cast<int64_t>(chars.size()), parts[0], parts[1], parts[2])) out += chars[i];
+  ForEachSliceIndex(static_cast<int64_t>(starts.size() - 1), parts[0], parts[1], parts[2],
+                    [&](size_t i) { out.append(text, starts[i], starts[i + 1] - starts[i]); });
   return Value::String(std::move(out));
 }
 
@@ -534,12 +575,13 @@ Value Interpreter::EvalMember(const Node& node, Env& env) {
         const int64_t i = index < 0 ? n + index : index;
         return i >= 0 && i < n ? object.items()[i] : Value();
       }
-      const std::vector<std::string> chars = SplitCodePoints(object.str());
-      const int64_t n = static_cast<int64_t>(chars.size());
-      const int64_t i = index < 0 ? n + index : index;
-      return i >= 0 && i < n ? Value::String(chars[i]) : Value();
+      budget_.Work(DataBytes(object));
+      return CodePointAt(object.str(), index);
     }
-    if (property.is_string()) return BuiltinMember(object, property.str());
+    if (property.is_string()) {
+      budget_.Work(DataBytes(object));  // `.length` counts the string's code units
+      return BuiltinMember(object, property.str());
+    }
     Fail(fmt::format("cannot index with a {}", property.TypeName()));
   }
   if (!property.is_string()) Fail(fmt::format("cannot read a member with a {} key", property.TypeName()));
@@ -547,10 +589,14 @@ Value Interpreter::EvalMember(const Node& node, Env& env) {
 }
 
 Value Interpreter::ApplyFilter(const Value& operand, const Node& filter, Env& env) {
+  // A filter's work is about the size of its operand and arguments (a sort's a little more,
+  // counted there), or of what it makes, which counts as it is made.
+  budget_.Work(DataBytes(operand));
   if (filter.kind == NodeKind::kIdentifier) return ApplyNamedFilter(*this, operand, filter.text);
   if (filter.kind != NodeKind::kCall || !IsIdentifierNode(filter.a.get())) Fail("a filter must be a name or a call");
   CallArgs args = EvalArguments(filter.args, env);
   line_ = filter.line;
+  budget_.Work(DataBytes(args));
   return ApplyCalledFilter(*this, operand, filter.a->text, filter.args, args, env);
 }
 
@@ -562,6 +608,7 @@ bool Interpreter::ApplyTest(const Node& node, const Value& operand, Env& env) {
     argument = args.positional[0];
     line_ = node.line;
   }
+  budget_.Work(DataBytes(operand) + DataBytes(argument));
   bool known = false;
   const bool result = RunTest(node.text, operand, argument, &known);
   if (!known) Fail(fmt::format("unknown test '{}'", node.text));

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 namespace kvl::jinja {
 
@@ -74,6 +75,39 @@ std::vector<std::string> SplitCodePoints(std::string_view s) {
     out.emplace_back(s.substr(start, pos - start));
   }
   return out;
+}
+
+namespace {
+
+// Knuth-Morris-Pratt: linear in the text and the needle, whatever they hold.
+size_t FindKmp(std::string_view text, std::string_view needle, size_t from) {
+  // fallback[i]: the length of the longest proper prefix of needle[0..i] that is also its suffix.
+  std::vector<uint32_t> fallback(needle.size(), 0);
+  for (size_t i = 1, k = 0; i < needle.size(); ++i) {
+    while (k > 0 && needle[i] != needle[k]) k = fallback[k - 1];
+    if (needle[i] == needle[k]) ++k;
+    fallback[i] = static_cast<uint32_t>(k);
+  }
+  for (size_t i = from, k = 0; i < text.size(); ++i) {
+    while (k > 0 && text[i] != needle[k]) k = fallback[k - 1];
+    if (text[i] == needle[k]) ++k;
+    if (k == needle.size()) return i + 1 - k;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+size_t FindText(std::string_view text, std::string_view needle, size_t from) {
+  if (from > text.size()) return std::string_view::npos;
+  if (needle.empty()) return from;
+  // glibc's memmem is fast and, for needles longer than 256 bytes (the two-way algorithm), linear;
+  // for shorter ones its work can reach the text's length times the needle's (seconds on 16 MiB
+  // of "a" and a needle of 128 "a" and a "b"). Up to 16 bytes that is bounded well enough; between
+  // the two, KMP.
+  if (needle.size() > 16 && needle.size() <= 256) return FindKmp(text, needle, from);
+  const void* at = ::memmem(text.data() + from, text.size() - from, needle.data(), needle.size());
+  return at == nullptr ? std::string_view::npos : static_cast<size_t>(static_cast<const char*>(at) - text.data());
 }
 
 int64_t Utf16Length(std::string_view s) {

@@ -17,6 +17,9 @@ uint32_t NextCodePoint(std::string_view s, size_t* pos);
 void AppendUtf8(uint32_t cp, std::string* out);
 // The string's code points, each as its UTF-8 bytes (Array.from(string)).
 std::vector<std::string> SplitCodePoints(std::string_view s);
+// The first `needle` in `text` at or after `from`, or npos, in linear time whatever the
+// inputs (std::string::find compares at every offset: quadratic on "aaa...ab" in "aaa...a").
+size_t FindText(std::string_view text, std::string_view needle, size_t from = 0);
 // String.prototype.length: UTF-16 code units.
 int64_t Utf16Length(std::string_view s);
 

@@ -172,11 +172,20 @@ class Lexer {
     const size_t offset = src_.offset[std::min(pos, src_.offset.size() - 1)];
     return 1 + static_cast<int>(std::lower_bound(newlines_.begin(), newlines_.end(), offset) - newlines_.begin());
   }
+  // The 1-based byte column of preprocessed byte `pos` in its source line.
+  int ColumnAt(size_t pos) const {
+    const size_t offset = src_.offset[std::min(pos, src_.offset.size() - 1)];
+    const int line = LineAt(pos);
+    const size_t line_start = line == 1 ? 0 : newlines_[line - 2] + 1;
+    return 1 + static_cast<int>(offset - line_start);
+  }
 
  private:
   char At(size_t i) const { return i < s().size() ? s()[i] : '\0'; }
   const std::string& s() const { return src_.text; }
-  void Push(TokenType type, std::string value) { tokens_.push_back({type, std::move(value), LineAt(token_start_)}); }
+  void Push(TokenType type, std::string value) {
+    tokens_.push_back({type, std::move(value), LineAt(token_start_), ColumnAt(token_start_)});
+  }
   // The reference's consumeWhile: escapes (\n, \t, \xHH, \uHHHH, ...) decoded; input that ends
   // while the predicate still holds is an error.
   template <typename Pred>

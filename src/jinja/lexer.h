@@ -46,6 +46,7 @@ struct Token {
   TokenType type;
   std::string value;
   int line;
+  int column = 0;  // 1-based, in bytes of the source line
 };
 
 StatusOr<std::vector<Token>> Tokenize(std::string_view source);

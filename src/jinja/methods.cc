@@ -13,8 +13,8 @@
 namespace kvl::jinja {
 namespace {
 
-Value MakeFunction(std::string name, Callable::Fn fn) {
-  return Value::Function(std::make_shared<Callable>(std::move(name), std::move(fn)));
+Value MakeFunction(std::string name, Callable::Fn fn, Value receiver = Value()) {
+  return Value::Function(std::make_shared<Callable>(std::move(name), std::move(fn), std::move(receiver)));
 }
 
 // The arguments a method reads, with the reference's keyword-argument mapping appended last.
@@ -27,6 +27,7 @@ Value StartsOrEndsWith(const std::string& s, const CallArgs& args, bool start, c
   if (args.positional.empty()) throw RenderError(fmt::format("{}() requires at least one argument", name));
   auto test = [&](const std::string& affix) {
     if (affix.size() > s.size()) return false;
+    CountWork(affix.size());
     return start ? s.compare(0, affix.size(), affix) == 0 : s.compare(s.size() - affix.size(), affix.size(), affix) == 0;
   };
   const Value& pattern = args.positional[0];
@@ -77,7 +78,7 @@ Value Split(const std::string& s, const CallArgs& args) {
   if (delimiter.empty()) throw RenderError("split(): empty separator");
   std::vector<std::string> parts;
   size_t start = 0;
-  for (size_t found; (found = s.find(delimiter, start)) != std::string::npos; start = found + delimiter.size()) {
+  for (size_t found; (found = FindText(s, delimiter, start)) != std::string::npos; start = found + delimiter.size()) {
     parts.push_back(s.substr(start, found - start));
   }
   parts.push_back(s.substr(start));
@@ -94,7 +95,7 @@ Value Split(const std::string& s, const CallArgs& args) {
 
 // str.format(*args, **kwargs): {} / {0} / {name} fields and {{ }} escapes, each value printed
 // as `{{ }}` prints it; format specs are refused. Beyond the reference (which has no format).
-Value FormatMethod(const std::string& s, const CallArgs& args) {
+Value FormatMethod(Interpreter& in, const std::string& s, const CallArgs& args) {
   std::string out;
   size_t next_auto = 0;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -122,6 +123,7 @@ Value FormatMethod(const std::string& s, const CallArgs& args) {
     }
     if (value == nullptr) throw RenderError(fmt::format("format(): no argument for '{{{}}}'", field));
     out += Display(*value);
+    in.CheckSize(out.size());
     i = close;
   }
   return Value::String(std::move(out));
@@ -137,14 +139,16 @@ int64_t CodePointIndex(const std::string& s, size_t bytes) {
   return n;
 }
 
-Value StringMethod(const std::string& s, const std::string& name) {
-  if (name == "length") return Value::Int(static_cast<double>(Utf16Length(s)));
+Value StringMethod(const Value& object, const std::string& name) {
+  const std::string& text = object.str();
+  if (name == "length") return Value::Int(static_cast<double>(Utf16Length(text)));
   static const char* const kMethods[] = {"upper", "lower", "strip", "title", "capitalize", "rstrip",
                                          "lstrip", "startswith", "endswith", "split", "replace",
                                          // Beyond the reference, as Python's str has them:
                                          "format", "join", "count", "find"};
   if (std::find(std::begin(kMethods), std::end(kMethods), name) == std::end(kMethods)) return Value();
-  return MakeFunction(name, [s, name](Interpreter& in, CallArgs& args, Env&) -> Value {
+  auto method = [name](Interpreter& in, const Value& receiver, CallArgs& args, Env&) -> Value {
+    const std::string& s = receiver.str();
     if (name == "upper") return Value::String(AsciiUpper(s));
     if (name == "lower") return Value::String(AsciiLower(s));
     if (name == "strip") return Value::String(std::string(TrimJs(s, true, true)));
@@ -156,7 +160,7 @@ Value StringMethod(const std::string& s, const std::string& name) {
     if (name == "endswith") return StartsOrEndsWith(s, args, false, "endswith");
     if (name == "split") return Split(s, args);
     if (name == "replace") return ReplaceMethod(in, s, args);
-    if (name == "format") return FormatMethod(s, args);
+    if (name == "format") return FormatMethod(in, s, args);
     if (name == "join") {
       const Value& items = Arg(args, 0);
       if (!items.is_array()) throw RenderError("join() takes a list");
@@ -170,32 +174,37 @@ Value StringMethod(const std::string& s, const std::string& name) {
     const Value& needle = Arg(args, 0);
     if (!needle.is_string()) throw RenderError(fmt::format("{}() takes a string", name));
     if (name == "find") {
-      const size_t at = s.find(needle.str());
+      const size_t at = FindText(s, needle.str());
       return Value::Int(at == std::string::npos ? -1 : static_cast<double>(CodePointIndex(s, at)));
     }
     if (needle.str().empty()) return Value::Int(static_cast<double>(CodePointIndex(s, s.size()) + 1));
     int64_t count = 0;
-    for (size_t at = s.find(needle.str()); at != std::string::npos; at = s.find(needle.str(), at + needle.str().size())) {
+    for (size_t at = FindText(s, needle.str()); at != std::string::npos;
+         at = FindText(s, needle.str(), at + needle.str().size())) {
       ++count;
     }
     return Value::Int(static_cast<double>(count));
-  });
+  };
+  return MakeFunction(name, std::move(method), object);
 }
 
 Value ObjectMethod(const Value& object, const std::string& name) {
   if (name == "get") {
-    return MakeFunction(name, [object](Interpreter&, CallArgs& args, Env&) -> Value {
+    auto get = [](Interpreter&, const Value& mapping, CallArgs& args, Env&) -> Value {
       const Value& key = Arg(args, 0);
       if (!key.is_string()) throw RenderError(fmt::format("mapping key must be a string: got {}", key.TypeName()));
-      if (const Value* found = object.map().Find(key.str())) return *found;
+      if (const Value* found = mapping.map().Find(key.str())) return *found;
       return args.positional.size() > 1 ? args.positional[1] : Value::Null();
-    });
+    };
+    return MakeFunction(name, get, object);
   }
   if (name == "items" || name == "keys" || name == "values") {
-    return MakeFunction(name, [object, name](Interpreter&, CallArgs&, Env&) { return MappingView(object, name); });
+    auto view = [name](Interpreter&, const Value& mapping, CallArgs&, Env&) { return MappingView(mapping, name); };
+    return MakeFunction(name, view, object);
   }
   if (name == "dictsort") {
-    return MakeFunction(name, [object](Interpreter&, CallArgs& args, Env&) { return DictSort(object, args); });
+    auto sort = [](Interpreter&, const Value& mapping, CallArgs& args, Env&) { return DictSort(mapping, args); };
+    return MakeFunction(name, sort, object);
   }
   return Value();
 }
@@ -236,7 +245,7 @@ Value DictSort(const Value& object, const CallArgs& args) {
 }
 
 Value BuiltinMember(const Value& object, const std::string& name) {
-  if (object.is_string()) return StringMethod(object.str(), name);
+  if (object.is_string()) return StringMethod(object, name);
   if (object.is_object()) return ObjectMethod(object, name);
   if (object.is_array() && name == "length") return Value::Int(static_cast<double>(object.items().size()));
   return Value();
@@ -244,7 +253,7 @@ Value BuiltinMember(const Value& object, const std::string& name) {
 
 namespace {
 
-Value NamespaceFunction(Interpreter& in, CallArgs& args, Env&) {
+Value NamespaceFunction(Interpreter& in, const Value&, CallArgs& args, Env&) {
   if (args.positional.size() > 1) {
     throw RenderError(fmt::format("namespace expected at most 1 argument, got {}", args.positional.size()));
   }
@@ -257,7 +266,8 @@ Value NamespaceFunction(Interpreter& in, CallArgs& args, Env&) {
       for (const Value& pair : source.items()) {
         std::vector<Value> kv;
         if (pair.is_array()) kv = pair.items();
-        if (pair.is_string()) {
+        // A string is a pair of its two code points (of at most 4 bytes each).
+        if (pair.is_string() && pair.str().size() <= 8) {
           for (std::string& c : SplitCodePoints(pair.str())) kv.push_back(Value::String(std::move(c)));
         }
         if (kv.size() != 2) throw RenderError("namespace expected a mapping or a list of [key, value] pairs");
@@ -276,7 +286,7 @@ Value NamespaceFunction(Interpreter& in, CallArgs& args, Env&) {
 
 // range() as the reference's utils.range over JavaScript numbers, refused past a million items
 // (a template that asks for more is looping, not formatting a chat).
-Value RangeFunction(Interpreter&, CallArgs& args, Env&) {
+Value RangeFunction(Interpreter&, const Value&, CallArgs& args, Env&) {
   constexpr size_t kMaxItems = 1'000'000;
   auto number = [&](size_t i) -> double {
     const Value& v = args.positional[i];
@@ -302,7 +312,7 @@ Value RangeFunction(Interpreter&, CallArgs& args, Env&) {
 
 // strftime_now(format): the reference's minimal strftime (%Y %m %d %b %B %H %M %%, English
 // month names, local time); any other directive is printed as it is.
-Value StrftimeNow(Interpreter& in, CallArgs& args, Env&) {
+Value StrftimeNow(Interpreter& in, const Value&, CallArgs& args, Env&) {
   if (args.positional.empty() || !args.positional[0].is_string()) {
     throw RenderError("strftime_now() expects a format string");
   }
@@ -341,7 +351,7 @@ void AddGlobals(Env& env) {
   env.Set("namespace", MakeFunction("namespace", NamespaceFunction));
   env.Set("range", MakeFunction("range", RangeFunction));
   env.Set("strftime_now", MakeFunction("strftime_now", StrftimeNow));
-  env.Set("raise_exception", MakeFunction("raise_exception", [](Interpreter&, CallArgs& args, Env&) -> Value {
+  env.Set("raise_exception", MakeFunction("raise_exception", [](Interpreter&, const Value&, CallArgs& args, Env&) -> Value {
             const Value message = args.positional.empty() ? Value() : args.positional[0];
             throw RenderError("raise_exception: " + (message.is_string() ? message.str() : RawString(message)));
           }));

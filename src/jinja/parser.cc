@@ -15,10 +15,18 @@ namespace {
 // Deeper nesting than this (parentheses, blocks) is refused rather than recursed into, so a
 // hostile template cannot overflow the stack.
 constexpr int kMaxNesting = 200;
+// A chain of one operator (`a + b + ...`, `x | f | g ...`, `v[i][j]...`) is parsed by a loop
+// but becomes a tree as deep as the chain is long, which evaluating it walks recursively: both
+// are bounded, far above what real chat templates use (their longest chains have a few dozen
+// links, their trees are a few dozen levels deep).
+constexpr int kMaxChainLinks = 200;
+constexpr int kMaxTreeDepth = 256;
 
 struct ParseError : std::runtime_error {
   ParseError(int line, const std::string& message)
       : std::runtime_error(fmt::format("template line {}: {}", line, message)) {}
+  ParseError(const Token& at, const std::string& message)
+      : std::runtime_error(fmt::format("template line {}, column {}: {}", at.line, at.column, message)) {}
 };
 
 using NodePtr = std::unique_ptr<Node>;
@@ -30,21 +38,29 @@ NodePtr MakeNode(NodeKind kind, int line) {
   return node;
 }
 
-// Whether `node` (a macro or call body) reads the name, as the reference finds `kwargs` and
-// `varargs` loads to decide whether a macro accepts extra arguments.
-bool ReadsName(const Node& node, const std::string& name) {
-  if (node.kind == NodeKind::kIdentifier && node.text == name) return true;
-  if (node.kind == NodeKind::kMember && !node.computed) return ReadsName(*node.a, name);
-  if ((node.kind == NodeKind::kFilter || node.kind == NodeKind::kFilterStatement) && node.b &&
-      node.b->kind == NodeKind::kIdentifier) {
-    return ReadsName(*node.a, name);
-  }
-  for (const Node* child : {node.a.get(), node.b.get(), node.c.get()}) {
-    if (child != nullptr && ReadsName(*child, name)) return true;
-  }
-  for (const auto* list : {&node.args, &node.body, &node.alternate}) {
-    for (const NodePtr& child : *list) {
-      if (child && ReadsName(*child, name)) return true;
+// Whether `root` (a macro or call body) reads the name, as the reference finds `kwargs` and
+// `varargs` loads to decide whether a macro accepts extra arguments. An explicit stack: the
+// body's depth is checked only once the whole template is parsed.
+bool ReadsName(const Node& root, const std::string& name) {
+  std::vector<const Node*> stack = {&root};
+  while (!stack.empty()) {
+    const Node& node = *stack.back();
+    stack.pop_back();
+    if (node.kind == NodeKind::kIdentifier && node.text == name) return true;
+    // A member's name (`x.kwargs`) and a filter's (`x | kwargs`) are not loads of the name.
+    if ((node.kind == NodeKind::kMember && !node.computed) ||
+        ((node.kind == NodeKind::kFilter || node.kind == NodeKind::kFilterStatement) && node.b &&
+         node.b->kind == NodeKind::kIdentifier)) {
+      if (node.a) stack.push_back(node.a.get());
+      continue;
+    }
+    for (const Node* child : {node.a.get(), node.b.get(), node.c.get()}) {
+      if (child != nullptr) stack.push_back(child);
+    }
+    for (const auto* list : {&node.args, &node.body, &node.alternate}) {
+      for (const NodePtr& child : *list) {
+        if (child) stack.push_back(child.get());
+      }
     }
   }
   return false;
@@ -65,7 +81,8 @@ class Parser {
   struct Depth {
     explicit Depth(Parser* p) : parser(p) {
       if (++parser->depth_ > kMaxNesting) {
-        throw ParseError(parser->Line(), fmt::format("nesting deeper than {} levels", kMaxNesting));
+        throw ParseError(parser->tokens_[std::min(parser->current_, parser->tokens_.size() - 1)],
+                         fmt::format("nesting deeper than {} levels", kMaxNesting));
       }
     }
     ~Depth() { --parser->depth_; }
@@ -152,6 +169,16 @@ class Parser {
   NodePtr ParseMemberArguments();
   NodePtr ParseMember(NodePtr object);
   NodePtr ParsePrimary();
+
+  // One more link of an operator chain (the operator at `at`): refused past kMaxChainLinks.
+  void CountLinkAt(int* links, size_t at) const {
+    if (++*links <= kMaxChainLinks) return;
+    const Token& op = tokens_[at];
+    throw ParseError(op, fmt::format("a chain of more than {} '{}' operations in one expression (the limit "
+                                     "keeps evaluation from recursing without bound)",
+                                     kMaxChainLinks, op.value));
+  }
+  void CountLink(int* links) const { CountLinkAt(links, current_); }
 
   NodePtr Binary(const std::string& op, int line, NodePtr left, NodePtr right) {
     NodePtr node = MakeNode(NodeKind::kBinary, line);
@@ -379,7 +406,9 @@ NodePtr Parser::ParseIfExpression() {
 
 NodePtr Parser::ParseOr() {
   NodePtr left = ParseAnd();
+  int links = 0;
   while (IsIdentifier("or")) {
+    CountLink(&links);
     const int line = tokens_[current_++].line;
     left = Binary("or", line, std::move(left), ParseAnd());
   }
@@ -388,7 +417,9 @@ NodePtr Parser::ParseOr() {
 
 NodePtr Parser::ParseAnd() {
   NodePtr left = ParseNot();
+  int links = 0;
   while (IsIdentifier("and")) {
+    CountLink(&links);
     const int line = tokens_[current_++].line;
     left = Binary("and", line, std::move(left), ParseNot());
   }
@@ -406,8 +437,10 @@ NodePtr Parser::ParseNot() {
 
 NodePtr Parser::ParseComparison() {
   NodePtr left = ParseAdditive();
+  int links = 0;
   while (true) {
     std::string op;
+    const size_t op_at = current_;
     const int line = Line();
     if (IsIdentifier("not") && IsIdentifier("in", 1)) {
       op = "not in";
@@ -420,6 +453,7 @@ NodePtr Parser::ParseComparison() {
     } else {
       break;
     }
+    CountLinkAt(&links, op_at);
     left = Binary(op, line, std::move(left), ParseAdditive());
   }
   return left;
@@ -427,7 +461,9 @@ NodePtr Parser::ParseComparison() {
 
 NodePtr Parser::ParseAdditive() {
   NodePtr left = ParseMultiplicative();
+  int links = 0;
   while (Is(TokenType::kAdditiveBinaryOperator)) {
+    CountLink(&links);
     const Token& op = tokens_[current_++];
     left = Binary(op.value, op.line, std::move(left), ParseMultiplicative());
   }
@@ -436,7 +472,9 @@ NodePtr Parser::ParseAdditive() {
 
 NodePtr Parser::ParseMultiplicative() {
   NodePtr left = ParsePower();
+  int links = 0;
   while (Is(TokenType::kMultiplicativeBinaryOperator)) {
+    CountLink(&links);
     const Token& op = tokens_[current_++];
     left = Binary(op.value, op.line, std::move(left), ParsePower());
   }
@@ -445,7 +483,9 @@ NodePtr Parser::ParseMultiplicative() {
 
 NodePtr Parser::ParsePower() {
   NodePtr left = ParseTest();
+  int links = 0;
   while (Is(TokenType::kExponentiationBinaryOperator)) {
+    CountLink(&links);
     const Token& op = tokens_[current_++];
     left = Binary(op.value, op.line, std::move(left), ParseTest());
   }
@@ -471,7 +511,9 @@ bool Parser::StartsTestArgument() const {
 
 NodePtr Parser::ParseTest() {
   NodePtr operand = ParseFilter();
+  int links = 0;
   while (IsIdentifier("is")) {
+    CountLink(&links);
     const int line = tokens_[current_++].line;
     NodePtr node = MakeNode(NodeKind::kTest, line);
     if (IsIdentifier("not")) {
@@ -497,7 +539,9 @@ NodePtr Parser::ParseTest() {
 
 NodePtr Parser::ParseFilter() {
   NodePtr operand = ParseUnarySign();
+  int links = 0;
   while (Is(TokenType::kPipe)) {
+    CountLink(&links);
     const int line = tokens_[current_++].line;
     NodePtr filter = ParsePrimary();
     if (filter->kind != NodeKind::kIdentifier) throw ParseError(line, "expected a filter name after '|'");
@@ -632,7 +676,9 @@ NodePtr Parser::ParseMemberArguments() {
 }
 
 NodePtr Parser::ParseMember(NodePtr object) {
+  int links = 0;
   while (Is(TokenType::kDot) || Is(TokenType::kOpenSquareBracket)) {
+    CountLink(&links);
     const bool computed = Is(TokenType::kOpenSquareBracket);
     const int line = tokens_[current_++].line;
     NodePtr node = MakeNode(NodeKind::kMember, line);
@@ -711,11 +757,21 @@ NodePtr Parser::ParsePrimary() {
 
 StatusOr<std::unique_ptr<Program>> Parse(std::vector<Token> tokens) {
   Parser parser(std::move(tokens));
+  std::unique_ptr<Program> program;
   try {
-    return parser.Run();
+    program = parser.Run();
   } catch (const ParseError& e) {
     return InvalidArgumentError(e.what());
   }
+  // Each chain and each recursion is bounded above, but chains inside parentheses inside chains
+  // add up: the tree's depth, which evaluation recurses through, is bounded as a whole.
+  if (const Node* deep = FindNodeDeeperThan(program->body, kMaxTreeDepth)) {
+    return InvalidArgumentError(fmt::format(
+        "template line {}: expressions and blocks nested more than {} levels deep (an operator chain "
+        "and parentheses or blocks around it count together)",
+        deep->line, kMaxTreeDepth));
+  }
+  return program;
 }
 
 }  // namespace kvl::jinja

@@ -6,6 +6,7 @@
 #include "kvl/jinja.h"
 #include "lexer.h"
 #include "parser.h"
+#include "render_budget.h"
 
 namespace kvl::jinja {
 
@@ -18,11 +19,13 @@ StatusOr<Template> Template::Parse(std::string_view source) {
 }
 
 StatusOr<std::string> Template::Render(const Context& context, const RenderOptions& options) const {
-  Env global;
-  AddGlobals(global);
-  for (const auto& [name, value] : context) global.Set(name, value);
-  Interpreter interpreter(options);
+  RenderBudget budget(options);
+  BudgetScope counting_against(&budget);
   try {
+    Env global;
+    AddGlobals(global);
+    for (const auto& [name, value] : context) global.Set(name, value);
+    Interpreter interpreter(options, budget);
     return interpreter.Run(*program_, global);
   } catch (const RenderError& e) {
     return InvalidArgumentError(e.what());

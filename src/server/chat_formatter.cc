@@ -91,7 +91,9 @@ StatusOr<std::string> ChatFormatter::Apply(const ChatInputs& inputs) const {
   context.emplace_back("bos_token", jinja::Value::String(options_.bos_token));
   context.emplace_back("eos_token", jinja::Value::String(options_.eos_token));
   for (const auto& kv : inputs.kwargs) context.push_back(kv);
-  StatusOr<std::string> out = jinja_->Render(context);
+  jinja::RenderOptions limits = options_.limits;
+  limits.cancel = cancelled_.get();
+  StatusOr<std::string> out = jinja_->Render(context, limits);
   if (!out.ok()) return InvalidArgumentError(fmt::format("chat template: {}", out.status().message()));
   if (options_.strip_bos && !options_.bos_token.empty() && out->starts_with(options_.bos_token)) {
     out->erase(0, options_.bos_token.size());
@@ -120,6 +122,7 @@ StatusOr<ChatFormatter> LoadChatFormatter(const Engine& engine, const ChatTempla
     return ChatFormatter::Builtin(builtin);
   }
   ChatFormatterOptions options;
+  options.limits = choice.limits;
   options.bos_token = TokenText(engine.tokenizer(), engine.tokenizer().bos());
   options.eos_token = TokenText(engine.tokenizer(), engine.tokenizer().eos());
   // Chat prompts are tokenized with BOS added (Request::add_bos, GenerateRequest's default).

@@ -197,10 +197,12 @@ HttpServerOptions OpenAiServer::TransportOptions() {
   // /health answers on the I/O thread itself: no queue of handlers can delay it. So does every
   // request with a small body: its handler (parse, tokenize, submit) takes well under a
   // millisecond, less than two thread hand-offs cost on a loaded machine. Large bodies (long
-  // prompts to tokenize, templates to render) go to the workers, so that no handler holds the
-  // I/O thread for long.
+  // prompts to tokenize, templates to render) go to the workers, and so does every request that
+  // renders the chat template, however small (a template may run until its deadline), so that no
+  // handler holds the I/O thread for long.
   o.run_inline = [](const HttpRequest& req) {
-    return req.path == "/health" || req.body.size() <= kInlineBodyBytes;
+    return req.path == "/health" ||
+           (req.body.size() <= kInlineBodyBytes && !RendersChatTemplate(req.path));
   };
   if (!options_.cors_origin.empty()) {
     o.headers_on_every_response.push_back({"Access-Control-Allow-Origin", options_.cors_origin});
@@ -580,8 +582,11 @@ Status OpenAiServer::Run() {
                          std::chrono::duration<double>(options_.shutdown_grace_seconds));
   WaitUntilAnswered(deadline);
   // Whatever still runs after the grace period is cancelled: a stream then sends its finish
-  // frame (reason "abort") and [DONE], a plain request its text so far.
+  // frame (reason "abort") and [DONE], a plain request its text so far, and a chat template
+  // still rendering stops (its request gets a 400), so that stopping the transport waits on no
+  // render.
   CancelAll();
+  context_.chat->CancelRenders();
   WaitUntilAnswered(Clock::now() + std::chrono::seconds(2));
   http_->Stop();
   engine_->Stop();

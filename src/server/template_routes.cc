@@ -10,12 +10,17 @@ StatusOr<std::shared_ptr<const ChatFormatter>> LoadChatFormatter(const ServeOpti
   std::string reason;
   KVL_ASSIGN_OR_RETURN(
       ChatFormatter formatter,
-      LoadChatFormatter(engine, {options.chat_template, options.chat_template_file}, &reason));
+      LoadChatFormatter(engine, {options.chat_template, options.chat_template_file, options.chat_template_limits},
+                        &reason));
   if (!reason.empty()) {
     fmt::print(stderr, "kvl serve: {}; using the built-in chat template '{}'\n", reason,
                formatter.description());
   }
   return std::make_shared<const ChatFormatter>(std::move(formatter));
+}
+
+bool RendersChatTemplate(std::string_view path) {
+  return path == "/v1/chat/completions" || path == "/apply-template";
 }
 
 HttpResponse AnswerApplyTemplate(const ApiContext& context, std::string_view body) {

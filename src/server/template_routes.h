@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "api_request.h"
 #include "http_transport.h"
@@ -18,6 +19,11 @@ namespace kvl::server {
 // built-in its markers name stands in, said once on stderr with the reason.
 StatusOr<std::shared_ptr<const ChatFormatter>> LoadChatFormatter(const ServeOptions& options,
                                                                  const Engine& engine);
+
+// Whether a request to `path` renders the chat template (a chat completion, /apply-template).
+// Those are handled on the transport's worker threads, never on an event loop: a render may take
+// up to its deadline (ChatFormatterOptions::limits), and /health must answer meanwhile.
+bool RendersChatTemplate(std::string_view path);
 
 // POST /apply-template: {"messages": [...]} -> {"prompt": "..."}, the text a chat completion
 // would run on (llama-server's endpoint); an error the template raises is a 400 naming it.

@@ -175,7 +175,9 @@ TEST(JinjaErrors, EndlessLoopsRecursionAndRunawayStringsStop) {
   RenderOptions options;
   options.max_steps = 100'000;
   EXPECT_EQ(ErrorOf("{% for i in range(1000) %}{% for j in range(1000) %}{{ j }}{% endfor %}{% endfor %}", options),
-            "template line 1: the render passed 100000 steps (an endless loop or runaway recursion?)");
+            "template line 1: the render passed 100000 steps (an endless loop, runaway recursion or work on "
+            "large values? each statement, expression and loop iteration is a step, and so is each 1024 bytes "
+            "a filter, method or operator works on)");
   EXPECT_EQ(ErrorOf("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}\n{{ f(0) }}"),
             "template line 1: macro 'f' nested more than 128 calls deep (runaway recursion?)");
   EXPECT_EQ(ErrorOf("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"),
@@ -183,8 +185,9 @@ TEST(JinjaErrors, EndlessLoopsRecursionAndRunawayStringsStop) {
   EXPECT_EQ(ErrorOf("{{ range(100000000) | length }}"), "template line 1: range() of more than 1000000 items");
   // Nesting deeper than the parser allows is refused, not recursed into.
   EXPECT_EQ(ErrorOf("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"),
-            "template line 1: nesting deeper than 200 levels");
-  EXPECT_EQ(ErrorOf("{{ " + std::string(5000, '[') + " }}"), "template line 1: nesting deeper than 200 levels");
+            "template line 1, column 103: nesting deeper than 200 levels");
+  EXPECT_EQ(ErrorOf("{{ " + std::string(5000, '[') + " }}"),
+            "template line 1, column 103: nesting deeper than 200 levels");
 }
 
 TEST(JinjaErrors, ACallerKeptPastItsBlockAndASelfHoldingNamespaceAreSafe) {

@@ -10,6 +10,9 @@
 //
 // Not thread-safe while a render mutates a namespace; a Value built by the caller and only read
 // may be shared by concurrent renders.
+//
+// A list or mapping however deeply nested (a loop can wrap a list in a list 400k times) is freed
+// without recursion, by the destructor of whichever Value lets go of it last.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +51,11 @@ class Value {
   };
 
   Value() = default;  // undefined
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  ~Value();
   static Value Null();
   static Value Bool(bool b);
   static Value Int(double v);  // an integer value held as a double, as the reference does
@@ -86,6 +94,10 @@ class Value {
   bool SameObject(const Value& other) const;
 
  private:
+  // Where this is the last owner of its list, mapping or method receiver: moves the values in
+  // it that own more onto *pending and empties it, so that freeing it recurses no further.
+  void ReleaseChildren(std::vector<Value>* pending);
+
   Kind kind_ = Kind::kUndefined;
   bool tuple_ = false;
   double number_ = 0;  // kBool (0/1), kInt, kFloat

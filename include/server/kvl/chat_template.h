@@ -8,6 +8,7 @@
 // Pure functions and immutable objects; thread-safe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -63,6 +64,9 @@ struct ChatFormatterOptions {
   // Drop a bos_token the template printed at the start: the tokenizer adds BOS itself, and the
   // prompt is tokenized as text (llama.cpp drops it for the same reason).
   bool strip_bos = false;
+  // What each render of a Jinja template may spend (steps, bytes, seconds), the test render at
+  // load included; passing it is an error naming the limit.
+  jinja::RenderOptions limits;
 };
 
 // A model's chat format: a Jinja template or a built-in one.
@@ -84,12 +88,16 @@ class ChatFormatter {
   // "jinja (<origin>)" or the built-in's name.
   const std::string& description() const { return description_; }
   bool is_jinja() const { return jinja_ != nullptr; }
+  // Stops the renders in progress (each at its next check) and refuses new ones, in this
+  // formatter and its copies: for a server whose shutdown must not wait on a template.
+  void CancelRenders() const { cancelled_->store(true); }
 
  private:
   std::shared_ptr<const jinja::Template> jinja_;
   ChatTemplate builtin_ = ChatTemplate::kPlain;
   ChatFormatterOptions options_;
   std::string description_;
+  std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 // `messages` (role and text only) through `formatter`, the assistant's turn opened.
@@ -100,12 +108,14 @@ StatusOr<std::string> ApplyChatTemplate(const ChatFormatter& formatter, const st
 struct ChatTemplateChoice {
   std::string name;  // --chat-template
   std::string file;  // --chat-template-file
+  jinja::RenderOptions limits;  // --chat-template-steps, --chat-template-timeout
 };
 
 // The formatter for `engine`'s model: bos/eos texts from its vocabulary, a leading BOS dropped
 // (the engine adds it). An unknown name, or a file that cannot be read, parsed or rendered, is
-// an error; a GGUF template that fails is not: the built-in its markers name stands in, with
-// *fallback_reason saying why (for the caller to print once).
+// an error; a GGUF template that fails (it does not parse, or its test render fails or passes
+// the limits) is not: the built-in its markers name stands in, with *fallback_reason saying why
+// (for the caller to print once).
 StatusOr<ChatFormatter> LoadChatFormatter(const Engine& engine, const ChatTemplateChoice& choice,
                                           std::string* fallback_reason);
 

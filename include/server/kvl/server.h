@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvl/engine.h"
+#include "kvl/jinja.h"
 #include "kvl/status.h"
 
 namespace kvl {
@@ -28,6 +29,9 @@ struct ServeOptions {
   int http_threads = 0;
   std::string chat_template;       // empty: the GGUF's own (Jinja); else a ChatTemplateName
   std::string chat_template_file;  // a Jinja chat template to render instead of the GGUF's
+  // What each render of a Jinja chat template may spend (--chat-template-steps,
+  // --chat-template-timeout): a request whose render passes it gets a 400 naming the limit.
+  jinja::RenderOptions chat_template_limits;
   int64_t max_body_bytes = 8 << 20;
   int keep_alive_seconds = 5;
   // From a request's first byte to its last: a client that trickles it (slowloris) is cut off.
