@@ -35,8 +35,8 @@ test: build
 # fuzzers. Each stage fails the run on its own; a failing `make test` stops it before the others.
 ci:
 	$(MAKE) --no-print-directory test
-	$(MAKE) --no-print-directory sanitize
 	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory sanitize
 
 # AddressSanitizer + UndefinedBehaviorSanitizer over the layers that handle user input and memory
 # the most: the KV manager, pager and tiers, the GGUF reader, the engine, the CLI and the server
