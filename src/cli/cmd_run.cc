@@ -79,9 +79,10 @@ void PrintKvPredictionErrors(const EngineMetrics& m) {
   for (const KvTierMetrics& t : m.kv_tiers) line("promote from " + t.name, t.promote_error);
 }
 
-// Speculative decoding (issue 26): what the drafts did.
-void PrintSpecSummary(const EngineMetrics& m) {
-  if (m.spec_seq_steps == 0) return;
+// Speculative decoding (issue 26): what the drafts did. Plain steps count as sequence steps too
+// (tokens per step is over all of them), so spec_seq_steps alone does not say spec was on.
+void PrintSpecSummary(const EngineMetrics& m, bool spec_on) {
+  if (!spec_on || m.spec_seq_steps == 0) return;
   fmt::print(stderr,
              "kvl: spec: {} drafted, {} accepted ({:.1f}% acceptance), {:.2f} tokens per "
              "sequence step ({} of {} steps carried a draft)\n",
@@ -93,8 +94,8 @@ void PrintSpecSummary(const EngineMetrics& m) {
              m.spec_draft_steps, m.spec_seq_steps);
 }
 
-void PrintKvSummary(const EngineMetrics& m) {
-  PrintSpecSummary(m);
+void PrintKvSummary(const EngineMetrics& m, bool spec_on) {
+  PrintSpecSummary(m, spec_on);
   PrintKvTiers(m);
   if (m.kv_window_ring_bytes > 0) {
     fmt::print(stderr,
@@ -199,7 +200,7 @@ int RunOne(Engine& e, const RunArgs& args, const std::string& prompt) {
   PrintTiming("prompt eval time", st.prompt_ms, st.prompt_tokens - st.cached_prompt_tokens);
   PrintTiming("eval time", st.generate_ms, st.generated_tokens > 0 ? st.generated_tokens - 1 : 0);
   fmt::print(stderr, "kvl: stop reason: {}\n", result->stop_reason);
-  PrintKvSummary(e.Metrics());
+  PrintKvSummary(e.Metrics(), args.engine.spec != "off");
   return 0;
 }
 
@@ -257,7 +258,7 @@ int RunParallel(Engine& e, const RunArgs& args, const std::vector<std::string>& 
              m.steps, m.mean_batch_tokens, m.mean_batch_seqs, m.ttft_mean_ms, m.itl_mean_ms,
              m.itl_p99_ms, m.kv.prefix_hit_tokens, m.kv.prefix_query_tokens, m.preemptions,
              m.kv.blocks_total, m.kv.blocks_cached);
-  PrintKvSummary(m);
+  PrintKvSummary(m, args.engine.spec != "off");
   return failures ? 1 : 0;
 }
 
