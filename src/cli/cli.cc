@@ -79,6 +79,7 @@ int Main(int argc, char** argv) {
       fmt::print(stderr, "kvl: {}\n", cmd.status().message());
       return 1;
     }
+    for (const std::string& note : cmd->notes) fmt::print(stderr, "kvl: {}\n", note);
     rc = RunParsed(*cmd);
   } catch (const std::bad_alloc&) {
     // The boundary for allocations the library does not turn into a Status itself.

@@ -40,7 +40,14 @@ std::function<Status()> AddSamplingFlags(CLI::App* cmd, SamplingParams* s) {
 
 void AddComputeFlags(CLI::App* cmd, EngineOptions* engine) {
   cmd->add_option("-t,--threads", engine->num_threads, "threads; 0 = every core");
-  cmd->add_option("-c,--ctx-size", engine->context_length, "context length; 0 = model's");
+  // As llama.cpp: unset, the model's context capped at 4096; -c 0, all of the model's.
+  cmd->add_option_function<int64_t>(
+      "-c,--ctx-size",
+      [engine](const int64_t& tokens) {
+        engine->context_length = tokens;
+        engine->whole_model_context = tokens == 0;
+      },
+      "context length (default: the model's, at most 4096); 0 = all of the model's");
   cmd->add_option("-b,--batch-size", engine->batch_size,
                   "prompt tokens per step (fewer under --kv-budget, at least 128: the forward "
                   "pass's scratch fits a quarter of it)")

@@ -10,12 +10,13 @@
 #include <string_view>
 
 #include "command_flags.h"
+#include "llama_flags.h"
 
 namespace kvl::cli {
 namespace {
 
 // llama.cpp's multi-letter single-dash flags, which CLI11 cannot declare, mapped to long names
-// (both "-ctk f16" and "-ctk=f16").
+// (both "-ctk f16" and "-ctk=f16"). The order stays the user's (CLI11 wants it reversed).
 std::vector<std::string> NormalizeArgs(const std::vector<std::string>& in) {
   struct Alias {
     std::string_view short_name, long_name;
@@ -24,8 +25,8 @@ std::vector<std::string> NormalizeArgs(const std::vector<std::string>& in) {
       {"-np", "--parallel"}, {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},
       {"-md", "--model-draft"}};
   std::vector<std::string> args;
-  for (auto it = in.rbegin(); it != in.rend(); ++it) {  // CLI11 wants them reversed
-    std::string a = *it;
+  for (const std::string& word : in) {
+    std::string a = word;
     for (const Alias& alias : kAliases) {
       if (a == alias.short_name) {
         a = alias.long_name;
@@ -70,9 +71,12 @@ static Status CheckBenchListValues(const std::vector<std::string>& argv) {
   return Status::Ok();
 }
 
-StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
-  KVL_RETURN_IF_ERROR(CheckBenchListValues(argv));
+StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& user_argv) {
+  InertFlagsRemoved inert = RemoveInertLlamaFlags(user_argv);
+  KVL_RETURN_IF_ERROR(CheckBenchListValues(inert.args));  // names the flag as the user typed it
+  const std::vector<std::string> argv = NormalizeArgs(inert.args);
   ParsedCommand cmd;
+  cmd.notes = std::move(inert.notes);
   CLI::App app{"kvlattice: LLM inference with a managed KV memory hierarchy", "kvl"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvl 0.1.0");
@@ -97,8 +101,9 @@ StatusOr<ParsedCommand> ParseCommandLine(const std::vector<std::string>& argv) {
   commands.push_back(bench);
   commands.push_back(DeclareCalibrateFlags(&app, &cmd.calibrate));
 
+  KVL_RETURN_IF_ERROR(CheckFlagsAreKnown(app, argv));
   try {
-    std::vector<std::string> args = NormalizeArgs(argv);
+    std::vector<std::string> args(argv.rbegin(), argv.rend());  // CLI11 wants them reversed
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     // --help and --version end parsing with exit code 0: their text is the command's output.

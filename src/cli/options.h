@@ -19,6 +19,8 @@ struct ParsedCommand {
                     kTokenize, kPerplexity };
   Kind kind = Kind::kPrint;
   std::string text;  // kPrint: help or version text for stdout
+  // Lines for stderr before the command runs: llama.cpp flags that were ignored (llama_flags.h).
+  std::vector<std::string> notes;
   RunArgs run;
   ChatArgs chat;
   ServeArgs serve;

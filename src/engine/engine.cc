@@ -66,8 +66,13 @@ Status LoadModel(Engine::Impl& e) {
                                      options.model_path, e.model.tokenizer->vocab_size(),
                                      c.vocab_size));
   }
-  e.model.context_length = options.context_length > 0 ? options.context_length
-                                                      : std::min<int64_t>(c.context_length, 4096);
+  if (options.context_length > 0) {
+    e.model.context_length = options.context_length;
+  } else if (options.whole_model_context) {
+    e.model.context_length = std::min(c.context_length, kMaxContextTokens);
+  } else {
+    e.model.context_length = std::min<int64_t>(c.context_length, 4096);
+  }
   int threads = options.num_threads;
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   KVL_ASSIGN_OR_RETURN(e.model.pool, ThreadPool::Create(threads));

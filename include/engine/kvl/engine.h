@@ -39,7 +39,9 @@ namespace kvl {
 struct EngineOptions {
   std::string model_path;
   int num_threads = 0;              // 0: every core
-  int64_t context_length = 0;       // per sequence; 0: the model's, capped at 4096
+  int64_t context_length = 0;       // per sequence; 0: the model's, capped at 4096 (as
+                                    // llama.cpp's default) unless whole_model_context
+  bool whole_model_context = false;  // -c 0: with context_length 0, all of the model's
   int64_t batch_size = 512;         // tokens per forward step (-b)
   std::string isa = "auto";         // auto | avx512 | avx2 | scalar
   int64_t kv_budget_bytes = 0;      // 0: room for max_seqs full contexts, capped at 1 GiB
