@@ -229,11 +229,11 @@ WORDS = ("once upon a time there was a little girl named lily she liked to play 
 
 def make_prompts(rng, n):
     # A few long openings shared by many requests (prefix hits), each with its own tail.
-    openings = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 90)))
+    openings = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 30)))
                 for _ in range(4)]
     prompts = []
     for _ in range(n):
-        tail = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40)))
+        tail = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12)))
         prompts.append((rng.choice(openings) + " " + tail) if rng.random() < 0.8 else tail)
     return prompts
 
@@ -248,7 +248,7 @@ def run_requests(port, prompts, rng, concurrency, errors):
                 if not queue:
                     return
                 prompt = queue.pop()
-                max_tokens = rng.randint(8, 96)
+                max_tokens = rng.randint(8, 64)
             try:
                 http(port, "POST", "/v1/completions",
                      {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
@@ -274,8 +274,8 @@ def main():
     parser.add_argument("--kvl", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100000)
-    parser.add_argument("--requests", type=int, default=48)
-    parser.add_argument("--kv-budget", default="160KiB")
+    parser.add_argument("--requests", type=int, default=240)
+    parser.add_argument("--kv-budget", default="320KiB")
     args = parser.parse_args()
     for path in (args.kvl, args.model):
         if not os.path.exists(path):
@@ -333,7 +333,7 @@ def main():
             while any(t.is_alive() for t in threads):
                 sub.poll(100)
                 check(sub, http_port, f"{phase}, under load", figures)
-                time.sleep(0.2)
+                time.sleep(0.05)
             if errors:
                 raise CheckFailed(f"requests failed: {errors[:3]}")
             sub.poll(100)
