@@ -7,6 +7,8 @@ packages=(build-essential cmake ninja-build libfmt-dev libcli11-dev nlohmann-jso
           liburing-dev        # liburing-dev: the disk tier's reads through io_uring (optional at build)
           python3             # python3 (its standard library): scripts/soak, the serve soak (ctest)
           libboost-dev        # libboost-dev: Boost.Beast/Asio, kvl serve's HTTP transport
+          pkg-config libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # kvl serve --kv-events (vLLM's KV events)
+          python3-zmq python3-msgpack  # the KV events' subscriber test (tests/events)
           python3-matplotlib  # python3-matplotlib: scripts/plot_turns.py (kvl bench turns --plot)
           unicode-data        # UnicodeData.txt: scripts/gen_unicode_tables.py (the table is committed)
           chromium)           # chromium: the web page's browser tests (tests/webui)

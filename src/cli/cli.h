@@ -46,6 +46,9 @@ struct ServeArgs {
   int32_t parallel = 4;            // -np: sequences served at once
   std::string kv_budget;           // --kv-budget
   std::string max_body = "8MiB";   // --max-body
+  std::string kv_events;           // --kv-events ADDRESS: vLLM's KV events on a ZeroMQ PUB socket
+  std::string kv_events_replay;    // --kv-events-replay ADDRESS: their replay (ROUTER, bound)
+  std::string kv_events_topic;     // --kv-events-topic: each message's first frame
 };
 int ServeCommand(const ServeArgs& args);
 

@@ -48,6 +48,15 @@ CommandFlags DeclareServeFlags(CLI::App* app, ServeArgs* serve) {
       ->capture_default_str();
   cmd->add_flag("!--no-webui", serve->serve.webui,
                 "do not serve the chat page at / (GET /v1/kv/state stays)");
+  cmd->add_option("--kv-events", serve->kv_events,
+                  "publish vLLM's KV events (the blocks the prefix cache stores and removes) on "
+                  "a ZeroMQ PUB socket for KV-aware routers: tcp://*:PORT binds, "
+                  "tcp://HOST:PORT connects (docs/KV_EVENTS.md)");
+  cmd->add_option("--kv-events-replay", serve->kv_events_replay,
+                  "answer replay requests (from a sequence number) on a ZeroMQ ROUTER socket "
+                  "bound here, e.g. tcp://*:5558; needs --kv-events");
+  cmd->add_option("--kv-events-topic", serve->kv_events_topic,
+                  "the topic frame of every KV events message (default: empty, as vLLM)");
   AddEngineFlags(cmd, &serve->serve.engine, &serve->kv_budget);
   return {cmd, ParsedCommand::Kind::kServe, [serve] { return ValidateServeArgs(serve); }};
 }
@@ -70,6 +79,33 @@ Status CheckCorsOrigin(const std::string& origin) {
         "--cors-origin '{}' is not an origin: give * or scheme://host[:port], e.g. "
         "https://app.example",
         origin));
+  }
+  return Status::Ok();
+}
+
+// A ZeroMQ address the publisher can bind or connect; the replay socket needs the publisher, and
+// the events describe the prefix cache, so they need it on.
+Status CheckKvEventsFlags(const ServeArgs& args) {
+  for (const auto& [flag, address] : {std::pair<const char*, const std::string&>{
+                                          "--kv-events", args.kv_events},
+                                      {"--kv-events-replay", args.kv_events_replay}}) {
+    if (address.empty()) continue;
+    const bool known = address.starts_with("tcp://") || address.starts_with("ipc://") ||
+                       address.starts_with("inproc://");
+    if (!known || address.find("://") + 3 == address.size()) {
+      return InvalidArgumentError(fmt::format(
+          "{} '{}' is not a ZeroMQ address: give tcp://*:PORT (bind), tcp://HOST:PORT "
+          "(connect) or ipc://PATH",
+          flag, address));
+    }
+  }
+  if (args.kv_events.empty() && (!args.kv_events_replay.empty() || !args.kv_events_topic.empty())) {
+    return InvalidArgumentError("--kv-events-replay and --kv-events-topic need --kv-events");
+  }
+  if (!args.kv_events.empty() && !args.serve.engine.prefix_cache) {
+    return InvalidArgumentError(
+        "--kv-events publishes the prefix cache's blocks: it cannot be used with the prefix "
+        "cache off");
   }
   return Status::Ok();
 }
@@ -99,6 +135,7 @@ Status ValidateServeArgs(ServeArgs* args) {
           "--api-key-open '{}': only /metrics, /tokenize and /detokenize can be opened", route));
     }
   }
+  KVL_RETURN_IF_ERROR(CheckKvEventsFlags(*args));
   // Serving runs -np sequences at once, exactly (the engine's default of 16 is not a floor).
   EngineOptions engine = args->serve.engine;
   engine.max_seqs = args->parallel;

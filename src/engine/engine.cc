@@ -220,6 +220,7 @@ Status CreateKvMemory(Engine::Impl& e) {
   o.explain = options.explain;
   o.trace_path = options.kv_trace_path;
   o.trace_opener = options.kv_trace_opener;
+  o.block_observer = options.kv_block_observer;
   // Sliding-window layers: one forward run writes at most a batch of one sequence's tokens.
   o.window.window = c.arch.sliding_window;
   for (int64_t l = 0; l < c.num_layers; ++l) o.window.layer_is_local.push_back(c.IsLocal(l));

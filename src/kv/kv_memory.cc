@@ -168,6 +168,7 @@ StatusOr<int64_t> KvMemory::ChooseCheckpointEvery(KvPriceSource* source,
 Status KvMemory::CreatePool(KvPriceSource* prices) {
   const KvMemoryOptions& o = options_;
   KvManagerOptions kvo;
+  kvo.block_observer = o.block_observer;
   kvo.layout.block_tokens = o.block_tokens;
   kvo.layout.num_layers = o.num_layers;
   kvo.layout.kv_dim = o.kv_dim;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "kvl/kv_block_observer.h"
 #include "tiers/disk_tier.h"  // DiskTier is a KvTier (tiers())
 
 namespace kvl {
@@ -530,6 +531,13 @@ void KvMemory::Release(SeqId slot) {
 }
 
 void KvMemory::PublishStoreStats() {
+  // The step's end: a listener of the index's changes gets the index itself where it changed.
+  if (options_.block_observer != nullptr &&
+      manager_->index_changes() != observed_index_changes_) {
+    observed_index_changes_ = manager_->index_changes();
+    manager_->IndexedHashes(&indexed_hashes_);
+    options_.block_observer->IndexSnapshot(indexed_hashes_);
+  }
   if (!store_) return;
   std::lock_guard<std::mutex> lock(store_stats_mutex_);
   store_stats_.resize(store_->tiers().size());

@@ -140,9 +140,11 @@ class OpenAiServer {
   explicit OpenAiServer(const ServeOptions& options)
       : options_(options),
         api_key_(options_.api_key, options_.api_key_open_routes),
-        webui_({options_.webui, options_.api_key, [this]() -> const Engine* {
+        webui_({options_.webui, options_.api_key,
+                [this]() -> const Engine* {
                   return state_.load() == ServerState::kLoading ? nullptr : engine_.get();
-                }}) {}
+                },
+                options_.kv_events}) {}
   Status Run();
 
  private:
@@ -262,10 +264,11 @@ void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpRe
                          "server_error", "", "unavailable"});
     }
     if (req.path == "/metrics") {
-      return out->Send(HttpResponse{200,
-                                    "text/plain; version=0.0.4; charset=utf-8",
-                                    {},
-                                    metrics_.Render(engine_->Metrics())});
+      return out->Send(
+          HttpResponse{200,
+                       "text/plain; version=0.0.4; charset=utf-8",
+                       {},
+                       metrics_.Render(engine_->Metrics(), engine_->options().block_tokens)});
     }
     if (req.path == "/apply-template") {
       HttpResponse answer = AnswerApplyTemplate(context_, req.body);

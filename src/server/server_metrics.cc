@@ -141,7 +141,43 @@ void ServerMetrics::CountDisconnectCancel() {
   ++disconnect_cancels_;
 }
 
-std::string ServerMetrics::Render(const EngineMetrics& m) const {
+// The series KV-aware routers and gateways scrape, under vLLM's names: the Gateway API Inference
+// Extension's model-server protocol (TotalQueuedRequests, TotalRunningRequests,
+// KVCacheUtilization, LoRA info, cache config), which llm-d's and the GIE's endpoint pickers read,
+// and vLLM V1's prefix-cache counters (tokens). The same figures as the kvl: series beside them.
+namespace {
+
+void RenderVllmSeries(const EngineMetrics& m, int64_t block_tokens, double usage,
+                      std::string* out) {
+  Metric(out, "vllm:num_requests_waiting", "gauge", "Requests waiting to be admitted.",
+         m.requests_waiting);
+  Metric(out, "vllm:num_requests_running", "gauge", "Requests in the running batch.",
+         m.requests_running);
+  Metric(out, "vllm:kv_cache_usage_perc", "gauge", "KV pool usage ratio (1 = full).", usage);
+  Metric(out, "vllm:gpu_cache_usage_perc", "gauge",
+         "KV pool usage ratio (1 = full): vLLM's older name, still read by some routers.", usage);
+  Metric(out, "vllm:prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache.", m.kv.prefix_query_tokens);
+  Metric(out, "vllm:prefix_cache_hits_total", "counter",
+         "Prompt tokens found in the prefix cache.", m.kv.prefix_hit_tokens);
+  Metric(out, "vllm:gpu_prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache (vLLM's older name).",
+         m.kv.prefix_query_tokens);
+  Metric(out, "vllm:gpu_prefix_cache_hits_total", "counter",
+         "Prompt tokens found in the prefix cache (vLLM's older name).", m.kv.prefix_hit_tokens);
+  Metric(out, "vllm:num_preemptions_total", "counter", "Sequences preempted.", m.preemptions);
+  // kvl serves no LoRA adapters: the info series says so (empty lists), as vLLM's does.
+  Header(out, "vllm:lora_requests_info", "gauge", "Running stats on LoRA requests.");
+  *out += "vllm:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\","
+          "waiting_lora_adapters=\"\"} 1\n";
+  Header(out, "vllm:cache_config_info", "gauge", "The KV cache's configuration.");
+  *out += fmt::format("vllm:cache_config_info{{block_size=\"{}\",num_gpu_blocks=\"{}\"}} 1\n",
+                      block_tokens, m.kv.blocks_total);
+}
+
+}  // namespace
+
+std::string ServerMetrics::Render(const EngineMetrics& m, int64_t block_tokens) const {
   std::string out;
   Metric(&out, "kvl:num_requests_running", "gauge", "Requests in the running batch.",
          m.requests_running);
@@ -170,6 +206,7 @@ std::string ServerMetrics::Render(const EngineMetrics& m) const {
                            ? static_cast<double>(m.kv.blocks_used) / m.kv.blocks_total
                            : 0.0;
   Metric(&out, "kvl:kv_cache_usage_perc", "gauge", "KV pool usage ratio (1 = full).", usage);
+  RenderVllmSeries(m, block_tokens, usage, &out);
   Metric(&out, "kvl:kv_cache_used_bytes", "gauge", "KV pool bytes in use.", m.kv.kv_bytes_used);
   Metric(&out, "kvl:kv_cache_total_bytes", "gauge", "KV pool bytes.", m.kv.kv_bytes_total);
   Metric(&out, "kvl:kv_resident_bytes_peak", "gauge", "Most resident KV bytes at any time.",

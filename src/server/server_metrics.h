@@ -1,6 +1,7 @@
 // What the server measures per request (latency histograms, token counts, how requests ended)
 // and the Prometheus text exposition of it together with Engine::Metrics(). Names are prefixed
-// `kvl:` as vLLM prefixes `vllm:`.
+// `kvl:` as vLLM prefixes `vllm:`; beside them, the series routers read under vLLM's own names
+// (the Gateway API Inference Extension's model-server protocol: vllm:num_requests_waiting, ...).
 //
 // Thread-safety: every method may be called from any thread (one mutex).
 #pragma once
@@ -42,7 +43,8 @@ class ServerMetrics {
   void CountHttpError(int status);
   void CountDisconnectCancel();
 
-  std::string Render(const EngineMetrics& engine) const;
+  // `block_tokens`: the pool's block size (vllm:cache_config_info's block_size).
+  std::string Render(const EngineMetrics& engine, int64_t block_tokens = 16) const;
 
  private:
   mutable std::mutex mu_;

@@ -140,6 +140,7 @@ std::string KvStateJson(const EngineMetrics& m, int64_t block_tokens, double now
 std::optional<HttpResponse> WebUiRoutes::Answer(const HttpRequest& request) const {
   if (request.method != "GET" && request.method != "HEAD") return std::nullopt;
   if (request.path == "/v1/kv/state") return KvState(request);
+  if (request.path == "/v1/kv/blocks") return KvBlocks(request);
   if (!options_.serve_page) return std::nullopt;
   std::string_view asset_name;
   constexpr std::string_view kAssetPrefix = "/webui/";
@@ -173,6 +174,36 @@ HttpResponse WebUiRoutes::KvState(const HttpRequest& request) const {
                       "application/json",
                       {{"Cache-Control", "no-store"}},
                       KvStateJson(engine->Metrics(), engine->options().block_tokens, now_ms)};
+}
+
+std::string KvBlocksJson(const KvEventsReport& r) {
+  const nlohmann::json body = {
+      {"block_size", r.block_size},
+      {"events_through", r.events_through},
+      {"media", {{r.medium, r.hashes}}},
+      {"events",
+       {{"queued", r.events_queued},
+        {"dropped", r.events_dropped},
+        {"batches_sent", r.batches_sent},
+        {"replays_served", r.replays_served}}}};
+  return body.dump();
+}
+
+HttpResponse WebUiRoutes::KvBlocks(const HttpRequest& request) const {
+  if (!options_.api_key.empty() && !CarriesApiKey(request, options_.api_key)) {
+    return ErrorResponse(MissingApiKeyError());
+  }
+  if (!options_.kv_events) {
+    return ErrorResponse(ApiError{404, "no KV events: start kvl serve with --kv-events ADDRESS",
+                                  "invalid_request_error", "", "not_found"});
+  }
+  if (options_.engine() == nullptr) {
+    return ErrorResponse(ApiError{503, "the model is loading", "server_error", "", "unavailable"});
+  }
+  return HttpResponse{200,
+                      "application/json",
+                      {{"Cache-Control", "no-store"}},
+                      KvBlocksJson(options_.kv_events())};
 }
 
 }  // namespace kvl::server

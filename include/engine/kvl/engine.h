@@ -108,6 +108,9 @@ struct EngineOptions {
   // What records it: the trace library's OpenKvTraceFile (kvl/kv_trace.h), which only programs
   // that link kvl_kv_trace can give (the CLI does for --kv-trace); none with a path is an error.
   KvTraceOpener kv_trace_opener;
+  // --kv-events: told of every change of the pool's prefix index (kvl/kv_block_observer.h; the
+  // CLI gives the events library's publisher); not owned, must outlive the engine. nullptr: none.
+  KvBlockObserver* kv_block_observer = nullptr;
   int64_t kv_sink_tokens = 4;         // first tokens never acted on (attention sinks)
   int64_t kv_recent_tokens = 64;      // newest tokens kept resident at full precision
   // The fraction of kv_budget_bytes set aside for staging pages of running sequences that live in

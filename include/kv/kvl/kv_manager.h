@@ -40,6 +40,8 @@
 
 namespace kvl {
 
+class KvBlockObserver;  // kvl/kv_block_observer.h
+
 using BlockId = int32_t;
 using SeqId = int32_t;
 class KvWindowRelease;  // kvl/kv_window_release.h
@@ -136,6 +138,8 @@ struct KvManagerOptions {
   // Test-only: replaces the block hash, e.g. with one that always collides, to show that a hit is
   // verified by content and never trusted from the hash alone. nullptr: the built-in 64-bit hash.
   KvBlockHashFn block_hash_for_testing = nullptr;
+  // Told of every prefix-index change (kvl/kv_block_observer.h); not owned. nullptr: no one.
+  KvBlockObserver* block_observer = nullptr;
 };
 
 // One sequence's part of a step.
@@ -328,6 +332,10 @@ class KvManager {
   int64_t BlocksFor(int64_t num_tokens) const;
 
   KvStats stats() const;
+  // Every hash of the prefix index into *out (its room reserved once: no allocation after the
+  // first call), and how many times the index has changed so far (a cheap "did it change").
+  void IndexedHashes(std::vector<uint64_t>* out) const;
+  uint64_t index_changes() const;
   // Cross-checks every internal invariant (refcounts, free list, prefix index, tables); used by
   // the property tests. Returns a description of the first violation.
   Status CheckInvariants() const;

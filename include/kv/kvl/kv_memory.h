@@ -81,6 +81,9 @@ struct KvMemoryOptions {
   std::string trace_path;  // --kv-trace; empty: none
   // What opens the trace's recorder (the trace library's OpenKvTraceFile); needed with a path.
   KvTraceOpener trace_opener;
+  // Told of every prefix-index change and, after each step that changed it, of the whole index
+  // (kvl/kv_block_observer.h: `kvl serve --kv-events`); not owned. nullptr: no one.
+  KvBlockObserver* block_observer = nullptr;
 };
 
 // The default KV budget when none is given: every sequence's context, up to this.
@@ -355,7 +358,8 @@ class KvMemory {
   // keeps the prediction it left with (checked against it when it comes back).
   Status Reprice(KvPriceSource* source);
 
-  // The store's counters copied for StoreStats (step thread, once per step).
+  // The store's counters copied for StoreStats (step thread, once per step); and the prefix
+  // index handed to the block observer where the step changed it.
   void PublishStoreStats();
   // What the store did with each tier as of the last PublishStoreStats (any thread), and the
   // store's index of `tier` (-1: not the store's).
@@ -429,6 +433,9 @@ class KvMemory {
   std::vector<int64_t> trace_outside_;
   std::vector<int64_t> trace_evicted_;
 
+  // The prefix index as last handed to options_.block_observer, and the index_changes() then.
+  std::vector<uint64_t> indexed_hashes_;
+  uint64_t observed_index_changes_ = 0;
   mutable std::mutex store_stats_mutex_;
   std::vector<KvStoreTierStats> store_stats_;
 };

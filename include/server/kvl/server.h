@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,21 @@
 #include "kvl/status.h"
 
 namespace kvl {
+
+// --kv-events: what the KV events publisher (kvl/kv_events.h, given by the CLI) reports, for
+// GET /v1/kv/blocks and /metrics.
+struct KvEventsReport {
+  std::string medium;            // the pool's medium name in the events ("GPU")
+  int32_t block_size = 0;
+  // The prefix index's hashes at the end of the last step that changed it, read from the index
+  // itself, and how many events had been queued up to that point.
+  std::vector<uint64_t> hashes;
+  int64_t events_through = 0;
+  int64_t events_queued = 0;
+  int64_t events_dropped = 0;
+  int64_t batches_sent = 0;
+  int64_t replays_served = 0;
+};
 
 struct ServeOptions {
   EngineOptions engine;
@@ -43,6 +59,9 @@ struct ServeOptions {
   // The chat page at GET / and its assets (--no-webui: off). GET /v1/kv/state, the KV memory's
   // figures the page shows, is served either way: it is API, not page.
   bool webui = true;
+  // Set with --kv-events (the CLI wires the publisher into engine.kv_block_observer too): GET
+  // /v1/kv/blocks lists the blocks the events describe. Empty: that route answers 404.
+  std::function<KvEventsReport()> kv_events;
 };
 
 // The routes --api-key-open may open: read-only ones that run no model (a scraper, a token

@@ -12,6 +12,7 @@
 
 #include "block_hash.h"
 #include "kv_manager_state.h"
+#include "kvl/kv_block_observer.h"
 
 namespace kvl {
 namespace {
@@ -260,6 +261,8 @@ void KvManager::State::Unindex(BlockId block) {
   KVL_CHECK(m.indexed);
   KVL_CHECK(index.Find(m.hash) == block);
   index.Erase(m.hash);
+  ++index_changes;
+  if (options.block_observer != nullptr) options.block_observer->BlockRemoved(m.hash);
   m.indexed = false;
   if (pool.refcount(block) == 0) {
     --num_cached;
@@ -346,6 +349,10 @@ void KvManager::State::RegisterFullBlock(const SeqState& seq, size_t k) {
   }
   index.Insert(m.hash, block);
   m.indexed = true;
+  ++index_changes;
+  if (options.block_observer != nullptr) {
+    options.block_observer->BlockStored(m.hash, m.parent_hash, k == 0, tokens);
+  }
 }
 
 StatusOr<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& options) {
@@ -925,5 +932,13 @@ KvStats KvManager::stats() const {
   st.num_seqs = s.num_seqs;
   return st;
 }
+
+void KvManager::IndexedHashes(std::vector<uint64_t>* out) const {
+  out->clear();
+  out->reserve(static_cast<size_t>(s_->pool.num_blocks()));
+  s_->index.ForEach([out](uint64_t hash, BlockId) { out->push_back(hash); });
+}
+
+uint64_t KvManager::index_changes() const { return s_->index_changes; }
 
 }  // namespace kvl

@@ -199,6 +199,7 @@ struct KvManager::State {
   int64_t prefix_queries = 0;
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
+  uint64_t index_changes = 0;  // inserts and erases of `index` (KvManager::index_changes)
 
   // Plan() is const but needs per-call marks; an epoch number makes clearing them free.
   mutable uint64_t plan_epoch = 0;
