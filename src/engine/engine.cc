@@ -173,7 +173,7 @@ void CreateProfileKeeper(Engine::Impl& e) {
   o.drift_bound = e.options.kv_profile_drift;
   ProfileKeeperHooks hooks;
   KvMemory* memory = e.memory.get();
-  hooks.feedback = memory->corrections();
+  hooks.feedback = memory->view().corrections();
   hooks.seed = [memory](size_t key, double scale) { memory->SeedCorrection(key, scale); };
   hooks.measure = [&e, tokens = e.model.tokenizer->Encode(kKvQualityText, /*add_bos=*/true)](
                       const std::atomic<bool>& stop) { return MeasureOnOwnPool(e, tokens, stop); };
@@ -278,7 +278,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   e.options = options;
   KVL_RETURN_IF_ERROR(LoadModel(e));
   KVL_RETURN_IF_ERROR(CreateKvMemory(e));
-  KvMemory& kv = *e.memory;
+  KvMemory& memory = *e.memory;
+  const KvMemoryView kv = memory.view();
   CreateProfileKeeper(e);
 
   ForwardOptions fo;
@@ -316,7 +317,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
     fo.max_rebuild_rows = kv.staging_capacity_pages() * kv.layout().block_tokens;
   }
   e.forward = std::make_unique<Forward>(*e.model.weights, *e.model.ops, fo);
-  kv.set_rebuilder(e.forward.get());
+  memory.set_rebuilder(e.forward.get());
 
   SchedulerOptions so;
   so.max_batch_tokens = fo.max_batch_tokens;
@@ -325,11 +326,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   so.context_length = e.model.context_length;
   so.promote_back = options.kv_promote_back;
   so.interrupt = e.inbox.interrupt();  // a cancel or a stop reaches a step being planned
-  e.scheduler = std::make_unique<Scheduler>(so, kv, e.metrics);
+  e.scheduler = std::make_unique<Scheduler>(so, memory, e.metrics);
   e.watchdog = std::make_unique<StepWatchdog>(options.watchdog_seconds);
   StepRunnerParts parts;
   parts.scheduler = e.scheduler.get();
-  parts.memory = &kv;
+  parts.memory = &memory;
   parts.forward = e.forward.get();
   parts.tokenizer = e.model.tokenizer.get();
   parts.metrics = &e.metrics;
@@ -340,7 +341,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   e.runner = std::make_unique<StepRunner>(parts);
   const KvMemoryStats stats = kv.stats();
   e.metrics.SetGauges(stats.pool, stats.pages, 0, 0);
-  if (const KvWindowStats* window = kv.window_stats()) e.metrics.SetWindowGauges(*window);
+  if (stats.window != nullptr) e.metrics.SetWindowGauges(*stats.window);
   const int64_t block_tokens = kv.layout().block_tokens;
   e.metrics.ReservePageMaps(options.max_seqs, e.model.context_length / block_tokens + 1,
                             block_tokens);
@@ -352,17 +353,15 @@ bool Engine::Impl::StepImpl() {
   // A measurement of the machine running while idle would time this work: it stops.
   if (keeper && !scheduler->idle()) keeper->WorkArrived();
   scheduler->ReleaseFinished();
-  memory->NoteStep();
   if (speculator) speculator->Propose(scheduler->running());  // drafts for this step
   // The step's cost by its rows, drafting aside: what a draft's extra rows cost, the engine's
   // own work included (on a small model it outweighs the forward pass).
   const auto step_start = std::chrono::steady_clock::now();
   const bool has_work = runner->Step();
-  const KvMemoryStats kv = memory->stats();
+  const KvMemoryStats kv = memory->view().stats();
   metrics.SetGauges(kv.pool, kv.pages, scheduler->num_running(), scheduler->num_waiting());
-  if (const KvWindowStats* window = memory->window_stats()) metrics.SetWindowGauges(*window);
+  if (kv.window != nullptr) metrics.SetWindowGauges(*kv.window);
   metrics.SetPageMaps(scheduler->running());
-  memory->PublishStoreStats();
   if (speculator && has_work && runner->last_rows() > 0) {
     speculator->ObserveStep(runner->last_rows(),
                             std::chrono::duration<double, std::milli>(
@@ -383,27 +382,22 @@ bool Engine::Impl::StepImpl() {
 // an uncompressed RAM tier. A request longer than all of that together is refused as well. A
 // lossy policy may evict pages, so nothing bounds a sequence there.
 Status Engine::Impl::CheckFitsBudget(int64_t prompt_tokens, int32_t max_new_tokens) const {
-  const KvBlockLayout& layout = memory->layout();
-  const int64_t block_tokens = layout.block_tokens;
-  int64_t capacity = memory->capacity_tokens();
+  const KvMemoryView kv = memory->view();
+  const KvSequenceCapacity most = kv.MaxSequenceTokens();
+  if (most.unbounded) return Status::Ok();
+  const int64_t capacity = most.tokens;
   std::string beyond_pool;
-  if (memory->pages_running_sequences()) {
-    if (memory->rules().quality != KvQuality::kLossless) return Status::Ok();
-    const int64_t staged = memory->staging_capacity_pages();
-    int64_t in_place = 0;
-    for (const KvTier* tier : memory->tiers()) {
-      if (tier->reads_in_place()) in_place += tier->stats().capacity_bytes / layout.kv_bytes();
-    }
-    capacity += (staged + in_place) * block_tokens;
-    beyond_pool = fmt::format(
-        ", {} pages streamed from tiers at once and {} read in place from RAM", staged, in_place);
+  if (kv.pages_running_sequences()) {
+    beyond_pool =
+        fmt::format(", {} pages streamed from tiers at once and {} read in place from RAM",
+                    most.staged_pages, most.in_place_pages);
   }
   const std::string budget = fmt::format(
       "the KV budget ({}: a pool of {} blocks of {} tokens{}, at most {} tokens of one "
       "sequence)",
       options.kv_budget_bytes > 0 ? fmt::format("--kv-budget {} bytes", options.kv_budget_bytes)
                                   : std::string("the default"),
-      memory->num_blocks(), block_tokens, beyond_pool, capacity);
+      kv.num_blocks(), kv.layout().block_tokens, beyond_pool, capacity);
   if (prompt_tokens > capacity) {
     return InvalidArgumentError(fmt::format(
         "the prompt has {} tokens but {} cannot hold them; raise --kv-budget, or let pages of "
@@ -429,8 +423,8 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   }
   // Refused rather than served with buffers the budget never counted: compressing a page takes
   // the codec's scratch, reserved only where the engine itself may compress.
-  const KvQuality kv_quality = request.kv_quality.value_or(e.memory->rules().quality);
-  if (kv_quality != KvQuality::kLossless && !e.memory->accepts_lossy_requests()) {
+  const KvQuality kv_quality = request.kv_quality.value_or(e.memory->view().rules().quality);
+  if (kv_quality != KvQuality::kLossless && !e.memory->view().accepts_lossy_requests()) {
     return InvalidArgumentError(fmt::format(
         "kv_quality '{}' lets this request's KV pages be compressed, but the engine was started "
         "lossless and reserved no buffers for compressed pages: start it with --kv-quality "
@@ -578,9 +572,10 @@ EngineMetrics Engine::Metrics() const {
   const StepWatchdogReport watchdog = e.watchdog->Check(Clock::now(), e.inbox.HasQueued());
   m.watchdog_trips = watchdog.trips;
   m.watchdog_stalled_seconds = watchdog.stalled_seconds;
-  m.kv_checkpoint_every = e.memory->layout().checkpoint_every;
-  const std::vector<KvStoreTierStats> store_stats = e.memory->StoreStats();
-  for (const KvTier* tier : e.memory->tiers()) {
+  const KvMemoryView kv = e.memory->view();
+  m.kv_checkpoint_every = kv.layout().checkpoint_every;
+  const std::vector<KvStoreTierStats> store_stats = kv.StoreStats();
+  for (const KvTier* tier : kv.tiers()) {
     const TierStats t = tier->stats();
     KvTierMetrics& tm = m.kv_tiers.emplace_back();
     tm.name = std::string(tier->name());
@@ -595,12 +590,12 @@ EngineMetrics Engine::Metrics() const {
     tm.evictions = t.evictions;
     tm.errors = t.errors;
     // What the store did with this tier (lookups, hits, promotions), as of the last step.
-    const int64_t index = e.memory->StoreTierIndex(tier);
+    const int64_t index = kv.StoreTierIndex(tier);
     if (index >= 0 && static_cast<size_t>(index) < store_stats.size()) {
       const KvStoreTierStats& st = store_stats[static_cast<size_t>(index)];
       tm.lookups = st.lookups;
       tm.hit_blocks = st.hit_blocks;
-      tm.hit_tokens = st.hit_blocks * e.memory->layout().block_tokens;
+      tm.hit_tokens = st.hit_blocks * kv.layout().block_tokens;
       tm.blocks_promoted = st.blocks_promoted;
       tm.blocks_in_place = st.blocks_in_place;
       tm.promote_ms_predicted = st.promote_ms_predicted;
@@ -671,9 +666,11 @@ const EngineOptions& Engine::options() const { return impl_->options; }
 int64_t Engine::context_length() const { return impl_->model.context_length; }
 
 int64_t Engine::step_tokens() const { return impl_->forward->options().max_batch_tokens; }
-bool Engine::accepts_lossy_kv() const { return impl_->memory->accepts_lossy_requests(); }
+bool Engine::accepts_lossy_kv() const {
+  return impl_->memory->view().accepts_lossy_requests();
+}
 ops::Isa Engine::isa() const { return impl_->model.ops->isa(); }
 int Engine::num_threads() const { return impl_->model.pool->num_threads(); }
-const KvManager& Engine::kv_manager() const { return impl_->memory->manager(); }
+const KvManager& Engine::kv_manager() const { return impl_->memory->view().manager(); }
 
 }  // namespace kvl

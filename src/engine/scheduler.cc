@@ -7,26 +7,13 @@
 #include <limits>
 
 namespace kvl {
-namespace {
-
-// Promotion back (PlanPromotions). The steps after relief or a preemption promote nothing: the
-// pool was short a moment ago, and blocks a finishing request frees then are likely the next
-// shortfall's.
-constexpr int64_t kPromoteQuietSteps = 4;
-// Free blocks kept beyond what the running sequences take in the next block_tokens steps: a
-// share of the pool, for a copy-on-write block or an admission arriving meanwhile.
-constexpr int64_t kPromoteMarginPoolFraction = 16;  // 1/16, at least one block
-// A promotion reads a whole page once, as one step that streams it does: four at most add about
-// four pages' reads to the time between two steps.
-constexpr int64_t kMaxPromotionsPerStep = 4;
-
-}  // namespace
 
 Scheduler::Scheduler(const SchedulerOptions& options, KvMemory& memory, MetricsRecorder& metrics)
     : options_(options),
       memory_(memory),
+      kv_(memory.view()),
       metrics_(metrics),
-      block_tokens_(memory.layout().block_tokens) {
+      block_tokens_(memory.view().layout().block_tokens) {
   for (SeqId s = options.max_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
   running_.reserve(static_cast<size_t>(options.max_seqs));
   planned_running_.reserve(static_cast<size_t>(options.max_seqs));
@@ -48,7 +35,7 @@ bool Scheduler::RestoresAhead(const Sequence& seq, int64_t from) const {
 }
 
 int64_t Scheduler::RestorableTokens(const Sequence& seq, int64_t from, int64_t cap) const {
-  return memory_.RestorableTokens(seq.kv_pages, static_cast<int64_t>(seq.tokens.size()), from, cap);
+  return kv_.RestorableTokens(seq.kv_pages, static_cast<int64_t>(seq.tokens.size()), from, cap);
 }
 
 size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t restore_cap,
@@ -64,8 +51,9 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
       // than the pool goes in chunks, the pool paging older pages out as it fills).
       const int64_t restore =
           decode_pass ? 0 : RestorableTokens(*seq, seq->num_computed, restore_cap);
+      // (A decode has no whole page ahead of its one token: nothing can be restored there.)
       const int64_t n =
-          RestoresAhead(*seq, seq->num_computed + restore)
+          !decode_pass && RestoresAhead(*seq, seq->num_computed + restore)
               ? 0
               : std::min({remaining - restore, budget, decode_pass ? remaining : prefill_cap});
       // --- speculative decoding (issue 26): a decode carries its draft as unverified rows ---
@@ -97,7 +85,7 @@ size_t Scheduler::FillSteps(size_t max_admissions, int64_t prefill_cap, int64_t 
     // A request that shares pages with one admitted in this step beyond what the pool holds
     // waits a step: it then finds them cached, where admitted now it would compute them again
     // in blocks of its own (three requests on a lost opening computed it three times).
-    if (memory_.SharesPagesComputedInStep(seq->tokens,
+    if (kv_.SharesPagesComputedInStep(seq->tokens,
                                           std::span(plan->steps).subspan(first_admission))) {
       break;
     }
@@ -160,14 +148,14 @@ void Scheduler::AdoptParkedSessions() {
       }
     }
     // Exact pages the prefix cache holds win over as many approximate ones.
-    if (best_tokens == 0 || best_tokens <= memory_.MatchPrefix(seq.tokens)) {
+    if (best_tokens == 0 || best_tokens <= kv_.MatchPrefix(seq.tokens)) {
       ++it;
       continue;
     }
     Sequence& session = *parked_[best];
     seq.slot = session.slot;
     seq.kv_pages = std::move(session.kv_pages);
-    memory_.Continue(seq.slot, best_tokens, &seq.kv_pages);
+    memory_.HandOverSession(seq.slot, best_tokens, &seq.kv_pages);
     seq.num_computed = best_tokens;
     seq.cached_prompt_tokens = best_tokens;
     seq.store_checked = true;
@@ -189,10 +177,9 @@ void Scheduler::Unpark(size_t parked_index) {
 }
 
 bool Scheduler::Schedule(StepPlan* plan) {
-  ++steps_since_pressure_;
+  memory_.StartStep();
   AdoptParkedSessions();
   size_t max_admissions = waiting_.size();
-  memory_.ForgetFailedActions();
   // Prefill chunks shrink when a sequence pages through a pool smaller than one chunk.
   int64_t prefill_cap = options_.max_batch_tokens;
   int64_t restore_cap = std::numeric_limits<int64_t>::max();
@@ -253,7 +240,7 @@ bool Scheduler::Schedule(StepPlan* plan) {
       continue;
     }
     if (RelievePressure(blocks_short, phase_)) continue;
-    if (memory_.pages_running_sequences() && prefill_cap > block_tokens_) {
+    if (kv_.pages_running_sequences() && prefill_cap > block_tokens_) {
       prefill_cap = std::max<int64_t>(block_tokens_, prefill_cap / 2);
       continue;
     }
@@ -302,10 +289,10 @@ bool Scheduler::Schedule(StepPlan* plan) {
 }
 
 bool Scheduler::RamTierFull() const {
-  for (const KvTier* tier : memory_.tiers()) {
+  for (const KvTier* tier : kv_.tiers()) {
     if (tier->kind() != TierKind::kRam) continue;
     const TierStats stats = tier->stats();
-    return stats.bytes_used + memory_.layout().kv_bytes() > stats.capacity_bytes;
+    return stats.bytes_used + kv_.layout().kv_bytes() > stats.capacity_bytes;
   }
   return false;
 }
@@ -331,7 +318,7 @@ int64_t Scheduler::ReleaseWaitingTierPages(bool ram_only, bool ask_store_again) 
 }
 
 void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
-  const std::string why = memory_.WhyTooBig(prompt_only, static_cast<int64_t>(seq.tokens.size()));
+  const std::string why = kv_.WhyTooBig(prompt_only, static_cast<int64_t>(seq.tokens.size()));
   if (!prompt_only && seq.num_generated > 0) {
     // It ran as far as the budget goes: the text so far is the answer, never thrown away as a
     // late error; its finish reason says the KV budget cut it, not max_tokens.
@@ -344,7 +331,7 @@ void Scheduler::FinishTooBig(Sequence& seq, bool prompt_only) {
 }
 
 void Scheduler::CountAppliedActions(const KvPagePlan& plan) {
-  const int64_t bytes = memory_.layout().kv_bytes();
+  const int64_t bytes = kv_.layout().kv_bytes();
   for (const KvPageAction& a : plan.actions) {
     if (!a.applied) continue;
     metrics_.CountPageAction(a.action, bytes);
@@ -363,58 +350,36 @@ int64_t Scheduler::StepsLeft(const Sequence& seq) const {
 bool Scheduler::RelievePressure(int64_t blocks_short, Phase phase) {
   planned_running_.clear();
   for (auto& seq : running_) {
-    if (seq->slot >= 0 && memory_.Contains(seq->slot)) {
+    if (seq->slot >= 0 && kv_.Contains(seq->slot)) {
       planned_running_.push_back({seq->slot, seq->id, StepsLeft(*seq), seq->kv_quality});
     }
   }
-  steps_since_pressure_ = 0;
-  memory_.PlanRelief(planned_running_, blocks_short, phase, &page_plan_);
-  const int64_t applied = memory_.Apply(page_plan_);
-  if (applied > 0 || std::any_of(page_plan_.actions.begin(), page_plan_.actions.end(),
-                                 [](const KvPageAction& a) { return a.failed; })) {
-    CountAppliedActions(page_plan_);
-    return true;
-  }
-  // Nothing resident could go: compressed pages are evicted, the last resort.
-  memory_.PlanCompressedEviction(planned_running_, blocks_short, &page_plan_);
-  if (memory_.Apply(page_plan_) == 0) return false;
-  CountAppliedActions(page_plan_);
+  const KvPagePlan* relief = memory_.Relieve(planned_running_, blocks_short, phase);
+  if (relief == nullptr) return false;
+  CountAppliedActions(*relief);
   return true;
 }
 
-void Scheduler::PlanPromotions(KvPagePlan* plan) {
-  plan->actions.clear();
-  if (!options_.promote_back || !memory_.HoldsPagesOutsidePool() || !waiting_.empty() ||
-      steps_since_pressure_ <= kPromoteQuietSteps) {
-    return;
-  }
+bool Scheduler::PromoteBack(KvApplied* out) {
+  // Not while requests wait: the blocks are theirs first.
+  if (!options_.promote_back || !waiting_.empty()) return false;
   planned_running_.clear();
-  int64_t blocks_needed = 0;
   for (const auto& seq : running_) {
-    if (seq->finished || seq->slot < 0 || !memory_.Contains(seq->slot)) continue;
-    const int64_t steps_left = StepsLeft(*seq);
-    planned_running_.push_back({seq->slot, seq->id, steps_left, seq->kv_quality});
-    // What it adds within the next block_tokens steps: the tokens not in the pool yet (a
-    // prompt's rest, the token just sampled), then one a step while it runs.
-    const int64_t in_pool = memory_.num_tokens(seq->slot);
-    const int64_t steps = steps_left >= 0 ? std::min(steps_left, block_tokens_) : block_tokens_;
-    const int64_t to_add = static_cast<int64_t>(seq->tokens.size()) - in_pool + steps;
-    blocks_needed += memory_.BlocksFor(in_pool + to_add) - memory_.BlocksFor(in_pool);
+    if (seq->finished || seq->slot < 0) continue;
+    KvPlannedSeq planned{seq->slot, seq->id, StepsLeft(*seq), seq->kv_quality};
+    planned.known_tokens = static_cast<int64_t>(seq->tokens.size());
+    planned_running_.push_back(planned);
   }
-  const int64_t margin = std::max<int64_t>(1, memory_.num_blocks() / kPromoteMarginPoolFraction);
-  const int64_t spare = memory_.stats().pool.blocks_free - blocks_needed - margin;
-  memory_.PlanPromotion(planned_running_, spare, kMaxPromotionsPerStep, plan);
+  return memory_.Promote(planned_running_, out) > 0;
 }
 
 void Scheduler::PreemptAt(size_t running_index) {
-  steps_since_pressure_ = 0;
   std::unique_ptr<Sequence> seq = std::move(running_[running_index]);
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(running_index));
-  memory_.PlanPreemption({seq->slot, seq->id, -1, seq->kv_quality}, seq->num_computed, phase_,
-                         &page_plan_);
-  memory_.Apply(page_plan_);  // the pages saved or dropped, the blocks let go
-  const int64_t bytes = memory_.layout().kv_bytes();
-  for (const KvPageAction& a : page_plan_.actions) {
+  const KvPagePlan& plan =
+      memory_.Preempt({seq->slot, seq->id, -1, seq->kv_quality}, seq->num_computed, phase_);
+  const int64_t bytes = kv_.layout().kv_bytes();
+  for (const KvPageAction& a : plan.actions) {
     metrics_.CountPageAction(a.applied ? a.action : KvAction::kRecomputeTokens, bytes);
   }
   free_slots_.push_back(seq->slot);
@@ -444,8 +409,8 @@ void Scheduler::Finish(Sequence& seq, FinishReason reason, Status error) {
   const bool completed = error.ok() && Completed(reason);
   const TokenEvent event = seq.FinishEvent(reason, std::move(error));
   if (seq.slot >= 0) {
-    seq.parked = options_.keep_lossy_sessions && completed && memory_.Contains(seq.slot) &&
-                 memory_.IsLossy(seq.slot);
+    seq.parked = options_.keep_lossy_sessions && completed && kv_.Contains(seq.slot) &&
+                 kv_.IsLossy(seq.slot);
     if (!seq.parked) ReleaseSlot(seq);
   } else {
     memory_.ReleaseWaiting(seq.kv_pages);  // a preempted request cancelled while waiting

@@ -13,7 +13,7 @@
 // smaller than one chunk); then the most recently admitted running sequence is preempted (its
 // pages demoted, checkpointed or dropped, and it is requeued at the front of the waiting queue).
 // Between steps, once the pool has blocks to spare again, running sequences' pages that left it
-// losslessly come back (PlanPromotions; StepRunner::PromoteBack applies the plan through KvMemory).
+// losslessly come back (PromoteBack, as KvMemory::Promote decides).
 //
 // Thread-safety: owned by the step loop.
 #pragma once
@@ -81,13 +81,11 @@ class Scheduler {
   // Passes of the planning loop the last Schedule took (for tests that bound them).
   int64_t last_schedule_passes() const { return last_schedule_passes_; }
 
-  // After a step: the pages of running sequences to bring back into the pool, into *plan (its
-  // vectors reused; empty when none). Only blocks the pool can spare: none while a request
-  // waits (the free blocks are its), none within kPromoteQuietSteps steps of relief or a
-  // preemption, and never the blocks the running sequences will take within the next
-  // block_tokens steps (the rest of their prompts, one token a step) plus a margin, so that a
-  // page brought back is not what the next step's relief sends out again.
-  void PlanPromotions(KvPagePlan* plan);
+  // After a step: pages of running sequences held in a tier or as checkpoints come back into the
+  // pool where it has blocks to spare (KvMemory::Promote decides how many and which), never
+  // while a request waits (the free blocks are its). What came back goes to *out (cleared first).
+  // False when nothing was planned (*out untouched).
+  bool PromoteBack(KvApplied* out);
 
   // Preempts a running sequence (its pages saved or dropped, as the KV planner decides); it goes
   // to the front of the waiting queue.
@@ -146,6 +144,7 @@ class Scheduler {
 
   SchedulerOptions options_;
   KvMemory& memory_;
+  KvMemoryView kv_;  // memory_, read only
   MetricsRecorder& metrics_;
   int64_t block_tokens_;
 
@@ -154,9 +153,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> parked_;   // lossy sessions, oldest first
   std::vector<SeqId> free_slots_;
   Phase phase_ = Phase::kDecode;                    // of the step being planned
-  KvPagePlan page_plan_;                            // reused
   std::vector<KvPlannedSeq> planned_running_;       // reused
-  int64_t steps_since_pressure_ = 0;  // Schedule calls since relief or a preemption
   int64_t last_schedule_passes_ = 0;
 };
 

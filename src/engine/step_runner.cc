@@ -46,7 +46,7 @@ void FillLogprobs(const float* logits, int32_t vocab, int32_t token, int32_t k, 
 }  // namespace
 
 StepRunner::StepRunner(const StepRunnerParts& parts)
-    : p_(parts), memory_(*parts.memory), block_tokens_(parts.memory->layout().block_tokens) {
+    : p_(parts), memory_(*parts.memory), block_tokens_(parts.memory->view().layout().block_tokens) {
   const size_t max_tokens = static_cast<size_t>(p_.forward->options().max_batch_tokens);
   for (TokenBatch* b : {&batch_, &part_}) {
     b->tokens.reserve(max_tokens);
@@ -55,11 +55,8 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
     b->want_logits.reserve(max_tokens);
     b->window_rebuild.reserve(max_tokens);
   }
-  run_seqs_.reserve(max_tokens);
   verified_tokens_.reserve(kMaxDraftTokens + 1);
   verified_logits_.reserve(kMaxDraftTokens + 1);
-  full_blocks_before_.reserve(max_tokens);
-  computed_.reserve(max_tokens);
   kv_seqs_.reserve(max_tokens);
   plan_.steps.reserve(static_cast<size_t>(p_.max_seqs));
   plan_.seqs.reserve(static_cast<size_t>(p_.max_seqs));
@@ -70,7 +67,7 @@ StepRunner::StepRunner(const StepRunnerParts& parts)
     plan_.kv.seqs.resize(static_cast<size_t>(p_.max_seqs));
     for (KvPlan::SeqPlan& sp : plan_.kv.seqs) {
       sp.tokens.reserve(static_cast<size_t>(step_tokens));
-      sp.allocated.reserve(static_cast<size_t>(memory_.BlocksFor(step_tokens) + 1));
+      sp.allocated.reserve(static_cast<size_t>(memory_.view().BlocksFor(step_tokens) + 1));
     }
   }
 }
@@ -80,14 +77,13 @@ bool StepRunner::Step() {
   Run(plan_);
   p_.scheduler->ReleaseFinished();
   // Between steps: pages that left the pool come back while it has blocks to spare.
-  p_.scheduler->PlanPromotions(&promotion_);
-  PromoteBack(promotion_);
+  if (p_.scheduler->PromoteBack(&promoted_)) CountApplied(promoted_);
   return true;
 }
 
-void StepRunner::CountApplied() {
-  for (int64_t pages : applied_.read_failures) p_.metrics->CountReadFailure(pages);
-  for (const KvBroughtBack& page : applied_.brought_back) {
+void StepRunner::CountApplied(const KvApplied& applied) {
+  for (int64_t pages : applied.read_failures) p_.metrics->CountReadFailure(pages);
+  for (const KvBroughtBack& page : applied.brought_back) {
     p_.metrics->CountRestored(page.action, page.predicted_ms, page.measured_ms);
     // A store page found by the admission's lookup: one of the tier's hits, promoted. (A running
     // sequence's page promoted back is no hit of a KV store lookup.)
@@ -97,36 +93,25 @@ void StepRunner::CountApplied() {
   }
 }
 
-void StepRunner::PromoteBack(KvPagePlan& plan) {
-  if (plan.actions.empty()) return;
-  memory_.Apply(plan, &applied_);
-  CountApplied();
-}
-
 int64_t StepRunner::FillBatch(const StepPlan& plan) {
   batch_.Clear();
-  computed_.clear();
   kv_seqs_.clear();
   for (Sequence* seq : plan.seqs) {
-    kv_seqs_.push_back({&seq->kv_pages, seq->id, seq->MaxStepsLeft(p_.context_length) - 1});
+    kv_seqs_.push_back({&seq->kv_pages, seq->id, seq->MaxStepsLeft(p_.context_length) - 1,
+                        seq->num_computed, &seq->finished});
   }
-  memory_.Apply(plan.kv, kv_seqs_, &applied_);
-  CountApplied();
-  for (const KvRecomputedPage& page : applied_.recomputed) {
-    pending_recompute_.push_back(
-        {page.request, page.block, page.price.predicted_ms, page.price.model_ms});
-  }
+  step_ = &memory_.Open(plan.kv, kv_seqs_);
+  CountApplied(step_->applied());
   int64_t prefill_tokens = 0;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     Sequence& seq = *plan.seqs[i];
     const KvPlan::SeqPlan& sp = plan.kv.seqs[i];
-    const int64_t step_tokens = static_cast<int64_t>(plan.steps[i].tokens.size());
-    const int64_t end = sp.admit ? step_tokens : seq.num_computed + step_tokens;
+    const int64_t end = step_->computed_to(i);
     // The step's own tokens: a speculative decode's draft is past seq.tokens (issue 26).
     const std::span<const int32_t> tokens = plan.steps[i].tokens;
     const int64_t tokens_from = sp.admit ? 0 : seq.num_computed;
-    seq.num_computed = applied_.computed_from[i];
-    const int64_t restored = applied_.restored_tokens[i];
+    seq.num_computed = step_->computed_from(i);
+    const int64_t restored = step_->restored_tokens(i);
     // A prompt promoted in chunks: the later chunks count as cached too (first pass only).
     if (restored > 0 && !sp.admit && seq.preemptions == 0 && seq.cached_prompt_tokens >= 0) {
       seq.cached_prompt_tokens += restored;
@@ -134,13 +119,15 @@ int64_t StepRunner::FillBatch(const StepPlan& plan) {
     // The prompt's cached part, as usage reports it: the pool's prefix and the pages promoted
     // from the KV store at the first admission.
     if (sp.admit && seq.cached_prompt_tokens < 0) seq.cached_prompt_tokens = seq.num_computed;
-    RebuildWindow(seq);
+    // Sliding-window layers: the window's rows the sequence does not hold run ahead of its own.
+    for (int64_t pos = step_->window_from(i); pos < seq.num_computed; ++pos) {
+      batch_.AddWindowRebuild(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot);
+    }
     const int64_t last = static_cast<int64_t>(seq.tokens.size()) - 1;
     for (int64_t pos = seq.num_computed; pos < end; ++pos) {
       // Every row of a draft asks for logits: each is verified (pos > last only for drafts).
       batch_.Add(tokens[static_cast<size_t>(pos - tokens_from)], pos, seq.slot, pos >= last);
     }
-    computed_.push_back({seq.id, seq.num_computed, end});
     // (A decode's draft rows are no prefill: speculative decoding.)
     if (end - seq.num_computed - seq.spec.in_step > 1 || seq.num_computed < seq.num_prompt) {
       prefill_tokens += end - seq.num_computed;
@@ -172,25 +159,13 @@ void StepRunner::RunBatch(const StepPlan& plan) {
       }
       run = &part_;
     }
-    run_seqs_.clear();
-    for (int32_t id : run->seq_ids) {
-      if (run_seqs_.empty() || run_seqs_.back() != id) run_seqs_.push_back(id);
-    }
-    ClaimWindowRows(*run);
-    const Clock::time_point run_start = Clock::now();
-    memory_.BeginForward(run_seqs_);
-    p_.forward->Run(*run, memory_.forward_cache());
-    const std::span<const SeqId> failed_streams = memory_.EndForward();
-    last_run_ms_ = MillisecondsBetween(run_start, Clock::now());
-    // Priced now, while every sequence of the run still holds its slot (sampling may finish one).
-    last_run_rebuilds_ = memory_.InStepRebuilds();
+    const std::span<const SeqId> failed_streams =
+        step_->Forward(run->seq_ids, run->positions,
+                       [this, run](KvCache& cache) { p_.forward->Run(*run, cache); });
     for (SeqId failed : failed_streams) {
-      for (size_t i = 0; i < plan.seqs.size(); ++i) {
-        Sequence* seq = plan.seqs[i];
+      for (Sequence* seq : plan.seqs) {
         if (seq->slot == failed && !seq->stream_failed) {
-          seq->stream_failed = true;
-          // What this step wrote is wrong: never findable by prefix or in the store.
-          memory_.DiscardWrites(seq->slot, full_blocks_before_[i]);
+          seq->stream_failed = true;  // (the step threw what it wrote for it away)
           to_recompute_.push_back(seq);
         }
       }
@@ -226,25 +201,6 @@ void StepRunner::RunBatch(const StepPlan& plan) {
   }
 }
 
-void StepRunner::RebuildWindow(const Sequence& seq) {
-  const int64_t n = seq.num_computed;
-  const int64_t from = memory_.RestoreWindow(seq.slot, n);
-  for (int64_t pos = from; pos < n; ++pos) {
-    batch_.AddWindowRebuild(seq.tokens[static_cast<size_t>(pos)], pos, seq.slot);
-  }
-}
-
-void StepRunner::ClaimWindowRows(const TokenBatch& run) {
-  for (int64_t t = 0; t < run.size();) {
-    const SeqId seq = run.seq_ids[static_cast<size_t>(t)];
-    int64_t end = t + 1;
-    while (end < run.size() && run.seq_ids[static_cast<size_t>(end)] == seq) ++end;
-    memory_.ClaimWindowRows(seq, run.positions[static_cast<size_t>(t)],
-                            run.positions[static_cast<size_t>(end - 1)] + 1);
-    t = end;
-  }
-}
-
 // Progress is checked, not assumed: a sequence whose step was thrown away for a page that could
 // not be read is recomputed from its tokens, and its next admission asks the KV store nothing
 // (a page the store still names could fail the same way again). A sequence that still cannot
@@ -273,100 +229,31 @@ void StepRunner::RecomputeFailedStreams() {
 }
 
 void StepRunner::Run(const StepPlan& plan) {
-  full_blocks_before_.clear();
-  for (const Sequence* seq : plan.seqs) full_blocks_before_.push_back(seq->num_computed / block_tokens_);
   const int64_t prefill_tokens = FillBatch(plan);
   // The forward run alone is what a page recomputed from its tokens is a share of (the restores
   // and store writes around it are timed and checked on their own).
   const Clock::time_point start = Clock::now();
   if (batch_.size() > 0) RunBatch(plan);  // a step may only promote pages
   const double forward_ms = MillisecondsBetween(start, Clock::now());
-  // (Before a preemption below can let a sequence's blocks go.)
-  if (prefill_tokens == 0 && batch_.size() > 0) MeasureRebuildsInStep();
   if (p_.speculator != nullptr) {
     // A request that ended is what a drafter across requests drafts from (--spec suffix).
     for (const Sequence* seq : plan.seqs) {
       if (seq->finished) p_.speculator->Remember(*seq);
     }
   }
-  SaveUnreachablePages(plan);
+  // (Before a preemption below can let a sequence's blocks go.)
+  const KvStepReport& report =
+      step_->Close({forward_ms, p_.forward->last_logits_ms(), prefill_tokens > 0});
+  step_ = nullptr;
+  if (const auto& m = report.rebuilt_in_step) {
+    p_.metrics->CountRebuiltInStep(m->pages, m->predicted_page_ms, m->measured_page_ms);
+  }
+  for (const KvStepReport::Recomputed& page : report.recomputed) {
+    p_.metrics->CountRestored(KvAction::kRecomputeTokens, page.predicted_ms, page.measured_ms);
+    if (page.beside_decode) p_.metrics->CountRecomputedBesideDecode();
+  }
   RecomputeFailedStreams();
-  if (!pending_recompute_.empty() && batch_.size() > 0) CountRecomputedPages(forward_ms);
   p_.metrics->CountStep(batch_.size(), static_cast<int64_t>(plan.seqs.size()), prefill_tokens);
-}
-
-// What one token at `position` weighs in a forward run: the cost model's time for it, or 1
-// without prices (a split by tokens).
-double StepRunner::TokenWeight(int64_t position) const {
-  const double ms = memory_.TokenRecomputeMs(position);
-  return ms > 0 ? ms : 1.0;
-}
-
-void StepRunner::CountRecomputedPages(double forward_ms) {
-  // The step also computes other sequences' tokens (decode tokens deep in their context, other
-  // prefills), so a page's measured time is its share of the forward run by the cost model's
-  // weight of each token: its own tokens' weight over the weight of every token of the step.
-  // A split by token count alone would charge a page's shallow tokens for the attention of the
-  // deep decode tokens beside it.
-  double step_weight = 0;
-  for (int64_t pos : batch_.positions) step_weight += TokenWeight(pos);
-  // A page recomputed from its tokens is a prefill chunk of the step: rows of the same forward
-  // run as the other sequences' decode tokens, never a run of its own.
-  bool beside_decode = false;
-  for (const ComputedRange& r : computed_) beside_decode |= r.to - r.from == 1;
-  size_t kept = 0;
-  for (const PendingRecompute& page : pending_recompute_) {
-    const int64_t first = page.block * block_tokens_;
-    bool done = false;  // measured, or no longer measurable as one page
-    bool seen = false;
-    for (const ComputedRange& r : computed_) {
-      if (r.request != page.request) continue;
-      seen = true;
-      if (first >= r.from && first + block_tokens_ <= r.to) {
-        double page_weight = 0;
-        for (int64_t pos = first; pos < first + block_tokens_; ++pos) page_weight += TokenWeight(pos);
-        const double page_ms = forward_ms * page_weight / step_weight;
-        p_.metrics->CountRestored(KvAction::kRecomputeTokens, page.predicted_ms, page_ms);
-        recomputed_.Add(static_cast<size_t>(KvAction::kRecomputeTokens), page.model_ms, page_ms);
-        if (beside_decode) p_.metrics->CountRecomputedBesideDecode();
-        done = true;
-      } else if (r.from > first) {
-        done = true;  // split across two steps: its time is not one step's share
-      }
-    }
-    // A sequence that sat this step out (preempted again, finished) is not followed further.
-    if (!done && seen) pending_recompute_[kept++] = page;
-  }
-  pending_recompute_.resize(kept);
-  memory_.FeedBack(recomputed_);
-}
-
-void StepRunner::MeasureRebuildsInStep() {
-  // One row per sequence (no draft, no window rows) in one forward run: the calibrated decode
-  // step applies, and the run's time is the step's.
-  if (batch_.size() != static_cast<int64_t>(run_seqs_.size()) ||
-      batch_.size() > p_.forward->options().max_batch_tokens) {
-    return;
-  }
-  InStepRebuildMeter::Step step;
-  step.measured_ms = last_run_ms_;
-  const double plain_ms = memory_.PlainDecodeStepMs(batch_.positions);
-  step.plain_model_ms = plain_ms > 0 ? plain_ms + p_.forward->last_logits_ms() : 0;
-  step.rebuilds = last_run_rebuilds_;
-  const std::optional<InStepRebuildMeter::Measured> m = in_step_meter_.Observe(step);
-  if (!m) return;
-  p_.metrics->CountRebuiltInStep(m->pages, m->predicted_page_ms, m->measured_page_ms);
-  // One event per step, whatever its page count (kvl/kv_price_feedback.h).
-  in_step_rebuilt_.Add(kInStepRebuildFeedbackKey, m->model_ms, m->measured_ms);
-  memory_.FeedBack(in_step_rebuilt_);
-}
-
-void StepRunner::SaveUnreachablePages(const StepPlan& plan) {
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
-    const Sequence& seq = *plan.seqs[i];
-    if (!seq.finished && seq.slot >= 0)
-      memory_.FileUnreachablePages(seq.slot, full_blocks_before_[i]);
-  }
 }
 
 void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) {

@@ -27,7 +27,7 @@ int64_t StepRunner::VerifyDraft(Sequence& seq, int64_t row) {
     // The step is thrown away (RecomputeFailedStreams preempts the sequence): the draft too.
     // (The last token's row stays, as a plain step's would: the sequence is recomputed whole.)
     seq.num_computed = last_position + 1;
-    memory_.TruncateTail(seq.slot, seq.num_computed);
+    step_->TruncateTail(seq.slot, seq.num_computed);
     spec.draft.clear();
     return row + rows;
   }
@@ -48,7 +48,7 @@ int64_t StepRunner::VerifyDraft(Sequence& seq, int64_t row) {
   // The K/V of the last token and the accepted draft tokens is kept; the rejected rows' is cut
   // before anything can see it (a finishing sequence's pages go to the store at once).
   seq.num_computed = last_position + 1 + accepted;
-  memory_.TruncateTail(seq.slot, seq.num_computed);
+  step_->TruncateTail(seq.slot, seq.num_computed);
   p_.metrics->CountSpecStep(drafted, accepted);
   spec.verified_drafted = drafted;  // what the speculator's gate weighs at the next step
   spec.verified_accepted = accepted;

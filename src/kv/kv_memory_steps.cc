@@ -13,6 +13,19 @@
 #include "tiers/disk_tier.h"  // DiskTier is a KvTier (tiers())
 
 namespace kvl {
+namespace {
+
+// Promotion back (Promote). The steps after relief or a preemption promote nothing: the pool was
+// short a moment ago, and blocks a finishing request frees then are likely the next shortfall's.
+constexpr int64_t kPromoteQuietSteps = 4;
+// Free blocks kept beyond what the running sequences take in the next block_tokens steps: a
+// share of the pool, for a copy-on-write block or an admission arriving meanwhile.
+constexpr int64_t kPromoteMarginPoolFraction = 16;  // 1/16, at least one block
+// A promotion reads a whole page once, as one step that streams it does: four at most add about
+// four pages' reads to the time between two steps.
+constexpr int64_t kMaxPromotionsPerStep = 4;
+
+}  // namespace
 
 std::vector<const KvTier*> KvMemory::tiers() const {
   std::vector<const KvTier*> out;
@@ -165,14 +178,14 @@ KvAdmission KvMemory::PlanAdmission(std::span<const int32_t> tokens, KvSequenceP
   return a;
 }
 
-void KvMemory::Apply(const KvPlan& plan, std::span<const KvStepSeq> seqs, KvApplied* out) {
-  KVL_CHECK_MSG(seqs.size() == plan.seqs.size(), "one KvStepSeq per sequence of the plan");
+void KvMemory::Apply(const KvPlan& plan, std::span<const KvStepRequest> seqs, KvApplied* out) {
+  KVL_CHECK_MSG(seqs.size() == plan.seqs.size(), "one KvStepRequest per sequence of the plan");
   CommitStep(plan);
   out->Clear();
   const int64_t block_tokens = layout().block_tokens;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
     const KvPlan::SeqPlan& sp = plan.seqs[i];
-    const KvStepSeq& seq = seqs[i];
+    const KvStepRequest& seq = seqs[i];
     int64_t computed = sp.admit ? sp.num_cached_tokens : sp.first_new_pos;
     if (sp.admit) {
       pager_->StartSequence(sp.seq, seq.pages);
@@ -215,7 +228,7 @@ void KvMemory::Apply(const KvPlan& plan, std::span<const KvStepSeq> seqs, KvAppl
   if (trace_) TraceReads(plan, seqs, *out);
 }
 
-int64_t KvMemory::RestorePages(SeqId slot, const KvStepSeq& seq, int64_t first_block, int64_t count,
+int64_t KvMemory::RestorePages(SeqId slot, const KvStepRequest& seq, int64_t first_block, int64_t count,
                                KvApplied* out) {
   // The bring-back time checked is the one expected as the page comes back: the price the model
   // gave when the page left, corrected by what restores measured since (a sequence preempted
@@ -252,7 +265,7 @@ void KvMemory::CountBroughtBack(int64_t request, int64_t block, const KvPage& pa
   out->brought_back.push_back({page.action, page.predicted_ms, measured_ms, store_tier});
 }
 
-void KvMemory::TraceReads(const KvPlan& plan, std::span<const KvStepSeq> seqs,
+void KvMemory::TraceReads(const KvPlan& plan, std::span<const KvStepRequest> seqs,
                           const KvApplied& applied) {
   const int64_t block_tokens = layout().block_tokens;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -345,19 +358,54 @@ void KvMemory::PlanCompressedEviction(std::span<const KvPlannedSeq> running, int
   NameOwners(running, plan);
 }
 
-void KvMemory::PlanPreemption(const KvPlannedSeq& seq, int64_t num_computed, Phase phase,
-                              KvPagePlan* plan) {
-  planner_->PlanPreemption(seq, num_computed, phase, plan);
-  plan->kind = KvPagePlanKind::kPreemption;
-  plan->preempted = seq.slot;
-  NameOwners(std::span(&seq, 1), plan);
+const KvPagePlan* KvMemory::Relieve(std::span<const KvPlannedSeq> running, int64_t blocks_short,
+                                    Phase phase) {
+  steps_since_pressure_ = 0;
+  PlanRelief(running, blocks_short, phase, &page_plan_);
+  if (Apply(page_plan_) > 0 ||
+      std::any_of(page_plan_.actions.begin(), page_plan_.actions.end(),
+                  [](const KvPageAction& a) { return a.failed; })) {
+    return &page_plan_;
+  }
+  // Nothing resident could go: compressed pages are evicted, the last resort.
+  PlanCompressedEviction(running, blocks_short, &page_plan_);
+  return Apply(page_plan_) > 0 ? &page_plan_ : nullptr;
 }
 
-void KvMemory::PlanPromotion(std::span<const KvPlannedSeq> running, int64_t blocks_to_spare,
-                             int64_t max_pages, KvPagePlan* plan) {
-  planner_->PlanPromotion(running, blocks_to_spare, max_pages, plan);
-  plan->kind = KvPagePlanKind::kPromotion;
-  NameOwners(running, plan);
+const KvPagePlan& KvMemory::Preempt(const KvPlannedSeq& seq, int64_t num_computed, Phase phase) {
+  steps_since_pressure_ = 0;
+  planner_->PlanPreemption(seq, num_computed, phase, &page_plan_);
+  page_plan_.kind = KvPagePlanKind::kPreemption;
+  page_plan_.preempted = seq.slot;
+  NameOwners(std::span(&seq, 1), &page_plan_);
+  Apply(page_plan_);  // the pages saved or dropped, the blocks let go
+  return page_plan_;
+}
+
+int64_t KvMemory::Promote(std::span<const KvPlannedSeq> running, KvApplied* out) {
+  if (!HoldsPagesOutsidePool() || steps_since_pressure_ <= kPromoteQuietSteps) return 0;
+  const int64_t block_tokens = layout().block_tokens;
+  promotable_.clear();
+  int64_t blocks_needed = 0;
+  for (const KvPlannedSeq& seq : running) {
+    if (!manager_->Contains(seq.slot)) continue;
+    promotable_.push_back(seq);
+    // What it adds within the next block_tokens steps: the tokens not in the pool yet (a
+    // prompt's rest, the token just sampled), then one a step while it runs.
+    const int64_t in_pool = manager_->num_tokens(seq.slot);
+    const int64_t steps =
+        seq.steps_left >= 0 ? std::min(seq.steps_left, block_tokens) : block_tokens;
+    const int64_t to_add = seq.known_tokens - in_pool + steps;
+    blocks_needed += manager_->BlocksFor(in_pool + to_add) - manager_->BlocksFor(in_pool);
+  }
+  const int64_t margin = std::max<int64_t>(1, num_blocks() / kPromoteMarginPoolFraction);
+  const int64_t spare = manager_->stats().blocks_free - blocks_needed - margin;
+  planner_->PlanPromotion(promotable_, spare, kMaxPromotionsPerStep, &page_plan_);
+  page_plan_.kind = KvPagePlanKind::kPromotion;
+  NameOwners(promotable_, &page_plan_);
+  if (page_plan_.actions.empty()) return 0;
+  Apply(page_plan_, out);
+  return static_cast<int64_t>(page_plan_.actions.size());
 }
 
 void KvMemory::NameOwners(std::span<const KvPlannedSeq> seqs, KvPagePlan* plan) {
@@ -433,7 +481,7 @@ void KvMemory::TraceLeaving(const KvPagePlan& plan) {
   }
 }
 
-void KvMemory::Continue(SeqId slot, int64_t tokens, KvSequencePages* pages) {
+void KvMemory::HandOverSession(SeqId slot, int64_t tokens, KvSequencePages* pages) {
   if (tokens < manager_->num_tokens(slot)) {
     manager_->Truncate(slot, tokens);
     pager_->Truncate(slot, tokens / layout().block_tokens);
@@ -443,8 +491,10 @@ void KvMemory::Continue(SeqId slot, int64_t tokens, KvSequencePages* pages) {
 
 void KvMemory::ReleaseWaiting(KvSequencePages& pages) { pager_->ForgetPreemptedPages(pages); }
 
-void KvMemory::NoteStep() {
+void KvMemory::StartStep() {
   if (trace_) trace_->Step();
+  planner_->ClearFailedActions();
+  ++steps_since_pressure_;
 }
 
 double KvMemory::TokenRecomputeMs(int64_t position) const {
@@ -482,6 +532,23 @@ double KvMemory::PlainDecodeStepMs(std::span<const int64_t> contexts) const {
 }
 
 void KvMemory::FeedBack(BringBackBatch& batch) { batch.FeedTo(feedback()); }
+
+KvSequenceCapacity KvMemory::MaxSequenceTokens() const {
+  KvSequenceCapacity c;
+  const int64_t block_tokens = layout().block_tokens;
+  c.tokens = num_blocks() * block_tokens;
+  if (!rules().pages_running_sequences) return c;
+  if (rules().quality != KvQuality::kLossless) {
+    c.unbounded = true;
+    return c;
+  }
+  c.staged_pages = pager_->staging_capacity_pages();
+  for (const KvTier* tier : tiers()) {
+    if (tier->reads_in_place()) c.in_place_pages += tier->stats().capacity_bytes / layout().kv_bytes();
+  }
+  c.tokens += (c.staged_pages + c.in_place_pages) * block_tokens;
+  return c;
+}
 
 std::string KvMemory::WhyTooBig(bool prompt_only, int64_t tokens) const {
   // What the budget holds, and why the pages that could have left the pool did not.
@@ -528,6 +595,7 @@ void KvMemory::Release(SeqId slot) {
   }
   pager_->DropSequence(slot);
   manager_->Free(slot);
+  PublishStoreStats();  // a request cancelled between steps writes through too
 }
 
 void KvMemory::PublishStoreStats() {

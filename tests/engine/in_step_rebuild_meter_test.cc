@@ -2,7 +2,7 @@
 // measured cost of the rebuilt pages is the step's time less its baseline (the calibrated step
 // without them, scaled by this run's plain steps), split over the pages, and the error the
 // metrics record is exactly the one injected.
-#include "engine/in_step_rebuild_meter.h"
+#include "kvl/in_step_rebuild_meter.h"
 
 #include <gtest/gtest.h>
 

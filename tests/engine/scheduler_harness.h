@@ -144,12 +144,14 @@ class SchedulerHarness {
       last_steps_.push_back({plan_.seqs[i]->id, static_cast<int64_t>(plan_.steps[i].tokens.size()),
                              plan_.kv.seqs[i].admit});
     }
-    // The KV side of StepRunner::FillBatch, through the real door: blocks, admissions, store
-    // pages read in place, restores and settling are KvMemory::Apply's.
+    // The KV step StepRunner opens and closes, through the real door: blocks, admissions, store
+    // pages read in place, restores and settling are KvMemory::Open's; no forward run.
     kv_seqs_.clear();
-    for (Sequence* seq : plan_.seqs) kv_seqs_.push_back({&seq->kv_pages, seq->id, -1});
-    memory_->Apply(plan_.kv, kv_seqs_, &applied_);
-    restored_pages_ += static_cast<int64_t>(applied_.brought_back.size());
+    for (Sequence* seq : plan_.seqs) {
+      kv_seqs_.push_back({&seq->kv_pages, seq->id, -1, seq->num_computed, &seq->finished});
+    }
+    KvStep& step = memory_->Open(plan_.kv, kv_seqs_);
+    restored_pages_ += static_cast<int64_t>(step.applied().brought_back.size());
     for (size_t i = 0; i < plan_.seqs.size(); ++i) {
       Sequence& seq = *plan_.seqs[i];
       const KvPlan::SeqPlan& sp = plan_.kv.seqs[i];
@@ -164,6 +166,7 @@ class SchedulerHarness {
       seq.tokens.push_back(kNextToken);
       ++seq.num_generated;
     }
+    step.Close({});
     scheduler_->ReleaseFinished();
     return true;
   }
@@ -184,8 +187,8 @@ class SchedulerHarness {
   int64_t restored_pages() const { return restored_pages_; }
   int64_t in_place_pages() const { return in_place_pages_; }
   Scheduler& scheduler() { return *scheduler_; }
-  const KvManager& kv() { return memory_->manager(); }
-  const KvMemory& memory() const { return *memory_; }
+  const KvManager& kv() { return memory_->view().manager(); }
+  KvMemoryView memory() const { return memory_->view(); }
   EngineMetrics metrics() const {
     EngineMetrics m;
     metrics_.Snapshot(&m);
@@ -197,8 +200,7 @@ class SchedulerHarness {
   MetricsRecorder metrics_;
   std::unique_ptr<Scheduler> scheduler_;
   StepPlan plan_;
-  std::vector<KvStepSeq> kv_seqs_;
-  KvApplied applied_;
+  std::vector<KvStepRequest> kv_seqs_;
   RequestId next_id_ = 1;
   int64_t restored_pages_ = 0;
   int64_t in_place_pages_ = 0;

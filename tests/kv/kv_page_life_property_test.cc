@@ -1,4 +1,5 @@
-// A page's life through the door (KvMemory's plans and applies), against a small reference
+// A page's life through the door (KvMemory's plans, and each step opened, run and closed as the
+// engine does: KvMemory::Open, KvStep::Forward, KvStep::Close), against a small reference
 // model, over random steps: random prompts sharing prefixes, chunked prefill, random pressure
 // (relief beyond what the step needs), preemptions and resumes, promotions back between steps,
 // cancellations, and tier failures (a RAM tier too small for every page, a disk tier whose file
@@ -73,6 +74,7 @@ struct Req {
   KvSequencePages pages;
   bool store_checked = false;
   int preemptions = 0;
+  bool finished = false;  // within the step being run (KvStepRequest::finished)
 };
 
 struct LifeSetup {
@@ -148,7 +150,7 @@ class PageLife {
 
   // One step: plan (relief and preemption until it fits), apply, the forward pass, the checks.
   void Step() {
-    memory_->ForgetFailedActions();
+    memory_->StartStep();
     MaybeCancel();
     if (rng_() % 4 == 0) RandomPressure();
     bool admit = !waiting_.empty() && running_.size() < static_cast<size_t>(kMaxSeqs);
@@ -213,6 +215,7 @@ class PageLife {
   int64_t restored_pages() const { return restored_pages_; }
   int64_t failed_reads() const { return failed_reads_; }
   int64_t preempted() const { return preempted_; }
+  int64_t promoted_pages() const { return promoted_pages_; }
   int64_t pages_checked() const { return rows_checked_; }
 
  private:
@@ -224,7 +227,7 @@ class PageLife {
     const int64_t any = std::numeric_limits<int64_t>::max();
     for (auto& r : running_) {
       if (r->computed >= r->known) continue;
-      const int64_t restore = memory_->RestorableTokens(r->pages, r->known, r->computed, any);
+      const int64_t restore = memory_->view().RestorableTokens(r->pages, r->known, r->computed, any);
       const int64_t chunk = 1 + static_cast<int64_t>(rng_() % 8);
       const int64_t n = restore + std::min(r->known - r->computed - restore, chunk);
       steps_.push_back({r->slot,
@@ -250,19 +253,22 @@ class PageLife {
 
   std::vector<KvPlannedSeq> Planned() const {
     std::vector<KvPlannedSeq> planned;
-    for (const auto& r : running_) planned.push_back({r->slot, r->id, -1, KvQuality::kLossless});
+    for (const auto& r : running_) {
+      KvPlannedSeq seq{r->slot, r->id, -1, KvQuality::kLossless};
+      seq.known_tokens = r->known;
+      planned.push_back(seq);
+    }
     return planned;
   }
 
   bool Relieve(int64_t blocks_short) {
     const std::vector<KvPlannedSeq> planned = Planned();
-    memory_->PlanRelief(planned, blocks_short, Phase::kDecode, &page_plan_);
-    const int64_t applied = memory_->Apply(page_plan_);
-    for (const KvPageAction& a : page_plan_.actions) {
+    const KvPagePlan* relief = memory_->Relieve(planned, blocks_short, Phase::kDecode);
+    if (relief == nullptr) return false;
+    for (const KvPageAction& a : relief->actions) {
       EXPECT_TRUE(IsLossless(a.action) || !a.applied) << "a lossless request's page went lossy";
     }
-    return applied > 0 || std::any_of(page_plan_.actions.begin(), page_plan_.actions.end(),
-                                      [](const KvPageAction& a) { return a.failed; });
+    return true;
   }
 
   void RandomPressure() {
@@ -274,10 +280,8 @@ class PageLife {
   void Preempt(size_t index) {
     std::unique_ptr<Req> r = std::move(running_[index]);
     running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
-    memory_->PlanPreemption({r->slot, r->id, -1, KvQuality::kLossless}, r->computed, Phase::kDecode,
-                            &page_plan_);
-    memory_->Apply(page_plan_);
-    EXPECT_FALSE(memory_->Contains(r->slot)) << "a preempted sequence keeps its blocks";
+    memory_->Preempt({r->slot, r->id, -1, KvQuality::kLossless}, r->computed, Phase::kDecode);
+    EXPECT_FALSE(memory_->view().Contains(r->slot)) << "a preempted sequence keeps its blocks";
     const int64_t full = r->computed / kBlock;
     FreeSlot(r->slot);
     r->slot = -1;
@@ -312,84 +316,100 @@ class PageLife {
 
   void Promote() {
     const std::vector<KvPlannedSeq> planned = Planned();
-    const int64_t spare = memory_->stats().pool.blocks_free - 2;
-    if (spare <= 0) return;
-    memory_->PlanPromotion(planned, spare, 4, &page_plan_);
-    memory_->Apply(page_plan_, &applied_);
-    restored_pages_ += static_cast<int64_t>(applied_.brought_back.size());
+    if (memory_->Promote(planned, &promoted_) == 0) return;
+    restored_pages_ += static_cast<int64_t>(promoted_.brought_back.size());
+    promoted_pages_ += static_cast<int64_t>(promoted_.brought_back.size());
   }
 
+  // One step as the engine runs it: opened, one forward run, the finished requests released,
+  // closed, then the sequences whose streamed reads failed preempted.
   void ApplyAndRun() {
     kv_seqs_.clear();
-    full_before_.clear();
     for (Req* r : stepping_) {
-      kv_seqs_.push_back({&r->pages, r->id, -1});
-      full_before_.push_back(r->computed / kBlock);
+      r->finished = false;
+      kv_seqs_.push_back({&r->pages, r->id, -1, r->computed, &r->finished});
     }
-    memory_->Apply(plan_, kv_seqs_, &applied_);
-    restored_pages_ += static_cast<int64_t>(applied_.brought_back.size());
+    KvStep& step = memory_->Open(plan_, kv_seqs_);
+    restored_pages_ += static_cast<int64_t>(step.applied().brought_back.size());
     // The forward pass: per layer, the step's new rows written, then every row read back.
-    std::vector<int64_t> end(stepping_.size());
     std::vector<int64_t> mismatches(stepping_.size(), 0);
-    slots_.clear();
+    row_slots_.clear();
+    row_positions_.clear();
     for (size_t i = 0; i < stepping_.size(); ++i) {
-      const KvPlan::SeqPlan& sp = plan_.seqs[i];
-      const int64_t n = static_cast<int64_t>(steps_[i].tokens.size());
-      end[i] = sp.admit ? n : stepping_[i]->computed + n;
-      stepping_[i]->computed = applied_.computed_from[i];
-      slots_.push_back(stepping_[i]->slot);
-    }
-    memory_->BeginForward(slots_);
-    KvCache& cache = memory_->forward_cache();
-    for (int64_t layer = 0; layer < kLayers; ++layer) {
-      cache.BeginLayer(layer);
-      for (size_t i = 0; i < stepping_.size(); ++i) {
-        Req& r = *stepping_[i];
-        for (int64_t pos = r.computed; pos < end[i]; ++pos) {
-          const KvCache::Rows rows = cache.RowsAt(r.slot, layer, pos);
-          ASSERT_EQ(rows.kind, KvCache::Rows::Kind::kDense);
-          for (int64_t d = 0; d < kKvDim; ++d) {
-            rows.k[d] = Expected(r.prefix_hash[static_cast<size_t>(pos)], layer, d, false);
-            rows.v[d] = Expected(r.prefix_hash[static_cast<size_t>(pos)], layer, d, true);
-          }
-        }
-        for (int64_t pos = 0; pos < end[i]; ++pos) {
-          const KvCache::Rows rows = cache.RowsAt(r.slot, layer, pos);
-          if (rows.kind != KvCache::Rows::Kind::kDense) {
-            ++mismatches[i];
-            continue;
-          }
-          for (int64_t d = 0; d < kKvDim; ++d) {
-            const uint64_t h = r.prefix_hash[static_cast<size_t>(pos)];
-            if (rows.k[d] != Expected(h, layer, d, false) ||
-                rows.v[d] != Expected(h, layer, d, true)) {
-              ++mismatches[i];
-            }
-          }
-          ++rows_checked_;
-        }
+      stepping_[i]->computed = step.computed_from(i);
+      for (int64_t pos = step.computed_from(i); pos < step.computed_to(i); ++pos) {
+        row_slots_.push_back(stepping_[i]->slot);
+        row_positions_.push_back(pos);
       }
     }
-    const std::span<const SeqId> failed_span = memory_->EndForward();
+    const std::span<const SeqId> failed_span =
+        step.Forward(row_slots_, row_positions_, [&](KvCache& cache) {
+          for (int64_t layer = 0; layer < kLayers; ++layer) {
+            cache.BeginLayer(layer);
+            for (size_t i = 0; i < stepping_.size(); ++i) {
+              Req& r = *stepping_[i];
+              for (int64_t pos = r.computed; pos < step.computed_to(i); ++pos) {
+                const KvCache::Rows rows = cache.RowsAt(r.slot, layer, pos);
+                ASSERT_EQ(rows.kind, KvCache::Rows::Kind::kDense);
+                for (int64_t d = 0; d < kKvDim; ++d) {
+                  rows.k[d] = Expected(r.prefix_hash[static_cast<size_t>(pos)], layer, d, false);
+                  rows.v[d] = Expected(r.prefix_hash[static_cast<size_t>(pos)], layer, d, true);
+                }
+              }
+              for (int64_t pos = 0; pos < step.computed_to(i); ++pos) {
+                const KvCache::Rows rows = cache.RowsAt(r.slot, layer, pos);
+                if (rows.kind != KvCache::Rows::Kind::kDense) {
+                  ++mismatches[i];
+                  continue;
+                }
+                for (int64_t d = 0; d < kKvDim; ++d) {
+                  const uint64_t h = r.prefix_hash[static_cast<size_t>(pos)];
+                  if (rows.k[d] != Expected(h, layer, d, false) ||
+                      rows.v[d] != Expected(h, layer, d, true)) {
+                    ++mismatches[i];
+                  }
+                }
+                ++rows_checked_;
+              }
+            }
+          }
+        });
+    // (Forward threw away what the step wrote for the sequences whose streamed reads failed.)
     const std::set<SeqId> failed(failed_span.begin(), failed_span.end());
     std::vector<Req*> to_recompute;
     for (size_t i = 0; i < stepping_.size(); ++i) {
       Req& r = *stepping_[i];
+      r.computed = step.computed_to(i);
       if (failed.count(r.slot)) {
         // A streamed page did not come back intact: the step is thrown away, the sequence
         // recomputed from its tokens (and not from the store that just failed).
-        memory_->DiscardWrites(r.slot, full_before_[i]);
-        r.computed = end[i];
         to_recompute.push_back(&r);
         ++failed_reads_;
         continue;
       }
       EXPECT_EQ(mismatches[i], 0) << "request " << r.id << " read rows that differ from what was "
                                   << "computed for them (step " << steps_run_ << ")";
-      r.computed = end[i];
       if (r.computed == r.known && r.known < static_cast<int64_t>(r.tokens.size())) ++r.known;
     }
     ++steps_run_;
+    // Finished requests leave (their pages written through to durable tiers), as sampling
+    // finishes them before the step closes.
+    for (size_t i = 0; i < running_.size();) {
+      Req& r = *running_[i];
+      if (r.computed == static_cast<int64_t>(r.tokens.size())) {
+        r.finished = true;
+        memory_->Release(r.slot);
+        FreeSlot(r.slot);
+        finished_reqs_.push_back(std::move(running_[i]));
+        running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+        ++finished_;
+        continue;
+      }
+      ++i;
+    }
+    // The others file the pages the prefix index cannot reach.
+    step.Close({});
+    finished_reqs_.clear();
     for (Req* r : to_recompute) {
       for (size_t i = 0; i < running_.size(); ++i) {
         if (running_[i].get() != r) continue;
@@ -398,25 +418,11 @@ class PageLife {
         break;
       }
     }
-    // Finished requests leave (their pages written through to durable tiers); the others file
-    // pages the prefix index cannot reach.
-    for (size_t i = 0; i < running_.size();) {
-      Req& r = *running_[i];
-      if (r.computed == static_cast<int64_t>(r.tokens.size())) {
-        memory_->Release(r.slot);
-        FreeSlot(r.slot);
-        running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
-        ++finished_;
-        continue;
-      }
-      memory_->FileUnreachablePages(r.slot, r.computed / kBlock);
-      ++i;
-    }
   }
 
   // Every page in exactly one place, every pool block counted.
   void CheckPlaces() {
-    const KvManager& m = memory_->manager();
+    const KvManager& m = memory_->view().manager();
     const Status invariants = m.CheckInvariants();
     ASSERT_TRUE(invariants.ok()) << invariants.ToString();
     std::set<BlockId> blocks;
@@ -449,7 +455,7 @@ class PageLife {
         if (page.fate == KvPageFate::kCheckpointed) ++checkpointed;
       }
     }
-    const KvMemoryStats stats = memory_->stats();
+    const KvMemoryStats stats = memory_->view().stats();
     EXPECT_EQ(stats.pool.blocks_used - stats.pool.blocks_raw, static_cast<int64_t>(blocks.size()))
         << "pool blocks in use that no running sequence holds";
     EXPECT_EQ(stats.pages.streamed_pages, in_tier);
@@ -466,13 +472,13 @@ class PageLife {
   }
 
   void CheckEmpty() {
-    const KvMemoryStats stats = memory_->stats();
+    const KvMemoryStats stats = memory_->view().stats();
     EXPECT_EQ(stats.pool.blocks_used, 0);
     EXPECT_EQ(stats.pool.num_seqs, 0);
     EXPECT_EQ(stats.pages.streamed_pages, 0);
     EXPECT_EQ(stats.pages.rebuilt_pages, 0);
     if (setup_.prefix_cache) return;  // the KV store keeps finished requests' pages on purpose
-    for (const KvTier* tier : memory_->tiers()) {
+    for (const KvTier* tier : memory_->view().tiers()) {
       EXPECT_EQ(tier->stats().pages, 0) << tier->name() << " holds pages nobody owns";
       EXPECT_EQ(tier->stats().bytes_used, 0) << tier->name();
     }
@@ -503,12 +509,12 @@ class PageLife {
   std::vector<SeqId> free_slots_ = {3, 2, 1, 0};
   std::vector<KvSeqStep> steps_;
   std::vector<Req*> stepping_;
-  std::vector<KvStepSeq> kv_seqs_;
-  std::vector<int64_t> full_before_;
-  std::vector<SeqId> slots_;
+  std::vector<KvStepRequest> kv_seqs_;
+  std::vector<SeqId> row_slots_;
+  std::vector<int64_t> row_positions_;
+  std::vector<std::unique_ptr<Req>> finished_reqs_;  // released this step, until it closes
   KvPlan plan_;
-  KvPagePlan page_plan_;
-  KvApplied applied_;
+  KvApplied promoted_;
   int64_t next_id_ = 1;
   int submitted_more_ = 0;
   int64_t steps_run_ = 0;
@@ -516,12 +522,13 @@ class PageLife {
   int64_t cancelled_ = 0;
   int64_t preempted_ = 0;
   int64_t restored_pages_ = 0;
+  int64_t promoted_pages_ = 0;
   int64_t failed_reads_ = 0;
   int64_t rows_checked_ = 0;
 };
 
 TEST(KvPageLifePropertyTest, EveryLosslessPageReadsBackExactlyAndIsInOnePlace) {
-  int64_t finished = 0, restored = 0, failed = 0, preempted = 0;
+  int64_t finished = 0, restored = 0, failed = 0, preempted = 0, promoted = 0;
   for (uint32_t seed = 1; seed <= 24; ++seed) {
     LifeSetup s;
     s.prefix_cache = seed % 2 == 0;
@@ -536,15 +543,20 @@ TEST(KvPageLifePropertyTest, EveryLosslessPageReadsBackExactlyAndIsInOnePlace) {
     restored += life.restored_pages();
     failed += life.failed_reads();
     preempted += life.preempted();
+    promoted += life.promoted_pages();
   }
   // The run went through the lives it is meant to check (not only pages that never left).
   EXPECT_GT(finished, 100);
   EXPECT_GT(preempted, 0);
   EXPECT_GT(restored, 0);
+  EXPECT_GT(promoted, 0);  // as the engine promotes: KvMemory::Promote decides when and how many
   EXPECT_GT(failed, 0);
-  std::printf("finished %lld, preempted %lld, pages brought back %lld, failed reads %lld\n",
-              static_cast<long long>(finished), static_cast<long long>(preempted),
-              static_cast<long long>(restored), static_cast<long long>(failed));
+  std::printf(
+      "finished %lld, preempted %lld, pages brought back %lld (promoted between steps %lld), "
+      "failed reads %lld\n",
+      static_cast<long long>(finished), static_cast<long long>(preempted),
+      static_cast<long long>(restored), static_cast<long long>(promoted),
+      static_cast<long long>(failed));
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 // The kv layer cannot measure the machine (that is calibrate's, above it): the engine hands in a
 // KvPriceSource that answers with the cost profile's prices.
 //
-// Thread-safety: owned by the step loop, except StoreStats, which any thread may call.
+// Thread-safety: owned by the step loop, except view().StoreStats(), which any thread may call.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,7 @@
 #include "kvl/kv_policy.h"
 #include "kvl/kv_pressure.h"
 #include "kvl/kv_price_feedback.h"
+#include "kvl/kv_step.h"
 #include "kvl/kv_store.h"
 #include "kvl/kv_tier.h"
 #include "kvl/kv_trace_recorder.h"
@@ -121,64 +122,32 @@ struct KvAdmission {
   int64_t restore_tokens = 0;   // KvSeqStep::restore_tokens
 };
 
-// What KvMemory::Apply needs of each sequence of a step beyond its block plan.
-struct KvStepSeq {
-  KvSequencePages* pages = nullptr;  // the request's page table (bound to the slot at admission)
-  int64_t request = 0;               // for --kv-trace
-  int64_t steps_left = -1;           // for --kv-trace: the most steps it may take after this one
-};
-
-// One page brought back into the pool (a restore at admission, or a promotion between steps),
-// as Apply reports it for the engine's metrics; the trace and the price feedback already have it.
-struct KvBroughtBack {
-  KvAction action = KvAction::kKeep;  // what had put it where it was
-  double predicted_ms = 0;            // the corrected price it was expected at
-  double measured_ms = 0;
-  int64_t store_tier = -1;            // a KV store page found at admission: the store's tier index
-};
-
-// A page an admission recomputes from its tokens (dropped at a preemption), priced as the step
-// that computes it will be measured (StepRunner checks it against that step's time).
-struct KvRecomputedPage {
-  int64_t request = 0;
-  int64_t block = 0;
-  BringBackPrice price;
-};
-
-// What applying a step (or a promotion) did, for the step runner and the metrics.
-struct KvApplied {
-  // Per sequence of the step: the first position the forward pass computes (after the cached
-  // prefix, the pages read in place and the pages restored), and the tokens restored.
-  std::vector<int64_t> computed_from;
-  std::vector<int64_t> restored_tokens;
-  std::vector<KvBroughtBack> brought_back;
-  // One entry per read that failed: the pages it leaves to be recomputed (0: a promotion's page
-  // stays in its tier).
-  std::vector<int64_t> read_failures;
-  std::vector<KvRecomputedPage> recomputed;  // admissions' dropped pages
-  void Clear() {
-    computed_from.clear();
-    restored_tokens.clear();
-    brought_back.clear();
-    read_failures.clear();
-    recomputed.clear();
-  }
-};
-
-// The pages a forward run rebuilt from checkpoints inside it (KvLayerRebuild) and what the cost
-// model prices them at in that run: InStepRebuildMs at each page's sequence's context, summed.
-struct KvInStepRebuilds {
-  int64_t pages = 0;
-  double model_ms = 0;      // the profile's alone
-  double predicted_ms = 0;  // corrected by what was measured (InStepRebuildCorrection)
-};
-
 // Both sides of the pool's gauges.
 struct KvMemoryStats {
   KvStats pool;
   KvPagerStats pages;
+  // The sliding-window rings' counters (kvl/kv_window_release.h); null where the pool keeps
+  // every layer in its blocks.
+  const KvWindowStats* window = nullptr;
 };
 
+// The most tokens one sequence can ever hold (KvMemoryView::MaxSequenceTokens).
+struct KvSequenceCapacity {
+  // Nothing bounds it: a lossy quality may evict pages of a running sequence.
+  bool unbounded = false;
+  int64_t tokens = 0;
+  // Where pages of running sequences move losslessly, what counts beside the pool's blocks: the
+  // pages the staging streams from tiers at once, and those an uncompressed RAM tier holds where
+  // attention reads them.
+  int64_t staged_pages = 0;
+  int64_t in_place_pages = 0;
+};
+
+class KvMemory;
+class KvMemoryView;
+
+// The door. Read-only questions go through view() (KvMemoryView, below); everything that changes
+// the KV layer is one of these. A step is opened, run and closed as one object (kvl/kv_step.h).
 class KvMemory {
  public:
   // Sizes and creates everything; `prices` is asked only where a decision needs the machine's
@@ -192,57 +161,13 @@ class KvMemory {
     rebuilder_ = rebuilder;
     pager_->set_rebuilder(rebuilder, cache_.get());
   }
+  // What the pool holds, its prices and its counters, read only.
+  KvMemoryView view() const;
 
-  const KvMemoryOptions& options() const { return options_; }
-  const KvBlockLayout& layout() const { return storage_->layout(); }
-  const KvPagingRules& rules() const { return planner_->rules(); }
-  // The pool's bookkeeping, read only (Engine::kv_manager, invariant checks in tests).
-  const KvManager& manager() const { return *manager_; }
-  // What the forward pass reads and writes K/V through.
-  KvCache& forward_cache() { return *cache_; }
-  // The sliding-window rings' counters (kvl/kv_window_release.h); null where the pool keeps
-  // every layer in its blocks.
-  const KvWindowStats* window_stats() const { return window_ ? &window_->stats() : nullptr; }
-  // The tiers that exist: RAM, disk, Redis, in that order.
-  std::vector<const KvTier*> tiers() const;
-  KvMemoryStats stats() const { return {manager_->stats(), pager_->stats()}; }
-
-  // Pages of running sequences the pager can stage outside the pool at once (streamed from a
-  // tier or rebuilt from checkpoints within one step).
-  int64_t staging_capacity_pages() const { return pager_->staging_capacity_pages(); }
-  // Pool blocks and the most tokens one sequence can hold in them.
-  int64_t num_blocks() const { return manager_->num_blocks(); }
-  int64_t capacity_tokens() const { return num_blocks() * layout().block_tokens; }
-  // Where no page of a running sequence may leave the pool, a request must fit it whole.
-  bool pages_running_sequences() const { return rules().pages_running_sequences; }
-  // The codec's buffers were reserved from the budget (the engine's quality or policy may
-  // compress pages), so a request may ask for a lossy kv_quality. An engine started lossless
-  // reserved none, and refuses such requests rather than take memory the budget did not count.
-  bool accepts_lossy_requests() const { return compresses_; }
-  // Why a prompt (or a whole sequence) of `tokens` tokens can never fit: what the budget holds
-  // and, for a sequence, why its pages could not leave the pool.
-  std::string WhyTooBig(bool prompt_only, int64_t tokens) const;
-
-  // --- Reading the pool (no change) ---
-  int64_t MatchPrefix(std::span<const int32_t> tokens) const {
-    return manager_->MatchPrefix(tokens);
-  }
-  bool SharesPagesComputedInStep(std::span<const int32_t> tokens,
-                                 std::span<const KvSeqStep> admitted) const {
-    return manager_->SharesPagesComputedInStep(tokens, admitted);
-  }
-  bool Contains(SeqId slot) const { return manager_->Contains(slot); }
-  bool IsLossy(SeqId slot) const { return manager_->IsLossy(slot); }
-  int64_t num_tokens(SeqId slot) const { return manager_->num_tokens(slot); }
-  int64_t BlocksFor(int64_t tokens) const { return manager_->BlocksFor(tokens); }
-  // Tokens from position `from` that pages awaiting restore cover (whole pages, never the one
-  // holding the last of `len` tokens), at most `cap`.
-  int64_t RestorableTokens(const KvSequencePages& pages, int64_t len, int64_t from,
-                           int64_t cap) const;
-  // Running sequences' pages held in a tier or as checkpoints (what a promotion could bring back).
-  bool HoldsPagesOutsidePool() const;
-
-  // --- One step: plan, then apply ---
+  // --- Planning a step (changes no page, except PlanAdmission's store pages) ---
+  // A new step is planned: --kv-trace counts it, actions that failed while planning the last one
+  // may be tried again, and one more step has passed since the pool was last short.
+  void StartStep();
   // Admission: where a waiting prompt's pages come from. With `ask_store`, the KV store is asked
   // first for the pages past the pool's cached prefix (FindInStore: they become awaiting restore
   // in `pages`, pinned in their tier). Then the store pages at the prefix that a RAM tier holds
@@ -259,27 +184,94 @@ class KvMemory {
     stream_pages_promised_ = 0;
     manager_->Plan(steps, plan);
   }
+
+  // --- One step: open, forward runs, close (kvl/kv_step.h) ---
   // Carries out a step's plan before its forward pass: cached blocks the plan gives new contents
   // go to the KV store first (and to the trace as leaving), the plan is committed (refused if made
   // against an older state), shared blocks are copied for copy-on-write; then per sequence (in
-  // `seqs`, one per plan.seqs): an admission binds its page table (and empties its slot's window ring), attaches its store pages read
-  // in place, and every sequence restoring pages promotes them into its fresh blocks (a failed
-  // read stops: the rest is computed); pages now in the pool are let go from their tier; the
-  // step's reads go to --kv-trace. *out says what each sequence computes and what came back.
-  void Apply(const KvPlan& plan, std::span<const KvStepSeq> seqs, KvApplied* out);
-  // Around each forward run of the step: the sequences in the run (their pages outside the pool
-  // are staged layer by layer), then those whose streamed reads failed (their step's output must
-  // be thrown away; what the step wrote from `full_blocks_before` on loses its identity). The
-  // span lives until the next BeginForward.
-  void BeginForward(std::span<const SeqId> slots);
-  std::span<const SeqId> EndForward();
-  // The step wrote wrong K/V for `slot` (a failed streamed read): its blocks from `first_block`
-  // on are never findable by prefix or in the store.
-  void DiscardWrites(SeqId slot, int64_t first_block);
-  // After the forward pass: pages `slot` filled from block `first_block` on that the pool's
-  // prefix index cannot reach (a page before them is in a tier) go to the KV store too, so the
-  // next turn finds the whole chain.
-  void FileUnreachablePages(SeqId slot, int64_t first_block);
+  // `seqs`, one per plan.seqs): an admission binds its page table (and empties its slot's window
+  // ring), attaches its store pages read in place, and every sequence restoring pages promotes
+  // them into its fresh blocks (a failed read stops: the rest is computed); pages now in the pool
+  // are let go from their tier; the step's reads go to --kv-trace; then each sequence gets back
+  // its sliding window's rows where it does not hold them (RestoreWindow). The step lives until
+  // the next Open; it must be closed before then.
+  KvStep& Open(const KvPlan& plan, std::span<const KvStepRequest> seqs) {
+    step_.Open(plan, seqs);
+    return step_;
+  }
+
+  // --- Page fates under pressure, and between steps: planned and carried out at once ---
+  // Running sequences' pages leave the pool to free `blocks_short` blocks, coldest first
+  // (KvPressurePlanner::PlanRelief); where none can, the last resort: compressed pages are
+  // evicted. A failed action is not planned again this step. Returns the plan carried out (each
+  // action marked applied or failed), or null where nothing could leave the pool.
+  const KvPagePlan* Relieve(std::span<const KvPlannedSeq> running, int64_t blocks_short,
+                            Phase phase);
+  // `seq` is preempted: one action per full page of its first `num_computed` tokens (to a tier,
+  // to checkpoints, or dropped), then its blocks are let go (its slot is free after). Returns
+  // the plan carried out.
+  const KvPagePlan& Preempt(const KvPlannedSeq& seq, int64_t num_computed, Phase phase);
+  // Between steps: pages of `running` sequences held in a tier or as checkpoints come back into
+  // the pool (the most reads left first), while it has blocks to spare beyond what the running
+  // sequences take in their next block_tokens steps and a margin, and not in the quiet steps
+  // right after the pool was short. Each page is timed against its predicted price, into *out
+  // (cleared first where anything is promoted). Returns the pages planned (0: *out untouched).
+  int64_t Promote(std::span<const KvPlannedSeq> running, KvApplied* out);
+
+  // --- Sequences leaving ---
+  // A parked lossy session is handed to a new request that continues it: `slot` is cut back to
+  // its first `tokens` tokens and its pages are bound to the new request's page table `pages`
+  // (moved from the session's).
+  void HandOverSession(SeqId slot, int64_t tokens, KvSequencePages* pages);
+  // A finished sequence (or a parked session giving its slot back) leaves the pool: its pages
+  // are written through to the store's durable tiers, so a restart or another process finds
+  // them, and its blocks and pages outside the pool are let go.
+  void Release(SeqId slot);
+  // A preempted request that ends while waiting (cancelled), or one giving way under pressure:
+  // the pages it kept outside the pool are let go.
+  void ReleaseWaiting(KvSequencePages& pages);
+
+  // --- Prices ---
+  // Starts `key`'s correction from one an earlier run measured (kvl/kv_price_feedback.h).
+  void SeedCorrection(size_t key, double scale) {
+    if (options_.feedback) feedback_.Seed(key, scale);
+  }
+  // The machine was measured again while the engine runs: the planner's and the store's prices
+  // are asked of `source` anew, and the corrections start over (they were measured against the
+  // old prices). The checkpoint spacing and the pool's size stay as created; a page already out
+  // keeps the prediction it left with (checked against it when it comes back).
+  Status Reprice(KvPriceSource* source);
+
+  // Closes the trace: its first write error, if any.
+  Status CloseTrace();
+
+ private:
+  friend class KvMemoryView;
+  friend class KvStep;
+  KvMemory() = default;
+
+  // --- What the view reads ---
+  const KvMemoryOptions& options() const { return options_; }
+  const KvBlockLayout& layout() const { return storage_->layout(); }
+  const KvPagingRules& rules() const { return planner_->rules(); }
+  int64_t num_blocks() const { return manager_->num_blocks(); }
+  std::vector<const KvTier*> tiers() const;
+  KvMemoryStats stats() const {
+    return {manager_->stats(), pager_->stats(), window_ ? &window_->stats() : nullptr};
+  }
+  std::string WhyTooBig(bool prompt_only, int64_t tokens) const;
+  KvSequenceCapacity MaxSequenceTokens() const;
+  int64_t RestorableTokens(const KvSequencePages& pages, int64_t len, int64_t from,
+                           int64_t cap) const;
+  bool HoldsPagesOutsidePool() const;
+  const BringBackFeedback* corrections() const {
+    return options_.feedback ? &feedback_ : nullptr;
+  }
+  std::vector<KvStoreTierStats> StoreStats() const;
+  int64_t StoreTierIndex(const KvTier* tier) const;
+
+  // --- What the open step does (KvStep) ---
+  void Apply(const KvPlan& plan, std::span<const KvStepRequest> seqs, KvApplied* out);
   // Sliding-window layers (kvl/kv_window_release.h), after Apply: `slot`, about to compute from
   // position `n`, gets back the local layers' rows of the window before n where it does not hold
   // them (a cached prefix, a restore, a resume), by the cheaper exact way. From the pool's
@@ -290,46 +282,21 @@ class KvMemory {
   // Before each forward run, per sequence in it: positions [begin, end) of `slot` become its
   // window ring's rows (the rows they replace are released). Nothing without window release.
   void ClaimWindowRows(SeqId slot, int64_t begin, int64_t end);
-  // Speculative decoding's rollback (issue 26): `slot` keeps its first `tokens` tokens, the K/V
-  // of the unverified ones after them is cut.
+  // What the forward pass reads and writes K/V through.
+  KvCache& forward_cache() { return *cache_; }
+  // Around each forward run of the step: the sequences in the run (their pages outside the pool
+  // are staged layer by layer), then those whose streamed reads failed. The span lives until the
+  // next BeginForward.
+  void BeginForward(std::span<const SeqId> slots);
+  std::span<const SeqId> EndForward();
+  // The step wrote wrong K/V for `slot` (a failed streamed read): its blocks from `first_block`
+  // on are never findable by prefix or in the store.
+  void DiscardWrites(SeqId slot, int64_t first_block);
+  // After the forward pass: pages `slot` filled from block `first_block` on that the pool's
+  // prefix index cannot reach (a page before them is in a tier) go to the KV store too, so the
+  // next turn finds the whole chain.
+  void FileUnreachablePages(SeqId slot, int64_t first_block);
   void TruncateTail(SeqId slot, int64_t tokens);
-
-  // --- Page fates under pressure, and between steps: plan, then apply ---
-  // Running sequences' pages to free `blocks_short` blocks, coldest first; where none can go,
-  // the last resort (compressed pages evicted). False when nothing can leave the pool.
-  void PlanRelief(std::span<const KvPlannedSeq> running, int64_t blocks_short, Phase phase,
-                  KvPagePlan* plan);
-  void PlanCompressedEviction(std::span<const KvPlannedSeq> running, int64_t blocks_short,
-                              KvPagePlan* plan);
-  // One action per full page of `seq` (its first `num_computed` tokens) as it is preempted.
-  void PlanPreemption(const KvPlannedSeq& seq, int64_t num_computed, Phase phase, KvPagePlan* plan);
-  // Between steps, with `blocks_to_spare` blocks the coming steps will not need: pages of running
-  // sequences to bring back into the pool (at most `max_pages`).
-  void PlanPromotion(std::span<const KvPlannedSeq> running, int64_t blocks_to_spare,
-                     int64_t max_pages, KvPagePlan* plan);
-  // A new step is planned: actions that failed while planning the last one may be tried again.
-  void ForgetFailedActions() { planner_->ClearFailedActions(); }
-  // Carries out a page plan (refused if made against an older state) as its kind says, marks each
-  // action applied or failed, and traces what left or came back; a failed action is not planned
-  // again this step. A preemption also lets the sequence's blocks go (its slot is free after).
-  // A promotion times each page against its predicted price, into *out (may be null otherwise).
-  // Returns the actions applied.
-  int64_t Apply(KvPagePlan& plan, KvApplied* out = nullptr);
-
-  // --- Sequences leaving ---
-  // A lossy session a new request continues: `slot` is cut back to its first `tokens` tokens
-  // and goes on with the new request's page table `pages` (moved from the session's).
-  void Continue(SeqId slot, int64_t tokens, KvSequencePages* pages);
-  // A finished sequence (or a parked session giving its slot back) leaves the pool: its pages
-  // are written through to the store's durable tiers, so a restart or another process finds
-  // them, and its blocks and pages outside the pool are let go.
-  void Release(SeqId slot);
-  // A preempted request that ends while waiting (cancelled): its kept pages are erased.
-  void ReleaseWaiting(KvSequencePages& pages);
-
-  // --- Measuring ---
-  // --kv-trace: the next step begins.
-  void NoteStep();
   // What one token at `position` costs to compute, as the cost model prices it (0: no prices).
   double TokenRecomputeMs(int64_t position) const;
   // The last forward run's rebuilds inside it, priced (until the next BeginForward); no pages
@@ -341,36 +308,22 @@ class KvMemory {
   double PlainDecodeStepMs(std::span<const int64_t> contexts) const;
   // Measured bring-back times fed back to the prices (nothing with --no-kv-feedback).
   void FeedBack(BringBackBatch& batch);
-  // The corrections measured so far, per FeedbackKey (null with --no-kv-feedback).
-  const BringBackFeedback* corrections() const {
-    return options_.feedback ? &feedback_ : nullptr;
-  }
-  // Starts `key`'s correction from one an earlier run measured (kvl/kv_price_feedback.h).
-  void SeedCorrection(size_t key, double scale) {
-    if (options_.feedback) feedback_.Seed(key, scale);
-  }
-  // Whether the prices came from `prices` at creation (a tier, or a policy that reports
-  // recompute predictions): only then is there anything to Reprice.
-  bool priced() const { return priced_; }
-  // The machine was measured again while the engine runs: the planner's and the store's prices
-  // are asked of `source` anew, and the corrections start over (they were measured against the
-  // old prices). The checkpoint spacing and the pool's size stay as created; a page already out
-  // keeps the prediction it left with (checked against it when it comes back).
-  Status Reprice(KvPriceSource* source);
-
   // The store's counters copied for StoreStats (step thread, once per step); and the prefix
   // index handed to the block observer where the step changed it.
   void PublishStoreStats();
-  // What the store did with each tier as of the last PublishStoreStats (any thread), and the
-  // store's index of `tier` (-1: not the store's).
-  std::vector<KvStoreTierStats> StoreStats() const;
-  int64_t StoreTierIndex(const KvTier* tier) const;
 
-  // Closes the trace: its first write error, if any.
-  Status CloseTrace();
+  // --- Page plans: planned, then carried out ---
+  void PlanRelief(std::span<const KvPlannedSeq> running, int64_t blocks_short, Phase phase,
+                  KvPagePlan* plan);
+  void PlanCompressedEviction(std::span<const KvPlannedSeq> running, int64_t blocks_short,
+                              KvPagePlan* plan);
+  // Carries out a page plan (refused if made against an older state) as its kind says, marks each
+  // action applied or failed, and traces what left or came back; a failed action is not planned
+  // again this step. A preemption also lets the sequence's blocks go (its slot is free after).
+  // A promotion times each page against its predicted price, into *out (may be null otherwise).
+  // Returns the actions applied.
+  int64_t Apply(KvPagePlan& plan, KvApplied* out = nullptr);
 
- private:
-  KvMemory() = default;
   Status CreatePool(KvPriceSource* prices);
   Status CreateLattice(KvPriceSource* prices);
   void CreateStore(const PageCostProfile& prices, KvPriceSource* source);
@@ -387,11 +340,11 @@ class KvMemory {
   void CommitStep(const KvPlan& plan);
   // Pages [first_block, first_block + count) of `slot` promoted into their fresh blocks, each
   // checked against its corrected price; returns the pages restored.
-  int64_t RestorePages(SeqId slot, const KvStepSeq& seq, int64_t first_block, int64_t count,
+  int64_t RestorePages(SeqId slot, const KvStepRequest& seq, int64_t first_block, int64_t count,
                        KvApplied* out);
   void CountBroughtBack(int64_t request, int64_t block, const KvPage& page, double measured_ms,
                         int64_t store_tier, KvApplied* out);
-  void TraceReads(const KvPlan& plan, std::span<const KvStepSeq> seqs, const KvApplied& applied);
+  void TraceReads(const KvPlan& plan, std::span<const KvStepRequest> seqs, const KvApplied& applied);
   void TraceLeaving(const KvPagePlan& plan);
   // Each action's request, from the sequences it was planned for.
   static void NameOwners(std::span<const KvPlannedSeq> seqs, KvPagePlan* plan);
@@ -438,6 +391,83 @@ class KvMemory {
   uint64_t observed_index_changes_ = 0;
   mutable std::mutex store_stats_mutex_;
   std::vector<KvStoreTierStats> store_stats_;
+
+  // Relieve's, Preempt's and Promote's, reused.
+  KvPagePlan page_plan_;
+  std::vector<KvPlannedSeq> promotable_;
+  // Steps planned since relief or a preemption last changed page fates (Promote waits).
+  int64_t steps_since_pressure_ = 0;
+  KvStep step_{*this};  // the one step, reused (Open)
 };
+
+// KvMemory read only: what the pool holds, how pages may move, its prices and counters. Any
+// thread may ask StoreStats; everything else is the step loop's.
+class KvMemoryView {
+ public:
+  explicit KvMemoryView(const KvMemory& memory) : m_(&memory) {}
+
+  const KvMemoryOptions& options() const { return m_->options(); }
+  const KvBlockLayout& layout() const { return m_->layout(); }
+  const KvPagingRules& rules() const { return m_->rules(); }
+  // The pool's bookkeeping (Engine::kv_manager, invariant checks in tests).
+  const KvManager& manager() const { return *m_->manager_; }
+  // The tiers that exist: RAM, disk, Redis, in that order.
+  std::vector<const KvTier*> tiers() const { return m_->tiers(); }
+  KvMemoryStats stats() const { return m_->stats(); }
+
+  // Pages of running sequences the pager can stage outside the pool at once (streamed from a
+  // tier or rebuilt from checkpoints within one step).
+  int64_t staging_capacity_pages() const { return m_->pager_->staging_capacity_pages(); }
+  // Pool blocks and the most tokens one sequence can hold in them.
+  int64_t num_blocks() const { return m_->num_blocks(); }
+  int64_t capacity_tokens() const { return num_blocks() * layout().block_tokens; }
+  // Where no page of a running sequence may leave the pool, a request must fit it whole.
+  bool pages_running_sequences() const { return rules().pages_running_sequences; }
+  // The codec's buffers were reserved from the budget (the engine's quality or policy may
+  // compress pages), so a request may ask for a lossy kv_quality. An engine started lossless
+  // reserved none, and refuses such requests rather than take memory the budget did not count.
+  bool accepts_lossy_requests() const { return m_->compresses_; }
+  // Why a prompt (or a whole sequence) of `tokens` tokens can never fit: what the budget holds
+  // and, for a sequence, why its pages could not leave the pool.
+  std::string WhyTooBig(bool prompt_only, int64_t tokens) const {
+    return m_->WhyTooBig(prompt_only, tokens);
+  }
+  // The most tokens one sequence can ever hold: a sequence must reach every page at each step,
+  // in the pool or, where pages of running sequences move losslessly, streamed from a tier
+  // through the staging buffers or read in place from an uncompressed RAM tier.
+  KvSequenceCapacity MaxSequenceTokens() const { return m_->MaxSequenceTokens(); }
+
+  // --- The pool's sequences ---
+  int64_t MatchPrefix(std::span<const int32_t> tokens) const {
+    return m_->manager_->MatchPrefix(tokens);
+  }
+  bool SharesPagesComputedInStep(std::span<const int32_t> tokens,
+                                 std::span<const KvSeqStep> admitted) const {
+    return m_->manager_->SharesPagesComputedInStep(tokens, admitted);
+  }
+  bool Contains(SeqId slot) const { return m_->manager_->Contains(slot); }
+  bool IsLossy(SeqId slot) const { return m_->manager_->IsLossy(slot); }
+  int64_t num_tokens(SeqId slot) const { return m_->manager_->num_tokens(slot); }
+  int64_t BlocksFor(int64_t tokens) const { return m_->manager_->BlocksFor(tokens); }
+  // Tokens from position `from` that pages awaiting restore cover (whole pages, never the one
+  // holding the last of `len` tokens), at most `cap`.
+  int64_t RestorableTokens(const KvSequencePages& pages, int64_t len, int64_t from,
+                           int64_t cap) const {
+    return m_->RestorableTokens(pages, len, from, cap);
+  }
+
+  // --- Prices and counters ---
+  // The corrections measured so far, per FeedbackKey (null with --no-kv-feedback).
+  const BringBackFeedback* corrections() const { return m_->corrections(); }
+  // What the store did with each tier as of the last published step (any thread), and the
+  // store's index of `tier` (-1: not the store's).
+  std::vector<KvStoreTierStats> StoreStats() const { return m_->StoreStats(); }
+  int64_t StoreTierIndex(const KvTier* tier) const { return m_->StoreTierIndex(tier); }
+
+ private:
+  const KvMemory* m_;
+};
+
+inline KvMemoryView KvMemory::view() const { return KvMemoryView(*this); }
 
 }  // namespace kvl

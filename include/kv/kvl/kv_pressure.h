@@ -99,6 +99,9 @@ struct KvPlannedSeq {
   // Relief prices this sequence's pages with it, so a lossless request's pages are never
   // compressed or evicted whatever runs beside it.
   std::optional<KvQuality> quality;
+  // The tokens it has (prompt and generated so far), some maybe not in the pool yet: promotion
+  // keeps the blocks they take within the next block_tokens steps free (KvMemory::Promote).
+  int64_t known_tokens = 0;
 };
 
 class KvPressurePlanner {

@@ -12,7 +12,7 @@
 // measured (one row per sequence, one forward run): a prefill chunk beside the rebuilt rows has no
 // calibrated step to subtract.
 //
-// Thread-safety: none; the step loop owns it.
+// Thread-safety: none; the step loop owns it (KvStep, kvl/kv_step.h).
 #pragma once
 
 #include <array>
@@ -20,9 +20,15 @@
 #include <cstdint>
 #include <optional>
 
-#include "kvl/kv_memory.h"  // KvInStepRebuilds
-
 namespace kvl {
+
+// The pages a forward run rebuilt from checkpoints inside it (KvLayerRebuild) and what the cost
+// model prices them at in that run: InStepRebuildMs at each page's sequence's context, summed.
+struct KvInStepRebuilds {
+  int64_t pages = 0;
+  double model_ms = 0;      // the profile's alone
+  double predicted_ms = 0;  // corrected by what was measured (InStepRebuildCorrection)
+};
 
 class InStepRebuildMeter {
  public:

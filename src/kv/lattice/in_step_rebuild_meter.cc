@@ -1,4 +1,4 @@
-#include "in_step_rebuild_meter.h"
+#include "kvl/in_step_rebuild_meter.h"
 
 #include <algorithm>
 #include <cmath>
