@@ -232,10 +232,12 @@ GrammarMatcher::StateId GrammarMatcher::ComputeNext(StateId state, uint8_t byte)
   } else if (left != 0xFF) {
     // Incomplete: live only if some stack's class can match a character it may complete to.
     uint32_t lo = partial << (6 * left);
-    const uint32_t hi = std::min<uint32_t>(lo | ((1u << (6 * left)) - 1), 0x10FFFF);
-    // E0 and F0 carry no bits of their own: their characters start at U+0800 and U+10000.
+    uint32_t hi = std::min<uint32_t>(lo | ((1u << (6 * left)) - 1), 0x10FFFF);
+    // E0 and F0 carry no bits of their own: their characters start at U+0800 and U+10000;
+    // ED's stop before the surrogates.
     if (left == 2 && partial == 0) lo = 0x800;
     if (left == 3 && partial == 0) lo = 0x10000;
+    if (left == 2 && partial == 0xD) hi = 0xD7FF;
     bool possible = false;
     for (const int32_t top : s.tops) {
       if (top == kEmptyStack) continue;

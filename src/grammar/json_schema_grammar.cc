@@ -17,7 +17,7 @@
 namespace kvl {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 using json_schema::GbnfLiteral;
 
 // At most two line breaks and 20 spaces or tabs between tokens: a model cannot stall in
@@ -617,13 +617,17 @@ std::string SchemaConverter::BuildNumber(const json& schema, const std::string& 
 
 }  // namespace
 
-StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::json& schema) {
+StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema) {
   try {
     return SchemaConverter(schema).Convert();
   } catch (const nlohmann::json::exception& e) {
     // (A string that is not UTF-8 cannot be dumped into a literal, for one.)
     return InvalidArgumentError(fmt::format("json_schema: {}", e.what()));
   }
+}
+
+StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::json& schema) {
+  return JsonSchemaToGbnf(nlohmann::ordered_json(schema));
 }
 
 std::string JsonObjectGbnf() {

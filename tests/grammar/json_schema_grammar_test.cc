@@ -69,6 +69,8 @@ TEST(JsonSchemaGrammarTest, DerivedOutputsValidateForTheSuite) {
            R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["v"]}},"$ref":"#/$defs/node"})",
            R"({"type":"object","properties":{"a":{"type":"string"}},"additionalProperties":true})",
            R"({"type":"object","properties":{"aa":{"type":"integer"},"ab":{"type":"integer"},"b":{"type":"null"}},"additionalProperties":{"type":"string"}})",
+           R"({"type":"object","properties":{"k":{"type":"integer","minimum":0,"maximum":3}},"required":["k"],"additionalProperties":{"type":"boolean"}})",
+           R"({"type":"object","additionalProperties":{"type":"integer","minimum":0,"maximum":99}})",
            R"({})", R"(true)", R"({"type":"array"})", R"({"type":"object"})",
            R"({"type":"string","pattern":"[0-9]{2}"})",
            R"({"type":"array","items":[{"type":"integer"},{"type":"string"}]})",

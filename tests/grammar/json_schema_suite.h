@@ -1,6 +1,8 @@
 // JSON schemas for the constrained-output suites: varied in the keywords they use, and bounded
 // (every string, array and number has a limit) so that even a model that writes at random
-// finishes each output within a bounded number of tokens.
+// finishes each output within a bounded number of tokens. (additionalProperties with a schema
+// is not: nothing bounds how many members or how long a key a model writes, and greedy decoding
+// of stories260K wrote members until max_tokens; it is checked by the grammar tests instead.)
 #pragma once
 
 #include <string>
@@ -52,12 +54,8 @@ inline const std::vector<SuiteSchema>& BoundedSchemaSuite() {
        R"({"type":"object","properties":{"a":{"type":"boolean"},"b":{"type":"null"},"c":{"type":"integer","maximum":9,"minimum":0}}})"},
       {"object-mixed",
        R"({"type":"object","properties":{"id":{"type":"string","format":"uuid"},"ok":{"type":"boolean"},"note":{"type":"string","maxLength":6},"n":{"type":"integer","minimum":1,"maximum":3}},"required":["id","n"]})"},
-      {"object-additional-schema",
-       R"({"type":"object","properties":{"k":{"type":"integer","minimum":0,"maximum":3}},"required":["k"],"additionalProperties":{"type":"boolean"}})"},
       {"object-additional-false",
        R"({"type":"object","properties":{"x":{"type":"null"}},"additionalProperties":false})"},
-      {"object-no-properties-additional",
-       R"({"type":"object","additionalProperties":{"type":"integer","minimum":0,"maximum":99}})"},
       {"nested-objects",
        R"({"type":"object","properties":{"user":{"type":"object","properties":{"first":{"type":"string","maxLength":6},"last":{"type":"string","maxLength":6}},"required":["first"]},"active":{"type":"boolean"}},"required":["user","active"]})"},
       {"array-of-objects",

@@ -26,7 +26,9 @@
 
 namespace kvl {
 
-// The GBNF of `schema`, its root rule named "root".
+// The GBNF of `schema`, its root rule named "root". Properties come in the schema's order, as
+// a client wrote them (an ordered_json keeps it; a json's are sorted by name).
+StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::ordered_json& schema);
 StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::json& schema);
 
 // The GBNF of any JSON object (response_format {"type": "json_object"}).
