@@ -14,6 +14,7 @@
 
 #include "json_body.h"
 #include "kvl/jinja_json.h"
+#include "structured_output.h"
 
 namespace kvl::server {
 namespace {
@@ -350,14 +351,7 @@ std::optional<ApiError> ReadSampling(FieldReader& f, const ApiContext& context, 
 std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const ApiContext& context,
                                     CompletionParams* out) {
   // Fields this server does not implement are refused by name, never silently ignored: a client
-  // that asks for JSON output or a suffix must not get plain text and believe it got either.
-  if (const json* format = f.Find("response_format");
-      format != nullptr && !format->is_null() &&
-      !(format->is_object() && format->value("type", "") == "text")) {
-    return BadField("response_format",
-                    "'response_format' (structured output) is not supported by this server; only "
-                    "{\"type\": \"text\"}");
-  }
+  // that asks for a suffix must not get plain text and believe it got one.
   // Tools are rendered into the prompt by the chat template; the reply is not parsed into
   // tool_calls, so a choice that forces a call cannot be honoured.
   if (const json* choice = f.Find("tool_choice");
@@ -451,6 +445,8 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
       return e;
     }
     if (auto e = ReadOptions(fields, endpoint, context, out)) return e;
+    // response_format, json_schema, grammar (structured_output.h).
+    if (auto e = ReadStructuredOutput(doc, &out->request)) return e;
     if (auto e = ReadStops(fields, &out->request)) return e;
     if (auto e = ReadSampling(fields, context, &out->request.sampling)) return e;
   } catch (const json::exception& e) {
