@@ -145,31 +145,26 @@ TEST_F(StructuredOutputTest, JsonObjectAndLlamaServerFields) {
 
 TEST_F(StructuredOutputTest, RefusalsNameTheFieldAndTheKeyword) {
   struct Case {
-    json fields;
-    std::string param;
-    std::string says;
+    const char* fields;  // JSON members added to the body
+    const char* param;
+    const char* says;
   };
   const Case cases[] = {
-      {{{"response_format",
-         {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"not", {}}}}}}}}}},
-       "response_format",
-       "'not' at #: this keyword is not supported"},
-      {{{"json_schema", {{"type", "array"}, {"uniqueItems", true}}}},
-       "json_schema",
-       "'uniqueItems'"},
-      {{{"grammar", "root ::= [a-"}}, "grammar", "line 1, column 12"},
-      {{{"grammar", "root ::= x"}}, "grammar", "rule 'x' is used but never defined"},
-      {{{"response_format", {{"type", "yaml"}}}}, "response_format", "'yaml' is not one of"},
-      {{{"response_format", {{"type", "json_schema"}}}}, "response_format", "needs 'json_schema'"},
-      {{{"grammar", "root ::= \"a\""}, {"json_schema", {{"type", "string"}}}},
-       "grammar",
+      {R"({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "not": {}}}}})",
+       "response_format", "'not' at #: this keyword is not supported"},
+      {R"({"json_schema": {"type": "array", "uniqueItems": true}})", "json_schema", "'uniqueItems'"},
+      {R"({"grammar": "root ::= [a-"})", "grammar", "line 1, column 13: unexpected end"},
+      {R"({"grammar": "root ::= x"})", "grammar", "rule 'x' is used but never defined"},
+      {R"({"response_format": {"type": "yaml"}})", "response_format", "'yaml' is not one of"},
+      {R"({"response_format": {"type": "json_schema"}})", "response_format", "needs 'json_schema'"},
+      {R"({"grammar": "root ::= \"a\"", "json_schema": {"type": "string"}})", "grammar",
        "'json_schema' and 'grammar' both constrain the reply"},
   };
   for (const Case& c : cases) {
     json body = {{"prompt", "Once"}, {"max_tokens", 4}};
-    body.update(c.fields);
+    body.update(json::parse(c.fields));
     const Reply reply = Post("/v1/completions", body);
-    ASSERT_EQ(reply.status, 400) << c.fields.dump() << ": " << reply.body;
+    ASSERT_EQ(reply.status, 400) << c.fields << ": " << reply.body;
     const json error = json::parse(reply.body)["error"];
     EXPECT_EQ(error["param"], c.param) << reply.body;
     EXPECT_NE(error["message"].get<std::string>().find(c.says), std::string::npos) << reply.body;
