@@ -47,6 +47,26 @@ std::optional<ParsedToolCall> CallFromObject(const json& object) {
 
 ParsedReply AsContent(std::string_view text) { return ParsedReply{std::string(text), {}}; }
 
+}  // namespace
+
+std::string_view TrimSpace(std::string_view s) { return Trim(s); }
+
+std::string_view ToolCallOpener(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes: return "<tool_call>";
+    case ToolCallFormat::kLlama3: return "<|python_tag|>";
+    case ToolCallFormat::kMistral: return "[TOOL_CALLS]";
+    case ToolCallFormat::kNone: break;
+  }
+  return {};
+}
+
+bool CallMayStartWithJson(ToolCallFormat format) {
+  return format == ToolCallFormat::kLlama3 || format == ToolCallFormat::kNone;
+}
+
+namespace {
+
 ParsedReply ParseHermes(std::string_view text) {
   constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
   ParsedReply reply;
@@ -156,6 +176,32 @@ ParsedReply ParseMistral(std::string_view text) {
   return reply;
 }
 
+// Families with no call syntax of their own: the whole reply one JSON object, a call
+// {"name", "arguments"}, or llama.cpp's generic {"tool_call": {...}} / {"tool_calls": [...]}.
+ParsedReply ParseJsonReply(std::string_view text) {
+  const std::string_view trimmed = Trim(text);
+  if (trimmed.empty() || trimmed.front() != '{') return AsContent(text);
+  const json object = json::parse(trimmed, nullptr, false);
+  if (!object.is_object()) return AsContent(text);
+  ParsedReply reply;
+  if (object.contains("tool_calls") && object["tool_calls"].is_array()) {
+    for (const json& c : object["tool_calls"]) {
+      std::optional<ParsedToolCall> call = CallFromObject(c);
+      if (!call) return AsContent(text);
+      reply.tool_calls.push_back(std::move(*call));
+    }
+    return reply.tool_calls.empty() ? AsContent(text) : reply;
+  }
+  const json& inner = object.contains("tool_call") ? object["tool_call"] : object;
+  if (!inner.is_object() || !(inner.contains("arguments") || inner.contains("parameters"))) {
+    return AsContent(text);
+  }
+  std::optional<ParsedToolCall> call = CallFromObject(inner);
+  if (!call) return AsContent(text);
+  reply.tool_calls.push_back(std::move(*call));
+  return reply;
+}
+
 }  // namespace
 
 ToolCallFormat DetectToolCallFormat(std::string_view chat_template) {
@@ -174,7 +220,7 @@ ParsedReply ParseToolCalls(std::string_view text, ToolCallFormat format) {
     case ToolCallFormat::kHermes: return ParseHermes(text);
     case ToolCallFormat::kLlama3: return ParseLlama3(text);
     case ToolCallFormat::kMistral: return ParseMistral(text);
-    case ToolCallFormat::kNone: break;
+    case ToolCallFormat::kNone: return ParseJsonReply(text);
   }
   return AsContent(text);
 }

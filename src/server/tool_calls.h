@@ -6,11 +6,11 @@
 //   "type": "function", or "arguments" for "parameters"), or <|python_tag|> followed by such an
 //   object, by `tool.call(key="value", ...)` (a built-in tool) or by code (the python tool);
 // - Mistral / Nemo: [TOOL_CALLS] followed by a JSON array of {"name", "arguments", "id"}.
+// - any other family (kNone): the whole reply one JSON object, a call {"name", "arguments"}, or
+//   llama.cpp's generic {"tool_call": {...}} / {"tool_calls": [...]}.
 // A reply that does not hold a well-formed call in its format is content, whole: a model that
-// wrote half a call has answered in text.
-//
-// Not wired to the HTTP replies yet: the tokens that open these calls are control tokens in some
-// vocabularies, which the engine's text leaves out (a later step of issue 42).
+// wrote half a call has answered in text. reply_splitter.h applies these to replies, streamed
+// or not.
 #pragma once
 
 #include <string>
@@ -37,5 +37,14 @@ struct ParsedReply {
 };
 
 ParsedReply ParseToolCalls(std::string_view text, ToolCallFormat format);
+
+// The text that opens a call in `format` ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]"), ""
+// for kNone. A stream holds back text from where it may begin.
+std::string_view ToolCallOpener(ToolCallFormat format);
+// Whether a reply that starts with "{" may be a call (Llama 3.x, kNone): such a reply is held
+// back whole until it ends.
+bool CallMayStartWithJson(ToolCallFormat format);
+
+std::string_view TrimSpace(std::string_view s);
 
 }  // namespace kvl::server

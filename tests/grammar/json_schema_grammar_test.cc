@@ -61,7 +61,7 @@ void CheckSchema(const std::string& name, const json& schema, size_t max_depth, 
 
 TEST(JsonSchemaGrammarTest, DerivedOutputsValidateForTheSuite) {
   int accepted_mutations = 0;
-  for (const auto& s : testing::BoundedSchemaSuite()) {
+  for (const auto& s : testing::FullSchemaSuite()) {
     CheckSchema(s.name, json::parse(s.schema), 10, &accepted_mutations);
   }
   // Unbounded ones too (the derivation bounds their depth).

@@ -82,4 +82,81 @@ inline const std::vector<SuiteSchema>& BoundedSchemaSuite() {
   return kSuite;
 }
 
+// More of each kind: with the suite above, the >= 100 schemas of the ajv suite
+// (tests/server/json_schema_ajv_test.cc). Kept apart so that the engine's suite, which runs each
+// schema three times in one batch, keeps its size.
+inline const std::vector<SuiteSchema>& MoreBoundedSchemas() {
+  static const std::vector<SuiteSchema> kMore = {
+      {"bool-in-object", R"({"type":"object","properties":{"on":{"type":"boolean"}},"required":["on"]})"},
+      {"null-or-bool", R"({"type":["null","boolean"]})"},
+      {"int-or-string", R"({"type":["integer","string"],"maxLength":3,"minimum":0,"maximum":99})"},
+      {"int-0-1", R"({"type":"integer","minimum":0,"maximum":1})"},
+      {"int-year", R"({"type":"integer","minimum":1900,"maximum":2100})"},
+      {"int-percent", R"({"type":"integer","minimum":0,"maximum":100})"},
+      {"int-minus-one-to-one", R"({"type":"integer","minimum":-1,"maximum":1})"},
+      {"int-big-range", R"({"type":"integer","minimum":-99999,"maximum":99999})"},
+      {"int-exclusive-max-only", R"({"type":"integer","exclusiveMaximum":5,"minimum":-5})"},
+      {"int-exclusive-min-only", R"({"type":"integer","exclusiveMinimum":-3,"maximum":3})"},
+      {"number-in-object", R"({"type":"object","properties":{"price":{"type":"number","minimum":0}},"required":["price"]})"},
+      {"string-min-only-bounded", R"({"type":"string","minLength":1,"maxLength":1})"},
+      {"string-max-20", R"({"type":"string","maxLength":20})"},
+      {"string-empty-only", R"({"type":"string","maxLength":0})"},
+      {"enum-one", R"({"enum":["only"]})"},
+      {"enum-numbers", R"({"enum":[1,2,3,5,8,13]})"},
+      {"enum-unicode", R"({"enum":["naïve","café","Ω","🙂"]})"},
+      {"enum-with-quotes", R"({"enum":["a\"b","c\\d","e/f"]})"},
+      {"const-string", R"({"const":"fixed"})"},
+      {"const-number", R"({"const":42})"},
+      {"const-array", R"({"const":[1,"a",null]})"},
+      {"const-in-object", R"({"type":"object","properties":{"v":{"const":1},"k":{"const":"x"}},"required":["v","k"]})"},
+      {"date-in-object", R"({"type":"object","properties":{"born":{"type":"string","format":"date"}},"required":["born"]})"},
+      {"times-array", R"({"type":"array","items":{"type":"string","format":"time"},"minItems":1,"maxItems":2})"},
+      {"uuid-list", R"({"type":"array","items":{"type":"string","format":"uuid"},"maxItems":2})"},
+      {"pattern-hex", R"({"type":"string","pattern":"^#[0-9a-f]{6}$"})"},
+      {"pattern-word", R"({"type":"string","pattern":"^\\w{1,8}$"})"},
+      {"pattern-digits-optional", R"({"type":"string","pattern":"^\\d{2}(\\.\\d{1,2})?$"})"},
+      {"pattern-ip-like", R"({"type":"string","pattern":"^\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}$"})"},
+      {"pattern-negated-class", R"({"type":"string","pattern":"^[^0-9]{2,4}$"})"},
+      {"pattern-email-like", R"({"type":"string","pattern":"^[a-z]{1,6}@[a-z]{1,6}\\.(com|org)$"})"},
+      {"pattern-upper-code", R"({"type":"string","pattern":"^[A-Z]{3}-[0-9]{2}$"})"},
+      {"array-of-strings", R"({"type":"array","items":{"type":"string","maxLength":4},"maxItems":3})"},
+      {"array-of-enums", R"({"type":"array","items":{"enum":["x","y"]},"minItems":1,"maxItems":3})"},
+      {"array-exact-2", R"({"type":"array","items":{"type":"integer","minimum":0,"maximum":9},"minItems":2,"maxItems":2})"},
+      {"array-of-nulls", R"({"type":"array","items":{"type":"null"},"maxItems":4})"},
+      {"array-of-arrays", R"({"type":"array","maxItems":2,"items":{"type":"array","maxItems":2,"items":{"type":"boolean"}}})"},
+      {"array-of-anyof", R"({"type":"array","maxItems":3,"items":{"anyOf":[{"type":"boolean"},{"type":"integer","minimum":0,"maximum":3}]}})"},
+      {"tuple-two", R"({"type":"array","prefixItems":[{"const":"point"},{"type":"integer","minimum":0,"maximum":9}]})"},
+      {"tuple-items-list", R"({"type":"array","items":[{"type":"boolean"},{"type":"null"}]})"},
+      {"object-all-optional", R"({"type":"object","properties":{"p":{"type":"integer","minimum":0,"maximum":5},"q":{"type":"string","maxLength":3}}})"},
+      {"object-one-required-of-three", R"({"type":"object","properties":{"a":{"type":"boolean"},"b":{"type":"boolean"},"c":{"type":"boolean"}},"required":["b"]})"},
+      {"object-enum-props", R"({"type":"object","properties":{"size":{"enum":["s","m","l"]},"color":{"enum":["red","blue"]}},"required":["size","color"]})"},
+      {"object-array-prop", R"({"type":"object","properties":{"tags":{"type":"array","items":{"type":"string","maxLength":5},"maxItems":3}},"required":["tags"]})"},
+      {"object-nested-3", R"({"type":"object","properties":{"a":{"type":"object","properties":{"b":{"type":"object","properties":{"c":{"type":"integer","minimum":0,"maximum":9}},"required":["c"]}},"required":["b"]}},"required":["a"]})"},
+      {"object-additional-false-required", R"({"type":"object","properties":{"id":{"type":"integer","minimum":1,"maximum":999}},"required":["id"],"additionalProperties":false})"},
+      {"object-nullable-prop", R"({"type":"object","properties":{"v":{"type":["integer","null"],"minimum":0,"maximum":9}},"required":["v"]})"},
+      {"object-many-props", R"({"type":"object","properties":{"a":{"type":"boolean"},"b":{"type":"null"},"c":{"type":"integer","minimum":0,"maximum":1},"d":{"enum":["d"]},"e":{"const":5},"f":{"type":"string","maxLength":2}},"required":["a","b","c","d","e","f"]})"},
+      {"object-date-time", R"({"type":"object","properties":{"at":{"type":"string","format":"date-time"}},"required":["at"]})"},
+      {"anyOf-objects", R"({"anyOf":[{"type":"object","properties":{"ok":{"const":true}},"required":["ok"]},{"type":"object","properties":{"error":{"type":"string","maxLength":10}},"required":["error"]}]})"},
+      {"oneOf-scalars", R"({"oneOf":[{"type":"boolean"},{"type":"null"}]})"},
+      {"anyOf-nested-in-prop", R"({"type":"object","properties":{"value":{"anyOf":[{"type":"integer","minimum":0,"maximum":9},{"enum":["none"]}]}},"required":["value"]})"},
+      {"allOf-three", R"({"allOf":[{"type":"object","properties":{"a":{"type":"boolean"}},"required":["a"]},{"properties":{"b":{"type":"null"}},"required":["b"]},{"properties":{"c":{"enum":[1]}},"required":["c"]}]})"},
+      {"ref-in-array", R"({"$defs":{"flag":{"type":"boolean"}},"type":"array","items":{"$ref":"#/$defs/flag"},"maxItems":3})"},
+      {"ref-chain", R"({"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"type":"integer","minimum":0,"maximum":7}},"type":"object","properties":{"x":{"$ref":"#/$defs/a"}},"required":["x"]})"},
+      {"ref-twice", R"({"$defs":{"name":{"type":"string","maxLength":5}},"type":"object","properties":{"first":{"$ref":"#/$defs/name"},"last":{"$ref":"#/$defs/name"}},"required":["first","last"]})"},
+      {"function-call-like", R"({"type":"object","properties":{"name":{"enum":["search","lookup"]},"arguments":{"type":"object","properties":{"query":{"type":"string","maxLength":12},"limit":{"type":"integer","minimum":1,"maximum":10}},"required":["query"]}},"required":["name","arguments"]})"},
+      {"address", R"({"type":"object","properties":{"street":{"type":"string","maxLength":12},"zip":{"type":"string","pattern":"^[0-9]{5}$"},"country":{"enum":["DE","FR","US"]}},"required":["street","zip","country"]})"},
+      {"event", R"({"type":"object","properties":{"title":{"type":"string","maxLength":10},"day":{"type":"string","format":"date"},"attendees":{"type":"array","items":{"type":"string","maxLength":6},"maxItems":3}},"required":["title","day"]})"},
+      {"matrix-2x2", R"({"type":"array","minItems":2,"maxItems":2,"items":{"type":"array","minItems":2,"maxItems":2,"items":{"type":"integer","minimum":-9,"maximum":9}}})"},
+      {"rating", R"({"type":"object","properties":{"stars":{"type":"integer","minimum":1,"maximum":5},"comment":{"type":["string","null"],"maxLength":15}},"required":["stars","comment"]})"},
+  };
+  return kMore;
+}
+
+// Both lists.
+inline std::vector<SuiteSchema> FullSchemaSuite() {
+  std::vector<SuiteSchema> all = BoundedSchemaSuite();
+  all.insert(all.end(), MoreBoundedSchemas().begin(), MoreBoundedSchemas().end());
+  return all;
+}
+
 }  // namespace kvl::testing
