@@ -182,7 +182,10 @@ std::optional<ApiError> ReadContent(const json& content, size_t index, std::stri
 // as templates written for HF transformers expect them.
 jinja::Value MessageValue(const json& m, std::string content_text, bool has_content) {
   json copy = m;
-  if (has_content) copy["content"] = std::move(content_text);
+  // A turn with no content (an assistant's that only calls tools: null, as OpenAI's clients send
+  // it) gets "": templates test and split it as a string (Qwen3's `'</think>' in content`
+  // fails on none), and "" reads as no content wherever a template asks.
+  copy["content"] = has_content ? std::move(content_text) : std::string();
   if (copy.contains("tool_calls") && copy["tool_calls"].is_array()) {
     for (json& call : copy["tool_calls"]) {
       if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
