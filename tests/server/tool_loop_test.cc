@@ -33,6 +33,7 @@ const baseURL = process.env.KVL_BASE_URL;
 const format = process.env.KVL_FORMAT;
 const client = new OpenAI({ apiKey: 'none', baseURL: baseURL + '/v1', maxRetries: 0, timeout: 60000 });
 const ajv = new Ajv({ strict: false });
+const model = (await client.models.list()).data[0].id;
 const tools = [
   { type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
     parameters: { type: 'object', properties: {
@@ -98,7 +99,9 @@ const plain = {};
 for (const mode of modes) {
   for (const stream of [false, true]) {
     const tag = `${mode.name}${stream ? ' streamed' : ''}`;
-    const body = { model: 'm', messages, tools, temperature: 0, max_tokens: 240, ...mode.extra };
+    // Room for kMaxForcedCalls calls of a random model, whitespace runs (bounded by the grammar)
+    // and all: a forced call always ends by the grammar, never by max_tokens.
+    const body = { model, messages, tools, temperature: 0, max_tokens: 1500, ...mode.extra };
     const { message, finish } = await ask(body, stream);
     const calls = message.tool_calls ?? [];
     if (!mode.calls) {
@@ -136,7 +139,7 @@ for (const mode of modes) {
     if (!prompt.includes(result) || !prompt.includes(calls[0].function.name)) {
       fail(`${tag}: the template did not render the call and its result: ${prompt.slice(-600)}`);
     }
-    const final = await ask({ model: 'm', messages: followup, tools, temperature: 0, max_tokens: 8 }, stream);
+    const final = await ask({ model, messages: followup, tools, temperature: 0, max_tokens: 8 }, stream);
     if (typeof final.message.content !== 'string' || !['stop', 'length'].includes(final.finish)) {
       fail(`${tag}: final answer ${JSON.stringify(final)}`);
     } else {
