@@ -171,5 +171,38 @@ TEST_F(StructuredOutputTest, RefusalsNameTheFieldAndTheKeyword) {
   }
 }
 
+// A grammar that dead-ends (after "{" it wants a UTF-16 surrogate, which no UTF-8 text holds):
+// the reply ends at once with finish_reason "error" and the error beside the text so far, plain
+// and streamed; never a hang, never a 5xx.
+TEST_F(StructuredOutputTest, AGrammarThatDeadEndsEndsWithFinishReasonErrorAndTheError) {
+  const json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                     {"max_tokens", 50},
+                     {"grammar", "root ::= \"{\" [\\uD800-\\uDFFF]"}};
+  httplib::Client client("127.0.0.1", server_->port());
+  client.set_read_timeout(60, 0);
+  auto plain = PostJson(client, "/v1/chat/completions", body.dump());
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  const json answer = json::parse(plain->body);
+  EXPECT_EQ(answer["choices"][0]["finish_reason"], "error") << plain->body;
+  EXPECT_EQ(answer["choices"][0]["message"]["content"], "{") << plain->body;
+  EXPECT_EQ(answer["error"]["code"], "grammar_dead_end") << plain->body;
+  EXPECT_NE(answer["error"]["message"].get<std::string>().find("the grammar allows no token"),
+            std::string::npos)
+      << plain->body;
+  json streamed = body;
+  streamed["stream"] = true;
+  auto stream = PostJson(client, "/v1/chat/completions", streamed.dump());
+  ASSERT_TRUE(stream);
+  ASSERT_EQ(stream->status, 200) << stream->body;
+  const std::vector<std::string> frames = SseData(stream->body);
+  ASSERT_GE(frames.size(), 3u) << stream->body;
+  EXPECT_EQ(frames.back(), "[DONE]");
+  EXPECT_EQ(json::parse(frames[frames.size() - 2])["error"]["code"], "grammar_dead_end")
+      << stream->body;
+  EXPECT_EQ(json::parse(frames[frames.size() - 3])["choices"][0]["finish_reason"], "error")
+      << stream->body;
+}
+
 }  // namespace
 }  // namespace kvl
