@@ -477,6 +477,13 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
   seq->tokens.reserve(static_cast<size_t>(std::min(e.model.context_length, reach)));
   seq->prev_token = seq->tokens.back();
   seq->sampler = std::make_unique<Sampler>(request.sampling, static_cast<int32_t>(vocab));
+  if (!request.grammar.empty()) {
+    auto grammar = CompileRequestGrammar(
+        request.grammar,
+        e.grammar_vocabulary.Get(*e.model.tokenizer, static_cast<int32_t>(vocab)));
+    if (!grammar.ok()) return grammar.status();
+    seq->grammar = std::move(*grammar);
+  }
   if (e.speculator) e.speculator->Prepare(*seq);  // speculative decoding (issue 26)
   seq->stop_filter = StopTextFilter(request.stop_strings);
   seq->request = std::move(request);

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "constrained_sampling.h"
 #include "inbox.h"
 #include "kvl/engine.h"
 #include "kvl/forward.h"
@@ -67,6 +68,7 @@ struct Engine::Impl {
   std::unique_ptr<StepRunner> runner;
   std::unique_ptr<Speculator> speculator;  // speculative decoding (issue 26); null: --spec off
   Inbox inbox;                             // requests and cancellations from any thread
+  GrammarVocabularyOnce grammar_vocabulary;  // built for the first request with a grammar
   // Writes the measured corrections back into the profile and measures the machine again when
   // they drift (null: no profile at a default path). Last: its worker reads the model.
   std::unique_ptr<ProfileKeeper> keeper;

@@ -11,6 +11,7 @@
 #include "kvl/engine.h"
 #include "kvl/kv_memory.h"  // KvSequencePages, KvPageFate, KvStats
 #include "kvl/sampling.h"
+#include "kvl/token_mask.h"
 #include "spec_state.h"
 
 namespace kvl {
@@ -70,6 +71,8 @@ struct Sequence {
   int32_t num_generated = 0;
   int32_t prev_token = -1;         // for DecodeToken's leading-space rule
   std::unique_ptr<Sampler> sampler;
+  // Its request's grammar (issue 42; constrained_sampling.h), or null: unconstrained.
+  std::unique_ptr<GrammarConstraint> grammar;
   StopTextFilter stop_filter{{}};
   Clock::time_point submitted;
   Clock::time_point first_token;

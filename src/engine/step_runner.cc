@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "constrained_sampling.h"  // SampleNextToken
+
 namespace kvl {
 namespace {
 
@@ -196,7 +198,7 @@ void StepRunner::RunBatch(const StepPlan& plan) {
       }
       const float* logits = p_.forward->logits(row++);
       p_.metrics->CountSpecStep(0, 0);
-      AppendToken(*seq, seq->sampler->Sample(logits, seq->tokens), logits);
+      AppendToken(*seq, SampleNextToken(*seq, logits), logits);
     }
   }
 }
@@ -257,6 +259,8 @@ void StepRunner::Run(const StepPlan& plan) {
 }
 
 void StepRunner::AppendToken(Sequence& seq, int32_t token, const float* logits) {
+  // A grammar that allows no token ends the request with an error, never a hang.
+  if (token < 0) return p_.scheduler->Finish(seq, FinishReason::kError, GrammarDeadEnd(seq));
   const Clock::time_point now = Clock::now();
   p_.metrics->CountTokenLatency(seq, now);
   if (seq.num_generated == 0) seq.first_token = now;

@@ -13,6 +13,7 @@
 // emitted token, so a fixed seed even gives plain decoding's tokens.
 #include <algorithm>
 
+#include "constrained_sampling.h"
 #include "step_runner.h"
 
 namespace kvl {
@@ -37,7 +38,7 @@ int64_t StepRunner::VerifyDraft(Sequence& seq, int64_t row) {
   verified_logits_.clear();
   for (int64_t i = 0; i < rows; ++i) {
     const float* logits = p_.forward->logits(row + i);
-    const int32_t token = seq.sampler->Sample(logits, seq.tokens);
+    const int32_t token = SampleNextToken(seq, logits);  // -1: a grammar's dead end
     verified_tokens_.push_back(token);
     verified_logits_.push_back(logits);
     if (i == drafted || token != spec.draft[static_cast<size_t>(i)]) break;

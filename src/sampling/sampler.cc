@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -35,6 +36,11 @@ double UniformUnit(std::mt19937_64& rng) {
 // The first probe size for top-p. Peaked LLM distributions usually reach top_p within a few
 // dozen tokens; the probe grows 4x when they do not.
 constexpr int32_t kTopPFirstProbe = 64;
+
+bool IsAllowed(const uint64_t* allowed, int32_t id) {
+  const auto u = static_cast<uint32_t>(id);
+  return (allowed[u >> 6] >> (u & 63)) & 1;
+}
 
 }  // namespace
 
@@ -96,6 +102,20 @@ int32_t Sampler::Argmax(const float* logits, int32_t n) {
   return best;
 }
 
+int32_t Sampler::MaskedArgmax(const float* logits, int32_t n, const uint64_t* allowed) {
+  int32_t best = -1;
+  // Word by word: a mask with few allowed tokens (inside a JSON number, say) skips most of the
+  // vocabulary 64 tokens at a time.
+  for (int32_t w = 0; w * 64 < n; ++w) {
+    for (uint64_t bits = allowed[w]; bits != 0; bits &= bits - 1) {
+      const int32_t i = w * 64 + std::countr_zero(bits);
+      if (i >= n) break;
+      if (best < 0 || logits[i] > logits[best]) best = i;
+    }
+  }
+  return best;
+}
+
 size_t Sampler::MarkPenalized(const std::vector<int32_t>& history) {
   if (params_.repeat_penalty == 1.0f || params_.repeat_last_n == 0) return history.size();
   const size_t window = params_.repeat_last_n < 0
@@ -118,6 +138,9 @@ void Sampler::ClearPenalized(const std::vector<int32_t>& history, size_t begin) 
 }
 
 float Sampler::PenalizedLogit(const float* logits, int32_t id) const {
+  if (allowed_ != nullptr && !IsAllowed(allowed_, id)) {
+    return -std::numeric_limits<float>::infinity();
+  }
   const float logit = bias_.empty() ? logits[id] : logits[id] + bias_[static_cast<size_t>(id)];
   if (!penalized_[static_cast<size_t>(id)]) return logit;
   // A flag per token, not a count: each distinct token is penalized once however often it
@@ -242,17 +265,27 @@ int32_t Sampler::Draw(int32_t n) {
   return candidates_[0].id;
 }
 
-int32_t Sampler::Sample(const float* logits, const std::vector<int32_t>& history) {
+int32_t Sampler::Sample(const float* logits, const std::vector<int32_t>& history,
+                        const uint64_t* allowed) {
   const size_t window_begin = MarkPenalized(history);
-  const int32_t id = SampleMarked(logits);
+  allowed_ = allowed;
+  int32_t id = SampleMarked(logits);
+  allowed_ = nullptr;
   ClearPenalized(history, window_begin);
+  if (allowed != nullptr && !IsAllowed(allowed, id)) {
+    // Only a row whose allowed logits are all -inf or NaN gets here: no distribution over the
+    // allowed tokens, so the first of them (never a masked token).
+    id = MaskedArgmax(logits, vocab_size_, allowed);
+    KVL_CHECK_MSG(id >= 0, "Sample was given a mask that allows no token");
+  }
   return id;
 }
 
 int32_t Sampler::SampleMarked(const float* logits) {
   const bool penalty_on = params_.repeat_penalty != 1.0f && params_.repeat_last_n != 0;
   if (params_.temperature <= 0.0f && !penalty_on && bias_.empty()) {
-    return Argmax(logits, vocab_size_);
+    return allowed_ != nullptr ? MaskedArgmax(logits, vocab_size_, allowed_)
+                               : Argmax(logits, vocab_size_);
   }
   if (params_.temperature <= 0.0f) {
     int32_t best = 0;

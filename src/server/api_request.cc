@@ -14,6 +14,8 @@
 
 #include "json_body.h"
 #include "kvl/jinja_json.h"
+#include "structured_output.h"
+#include "tool_request.h"
 
 namespace kvl::server {
 namespace {
@@ -180,7 +182,10 @@ std::optional<ApiError> ReadContent(const json& content, size_t index, std::stri
 // as templates written for HF transformers expect them.
 jinja::Value MessageValue(const json& m, std::string content_text, bool has_content) {
   json copy = m;
-  if (has_content) copy["content"] = std::move(content_text);
+  // A turn with no content (an assistant's that only calls tools: null, as OpenAI's clients send
+  // it) gets "": templates test and split it as a string (Qwen3's `'</think>' in content`
+  // fails on none), and "" reads as no content wherever a template asks.
+  copy["content"] = has_content ? std::move(content_text) : std::string();
   if (copy.contains("tool_calls") && copy["tool_calls"].is_array()) {
     for (json& call : copy["tool_calls"]) {
       if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
@@ -196,8 +201,10 @@ jinja::Value MessageValue(const json& m, std::string content_text, bool has_cont
   return jinja::FromJson(copy);
 }
 
-// messages, tools, chat_template_kwargs and add_generation_prompt: what a chat template renders.
-std::optional<ApiError> ReadChatInputs(const FieldReader& fields, ChatInputs* inputs) {
+// messages, tools (unless !render_tools: tool_choice "none"), chat_template_kwargs and
+// add_generation_prompt: what a chat template renders.
+std::optional<ApiError> ReadChatInputs(const FieldReader& fields, ChatInputs* inputs,
+                                       bool render_tools = true) {
   const json* messages = fields.Find("messages");
   if (messages == nullptr) return BadField("messages", "'messages' is required");
   if (!messages->is_array()) return BadField("messages", "'messages' must be an array");
@@ -236,7 +243,7 @@ std::optional<ApiError> ReadChatInputs(const FieldReader& fields, ChatInputs* in
   inputs->messages = jinja::Value::Array(std::move(values));
   if (const json* tools = fields.Find("tools")) {
     if (!tools->is_array()) return BadField("tools", "'tools' must be an array");
-    if (!tools->empty()) inputs->tools = jinja::FromJson(*tools);
+    if (!tools->empty() && render_tools) inputs->tools = jinja::FromJson(*tools);
   }
   if (const json* kwargs = fields.Find("chat_template_kwargs")) {
     if (!kwargs->is_object())
@@ -259,9 +266,9 @@ const ChatFormatter& FormatterOf(const ApiContext& context) {
 }
 
 std::optional<ApiError> ReadMessages(const FieldReader& fields, const ApiContext& context,
-                                     Request* request) {
+                                     const ToolRequest& tools, Request* request) {
   ChatInputs chat;
-  if (auto e = ReadChatInputs(fields, &chat)) return e;
+  if (auto e = ReadChatInputs(fields, &chat, tools.uses_tools())) return e;
   StatusOr<std::string> prompt = FormatterOf(context).Apply(chat);
   if (!prompt.ok()) return BadField("messages", Truncated(prompt.status().message()));
   if (prompt->empty()) return BadField("messages", "the messages make an empty prompt");
@@ -350,22 +357,7 @@ std::optional<ApiError> ReadSampling(FieldReader& f, const ApiContext& context, 
 std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const ApiContext& context,
                                     CompletionParams* out) {
   // Fields this server does not implement are refused by name, never silently ignored: a client
-  // that asks for JSON output or a suffix must not get plain text and believe it got either.
-  if (const json* format = f.Find("response_format");
-      format != nullptr && !format->is_null() &&
-      !(format->is_object() && format->value("type", "") == "text")) {
-    return BadField("response_format",
-                    "'response_format' (structured output) is not supported by this server; only "
-                    "{\"type\": \"text\"}");
-  }
-  // Tools are rendered into the prompt by the chat template; the reply is not parsed into
-  // tool_calls, so a choice that forces a call cannot be honoured.
-  if (const json* choice = f.Find("tool_choice");
-      choice != nullptr && !choice->is_null() && *choice != "none" && *choice != "auto") {
-    return BadField("tool_choice",
-                    "only 'tool_choice' \"none\" or \"auto\" is supported (replies are not "
-                    "parsed into tool calls)");
-  }
+  // that asks for a suffix must not get plain text and believe it got one.
   if (const json* best_of = f.Find("best_of");
       best_of != nullptr && !best_of->is_null() && *best_of != 1) {
     return BadField("best_of", "only 'best_of' = 1 is supported");
@@ -427,6 +419,33 @@ std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const Api
   return std::nullopt;
 }
 
+// tool_choice required / named: the grammar of a call; and how the reply's text is split.
+std::optional<ApiError> ReadReplyOptions(const ToolRequest& tools, const ApiContext& context,
+                                         CompletionParams* out) {
+  std::string gbnf;
+  if (tools.uses_tools()) {
+    if (auto e = ToolCallGrammar(tools, context.tool_format, &gbnf)) return e;
+  }
+  if (!gbnf.empty()) {
+    if (!out->request.grammar.empty()) {
+      return BadField("tool_choice",
+                      "'tool_choice' forces a tool call, and 'response_format' (or 'grammar', "
+                      "'json_schema') constrains the reply too; send one");
+    }
+    out->request.grammar = std::move(gbnf);
+  }
+  ReplyOptions& reply = out->reply;
+  reply.parse_tools = tools.uses_tools();
+  reply.format = context.tool_format;
+  reply.parallel = tools.parallel;
+  reply.split_reasoning = tools.split_reasoning && context.template_thinks;
+  // A template that opens the reasoning itself (DeepSeek-R1's, Qwen3's thinking variants)
+  // leaves the reply inside it from its first token.
+  const std::string_view prompt = TrimSpace(out->request.prompt);
+  reply.reasoning_open = reply.split_reasoning && prompt.ends_with("<think>");
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string ErrorBody(const ApiError& error) {
@@ -445,12 +464,24 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   try {
     FieldReader fields(doc);
     if (auto e = CheckModel(fields, context)) return e;
+    ToolRequest tools;
+    if (auto e = ReadToolRequest(doc, &tools)) return e;
+    if (endpoint == Endpoint::kCompletions &&
+        (tools.choice == ToolChoice::kRequired || tools.choice == ToolChoice::kNamed)) {
+      return BadField("tool_choice", "'tool_choice' forces a tool call: send it to "
+                                     "/v1/chat/completions, whose template renders the tools");
+    }
     if (auto e = endpoint == Endpoint::kCompletions
                      ? ReadPrompt(fields, &out->request)
-                     : ReadMessages(fields, context, &out->request)) {
+                     : ReadMessages(fields, context, tools, &out->request)) {
       return e;
     }
     if (auto e = ReadOptions(fields, endpoint, context, out)) return e;
+    // response_format, json_schema, grammar (structured_output.h).
+    if (auto e = ReadStructuredOutput(doc, &out->request)) return e;
+    if (endpoint == Endpoint::kChatCompletions) {
+      if (auto e = ReadReplyOptions(tools, context, out)) return e;
+    }
     if (auto e = ReadStops(fields, &out->request)) return e;
     if (auto e = ReadSampling(fields, context, &out->request.sampling)) return e;
   } catch (const json::exception& e) {

@@ -10,6 +10,8 @@
 
 #include "kvl/chat_template.h"
 #include "kvl/engine.h"
+#include "reply_splitter.h"
+#include "tool_calls.h"
 
 namespace kvl::server {
 
@@ -33,6 +35,10 @@ struct ApiContext {
   // The engine reserved buffers for compressed pages (Engine::accepts_lossy_kv): a request may
   // ask for kv_quality balanced or aggressive.
   bool accepts_lossy_kv = true;
+  // Read from the chat template's text: the syntax its model writes tool calls in, and whether
+  // it thinks in <think> ... </think> (a reply is then split into reasoning and content).
+  ToolCallFormat tool_format = ToolCallFormat::kNone;
+  bool template_thinks = false;
 };
 
 enum class Endpoint { kCompletions, kChatCompletions };
@@ -42,6 +48,9 @@ struct CompletionParams {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool return_token_ids = false;  // vLLM's: prompt_token_ids and each choice's token_ids
+  // How a chat reply's text is split into reasoning, content and tool calls (inactive: all of
+  // it is content).
+  ReplyOptions reply;
 };
 
 // Parses and validates a request body. Never throws.

@@ -130,6 +130,71 @@ std::string CompletionBody(const ResponseHead& head, std::string_view text,
   return Dump(body);
 }
 
+namespace {
+
+json ToolCallsJson(const std::vector<ReplyToolCall>& calls) {
+  json out = json::array();
+  for (const ReplyToolCall& call : calls) {
+    out.push_back({{"id", call.id},
+                   {"type", "function"},
+                   {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string SplitChatBody(const ResponseHead& head, const ReplyDelta& reply,
+                          std::string_view finish_reason, const Usage& usage,
+                          const Logprobs& logprobs, const std::vector<int32_t>& token_ids) {
+  json message = {{"role", "assistant"}};
+  message["content"] =
+      reply.content.empty() && !reply.calls.empty() ? json(nullptr) : json(reply.content);
+  if (!reply.reasoning.empty()) message["reasoning_content"] = reply.reasoning;
+  if (!reply.calls.empty()) message["tool_calls"] = ToolCallsJson(reply.calls);
+  json choice = {{"index", 0},
+                 {"logprobs", LogprobsJson(head, logprobs)},
+                 {"finish_reason", finish_reason},
+                 {"message", std::move(message)}};
+  if (head.token_ids) choice["token_ids"] = token_ids;
+  json body = Envelope(head, /*chunk=*/false);
+  if (head.token_ids) body["prompt_token_ids"] = head.prompt_token_ids;
+  body["choices"] = json::array({std::move(choice)});
+  body["usage"] = UsageJson(usage);
+  return Dump(body);
+}
+
+std::string DeltaFrames(const ResponseHead& head, const ReplyDelta& delta,
+                        const Logprobs& logprobs, const std::vector<int32_t>& token_ids) {
+  std::vector<json> deltas;
+  if (!delta.reasoning.empty()) deltas.push_back({{"reasoning_content", delta.reasoning}});
+  if (!delta.content.empty()) deltas.push_back({{"content", delta.content}});
+  for (const ReplyToolCall& call : delta.calls) {
+    deltas.push_back({{"tool_calls",
+                       json::array({{{"index", call.index},
+                                     {"id", call.id},
+                                     {"type", "function"},
+                                     {"function", {{"name", call.name}, {"arguments", ""}}}}})}});
+    deltas.push_back(
+        {{"tool_calls",
+          json::array({{{"index", call.index}, {"function", {{"arguments", call.arguments}}}}})}});
+  }
+  const bool extras = (head.logprobs && !logprobs.tokens.empty()) || (head.token_ids && !token_ids.empty());
+  if (deltas.empty() && extras) deltas.push_back(json::object());
+  std::string frames;
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    if (i == 0) {
+      frames += Chunk(head, std::move(deltas[i]), "", nullptr, LogprobsJson(head, logprobs),
+                      &token_ids);
+    } else {
+      static const std::vector<int32_t> kNone;
+      frames += Chunk(head, std::move(deltas[i]), "", nullptr,
+                      head.logprobs ? LogprobsJson(head, Logprobs{}) : json(nullptr), &kNone);
+    }
+  }
+  return frames;
+}
+
 std::string RoleFrame(const ResponseHead& head) {
   return Chunk(head, {{"role", "assistant"}, {"content", ""}}, "", nullptr, nullptr, nullptr,
                /*prompt_ids=*/true);

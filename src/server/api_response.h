@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "api_request.h"
+#include "reply_splitter.h"
 
 namespace kvl::server {
 
@@ -58,6 +59,13 @@ std::string CompletionBody(const ResponseHead& head, std::string_view text,
                            const Logprobs& logprobs = {},
                            const std::vector<int32_t>& token_ids = {});
 
+// A chat completion whose reply was split (reply_splitter.h): the message's reasoning_content
+// (where there is any), content (null when the reply is only calls) and tool_calls.
+std::string SplitChatBody(const ResponseHead& head, const ReplyDelta& reply,
+                          std::string_view finish_reason, const Usage& usage,
+                          const Logprobs& logprobs = {},
+                          const std::vector<int32_t>& token_ids = {});
+
 // "data: {...}\n\n" frames. A chunk carries the role (chat, first frame), text, or a finish
 // reason; the usage frame has no choices.
 std::string RoleFrame(const ResponseHead& head);
@@ -65,6 +73,12 @@ std::string RoleFrame(const ResponseHead& head);
 std::string TextFrame(const ResponseHead& head, std::string_view text,
                       const Logprobs& logprobs = {}, const std::vector<int32_t>& token_ids = {},
                       bool first = false);
+// A split chat reply's delta as frames: reasoning_content, content, and each call as OpenAI
+// streams it (index, id, type and name with empty arguments, then the arguments). The
+// log-probabilities and token ids ride on the first frame; with nothing else to say they get a
+// frame of their own (an empty delta), as a held-back token's do.
+std::string DeltaFrames(const ResponseHead& head, const ReplyDelta& delta,
+                        const Logprobs& logprobs = {}, const std::vector<int32_t>& token_ids = {});
 std::string FinishFrame(const ResponseHead& head, std::string_view finish_reason);
 std::string UsageFrame(const ResponseHead& head, const Usage& usage);
 std::string ErrorFrame(const ApiError& error);

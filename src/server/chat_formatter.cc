@@ -44,6 +44,7 @@ StatusOr<ChatFormatter> ChatFormatter::FromJinja(std::string_view source, std::s
   f.jinja_ = std::make_shared<const jinja::Template>(std::move(*parsed));
   f.options_ = std::move(options);
   f.description_ = fmt::format("jinja ({})", origin);
+  f.source_ = std::string(source);
   ChatInputs probe;
   probe.messages = ProbeMessages();
   if (StatusOr<std::string> out = f.Apply(probe); !out.ok()) {

@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "api_key.h"
 #include "api_request.h"
@@ -27,6 +28,7 @@
 #include "http_transport.h"
 #include "json_body.h"
 #include "kvl/chat_template.h"
+#include "reply_splitter.h"
 #include "server_metrics.h"
 #include "template_routes.h"
 #include "tokenize_routes.h"
@@ -108,6 +110,11 @@ struct LiveRequest {
 
   // The drain's own (one drain runs at a time, on the I/O thread).
   LogprobDecoder decoder;
+  // A chat reply split into reasoning, content and tool calls (reply_splitter.h); empty: all
+  // of it is content. A stream's splitter is fed as text arrives; a plain answer's reads the
+  // whole text at the end.
+  ReplyOptions reply;
+  std::optional<ReplySplitter> splitter;
   std::vector<Piece> draining;
   std::vector<Piece> pieces;          // a plain answer's, until the last event
   std::vector<int32_t> held_ids;      // a stream's token ids whose text was held back
@@ -180,6 +187,9 @@ class OpenAiServer {
   std::atomic<ServerState> state_{ServerState::kLoading};
   std::unique_ptr<Engine> engine_;  // set before state_ becomes kReady
   ApiContext context_;
+  // Control tokens whose text is a tool-call or reasoning marker (<|python_tag|>, [TOOL_CALLS],
+  // <think>, ...), by id: set with the engine.
+  std::unordered_map<int32_t, std::string> marker_tokens_;
   int64_t max_tokenize_bytes_ = 0;  // set with the engine
   ServerMetrics metrics_;
   ApiKeyGate api_key_;
@@ -325,6 +335,14 @@ void OpenAiServer::AppendFrame(LiveRequest& r, const Piece& piece, std::string* 
   Logprobs token_logprobs;
   if (r.head.logprobs) r.decoder.Add(piece, &token_logprobs);
   if (piece.token >= 0) r.held_ids.push_back(piece.token);
+  if (r.splitter) {
+    const ReplyDelta delta = r.splitter->Add(piece.text);
+    if (delta.empty() && token_logprobs.tokens.empty()) return;
+    r.text_sent = true;
+    *frames += DeltaFrames(r.head, delta, token_logprobs, r.held_ids);
+    r.held_ids.clear();
+    return;
+  }
   if (piece.text.empty() && token_logprobs.tokens.empty()) return;
   const bool first = !r.text_sent;
   r.text_sent = true;
@@ -375,6 +393,10 @@ ApiError FailedRequestError(const TokenEvent& last) {
   if (last.error.code() == StatusCode::kResourceExhausted) {
     return ApiError{400, last.error.message(), "invalid_request_error", "", "kv_budget_exceeded"};
   }
+  // The request's grammar allowed no token (a dead end): the request's own doing.
+  if (last.error.code() == StatusCode::kInvalidArgument) {
+    return ApiError{400, last.error.message(), "invalid_request_error", "", "grammar_dead_end"};
+  }
   return ApiError{500, last.error.message(), "server_error", "", ""};
 }
 
@@ -410,6 +432,13 @@ void OpenAiServer::Drain(LiveRequest& r) {
   }
   std::string frames;
   for (Piece& piece : r.draining) {
+    // The control tokens that open a call or reasoning print nothing in the engine's text; the
+    // splitter reads them by their text.
+    if (r.reply.active() && piece.text.empty() && piece.token >= 0) {
+      if (auto marker = marker_tokens_.find(piece.token); marker != marker_tokens_.end()) {
+        piece.text = marker->second;
+      }
+    }
     if (r.stream) {
       AppendFrame(r, piece, &frames);
     } else {
@@ -426,18 +455,30 @@ void OpenAiServer::Answer(LiveRequest& r, const TokenEvent& last, std::string fr
   const bool failed = last.finish_reason == "error";
   const ApiError error = FailedRequestError(last);
   const Usage usage{last.prompt_tokens, last.cached_prompt_tokens, last.generated_tokens};
+  std::string_view finish_reason = OpenAiFinishReason(last.finish_reason);
+  // A grammar that allowed no token of the vocabulary (the engine's INVALID_ARGUMENT after
+  // submission): the text so far is answered, with finish_reason "error" and the error beside
+  // it, so that a client sees both where it stopped and why.
+  const bool dead_end = failed && last.error.code() == StatusCode::kInvalidArgument;
   if (r.stream) {
-    if (failed) {
+    if (dead_end) {
+      frames += FinishFrame(r.head, "error");
+      frames += ErrorFrame(error);
+    } else if (failed) {
       frames += ErrorFrame(error);
     } else {
-      frames += FinishFrame(r.head, OpenAiFinishReason(last.finish_reason));
+      if (r.splitter) {
+        frames += DeltaFrames(r.head, r.splitter->Finish());
+        if (r.splitter->calls_sent() > 0) finish_reason = "tool_calls";
+      }
+      frames += FinishFrame(r.head, finish_reason);
       if (r.head.include_usage) frames += UsageFrame(r.head, usage);
     }
     frames += kDoneFrame;
     r.out->Write(std::move(frames));
     return r.out->End();
   }
-  if (failed) return SendError(*r.out, error);
+  if (failed && !dead_end) return SendError(*r.out, error);
   std::string text;
   Logprobs token_logprobs;
   std::vector<int32_t> token_ids;
@@ -446,8 +487,20 @@ void OpenAiServer::Answer(LiveRequest& r, const TokenEvent& last, std::string fr
     if (piece.token >= 0) token_ids.push_back(piece.token);
     if (r.head.logprobs) r.decoder.Add(piece, &token_logprobs);
   }
-  HttpResponse answer = JsonResponse(CompletionBody(
-      r.head, text, OpenAiFinishReason(last.finish_reason), usage, token_logprobs, token_ids));
+  std::string body;
+  if (r.reply.active()) {
+    const ReplyDelta reply = SplitReply(text, r.reply);
+    if (!reply.calls.empty()) finish_reason = "tool_calls";
+    body = SplitChatBody(r.head, reply, finish_reason, usage, token_logprobs, token_ids);
+  } else {
+    body = CompletionBody(r.head, text, finish_reason, usage, token_logprobs, token_ids);
+  }
+  if (dead_end) {
+    nlohmann::ordered_json with_error = nlohmann::ordered_json::parse(body);
+    with_error["error"] = nlohmann::ordered_json::parse(ErrorBody(error))["error"];
+    body = with_error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+  HttpResponse answer = JsonResponse(std::move(body));
   answer.headers.push_back({"X-Request-Id", std::to_string(last.request)});
   r.out->Send(std::move(answer));
 }
@@ -480,6 +533,10 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
                    context_.model_name, params.include_usage, logprobs, params.return_token_ids,
                    std::move(prompt_token_ids)},
       params.stream, out, engine_->tokenizer(), prompt_last_token);
+  if (endpoint == Endpoint::kChatCompletions && params.reply.active()) {
+    live->reply = params.reply;
+    if (params.stream) live->splitter.emplace(params.reply);
+  }
   // Held until the request's id is recorded: the engine's first event waits for it.
   std::unique_lock<std::mutex> live_lock(live->mu);
   StatusOr<RequestId> id = InternalError("not submitted");
@@ -520,6 +577,18 @@ Status OpenAiServer::LoadEngine() {
   max_tokenize_bytes_ = TokenizeContentLimit(engine_->tokenizer(), context_.context_length);
   context_.accepts_lossy_kv = engine_->accepts_lossy_kv();
   KVL_ASSIGN_OR_RETURN(context_.chat, LoadChatFormatter(options_, *engine_));
+  const std::string& source = context_.chat->source();
+  context_.tool_format = DetectToolCallFormat(source);
+  context_.template_thinks = source.find("<think>") != std::string::npos ||
+                             source.find("</think>") != std::string::npos;
+  const Tokenizer& tokenizer = engine_->tokenizer();
+  for (std::string_view marker : {"<tool_call>", "</tool_call>", "<|python_tag|>", "[TOOL_CALLS]",
+                                  "<think>", "</think>"}) {
+    const std::vector<int32_t> ids = tokenizer.Encode(marker, EncodeOptions{false, true});
+    if (ids.size() == 1 && tokenizer.DecodeToken(-1, ids[0]).empty()) {
+      marker_tokens_.emplace(ids[0], std::string(marker));
+    }
+  }
   fmt::print(stderr, "kvl serve: model '{}', context {}, chat template {}\n", context_.model_name,
              context_.context_length, context_.chat->description());
   engine_->Start();

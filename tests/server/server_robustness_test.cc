@@ -280,7 +280,7 @@ TEST(ServeOpenAiFieldsTest, LogitBiasIsAppliedAndUnsupportedFieldsAreRefusedByNa
   EXPECT_NE(text, json::parse(plain->body)["choices"][0]["text"].get<std::string>());
   EXPECT_EQ(text.find(" Once Once"), 0u) << text;
   for (const auto& [field, value] :
-       std::vector<std::pair<std::string, json>>{{"response_format", {{"type", "json_object"}}},
+       std::vector<std::pair<std::string, json>>{{"response_format", {{"type", "json_yaml"}}},
                                                  {"best_of", 2},
                                                  {"suffix", "The end."},
                                                  {"tool_choice", "required"},

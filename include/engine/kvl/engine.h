@@ -181,6 +181,12 @@ struct Request {
   SamplingParams sampling;
   std::vector<std::string> stop_strings;  // generation ends before any of these texts
   std::vector<int32_t> stop_ids;          // ... or at any of these tokens (not emitted)
+  // A GBNF grammar (llama.cpp's syntax; kvl/grammar.h) the output must follow: each token is
+  // sampled among the tokens that keep the output a prefix of the grammar's language, and the
+  // end of generation is allowed only where the grammar may end. Empty: unconstrained. Submit
+  // refuses one that does not parse (INVALID_ARGUMENT naming line and column); a JSON schema
+  // becomes one with JsonSchemaToGbnf (kvl/json_schema_grammar.h).
+  std::string grammar;
   bool ignore_eos = false;
   // Log-probabilities of each generated token: the log-softmax of the step's raw logits (before
   // the repetition penalty, temperature and filtering, as OpenAI and vLLM report them), computed

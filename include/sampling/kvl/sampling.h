@@ -39,10 +39,18 @@ class Sampler {
   // Picks the next token. `logits` holds vocab_size values. `history` is the sequence so far
   // (prompt + generated), for the penalty; ids outside the vocab are ignored. logits is not
   // modified.
-  int32_t Sample(const float* logits, const std::vector<int32_t>& history);
+  //
+  // `allowed`, when given, is a bit set over the vocabulary (bit t % 64 of word t / 64; a
+  // grammar's mask, kvl/token_mask.h): every other token's logit is -inf before any other step,
+  // so greedy takes the best allowed token and no filter or draw can pick a masked one. At
+  // least one token must be allowed (checked).
+  int32_t Sample(const float* logits, const std::vector<int32_t>& history,
+                 const uint64_t* allowed = nullptr);
 
   // Index of the largest logit (lowest index on ties).
   static int32_t Argmax(const float* logits, int32_t n);
+  // The same among the tokens `allowed` marks (-1 where none is).
+  static int32_t MaskedArgmax(const float* logits, int32_t n, const uint64_t* allowed);
 
   const SamplingParams& params() const { return params_; }
 
@@ -82,6 +90,7 @@ class Sampler {
   std::vector<Candidate> candidates_;  // preallocated scratch, vocab_size entries
   std::vector<uint8_t> penalized_;     // [vocab_size] 1 for tokens in the penalty window
   std::vector<float> bias_;            // [vocab_size] logit_bias, or empty when none is given
+  const uint64_t* allowed_ = nullptr;  // the mask of the Sample call in progress, or null
 };
 
 }  // namespace kvl

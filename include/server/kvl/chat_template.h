@@ -88,6 +88,9 @@ class ChatFormatter {
   // "jinja (<origin>)" or the built-in's name.
   const std::string& description() const { return description_; }
   bool is_jinja() const { return jinja_ != nullptr; }
+  // The Jinja template's text ("" for a built-in): the server reads which tool-call and
+  // reasoning markers the model writes from it.
+  const std::string& source() const { return source_; }
   // Stops the renders in progress (each at its next check) and refuses new ones, in this
   // formatter and its copies: for a server whose shutdown must not wait on a template.
   void CancelRenders() const { cancelled_->store(true); }
@@ -97,6 +100,7 @@ class ChatFormatter {
   ChatTemplate builtin_ = ChatTemplate::kPlain;
   ChatFormatterOptions options_;
   std::string description_;
+  std::string source_;
   std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
 };
 
