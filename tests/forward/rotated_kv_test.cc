@@ -1,9 +1,9 @@
 // The rotated KV cache types (q8_0r, q4_0r) through the forward pass on the project's trained
 // model (kvl-doc-12m, head_dim 64): results are batch-invariant (one token at a time, chunks, or
-// the whole prompt give the same bits), q8_0r stays within a measured KLD of the f32 cache and
-// q4_0r within a measured factor of q4_0 (on the early checkpoint rotation gains nothing at 4
-// bits: its keys have no outlier channels yet; tests/ops/hadamard_rotation_test.cc shows the gain
-// on keys that have them), rotating V alone changes the result, and a model whose head_dim cannot
+// the whole prompt give the same bits), q8_0r diverges from the f32 cache far less than q4_0 and
+// q4_0r within a measured factor of q4_0 (on these checkpoints rotation gains little at 4 bits:
+// their keys have few outlier channels; tests/ops/hadamard_rotation_test.cc shows the gain on keys
+// that have them), rotating V alone changes the result, and a model whose head_dim cannot
 // be rotated is refused by name.
 #include <gtest/gtest.h>
 
@@ -132,11 +132,11 @@ TEST_F(RotatedKvTest, Q8_0rIsCloseToF32AndQ4_0rCostsWhatQ4_0Costs) {
   const double q4 = MeanKld(DType::kQ4_0, DType::kQ4_0, ids, want);
   const double q4r = MeanKld(DType::kQ4_0R, DType::kQ4_0R, ids, want);
   const double k4_v4r = MeanKld(DType::kQ4_0, DType::kQ4_0R, ids, want);
-  // Measured on the early checkpoint (AVX-512): q8_0 1.56e-6, q8_0r 2.00e-6, q4_0 4.53e-4,
-  // q4_0r 4.80e-4, q4_0 K / q4_0r V 5.15e-4.
+  // Measured (AVX-512) on the early checkpoint (step 232) and on step 4,297: q8_0r 2.0e-6 /
+  // 2.0e-5, q4_0 4.53e-4 / 6.06e-3, q4_0r 4.80e-4 / 5.62e-3, q4_0 K with q4_0r V 5.15e-4 /
+  // 6.56e-3. Bounds relative to q4_0, so that they hold as the model trains on.
   EXPECT_GT(q8r, 0.0);
-  EXPECT_LT(q8r, 1e-5);
-  EXPECT_GT(q4r, 20 * q8r);  // 4 bits cost more than 8
+  EXPECT_LT(q8r, q4 / 50);  // 8 bits cost far less than 4: 226x and 297x
   EXPECT_LT(q4r, 1.5 * q4);
   // Rotating V alone changes the result (the rotation is applied, and undone on the output
   // well enough to stay near the others).
