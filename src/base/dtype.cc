@@ -16,7 +16,7 @@ struct Entry {
 
 // Block geometry of every ggml type we can name, so that files holding types we cannot compute
 // with still parse and report sizes (kvl inspect), and only loading them for compute fails.
-constexpr std::array<Entry, 32> kTable = {{
+constexpr std::array<Entry, 34> kTable = {{
     {0, {"f32", 1, 4, true}},
     {1, {"f16", 1, 2, true}},
     {2, {"q4_0", 32, 18, true}},
@@ -49,11 +49,16 @@ constexpr std::array<Entry, 32> kTable = {{
     {34, {"tq1_0", 256, 54, false}},
     {35, {"tq2_0", 256, 66, false}},
     {39, {"mxfp4", 32, 17, false}},
+    // The rotated KV cache types: q8_0 / q4_0 blocks; never a tensor type (LookupDType).
+    {0x1008, {"q8_0r", 32, 34, false}},
+    {0x1002, {"q4_0r", 32, 18, false}},
 }};
 
 }  // namespace
 
 std::optional<DTypeTraits> LookupDType(uint32_t raw_type) {
+  // A file's tensor type is a ggml number: the KV-only types are unknown there.
+  if (IsRotatedKvType(static_cast<DType>(raw_type))) return std::nullopt;
   for (const Entry& e : kTable) {
     if (e.raw == raw_type) return e.traits;
   }

@@ -214,6 +214,8 @@ struct BenchQualityArgs {
   std::string model_path;        // -m
   int num_threads = 0;           // -t: 0 = every core
   std::string text_path;         // -f: the text (default: the built-in one calibration uses)
+  int64_t ctx = 0;               // --ctx: tokens per chunk; 0 = 512 and the model's context
+  int64_t chunks = 4;            // --chunks: chunks of the text per context; 0 = every one
   std::string output = "table";  // -o table|json
   std::string json_path;         // --json FILE
 };

@@ -131,6 +131,7 @@ Status Measure(const PerplexityArgs& args) {
   }
   KVL_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(args.model_path));
   const ModelConfig& c = model->config();
+  KVL_RETURN_IF_ERROR(CheckKvCacheTypes(c, type_k, type_v));
   const int64_t n_ctx = args.context_length > 0
                             ? args.context_length
                             : std::min<int64_t>(512, c.context_length > 0 ? c.context_length : 512);

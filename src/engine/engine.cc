@@ -197,6 +197,7 @@ Status CreateKvMemory(Engine::Impl& e) {
   o.dim = c.dim;
   KVL_ASSIGN_OR_RETURN(o.k_type, ParseKvCacheType(options.cache_type_k));
   KVL_ASSIGN_OR_RETURN(o.v_type, ParseKvCacheType(options.cache_type_v));
+  KVL_RETURN_IF_ERROR(CheckKvCacheTypes(c, o.k_type, o.v_type));
   o.model_identity = ModelIdentity(*e.model.weights);
   o.context_length = e.model.context_length;
   o.max_seqs = options.max_seqs;

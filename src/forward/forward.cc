@@ -1,5 +1,7 @@
 #include "kvl/forward.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -124,6 +126,20 @@ void* RowData(DType type, float* f32, uint16_t* half, uint8_t* quantized) {
   return IsQuantKvType(type) ? static_cast<void*>(quantized) : half;
 }
 }  // namespace
+
+Status CheckKvCacheTypes(const ModelConfig& config, DType k_type, DType v_type) {
+  const int64_t d = config.head_dim;
+  for (const DType type : {k_type, v_type}) {
+    if (!IsRotatedKvType(type)) continue;
+    if (!ops::IsHadamardSize(d) || d < 32 || d > ops::kMaxQuantHeadDim) {
+      return InvalidArgumentError(fmt::format(
+          "KV cache type {} rotates each head with a Walsh-Hadamard transform and needs head_dim a "
+          "power of two from 32 to {}; this model's head_dim is {} (use {} instead)",
+          DTypeName(type), ops::kMaxQuantHeadDim, d, DTypeName(StorageFormat(type))));
+    }
+  }
+  return Status::Ok();
+}
 
 Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions& options)
     : model_(model), config_(model.config()), ops_(ops), options_(options) {
@@ -419,10 +435,25 @@ void Forward::FinishQ(const LayerWeights& w, float* q, const float* cos, const f
 }
 
 // One K or V row of kv_dim floats into the cache at its element type (f32 copied, f16 / bf16
-// narrowed, q8_0 / q4_0 quantized by ggml's reference quantizers, the same bytes on every ISA):
-// the one way rows enter a cache, so rebuilt rows match stored ones bit for bit.
+// narrowed, q8_0 / q4_0 quantized by ggml's reference quantizers, q8_0r / q4_0r rotated per head
+// and then quantized; the same bytes on every ISA): the one way rows enter a cache, so rebuilt
+// rows match stored ones bit for bit.
 void Forward::StoreRow(const float* row, DType type, void* out) const {
   const int64_t n = config_.kv_dim();
+  if (IsRotatedKvType(type)) {
+    // A head at a time: its blocks of 32 are its own (head_dim a multiple of 32, checked by
+    // CheckKvCacheTypes), so the bytes are those of the whole rotated row quantized at once.
+    const int64_t d = config_.head_dim;
+    KVL_CHECK_MSG(ops::IsHadamardSize(d) && d >= 32 && d <= ops::kMaxQuantHeadDim,
+                  "a rotated KV cache type on a model whose head_dim it cannot rotate");
+    alignas(64) float head[ops::kMaxQuantHeadDim];
+    for (int64_t at = 0; at < n; at += d) {
+      std::memcpy(head, row + at, sizeof(float) * static_cast<size_t>(d));
+      ops::HadamardRotate(ops_, head, 1, d);
+      quant::QuantizeRow(type, head, d, static_cast<uint8_t*>(out) + RowBytes(type, at));
+    }
+    return;
+  }
   if (type == DType::kF32) {
     std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n));
   } else if (IsQuantKvType(type)) {
@@ -517,6 +548,30 @@ void Forward::RebuildLayerKv(int64_t layer, const float* checkpoints, const int6
   }
 }
 
+// Per token one RmsNorm of its checkpoint, the Q projection, and FinishQ: Attention's queries.
+void Forward::LayerQueries(int64_t layer, const float* checkpoints, const int64_t* positions,
+                           int64_t n, float* q_out) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = layers_[static_cast<size_t>(layer)];
+  const int64_t half = c.head_dim / 2;
+  const int64_t chunk = std::min(options_.max_batch_tokens, act_.full_rows);
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t m = std::min(chunk, n - begin);
+    for (int64_t t = 0; t < m; ++t) {
+      ops::RmsNorm(ops_, checkpoints + (begin + t) * c.dim, w.attn_norm, c.dim, c.norm_eps,
+                   &act_.xn[Elems(t, c.dim)]);
+      AnglesFor(positions[begin + t], RopeOf(layer), &rebuild_cos_[Elems(t, half)],
+                &rebuild_sin_[Elems(t, half)]);
+    }
+    ops::MatMul(ops_, w.wq, act_.xn.data(), m, act_.q.data());
+    for (int64_t t = 0; t < m; ++t) {
+      float* q = &act_.q[Elems(t, c.q_dim())];
+      FinishQ(w, q, &rebuild_cos_[Elems(t, half)], &rebuild_sin_[Elems(t, half)]);
+      std::memcpy(q_out + (begin + t) * c.q_dim(), q, sizeof(float) * static_cast<size_t>(c.q_dim()));
+    }
+  }
+}
+
 // Computes softmax(q k^T / sqrt(d)) v for every (token, head) of `batch` over the positions the
 // token sees, as a tiled online softmax (ops::AttentionTile), after rotating q: work items are
 // (run of up to attn_block_tokens_ consecutive positions of one sequence, KV head), and each item
@@ -533,8 +588,12 @@ void Forward::Attention(int64_t layer, const TokenBatch& batch, KvCache& kv, Act
   const bool local = local_rope_differs_ && c.IsLocal(layer);
   const float* cos = local ? a.rope_cos_local.data() : a.rope_cos.data();
   const float* sin = local ? a.rope_sin_local.data() : a.rope_sin.data();
+  // Keys held rotated (q8_0r, q4_0r) meet queries rotated the same way: q.k is unchanged.
+  const bool rotate_q = kv.keys_rotated();
   ForEachRow(*ops_.pool(), n, [&](int64_t t) {
-    FinishQ(w, &a.q[Elems(t, c.q_dim())], cos + t * half, sin + t * half);
+    float* q = &a.q[Elems(t, c.q_dim())];
+    FinishQ(w, q, cos + t * half, sin + t * half);
+    if (rotate_q) ops::HadamardRotate(ops_, q, c.num_heads, c.head_dim);
   });
 
   PlanAttentionBlocks(batch);
@@ -684,6 +743,7 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
   const int64_t window = c.IsLocal(layer) ? c.arch.sliding_window : 0;
   const int64_t last_pos = end_pos - 1;
   const float softcap = c.arch.attn_softcap;
+  const bool values_rotated = kv.values_rotated();
 
   // Row r = token i of the block (r / group), head kv_head * group + r % group. Its output
   // accumulates in place in a.attn.
@@ -757,6 +817,9 @@ void Forward::AttendBlock(int64_t layer, const TokenBatch& batch, const Attentio
     const size_t ri = static_cast<size_t>(r);
     const float inv = 1.0f / s.l[ri];  // the token's own row is always in its last tile: l > 0
     for (int64_t k = 0; k < d; ++k) s.acc_rows[ri][k] *= inv;
+    // A weighted sum of rotated values is the rotated sum: the rotation (its own inverse) takes
+    // it back to the model's basis.
+    if (values_rotated) ops::HadamardRotate(ops_, s.acc_rows[ri], 1, d);
     if (s.score_rows[ri] != nullptr) {
       // The weights the pager tracks: the scores gathered above, normalized as one softmax.
       const int64_t t = block.first_token + r / group;

@@ -251,6 +251,10 @@ struct KernelTable {
                               int64_t head_dim, float* kt, int64_t width, int64_t col) = nullptr;
   void (*attention_tile)(const float* kt, int64_t width, const float* const* v, int64_t count,
                          int64_t head_dim, float scale, const AttentionRows& rows) = nullptr;
+  // The Walsh-Hadamard rotation of `rows` rows of n floats in place, times scale (ops.h,
+  // HadamardRotate; n a power of two, checked by ops.cc). Required in every table: the bits must
+  // be the scalar kernel's (rotation_kernels_scalar.cc), so rows rotated on any ISA match.
+  void (*hadamard_rows)(float* x, int64_t rows, int64_t n, float scale) = nullptr;
 };
 
 const KernelTable& ScalarKernels();
@@ -314,5 +318,10 @@ void Avx512PackAttentionKeys(DType type, const void* rows, int64_t stride, int64
                              int64_t head_dim, float* kt, int64_t width, int64_t col);
 void Avx512AttentionTile(const float* kt, int64_t width, const float* const* v, int64_t count,
                          int64_t head_dim, float scale, const AttentionRows& rows);
+
+// The Walsh-Hadamard rotation kernels (rotation_kernels_<isa>.cc).
+void ScalarHadamardRows(float* x, int64_t rows, int64_t n, float scale);
+void Avx2HadamardRows(float* x, int64_t rows, int64_t n, float scale);
+void Avx512HadamardRows(float* x, int64_t rows, int64_t n, float scale);
 
 }  // namespace kvl::ops

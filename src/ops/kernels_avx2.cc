@@ -524,6 +524,7 @@ const KernelTable& Avx2Kernels() {
       .dequantize_cols = DequantizeCols,
       .pack_attention_keys = ScalarPackAttentionKeys,
       .attention_tile = Avx2AttentionTile,
+      .hadamard_rows = Avx2HadamardRows,
   };
   return table;
 }

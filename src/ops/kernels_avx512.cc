@@ -586,6 +586,7 @@ const KernelTable& Avx512Kernels() {
       .axpy_rows_v_int4 = Avx512AxpyRowsVInt4,
       .pack_attention_keys = Avx512PackAttentionKeys,
       .attention_tile = Avx512AttentionTile,
+      .hadamard_rows = Avx512HadamardRows,
   };
   return table;
 }

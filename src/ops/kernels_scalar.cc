@@ -217,6 +217,7 @@ const KernelTable& ScalarKernels() {
       .axpy_rows_v_int4 = ScalarAxpyRowsVInt4,
       .pack_attention_keys = ScalarPackAttentionKeys,
       .attention_tile = ScalarAttentionTile,
+      .hadamard_rows = ScalarHadamardRows,
   };
   return table;
 }

@@ -448,6 +448,16 @@ void WidenRow(const OpsContext& ctx, DType type, const uint16_t* x, int64_t n, f
   ctx.kernels().widen_row(type, x, n, out);
 }
 
+void HadamardRotate(const OpsContext& ctx, float* x, int64_t rows, int64_t n) {
+  KVL_CHECK_MSG(IsHadamardSize(n), "HadamardRotate: n must be a power of two");
+  KVL_CHECK(rows >= 0);
+  if (rows == 0) return;
+  KVL_CHECK(x != nullptr);
+  // Computed here, once, so every ISA's kernel multiplies by the same float.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+  ctx.kernels().hadamard_rows(x, rows, n, scale);
+}
+
 namespace {
 
 // The checks every q8_0 / q4_0 row kernel relies on: the columns read lie inside each row, and a
@@ -469,6 +479,7 @@ constexpr int64_t kQuantRowsChunk = 16;
 
 void DequantizeCols(const OpsContext& ctx, DType type, const uint8_t* row, int64_t col, int64_t n,
                     float* out) {
+  type = StorageFormat(type);  // a rotated type's rows are its format's bytes
   CheckQuantRowsArgs(type, 0, col, 1, n, "DequantizeCols: type must be q8_0 or q4_0");
   if (n == 0) return;
   KVL_CHECK(row != nullptr && out != nullptr);
@@ -480,6 +491,7 @@ void DequantizeCols(const OpsContext& ctx, DType type, const uint8_t* row, int64
 void DotRowsQuant(const OpsContext& ctx, DType type, const float* q, const uint8_t* rows,
                   int64_t row_bytes, int64_t col, int64_t count, int64_t n, float scale,
                   float* out) {
+  type = StorageFormat(type);  // a rotated type's rows are its format's bytes
   CheckQuantRowsArgs(type, row_bytes, col, count, n, "DotRowsQuant: type must be q8_0 or q4_0");
   if (count == 0) return;
   KVL_CHECK(out != nullptr && (n == 0 || (q != nullptr && rows != nullptr)));
@@ -495,6 +507,7 @@ void DotRowsQuant(const OpsContext& ctx, DType type, const float* q, const uint8
 
 void AxpyRowsQuant(const OpsContext& ctx, DType type, const float* weights, const uint8_t* rows,
                    int64_t row_bytes, int64_t col, int64_t count, int64_t n, float* y) {
+  type = StorageFormat(type);  // a rotated type's rows are its format's bytes
   CheckQuantRowsArgs(type, row_bytes, col, count, n, "AxpyRowsQuant: type must be q8_0 or q4_0");
   if (count == 0 || n == 0) return;
   KVL_CHECK(weights != nullptr && rows != nullptr && y != nullptr);

@@ -99,7 +99,7 @@ uint16_t Fp32ToBf16(float f) {
 }
 
 void QuantizeRow(DType type, const float* x, int64_t n, void* out) {
-  switch (type) {
+  switch (StorageFormat(type)) {
     case DType::kF32:
       std::memcpy(out, x, static_cast<size_t>(n) * sizeof(float));
       return;
@@ -136,7 +136,7 @@ void QuantizeRow(DType type, const float* x, int64_t n, void* out) {
 }
 
 void DequantizeRow(DType type, const void* row, int64_t n, float* out) {
-  switch (type) {
+  switch (StorageFormat(type)) {
     case DType::kF32:
       std::memcpy(out, row, static_cast<size_t>(n) * sizeof(float));
       return;

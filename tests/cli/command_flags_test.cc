@@ -35,6 +35,10 @@ TEST(BenchQualityFlagsTest, BadValuesAreErrorsNamingTheFlag) {
             std::string::npos);
   EXPECT_NE(with({"-f", ""}).find("-f must name a text file"), std::string::npos);
   EXPECT_EQ(ParseError({"bench", "quality", "-m", ""}), "-m must name a GGUF model file, got ''");
+  EXPECT_EQ(with({"--ctx", "128", "--chunks", "0"}), "");
+  EXPECT_NE(with({"--ctx", "8"}).find("--ctx (tokens per chunk"), std::string::npos);
+  EXPECT_NE(with({"--chunks", "-1"}).find("--chunks (0 = every one) must be in [0, "),
+            std::string::npos);
 }
 
 TEST(BenchSpecFlagsTest, NegativeThreadsAreRefused) {

@@ -30,6 +30,12 @@ enum class DType : uint32_t {
   kI64 = 27,
   kF64 = 28,
   kBF16 = 30,
+  // KV cache types only, numbered outside ggml's range (no GGUF file holds them): the bytes of
+  // q8_0 / q4_0 holding rows rotated per head by the orthonormal Walsh-Hadamard transform
+  // (-ctk / -ctv q8_0r, q4_0r). The rotation spreads a head's outlier channels over all of its
+  // channels, so one scale per 32 values fits them better; q.k is unchanged by it.
+  kQ8_0R = 0x1008,
+  kQ4_0R = 0x1002,
 };
 
 struct DTypeTraits {
@@ -62,6 +68,17 @@ struct MatrixView {
   int64_t row_bytes = 0;  // RowBytes(type, cols), whatever the layout
   MatrixLayout layout = MatrixLayout::kRows;
 };
+
+// Whether `type` is a rotated KV cache type (q8_0r, q4_0r), and the format its bytes are in
+// (q8_0, q4_0; any other type is its own).
+inline constexpr bool IsRotatedKvType(DType type) {
+  return type == DType::kQ8_0R || type == DType::kQ4_0R;
+}
+inline constexpr DType StorageFormat(DType type) {
+  if (type == DType::kQ8_0R) return DType::kQ8_0;
+  if (type == DType::kQ4_0R) return DType::kQ4_0;
+  return type;
+}
 
 // Bytes of a row of n elements; n must be a multiple of the block size (checked).
 int64_t RowBytes(DType type, int64_t n);

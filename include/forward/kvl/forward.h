@@ -30,6 +30,12 @@
 
 namespace kvl {
 
+// OK when the model can run with a KV cache of (k_type, v_type). A rotated type (q8_0r, q4_0r)
+// rotates each head with a Walsh-Hadamard transform and quantizes the head to whole blocks of
+// 32, so it needs head_dim a power of two from 32 to ops::kMaxQuantHeadDim; INVALID_ARGUMENT
+// naming the type and the model's head_dim otherwise.
+Status CheckKvCacheTypes(const ModelConfig& config, DType k_type, DType v_type);
+
 struct ForwardOptions {
   int64_t max_batch_tokens = 512;  // tokens per Run (a longer prompt is run in chunks)
   int64_t max_logit_rows = 64;     // tokens per Run that may ask for logits
@@ -85,6 +91,13 @@ class Forward final : public KvRebuilder {
   // frontier bench time as the separate price of one layer's rebuild.
   void RebuildLayerKv(int64_t layer, const float* checkpoints, const int64_t* positions, int64_t n,
                       DType k_type, void* k_out, DType v_type, void* v_out);
+
+  // Q of `n` tokens on one layer from their checkpoints (as RebuildLayerKv takes them): what the
+  // layer's attention takes as queries, after RoPE (and the query scale of the models that scale
+  // Q), in the model's own basis (never rotated), as [n][q_dim] floats to q_out. Outside any step;
+  // `kvl bench quality` measures the q.k error of each cache type with it.
+  void LayerQueries(int64_t layer, const float* checkpoints, const int64_t* positions, int64_t n,
+                    float* q_out);
 
   const float* logits(int64_t row) const;  // [vocab]
   // Milliseconds the last Run spent on its logits (the final norm and the output matmul): the

@@ -13,9 +13,13 @@
 
 namespace kvl {
 
-// Whether `type` is a block-quantized cache type (q8_0, q4_0): rows are written quantized, one
-// token at a time, and read by ops::DotRowsQuant / AxpyRowsQuant.
-inline bool IsQuantKvType(DType type) { return type == DType::kQ8_0 || type == DType::kQ4_0; }
+// Whether `type` is a block-quantized cache type (q8_0, q4_0, and their rotated forms q8_0r,
+// q4_0r): rows are written quantized, one token at a time, and read by ops::DotRowsQuant /
+// AxpyRowsQuant.
+inline bool IsQuantKvType(DType type) {
+  const DType format = StorageFormat(type);
+  return format == DType::kQ8_0 || format == DType::kQ4_0;
+}
 
 // One layer's share of the pages a cache rebuilds from residual checkpoints in a forward run:
 // `rows` tokens whose K and V of the layer are computed as extra rows of the run's own K and V
@@ -73,6 +77,12 @@ class KvCache {
 
   virtual ~KvCache() = default;
   virtual int64_t kv_dim() const = 0;
+  // Whether the cache holds K (V) rotated per head, as a rotated cache type (q8_0r, q4_0r) stores
+  // rows: every row it hands out, in every form (dense, compressed, streamed), is then in that
+  // basis, and the forward pass rotates Q to match the keys and each head's attention output
+  // back from the values' basis.
+  virtual bool keys_rotated() const { return false; }
+  virtual bool values_rotated() const { return false; }
   virtual int64_t num_layers() const = 0;
   // Rows starting at `pos` (0 <= pos < capacity of the sequence, checked).
   virtual Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) = 0;

@@ -111,7 +111,8 @@ struct KvContentId {
 KvContentId ChainContentId(KvContentId parent, std::span<const int32_t> tokens,
                            uint64_t model_identity);
 
-// The cache element types -ctk / -ctv name: f32, f16, bf16, q8_0 or q4_0.
+// The cache element types -ctk / -ctv name: f32, f16, bf16, q8_0, q4_0, or the rotated q8_0r,
+// q4_0r (kvl/dtype.h).
 StatusOr<DType> ParseKvCacheType(std::string_view text);
 
 
@@ -410,6 +411,8 @@ class PagedKvCache final : public KvCache {
   void set_window(KvWindowRelease* window) { window_ = window; }
   int64_t kv_dim() const override;
   int64_t num_layers() const override;
+  bool keys_rotated() const override;
+  bool values_rotated() const override;
   Rows RowsAt(int32_t seq, int64_t layer, int64_t pos) override;
   float* ResidualAt(int32_t seq, int64_t layer, int64_t pos) override;
   KvLayerRebuild BeginLayer(int64_t layer) override;

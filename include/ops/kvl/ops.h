@@ -199,6 +199,17 @@ void NarrowRow(const OpsContext& ctx, DType type, const float* x, int64_t n, uin
 // paths, as the hardware conversion makes it).
 void WidenRow(const OpsContext& ctx, DType type, const uint16_t* x, int64_t n, float* out);
 
+// The orthonormal Walsh-Hadamard rotation, in place, of each of `rows` rows of n floats (n a
+// power of two): x <- H x / sqrt(n), H the Sylvester-ordered Hadamard matrix (H[i][j] =
+// (-1)^popcount(i & j)). H / sqrt(n) is symmetric and orthonormal, hence its own inverse: a row
+// rotated twice comes back up to rounding, and q.k of two rotated rows is q.k of the originals up
+// to rounding. The rotated KV cache types (q8_0r, q4_0r) hold K and V rotated per head: a head's
+// outlier channels are spread over all of its channels before one scale per 32 values is fitted.
+// The same bits on every ISA.
+void HadamardRotate(const OpsContext& ctx, float* x, int64_t rows, int64_t n);
+// Whether HadamardRotate takes rows of n floats: n a power of two.
+inline constexpr bool IsHadamardSize(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
 // The widest head the quantized-KV kernels take (DotRowsQuant, DotRowsK*, ...).
 inline constexpr int64_t kMaxQuantHeadDim = 256;
 

@@ -57,7 +57,9 @@ uint16_t Fp32ToBf16(float f);
 
 // Encodes n floats as a row of `type` (F32, F16, BF16, Q8_0, Q4_0, and the K-quants Q4_K, Q5_K,
 // Q6_K of kvl/kquant.h; n a multiple of 32, or 256 for the K-quants, checked). out must hold RowBytes(type, n). Q8_0 and Q4_0 use ggml's reference
-// quantizers, so files we write round-trip through llama.cpp unchanged.
+// quantizers, so files we write round-trip through llama.cpp unchanged. The rotated KV types
+// (q8_0r, q4_0r) are their storage format's bytes: x is taken as already rotated (the forward
+// pass rotates a row before it stores it), and DequantizeRow gives the rotated values back.
 void QuantizeRow(DType type, const float* x, int64_t n, void* out);
 // Widens a row of `type` back to n floats.
 void DequantizeRow(DType type, const void* row, int64_t n, float* out);

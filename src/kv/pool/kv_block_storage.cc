@@ -182,11 +182,16 @@ StatusOr<DType> ParseKvCacheType(std::string_view text) {
   if (text == "bf16") return DType::kBF16;
   if (text == "q8_0") return DType::kQ8_0;
   if (text == "q4_0") return DType::kQ4_0;
+  if (text == "q8_0r") return DType::kQ8_0R;
+  if (text == "q4_0r") return DType::kQ4_0R;
   return InvalidArgumentError(fmt::format(
-      "KV cache type '{}': use f32, f16, bf16, q8_0 or q4_0 (int8 / int4 pages of whole blocks "
-      "come from --kv-policy compress / compress-int4)",
+      "KV cache type '{}': use f32, f16, bf16, q8_0, q4_0, q8_0r or q4_0r (int8 / int4 pages of "
+      "whole blocks come from --kv-policy compress / compress-int4)",
       text));
 }
+
+bool PagedKvCache::keys_rotated() const { return IsRotatedKvType(storage_.layout().k_type); }
+bool PagedKvCache::values_rotated() const { return IsRotatedKvType(storage_.layout().v_type); }
 
 KvLayerRebuild PagedKvCache::BeginLayer(int64_t layer) {
   return detached_ != nullptr ? detached_->BeginLayer(layer) : KvLayerRebuild{};

@@ -370,7 +370,7 @@ StatusOr<std::unique_ptr<KvManager>> KvManager::Create(const KvManagerOptions& o
   for (DType type : {layout.k_type, layout.v_type}) {
     if (type != DType::kF32 && type != DType::kF16 && type != DType::kBF16 && !IsQuantKvType(type)) {
       return InvalidArgumentError(
-          fmt::format("KV cache type {} is not one of f32, f16, bf16, q8_0, q4_0", DTypeName(type)));
+          fmt::format("KV cache type {} is not one of f32, f16, bf16, q8_0, q4_0, q8_0r, q4_0r", DTypeName(type)));
     }
     if (IsQuantKvType(type) && layout.kv_dim % 32 != 0) {
       return InvalidArgumentError(fmt::format(
