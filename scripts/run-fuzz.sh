@@ -19,6 +19,59 @@ fi
 compiler=("$cxx")
 command -v ccache >/dev/null 2>&1 && compiler=(ccache "$cxx")
 mkdir -p "$out"
+
+# run_fuzzer LABEL BINARY CORPUS SECONDS ARTIFACT_PREFIX [libFuzzer options...]: runs one fuzzer
+# for SECONDS, prints its run count, and exits the script (1) with the log's tail and where the
+# crashing input went when the fuzzer found something.
+run_fuzzer() {
+  local label=$1 binary=$2 corpus=$3 secs=$4 prefix=$5
+  shift 5
+  local log="$out/${label// /_}_fuzz.log"
+  echo "fuzz: $label for ${secs}s (log in $log)"
+  "$binary" "$corpus" -max_total_time="$secs" -artifact_prefix="$prefix" -print_final_stats=1 "$@" \
+    >"$log" 2>&1
+  local rc=$?
+  local runs
+  runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+  if [ $rc -ne 0 ]; then
+    tail -40 "$log"
+    echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under ${prefix}* (crash-*, leak-*, timeout-*, oom-*)"
+    exit 1
+  fi
+  echo "fuzz: $label: ${runs:-?} runs in ${secs} s, no crashes"
+}
+
+# link_from_objects OUTPUT OBJDIR EXTRA_FLAGS -- SOURCES...: builds a fuzzer that links only what
+# its entry point calls from the layers below. Each source is compiled on its own, two at a time,
+# every run (a changed header would leave an older object stale; ccache makes unchanged ones
+# cheap); the rest of those layers' files is never called, so their references stay unresolved
+# and --gc-sections drops what it can.
+link_from_objects() {
+  local output=$1 objdir=$2 extra=$3
+  shift 4
+  local sources=("$@") objects=() compiles=() src obj i
+  mkdir -p "$objdir"
+  for src in "${sources[@]}"; do
+    obj="$objdir/$(echo "$src" | tr / _).o"
+    objects+=("$obj")
+    [ "${#compiles[@]}" -ge 2 ] && { wait "${compiles[0]}"; compiles=("${compiles[@]:1}"); }
+    # A failed compile leaves no object, which the check below names.
+    # shellcheck disable=SC2086
+    { "${compiler[@]}" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
+        -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
+        $extra -c "$src" -o "$obj" || rm -f "$obj"; } &
+    compiles+=($!)
+  done
+  wait
+  for i in "${!sources[@]}"; do
+    [ -f "${objects[$i]}" ] || { echo "fuzz: build of ${sources[$i]} failed"; exit 1; }
+  done
+  "${compiler[@]}" -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections \
+    -Wl,--unresolved-symbols=ignore-all "${objects[@]}" -lfmt -o "$output" || {
+    echo "fuzz: link of $output failed"; exit 1; }
+}
+includes=()
+for d in include/*; do includes+=("-I$d"); done
 sources=(src/base/*.cc src/gguf/*.cc)
 flags=(-std=c++20 -g -Iinclude/base -Iinclude/gguf -Isrc/gguf)
 
@@ -43,19 +96,8 @@ else
   echo "fuzz: $model not found, fuzzing from the synthetic seeds only"
 fi
 
-log="$out/gguf_fuzz.log"
-echo "fuzz: gguf for ${per_fuzzer}s (log in $log)"
-"$out/gguf_fuzzer" "$corpus" -max_total_time="$per_fuzzer" -rss_limit_mb=2048 -max_len=65536 \
-  -timeout=10 -artifact_prefix="$out/" -print_final_stats=1 >"$log" 2>&1
-rc=$?
-runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
-secs=$(grep -oE 'Done [0-9]+ runs in [0-9]+ second' "$log" | grep -oE 'in [0-9]+' | grep -oE '[0-9]+' | tail -1)
-if [ $rc -ne 0 ]; then
-  tail -40 "$log"
-  echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/ (crash-*, leak-*, timeout-*, oom-*)"
-  exit 1
-fi
-echo "fuzz: gguf: ${runs:-?} runs in ${secs:-$per_fuzzer} s, no crashes"
+run_fuzzer gguf "$out/gguf_fuzzer" "$corpus" "$per_fuzzer" "$out/" -rss_limit_mb=2048 \
+  -max_len=65536 -timeout=10
 
 # The Jinja renderer: any bytes as a template, rendered over a conversation with tools. Seeds: a
 # few templates in the shapes real ones take, and the real ones where the Jinja tests fetched
@@ -90,55 +132,19 @@ generated loop_big_list '\x00\x08{%% set ns = namespace(l=[1]) %%}{%% for i in r
 generated macro_recursion '\x00\x10{%% macro f(n) %%}{%% if n > 0 %%}({{ f(n - 1) }}){%% endif %%}{%% endmacro %%}{{ f(#) }}'
 templates=build/npm-jinja/llama.cpp/models/templates
 [ -d "$templates" ] && cp "$templates"/*.jinja "$jinja_corpus"/ 2>/dev/null
-log="$out/jinja_fuzz.log"
-echo "fuzz: jinja for ${per_fuzzer}s (log in $log)"
-"$out/jinja_fuzzer" "$jinja_corpus" -dict=fuzz/jinja.dict -max_total_time="$per_fuzzer" -rss_limit_mb=2048 -max_len=16384 \
-  -timeout=10 -artifact_prefix="$out/jinja-" -print_final_stats=1 >"$log" 2>&1
-rc=$?
-runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
-if [ $rc -ne 0 ]; then
-  tail -40 "$log"
-  echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/jinja-*"
-  exit 1
-fi
-echo "fuzz: jinja: ${runs:-?} runs in ${per_fuzzer} s, no crashes"
+run_fuzzer jinja "$out/jinja_fuzzer" "$jinja_corpus" "$per_fuzzer" "$out/jinja-" -dict=fuzz/jinja.dict \
+  -rss_limit_mb=2048 -max_len=16384 -timeout=10
 
 # The command line: ParseCommandLine (parse and validate, nothing run) over argument vectors
-# split at NUL bytes. Only the option parsers are linked from the layers below the CLI; the
-# rest of their files (tiers, KV storage) is never called, so its references stay unresolved
-# and --gc-sections drops what it can.
+# split at NUL bytes. Only the option parsers are linked from the layers below the CLI.
 echo "fuzz: building $out/cli_options_fuzzer"
-objs="$out/cli_obj"
-mkdir -p "$objs"
-includes=()
-for d in include/*; do includes+=("-I$d"); done
 # src/cli/*_flags.cc names command_flags.cc too (listing it again links it twice).
 cli_sources=(src/base/*.cc src/cli/options.cc src/cli/*_flags.cc
              src/cli/bench/*_flags.cc src/engine/engine_options.cc src/engine/spec_drafter.cc
              src/kv/tiers/tier_spec.cc src/kv/trace/kv_trace.cc
              src/kv/lattice/kv_policy.cc src/kv/pool/kv_block_storage.cc src/sampling/sampler.cc
              fuzz/cli_options_fuzzer.cc)
-cli_objs=()
-compiles=()
-for src in "${cli_sources[@]}"; do
-  obj="$objs/$(echo "$src" | tr / _).o"
-  cli_objs+=("$obj")
-  # Compiled every time (a changed header would leave an older object stale; ccache, where
-  # installed, makes the unchanged ones cheap).
-  # Two compiles at a time; a failed one leaves no object, which the check below names.
-  [ "${#compiles[@]}" -ge 2 ] && { wait "${compiles[0]}"; compiles=("${compiles[@]:1}"); }
-  { "${compiler[@]}" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
-      -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
-      -Isrc/cli -c "$src" -o "$obj" || rm -f "$obj"; } &
-  compiles+=($!)
-done
-wait
-for i in "${!cli_sources[@]}"; do
-  [ -f "${cli_objs[$i]}" ] || { echo "fuzz: build of ${cli_sources[$i]} failed"; exit 1; }
-done
-"${compiler[@]}" -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections \
-  -Wl,--unresolved-symbols=ignore-all "${cli_objs[@]}" -lfmt -o "$out/cli_options_fuzzer" || {
-  echo "fuzz: link of the CLI fuzzer failed"; exit 1; }
+link_from_objects "$out/cli_options_fuzzer" "$out/cli_obj" "-Isrc/cli" -- "${cli_sources[@]}"
 cli_corpus="$out/cli_corpus"
 mkdir -p "$cli_corpus"
 # Seeds: the first byte picks the command (run, bench, synth, calibrate, inspect, none).
@@ -150,18 +156,8 @@ printf '\x01-m\0m.gguf\0-p\0-5,16\0-n\00\0--prefix\032\0--suffix\00\0-ctk\0f16,f
   >"$cli_corpus/bench"
 printf '\x02--shape\0tiny-test\0--seed\099\0-o\0x.gguf' >"$cli_corpus/synth"
 printf '\x03-m\0m.gguf\0-t\0-1\0--quick' >"$cli_corpus/calibrate"
-log="$out/cli_fuzz.log"
-echo "fuzz: cli options for ${per_fuzzer}s (log in $log)"
-"$out/cli_options_fuzzer" "$cli_corpus" -max_total_time="$per_fuzzer" -rss_limit_mb=2048 \
-  -max_len=1024 -timeout=10 -artifact_prefix="$out/cli-" -print_final_stats=1 >"$log" 2>&1
-rc=$?
-runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
-if [ $rc -ne 0 ]; then
-  tail -40 "$log"
-  echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/cli-*"
-  exit 1
-fi
-echo "fuzz: cli options: ${runs:-?} runs in ${per_fuzzer} s, no crashes"
+run_fuzzer "cli options" "$out/cli_options_fuzzer" "$cli_corpus" "$per_fuzzer" "$out/cli-" \
+  -rss_limit_mb=2048 -max_len=1024 -timeout=10
 
 # The tokenizer: encode and decode over hand-made vocabularies and llama.cpp's real ones where
 # they can be fetched (scripts/fetch-llama-vocab.sh; without npm or network, the hand-made ones).
@@ -187,50 +183,26 @@ printf '\x01\x00Hello world, it'"'"'s 12345 caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87
 printf '\x02\x03<|endoftext|> a<tool>b \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9' >"$tok_corpus/special"
 printf '\x00\x02<s>a\xff\xfe\x80 \xe4\xb8 <|im_start|>' >"$tok_corpus/invalid"
 printf '\x03\x81\x01\x00\x00\x00\xff\xff\xff\x7f\xff\xff\xff\xff\x05\x01\x00\x00' >"$tok_corpus/ids"
-log="$out/tokenizer_fuzz.log"
-echo "fuzz: tokenizer for ${per_fuzzer}s (log in $log)"
-KVL_FUZZ_VOCABS="$vocabs" "$out/tokenizer_fuzzer" "$tok_corpus" -max_total_time="$per_fuzzer" \
-  -rss_limit_mb=4096 -max_len=4096 -timeout=20 -artifact_prefix="$out/tokenizer-" \
-  -print_final_stats=1 >"$log" 2>&1
-rc=$?
-runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
-if [ $rc -ne 0 ]; then
-  tail -40 "$log"
-  echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/tokenizer-*"
-  exit 1
-fi
-echo "fuzz: tokenizer: ${runs:-?} runs in ${per_fuzzer} s, no crashes"
+KVL_FUZZ_VOCABS="$vocabs" run_fuzzer tokenizer "$out/tokenizer_fuzzer" "$tok_corpus" "$per_fuzzer" \
+  "$out/tokenizer-" -rss_limit_mb=4096 -max_len=4096 -timeout=20
 
 # The server's request parsers (every route's JSON: completions, chat, /apply-template,
 # /tokenize, /detokenize) over bodies a generator builds from the input: deep nesting, long
 # strings, wrong types, huge numbers. A small share of the time (the generator reaches the deep
-# cases at once). Built as the CLI fuzzer is: only what the parsers call is linked.
+# cases at once). Only what the parsers call is linked.
 server_seconds=$(( seconds / 8 > 0 ? seconds / 8 : 1 ))
 echo "fuzz: building $out/server_json_fuzzer"
-objs="$out/server_obj"
-mkdir -p "$objs"
-server_sources=(src/base/*.cc src/tokenizer/*.cc src/jinja/*.cc
+# A request's tools, tool_choice and response_format become grammars as they are parsed, so the
+# grammar layer and the server's agent files are linked whole.
+server_sources=(src/base/*.cc src/tokenizer/*.cc src/jinja/*.cc src/grammar/*.cc
                 src/server/json_body.cc src/server/api_request.cc src/server/tokenize_routes.cc
                 src/server/chat_formatter.cc src/server/chat_template.cc
+                src/server/structured_output.cc src/server/tool_request.cc src/server/tool_calls.cc
+                src/server/reply_splitter.cc
                 src/kv/lattice/kv_policy.cc src/sampling/sampler.cc fuzz/server_json_fuzzer.cc)
-server_objs=()
-compiles=()
-for src in "${server_sources[@]}"; do
-  obj="$objs/$(echo "$src" | tr / _).o"
-  server_objs+=("$obj")
-  [ "${#compiles[@]}" -ge 2 ] && { wait "${compiles[0]}"; compiles=("${compiles[@]:1}"); }
-  { "${compiler[@]}" -std=c++20 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
-      -fno-sanitize-recover=undefined -ffunction-sections -fdata-sections "${includes[@]}" \
-      -Isrc/server -Isrc/tokenizer -Isrc/jinja -c "$src" -o "$obj" || rm -f "$obj"; } &
-  compiles+=($!)
-done
-wait
-for i in "${!server_sources[@]}"; do
-  [ -f "${server_objs[$i]}" ] || { echo "fuzz: build of ${server_sources[$i]} failed"; exit 1; }
-done
-"${compiler[@]}" -fsanitize=fuzzer,address,undefined -fuse-ld=lld -Wl,--gc-sections \
-  -Wl,--unresolved-symbols=ignore-all "${server_objs[@]}" -lfmt -o "$out/server_json_fuzzer" || {
-  echo "fuzz: link of the server JSON fuzzer failed"; exit 1; }
+link_from_objects "$out/server_json_fuzzer" "$out/server_obj" \
+  "-Isrc/server -Isrc/tokenizer -Isrc/jinja -Isrc/grammar" \
+  -- "${server_sources[@]}"
 server_corpus="$out/server_corpus"
 mkdir -p "$server_corpus"
 # Seeds: byte 0 picks the route (0 completions, 1 chat, 2 /apply-template, 3 /tokenize,
@@ -242,15 +214,5 @@ printf '\x06\x80{"messages": [{"role": "assistant", "content": null, "tool_calls
 printf '\x03\x80{"content": ["ab", 3, "aab"], "with_pieces": true}' >"$server_corpus/tokenize"
 printf '\x04\x80{"tokens": [1, 2, 300, 18446744073709551615]}' >"$server_corpus/detokenize"
 printf '\x01\x00\x05\x03\x07\x02\x06\x01\x00\x04\x09' >"$server_corpus/generated"
-log="$out/server_json_fuzz.log"
-echo "fuzz: server JSON for ${server_seconds}s (log in $log)"
-"$out/server_json_fuzzer" "$server_corpus" -max_total_time="$server_seconds" -rss_limit_mb=2048 \
-  -max_len=2048 -timeout=20 -artifact_prefix="$out/server-" -print_final_stats=1 >"$log" 2>&1
-rc=$?
-runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
-if [ $rc -ne 0 ]; then
-  tail -40 "$log"
-  echo "fuzz: FAILED (exit $rc) after ${runs:-?} runs; crashing input saved under $out/server-*"
-  exit 1
-fi
-echo "fuzz: server JSON: ${runs:-?} runs in ${server_seconds} s, no crashes"
+run_fuzzer "server JSON" "$out/server_json_fuzzer" "$server_corpus" "$server_seconds" "$out/server-" \
+  -rss_limit_mb=2048 -max_len=2048 -timeout=20
