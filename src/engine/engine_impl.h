@@ -3,7 +3,7 @@
 // scheduler, which plans a step, and the step runner carries it out.
 //
 //   Submit -> Inbox -> Scheduler (who runs, how many tokens; KV plans through KvMemory)
-//   -> StepPlan -> StepRunner (KvMemory::Apply, Forward, sampling, events)
+//   -> StepPlan -> StepRunner (KvMemory::Open, KvStep::Forward / Close, sampling, events)
 //   -> MetricsRecorder (read by Metrics() from any thread)
 #pragma once
 

@@ -60,7 +60,7 @@ struct ProfileKeeperOptions {
 
 // What the keeper needs of the engine.
 struct ProfileKeeperHooks {
-  const BringBackFeedback* feedback = nullptr;  // KvMemory::corrections(); null: none measured
+  const BringBackFeedback* feedback = nullptr;  // KvMemoryView::corrections(); null: none measured
   std::function<void(size_t key, double scale)> seed;  // KvMemory::SeedCorrection
   // Measures the machine (Calibrate on a pool of its own), stopping when `stop` is set; runs on
   // the worker thread.

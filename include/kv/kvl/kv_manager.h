@@ -1,13 +1,15 @@
 // kvlattice's KV memory manager: a pool of fixed-size blocks sized from a byte budget, a block
 // table per sequence, a prefix cache over full blocks, and copy-on-write forks. It only does the
 // bookkeeping and describes work (which blocks to copy); its owner carries the work out (KvMemory,
-// or the speculative draft model's own pool) and the forward pass reads K/V through PagedKvCache. Nothing here knows about the model or the forward
-// pass, so it is unit-testable with zero model bytes.
+// or the speculative draft model's own pool) and the forward pass reads K/V through
+// PagedKvCache. Nothing here knows about the model or the forward pass, so it is unit-testable
+// with zero model bytes.
 //
 // Memory is planned, then committed (as llama.cpp's memory interface does): Plan() says what a
 // step needs (blocks to allocate, cached blocks to reuse, blocks to copy) without changing
 // anything, and Commit() applies exactly that plan. "Not enough blocks" is a normal plan result
-// (fits == false) that the scheduler answers, never an error or a crash.
+// (fits == false) that the caller answers (the engine's scheduler, through KvMemory::PlanStep),
+// never an error or a crash.
 //
 // Blocks (vLLM's block pool):
 //  - A block holds K and V of block_tokens consecutive tokens of one sequence for every layer.
@@ -24,7 +26,7 @@
 //  - A block shared by several sequences (prefix hit or Fork) is copied before a sequence writes
 //    into it (copy-on-write); only a partially filled last block can ever be written.
 //
-// Thread-safety: not thread-safe; its owner calls it from the engine's step loop. PagedKvCache::RowsAt
+// Thread-safety: not thread-safe; its owner (KvMemory) calls it from the step loop. PagedKvCache::RowsAt
 // may be called from many threads at once while nothing mutates the manager (during a forward).
 #pragma once
 

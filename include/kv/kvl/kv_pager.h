@@ -28,8 +28,8 @@
 // The KvManager only sees a hole in the block table (Detach); the pager hands attention the rows
 // of pages that left the pool (KvDetachedPages).
 //
-// The pager decides no fate (KvPressurePlanner does, asked by KvMemory when the scheduler's
-// pressure ladder calls for it) and carries out every planned change of one. The one fate set
+// The pager decides no fate (KvPressurePlanner does, asked by KvMemory: Relieve, Preempt,
+// Promote) and carries out every planned change of one. The one fate set
 // outside it: KvMemory marks a prompt's pages it found in the KV store as in a tier at admission,
 // to be restored. The work is split by job among the parts it owns and wires:
 //   - the page table (kvl/kv_page_table.h): each page's fate and lasting state, bound per slot;

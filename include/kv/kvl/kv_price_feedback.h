@@ -1,7 +1,7 @@
 // The cost model corrected by its own checked predictions. Every page brought back is timed
 // against the bring-back time the model predicted for it: restores and promotions by the pager,
-// pages recomputed from tokens and rebuilt inside a decode step by the engine's StepRunner (and
-// its InStepRebuildMeter), all fed here through KvMemory (FeedBack). The model's inputs
+// pages recomputed from tokens and rebuilt inside a decode step by KvStep::Close (the latter
+// through its InStepRebuildMeter), all fed here through KvMemory. The model's inputs
 // are measured once, by `kvl calibrate`, on a machine whose load, caches and page cache move
 // afterwards, and some costs a calibration cannot see at all (a restore's share of the step's
 // locks and copies, the page mix of this workload). BringBackFeedback keeps, per action (or per
