@@ -30,18 +30,6 @@ namespace {
 
 constexpr int64_t kPageTokens = 16;
 
-// Encodes and decodes one f32 page in place, every layer, as the pool's compressed slabs hold it.
-void RoundTripPage(KvBlockStorage& storage, BlockId block, const KvBlockLayout& layout,
-                   KvCodecType codec, std::vector<uint8_t>& scratch) {
-  scratch.resize(static_cast<size_t>(CompressedLayerBytes(codec, layout.block_tokens, layout.kv_dim)));
-  for (int64_t l = 0; l < layout.num_layers; ++l) {
-    float* k = reinterpret_cast<float*>(storage.key_bytes(block, l));
-    float* v = reinterpret_cast<float*>(storage.value_bytes(block, l));
-    EncodeLayer(codec, k, v, layout.block_tokens, layout.kv_dim, scratch.data());
-    DecodeLayer(codec, scratch.data(), layout.block_tokens, layout.kv_dim, k, v);
-  }
-}
-
 // The logits rows `rows` selects of one text, [row][vocab], run in page-sized chunks.
 StatusOr<std::vector<float>> TextLogits(const Model& model, Forward& forward,
                                         std::span<const int32_t> tokens,
@@ -81,7 +69,7 @@ StatusOr<std::vector<float>> TextLogits(const Model& model, Forward& forward,
     // The page just completed is read by every later position as the variant stores it.
     if (variant.page_codec && end % kPageTokens == 0) {
       const BlockId block = manager->block_table(0)[static_cast<size_t>(end / kPageTokens - 1)];
-      RoundTripPage(*storage, block, o.layout, *variant.page_codec, scratch);
+      RoundTripCompressedPage(*storage, block, o.layout, *variant.page_codec, scratch);
     }
   }
   manager->Free(0);
@@ -145,6 +133,17 @@ StatusOr<std::vector<KvQualityMeasurement>> MeasureKvQuality(const Model& model,
     q.top1 /= static_cast<double>(std::max<int64_t>(1, q.positions));
   }
   return out;
+}
+
+void RoundTripCompressedPage(KvBlockStorage& storage, BlockId block, const KvBlockLayout& layout,
+                             KvCodecType codec, std::vector<uint8_t>& scratch) {
+  scratch.resize(static_cast<size_t>(CompressedLayerBytes(codec, layout.block_tokens, layout.kv_dim)));
+  for (int64_t l = 0; l < layout.num_layers; ++l) {
+    float* k = reinterpret_cast<float*>(storage.key_bytes(block, l));
+    float* v = reinterpret_cast<float*>(storage.value_bytes(block, l));
+    EncodeLayer(codec, k, v, layout.block_tokens, layout.kv_dim, scratch.data());
+    DecodeLayer(codec, scratch.data(), layout.block_tokens, layout.kv_dim, k, v);
+  }
 }
 
 }  // namespace kvl

@@ -15,6 +15,7 @@
 
 #include "kvl/dtype.h"
 #include "kvl/kv_codec.h"
+#include "kvl/kv_manager.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/status.h"
@@ -24,6 +25,11 @@ namespace kvl {
 // The built-in text calibration measures page quality on: plain narrative English, a few hundred
 // tokens for most tokenizers, so that late positions attend over many earlier pages.
 extern const std::string_view kKvQualityText;
+
+// Encodes and decodes one f32 page in place, every layer, as the pool's compressed slabs hold it:
+// the K/V a compressed page is read back as (calibration and kvl bench quality measure with it).
+void RoundTripCompressedPage(KvBlockStorage& storage, BlockId block, const KvBlockLayout& layout,
+                             KvCodecType codec, std::vector<uint8_t>& scratch);
 
 // How the K/V under test differ from f32: the cache's row types, and optionally every completed
 // page encoded and decoded with the page codec (as a page compressed in the pool is read).

@@ -12,6 +12,7 @@
 
 #include "kvl/forward.h"
 #include "kvl/kv_manager.h"
+#include "kvl/kv_quality.h"
 #include "kvl/quant.h"
 
 namespace kvl::cli {
@@ -48,18 +49,6 @@ StatusOr<OneSequenceCache> MakeCache(const ModelConfig& c, int64_t tokens, DType
   return out;
 }
 
-// Encodes and decodes one f32 page in place, every layer, as the pool's compressed slabs hold it.
-void RoundTripPage(KvBlockStorage& storage, BlockId block, const KvBlockLayout& layout,
-                   KvCodecType codec, std::vector<uint8_t>& scratch) {
-  scratch.resize(static_cast<size_t>(CompressedLayerBytes(codec, layout.block_tokens, layout.kv_dim)));
-  for (int64_t l = 0; l < layout.num_layers; ++l) {
-    float* k = reinterpret_cast<float*>(storage.key_bytes(block, l));
-    float* v = reinterpret_cast<float*>(storage.value_bytes(block, l));
-    EncodeLayer(codec, k, v, layout.block_tokens, layout.kv_dim, scratch.data());
-    DecodeLayer(codec, scratch.data(), layout.block_tokens, layout.kv_dim, k, v);
-  }
-}
-
 // The logits of positions [first, n) of a chunk, [n - first][vocab], with K/V held as `rep`;
 // with `checkpoints`, also every layer's input at every position, [layer][n][dim].
 StatusOr<std::vector<float>> ChunkLogits(const Model& model, Forward& forward,
@@ -94,7 +83,7 @@ StatusOr<std::vector<float>> ChunkLogits(const Model& model, Forward& forward,
     }
     if (rep.page_codec && end % kPageTokens == 0) {
       const BlockId block = kv.manager->block_table(0)[static_cast<size_t>(end / kPageTokens - 1)];
-      RoundTripPage(*kv.storage, block, kv.layout, *rep.page_codec, scratch);
+      RoundTripCompressedPage(*kv.storage, block, kv.layout, *rep.page_codec, scratch);
     }
   }
   if (checkpoints != nullptr) {
