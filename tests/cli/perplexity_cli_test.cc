@@ -88,8 +88,11 @@ TEST_F(PerplexityCliTest, LowBitCacheCostsPerplexity) {
 }
 
 // The rotated cache types on the project's trained model (head_dim 64): accepted, the figure
-// printed last, close to the f16 cache's where 8 bits are kept, and nearer it than plain q4_0's
-// at 4 bits; on stories260K, whose 8-wide heads cannot be rotated, refused by name.
+// printed last, close to the f16 cache's where 8 bits are kept, and moved further (but little) at
+// 4 bits; on stories260K, whose 8-wide heads cannot be rotated, refused by name. Whether rotated
+// or plain 4 bits lands nearer f16 on a 1,500-token text is not a property of rotation (the
+// model's step-4,297 export had q4_0r nearer, step 6,000 has q4_0 nearer): its KL divergence,
+// over many more positions, is (bench_quality_test.cc, models/README.md).
 TEST_F(PerplexityCliTest, RotatedCacheTypesAreAcceptedWhereTheHeadsCanBeRotated) {
   const std::string doc = std::string(KVL_TESTS_DIR) + "/../models/kvl-doc-12m.gguf";
   std::ifstream in(std::string(KVL_TESTS_DIR) + "/../models/kvl-doc-12m.heldout.txt");
@@ -106,16 +109,14 @@ TEST_F(PerplexityCliTest, RotatedCacheTypesAreAcceptedWhereTheHeadsCanBeRotated)
   const auto q4r = RunKvl("perplexity -m " + doc + " -f " + text +
                               " -c 128 -t 1 -ctk q4_0r -ctv q4_0r", false);
   ASSERT_EQ(q4r.exit_code, 0) << q4r.output;
-  const auto q4 = RunKvl("perplexity -m " + doc + " -f " + text + " -c 128 -t 1 -ctk q4_0 -ctv q4_0",
-                         false);
-  ASSERT_EQ(q4.exit_code, 0) << q4.output;
-  // Measured at step 232 / step 4,297 of the model: f16 497.1803 / 93.6496, q8_0r 497.1798 /
-  // 93.6598, q4_0r 497.3363 / 93.6537, q4_0 497.4317 / 94.2977. 4 bits rotated stay nearer f16
-  // than 4 bits plain (0.03% against 0.05%; 0.004% against 0.69%).
+  // Measured at step 6,000 of the model: f16 84.3773, q8_0r 84.3738 (0.004% off), q4_0r 84.5781
+  // (0.24% off); plain q4_0 84.4467.
   const double f16_ppl = Figure(f16.output);
-  EXPECT_NEAR(Figure(q8r.output), f16_ppl, 0.002 * f16_ppl);
-  EXPECT_NE(Figure(q4r.output), Figure(q8r.output));
-  EXPECT_LT(std::fabs(Figure(q4r.output) - f16_ppl), std::fabs(Figure(q4.output) - f16_ppl));
+  const double q8r_off = std::fabs(Figure(q8r.output) - f16_ppl);
+  const double q4r_off = std::fabs(Figure(q4r.output) - f16_ppl);
+  EXPECT_LT(q8r_off, 0.002 * f16_ppl);
+  EXPECT_LT(q4r_off, 0.02 * f16_ppl);
+  EXPECT_GT(q4r_off, 4 * q8r_off);
 
   const std::string story = WriteText("story.txt", kStory);
   const auto refused = RunKvl("perplexity " + model_ + " -f " + story + " -c 64 -ctk q4_0r", true);
