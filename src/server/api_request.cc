@@ -437,6 +437,7 @@ std::optional<ApiError> ReadReplyOptions(const ToolRequest& tools, const ApiCont
   ReplyOptions& reply = out->reply;
   reply.parse_tools = tools.uses_tools();
   reply.format = context.tool_format;
+  if (reply.format == ToolCallFormat::kXmlFunction) reply.parameter_types = ParameterTypes(tools);
   reply.parallel = tools.parallel;
   reply.split_reasoning = tools.split_reasoning && context.template_thinks;
   // A template that opens the reasoning itself (DeepSeek-R1's, Qwen3's thinking variants)

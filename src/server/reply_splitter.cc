@@ -1,6 +1,7 @@
 // Reply splitting: see reply_splitter.h. A small state machine over the text not yet decided:
 // before any reasoning, inside it, content, a reply held whole as a possible JSON call, or the
-// calls (Hermes calls go out one by one as each closes; other formats are parsed at the end).
+// calls (Hermes and XML-tag calls go out one by one as each closes; other formats are parsed at
+// the end).
 #include "reply_splitter.h"
 
 #include <algorithm>
@@ -80,7 +81,7 @@ void ReplySplitter::EmitCall(const ParsedToolCall& call, ReplyDelta* out) {
 // Every <tool_call>...</tool_call> complete in pending_ goes out; text between them is kept
 // for the end.
 void ReplySplitter::TakeCompleteHermesCalls(ReplyDelta* out) {
-  const std::string_view opener = ToolCallOpener(ToolCallFormat::kHermes);
+  const std::string_view opener = ToolCallOpener(options_.format);
   for (;;) {
     const size_t open = pending_.find(opener);
     if (open == std::string::npos) return;
@@ -88,7 +89,8 @@ void ReplySplitter::TakeCompleteHermesCalls(ReplyDelta* out) {
     if (close == std::string::npos) return;
     const size_t end = close + kHermesClose.size();
     const ParsedReply parsed =
-        ParseToolCalls(std::string_view(pending_).substr(open, end - open), ToolCallFormat::kHermes);
+        ParseToolCalls(std::string_view(pending_).substr(open, end - open), options_.format,
+                       &options_.parameter_types);
     tail_ += pending_.substr(0, open);
     if (parsed.tool_calls.size() == 1) {
       EmitCall(parsed.tool_calls[0], out);
@@ -169,7 +171,10 @@ void ReplySplitter::Step(ReplyDelta* out) {
       case Phase::kHeldJson:
         return;  // decided at the end
       case Phase::kCalls:
-        if (options_.format == ToolCallFormat::kHermes) TakeCompleteHermesCalls(out);
+        if (options_.format == ToolCallFormat::kHermes ||
+            options_.format == ToolCallFormat::kXmlFunction) {
+          TakeCompleteHermesCalls(out);
+        }
         return;
     }
   }
@@ -189,7 +194,8 @@ ReplyDelta ReplySplitter::Finish() {
       break;
     case Phase::kHeldJson:
     case Phase::kCalls: {
-      const ParsedReply parsed = ParseToolCalls(pending_, options_.format);
+      const ParsedReply parsed =
+          ParseToolCalls(pending_, options_.format, &options_.parameter_types);
       if (parsed.tool_calls.empty() && calls_sent_ == 0) {
         // No call after all: the held text goes on from the content sent, as it was written.
         EmitContent(tail_ + pending_, &out);

@@ -21,6 +21,7 @@ namespace kvl::server {
 struct ReplyOptions {
   bool parse_tools = false;  // the request has tools and tool_choice is not "none"
   ToolCallFormat format = ToolCallFormat::kNone;
+  ToolParameterTypes parameter_types;  // the tools' (how XML-tag calls' values read back)
   bool parallel = true;          // parallel_tool_calls: false keeps only the first call
   bool split_reasoning = false;  // reasoning_format other than "none"
   bool reasoning_open = false;   // the prompt ends inside <think> (the reply starts in it)

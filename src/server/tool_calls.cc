@@ -53,7 +53,8 @@ std::string_view TrimSpace(std::string_view s) { return Trim(s); }
 
 std::string_view ToolCallOpener(ToolCallFormat format) {
   switch (format) {
-    case ToolCallFormat::kHermes: return "<tool_call>";
+    case ToolCallFormat::kHermes:
+    case ToolCallFormat::kXmlFunction: return "<tool_call>";
     case ToolCallFormat::kLlama3: return "<|python_tag|>";
     case ToolCallFormat::kMistral: return "[TOOL_CALLS]";
     case ToolCallFormat::kNone: break;
@@ -67,7 +68,67 @@ bool CallMayStartWithJson(ToolCallFormat format) {
 
 namespace {
 
-ParsedReply ParseHermes(std::string_view text) {
+// One parameter's value as the XML-tag templates write it: a string as its bare text, anything
+// else through `tojson` (objects, arrays) or `string` (numbers; Python's True / False / None).
+json XmlParameterValue(std::string_view text, const std::string* type) {
+  if (type != nullptr && *type == "string") return std::string(text);
+  if (type != nullptr && *type == "boolean") {
+    if (text == "True" || text == "true") return true;
+    if (text == "False" || text == "false") return false;
+  }
+  if (text == "None") return nullptr;
+  const json value = json::parse(text, nullptr, false);
+  // Undeclared: JSON where it parses as a number, object, array, boolean or null; a bare word
+  // (which JSON refuses) or a JSON string's quotes stay the text the model wrote.
+  if (value.is_discarded() || value.is_string()) return std::string(text);
+  return value;
+}
+
+// <function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>, the body of one
+// <tool_call>; nullopt when it is not one.
+std::optional<ParsedToolCall> ParseXmlFunction(std::string_view body,
+                                               const ToolParameterTypes* types) {
+  constexpr std::string_view kFunction = "<function=", kFunctionEnd = "</function>";
+  constexpr std::string_view kParameter = "<parameter=", kParameterEnd = "</parameter>";
+  body = Trim(body);
+  if (!body.starts_with(kFunction) || !body.ends_with(kFunctionEnd)) return std::nullopt;
+  const size_t name_end = body.find('>');
+  ParsedToolCall call;
+  call.name = std::string(Trim(body.substr(kFunction.size(), name_end - kFunction.size())));
+  if (call.name.empty()) return std::nullopt;
+  const std::map<std::string, std::string>* declared = nullptr;
+  if (types != nullptr) {
+    if (auto it = types->find(call.name); it != types->end()) declared = &it->second;
+  }
+  std::string_view rest = Trim(body.substr(name_end + 1, body.size() - kFunctionEnd.size() -
+                                                             name_end - 1));
+  json arguments = json::object();
+  while (!rest.empty()) {
+    if (!rest.starts_with(kParameter)) return std::nullopt;
+    const size_t key_end = rest.find('>');
+    const size_t value_end = rest.find(kParameterEnd);
+    if (key_end == std::string_view::npos || value_end == std::string_view::npos ||
+        value_end < key_end) {
+      return std::nullopt;
+    }
+    const std::string key(Trim(rest.substr(kParameter.size(), key_end - kParameter.size())));
+    // The template puts one newline after <parameter=KEY> and one before </parameter>; a
+    // value's own leading or trailing newlines beyond those are its text.
+    std::string_view value = rest.substr(key_end + 1, value_end - key_end - 1);
+    if (value.starts_with('\n')) value.remove_prefix(1);
+    if (value.ends_with('\n')) value.remove_suffix(1);
+    const std::string* type = nullptr;
+    if (declared != nullptr) {
+      if (auto it = declared->find(key); it != declared->end()) type = &it->second;
+    }
+    arguments[key] = XmlParameterValue(value, type);
+    rest = Trim(rest.substr(value_end + kParameterEnd.size()));
+  }
+  call.arguments = arguments.dump();
+  return call;
+}
+
+ParsedReply ParseHermes(std::string_view text, const ToolParameterTypes* types, bool xml) {
   constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
   ParsedReply reply;
   std::string content;
@@ -77,10 +138,13 @@ ParsedReply ParseHermes(std::string_view text) {
     if (open == std::string_view::npos) break;
     const size_t close = text.find(kClose, open + kOpen.size());
     if (close == std::string_view::npos) return AsContent(text);  // an unfinished call
-    const json object = json::parse(Trim(text.substr(open + kOpen.size(),
-                                                     close - open - kOpen.size())),
-                                    nullptr, false);
-    std::optional<ParsedToolCall> call = CallFromObject(object);
+    const std::string_view body = text.substr(open + kOpen.size(), close - open - kOpen.size());
+    // A template of either kind may meet the other's call (the XML one's prompt shows JSON
+    // examples in some fine-tunes): the body's first character tells them apart.
+    std::optional<ParsedToolCall> call =
+        Trim(body).starts_with('<')
+            ? (xml ? ParseXmlFunction(body, types) : std::nullopt)
+            : CallFromObject(json::parse(Trim(body), nullptr, false));
     if (!call) return AsContent(text);
     content += text.substr(at, open - at);
     reply.tool_calls.push_back(std::move(*call));
@@ -205,7 +269,10 @@ ParsedReply ParseJsonReply(std::string_view text) {
 }  // namespace
 
 ToolCallFormat DetectToolCallFormat(std::string_view chat_template) {
-  if (chat_template.find("<tool_call>") != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (chat_template.find("<tool_call>") != std::string_view::npos) {
+    return chat_template.find("<function=") != std::string_view::npos ? ToolCallFormat::kXmlFunction
+                                                                      : ToolCallFormat::kHermes;
+  }
   if (chat_template.find("[TOOL_CALLS]") != std::string_view::npos) return ToolCallFormat::kMistral;
   if (chat_template.find("<|python_tag|>") != std::string_view::npos ||
       (chat_template.find("<|start_header_id|>") != std::string_view::npos &&
@@ -215,9 +282,11 @@ ToolCallFormat DetectToolCallFormat(std::string_view chat_template) {
   return ToolCallFormat::kNone;
 }
 
-ParsedReply ParseToolCalls(std::string_view text, ToolCallFormat format) {
+ParsedReply ParseToolCalls(std::string_view text, ToolCallFormat format,
+                           const ToolParameterTypes* types) {
   switch (format) {
-    case ToolCallFormat::kHermes: return ParseHermes(text);
+    case ToolCallFormat::kHermes: return ParseHermes(text, types, /*xml=*/false);
+    case ToolCallFormat::kXmlFunction: return ParseHermes(text, types, /*xml=*/true);
     case ToolCallFormat::kLlama3: return ParseLlama3(text);
     case ToolCallFormat::kMistral: return ParseMistral(text);
     case ToolCallFormat::kNone: return ParseJsonReply(text);

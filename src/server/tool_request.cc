@@ -113,6 +113,112 @@ json CallSchema(const json& tool, ToolCallFormat format) {
           {"additionalProperties", false}};
 }
 
+// `text` as a GBNF string literal.
+std::string Literal(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// The longest string value a forced XML-tag call may write (JSON strings are bounded the same
+// way by the schema grammar; a bare text value has no closing quote to end it).
+constexpr int kMaxXmlTextValue = 4096;
+
+// Whether the templates write a parameter's value as bare text: a string, or (no type given)
+// one of string words or a string constant (`args_value | string`).
+bool IsTextParameter(const json& schema) {
+  if (!schema.is_object()) return false;
+  if (schema.contains("type")) return schema["type"] == "string";
+  auto all_strings = [](const json& words) {
+    return words.is_array() && !words.empty() &&
+           std::all_of(words.begin(), words.end(), [](const json& w) { return w.is_string(); });
+  };
+  return (schema.contains("enum") && all_strings(schema["enum"])) ||
+         (schema.contains("const") && schema["const"].is_string());
+}
+
+// A forced call in the XML-tag format (Qwen3-Coder, Qwen3.5): per tool, its parameters in the
+// schema's order, the required ones always and the others optionally; a string parameter's
+// value is bare text without '<' within its length bounds (its enum's words where it has one; a
+// `pattern` is not enforced on bare text: the pattern compiler writes JSON strings), any other a
+// JSON value of its schema, compiled in one schema whose $defs the rules refer to
+// ("ref-<name>").
+StatusOr<std::string> XmlCallGrammar(const ToolRequest& tools) {
+  json defs = json::object();
+  json refs = json::array();
+  std::string calls, rules;
+  int tool_index = 0;
+  for (const json& tool : tools.tools) {
+    const json& function = tool["function"];
+    if (tools.choice == ToolChoice::kNamed && function["name"] != tools.function) continue;
+    const json parameters = function.contains("parameters") && function["parameters"].is_object()
+                                ? function["parameters"]
+                                : json::object();
+    const json properties = parameters.contains("properties") ? parameters["properties"]
+                                                              : json::object();
+    const json required = parameters.contains("required") ? parameters["required"] : json::array();
+    const std::string rule = fmt::format("kvl-xml-call-{}", tool_index);
+    std::string body = Literal("<tool_call>\n<function=" + function["name"].get<std::string>() +
+                               ">\n");
+    int property_index = 0;
+    for (const auto& [key, schema] : properties.items()) {
+      std::string value;
+      if (IsTextParameter(schema)) {
+        if (schema.contains("enum")) {
+          for (const json& word : schema["enum"]) {
+            value += (value.empty() ? "(" : " | ") + Literal(word.get<std::string>());
+          }
+          value += ")";
+        } else if (schema.contains("const")) {
+          value = Literal(schema["const"].get<std::string>());
+        } else {
+          value = fmt::format("[^<]{{{},{}}}", schema.value("minLength", 0),
+                              std::min(schema.value("maxLength", kMaxXmlTextValue),
+                                       kMaxXmlTextValue));
+        }
+      } else {
+        const std::string name = fmt::format("kvl-xml-{}-{}", tool_index, property_index);
+        defs[name] = schema;
+        refs.push_back({{"$ref", "#/$defs/" + name}});
+        value = "ref-" + name;
+      }
+      std::string part = Literal("<parameter=" + key + ">\n") + " " + value + " " +
+                         Literal("\n</parameter>\n");
+      const bool is_required = std::find(required.begin(), required.end(), key) != required.end();
+      body += " " + (is_required ? part : "(" + part + ")?");
+      ++property_index;
+    }
+    body += " " + Literal("</function>\n</tool_call>");
+    rules += rule + " ::= " + body + "\n";
+    calls += (calls.empty() ? "" : " | ") + rule;
+    ++tool_index;
+  }
+  if (!refs.empty()) {
+    StatusOr<std::string> values =
+        JsonSchemaToGbnf(json{{"$defs", std::move(defs)}, {"anyOf", std::move(refs)}});
+    if (!values.ok()) return values.status();
+    // Its root (any one of the values) is renamed out of the way; the rules it refers to are
+    // the ones the calls use.
+    constexpr std::string_view kRoot = "root ::= ";
+    std::string value_rules = std::move(*values);
+    if (value_rules.starts_with(kRoot)) value_rules.replace(0, kRoot.size(), "kvl-xml-values ::= ");
+    rules += value_rules;
+  }
+  const int more = tools.parallel ? kMaxForcedCalls - 1 : 0;
+  return fmt::format("root ::= kvl-xml-call (\"\\n\" kvl-xml-call){{0,{}}}\n"
+                     "kvl-xml-call ::= {}\n{}",
+                     more, calls, rules);
+}
+
 }  // namespace
 
 std::optional<ApiError> ReadToolRequest(const json& body, ToolRequest* out) {
@@ -150,6 +256,16 @@ std::optional<ApiError> ToolCallGrammar(const ToolRequest& tools, ToolCallFormat
   if (tools.choice != ToolChoice::kRequired && tools.choice != ToolChoice::kNamed) {
     return std::nullopt;
   }
+  if (format == ToolCallFormat::kXmlFunction) {
+    StatusOr<std::string> grammar = XmlCallGrammar(tools);
+    if (!grammar.ok()) {
+      return Bad("tools", fmt::format("a tool's parameters cannot be enforced for "
+                                      "'tool_choice': {}",
+                                      grammar.status().message()));
+    }
+    *gbnf = std::move(*grammar);
+    return std::nullopt;
+  }
   json any_of = json::array();
   for (const json& tool : tools.tools) {
     if (tools.choice == ToolChoice::kNamed && tool["function"]["name"] != tools.function) continue;
@@ -168,6 +284,7 @@ std::optional<ApiError> ToolCallGrammar(const ToolRequest& tools, ToolCallFormat
   const int more = tools.parallel ? kMaxForcedCalls - 1 : 0;
   std::string root;
   switch (format) {
+    case ToolCallFormat::kXmlFunction:  // written above
     case ToolCallFormat::kHermes:
       root = fmt::format(
           "root ::= kvl-tagged-call (\"\\n\" kvl-tagged-call){{0,{}}}\n"
@@ -191,6 +308,23 @@ std::optional<ApiError> ToolCallGrammar(const ToolRequest& tools, ToolCallFormat
   }
   *gbnf = root + rules;
   return std::nullopt;
+}
+
+ToolParameterTypes ParameterTypes(const ToolRequest& tools) {
+  ToolParameterTypes types;
+  for (const json& tool : tools.tools) {
+    const json& function = tool["function"];
+    auto& declared = types[function["name"].get<std::string>()];
+    if (!function.contains("parameters") || !function["parameters"].is_object()) continue;
+    const json& parameters = function["parameters"];
+    if (!parameters.contains("properties") || !parameters["properties"].is_object()) continue;
+    for (const auto& [key, schema] : parameters["properties"].items()) {
+      if (schema.is_object() && schema.contains("type") && schema["type"].is_string()) {
+        declared[key] = schema["type"].get<std::string>();
+      }
+    }
+  }
+  return types;
 }
 
 }  // namespace kvl::server

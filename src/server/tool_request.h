@@ -38,4 +38,7 @@ std::optional<ApiError> ToolCallGrammar(const ToolRequest& tools, ToolCallFormat
                                         std::string* gbnf);
 inline constexpr int kMaxForcedCalls = 4;
 
+// The tools' declared parameter types (tool_calls.h), for reading XML-tag calls back.
+ToolParameterTypes ParameterTypes(const ToolRequest& tools);
+
 }  // namespace kvl::server

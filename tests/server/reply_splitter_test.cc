@@ -243,6 +243,52 @@ TEST(ToolCallGrammarTest, ForcedCallsInEachFamilysSyntaxParseBackAsCalls) {
   EXPECT_EQ(gbnf, "");  // auto: the model decides
 }
 
+// Qwen3-Coder / Qwen3.5's XML tags: the forced call's grammar writes each parameter as the
+// template does (a string bare, within its maxLength; an enum's word; JSON otherwise), and what
+// it accepts parses back to the call.
+TEST(ToolCallGrammarTest, ForcedXmlFunctionCallsParseBackTyped) {
+  ToolRequest t = WeatherTools(ToolChoice::kRequired, true);
+  t.tools[0]["function"]["parameters"]["properties"]["days"] = {{"type", "integer"},
+                                                                 {"minimum", 1}};
+  std::string gbnf;
+  ASSERT_FALSE(ToolCallGrammar(t, ToolCallFormat::kXmlFunction, &gbnf));
+  const std::string call =
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+      "<parameter=unit>\nc\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
+      "</tool_call>";
+  EXPECT_TRUE(GrammarAccepts(gbnf, call)) << gbnf;
+  const std::string time = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
+  EXPECT_TRUE(GrammarAccepts(gbnf, call + "\n" + time));
+  // days is optional; city and unit are not.
+  std::string without_days = call;
+  without_days.erase(without_days.find("<parameter=days>"),
+                     std::string("<parameter=days>\n3\n</parameter>\n").size());
+  EXPECT_TRUE(GrammarAccepts(gbnf, without_days));
+  std::string bad = call;
+  bad.erase(bad.find("<parameter=city>"), std::string("<parameter=city>\nOslo\n</parameter>\n").size());
+  EXPECT_FALSE(GrammarAccepts(gbnf, bad));
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"Oslo", "Oslo-Gardermoen"}, {"\nc\n", "\nk\n"}, {"\n3\n", "\n0\n"},
+           {"\n3\n", "\nthree\n"}, {"get_weather", "get_wether"}}) {
+    bad = call;
+    bad.replace(bad.find(from), from.size(), to);
+    EXPECT_FALSE(GrammarAccepts(gbnf, bad)) << to;
+  }
+  ReplyOptions o;
+  o.parse_tools = true;
+  o.format = ToolCallFormat::kXmlFunction;
+  o.parameter_types = ParameterTypes(t);
+  const ReplyDelta d = SplitReply(call, o);
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(d.calls[0].arguments),
+            nlohmann::json({{"city", "Oslo"}, {"unit", "c"}, {"days", 3}}));
+  ASSERT_FALSE(ToolCallGrammar(WeatherTools(ToolChoice::kNamed, false),
+                               ToolCallFormat::kXmlFunction, &gbnf));
+  EXPECT_FALSE(GrammarAccepts(gbnf, call));
+  EXPECT_TRUE(GrammarAccepts(gbnf, time));
+  EXPECT_FALSE(GrammarAccepts(gbnf, time + "\n" + time));  // parallel off
+}
+
 TEST(ToolRequestTest, ToolChoiceIsCheckedAgainstTheTools) {
   ToolRequest t;
   auto read = [&](const char* body) {

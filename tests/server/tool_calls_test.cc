@@ -160,6 +160,49 @@ TEST(ToolCallsTest, FamilyTextsParseAsLlamaCppParsesThem) {
   EXPECT_EQ(answer.content, "{\"response\": \"Hello\"}");
 }
 
+// Qwen3-Coder's and Qwen3.5's format, as their templates write an assistant's tool_calls: a
+// string bare, an object or array through tojson, a number or boolean through `string`.
+TEST(ToolCallsTest, XmlFunctionTagsWithTypedValues) {
+  const std::string text =
+      "I will look it up.\n<tool_call>\n<function=search>\n<parameter=query>\nkv cache\n"
+      "two lines\n</parameter>\n<parameter=limit>\n5\n</parameter>\n<parameter=exact>\nTrue\n"
+      "</parameter>\n<parameter=filters>\n{\"lang\": \"en\"}\n</parameter>\n<parameter=zip>\n"
+      "02139\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
+      "</function>\n</tool_call>";
+  const ToolParameterTypes types = {
+      {"search", {{"query", "string"}, {"limit", "integer"}, {"exact", "boolean"},
+                  {"filters", "object"}, {"zip", "string"}}}};
+  const ParsedReply r = ParseToolCalls(text, ToolCallFormat::kXmlFunction, &types);
+  EXPECT_EQ(r.content, "I will look it up.");
+  ASSERT_EQ(r.tool_calls.size(), 2u);
+  ExpectCall(r.tool_calls[0], "search",
+             {{"query", "kv cache\ntwo lines"}, {"limit", 5}, {"exact", true},
+              {"filters", {{"lang", "en"}}}, {"zip", "02139"}});
+  ExpectCall(r.tool_calls[1], "get_time", json::object());
+  // Without the tools' types: JSON where the text parses as JSON, else the text ("02139" is
+  // not JSON: a leading zero).
+  const ParsedReply untyped = ParseToolCalls(text, ToolCallFormat::kXmlFunction);
+  ASSERT_EQ(untyped.tool_calls.size(), 2u);
+  ExpectCall(untyped.tool_calls[0], "search",
+             {{"query", "kv cache\ntwo lines"}, {"limit", 5}, {"exact", "True"},
+              {"filters", {{"lang", "en"}}}, {"zip", "02139"}});
+  // A JSON call inside <tool_call> is read too; a broken tag structure is content.
+  EXPECT_EQ(ParseToolCalls("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+                           ToolCallFormat::kXmlFunction)
+                .tool_calls.size(),
+            1u);
+  for (const char* broken :
+       {"<tool_call>\n<function=f>\n<parameter=x>\n1\n</function>\n</tool_call>",
+        "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</tool_call>",
+        "<tool_call>\n<function=>\n</function>\n</tool_call>"}) {
+    const ParsedReply b = ParseToolCalls(broken, ToolCallFormat::kXmlFunction);
+    EXPECT_TRUE(b.tool_calls.empty()) << broken;
+    EXPECT_EQ(b.content, broken);
+  }
+  // Hermes templates do not read XML tags as calls.
+  EXPECT_TRUE(ParseToolCalls(text, ToolCallFormat::kHermes).tool_calls.empty());
+}
+
 TEST(ToolCallsTest, FormatsAreDetectedFromTheTemplates) {
   EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n' }}"), ToolCallFormat::kHermes);
   EXPECT_EQ(DetectToolCallFormat("{{ '[TOOL_CALLS]' }}"), ToolCallFormat::kMistral);
@@ -177,6 +220,8 @@ TEST(ToolCallsTest, FormatsAreDetectedFromTheTemplates) {
            {"Qwen-Qwen3-0.6B.jinja", ToolCallFormat::kHermes},
            {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", ToolCallFormat::kHermes},
            {"mistralai-Mistral-Nemo-Instruct-2407.jinja", ToolCallFormat::kMistral},
+           {"Qwen3-Coder.jinja", ToolCallFormat::kXmlFunction},
+           {"Qwen3.5-4B.jinja", ToolCallFormat::kXmlFunction},
            {"google-gemma-2-2b-it.jinja", ToolCallFormat::kNone}}) {
     const std::string source = testing::ReadWholeFile(dir + "/models/templates/" + file);
     ASSERT_FALSE(source.empty()) << file;

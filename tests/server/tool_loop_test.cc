@@ -1,5 +1,5 @@
 // The official `openai` npm client's tool loop against `kvl serve`, with the real chat templates
-// of Llama-3.1, Qwen2.5, Qwen3 and Mistral-Nemo (llama.cpp's models/templates, as npm's
+// of Llama-3.1, Qwen2.5, Qwen3, Qwen3-Coder (XML function tags) and Mistral-Nemo (llama.cpp's models/templates, as npm's
 // node-llama-cpp bundles them) on random-weight files with real vocabularies: a request with
 // tools, the tool_calls reply, the tool's result sent back, the final answer; for tool_choice
 // auto, required, a named function and none, streamed and not.
@@ -50,6 +50,7 @@ const familyCall = {
   hermes: '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
   llama3: '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}',
   mistral: '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}, "id": "a1B2c3D4e"}]',
+  xml: '<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>',
 }[format];
 const modes = [
   { name: 'auto', extra: { tool_choice: 'auto', grammar: 'root ::= ' + JSON.stringify(familyCall) },
@@ -154,7 +155,7 @@ struct TemplateCase {
   const char* name;
   const char* template_file;  // in llama.cpp's models/templates
   const char* vocab_file;     // in llama.cpp's models
-  const char* format;         // hermes | llama3 | mistral
+  const char* format;         // hermes | llama3 | mistral | xml
 };
 
 class ToolLoopTest : public ::testing::TestWithParam<TemplateCase> {};
@@ -199,6 +200,7 @@ INSTANTIATE_TEST_SUITE_P(
         TemplateCase{"Qwen25", "Qwen-Qwen2.5-7B-Instruct.jinja", "ggml-vocab-qwen2.gguf",
                      "hermes"},
         TemplateCase{"Qwen3", "Qwen-Qwen3-0.6B.jinja", "ggml-vocab-qwen2.gguf", "hermes"},
+        TemplateCase{"Qwen3Coder", "Qwen3-Coder.jinja", "ggml-vocab-qwen2.gguf", "xml"},
         // No Tekken vocabulary ships with llama.cpp: Llama-2's 32k one, where [TOOL_CALLS] is
         // text the grammar spells out.
         TemplateCase{"MistralNemo", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
