@@ -7,9 +7,9 @@
 Checks, each failure printed as FILE:LINE: what is wrong:
   - links: every relative markdown link ([text](path), ![alt](path)) names a file or folder that
     exists, and its #anchor, if any, a heading of the markdown file it names (GitHub's anchors);
-  - paths: every repository path in inline code (`src/...`, `include/...`, `tests/...`,
+  - paths: every repository path in inline or fenced code (`src/...`, `include/...`, `tests/...`,
     `scripts/...`, `docs/...`, `bench/...`, `fuzz/...`, `cmake/...`) exists; `*` and `{a,b}`
-    are expanded, and placeholders (`<layer>`, `N`) are not paths;
+    are expanded, and a word with a placeholder (`<layer>`, `$DIR`, `...`) is not a path;
   - flags (with --kvl): every flag of a `kvl COMMAND ...` line (fenced code, its continuation
     lines, and inline code) is one kvl COMMAND accepts: kvl's own parser is asked
     (`kvl COMMAND FLAG 1 --help` says COMMAND "has no flag" FLAG only where it has none), so the
@@ -128,18 +128,21 @@ def expand_braces(path):
     return out
 
 
-def check_paths(doc, root, prose, problems):
+def check_paths(doc, root, prose, fenced, problems):
+    """Repository paths in inline code and in fenced code (commands, compiler output)."""
+    spans = [(n, line) for n, line in fenced]
     for text, lines in paragraphs(prose):
-        for m in CODE_SPAN.finditer(text):
-            for word in m.group(2).split():
-                word = word.strip(".,;:()'\"")
-                word = re.sub(r"(:\d+)+$", "", word)  # file:line
-                if not word.startswith(PATH_ROOTS) or re.search(r"[<>$]|\.\.\.|[A-Z]{2,}\b", word):
-                    continue
-                CHECKED["paths"] += 1
-                if any(glob.glob(os.path.join(root, p)) for p in expand_braces(word)):
-                    continue
-                problems.append(f"{doc}:{lines[m.start()]}: `{word}` does not exist")
+        spans += [(lines[m.start()], m.group(2)) for m in CODE_SPAN.finditer(text)]
+    for n, span in spans:
+        for word in span.split():
+            word = word.strip(".,;:()[]'\"")
+            word = re.sub(r"(:\d+)+$", "", word)  # file:line
+            if not word.startswith(PATH_ROOTS) or re.search(r"[<>$]|\.\.\.", word):
+                continue
+            CHECKED["paths"] += 1
+            if any(glob.glob(os.path.join(root, p)) for p in expand_braces(word)):
+                continue
+            problems.append(f"{doc}:{n}: `{word}` does not exist")
 
 
 def kvl_commands(kvl):
@@ -254,7 +257,7 @@ def check(root, kvl):
         with open(doc, encoding="utf-8") as f:
             prose, fenced = split_doc(f.read())
         check_links(doc, prose, problems)
-        check_paths(doc, root, prose, problems)
+        check_paths(doc, root, prose, fenced, problems)
         if kvl:
             check_flags(doc, kvl, commands, prose, fenced, problems)
     return problems
@@ -272,6 +275,7 @@ def self_test(kvl):
         "[gone](docs/missing.md)": "docs/missing.md does not exist",
         "[no anchor](docs/A.md#part-three)": "no heading '#part-three'",
         "`src/nothing_here.cc`": "`src/nothing_here.cc` does not exist",
+        "```sh\nbash scripts/gone.sh --fast\n```": "`scripts/gone.sh` does not exist",
         "`kvl run -m M --kv-budgte 1MiB`": "kvl run --kv-budgte",
         "`kvl bench turns --no-such-flag`": "kvl bench turns --no-such-flag",
     }
