@@ -1,8 +1,8 @@
 // The read pattern of a decode step that streams its history from a direct-I/O disk tier: P
 // pages, each written as one batch of L layer pages, then read back layer by layer (one Get of
-// layer l of every page, as KvPager::IssueLayerRead asks), through io_uring and through one preadv
-// after another. Prints ms per step, GB/s and read requests per step for each; the bytes are
-// checked against what was written.
+// layer l of every page, as KvLayerStreamer::IssueLayerRead asks), through io_uring and through
+// one preadv after another. Prints ms per step, GB/s and read requests per step for each; the
+// bytes are checked against what was written.
 //
 // Usage: disk_stream_bench [--dir=/tmp] [--pages=120] [--layers=22] [--layer-bytes=32768]
 //                          [--steps=8]

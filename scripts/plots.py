@@ -284,6 +284,9 @@ QUALITY_COLORS = {"cache type": "#4c7ec1", "compress": "#e0a030"}
 def quality(out, path):
     with open(path) as f:
         data = json.load(f)
+    if "contexts" not in data:
+        quality_against_f32(out, data)
+        return
     # The shortest context measured (512, or the text's length), one point per representation.
     ctx = data["contexts"][0]["ctx"]
     configs = [c for c in data["configs"] if c["ctx"] == ctx]
@@ -314,6 +317,44 @@ def quality(out, path):
     ax.set_title(f'kvl bench quality: {os.path.basename(data.get("model", ""))} '
                  f'({data.get("model_name", "")}), {data.get("layers", "")} '
                  f'layers, ctx {ctx}, teacher-forced', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def quality_against_f32(out, data):
+    """The JSON of kvl bench quality before issue 39 (one context, against an f32 cache, sizes as a
+    fraction of f32's), as docs/data/bench_quality_stories260k.json holds it."""
+    configs = data["configs"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    # KLD 0 (the f32 reference, and every lossless action) has no place on a log axis: it is drawn
+    # on a floor below the smallest KLD measured, and labelled so.
+    measured = [c["mean_kld"] for c in configs if c["mean_kld"] > 0]
+    floor = min(measured) / 10 if measured else 1e-8
+    for family, color in QUALITY_COLORS.items():
+        points = [c for c in configs if c["family"] == family]
+        xs = [100 * c["fraction_of_f32"] for c in points]
+        ys = [max(c["mean_kld"], floor) for c in points]
+        ax.scatter(xs, ys, s=60, color=color, label=family, zorder=3)
+        for i, (c, x, y) in enumerate(zip(points, xs, ys)):
+            left = family == "compress"
+            ax.annotate(f'{c["name"]}  (top-1 {100 * c["top1"]:.1f}%)', (x, y),
+                        textcoords="offset points",
+                        xytext=(-6 if left else 6, 5 if i % 2 == 0 else -12),
+                        ha="right" if left else "left", fontsize=8)
+    ax.scatter([0], [floor], s=60, color="#4b9e6b", marker="s", zorder=3,
+               label="lossless: demote / recompute (bit-exact, nothing in the pool)")
+    ax.axhline(floor, color="grey", linewidth=0.6, linestyle=":")
+    ax.text(101, floor, " KLD 0", va="center", fontsize=8, color="grey")
+    ax.set_yscale("log")
+    ax.set_xlim(-5, 115)
+    ax.set_xlabel("KV bytes kept per token, % of f32")
+    ax.set_ylabel("mean KL divergence from the f32 cache (nats)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f'kvl bench quality: {os.path.basename(data.get("model", ""))} '
+                 f'({data.get("model_name", "")}), {data.get("layers", "")} '
+                 f'layers, {data.get("text_tokens", "")} tokens teacher-forced', fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -1,13 +1,13 @@
 // The transfer and compress curves of calibration: the RAM (plain and zstd) and disk tiers
-// written and read
-// through their own code (kvl/kv_tier.h), and pages encoded with the project's codec
-// (kvl/kv_codec.h).
+// written and read through their own code (kvl/kv_tier.h), and pages encoded with the project's
+// codec (kvl/kv_codec.h).
 //
 // A KV page goes to a tier as one tier page per layer, all of them in one Put and read back in
-// one Get (KvPager::WriteLayerPages / ReadLayerPages), so each point is `pages` tier pages of
-// `page_bytes` in one call: 1 page and one per layer, at a few sizes around the model's own
-// layer page. The disk tier is measured twice, as it can be opened: buffered (the default, where
-// a page read moments after it was written comes from the page cache) and O_DIRECT (the device).
+// one Get (the pager's tier mover: KvTierMover::WriteLayerPages / ReadIntoBlock), so each point
+// is `pages` tier pages of `page_bytes` in one call: 1 page and one per layer, at a few sizes
+// around the model's own layer page. The disk tier is measured twice, as it can be opened:
+// buffered (the default, where a page read moments after it was written comes from the page
+// cache) and O_DIRECT (the device).
 #include <fmt/format.h>
 #include <unistd.h>
 

@@ -18,7 +18,8 @@
 // prefix cache, a store promotion, a restore after preemption) holds its global layers' K/V but
 // no local rows: before its first new token, the last window's local K/V is rebuilt, either
 //  - from residual checkpoints (where the pool keeps one at every layer): per local layer one
-//    RmsNorm, two projections and RoPE of window - 1 tokens (KvRebuilder::RebuildLayerKv); or
+//    RmsNorm, two projections and RoPE of window - 1 tokens (KvRebuilder::Rebuild, the forward
+//    pass's Forward::RebuildLayerKv per layer); or
 //  - from tokens: the tokens from RebuildStart(n) on run through the forward pass flagged as
 //    window rebuilds (TokenBatch::window_rebuild): their global layers read the cached K/V and
 //    write nothing, their local layers write the ring. A local layer's input at position q

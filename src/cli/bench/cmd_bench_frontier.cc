@@ -12,7 +12,7 @@
 //     attention reads the context before them; the first d layers end where layer d's input
 //     checkpoint is written (timed inside the same run, see LayerClockCache);
 //   transfer: the d layer pages of K then V rows (the pager's tier page format) read back from
-//     the tier in one Get, as ReadLayerPages does at a restore.
+//     the tier in one Get, as KvTierMover::ReadIntoBlock does at a restore.
 // Phases: prefill is these times (the step's arithmetic is busy: nothing hides recompute).
 // Decode: the page rides in a 1-token decode step after it, as the engine runs it, and costs the
 // difference of the step's time with and without it, measured: recompute-residual as the
@@ -481,7 +481,7 @@ Status FrontierBench::MeasurePageSize(int64_t t, const MachineProfile& profile) 
     }
     return tier.Put(writes);
   };
-  // One Get of the first d layer pages into `out`: the restore's read (ReadLayerPages).
+  // One Get of the first d layer pages into `out`: the restore's read (KvTierMover::ReadIntoBlock).
   auto get_first = [&](KvTier& tier, std::vector<uint8_t>& out, int64_t bytes, int64_t d) {
     std::vector<PageRead> reads;
     for (int64_t l = 0; l < d; ++l) reads.push_back({static_cast<PageKey>(l + 1), layer_span(out, bytes, l)});
