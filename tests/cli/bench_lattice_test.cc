@@ -150,7 +150,9 @@ TEST_F(BenchLatticeTest, QuickRunHasEveryNameAndLosslessRepliesEqualKeepAll) {
                           !b["best_fixed_policy"].get<std::string>().empty();
       if (judged) worst = std::min(worst, b["ratio"].get<double>());
     }
-    if (worst < 1e300) EXPECT_DOUBLE_EQ(v["ratio"].get<double>(), worst);
+    if (worst < 1e300) {
+      EXPECT_DOUBLE_EQ(v["ratio"].get<double>(), worst);
+    }
   }
   // Budgets below the working set are short: some workload's pages went to disk.
   EXPECT_GT(pages_demoted, 0);
