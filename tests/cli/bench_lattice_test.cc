@@ -8,6 +8,7 @@
 // prefix once) and the chats' order is skewed. No assertion on time.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -16,7 +17,9 @@
 #include <string>
 
 #include "cli/bench/engine_drive.h"
+#include "cli/bench/lattice_redis_link.h"
 #include "cli/bench/lattice_workloads.h"
+#include "kvl/kv_tier.h"
 #include "run_command.h"
 #include "scratch_dir.h"
 #include "test_paths.h"
@@ -240,6 +243,22 @@ TEST(LatticeWorkloadsTest, ScriptsShareWhatTheyClaimAndChatsAreSkewed) {
       cli::MakeLatticeWorkload("agent", args, *m->tokenizer, 16, max_context);
   ASSERT_FALSE(agent.ok());
   EXPECT_NE(agent.status().message().find("--agent-steps"), std::string::npos);
+}
+
+// Each cell stores its Redis pages under a key namespace of its own: no cell finds the pages of
+// the one before. The script's short form (redis:HOST:PORT) is read as the URL form.
+TEST(LatticeRedisLinkTest, EachCellGetsItsOwnNamespace) {
+  const std::string pid = std::to_string(::getpid());
+  cli::RedisLink link;
+  link.tier_spec = "redis://10.0.0.2:6379";
+  EXPECT_EQ(cli::CellRedisTierSpec(link, 3), "redis://10.0.0.2:6379/kvl-lattice-" + pid + "-3");
+  link.tier_spec = "redis://[fd00::2]:7000/ns?ttl=60";
+  EXPECT_EQ(cli::CellRedisTierSpec(link, 4), "redis://[fd00::2]:7000/ns-lattice-" + pid + "-4?ttl=60");
+  link.tier_spec = "redis:10.0.0.2:6380";
+  EXPECT_EQ(cli::CellRedisTierSpec(link, 5), "redis://10.0.0.2:6380/kvl-lattice-" + pid + "-5");
+  for (int cell : {3, 4, 5}) {
+    EXPECT_TRUE(ParseTierSpec(cli::CellRedisTierSpec(link, cell)).ok()) << cell;
+  }
 }
 
 TEST(BenchLatticeArgsTest, BadFlagsAreErrorsNamingTheFlag) {

@@ -92,9 +92,13 @@ void StopRedisLink(const RedisLink& link) {
 }
 
 std::string CellRedisTierSpec(const RedisLink& link, int cell_index) {
-  const std::string& spec = link.tier_spec;
-  // redis://HOST[:PORT][/NAMESPACE][?ttl=S]: the cell's namespace after the authority's.
   constexpr std::string_view kScheme = "redis://";
+  // "redis:HOST:PORT" (the script's short form) is "redis://HOST:PORT".
+  std::string spec = link.tier_spec;
+  if (spec.starts_with("redis:") && !spec.starts_with(kScheme)) {
+    spec = std::string(kScheme) + spec.substr(6);
+  }
+  // redis://HOST[:PORT][/NAMESPACE][?ttl=S]: the cell's namespace after the authority's.
   if (!spec.starts_with(kScheme)) return spec;
   const size_t query = spec.find('?');
   const std::string base = spec.substr(0, query);
