@@ -167,7 +167,7 @@ void PrintWorkloadTable(const LatticeWorkload& w, int64_t working_set_bytes, con
     const std::string budget = fmt::format("1/{:.0f}", 1 / v.budget_fraction);
     if (v.auto_tok_s <= 0) {
       fmt::print("| {:>6} | {:<40} | {:>10} | {:>16} | {:>9} | {:>7} | {:>10} |\n", budget,
-                 "auto did not complete", "-", "-", "-", "-", "-");
+                 v.note, "-", "-", "-", "-", "-");  // why auto has no figure
       continue;
     }
     const std::string against =
@@ -254,7 +254,8 @@ nlohmann::json AutoVerdictJson(const std::vector<Verdict>& verdicts) {
   nlohmann::json by_budget = nlohmann::json::array();
   for (const Verdict& v : verdicts) {
     by_budget.push_back(VerdictJson(v));
-    const bool judged = v.auto_tok_s <= 0 || !v.best_policy.empty();
+    // Judged: auto ran (or failed) and a fixed policy of its quality completed beside it.
+    const bool judged = v.has_auto && (v.auto_tok_s <= 0 || !v.best_policy.empty());
     if (!judged) continue;  // no fixed policy of auto's quality: nothing to be within
     within_everywhere = within_everywhere && v.auto_tok_s > 0 && v.within_3pct;
     wins_by_10pct = wins_by_10pct || (v.strictly_best && v.ratio >= 1.10);
@@ -263,7 +264,7 @@ nlohmann::json AutoVerdictJson(const std::vector<Verdict>& verdicts) {
   return {{"best_fixed_policy", worst != nullptr ? worst->best_policy : ""},
           {"ratio", worst != nullptr ? worst->ratio : 0.0},
           {"budget_fraction", worst != nullptr ? worst->budget_fraction : 0.0},
-          {"within_3pct_everywhere", within_everywhere},
+          {"within_3pct_everywhere", worst != nullptr && within_everywhere},
           {"strictly_better_by_10pct_somewhere", wins_by_10pct},
           {"by_budget", std::move(by_budget)}};
 }

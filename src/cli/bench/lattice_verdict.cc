@@ -37,6 +37,7 @@ Verdict JudgeAuto(const std::vector<Cell>& cells, double fraction) {
     if (c.policy == "auto" && c.budget_fraction == fraction) automatic = &c;
   }
   if (automatic == nullptr) return v;
+  v.has_auto = true;
   v.budget_bytes = automatic->budget_bytes;
   if (!automatic->error.empty()) return v;
   v.auto_tok_s = automatic->tok_s;
@@ -97,11 +98,10 @@ std::string VerdictNote(const Verdict& v, const std::vector<Cell>& cells, const 
                         const Cell& repeat) {
   const Cell* automatic = nullptr;
   for (const Cell& c : cells) {
-    if (c.policy == "auto" && c.budget_fraction == v.budget_fraction && c.error.empty()) {
-      automatic = &c;
-    }
+    if (c.policy == "auto" && c.budget_fraction == v.budget_fraction) automatic = &c;
   }
-  if (automatic == nullptr) return "auto did not complete";
+  if (automatic == nullptr) return "auto is not among --policies";
+  if (!automatic->error.empty()) return "auto did not complete";
   const double spread =
       reference.tok_s > 0 ? 100 * std::abs(repeat.tok_s / reference.tok_s - 1) : 0;
   const double auto_wall_share =

@@ -17,6 +17,7 @@ namespace kvl::cli {
 struct Verdict {
   double budget_fraction = 0;
   int64_t budget_bytes = 0;
+  bool has_auto = false;     // auto is among --policies (it may still have failed)
   std::string best_policy;   // empty: no fixed policy of equal or better quality completed
   double best_tok_s = 0;
   double auto_tok_s = 0;
