@@ -24,6 +24,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 
 try:
     import matplotlib
@@ -364,9 +365,9 @@ def quality_against_f32(out, data):
 # kvl bench lattice
 
 LATTICE_COLORS = {"auto": "#d62728", "keep": "#7f7f7f", "compress": "#e0a030",
-                  "compress-int4": "#8c564b", "demote": "#4a7fc1",
-                  "recompute-residual": "#4c9f70", "recompute-tokens": "#bcbd22",
-                  "evict": "#9467bd"}
+                  "compress-int4": "#8c564b", "demote": "#4a7fc1", "demote-disk": "#17becf",
+                  "demote-redis": "#1f3f7f", "recompute-residual": "#4c9f70",
+                  "recompute-tokens": "#bcbd22", "evict": "#9467bd"}
 LATTICE_MARKERS = ["v", "s", "o", "D", "^"]  # one per budget, smallest first
 
 
@@ -376,32 +377,43 @@ def lattice(out, path):
     with open(path) as f:
         data = json.load(f)
     workloads = data["workloads"]
+
+    def top1(c):
+        # "top1" since issue 40; "agreement" in the JSON of earlier runs (docs/data).
+        return 100 * c.get("top1", c.get("agreement", 0))
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 5), squeeze=False)
     budgets = sorted(data["budgets"])
+    drawn = set()  # the policies with a point in some panel: the legend's entries
     for ax, w in zip(axes[0], workloads):
         ref = w["reference"]
-        ax.scatter([ref["tok_s"]], [100 * ref["agreement"]], marker="*", s=220, color="black",
-                   zorder=4, label="keep-all")
+        ax.scatter([ref["tok_s"]], [top1(ref)], marker="*", s=220, color="black", zorder=4)
         for policy, color in LATTICE_COLORS.items():
             for i, b in enumerate(budgets):
                 cells = [c for c in w["cells"] if c["policy"] == policy
                          and c["budget_fraction"] == b and not c["error"]]
                 if not cells:
                     continue
-                ax.scatter([c["tok_s"] for c in cells], [100 * c["agreement"] for c in cells],
+                ax.scatter([c["tok_s"] for c in cells], [top1(c) for c in cells],
                            marker=LATTICE_MARKERS[i % len(LATTICE_MARKERS)], s=70 if policy == "auto" else 45,
                            color=color, edgecolors="black" if policy == "auto" else "none",
-                           zorder=3 if policy == "auto" else 2,
-                           label=policy if i == 0 else None)
-        for i, b in enumerate(budgets):
-            ax.scatter([], [], marker=LATTICE_MARKERS[i % len(LATTICE_MARKERS)], color="grey",
-                       label=f"budget 1/{round(1 / b)}")
+                           zorder=3 if policy == "auto" else 2)
+                drawn.add(policy)
         ax.set_xlabel("output tok/s")
-        ax.set_ylabel("top-1 agreement with keep-all (%)")
+        ax.set_ylabel("top-1 agreement with keep-all (%)"
+                      + ("" if data.get("quality_meaningful", True) else ": meaningless, random weights"))
         ax.set_ylim(-5, 105)
         ax.grid(True, alpha=0.3)
-        ax.set_title(f'{w["name"]}: {w["description"]}', fontsize=8)
-    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+        ax.set_title(textwrap.fill(f'{w["name"]}: {w["description"]}', 80), fontsize=8)
+    # One legend for every panel, beside the last: a policy may have cells only in some panels.
+    last = axes[0][-1]
+    last.scatter([], [], marker="*", s=220, color="black", label="keep-all")
+    for policy, color in LATTICE_COLORS.items():
+        if policy in drawn:
+            last.scatter([], [], marker="o", color=color, label=policy)
+    for i, b in enumerate(budgets):
+        last.scatter([], [], marker=LATTICE_MARKERS[i % len(LATTICE_MARKERS)], color="grey",
+                     label=f"budget 1/{round(1 / b)}")
+    last.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle(f'kvl bench lattice: {os.path.basename(data.get("model", ""))} '
                  f'({data.get("model_name", "")}), auto against each fixed KV policy', fontsize=10)
     fig.tight_layout()
