@@ -247,7 +247,8 @@ int DistinctTexts(const json& seen) {
 TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
   const Browser& browser = FindBrowser();
   if (!browser.skip.empty()) GTEST_SKIP() << browser.skip;
-  ServerProcess server({"--kv-budget", "256KiB", "--kv-tier", "ram:16MiB"});
+  // The budget holds the RAM tier: 256 KiB for the pool, 16 MiB for the tier.
+  ServerProcess server({"--kv-budget", "16640KiB", "--kv-tier", "ram:16MiB"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   // The screenshots go to a temp dir: a test run never rewrites the tree. KVL_SCREENSHOTS_DIR
   // (say, docs/images) keeps them where the docs show them.
