@@ -153,6 +153,7 @@ TEST(ProgressPropertyTest, EveryRequestFinishesWithinBoundedStepsUnderRandomPres
   alone_options.context_length = kContext;
   alone_options.max_seqs = 1;
   alone_options.calibrate = false;
+  alone_options.cache_type_k = alone_options.cache_type_v = "f32";  // as the trials (kPageBytes)
   auto alone = testing::MakeEngine(alone_options);
   ASSERT_NE(alone, nullptr);
 
