@@ -173,6 +173,13 @@ int main(int argc, char** argv) {
   const kvl::ModelConfig& c = (*model)->config();
   const int64_t page_bytes = 16 * int64_t{2} * c.num_layers * c.kv_dim() * 4;
   o.kv_budget_bytes = args.budget_pages * page_bytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // the pages above are f32's
+  // The one KV budget holds a RAM tier too (kvl/kv_budget.h): the pages are the pool's, the
+  // tier's bytes on top.
+  for (const std::string& text : o.kv_tiers) {
+    const auto spec = kvl::ParseTierSpec(text);
+    if (spec.ok() && spec->kind == kvl::TierKind::kRam) o.kv_budget_bytes += spec->capacity_bytes;
+  }
   auto engine_or = kvl::Engine::Create(o);
   if (!engine_or.ok()) {
     fmt::print(stderr, "{}\n", engine_or.status().ToString());

@@ -97,7 +97,11 @@ kvl::EngineOptions OptionsFor(const BenchArgs& args, const std::string& policy,
   }
   options.kv_policy = policy;
   options.kv_budget_bytes = budget_bytes;
-  if (policy == "demote" || policy == "recompute-residual") options.kv_tiers = {"ram:1GiB"};
+  if (policy == "demote" || policy == "recompute-residual") {
+    // The one KV budget holds the RAM tier too (kvl/kv_budget.h): the tier on top of the pool's.
+    options.kv_tiers = {"ram:1GiB"};
+    options.kv_budget_bytes += int64_t{1} << 30;
+  }
   if (policy == "demote-disk") {
     options.kv_tiers = {fmt::format("disk:{}:1GiB", DiskTierPath(args).string())};
   }

@@ -95,6 +95,13 @@ void PrintSpecSummary(const EngineMetrics& m, bool spec_on) {
 }
 
 void PrintKvSummary(const EngineMetrics& m, bool spec_on) {
+  // The budget's bound (kvl/kv_budget.h): what the process holds beyond the weights and the
+  // fixed part, against the budget.
+  fmt::print(stderr,
+             "kvl: memory: RSS beyond the weights {} (fixed {}, KV held {}) against a KV budget "
+             "of {}\n",
+             FormatBytes(m.rss_minus_weights_bytes), FormatBytes(m.kv_fixed_bytes),
+             FormatBytes(m.kv_held_bytes), FormatBytes(m.kv_budget_bytes));
   PrintSpecSummary(m, spec_on);
   PrintKvTiers(m);
   if (m.kv_window_ring_bytes > 0) {
@@ -289,6 +296,19 @@ int RunCommand(const RunArgs& args) {
              c.name, e.model().weight_type_name(), FormatParams(e.model().num_parameters()),
              c.num_layers, c.dim, e.num_threads(), ops::KernelsName(e.isa()), e.context_length(),
              FormatBytes(kv.kv_bytes_total), kv.blocks_total, options->block_tokens);
+  {
+    // The one budget's split, and the fixed part measured at start (EngineMetrics).
+    const EngineMetrics m = e.Metrics();
+    const KvBudgetSplit& b = m.kv_budget_split;
+    fmt::print(stderr,
+               "kvl: KV budget {} ({}): pool {} / ram tier {}{} / staging {} / rings {} / "
+               "index {} / draft {} / fixed {} (beside the budget)\n",
+               FormatBytes(b.budget_bytes), b.given ? "--kv-budget" : "default",
+               FormatBytes(b.pool_bytes), FormatBytes(b.ram_tier_bytes),
+               b.ram_tier_auto ? " (auto)" : "", FormatBytes(b.staging_bytes),
+               FormatBytes(b.ring_bytes), FormatBytes(b.index_bytes), FormatBytes(b.draft_bytes),
+               FormatBytes(m.kv_fixed_bytes));
+  }
   if (c.context_length > 0 && e.context_length() > c.context_length) {
     fmt::print(stderr,
                "kvl: warning: context {} (-c) is beyond the {} tokens {} was trained on; output "

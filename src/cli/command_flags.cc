@@ -115,11 +115,13 @@ void AddKvPriceFlags(CLI::App* cmd, KvQualityPrices* prices) {
 
 void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget) {
   cmd->add_option("--kv-budget", *kv_budget,
-                  "KV cache memory, e.g. 512MiB (default: enough for -np full contexts, at most "
-                  "1 GiB)");
+                  "every byte of KV held in RAM: the pool, a RAM tier, staging, rings and a draft "
+                  "model's pool, e.g. 512MiB (default: enough for -np full contexts, at most "
+                  "1 GiB, which a RAM tier then comes out of)");
   cmd->add_flag("!--no-prefix-cache", engine->prefix_cache, "do not reuse cached prompt prefixes");
   cmd->add_option("--kv-tier", engine->kv_tiers,
-                  "a tier KV pages can be demoted to: ram:SIZE[:zstd] or "
+                  "a tier KV pages can be demoted to: ram:SIZE[:zstd] (carved from --kv-budget), "
+                  "ram:auto[:zstd] (the budget split between pool and tier), "
                   "disk:PATH:SIZE[:direct][:scratch] (repeatable)");
   cmd->add_option("--kv-policy", engine->kv_policy,
                   "what happens to cold KV pages when the budget is short: auto (cost model), "

@@ -2,6 +2,9 @@
 // drive Step, metrics and the one-request Generate convenience.
 #include <fmt/format.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>  // malloc_trim
+#endif
 
 #include <algorithm>
 #include <cctype>
@@ -13,6 +16,7 @@
 #include "kvl/cost_profile.h"
 #include "kvl/kv_quality.h"
 #include "kvl/machine_load.h"
+#include "kvl/process_memory.h"
 
 namespace kvl {
 namespace {
@@ -187,7 +191,7 @@ void CreateProfileKeeper(Engine::Impl& e) {
 }
 
 // The KV layer, from the engine's options and the model's shape.
-Status CreateKvMemory(Engine::Impl& e) {
+Status CreateKvMemory(Engine::Impl& e, int64_t draft_pool_bytes) {
   const EngineOptions& options = e.options;
   const ModelConfig& c = e.model.weights->config();
   KvMemoryOptions o;
@@ -205,6 +209,7 @@ Status CreateKvMemory(Engine::Impl& e) {
   // grows its tables by doubling, not one reservation for a huge -c).
   o.max_seq_tokens = std::min<int64_t>(e.model.context_length, kReservedSequenceTokens);
   o.budget_bytes = options.kv_budget_bytes;
+  o.draft_pool_bytes = draft_pool_bytes;
   o.stream_reserve = options.kv_stream_reserve;
   o.checkpoint_every = options.kv_checkpoint_every;
   o.prefix_cache = options.prefix_cache;
@@ -234,6 +239,8 @@ Status CreateKvMemory(Engine::Impl& e) {
 
 // The forward pass's scratch may take at most this share of a KV budget (see StepTokens).
 constexpr int64_t kBudgetShareForScratch = 4;  // a quarter
+// The draft model's pool (--spec draft) may take at most this share of a given KV budget.
+constexpr int64_t kBudgetShareForDraftPool = 4;  // a quarter
 // The fewest rows a budget cuts a step to. Each prefill chunk reads every weight once and, where
 // the history's pages are on disk, streams all of them once: a chat turn's new tokens (40-90 in
 // `kvl bench turns`, about 100 in the engine tests' prompts) stay one chunk. On TinyLlama's
@@ -245,14 +252,21 @@ constexpr int64_t kMinBudgetStepTokens = 128;
 // TinyLlama's shape hold 45 MiB: more than a quarter of keep-all's KV over 2,400 tokens), so
 // the rows are cut until the scratch fits a quarter of the budget, in whole blocks, never below
 // kMinBudgetStepTokens nor below a decode step of every sequence with its drafts. The kernels are
-// batch-invariant: a smaller chunk computes the same tokens.
+// batch-invariant: a smaller chunk computes the same tokens. A RAM tier of a given size is
+// carved from the budget (kvl/kv_budget.h): the quarter is of the rest, the pool's side, so that
+// a tier sized beside a pool leaves the steps as they were.
 int64_t StepTokens(const EngineOptions& options, const ModelConfig& c, int64_t context) {
   const int64_t rows = std::min(options.batch_size, context);
   if (options.kv_budget_bytes <= 0) return rows;
   const int64_t decode_rows =
       options.max_seqs * (1 + (options.spec == "off" ? 0 : options.draft_max));
   const int64_t block = options.block_tokens;
-  const int64_t fit = options.kv_budget_bytes / kBudgetShareForScratch /
+  int64_t pool_side = options.kv_budget_bytes;
+  for (const std::string& text : options.kv_tiers) {
+    const StatusOr<TierSpec> spec = ParseTierSpec(text);  // validated already
+    if (spec.ok() && spec->kind == TierKind::kRam) pool_side -= spec->capacity_bytes;
+  }
+  const int64_t fit = std::max<int64_t>(0, pool_side) / kBudgetShareForScratch /
                       Forward::ScratchBytesPerRow(c) / block * block;
   return std::min(rows, std::max({fit, kMinBudgetStepTokens, decode_rows}));
 }
@@ -278,14 +292,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   Impl& e = *engine->impl_;
   e.options = options;
   KVL_RETURN_IF_ERROR(LoadModel(e));
-  KVL_RETURN_IF_ERROR(CreateKvMemory(e));
-  KvMemory& memory = *e.memory;
-  const KvMemoryView kv = memory.view();
-  CreateProfileKeeper(e);
 
   ForwardOptions fo;
   fo.max_batch_tokens = StepTokens(options, e.model.weights->config(), e.model.context_length);
   // --- speculative decoding (issue 26): a decode's draft rows all ask for logits ---
+  // Before the KV memory: the draft model's pool comes out of the one KV budget.
+  int64_t draft_pool_bytes = 0;
   KVL_ASSIGN_OR_RETURN(const SpecMode spec_mode, ParseSpecMode(options.spec));
   if (spec_mode != SpecMode::kOff) {
     SpecOptions so;
@@ -303,11 +315,24 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
       dm.context_length = e.model.context_length;
       dm.draft_max = options.draft_max;
       dm.max_batch_tokens = so.max_batch_tokens;
-      KVL_ASSIGN_OR_RETURN(drafter, DraftModelDrafter::Create(dm, *e.model.tokenizer, *e.model.ops));
+      // Under a given budget the draft pool takes at most a share of it: the target's pool is
+      // what the budget is for.
+      if (options.kv_budget_bytes > 0) {
+        dm.budget_bytes =
+            std::min(dm.budget_bytes, options.kv_budget_bytes / kBudgetShareForDraftPool);
+      }
+      KVL_ASSIGN_OR_RETURN(std::unique_ptr<DraftModelDrafter> draft_model,
+                           DraftModelDrafter::Create(dm, *e.model.tokenizer, *e.model.ops));
+      draft_pool_bytes = draft_model->pool_bytes();
+      drafter = std::move(draft_model);
     }
     e.speculator = std::make_unique<Speculator>(so, std::move(drafter));
   }
   // --- end speculative decoding ---
+  KVL_RETURN_IF_ERROR(CreateKvMemory(e, draft_pool_bytes));
+  KvMemory& memory = *e.memory;
+  const KvMemoryView kv = memory.view();
+  CreateProfileKeeper(e);
   fo.max_logit_rows = options.max_seqs +
                       (e.speculator ? std::min(e.speculator->max_draft_rows(), fo.max_batch_tokens)
                                     : 0);
@@ -346,7 +371,33 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   const int64_t block_tokens = kv.layout().block_tokens;
   e.metrics.ReservePageMaps(options.max_seqs, e.model.context_length / block_tokens + 1,
                             block_tokens);
+  // The fixed part: every buffer above is allocated and touched (the forward pass's scratch for
+  // its largest step, the pool), the threads and the tokenizer exist; what the process holds
+  // beyond the weights and the KV is what no budget moves. Measured again after the first step.
+  e.MeasureFixedBytes();
   return engine;
+}
+
+void Engine::Impl::MeasureFixedBytes() {
+  // The heap's free memory (a calibration's buffers, an engine before this one) is no part of
+  // what this engine holds: handed back first, so that it does not pass for the fixed part and
+  // then, reused for KV, hide what the KV takes.
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+  const std::optional<ProcessMemory> m = ReadProcessMemory();
+  if (!m) return;
+  const int64_t weights = static_cast<int64_t>(forward->packed_bytes()) +
+                          ReadMappedFileResidentBytes(options.model_path).value_or(0);
+  const int64_t fixed = std::max<int64_t>(0, m->rss_bytes - weights - memory->view().held_bytes());
+  if (fixed > kv_fixed_bytes.load()) kv_fixed_bytes.store(fixed);
+}
+
+std::optional<int64_t> Engine::RssMinusWeightsBytes() const {
+  const std::optional<ProcessMemory> m = ReadProcessMemory();
+  if (!m) return std::nullopt;
+  return m->rss_bytes - packed_weight_bytes() -
+         ReadMappedFileResidentBytes(impl_->options.model_path).value_or(0);
 }
 
 bool Engine::Impl::StepImpl() {
@@ -369,6 +420,10 @@ bool Engine::Impl::StepImpl() {
                                 std::chrono::steady_clock::now() - step_start).count());
   }
   if (keeper) keeper->AfterStep();
+  if (!kv_fixed_warmed && runner->last_rows() > 0) {
+    kv_fixed_warmed = true;  // the warm-up: once, after the first run of the forward pass
+    MeasureFixedBytes();
+  }
   return has_work || !scheduler->idle();
 }
 
@@ -582,6 +637,11 @@ EngineMetrics Engine::Metrics() const {
   m.watchdog_stalled_seconds = watchdog.stalled_seconds;
   const KvMemoryView kv = e.memory->view();
   m.kv_checkpoint_every = kv.layout().checkpoint_every;
+  m.kv_budget_split = kv.budget_split();
+  m.kv_budget_bytes = m.kv_budget_split.budget_bytes;
+  m.kv_fixed_bytes = e.kv_fixed_bytes.load();
+  m.kv_held_bytes = kv.held_bytes();
+  m.rss_minus_weights_bytes = RssMinusWeightsBytes().value_or(0);
   const std::vector<KvStoreTierStats> store_stats = kv.StoreStats();
   for (const KvTier* tier : kv.tiers()) {
     const TierStats t = tier->stats();

@@ -64,6 +64,14 @@ struct Engine::Impl {
   // KV memory: the pool, its tiers, the store, where each page is, and what decides.
   std::unique_ptr<KvMemory> memory;
   MetricsRecorder metrics;
+  // The process's memory beyond the weights and the KV (EngineMetrics::kv_fixed_bytes): measured
+  // at the end of Create, and again after the first step that ran the forward pass (the warm-up:
+  // what the first run touches for the first time), the larger kept. Written by the step loop,
+  // read by Metrics on any thread.
+  std::atomic<int64_t> kv_fixed_bytes{0};
+  bool kv_fixed_warmed = false;
+  // Measures it now and keeps the larger (kv_fixed_bytes).
+  void MeasureFixedBytes();
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<StepRunner> runner;
   std::unique_ptr<Speculator> speculator;  // speculative decoding (issue 26); null: --spec off

@@ -96,6 +96,17 @@ Status ValidateEngineOptions(const EngineOptions& o) {
           text, TierKindName(spec.kind)));
     }
     kinds.push_back(spec.kind);
+    // The one KV budget holds a RAM tier and the pool beside it (kvl/kv_budget.h); where the
+    // tier alone takes all of it, say so before anything loads (KvMemory checks the pool's
+    // least room once the model's shape is known).
+    if (spec.kind == TierKind::kRam && o.kv_budget_bytes > 0 &&
+        spec.capacity_bytes >= o.kv_budget_bytes) {
+      return InvalidArgumentError(fmt::format(
+          "--kv-tier {}: the RAM tier's {} bytes do not fit in --kv-budget {} bytes, which holds "
+          "the tier and the pool beside it; give a larger --kv-budget, a smaller tier, or "
+          "ram:auto to split the budget",
+          text, spec.capacity_bytes, o.kv_budget_bytes));
+    }
   }
   return Status::Ok();
 }

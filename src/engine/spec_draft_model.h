@@ -42,6 +42,7 @@ struct DraftModelOptions {
   int64_t max_batch_tokens = 512;  // rows of one draft pass (catch-up runs in chunks)
   int32_t block_tokens = 16;    // the draft pool's block (attention reads a block per run)
   // The draft pool's bytes: at most this, less where every slot's whole context fits in less.
+  // The engine carves what the pool takes from the KV budget (pool_bytes()).
   int64_t budget_bytes = int64_t{256} << 20;
 };
 
@@ -67,6 +68,8 @@ class DraftModelDrafter final : public Drafter {
   // Tokens the draft pool holds for a sequence slot (tests).
   int64_t tokens_held(int32_t key) const;
   const KvManager& kv_manager() const { return *manager_; }
+  // The draft pool's bytes, allocated at Create (the KV budget holds them).
+  int64_t pool_bytes() const { return storage_->num_blocks() * storage_->layout().block_bytes(); }
 
  private:
   DraftModelDrafter() = default;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "kv_budget_split.h"
 #include "tiers/disk_tier.h"
 #include "kvl/checkpoint_depth.h"
 
@@ -35,18 +36,11 @@ bool HasTier(const KvMemoryOptions& o, TierKind kind) {
 // every step, a fraction of the budget, where running pages can go to a tier.
 // `ring_bytes`: the window rings, set aside beside the pool (counted in staging_bytes by the
 // caller).
+// `pool_side_bytes`: what the budget leaves the pool, its staging and rings (SplitKvBudget).
 KvPoolSizing SizeKvPool(const KvMemoryOptions& o, const KvBlockLayout& layout,
-                        int64_t ring_bytes) {
+                        int64_t pool_side_bytes, int64_t ring_bytes) {
   KvPoolSizing z;
-  z.budget_bytes = o.budget_bytes;
-  if (z.budget_bytes == 0) {
-    const int64_t per_context =
-        layout.block_bytes() * ((o.context_length + o.block_tokens - 1) / o.block_tokens);
-    // Room for every sequence's whole context, within kDefaultKvBudgetBytes: a longer context
-    // pages (or is refused with the budget named), it never reserves memory for what it may use.
-    z.budget_bytes =
-        std::min<int64_t>(per_context * o.max_seqs + ring_bytes, kDefaultKvBudgetBytes);
-  }
+  z.budget_bytes = pool_side_bytes;
   const KvStagingCost staging = KvPager::StagingCost(layout);
   z.compresses =
       o.quality != KvQuality::kLossless || (!o.policy.automatic && !IsLossless(o.policy.fixed));
@@ -76,6 +70,94 @@ KvPoolSizing SizeKvPool(const KvMemoryOptions& o, const KvBlockLayout& layout,
   }
   z.staging_bytes = fixed_bytes + z.staged_pages * staging.per_page;
   return z;
+}
+
+// The default budget's pool side: room for every sequence's whole context, within
+// kDefaultKvBudgetBytes: a longer context pages (or is refused with the budget named), it never
+// reserves memory for what it may use.
+int64_t DefaultPoolSideBytes(const KvMemoryOptions& o, const KvBlockLayout& layout,
+                             int64_t ring_bytes) {
+  const int64_t per_context =
+      layout.block_bytes() * ((o.context_length + o.block_tokens - 1) / o.block_tokens);
+  return std::min<int64_t>(per_context * o.max_seqs + ring_bytes, kDefaultKvBudgetBytes);
+}
+
+const TierSpec* FindRamTier(const KvMemoryOptions& o) {
+  for (const TierSpec& spec : o.tiers) {
+    if (spec.kind == TierKind::kRam) return &spec;
+  }
+  return nullptr;
+}
+
+// The one budget (kvl/kv_budget.h): the draft model's pool and a RAM tier (its pages, of
+// *ram_capacity bytes, and its map of them) come out of it first, and the pool, its staging and
+// rings get the rest (*pool_side_bytes; the split's pool, staging and ring figures are the
+// caller's). Without --kv-budget, and with neither, the pool gets the
+// default as before; with either, they come out of kDefaultKvBudgetBytes and the pool gets what
+// is left, at most the default. A disk tier's index is named, not carved (index_bytes).
+StatusOr<KvBudgetSplit> SplitKvBudget(const KvMemoryOptions& o, const KvBlockLayout& layout,
+                                      int64_t ring_bytes, int64_t* pool_side_bytes,
+                                      int64_t* ram_capacity) {
+  KvBudgetSplit s;
+  *ram_capacity = 0;
+  s.given = o.budget_bytes > 0;
+  s.draft_bytes = o.draft_pool_bytes;
+  const int64_t layer_page = layout.layer_k_bytes() + layout.layer_v_bytes();
+  s.index_bytes = kv_internal::TierIndexBytes(o.tiers, layer_page);
+  const int64_t carved = s.draft_bytes;  // the index is counted beside (KvBudgetSplit)
+  const TierSpec* ram = FindRamTier(o);
+  // The least pool side that holds one block beside its staging and rings.
+  const int64_t block = layout.block_bytes();
+  const int64_t pool_min =
+      SizeKvPool(o, layout, ring_bytes + block, ring_bytes).staging_bytes + ring_bytes + block;
+  const int64_t default_side = DefaultPoolSideBytes(o, layout, ring_bytes);
+  if (o.pool_blocks > 0) {
+    // A pool sized by hand: the budget is what its parts add up to; ram:auto matches the pool.
+    const KvStagingCost staging = KvPager::StagingCost(layout);
+    *pool_side_bytes = o.pool_blocks * block + ring_bytes + staging.fixed + staging.restore +
+                       o.staged_pages * staging.per_page;
+    if (ram != nullptr) {
+      s.ram_tier_auto = ram->capacity_bytes == 0;
+      *ram_capacity = s.ram_tier_auto
+                          ? kv_internal::RamTierCapacityIn(*pool_side_bytes, layer_page)
+                          : ram->capacity_bytes;
+      s.ram_tier_bytes = kv_internal::RamTierDramBytes(*ram_capacity, layer_page);
+    }
+    s.budget_bytes = *pool_side_bytes + s.ram_tier_bytes + carved;
+    return s;
+  }
+  s.budget_bytes = s.given                              ? o.budget_bytes
+                   : (ram == nullptr && carved == 0) ? default_side
+                                                     : kDefaultKvBudgetBytes;
+  int64_t shared = s.budget_bytes - carved;  // the pool side and the RAM tier
+  if (ram != nullptr && ram->capacity_bytes == 0) {
+    s.ram_tier_auto = true;
+    // The default budget splits what every context needs, not its cap.
+    if (!s.given) shared = std::min(shared, default_side);
+    // The pool keeps each running sequence's sinks, recent window and the page it writes.
+    const int64_t pinned_blocks =
+        o.max_seqs * ((o.sink_tokens + o.recent_tokens + o.block_tokens - 1) / o.block_tokens + 1);
+    *ram_capacity = kv_internal::RamTierCapacityIn(
+        kv_internal::AutoRamTierBytes(
+            shared, std::max(pool_min, pool_min - block + pinned_blocks * block)),
+        layer_page);
+  } else if (ram != nullptr) {
+    *ram_capacity = ram->capacity_bytes;
+  }
+  // The tier's DRAM: its pages and its map of them.
+  s.ram_tier_bytes = kv_internal::RamTierDramBytes(*ram_capacity, layer_page);
+  if (shared - s.ram_tier_bytes < pool_min) {
+    if (ram != nullptr && s.ram_tier_bytes > 0) {
+      return kv_internal::RamTierDoesNotFit(s, *ram_capacity, pool_min, block);
+    }
+    if (carved > 0) return kv_internal::CarvedPartsDoNotFit(s, pool_min);
+  }
+  *pool_side_bytes = shared - s.ram_tier_bytes;
+  if (!s.given) {
+    *pool_side_bytes = std::min(*pool_side_bytes, default_side);
+    s.budget_bytes = *pool_side_bytes + s.ram_tier_bytes + carved;
+  }
+  return s;
 }
 
 // Salt of a windowed pool's model identity (KvMemory::CreatePool).
@@ -115,6 +197,17 @@ StatusOr<std::unique_ptr<KvMemory>> KvMemory::Create(const KvMemoryOptions& opti
 KvMemory::~KvMemory() = default;
 
 bool KvMemory::has_tier(TierKind kind) const { return HasTier(options_, kind); }
+
+int64_t KvMemory::HeldBytes() const {
+  const KvBudgetSplit& s = budget_split_;
+  int64_t held = s.pool_bytes + s.staging_bytes + s.ring_bytes + s.draft_bytes;
+  if (ram_tier_) {
+    const TierStats ram = ram_tier_->stats();
+    held += ram.bytes_used + ram.pages * kv_internal::kRamTierBytesPerPage;
+  }
+  if (disk_tier_) held += disk_tier_->stats().pages * kv_internal::kDiskIndexBytesPerSlot;
+  return held;
+}
 
 Status KvMemory::LoadPrices(KvPriceSource* source, const std::string& disk_dir,
                             PageCostProfile* prices) {
@@ -191,7 +284,13 @@ Status KvMemory::CreatePool(KvPriceSource* prices) {
   const bool windowed = ReleasesWindow(o, kvo.layout);
   if (windowed) kvo.layout.SetWindowedLayers(o.window.layer_is_local);
   const int64_t ring_bytes = windowed ? WindowRingBytes(o.window, kvo.layout, o.max_seqs) : 0;
-  KvPoolSizing z = SizeKvPool(o, kvo.layout, ring_bytes);
+  int64_t pool_side = 0, ram_capacity = 0;
+  KVL_ASSIGN_OR_RETURN(budget_split_,
+                       SplitKvBudget(o, kvo.layout, ring_bytes, &pool_side, &ram_capacity));
+  for (TierSpec& spec : options_.tiers) {
+    if (spec.kind == TierKind::kRam) spec.capacity_bytes = ram_capacity;
+  }
+  KvPoolSizing z = SizeKvPool(o, kvo.layout, pool_side, ring_bytes);
   if (o.pool_blocks > 0) {
     const KvStagingCost staging = KvPager::StagingCost(kvo.layout);
     z.staged_pages = o.staged_pages;
@@ -206,7 +305,7 @@ Status KvMemory::CreatePool(KvPriceSource* prices) {
     // where they would leave the pool too few blocks, the pool keeps K/V only.
     kvo.layout.residual_dim = 0;
     kvo.layout.checkpoint_every = 1;
-    z = SizeKvPool(o, kvo.layout, ring_bytes);
+    z = SizeKvPool(o, kvo.layout, pool_side, ring_bytes);
     z.staging_bytes += ring_bytes;
   }
   if (z.budget_bytes - z.staging_bytes < kvo.layout.block_bytes()) {
@@ -231,6 +330,9 @@ Status KvMemory::CreatePool(KvPriceSource* prices) {
   kvo.max_seqs = o.max_seqs;
   kvo.max_seq_tokens = o.max_seq_tokens;
   KVL_ASSIGN_OR_RETURN(manager_, KvManager::Create(kvo));
+  budget_split_.pool_bytes = manager_->num_blocks() * kvo.layout.block_bytes();
+  budget_split_.staging_bytes = z.staging_bytes - ring_bytes;
+  budget_split_.ring_bytes = ring_bytes;
   KVL_ASSIGN_OR_RETURN(storage_, KvBlockStorage::Create(kvo.layout, manager_->num_blocks()));
   pager_ = std::make_unique<KvPager>(*manager_, *storage_, o.max_seqs, o.context_length);
   pager_->ReserveStaging(z.staged_pages, z.compresses);

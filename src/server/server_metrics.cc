@@ -211,6 +211,19 @@ std::string ServerMetrics::Render(const EngineMetrics& m, int64_t block_tokens) 
   Metric(&out, "kvl:kv_cache_total_bytes", "gauge", "KV pool bytes.", m.kv.kv_bytes_total);
   Metric(&out, "kvl:kv_resident_bytes_peak", "gauge", "Most resident KV bytes at any time.",
          m.kv_resident_bytes_peak);
+  // The one KV budget (kvl/kv_budget.h) and the process's memory against it: RSS less the
+  // weights less the fixed part stays within the budget.
+  Metric(&out, "kvl_kv_budget_bytes", "gauge",
+         "The KV budget: every byte of KV state held in DRAM (pool, RAM tier, staging, rings, "
+         "index, draft pool).",
+         m.kv_budget_bytes);
+  Metric(&out, "kvl_kv_fixed_bytes", "gauge",
+         "Memory beyond the weights and the KV (scratch, stacks, tokenizer), measured at start.",
+         m.kv_fixed_bytes);
+  Metric(&out, "kvl_kv_held_bytes", "gauge", "KV bytes held in DRAM now, every part.",
+         m.kv_held_bytes);
+  Metric(&out, "kvl_rss_minus_weights_bytes", "gauge",
+         "Resident memory less the resident weights, now.", m.rss_minus_weights_bytes);
   // Sliding-window layers (kvl/kv_window_release.h): the local layers' rings, outside the pool.
   Metric(&out, "kvl:kv_window_ring_bytes", "gauge",
          "Bytes of the sliding-window layers' rings (one window and one run per sequence).",

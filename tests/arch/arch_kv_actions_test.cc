@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "engine/greedy_reply.h"
+#include "engine/budget_tiers.h"
 #include "kvl/engine.h"
 #include "kvl/model.h"
 #include "kvl/synthetic_model.h"
@@ -70,6 +71,7 @@ class ArchKvActionsTest : public ::testing::TestWithParam<const char*> {
     o.kv_budget_bytes = budget_pages == 0 ? 0 : budget_pages * page_bytes + (released ? ring_bytes_ : 0);
     o.prefix_cache = false;  // resumed pages come from the actions, not the prefix cache
     o.cost_profile = prices_;
+    o.cache_type_k = o.cache_type_v = "f32";  // the page and ring bytes above are f32's
     return o;
   }
 
@@ -129,7 +131,7 @@ TEST_P(ArchKvActionsTest, LosslessActionsMatchKeepAll) {
     EngineOptions o =
         Options(16, checkpoints || !released ? full_page_bytes_ : page_bytes_, released);
     o.kv_policy = c.policy;
-    o.kv_tiers = c.tiers;
+    testing::SetTiersBesidePool(&o, c.tiers);
     o.kv_checkpoint_every = c.checkpoint_every;
     StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();

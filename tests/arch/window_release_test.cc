@@ -57,6 +57,7 @@ class WindowReleaseTest : public ::testing::TestWithParam<const char*> {
     o.prefix_cache = true;
     o.kv_window_release = release;
     o.cost_profile = prices_;
+    o.cache_type_k = o.cache_type_v = "f32";  // the block and ring bytes below are f32's
     return o;
   }
 

@@ -171,12 +171,14 @@ TEST(CliTest, RunUnderASmallKvBudgetSummarizesTheKvActions) {
 }
 
 TEST(CliTest, PromotionBackIsOnByDefaultAndNoKvPromoteBackTurnsItOff) {
-  // Four sequences in 400 KiB with a RAM tier: pages leave the pool, and some come back into it
+  // Four sequences in 400 KiB with a RAM tier beside it (the budget holds both: the tier's 4 MiB
+  // of pages and 336 KiB for its map of 2048 f16 layer pages): pages leave the pool, and some
+  // come back into it
   // once a sequence ends; the text is the same either way.
   const std::string run = "run -m " + testing::Stories260KPath() +
                           " -p 'Once upon a time' -p 'The little dog' -p 'Lily wanted to' "
                           "-p 'The cat sat on' -np 4 -n 200 --temp 0 -t 1 -c 256 "
-                          "--kv-budget 400KiB --kv-policy auto --kv-tier ram:64MiB "
+                          "--kv-budget 4832KiB --kv-policy auto --kv-tier ram:4MiB "
                           "--no-prefix-cache --no-calibrate --spec off";
   // (--spec off: a token a step, the pacing at which pages leave and come back here.)
   const std::string line = "pages of running sequences brought back into the pool";
@@ -326,6 +328,11 @@ TEST(CliTest, OptionsOutOfRangeOrContradictoryAreErrors) {
       {"run" + m + "--kv-tier disk:/tmp/a.kv:1MiB --kv-tier disk:/tmp/b.kv:1MiB",
        "already given"},
       {"run" + m + "--kv-tier ram:1MiB --kv-tier ram:2MiB", "already given"},
+      // The one budget holds the RAM tier: both figures named.
+      {"run" + m + "--kv-budget 256KiB --kv-tier ram:1MiB",
+       "1048576 bytes do not fit in --kv-budget 262144 bytes"},
+      {"run" + m + "--kv-budget 256KiB --kv-tier ram:250KiB",
+       "256000 bytes do not fit in --kv-budget 262144 bytes"},
       {"run" + m + "--kv-policy compress --kv-quality lossless", "lossy"},
       {"run" + m + "-c -1", "context"},
       {"run" + m + "-c 9223372036854775807", "context"},

@@ -8,6 +8,7 @@
 #include "fixed_prices.h"
 #include "recorded_output.h"
 #include "kvl/checkpoint_depth.h"
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "test_paths.h"
 
@@ -25,6 +26,7 @@ EngineOptions Options(int32_t max_seqs, int64_t budget_pages, double stream_rese
   o.context_length = 512;
   o.max_seqs = max_seqs;
   o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.kv_stream_reserve = stream_reserve;
   o.prefix_cache = false;  // resumed pages come back from their checkpoints, not the prefix cache
   o.cost_profile = testing::FixedStoriesPrices();
@@ -73,7 +75,7 @@ TEST(CheckpointDepthTest, RunningPagesMatchKeepAllAtEveryStride) {
   for (int64_t every : std::vector<int64_t>{1, 2, 4, kLayers}) {
     EngineOptions o = Options(1, 40, 0.75);
     o.kv_policy = "recompute-residual";
-    o.kv_tiers = {"ram:64MiB"};
+    testing::SetTiersBesidePool(&o, {"ram:64MiB"});
     o.kv_checkpoint_every = every;
     const Outcome run = RunPrompts(o, 1, kNewTokens);
     const EngineMetrics& m = run.metrics;
@@ -100,7 +102,7 @@ TEST(CheckpointDepthTest, NarrowCacheTypesMatchKeepAll) {
     EngineOptions o = Options(1, 24, 0.75);
     o.cache_type_k = o.cache_type_v = type;
     o.kv_policy = "recompute-residual";
-    o.kv_tiers = {"ram:64MiB"};
+    testing::SetTiersBesidePool(&o, {"ram:64MiB"});
     o.kv_checkpoint_every = 2;
     const Outcome run = RunPrompts(o, 1, kNewTokens);
     EXPECT_EQ(run.outputs, expected.outputs) << type;
@@ -118,7 +120,7 @@ TEST(CheckpointDepthTest, PreemptedPagesMatchKeepAll) {
   for (int64_t every : std::vector<int64_t>{2, kLayers}) {
     EngineOptions o = Options(8, 40, 0.25);
     o.kv_policy = "recompute-residual";
-    o.kv_tiers = {"ram:64MiB"};
+    testing::SetTiersBesidePool(&o, {"ram:64MiB"});
     o.kv_checkpoint_every = every;
     const Outcome run = RunPrompts(o, 8, kNewTokens);
     const EngineMetrics& m = run.metrics;
@@ -136,7 +138,7 @@ TEST(CheckpointDepthTest, SparserCheckpointsLeaveMoreBlocksInTheBudget) {
   for (int64_t every : std::vector<int64_t>{1, 2, kLayers}) {
     EngineOptions o = Options(1, 40, 0.75);
     o.kv_policy = "recompute-residual";
-    o.kv_tiers = {"ram:64MiB"};
+    testing::SetTiersBesidePool(&o, {"ram:64MiB"});
     o.kv_checkpoint_every = every;
     auto e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
@@ -154,7 +156,7 @@ TEST(CheckpointDepthTest, AutoTakesTheCostModelsStride) {
        std::vector<std::pair<double, int64_t>>{{1.0, kLayers}, {10.0, 1}}) {
     EngineOptions o = Options(1, 40, 0.75);
     o.kv_policy = "recompute-residual";
-    o.kv_tiers = {"ram:64MiB"};
+    testing::SetTiersBesidePool(&o, {"ram:64MiB"});
     o.kv_checkpoint_every = 0;
     o.cost_profile->recompute_from_tokens.token_layer_ms = tokens_ms / (16 * kLayers);
     auto e = Engine::Create(o);
@@ -167,7 +169,7 @@ TEST(CheckpointDepthTest, StridesOutsideTheModelAreClearErrors) {
   for (int64_t every : {int64_t{-1}, kLayers + 1, kMaxCheckpointEvery + 1}) {
     EngineOptions o = Options(1, 40, 0.75);
     o.kv_policy = "recompute-residual";
-    o.kv_tiers = {"ram:64MiB"};
+    testing::SetTiersBesidePool(&o, {"ram:64MiB"});
     o.kv_checkpoint_every = every;
     const auto e = Engine::Create(o);
     EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument) << every;

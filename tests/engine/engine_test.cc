@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "budget_tiers.h"
 #include "test_paths.h"
 
 namespace kvl {
@@ -133,9 +134,10 @@ TEST(EngineTest, AGivenCostProfileIsUsedAsItIsWithNothingMeasuredOrWritten) {
   o.model_path = testing::Stories260KPath();
   o.num_threads = 1;
   o.context_length = 256;
-  o.kv_tiers = {"ram:8MiB"};
   o.kv_policy = "recompute-tokens";
-  o.kv_budget_bytes = 4 * 16 * 1280;  // a few pages: the two sequences preempt each other
+  o.kv_budget_bytes = 4 * 16 * 1280;  // a few f32 pages: the two sequences preempt each other
+  o.cache_type_k = o.cache_type_v = "f32";
+  testing::SetTiersBesidePool(&o, {"ram:8MiB"});
   o.max_seqs = 2;
   // Without the prefix cache every page dropped at a preemption is recomputed at the resume (the
   // two requests are identical: with it, a resume finds its pages in the pool, recomputes

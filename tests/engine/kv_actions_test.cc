@@ -9,6 +9,7 @@
 
 #include <filesystem>
 
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "page_file_corruption.h"
 #include "test_paths.h"
@@ -28,6 +29,7 @@ EngineOptions Options(int32_t max_seqs, int64_t budget_pages) {
   o.context_length = 256;
   o.max_seqs = max_seqs;
   o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.prefix_cache = false;  // so resumed pages come from the tiers, not the prefix cache
   // One profile per test process: ctest runs these tests in parallel.
   o.profile_path = testing::ProcessProfilePath();
@@ -87,7 +89,7 @@ TEST(KvActionsTest, EveryLosslessPolicyMatchesKeepAllUnderPressure) {
   for (const Case& c : cases) {
     EngineOptions o = Options(8, 40);
     o.kv_policy = c.policy;
-    o.kv_tiers = c.tiers;
+    testing::SetTiersBesidePool(&o, c.tiers);
     StatusOr<std::unique_ptr<Engine>> e = Engine::Create(o);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     EXPECT_EQ(RunAll(**e), KeepAll()) << c.policy;

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "kv/small_filesystem.h"
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "test_paths.h"
 
@@ -53,6 +54,7 @@ EngineOptions Options(int64_t budget_pages) {
   o.context_length = 512;
   o.max_seqs = 1;
   o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.kv_stream_reserve = 0.5;
   o.calibrate = false;
   o.profile_path = ::testing::TempDir() + "/kvl-failures-no-profile-" + std::to_string(getpid());
@@ -90,7 +92,7 @@ TEST(KvFailuresTest, AFullTierFallsBackToTheNextCheapestActionUnderAuto) {
   // The RAM tier holds two pages' layers; once it is full, auto with balanced quality
   // compresses instead (and the run completes).
   EngineOptions o = Options(24);
-  o.kv_tiers = {"ram:" + std::to_string(2 * kPageBytes)};
+  testing::SetTiersBesidePool(&o, {"ram:" + std::to_string(2 * kPageBytes)});
   o.kv_quality = "balanced";
   const Outcome run = Generate(o, 300);
   EXPECT_EQ(run.finish, "length") << run.error.ToString();
@@ -107,7 +109,7 @@ TEST(KvFailuresTest, AFullTierFallsBackToTheNextCheapestActionUnderAuto) {
 // not max_tokens' "length", and stderr says why, in the tier's own words.
 TEST(KvFailuresTest, AFixedPolicyWithAFullTierEndsAtKvPressureAndSaysTheTiersReason) {
   EngineOptions o = Options(24);
-  o.kv_tiers = {"ram:" + std::to_string(2 * kPageBytes)};
+  testing::SetTiersBesidePool(&o, {"ram:" + std::to_string(2 * kPageBytes)});
   o.kv_policy = "demote";
   ::testing::internal::CaptureStderr();
   const Outcome run = Generate(o, 400);

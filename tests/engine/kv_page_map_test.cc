@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "fixed_prices.h"
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "test_paths.h"
 
@@ -22,7 +23,8 @@ EngineOptions Options(int64_t budget_pages) {
   o.context_length = 512;
   o.max_seqs = 2;
   o.kv_budget_bytes = budget_pages * kPageBytes;
-  o.kv_tiers = {"ram:16MiB"};
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
+  testing::SetTiersBesidePool(&o, {"ram:16MiB"});
   o.kv_policy = "demote";
   o.cost_profile = testing::FixedStoriesPrices();
   return o;

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "engine/prediction_error.h"
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "kvl/kv_price_feedback.h"
 #include "kvl/kv_trace.h"
@@ -32,8 +33,9 @@ EngineOptions PressureOptions(const std::string& trace_path) {
   o.spec = "off";
   o.max_seqs = 8;
   o.kv_budget_bytes = 40 * kPageBytes;  // about three of the eight sequences
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.kv_policy = "demote";
-  o.kv_tiers = {"ram:64MiB"};
+  testing::SetTiersBesidePool(&o, {"ram:64MiB"});
   o.kv_trace_path = trace_path;
   o.kv_trace_opener = OpenKvTraceFile;
   // Without the prefix cache there is no KV store: demoted pages are promoted back into the pool

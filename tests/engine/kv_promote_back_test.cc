@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "fixed_prices.h"
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "page_file_corruption.h"
 #include "test_paths.h"
@@ -31,6 +32,7 @@ EngineOptions Options(int64_t budget_pages) {
   o.context_length = 1100;
   o.max_seqs = 2;
   o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.kv_stream_reserve = 0.25;
   o.prefix_cache = false;
   o.cost_profile = testing::FixedStoriesPrices();
@@ -130,7 +132,7 @@ struct Case {
 EngineOptions Paged(const Case& c) {
   EngineOptions o = Options(c.budget_pages);
   o.kv_policy = c.policy;
-  o.kv_tiers = {c.tier};
+  testing::SetTiersBesidePool(&o, {c.tier});
   o.kv_checkpoint_every = c.checkpoint_every;
   return o;
 }

@@ -27,6 +27,7 @@ EngineOptions Options(const std::string& quality, int64_t budget_pages) {
   o.max_seqs = 2;
   o.kv_quality = quality;
   o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.prefix_cache = false;  // the two prompts share nothing; no parked sessions either
   o.profile_path = testing::ProcessProfilePath();
   return o;

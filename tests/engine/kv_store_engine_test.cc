@@ -9,6 +9,7 @@
 #include "fixed_prices.h"
 #include "kv/redis_test_server.h"
 #include "greedy_reply.h"
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "page_file_corruption.h"
 #include "test_paths.h"
@@ -26,6 +27,7 @@ EngineOptions Options(int64_t budget_pages = 0) {
   o.context_length = 512;
   o.max_seqs = 2;
   o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   // Priced as on a model where recomputing a page costs more than fetching it: on stories260K a
   // profile measured on a busy machine may well say recomputing a 16-token page beats a disk read
   // or a loopback round trip, and then nothing is promoted (CI once measured exactly that).
@@ -123,7 +125,7 @@ TEST(KvStoreEngineTest, PagesTheSmallPoolEvictedComeBackFromTheRamTier) {
   // evicts the first one's cached pages, which go to the RAM tier, and the first prompt asked
   // again finds them there.
   EngineOptions o = Options(24);
-  o.kv_tiers = {"ram:8MiB"};
+  testing::SetTiersBesidePool(&o, {"ram:8MiB"});
   auto e = MakeEngine(o);
   const std::vector<int32_t> a = LongPrompt(*e, 0);
   const std::vector<int32_t> b = LongPrompt(*e, 1);
@@ -169,7 +171,7 @@ TEST(KvStoreEngineTest, AConversationLargerThanThePoolMatchesKeepAll) {
   EngineOptions o = Options(10);  // 10 pages; the conversation ends near 22
   o.kv_policy = "auto";
   o.kv_quality = "lossless";
-  o.kv_tiers = {"ram:16MiB"};
+  testing::SetTiersBesidePool(&o, {"ram:16MiB"});
   EngineMetrics m;
   EXPECT_EQ(Turns(o, &m), keep);
   EXPECT_LE(m.kv_resident_bytes_peak, 10 * kPageBytes);

@@ -6,6 +6,7 @@
 
 #include <functional>
 
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "page_file_corruption.h"
 #include "test_paths.h"
@@ -28,6 +29,7 @@ EngineOptions Options(int64_t budget_pages, double stream_reserve = 0.25) {
   o.context_length = 512;
   o.max_seqs = 2;
   o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.profile_path = testing::ProcessProfilePath();
   return o;
 }
@@ -138,7 +140,7 @@ TEST(LongConversationTest, StreamingDemotedPagesIsLosslessWithinTheBudget) {
        }) {
     EngineOptions o = Options(c.budget_pages, c.stream_reserve);
     o.kv_policy = c.policy;
-    o.kv_tiers = c.tiers;
+    testing::SetTiersBesidePool(&o, c.tiers);
     const Outcome out = RunConversation(o);
     EXPECT_EQ(out.tokens, KeepAll().tokens) << c.policy;
     CheckKvMemory(out.metrics, o.kv_budget_bytes, c.policy);
@@ -258,7 +260,7 @@ TEST(LongConversationTest, MultiTurnHistoryLongerThanThePoolStaysExact) {
   const auto keep = Conversation(Options(64), &keep_metrics);
   EngineOptions o = Options(24, 0.5);
   o.kv_policy = "demote";
-  o.kv_tiers = {"ram:64MiB"};
+  testing::SetTiersBesidePool(&o, {"ram:64MiB"});
   o.prefix_cache = true;
   const auto paged = Conversation(o, &paged_metrics);
   EXPECT_EQ(paged, keep);
@@ -312,7 +314,7 @@ TEST(LongConversationTest, HalfCacheTypesHalveThePagesAndStreamLosslessly) {
     EngineOptions paged = Options(12, 0.5);  // 24 half-precision pages' bytes
     paged.cache_type_k = paged.cache_type_v = type;
     paged.kv_policy = "demote";
-    paged.kv_tiers = {"ram:64MiB"};
+    testing::SetTiersBesidePool(&paged, {"ram:64MiB"});
     const Outcome out = RunConversation(paged);
     EXPECT_EQ(out.tokens, all.tokens) << type;
     CheckKvMemory(out.metrics, paged.kv_budget_bytes, "demote, " + type);
@@ -351,7 +353,7 @@ TEST(LongConversationTest, QuantizedCacheTypesShrinkThePagesAndStreamLosslessly)
     EngineOptions paged = Options(budget_pages, 0.6);
     paged.cache_type_k = paged.cache_type_v = type;
     paged.kv_policy = "demote";
-    paged.kv_tiers = {"ram:64MiB"};
+    testing::SetTiersBesidePool(&paged, {"ram:64MiB"});
     const Outcome out = RunConversation(paged);
     EXPECT_EQ(out.tokens, all.tokens) << type;
     CheckKvMemory(out.metrics, paged.kv_budget_bytes, "demote, " + type);

@@ -24,6 +24,7 @@ EngineOptions Options(const std::string& policy, int64_t budget_pages, int32_t m
   o.max_seqs = max_seqs;
   o.kv_policy = policy;
   o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.profile_path = testing::ProcessProfilePath();
   return o;
 }

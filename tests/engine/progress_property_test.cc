@@ -19,6 +19,7 @@
 #include "fixed_prices.h"
 #include "greedy_reply.h"
 #include "kvl/calibration.h"
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "test_paths.h"
 
@@ -60,6 +61,7 @@ Trial RandomTrial(uint32_t seed, const std::string& scratch_dir) {
   o.context_length = kContext;
   o.max_seqs = std::vector<int>{1, 1, 2, 4, 8}[static_cast<size_t>(pick(0, 4))];
   o.kv_budget_bytes = pick(12, 64) * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.prefix_cache = pick(0, 4) != 0;
   // Prices fixed here, or the ones a calibration measured on a busy 2-core VM (kept in
   // tests/engine/data): under those the livelock showed, 27,077 preemptions of one request.
@@ -77,8 +79,9 @@ Trial RandomTrial(uint32_t seed, const std::string& scratch_dir) {
   }
   const int tiers = pick(0, 5);
   const std::string ram = fmt::format("ram:{}KiB", 64 * pick(2, 32));
-  if (tiers == 1 || tiers == 4) o.kv_tiers.push_back(ram);
-  if (tiers == 2) o.kv_tiers.push_back(ram + ":zstd");
+  // The one budget holds the RAM tier beside the pool's pages (kvl/kv_budget.h).
+  if (tiers == 1 || tiers == 4) testing::SetTiersBesidePool(&o, {ram});
+  if (tiers == 2) testing::SetTiersBesidePool(&o, {ram + ":zstd"});
   if (tiers == 3 || tiers == 4) {
     o.kv_tiers.push_back(fmt::format("disk:{}/pages-{}:{}MiB", scratch_dir, seed, pick(1, 16)));
   }
@@ -150,6 +153,7 @@ TEST(ProgressPropertyTest, EveryRequestFinishesWithinBoundedStepsUnderRandomPres
   alone_options.context_length = kContext;
   alone_options.max_seqs = 1;
   alone_options.calibrate = false;
+  alone_options.cache_type_k = alone_options.cache_type_v = "f32";  // as the trials (kPageBytes)
   auto alone = testing::MakeEngine(alone_options);
   ASSERT_NE(alone, nullptr);
 

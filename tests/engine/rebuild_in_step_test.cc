@@ -14,6 +14,7 @@
 
 #include "fixed_prices.h"
 #include "recorded_output.h"
+#include "budget_tiers.h"
 #include "kvl/engine.h"
 #include "kvl/synthetic_model.h"
 
@@ -57,6 +58,7 @@ EngineOptions Options(const std::string& model, int threads) {
   o.context_length = 512;
   o.max_seqs = 1;
   o.prefix_cache = false;
+  o.cache_type_k = o.cache_type_v = "f32";  // kPageBytes is an f32 page
   o.cost_profile = testing::FixedStoriesPrices();
   o.cost_profile->model.layers = kLayers;
   return o;
@@ -75,7 +77,7 @@ TEST(RebuildInStepTest, EveryWeightTypeAndThreadCountMatchesKeepAll) {
       o.kv_budget_bytes = 40 * kPageBytes;
       o.kv_stream_reserve = 0.75;  // a pool of about ten pages for about nineteen
       o.kv_policy = "recompute-residual";
-      o.kv_tiers = {"ram:64MiB"};
+      testing::SetTiersBesidePool(&o, {"ram:64MiB"});
       o.kv_promote_back = false;  // the pages stay checkpoints: every step rebuilds them
       const Outcome run = Generate(o);
       EXPECT_EQ(run.output, expected.output) << DTypeName(type) << " threads " << threads;
@@ -102,7 +104,7 @@ TEST(RebuildInStepTest, RebuildsInTheStepAreCheckedAgainstTheirPriceThere) {
   o.kv_budget_bytes = 40 * kPageBytes;
   o.kv_stream_reserve = 0.75;
   o.kv_policy = "recompute-residual";
-  o.kv_tiers = {"ram:64MiB"};
+  testing::SetTiersBesidePool(&o, {"ram:64MiB"});
   o.kv_promote_back = false;
   o.kv_feedback = false;  // the price as the profile gives it, whatever was measured
   // A prompt the pool holds: the pages leave while the sequence decodes, so every page rebuilt

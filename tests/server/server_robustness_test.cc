@@ -124,7 +124,9 @@ TEST(ServeAdmissionTest, ARequestTheBudgetCanNeverHoldIsRefusedAtOnce) {
 // what bounds it; what fits is served.
 TEST(ServeAdmissionTest, ARequestPastWhatPagingCanReachIsRefusedAtOnce) {
   ServerProcess server(
-      {"-np", "1", "-c", "2048", "--kv-budget", "200KiB", "--kv-tier", "ram:100KiB"});
+      // The budget holds the RAM tier: 200 KiB for the pool, 100 KiB for the tier's pages and
+      // 9 KiB for its map of them (50 f16 layer pages of 2 KiB, 168 bytes each).
+      {"-np", "1", "-c", "2048", "--kv-budget", "309KiB", "--kv-tier", "ram:100KiB"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   httplib::Client client("127.0.0.1", server.port());
   client.set_read_timeout(60, 0);
@@ -153,7 +155,9 @@ TEST(ServeAdmissionTest, ARequestPastWhatPagingCanReachIsRefusedAtOnce) {
 TEST(ServeAdmissionTest, PagesHeldForWaitingRequestsGiveWayToRunningOnes) {
   const std::string disk =
       ::testing::TempDir() + "kvl_give_way_" + std::to_string(::getpid()) + ".pages";
-  ServerProcess server({"-np", "4", "-c", "512", "--kv-budget", "300KiB", "--kv-tier", "ram:600KiB",
+  // The budget holds the RAM tier: 300 KiB for the pool, 600 KiB for the tier's pages and 50 KiB
+  // for its map of them (300 f16 layer pages of 2 KiB, 168 bytes each).
+  ServerProcess server({"-np", "4", "-c", "512", "--kv-budget", "950KiB", "--kv-tier", "ram:600KiB",
                         "--kv-tier", "disk:" + disk + ":16MiB"});
   ServerProcess reference({"-np", "4", "-c", "512", "--kv-budget", "16MiB"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();

@@ -247,7 +247,9 @@ int DistinctTexts(const json& seen) {
 TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
   const Browser& browser = FindBrowser();
   if (!browser.skip.empty()) GTEST_SKIP() << browser.skip;
-  ServerProcess server({"--kv-budget", "256KiB", "--kv-tier", "ram:16MiB"});
+  // The budget holds the RAM tier: 256 KiB for the pool, 16 MiB for the tier's pages and 1344 KiB
+  // for its map of them (8192 f16 layer pages of 2 KiB, 168 bytes each).
+  ServerProcess server({"--kv-budget", "17984KiB", "--kv-tier", "ram:16MiB"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   // The screenshots go to a temp dir: a test run never rewrites the tree. KVL_SCREENSHOTS_DIR
   // (say, docs/images) keeps them where the docs show them.

@@ -25,9 +25,11 @@
 #include "kvl/calibration.h"
 #include "kvl/profile_corrections.h"  // kDefaultProfileDriftBound
 #include "kvl/kv_manager.h"
-#include "kvl/kv_memory.h"  // kDefaultStreamReserve
+#include "kvl/kv_block_observer.h"
+#include "kvl/kv_budget.h"
 #include "kvl/kv_policy.h"
 #include "kvl/kv_tier.h"  // ParseByteSize, tier specs
+#include "kvl/kv_trace_recorder.h"  // KvTraceOpener
 #include "kvl/model.h"
 #include "kvl/ops.h"
 #include "kvl/sampling.h"
@@ -44,16 +46,21 @@ struct EngineOptions {
   bool whole_model_context = false;  // -c 0: with context_length 0, all of the model's
   int64_t batch_size = 512;         // tokens per forward step (-b)
   std::string isa = "auto";         // auto | avx512 | avx2 | scalar
-  int64_t kv_budget_bytes = 0;      // 0: room for max_seqs full contexts, capped at 1 GiB
+  // Every byte of KV state the process holds in DRAM (kvl/kv_budget.h): the pool, a RAM tier's
+  // pages, the staging and window rings and the draft model's pool (a disk tier's index is
+  // counted beside it). 0: room for max_seqs full contexts, capped at 1 GiB (a RAM tier or a
+  // draft pool then comes out of that cap).
+  int64_t kv_budget_bytes = 0;
   int32_t block_tokens = 16;
   int32_t max_seqs = 16;            // sequences running at once
   // Full blocks are found again by their tokens (a prefix index), and pages are kept across
   // requests in the tiers (the KV store); off: every prompt is computed.
   bool prefix_cache = true;
-  // Element type of cached keys / values (-ctk / -ctv): f32 | f16 | bf16. Half types halve the
-  // pool's bytes per token; attention widens them in registers.
-  std::string cache_type_k = "f32";
-  std::string cache_type_v = "f32";
+  // Element type of cached keys / values (-ctk / -ctv): f32 | f16 | bf16. f16 by default, as
+  // llama.cpp's: f32 doubles every KV byte the budget pays for; attention widens half types in
+  // registers.
+  std::string cache_type_k = "f16";
+  std::string cache_type_v = "f16";
 
   // The KV action lattice. When the pool is short, the coldest pages of running sequences
   // (least attention mass; never the sinks or the recent window) are compressed to int8/int4,
@@ -62,7 +69,9 @@ struct EngineOptions {
   // at resume), checkpointed as residuals, or dropped to be recomputed from its tokens. Pages of
   // running sequences in a tier or as checkpoints come back into the pool once it has room
   // (kv_promote_back).
-  std::vector<std::string> kv_tiers;  // --kv-tier: "ram:1GiB[:zstd]", "disk:PATH:SIZE[:direct]"
+  // --kv-tier: "ram:1GiB[:zstd]" (carved from kv_budget_bytes; "ram:auto": the engine splits
+  // the budget), "disk:PATH:SIZE[:direct]", "redis://HOST[:PORT]".
+  std::vector<std::string> kv_tiers;
   std::string kv_policy = "auto";     // auto | keep | compress | compress-int4 | demote |
                                       // demote-disk | recompute-residual | recompute-tokens | evict
   // lossless | balanced | aggressive; empty: lossless, unless a fixed lossy --kv-policy asks for
@@ -116,9 +125,9 @@ struct EngineOptions {
   // The fraction of kv_budget_bytes set aside for staging pages of running sequences that live in
   // a tier (streamed back layer by layer, or rebuilt from checkpoints) at every step: about
   // 2 / num_layers of a page each. The pool gets the rest. Used only where pages can be streamed.
-  // 0 (auto): kDefaultStreamReserve where a RAM tier holds pages attention reads in place; with
-  // no RAM tier every page that leaves the pool is staged, so enough for the pages of one
-  // full-context sequence, between kDefaultStreamReserve and kMaxAutoStreamReserve.
+  // 0 (auto): kDefaultStreamReserve (kvl/kv_memory.h) where a RAM tier holds pages attention
+  // reads in place; with no RAM tier every page that leaves the pool is staged, so enough for the
+  // pages of one full-context sequence, between kDefaultStreamReserve and kMaxAutoStreamReserve.
   double kv_stream_reserve = 0;
   // --kv-checkpoint-every: where pages are kept as residual checkpoints, the input of every s-th
   // layer is kept (layers 0, s, 2s, ...; 1: every layer); the layers between two checkpoints are
@@ -354,6 +363,20 @@ struct EngineMetrics {
   // The most resident KV at any time: pool blocks in use (compressed slabs included) plus every
   // buffer outside the pool. Within kv_budget_bytes.
   int64_t kv_resident_bytes_peak = 0;
+  // The one budget (EngineOptions::kv_budget_bytes) and what the process holds against it.
+  // kv_budget_bytes: the whole budget in effect (given, or the default) and its split.
+  // kv_fixed_bytes: the process's memory that is neither weights nor KV (activations and scratch
+  // for the largest step, stacks, tokenizer, libraries), measured at Create as RSS less the
+  // resident weights less the KV held then. kv_held_bytes: KV bytes held in DRAM now, every part
+  // of the split (a RAM tier by its pages held, the rest as reserved). rss_minus_weights_bytes:
+  // VmRSS less the resident weights, sampled when Metrics() is called (0 where /proc cannot be
+  // read). The bound the budget keeps: rss_minus_weights_bytes - kv_fixed_bytes <=
+  // kv_budget_bytes, up to the heap's slack.
+  int64_t kv_budget_bytes = 0;
+  int64_t kv_fixed_bytes = 0;
+  int64_t kv_held_bytes = 0;
+  int64_t rss_minus_weights_bytes = 0;
+  KvBudgetSplit kv_budget_split;
   int64_t kv_layers_streamed = 0;    // layer pages read back for attention, total
   double kv_stream_wait_ms = 0;      // time attention waited for them, total
   int64_t requests_submitted = 0;
@@ -456,6 +479,10 @@ class Engine {
                                     const TokenCallback& on_token = {});
 
   const Model& model() const;
+  // VmRSS less the weights held resident (the packed copies and the model file's resident
+  // pages): the process's own memory, for the budget's bound. nullopt where /proc cannot be read.
+  // Reads /proc/self/smaps: sample it, do not call it per step.
+  std::optional<int64_t> RssMinusWeightsBytes() const;
   // The weights the forward pass repacked at load for the ISA's GEMM: anonymous memory that
   // replaces those tensors' pages of the mapped file (0 where the ISA reads the file's layout).
   int64_t packed_weight_bytes() const;

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kvl/kv_budget.h"
 #include "kvl/kv_cache.h"
 #include "kvl/kv_manager.h"
 #include "kvl/kv_pager.h"
@@ -55,7 +56,11 @@ struct KvMemoryOptions {
   int32_t max_seqs = 16;
   // Tables reserved at admission (a longer sequence grows them by doubling).
   int64_t max_seq_tokens = 0;
-  int64_t budget_bytes = 0;     // 0: every sequence's context, up to kDefaultKvBudgetBytes
+  // The one budget (kvl/kv_budget.h): the pool, its staging and rings, a RAM tier, the tiers'
+  // index and draft_pool_bytes together. 0: every sequence's context, up to
+  // kDefaultKvBudgetBytes, which a RAM tier, an index or a draft pool then comes out of.
+  int64_t budget_bytes = 0;
+  int64_t draft_pool_bytes = 0;  // the draft model's pool, carved from the budget
   // > 0: the pool has exactly this many blocks and `staged_pages` pages are staged beside it,
   // instead of both being cut from budget_bytes (a pool sized by hand: tests, replays).
   int64_t pool_blocks = 0;
@@ -355,7 +360,11 @@ class KvMemory {
   Status LoadPrices(KvPriceSource* source, const std::string& disk_dir, PageCostProfile* prices);
   StatusOr<int64_t> ChooseCheckpointEvery(KvPriceSource* source, const KvBlockLayout& layout);
 
+  // KV bytes held in DRAM now: the split's reserved parts and a RAM tier's pages.
+  int64_t HeldBytes() const;
+
   KvMemoryOptions options_;
+  KvBudgetSplit budget_split_;  // decided by CreatePool (src/kv/kv_budget.cc)
   bool compresses_ = false;  // the codec's staging is reserved
   std::unique_ptr<KvManager> manager_;
   std::unique_ptr<KvBlockStorage> storage_;
@@ -418,6 +427,9 @@ class KvMemoryView {
   // Pages of running sequences the pager can stage outside the pool at once (streamed from a
   // tier or rebuilt from checkpoints within one step).
   int64_t staging_capacity_pages() const { return m_->pager_->staging_capacity_pages(); }
+  // How the one budget splits (kvl/kv_budget.h), and the KV bytes held in DRAM now.
+  const KvBudgetSplit& budget_split() const { return m_->budget_split_; }
+  int64_t held_bytes() const { return m_->HeldBytes(); }
   // Pool blocks and the most tokens one sequence can hold in them.
   int64_t num_blocks() const { return m_->num_blocks(); }
   int64_t capacity_tokens() const { return num_blocks() * layout().block_tokens; }

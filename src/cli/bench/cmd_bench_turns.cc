@@ -4,6 +4,7 @@
 //   a           no reuse: the prefix cache off, the whole history prefilled every turn
 //   b           keep-all: the prefix cache and a pool that holds the whole conversation
 //   c-ram       a budget of b's resident peak x --budget-fraction, lossless, RAM + disk tiers
+//               (the RAM tier carved from the budget: ram:auto)
 //   c-disk      the same budget with a direct-I/O disk tier only: RAM holds only the budget
 //   c-disk-buffered  the same with buffered I/O: the OS's page cache (outside the process, not
 //               in its RSS, reclaimable) may hold the file, so reads may come from RAM
@@ -194,7 +195,8 @@ EngineOptions OptionsFor(const TurnsConfig& config, const BenchTurnsArgs& args,
   const std::string disk = fmt::format("disk:{}:{}:scratch", disk_path, disk_bytes);
   if (config.name == "c-ram" || config.name == "d-balanced") {
     o.kv_quality = config.lossless ? "lossless" : "balanced";
-    o.kv_tiers = {fmt::format("ram:{}", disk_bytes), disk};
+    // The RAM tier is carved from the one budget (kvl/kv_budget.h): the engine splits it.
+    o.kv_tiers = {"ram:auto", disk};
   } else if (config.name == "c-disk") {
     // O_DIRECT: the pages are read from the device, not from the OS's cache in RAM.
     o.kv_quality = "lossless";

@@ -1,5 +1,5 @@
-// --kv-tier specs: "ram:SIZE[:zstd]", "disk:PATH:SIZE[:direct][:scratch]" and
-// "redis://HOST[:PORT][/NAMESPACE][?ttl=SECONDS]". The size parser lives here rather than in the
+// --kv-tier specs: "ram:SIZE[:zstd]" (or "ram:auto[:zstd]": capacity 0, sized by the KV budget's
+// split), "disk:PATH:SIZE[:direct][:scratch]" and "redis://HOST[:PORT][/NAMESPACE][?ttl=SECONDS]". The size parser lives here rather than in the
 // engine so the kv layer stays usable (and testable) on its own.
 #include <fmt/format.h>
 
@@ -222,10 +222,15 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text) {
   if (kind == "ram") {
     if (parts.size() < 2 || parts.size() > 3) {
       return InvalidArgumentError(
-          fmt::format("tier spec '{}': expected ram:SIZE[:zstd], e.g. ram:256MiB", text));
+          fmt::format("tier spec '{}': expected ram:SIZE[:zstd] or ram:auto[:zstd], e.g. "
+                      "ram:256MiB",
+                      text));
     }
     spec.kind = TierKind::kRam;
-    KVL_ASSIGN_OR_RETURN(spec.capacity_bytes, size_of(parts[1]));
+    // ram:auto: capacity 0, the size the KV budget's split chooses (kvl/kv_budget.h).
+    if (Lower(parts[1]) != "auto") {
+      KVL_ASSIGN_OR_RETURN(spec.capacity_bytes, size_of(parts[1]));
+    }
     if (parts.size() == 3) {
       if (Lower(parts[2]) != "zstd") {
         return InvalidArgumentError(fmt::format(

@@ -178,7 +178,7 @@ export class KvView {
     const body = document.querySelector('#kv-tiers tbody');
     if (this.state.tiers.length === 0) {
       const row = el('tr');
-      const cell = el('td', 'muted', 'pool only (start kvl serve with --kv-tier ram:1GiB to add one)');
+      const cell = el('td', 'muted', 'pool only (start kvl serve with --kv-tier ram:auto to add one)');
       cell.colSpan = 5;
       row.append(cell);
       body.replaceChildren(row);
