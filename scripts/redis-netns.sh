@@ -89,12 +89,12 @@ pick_subnet() {
 }
 
 # The qdiscs of one direction, on `dev` (run through `$run`: here, or inside the namespace).
-# The bucket holds at least two GSO super-packets (128 KiB), so the shaper passes what the stack
-# hands it, and 10 ms at the rate, so that a loaded machine leaving the sender off the CPU for a
-# few ms does not lose the tokens of that time (a 4 ms bucket carried less than the rate here).
+# The bucket holds two GSO super-packets (128 KiB) or 1 ms at the rate, whichever is more: enough
+# to pass what the stack hands it, and small, so that a transfer of a few hundred KiB after a
+# pause is paced at the rate as on a real link rather than let through at once from a full bucket.
 shape() {
   local run="$1" dev="$2"
-  local burst=$(( rate_bits / 8 / 100 ))
+  local burst=$(( rate_bits / 8 / 1000 ))
   [ "$burst" -ge 131072 ] || burst=131072
   if [ -n "$delay" ]; then
     $run tc qdisc add dev "$dev" root handle 1: netem delay "${delay}ms" 2> "$state/tc.err" ||

@@ -119,11 +119,13 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
                   "1 GiB)");
   cmd->add_flag("!--no-prefix-cache", engine->prefix_cache, "do not reuse cached prompt prefixes");
   cmd->add_option("--kv-tier", engine->kv_tiers,
-                  "a tier KV pages can be demoted to: ram:SIZE[:zstd] or "
-                  "disk:PATH:SIZE[:direct][:scratch] (repeatable)");
+                  "a tier KV pages can be demoted to: ram:SIZE[:zstd], "
+                  "disk:PATH:SIZE[:direct][:scratch] or redis://HOST[:PORT][/NAMESPACE] "
+                  "(repeatable)");
   cmd->add_option("--kv-policy", engine->kv_policy,
                   "what happens to cold KV pages when the budget is short: auto (cost model), "
-                  "keep, compress, compress-int4, demote, demote-disk, recompute-residual, "
+                  "keep, compress, compress-int4, demote, demote-disk, demote-redis, "
+                  "recompute-residual, "
                   "recompute-tokens, evict")
       ->capture_default_str();
   cmd->add_option("--kv-quality", engine->kv_quality, "lossless | balanced | aggressive")
