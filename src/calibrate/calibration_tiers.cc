@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -398,6 +399,53 @@ StatusOr<TierCurves> MeasureTierCurves(KvTier& tier, int64_t page_bytes, int64_t
   const CalibrationProgress none;
   calibration_internal::StageProgress stage(none, "tier", 1);
   return calibration_internal::MeasureOneTier(tier, page_bytes, layers, o, stage);
+}
+
+StatusOr<RemoteTierMeasurement> MeasureRemoteTier(KvTier& tier, int64_t page_bytes,
+                                                  int64_t layers, const CalibrateOptions& options) {
+  RemoteTierMeasurement m;
+  KVL_ASSIGN_OR_RETURN(m.curves, MeasureTierCurves(tier, page_bytes, layers, options));
+  // Keys past every key the curves used (their groups count from 1, fewer than 1 << 40).
+  constexpr PageKey kFirstKey = PageKey{1} << 40;
+  // Any bytes: a Redis server stores them as they are.
+  std::vector<uint8_t> source(static_cast<size_t>(layers * page_bytes));
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint8_t>(i * 131 + 7);
+  std::vector<uint8_t> sink(source.size());
+  std::vector<PageWrite> writes;
+  std::vector<PageRead> reads;
+  std::vector<PageKey> keys;
+  for (int64_t l = 0; l < layers; ++l) {
+    const size_t at = static_cast<size_t>(l * page_bytes);
+    writes.push_back({kFirstKey + static_cast<PageKey>(l),
+                      std::span<const uint8_t>(&source[at], static_cast<size_t>(page_bytes))});
+    reads.push_back({kFirstKey + static_cast<PageKey>(l),
+                     std::span<uint8_t>(&sink[at], static_cast<size_t>(page_bytes))});
+    keys.push_back(kFirstKey + static_cast<PageKey>(l));
+  }
+  KVL_RETURN_IF_ERROR(tier.Put(writes));
+  // About a second of reads at the curves' price, within [20, 100].
+  const double expected_ms = std::max(1e-3, m.curves.read.Ms(layers, page_bytes));
+  const int64_t samples = std::clamp<int64_t>(static_cast<int64_t>(1000.0 / expected_ms), 20, 100);
+  std::vector<double> ms;
+  Status failed;
+  for (int64_t i = 0; i < samples; ++i) {
+    const auto started = std::chrono::steady_clock::now();
+    for (const Status& s : tier.Get(reads)) {
+      if (!s.ok()) failed = s;
+    }
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count());
+  }
+  tier.Erase(keys);
+  KVL_RETURN_IF_ERROR(failed);
+  std::sort(ms.begin(), ms.end());
+  m.page_reads = samples;
+  m.page_read_median_ms = ms[ms.size() / 2];
+  double sum = 0;
+  for (double x : ms) sum += x;
+  m.page_read_mean_ms = sum / static_cast<double>(ms.size());
+  m.page_read_p99_ms = ms[std::min(ms.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(ms.size())))];
+  return m;
 }
 
 }  // namespace kvl

@@ -390,4 +390,24 @@ void FillPagePrices(const MachineProfile& profile, int64_t block_tokens, PageCos
   FillPagePrices(profile, options, prices);
 }
 
+void FillRemoteTierPrices(const RemoteTierMeasurement& m, int64_t page_bytes, int64_t layers,
+                          PageCostProfile* prices) {
+  const double bytes = static_cast<double>(page_bytes * layers);
+  // The bandwidth the read curve averages over the page's bytes; where its fit found the bytes
+  // too cheap to tell from the latency (a loopback server on a busy machine), the page's median
+  // read moves them all.
+  double read_gbps = m.curves.read.EffectiveGbps(page_bytes * layers);
+  if (read_gbps <= 0 && m.page_read_median_ms > 0) read_gbps = bytes / (m.page_read_median_ms * 1e6);
+  prices->redis_read_gbps = read_gbps;
+  // The page's price is its mean timed read (what the engine's reads of this very page shape
+  // cost on average, tail included): the latency is what of it the bytes do not explain.
+  prices->redis_latency_ms =
+      read_gbps > 0 ? std::max(0.0, m.page_read_mean_ms - bytes / (read_gbps * 1e6)) : 0.0;
+  const double write_gbps = m.curves.write.EffectiveGbps(page_bytes * layers);
+  prices->redis_write_gbps = write_gbps > 0 ? write_gbps : read_gbps;
+  prices->redis_write_latency_ms =
+      m.curves.write.call_ms + m.curves.write.page_ms * static_cast<double>(layers);
+  prices->redis_p99_ms = m.page_read_p99_ms;
+}
+
 }  // namespace kvl

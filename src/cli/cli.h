@@ -96,8 +96,8 @@ struct PerplexityArgs {
   int64_t context_length = 0;        // -c: tokens per chunk; 0 = min(512, the model's context)
   int64_t batch_size = 512;          // -b: tokens per forward step
   int num_threads = 0;               // -t: 0 = every core
-  std::string cache_type_k = "f32";  // -ctk
-  std::string cache_type_v = "f32";  // -ctv
+  std::string cache_type_k = "f16";  // -ctk, llama-perplexity's default
+  std::string cache_type_v = "f16";  // -ctv
 };
 int PerplexityCommand(const PerplexityArgs& args);
 

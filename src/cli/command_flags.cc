@@ -59,10 +59,10 @@ void AddComputeFlags(CLI::App* cmd, EngineOptions* engine) {
 void AddCacheTypeFlags(CLI::App* cmd, EngineOptions* engine) {
   // -ctk / -ctv (see NormalizeArgs in options.cc), as llama.cpp's --cache-type-k / --cache-type-v.
   cmd->add_option("--cache-type-k", engine->cache_type_k,
-                  "KV cache type for keys (-ctk): f32 | f16 | bf16 | q8_0 | q4_0")
+                  "KV cache type for keys (-ctk): f16 | f32 | bf16 | q8_0 | q4_0 | q8_0r | q4_0r")
       ->capture_default_str();
   cmd->add_option("--cache-type-v", engine->cache_type_v,
-                  "KV cache type for values (-ctv): f32 | f16 | bf16 | q8_0 | q4_0")
+                  "KV cache type for values (-ctv): f16 | f32 | bf16 | q8_0 | q4_0 | q8_0r | q4_0r")
       ->capture_default_str();
 }
 
@@ -122,10 +122,12 @@ void AddEngineFlags(CLI::App* cmd, EngineOptions* engine, std::string* kv_budget
   cmd->add_option("--kv-tier", engine->kv_tiers,
                   "a tier KV pages can be demoted to: ram:SIZE[:zstd] (carved from --kv-budget), "
                   "ram:auto[:zstd] (the budget split between pool and tier), "
-                  "disk:PATH:SIZE[:direct][:scratch] (repeatable)");
+                  "disk:PATH:SIZE[:direct][:scratch] or redis://HOST[:PORT][/NAMESPACE] "
+                  "(repeatable)");
   cmd->add_option("--kv-policy", engine->kv_policy,
                   "what happens to cold KV pages when the budget is short: auto (cost model), "
-                  "keep, compress, compress-int4, demote, demote-disk, recompute-residual, "
+                  "keep, compress, compress-int4, demote, demote-disk, demote-redis, "
+                  "recompute-residual, "
                   "recompute-tokens, evict")
       ->capture_default_str();
   cmd->add_option("--kv-quality", engine->kv_quality, "lossless | balanced | aggressive")

@@ -17,10 +17,10 @@ CommandFlags DeclarePerplexityFlags(CLI::App* app, PerplexityArgs* ppl) {
       ->capture_default_str();
   cmd->add_option("-t,--threads", ppl->num_threads, "threads; 0 = every core");
   cmd->add_option("--cache-type-k", ppl->cache_type_k,
-                  "KV cache type for keys (-ctk): f32 | f16 | bf16 | q8_0 | q4_0")
+                  "KV cache type for keys (-ctk): f16 | f32 | bf16 | q8_0 | q4_0 | q8_0r | q4_0r")
       ->capture_default_str();
   cmd->add_option("--cache-type-v", ppl->cache_type_v,
-                  "KV cache type for values (-ctv): f32 | f16 | bf16 | q8_0 | q4_0")
+                  "KV cache type for values (-ctv): f16 | f32 | bf16 | q8_0 | q4_0 | q8_0r | q4_0r")
       ->capture_default_str();
   return {cmd, ParsedCommand::Kind::kPerplexity, [ppl, model, text]() -> Status {
             // CLI11 takes `-m ""` as given; an empty path would fail only once loading began.

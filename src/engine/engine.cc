@@ -131,23 +131,28 @@ class EnginePriceSource final : public KvPriceSource {
 
   // Measured through a tier of its own (its own key scope, erased after), as calibration
   // measures RAM and disk.
-  StatusOr<double> MeasureRemoteReadMs(const TierSpec& spec, int64_t layer_page_bytes,
-                                       int64_t layers) override {
+  Status PriceRemoteTier(const TierSpec& spec, int64_t layer_page_bytes, int64_t layers,
+                         PageCostProfile* prices) override {
     const auto started = std::chrono::steady_clock::now();
     KVL_ASSIGN_OR_RETURN(std::unique_ptr<KvTier> scratch,
                          MakeTier(spec, /*page_bytes=*/0, fmt::format("kvl measure {}", ::getpid())));
-    KVL_ASSIGN_OR_RETURN(const TierCurves curves,
-                         MeasureTierCurves(*scratch, layer_page_bytes, layers,
+    KVL_ASSIGN_OR_RETURN(const RemoteTierMeasurement measured,
+                         MeasureRemoteTier(*scratch, layer_page_bytes, layers,
                                            QuickCalibrateOptions()));
-    const double ms = curves.read.Ms(layers, layer_page_bytes);
+    FillRemoteTierPrices(measured, layer_page_bytes, layers, prices);
+    const double page_bytes = static_cast<double>(layers * layer_page_bytes);
     fmt::print(stderr,
                "kvl: redis tier measured in {:.2f} s: a page ({} x {} bytes) read in {:.3f} ms "
-               "({:.3f} ms + {:.2f} GB/s)\n",
+               "({:.3f} ms + {:.3f} GB/s; {} reads: median {:.3f} ms, mean {:.3f} ms, p99 {:.3f} "
+               "ms), written in {:.3f} ms\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
-               layers, layer_page_bytes, ms,
-               curves.read.call_ms + curves.read.page_ms * static_cast<double>(layers),
-               curves.read.EffectiveGbps(layers * layer_page_bytes));
-    return ms;
+               layers, layer_page_bytes,
+               TransferMs(page_bytes, prices->redis_read_gbps, prices->redis_latency_ms),
+               prices->redis_latency_ms, prices->redis_read_gbps, measured.page_reads,
+               measured.page_read_median_ms, measured.page_read_mean_ms,
+               measured.page_read_p99_ms,
+               TransferMs(page_bytes, prices->redis_write_gbps, prices->redis_write_latency_ms));
+    return Status::Ok();
   }
 
  private:

@@ -45,9 +45,11 @@ KvPoolSizing SizeKvPool(const KvMemoryOptions& o, const KvBlockLayout& layout,
   z.compresses =
       o.quality != KvQuality::kLossless || (!o.policy.automatic && !IsLossless(o.policy.fixed));
   const bool has_ram = HasTier(o, TierKind::kRam);
-  const bool streams = o.policy.automatic ? has_ram || HasTier(o, TierKind::kDisk)
+  const bool streams = o.policy.automatic ? has_ram || HasTier(o, TierKind::kDisk) ||
+                                                HasTier(o, TierKind::kRedis)
                                           : o.policy.fixed == KvAction::kDemoteRam ||
                                                 o.policy.fixed == KvAction::kDemoteDisk ||
+                                                o.policy.fixed == KvAction::kDemoteRedis ||
                                                 o.policy.fixed == KvAction::kRecomputeResidual;
   const int64_t fixed_bytes = (z.compresses ? staging.fixed : 0) + staging.restore;
   if (streams) {
@@ -380,7 +382,7 @@ Status KvMemory::CreateLattice(KvPriceSource* source) {
         break;
     }
   }
-  pager_->set_tiers({ram_tier_.get(), disk_tier_.get()});
+  pager_->set_tiers({ram_tier_.get(), disk_tier_.get(), redis_tier_.get()});
 
   const KvBlockLayout& layout = storage_->layout();
   const CompressedSlabs& slabs = pager_->slabs();
@@ -389,6 +391,7 @@ Status KvMemory::CreateLattice(KvPriceSource* source) {
   setup.quality = options_.quality;
   setup.has_ram_tier = ram_tier_ != nullptr;
   setup.has_disk_tier = disk_tier_ != nullptr;
+  setup.has_redis_tier = redis_tier_ != nullptr;
   setup.has_checkpoints = layout.residual_dim > 0;
   setup.int8_fits = slabs.slots_per_slab(KvCodecType::kInt8) >= layout.num_layers;
   setup.int4_fits = slabs.slots_per_slab(KvCodecType::kInt4) >= layout.num_layers;
@@ -420,11 +423,12 @@ Status KvMemory::CreateLattice(KvPriceSource* source) {
         PriceCheckpointDepth(CheckpointPrices(layout, options_.dim, rules.prices),
                              layout.checkpoint_every)
             .rebuild_ms;
+    if (redis_tier_) PriceRedisTier(source, &rules.prices);
   }
   priced_ = needs_profile;
   prices_disk_dir_ = disk_dir;
   pager_->set_track_attention(rules.pages_running_sequences);
-  CreateStore(rules.prices, source);
+  CreateStore(rules.prices);
   planner_ = std::make_unique<KvPressurePlanner>(rules, *manager_, *pager_);
   if (options_.feedback) planner_->set_feedback(&feedback_);
   return Status::Ok();
@@ -458,9 +462,27 @@ Status KvMemory::Reprice(KvPriceSource* source) {
   return Status::Ok();
 }
 
+// The Redis server is measured now, through whatever link reaches it (a profile cannot hold it:
+// it may be another machine, and another one next run): its page read and write prices for
+// demote-redis and the KV store. Where that fails, the tier stays unpriced (bandwidth 0): `auto`
+// never demotes to it, a fixed demote-redis still does, and the store prices it like the slowest
+// local tier.
+void KvMemory::PriceRedisTier(KvPriceSource* source, PageCostProfile* prices) {
+  for (const TierSpec& spec : options_.tiers) {
+    if (spec.kind != TierKind::kRedis) continue;
+    const Status measured = source->PriceRemoteTier(spec, pager_->layer_page_bytes(),
+                                                    storage_->layout().num_layers, prices);
+    if (!measured.ok()) {
+      fmt::print(stderr, "kvl: the redis tier could not be measured ({}); auto will not demote to it\n",
+                 measured.ToString());
+      prices->redis_read_gbps = 0;
+    }
+  }
+}
+
 // The KV store over every tier, fastest first, each with its price per page brought back. Off
 // without the prefix cache (there is no prefix identity to file pages under).
-void KvMemory::CreateStore(const PageCostProfile& prices, KvPriceSource* source) {
+void KvMemory::CreateStore(const PageCostProfile& prices) {
   const KvBlockLayout& layout = storage_->layout();
   if (!options_.prefix_cache || !KvStore::Fits(layout, pager_->layer_page_bytes())) return;
   const double bytes = static_cast<double>(prices.kv_bytes);
@@ -481,23 +503,14 @@ void KvMemory::CreateStore(const PageCostProfile& prices, KvPriceSource* source)
         {disk_tier_.get(), persistent, ms(prices.disk_read_gbps, prices.disk_latency_ms)});
   }
   if (redis_tier_) {
-    for (const TierSpec& spec : options_.tiers) {
-      if (spec.kind != TierKind::kRedis) continue;
-      // The server is measured now (a profile cannot hold it: it may be another machine, and
-      // another one next run); where that fails it is priced like the slowest local tier.
-      const double slowest_local = std::max(ms(prices.ram_gbps, prices.ram_latency_ms),
-                                            ms(prices.disk_read_gbps, prices.disk_latency_ms));
-      StatusOr<double> measured =
-          source != nullptr
-              ? source->MeasureRemoteReadMs(spec, pager_->layer_page_bytes(), layout.num_layers)
-              : StatusOr<double>(InternalError("no price source"));
-      if (!measured.ok()) {
-        fmt::print(stderr,
-                   "kvl: the redis tier could not be measured ({}); priced at {:.3f} ms a page\n",
-                   measured.status().ToString(), slowest_local);
-      }
-      tiers.push_back({redis_tier_.get(), true, measured.ok() ? *measured : slowest_local});
-    }
+    // Measured at creation (PriceRedisTier); where that failed, priced like the slowest local
+    // tier.
+    const double slowest_local = std::max(ms(prices.ram_gbps, prices.ram_latency_ms),
+                                          ms(prices.disk_read_gbps, prices.disk_latency_ms));
+    tiers.push_back({redis_tier_.get(), true,
+                     prices.redis_read_gbps > 0
+                         ? TransferMs(bytes, prices.redis_read_gbps, prices.redis_latency_ms)
+                         : slowest_local});
   }
   if (tiers.empty()) return;
   store_ = std::make_unique<KvStore>(layout, pager_->layer_page_bytes(), std::move(tiers));

@@ -66,9 +66,10 @@ void KvMemory::FindInStore(std::span<const int32_t> tokens, int64_t cached_token
   for (int64_t i = 0; i < found; ++i) {
     KvTier* tier = found_in_[static_cast<size_t>(i)];
     const int64_t tier_index = store_->TierIndex(tier);
-    // Named by where the page is (a zstd RAM tier is RAM too); Redis has no action of its own.
-    const KvAction action =
-        tier->kind() == TierKind::kRam ? KvAction::kDemoteRam : KvAction::kDemoteDisk;
+    // Named by where the page is (a zstd RAM tier is RAM too).
+    const KvAction action = tier->kind() == TierKind::kRam    ? KvAction::kDemoteRam
+                            : tier->kind() == TierKind::kDisk ? KvAction::kDemoteDisk
+                                                              : KvAction::kDemoteRedis;
     const BringBackPrice promote =
         CorrectedPrice(corrections, FeedbackKey(action, tier),
                        store_->tiers()[static_cast<size_t>(tier_index)].promote_ms);

@@ -60,7 +60,7 @@ class FixedPrices final : public KvPriceSource {
     prices->recompute_tokens_ms = 1;
     return Status::Ok();
   }
-  StatusOr<double> MeasureRemoteReadMs(const TierSpec&, int64_t, int64_t) override {
+  Status PriceRemoteTier(const TierSpec&, int64_t, int64_t, PageCostProfile*) override {
     return UnimplementedError("no remote tier here");
   }
 };

@@ -381,6 +381,43 @@ TEST(KvPolicyTest, DiskNeedsADiskTier) {
   EXPECT_NE(CostOf(d, KvAction::kDemoteDisk).why_not.find("no disk tier"), std::string::npos);
 }
 
+// Redis is priced from what its link measured: a page read over a slow link (1 Gbit/s, 0.4 ms
+// latency and a tail) costs more than over loopback, and the policy picks the tier whose
+// bring-back is cheapest; without a Redis tier demote-redis is refused with the flag named.
+TEST(KvPolicyTest, RedisIsPricedFromItsLinkAndNeedsARedisTier) {
+  PageCostProfile p = Mha();
+  p.has_disk_tier = false;
+  p.has_ram_tier = false;
+  p.recompute_tokens_ms = 50;  // a page that is dear to recompute: some tier must win
+  p.recompute_residual_ms = 50;
+  // The page has to leave (keeping it is dear), losslessly.
+  KvPolicyOptions o;
+  o.quality = KvQuality::kLossless;
+  o.memory_price_ms_per_mib = 1e6;
+  const KvDecision none = ChooseKvAction(ColdPage(), p, o);
+  EXPECT_FALSE(CostOf(none, KvAction::kDemoteRedis).allowed);
+  EXPECT_NE(CostOf(none, KvAction::kDemoteRedis).why_not.find("--kv-tier redis://"),
+            std::string::npos);
+  p.has_redis_tier = true;
+  p.redis_read_gbps = p.redis_write_gbps = 0.124;  // 1 Gbit/s
+  p.redis_latency_ms = p.redis_write_latency_ms = 0.4;
+  const double link_ms = CostOf(ChooseKvAction(ColdPage(), p, o), KvAction::kDemoteRedis).bring_back_ms;
+  EXPECT_NEAR(link_ms, 0.4 + static_cast<double>(p.kv_bytes) / 0.124e6, 1e-9);
+  EXPECT_EQ(ChooseKvAction(ColdPage(), p, o).action, KvAction::kDemoteRedis);
+  PageCostProfile loopback = p;
+  loopback.redis_read_gbps = loopback.redis_write_gbps = 2.0;
+  loopback.redis_latency_ms = loopback.redis_write_latency_ms = 0.05;
+  EXPECT_LT(CostOf(ChooseKvAction(ColdPage(), loopback, o), KvAction::kDemoteRedis).bring_back_ms,
+            link_ms / 5);
+  // Beside a disk tier, the cheaper of the two is chosen: the disk here (2 GB/s, 0.1 ms).
+  p.has_disk_tier = true;
+  EXPECT_EQ(ChooseKvAction(ColdPage(), p, o).action, KvAction::kDemoteDisk);
+  // An unmeasured Redis (no bandwidth) is never chosen.
+  p.has_disk_tier = false;
+  p.redis_read_gbps = 0;
+  EXPECT_NE(ChooseKvAction(ColdPage(), p, o).action, KvAction::kDemoteRedis);
+}
+
 // P(reuse) is the reuse forecast's: certain for a page its running or preempted reader will
 // read again, the survival table's revival probability for an idle one (falling with the pause,
 // rising with the page's revivals), never the old constant formula of recency and frequency.
@@ -486,7 +523,10 @@ TEST(KvPolicyTest, ParsesFlags) {
   EXPECT_TRUE(ParseKvPolicy("auto")->automatic);
   EXPECT_EQ(ParseKvPolicy("recompute-residual")->fixed, KvAction::kRecomputeResidual);
   EXPECT_EQ(ParseKvPolicy("demote")->fixed, KvAction::kDemoteRam);
+  EXPECT_EQ(ParseKvPolicy("demote-redis")->fixed, KvAction::kDemoteRedis);
+  EXPECT_EQ(KvActionName(KvAction::kDemoteRedis), "demote-redis");
   EXPECT_FALSE(ParseKvPolicy("delete").ok());
+  EXPECT_NE(ParseKvPolicy("delete").status().message().find("demote-redis"), std::string::npos);
   EXPECT_EQ(*ParseKvQuality("lossless"), KvQuality::kLossless);
   EXPECT_FALSE(ParseKvQuality("best").ok());
 }

@@ -178,6 +178,11 @@ TEST(KvTraceTest, MalformedTracesAreRefusedWithTheirLine) {
   EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 - - x\n").ok());  // steps left not a number
   EXPECT_FALSE(ParseKvTrace(two + "R 1 2 2 - - -3\n").ok());
   EXPECT_FALSE(ParseKvTrace("kvl-trace 1 price_ms=1,2\n").ok());
+  // A trace written before demote-redis has one price fewer: the missing one is not available.
+  StatusOr<KvTrace> old = ParseKvTrace("kvl-trace 1 price_ms=0,-,-,1.5,-,-,9,0\n");
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->header.price_ms[static_cast<size_t>(KvAction::kDemoteRam)], 1.5);
+  EXPECT_LT(old->header.price_ms[static_cast<size_t>(KvAction::kDemoteRedis)], 0);
 }
 
 // A trace over `num_pages` pages from one page sequence, one step per access.

@@ -368,6 +368,20 @@ CalibrateOptions QuickCalibrateOptions();
 StatusOr<TierCurves> MeasureTierCurves(KvTier& tier, int64_t page_bytes, int64_t layers,
                                        const CalibrateOptions& options);
 
+// A remote tier (Redis) measured through its link: MeasureTierCurves' curves, and one page
+// (`layers` tier pages of `page_bytes`, one Get each) read again and again, each read timed, for
+// the spread of its round trips (a network's tail, which the curves' medians hide): between 20
+// and 100 reads, fewer where each takes long (about a second in all).
+struct RemoteTierMeasurement {
+  TierCurves curves;
+  int64_t page_reads = 0;
+  double page_read_median_ms = 0;
+  double page_read_mean_ms = 0;
+  double page_read_p99_ms = 0;
+};
+StatusOr<RemoteTierMeasurement> MeasureRemoteTier(KvTier& tier, int64_t page_bytes,
+                                                  int64_t layers, const CalibrateOptions& options);
+
 // Whether SaveProfile could write `path`, checked without writing anything, so a command fails
 // before it measures: INVALID_ARGUMENT when the path is empty, is a directory or is not a regular
 // file (SaveProfile renames over it), or a part of its parent is a file; IO_ERROR when the

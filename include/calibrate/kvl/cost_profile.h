@@ -100,6 +100,14 @@ struct PagePriceOptions {
 // with this too.
 void FillPagePrices(const MachineProfile& profile, const PagePriceOptions& options,
                     PageCostProfile* prices);
+// The redis_* prices of one page (`layers` tier pages of `page_bytes`) from a remote tier measured
+// through its link: a page read is priced at the mean of its timed reads (the tail included: a
+// link whose reads spread prices above one with the same median), split into the bandwidth the
+// read curve averages over the page's bytes and a latency for the rest; writes from the write
+// curve; redis_p99_ms is the 99th percentile of the timed reads. The other fields are left as
+// they are.
+void FillRemoteTierPrices(const RemoteTierMeasurement& measured, int64_t page_bytes,
+                          int64_t layers, PageCostProfile* prices);
 // The same for a page of block_tokens tokens over every layer, buffered disk, pages alone.
 void FillPagePrices(const MachineProfile& profile, int64_t block_tokens, PageCostProfile* prices);
 

@@ -112,10 +112,11 @@ class KvPriceSource {
   virtual ~KvPriceSource() = default;
   // The per-page prices of this model on this machine (time fields; bytes are KvMemory's).
   virtual Status PagePrices(const Query& query, PageCostProfile* prices) = 0;
-  // One page (`layers` tier pages of `layer_page_bytes`) read from a remote tier, measured now
-  // through a scratch tier of `spec`'s server; an error where it cannot be.
-  virtual StatusOr<double> MeasureRemoteReadMs(const TierSpec& spec, int64_t layer_page_bytes,
-                                               int64_t layers) = 0;
+  // A remote tier's prices for one page (`layers` tier pages of `layer_page_bytes`): its
+  // bandwidths, latencies and read p99 (PageCostProfile's redis_* fields), measured now through
+  // a scratch tier of `spec`'s server, over whatever link reaches it; an error where it cannot be.
+  virtual Status PriceRemoteTier(const TierSpec& spec, int64_t layer_page_bytes, int64_t layers,
+                                 PageCostProfile* prices) = 0;
 };
 
 // Where a waiting prompt's pages come from when it is admitted (KvMemory::PlanAdmission), in the
@@ -331,7 +332,8 @@ class KvMemory {
 
   Status CreatePool(KvPriceSource* prices);
   Status CreateLattice(KvPriceSource* prices);
-  void CreateStore(const PageCostProfile& prices, KvPriceSource* source);
+  void CreateStore(const PageCostProfile& prices);
+  void PriceRedisTier(KvPriceSource* source, PageCostProfile* prices);
   Status OpenTrace();
   // The store's pages of `tokens` past the pool's cached prefix, marked awaiting restore where
   // promoting them is cheaper than recomputing them.
@@ -374,7 +376,7 @@ class KvMemory {
   KvRebuilder* rebuilder_ = nullptr;          // the forward pass (set_rebuilder)
   std::unique_ptr<KvTier> ram_tier_;
   std::unique_ptr<KvTier> disk_tier_;
-  std::unique_ptr<KvTier> redis_tier_;  // the KV store's only: running pages never go there
+  std::unique_ptr<KvTier> redis_tier_;  // the KV store's, and demote-redis's
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<KvPressurePlanner> planner_;
   BringBackFeedback feedback_{kNumFeedbackKeys};

@@ -4,7 +4,7 @@
 // One page-fate table per sequence (KvSequencePages) covers its whole life. While the sequence
 // runs, a full page other than the newest can leave the pool and still be read by attention:
 //   - compressed in place (int8 / int4 slabs inside the pool; attention reads them directly),
-//   - kept in a tier (RAM or disk) and streamed back layer by layer for every step that reads
+//   - kept in a tier (RAM, disk or Redis) and streamed back layer by layer for every step that reads
 //     it, each layer prefetched while the previous one computes (or read where an uncompressed
 //     RAM tier holds it),
 //   - kept as residual checkpoints in the RAM tier, from which every step that reads the page
@@ -62,9 +62,8 @@ namespace kvl {
 
 // The key a page's bring-back time is corrected and checked under (BringBackFeedback): the
 // action that put it where it is (a KV store page found in RAM or on disk counts as demoted
-// there: the same read at the same price), except a page of a remote tier (Redis), which no
-// action of the policy demotes to and which has a key of its own.
-inline constexpr size_t kRemoteTierFeedbackKey = kNumKvActions;
+// there: the same read at the same price), except a page of a remote tier (Redis), demoted there
+// or found there, which has kRemoteTierFeedbackKey (kvl/kv_policy.h).
 // The last key: rebuilds inside decode steps (kvl/kv_policy.h).
 static_assert(kInStepRebuildFeedbackKey == kRemoteTierFeedbackKey + 1);
 inline constexpr size_t kNumFeedbackKeys = kInStepRebuildFeedbackKey + 1;

@@ -49,14 +49,19 @@ enum class KvAction {
   kRecomputeResidual,
   kRecomputeTokens,
   kEvict,
+  // Last, so that the actions before keep the numbers recorded traces and profiles know them by.
+  kDemoteRedis,
 };
-inline constexpr int kNumKvActions = 8;
+inline constexpr int kNumKvActions = 9;
 std::string_view KvActionName(KvAction action);
 // The feedback key (kvl/kv_price_feedback.h) of pages rebuilt from checkpoints inside decode
 // steps: what their rows add to the step they ride in is measured and corrected apart from a
-// rebuild on its own (a restore, kRecomputeResidual's key), which is a different cost. (Key
-// kNumKvActions is the KV store's remote tier's, kvl/kv_pager.h.)
+// rebuild on its own (a restore, kRecomputeResidual's key), which is a different cost.
 inline constexpr size_t kInStepRebuildFeedbackKey = kNumKvActions + 1;
+// The feedback key of pages read from a remote tier (Redis): demoted there (kDemoteRedis) or found
+// there by the KV store, the same read at the same price, corrected as one ("redis" in a profile's
+// corrections, as it was before Redis was an action of its own).
+inline constexpr size_t kRemoteTierFeedbackKey = kNumKvActions;
 bool IsLossless(KvAction action);
 
 enum class KvQuality { kLossless, kBalanced, kAggressive };
@@ -69,7 +74,7 @@ struct KvPolicyChoice {
   KvAction fixed = KvAction::kKeep;
 };
 StatusOr<KvPolicyChoice> ParseKvPolicy(std::string_view text);
-// auto | keep | compress (int8) | compress-int4 | demote (ram) | demote-disk |
+// auto | keep | compress (int8) | compress-int4 | demote (ram) | demote-disk | demote-redis |
 // recompute-residual | recompute-tokens | evict
 
 enum class Phase { kPrefill, kDecode };
@@ -159,6 +164,17 @@ struct PageCostProfile {
   double disk_write_latency_ms = 0; // of writing one; 0: as reading
   bool has_disk_tier = false;
   bool has_ram_tier = true;
+  // A Redis tier, measured through its link when the engine starts (FillRemoteTierPrices,
+  // kvl/cost_profile.h): a page read costs redis_latency_ms + bytes / redis_read_gbps, which for
+  // the engine's page is the mean of its timed reads (so a link with a long tail prices above
+  // one with the same median); redis_p99_ms is the 99th percentile of those reads (--explain).
+  // gbps 0: unmeasured, never chosen.
+  bool has_redis_tier = false;
+  double redis_read_gbps = 0;
+  double redis_write_gbps = 0;
+  double redis_latency_ms = 0;
+  double redis_write_latency_ms = 0;
+  double redis_p99_ms = 0;
   // The decode step's measured times, with and without rebuilt rows riding in it: a page of a
   // running sequence kept as checkpoints is rebuilt inside every step that reads it, at the
   // marginal price RebuildRowMsAt(step context) per row, not at recompute_residual_ms; the
@@ -167,7 +183,7 @@ struct PageCostProfile {
   // (an older profile) nothing is hidden.
   DecodeIdleCurve decode_idle;
   // Actions the caller can carry out (bit i = KvAction i); the others are priced but not allowed.
-  uint32_t available_actions = 0xFF;
+  uint32_t available_actions = (1u << kNumKvActions) - 1;
   // Expected KL divergence the lossy encodings add (measured on the model by kvl calibrate).
   double int8_kld = kDefaultInt8Kld;
   double int4_kld = kDefaultInt4Kld;

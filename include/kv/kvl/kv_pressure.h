@@ -39,6 +39,7 @@ struct KvPagingSetup {
   KvQuality quality = KvQuality::kLossless;
   bool has_ram_tier = false;
   bool has_disk_tier = false;
+  bool has_redis_tier = false;   // a Redis server the pages may be demoted to (demote-redis)
   bool has_checkpoints = false;  // the pool's blocks keep residual checkpoints
   bool int8_fits = false;        // a compressed page's layers fit the slabs of one block
   bool int4_fits = false;

@@ -57,7 +57,8 @@ struct TierStats {
 };
 
 // What a tier is, which decides how the engine uses it (a RAM tier is read in place, a disk or
-// Redis tier outlives the process, Redis has no policy action of its own).
+// Redis tier outlives the process; each has a policy action that demotes pages to it: demote,
+// demote-disk, demote-redis).
 enum class TierKind : uint8_t { kRam, kDisk, kRedis };
 std::string_view TierKindName(TierKind kind);  // "ram" | "disk" | "redis"
 
@@ -241,10 +242,11 @@ StatusOr<TierSpec> ParseTierSpec(std::string_view text);
 // KB/MB/GB/TB (powers of 1000); a fraction is allowed ("1.5GiB"); a bare number is bytes.
 StatusOr<int64_t> ParseByteSize(std::string_view text);
 
-// The tiers a pool's pages can go to while their sequence runs or waits (either may be absent).
+// The tiers a pool's pages can go to while their sequence runs or waits (any may be absent).
 struct KvTiers {
   KvTier* ram = nullptr;
   KvTier* disk = nullptr;
+  KvTier* redis = nullptr;  // pages demoted over the network (--kv-policy demote-redis, auto)
 };
 
 // The tier a spec describes; page_bytes is the disk tier's slot payload and identity its

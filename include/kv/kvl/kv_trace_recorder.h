@@ -23,6 +23,10 @@ namespace kvl {
 // What a leaving or return names: a KvAction, or a cached block reused for new contents.
 inline constexpr int kKvTracePoolReuse = kNumKvActions;
 
+// Prices a trace's header holds at the least: one per action up to evict (traces written before
+// demote-redis was an action).
+inline constexpr size_t kKvTraceOldestPriceCount = 8;
+
 enum class KvTraceCause : uint8_t { kRelief, kPreempt, kReuse };
 
 struct KvTraceHeader {
@@ -31,6 +35,8 @@ struct KvTraceHeader {
   int64_t sink_tokens = 4;
   int64_t recent_tokens = 64;
   // The cost model's bring-back time of one page per action (ms); < 0: not available there.
+  // A trace written before an action existed has fewer (kKvTraceOldestPriceCount: before
+  // demote-redis); the ones it lacks read as not available.
   std::array<double, kNumKvActions> price_ms{};
 
   KvTraceHeader() { price_ms.fill(-1); }

@@ -216,6 +216,7 @@ bool KvPager::DetachPage(SeqId seq, int64_t block_index, KvAction action) {
       break;
     case KvAction::kDemoteRam:
     case KvAction::kDemoteDisk:
+    case KvAction::kDemoteRedis:
     case KvAction::kRecomputeResidual: {
       const bool residual = action == KvAction::kRecomputeResidual;
       KvTier* tier = mover_->TierFor(action);

@@ -23,6 +23,7 @@ std::string_view KvActionName(KvAction action) {
     case KvAction::kRecomputeResidual: return "recompute-residual";
     case KvAction::kRecomputeTokens: return "recompute-tokens";
     case KvAction::kEvict: return "evict";
+    case KvAction::kDemoteRedis: return "demote-redis";
   }
   return "?";
 }
@@ -62,6 +63,7 @@ StatusOr<KvPolicyChoice> ParseKvPolicy(std::string_view text) {
       {"demote", KvAction::kDemoteRam},
       {"demote-ram", KvAction::kDemoteRam},
       {"demote-disk", KvAction::kDemoteDisk},
+      {"demote-redis", KvAction::kDemoteRedis},
       {"recompute-residual", KvAction::kRecomputeResidual},
       {"recompute-tokens", KvAction::kRecomputeTokens},
       {"evict", KvAction::kEvict},
@@ -72,7 +74,7 @@ StatusOr<KvPolicyChoice> ParseKvPolicy(std::string_view text) {
   }
   return InvalidArgumentError(fmt::format(
       "--kv-policy '{}': use auto, keep, compress, compress-int4, demote, demote-disk, "
-      "recompute-residual, recompute-tokens or evict",
+      "demote-redis, recompute-residual, recompute-tokens or evict",
       text));
 }
 
@@ -312,6 +314,13 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         c.now_ms = TransferMs(kv, p.disk_write_gbps, disk_write_latency_ms);
         c.bring_back_ms = TransferMs(kv, p.disk_read_gbps, p.disk_latency_ms);
         break;
+      case KvAction::kDemoteRedis:
+        if (!p.has_redis_tier) c.why_not = "no redis tier (--kv-tier redis://HOST:PORT)";
+        c.now_ms = TransferMs(kv, p.redis_write_gbps,
+                              p.redis_write_latency_ms > 0 ? p.redis_write_latency_ms
+                                                           : p.redis_latency_ms);
+        c.bring_back_ms = TransferMs(kv, p.redis_read_gbps, p.redis_latency_ms);
+        break;
       case KvAction::kRecomputeResidual:
         // The checkpoints live in the RAM tier, so bringing the page back moves them in and
         // rebuilds K,V. For GQA models they are larger than the K+V they stand for, which makes
@@ -331,7 +340,8 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         break;
     }
     c.model_bring_back_ms = c.bring_back_ms;
-    const double scale = CorrectionFor(o.feedback, static_cast<size_t>(i));
+    const double scale = CorrectionFor(
+        o.feedback, c.action == KvAction::kDemoteRedis ? kRemoteTierFeedbackKey : static_cast<size_t>(i));
     c.bring_back_ms *= scale;
     if (c.action == KvAction::kRecomputeResidual && in_step_rebuild_ms >= 0) {
       // In decode the page rides in the step that reads it: it costs what it adds there,
@@ -349,11 +359,13 @@ KvDecision ChooseKvAction(const PageHistory& page, const PageCostProfile& p,
         reuse * (c.bring_back_ms - c.hidden_ms) + c.now_ms + c.memory_cost_ms + c.quality_cost_ms;
   }
 
-  // The cheapest allowed action; on a tie the lower enum value (keep before anything, lossless
-  // before lossy).
+  // The cheapest allowed action; on a tie the lossless one, then the lower enum value (keep before
+  // anything).
   double best = std::numeric_limits<double>::infinity();
   for (const KvActionCost& c : d.costs) {
-    if (c.allowed && c.total_ms < best) {
+    const bool lossless_tie =
+        c.total_ms == best && IsLossless(c.action) && !IsLossless(d.action);
+    if (c.allowed && (c.total_ms < best || lossless_tie)) {
       best = c.total_ms;
       d.action = c.action;
     }

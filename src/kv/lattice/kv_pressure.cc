@@ -71,6 +71,11 @@ StatusOr<KvPagingRules> MakeKvPagingRules(const KvPagingSetup& setup,
     if (policy.fixed == KvAction::kDemoteDisk && !setup.has_disk_tier) {
       return InvalidArgumentError("--kv-policy demote-disk needs --kv-tier disk:PATH:SIZE");
     }
+    if (policy.fixed == KvAction::kDemoteRedis && !setup.has_redis_tier) {
+      return InvalidArgumentError(
+          "--kv-policy demote-redis needs --kv-tier redis://HOST[:PORT] (scripts/redis-netns.sh "
+          "makes one behind a shaped link)");
+    }
     if (policy.fixed == KvAction::kRecomputeResidual && !setup.has_ram_tier) {
       return InvalidArgumentError(
           "--kv-policy recompute-residual keeps the checkpoints in a RAM tier: --kv-tier ram:SIZE");
@@ -85,6 +90,7 @@ StatusOr<KvPagingRules> MakeKvPagingRules(const KvPagingSetup& setup,
   r.prices = prices;
   r.prices.has_ram_tier = setup.has_ram_tier;
   r.prices.has_disk_tier = setup.has_disk_tier;
+  r.prices.has_redis_tier = setup.has_redis_tier;
   const bool checkpoints = setup.has_checkpoints && setup.has_ram_tier;
   r.prices.available_actions =
       Bit(KvAction::kKeep) | Bit(KvAction::kEvict) | Bit(KvAction::kRecomputeTokens) |
@@ -92,12 +98,13 @@ StatusOr<KvPagingRules> MakeKvPagingRules(const KvPagingSetup& setup,
       (setup.int4_fits ? Bit(KvAction::kCompressInt4) : 0u) |
       (setup.has_ram_tier ? Bit(KvAction::kDemoteRam) : 0u) |
       (setup.has_disk_tier ? Bit(KvAction::kDemoteDisk) : 0u) |
+      (setup.has_redis_tier ? Bit(KvAction::kDemoteRedis) : 0u) |
       (checkpoints ? Bit(KvAction::kRecomputeResidual) : 0u);
   // Running sequences' pages can be acted on unless the policy is only about preemption (keep,
   // recompute from tokens) or nothing is allowed (auto, lossless, with no tier to demote to).
   if (policy.automatic) {
-    r.pages_running_sequences =
-        setup.has_ram_tier || setup.has_disk_tier || r.quality != KvQuality::kLossless;
+    r.pages_running_sequences = setup.has_ram_tier || setup.has_disk_tier ||
+                                setup.has_redis_tier || r.quality != KvQuality::kLossless;
   } else {
     r.pages_running_sequences =
         policy.fixed != KvAction::kKeep && policy.fixed != KvAction::kRecomputeTokens;
@@ -118,8 +125,8 @@ double KvPressurePlanner::MemoryPriceMsPerMib(int64_t blocks_short, double pages
   const KvDecision d = ChooseKvAction(PageHistory{}, rules_.prices, o);
   // A time of 0 is an unmeasured one (no profile), not a free way out.
   double departure_ms = std::numeric_limits<double>::infinity();
-  for (KvAction a : {KvAction::kDemoteRam, KvAction::kDemoteDisk, KvAction::kRecomputeResidual,
-                     KvAction::kRecomputeTokens}) {
+  for (KvAction a : {KvAction::kDemoteRam, KvAction::kDemoteDisk, KvAction::kDemoteRedis,
+                     KvAction::kRecomputeResidual, KvAction::kRecomputeTokens}) {
     const KvActionCost& c = d.costs[static_cast<size_t>(a)];
     if (c.allowed && c.bring_back_ms > 0) departure_ms = std::min(departure_ms, c.bring_back_ms);
   }
@@ -169,7 +176,8 @@ KvPageAction KvPressurePlanner::Decide(const KvPlannedSeq& seq, int64_t block_in
     // Every step stages a streamed or checkpointed page: only as many as the staging holds. A
     // RAM tier that attention reads in place needs no staging for demoted pages.
     if (!staging_room) {
-      uint32_t staged = Bit(KvAction::kDemoteDisk) | Bit(KvAction::kRecomputeResidual);
+      uint32_t staged = Bit(KvAction::kDemoteDisk) | Bit(KvAction::kDemoteRedis) |
+                        Bit(KvAction::kRecomputeResidual);
       const KvTier* ram = pager_.TierFor(KvAction::kDemoteRam);
       if (ram == nullptr || !ram->reads_in_place()) staged |= Bit(KvAction::kDemoteRam);
       costs.available_actions &= ~staged;

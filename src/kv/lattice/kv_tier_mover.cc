@@ -3,8 +3,21 @@
 #include <fmt/format.h>
 
 #include <functional>
+#include <random>
 
 namespace kvl {
+namespace {
+
+// A random id below 2^47: a process's pages take ids upwards from it (KeyOf keeps 56 bits of the
+// id), so two processes' ranges meet only if they started within the pages they use of each
+// other, about 1 in 2^47 / pages.
+uint64_t FirstPageId() {
+  std::random_device device;
+  const uint64_t bits = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return (bits & ((uint64_t{1} << 47) - 1)) | 1;
+}
+
+}  // namespace
 
 KvTierMover::KvTierMover(const KvManager& manager, KvBlockStorage& storage)
     : manager_(manager),
@@ -12,7 +25,8 @@ KvTierMover::KvTierMover(const KvManager& manager, KvBlockStorage& storage)
       layout_(storage.layout()),
       layer_bytes_(layout_.layer_k_bytes() + layout_.layer_v_bytes()),
       checkpoint_layer_bytes_(layout_.block_tokens * layout_.residual_dim *
-                              static_cast<int64_t>(sizeof(float))) {
+                              static_cast<int64_t>(sizeof(float))),
+      next_page_id_(FirstPageId()) {
   write_list_.reserve(static_cast<size_t>(layout_.num_layers));
   read_list_.reserve(static_cast<size_t>(layout_.num_layers));
   erase_list_.reserve(static_cast<size_t>(layout_.num_layers));
@@ -25,6 +39,8 @@ KvTier* KvTierMover::TierFor(KvAction action) const {
       return tiers_.ram;
     case KvAction::kDemoteDisk:
       return tiers_.disk;
+    case KvAction::kDemoteRedis:
+      return tiers_.redis;
     default:
       return nullptr;
   }

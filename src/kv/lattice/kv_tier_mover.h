@@ -93,7 +93,10 @@ class KvTierMover {
   int64_t checkpoint_layer_bytes_;
   KvTiers tiers_;
   KvStore* store_ = nullptr;
-  uint64_t next_page_id_ = 1;
+  // Private page ids start at a random point (FirstPageId): a Redis tier is shared by processes,
+  // and two engines numbering their private pages from 1 under one scope would overwrite each
+  // other's pages with bytes that pass the checksum (it is seeded by the key, not the writer).
+  uint64_t next_page_id_;
   // One transfer's layer pages, reused.
   std::vector<PageWrite> write_list_;
   std::vector<PageRead> read_list_;

@@ -290,7 +290,7 @@ StatusOr<KvTrace> ParseKvTrace(std::string_view text) {
             }
             return out;
           }();
-          ok = prices.size() == h.price_ms.size();
+          ok = prices.size() >= kKvTraceOldestPriceCount && prices.size() <= h.price_ms.size();
           for (size_t a = 0; ok && a < prices.size(); ++a) {
             if (prices[a] == "-") {
               h.price_ms[a] = -1;
