@@ -28,14 +28,13 @@ std::string CellQuality(const std::string& policy, const std::string& auto_quali
   return choice.ok() && IsLossless(choice->fixed) ? "lossless" : "aggressive";
 }
 
-// The RAM tier a policy cannot run without: demote (to RAM) and recompute-residual (whose
-// checkpoints live in it). Half the budget, so that the pool keeps the other half. Until
-// --kv-budget carves the RAM tier from the budget (issue 40 item 1), this tier is memory outside
-// the budget, and the cell's RSS bound shows it; once it does, a `ram` tier of no size (the
-// engine choosing the split) is the spec to give here, and to `auto` too.
-std::string RamTierFor(const std::string& policy, int64_t budget_bytes) {
-  if (policy != "demote" && policy != "recompute-residual") return "";
-  return fmt::format("ram:{}", std::max<int64_t>(budget_bytes / 2, 1 << 20));
+// The RAM tier a policy cannot run without, demote (to RAM) and recompute-residual (whose
+// checkpoints live in it), and the one `auto` may choose: `ram:auto`, carved from the budget
+// with the engine choosing the split between the pool and the tier (kvl/kv_budget.h), so that a
+// page in the tier is memory the budget pays for, as a page in the pool is.
+std::string RamTierFor(const std::string& policy) {
+  if (policy != "demote" && policy != "recompute-residual" && policy != "auto") return "";
+  return "ram:auto";
 }
 
 // Every cell but keep-all gets the same budget and the same lower tiers: the disk tier, and
@@ -55,7 +54,7 @@ EngineOptions CellOptions(const LatticeSetup& setup, const CellSpec& spec) {
   }
   o.kv_policy = spec.policy;
   if (spec.policy == "auto") o.kv_quality = args.auto_quality;
-  if (const std::string ram = RamTierFor(spec.policy, spec.budget_bytes); !ram.empty()) {
+  if (const std::string ram = RamTierFor(spec.policy); !ram.empty()) {
     o.kv_tiers.push_back(ram);
   }
   o.kv_tiers.push_back(setup.disk_tier);
@@ -122,15 +121,9 @@ bool StartRssPeakAfresh() {
 }
 
 // What the process holds beside the KV, weights aside (activations for the largest step,
-// scratch, stacks, tokenizer, libraries): VmRSS less the weights once the engine is made and
-// warmed up, less the pool (touched when it is made) and the budget's buffers outside it. When
-// the engine measures its own (EngineMetrics::kv_fixed_bytes, issue 40 item 1), read that here.
-int64_t FixedBytes(const Engine& engine, int64_t rss_minus_weights) {
-  const EngineMetrics m = engine.Metrics();
-  const int64_t budget_held = engine.kv_manager().stats().kv_bytes_total +
-                              m.kv_stream_staging_bytes + m.kv_window_ring_bytes;
-  return std::max<int64_t>(0, rss_minus_weights - budget_held);
-}
+// scratch, stacks, tokenizer, libraries), as the engine measured it at its start and after its
+// first step (EngineMetrics::kv_fixed_bytes).
+int64_t FixedBytes(const Engine& engine) { return engine.Metrics().kv_fixed_bytes; }
 
 // VmRSS less the weights, now; nullopt where /proc cannot be read.
 std::optional<int64_t> RssMinusWeights(const Engine& engine) {
@@ -174,7 +167,7 @@ Cell RunCell(const LatticeSetup& setup, const CellSpec& spec) {
     return cell;
   }
   const std::optional<int64_t> start_rss = RssMinusWeights(engine);
-  cell.fixed_bytes = start_rss ? FixedBytes(engine, *start_rss) : 0;
+  cell.fixed_bytes = FixedBytes(engine);
   cell.rss_minus_weights_peak = start_rss.value_or(0);
   auto sample_rss = [&] {
     if (const std::optional<int64_t> now = RssMinusWeights(engine)) {
@@ -238,9 +231,9 @@ Cell RunCell(const LatticeSetup& setup, const CellSpec& spec) {
   }
   const EngineMetrics after = engine.Metrics();
   if (IsKeepAll(spec.policy)) {
-    // Keep-all's budget is what its engine reserved: the bound is checked against that.
-    cell.budget_bytes = engine.kv_manager().stats().kv_bytes_total +
-                        after.kv_stream_staging_bytes + after.kv_window_ring_bytes;
+    // Keep-all's budget is the one its engine took (room for the whole working set): the bound
+    // is checked against that.
+    cell.budget_bytes = after.kv_budget_bytes;
   }
   cell.rss_bound_holds =
       static_cast<double>(cell.rss_minus_weights_peak - cell.fixed_bytes) <=
