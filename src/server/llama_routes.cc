@@ -110,10 +110,11 @@ TokenProbs MakeTokenProbs(const Tokenizer& tokenizer, int32_t prev, int32_t toke
 }
 
 std::string StoppingWord(const Tokenizer& tokenizer, const std::vector<std::string>& stops,
-                         const std::vector<int32_t>& generated, size_t text_bytes) {
+                         int32_t prompt_last, const std::vector<int32_t>& generated,
+                         size_t text_bytes) {
   if (stops.size() == 1) return stops[0];
   std::string spelled;
-  int32_t prev = -1;
+  int32_t prev = prompt_last;
   for (int32_t id : generated) {
     spelled += tokenizer.DecodeToken(prev, id);
     prev = id;

@@ -46,9 +46,11 @@ TokenProbs MakeTokenProbs(const Tokenizer& tokenizer, int32_t prev, int32_t toke
                           const std::vector<TokenLogprob>& top);
 
 // The stop string a request ended at. The engine names none: with one stop string it is that
-// one, else the one the generated tokens spell where the released text (`text_bytes` long) ends.
+// one, else the one the generated tokens (decoded after the prompt's last token) spell where the
+// released text (`text_bytes` long) ends.
 std::string StoppingWord(const Tokenizer& tokenizer, const std::vector<std::string>& stops,
-                         const std::vector<int32_t>& generated, size_t text_bytes);
+                         int32_t prompt_last, const std::vector<int32_t>& generated,
+                         size_t text_bytes);
 
 // GET /props' body. default_generation_settings are /completion's defaults.
 struct ServerProps {

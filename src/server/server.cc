@@ -135,6 +135,7 @@ struct LiveRequest {
     JsonValue settings;
     int64_t predicted = 0;             // the drain's: tokens sent so far
     std::vector<int32_t> generated;    // the drain's: every generated id
+    int32_t prompt_last = -1;          // the prompt's last token: the first one's text follows it
     int32_t probs_prev = -1;           // the drain's: the token before the next one's probs
     size_t sent_bytes = 0;             // the drain's: text streamed so far
   } native;
@@ -408,8 +409,8 @@ std::string OpenAiServer::LlamaFinalBody(LiveRequest& r, const TokenEvent& last,
                     r.first_token_seen ? 1e3 * SecondsBetween(r.first_token, r.last_token) : 0.0,
                     &f);
   if (f.stop_type == "word") {
-    f.stopping_word = StoppingWord(engine_->tokenizer(), n.stop_strings, n.generated,
-                                   r.stream ? n.sent_bytes : text.size());
+    f.stopping_word = StoppingWord(engine_->tokenizer(), n.stop_strings, n.prompt_last,
+                                   n.generated, r.stream ? n.sent_bytes : text.size());
   }
   if (!r.stream) {
     f.content = std::move(text);
@@ -668,6 +669,7 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
         request.prompt.empty() ? engine_->tokenizer().Decode(request.prompt_ids) : request.prompt;
     native_state.stop_strings = request.stop_strings;
     native_state.settings = GenerationSettings(request, params.stream);
+    native_state.prompt_last = prompt_last_token;
     native_state.probs_prev = prompt_last_token;
   }
   // Held until the request's id and slot are recorded: the engine's first event waits for it.

@@ -103,10 +103,11 @@ TEST_F(LlamaEndpointsTest, CompletionStreamsChunksThenTheFinalObjectWithoutDone)
   ASSERT_GE(frames.size(), 2u);
   std::string text;
   size_t tokens = 0;
+  const int64_t prompt_tokens = PromptTokens(kPrompt);
   for (size_t i = 0; i + 1 < frames.size(); ++i) {
     const json chunk = json::parse(frames[i]);
     EXPECT_EQ(chunk["stop"], false) << frames[i];
-    EXPECT_EQ(chunk["tokens_evaluated"], PromptTokens(kPrompt));
+    EXPECT_EQ(chunk["tokens_evaluated"], prompt_tokens);
     text += chunk["content"].get<std::string>();
     tokens += chunk["tokens"].size();
     EXPECT_EQ(chunk["tokens_predicted"], tokens) << frames[i];
@@ -140,7 +141,9 @@ TEST_F(LlamaEndpointsTest, CompletionNamesTheStopStringItEndedAt) {
     const json last = stream ? json::parse(SseData(res->body).back()) : json::parse(res->body);
     EXPECT_EQ(last["stop_type"], "word") << last.dump();
     EXPECT_EQ(last["stopping_word"], word) << last.dump();
-    if (!stream) EXPECT_EQ(last["content"], full.substr(0, full.find(word))) << last.dump();
+    if (!stream) {
+      EXPECT_EQ(last["content"], full.substr(0, full.find(word))) << last.dump();
+    }
   }
 }
 
@@ -165,7 +168,7 @@ TEST_F(LlamaEndpointsTest, PropsDescribesTheServer) {
   const json props = GetOk("/props");
   EXPECT_EQ(props["total_slots"], 2);
   EXPECT_EQ(props["model_alias"], "my-model");
-  EXPECT_EQ(props["model_path"], Stories260KPath());
+  EXPECT_EQ(props["model_path"], testing::Stories260KPath());
   EXPECT_TRUE(props["chat_template"].is_string());
   EXPECT_TRUE(props["build_info"].is_string());
   const json& settings = props["default_generation_settings"];
