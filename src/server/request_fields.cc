@@ -96,6 +96,10 @@ constexpr FieldRule kRules[] = {
     {"echo", kOpenAi, "[false]", {}, "the prompt echoed"},
     {"suffix", kCmpl, "[\"\"]", {}, "insertion (a suffix)"},
     {"n_probs", kOpenAi, "[0]", {}, "llama-server's probabilities (use logprobs)"},
+    // A plain prompt renders no tools: only the values that ask for no call pass.
+    {"tools", kCmpl | kNative, "[[]]", {}, "tools (send them to /v1/chat/completions)"},
+    {"tool_choice", kCmpl | kNative, "[\"none\"]", {},
+     "a tool call (send it to /v1/chat/completions)"},
     // llama-server's samplers kvlattice does not have, at their off values.
     {"dynatemp_range", kAll, "[0]", {}, "dynamic temperature"},
     {"dynatemp_exponent", kAll, "[1]", "dynatemp_range"},
