@@ -198,7 +198,8 @@ server_sources=(src/base/*.cc src/tokenizer/*.cc src/jinja/*.cc src/grammar/*.cc
                 src/server/json_body.cc src/server/api_request.cc src/server/tokenize_routes.cc
                 src/server/chat_formatter.cc src/server/chat_template.cc
                 src/server/structured_output.cc src/server/tool_request.cc src/server/tool_calls.cc
-                src/server/reply_splitter.cc
+                src/server/reply_splitter.cc src/server/request_fields.cc
+                src/server/sampling_fields.cc
                 src/kv/lattice/kv_policy.cc src/sampling/sampler.cc fuzz/server_json_fuzzer.cc)
 link_from_objects "$out/server_json_fuzzer" "$out/server_obj" \
   "-Isrc/server -Isrc/tokenizer -Isrc/jinja -Isrc/grammar" \

@@ -18,11 +18,17 @@ CommandFlags DeclareServeFlags(CLI::App* app, ServeArgs* serve) {
       ->capture_default_str();
   cmd->add_option(
       "--api-key", serve->serve.api_key,
-      "require 'Authorization: Bearer KEY' on every route but /health and the web page");
+      "require 'Authorization: Bearer KEY' on every route but /health, /v1/models and the web "
+      "page");
   cmd->add_option("--api-key-open", serve->serve.api_key_open_routes,
                   "routes that need no key even with --api-key: /metrics, /tokenize, /detokenize "
                   "(comma-separated)")
       ->delimiter(',');
+  cmd->add_option("-a,--alias", serve->serve.alias,
+                  "the model's name in /v1/models and in replies (default: the file's name)");
+  cmd->add_flag("--lenient", serve->serve.lenient,
+                "ignore request fields this server does not honour (named in an "
+                "X-Kvl-Ignored-Fields header and the log) instead of refusing them with a 400");
   cmd->add_option("--parallel", serve->parallel, "sequences served at once (-np)")
       ->capture_default_str();
   cmd->add_option("--threads-http", serve->serve.http_threads,

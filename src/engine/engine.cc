@@ -537,7 +537,9 @@ StatusOr<RequestId> Engine::Submit(Request request, EventCallback on_event) {
       (request.max_new_tokens >= 0 ? request.max_new_tokens : kReservedSequenceTokens) + 1;
   seq->tokens.reserve(static_cast<size_t>(std::min(e.model.context_length, reach)));
   seq->prev_token = seq->tokens.back();
-  seq->sampler = std::make_unique<Sampler>(request.sampling, static_cast<int32_t>(vocab));
+  // The prompt's length: OpenAI's frequency and presence penalties count only what follows it.
+  seq->sampler = std::make_unique<Sampler>(request.sampling, static_cast<int32_t>(vocab),
+                                           static_cast<size_t>(seq->num_prompt));
   if (!request.grammar.empty()) {
     auto grammar = CompileRequestGrammar(
         request.grammar,

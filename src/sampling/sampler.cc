@@ -1,4 +1,5 @@
-// Sampler: llama.cpp's default chain (penalties, top-k, top-p, min-p, temperature, dist).
+// Sampler: llama.cpp's default chain (logit bias, penalties, top-k, top-p, min-p, temperature,
+// dist).
 //
 // The filters work on one preallocated candidate array. Only the filters that need an order pay
 // for one: top-k keeps a k-entry heap in one pass over the logits, and top-p sorts a
@@ -70,6 +71,15 @@ Status SamplingParams::Validate() const {
           bias));
     }
   }
+  // OpenAI's documented range for both.
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return InvalidArgumentError("frequency_penalty must be in [-2, 2], got " +
+                                std::to_string(frequency_penalty));
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return InvalidArgumentError("presence_penalty must be in [-2, 2], got " +
+                                std::to_string(presence_penalty));
+  }
   if (repeat_last_n < -1) {
     return InvalidArgumentError("repeat_last_n must be >= -1 (-1 = whole history), got " +
                                 std::to_string(repeat_last_n));
@@ -77,14 +87,16 @@ Status SamplingParams::Validate() const {
   return Status::Ok();
 }
 
-Sampler::Sampler(const SamplingParams& params, int32_t vocab_size)
+Sampler::Sampler(const SamplingParams& params, int32_t vocab_size, size_t prompt_tokens)
     : params_(params),
       vocab_size_(vocab_size),
       rng_(params.seed),
       candidates_(static_cast<size_t>(vocab_size)),
+      prompt_tokens_(prompt_tokens),
       penalized_(static_cast<size_t>(vocab_size), 0) {
   KVL_CHECK_MSG(vocab_size > 0, "Sampler needs a non-empty vocabulary");
   KVL_CHECK_MSG(params.Validate().ok(), "SamplingParams must be validated before use");
+  if (count_penalties_on()) counts_.assign(static_cast<size_t>(vocab_size), 0);
   if (!params.logit_bias.empty()) {
     bias_.assign(static_cast<size_t>(vocab_size), 0.0f);
     for (const auto& [id, bias] : params.logit_bias) {
@@ -116,24 +128,48 @@ int32_t Sampler::MaskedArgmax(const float* logits, int32_t n, const uint64_t* al
   return best;
 }
 
-size_t Sampler::MarkPenalized(const std::vector<int32_t>& history) {
-  if (params_.repeat_penalty == 1.0f || params_.repeat_last_n == 0) return history.size();
+bool Sampler::repeat_penalty_on() const {
+  return params_.repeat_penalty != 1.0f && params_.repeat_last_n != 0;
+}
+
+bool Sampler::count_penalties_on() const {
+  return params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
+}
+
+Sampler::PenaltyRanges Sampler::MarkPenalized(const std::vector<int32_t>& history) {
   const size_t window = params_.repeat_last_n < 0
                             ? history.size()
                             : std::min(history.size(), static_cast<size_t>(params_.repeat_last_n));
-  const size_t begin = history.size() - window;
-  for (size_t i = begin; i < history.size(); ++i) {
-    const int32_t id = history[i];
-    if (id >= 0 && id < vocab_size_) penalized_[static_cast<size_t>(id)] = 1;
+  const size_t window_begin = history.size() - window;
+  PenaltyRanges ranges{history.size(), history.size()};
+  if (repeat_penalty_on()) {
+    ranges.repeat_begin = window_begin;
+    for (size_t i = window_begin; i < history.size(); ++i) {
+      const int32_t id = history[i];
+      if (id >= 0 && id < vocab_size_) penalized_[static_cast<size_t>(id)] = 1;
+    }
   }
-  return begin;
+  if (count_penalties_on()) {
+    ranges.count_begin = params_.penalty_scope == SamplingParams::PenaltyScope::kGenerated
+                             ? std::min(history.size(), prompt_tokens_)
+                             : window_begin;
+    for (size_t i = ranges.count_begin; i < history.size(); ++i) {
+      const int32_t id = history[i];
+      if (id >= 0 && id < vocab_size_) ++counts_[static_cast<size_t>(id)];
+    }
+  }
+  return ranges;
 }
 
-void Sampler::ClearPenalized(const std::vector<int32_t>& history, size_t begin) {
-  // Clearing from the same window keeps each call O(window) instead of an O(vocab) fill.
-  for (size_t i = begin; i < history.size(); ++i) {
+void Sampler::ClearPenalized(const std::vector<int32_t>& history, PenaltyRanges ranges) {
+  // Clearing from the same ranges keeps each call O(history) instead of an O(vocab) fill.
+  for (size_t i = ranges.repeat_begin; i < history.size(); ++i) {
     const int32_t id = history[i];
     if (id >= 0 && id < vocab_size_) penalized_[static_cast<size_t>(id)] = 0;
+  }
+  for (size_t i = ranges.count_begin; i < history.size(); ++i) {
+    const int32_t id = history[i];
+    if (id >= 0 && id < vocab_size_) counts_[static_cast<size_t>(id)] = 0;
   }
 }
 
@@ -141,11 +177,25 @@ float Sampler::PenalizedLogit(const float* logits, int32_t id) const {
   if (allowed_ != nullptr && !IsAllowed(allowed_, id)) {
     return -std::numeric_limits<float>::infinity();
   }
-  const float logit = bias_.empty() ? logits[id] : logits[id] + bias_[static_cast<size_t>(id)];
-  if (!penalized_[static_cast<size_t>(id)]) return logit;
-  // A flag per token, not a count: each distinct token is penalized once however often it
-  // repeats (llama.cpp's rule).
-  return logit > 0.0f ? logit / params_.repeat_penalty : logit * params_.repeat_penalty;
+  const auto at = static_cast<size_t>(id);
+  float logit = bias_.empty() ? logits[id] : logits[id] + bias_[at];
+  if (penalized_[at]) {
+    // A flag per token, not a count: each distinct token is penalized once however often it
+    // repeats (llama.cpp's rule).
+    logit = logit > 0.0f ? logit / params_.repeat_penalty : logit * params_.repeat_penalty;
+  }
+  if (!counts_.empty() && counts_[at] > 0) {
+    logit -= static_cast<float>(counts_[at]) * params_.frequency_penalty +
+             params_.presence_penalty;
+  }
+  return logit;
+}
+
+void Sampler::PenalizedLogits(const float* logits, const std::vector<int32_t>& history,
+                              float* out) {
+  const PenaltyRanges ranges = MarkPenalized(history);
+  for (int32_t i = 0; i < vocab_size_; ++i) out[i] = PenalizedLogit(logits, i);
+  ClearPenalized(history, ranges);
 }
 
 void Sampler::LoadCandidates(const float* logits) {
@@ -267,11 +317,11 @@ int32_t Sampler::Draw(int32_t n) {
 
 int32_t Sampler::Sample(const float* logits, const std::vector<int32_t>& history,
                         const uint64_t* allowed) {
-  const size_t window_begin = MarkPenalized(history);
+  const PenaltyRanges ranges = MarkPenalized(history);
   allowed_ = allowed;
   int32_t id = SampleMarked(logits);
   allowed_ = nullptr;
-  ClearPenalized(history, window_begin);
+  ClearPenalized(history, ranges);
   if (allowed != nullptr && !IsAllowed(allowed, id)) {
     // Only a row whose allowed logits are all -inf or NaN gets here: no distribution over the
     // allowed tokens, so the first of them (never a masked token).
@@ -282,7 +332,7 @@ int32_t Sampler::Sample(const float* logits, const std::vector<int32_t>& history
 }
 
 int32_t Sampler::SampleMarked(const float* logits) {
-  const bool penalty_on = params_.repeat_penalty != 1.0f && params_.repeat_last_n != 0;
+  const bool penalty_on = repeat_penalty_on() || count_penalties_on();
   if (params_.temperature <= 0.0f && !penalty_on && bias_.empty()) {
     return allowed_ != nullptr ? MaskedArgmax(logits, vocab_size_, allowed_)
                                : Argmax(logits, vocab_size_);

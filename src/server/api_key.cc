@@ -33,7 +33,8 @@ ApiError MissingApiKeyError() {
 }
 
 bool ApiKeyGate::Admits(const HttpRequest& request) const {
-  if (key_.empty() || request.path == "/health") return true;
+  // /v1/models is open as llama-server leaves it: a client lists the model before it has a key.
+  if (key_.empty() || request.path == "/health" || request.path == "/v1/models") return true;
   if (std::find(open_routes_.begin(), open_routes_.end(), request.path) != open_routes_.end()) {
     return true;
   }

@@ -1,5 +1,5 @@
 // --api-key: which routes it guards and how a request shows the key. Every route needs the key
-// except /health (load balancers probe it), the web page and its assets (the page asks for the
+// except /health (load balancers probe it), /v1/models (as llama-server), the web page and its assets (the page asks for the
 // key itself) and the routes the operator opened with --api-key-open (e.g. /metrics for a
 // Prometheus without credentials), as llama-server guards all but its health and model routes.
 #pragma once

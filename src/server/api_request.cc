@@ -12,7 +12,10 @@
 #include <random>
 #include <vector>
 
+#include "field_reader.h"
 #include "json_body.h"
+#include "request_fields.h"
+#include "sampling_fields.h"
 #include "kvl/jinja_json.h"
 #include "structured_output.h"
 #include "tool_request.h"
@@ -24,73 +27,6 @@ using json = JsonValue;
 
 constexpr size_t kMaxStops = 16;
 constexpr size_t kMaxMessages = 4096;
-
-ApiError BadField(std::string_view param, std::string message) {
-  return ApiError{400, std::move(message), "invalid_request_error", std::string(param), ""};
-}
-
-// Reads optional fields of one JSON object; null counts as absent. Each getter returns false
-// with `error` set when the field is present but of the wrong type or out of range.
-class FieldReader {
- public:
-  explicit FieldReader(const json& object) : object_(object) {}
-  std::optional<ApiError> error;
-
-  const json* Find(std::string_view key) const {
-    auto it = object_.find(key);
-    if (it == object_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  bool Number(std::string_view key, double lo, double hi, bool lo_open, double* out) {
-    const json* v = Find(key);
-    if (v == nullptr) return true;
-    if (!v->is_number()) return Fail(key, fmt::format("'{}' must be a number", key));
-    const double x = v->get<double>();
-    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo)) {
-      return Fail(key, fmt::format("'{}' must be in {}{}, {}], got {}", key, lo_open ? "(" : "[",
-                                   lo, hi, DescribeValue(*v)));
-    }
-    *out = x;
-    return true;
-  }
-
-  bool Integer(std::string_view key, int64_t lo, int64_t hi, int64_t* out) {
-    const json* v = Find(key);
-    if (v == nullptr) return true;
-    if (!v->is_number_integer()) return Fail(key, fmt::format("'{}' must be an integer", key));
-    bool in_range = false;
-    if (v->is_number_unsigned()) {
-      const uint64_t u = v->get<uint64_t>();
-      in_range =
-          hi >= 0 && u <= static_cast<uint64_t>(hi) && (lo <= 0 || u >= static_cast<uint64_t>(lo));
-    } else {
-      in_range = v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
-    }
-    if (!in_range) {
-      return Fail(key,
-                  fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, DescribeValue(*v)));
-    }
-    *out = v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
-    return true;
-  }
-
-  bool Bool(std::string_view key, bool* out) {
-    const json* v = Find(key);
-    if (v == nullptr) return true;
-    if (!v->is_boolean()) return Fail(key, fmt::format("'{}' must be a boolean", key));
-    *out = v->get<bool>();
-    return true;
-  }
-
-  bool Fail(std::string_view key, std::string message) {
-    error = BadField(key, std::move(message));
-    return false;
-  }
-
- private:
-  const json& object_;
-};
 
 // kvlattice's extension (as vLLM accepts its own): the request's tolerance for loss in its KV
 // pages, "lossless" | "balanced" | "aggressive". Absent or null: the server's --kv-quality.
@@ -297,63 +233,6 @@ std::optional<ApiError> ReadStops(const FieldReader& fields, Request* request) {
   return std::nullopt;
 }
 
-// OpenAI's defaults: temperature 1 and top_p 1; top-k and min-p (vLLM's extensions) off.
-std::optional<ApiError> ReadSampling(FieldReader& f, const ApiContext& context, SamplingParams* s) {
-  double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
-  int64_t top_k = 0;
-  if (!f.Number("temperature", 0.0, 100.0, false, &temperature) ||
-      !f.Number("top_p", 0.0, 1.0, true, &top_p) || !f.Number("min_p", 0.0, 1.0, false, &min_p) ||
-      !f.Number("repetition_penalty", 0.0, 100.0, true, &repetition_penalty) ||
-      !f.Integer("top_k", -1, std::numeric_limits<int32_t>::max(), &top_k)) {
-    return f.error;
-  }
-  // A seed is any integer that fits 64 bits: negative ones are taken as their two's complement.
-  const json* seed = f.Find("seed");
-  if (seed != nullptr && !seed->is_number_integer())
-    return BadField("seed", "'seed' must be an integer");
-  // OpenAI's logit_bias: {"token id": bias in [-100, 100]}, added to the logits before sampling.
-  if (const json* bias = f.Find("logit_bias"); bias != nullptr && !bias->is_null()) {
-    if (!bias->is_object()) return BadField("logit_bias", "'logit_bias' must be an object");
-    for (const auto& [key, value] : bias->items()) {
-      int32_t id = -1;
-      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
-      if (ec != std::errc() || end != key.data() + key.size() || id < 0) {
-        return BadField("logit_bias",
-                        fmt::format("logit_bias: {} is not a token id", BoundedQuote(key)));
-      }
-      // Checked here, not left to the engine, whose refusal could not say which field it was.
-      if (context.vocab_size > 0 && id >= context.vocab_size) {
-        return BadField("logit_bias",
-                        fmt::format("logit_bias names token {}, outside the vocabulary [0, {})", id,
-                                    context.vocab_size));
-      }
-      if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
-        return BadField("logit_bias",
-                        fmt::format("logit_bias: the bias of token {} must be in [-100, 100]", id));
-      }
-      s->logit_bias.emplace_back(id, value.get<float>());
-    }
-  }
-  for (const char* ignored : {"presence_penalty", "frequency_penalty"}) {
-    double unused = 0;
-    if (!f.Number(ignored, -2.0, 2.0, false, &unused)) return f.error;
-  }
-  s->temperature = static_cast<float>(temperature);
-  s->top_p = static_cast<float>(top_p);
-  s->min_p = static_cast<float>(min_p);
-  s->top_k = top_k < 0 ? 0 : static_cast<int32_t>(top_k);  // -1: off, as vLLM
-  s->repeat_penalty = static_cast<float>(repetition_penalty);
-  if (seed != nullptr) {
-    s->seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
-                                         : static_cast<uint64_t>(seed->get<int64_t>());
-  } else {
-    static thread_local std::mt19937_64 rng{std::random_device{}()};
-    s->seed = rng();
-  }
-  if (const Status st = s->Validate(); !st.ok()) return BadField("", st.message());
-  return std::nullopt;
-}
-
 std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const ApiContext& context,
                                     CompletionParams* out) {
   // Fields this server does not implement are refused by name, never silently ignored: a client
@@ -370,11 +249,23 @@ std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const Api
   if (!f.Integer("n", 1, 1, &n)) {
     return BadField("n", "only 'n' = 1 is supported");
   }
-  // Legacy completions default to 16 tokens (as OpenAI's); chat runs to EOS or the context.
+  // Legacy completions default to 16 tokens (as OpenAI's); chat and llama-server's /completion
+  // run to EOS or the context.
   int64_t max_tokens = endpoint == Endpoint::kCompletions ? 16 : -1;
   if (!f.Integer("max_tokens", 1, context.context_length, &max_tokens) ||
       !f.Integer("max_completion_tokens", 1, context.context_length, &max_tokens)) {
     return f.error;
+  }
+  // llama-server's name, which wins over max_tokens there too; -1: no limit. Its 0 (evaluate
+  // the prompt only) has no counterpart here.
+  if (const json* n_predict = f.Find("n_predict")) {
+    if (!n_predict->is_number_integer() || n_predict->get<int64_t>() == 0 ||
+        n_predict->get<int64_t>() < -1 || n_predict->get<int64_t>() > context.context_length) {
+      return BadField("n_predict", fmt::format("'n_predict' must be -1 (no limit) or in [1, {}], "
+                                               "got {}",
+                                               context.context_length, DescribeValue(*n_predict)));
+    }
+    max_tokens = n_predict->get<int64_t>();
   }
   out->request.max_new_tokens = static_cast<int32_t>(max_tokens);
   if (!f.Bool("stream", &out->stream)) return f.error;
@@ -391,7 +282,15 @@ std::optional<ApiError> ReadOptions(FieldReader& f, Endpoint endpoint, const Api
       return BadField("stream_options.include_usage", "'include_usage' must be a boolean");
     }
   }
-  if (endpoint == Endpoint::kCompletions) {
+  if (endpoint == Endpoint::kLlamaCompletion) {
+    // llama-server's n_probs: the most likely tokens beside each generated one (0: none).
+    int64_t n_probs = 0;
+    if (!f.Integer("n_probs", 0, kMaxTopLogprobs, &n_probs) ||
+        !f.Bool("return_tokens", &out->return_tokens)) {
+      return f.error;
+    }
+    out->request.top_logprobs = n_probs > 0 ? static_cast<int32_t>(n_probs) : -1;
+  } else if (endpoint == Endpoint::kCompletions) {
     // Legacy completions: `logprobs` is the number of most likely tokens listed beside each
     // generated one (0 lists only the token itself).
     int64_t logprobs = -1;
@@ -463,16 +362,19 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
   json doc;
   if (auto e = ParseJsonBody(body, &doc)) return e;
   try {
+    if (auto e = CheckRequestFields(&doc, endpoint, context.lenient, &out->ignored_fields)) {
+      return e;
+    }
     FieldReader fields(doc);
     if (auto e = CheckModel(fields, context)) return e;
     ToolRequest tools;
     if (auto e = ReadToolRequest(doc, &tools)) return e;
-    if (endpoint == Endpoint::kCompletions &&
+    if (endpoint != Endpoint::kChatCompletions &&
         (tools.choice == ToolChoice::kRequired || tools.choice == ToolChoice::kNamed)) {
       return BadField("tool_choice", "'tool_choice' forces a tool call: send it to "
                                      "/v1/chat/completions, whose template renders the tools");
     }
-    if (auto e = endpoint == Endpoint::kCompletions
+    if (auto e = endpoint != Endpoint::kChatCompletions
                      ? ReadPrompt(fields, &out->request)
                      : ReadMessages(fields, context, tools, &out->request)) {
       return e;
@@ -484,7 +386,9 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, Endpoint e
       if (auto e = ReadReplyOptions(tools, context, out)) return e;
     }
     if (auto e = ReadStops(fields, &out->request)) return e;
-    if (auto e = ReadSampling(fields, context, &out->request.sampling)) return e;
+    if (auto e = ReadSamplingFields(fields, endpoint, context, &out->request.sampling)) {
+      return e;
+    }
   } catch (const json::exception& e) {
     // A type this code did not expect; the checks above should make this unreachable.
     return BadField("", fmt::format("bad request body: {}", e.what()));

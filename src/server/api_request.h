@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvl/chat_template.h"
 #include "kvl/engine.h"
@@ -39,9 +40,13 @@ struct ApiContext {
   // it thinks in <think> ... </think> (a reply is then split into reasoning and content).
   ToolCallFormat tool_format = ToolCallFormat::kNone;
   bool template_thinks = false;
+  // kvl serve --lenient: fields this server does not honour are ignored (and named in the
+  // response) instead of refused (request_fields.h).
+  bool lenient = false;
 };
 
-enum class Endpoint { kCompletions, kChatCompletions };
+// /v1/completions, /v1/chat/completions, and llama-server's native /completion.
+enum class Endpoint { kCompletions, kChatCompletions, kLlamaCompletion };
 
 struct CompletionParams {
   Request request;  // prompt (or prompt_ids), max tokens, sampling, stops
@@ -51,6 +56,9 @@ struct CompletionParams {
   // How a chat reply's text is split into reasoning, content and tool calls (inactive: all of
   // it is content).
   ReplyOptions reply;
+  // What a lenient server ignored, in the order the body gave them (empty: nothing).
+  std::vector<std::string> ignored_fields;
+  bool return_tokens = false;  // llama-server's: /completion's "tokens" holds the ids
 };
 
 // Parses and validates a request body. Never throws.

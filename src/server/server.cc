@@ -5,6 +5,7 @@
 #include "kvl/server.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -21,14 +22,17 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "api_key.h"
 #include "api_request.h"
 #include "api_response.h"
 #include "http_transport.h"
+#include "llama_routes.h"
 #include "json_body.h"
 #include "kvl/chat_template.h"
 #include "reply_splitter.h"
+#include "request_fields.h"
 #include "server_metrics.h"
 #include "template_routes.h"
 #include "tokenize_routes.h"
@@ -121,8 +125,26 @@ struct LiveRequest {
   bool text_sent = false;             // a stream's first frame with content went out
   bool head_sent = false;             // a stream's 200 and headers went out
 
+  // llama-server's /completion (Endpoint::kLlamaCompletion): its slot, settings and counts.
+  struct Native {
+    int32_t slot = -1;
+    bool return_tokens = false;
+    int64_t prompt_tokens = 0;
+    std::string prompt;
+    std::vector<std::string> stop_strings;
+    JsonValue settings;
+    int64_t predicted = 0;             // the drain's: tokens sent so far
+    std::vector<int32_t> generated;    // the drain's: every generated id
+    int32_t prompt_last = -1;          // the prompt's last token: the first one's text follows it
+    int32_t probs_prev = -1;           // the drain's: the token before the next one's probs
+    size_t sent_bytes = 0;             // the drain's: text streamed so far
+  } native;
+  // X-Kvl-Ignored-Fields, where a lenient server ignored some (empty: none).
+  std::string ignored_fields;
+
   // The engine's thread's own.
   Clock::time_point submitted = Clock::now();
+  Clock::time_point first_token;
   Clock::time_point last_token;
   bool first_token_seen = false;
 };
@@ -136,7 +158,9 @@ struct Route {
 constexpr Route kRoutes[] = {{"/apply-template", "POST"}, {"/health", "GET"},
                              {"/metrics", "GET"},         {"/v1/models", "GET"},
                              {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                             {kTokenizePath, "POST"},     {kDetokenizePath, "POST"}};
+                             {kTokenizePath, "POST"},     {kDetokenizePath, "POST"},
+                             {"/completion", "POST"},     {"/props", "GET"},
+                             {"/slots", "GET"}};
 
 HttpResponse JsonResponse(std::string body) {
   return HttpResponse{200, "application/json", {}, std::move(body)};
@@ -159,6 +183,10 @@ class OpenAiServer {
   void Dispatch(const HttpRequest& req, const std::shared_ptr<HttpResponder>& out);
   HttpResponse Health() const;
   HttpResponse Models() const;
+  // llama-server's /completion: one chunk per token, and the final object.
+  void AppendLlamaFrame(LiveRequest& r, const Piece& piece, std::string* frames);
+  std::string LlamaFinalBody(LiveRequest& r, const TokenEvent& last, std::string text);
+  std::vector<TokenProbs> LlamaProbs(LiveRequest& r, const Piece& piece);
   HttpResponse Preflight(const HttpRequest& req) const;
   void HandleCompletion(Endpoint endpoint, const HttpRequest& req,
                         const std::shared_ptr<HttpResponder>& out);
@@ -194,6 +222,7 @@ class OpenAiServer {
   ServerMetrics metrics_;
   ApiKeyGate api_key_;
   WebUiRoutes webui_;
+  std::unique_ptr<SlotTable> slots_;  // set with the engine
   std::mutex active_mu_;
   std::set<RequestId> active_;  // submitted and not yet answered: cancelled at shutdown
 };
@@ -286,6 +315,18 @@ void OpenAiServer::Dispatch(const HttpRequest& req, const std::shared_ptr<HttpRe
       return out->Send(std::move(answer));
     }
     if (req.path == "/v1/models") return out->Send(Models());
+    if (req.path == "/props") {
+      const JsonValue props = PropsJson(
+          {context_.context_length, slots_->size(), context_.model_name, context_.model_path,
+           context_.chat->source(), fmt::format("kvlattice ({})", context_.chat->description())});
+      return out->Send(
+          JsonResponse(props.dump(-1, ' ', false, JsonValue::error_handler_t::replace)));
+    }
+    if (req.path == "/slots") {
+      return out->Send(JsonResponse(slots_->Json(context_.context_length)
+                                        .dump(-1, ' ', false, JsonValue::error_handler_t::replace)));
+    }
+    if (req.path == "/completion") return HandleCompletion(Endpoint::kLlamaCompletion, req, out);
     if (req.path == kTokenizePath || req.path == kDetokenizePath) {
       TokenRouteAnswer answer =
           AnswerTokenRoute(req.path, req.body, {engine_->tokenizer(), max_tokenize_bytes_});
@@ -329,9 +370,63 @@ HttpResponse OpenAiServer::Models() const {
   return JsonResponse(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
+std::vector<TokenProbs> OpenAiServer::LlamaProbs(LiveRequest& r, const Piece& piece) {
+  if (!r.head.logprobs || piece.token < 0) return {};
+  const int32_t prev = std::exchange(r.native.probs_prev, piece.token);
+  return {MakeTokenProbs(engine_->tokenizer(), prev, piece.token, piece.logprob, piece.top)};
+}
+
+// One chunk per token whose text is out (a held-back token's id rides with the next chunk).
+void OpenAiServer::AppendLlamaFrame(LiveRequest& r, const Piece& piece, std::string* frames) {
+  LiveRequest::Native& n = r.native;
+  std::vector<TokenProbs> probs = LlamaProbs(r, piece);
+  if (piece.token >= 0) {
+    r.held_ids.push_back(piece.token);
+    n.generated.push_back(piece.token);
+    ++n.predicted;
+  }
+  if (piece.text.empty() && probs.empty()) return;
+  n.sent_bytes += piece.text.size();
+  *frames += LlamaChunkFrame(piece.text, r.held_ids, n.slot, n.predicted, n.prompt_tokens, probs);
+  r.held_ids.clear();
+}
+
+// /completion's final object. `text` is the whole completion (unstreamed) or "" (streamed).
+std::string OpenAiServer::LlamaFinalBody(LiveRequest& r, const TokenEvent& last,
+                                         std::string text) {
+  LiveRequest::Native& n = r.native;
+  if (!r.stream) {
+    for (const Piece& piece : r.pieces) {
+      if (piece.token >= 0) n.generated.push_back(piece.token);
+    }
+  }
+  LlamaFinal f;
+  f.id_slot = n.slot;
+  f.model = context_.model_name;
+  f.prompt = n.prompt;
+  f.generation_settings = n.settings;
+  FillFromLastEvent(last,
+                    r.first_token_seen ? 1e3 * SecondsBetween(r.first_token, r.last_token) : 0.0,
+                    &f);
+  if (f.stop_type == "word") {
+    f.stopping_word = StoppingWord(engine_->tokenizer(), n.stop_strings, n.prompt_last,
+                                   n.generated, r.stream ? n.sent_bytes : text.size());
+  }
+  if (!r.stream) {
+    f.content = std::move(text);
+    if (n.return_tokens) f.tokens = n.generated;
+    for (const Piece& piece : r.pieces) {
+      std::vector<TokenProbs> probs = LlamaProbs(r, piece);
+      f.probs.insert(f.probs.end(), probs.begin(), probs.end());
+    }
+  }
+  return LlamaFinalJson(f).dump(-1, ' ', false, JsonValue::error_handler_t::replace);
+}
+
 // One frame per token (a token whose text is held back near a stop string sends a frame only
 // for its log-probabilities, and its id goes out with the next frame).
 void OpenAiServer::AppendFrame(LiveRequest& r, const Piece& piece, std::string* frames) {
+  if (r.head.endpoint == Endpoint::kLlamaCompletion) return AppendLlamaFrame(r, piece, frames);
   Logprobs token_logprobs;
   if (r.head.logprobs) r.decoder.Add(piece, &token_logprobs);
   if (piece.token >= 0) r.held_ids.push_back(piece.token);
@@ -364,6 +459,7 @@ void OpenAiServer::OnEvent(const std::shared_ptr<LiveRequest>& live, const Token
   if (ev.token >= 0) {
     if (!r.first_token_seen) {
       metrics_.ObserveTimeToFirstToken(SecondsBetween(r.submitted, now));
+      r.first_token = now;
     } else {
       metrics_.ObserveInterTokenLatency(SecondsBetween(r.last_token, now));
     }
@@ -371,6 +467,10 @@ void OpenAiServer::OnEvent(const std::shared_ptr<LiveRequest>& live, const Token
     r.last_token = now;
   }
   std::lock_guard<std::mutex> lock(r.mu);
+  if (SlotTable::Slot* slot = slots_->at(r.native.slot)) {
+    if (ev.token >= 0) ++slot->n_decoded;
+    if (ev.finished) slots_->Release(r.native.slot);
+  }
   if (!ev.text.empty() || ev.token >= 0) {
     r.arrived.push_back(Piece{ev.text, ev.token, ev.logprob, ev.top_logprobs});
   }
@@ -404,11 +504,14 @@ ApiError FailedRequestError(const TokenEvent& last) {
 // follows exactly its pages.
 void OpenAiServer::StartStream(LiveRequest& r) {
   r.head_sent = true;
-  r.out->StartStream(
-      HttpResponse{200,
-                   "text/event-stream",
-                   {{"Cache-Control", "no-cache"}, {"X-Request-Id", std::to_string(r.id)}},
-                   ""});
+  HttpResponse head{200,
+                    "text/event-stream",
+                    {{"Cache-Control", "no-cache"}, {"X-Request-Id", std::to_string(r.id)}},
+                    ""};
+  if (!r.ignored_fields.empty()) {
+    head.headers.push_back({std::string(kIgnoredFieldsHeader), r.ignored_fields});
+  }
+  r.out->StartStream(std::move(head));
   if (r.head.endpoint == Endpoint::kChatCompletions) r.out->Write(RoleFrame(r.head));
 }
 
@@ -460,6 +563,17 @@ void OpenAiServer::Answer(LiveRequest& r, const TokenEvent& last, std::string fr
   // submission): the text so far is answered, with finish_reason "error" and the error beside
   // it, so that a client sees both where it stopped and why.
   const bool dead_end = failed && last.error.code() == StatusCode::kInvalidArgument;
+  const bool native = r.head.endpoint == Endpoint::kLlamaCompletion;
+  if (r.stream && native) {
+    // llama-server's stream: the final object as the last frame, no [DONE].
+    if (failed) {
+      frames += ErrorFrame(error);
+    } else {
+      frames += "data: " + LlamaFinalBody(r, last, "") + "\n\n";
+    }
+    r.out->Write(std::move(frames));
+    return r.out->End();
+  }
   if (r.stream) {
     if (dead_end) {
       frames += FinishFrame(r.head, "error");
@@ -488,7 +602,9 @@ void OpenAiServer::Answer(LiveRequest& r, const TokenEvent& last, std::string fr
     if (r.head.logprobs) r.decoder.Add(piece, &token_logprobs);
   }
   std::string body;
-  if (r.reply.active()) {
+  if (native) {
+    body = LlamaFinalBody(r, last, std::move(text));
+  } else if (r.reply.active()) {
     const ReplyDelta reply = SplitReply(text, r.reply);
     if (!reply.calls.empty()) finish_reason = "tool_calls";
     body = SplitChatBody(r.head, reply, finish_reason, usage, token_logprobs, token_ids);
@@ -502,6 +618,9 @@ void OpenAiServer::Answer(LiveRequest& r, const TokenEvent& last, std::string fr
   }
   HttpResponse answer = JsonResponse(std::move(body));
   answer.headers.push_back({"X-Request-Id", std::to_string(last.request)});
+  if (!r.ignored_fields.empty()) {
+    answer.headers.push_back({std::string(kIgnoredFieldsHeader), r.ignored_fields});
+  }
   r.out->Send(std::move(answer));
 }
 
@@ -520,7 +639,9 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
   // here to know its last token (the engine takes the ids as they are).
   Request& request = params.request;
   const bool logprobs = request.top_logprobs >= 0;
-  if ((logprobs || params.return_token_ids) && request.prompt_ids.empty()) {
+  const bool native = endpoint == Endpoint::kLlamaCompletion;
+  // /completion's chunks count the prompt's tokens (tokens_evaluated) from the first one on.
+  if ((logprobs || params.return_token_ids || native) && request.prompt_ids.empty()) {
     request.prompt_ids = engine_->tokenizer().Encode(
         request.prompt, EncodeOptions{request.add_bos, request.parse_special});
   }
@@ -537,8 +658,26 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
     live->reply = params.reply;
     if (params.stream) live->splitter.emplace(params.reply);
   }
-  // Held until the request's id is recorded: the engine's first event waits for it.
+  if (!params.ignored_fields.empty()) {
+    live->ignored_fields = fmt::format("{}", fmt::join(params.ignored_fields, ","));
+  }
+  LiveRequest::Native& native_state = live->native;
+  if (native) {
+    native_state.return_tokens = params.return_tokens;
+    native_state.prompt_tokens = static_cast<int64_t>(request.prompt_ids.size());
+    native_state.prompt =
+        request.prompt.empty() ? engine_->tokenizer().Decode(request.prompt_ids) : request.prompt;
+    native_state.stop_strings = request.stop_strings;
+    native_state.settings = GenerationSettings(request, params.stream);
+    native_state.prompt_last = prompt_last_token;
+    native_state.probs_prev = prompt_last_token;
+  }
+  // Held until the request's id and slot are recorded: the engine's first event waits for it.
   std::unique_lock<std::mutex> live_lock(live->mu);
+  native_state.slot = slots_->Acquire(0, request, params.stream);
+  if (SlotTable::Slot* slot = slots_->at(native_state.slot)) {
+    slot->n_prompt_tokens = static_cast<int64_t>(request.prompt_ids.size());
+  }
   StatusOr<RequestId> id = InternalError("not submitted");
   {
     // Registered under the lock, so a shutdown's CancelAll sees every submitted request.
@@ -548,12 +687,18 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
     if (id.ok()) active_.insert(*id);
   }
   if (!id.ok()) {
+    slots_->Release(native_state.slot);
     live_lock.unlock();
-    const std::string param = endpoint == Endpoint::kCompletions ? "prompt" : "messages";
+    const std::string param = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
     return SendError(
         *out, ApiError{400, Truncated(id.status().message()), "invalid_request_error", param, ""});
   }
   live->id = *id;
+  if (SlotTable::Slot* slot = slots_->at(native_state.slot)) slot->id_task = *id;
+  if (!params.ignored_fields.empty()) {
+    fmt::print(stderr, "kvl serve: request {}: ignored fields {} (--lenient)\n", *id,
+               live->ignored_fields);
+  }
   live_lock.unlock();
   // When the exchange ends with the request still running, its client is gone (closed, reset,
   // or stopped reading), whatever the request's state: it is cancelled at once, so that its
@@ -570,7 +715,9 @@ void OpenAiServer::HandleCompletion(Endpoint endpoint, const HttpRequest& req,
 Status OpenAiServer::LoadEngine() {
   KVL_ASSIGN_OR_RETURN(engine_, Engine::Create(options_.engine));
   const std::filesystem::path path(options_.engine.model_path);
-  context_.model_name = path.stem().string();
+  context_.model_name = options_.alias.empty() ? path.stem().string() : options_.alias;
+  context_.lenient = options_.lenient;
+  slots_ = std::make_unique<SlotTable>(options_.engine.max_seqs);
   context_.model_path = options_.engine.model_path;
   context_.context_length = engine_->context_length();
   context_.vocab_size = engine_->tokenizer().vocab_size();

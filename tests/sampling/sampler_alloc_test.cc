@@ -49,6 +49,14 @@ std::vector<Mode> Modes() {
   min_p_only.top_p = 1.0f;
   min_p_only.min_p = 0.1f;
   modes.push_back({"min-p unsorted", min_p_only});
+  SamplingParams openai = chain;  // OpenAI's penalties over the generated tokens
+  openai.frequency_penalty = 0.7f;
+  openai.presence_penalty = -0.3f;
+  modes.push_back({"frequency+presence", openai});
+  SamplingParams greedy_openai = greedy;
+  greedy_openai.frequency_penalty = 1.5f;
+  greedy_openai.penalty_scope = SamplingParams::PenaltyScope::kRepeatWindow;
+  modes.push_back({"greedy+frequency in the window", greedy_openai});
   return modes;
 }
 
@@ -66,7 +74,7 @@ TEST(SamplerAllocTest, SampleDoesNotAllocateAfterWarmUp) {
   for (int32_t i = 0; i < 100; ++i) history.push_back((i * 37) % kVocab);
 
   for (const Mode& mode : Modes()) {
-    Sampler sampler(mode.params, kVocab);
+    Sampler sampler(mode.params, kVocab, /*prompt_tokens=*/50);
     std::vector<int32_t> picked;
     picked.reserve(200);
     for (int i = 0; i < 8; ++i)

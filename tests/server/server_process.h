@@ -140,8 +140,10 @@ inline httplib::Result PostJson(httplib::Client& client, const std::string& path
   return client.Post(path.c_str(), headers, body, "application/json");
 }
 
-// The greedy text Engine::Generate gives, the reference every served output must equal.
-inline std::string GreedyReference(const std::string& prompt, int max_tokens) {
+// The text Engine::Generate gives for `prompt` under `sampling`, in-process: the reference a
+// served output must equal.
+inline std::string EngineReference(const std::string& prompt, int max_tokens,
+                                   const SamplingParams& sampling) {
   static std::unique_ptr<Engine> engine = [] {
     EngineOptions options;
     options.model_path = Stories260KPath();
@@ -154,10 +156,17 @@ inline std::string GreedyReference(const std::string& prompt, int max_tokens) {
   GenerateRequest request;
   request.prompt = prompt;
   request.max_new_tokens = max_tokens;
-  request.sampling.temperature = 0;
+  request.sampling = sampling;
   auto result = engine->Generate(request);
   EXPECT_TRUE(result.ok());
   return result.ok() ? result->text : "";
+}
+
+// The greedy text, the reference every served greedy output must equal.
+inline std::string GreedyReference(const std::string& prompt, int max_tokens) {
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  return EngineReference(prompt, max_tokens, greedy);
 }
 
 // The frames of an SSE body ("data: ..." lines), in order.

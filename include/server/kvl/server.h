@@ -1,7 +1,7 @@
 // `kvl serve`: an OpenAI-compatible HTTP server over one Engine. POST /v1/completions and
 // /v1/chat/completions (plain or streamed as server-sent events), GET /v1/models, /health and
-// /metrics (Prometheus text), POST /apply-template (the chat prompt a request makes). Sees only
-// the engine's public API.
+// /metrics (Prometheus text), POST /apply-template (the chat prompt a request makes), and
+// llama-server's own POST /completion, GET /props and /slots. Sees only the engine's public API.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,10 @@ struct ServeOptions {
   EngineOptions engine;
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0: any free port (printed on stderr)
+  std::string alias;               // --alias: the model's name in replies (empty: the file's stem)
+  // --lenient: request fields this server does not honour are ignored, named in an
+  // X-Kvl-Ignored-Fields header and a log line, instead of refused with a 400.
+  bool lenient = false;
   std::string api_key;             // empty: no key needed
   // Routes that need no key even with api_key set (--api-key-open), each one of
   // kApiKeyOpenableRoutes. /health never needs one; every other route does.
