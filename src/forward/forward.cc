@@ -83,8 +83,7 @@ int64_t Forward::activation_bytes() const {
 }
 
 ExpertRunTotals Forward::expert_run_totals() const {
-  if (!moe_) return {};
-  return ExpertRunTotals{moe_->counts().runs, moe_->counts().rows};
+  return moe_ ? moe_->counts() : ExpertRunTotals{};
 }
 
 void TokenBatch::Clear() {

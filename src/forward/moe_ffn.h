@@ -19,17 +19,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvl/forward.h"
 #include "kvl/model.h"
 #include "kvl/ops.h"
 
 namespace kvl {
-
-// What the experts ran, summed since construction: one expert run is one GEMM (gate/up, SwiGLU,
-// down) over the rows that chose it.
-struct ExpertRunCounts {
-  int64_t runs = 0;  // expert GEMMs
-  int64_t rows = 0;  // rows summed over them (n tokens x top-k)
-};
 
 class MoeFeedForward {
  public:
@@ -43,7 +37,8 @@ class MoeFeedForward {
   // [n][ffn_dim] each (the dense FFN's, which an MoE layer does not use).
   void Run(const LayerWeights& w, const float* xn, int64_t n, float* gate, float* up, float* out);
 
-  const ExpertRunCounts& counts() const { return counts_; }
+  // What the experts ran since construction (kvl/forward.h).
+  const ExpertRunTotals& counts() const { return counts_; }
   int64_t scratch_bytes() const;
   // What Reserve holds per row: what Forward::ScratchBytesPerRow adds for an MoE model.
   static int64_t ScratchBytesPerRow(const ModelConfig& c);
@@ -67,7 +62,7 @@ class MoeFeedForward {
   std::vector<int32_t> row_of_choice_;  // [rows][k] the sorted row of each (token, rank)
   std::vector<float> x_sorted_;         // [rows][dim] one expert's input rows, gathered
   std::vector<float> y_sorted_;         // [rows * k][dim] every expert's output rows, sorted
-  ExpertRunCounts counts_;
+  ExpertRunTotals counts_;
 };
 
 }  // namespace kvl
