@@ -51,7 +51,8 @@ out="$repo/tests/arch/arch_goldens.h"
   echo ""
   echo "inline const std::vector<ArchGolden>& ArchGoldens() {"
   echo "  static const std::vector<ArchGolden> goldens = {"
-  for shape in test-llama3 test-qwen2 test-qwen3 test-gemma2 test-gemma3 test-phi3; do
+  for shape in test-llama3 test-qwen2 test-qwen3 test-gemma2 test-gemma3 test-phi3 test-qwen3moe \
+      test-mixtral; do
     for type in f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k q4_k_m; do
       file="$work/$shape-$type.gguf"
       "$kvl" synth --shape "$shape" --type "$type" --seed "$seed" -o "$file" 2>/dev/null

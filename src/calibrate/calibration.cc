@@ -162,9 +162,11 @@ double KvProjectionFlopsPerToken(const ModelConfig& c) {
 
 double LayerFlopsPerToken(const ModelConfig& c) {
   const double d = static_cast<double>(c.dim);
-  // Wq, Wo; Wk, Wv; gate, up, down.
+  // Wq, Wo; Wk, Wv; gate, up, down (of each expert a token runs, and the router, in an MoE model).
+  const double ffns = c.is_moe() ? static_cast<double>(c.moe.num_experts_used) : 1.0;
+  const double router = c.is_moe() ? d * static_cast<double>(c.moe.num_experts) : 0.0;
   return 2.0 * (2.0 * d * static_cast<double>(c.q_dim()) + 2.0 * d * static_cast<double>(c.kv_dim()) +
-                3.0 * d * static_cast<double>(c.ffn_dim));
+                ffns * 3.0 * d * static_cast<double>(c.ffn_dim) + router);
 }
 
 std::vector<float> RandomFloats(size_t n, uint32_t seed) {
@@ -222,7 +224,8 @@ std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
   const std::vector<float> x = RandomFloats(rows(max_tokens, max_cols), 1);
   std::vector<float> q(rows(max_tokens, c.q_dim())), k(rows(max_tokens, c.kv_dim())),
       v(rows(max_tokens, c.kv_dim())), out(rows(max_tokens, c.dim)),
-      gate(rows(max_tokens, c.ffn_dim)), up(rows(max_tokens, c.ffn_dim));
+      gate(rows(max_tokens, c.ffn_dim)), up(rows(max_tokens, c.ffn_dim)),
+      router_logits(rows(max_tokens, c.moe.num_experts));
 
   StageProgress stage(progress, "matmul",
                       2 * static_cast<int64_t>(std::size(kMatmulTokenCounts)) * o.repetitions);
@@ -250,8 +253,19 @@ std::vector<MatmulRate> MeasureMatmul(const Model& model, ops::OpsContext& ctx,
           const LayerWeights& lw = layer();
           MatMulShared(ctx, {&lw.wq, &lw.wk, &lw.wv}, x.data(), n, {q.data(), k.data(), v.data()});
           ops::MatMul(ctx, lw.wo, x.data(), n, out.data());
-          MatMulShared(ctx, {&lw.w_gate, &lw.w_up}, x.data(), n, {gate.data(), up.data()});
-          ops::MatMul(ctx, lw.w_down, x.data(), n, out.data());
+          if (!c.is_moe()) {
+            MatMulShared(ctx, {&lw.w_gate, &lw.w_up}, x.data(), n, {gate.data(), up.data()});
+            ops::MatMul(ctx, lw.w_down, x.data(), n, out.data());
+            return;
+          }
+          // An MoE layer: the router, then top-k experts over the n rows (as if every token chose
+          // the same ones; a prefill's rows spread over more experts, each over fewer rows).
+          ops::MatMul(ctx, lw.router, x.data(), n, router_logits.data());
+          for (int64_t e = 0; e < c.moe.num_experts_used; ++e) {
+            const MatrixView g = lw.gate_exps.Expert(e), u = lw.up_exps.Expert(e);
+            MatMulShared(ctx, {&g, &u}, x.data(), n, {gate.data(), up.data()});
+            ops::MatMul(ctx, lw.down_exps.Expert(e), x.data(), n, out.data());
+          }
         });
     rate.layer_gflops = calibration_internal::LayerFlopsPerToken(c) * tokens / layer_seconds / 1e9;
     rates.push_back(rate);

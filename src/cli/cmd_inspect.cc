@@ -80,6 +80,11 @@ int InspectCommand(const InspectArgs& args) {
   j["kv_heads"] = c.num_kv_heads;
   j["head_dim"] = c.head_dim;
   j["ffn_dim"] = c.ffn_dim;
+  if (c.is_moe()) {
+    j["experts"] = c.moe.num_experts;
+    j["experts_used"] = c.moe.num_experts_used;
+    j["active_parameters"] = model.num_active_parameters();
+  }
   j["vocab"] = c.vocab_size;
   j["context_length"] = c.context_length;
   j["rope_freq_base"] = c.rope_freq_base;
@@ -132,6 +137,11 @@ int InspectCommand(const InspectArgs& args) {
   fmt::print("context       {} tokens; RoPE {} base {}; RMSNorm eps {}; output {}\n",
              c.context_length, c.rope_neox ? "neox" : "normal", c.rope_freq_base, c.norm_eps,
              c.tied_output ? "tied to token_embd" : "separate");
+  if (c.is_moe()) {
+    fmt::print("experts       {} of {} per token, each ffn {}; {} parameters active\n",
+               c.moe.num_experts_used, c.moe.num_experts, c.ffn_dim,
+               FormatParams(model.num_active_parameters()));
+  }
   const std::vector<std::string> features = ArchFeatureNames(c);
   if (!features.empty()) fmt::print("features      {}\n", fmt::join(features, ", "));
   fmt::print("\ntensor types\n");

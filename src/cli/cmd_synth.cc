@@ -10,12 +10,16 @@ namespace kvl::cli {
 
 int SynthCommand(const SynthArgs& args) {
   if (args.list || args.shape.empty()) {
-    fmt::print("{:<17} {:<7} {:>6} {:>7} {:>6} {:>9} {:>9} {:>7} {:>7} {:>10}\n", "shape", "arch",
-               "dim", "layers", "heads", "kv heads", "head dim", "ffn", "vocab", "params");
+    fmt::print("{:<17} {:<8} {:>6} {:>7} {:>6} {:>9} {:>9} {:>7} {:>8} {:>7} {:>10}\n", "shape",
+               "arch", "dim", "layers", "heads", "kv heads", "head dim", "ffn", "experts", "vocab",
+               "params");
     for (const ModelShape& s : KnownModelShapes()) {
-      fmt::print("{:<17} {:<7} {:>6} {:>7} {:>6} {:>9} {:>9} {:>7} {:>7} {:>10}\n", s.name,
+      // experts: "used/count" (the ffn column is then each expert's width).
+      const std::string experts =
+          s.num_experts > 0 ? fmt::format("{}/{}", s.num_experts_used, s.num_experts) : "-";
+      fmt::print("{:<17} {:<8} {:>6} {:>7} {:>6} {:>9} {:>9} {:>7} {:>8} {:>7} {:>10}\n", s.name,
                  s.architecture, s.dim, s.num_layers, s.num_heads, s.num_kv_heads, s.HeadDim(),
-                 s.ffn_dim, s.vocab_size, FormatParams(SyntheticParameterCount(s)));
+                 s.FfnDim(), experts, s.vocab_size, FormatParams(SyntheticParameterCount(s)));
     }
     if (!args.list) {
       fmt::print(stderr, "kvl synth: give --shape NAME --type TYPE -o FILE\n");

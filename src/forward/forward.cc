@@ -8,7 +8,9 @@
 #include <cstring>
 #include <limits>
 
+#include "for_each_row.h"
 #include "kvl/quant.h"
+#include "moe_ffn.h"
 
 namespace kvl {
 
@@ -18,23 +20,6 @@ constexpr int64_t kInitialContextCapacity = 4096;
 // prompt): enough that packing a tile's keys costs little per row, few enough that a prompt
 // chunk still makes many items for the threads.
 constexpr int64_t kAttentionRowsPerItem = 64;
-
-// Runs row(t) for t in [0, n) over the pool, 16 rows a task, when a prefill has enough rows: the
-// per-token norms, RoPE and residual work between the matmuls would otherwise run on one thread
-// while the others wait. Each row's operations are its own, so the split changes no result;
-// decode's few rows run on the caller, where waking the workers would cost more than the rows.
-template <typename RowFn>
-void ForEachRow(ThreadPool& pool, int64_t n, RowFn&& row) {
-  constexpr int64_t kRowsPerTask = 16;
-  if (n < 2 * kRowsPerTask) {
-    for (int64_t t = 0; t < n; ++t) row(t);
-    return;
-  }
-  pool.ParallelFor((n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task, int) {
-    const int64_t end = std::min(n, (task + 1) * kRowsPerTask);
-    for (int64_t t = task * kRowsPerTask; t < end; ++t) row(t);
-  });
-}
 
 void Forward::AttentionScratch::Allocate(int64_t tile_tokens, int64_t head_dim, int64_t rows) {
   // 64-byte alignment for the packed keys, which the kernels load whole vectors of.
@@ -82,7 +67,8 @@ int64_t Forward::ScratchBytesPerRow(const ModelConfig& c) {
   const int64_t floats = 3 * c.dim + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.ffn_dim +
                          4 * (c.head_dim / 2);
   const int64_t widest = std::max({c.dim, c.q_dim(), c.ffn_dim});
-  return floats * static_cast<int64_t>(sizeof(float)) + widest + widest / 8;
+  return floats * static_cast<int64_t>(sizeof(float)) + widest + widest / 8 +
+         MoeFeedForward::ScratchBytesPerRow(c);
 }
 
 int64_t Forward::activation_bytes() const {
@@ -93,7 +79,11 @@ int64_t Forward::activation_bytes() const {
                                       &a.rope_sin_local}) {
     floats += v->capacity();
   }
-  return static_cast<int64_t>(floats * sizeof(float));
+  return static_cast<int64_t>(floats * sizeof(float)) + (moe_ ? moe_->scratch_bytes() : 0);
+}
+
+ExpertRunTotals Forward::expert_run_totals() const {
+  return moe_ ? moe_->counts() : ExpertRunTotals{};
 }
 
 void TokenBatch::Clear() {
@@ -145,6 +135,7 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
     : model_(model), config_(model.config()), ops_(ops), options_(options) {
   const ModelConfig& c = config_;
   const int64_t b = options_.max_batch_tokens;
+  if (c.is_moe()) moe_ = std::make_unique<MoeFeedForward>(c, ops);
   context_capacity_ = std::min<int64_t>(options_.max_context, kInitialContextCapacity);
   ReserveRows(b + options_.max_rebuild_rows, b);
   attn_tile_tokens_ = ops::AttentionTileTokens(c.head_dim);
@@ -172,10 +163,12 @@ Forward::Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions&
   PackWeights();
 }
 
+Forward::~Forward() = default;
+
 void Forward::PackWeights() {
   const auto start = std::chrono::steady_clock::now();
   const ops::Isa isa = ops_.isa();
-  packed_.reserve(static_cast<size_t>(7 * config_.num_layers + 1));
+  packed_.reserve(static_cast<size_t>(8 * config_.num_layers + 1));
   const auto pack = [&](const MatrixView& w) {
     packed_.push_back(ops::PackMatrix(isa, w, ops_.pool()));
     const size_t bytes = packed_.back().bytes();
@@ -187,7 +180,9 @@ void Forward::PackWeights() {
   };
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     LayerWeights w = model_.layer(l);
-    for (MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) *m = pack(*m);
+    for (MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down, &w.router}) {
+      if (m->data != nullptr) *m = pack(*m);  // an MoE layer has no dense FFN, a dense no router
+    }
     layers_.push_back(w);
   }
   output_ = pack(model_.output());
@@ -206,6 +201,7 @@ void Forward::ReserveRows(int64_t rows, int64_t full_rows) {
   // layer also feed Wo (q_dim) and W_down (ffn_dim).
   ops_.Reserve(act_.rows, c.dim);
   ops_.Reserve(act_.full_rows, std::max({c.dim, c.q_dim(), c.ffn_dim}));
+  if (moe_) moe_->Reserve(act_.full_rows);
   const size_t n = static_cast<size_t>(act_.rows);
   attn_blocks_.reserve(n);
   mass_row_of_token_.resize(std::max(mass_row_of_token_.size(), n));
@@ -342,7 +338,8 @@ void Forward::RunLayer(int64_t layer, const TokenBatch& batch, KvCache* kv,
   Attention(layer, attending, *kv, a);
   ops::MatMul(ops_, w.wo, a.attn.data(), full, a.proj.data());
   AddResidual(w.post_attn_norm, full, a);
-  // Feed-forward sublayer: x += W_down (act(W_gate xn) * W_up xn), act silu or tanh-GELU.
+  // Feed-forward sublayer: x += W_down (act(W_gate xn) * W_up xn), act silu or tanh-GELU; in an
+  // MoE model, the sum of the chosen experts' FFNs (moe_ffn.h).
   ForEachRow(*ops_.pool(), full, [&](int64_t t) {
     ops::RmsNorm(ops_, &a.x[Elems(t, c.dim)], w.ffn_norm, c.dim, c.norm_eps, &a.xn[Elems(t, c.dim)]);
   });
@@ -919,6 +916,10 @@ void Forward::MatMulShared(std::initializer_list<const MatrixView*> ws, const fl
 
 void Forward::FeedForward(const LayerWeights& w, int64_t n, Activations& a) {
   const ModelConfig& c = config_;
+  if (moe_) {
+    moe_->Run(w, a.xn.data(), n, a.gate.data(), a.up.data(), a.proj.data());
+    return;
+  }
   MatMulShared({&w.w_gate, &w.w_up}, a.xn.data(), n, {a.gate.data(), a.up.data()});
   if (c.arch.gelu_ffn) {
     ops::GeGlu(ops_, a.gate.data(), a.up.data(), n * c.ffn_dim);

@@ -1,5 +1,6 @@
 // Loading a model from GGUF: its config from the metadata of the architectures below (llama,
-// mistral, qwen2, qwen3, gemma2, gemma3, phi3) and typed views of its weights into the mmap.
+// mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3) and typed views of its weights into the
+// mmap. The Mixture-of-Experts FFN's keys and tensors are read in moe.cc.
 #include "kvl/model.h"
 
 #include <fmt/format.h>
@@ -12,18 +13,21 @@
 #include <utility>
 #include <vector>
 
-#include "kvl/quant.h"
+#include "moe.h"
+#include "weight_binder.h"
 
 namespace kvl {
 namespace {
 
-constexpr const char* kSupportedArchitectures = "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3";
+constexpr const char* kSupportedArchitectures =
+    "llama, mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3";
 
 // The attention kernels' widest head (ops::kMaxAttentionHeadDim; the model layer does not see ops).
 constexpr int64_t kMaxHeadDim = 256;
 
 bool IsSupportedArchitecture(const std::string& arch) {
-  for (const char* a : {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}) {
+  for (const char* a :
+       {"llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}) {
     if (arch == a) return true;
   }
   return false;
@@ -126,7 +130,6 @@ Status Model::ReadConfig() {
   KVL_ASSIGN_OR_RETURN(c.dim, RequirePositive(f, p + "embedding_length"));
   KVL_ASSIGN_OR_RETURN(c.num_layers, RequirePositive(f, p + "block_count"));
   KVL_ASSIGN_OR_RETURN(c.num_heads, RequirePositive(f, p + "attention.head_count"));
-  KVL_ASSIGN_OR_RETURN(c.ffn_dim, RequirePositive(f, p + "feed_forward_length"));
   c.num_kv_heads = OptionalInt(f, p + "attention.head_count_kv", c.num_heads);
   c.context_length = OptionalInt(f, p + "context_length", 2048);
   if (c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0) {
@@ -167,7 +170,16 @@ Status Model::ReadConfig() {
     return DataLossError("metadata rms epsilon and rope.freq_base must be positive");
   }
   KVL_RETURN_IF_ERROR(ReadRopeScaling());
+  KVL_RETURN_IF_ERROR(ReadFfnConfig());
   return ReadArchFeatures();
+}
+
+// The dense FFN's width, or the experts' (moe.cc).
+Status Model::ReadFfnConfig() {
+  if (ArchitectureHasExperts(*file_, config_.architecture)) return ReadMoeConfig(*file_, config_);
+  KVL_ASSIGN_OR_RETURN(config_.ffn_dim,
+                       RequirePositive(*file_, config_.architecture + ".feed_forward_length"));
+  return Status::Ok();
 }
 
 // rope.scaling.*: none or linear (a factor dividing every angle); LongRoPE's attention factor.
@@ -207,7 +219,7 @@ Status Model::ReadArchFeatures() {
   // llama.cpp's converter permutes llama's Q/K so that it uses normal RoPE; the others are NEOX.
   c.rope_neox = arch != "llama" && arch != "mistral";
   a.qkv_bias = arch == "qwen2";
-  a.qk_norm = arch == "qwen3" || arch == "gemma3";
+  a.qk_norm = arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3";
   a.fused_qkv = a.fused_gate_up = arch == "phi3";
   if (arch == "phi3") a.attn_scale_on_q = true;
   if (arch == "gemma2" || arch == "gemma3") {
@@ -248,59 +260,13 @@ Status Model::ReadArchFeatures() {
 Status Model::BindWeights() {
   const GgufFile& f = *file_;
   ModelConfig& c = config_;
-  std::set<std::string> bound;  // every tensor the forward pass reads; any other is refused
-
-  // A matrix of `rows` outputs by `cols` inputs: GGUF dims {cols, rows}.
-  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols,
-                    MatrixView* out) -> Status {
-    const GgufTensorInfo* t = f.FindTensor(name);
-    if (t == nullptr) return DataLossError(fmt::format("missing tensor '{}'", name));
-    if (t->dims.size() != 2 || t->dims[0] != cols || t->dims[1] != rows) {
-      return DataLossError(fmt::format("tensor '{}' has shape [{}], expected [{}, {}] from metadata",
-                                       name, fmt::join(t->dims, ", "), cols, rows));
-    }
-    num_parameters_ += t->num_elements;
-    if (t->type == DType::kQ5_0) {
-      // No Q5_0 kernels: the same values as Q8_0 blocks (1.5x the bytes, the Q8_0 speed).
-      std::vector<uint8_t>& q8 = converted_weights_.emplace_back(
-          static_cast<size_t>(rows * RowBytes(DType::kQ8_0, cols)));
-      quant::Q5_0ToQ8_0(t->data, rows * cols / quant::kQK, q8.data());
-      *out = MatrixView{DType::kQ8_0, q8.data(), rows, cols, RowBytes(DType::kQ8_0, cols)};
-      weight_bytes_ += static_cast<int64_t>(q8.size());
-      bound.insert(name);
-      return Status::Ok();
-    }
-    if (!Traits(t->type).supported) {
-      return UnimplementedError(fmt::format("tensor '{}' has type {}, which kvlattice cannot run yet "
-                                            "(supported: f32, f16, bf16, q8_0, q4_0, q5_0, q4_k, "
-                                            "q5_k, q6_k)",
-                                            name, DTypeName(t->type)));
-    }
-    *out = MatrixView{t->type, t->data, rows, cols, RowBytes(t->type, cols)};
-    weight_bytes_ += t->num_bytes;
-    bound.insert(name);
-    return Status::Ok();
+  // Every tensor the forward pass reads is bound; any other is refused below.
+  WeightBinder binder(f, &converted_weights_);
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, MatrixView* out) {
+    return binder.Matrix(name, rows, cols, out);
   };
-  auto vector = [&](const std::string& name, int64_t n, const float** out) -> Status {
-    const GgufTensorInfo* t = f.FindTensor(name);
-    if (t == nullptr) return DataLossError(fmt::format("missing tensor '{}'", name));
-    if (t->dims.size() != 1 || t->dims[0] != n) {
-      return DataLossError(fmt::format("tensor '{}' has shape [{}], expected [{}] from metadata",
-                                       name, fmt::join(t->dims, ", "), n));
-    }
-    if (t->type != DType::kF32) {
-      return UnimplementedError(
-          fmt::format("norm tensor '{}' has type {}; only f32 norms are supported", name,
-                      DTypeName(t->type)));
-    }
-    if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
-      return DataLossError(fmt::format("tensor '{}' data is not 4-byte aligned", name));
-    }
-    *out = reinterpret_cast<const float*>(t->data);
-    num_parameters_ += t->num_elements;
-    weight_bytes_ += t->num_bytes;
-    bound.insert(name);
-    return Status::Ok();
+  auto vector = [&](const std::string& name, int64_t n, const float** out) {
+    return binder.Vector(name, n, out);
   };
   // The rows [first, first + n) of a fused matrix, as a matrix of their own.
   auto rows_of = [](const MatrixView& m, int64_t first, int64_t n) {
@@ -369,7 +335,9 @@ Status Model::BindWeights() {
       KVL_RETURN_IF_ERROR(vector(b + "post_attention_norm.weight", c.dim, &w.post_attn_norm));
       KVL_RETURN_IF_ERROR(vector(b + "post_ffw_norm.weight", c.dim, &w.post_ffn_norm));
     }
-    if (a.fused_gate_up) {
+    if (c.is_moe()) {
+      KVL_RETURN_IF_ERROR(BindMoeFfn(binder, c, l, w));
+    } else if (a.fused_gate_up) {
       MatrixView gate_up;
       KVL_RETURN_IF_ERROR(matrix(b + "ffn_up.weight", 2 * c.ffn_dim, c.dim, &gate_up));
       w.w_gate = rows_of(gate_up, 0, c.ffn_dim);  // ggml's swiglu: silu(first half) * second
@@ -378,12 +346,16 @@ Status Model::BindWeights() {
       KVL_RETURN_IF_ERROR(matrix(b + "ffn_gate.weight", c.ffn_dim, c.dim, &w.w_gate));
       KVL_RETURN_IF_ERROR(matrix(b + "ffn_up.weight", c.ffn_dim, c.dim, &w.w_up));
     }
-    KVL_RETURN_IF_ERROR(matrix(b + "ffn_down.weight", c.dim, c.ffn_dim, &w.w_down));
+    if (!c.is_moe()) {
+      KVL_RETURN_IF_ERROR(matrix(b + "ffn_down.weight", c.dim, c.ffn_dim, &w.w_down));
+    }
   }
+  num_parameters_ = binder.num_parameters();
+  weight_bytes_ = binder.weight_bytes();
   // A tensor this forward pass would not read (a bias, a norm of another architecture) would make
   // its output silently wrong: refuse the file instead, naming it.
   for (const GgufTensorInfo& t : f.tensors()) {
-    if (bound.count(std::string(t.name)) == 0) {
+    if (!binder.IsBound(std::string(t.name))) {
       return UnimplementedError(fmt::format(
           "tensor '{}' is not supported in a '{}' model (supported architectures: {})", t.name,
           c.architecture, kSupportedArchitectures));
@@ -397,11 +369,22 @@ const float* Model::rope_factors(int64_t context) const {
   return context > config_.arch.rope_original_context ? rope_long_ : rope_short_;
 }
 
+int64_t Model::num_active_parameters() const {
+  const ModelConfig& c = config_;
+  if (!c.is_moe()) return num_parameters_;
+  // Per layer, the experts a token does not pick: 3 matrices of ffn_dim x dim each.
+  const int64_t idle = c.moe.num_experts - c.moe.num_experts_used;
+  return num_parameters_ - c.num_layers * idle * 3 * c.ffn_dim * c.dim;
+}
+
 std::string Model::weight_type_name() const {
   std::map<DType, int> counts;
   for (const LayerWeights& w : layers_) {
     for (const MatrixView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
-      ++counts[m->type];
+      if (m->data != nullptr) ++counts[m->type];
+    }
+    for (const ExpertMatrices* e : {&w.gate_exps, &w.up_exps, &w.down_exps}) {
+      if (e->data != nullptr) ++counts[e->type];
     }
   }
   if (counts.size() == 1) return std::string(DTypeName(counts.begin()->first));

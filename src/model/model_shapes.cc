@@ -49,6 +49,15 @@ const std::vector<ModelShape>& KnownModelShapes() {
             [](ModelShape& s) { s.architecture = "qwen3"; s.head_dim = 128; }),
       Shape({"qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f, 1e-6f, false},
             [](ModelShape& s) { s.architecture = "qwen3"; s.head_dim = 128; }),
+      // Qwen3-30B-A3B (and Qwen3-Coder-30B-A3B): 128 experts of 768, 8 per token.
+      Shape({"qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 40960, 1000000.0f, 1e-6f, false},
+            [](ModelShape& s) {
+              s.architecture = "qwen3moe";
+              s.head_dim = 128;
+              s.num_experts = 128;
+              s.num_experts_used = 8;
+              s.expert_ffn_dim = 768;
+            }),
       Shape({"gemma-2-2b", 2304, 26, 8, 4, 9216, 256000, 8192, 10000.0f, 1e-6f, true},
             [](ModelShape& s) {
               s.architecture = "gemma2";
@@ -111,6 +120,24 @@ const std::vector<ModelShape>& KnownModelShapes() {
               s.architecture = "phi3";
               s.rope_original_context = 64;
               s.random_norms = true;
+            }),
+      // Experts: 8 of 256, 3 per token (so that the renormalized weights and their rank-order sum
+      // matter), beside a dense feed_forward_length the qwen3moe forward pass does not use.
+      Shape({"test-qwen3moe", 256, 3, 4, 2, 768, 512, 1024, 1000000.0f, 1e-6f, false},
+            [](ModelShape& s) {
+              s.architecture = "qwen3moe";
+              s.head_dim = 128;
+              s.random_norms = true;
+              s.num_experts = 8;
+              s.num_experts_used = 3;
+              s.expert_ffn_dim = 256;
+            }),
+      // Mixtral's layout (a llama file with experts of feed_forward_length), top-2 of 4.
+      Shape({"test-mixtral", 256, 3, 4, 2, 256, 512, 1024, 1000000.0f, 1e-5f, false},
+            [](ModelShape& s) {
+              s.random_norms = true;
+              s.num_experts = 4;
+              s.num_experts_used = 2;
             }),
   };
   return shapes;

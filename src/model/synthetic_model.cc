@@ -354,14 +354,16 @@ std::string SynthTypeName(const SynthOptions& options) {
 int64_t SyntheticParameterCount(const ModelShape& s) {
   const int64_t q_dim = s.num_heads * s.HeadDim();
   const int64_t kv_dim = s.num_kv_heads * s.HeadDim();
-  const int64_t per_layer = 2 * s.dim + 2 * s.dim * q_dim + 2 * s.dim * kv_dim + 3 * s.dim * s.ffn_dim;
+  const int64_t ffn = s.num_experts > 0 ? s.num_experts * (3 * s.dim * s.FfnDim() + s.dim)
+                                        : 3 * s.dim * s.ffn_dim;
+  const int64_t per_layer = 2 * s.dim + 2 * s.dim * q_dim + 2 * s.dim * kv_dim + ffn;
   return s.num_layers * per_layer + s.dim + s.vocab_size * s.dim * (s.tied_output ? 1 : 2);
 }
 
 Status WriteSyntheticModel(const SynthOptions& o) {
   ModelShape s = o.shape;
   const std::string& arch = s.architecture;
-  for (const char* known : {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"}) {
+  for (const char* known : {"llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"}) {
     if (arch == known) break;
     if (std::string_view(known) == "phi3") {
       return InvalidArgumentError(fmt::format("shape '{}' has architecture '{}', which kvl synth "
@@ -384,7 +386,7 @@ Status WriteSyntheticModel(const SynthOptions& o) {
     }
     // A K-quant of Qwen2.5-0.5B's 896-wide rows is refused, not mixed with fallback types:
     // llama-quantize makes that mix from an f16 or q8_0 synth.
-    for (int64_t cols : {s.dim, s.ffn_dim, q_dim}) {
+    for (int64_t cols : {s.dim, s.FfnDim(), q_dim}) {
       if (cols % traits.block_elements != 0) {
         return InvalidArgumentError(fmt::format("shape '{}' has rows of {} values, not a multiple "
                                                 "of {}'s block of {}",
@@ -401,6 +403,13 @@ Status WriteSyntheticModel(const SynthOptions& o) {
   w.AddUint32(p + "embedding_length", static_cast<uint32_t>(s.dim));
   w.AddUint32(p + "block_count", static_cast<uint32_t>(s.num_layers));
   w.AddUint32(p + "feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
+  if (s.num_experts > 0) {
+    w.AddUint32(p + "expert_count", static_cast<uint32_t>(s.num_experts));
+    w.AddUint32(p + "expert_used_count", static_cast<uint32_t>(s.num_experts_used));
+    if (s.expert_ffn_dim > 0) {
+      w.AddUint32(p + "expert_feed_forward_length", static_cast<uint32_t>(s.expert_ffn_dim));
+    }
+  }
   w.AddUint32(p + "attention.head_count", static_cast<uint32_t>(s.num_heads));
   w.AddUint32(p + "attention.head_count_kv", static_cast<uint32_t>(s.num_kv_heads));
   if (s.head_dim > 0) {
@@ -436,6 +445,11 @@ Status WriteSyntheticModel(const SynthOptions& o) {
     const DType type = more_bits ? o.more_bits_type.value_or(o.weight_type) : o.weight_type;
     w.AddTensor(name, type, {cols, rows}, RandomMatrix(type, cols, seed++));
   };
+  // num_experts matrices of [rows][cols] stacked in one tensor, as llama.cpp's converter writes.
+  auto experts = [&](const std::string& name, int64_t rows, int64_t cols, bool more_bits = false) {
+    const DType type = more_bits ? o.more_bits_type.value_or(o.weight_type) : o.weight_type;
+    w.AddTensor(name, type, {cols, rows, s.num_experts}, RandomMatrix(type, cols, seed++));
+  };
   // Norm weights: ones, or uniform in [0.5, 1.5] for the test shapes. Biases: 0 or +-0.5.
   auto norm = [&](const std::string& name, int64_t n) {
     w.AddTensor(name, DType::kF32, {n}, s.random_norms ? RandomFloats(seed++, 1.0f, 0.5f) : Ones());
@@ -464,20 +478,27 @@ Status WriteSyntheticModel(const SynthOptions& o) {
       bias(b + "attn_k.bias", kv_dim);
       bias(b + "attn_v.bias", kv_dim);
     }
-    if (arch == "qwen3" || arch == "gemma3") {
+    if (arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3") {
       norm(b + "attn_q_norm.weight", head_dim);
       norm(b + "attn_k_norm.weight", head_dim);
     }
     matrix(b + "attn_output.weight", s.dim, q_dim);
     if (gemma) norm(b + "post_attention_norm.weight", s.dim);
     norm(b + "ffn_norm.weight", s.dim);
-    if (arch == "phi3") {
+    if (s.num_experts > 0) {
+      // The router stays f32 in every type, as llama-quantize leaves ffn_gate_inp.
+      w.AddTensor(b + "ffn_gate_inp.weight", DType::kF32, {s.dim, s.num_experts},
+                  RandomMatrix(DType::kF32, s.dim, seed++));
+      experts(b + "ffn_gate_exps.weight", s.FfnDim(), s.dim);
+      experts(b + "ffn_up_exps.weight", s.FfnDim(), s.dim);
+      experts(b + "ffn_down_exps.weight", s.dim, s.FfnDim(), more_bits);
+    } else if (arch == "phi3") {
       matrix(b + "ffn_up.weight", 2 * s.ffn_dim, s.dim);
     } else {
       matrix(b + "ffn_gate.weight", s.ffn_dim, s.dim);
       matrix(b + "ffn_up.weight", s.ffn_dim, s.dim);
     }
-    matrix(b + "ffn_down.weight", s.dim, s.ffn_dim, more_bits);
+    if (s.num_experts == 0) matrix(b + "ffn_down.weight", s.dim, s.ffn_dim, more_bits);
     if (gemma) norm(b + "post_ffw_norm.weight", s.dim);
   }
   return w.Write(o.output_path);

@@ -1,6 +1,7 @@
-// Every architecture against llama.cpp: the small test shapes of kvl synth, written here with the
-// seed scripts/arch_goldens/make_goldens.sh used, run from the same token-id prompt as llama.cpp
-// ran them there (tests/arch/arch_goldens.h).
+// Every architecture against llama.cpp (the Mixture-of-Experts ones too: test-qwen3moe,
+// test-mixtral): the small test shapes of kvl synth, written here with the seed
+// scripts/arch_goldens/make_goldens.sh used, run from the same token-id prompt as llama.cpp ran
+// them there (tests/arch/arch_goldens.h).
 //  - f32: the 64 greedy ids are llama.cpp's, every one.
 //  - f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m: teacher-forced on llama.cpp's continuation,
 //    our top-1 is llama.cpp's at every step where llama.cpp's top-2 gap exceeds
@@ -41,6 +42,17 @@ constexpr int64_t kPromptChunk = 7;
 // steps with gaps over 1. (test-gemma2's tied, sqrt(dim)-scaled embeddings make its output follow
 // the input token so closely that the window does not show there; the window's code is shared.)
 constexpr float kQuantGapTolerance = 0.2f;
+// Mixture-of-Experts shapes (test-qwen3moe: top-3 of 8 experts, test-mixtral: top-2 of 4) amplify
+// the two engines' rounding: where a token's last chosen expert and the first one left out are
+// nearly tied, each engine may route it differently, which moves that token's output (and, through
+// its K and V, the next steps') by far more than rounding does. Measured (this test's figures): f32,
+// f16 and bf16 agree but for one bf16 step (gap 0.004); q8_0 ... q4_k_m differ at 0 to 6 of 64
+// steps, the largest gap 0.554 (test-qwen3moe q4_k, step 19, right after step 18 where the
+// token's routing margin was 0.002), then 0.232 (test-mixtral q5_k; routing margin 0.005). A
+// forward pass that leaves the chosen weights unnormalized differs at step 0 in f32 and at 18 to
+// 37 of 64 steps in q8_0, q4_k and q5_k: the count of differing steps is what tells it apart here.
+constexpr float kMoeQuantGapTolerance = 0.6f;
+constexpr int kMoeMaxDifferingSteps = 10;
 
 std::string WriteGoldenModel(const ArchGolden& g) {
   SynthOptions options;
@@ -92,6 +104,7 @@ TEST_P(ArchGoldenTest, MatchesLlamaCpp) {
   const int64_t vocab = model_->config().vocab_size;
   std::vector<int32_t> ids(g.prompt.begin(), g.prompt.end());
   const bool exact = std::string(g.type) == "f32";
+  const bool moe = model_->config().is_moe();
   // Exact: our own greedy continuation. Quantized: llama.cpp's, fed back (teacher-forced).
   const size_t n_prompt = ids.size();
   for (size_t begin = 0; begin < n_prompt; begin += kPromptChunk) {
@@ -110,13 +123,16 @@ TEST_P(ArchGoldenTest, MatchesLlamaCpp) {
     } else if (ours != g.gen[step]) {
       worst_differing_gap = std::max(worst_differing_gap, g.gap[step]);
       ++differed;
-      EXPECT_LE(g.gap[step], kQuantGapTolerance)
+      EXPECT_LE(g.gap[step], moe ? kMoeQuantGapTolerance : kQuantGapTolerance)
           << g.shape << " " << g.type << ": step " << step << " top-1 " << ours
           << " vs llama.cpp's " << g.gen[step];
     }
     ++compared;
     ids.push_back(exact ? ours : g.gen[step]);
     RunSpan(ids, ids.size() - 1, ids.size());
+  }
+  if (moe) {
+    EXPECT_LE(differed, kMoeMaxDifferingSteps) << g.shape << " " << g.type;
   }
   std::printf("%s %s: %d steps, llama.cpp's smallest top-2 gap %.4g, %d top-1 differ (largest gap "
               "among them %.4g)\n",

@@ -11,22 +11,12 @@
 #include "kvl/gguf.h"
 #include "kvl/model.h"
 #include "kvl/synthetic_model.h"
+#include "model/load_shape.h"
 
 namespace kvl {
 namespace {
 
-std::unique_ptr<Model> LoadShape(const std::string& shape, const std::string& type = "f32") {
-  SynthOptions o;
-  o.shape = FindModelShape(shape).value();
-  EXPECT_TRUE(ParseSynthType(type, &o));
-  o.output_path = ::testing::TempDir() + "/arch-" + shape + "-" + type + ".gguf";
-  Status written = WriteSyntheticModel(o);
-  EXPECT_TRUE(written.ok()) << written.ToString();
-  StatusOr<std::unique_ptr<Model>> m = Model::Load(o.output_path);
-  EXPECT_TRUE(m.ok()) << shape << ": " << m.status().ToString();
-  std::filesystem::remove(o.output_path);
-  return m.ok() ? std::move(*m) : nullptr;
-}
+using testing::LoadShape;
 
 TEST(ArchConfigTest, Llama3HasRopeFactorsAndHeadDimFromKeyLength) {
   std::unique_ptr<Model> m = LoadShape("test-llama3");

@@ -1,5 +1,6 @@
 // The transformer forward pass over a batch of tokens that may belong to several sequences, for
-// llama's block and what qwen2, qwen3, gemma2, gemma3 and phi3 add to it (ModelConfig::arch).
+// llama's block and what qwen2, qwen3, gemma2, gemma3 and phi3 add to it (ModelConfig::arch), and
+// the Mixture-of-Experts FFN of qwen3moe and Mixtral-style llama files (ModelConfig::moe).
 // One call = one step: embeddings, then per layer attention and a gated FFN (SwiGLU or GeGLU),
 // then logits for the tokens that asked for them. K and V of every token in the batch are written
 // into the KvCache before attention reads it, so a prefill chunk attends to itself causally; a
@@ -22,6 +23,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <vector>
 
 #include "kvl/kv_cache.h"
@@ -65,9 +67,19 @@ struct TokenBatch {
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 
+class MoeFeedForward;  // src/forward/moe_ffn.h
+
+// What a Mixture-of-Experts model's experts ran in a Forward, summed since its construction: one
+// run is one expert's GEMM (gate/up, SwiGLU, down) over the rows of a layer that chose it.
+struct ExpertRunTotals {
+  int64_t runs = 0;
+  int64_t rows = 0;  // tokens x top-k, summed over runs
+};
+
 class Forward final : public KvRebuilder {
  public:
   Forward(const Model& model, ops::OpsContext& ops, const ForwardOptions& options);
+  ~Forward() override;
 
   // Runs one step. Token ids and positions must be valid (checked: the engine validates user
   // input before it gets here). Afterwards logits(i) is the i-th row that asked for logits. The
@@ -106,6 +118,8 @@ class Forward final : public KvRebuilder {
   double last_logits_ms() const { return last_logits_ms_; }
   int64_t num_logit_rows() const { return num_logit_rows_; }
   const ForwardOptions& options() const { return options_; }
+  // Zero for a dense model.
+  ExpertRunTotals expert_run_totals() const;
   // The scratch one token's row of a run holds (its activations at full width and the quantized
   // copy the int8 matmuls read): what each row of max_batch_tokens costs resident, so that an
   // engine held to a memory budget can choose its step's rows (kvl/engine.h).
@@ -234,6 +248,10 @@ class Forward final : public KvRebuilder {
   std::vector<ops::PackedMatrix> packed_;
   std::vector<LayerWeights> layers_;  // [layer]
   MatrixView output_;                 // [vocab][dim]
+  // The experts' FFN of an MoE model (null for a dense one). Its experts stay in the mapped file,
+  // unpacked: an MoE file is mostly experts (17 of Qwen3-30B-A3B's 18 GB at Q4_K_M), which a
+  // packed copy would move out of the page cache into anonymous memory.
+  std::unique_ptr<MoeFeedForward> moe_;
   size_t packed_bytes_ = 0;
   double pack_seconds_ = 0.0;
 

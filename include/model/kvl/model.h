@@ -41,15 +41,24 @@ struct ArchFeatures {
   int64_t rope_original_context = 0;   // phi3: long factors when the context exceeds this
 };
 
+// A Mixture-of-Experts FFN in place of the dense one (qwen3moe; Mixtral's experts in a llama
+// file): num_experts SwiGLU FFNs of ModelConfig::ffn_dim each, and a router (ffn_gate_inp) whose
+// softmax picks num_experts_used of them per token, their weights renormalized to sum to 1 (what
+// llama.cpp does for both: qwen3moe's norm_topk_prob is always true, Mixtral's top-2 the same).
+struct MoeConfig {
+  int64_t num_experts = 0;       // expert_count; 0: a dense FFN
+  int64_t num_experts_used = 0;  // expert_used_count (top-k)
+};
+
 struct ModelConfig {
-  std::string architecture;  // "llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"
+  std::string architecture;  // "llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3"
   std::string name;          // general.name, or the file's stem
   int64_t dim = 0;           // d_model, the residual stream width
   int64_t num_layers = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // == num_heads: MHA; 1: MQA; otherwise GQA
   int64_t head_dim = 0;      // attention.key_length (== value_length), else dim / heads
-  int64_t ffn_dim = 0;
+  int64_t ffn_dim = 0;       // the FFN's hidden width (of each expert, in an MoE model)
   int64_t vocab_size = 0;
   int64_t context_length = 0;  // what the file claims; the engine may use less
   float norm_eps = 1e-5f;
@@ -58,7 +67,9 @@ struct ModelConfig {
   bool rope_neox = false;    // false: rotate (x[2i], x[2i+1]); true: (x[i], x[i + d/2])
   bool tied_output = false;  // output projection shares token_embd.weight
   ArchFeatures arch;
+  MoeConfig moe;
 
+  bool is_moe() const { return moe.num_experts > 0; }
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   bool IsLocal(int64_t layer) const {
@@ -76,6 +87,22 @@ struct ModelConfig {
 // The architectures Model::Load accepts, for error messages: "llama, mistral, qwen2, ...".
 const char* SupportedArchitectures();
 
+// One layer's experts' matrices of one kind, stacked as llama.cpp stores them (GGUF dims {cols,
+// rows, experts}): expert e's [rows][cols] matrix follows expert e - 1's, in the mapped file.
+struct ExpertMatrices {
+  DType type = DType::kF32;
+  const void* data = nullptr;
+  int64_t num_experts = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t row_bytes = 0;
+
+  MatrixView Expert(int64_t e) const {
+    return MatrixView{type, static_cast<const uint8_t*>(data) + e * rows * row_bytes, rows, cols,
+                      row_bytes};
+  }
+};
+
 struct LayerWeights {
   const float* attn_norm = nullptr;  // [dim]
   MatrixView wq;                     // [q_dim][dim]
@@ -89,9 +116,13 @@ struct LayerWeights {
   MatrixView wo;                     // [dim][q_dim]
   const float* post_attn_norm = nullptr;  // [dim] (post_norms)
   const float* ffn_norm = nullptr;   // [dim]
-  MatrixView w_gate;                 // [ffn_dim][dim]
+  MatrixView w_gate;                 // [ffn_dim][dim]  (dense FFN; empty in an MoE model)
   MatrixView w_up;                   // [ffn_dim][dim]
   MatrixView w_down;                 // [dim][ffn_dim]
+  MatrixView router;                 // [num_experts][dim] ffn_gate_inp (MoE)
+  ExpertMatrices gate_exps;          // [num_experts][ffn_dim][dim]
+  ExpertMatrices up_exps;            // [num_experts][ffn_dim][dim]
+  ExpertMatrices down_exps;          // [num_experts][dim][ffn_dim]
   const float* post_ffn_norm = nullptr;   // [dim] (post_norms)
 };
 
@@ -116,6 +147,9 @@ class Model {
   const float* rope_factors(int64_t context) const;
 
   int64_t num_parameters() const { return num_parameters_; }
+  // The parameters one token runs through: all but the experts it does not pick (==
+  // num_parameters() in a dense model). What a decode step reads, but for the embedding's row.
+  int64_t num_active_parameters() const;
   int64_t weight_bytes() const { return weight_bytes_; }
   // "q8_0" when all layer matrices share a type, else "mixed (q4_k, q6_k)" (most used first).
   std::string weight_type_name() const;
@@ -125,6 +159,7 @@ class Model {
   Status ReadConfig();
   Status ReadRopeScaling();
   Status ReadArchFeatures();
+  Status ReadFfnConfig();
   Status BindWeights();
 
   std::unique_ptr<GgufFile> file_;

@@ -29,7 +29,7 @@ struct ModelShape {
   bool tied_output;
   // The architecture and what it adds to llama's block (ModelConfig's ArchFeatures), written
   // with the keys and tensor names llama.cpp reads. Defaults: a llama file as before.
-  std::string architecture = "llama";  // llama | qwen2 | qwen3 | gemma2 | gemma3 | phi3
+  std::string architecture = "llama";  // llama | qwen2 | qwen3 | qwen3moe | gemma2 | gemma3 | phi3
   int64_t head_dim = 0;                // 0: dim / heads; else written as key_length
   int64_t sliding_window = 0;          // gemma2/3: attention.sliding_window
   int64_t sliding_window_pattern = 0;  // 0: the architecture's default (gemma2 2, gemma3 6)
@@ -43,13 +43,22 @@ struct ModelShape {
   // Norm weights (and biases) random rather than ones (and zeros), so that a forward pass that
   // skipped one would differ: the small test shapes set it.
   bool random_norms = false;
+  // Mixture of experts (qwen3moe; a llama file with experts is Mixtral's layout): expert_count
+  // SwiGLU experts, expert_used_count of them per token, each expert_ffn_dim wide (qwen3moe's
+  // expert_feed_forward_length; 0: ffn_dim, as Mixtral's experts are feed_forward_length wide).
+  int64_t num_experts = 0;
+  int64_t num_experts_used = 0;
+  int64_t expert_ffn_dim = 0;
 
   int64_t HeadDim() const { return head_dim > 0 ? head_dim : dim / num_heads; }
+  // The width of the FFN a token runs (each expert's in an MoE shape).
+  int64_t FfnDim() const { return num_experts > 0 && expert_ffn_dim > 0 ? expert_ffn_dim : ffn_dim; }
 };
 
-// stories15M, smollm-135m, tinyllama-1.1b, llama-2-7b, the Llama-3 / Qwen2.5 / Qwen3 / Gemma-2 /
-// Gemma-3 / Phi-3 / SmolLM2 / Mistral-Nemo shapes, and small test shapes of each architecture
-// ("test-qwen2", ...) that exercise every feature in a few MiB.
+// stories15M, smollm-135m, tinyllama-1.1b, llama-2-7b, the Llama-3 / Qwen2.5 / Qwen3 /
+// Qwen3-30B-A3B / Gemma-2 / Gemma-3 / Phi-3 / SmolLM2 / Mistral-Nemo shapes, and small test shapes
+// of each architecture ("test-qwen2", "test-qwen3moe", "test-mixtral", ...) that exercise every
+// feature in a few MiB.
 const std::vector<ModelShape>& KnownModelShapes();
 StatusOr<ModelShape> FindModelShape(const std::string& name);
 
