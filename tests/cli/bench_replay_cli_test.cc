@@ -32,7 +32,7 @@ TEST(BenchReplayCliTest, RunWritesATraceThatReplays) {
   std::ofstream(prompts) << "Once upon a time\nThe little dog\nLily wanted to\nThe cat sat on\n";
   const std::string trace = Temp("run.trace");
   Result run = Kvl("run -m " + testing::Stories260KPath() + " -f " + prompts +
-                       " -np 4 -n 200 --temp 0 -t 1 -c 256 --kv-budget 4832KiB --kv-policy auto "
+                       " -np 4 -n 200 --temp 0 -t 1 -c 256 --kv-budget 4632KiB --kv-policy auto "
                        "--kv-tier ram:4MiB --no-prefix-cache --no-calibrate --kv-trace " +
                        trace,
                    /*with_stderr=*/true);

@@ -154,9 +154,10 @@ TEST(CliTest, CacheTypeFlagsTakeLlamaCppSpellings) {
 }
 
 TEST(CliTest, RunUnderASmallKvBudgetSummarizesTheKvActions) {
-  // 8 blocks of 16 tokens for a 200-token generation: the oldest pages must be evicted.
+  // 8 blocks of 16 tokens (f16, the default KV type: 10 KiB each) for a 200-token generation:
+  // the oldest pages must be evicted.
   CommandResult r = RunKvl("run -m " + testing::Stories260KPath() +
-                               " -n 200 --temp 0 -t 1 -c 256 --kv-budget 160KiB --kv-policy evict "
+                               " -n 200 --temp 0 -t 1 -c 256 --kv-budget 80KiB --kv-policy evict "
                                "--kv-sink 4 --kv-recent 32",
                            /*with_stderr=*/true);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -171,14 +172,14 @@ TEST(CliTest, RunUnderASmallKvBudgetSummarizesTheKvActions) {
 }
 
 TEST(CliTest, PromotionBackIsOnByDefaultAndNoKvPromoteBackTurnsItOff) {
-  // Four sequences in 400 KiB with a RAM tier beside it (the budget holds both: the tier's 4 MiB
-  // of pages and 336 KiB for its map of 2048 f16 layer pages): pages leave the pool, and some
-  // come back into it
+  // Four sequences in 200 KiB of f16 pages with a RAM tier beside it (the budget holds both: the
+  // tier's 4 MiB of pages and 336 KiB for its map of 2048 layer pages): pages leave the pool, and
+  // some come back into it
   // once a sequence ends; the text is the same either way.
   const std::string run = "run -m " + testing::Stories260KPath() +
                           " -p 'Once upon a time' -p 'The little dog' -p 'Lily wanted to' "
                           "-p 'The cat sat on' -np 4 -n 200 --temp 0 -t 1 -c 256 "
-                          "--kv-budget 4832KiB --kv-policy auto --kv-tier ram:4MiB "
+                          "--kv-budget 4632KiB --kv-policy auto --kv-tier ram:4MiB "
                           "--no-prefix-cache --no-calibrate --spec off";
   // (--spec off: a token a step, the pacing at which pages leave and come back here.)
   const std::string line = "pages of running sequences brought back into the pool";
