@@ -31,6 +31,7 @@ EngineOptions Options(int64_t budget_pages) {
   o.context_length = 256;
   o.max_seqs = 8;
   o.kv_budget_bytes = budget_pages * kPageBytes;
+  o.cache_type_k = o.cache_type_v = "f32";  // the page size above (the default is f16)
   o.prefix_cache = false;  // resumed pages come from the tier, not the prefix cache or the store
   o.profile_path = testing::ProcessProfilePath();
   return o;

@@ -229,8 +229,10 @@ TEST(HostileRequestsTest, TokenizeTakesAtMostWhatAPromptCanHold) {
 // was a 400, streamed a 200 and then an error frame: now the same 400 either way, and a stream
 // that fits still gets its 200, frames and [DONE].
 TEST(HostileRequestsTest, AStreamTheServerCanNeverHoldGetsItsErrorBeforeAnyHead) {
-  ServerProcess server(
-      {"-np", "1", "--kv-policy", "auto", "--kv-quality", "balanced", "--kv-budget", "64KiB"});
+  // f32 KV (the default is f16, whose blocks are half the size): 64 KiB then holds fewer than
+  // the 404 tokens asked for.
+  ServerProcess server({"-np", "1", "--kv-policy", "auto", "--kv-quality", "balanced",
+                        "--kv-budget", "64KiB", "-ctk", "f32", "-ctv", "f32"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   httplib::Client client("127.0.0.1", server.port());
   client.set_read_timeout(60, 0);

@@ -62,7 +62,8 @@ std::vector<ReferenceStep> ReferenceGreedy(const std::string& prompt, int n,
 class LogprobsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    server_ = new ServerProcess({"-np", "4"});
+    // f32 KV, as the reference forward below runs (the server's default is f16).
+    server_ = new ServerProcess({"-np", "4", "-ctk", "f32", "-ctv", "f32"});
     ASSERT_TRUE(server_->WaitReady()) << "kvl serve did not become ready";
     auto model = Model::Load(testing::Stories260KPath());
     ASSERT_TRUE(model.ok());

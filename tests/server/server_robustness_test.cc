@@ -97,7 +97,8 @@ TEST(ServeAdmissionTest, AHugePromptIsRefusedBeforeItIsTokenized) {
 // answered 500 (and SDKs retry a 5xx twice). Now a 400 before any work, naming the budget, the
 // prompt and max_tokens, and the most that fits; what fits is served.
 TEST(ServeAdmissionTest, ARequestTheBudgetCanNeverHoldIsRefusedAtOnce) {
-  ServerProcess server({"-np", "8", "--kv-budget", "1MiB"});
+  // f32 KV (the default is f16): the block arithmetic below is in f32 blocks.
+  ServerProcess server({"-np", "8", "--kv-budget", "1MiB", "-ctk", "f32", "-ctv", "f32"});
   ASSERT_TRUE(server.WaitReady());
   httplib::Client client("127.0.0.1", server.port());
   client.set_read_timeout(30, 0);

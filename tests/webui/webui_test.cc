@@ -106,7 +106,7 @@ TEST(WebUi, KvStateNeedsTheKeyAndFollowsRequests) {
   EXPECT_EQ(pool["block_tokens"], 16);
   EXPECT_EQ(before["requests"]["finished"], 0);
   EXPECT_TRUE(before["sequences"].empty());
-  EXPECT_EQ(before["actions"].size(), 8u);
+  EXPECT_EQ(before["actions"].size(), 9u);  // kNumKvActions: demote-redis is the ninth
 
   const std::string prompt(
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -247,9 +247,10 @@ int DistinctTexts(const json& seen) {
 TEST(WebUiBrowser, ChatsStreamsReloadsAndShowsThePrefixCache) {
   const Browser& browser = FindBrowser();
   if (!browser.skip.empty()) GTEST_SKIP() << browser.skip;
-  // The budget holds the RAM tier: 256 KiB for the pool, 16 MiB for the tier's pages and 1344 KiB
-  // for its map of them (8192 f16 layer pages of 2 KiB, 168 bytes each).
-  ServerProcess server({"--kv-budget", "17984KiB", "--kv-tier", "ram:16MiB"});
+  // The budget holds the RAM tier: 128 KiB for the pool (what 256 KiB held in f32 blocks, before
+  // f16 became the default), 16 MiB for the tier's pages and 1344 KiB for its map of them (8192
+  // f16 layer pages of 2 KiB, 168 bytes each).
+  ServerProcess server({"--kv-budget", "17856KiB", "--kv-tier", "ram:16MiB"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
   // The screenshots go to a temp dir: a test run never rewrites the tree. KVL_SCREENSHOTS_DIR
   // (say, docs/images) keeps them where the docs show them.
