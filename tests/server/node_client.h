@@ -40,12 +40,17 @@ inline std::string InstallNpmPackages(const std::string& folder, const std::stri
   if (std::filesystem::exists(installed)) return "";
   if (RunShell("command -v npm").status != 0) return "npm is not installed";
   std::filesystem::create_directories(dir);
-  const ShellResult npm = RunShell("cd '" + dir.string() + "' && timeout 300 npm install --prefix . " +
-                                   packages +
-                                   " --no-audit --no-fund --loglevel=error --fetch-retries=2 "
-                                   "--fetch-timeout=60000");
-  if (npm.status != 0) return "npm could not install " + packages + " (no network?): " + npm.out;
-  std::ofstream(installed) << packages << "\n";
+  // Tests of one folder run in parallel (ctest -j): one npm at a time installs there, under a
+  // lock, and the marker is written inside it once the install succeeded; the others wait and
+  // find it (two npm installs into one folder at once left a package half written).
+  const ShellResult npm = RunShell(
+      "cd '" + dir.string() + "' && flock .kvl-install.lock sh -c 'test -f .kvl-installed || "
+      "{ timeout 300 npm install --prefix . " + packages +
+      " --no-audit --no-fund --loglevel=error --fetch-retries=2 --fetch-timeout=60000 && "
+      "echo \"" + packages + "\" > .kvl-installed; }'");
+  if (npm.status != 0 || !std::filesystem::exists(installed)) {
+    return "npm could not install " + packages + " (no network?): " + npm.out;
+  }
   return "";
 }
 
