@@ -7,12 +7,12 @@
 #include <string>
 #include <string_view>
 
+#include "kvl/json_schema_grammar.h"
 #include "kvl/status.h"
 
 namespace kvl::json_schema {
 
-// `text` as a GBNF literal: "..." with quotes, backslashes and control bytes escaped.
-std::string GbnfLiteral(std::string_view text);
+// GbnfLiteral is declared in kvl/json_schema_grammar.h (the server writes literals too).
 
 // The integers in [lo, hi] (either side open where unset) written in decimal, without leading
 // zeros or "-0", as a GBNF expression. An open side stops at 16 digits (the number rules' own

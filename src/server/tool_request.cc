@@ -12,6 +12,7 @@ namespace kvl::server {
 namespace {
 
 using json = nlohmann::ordered_json;
+using json_schema::GbnfLiteral;
 
 ApiError Bad(std::string_view param, std::string message) {
   return ApiError{400, std::move(message), "invalid_request_error", std::string(param), ""};
@@ -113,22 +114,6 @@ json CallSchema(const json& tool, ToolCallFormat format) {
           {"additionalProperties", false}};
 }
 
-// `text` as a GBNF string literal.
-std::string Literal(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 // The longest string value a forced XML-tag call may write (JSON strings are bounded the same
 // way by the schema grammar; a bare text value has no closing quote to end it).
 constexpr int kMaxXmlTextValue = 4096;
@@ -167,19 +152,19 @@ StatusOr<std::string> XmlCallGrammar(const ToolRequest& tools) {
                                                               : json::object();
     const json required = parameters.contains("required") ? parameters["required"] : json::array();
     const std::string rule = fmt::format("kvl-xml-call-{}", tool_index);
-    std::string body = Literal("<tool_call>\n<function=" + function["name"].get<std::string>() +
-                               ">\n");
+    std::string body =
+        GbnfLiteral("<tool_call>\n<function=" + function["name"].get<std::string>() + ">\n");
     int property_index = 0;
     for (const auto& [key, schema] : properties.items()) {
       std::string value;
       if (IsTextParameter(schema)) {
         if (schema.contains("enum")) {
           for (const json& word : schema["enum"]) {
-            value += (value.empty() ? "(" : " | ") + Literal(word.get<std::string>());
+            value += (value.empty() ? "(" : " | ") + GbnfLiteral(word.get<std::string>());
           }
           value += ")";
         } else if (schema.contains("const")) {
-          value = Literal(schema["const"].get<std::string>());
+          value = GbnfLiteral(schema["const"].get<std::string>());
         } else {
           value = fmt::format("[^<]{{{},{}}}", schema.value("minLength", 0),
                               std::min(schema.value("maxLength", kMaxXmlTextValue),
@@ -191,13 +176,13 @@ StatusOr<std::string> XmlCallGrammar(const ToolRequest& tools) {
         refs.push_back({{"$ref", "#/$defs/" + name}});
         value = "ref-" + name;
       }
-      std::string part = Literal("<parameter=" + key + ">\n") + " " + value + " " +
-                         Literal("\n</parameter>\n");
+      std::string part = GbnfLiteral("<parameter=" + key + ">\n") + " " + value + " " +
+                         GbnfLiteral("\n</parameter>\n");
       const bool is_required = std::find(required.begin(), required.end(), key) != required.end();
       body += " " + (is_required ? part : "(" + part + ")?");
       ++property_index;
     }
-    body += " " + Literal("</function>\n</tool_call>");
+    body += " " + GbnfLiteral("</function>\n</tool_call>");
     rules += rule + " ::= " + body + "\n";
     calls += (calls.empty() ? "" : " | ") + rule;
     ++tool_index;

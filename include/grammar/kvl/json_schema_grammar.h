@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "kvl/status.h"
 
@@ -33,5 +34,11 @@ StatusOr<std::string> JsonSchemaToGbnf(const nlohmann::json& schema);
 
 // The GBNF of any JSON object (response_format {"type": "json_object"}).
 std::string JsonObjectGbnf();
+
+namespace json_schema {
+// `text` as a GBNF literal: "..." with quotes, backslashes and control bytes escaped (for
+// grammars written around a schema's, such as the server's forced tool calls).
+std::string GbnfLiteral(std::string_view text);
+}  // namespace json_schema
 
 }  // namespace kvl
