@@ -2,14 +2,13 @@
 // is installed once into <build>/npm-openai and reused; without `node`, or when npm cannot fetch
 // the package (no network), the test is skipped and says why.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "node_client.h"
 #include "server_process.h"
 #include "test_paths.h"
 
@@ -71,50 +70,20 @@ try {
 console.log(JSON.stringify(out));
 )js";
 
-struct ShellRun {
-  int status = -1;
-  std::string out;
-};
-ShellRun Shell(const std::string& command) {
-  ShellRun run;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) run.out.append(buf, n);
-  const int status = ::pclose(pipe);
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
-
 TEST(OpenAiClientTest, OfficialNodeSdkCompletesChatsStreamsAndGetsAuthenticationError) {
-  if (Shell("command -v node").status != 0) {
-    GTEST_SKIP() << "node is not installed: the openai SDK test needs Node.js (apt-get install "
-                    "nodejs npm)";
-  }
+  // The openai package, installed once per build folder (node_client.h): a skip where node, npm
+  // or the network is missing.
+  const std::string why_not = testing::InstallNpmPackages("npm-openai", "openai@4");
+  if (!why_not.empty()) GTEST_SKIP() << why_not;
   const std::filesystem::path dir =
       std::filesystem::path(KVL_KVL_BINARY).parent_path() / "npm-openai";
-  const std::filesystem::path installed = dir / ".kvl-openai-installed";
-  if (!std::filesystem::exists(installed)) {
-    if (Shell("command -v npm").status != 0) {
-      GTEST_SKIP() << "npm is not installed: cannot install the openai package";
-    }
-    std::filesystem::create_directories(dir);
-    const ShellRun npm =
-        Shell("cd '" + dir.string() +
-              "' && timeout 300 npm install --prefix . openai@4 --no-audit "
-              "--no-fund --loglevel=error --fetch-retries=2 --fetch-timeout=60000");
-    if (npm.status != 0) {
-      GTEST_SKIP() << "npm could not install openai@4 (no network?): " << npm.out;
-    }
-    std::ofstream(installed) << "openai@4\n";
-  }
   const std::filesystem::path script = dir / "kvl_openai_client.mjs";
   std::ofstream(script) << kClientScript;
 
   testing::ServerProcess server({"--api-key", "sdk-test-key", "-np", "4"});
   ASSERT_TRUE(server.WaitReady()) << server.Log();
-  const ShellRun node =
-      Shell("KVL_BASE_URL=http://127.0.0.1:" + std::to_string(server.port()) +
+  const testing::ShellResult node =
+      testing::RunShell("KVL_BASE_URL=http://127.0.0.1:" + std::to_string(server.port()) +
             "/v1 KVL_API_KEY=sdk-test-key timeout 120 node '" + script.string() + "'");
   ASSERT_EQ(node.status, 0) << node.out << "\nserver log:\n" << server.Log();
   // The script's one line of JSON is the last line it prints.
